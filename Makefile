@@ -1,0 +1,49 @@
+# dra-gpu: the two commands a newcomer needs are `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: all venv proto binaries lint test test-fast demo cluster-up cluster-down bench clean
+
+all: test
+
+# The virtual environment, with the package installed editable (which also
+# generates dra/pb from proto/).
+$(STAMP): pyproject.toml setup.py constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $@
+
+venv: $(STAMP)
+
+# Regenerate the gRPC code after editing a .proto file.
+proto: $(STAMP)
+	$(BIN)/python proto/generate.py
+
+# Build (first time: about 20 minutes on two cores) or reuse the Kubernetes binaries.
+binaries: $(STAMP)
+	$(BIN)/python -m tests.cluster build
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+# Everything: lint, type checks, unit, integration and end-to-end tests.
+test: lint binaries
+	$(BIN)/pytest
+
+# Only the tests that need no cluster.
+test-fast: $(STAMP)
+	$(BIN)/pytest -m 'not cluster'
+
+cluster-up: binaries
+	@$(BIN)/python -m tests.cluster up
+
+cluster-down: $(STAMP)
+	@$(BIN)/python -m tests.cluster down
+
+clean:
+	rm -rf $(VENV) dra/pb build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""dra-gpu: a Kubernetes Dynamic Resource Allocation driver for NVIDIA GPUs."""

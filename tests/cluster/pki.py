@@ -1,0 +1,132 @@
+"""Certificates for the local test cluster: one CA, serving and client certificates.
+
+EC P-256 keys keep generation in the milliseconds, so every cluster start can
+make a fresh PKI instead of sharing secrets between runs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+_VALIDITY = datetime.timedelta(days=2)
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    """A certificate and its private key, as written to disk."""
+
+    cert: Path
+    key: Path
+
+
+def write_private_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
+    """Write a private key as unencrypted PKCS#8 PEM, readable by its owner only."""
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
+
+
+class CertificateAuthority:
+    """A throwaway CA that signs the cluster's certificates."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self.key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dra-gpu-test-ca")])
+        now = datetime.datetime.now(datetime.UTC)
+        self._cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(self.key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + _VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .sign(self.key, hashes.SHA256())
+        )
+        self.cert_path = directory / "ca.crt"
+        self.cert_path.write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
+
+    def issue(
+        self,
+        name: str,
+        common_name: str,
+        organizations: tuple[str, ...] = (),
+        hosts: tuple[str, ...] = (),
+        server: bool = False,
+    ) -> KeyPair:
+        """Sign a certificate; `hosts` become DNS or IP SANs, `server` adds serverAuth."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in organizations]
+        attributes.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
+        now = datetime.datetime.now(datetime.UTC)
+        usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
+        if server:
+            usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name(attributes))
+            .issuer_name(self._cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + _VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        )
+        if hosts:
+            sans: list[x509.GeneralName] = []
+            for host in hosts:
+                try:
+                    sans.append(x509.IPAddress(ipaddress.ip_address(host)))
+                except ValueError:
+                    sans.append(x509.DNSName(host))
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        cert = builder.sign(self.key, hashes.SHA256())
+        pair = KeyPair(cert=self.directory / f"{name}.crt", key=self.directory / f"{name}.key")
+        pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        write_private_key(key, pair.key)
+        return pair
+
+
+def service_account_key(directory: Path) -> tuple[Path, Path]:
+    """A key pair the API server signs service-account tokens with: (private, public)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    private = directory / "sa.key"
+    public = directory / "sa.pub"
+    write_private_key(key, private)
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return private, public

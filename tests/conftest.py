@@ -1,0 +1,66 @@
+"""Shared fixtures: the local Kubernetes cluster, a client for it, a namespace per test.
+
+The cluster starts once per test session (built on first use) with the
+feature gates of --feature-gates / DRA_GPU_FEATURE_GATES on top of the
+harness defaults. Every test that uses it is marked `cluster`.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests.cluster.cluster import ClusterInfo, parse_gates, running_cluster
+from tests.cluster.kube import Kube, wait_for
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--feature-gates",
+        default=os.environ.get("DRA_GPU_FEATURE_GATES", ""),
+        help="feature gates for the local cluster, e.g. DRADeviceTaints=false",
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    """grpc.aio runs on asyncio only."""
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def cluster(request: pytest.FixtureRequest) -> Iterator[ClusterInfo]:
+    """A running one-node cluster shared by the session."""
+    gates = parse_gates(str(request.config.getoption("--feature-gates")))
+    with running_cluster(gates) as info:
+        yield info
+
+
+@pytest.fixture(scope="session")
+def kube(cluster: ClusterInfo) -> Iterator[Kube]:
+    """A cluster-admin client."""
+    client = Kube(cluster.kubeconfig)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def namespace(kube: Kube) -> Iterator[str]:
+    """A fresh namespace, deleted (without waiting) after the test."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    wait_for(
+        f"default ServiceAccount in {name}",
+        lambda: kube.get_or_none("v1", "ServiceAccount", "default", namespace=name),
+    )
+    yield name
+    kube.delete("v1", "Namespace", name)

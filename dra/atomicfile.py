@@ -1,0 +1,50 @@
+"""Durable file writes: what the container runtime or a restarted driver reads is never half written.
+
+A write goes to a temporary file in the same directory, is flushed and
+fsynced, renamed over the target, and the directory is fsynced so the rename
+itself survives a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Replace `path` with `data` in one step; readers see the old or the new file, never a mix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A dot prefix and .tmp suffix keep half-written files out of CDI's *.json/*.yaml scan.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def remove_durably(path: Path) -> bool:
+    """Delete `path` and make the deletion durable; False if it was already gone."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    _fsync_dir(path.parent)
+    return True

@@ -1,0 +1,65 @@
+"""The claim CDI spec files in the CDI directory (/var/run/cdi by default)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from dra import cdi
+from dra.atomicfile import remove_durably, write_atomic
+
+log = logging.getLogger(__name__)
+
+
+class CdiStore:
+    """Writes, reads and removes this driver's claim specs, atomically."""
+
+    def __init__(self, root: Path, driver: str) -> None:
+        self.root = root
+        self.driver = driver
+        self._prefix = f"{cdi.vendor(driver)}-{cdi.CDI_CLASS}_"
+
+    def path(self, claim_uid: str) -> Path:
+        """Where a claim's spec lives."""
+        return self.root / cdi.spec_file_name(self.driver, claim_uid)
+
+    def write(self, claim_uid: str, spec: dict[str, Any]) -> Path:
+        """Write a claim's spec unless the same bytes are already there; return its path."""
+        path = self.path(claim_uid)
+        data = cdi.render(spec)
+        try:
+            if path.read_bytes() == data:
+                return path
+        except FileNotFoundError:
+            pass
+        write_atomic(path, data)
+        return path
+
+    def exists(self, claim_uid: str) -> bool:
+        """Whether the claim's spec file is present."""
+        return self.path(claim_uid).is_file()
+
+    def remove(self, claim_uid: str) -> None:
+        """Delete a claim's spec; absent is fine."""
+        remove_durably(self.path(claim_uid))
+
+    def claim_uids(self) -> list[str]:
+        """UIDs of every claim spec of this driver in the directory."""
+        if not self.root.is_dir():
+            return []
+        return sorted(
+            p.name[len(self._prefix) : -len(".json")]
+            for p in self.root.iterdir()
+            if p.name.startswith(self._prefix) and p.name.endswith(".json")
+        )
+
+    def remove_stale(self, keep: Iterable[str]) -> list[str]:
+        """Delete specs of claims that are not prepared (left by a crash); return their UIDs."""
+        wanted = set(keep)
+        stale = [uid for uid in self.claim_uids() if uid not in wanted]
+        for uid in stale:
+            log.info("removing CDI spec of claim %s, which is not prepared", uid)
+            self.remove(uid)
+        return stale

@@ -1,0 +1,177 @@
+"""The dra-gpu command line (also `python -m dra`).
+
+Every flag can also be set by an environment variable DRA_GPU_<FLAG>
+(--node-name is DRA_GPU_NODE_NAME), which is how a DaemonSet configures it;
+a flag on the command line wins over the variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import yaml
+
+from dra import logs
+from dra.driver import PluginSettings, StartupError, gpu_library, load_inventory, run_kubelet_plugin
+from dra.slices import SliceError, build_slices
+
+DEFAULT_DRIVER = "gpu.nvidia.com"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class UsageError(Exception):
+    """A flag or environment value is invalid."""
+
+
+def env_name(flag: str) -> str:
+    """--node-name -> DRA_GPU_NODE_NAME."""
+    return "DRA_GPU_" + flag.lstrip("-").upper().replace("-", "_")
+
+
+def option(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    help: str,
+    default: Any = None,
+    type: Callable[[str], Any] = str,
+    choices: Sequence[str] | None = None,
+    required: bool = False,
+) -> None:
+    """Add a flag whose default comes from its environment variable."""
+    env = env_name(flag)
+    raw = os.environ.get(env)
+    if raw is not None:
+        if choices is not None and raw not in choices:
+            raise UsageError(f"environment variable {env}={raw!r}: expected one of {', '.join(choices)}")
+        try:
+            default = type(raw)
+        except ValueError as err:
+            raise UsageError(f"environment variable {env}={raw!r}: {err}") from None
+    parser.add_argument(
+        flag,
+        default=default,
+        type=type,
+        choices=choices,
+        required=required and raw is None,
+        help=f"{help} (env {env}" + (f"; default {default}" if default not in (None, "") else "") + ")",
+    )
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    option(parser, "--log-level", "log level", "info", choices=("debug", "info", "warning", "error"))
+    option(parser, "--log-format", "log format", "text", choices=("text", "json"))
+
+
+def _gpu_source(parser: argparse.ArgumentParser) -> None:
+    option(parser, "--driver-name", "DRA driver name (and attribute domain)", DEFAULT_DRIVER)
+    option(
+        parser,
+        "--fake-gpus",
+        "fake GPUs instead of NVML: a built-in profile (h100x8, h100x8-mig, a100x4-mig, mixed) or a file",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(prog="dra-gpu", description="Kubernetes DRA driver for NVIDIA GPUs.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    plugin = sub.add_parser(
+        "kubelet-plugin", help="run the DRA kubelet plugin (the DaemonSet's main process)"
+    )
+    _common(plugin)
+    _gpu_source(plugin)
+    option(
+        plugin, "--node-name", "this node's name (the DaemonSet sets it from spec.nodeName)", required=True
+    )
+    option(plugin, "--kubeconfig", "kubeconfig file; default: the in-cluster service account")
+    option(plugin, "--kubelet-root", "the kubelet's root directory", Path("/var/lib/kubelet"), type=Path)
+    option(
+        plugin,
+        "--cdi-root",
+        "directory for CDI spec files the container runtime reads",
+        Path("/var/run/cdi"),
+        type=Path,
+    )
+    option(
+        plugin,
+        "--state-dir",
+        "directory of the checkpoint; default <kubelet-root>/plugins/<driver-name>",
+        type=Path,
+    )
+    option(
+        plugin,
+        "--fake-gpu-events",
+        "with --fake-gpus: file of '<uuid> <xid>' lines to inject XID errors",
+        type=Path,
+    )
+    option(plugin, "--http-address", "host:port for /metrics, /healthz and /readyz; empty disables", ":8080")
+
+    discover = sub.add_parser("discover", help="print the ResourceSlices this node would publish")
+    _common(discover)
+    _gpu_source(discover)
+    option(discover, "--node-name", "node name (pool name; seeds fake UUIDs)", socket.gethostname())
+    option(discover, "--output", "output format", "yaml", choices=("yaml", "json"))
+    return parser
+
+
+def _discover(args: argparse.Namespace) -> int:
+    inventory = load_inventory(gpu_library(args.fake_gpus, args.node_name))
+    try:
+        items = build_slices(inventory, args.driver_name, args.node_name, None, generation=1)
+    except SliceError as err:
+        raise StartupError(str(err)) from None
+    document = {"apiVersion": "v1", "kind": "List", "items": items}
+    if args.output == "json":
+        print(json.dumps(document, indent=2))
+    else:
+        print(yaml.safe_dump(document, sort_keys=False), end="")
+    return 0
+
+
+def _kubelet_plugin(args: argparse.Namespace) -> int:
+    settings = PluginSettings(
+        driver_name=args.driver_name,
+        node_name=args.node_name,
+        kubeconfig=args.kubeconfig or None,
+        kubelet_root=args.kubelet_root,
+        cdi_root=args.cdi_root,
+        state_dir=args.state_dir,
+        fake_gpus=args.fake_gpus or None,
+        fake_gpu_events=args.fake_gpu_events,
+        http_address=args.http_address or None,
+    )
+    anyio.run(run_kubelet_plugin, settings, backend="asyncio")
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "kubelet-plugin": _kubelet_plugin,
+    "discover": _discover,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (1 with one line on stderr for any startup error)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as err:
+        print(f"dra-gpu: error: {err}", file=sys.stderr)
+        return 2
+    logs.setup(args.log_level, args.log_format)
+    try:
+        return COMMANDS[args.command](args)
+    except StartupError as err:
+        print(f"dra-gpu: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,97 @@
+"""The node's device inventory: full GPUs and MIG devices, as plain immutable data.
+
+Discovery produces it; slice building, CDI, preparation and the device plugin
+read it. A GPU in MIG mode is not allocatable as a whole: its MIG devices are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A full GPU."""
+
+    name: str
+    index: int
+    minor: int
+    uuid: str
+    product_name: str
+    brand: str
+    architecture: str
+    cuda_compute_capability: str
+    memory_bytes: int
+    pcie_bus_id: str
+    pcie_root: str | None
+    numa_node: int | None
+    mig_enabled: bool
+    device_nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """A MIG partition (a GPU instance plus compute instance) of a parent GPU."""
+
+    name: str
+    uuid: str
+    parent: Gpu
+    profile: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    memory_bytes: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+    device_nodes: tuple[str, ...]
+
+    @property
+    def product_name(self) -> str:
+        """The parent's product name."""
+        return self.parent.product_name
+
+
+Device = Gpu | MigDevice
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Every allocatable device of the node, plus node-wide facts."""
+
+    devices: tuple[Device, ...]
+    #: Semver form of the kernel driver version; None where it has no numeric form.
+    driver_version: str | None
+    cuda_driver_version: str
+    #: Control device nodes every GPU container needs (/dev/nvidiactl, /dev/nvidia-uvm...).
+    common_device_nodes: tuple[str, ...] = ()
+    #: Every full GPU, including those in MIG mode (which are not allocatable themselves).
+    gpus: tuple[Gpu, ...] = ()
+    _by_name: Mapping[str, Device] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_name", {d.name: d for d in self.devices})
+
+    def __iter__(self) -> Iterator[Device]:
+        return iter(self.devices)
+
+    def __len__(self) -> int:
+        return len(self.devices)
+
+    def get(self, name: str) -> Device | None:
+        """The device of this name, or None."""
+        return self._by_name.get(name)
+
+    def by_uuid(self, uuid: str) -> Device | None:
+        """The device with this UUID, or None."""
+        return next((d for d in self.devices if d.uuid == uuid), None)
+
+
+def device_uuids(device: Device) -> tuple[str, ...]:
+    """UUIDs a health event about this device may name (a MIG device also answers to its parent's)."""
+    if isinstance(device, MigDevice):
+        return (device.uuid, device.parent.uuid)
+    return (device.uuid,)

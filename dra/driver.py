@@ -1,0 +1,160 @@
+"""The kubelet-plugin daemon: discovery, state, slices, gRPC and metrics wired together."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from dra import metrics
+from dra.cdistore import CdiStore
+from dra.checkpoint import CheckpointError, CheckpointStore
+from dra.devices import Inventory
+from dra.discovery import discover
+from dra.fakegpu import FakeGpuLibrary, ProfileError, load_profile
+from dra.health import HealthMonitor, HealthTracker
+from dra.kube import KubeClient, KubeError
+from dra.nvml import GpuLibrary, GpuLibraryError, NvmlLibrary
+from dra.plugin.server import PluginServer, SocketPathError
+from dra.plugin.service import DraService, HealthService
+from dra.publisher import SlicePublisher
+from dra.state import DeviceState
+
+log = logging.getLogger(__name__)
+
+
+class StartupError(Exception):
+    """The daemon cannot start; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class PluginSettings:
+    """Everything the kubelet-plugin command is told."""
+
+    driver_name: str
+    node_name: str
+    kubeconfig: str | None
+    kubelet_root: Path
+    cdi_root: Path
+    state_dir: Path | None
+    fake_gpus: str | None
+    fake_gpu_events: Path | None
+    http_address: str | None
+
+    @property
+    def checkpoint_path(self) -> Path:
+        """The checkpoint file (default: next to the plugin socket, on the kubelet's host path)."""
+        directory = self.state_dir or self.kubelet_root / "plugins" / self.driver_name
+        return directory / "checkpoint.json"
+
+
+def gpu_library(fake_gpus: str | None, node_name: str, events: Path | None = None) -> GpuLibrary:
+    """NVML, or fake GPUs from a profile name or file."""
+    if not fake_gpus:
+        return NvmlLibrary()
+    try:
+        profile = load_profile(fake_gpus)
+    except ProfileError as err:
+        raise StartupError(f"--fake-gpus: {err}") from None
+    return FakeGpuLibrary(profile, node_name, events)
+
+
+def load_inventory(lib: GpuLibrary) -> Inventory:
+    """Initialise the library and discover the node's devices."""
+    try:
+        lib.init()
+        return discover(lib)
+    except GpuLibraryError as err:
+        raise StartupError(
+            f"cannot read GPUs through NVML ({err}); is the NVIDIA driver installed and "
+            "libnvidia-ml.so.1 visible to the driver? For testing without GPUs use --fake-gpus"
+        ) from None
+
+
+async def run_kubelet_plugin(settings: PluginSettings) -> None:
+    """Run until SIGTERM or SIGINT."""
+    started = time.monotonic()
+    lib = gpu_library(settings.fake_gpus, settings.node_name, settings.fake_gpu_events)
+    inventory = load_inventory(lib)
+    log.info("found %d allocatable devices on node %s", len(inventory), settings.node_name)
+    try:
+        kube = KubeClient(settings.kubeconfig)
+        state = DeviceState(
+            settings.driver_name,
+            settings.node_name,
+            inventory,
+            CdiStore(settings.cdi_root, settings.driver_name),
+            CheckpointStore(settings.checkpoint_path),
+        )
+    except (KubeError, CheckpointError) as err:
+        raise StartupError(str(err)) from None
+    state.recover()
+    metrics.PREPARED_CLAIMS.set(len(state.prepared))
+
+    tracker = HealthTracker(inventory)
+    publisher = SlicePublisher(kube, settings.driver_name, settings.node_name, inventory)
+
+    async def read_claim(namespace: str, name: str) -> dict[str, Any]:
+        return await anyio.to_thread.run_sync(kube.get_resource_claim, namespace, name)
+
+    async def record_event(claim: dict[str, Any], reason: str, message: str) -> None:
+        try:
+            await anyio.to_thread.run_sync(
+                lambda: kube.create_event(claim, reason, message, host=settings.node_name)
+            )
+        except KubeError as err:
+            log.warning("cannot record event on the claim: %s", err)
+
+    dra = DraService(settings.driver_name, state, read_claim, record_event)
+    try:
+        server = PluginServer(
+            settings.kubelet_root, settings.driver_name, dra, HealthService(settings.node_name, tracker)
+        )
+    except SocketPathError as err:
+        raise StartupError(str(err)) from None
+
+    def ready() -> bool:
+        return server.registration.registered.is_set() and publisher.published.is_set()
+
+    http = metrics.serve(settings.http_address, ready) if settings.http_address else None
+    monitor = HealthMonitor(lib, tracker, inventory)
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(publisher.run)
+            await server.start()
+            group.start_soon(server.keep_registration_socket)
+            monitor.start(
+                on_change=lambda _: metrics.UNHEALTHY_DEVICES.set(
+                    sum(not h.healthy for h in tracker.snapshot().values())
+                )
+            )
+
+            async def report_ready() -> None:
+                await server.registration.registered.wait()
+                await publisher.published.wait()
+                log.info(
+                    "ready: registered with the kubelet and published %d devices in %.2fs",
+                    len(inventory),
+                    time.monotonic() - started,
+                )
+
+            group.start_soon(report_ready)
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info("received %s, shutting down", signal.Signals(signum).name)
+                    break
+            group.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await server.stop()
+        monitor.stop()
+        if http is not None:
+            http.shutdown()
+        kube.close()
+        lib.shutdown()

@@ -1,0 +1,74 @@
+"""Prometheus metrics and the HTTP endpoint that serves them with the health probes.
+
+GET /metrics   Prometheus text format
+GET /healthz   200 while the process serves (liveness)
+GET /readyz    200 once registered with the kubelet and the slices are published (readiness)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+
+log = logging.getLogger(__name__)
+
+REGISTRY = CollectorRegistry()
+
+PREPARE_SECONDS = Histogram(
+    "dra_gpu_node_prepare_seconds",
+    "Time to prepare one claim (API read, decisions, CDI spec, checkpoint).",
+    ["result"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    registry=REGISTRY,
+)
+UNPREPARE_SECONDS = Histogram(
+    "dra_gpu_node_unprepare_seconds",
+    "Time to unprepare one claim.",
+    ["result"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+    registry=REGISTRY,
+)
+PREPARED_CLAIMS = Gauge("dra_gpu_prepared_claims", "Claims prepared on this node.", registry=REGISTRY)
+PUBLISHED_DEVICES = Gauge(
+    "dra_gpu_published_devices", "Devices in this node's ResourceSlices.", registry=REGISTRY
+)
+UNHEALTHY_DEVICES = Gauge(
+    "dra_gpu_unhealthy_devices", "Devices marked unhealthy by XID errors.", registry=REGISTRY
+)
+SLICE_WRITES = Counter(
+    "dra_gpu_resourceslice_writes", "ResourceSlice writes by operation.", ["operation"], registry=REGISTRY
+)
+RECONCILE_ERRORS = Counter(
+    "dra_gpu_resourceslice_reconcile_errors", "Failed ResourceSlice reconciliations.", registry=REGISTRY
+)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        log.debug("http: " + format, *args)
+
+
+def serve(address: str, ready: Callable[[], bool]) -> WSGIServer:
+    """Serve /metrics, /healthz and /readyz on host:port in a daemon thread; return the server."""
+    host, _, port = address.rpartition(":")
+    metrics_app = make_wsgi_app(REGISTRY)
+
+    def app(environ: dict[str, object], start_response: Callable[..., object]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO")
+        if path == "/healthz":
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            return [b"ok\n"]
+        if path == "/readyz":
+            ok = ready()
+            start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
+            return [b"ready\n" if ok else b"not ready\n"]
+        response: Iterable[bytes] = metrics_app(environ, start_response)
+        return response
+
+    server = make_server(host or "0.0.0.0", int(port), app, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
+    return server

@@ -1,0 +1,1 @@
+"""The kubelet-facing gRPC side: plugin registration and the DRA services on unix sockets."""

@@ -1,0 +1,52 @@
+"""The plugin-registration service the kubelet calls on <kubelet root>/plugins_registry/<driver>-reg.sock."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import anyio
+import grpc
+
+from dra.pb.pluginregistration.v1 import registration_pb2, registration_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+#: What the kubelet may choose from, newest first: kubelet 1.34 takes the first it knows.
+SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+
+
+class RegistrationService(registration_pb2_grpc.RegistrationServicer):
+    """Tells the kubelet where the DRA service is, and remembers whether it accepted us."""
+
+    def __init__(self, driver: str, endpoint: str) -> None:
+        self.driver = driver
+        self.endpoint = endpoint
+        self.registered = anyio.Event()
+        self.last_error = ""
+
+    async def GetInfo(  # noqa: N802 (gRPC method name)
+        self, request: registration_pb2.InfoRequest, context: Context
+    ) -> registration_pb2.PluginInfo:
+        """Describe the plugin."""
+        return registration_pb2.PluginInfo(
+            type="DRAPlugin",
+            name=self.driver,
+            endpoint=self.endpoint,
+            supported_versions=list(SUPPORTED_SERVICES),
+        )
+
+    async def NotifyRegistrationStatus(  # noqa: N802
+        self, request: registration_pb2.RegistrationStatus, context: Context
+    ) -> registration_pb2.RegistrationStatusResponse:
+        """Record the kubelet's verdict; a refusal is logged with the kubelet's reason."""
+        if request.plugin_registered:
+            log.info("registered with the kubelet as DRA driver %s", self.driver)
+            self.last_error = ""
+            self.registered.set()
+        else:
+            self.last_error = request.error
+            log.error("the kubelet refused the registration of %s: %s", self.driver, request.error)
+        return registration_pb2.RegistrationStatusResponse()

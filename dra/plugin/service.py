@@ -1,0 +1,163 @@
+"""The DRA kubelet services: NodePrepareResources / NodeUnprepareResources (v1 and v1beta1) and health.
+
+Every claim of a request is handled on its own, concurrently: one bad claim
+gets its own error string and never fails the others. Errors the admin can act
+on (wrong UID, another node's device, bad configuration) are also recorded as
+Warning events on the ResourceClaim.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import grpc
+
+from dra import metrics
+from dra.checkpoint import PreparedClaim
+from dra.claims import ClaimError, read_allocation
+from dra.health import HealthTracker
+from dra.kube import KubeError, NotFoundError
+from dra.pb.dra.v1 import dra_pb2
+from dra.pb.dra.v1 import dra_pb2_grpc as v1_grpc
+from dra.pb.dra.v1beta1 import dra_pb2_grpc as v1beta1_grpc
+from dra.pb.drahealth.v1alpha1 import health_pb2, health_pb2_grpc
+from dra.state import DeviceState
+
+log = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+ClaimReader = Callable[[str, str], Awaitable[dict[str, Any]]]
+EventRecorder = Callable[[dict[str, Any], str, str], Awaitable[None]]
+
+
+def _response(claim: PreparedClaim) -> dra_pb2.NodePrepareResourceResponse:
+    return dra_pb2.NodePrepareResourceResponse(
+        devices=[
+            dra_pb2.Device(
+                request_names=list(d.request_names),
+                pool_name=d.pool,
+                device_name=d.device,
+                cdi_device_ids=list(d.cdi_device_ids),
+            )
+            for d in claim.devices
+        ]
+    )
+
+
+class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
+    """Serves both API versions: their messages are the same on the wire."""
+
+    def __init__(
+        self,
+        driver: str,
+        state: DeviceState,
+        read_claim: ClaimReader,
+        record_event: EventRecorder | None = None,
+    ) -> None:
+        self.driver = driver
+        self._state = state
+        self._read_claim = read_claim
+        self._record_event = record_event
+
+    async def _prepare(self, ref: dra_pb2.Claim) -> dra_pb2.NodePrepareResourceResponse:
+        started = time.perf_counter()
+        name = f"{ref.namespace}/{ref.name}"
+        claim: dict[str, Any] | None = None
+        result = "error"
+        try:
+            claim = await self._read_claim(ref.namespace, ref.name)
+            allocation = read_allocation(claim, ref.uid, self.driver)
+            prepared = await anyio.to_thread.run_sync(self._state.prepare, allocation)
+            result = "success"
+            return _response(prepared)
+        except NotFoundError:
+            return dra_pb2.NodePrepareResourceResponse(
+                error=f"ResourceClaim {name} not found: it was deleted; the pod cannot start with it"
+            )
+        except KubeError as err:
+            return dra_pb2.NodePrepareResourceResponse(error=f"cannot read ResourceClaim {name}: {err}")
+        except ClaimError as err:
+            log.warning("prepare %s (%s) failed: %s", name, ref.uid, err)
+            if claim is not None and self._record_event is not None:
+                await self._record_event(claim, "PrepareFailed", str(err))
+            return dra_pb2.NodePrepareResourceResponse(error=str(err))
+        except Exception as err:
+            log.exception("internal error preparing %s (%s)", name, ref.uid)
+            return dra_pb2.NodePrepareResourceResponse(error=f"internal error preparing {name}: {err!r}")
+        finally:
+            metrics.PREPARE_SECONDS.labels(result).observe(time.perf_counter() - started)
+            metrics.PREPARED_CLAIMS.set(len(self._state.prepared))
+
+    async def _unprepare(self, ref: dra_pb2.Claim) -> dra_pb2.NodeUnprepareResourceResponse:
+        started = time.perf_counter()
+        result = "error"
+        try:
+            await anyio.to_thread.run_sync(self._state.unprepare, ref.uid)
+            result = "success"
+            return dra_pb2.NodeUnprepareResourceResponse()
+        except Exception as err:
+            log.exception("internal error unpreparing %s/%s (%s)", ref.namespace, ref.name, ref.uid)
+            return dra_pb2.NodeUnprepareResourceResponse(
+                error=f"cannot unprepare {ref.namespace}/{ref.name}: {err!r}"
+            )
+        finally:
+            metrics.UNPREPARE_SECONDS.labels(result).observe(time.perf_counter() - started)
+            metrics.PREPARED_CLAIMS.set(len(self._state.prepared))
+
+    async def NodePrepareResources(  # noqa: N802 (gRPC method name)
+        self, request: dra_pb2.NodePrepareResourcesRequest, context: Context
+    ) -> dra_pb2.NodePrepareResourcesResponse:
+        """Prepare every claim of the request, each on its own."""
+        responses: dict[str, dra_pb2.NodePrepareResourceResponse] = {}
+
+        async def one(ref: dra_pb2.Claim) -> None:
+            responses[ref.uid] = await self._prepare(ref)
+
+        async with anyio.create_task_group() as group:
+            for ref in request.claims:
+                group.start_soon(one, ref)
+        return dra_pb2.NodePrepareResourcesResponse(claims=responses)
+
+    async def NodeUnprepareResources(  # noqa: N802
+        self, request: dra_pb2.NodeUnprepareResourcesRequest, context: Context
+    ) -> dra_pb2.NodeUnprepareResourcesResponse:
+        """Unprepare every claim of the request; unknown claims succeed."""
+        responses: dict[str, dra_pb2.NodeUnprepareResourceResponse] = {}
+
+        async def one(ref: dra_pb2.Claim) -> None:
+            responses[ref.uid] = await self._unprepare(ref)
+
+        async with anyio.create_task_group() as group:
+            for ref in request.claims:
+                group.start_soon(one, ref)
+        return dra_pb2.NodeUnprepareResourcesResponse(claims=responses)
+
+
+class HealthService(health_pb2_grpc.DRAResourceHealthServicer):
+    """Streams the health of every published device to the kubelet (ResourceHealthStatus)."""
+
+    def __init__(self, pool: str, tracker: HealthTracker) -> None:
+        self._pool = pool
+        self._tracker = tracker
+
+    async def NodeWatchResources(  # noqa: N802
+        self, request: health_pb2.NodeWatchResourcesRequest, context: Context
+    ) -> AsyncIterator[health_pb2.NodeWatchResourcesResponse]:
+        """The full list on connect and after every change."""
+        async for snapshot in self._tracker.watch():
+            yield health_pb2.NodeWatchResourcesResponse(
+                devices=[
+                    health_pb2.DeviceHealth(
+                        device=health_pb2.DeviceIdentifier(pool_name=self._pool, device_name=name),
+                        health=health_pb2.HEALTHY if status.healthy else health_pb2.UNHEALTHY,
+                        last_updated_time=status.since,
+                    )
+                    for name, status in sorted(snapshot.items())
+                ]
+            )

@@ -1,0 +1,190 @@
+"""The driver end to end: real API server, scheduler, kubelet and fake runtime; fake GPUs.
+
+Profile `mixed`: gpu-0 and gpu-1 are L40S (46068 MiB), gpu-2 and gpu-3 are T4
+(15360 MiB); driver version 550.54.15.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.cluster import ClusterInfo
+from tests.cluster.kube import Kube, Obj, wait_for
+from tests.driverprocess import DriverProcess
+from tests.e2e.workloads import (
+    DRIVER,
+    allocated_devices,
+    claim_template,
+    container_record,
+    delete_pods_and_wait,
+    ensure_device_classes,
+    gpu_pod,
+    pod_claim,
+)
+
+ATTR = f'device.attributes["{DRIVER}"]'
+CAP = f'device.capacity["{DRIVER}"]'
+
+
+@pytest.fixture(scope="module")
+def driver(
+    cluster: ClusterInfo, kube: Kube, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DriverProcess]:
+    """The driver on profile `mixed`, registered with the kubelet."""
+    ensure_device_classes(kube)
+    process = DriverProcess(cluster, "mixed", tmp_path_factory.mktemp("driver") / "driver.log").start()
+    yield process
+    assert process.stop() == 0, process.log_path.read_text()
+
+
+def _slice_devices(kube: Kube, cluster: ClusterInfo) -> dict[str, Obj]:
+    slices = kube.list_objects(
+        "resource.k8s.io/v1",
+        "ResourceSlice",
+        field_selector=f"spec.driver={DRIVER},spec.nodeName={cluster.node_name}",
+    )
+    return {d["name"]: d for s in slices for d in s["spec"]["devices"]}
+
+
+def test_driver_publishes_typed_attributes(driver: DriverProcess, kube: Kube, cluster: ClusterInfo) -> None:
+    devices = _slice_devices(kube, cluster)
+    assert sorted(devices) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    gpu0 = devices["gpu-0"]
+    assert gpu0["attributes"]["productName"] == {"string": "NVIDIA L40S"}
+    assert gpu0["attributes"]["index"] == {"int": 0}
+    assert gpu0["attributes"]["driverVersion"] == {"version": "550.54.15"}
+    assert gpu0["capacity"]["memory"] == {"value": "46068Mi"}
+
+
+@pytest.mark.parametrize(
+    ("selector", "expected"),
+    [
+        pytest.param(f'{ATTR}.productName == "Tesla T4"', {"gpu-2", "gpu-3"}, id="productName"),
+        pytest.param(f'{CAP}.memory.compareTo(quantity("40Gi")) >= 0', {"gpu-0", "gpu-1"}, id="memory"),
+        pytest.param(
+            f'{ATTR}.driverVersion.isGreaterThan(semver("535.0.0")) && {ATTR}.index == 3',
+            {"gpu-3"},
+            id="driverVersion",
+        ),
+    ],
+)
+def test_pod_gets_the_selected_gpu(
+    driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str, selector: str, expected: set[str]
+) -> None:
+    claim_template(kube, namespace, "pick", [selector])
+    gpu_pod(kube, namespace, "worker", "pick")
+    kube.wait_pod_phase("worker", namespace)
+
+    claim = pod_claim(kube, namespace, "worker")
+    [device] = allocated_devices(claim)
+    assert device in expected
+    uid = claim["metadata"]["uid"]
+    spec_path = Path(cluster.cdi_dir) / f"k8s.{DRIVER}-claim_{uid}.json"
+    spec = json.loads(spec_path.read_text())
+    assert [d["name"] for d in spec["devices"]] == [f"{uid}-{device}"]
+
+    # The kubelet passed our CDI device to the runtime, which resolved it from the spec.
+    record = container_record(cluster, namespace, "worker")
+    assert record["cdiDevices"] == [f"k8s.{DRIVER}/claim={uid}-{device}"]
+    device_uuid = _slice_devices(kube, cluster)[device]["attributes"]["uuid"]["string"]
+    assert record["env"]["NVIDIA_VISIBLE_DEVICES"] == device_uuid
+    assert record["env"][f"DRA_GPU_{device.upper().replace('-', '_')}_UUID"] == device_uuid
+    assert record["deviceNodes"] == []
+
+    delete_pods_and_wait(kube, cluster, namespace, [claim])
+    assert uid not in json.loads(driver.checkpoint.read_text())["claims"]
+
+
+def test_unsatisfiable_driver_version_stays_pending(
+    driver: DriverProcess, kube: Kube, namespace: str
+) -> None:
+    claim_template(kube, namespace, "old", [f'{ATTR}.driverVersion.isLessThan(semver("500.0.0"))'])
+    gpu_pod(kube, namespace, "waiting", "old")
+    event = wait_for(
+        "FailedScheduling",
+        lambda: next(
+            (e for e in kube.events_for("Pod", "waiting", namespace) if e["reason"] == "FailedScheduling"),
+            None,
+        ),
+    )
+    assert "cannot allocate all claims" in event["message"]
+    assert kube.get("v1", "Pod", "waiting", namespace)["status"]["phase"] == "Pending"
+
+
+def test_two_pods_never_share_a_gpu(
+    driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str
+) -> None:
+    claim_template(kube, namespace, "any", [])
+    names = [f"p{i}" for i in range(5)]
+    for name in names:
+        gpu_pod(kube, namespace, name, "any")
+
+    def four_running() -> list[Obj] | None:
+        pods = kube.list_objects("v1", "Pod", namespace=namespace)
+        running = [p for p in pods if p["status"].get("phase") == "Running"]
+        return running if len(running) == 4 else None
+
+    running = wait_for("four pods running", four_running)
+    claims = [pod_claim(kube, namespace, p["metadata"]["name"]) for p in running]
+    devices = [d for c in claims for d in allocated_devices(c)]
+    assert sorted(devices) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    uuids = {
+        container_record(cluster, namespace, p["metadata"]["name"])["env"]["NVIDIA_VISIBLE_DEVICES"]
+        for p in running
+    }
+    assert len(uuids) == 4
+    prepared = json.loads(driver.checkpoint.read_text())["claims"]
+    held = [d["device"] for c in prepared.values() for d in c["devices"]]
+    assert sorted(held) == sorted(devices)
+    [pending] = [
+        p
+        for p in kube.list_objects("v1", "Pod", namespace=namespace)
+        if p["status"].get("phase") != "Running"
+    ]
+    assert pending["status"]["phase"] == "Pending"
+    delete_pods_and_wait(kube, cluster, namespace, claims)
+
+
+def test_restart_after_sigkill_keeps_prepared_claims(
+    driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str
+) -> None:
+    claim_template(kube, namespace, "one", [f'{ATTR}.productName == "Tesla T4"'])
+    gpu_pod(kube, namespace, "before", "one")
+    kube.wait_pod_phase("before", namespace)
+    before = pod_claim(kube, namespace, "before")
+    stray = Path(cluster.cdi_dir) / f"k8s.{DRIVER}-claim_{uuid.uuid4()}.json"
+
+    driver.kill()
+    stray.write_text('{"cdiVersion": "0.5.0", "kind": "k8s.gpu.nvidia.com/claim", "devices": []}')
+    driver.start()
+
+    assert not stray.exists(), "the restarted driver removes specs of claims it has not prepared"
+    prepared = json.loads(driver.checkpoint.read_text())["claims"]
+    assert before["metadata"]["uid"] in prepared
+
+    gpu_pod(kube, namespace, "after", "one")
+    kube.wait_pod_phase("after", namespace)
+    after = pod_claim(kube, namespace, "after")
+    assert set(allocated_devices(before)) | set(allocated_devices(after)) == {"gpu-2", "gpu-3"}
+    held = [
+        d["device"]
+        for c in json.loads(driver.checkpoint.read_text())["claims"].values()
+        for d in c["devices"]
+    ]
+    assert len(held) == len(set(held)) == 2
+
+    delete_pods_and_wait(kube, cluster, namespace, [before, after])
+    assert json.loads(driver.checkpoint.read_text())["claims"] == {}
+    assert driver.proc is not None
+    assert driver.proc.poll() is None
+    os.kill(driver.proc.pid, signal.SIGTERM)
+    assert driver.proc.wait(15) == 0
+    assert not (Path(cluster.plugins_registry) / f"{DRIVER}-reg.sock").exists()
+    driver.start()

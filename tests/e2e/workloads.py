@@ -1,0 +1,111 @@
+"""Building blocks for end-to-end tests: claim templates, pods, and what they were given."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tests.cluster.cluster import ClusterInfo
+from tests.cluster.kube import Kube, Obj, wait_for
+
+DRIVER = "gpu.nvidia.com"
+
+
+def _device_class(name: str, device_type: str) -> Obj:
+    expression = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "{device_type}"'
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
+    }
+
+
+#: The DeviceClasses of NVIDIA's DRA driver, which claims written for it expect.
+DEVICE_CLASSES: list[Obj] = [_device_class("gpu.nvidia.com", "gpu"), _device_class("mig.nvidia.com", "mig")]
+
+
+def ensure_device_classes(kube: Kube) -> None:
+    """Create the DeviceClasses unless they exist."""
+    for device_class in DEVICE_CLASSES:
+        if kube.get_or_none("resource.k8s.io/v1", "DeviceClass", device_class["metadata"]["name"]) is None:
+            kube.create(device_class)
+
+
+def claim_template(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    selectors: Sequence[str] = (),
+    count: int = 1,
+    device_class: str = "gpu.nvidia.com",
+) -> Obj:
+    """A ResourceClaimTemplate with one request `gpu` of `count` devices."""
+    exactly: dict[str, Any] = {"deviceClassName": device_class, "count": count}
+    if selectors:
+        exactly["selectors"] = [{"cel": {"expression": s}} for s in selectors]
+    return kube.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+        }
+    )
+
+
+def gpu_pod(kube: Kube, namespace: str, name: str, template: str) -> Obj:
+    """A pod whose one container uses the whole claim made from `template`."""
+    return kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "terminationGracePeriodSeconds": 0,
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
+            },
+        }
+    )
+
+
+def pod_claim(kube: Kube, namespace: str, pod_name: str) -> Obj:
+    """The ResourceClaim generated for the pod's one claim."""
+    pod = kube.get("v1", "Pod", pod_name, namespace)
+    statuses = pod.get("status", {}).get("resourceClaimStatuses") or []
+    assert statuses, f"pod {namespace}/{pod_name} has no generated claim yet"
+    return kube.get("resource.k8s.io/v1", "ResourceClaim", statuses[0]["resourceClaimName"], namespace)
+
+
+def allocated_devices(claim: Obj) -> list[str]:
+    """Device names allocated to a claim."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    return [r["device"] for r in allocation.get("devices", {}).get("results", [])]
+
+
+def container_record(cluster: ClusterInfo, namespace: str, pod: str, container: str = "main") -> Obj:
+    """What the fake runtime resolved for a container: CDI devices, env, device nodes."""
+    path = Path(cluster.runtime_records) / f"{namespace}_{pod}_{container}.json"
+    record: Obj = json.loads(path.read_text())
+    return record
+
+
+def delete_pods_and_wait(kube: Kube, cluster: ClusterInfo, namespace: str, claims: list[Obj]) -> None:
+    """Delete every pod of the namespace and wait until their claims' CDI specs are gone."""
+    for pod in kube.list_objects("v1", "Pod", namespace=namespace):
+        kube.delete("v1", "Pod", pod["metadata"]["name"], namespace, grace_period=0)
+    specs = [
+        Path(cluster.cdi_dir) / f"k8s.{DRIVER}-claim_{claim['metadata']['uid']}.json" for claim in claims
+    ]
+    wait_for(
+        "the claims' CDI specs to be removed", lambda: not any(spec.exists() for spec in specs), timeout=30
+    )

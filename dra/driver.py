@@ -7,10 +7,8 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import anyio
-import anyio.to_thread
 
 from dra import metrics
 from dra.cdistore import CdiStore
@@ -100,18 +98,7 @@ async def run_kubelet_plugin(settings: PluginSettings) -> None:
     tracker = HealthTracker(inventory)
     publisher = SlicePublisher(kube, settings.driver_name, settings.node_name, inventory)
 
-    async def read_claim(namespace: str, name: str) -> dict[str, Any]:
-        return await anyio.to_thread.run_sync(kube.get_resource_claim, namespace, name)
-
-    async def record_event(claim: dict[str, Any], reason: str, message: str) -> None:
-        try:
-            await anyio.to_thread.run_sync(
-                lambda: kube.create_event(claim, reason, message, host=settings.node_name)
-            )
-        except KubeError as err:
-            log.warning("cannot record event on the claim: %s", err)
-
-    dra = DraService(settings.driver_name, state, read_claim, record_event)
+    dra = DraService(settings.driver_name, settings.node_name, state, kube)
     try:
         server = PluginServer(
             settings.kubelet_root, settings.driver_name, dra, HealthService(settings.node_name, tracker)

@@ -205,9 +205,9 @@ class KubeClient:
         involved: Obj,
         reason: str,
         message: str,
-        event_type: str = "Warning",
-        component: str = "dra-gpu",
+        *,
         host: str = "",
+        event_type: str = "Warning",
     ) -> None:
         """Record a core/v1 Event about an object (kubectl describe shows it)."""
         meta = involved["metadata"]
@@ -228,7 +228,7 @@ class KubeClient:
             "reason": reason,
             "message": message[:1024],
             "type": event_type,
-            "source": {"component": component, "host": host},
+            "source": {"component": "dra-gpu", "host": host},
             "firstTimestamp": now,
             "lastTimestamp": now,
             "count": 1,

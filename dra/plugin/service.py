@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
 
 import anyio
 import anyio.to_thread
@@ -32,8 +32,15 @@ log = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
-ClaimReader = Callable[[str, str], Awaitable[dict[str, Any]]]
-EventRecorder = Callable[[dict[str, Any], str, str], Awaitable[None]]
+
+class ClaimSource(Protocol):
+    """The part of the Kubernetes adapter the service needs (blocking calls)."""
+
+    def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """GET a ResourceClaim."""
+
+    def create_event(self, involved: dict[str, Any], reason: str, message: str, *, host: str = "") -> None:
+        """Record a Warning event about an object."""
 
 
 def _response(claim: PreparedClaim) -> dra_pb2.NodePrepareResourceResponse:
@@ -53,17 +60,19 @@ def _response(claim: PreparedClaim) -> dra_pb2.NodePrepareResourceResponse:
 class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
     """Serves both API versions: their messages are the same on the wire."""
 
-    def __init__(
-        self,
-        driver: str,
-        state: DeviceState,
-        read_claim: ClaimReader,
-        record_event: EventRecorder | None = None,
-    ) -> None:
+    def __init__(self, driver: str, node_name: str, state: DeviceState, kube: ClaimSource) -> None:
         self.driver = driver
+        self.node_name = node_name
         self._state = state
-        self._read_claim = read_claim
-        self._record_event = record_event
+        self._kube = kube
+
+    async def _record_event(self, claim: dict[str, Any], message: str) -> None:
+        try:
+            await anyio.to_thread.run_sync(
+                lambda: self._kube.create_event(claim, "PrepareFailed", message, host=self.node_name)
+            )
+        except KubeError as err:
+            log.warning("cannot record an event on ResourceClaim %s: %s", claim["metadata"].get("name"), err)
 
     async def _prepare(self, ref: dra_pb2.Claim) -> dra_pb2.NodePrepareResourceResponse:
         started = time.perf_counter()
@@ -71,7 +80,7 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         claim: dict[str, Any] | None = None
         result = "error"
         try:
-            claim = await self._read_claim(ref.namespace, ref.name)
+            claim = await anyio.to_thread.run_sync(self._kube.get_resource_claim, ref.namespace, ref.name)
             allocation = read_allocation(claim, ref.uid, self.driver)
             prepared = await anyio.to_thread.run_sync(self._state.prepare, allocation)
             result = "success"
@@ -84,8 +93,8 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
             return dra_pb2.NodePrepareResourceResponse(error=f"cannot read ResourceClaim {name}: {err}")
         except ClaimError as err:
             log.warning("prepare %s (%s) failed: %s", name, ref.uid, err)
-            if claim is not None and self._record_event is not None:
-                await self._record_event(claim, "PrepareFailed", str(err))
+            if claim is not None:
+                await self._record_event(claim, str(err))
             return dra_pb2.NodePrepareResourceResponse(error=str(err))
         except Exception as err:
             log.exception("internal error preparing %s (%s)", name, ref.uid)

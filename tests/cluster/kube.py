@@ -98,6 +98,15 @@ class Kube:
         )
         return replaced
 
+    def replace_status(self, obj: Obj) -> Obj:
+        """PUT an object's status subresource (e.g. a ResourceClaim's allocation)."""
+        meta = obj["metadata"]
+        resource = self._resource(obj["apiVersion"], obj["kind"]).status
+        replaced: Obj = resource.replace(
+            body=obj, name=meta["name"], namespace=meta.get("namespace")
+        ).to_dict()
+        return replaced
+
     def delete(
         self,
         api_version: str,

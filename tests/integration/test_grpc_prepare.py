@@ -260,7 +260,7 @@ async def test_unreachable_api_server_is_a_per_claim_error(cluster: ClusterInfo)
     try:
         async with grpc.aio.insecure_channel(f"unix://{server.dra_socket}") as channel:
             ref = dra_pb2.Claim(namespace="default", name="c", uid=str(uuid.uuid4()))
-            answers = await _prepare(dra_pb2_grpc.DRAPluginAsyncStub(channel), ref)
+            answers = await _prepare(dra_pb2_grpc.DRAPluginStub(channel), ref)
         assert answers[ref.uid].error.startswith("cannot read ResourceClaim default/c: API server")
         assert "unreachable" in answers[ref.uid].error
     finally:

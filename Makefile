@@ -47,3 +47,7 @@ cluster-down: $(STAMP)
 
 clean:
 	rm -rf $(VENV) dra/pb build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
+
+# Figures, not assertions: start-up time, NodePrepareResources latency, memory.
+bench: binaries
+	$(BIN)/python -m tests.bench.bench_driver

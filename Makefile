@@ -39,6 +39,10 @@ test: lint binaries
 test-fast: $(STAMP)
 	$(BIN)/pytest -m 'not cluster'
 
+# The driver on fake GPUs serving pods on a real local cluster; DEMO_KEEP=1 keeps it up.
+demo: binaries
+	$(BIN)/python -m tests.demo
+
 cluster-up: binaries
 	@$(BIN)/python -m tests.cluster up
 

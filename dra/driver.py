@@ -57,7 +57,7 @@ def gpu_library(fake_gpus: str | None, node_name: str, events: Path | None = Non
     if not fake_gpus:
         return NvmlLibrary()
     try:
-        profile = load_profile(fake_gpus)
+        profile = load_profile(fake_gpus, node_name)
     except ProfileError as err:
         raise StartupError(f"--fake-gpus: {err}") from None
     return FakeGpuLibrary(profile, node_name, events)

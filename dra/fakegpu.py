@@ -251,8 +251,32 @@ def parse_profile(data: object, name: str) -> Profile:
     )
 
 
-def load_profile(spec: str) -> Profile:
-    """A built-in profile by name, or a profile file by path."""
+def _select_for_node(data: dict[str, Any], path: Path, node_name: str | None) -> Profile:
+    nodes = data.get("nodes")
+    unknown = set(data) - {"nodes", "default"}
+    if not isinstance(nodes, dict) or unknown:
+        raise ProfileError(
+            f"{path}: a per-node profile map has only `nodes` (node name -> profile) and `default`"
+        )
+    choice = nodes.get(node_name) if node_name else None
+    where = f"{path}: nodes[{node_name}]"
+    if choice is None:
+        choice = data.get("default")
+        where = f"{path}: default"
+    if choice is None:
+        listed = ", ".join(sorted(nodes)) or "none"
+        raise ProfileError(f"{path}: no profile for node {node_name!r} (listed: {listed}) and no `default`")
+    if isinstance(choice, str) and choice in BUILTIN_PROFILES:
+        return parse_profile(BUILTIN_PROFILES[choice], choice)
+    return parse_profile(choice, where)
+
+
+def load_profile(spec: str, node_name: str | None = None) -> Profile:
+    """A built-in profile by name, a profile file, or a per-node map file picked by node name.
+
+    A per-node map is YAML with `nodes` (node name -> built-in name or inline profile)
+    and an optional `default`, so one DaemonSet can give each node its own fake GPUs.
+    """
     if spec in BUILTIN_PROFILES:
         return parse_profile(BUILTIN_PROFILES[spec], spec)
     path = Path(spec)
@@ -264,6 +288,8 @@ def load_profile(spec: str) -> Profile:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise ProfileError(f"{path}: not valid YAML: {err}") from err
+    if isinstance(data, dict) and "nodes" in data:
+        return _select_for_node(data, path, node_name)
     return parse_profile(data, str(path))
 
 

@@ -65,14 +65,24 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         self.node_name = node_name
         self._state = state
         self._kube = kube
+        self._events_allowed = True
 
     async def _record_event(self, claim: dict[str, Any], message: str) -> None:
+        if not self._events_allowed:
+            return
         try:
             await anyio.to_thread.run_sync(
                 lambda: self._kube.create_event(claim, "PrepareFailed", message, host=self.node_name)
             )
         except KubeError as err:
-            log.warning("cannot record an event on ResourceClaim %s: %s", claim["metadata"].get("name"), err)
+            if err.status == 403:
+                # Least-privilege RBAC grants no events; the kubelet still puts the error in pod events.
+                self._events_allowed = False
+                log.info("no permission to create events: prepare errors go to pod events only (%s)", err)
+            else:
+                log.warning(
+                    "cannot record an event on ResourceClaim %s: %s", claim["metadata"].get("name"), err
+                )
 
     async def _prepare(self, ref: dra_pb2.Claim) -> dra_pb2.NodePrepareResourceResponse:
         started = time.perf_counter()

@@ -8,8 +8,15 @@ import re
 import pytest
 
 from dra.devices import Gpu, MigDevice
-from dra.discovery import COMMON_DEVICE_NODES, cuda_version_string, discover, mig_device_name, to_semver
-from dra.fakegpu import FakeGpuLibrary, load_profile
+from dra.discovery import (
+    COMMON_DEVICE_NODES,
+    cuda_version_string,
+    discover,
+    mig_device_name,
+    mig_profile,
+    to_semver,
+)
+from dra.fakegpu import MODELS, FakeGpuLibrary, MigProfile, load_profile
 from dra.nvml import (
     ERROR_GPU_IS_LOST,
     ERROR_NOT_SUPPORTED,
@@ -369,3 +376,64 @@ def test_mig_capability_nodes_missing_on_the_host_are_left_out() -> None:
     assert mig is not None
     assert mig.device_nodes == ("/dev/nvidia4", "/dev/nvidia-caps/nvidia-cap402")
     assert inv.common_device_nodes == ()
+
+
+# -- MIG profile names --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "profile_name"),
+    [
+        ("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "1g.10gb"),
+        ("NVIDIA A100-SXM4-40GB MIG 1g.5gb+me", "1g.5gb+me"),
+        ("NVIDIA A100-SXM4-40GB MIG 1c.3g.20gb", "1c.3g.20gb"),
+        ("NVIDIA H200 MIG  7g.141gb", "7g.141gb"),
+    ],
+)
+def test_mig_profile_comes_from_the_name_when_nvml_gives_it(name: str, profile_name: str) -> None:
+    # The sizes are deliberately wrong: the name wins.
+    assert mig_profile(name, 1, 1, 1, 1) == profile_name
+
+
+_FALLBACK_CASES = [
+    (model.product_name, model.memory_mib, name, p)
+    for model in MODELS.values()
+    for name, p in model.mig_profiles.items()
+    if "+" not in name  # "+me" cannot be told from the sizes
+]
+
+
+@pytest.mark.parametrize(
+    ("product", "parent_mib", "expected", "sizes"),
+    _FALLBACK_CASES,
+    ids=[f"{c[0]}-{c[2]}" for c in _FALLBACK_CASES],
+)
+def test_mig_profile_falls_back_to_the_sizes_when_the_name_has_no_mig_suffix(
+    product: str, parent_mib: int, expected: str, sizes: MigProfile
+) -> None:
+    slices = sizes.gpu_instance_slices
+    assert mig_profile(product, sizes.memory_mib, slices, slices, parent_mib) == expected
+
+
+def test_mig_profile_fallback_names_a_smaller_compute_instance() -> None:
+    assert mig_profile("NVIDIA A100-SXM4-40GB", 19968, 3, 1, 40960) == "1c.3g.20gb"
+
+
+class UnnamedMigs(FakeGpuLibrary):
+    """An older driver: MIG devices report the parent's product name without " MIG <profile>"."""
+
+    def name(self, gpu: GpuHandle | MigHandle) -> str:
+        return super().name(gpu).split(" MIG ")[0]
+
+
+@pytest.mark.parametrize("name", ["h100x8-mig", "a100x4-mig"])
+def test_discovery_names_mig_devices_the_same_without_the_name_suffix(name: str) -> None:
+    expected = [(d.name, getattr(d, "profile", None)) for d in inventory(name)]
+    found = [(d.name, getattr(d, "profile", None)) for d in discover(UnnamedMigs(load_profile(name), NODE))]
+    assert found == expected
+
+
+def test_a_full_size_h100_mig_device_is_named_7g_80gb_without_the_name_suffix() -> None:
+    full = profile({"model": "h100-sxm5-80gb", "mig": ["7g.80gb"]})
+    inv = discover(UnnamedMigs(full, NODE))
+    assert [d.name for d in inv] == ["gpu-0-mig-7g80gb-1-0"]

@@ -262,8 +262,15 @@ def load_profile(spec: str) -> Profile:
         )
     try:
         data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError) as err:
+        raise ProfileError(f"{path}: cannot read the profile: {err}") from err
     except yaml.YAMLError as err:
-        raise ProfileError(f"{path}: not valid YAML: {err}") from err
+        # PyYAML's own message spans several lines (with a source excerpt); keep one.
+        detail = " ".join(str(err).split())
+        if isinstance(err, yaml.MarkedYAMLError) and err.problem_mark is not None:
+            mark = err.problem_mark
+            detail = f"line {mark.line + 1}, column {mark.column + 1}: {err.problem}"
+        raise ProfileError(f"{path}: not valid YAML: {detail}") from err
     return parse_profile(data, str(path))
 
 

@@ -117,11 +117,32 @@ def test_an_empty_file_is_not_a_profile(tmp_path: Path) -> None:
         load_profile(str(path))
 
 
-def test_invalid_yaml_names_the_file(tmp_path: Path) -> None:
-    path = _write(tmp_path, "gpus: [model: t4\n")
+@pytest.mark.parametrize(
+    ("text", "detail"),
+    [
+        ("gpus: [model: t4\n", "line 2, column 1: expected ',' or ']'"),
+        (
+            "gpus:\n  - model: t4\n\tcount: 2\n",
+            "line 3, column 1: found character '\\t' that cannot start any token",
+        ),
+    ],
+)
+def test_invalid_yaml_is_one_line_naming_the_file_and_the_place(
+    tmp_path: Path, text: str, detail: str
+) -> None:
+    path = _write(tmp_path, text)
     with pytest.raises(ProfileError) as err:
         load_profile(str(path))
-    assert str(err.value).startswith(f"{path}: not valid YAML")
+    assert str(err.value).startswith(f"{path}: not valid YAML: {detail}")
+    assert "\n" not in str(err.value)
+
+
+def test_a_binary_file_is_a_profile_error(tmp_path: Path) -> None:
+    path = tmp_path / "profile.bin"
+    path.write_bytes(b"\x7fELF\x02\x01\x01\x00\xd0\xff\xfe")
+    with pytest.raises(ProfileError) as err:
+        load_profile(str(path))
+    assert str(err.value).startswith(f"{path}: cannot read the profile:")
 
 
 _T4 = {"model": "t4"}

@@ -145,9 +145,10 @@ class GpuLibrary(Protocol):
 
 
 def _bus_id_for_sysfs(pci_bus_id: str) -> str:
-    # NVML pads the PCI domain to 8 hex digits; sysfs uses 4 and lower case.
+    # NVML pads the PCI domain to 8 hex digits; sysfs prints it with at least 4 (%04x), in lower case.
+    # Keeping only the last 4 would turn VMD domain 10000 into domain 0000: another device, or none.
     domain, _, rest = pci_bus_id.partition(":")
-    return f"{domain[-4:]}:{rest}".lower()
+    return f"{domain.lstrip('0').rjust(4, '0')}:{rest}".lower()
 
 
 class NvmlLibrary:

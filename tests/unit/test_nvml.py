@@ -33,7 +33,8 @@ def _sysfs_devices(sysfs: Path, root: str, *chain: str) -> None:
     for depth in range(1, len(chain) + 1):
         target = sysfs.joinpath("devices", root, *chain[:depth])
         target.mkdir(parents=True, exist_ok=True)
-        (links / chain[depth - 1]).symlink_to(os.path.relpath(target, links))
+        if not chain[depth - 1].startswith("pci"):  # a bus below a bridge (VMD) is no device
+            (links / chain[depth - 1]).symlink_to(os.path.relpath(target, links))
 
 
 @pytest.fixture
@@ -53,6 +54,8 @@ def sysfs(tmp_path: Path) -> Path:
         ("0000:3B:00.0", "0000:3b:00.0"),
         ("00000001:02:00.0", "0001:02:00.0"),
         ("0000DEAD:02:00.0", "dead:02:00.0"),
+        # Domains above ffff (Intel VMD) keep every digit: sysfs prints them with %04x.
+        ("00010000:E1:00.0", "10000:e1:00.0"),
     ],
 )
 def test_nvml_bus_ids_translate_to_sysfs_names(nvml: str, sysfs: str) -> None:
@@ -70,6 +73,13 @@ def test_nvml_bus_ids_translate_to_sysfs_names(nvml: str, sysfs: str) -> None:
 )
 def test_pcie_root_is_the_root_complex_above_the_device(sysfs: Path, bus_id: str, root: str) -> None:
     assert NvmlLibrary(sysfs=sysfs).pcie_root(bus_id) == root
+
+
+def test_pcie_root_behind_a_vmd_domain(sysfs: Path) -> None:
+    _sysfs_devices(sysfs, "pci0000:64", "0000:64:00.5", "pci10000:e0", "10000:e0:01.0", "10000:e1:00.0")
+    # A device at the same bus number in domain 0 must not be taken for it.
+    _sysfs_devices(sysfs, "pci0000:e0", "0000:e0:01.0", "0000:e1:00.0")
+    assert NvmlLibrary(sysfs=sysfs).pcie_root("00010000:E1:00.0") == "pci0000:64"
 
 
 def test_pcie_root_of_an_unknown_device_is_none(sysfs: Path) -> None:

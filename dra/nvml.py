@@ -13,6 +13,7 @@ This is the only module that imports pynvml.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,9 @@ ERROR_GPU_IS_LOST = 15
 
 # Event type bit for XID critical errors (nvmlEventTypeXidCriticalError).
 EVENT_XID_CRITICAL = 0x8
+
+# A PCI root bus directory in sysfs: pci<domain>:<bus>.
+_PCI_ROOT_BUS = re.compile(r"^pci[0-9a-f]{4,}:[0-9a-f]{2}$")
 
 
 class GpuLibraryError(Exception):
@@ -293,7 +297,7 @@ class NvmlLibrary:
             resolved = os.path.realpath(link, strict=True)
         except OSError:
             return None
-        return next((part for part in Path(resolved).parts if part.startswith("pci")), None)
+        return next((part for part in Path(resolved).parts if _PCI_ROOT_BUS.match(part)), None)
 
     def mig_capability_minors(self) -> dict[str, int]:
         """Parse /proc/driver/nvidia-caps/mig-minors ("gpu0/gi1/access 12" per line)."""

@@ -82,6 +82,13 @@ def test_pcie_root_behind_a_vmd_domain(sysfs: Path) -> None:
     assert NvmlLibrary(sysfs=sysfs).pcie_root("00010000:E1:00.0") == "pci0000:64"
 
 
+def test_pcie_root_is_found_below_the_sysfs_root_only(tmp_path: Path) -> None:
+    # Where sysfs is mounted (here under a directory named pci-lab) is not part of the device's path.
+    root = tmp_path / "pci-lab" / "sys"
+    _sysfs_devices(root, "pci0000:3a", "0000:3a:00.0", "0000:3b:00.0")
+    assert NvmlLibrary(sysfs=root).pcie_root("00000000:3B:00.0") == "pci0000:3a"
+
+
 def test_pcie_root_of_an_unknown_device_is_none(sysfs: Path) -> None:
     assert NvmlLibrary(sysfs=sysfs).pcie_root("00000000:42:00.0") is None
 

@@ -203,6 +203,16 @@ def test_a_device_name_that_is_not_a_dns_label_is_refused() -> None:
         (3 * 1024**5, "3Pi"),
         (1024**6, "1Ei"),
         (2048 * 1024**6, "2048Ei"),
+        # Not a multiple of 1024: the server stores such a number in decimal SI form ("1000" -> "1k").
+        (1000, "1k"),
+        (12000, "12k"),
+        (1500, "1500"),
+        (1_000_000, "1M"),
+        (1_500_000, "1500k"),
+        (5_000_000_000, "5G"),
+        # A multiple of 1024 is sent, and so stored, in binary form.
+        (16_000_000_000, "15625000Ki"),
+        (81559 * MIB + 1000, "85520810984"),
     ],
 )
 def test_binary_quantity_canonical_forms(value: int, text: str) -> None:

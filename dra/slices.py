@@ -119,7 +119,8 @@ def slice_name(node_name: str, driver: str, index: int) -> str:
     if len(name) <= 253:
         return name
     digest = hashlib.sha256(f"{node_name}/{driver}".encode()).hexdigest()[:10]
-    return f"{node_name[:200]}-{digest}-{index}"
+    # Cut at a dot, the name would go on with a label starting with "-", which is invalid.
+    return f"{node_name[:200].rstrip('.')}-{digest}-{index}"
 
 
 def build_slices(

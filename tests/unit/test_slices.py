@@ -296,6 +296,9 @@ def test_slice_names_are_stable_and_valid_object_names() -> None:
 _LONG_NODES = [
     ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 61]),
     ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 60]),
+    # The 200th character, where a shortened name is cut, is a dot or a hyphen.
+    ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 7, "e" * 50]),
+    ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 7 + "-" + "e" * 50]),
 ]
 
 

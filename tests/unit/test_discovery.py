@@ -19,6 +19,7 @@ from dra.discovery import (
 from dra.fakegpu import MODELS, FakeGpuLibrary, MigProfile, load_profile
 from dra.nvml import (
     ERROR_GPU_IS_LOST,
+    ERROR_NOT_FOUND,
     ERROR_NOT_SUPPORTED,
     GpuHandle,
     GpuLibraryError,
@@ -304,6 +305,72 @@ def test_a_gpu_without_numa_node_is_still_published() -> None:
     assert all(g.numa_node is None for g in inv.gpus)
 
 
+class FailingCall(FakeGpuLibrary):
+    """Fake GPUs where one NVML query fails, with one return code, for one GPU and its MIG devices."""
+
+    def __init__(self, name: str, method: str, gpu: int, code: int) -> None:
+        super().__init__(load_profile(name), NODE)
+        self.method, self.gpu, self.code = method, gpu, code
+
+    def _check(self, method: str, handle: object) -> None:
+        if method == self.method and getattr(handle, "gpu_index", handle) == self.gpu:
+            raise GpuLibraryError(self.code, f"{method} failed")
+
+    def uuid(self, gpu: GpuHandle | MigHandle) -> str:
+        self._check("uuid", gpu)
+        return super().uuid(gpu)
+
+    def numa_node(self, gpu: GpuHandle) -> int:
+        self._check("numa_node", gpu)
+        return super().numa_node(gpu)
+
+    def mig_mode(self, gpu: GpuHandle) -> tuple[int, int]:
+        self._check("mig_mode", gpu)
+        return super().mig_mode(gpu)
+
+    def mig_device_by_index(self, gpu: GpuHandle, index: int) -> MigHandle:
+        self._check("mig_device_by_index", gpu)
+        return super().mig_device_by_index(gpu, index)
+
+    def gpu_instance_id(self, mig: MigHandle) -> int:
+        self._check("gpu_instance_id", mig)
+        return super().gpu_instance_id(mig)
+
+
+_GPU5_MIGS = _mig_names(5, _H100_MIG_LAYOUT)
+
+
+@pytest.mark.parametrize(
+    ("method", "code", "published"),
+    [
+        ("numa_node", ERROR_NOT_SUPPORTED, _GPU5_MIGS),
+        ("numa_node", ERROR_NOT_FOUND, _GPU5_MIGS),
+        ("numa_node", ERROR_GPU_IS_LOST, []),
+        # A GPU that cannot say its MIG mode is a plain GPU; any other failure hides it.
+        ("mig_mode", ERROR_NOT_SUPPORTED, ["gpu-5"]),
+        ("mig_mode", ERROR_GPU_IS_LOST, []),
+        ("mig_device_by_index", ERROR_GPU_IS_LOST, []),
+        ("gpu_instance_id", ERROR_GPU_IS_LOST, []),
+        ("uuid", ERROR_GPU_IS_LOST, []),
+    ],
+)
+def test_which_nvml_failures_hide_a_gpu(method: str, code: int, published: list[str]) -> None:
+    inv = discover(FailingCall("h100x8-mig", method, 5, code))
+    assert [d.name for d in inv if d.name == "gpu-5" or d.name.startswith("gpu-5-")] == published
+    assert (5 in [g.index for g in inv.gpus]) == bool(published)
+    # The other GPUs are untouched.
+    assert len([d for d in inv if not d.name.startswith("gpu-5")]) == 16
+
+
+def test_devices_can_be_found_by_uuid() -> None:
+    inv = inventory("h100x8-mig")
+    for device in inv:
+        assert inv.by_uuid(device.uuid) is device
+    # A GPU in MIG mode is not a device of the inventory.
+    assert inv.by_uuid(inv.gpus[4].uuid) is None
+    assert inv.by_uuid("GPU-unknown") is None
+
+
 def test_a_gpu_without_mig_support_is_a_plain_gpu() -> None:
     # L40S and T4 answer NOT_SUPPORTED to the MIG mode query.
     inv = inventory("mixed")
@@ -417,6 +484,10 @@ def test_mig_profile_falls_back_to_the_sizes_when_the_name_has_no_mig_suffix(
 
 def test_mig_profile_fallback_names_a_smaller_compute_instance() -> None:
     assert mig_profile("NVIDIA A100-SXM4-40GB", 19968, 3, 1, 40960) == "1c.3g.20gb"
+
+
+def test_mig_profile_fallback_without_the_parents_memory_rounds_up_to_whole_gb() -> None:
+    assert mig_profile("NVIDIA A100-SXM4-40GB", 4864, 1, 1, 0) == "1g.5gb"
 
 
 class UnnamedMigs(FakeGpuLibrary):

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from dra import slices
 from dra.devices import Gpu, Inventory
 from dra.discovery import discover
 from dra.fakegpu import FakeGpuLibrary, load_profile
@@ -144,8 +145,8 @@ def test_every_device_respects_the_api_limits(name: str) -> None:
 
 
 def test_a_long_product_name_is_truncated_not_rejected() -> None:
-    long_name = "NVIDIA " + "Extremely Long Engineering Sample Name " * 2
-    assert len(long_name) > 64
+    long_name = ("NVIDIA Engineering Sample " * 4)[:80]
+    assert len(long_name) == 80
     inv = inventory(
         profile(
             {"productName": long_name, "memoryMiB": 1024},
@@ -172,6 +173,16 @@ def test_no_pcie_root_attribute_when_it_is_unknown() -> None:
     inv = discover(NoPcieRoot(load_profile("h100x8-mig"), NODE))
     for device in inv:
         assert PCIE_ROOT_ATTRIBUTE not in device_entry(device, inv)["attributes"]
+
+
+def test_the_attribute_limit_is_enforced(monkeypatch: pytest.MonkeyPatch) -> None:
+    inv = inventory("h100x8")
+    # A GPU has 12 attributes and 1 capacity.
+    monkeypatch.setattr(slices, "MAX_ATTRIBUTES_AND_CAPACITIES", 12)
+    with pytest.raises(SliceError, match="device gpu-0 has more than 12 attributes"):
+        device_entry(inv.gpus[0], inv)
+    monkeypatch.setattr(slices, "MAX_ATTRIBUTES_AND_CAPACITIES", 13)
+    device_entry(inv.gpus[0], inv)
 
 
 def test_a_device_name_that_is_not_a_dns_label_is_refused() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -334,6 +335,25 @@ def test_recover_removes_stale_specs_and_recreates_missing_ones(paths: Paths) ->
     after.recover()
     assert paths.specs() == sorted([paths.spec(UID_A).name, paths.spec(UID_B).name, foreign.name])
     assert paths.spec(UID_B).read_bytes() == spec_b
+
+
+def test_a_device_gone_after_a_restart_is_left_out_of_the_recreated_spec(
+    paths: Paths, caplog: pytest.LogCaptureFixture
+) -> None:
+    # MIG was turned off on GPU 4 while the driver was down: its MIG device no longer exists.
+    paths.state().prepare(_allocation(UID_A, "gpu-0", "gpu-4-mig-3g40gb-1-0"))
+    paths.state().prepare(_allocation(UID_B, "gpu-5-mig-3g40gb-1-0"))
+    for uid in (UID_A, UID_B):
+        paths.spec(uid).unlink()
+    after = paths.state(inventory("h100x8"))
+    with caplog.at_level(logging.WARNING, logger="dra.state"):
+        after.recover()
+    spec = json.loads(paths.spec(UID_A).read_text())
+    assert [d["name"] for d in spec["devices"]] == [f"{UID_A}-gpu-0"]
+    # A claim with no device left gets no spec at all, but stays prepared until the kubelet unprepares it.
+    assert paths.specs() == [paths.spec(UID_A).name]
+    assert sorted(after.prepared) == [UID_A, UID_B]
+    assert "uses gpu-4-mig-3g40gb-1-0, which this node no longer has" in caplog.text
 
 
 def test_a_corrupt_checkpoint_stops_the_driver(paths: Paths) -> None:

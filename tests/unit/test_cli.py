@@ -15,6 +15,7 @@ import yaml
 
 from dra import cli, driver
 from dra.nvml import GpuLibraryError
+from dra.slices import SliceError
 
 
 @pytest.fixture(autouse=True)
@@ -261,3 +262,16 @@ def test_without_nvml_discover_exits_1_suggesting_fake_gpus(
     line = _one_error_line(err)
     assert "cannot read GPUs through NVML (nvmlInit: Driver Not Loaded)" in line
     assert "--fake-gpus" in line
+
+
+def test_an_inventory_the_api_would_reject_exits_1_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def reject(*args: object, **kwargs: object) -> list[dict[str, Any]]:
+        raise SliceError("device names are not unique: ['gpu-0']")
+
+    monkeypatch.setattr(cli, "build_slices", reject)
+    code, out, err = _run(capsys, "discover", "--fake-gpus", "mixed")
+    assert code == 1
+    assert out == ""
+    assert _one_error_line(err) == "dra-gpu: error: device names are not unique: ['gpu-0']"

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 import pytest
 
 from dra.devices import Inventory, MigDevice
 from dra.fakegpu import FakeGpuLibrary, load_profile
 from dra.health import APPLICATION_XIDS, DeviceHealth, HealthMonitor, HealthTracker
-from dra.nvml import XidEvent
+from dra.nvml import ERROR_GPU_IS_LOST, GpuLibraryError, XidEvent
 from tests.unit.helpers import NODE, inventory
 
 
@@ -164,3 +166,42 @@ async def test_the_monitor_feeds_xid_events_from_the_library_to_the_tracker(tmp_
         monitor.stop()
     assert reported == [["gpu-7-mig-1g10gb-3-0"]]
     assert _unhealthy(tracker) == ["gpu-7-mig-1g10gb-3-0"]
+
+
+class FailingEvents(FakeGpuLibrary):
+    """A library whose event wait fails: the GPU fell off the bus."""
+
+    def wait_xid_event(self, timeout_ms: int) -> XidEvent | None:
+        raise GpuLibraryError(ERROR_GPU_IS_LOST, "nvmlEventSetWait_v2: GPU is lost")
+
+
+class Collect(logging.Handler):
+    """Collects records from any thread and says when an error arrives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+        self.error = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+        if record.levelno >= logging.ERROR:
+            self.error.set()
+
+
+@pytest.mark.anyio
+async def test_the_monitor_stops_with_an_error_line_when_nvml_fails() -> None:
+    inv = inventory("h100x8")
+    monitor = HealthMonitor(FailingEvents(load_profile("h100x8"), NODE), HealthTracker(inv), inv)
+    collect = Collect()
+    logger = logging.getLogger("dra.health")
+    logger.addHandler(collect)
+    try:
+        monitor.start()
+        assert await anyio.to_thread.run_sync(collect.error.wait, 5)
+    finally:
+        monitor.stop()
+        logger.removeHandler(collect)
+    assert collect.messages == [
+        "GPU health monitoring stopped: NVML error 15: nvmlEventSetWait_v2: GPU is lost"
+    ]

@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +25,40 @@ from dra.driver import PluginSettings, StartupError, gpu_library, load_inventory
 from dra.slices import SliceError, build_slices
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
 
 
 class UsageError(Exception):
     """A flag or environment value is invalid."""
 
 
+@dataclass(frozen=True)
+class _FromEnv:
+    """A default taken from the environment, converted and checked only if its subcommand runs.
+
+    Not a str, so that argparse leaves it alone instead of converting it early.
+    """
+
+    env: str
+    raw: str
+
+
 def env_name(flag: str) -> str:
     """--node-name -> DRA_GPU_NODE_NAME."""
     return "DRA_GPU_" + flag.lstrip("-").upper().replace("-", "_")
+
+
+def path(text: str) -> Path:
+    """A path flag; an empty value is an error, not the current directory."""
+    if not text:
+        raise ValueError("must not be empty")
+    return Path(text)
+
+
+def nonempty(text: str) -> str:
+    """A text flag that must have a value."""
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text
 
 
 def option(
@@ -46,24 +70,43 @@ def option(
     choices: Sequence[str] | None = None,
     required: bool = False,
 ) -> None:
-    """Add a flag whose default comes from its environment variable."""
+    """Add a flag whose default comes from its environment variable, if set."""
     env = env_name(flag)
     raw = os.environ.get(env)
+    shown = f"; default {default}" if default not in (None, "") else ""
     if raw is not None:
-        if choices is not None and raw not in choices:
-            raise UsageError(f"environment variable {env}={raw!r}: expected one of {', '.join(choices)}")
-        try:
-            default = type(raw)
-        except ValueError as err:
-            raise UsageError(f"environment variable {env}={raw!r}: {err}") from None
+        default = _FromEnv(env, raw)
     parser.add_argument(
         flag,
         default=default,
         type=type,
         choices=choices,
         required=required and raw is None,
-        help=f"{help} (env {env}" + (f"; default {default}" if default not in (None, "") else "") + ")",
+        help=f"{help} (env {env}{shown})",
     )
+    checks = parser.get_default("env_checks") or ()
+    parser.set_defaults(env_checks=(*checks, (flag.lstrip("-").replace("-", "_"), type, choices)))
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse the command line, then convert and check the values taken from DRA_GPU_* variables.
+
+    Only the variables of the subcommand that runs are checked, so a variable meant
+    for another subcommand cannot stop this one. Raises UsageError.
+    """
+    args = build_parser().parse_args(argv)
+    for dest, convert, choices in args.env_checks:
+        value = getattr(args, dest)
+        if not isinstance(value, _FromEnv):
+            continue
+        where = f"environment variable {value.env}={value.raw!r}"
+        if choices is not None and value.raw not in choices:
+            raise UsageError(f"{where}: expected one of {', '.join(choices)}")
+        try:
+            setattr(args, dest, convert(value.raw))
+        except ValueError as err:
+            raise UsageError(f"{where}: {err}") from None
+    return args
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -91,35 +134,45 @@ def build_parser() -> argparse.ArgumentParser:
     _common(plugin)
     _gpu_source(plugin)
     option(
-        plugin, "--node-name", "this node's name (the DaemonSet sets it from spec.nodeName)", required=True
+        plugin,
+        "--node-name",
+        "this node's name (the DaemonSet sets it from spec.nodeName)",
+        type=nonempty,
+        required=True,
     )
     option(plugin, "--kubeconfig", "kubeconfig file; default: the in-cluster service account")
-    option(plugin, "--kubelet-root", "the kubelet's root directory", Path("/var/lib/kubelet"), type=Path)
+    option(plugin, "--kubelet-root", "the kubelet's root directory", Path("/var/lib/kubelet"), type=path)
     option(
         plugin,
         "--cdi-root",
         "directory for CDI spec files the container runtime reads",
         Path("/var/run/cdi"),
-        type=Path,
+        type=path,
     )
     option(
         plugin,
         "--state-dir",
         "directory of the checkpoint; default <kubelet-root>/plugins/<driver-name>",
-        type=Path,
+        type=path,
     )
     option(
         plugin,
         "--fake-gpu-events",
         "with --fake-gpus: file of '<uuid> <xid>' lines to inject XID errors",
-        type=Path,
+        type=path,
     )
     option(plugin, "--http-address", "host:port for /metrics, /healthz and /readyz; empty disables", ":8080")
 
     discover = sub.add_parser("discover", help="print the ResourceSlices this node would publish")
     _common(discover)
     _gpu_source(discover)
-    option(discover, "--node-name", "node name (pool name; seeds fake UUIDs)", socket.gethostname())
+    option(
+        discover,
+        "--node-name",
+        "node name (pool name; seeds fake UUIDs)",
+        socket.gethostname(),
+        type=nonempty,
+    )
     option(discover, "--output", "output format", "yaml", choices=("yaml", "json"))
     return parser
 
@@ -163,7 +216,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (1 with one line on stderr for any startup error)."""
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_args(argv)
     except UsageError as err:
         print(f"dra-gpu: error: {err}", file=sys.stderr)
         return 2

@@ -4,9 +4,10 @@
 is true, whichever side the error is on; otherwise the first error wins.  ``cel.bind``
 initializers run lazily, at most once, like cel-go's.
 
-For explanations the evaluator can record the value of every node evaluated outside
-comprehension loops (``trace``) and evaluate ``&&``/``||`` exhaustively, which changes
-no result, only how much gets recorded.
+For explanations the evaluator can record the value of every node (``trace``; inside
+comprehension loops the last iteration's), what each top-level comprehension's predicate
+gave per element, and evaluate ``&&``/``||`` exhaustively, which changes no result, only
+how much gets recorded.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class Evaluator:
         result = self._eval(node, scope)
         if isinstance(result, ErrorValue) and result.node_id is None:
             result = ErrorValue(result.message, node.id)
-        if self.trace is not None and self._loop_depth == 0:
+        if self.trace is not None:
             self.trace[node.id] = result
         return result
 

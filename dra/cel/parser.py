@@ -18,6 +18,7 @@ Message construction (``Type{field: v}``) and optional syntax (``a.?b``) are not
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection
 
 from dra.cel import ast
@@ -211,8 +212,9 @@ class _Parser:
             return self.identifier_or_call(token, token.start)
         if self.accept("("):
             inner = self.expression()
-            self.expect(")")
-            return inner
+            end = self.expect(")").end
+            # The span includes the parentheses, so quoting `!(a || b)` keeps them balanced.
+            return dataclasses.replace(inner, start=token.start, end=end)
         if self.accept("["):
             elements, end = self.arguments("]")
             return ast.ListExpr(self.new_id(), token.start, end, tuple(elements))

@@ -256,8 +256,8 @@ def _binary(op: str, left: Value, right: Value) -> Result:
     if op == "==":
         return equals(left, right)
     if op == "!=":
-        result = equals(left, right)
-        return result if isinstance(result, ErrorValue) else not result
+        # cel-go negates "is equal": where `==` fails (a quantity against an int), `!=` is true.
+        return equals(left, right) is not True
     if op in _COMPARISONS:
         order = compare(f"_{op}_", left, right)
         return order if isinstance(order, ErrorValue) else order in _COMPARISONS[op]

@@ -192,18 +192,18 @@ class _Context:
             case ast.Has():
                 yield self.describe_has(node)
             case ast.Binary(op="in"):
-                yield from self.describe_operand(node.left, self.text(node.left))
+                yield from self.describe_operand(node.left)
                 yield from self.describe_container(node.right)
             case ast.Binary():
                 for side in (node.left, node.right):
-                    yield from self.describe_operand(side, self.text(side))
+                    yield from self.describe_operand(side)
             case ast.Comprehension():
                 yield from self.describe_comprehension(node)
             case _ if not _is_path(node):
                 for path in self.paths(node):
                     yield self.describe_path(path)
 
-    def describe_operand(self, node: ast.Expr, text: str) -> Iterator[str]:
+    def describe_operand(self, node: ast.Expr) -> Iterator[str]:
         """Values of a comparison side: its attribute lookups, then the side's own value."""
         if _is_constant(node):
             return
@@ -212,12 +212,12 @@ class _Context:
             return
         for path in self.paths(node):
             yield self.describe_path(path)
-        value = self.value(node)
-        if value is not None or isinstance(node, ast.Literal):
+        if node.id in self.trace:
+            value = display(self.value(node), _VALUE_LIMIT)
             if isinstance(node, ast.Call):
-                yield f"{node.function}() returned {display(value, _VALUE_LIMIT)}"
+                yield f"{node.function}() returned {value}"
             else:
-                yield f"`{text}` is {display(value, _VALUE_LIMIT)}"
+                yield f"`{self.text(node)}` is {value}"
 
     def describe_path(self, node: ast.Expr) -> str:
         value = self.value(node)
@@ -234,7 +234,7 @@ class _Context:
         if isinstance(self.value(node), CelMap) or _is_path(node):
             yield self.describe_path(node)
         else:
-            yield from self.describe_operand(node, self.text(node))
+            yield from self.describe_operand(node)
 
     def describe_has(self, node: ast.Has) -> str:
         present = self.value(node) is True
@@ -288,7 +288,7 @@ class _Context:
             if _is_constant(child):
                 continue
             if _is_path(child) and not isinstance(child, ast.Ident):
-                if self.value(child) is not None:
+                if child.id in self.trace:
                     yield child
             else:
                 yield from self.paths(child)

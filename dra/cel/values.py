@@ -169,7 +169,7 @@ def no_such_overload(function: str, *args: Result) -> ErrorValue:
     return ErrorValue(f"no such overload: {function}({', '.join(type_name(a) for a in args)})")
 
 
-def is_number(value: Result) -> bool:
+def _is_number(value: Result) -> bool:
     """int, uint or double (bool is not a number in CEL)."""
     return isinstance(value, int | float | Uint) and not isinstance(value, bool)
 
@@ -182,7 +182,7 @@ def equals(left: Value, right: Value) -> bool | ErrorValue:
     """CEL ``==``: heterogeneous values are unequal, numbers compare across int/uint/double."""
     if left is None or right is None:
         return left is None and right is None
-    if is_number(left) and is_number(right):
+    if _is_number(left) and _is_number(right):
         return _numeric(left) == _numeric(right)  # NaN is unequal to everything, as in CEL
     if isinstance(left, Quantity | Semver):
         # The Kubernetes types only define equality with their own type (else: an error).
@@ -207,7 +207,7 @@ def equals(left: Value, right: Value) -> bool | ErrorValue:
 
 def compare(function: str, left: Value, right: Value) -> int | ErrorValue:
     """Ordering for ``<``, ``<=``, ``>``, ``>=``: -1, 0 or 1, or an error."""
-    if is_number(left) and is_number(right):
+    if _is_number(left) and _is_number(right):
         a, b = _numeric(left), _numeric(right)
         if (isinstance(a, float) and math.isnan(a)) or (isinstance(b, float) and math.isnan(b)):
             return ErrorValue("NaN values cannot be ordered")

@@ -45,6 +45,7 @@ def evaluate(expression: str) -> Value:
         ("dyn({1: 2}) == dyn({1u: 2})", True),
         ("dyn({1: 2}) == dyn({1.0: 2})", False),  # double keys never match int lookups
         ('quantity("1Gi") == quantity("1024Mi")', True),
+        ('quantity("1") != 1', True),  # unlike `==`, which fails, see test_errors
         ('semver("1.2.3+build") == semver("1.2.3")', True),
         ('"1.2.3" == semver("1.2.3")', False),  # a string is simply unequal to a semver ...
         ("dyn([quantity('1')]) == dyn([1])", True),  # ... and element errors do not make lists unequal

@@ -127,7 +127,7 @@ class _Lexer:
         self.tokens.append(Token(kind, self.src[start : self.pos], start, self.pos, value))
 
     def take_while(self, allowed: frozenset[str]) -> None:
-        while self.peek() and self.peek() in allowed:
+        while self.peek() in allowed:
             self.pos += 1
 
     def number(self) -> None:

@@ -61,6 +61,11 @@ def nonempty(text: str) -> str:
     return text
 
 
+def csv(text: str) -> list[str]:
+    """A comma-separated list flag."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
 def option(
     parser: argparse.ArgumentParser,
     flag: str,
@@ -174,6 +179,26 @@ def build_parser() -> argparse.ArgumentParser:
         type=nonempty,
     )
     option(discover, "--output", "output format", "yaml", choices=("yaml", "json"))
+
+    explain = sub.add_parser(
+        "explain", help="say, for every device of a node, whether a claim's selectors match, and why not"
+    )
+    _common(explain)
+    _gpu_source(explain)
+    option(
+        explain,
+        "--claim",
+        "a ResourceClaim or ResourceClaimTemplate: a YAML file, or NAMESPACE/NAME in the cluster",
+    )
+    option(
+        explain,
+        "--device-class",
+        "DeviceClasses: YAML files or names in the cluster, comma-separated",
+        type=csv,
+    )
+    option(explain, "--node-name", "the node whose devices to explain (with --fake-gpus: seeds fake UUIDs)")
+    option(explain, "--kubeconfig", "kubeconfig file; default: the in-cluster service account")
+    option(explain, "--output", "output format", "text", choices=("text", "json"))
     return parser
 
 
@@ -207,9 +232,18 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _explain(args: argparse.Namespace) -> int:
+    from dra import explaincmd  # the CEL evaluator is only loaded for this command
+
+    if args.fake_gpus and not args.node_name:
+        args.node_name = "fake-node"
+    return explaincmd.run(args)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "kubelet-plugin": _kubelet_plugin,
     "discover": _discover,
+    "explain": _explain,
 }
 
 
@@ -228,3 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader (| head) went away; say nothing more on a closed stdout.
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        return 0

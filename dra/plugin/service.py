@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -31,6 +31,7 @@ from dra.state import DeviceState
 log = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext[Any, Any]
+_Answer = TypeVar("_Answer", dra_pb2.NodePrepareResourceResponse, dra_pb2.NodeUnprepareResourceResponse)
 
 
 class ClaimSource(Protocol):
@@ -133,29 +134,28 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         self, request: dra_pb2.NodePrepareResourcesRequest, context: Context
     ) -> dra_pb2.NodePrepareResourcesResponse:
         """Prepare every claim of the request, each on its own."""
-        responses: dict[str, dra_pb2.NodePrepareResourceResponse] = {}
-
-        async def one(ref: dra_pb2.Claim) -> None:
-            responses[ref.uid] = await self._prepare(ref)
-
-        async with anyio.create_task_group() as group:
-            for ref in request.claims:
-                group.start_soon(one, ref)
-        return dra_pb2.NodePrepareResourcesResponse(claims=responses)
+        return dra_pb2.NodePrepareResourcesResponse(claims=await _each(request.claims, self._prepare))
 
     async def NodeUnprepareResources(  # noqa: N802
         self, request: dra_pb2.NodeUnprepareResourcesRequest, context: Context
     ) -> dra_pb2.NodeUnprepareResourcesResponse:
         """Unprepare every claim of the request; unknown claims succeed."""
-        responses: dict[str, dra_pb2.NodeUnprepareResourceResponse] = {}
+        return dra_pb2.NodeUnprepareResourcesResponse(claims=await _each(request.claims, self._unprepare))
 
-        async def one(ref: dra_pb2.Claim) -> None:
-            responses[ref.uid] = await self._unprepare(ref)
 
-        async with anyio.create_task_group() as group:
-            for ref in request.claims:
-                group.start_soon(one, ref)
-        return dra_pb2.NodeUnprepareResourcesResponse(claims=responses)
+async def _each(
+    claims: Iterable[dra_pb2.Claim], handle: Callable[[dra_pb2.Claim], Awaitable[_Answer]]
+) -> dict[str, _Answer]:
+    """Handle every claim concurrently; the answers keyed by claim UID, as the kubelet expects."""
+    answers: dict[str, _Answer] = {}
+
+    async def one(ref: dra_pb2.Claim) -> None:
+        answers[ref.uid] = await handle(ref)
+
+    async with anyio.create_task_group() as group:
+        for ref in claims:
+            group.start_soon(one, ref)
+    return answers
 
 
 class HealthService(health_pb2_grpc.DRAResourceHealthServicer):

@@ -22,7 +22,8 @@ venv: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python proto/generate.py
 
-# Build (first time: about 20 minutes on two cores) or reuse the Kubernetes binaries.
+# Build or reuse the Kubernetes binaries and helm (tests/k8sbin, tests/helmbin); the first
+# build takes about 6 minutes on two cores for Kubernetes and 2 to 4 more for helm.
 binaries: $(STAMP)
 	$(BIN)/python -m tests.cluster build
 

@@ -25,6 +25,15 @@ def proto_files() -> list[Path]:
     return sorted(PROTO_DIR.rglob("*.proto"))
 
 
+def _script(name: str) -> str | None:
+    """A console script next to this Python (a venv), else on PATH.
+
+    pip's isolated build environment (`pip install .`, `pip wheel .`) installs the build
+    requirements into an overlay whose scripts are on PATH but not next to sys.executable.
+    """
+    return shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
+
+
 def generate(out_root: Path = REPO_ROOT) -> Path:
     """Run protoc over every .proto source and write the package under out_root.
 
@@ -39,10 +48,10 @@ def generate(out_root: Path = REPO_ROOT) -> Path:
     target.mkdir(parents=True)
 
     include = Path(protoc.__file__).resolve().parent / "_proto"
-    plugin = shutil.which("protoc-gen-mypy", path=str(Path(sys.executable).parent))
-    plugin_grpc = shutil.which("protoc-gen-mypy_grpc", path=str(Path(sys.executable).parent))
+    plugin = _script("protoc-gen-mypy")
+    plugin_grpc = _script("protoc-gen-mypy_grpc")
     if plugin is None or plugin_grpc is None:
-        raise RuntimeError("mypy-protobuf is not installed next to this Python (protoc-gen-mypy)")
+        raise RuntimeError("mypy-protobuf is not installed next to this Python nor on PATH (protoc-gen-mypy)")
     args = [
         "protoc",
         f"-I{PACKAGE_PATH}={PROTO_DIR}",

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv proto binaries lint test test-fast demo cluster-up cluster-down bench clean
+.PHONY: all venv proto binaries manifests lint test test-fast demo cluster-up cluster-down bench clean
 
 all: test
 
@@ -26,6 +26,11 @@ proto: $(STAMP)
 # build takes about 6 minutes on two cores for Kubernetes and 2 to 4 more for helm.
 binaries: $(STAMP)
 	$(BIN)/python -m tests.cluster build
+
+# Re-render deploy/manifests (kubectl apply -k) from the Helm chart in deploy/helm/dra-gpu;
+# a test fails while the committed files differ from a fresh render.
+manifests: $(STAMP)
+	$(BIN)/python -m tests.chart manifests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

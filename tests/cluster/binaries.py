@@ -158,12 +158,16 @@ def bin_dir() -> Path:
     return KUBERNETES.bin_dir()
 
 
-def binary(name: str) -> Path:
-    """The cached path of one command of any module (built or not): binary("helm")."""
+def _module_of(name: str) -> GoModule:
     for module in MODULES:
         if name in module.commands:
-            return module.bin_dir() / name
+            return module
     raise KeyError(f"no Go module under tests/ builds {name!r}")
+
+
+def binary(name: str) -> Path:
+    """The cached path of one command of any module (built or not): binary("helm")."""
+    return _module_of(name).bin_dir() / name
 
 
 def _build(module: GoModule, log: bool) -> None:
@@ -204,6 +208,16 @@ def _build(module: GoModule, log: bool) -> None:
         staging.rename(target)
         if log:
             print(f"built in {time.monotonic() - started:.0f}s", file=sys.stderr)
+
+
+def ensure_binary(name: str, log: bool = True) -> Path:
+    """The path of one command, building only its module on first use: ensure_binary("helm")."""
+    module = _module_of(name)
+    if not module.is_built():
+        if shutil.which("go") is None:
+            raise BuildError(f"the Go toolchain (go >= 1.25) is needed to build {name}")
+        _build(module, log)
+    return module.bin_dir() / name
 
 
 def ensure_binaries(log: bool = True) -> Path:

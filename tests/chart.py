@@ -151,6 +151,13 @@ def write_manifests(directory: Path = MANIFESTS) -> list[Path]:
     return written
 
 
+def kind_chart_args() -> list[str]:
+    """The release, chart and flags deploy/kind/up.sh installs with, as the script prints them."""
+    script = KIND / "up.sh"
+    result = subprocess.run(["bash", str(script), "chart-args"], capture_output=True, text=True, check=True)
+    return result.stdout.splitlines()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)

@@ -19,6 +19,7 @@ from tests import chart
 from tests.cluster.kube import Obj
 
 FAKE: dict[str, Any] = {"fakeGpus": {"enabled": True, "nodes": {"gpu-a": "mixed"}}}
+KIND_VALUES = chart.KIND / "values.yaml"
 
 
 def _only(objects: list[Obj], kind: str) -> Obj:
@@ -41,6 +42,7 @@ def _env(container: Obj) -> dict[str, Any]:
     [
         pytest.param({}, [], id="defaults"),
         pytest.param(FAKE, [], id="fake-gpus"),
+        pytest.param({}, [KIND_VALUES], id="kind"),
         pytest.param({"rbac": {"claimEvents": True}, "nvml": {"runtimeClassName": "nvidia"}}, [], id="real"),
     ],
 )

@@ -10,8 +10,8 @@
 #   deploy/kind/up.sh chart-args  print, one per line, the release, chart and flags that decide
 #                                 what helm installs (the tests render exactly these)
 #
-# Needs docker (with BuildKit), kind >= v0.31 (v0.33.0 built the node image), kubectl and
-# helm >= v3.19 on PATH. Environment: IMAGE_TAG (default: kind) names the image dra-gpu:<tag>.
+# Needs bash >= 3.2, docker (with BuildKit), kind >= v0.31 (v0.33.0 built the node image),
+# kubectl and helm >= v3.19 on PATH. Environment: IMAGE_TAG (default: kind) names the image dra-gpu:<tag>.
 # Run it again at will: every step reuses what is there (the image is rebuilt and the release
 # upgraded, so a changed driver lands on the nodes).
 set -euo pipefail
@@ -30,13 +30,14 @@ demo_pods=(trainer notebook inference cpu-only)
 say() { printf '\n==> %s\n' "$*"; }
 die() { printf 'up.sh: %s\n' "$*" >&2; exit 1; }
 
-chart_args() {
-    printf '%s\n' "$release" "$root/deploy/helm/dra-gpu" \
-        --namespace "$namespace" \
-        --values "$here/values.yaml" \
-        --set "image.repository=$image_repository" \
-        --set "image.tag=$image_tag"
-}
+# What decides the objects helm installs (the tests render exactly these).
+chart_args=(
+    "$release" "$root/deploy/helm/dra-gpu"
+    --namespace "$namespace"
+    --values "$here/values.yaml"
+    --set "image.repository=$image_repository"
+    --set "image.tag=$image_tag"
+)
 
 need() {
     local tool
@@ -73,9 +74,7 @@ up() {
     # The DaemonSet mounts host paths: its namespace must allow privileged pods.
     kubectl_ create namespace "$namespace" --dry-run=client --output yaml | kubectl_ apply -f -
     kubectl_ label namespace "$namespace" --overwrite pod-security.kubernetes.io/enforce=privileged
-    local args
-    mapfile -t args < <(chart_args)
-    helm upgrade --install "${args[@]}" --kube-context "$context" --wait --timeout 5m
+    helm upgrade --install "${chart_args[@]}" --kube-context "$context" --wait --timeout 5m
     kubectl_ --namespace "$namespace" rollout status "daemonset/$release" --timeout 3m
 
     say "ResourceSlices the driver published"
@@ -110,6 +109,7 @@ report() {
             visible+=$(docker exec "$node" cat "/var/run/cdi/k8s.gpu.nvidia.com-claim_$uid.json" 2>/dev/null |
                 grep -o 'NVIDIA_VISIBLE_DEVICES=[^"]*' | cut -d= -f2 || true)
         done
+        devices=${devices% }
         printf '%-10s %-16s %-40s %s\n' "$pod" "$node" "${devices:--}" "${visible:-(no GPU)}"
     done
     printf '\nkubectl --context %s get pods,resourceclaims,resourceslices\n' "$context"
@@ -122,7 +122,7 @@ case "${1:-up}" in
         command -v kind >/dev/null || die "kind is not on PATH"
         kind delete cluster --name "$cluster"
         ;;
-    chart-args) chart_args ;;
+    chart-args) printf '%s\n' "${chart_args[@]}" ;;
     report) report ;;
     *) die "unknown command $1 (up, down, chart-args, report)" ;;
 esac

@@ -116,3 +116,55 @@ def test_up_sh_reads_the_cdi_spec_file_the_driver_writes() -> None:
     name = spec_file_name("gpu.nvidia.com", "UID")
     pattern = re.escape(name).replace("UID", r"\$uid")
     assert re.search(r"/var/run/cdi/" + pattern, UP.read_text())
+
+
+# Stand-ins for docker, kind, kubectl and helm: each logs its arguments and answers the few
+# queries up.sh makes, so the script's whole flow runs under `set -euo pipefail` here.
+_STUB = r"""#!/usr/bin/env bash
+tool=$(basename "$0")
+echo "$tool $*" >>"$STUB_LOG"
+[[ " $* " == *" -f - "* ]] && cat >/dev/null
+case "$tool $*" in
+    "kind version") echo "kind v0.33.0 go1.25.3 linux/amd64" ;;
+    "kind get clusters") ;;
+    *"create namespace"*) echo "apiVersion: v1" ;;
+    *"jsonpath={.spec.nodeName}"*) echo "dra-gpu-worker" ;;
+    *"get pod cpu-only"*"resourceClaimName}"*) ;;
+    *"resourceClaimName}"*) echo "claim-$6" ;;
+    *"jsonpath={.metadata.uid}"*) echo "uid-1" ;;
+    *"get resourceclaim"*) printf 'gpu-0 ' ;;
+    "docker exec"*) echo '{"containerEdits":{"env":["NVIDIA_VISIBLE_DEVICES=GPU-1234"]}}' ;;
+esac
+"""
+
+
+def test_up_sh_runs_every_step_with_stand_in_tools(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("docker", "kind", "kubectl", "helm"):
+        (bin_dir / tool).write_text(_STUB)
+        (bin_dir / tool).chmod(0o755)
+    log = tmp_path / "calls.log"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "STUB_LOG": str(log), "HOME": str(tmp_path)}
+    result = subprocess.run(["bash", str(UP)], capture_output=True, text=True, env=env, check=False)
+    assert result.returncode == 0, result.stderr + result.stdout
+    calls = log.read_text().splitlines()
+    root = chart.ROOT
+
+    def index(prefix: str) -> int:
+        return next(i for i, call in enumerate(calls) if call.startswith(prefix))
+
+    steps = [
+        f"kind create cluster --config {chart.KIND / 'cluster.yaml'}",
+        f"docker build --file {root / 'deploy' / 'Dockerfile'} --tag dra-gpu:kind {root}",
+        "kind load docker-image dra-gpu:kind --name dra-gpu",
+        "helm upgrade --install " + " ".join(chart.kind_chart_args()),
+        "kubectl --context kind-dra-gpu --namespace dra-gpu rollout status daemonset/dra-gpu",
+        f"kubectl --context kind-dra-gpu apply --namespace default --filename {DEMO}",
+        "kubectl --context kind-dra-gpu --namespace default wait --for=condition=Ready pod/cpu-only",
+    ]
+    positions = [index(step) for step in steps]
+    assert positions == sorted(positions)
+    report = result.stdout[result.stdout.index("what each pod got") :]
+    assert re.search(r"^trainer +dra-gpu-worker +gpu-0 +GPU-1234$", report, re.MULTILINE)
+    assert re.search(r"^cpu-only +dra-gpu-worker +- +\(no GPU\)$", report, re.MULTILINE)

@@ -3,8 +3,9 @@
 What cannot run here (creating the cluster, building the image) is kept honest
 by checking everything around it: the config's shape and versions, the names
 that tie the config to the chart values, the script's syntax (bash -n,
-ShellCheck), and the exact chart arguments the script installs with
-(tests/e2e/test_deploy.py sends their render to a real API server).
+ShellCheck), its whole flow with stand-in tools, and the exact chart arguments
+it installs with (tests/e2e/test_deploy.py sends their render to a real API
+server).
 """
 
 from __future__ import annotations

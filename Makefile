@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv proto binaries lint test test-fast demo cluster-up cluster-down bench clean
+.PHONY: all venv proto binaries manifests lint test test-fast demo cluster-up cluster-down bench clean
 
 all: test
 
@@ -24,14 +24,21 @@ venv: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python proto/generate.py
 
-# Build (first time: about 20 minutes on two cores) or reuse the Kubernetes binaries.
+# Build or reuse the Kubernetes binaries and helm (tests/k8sbin, tests/helmbin); the first
+# build takes about 6 minutes on two cores for Kubernetes and 2 to 4 more for helm.
 binaries: $(STAMP)
 	$(BIN)/python -m tests.cluster build
+
+# Re-render deploy/manifests (kubectl apply -k) from the Helm chart in deploy/helm/dra-gpu;
+# a test fails while the committed files differ from a fresh render.
+manifests: $(STAMP)
+	$(BIN)/python -m tests.chart manifests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/shellcheck deploy/kind/*.sh
 
 # Everything: lint, type checks, unit, integration and end-to-end tests.
 test: lint binaries

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
@@ -21,6 +21,11 @@ class BuildWithProtos(build_py):
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         module.generate(ROOT)
+        # setuptools listed the packages before dra/pb's subpackages existed: list them again,
+        # or a wheel built from a clean tree (pip wheel ., docker build) lacks the gRPC code.
+        packages = find_packages(where=str(ROOT), include=["dra*"])
+        self.distribution.packages = packages
+        self.packages = packages
         super().run()
 
 

@@ -34,6 +34,7 @@ class DriverProcess:
         driver_name: str = "gpu.nvidia.com",
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        kubeconfig: str | None = None,
     ) -> None:
         self.cluster = cluster
         self.profile = profile
@@ -41,6 +42,8 @@ class DriverProcess:
         self.driver_name = driver_name
         self.extra_args = extra_args
         self.env = env or {}
+        #: The driver's credentials: the cluster admin's unless a test gives it its own.
+        self.kubeconfig = kubeconfig or cluster.kubeconfig
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -58,7 +61,7 @@ class DriverProcess:
             "kubelet-plugin",
             f"--driver-name={self.driver_name}",
             f"--node-name={self.cluster.node_name}",
-            f"--kubeconfig={self.cluster.kubeconfig}",
+            f"--kubeconfig={self.kubeconfig}",
             f"--kubelet-root={self.cluster.kubelet_root}",
             f"--cdi-root={self.cluster.cdi_dir}",
             f"--fake-gpus={self.profile}",

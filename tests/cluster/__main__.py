@@ -1,6 +1,6 @@
 """Command line for the local cluster: build, up, down, status.
 
-    python -m tests.cluster build    # build or reuse the cached binaries
+    python -m tests.cluster build    # build or reuse the cached binaries (Kubernetes, helm)
     python -m tests.cluster up       # start; prints the kubeconfig path
     python -m tests.cluster down     # stop and remove everything
     python -m tests.cluster status
@@ -18,7 +18,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from tests.cluster.binaries import BuildError, bin_dir, ensure_binaries, kubernetes_version
+from tests.cluster.binaries import HELM, BuildError, bin_dir, binary, ensure_binaries, kubernetes_version
 from tests.cluster.cluster import ClusterError, ClusterInfo, LocalCluster, parse_gates, stop_processes
 
 
@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "build":
             print(ensure_binaries())
             print(f"Kubernetes {kubernetes_version()} binaries in {bin_dir()}", file=sys.stderr)
+            print(f"helm {HELM.version()}: {binary('helm')}", file=sys.stderr)
         elif args.command == "up":
             run_dir = cluster_dir()
             if _down(run_dir):

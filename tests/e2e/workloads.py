@@ -2,34 +2,36 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tests import chart
 from tests.cluster.cluster import ClusterInfo
 from tests.cluster.kube import Kube, Obj, wait_for
 
 DRIVER = "gpu.nvidia.com"
 
 
-def _device_class(name: str, device_type: str) -> Obj:
-    expression = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "{device_type}"'
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": name},
-        "spec": {"selectors": [{"cel": {"expression": expression}}]},
-    }
+@functools.cache
+def _chart_device_classes() -> tuple[Obj, ...]:
+    return tuple(o for o in chart.template() if o["kind"] == "DeviceClass")
 
 
-#: The DeviceClasses of NVIDIA's DRA driver, which claims written for it expect.
-DEVICE_CLASSES: list[Obj] = [_device_class("gpu.nvidia.com", "gpu"), _device_class("mig.nvidia.com", "mig")]
+def device_classes() -> list[Obj]:
+    """The DeviceClasses the chart installs with its defaults (gpu.nvidia.com, mig.nvidia.com).
+
+    Tests use what admins install; the chart is rendered once per session.
+    """
+    return [copy.deepcopy(c) for c in _chart_device_classes()]
 
 
 def ensure_device_classes(kube: Kube) -> None:
-    """Create the DeviceClasses unless they exist."""
-    for device_class in DEVICE_CLASSES:
+    """Create the chart's DeviceClasses unless they exist."""
+    for device_class in device_classes():
         if kube.get_or_none("resource.k8s.io/v1", "DeviceClass", device_class["metadata"]["name"]) is None:
             kube.create(device_class)
 

@@ -1,0 +1,289 @@
+"""The Helm chart renders what an admin needs, and deploy/manifests is that render.
+
+Rendered with the project's pinned helm (tests/helmbin, built on first use); no
+cluster here: tests/e2e/test_deploy.py sends the same renders to an API server.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dra.cli import build_parser, env_name
+from dra.fakegpu import BUILTIN_PROFILES, load_profile
+from tests import chart
+from tests.cluster.kube import Obj
+
+FAKE: dict[str, Any] = {"fakeGpus": {"enabled": True, "nodes": {"gpu-a": "mixed"}}}
+KIND_VALUES = chart.KIND / "values.yaml"
+
+
+def _only(objects: list[Obj], kind: str) -> Obj:
+    [found] = [o for o in objects if o["kind"] == kind]
+    return found
+
+
+def _container(objects: list[Obj]) -> Obj:
+    containers: list[Obj] = _only(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    [container] = containers
+    return container
+
+
+def _env(container: Obj) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+@pytest.mark.parametrize(
+    ("values", "files"),
+    [
+        pytest.param({}, [], id="defaults"),
+        pytest.param(FAKE, [], id="fake-gpus"),
+        pytest.param({}, [KIND_VALUES], id="kind"),
+        pytest.param({"rbac": {"claimEvents": True}, "nvml": {"runtimeClassName": "nvidia"}}, [], id="real"),
+    ],
+)
+def test_chart_lints_strictly(values: dict[str, Any], files: list[Path]) -> None:
+    output = chart.lint(values, files)
+    assert "1 chart(s) linted, 0 chart(s) failed" in output
+
+
+def test_defaults_render_the_driver_and_nothing_else() -> None:
+    objects = chart.template()
+    kinds = sorted(o["kind"] for o in objects)
+    assert kinds == [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DaemonSet",
+        "DeviceClass",
+        "DeviceClass",
+        "ServiceAccount",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ]
+    namespaced = [o for o in objects if o["kind"] in ("ServiceAccount", "DaemonSet")]
+    assert {o["metadata"]["namespace"] for o in namespaced} == {"dra-gpu"}
+
+
+def test_rbac_grants_exactly_what_the_driver_calls() -> None:
+    """dra/kube.py: GET claims and nodes; list/watch/create/PUT/DELETE slices; events only when asked."""
+    role = _only(chart.template(), "ClusterRole")
+    rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): sorted(r["verbs"]) for r in role["rules"]}
+    assert rules == {
+        (("resource.k8s.io",), ("resourceclaims",)): ["get"],
+        (("resource.k8s.io",), ("resourceslices",)): ["create", "delete", "list", "update", "watch"],
+        (("",), ("nodes",)): ["get"],
+    }
+    with_events = _only(chart.template({"rbac": {"claimEvents": True}}), "ClusterRole")
+    assert with_events["rules"][:3] == role["rules"]
+    assert with_events["rules"][3:] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+
+
+def test_binding_names_the_daemonsets_service_account() -> None:
+    objects = chart.template(release="gpu", namespace="kube-gpu")
+    account = _only(objects, "ServiceAccount")["metadata"]["name"]
+    pod = _only(objects, "DaemonSet")["spec"]["template"]["spec"]
+    binding = _only(objects, "ClusterRoleBinding")
+    assert pod["serviceAccountName"] == account
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "kube-gpu"}]
+    assert binding["roleRef"]["name"] == _only(objects, "ClusterRole")["metadata"]["name"]
+
+
+def test_daemonset_runs_the_kubelet_plugin_on_the_host_paths() -> None:
+    objects = chart.template()
+    pod = _only(objects, "DaemonSet")["spec"]["template"]["spec"]
+    container = _container(objects)
+    assert container["command"] == ["dra-gpu", "kubelet-plugin"]
+    env = _env(container)
+    assert env["DRA_GPU_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["DRA_GPU_DRIVER_NAME"] == "gpu.nvidia.com"
+    assert env["DRA_GPU_HTTP_ADDRESS"] == ":8080"
+    # The kubelet dials the sockets at their host path: the container sees each at the same path.
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    host_paths = {name: v["hostPath"]["path"] for name, v in volumes.items() if "hostPath" in v}
+    assert host_paths == {
+        "plugins": "/var/lib/kubelet/plugins",
+        "plugins-registry": "/var/lib/kubelet/plugins_registry",
+        "cdi": "/var/run/cdi",
+    }
+    assert all(mounts[name] == path for name, path in host_paths.items())
+    assert env["DRA_GPU_KUBELET_ROOT"] == "/var/lib/kubelet"
+    assert env["DRA_GPU_CDI_ROOT"] == "/var/run/cdi"
+
+
+def test_daemonset_probes_resources_priority_and_tolerations() -> None:
+    objects = chart.template()
+    pod = _only(objects, "DaemonSet")["spec"]["template"]["spec"]
+    container = _container(objects)
+    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["resources"]["requests"]["memory"] == "128Mi"
+    assert container["resources"]["limits"] == {"memory": "256Mi"}
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert "nodeSelector" not in pod
+    assert "affinity" not in pod
+    placed = _only(
+        chart.template({"nodeSelector": {"nvidia.com/gpu.present": "true"}, "tolerations": []}), "DaemonSet"
+    )["spec"]["template"]["spec"]
+    assert placed["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert "tolerations" not in placed
+
+
+def test_daemonset_security_context_is_uid0_without_capabilities() -> None:
+    objects = chart.template()
+    pod = _only(objects, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {
+        "runAsUser": 0,
+        "runAsGroup": 0,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert _container(objects)["securityContext"] == {
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    for flag in ("hostNetwork", "hostPID", "hostIPC"):
+        assert flag not in pod
+
+
+def test_every_driver_env_var_is_a_kubelet_plugin_flag() -> None:
+    """A misspelt DRA_GPU_* variable would be ignored silently: each must name a flag of the CLI."""
+    [commands] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    plugin = commands.choices["kubelet-plugin"]
+    flags = {env_name(option) for action in plugin._actions for option in action.option_strings}
+    objects = chart.template(FAKE, extra=["--set", "logFormat=json"])
+    driver_vars = {name for name in _env(_container(objects)) if name.startswith("DRA_GPU_")}
+    assert driver_vars <= flags
+    assert {"DRA_GPU_NODE_NAME", "DRA_GPU_DRIVER_NAME", "DRA_GPU_LOG_FORMAT"} <= driver_vars
+
+
+def test_real_gpus_get_nvml_through_the_toolkit_or_a_runtime_class() -> None:
+    default = _only(chart.template(), "DaemonSet")["spec"]["template"]["spec"]
+    env = _env(default["containers"][0])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert "runtimeClassName" not in default
+    nvidia = chart.template({"nvml": {"runtimeClassName": "nvidia", "toolkitEnv": False}})
+    pod = _only(nvidia, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["runtimeClassName"] == "nvidia"
+    assert "NVIDIA_VISIBLE_DEVICES" not in _env(pod["containers"][0])
+
+
+def test_fake_gpus_mount_a_per_node_map_and_skip_nvml() -> None:
+    objects = chart.template({**FAKE, "nvml": {"runtimeClassName": "nvidia"}})
+    config = _only(objects, "ConfigMap")
+    pod = _only(objects, "DaemonSet")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["args"] == ["--fake-gpus=/etc/dra-gpu/fake-gpus/profiles.yaml"]
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "fake-gpus"]
+    assert mount == {"name": "fake-gpus", "mountPath": "/etc/dra-gpu/fake-gpus", "readOnly": True}
+    [volume] = [v for v in pod["volumes"] if v["name"] == "fake-gpus"]
+    assert volume["configMap"]["name"] == config["metadata"]["name"]
+    assert "runtimeClassName" not in pod
+    assert "NVIDIA_VISIBLE_DEVICES" not in _env(container)
+    assert yaml.safe_load(config["data"]["profiles.yaml"]) == {
+        "default": "h100x8",
+        "nodes": {"gpu-a": "mixed"},
+    }
+    assert "checksum/fake-gpus" in _only(objects, "DaemonSet")["spec"]["template"]["metadata"]["annotations"]
+
+
+def test_fake_gpu_map_is_what_the_driver_reads(tmp_path: Path) -> None:
+    """The rendered ConfigMap, read by the driver's own loader on three nodes."""
+    inline = {"gpus": [{"model": "t4", "count": 3}]}
+    values = {"fakeGpus": {"enabled": True, "profile": "a100x4-mig", "nodes": {"n1": "mixed", "n2": inline}}}
+    config = _only(chart.template(values), "ConfigMap")
+    path = tmp_path / "profiles.yaml"
+    path.write_text(config["data"]["profiles.yaml"])
+    assert load_profile(str(path), "n1").name == "mixed"
+    assert [g.model.product_name for g in load_profile(str(path), "n2").gpus] == ["Tesla T4"] * 3
+    assert load_profile(str(path), "n3").name == "a100x4-mig"
+    assert set(BUILTIN_PROFILES) >= {"h100x8", "h100x8-mig", "mixed"}
+
+
+def test_device_classes_follow_the_driver_name() -> None:
+    values = {"driverName": "gpu.example.com", "deviceClasses": {"gpu": {"name": "g"}, "mig": {"name": "m"}}}
+    classes = {c["metadata"]["name"]: c for c in chart.template(values) if c["kind"] == "DeviceClass"}
+    assert sorted(classes) == ["g", "m"]
+    [selector] = classes["m"]["spec"]["selectors"]
+    assert selector["cel"]["expression"] == (
+        'device.driver == "gpu.example.com" && device.attributes["gpu.example.com"].type == "mig"'
+    )
+    defaults = [c["metadata"]["name"] for c in chart.template() if c["kind"] == "DeviceClass"]
+    assert defaults == ["gpu.nvidia.com", "mig.nvidia.com"]
+    assert not [
+        c for c in chart.template({"deviceClasses": {"enabled": False}}) if c["kind"] == "DeviceClass"
+    ]
+
+
+def test_admission_policy_applies_to_the_drivers_account_only() -> None:
+    objects = chart.template(release="gpu", namespace="kube-gpu")
+    policy = _only(objects, "ValidatingAdmissionPolicy")
+    binding = _only(objects, "ValidatingAdmissionPolicyBinding")
+    account = _only(objects, "ServiceAccount")["metadata"]["name"]
+    [condition] = policy["spec"]["matchConditions"]
+    assert (
+        condition["expression"] == f'request.userInfo.username == "system:serviceaccount:kube-gpu:{account}"'
+    )
+    [rule] = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["resourceslices"]
+    assert sorted(rule["operations"]) == ["CREATE", "DELETE", "UPDATE"]
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    disabled = chart.template({"admissionPolicy": {"enabled": False}})
+    assert not [o for o in disabled if o["kind"].startswith("ValidatingAdmissionPolicy")]
+
+
+def test_namespace_is_rendered_only_when_asked_and_allows_host_paths() -> None:
+    assert not [o for o in chart.template() if o["kind"] == "Namespace"]
+    namespace = _only(chart.template({"namespace": {"create": True}}), "Namespace")
+    assert namespace["metadata"]["name"] == "dra-gpu"
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+def test_another_kubelet_root_moves_sockets_and_mounts() -> None:
+    objects = chart.template({"kubeletDir": "/var/lib/k0s/kubelet"})
+    container = _container(objects)
+    assert _env(container)["DRA_GPU_KUBELET_ROOT"] == "/var/lib/k0s/kubelet"
+    mounts = sorted(m["mountPath"] for m in container["volumeMounts"])
+    assert "/var/lib/k0s/kubelet/plugins" in mounts
+    assert "/var/lib/k0s/kubelet/plugins_registry" in mounts
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        pytest.param({"fakeGpu": {"enabled": True}}, "fakeGpu", id="misspelt-key"),
+        pytest.param({"driverName": "GPU_Nvidia"}, "driverName", id="bad-driver-name"),
+        pytest.param({"logLevel": "verbose"}, "logLevel", id="bad-log-level"),
+    ],
+)
+def test_values_schema_rejects_mistakes(values: dict[str, Any], complaint: str) -> None:
+    with pytest.raises(chart.HelmError, match=complaint):
+        chart.template(values)
+
+
+def test_committed_manifests_equal_a_fresh_render() -> None:
+    """deploy/manifests must be re-rendered (make manifests) whenever the chart changes."""
+    fresh = chart.render_manifests()
+    committed = {p.name: p.read_text() for p in chart.MANIFESTS.glob("*.yaml")}
+    assert sorted(committed) == sorted(fresh), "run `make manifests`"
+    stale = [name for name in fresh if committed[name] != fresh[name]]
+    assert not stale, f"deploy/manifests/{stale[0]} differs from the chart's render: run `make manifests`"
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    kustomization = yaml.safe_load((chart.MANIFESTS / "kustomization.yaml").read_text())
+    files = sorted(p.name for p in chart.MANIFESTS.glob("*.yaml") if p.name != "kustomization.yaml")
+    assert sorted(kustomization["resources"]) == files
+    kinds = [
+        doc["kind"] for name in files for doc in yaml.safe_load_all((chart.MANIFESTS / name).read_text())
+    ]
+    assert "Namespace" in kinds
+    assert "ConfigMap" not in kinds, "the plain manifests are for real GPUs"

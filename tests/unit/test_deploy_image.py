@@ -1,0 +1,96 @@
+"""deploy/Dockerfile is consistent with the package and the chart.
+
+No Docker engine here: these checks read the Dockerfile. Its build steps (pip
+wheel of the package, install of the wheels into a clean environment) were run
+by hand outside Docker when it was written.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+
+from tests import chart
+
+ROOT = chart.ROOT
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+IGNORE = ROOT / "deploy" / "Dockerfile.dockerignore"
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    joined = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    result = []
+    for line in joined.splitlines():
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            word, _, rest = stripped.partition(" ")
+            result.append((word.upper(), rest.strip()))
+    return result
+
+
+def _args(name: str) -> list[str]:
+    return [rest for word, rest in _instructions() if word == name]
+
+
+def test_base_image_is_a_slim_python_the_package_supports() -> None:
+    [python_version] = [rest.split("=", 1)[1] for rest in _args("ARG") if rest.startswith("PYTHON_VERSION=")]
+    required = PYPROJECT["project"]["requires-python"]
+    assert required == ">=3.11"
+    assert tuple(int(p) for p in python_version.split(".")) >= (3, 11)
+    assert _args("FROM") == ["python:${PYTHON_VERSION}-slim AS build", "python:${PYTHON_VERSION}-slim"]
+
+
+def test_every_copied_path_exists_and_reaches_the_build_context() -> None:
+    ignore = IGNORE.read_text().splitlines()
+    assert ignore[ignore.index("*") :].count("*") == 1, "the ignore file starts from nothing"
+    copies = [rest for rest in _args("COPY") if not rest.startswith("--from=")]
+    sources = [src for rest in copies for src in rest.split()[:-1]]
+    assert sources
+    for source in sources:
+        assert (ROOT / source).exists(), f"COPY {source}: no such path in the repository"
+        assert f"!{source}" in ignore, f"COPY {source}: {IGNORE.name} keeps it out of the build context"
+    # What the package build reads: pyproject's readme, setup.py's proto/generate.py, the constraints.
+    needed = {
+        PYPROJECT["project"]["readme"],
+        "setup.py",
+        "pyproject.toml",
+        "proto/",
+        "dra/",
+        "constraints.txt",
+    }
+    assert needed <= set(sources)
+    assert "dra/pb/" in ignore, "generated code is rebuilt inside the image, never copied"
+
+
+def test_entrypoint_is_the_packages_console_script_and_the_charts_command() -> None:
+    [entrypoint] = _args("ENTRYPOINT")
+    command = json.loads(entrypoint)
+    assert command == ["dra-gpu"]
+    assert command[0] in PYPROJECT["project"]["scripts"]
+    [daemonset] = [o for o in chart.template() if o["kind"] == "DaemonSet"]
+    [container] = daemonset["spec"]["template"]["spec"]["containers"]
+    assert container["command"][0] == command[0]
+
+
+def test_image_runs_as_the_dra_gpu_user_it_creates() -> None:
+    assert _args("USER") == ["dra-gpu"]
+    assert any(re.search(r"\buseradd\b.*\bdra-gpu$", rest) for rest in _args("RUN"))
+
+
+def test_install_uses_the_tested_dependency_versions() -> None:
+    wheel, install = (rest for rest in _args("RUN") if "pip " in rest)
+    assert "--constraint constraints.txt" in wheel
+    assert "--no-index" in install, "the final stage installs only the wheels the build stage made"
+    pinned = {
+        re.sub(r"[-_.]+", "-", line.split("==")[0]).lower()
+        for line in (ROOT / "constraints.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    }
+    runtime = {
+        re.sub(r"[-_.]+", "-", re.split(r"[<>=!~ \[]", dep)[0]).lower()
+        for dep in PYPROJECT["project"]["dependencies"]
+    }
+    assert runtime <= pinned, f"unpinned runtime dependencies: {sorted(runtime - pinned)}"

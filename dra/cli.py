@@ -20,6 +20,7 @@ import anyio
 import yaml
 
 from dra import logs
+from dra.assignment import Selector, SelectorError, parse_selector
 from dra.driver import PluginSettings, StartupError, gpu_library, load_inventory, run_kubelet_plugin
 from dra.slices import SliceError, build_slices
 
@@ -54,7 +55,7 @@ def option(
             raise UsageError(f"environment variable {env}={raw!r}: expected one of {', '.join(choices)}")
         try:
             default = type(raw)
-        except ValueError as err:
+        except (ValueError, argparse.ArgumentTypeError) as err:
             raise UsageError(f"environment variable {env}={raw!r}: {err}") from None
     parser.add_argument(
         flag,
@@ -77,6 +78,32 @@ def _gpu_source(parser: argparse.ArgumentParser) -> None:
         parser,
         "--fake-gpus",
         "fake GPUs instead of NVML: a built-in profile (h100x8, h100x8-mig, a100x4-mig, mixed) or a file",
+    )
+
+
+def _selector(text: str) -> Selector:
+    try:
+        return parse_selector(text)
+    except SelectorError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _assignment(parser: argparse.ArgumentParser) -> None:
+    """The GPU split between DRA and the device plugin; give both commands the same values."""
+    selector = "all, none, or a comma-separated list of GPU indexes, GPU-/MIG- UUIDs and model=<product name>"
+    option(
+        parser,
+        "--dra-gpus",
+        f"GPUs advertised through DRA: {selector}; default: what --device-plugin-gpus leaves "
+        "(all when neither is set and this command serves DRA)",
+        type=_selector,
+    )
+    option(
+        parser,
+        "--device-plugin-gpus",
+        "GPUs advertised through the device plugin (same syntax); default: what --dra-gpus leaves "
+        "(all when neither is set and this command is the device plugin)",
+        type=_selector,
     )
 
 
@@ -105,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     option(
         plugin,
         "--state-dir",
-        "directory of the checkpoint; default <kubelet-root>/plugins/<driver-name>",
+        "directory of the checkpoint and of the GPU assignment record; "
+        "default <kubelet-root>/plugins/<driver-name>",
         type=Path,
     )
     option(
@@ -115,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
     )
     option(plugin, "--http-address", "host:port for /metrics, /healthz and /readyz; empty disables", ":8080")
+    _assignment(plugin)
 
     discover = sub.add_parser("discover", help="print the ResourceSlices this node would publish")
     _common(discover)
@@ -149,6 +178,8 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
         fake_gpus=args.fake_gpus or None,
         fake_gpu_events=args.fake_gpu_events,
         http_address=args.http_address or None,
+        dra_gpus=args.dra_gpus,
+        device_plugin_gpus=args.device_plugin_gpus,
     )
     anyio.run(run_kubelet_plugin, settings, backend="asyncio")
     return 0

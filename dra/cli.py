@@ -21,6 +21,9 @@ import yaml
 
 from dra import logs
 from dra.assignment import Selector, SelectorError, parse_selector
+from dra.deviceplugin.allocate import Strategy, parse_strategies
+from dra.deviceplugin.daemon import DevicePluginSettings, run_device_plugin
+from dra.deviceplugin.resources import DEFAULT_RESOURCE
 from dra.driver import PluginSettings, StartupError, gpu_library, load_inventory, run_kubelet_plugin
 from dra.slices import SliceError, build_slices
 
@@ -88,6 +91,13 @@ def _selector(text: str) -> Selector:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _strategies(text: str) -> frozenset[Strategy]:
+    try:
+        return parse_strategies(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def _assignment(parser: argparse.ArgumentParser) -> None:
     """The GPU split between DRA and the device plugin; give both commands the same values."""
     selector = "all, none, or a comma-separated list of GPU indexes, GPU-/MIG- UUIDs and model=<product name>"
@@ -145,6 +155,63 @@ def build_parser() -> argparse.ArgumentParser:
     option(plugin, "--http-address", "host:port for /metrics, /healthz and /readyz; empty disables", ":8080")
     _assignment(plugin)
 
+    dp = sub.add_parser(
+        "device-plugin",
+        help="run the legacy device plugin (nvidia.com/gpu) on the kubelet's device-plugin API",
+    )
+    _common(dp)
+    _gpu_source(dp)
+    option(
+        dp,
+        "--node-name",
+        "this node's name (seeds fake UUIDs; use the kubelet-plugin's value)",
+        required=True,
+    )
+    option(dp, "--kubelet-root", "the kubelet's root directory", Path("/var/lib/kubelet"), type=Path)
+    option(
+        dp,
+        "--device-plugin-dir",
+        "the kubelet's device-plugin directory (kubelet.sock); default <kubelet-root>/device-plugins",
+        type=Path,
+    )
+    option(
+        dp,
+        "--cdi-root",
+        "directory for the CDI spec file the container runtime reads",
+        Path("/var/run/cdi"),
+        type=Path,
+    )
+    option(
+        dp,
+        "--state-dir",
+        "directory of the GPU assignment record shared with the kubelet-plugin; "
+        "default <kubelet-root>/plugins/<driver-name>",
+        type=Path,
+    )
+    option(
+        dp,
+        "--resource-name",
+        "extended resource of full GPUs (MIG: <domain>/mig-<profile>)",
+        DEFAULT_RESOURCE,
+    )
+    option(
+        dp,
+        "--device-list-strategy",
+        "how allocated devices reach the container: cdi-cri, cdi-annotations, envvar, "
+        "or one CDI strategy and envvar",
+        "cdi-cri",
+        type=_strategies,
+    )
+    option(
+        dp,
+        "--fake-gpu-events",
+        "with --fake-gpus: file of '<uuid> <xid>' lines to inject XID errors",
+        type=Path,
+    )
+    option(dp, "--http-address", "host:port for /metrics, /healthz and /readyz; empty disables", ":8081")
+    option(dp, "--call-log", "append one JSON line per kubelet call to this file (debugging)", type=Path)
+    _assignment(dp)
+
     discover = sub.add_parser("discover", help="print the ResourceSlices this node would publish")
     _common(discover)
     _gpu_source(discover)
@@ -185,8 +252,30 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _device_plugin(args: argparse.Namespace) -> int:
+    settings = DevicePluginSettings(
+        node_name=args.node_name,
+        driver_name=args.driver_name,
+        kubelet_root=args.kubelet_root,
+        device_plugin_dir=args.device_plugin_dir,
+        cdi_root=args.cdi_root,
+        state_dir=args.state_dir,
+        resource_name=args.resource_name,
+        strategies=args.device_list_strategy,
+        dra_gpus=args.dra_gpus,
+        device_plugin_gpus=args.device_plugin_gpus,
+        fake_gpus=args.fake_gpus or None,
+        fake_gpu_events=args.fake_gpu_events,
+        http_address=args.http_address or None,
+        call_log=args.call_log,
+    )
+    anyio.run(run_device_plugin, settings, backend="asyncio")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "kubelet-plugin": _kubelet_plugin,
+    "device-plugin": _device_plugin,
     "discover": _discover,
 }
 

@@ -88,13 +88,13 @@ class ResourceServer:
         return current is not None and current == self._registered_with
 
     async def serve(self) -> None:
-        """(Re)start the service on a fresh socket."""
+        """(Re)start the service on a fresh socket; RuntimeError or OSError when it cannot bind."""
         await self._stop_server(grace=1.0)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.socket.unlink(missing_ok=True)
         server = grpc.aio.server()
         pb_grpc.add_DevicePluginServicer_to_server(self._service, server)
-        server.add_insecure_port(f"unix://{self.socket}")
+        server.add_insecure_port(f"unix://{self.socket}")  # raises RuntimeError when it cannot bind
         await server.start()
         self._server = server
         self._serving = _identity(self.socket)
@@ -136,27 +136,28 @@ class ResourceServer:
         """Serve and register now, then again whenever the kubelet restarts or our socket disappears."""
         backoff = interval
         while True:
-            if self._server is None or _identity(self.socket) != self._serving:
-                if self._server is not None:
-                    log.warning("%s disappeared (kubelet restart?); serving on a new socket", self.socket)
-                await self.serve()
-                self._registered_with = None
-            if not self.registered:
-                try:
+            try:
+                if self._server is None or _identity(self.socket) != self._serving:
+                    if self._server is not None:
+                        log.warning("%s disappeared (kubelet restart?); serving on a new socket", self.socket)
+                    self._registered_with = None
+                    await self.serve()
+                if not self.registered:
                     await self.register()
-                    backoff = interval
-                except (grpc.aio.AioRpcError, OSError) as err:
-                    reason = err.details() if isinstance(err, grpc.aio.AioRpcError) else str(err)
-                    log.warning(
-                        "registering %s with the kubelet failed, retrying in %.0fs: %s",
-                        self.resource.name,
-                        backoff,
-                        reason,
-                    )
-                    self._calls("RegisterFailed", resource=self.resource.name, error=reason)
-                    await anyio.sleep(backoff)
-                    backoff = min(backoff * 2, _RETRY_MAX)
-                    continue
+                backoff = interval
+            except (grpc.aio.AioRpcError, OSError, RuntimeError) as err:
+                # RuntimeError: grpc could not bind the socket; the others: no kubelet, or it refused.
+                reason = err.details() if isinstance(err, grpc.aio.AioRpcError) else str(err)
+                log.warning(
+                    "serving or registering %s failed, retrying in %.0fs: %s",
+                    self.resource.name,
+                    backoff,
+                    reason,
+                )
+                self._calls("RegisterFailed", resource=self.resource.name, error=reason)
+                await anyio.sleep(backoff)
+                backoff = min(backoff * 2, _RETRY_MAX)
+                continue
             await anyio.sleep(interval)
 
     async def _stop_server(self, grace: float | None) -> None:

@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	@# setuptools ignores a failing build step in editable mode: generate again, loudly.
+	$(BIN)/python proto/generate.py
 	touch $@
 
 venv: $(STAMP)

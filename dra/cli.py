@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,17 +29,45 @@ from dra.driver import PluginSettings, StartupError, gpu_library, load_inventory
 from dra.slices import SliceError, build_slices
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
 
 
 class UsageError(Exception):
     """A flag or environment value is invalid."""
 
 
+@dataclass(frozen=True)
+class _FromEnv:
+    """A default taken from the environment, converted and checked only if its subcommand runs.
+
+    Not a str, so that argparse leaves it alone instead of converting it early.
+    """
+
+    env: str
+    raw: str
+
+
 def env_name(flag: str) -> str:
     """--node-name -> DRA_GPU_NODE_NAME."""
     return "DRA_GPU_" + flag.lstrip("-").upper().replace("-", "_")
+
+
+def path(text: str) -> Path:
+    """A path flag; an empty value is an error, not the current directory."""
+    if not text:
+        raise ValueError("must not be empty")
+    return Path(text)
+
+
+def nonempty(text: str) -> str:
+    """A text flag that must have a value."""
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text
+
+
+def csv(text: str) -> list[str]:
+    """A comma-separated list flag."""
+    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 def option(
@@ -50,24 +79,43 @@ def option(
     choices: Sequence[str] | None = None,
     required: bool = False,
 ) -> None:
-    """Add a flag whose default comes from its environment variable."""
+    """Add a flag whose default comes from its environment variable, if set."""
     env = env_name(flag)
     raw = os.environ.get(env)
+    shown = f"; default {default}" if default not in (None, "") else ""
     if raw is not None:
-        if choices is not None and raw not in choices:
-            raise UsageError(f"environment variable {env}={raw!r}: expected one of {', '.join(choices)}")
-        try:
-            default = type(raw)
-        except (ValueError, argparse.ArgumentTypeError) as err:
-            raise UsageError(f"environment variable {env}={raw!r}: {err}") from None
+        default = _FromEnv(env, raw)
     parser.add_argument(
         flag,
         default=default,
         type=type,
         choices=choices,
         required=required and raw is None,
-        help=f"{help} (env {env}" + (f"; default {default}" if default not in (None, "") else "") + ")",
+        help=f"{help} (env {env}{shown})",
     )
+    checks = parser.get_default("env_checks") or ()
+    parser.set_defaults(env_checks=(*checks, (flag.lstrip("-").replace("-", "_"), type, choices)))
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse the command line, then convert and check the values taken from DRA_GPU_* variables.
+
+    Only the variables of the subcommand that runs are checked, so a variable meant
+    for another subcommand cannot stop this one. Raises UsageError.
+    """
+    args = build_parser().parse_args(argv)
+    for dest, convert, choices in args.env_checks:
+        value = getattr(args, dest)
+        if not isinstance(value, _FromEnv):
+            continue
+        where = f"environment variable {value.env}={value.raw!r}"
+        if choices is not None and value.raw not in choices:
+            raise UsageError(f"{where}: expected one of {', '.join(choices)}")
+        try:
+            setattr(args, dest, convert(value.raw))
+        except (ValueError, argparse.ArgumentTypeError) as err:
+            raise UsageError(f"{where}: {err}") from None
+    return args
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -128,29 +176,33 @@ def build_parser() -> argparse.ArgumentParser:
     _common(plugin)
     _gpu_source(plugin)
     option(
-        plugin, "--node-name", "this node's name (the DaemonSet sets it from spec.nodeName)", required=True
+        plugin,
+        "--node-name",
+        "this node's name (the DaemonSet sets it from spec.nodeName)",
+        type=nonempty,
+        required=True,
     )
     option(plugin, "--kubeconfig", "kubeconfig file; default: the in-cluster service account")
-    option(plugin, "--kubelet-root", "the kubelet's root directory", Path("/var/lib/kubelet"), type=Path)
+    option(plugin, "--kubelet-root", "the kubelet's root directory", Path("/var/lib/kubelet"), type=path)
     option(
         plugin,
         "--cdi-root",
         "directory for CDI spec files the container runtime reads",
         Path("/var/run/cdi"),
-        type=Path,
+        type=path,
     )
     option(
         plugin,
         "--state-dir",
         "directory of the checkpoint and of the GPU assignment record; "
         "default <kubelet-root>/plugins/<driver-name>",
-        type=Path,
+        type=path,
     )
     option(
         plugin,
         "--fake-gpu-events",
         "with --fake-gpus: file of '<uuid> <xid>' lines to inject XID errors",
-        type=Path,
+        type=path,
     )
     option(plugin, "--http-address", "host:port for /metrics, /healthz and /readyz; empty disables", ":8080")
     _assignment(plugin)
@@ -165,34 +217,36 @@ def build_parser() -> argparse.ArgumentParser:
         dp,
         "--node-name",
         "this node's name (seeds fake UUIDs; use the kubelet-plugin's value)",
+        type=nonempty,
         required=True,
     )
-    option(dp, "--kubelet-root", "the kubelet's root directory", Path("/var/lib/kubelet"), type=Path)
+    option(dp, "--kubelet-root", "the kubelet's root directory", Path("/var/lib/kubelet"), type=path)
     option(
         dp,
         "--device-plugin-dir",
         "the kubelet's device-plugin directory (kubelet.sock); default <kubelet-root>/device-plugins",
-        type=Path,
+        type=path,
     )
     option(
         dp,
         "--cdi-root",
         "directory for the CDI spec file the container runtime reads",
         Path("/var/run/cdi"),
-        type=Path,
+        type=path,
     )
     option(
         dp,
         "--state-dir",
         "directory of the GPU assignment record shared with the kubelet-plugin; "
         "default <kubelet-root>/plugins/<driver-name>",
-        type=Path,
+        type=path,
     )
     option(
         dp,
         "--resource-name",
         "extended resource of full GPUs (MIG: <domain>/mig-<profile>)",
         DEFAULT_RESOURCE,
+        type=nonempty,
     )
     option(
         dp,
@@ -206,17 +260,43 @@ def build_parser() -> argparse.ArgumentParser:
         dp,
         "--fake-gpu-events",
         "with --fake-gpus: file of '<uuid> <xid>' lines to inject XID errors",
-        type=Path,
+        type=path,
     )
     option(dp, "--http-address", "host:port for /metrics, /healthz and /readyz; empty disables", ":8081")
-    option(dp, "--call-log", "append one JSON line per kubelet call to this file (debugging)", type=Path)
+    option(dp, "--call-log", "append one JSON line per kubelet call to this file (debugging)", type=path)
     _assignment(dp)
 
     discover = sub.add_parser("discover", help="print the ResourceSlices this node would publish")
     _common(discover)
     _gpu_source(discover)
-    option(discover, "--node-name", "node name (pool name; seeds fake UUIDs)", socket.gethostname())
+    option(
+        discover,
+        "--node-name",
+        "node name (pool name; seeds fake UUIDs)",
+        socket.gethostname(),
+        type=nonempty,
+    )
     option(discover, "--output", "output format", "yaml", choices=("yaml", "json"))
+
+    explain = sub.add_parser(
+        "explain", help="say, for every device of a node, whether a claim's selectors match, and why not"
+    )
+    _common(explain)
+    _gpu_source(explain)
+    option(
+        explain,
+        "--claim",
+        "a ResourceClaim or ResourceClaimTemplate: a YAML file, or NAMESPACE/NAME in the cluster",
+    )
+    option(
+        explain,
+        "--device-class",
+        "DeviceClasses: YAML files or names in the cluster, comma-separated",
+        type=csv,
+    )
+    option(explain, "--node-name", "the node whose devices to explain (with --fake-gpus: seeds fake UUIDs)")
+    option(explain, "--kubeconfig", "kubeconfig file; default: the in-cluster service account")
+    option(explain, "--output", "output format", "text", choices=("text", "json"))
     return parser
 
 
@@ -273,17 +353,26 @@ def _device_plugin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _explain(args: argparse.Namespace) -> int:
+    from dra import explaincmd  # the CEL evaluator is only loaded for this command
+
+    if args.fake_gpus and not args.node_name:
+        args.node_name = "fake-node"
+    return explaincmd.run(args)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "kubelet-plugin": _kubelet_plugin,
     "device-plugin": _device_plugin,
     "discover": _discover,
+    "explain": _explain,
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (1 with one line on stderr for any startup error)."""
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_args(argv)
     except UsageError as err:
         print(f"dra-gpu: error: {err}", file=sys.stderr)
         return 2
@@ -295,3 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader (| head) went away; say nothing more on a closed stdout.
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        return 0

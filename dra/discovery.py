@@ -63,7 +63,7 @@ def to_semver(version: str) -> str | None:
     (and so the `version` attribute type) rejects. None for anything else.
     """
     parts = version.strip().split(".")
-    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+    if not 1 <= len(parts) <= 3 or not all(p.isascii() and p.isdigit() for p in parts):
         return None
     numbers = [int(p) for p in parts] + [0] * (3 - len(parts))
     return ".".join(str(n) for n in numbers)
@@ -74,12 +74,22 @@ def cuda_version_string(encoded: int) -> str:
     return f"{encoded // 1000}.{(encoded % 1000) // 10}.0"
 
 
-def mig_profile(name: str, memory_mib: int, gi_slices: int, ci_slices: int) -> str:
-    """The MIG profile ("1g.10gb") from the MIG device's name, else from its sizes."""
+def mig_profile(name: str, memory_mib: int, gi_slices: int, ci_slices: int, parent_memory_mib: int) -> str:
+    """The MIG profile ("1g.10gb") from the MIG device's name, else from its sizes.
+
+    Without a name, the memory part is derived as NVIDIA derives it: the
+    device's share of the parent's memory rounded up to eighths, times the
+    parent's size in whole GB, rounded. Plain MiB / 1024 rounding would call
+    the H100's 80384 MiB partition "7g.79gb" instead of "7g.80gb".
+    """
     match = _MIG_NAME.search(name)
     if match:
         return match.group(1)
-    gigabytes = math.ceil(memory_mib / 1024)
+    if parent_memory_mib > 0:
+        eighths = -(-memory_mib * 8 // parent_memory_mib)
+        gigabytes = (eighths * -(-parent_memory_mib // 1024) + 4) // 8
+    else:
+        gigabytes = math.ceil(memory_mib / 1024)
     prefix = f"{ci_slices}c." if ci_slices != gi_slices else ""
     return f"{prefix}{gi_slices}g.{gigabytes}gb"
 
@@ -145,7 +155,11 @@ def _mig_devices(lib: GpuLibrary, handle: GpuHandle, parent: Gpu, caps: dict[str
         gi = lib.gpu_instance_id(mig)
         ci = lib.compute_instance_id(mig)
         profile = mig_profile(
-            lib.name(mig), attrs.memory_mib, attrs.gpu_instance_slices, attrs.compute_instance_slices
+            lib.name(mig),
+            attrs.memory_mib,
+            attrs.gpu_instance_slices,
+            attrs.compute_instance_slices,
+            parent.memory_bytes // (1024 * 1024),
         )
         cap_nodes = [
             f"/dev/nvidia-caps/nvidia-cap{caps[key]}"

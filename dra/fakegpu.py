@@ -29,6 +29,8 @@ from dra.nvml import (
     XidEvent,
 )
 
+# An even number, so that the pairs of GPUs that share a root never straddle two domains.
+_BUSES_PER_DOMAIN = 14
 _UUID_NAMESPACE = uuid.UUID("0b9c4a52-8b0e-4c36-9a55-6c0f3f1d2a71")
 
 
@@ -286,8 +288,15 @@ def load_profile(spec: str, node_name: str | None = None) -> Profile:
         )
     try:
         data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError) as err:
+        raise ProfileError(f"{path}: cannot read the profile: {err}") from err
     except yaml.YAMLError as err:
-        raise ProfileError(f"{path}: not valid YAML: {err}") from err
+        # PyYAML's own message spans several lines (with a source excerpt); keep one.
+        detail = " ".join(str(err).split())
+        if isinstance(err, yaml.MarkedYAMLError) and err.problem_mark is not None:
+            mark = err.problem_mark
+            detail = f"line {mark.line + 1}, column {mark.column + 1}: {err.problem}"
+        raise ProfileError(f"{path}: not valid YAML: {detail}") from err
     if isinstance(data, dict) and "nodes" in data:
         return _select_for_node(data, path, node_name)
     return parse_profile(data, str(path))
@@ -372,9 +381,10 @@ class FakeGpuLibrary:
         return self._gpu(gpu).model.memory_mib * 1024 * 1024
 
     def pci_bus_id(self, gpu: GpuHandle) -> str:
-        """One bus per GPU, as on a real board."""
+        """One bus per GPU, 14 buses per PCI domain, as on a real board."""
         assert isinstance(gpu, int)
-        return f"00000000:{0x10 + 0x10 * gpu:02X}:00.0"
+        domain, slot = divmod(gpu, _BUSES_PER_DOMAIN)
+        return f"{domain:08X}:{0x10 + 0x10 * slot:02X}:00.0"
 
     def minor_number(self, gpu: GpuHandle) -> int:
         """Minors follow indexes."""
@@ -439,9 +449,12 @@ class FakeGpuLibrary:
 
     def pcie_root(self, pci_bus_id: str) -> str | None:
         """The profile's root, else GPUs in pairs behind one root complex."""
-        index = (int(pci_bus_id.split(":")[1], 16) - 0x10) // 0x10
+        domain_text, bus_text, _ = pci_bus_id.split(":")
+        domain = int(domain_text, 16)
+        index = domain * _BUSES_PER_DOMAIN + (int(bus_text, 16) - 0x10) // 0x10
         explicit = self.profile.gpus[index].pcie_root
-        return explicit or f"pci0000:{0x10 + 0x20 * (index // 2):02x}"
+        first_of_pair = (index % _BUSES_PER_DOMAIN) // 2 * 2
+        return explicit or f"pci{domain:04x}:{0x10 + 0x10 * first_of_pair:02x}"
 
     def mig_capability_minors(self) -> dict[str, int]:
         """Fake GPUs have no capability devices."""

@@ -127,6 +127,22 @@ class KubeClient:
         result: Obj = self._call("GET", f"/api/v1/nodes/{name}")
         return result
 
+    def get_device_class(self, name: str) -> Obj:
+        """GET a DeviceClass."""
+        result: Obj = self._call("GET", f"{RESOURCE_API}/deviceclasses/{name}")
+        return result
+
+    def list_resource_claims(self) -> list[Obj]:
+        """Every ResourceClaim of the cluster (to see which devices are allocated)."""
+        return list(self._call("GET", f"{RESOURCE_API}/resourceclaims").get("items") or [])
+
+    def list_node_resource_slices(self, node_name: str) -> list[Obj]:
+        """The ResourceSlices of every driver on one node."""
+        result = self._call(
+            "GET", f"{RESOURCE_API}/resourceslices", query={"fieldSelector": f"spec.nodeName={node_name}"}
+        )
+        return list(result.get("items") or [])
+
     # -- ResourceSlices ------------------------------------------------------
 
     @staticmethod

@@ -13,6 +13,7 @@ This is the only module that imports pynvml.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,9 @@ ERROR_GPU_IS_LOST = 15
 
 # Event type bit for XID critical errors (nvmlEventTypeXidCriticalError).
 EVENT_XID_CRITICAL = 0x8
+
+# A PCI root bus directory in sysfs: pci<domain>:<bus>.
+_PCI_ROOT_BUS = re.compile(r"^pci[0-9a-f]{4,}:[0-9a-f]{2}$")
 
 
 class GpuLibraryError(Exception):
@@ -145,9 +149,10 @@ class GpuLibrary(Protocol):
 
 
 def _bus_id_for_sysfs(pci_bus_id: str) -> str:
-    # NVML pads the PCI domain to 8 hex digits; sysfs uses 4 and lower case.
+    # NVML pads the PCI domain to 8 hex digits; sysfs prints it with at least 4 (%04x), in lower case.
+    # Keeping only the last 4 would turn VMD domain 10000 into domain 0000: another device, or none.
     domain, _, rest = pci_bus_id.partition(":")
-    return f"{domain[-4:]}:{rest}".lower()
+    return f"{domain.lstrip('0').rjust(4, '0')}:{rest}".lower()
 
 
 class NvmlLibrary:
@@ -292,7 +297,7 @@ class NvmlLibrary:
             resolved = os.path.realpath(link, strict=True)
         except OSError:
             return None
-        return next((part for part in Path(resolved).parts if part.startswith("pci")), None)
+        return next((part for part in Path(resolved).parts if _PCI_ROOT_BUS.match(part)), None)
 
     def mig_capability_minors(self) -> dict[str, int]:
         """Parse /proc/driver/nvidia-caps/mig-minors ("gpu0/gi1/access 12" per line)."""
@@ -302,7 +307,7 @@ class NvmlLibrary:
             return {}
         minors: dict[str, int] = {}
         for line in text.splitlines():
-            name, _, minor = line.rpartition(" ")
+            name, _, minor = line.strip().rpartition(" ")
             if name and minor.isdigit():
                 minors[name] = int(minor)
         return minors

@@ -27,6 +27,7 @@ PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+_DECIMAL_SUFFIXES = ("", "k", "M", "G", "T", "P", "E")
 
 
 class SliceError(ValueError):
@@ -34,14 +35,21 @@ class SliceError(ValueError):
 
 
 def binary_quantity(value: int) -> str:
-    """A byte count in the canonical form the API server stores ("81559Mi", "80Gi", "1000")."""
+    """A byte count in the canonical form the API server stores ("81559Mi", "80Gi", "1500", "1k")."""
     if value < 0:
         raise SliceError(f"negative quantity {value}")
     exponent = 0
     while value and value % 1024 == 0 and exponent < len(_BINARY_SUFFIXES) - 1:
         value //= 1024
         exponent += 1
-    return f"{value}{_BINARY_SUFFIXES[exponent]}"
+    if exponent:
+        return f"{value}{_BINARY_SUFFIXES[exponent]}"
+    # Without a binary suffix the server reads a decimal SI quantity and stores it with the
+    # largest power-of-1000 suffix that keeps it whole ("1000" comes back as "1k").
+    while value and value % 1000 == 0 and exponent < len(_DECIMAL_SUFFIXES) - 1:
+        value //= 1000
+        exponent += 1
+    return f"{value}{_DECIMAL_SUFFIXES[exponent]}"
 
 
 def _string(value: str) -> Obj:
@@ -111,7 +119,8 @@ def slice_name(node_name: str, driver: str, index: int) -> str:
     if len(name) <= 253:
         return name
     digest = hashlib.sha256(f"{node_name}/{driver}".encode()).hexdigest()[:10]
-    return f"{node_name[:200]}-{digest}-{index}"
+    # Cut at a dot, the name would go on with a label starting with "-", which is invalid.
+    return f"{node_name[:200].rstrip('.')}-{digest}-{index}"
 
 
 def build_slices(

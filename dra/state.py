@@ -24,6 +24,14 @@ from dra.devices import Device, Inventory
 log = logging.getLogger(__name__)
 
 
+def _recorded(claim: PreparedClaim) -> set[tuple[str, str]]:
+    return {(d.device, request) for d in claim.devices for request in d.request_names}
+
+
+def _requested(allocation: ClaimAllocation) -> set[tuple[str, str]]:
+    return {(r.device, r.request_name) for r in allocation.devices}
+
+
 class DeviceState:
     """The node's prepared claims and the decisions about new ones."""
 
@@ -114,9 +122,19 @@ class DeviceState:
         with self._lock:
             existing = self._prepared.get(allocation.uid)
             if existing is not None:
-                if not self._cdi.exists(existing.uid):
-                    self._write_spec(existing)
-                return existing
+                if _recorded(existing) == _requested(allocation):
+                    if not self._cdi.exists(existing.uid):
+                        self._write_spec(existing)
+                    return existing
+                # The kubelet unprepares before a claim is allocated anew; if it did not, the
+                # claim's current allocation is the truth, not the record.
+                log.warning(
+                    "claim %s (%s) is prepared with %s but now allocated %s: preparing it again",
+                    allocation.ref,
+                    allocation.uid,
+                    sorted(_recorded(existing)),
+                    sorted(_requested(allocation)),
+                )
             devices = self._check(allocation)
             self._cdi.write(
                 allocation.uid, cdi.build_spec(self.driver, allocation.uid, devices, self.inventory)

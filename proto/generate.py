@@ -11,8 +11,10 @@ between generated modules resolve to ``dra.pb...`` inside the package.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 PROTO_DIR = Path(__file__).resolve().parent
@@ -33,34 +35,38 @@ def generate(out_root: Path = REPO_ROOT) -> Path:
     """
     from grpc_tools import protoc  # build-time dependency only
 
-    target = out_root / PACKAGE_PATH
-    if target.exists():
-        shutil.rmtree(target)
-    target.mkdir(parents=True)
-
     include = Path(protoc.__file__).resolve().parent / "_proto"
-    plugin = shutil.which("protoc-gen-mypy", path=str(Path(sys.executable).parent))
-    plugin_grpc = shutil.which("protoc-gen-mypy_grpc", path=str(Path(sys.executable).parent))
+    # Next to this Python in a virtualenv; on PATH in pip's isolated build environment.
+    search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    plugin = shutil.which("protoc-gen-mypy", path=search)
+    plugin_grpc = shutil.which("protoc-gen-mypy_grpc", path=search)
     if plugin is None or plugin_grpc is None:
-        raise RuntimeError("mypy-protobuf is not installed next to this Python (protoc-gen-mypy)")
-    args = [
-        "protoc",
-        f"-I{PACKAGE_PATH}={PROTO_DIR}",
-        f"-I{include}",
-        f"--python_out={out_root}",
-        f"--grpc_python_out={out_root}",
-        f"--plugin=protoc-gen-mypy={plugin}",
-        f"--plugin=protoc-gen-mypy_grpc={plugin_grpc}",
-        f"--mypy_out={out_root}",
-        f"--mypy_grpc_out={out_root}",
-        *(str(p) for p in proto_files()),
-    ]
-    if protoc.main(args) != 0:
-        raise RuntimeError("protoc failed; its message is above")
+        raise RuntimeError("mypy-protobuf's protoc-gen-mypy is neither next to this Python nor on PATH")
 
-    for directory in [target, *(d for d in target.rglob("*") if d.is_dir())]:
-        (directory / "__init__.py").touch()
-    (target / "py.typed").touch()
+    target = out_root / PACKAGE_PATH
+    # Generate aside and swap in, so a failed run leaves the previous code in place.
+    with tempfile.TemporaryDirectory(dir=out_root / Path(PACKAGE_PATH).parent) as scratch:
+        args = [
+            "protoc",
+            f"-I{PACKAGE_PATH}={PROTO_DIR}",
+            f"-I{include}",
+            f"--python_out={scratch}",
+            f"--grpc_python_out={scratch}",
+            f"--plugin=protoc-gen-mypy={plugin}",
+            f"--plugin=protoc-gen-mypy_grpc={plugin_grpc}",
+            f"--mypy_out={scratch}",
+            f"--mypy_grpc_out={scratch}",
+            *(str(p) for p in proto_files()),
+        ]
+        if protoc.main(args) != 0:
+            raise RuntimeError("protoc failed; its message is above")
+        fresh = Path(scratch) / PACKAGE_PATH
+        for directory in [fresh, *(d for d in fresh.rglob("*") if d.is_dir())]:
+            (directory / "__init__.py").touch()
+        (fresh / "py.typed").touch()
+        if target.exists():
+            shutil.rmtree(target)
+        fresh.rename(target)
     return target
 
 

@@ -39,7 +39,12 @@ def driver(
 ) -> Iterator[DriverProcess]:
     """The driver on profile `mixed`, registered with the kubelet."""
     ensure_device_classes(kube)
-    process = DriverProcess(cluster, "mixed", tmp_path_factory.mktemp("driver") / "driver.log").start()
+    workdir = tmp_path_factory.mktemp("driver")
+    events = workdir / "xid-events"
+    events.touch()
+    process = DriverProcess(
+        cluster, "mixed", workdir / "driver.log", extra_args=(f"--fake-gpu-events={events}",)
+    ).start()
     yield process
     assert process.stop() == 0, process.log_path.read_text()
 
@@ -188,3 +193,57 @@ def test_restart_after_sigkill_keeps_prepared_claims(
     assert driver.proc.wait(15) == 0
     assert not (Path(cluster.plugins_registry) / f"{DRIVER}-reg.sock").exists()
     driver.start()
+
+
+def test_xid_error_shows_in_the_pod_status(
+    driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str
+) -> None:
+    # Kubelet 1.34 reports device health only for a pod claim named like its ResourceClaim,
+    # so this pod references a claim created up front rather than one from a template.
+    claim = kube.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "gpu", "namespace": namespace},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+        }
+    )
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "victim", "namespace": namespace},
+            "spec": {
+                "terminationGracePeriodSeconds": 0,
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "gpu"}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
+            },
+        }
+    )
+    kube.wait_pod_phase("victim", namespace)
+    claim = kube.get("resource.k8s.io/v1", "ResourceClaim", "gpu", namespace)
+    [device] = allocated_devices(claim)
+    device_uuid = _slice_devices(kube, cluster)[device]["attributes"]["uuid"]["string"]
+    events = next(a for a in driver.extra_args if a.startswith("--fake-gpu-events=")).split("=", 1)[1]
+
+    def health() -> list[str]:
+        statuses = kube.get("v1", "Pod", "victim", namespace)["status"].get("containerStatuses") or []
+        return [
+            r.get("health", "")
+            for s in statuses
+            for a in s.get("allocatedResourcesStatus") or []
+            for r in a.get("resources") or []
+        ]
+
+    wait_for("the kubelet to report the device Healthy", lambda: health() == ["Healthy"] or None)
+    with open(events, "a") as f:
+        f.write(f"{device_uuid} 79\n")
+    wait_for("the kubelet to report the device Unhealthy", lambda: health() == ["Unhealthy"] or None)
+    assert "dra_gpu_unhealthy_devices 1.0" in driver.metrics()
+    delete_pods_and_wait(kube, cluster, namespace, [claim])

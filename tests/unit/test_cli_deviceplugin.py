@@ -8,14 +8,14 @@ import pytest
 
 from dra.assignment import GpuPath
 from dra.assignmentrecord import AssignmentRecord
-from dra.cli import build_parser, main
+from dra.cli import main, parse_args
 from dra.deviceplugin.allocate import Strategy
 from dra.discovery import discover
 from dra.fakegpu import FakeGpuLibrary, load_profile
 
 
 def test_device_plugin_defaults() -> None:
-    args = build_parser().parse_args(["device-plugin", "--node-name=n"])
+    args = parse_args(["device-plugin", "--node-name=n"])
     assert args.kubelet_root == Path("/var/lib/kubelet")
     assert args.device_plugin_dir is None
     assert args.cdi_root == Path("/var/run/cdi")
@@ -30,9 +30,9 @@ def test_flags_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("DRA_GPU_DEVICE_PLUGIN_GPUS", "2,3")
     monkeypatch.setenv("DRA_GPU_DEVICE_LIST_STRATEGY", "cdi-annotations,envvar")
     for command in ("device-plugin", "kubelet-plugin"):
-        args = build_parser().parse_args([command, "--node-name=n"])
+        args = parse_args([command, "--node-name=n"])
         assert args.device_plugin_gpus.indexes == {2, 3}
-    args = build_parser().parse_args(["device-plugin", "--node-name=n"])
+    args = parse_args(["device-plugin", "--node-name=n"])
     assert args.device_list_strategy == {Strategy.CDI_ANNOTATIONS, Strategy.ENVVAR}
 
 

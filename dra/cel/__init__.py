@@ -1,0 +1,35 @@
+"""A pure-Python CEL evaluator with Kubernetes DRA semantics.
+
+Compile a DeviceClass or ResourceClaim selector once, then evaluate it for each device
+of a ResourceSlice, or explain why a device does not match::
+
+    program = compile_expression('device.attributes["gpu.nvidia.com"].type == "gpu"')
+    program.matches(device, "gpu.nvidia.com")
+    print(explain_program(program, device, "gpu.nvidia.com").render())
+"""
+
+from dra.cel.device import device_variable
+from dra.cel.errors import CelError, CelEvaluationError, CelSyntaxError
+from dra.cel.explain import Explanation, Reason, explain, explain_program, render_text
+from dra.cel.program import Program, compile_expression, evaluate_selector
+from dra.cel.quantity import Quantity, QuantityError
+from dra.cel.semver import Semver, SemverError
+
+__all__ = [
+    "CelError",
+    "CelEvaluationError",
+    "CelSyntaxError",
+    "Explanation",
+    "Program",
+    "Quantity",
+    "QuantityError",
+    "Reason",
+    "Semver",
+    "SemverError",
+    "compile_expression",
+    "device_variable",
+    "evaluate_selector",
+    "explain",
+    "explain_program",
+    "render_text",
+]

@@ -1,0 +1,342 @@
+"""Why a claim does (not) get devices: every selector of its requests evaluated on every device.
+
+Pure: the claim (or claim template), the DeviceClasses and the node's
+ResourceSlices come in as API objects, the report goes out as data. The CEL
+evaluation follows the scheduler's rules (dra.cel), and the report adds what
+the scheduler also weighs: how many devices a request needs, matchAttribute
+constraints, and devices already allocated to other claims.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from dra.cel import CelSyntaxError, compile_expression, explain_program
+
+Obj = Mapping[str, Any]
+
+
+def standard_device_classes(driver: str) -> list[dict[str, Any]]:
+    """The DeviceClasses the chart installs: full GPUs and MIG devices of this driver."""
+
+    def device_class(name: str, device_type: str) -> dict[str, Any]:
+        expression = f'device.driver == "{driver}" && device.attributes["{driver}"].type == "{device_type}"'
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": expression}}]},
+        }
+
+    suffix = driver.split(".", 1)[1] if "." in driver else driver
+    return [device_class(driver, "gpu"), device_class(f"mig.{suffix}", "mig")]
+
+
+@dataclass(frozen=True)
+class SelectorVerdict:
+    """One selector on one device."""
+
+    source: str
+    expression: str
+    matched: bool
+    error: str | None
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DeviceVerdict:
+    """Every selector of a request on one device."""
+
+    driver: str
+    pool: str
+    device: str
+    selectors: tuple[SelectorVerdict, ...]
+    in_use_by: str | None = None
+
+    @property
+    def matched(self) -> bool:
+        """All selectors true (the scheduler also needs the device free)."""
+        return all(s.matched for s in self.selectors)
+
+    @property
+    def error(self) -> str | None:
+        """The first CEL runtime error; the scheduler aborts the attempt on it."""
+        return next((s.error for s in self.selectors if s.error), None)
+
+
+@dataclass(frozen=True)
+class RequestReport:
+    """One request (or one subrequest of a prioritized list) against the node's devices."""
+
+    name: str
+    device_class: str
+    mode: str
+    count: int
+    devices: tuple[DeviceVerdict, ...]
+    constraints: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+    admin_access: bool = False
+
+    @property
+    def matching(self) -> list[str]:
+        """Devices whose selectors all match."""
+        return [d.device for d in self.devices if d.matched]
+
+    @property
+    def available(self) -> list[str]:
+        """Matching devices that no other claim holds (admin access may use held ones too)."""
+        return [d.device for d in self.devices if d.matched and (self.admin_access or d.in_use_by is None)]
+
+    @property
+    def errors(self) -> list[str]:
+        """Runtime errors, per device."""
+        return [f"{d.device}: {d.error}" for d in self.devices if d.error]
+
+    def verdict(self) -> str:
+        """One line a person can act on."""
+        if self.problems:
+            return "cannot be allocated: " + "; ".join(self.problems)
+        if self.errors:
+            return f"the scheduler stops with a CEL runtime error ({self.errors[0]})"
+        needed = len(self.matching) if self.mode == "All" else self.count
+        if self.mode == "All" and not self.matching:
+            return "no device matches: allocationMode All needs at least one"
+        if len(self.matching) < needed:
+            return f"{len(self.matching)} device(s) match, {needed} needed: cannot be allocated"
+        if self.mode == "All" and len(self.available) < needed:
+            return f"all {needed} matching devices are needed but some are in use: waits until they are free"
+        if len(self.available) < needed:
+            return f"{len(self.available)} matching device(s) free, {needed} needed: waits for a free device"
+        return f"can be allocated: {len(self.available)} free matching device(s), {needed} needed"
+
+
+@dataclass(frozen=True)
+class ClaimReport:
+    """Every request of a claim."""
+
+    claim: str
+    requests: tuple[RequestReport, ...]
+    notes: tuple[str, ...] = field(default=())
+
+
+class ExplainError(ValueError):
+    """The inputs cannot be explained (missing class, invalid CEL); the message says which."""
+
+
+def slice_devices(slices: Iterable[Obj]) -> list[tuple[str, str, Obj]]:
+    """(driver, pool, device) of every device of the newest generation of each pool."""
+    slices = list(slices)
+    newest: dict[tuple[str, str], int] = {}
+    for s in slices:
+        key = (s["spec"]["driver"], s["spec"]["pool"]["name"])
+        newest[key] = max(newest.get(key, 0), int(s["spec"]["pool"].get("generation", 0)))
+    found: list[tuple[str, str, Obj]] = []
+    for s in slices:
+        spec = s["spec"]
+        key = (spec["driver"], spec["pool"]["name"])
+        if int(spec["pool"].get("generation", 0)) == newest[key]:
+            found.extend((spec["driver"], spec["pool"]["name"], d) for d in spec.get("devices") or [])
+    return sorted(found, key=lambda entry: (entry[0], entry[1], _natural(entry[2]["name"])))
+
+
+def _natural(name: str) -> list[Any]:
+    parts: list[Any] = []
+    for chunk in name.replace("-", " - ").split():
+        parts.append((0, int(chunk)) if chunk.isdigit() else (1, chunk))
+    return parts
+
+
+def allocated_devices(
+    claims: Iterable[Obj], except_uid: str | None = None
+) -> dict[tuple[str, str, str], str]:
+    """(driver, pool, device) -> "namespace/name" of the claim that holds it (admin access aside)."""
+    held: dict[tuple[str, str, str], str] = {}
+    for claim in claims:
+        meta = claim.get("metadata") or {}
+        if except_uid and meta.get("uid") == except_uid:
+            continue
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        for result in (allocation.get("devices") or {}).get("results") or []:
+            if not result.get("adminAccess"):
+                held[(result["driver"], result["pool"], result["device"])] = (
+                    f"{meta.get('namespace')}/{meta.get('name')}"
+                )
+    return held
+
+
+def _selectors(source: str, selectors: Sequence[Obj] | None) -> list[tuple[str, str]]:
+    return [
+        (f"{source} selector {i + 1}", s["cel"]["expression"])
+        for i, s in enumerate(selectors or [])
+        if "cel" in s
+    ]
+
+
+def _evaluate(
+    name: str,
+    spec: Obj,
+    classes: Mapping[str, Obj],
+    devices: Sequence[tuple[str, str, Obj]],
+    held: Mapping[tuple[str, str, str], str],
+    constraints: tuple[str, ...],
+) -> RequestReport:
+    class_name = str(spec.get("deviceClassName", ""))
+    device_class = classes.get(class_name)
+    mode = str(spec.get("allocationMode", "ExactCount"))
+    count = int(spec.get("count", 1))
+    if device_class is None:
+        return RequestReport(
+            name, class_name, mode, count, (), constraints, (f"DeviceClass {class_name!r} does not exist",)
+        )
+    selectors = _selectors(f"class {class_name}", device_class.get("spec", {}).get("selectors"))
+    selectors += _selectors("request", spec.get("selectors"))
+    programs = []
+    for source, expression in selectors:
+        try:
+            programs.append((source, expression, compile_expression(expression)))
+        except CelSyntaxError as err:
+            raise ExplainError(f"{source} of request {name!r} does not compile: {err}") from None
+    verdicts = []
+    for driver, pool, device in devices:
+        results = []
+        for source, expression, program in programs:
+            outcome = explain_program(program, device, driver)
+            # A reason about the whole selector needs no quote of it: the report prints the selector.
+            reasons = tuple(
+                r.message.removeprefix("is ") if r.expression == expression else str(r)
+                for r in outcome.reasons
+            )
+            results.append(SelectorVerdict(source, expression, outcome.matched, outcome.error, reasons))
+            # Like the scheduler: class selectors first, then the request's, stopping at the first
+            # that does not match, so a later selector never errors on a device already excluded.
+            if not outcome.matched:
+                break
+        verdicts.append(
+            DeviceVerdict(
+                driver, pool, str(device["name"]), tuple(results), held.get((driver, pool, device["name"]))
+            )
+        )
+    admin = bool(spec.get("adminAccess"))
+    report = RequestReport(name, class_name, mode, count, tuple(verdicts), constraints, admin_access=admin)
+    problems = _constraint_problems(report, devices, constraints)
+    if problems:
+        report = replace(report, problems=tuple(problems))
+    return report
+
+
+def _attribute(device: Obj, qualified: str, driver: str) -> object:
+    domain, _, name = qualified.rpartition("/")
+    attributes = device.get("attributes") or {}
+    value = attributes.get(qualified) or (attributes.get(name) if domain == driver else None)
+    return next(iter(value.values())) if value else None
+
+
+def _constraint_problems(
+    report: RequestReport, devices: Sequence[tuple[str, str, Obj]], constraints: tuple[str, ...]
+) -> list[str]:
+    if not constraints or report.mode == "All":
+        return []
+    by_name = {d["name"]: (driver, d) for driver, _, d in devices}
+    groups: dict[tuple[object, ...], int] = {}
+    for name in report.available:
+        driver, device = by_name[name]
+        key = tuple(_attribute(device, c, driver) for c in constraints)
+        if None not in key:
+            groups[key] = groups.get(key, 0) + 1
+    if not any(n >= report.count for n in groups.values()):
+        best = max(groups.values(), default=0)
+        return [
+            f"at most {best} free matching device(s) share {', '.join(constraints)}; {report.count} needed"
+        ]
+    return []
+
+
+def explain_claim(
+    claim: Obj,
+    classes: Iterable[Obj],
+    slices: Iterable[Obj],
+    other_claims: Iterable[Obj] = (),
+) -> ClaimReport:
+    """Report every request of a ResourceClaim or ResourceClaimTemplate on the devices of `slices`."""
+    meta = claim.get("metadata") or {}
+    spec = claim.get("spec") or {}
+    if claim.get("kind") == "ResourceClaimTemplate":
+        spec = spec.get("spec") or {}
+    by_name = {c["metadata"]["name"]: c for c in classes}
+    devices = slice_devices(slices)
+    held = allocated_devices(other_claims, except_uid=meta.get("uid"))
+    device_spec = spec.get("devices") or {}
+    constraints: dict[str, list[str]] = {}
+    all_requests = [r["name"] for r in device_spec.get("requests") or []]
+    for constraint in device_spec.get("constraints") or []:
+        if "matchAttribute" in constraint:
+            for request in constraint.get("requests") or all_requests:
+                constraints.setdefault(request, []).append(constraint["matchAttribute"])
+    reports = []
+    for request in device_spec.get("requests") or []:
+        name = request["name"]
+        if "firstAvailable" in request:
+            for sub in request["firstAvailable"]:
+                reports.append(
+                    _evaluate(
+                        f"{name}/{sub['name']}", sub, by_name, devices, held, tuple(constraints.get(name, ()))
+                    )
+                )
+        else:
+            reports.append(
+                _evaluate(
+                    name,
+                    request.get("exactly") or {},
+                    by_name,
+                    devices,
+                    held,
+                    tuple(constraints.get(name, ())),
+                )
+            )
+    notes: tuple[str, ...] = ()
+    if any("firstAvailable" in r for r in device_spec.get("requests") or []):
+        notes = ("a prioritized list takes the first subrequest that can be allocated",)
+    return ClaimReport(f"{meta.get('namespace') or '-'}/{meta.get('name')}", tuple(reports), notes)
+
+
+def as_json(report: ClaimReport) -> dict[str, Any]:
+    """The report as plain data, with each request's matching devices and verdict."""
+    return {
+        "claim": report.claim,
+        "notes": list(report.notes),
+        "requests": [
+            {
+                **asdict(request),
+                "matching": request.matching,
+                "available": request.available,
+                "errors": request.errors,
+                "verdict": request.verdict(),
+            }
+            for request in report.requests
+        ],
+    }
+
+
+def render(report: ClaimReport) -> str:
+    """A plain-text report."""
+    lines = [f"claim {report.claim}"]
+    for request in report.requests:
+        wanted = "all" if request.mode == "All" else f"{request.count}"
+        lines.append(f"  request {request.name!r}: {wanted} device(s) of class {request.device_class}")
+        for constraint in request.constraints:
+            lines.append(f"    constraint: matchAttribute {constraint}")
+        for device in request.devices:
+            status = "match" if device.matched else ("ERROR" if device.error else "no")
+            busy = f" (in use by {device.in_use_by})" if device.in_use_by and device.matched else ""
+            lines.append(f"    {device.device:<26} {status}{busy}")
+            for selector in device.selectors:
+                if selector.matched:
+                    continue
+                lines.append(f"      {selector.source}: {selector.expression}")
+                for reason in selector.reasons or (selector.error or "false",):
+                    lines.append(f"        - {reason}")
+        lines.append(f"    => {request.verdict()}")
+    lines.extend(f"  note: {note}" for note in report.notes)
+    return "\n".join(lines)

@@ -1,0 +1,175 @@
+"""Every example of docs/cel-cookbook.md, run on the real scheduler and kubelet.
+
+The driver runs on docs/examples/cookbook-profile.yaml; each example's pod
+must land exactly where the page says, or stay Pending with the page's message.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dra import explain
+from tests.cluster.cluster import ClusterInfo
+from tests.cluster.kube import Kube, Obj, wait_for
+from tests.driverprocess import DriverProcess
+from tests.e2e.cookbook import Case, load_cases
+from tests.e2e.workloads import (
+    DRIVER,
+    allocated_devices,
+    claim_template,
+    delete_pods_and_wait,
+    ensure_device_classes,
+    gpu_pod,
+    pod_claim,
+)
+
+PROFILE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "cookbook-profile.yaml"
+CASES = load_cases()
+
+
+def test_the_page_has_examples() -> None:
+    assert len(CASES) >= 15
+    assert all(case.objects for case in CASES), [c.title for c in CASES if not c.objects]
+
+
+@pytest.fixture(scope="module")
+def cookbook_driver(
+    cluster: ClusterInfo, kube: Kube, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DriverProcess]:
+    """The driver on the cookbook's fake node."""
+    ensure_device_classes(kube)
+    process = DriverProcess(cluster, str(PROFILE), tmp_path_factory.mktemp("cookbook") / "driver.log").start()
+    yield process
+    process.stop()
+
+
+def _occupy(kube: Kube, namespace: str, devices: tuple[str, ...]) -> list[Obj]:
+    """Hold full GPUs with ordinary pods, as other workloads would."""
+    claims = []
+    for device in devices:
+        index = int(device.split("-")[1])
+        name = f"busy-{index}"
+        claim_template(kube, namespace, name, [f'device.attributes["{DRIVER}"].index == {index}'])
+        gpu_pod(kube, namespace, name, name)
+        kube.wait_pod_phase(name, namespace)
+        claims.append(pod_claim(kube, namespace, name))
+    return claims
+
+
+def _explain(kube: Kube, cluster: ClusterInfo, template: Obj) -> explain.ClaimReport:
+    """What dra-gpu explain says about the template, on the same objects the scheduler sees."""
+    slices = kube.list_objects(
+        "resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.nodeName={cluster.node_name}"
+    )
+    return explain.explain_claim(
+        template,
+        kube.list_objects("resource.k8s.io/v1", "DeviceClass"),
+        slices,
+        kube.list_objects("resource.k8s.io/v1", "ResourceClaim"),
+    )
+
+
+def _assert_explain_agrees(report: explain.ClaimReport, case: Case, allocated: list[str]) -> None:
+    allocatable = [r for r in report.requests if r.verdict().startswith("can be allocated")]
+    text = explain.render(report)
+    if not allocated:
+        assert not allocatable, f"explain: {allocatable[0].name} can be allocated, the scheduler: no\n{text}"
+        message = case.expectation.pending_message or ""
+        has_error = any(r.errors for r in report.requests)
+        assert has_error == ("cannot allocate" not in message), text
+        return
+    # The scheduler takes the first allocatable (sub)request, and only devices explain calls free.
+    assert allocatable, f"explain says nothing can be allocated; the scheduler allocated {allocated}\n{text}"
+    first = allocatable[0]
+    assert set(allocated) <= set(first.available), text
+    if first.mode != "All" and first.count == 1 and not case.busy:
+        assert set(first.matching) == case.expectation.candidates, text
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_example_lands_where_the_page_says(
+    case: Case, cookbook_driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str
+) -> None:
+    template = copy.deepcopy(case.template)
+    requests = template["spec"]["spec"]["devices"]["requests"]
+    if any(r.get("exactly", {}).get("adminAccess") for r in requests):
+        kube.patch(
+            "v1",
+            "Namespace",
+            namespace,
+            {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}},
+        )
+    classes = [kube.create(c) for c in case.device_classes]
+    claims: list[Obj] = []
+    try:
+        claims += _occupy(kube, namespace, case.busy)
+        kube.create(template, namespace=namespace)
+        report = _explain(kube, cluster, template)
+        gpu_pod(kube, namespace, "example", template["metadata"]["name"])
+        expectation = case.expectation
+        if expectation.alternatives:
+            kube.wait_pod_phase("example", namespace)
+            claim = pod_claim(kube, namespace, "example")
+            claims.append(claim)
+            devices = allocated_devices(claim)
+            assert expectation.allows(devices), f"{case.title}: got {devices}, the page says {expectation}"
+            _assert_explain_agrees(report, case, devices)
+        else:
+            event = wait_for(
+                "the scheduler's verdict",
+                lambda: next(
+                    (
+                        e
+                        for e in kube.events_for("Pod", "example", namespace)
+                        if e["reason"] == "FailedScheduling"
+                    ),
+                    None,
+                ),
+            )
+            assert expectation.pending_message is not None
+            assert expectation.pending_message in event["message"]
+            assert kube.get("v1", "Pod", "example", namespace)["status"]["phase"] == "Pending"
+            _assert_explain_agrees(report, case, [])
+    finally:
+        delete_pods_and_wait(kube, cluster, namespace, claims)
+        for device_class in classes:
+            kube.delete("resource.k8s.io/v1", "DeviceClass", device_class["metadata"]["name"])
+
+
+def test_explain_command_on_a_pending_claim_in_the_cluster(
+    cookbook_driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str
+) -> None:
+    [case] = [c for c in CASES if c.id == "marketed-memory"]
+    kube.create(copy.deepcopy(case.template), namespace=namespace)
+    gpu_pod(kube, namespace, "waiting", case.template["metadata"]["name"])
+    claim_name = wait_for(
+        "the claim generated for the pod",
+        lambda: (kube.get("v1", "Pod", "waiting", namespace)["status"].get("resourceClaimStatuses") or [{}])[
+            0
+        ].get("resourceClaimName"),
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dra",
+            "explain",
+            f"--claim={namespace}/{claim_name}",
+            f"--node-name={cluster.node_name}",
+            f"--kubeconfig={cluster.kubeconfig}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"claim {namespace}/{claim_name}" in result.stdout
+    assert "memory is 81559Mi" in result.stdout
+    assert "=> 0 device(s) match, 1 needed: cannot be allocated" in result.stdout
+    delete_pods_and_wait(kube, cluster, namespace, [])

@@ -1,0 +1,47 @@
+"""Helpers shared by the unit tests: inventories from fake-GPU profiles, and a fake host with /dev nodes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from dra.devices import Inventory
+from dra.discovery import discover
+from dra.fakegpu import FakeGpuLibrary, Profile, load_profile, parse_profile
+
+DRIVER = "gpu.nvidia.com"
+NODE = "node-a"
+
+
+def profile(*gpus: Mapping[str, Any], **top: Any) -> Profile:
+    """A validated profile from GPU entries written as in a profile file."""
+    return parse_profile({"gpus": [dict(g) for g in gpus], **top}, "test-profile")
+
+
+def inventory(source: str | Profile = "h100x8", node: str = NODE) -> Inventory:
+    """What discovery finds on fake GPUs: a built-in profile name or a Profile."""
+    resolved = load_profile(source) if isinstance(source, str) else source
+    return discover(FakeGpuLibrary(resolved, node))
+
+
+class HostGpuLibrary(FakeGpuLibrary):
+    """Fake GPUs on a host that has device nodes (all of them, or only `existing`) and MIG capabilities."""
+
+    def __init__(
+        self,
+        source: Profile,
+        node_name: str = NODE,
+        existing: Iterable[str] | None = None,
+        caps: Mapping[str, int] | None = None,
+    ) -> None:
+        super().__init__(source, node_name)
+        self.existing = None if existing is None else set(existing)
+        self.caps = dict(caps or {})
+
+    def path_exists(self, path: str) -> bool:
+        """Every path exists unless a list was given."""
+        return self.existing is None or path in self.existing
+
+    def mig_capability_minors(self) -> dict[str, int]:
+        """The capability minors this host was given."""
+        return dict(self.caps)

@@ -1,0 +1,280 @@
+"""CDI specs for prepared claims (pure building) and the spec files in the CDI directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra import atomicfile, cdi
+from dra.cdistore import CdiStore
+from dra.devices import Device, Inventory
+from dra.discovery import discover
+from dra.fakegpu import load_profile
+from tests.unit.helpers import DRIVER, HostGpuLibrary, inventory
+
+UID = "0b4e2f7a-61c3-4a8e-9d55-2f0c1e9a7b10"
+OTHER_UID = "9f1d3c2b-0000-4000-8000-000000000001"
+
+# Name rules of the CDI specification (vendor and class start with a letter; device names may start
+# with a digit from spec version 0.5.0 on).
+_VENDOR = re.compile(r"^[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+_CLASS = _VENDOR
+_DEVICE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+
+
+def _devices(inv: Inventory, *names: str) -> list[Device]:
+    found = [inv.get(n) for n in names]
+    assert all(found)
+    return [d for d in found if d is not None]
+
+
+def _env(edits: dict[str, Any]) -> dict[str, str]:
+    return dict(entry.split("=", 1) for entry in edits["env"])
+
+
+# -- building specs --------------------------------------------------------------------------
+
+
+def test_spec_structure_for_two_gpus() -> None:
+    inv = inventory("h100x8")
+    devices = _devices(inv, "gpu-2", "gpu-5")
+    spec = cdi.build_spec(DRIVER, UID, devices, inv)
+    assert spec["cdiVersion"] == "0.5.0"
+    assert spec["kind"] == "k8s.gpu.nvidia.com/claim"
+    assert [d["name"] for d in spec["devices"]] == [f"{UID}-gpu-2", f"{UID}-gpu-5"]
+    assert set(spec) == {"cdiVersion", "kind", "devices", "containerEdits"}
+
+
+def test_names_follow_the_cdi_rules() -> None:
+    inv = inventory("h100x8-mig")
+    # A claim UID may start with a digit.
+    spec = cdi.build_spec(DRIVER, UID, list(inv), inv)
+    vendor, _, cdi_class = spec["kind"].partition("/")
+    assert _VENDOR.match(vendor)
+    assert _CLASS.match(cdi_class)
+    for device in spec["devices"]:
+        assert _DEVICE.match(device["name"]), device["name"]
+
+
+def test_qualified_ids_point_at_devices_of_the_spec() -> None:
+    inv = inventory("a100x4-mig")
+    spec = cdi.build_spec(DRIVER, UID, list(inv), inv)
+    for device in inv:
+        qualified = cdi.qualified_name(DRIVER, UID, device.name)
+        kind, _, name = qualified.partition("=")
+        assert kind == spec["kind"]
+        assert name in [d["name"] for d in spec["devices"]]
+    assert (
+        cdi.qualified_name(DRIVER, UID, "gpu-0-mig-7g40gb-1-0")
+        == f"k8s.gpu.nvidia.com/claim={UID}-gpu-0-mig-7g40gb-1-0"
+    )
+
+
+def test_spec_wide_env_names_every_device_of_the_claim() -> None:
+    inv = inventory("h100x8-mig")
+    devices = _devices(inv, "gpu-1", "gpu-4-mig-3g40gb-1-0", "gpu-6-mig-1g10gb-4-0")
+    spec = cdi.build_spec(DRIVER, UID, devices, inv)
+    env = _env(spec["containerEdits"])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(d.uuid for d in devices)
+    assert env["DRA_GPU_CLAIM_UID"] == UID
+    assert env["NVIDIA_VISIBLE_DEVICES"].split(",")[1].startswith("MIG-")
+
+
+def test_each_device_names_itself_in_env() -> None:
+    inv = inventory("h100x8-mig")
+    devices = _devices(inv, "gpu-0", "gpu-4-mig-2g20gb-2-0")
+    spec = cdi.build_spec(DRIVER, UID, devices, inv)
+    gpu_env = _env(spec["devices"][0]["containerEdits"])
+    assert gpu_env == {
+        "DRA_GPU_GPU_0_NAME": "gpu-0",
+        "DRA_GPU_GPU_0_UUID": devices[0].uuid,
+        "DRA_GPU_GPU_0_PRODUCT": "NVIDIA H100 80GB HBM3",
+    }
+    mig_env = _env(spec["devices"][1]["containerEdits"])
+    assert mig_env == {
+        "DRA_GPU_GPU_4_MIG_2G20GB_2_0_NAME": "gpu-4-mig-2g20gb-2-0",
+        "DRA_GPU_GPU_4_MIG_2G20GB_2_0_UUID": devices[1].uuid,
+        "DRA_GPU_GPU_4_MIG_2G20GB_2_0_PRODUCT": "NVIDIA H100 80GB HBM3",
+    }
+
+
+def test_extra_env_goes_to_the_spec_wide_edits() -> None:
+    inv = inventory("mixed")
+    spec = cdi.build_spec(DRIVER, UID, _devices(inv, "gpu-0"), inv, extra_env=["A=1", "B=two words"])
+    assert spec["containerEdits"]["env"][-2:] == ["A=1", "B=two words"]
+
+
+@pytest.mark.parametrize(
+    ("device", "key"),
+    [
+        ("gpu-0", "DRA_GPU_GPU_0"),
+        ("gpu-4-mig-1g10gb-7-0", "DRA_GPU_GPU_4_MIG_1G10GB_7_0"),
+        ("gpu-12", "DRA_GPU_GPU_12"),
+    ],
+)
+def test_env_key(device: str, key: str) -> None:
+    assert cdi.env_key(device) == key
+    assert re.fullmatch(r"[A-Z_][A-Z0-9_]*", key)
+
+
+def test_fake_gpus_get_no_device_nodes_at_all() -> None:
+    inv = inventory("h100x8-mig")
+    spec = cdi.build_spec(DRIVER, UID, list(inv), inv)
+    assert "deviceNodes" not in spec["containerEdits"]
+    assert all("deviceNodes" not in d["containerEdits"] for d in spec["devices"])
+
+
+def test_real_device_nodes_are_injected() -> None:
+    caps = {"gpu4/gi1/access": 41, "gpu4/gi1/ci0/access": 42}
+    inv = discover(HostGpuLibrary(load_profile("h100x8-mig"), caps=caps))
+    spec = cdi.build_spec(DRIVER, UID, _devices(inv, "gpu-2", "gpu-4-mig-3g40gb-1-0"), inv)
+    assert spec["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidiactl"},
+        {"path": "/dev/nvidia-uvm"},
+        {"path": "/dev/nvidia-uvm-tools"},
+    ]
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia2"}]
+    assert spec["devices"][1]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidia4"},
+        {"path": "/dev/nvidia-caps/nvidia-cap41"},
+        {"path": "/dev/nvidia-caps/nvidia-cap42"},
+    ]
+
+
+def test_render_is_deterministic_json() -> None:
+    def build() -> bytes:
+        inv = inventory("h100x8-mig")
+        return cdi.render(cdi.build_spec(DRIVER, UID, list(inv), inv))
+
+    first = build()
+    assert first == build()
+    assert first.endswith(b"}\n")
+    inv = inventory("h100x8-mig")
+    assert json.loads(first) == cdi.build_spec(DRIVER, UID, list(inv), inv)
+
+
+def test_spec_file_name() -> None:
+    assert cdi.spec_file_name(DRIVER, UID) == f"k8s.gpu.nvidia.com-claim_{UID}.json"
+
+
+# -- the CDI directory -------------------------------------------------------------------------
+
+
+def _spec(uid: str = UID, device: str = "gpu-0") -> dict[str, Any]:
+    inv = inventory("h100x8")
+    return cdi.build_spec(DRIVER, uid, _devices(inv, device), inv)
+
+
+def test_write_creates_the_directory_and_a_readable_spec(tmp_path: Path) -> None:
+    store = CdiStore(tmp_path / "cdi", DRIVER)
+    path = store.write(UID, _spec())
+    assert path == tmp_path / "cdi" / f"k8s.gpu.nvidia.com-claim_{UID}.json"
+    assert path.read_bytes() == cdi.render(_spec())
+    assert path.stat().st_mode & 0o777 == 0o644
+    assert os.listdir(tmp_path / "cdi") == [path.name]
+    assert store.exists(UID)
+
+
+def test_rewriting_the_same_spec_leaves_the_file_alone(tmp_path: Path) -> None:
+    store = CdiStore(tmp_path, DRIVER)
+    path = store.write(UID, _spec())
+    os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+    inode = path.stat().st_ino
+    store.write(UID, _spec())
+    assert path.stat().st_mtime_ns == 1_000_000_000
+    assert path.stat().st_ino == inode
+    # Different content replaces the file (a new inode: written aside, then renamed over it).
+    store.write(UID, _spec(device="gpu-1"))
+    assert path.read_bytes() == cdi.render(_spec(device="gpu-1"))
+    assert path.stat().st_mtime_ns != 1_000_000_000
+    assert sorted(os.listdir(tmp_path)) == [path.name]
+
+
+def test_remove_and_remove_again(tmp_path: Path) -> None:
+    store = CdiStore(tmp_path, DRIVER)
+    store.write(UID, _spec())
+    store.remove(UID)
+    assert not store.exists(UID)
+    store.remove(UID)
+    assert os.listdir(tmp_path) == []
+
+
+def _foreign_files(root: Path) -> list[str]:
+    names = [
+        "nvidia.yaml",
+        f"k8s.other.example.com-claim_{OTHER_UID}.json",
+        f"k8s.gpu.nvidia.com-claim_{OTHER_UID}.yaml",
+        f".k8s.gpu.nvidia.com-claim_{OTHER_UID}.json.x1y2.tmp",
+        "k8s.gpu.nvidia.com-other_abc.json",
+    ]
+    for name in names:
+        (root / name).write_text("{}")
+    return names
+
+
+def test_claim_uids_are_this_drivers_specs_only(tmp_path: Path) -> None:
+    store = CdiStore(tmp_path, DRIVER)
+    foreign = _foreign_files(tmp_path)
+    store.write(UID, _spec())
+    store.write(OTHER_UID, _spec(OTHER_UID))
+    assert store.claim_uids() == sorted([UID, OTHER_UID])
+    assert CdiStore(tmp_path, "other.example.com").claim_uids() == [OTHER_UID]
+    assert sorted(foreign) == sorted(
+        set(os.listdir(tmp_path)) - {store.path(UID).name, store.path(OTHER_UID).name}
+    )
+
+
+def test_claim_uids_without_the_directory(tmp_path: Path) -> None:
+    assert CdiStore(tmp_path / "missing", DRIVER).claim_uids() == []
+
+
+def test_remove_stale_keeps_prepared_claims_and_other_files(tmp_path: Path) -> None:
+    store = CdiStore(tmp_path, DRIVER)
+    foreign = _foreign_files(tmp_path)
+    third = "3c3c3c3c-0000-4000-8000-000000000003"
+    for uid in (UID, OTHER_UID, third):
+        store.write(uid, _spec(uid))
+    removed = store.remove_stale(keep=[UID])
+    assert sorted(removed) == sorted([OTHER_UID, third])
+    assert store.claim_uids() == [UID]
+    assert sorted(os.listdir(tmp_path)) == sorted([*foreign, store.path(UID).name])
+
+
+# -- atomic writes ---------------------------------------------------------------------------------
+
+
+def test_write_atomic_replaces_content_with_the_mode_asked(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "file.json"
+    atomicfile.write_atomic(path, b"one")
+    atomicfile.write_atomic(path, b"two", mode=0o600)
+    assert path.read_bytes() == b"two"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert os.listdir(path.parent) == ["file.json"]
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "file.json"
+    atomicfile.write_atomic(path, b"old")
+
+    def fail(src: str, dst: str) -> None:
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError, match="disk on fire"):
+        atomicfile.write_atomic(path, b"new")
+    assert path.read_bytes() == b"old"
+    assert os.listdir(tmp_path) == ["file.json"]
+
+
+def test_remove_durably_says_whether_there_was_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "file"
+    path.write_text("x")
+    assert atomicfile.remove_durably(path) is True
+    assert atomicfile.remove_durably(path) is False

@@ -1,0 +1,245 @@
+"""dra-gpu explain: selectors per device, verdicts per request, offline on fake GPUs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dra import cli, explain
+from dra.discovery import discover
+from dra.fakegpu import FakeGpuLibrary, load_profile
+from dra.slices import build_slices
+
+DRIVER = "gpu.nvidia.com"
+ATTR = f'device.attributes["{DRIVER}"]'
+CAP = f'device.capacity["{DRIVER}"]'
+
+
+def _slices(profile: str = "h100x8-mig", generation: int = 1) -> list[dict[str, Any]]:
+    inventory = discover(FakeGpuLibrary(load_profile(profile), "node-a"))
+    return build_slices(inventory, DRIVER, "node-a", None, generation)
+
+
+def _claim(*requests: dict[str, Any], constraints: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    devices: dict[str, Any] = {"requests": list(requests)}
+    if constraints:
+        devices["constraints"] = constraints
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns", "uid": "uid-c"},
+        "spec": {"devices": devices},
+    }
+
+
+def _exactly(
+    name: str, selector: str | None = None, device_class: str = DRIVER, **extra: Any
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {"deviceClassName": device_class, **extra}
+    if selector:
+        spec["selectors"] = [{"cel": {"expression": selector}}]
+    return {"name": name, "exactly": spec}
+
+
+CLASSES = explain.standard_device_classes(DRIVER)
+
+
+def test_standard_classes_follow_the_driver_name() -> None:
+    assert [c["metadata"]["name"] for c in explain.standard_device_classes("gpu.example.com")] == [
+        "gpu.example.com",
+        "mig.example.com",
+    ]
+    assert '"mig"' in explain.standard_device_classes(DRIVER)[1]["spec"]["selectors"][0]["cel"]["expression"]
+
+
+def test_only_the_newest_generation_of_a_pool_counts() -> None:
+    old = _slices("mixed", generation=1)
+    new = _slices("h100x8", generation=2)
+    names = [d["name"] for _, _, d in explain.slice_devices(old + new)]
+    assert names == [f"gpu-{i}" for i in range(8)]
+
+
+def test_devices_are_listed_in_natural_order() -> None:
+    names = [d["name"] for _, _, d in explain.slice_devices(_slices("h100x8") * 1)]
+    assert names[:3] == ["gpu-0", "gpu-1", "gpu-2"]
+
+
+def test_a_false_selector_names_the_value() -> None:
+    report = explain.explain_claim(
+        _claim(_exactly("gpu", f'{CAP}.memory.compareTo(quantity("80Gi")) >= 0')), CLASSES, _slices("h100x8")
+    )
+    [request] = report.requests
+    assert request.matching == []
+    assert request.verdict() == "0 device(s) match, 1 needed: cannot be allocated"
+    assert "memory is 81559Mi" in explain.render(report)
+
+
+def test_the_class_excludes_before_the_request_selector_runs() -> None:
+    # MIG devices lack `index`: the class must exclude full GPUs before the request's selector errors.
+    report = explain.explain_claim(
+        _claim(_exactly("mig", f'{ATTR}.profile == "1g.10gb"', device_class="mig.nvidia.com")),
+        CLASSES,
+        _slices(),
+    )
+    [request] = report.requests
+    assert request.errors == []
+    assert len(request.matching) == 8
+
+
+def test_a_runtime_error_is_the_verdict() -> None:
+    report = explain.explain_claim(
+        _claim(_exactly("mig", f"{ATTR}.index == 0", device_class="mig.nvidia.com")), CLASSES, _slices()
+    )
+    [request] = report.requests
+    assert request.errors
+    assert request.verdict().startswith("the scheduler stops with a CEL runtime error")
+    assert "no such key: index" in request.verdict()
+
+
+def test_devices_held_by_other_claims_are_not_available() -> None:
+    other = {
+        "metadata": {"name": "other", "namespace": "ns", "uid": "uid-o"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"driver": DRIVER, "pool": "node-a", "device": f"gpu-{i}", "request": "r"}
+                        for i in range(4)
+                    ]
+                }
+            }
+        },
+    }
+    report = explain.explain_claim(_claim(_exactly("gpu", count=1)), CLASSES, _slices(), [other])
+    [request] = report.requests
+    assert request.matching == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+    assert request.available == []
+    assert request.verdict() == "0 matching device(s) free, 1 needed: waits for a free device"
+    assert "(in use by ns/other)" in explain.render(report)
+    admin = explain.explain_claim(_claim(_exactly("gpu", adminAccess=True)), CLASSES, _slices(), [other])
+    assert admin.requests[0].available == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+
+
+def test_the_claim_itself_does_not_hold_its_devices() -> None:
+    own = _claim(_exactly("gpu"))
+    own["status"] = {
+        "allocation": {"devices": {"results": [{"driver": DRIVER, "pool": "node-a", "device": "gpu-0"}]}}
+    }
+    report = explain.explain_claim(own, CLASSES, _slices(), [own])
+    assert "gpu-0" in report.requests[0].available
+
+
+def test_match_attribute_needs_enough_devices_sharing_the_value() -> None:
+    pair = _claim(
+        _exactly("gpus", count=2),
+        constraints=[{"requests": ["gpus"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}],
+    )
+    assert explain.explain_claim(pair, CLASSES, _slices("h100x8")).requests[0].verdict().startswith("can be")
+    triple = _claim(
+        _exactly("gpus", count=3),
+        constraints=[{"matchAttribute": "resource.kubernetes.io/pcieRoot"}],
+    )
+    verdict = explain.explain_claim(triple, CLASSES, _slices("h100x8")).requests[0].verdict()
+    assert verdict.startswith("cannot be allocated: at most 2 free matching device(s) share ")
+    assert verdict.endswith("resource.kubernetes.io/pcieRoot; 3 needed")
+
+
+def test_first_available_reports_each_subrequest() -> None:
+    claim = _claim(
+        {
+            "name": "gpu",
+            "firstAvailable": [
+                {
+                    "name": "h200",
+                    "deviceClassName": DRIVER,
+                    "selectors": [{"cel": {"expression": f'{ATTR}.productName == "NVIDIA H200"'}}],
+                },
+                {"name": "any", "deviceClassName": DRIVER},
+            ],
+        }
+    )
+    report = explain.explain_claim(claim, CLASSES, _slices("h100x8"))
+    assert [r.name for r in report.requests] == ["gpu/h200", "gpu/any"]
+    assert report.requests[0].matching == []
+    assert len(report.requests[1].matching) == 8
+    assert report.notes
+
+
+def test_all_mode_needs_every_match_free() -> None:
+    report = explain.explain_claim(_claim(_exactly("gpus", allocationMode="All")), CLASSES, _slices("h100x8"))
+    assert report.requests[0].verdict() == "can be allocated: 8 free matching device(s), 8 needed"
+
+
+def test_a_missing_class_is_reported() -> None:
+    report = explain.explain_claim(_claim(_exactly("gpu", device_class="nope")), CLASSES, _slices())
+    assert report.requests[0].verdict() == "cannot be allocated: DeviceClass 'nope' does not exist"
+
+
+def test_a_selector_that_does_not_compile_is_an_error() -> None:
+    with pytest.raises(explain.ExplainError, match="request selector 1 of request 'gpu' does not compile"):
+        explain.explain_claim(_claim(_exactly("gpu", f"{ATTR}.index ==")), CLASSES, _slices())
+
+
+def test_claim_templates_are_explained_like_claims() -> None:
+    claim = _claim(_exactly("gpu", f'{ATTR}.productName == "NVIDIA H100 80GB HBM3"'))
+    template = {"kind": "ResourceClaimTemplate", "metadata": {"name": "t"}, "spec": {"spec": claim["spec"]}}
+    assert explain.explain_claim(template, CLASSES, _slices()).requests[0].matching == [
+        "gpu-0",
+        "gpu-1",
+        "gpu-2",
+        "gpu-3",
+    ]
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_explain_offline_on_a_claim_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "claim.yaml"
+    path.write_text(yaml.safe_dump(_claim(_exactly("gpu", f'{CAP}.memory.compareTo(quantity("80Gi")) >= 0'))))
+    code, out, err = _run(
+        capsys, "explain", "--claim", str(path), "--fake-gpus", "h100x8", "--output", "json"
+    )
+    assert (code, err) == (0, "")
+    [report] = json.loads(out)
+    assert report["requests"][0]["verdict"] == "0 device(s) match, 1 needed: cannot be allocated"
+
+
+def test_explain_a_device_class_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "class.yaml"
+    big = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "big"},
+        "spec": {"selectors": [{"cel": {"expression": f'{CAP}.memory.compareTo(quantity("40Gi")) >= 0'}}]},
+    }
+    path.write_text(yaml.safe_dump(big))
+    code, out, _ = _run(capsys, "explain", "--device-class", str(path), "--fake-gpus", "mixed")
+    assert code == 0
+    assert "gpu-0                      match" in out
+    assert "gpu-2                      no" in out
+
+
+def test_explain_needs_a_claim_or_a_class(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "explain", "--fake-gpus", "mixed")
+    assert code == 1
+    assert (
+        err.strip()
+        == "dra-gpu: error: give --claim (a file or NAMESPACE/NAME) and/or --device-class (a file or a name)"
+    )
+
+
+def test_explain_offline_refuses_cluster_names(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "explain", "--claim", "ns/name", "--fake-gpus", "mixed")
+    assert code == 1
+    assert "a cluster claim is NAMESPACE/NAME (without --fake-gpus)" in err

@@ -1,0 +1,384 @@
+"""DeviceState: preparing and unpreparing claims, with CDI specs and the checkpoint on disk."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra import cdi
+from dra.cdistore import CdiStore
+from dra.checkpoint import CheckpointError, CheckpointStore, PreparedClaim, PreparedDevice
+from dra.claims import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
+from dra.devices import Inventory
+from dra.state import DeviceState
+from tests.unit.helpers import DRIVER, NODE, inventory
+
+UID_A = "aaaaaaaa-0000-4000-8000-00000000000a"
+UID_B = "bbbbbbbb-0000-4000-8000-00000000000b"
+UID_C = "cccccccc-0000-4000-8000-00000000000c"
+OLD = 1_000_000_000
+
+
+def _allocation(
+    uid: str,
+    *devices: str,
+    requests: tuple[str, ...] = (),
+    admin: bool = False,
+    pool: str = NODE,
+    configs: tuple[OpaqueConfig, ...] = (),
+) -> ClaimAllocation:
+    names = requests or ("gpu",) * len(devices)
+    return ClaimAllocation(
+        uid=uid,
+        namespace="team-a",
+        name=f"claim-{uid[0]}",
+        devices=tuple(
+            AllocatedDevice(r, pool, d, admin_access=admin) for r, d in zip(names, devices, strict=True)
+        ),
+        configs=configs,
+    )
+
+
+class Paths:
+    """Where one node keeps its CDI specs and checkpoint."""
+
+    def __init__(self, root: Path) -> None:
+        self.cdi = root / "cdi"
+        self.checkpoint = root / "plugin" / "checkpoint.json"
+
+    def state(self, inv: Inventory | None = None) -> DeviceState:
+        return DeviceState(
+            DRIVER,
+            NODE,
+            inv or inventory("h100x8-mig"),
+            CdiStore(self.cdi, DRIVER),
+            CheckpointStore(self.checkpoint),
+        )
+
+    def spec(self, uid: str) -> Path:
+        return self.cdi / cdi.spec_file_name(DRIVER, uid)
+
+    def specs(self) -> list[str]:
+        return sorted(os.listdir(self.cdi)) if self.cdi.exists() else []
+
+    def checkpointed(self) -> dict[str, PreparedClaim]:
+        return CheckpointStore(self.checkpoint).load()
+
+
+@pytest.fixture
+def paths(tmp_path: Path) -> Paths:
+    return Paths(tmp_path)
+
+
+# -- preparing -------------------------------------------------------------------------------
+
+
+def test_prepare_writes_the_spec_and_the_checkpoint_and_returns_cdi_ids(paths: Paths) -> None:
+    state = paths.state()
+    claim = state.prepare(_allocation(UID_A, "gpu-0", "gpu-4-mig-3g40gb-1-0"))
+    assert claim == PreparedClaim(
+        uid=UID_A,
+        namespace="team-a",
+        name="claim-a",
+        devices=(
+            PreparedDevice(("gpu",), NODE, "gpu-0", (f"k8s.gpu.nvidia.com/claim={UID_A}-gpu-0",)),
+            PreparedDevice(
+                ("gpu",),
+                NODE,
+                "gpu-4-mig-3g40gb-1-0",
+                (f"k8s.gpu.nvidia.com/claim={UID_A}-gpu-4-mig-3g40gb-1-0",),
+            ),
+        ),
+    )
+    spec = json.loads(paths.spec(UID_A).read_text())
+    assert [d["name"] for d in spec["devices"]] == [f"{UID_A}-gpu-0", f"{UID_A}-gpu-4-mig-3g40gb-1-0"]
+    assert paths.checkpointed() == {UID_A: claim}
+    assert state.prepared == {UID_A: claim}
+
+
+class OrderCheckingCheckpoint(CheckpointStore):
+    """A checkpoint that checks, whenever it is saved, that every claim it records has its spec on disk."""
+
+    def __init__(self, path: Path, specs: CdiStore) -> None:
+        super().__init__(path)
+        self.specs = specs
+        self.saves = 0
+
+    def save(self, claims: Mapping[str, PreparedClaim]) -> None:
+        missing = [uid for uid in claims if not self.specs.exists(uid)]
+        assert not missing, f"checkpoint names claims whose spec is not written yet: {missing}"
+        self.saves += 1
+        super().save(claims)
+
+
+def test_the_spec_is_on_disk_before_the_checkpoint_names_the_claim(paths: Paths) -> None:
+    specs = CdiStore(paths.cdi, DRIVER)
+    checkpoint = OrderCheckingCheckpoint(paths.checkpoint, specs)
+    state = DeviceState(DRIVER, NODE, inventory("h100x8"), specs, checkpoint)
+    state.prepare(_allocation(UID_A, "gpu-0"))
+    state.prepare(_allocation(UID_B, "gpu-1"))
+    assert checkpoint.saves == 2
+
+
+class FailingCheckpoint(CheckpointStore):
+    def save(self, claims: Mapping[str, PreparedClaim]) -> None:
+        raise OSError("no space left on device")
+
+
+def test_a_crash_between_spec_and_checkpoint_is_repaired_at_the_next_start(paths: Paths) -> None:
+    state = DeviceState(
+        DRIVER, NODE, inventory("h100x8"), CdiStore(paths.cdi, DRIVER), FailingCheckpoint(paths.checkpoint)
+    )
+    with pytest.raises(OSError, match="no space"):
+        state.prepare(_allocation(UID_A, "gpu-0"))
+    assert state.prepared == {}
+    assert paths.specs() == [paths.spec(UID_A).name]
+    restarted = paths.state(inventory("h100x8"))
+    restarted.recover()
+    assert paths.specs() == []
+    # The kubelet retries, and the claim is prepared.
+    restarted.prepare(_allocation(UID_A, "gpu-0"))
+    assert list(paths.checkpointed()) == [UID_A]
+
+
+def test_request_names_of_one_device_are_reported_once_per_request(paths: Paths) -> None:
+    state = paths.state()
+    claim = state.prepare(_allocation(UID_A, "gpu-0", "gpu-1", requests=("train/h100", "train/h100")))
+    assert [d.request_names for d in claim.devices] == [("train",), ("train",)]
+
+
+def test_repeated_prepare_gives_the_same_answer_without_rewriting(paths: Paths) -> None:
+    state = paths.state()
+    first = state.prepare(_allocation(UID_A, "gpu-0"))
+    os.utime(paths.spec(UID_A), ns=(OLD, OLD))
+    os.utime(paths.checkpoint, ns=(OLD, OLD))
+    again = state.prepare(_allocation(UID_A, "gpu-0"))
+    assert again == first
+    assert paths.spec(UID_A).stat().st_mtime_ns == OLD
+    assert paths.checkpoint.stat().st_mtime_ns == OLD
+
+
+def test_a_claim_allocated_anew_without_unprepare_is_prepared_with_its_new_devices(paths: Paths) -> None:
+    state = paths.state()
+    state.prepare(_allocation(UID_A, "gpu-0"))
+    moved = state.prepare(_allocation(UID_A, "gpu-1"))
+    assert [d.device for d in moved.devices] == ["gpu-1"]
+    assert [d.device for d in paths.checkpointed()[UID_A].devices] == ["gpu-1"]
+    assert "gpu-1" in paths.spec(UID_A).read_text()
+    assert "-gpu-0" not in paths.spec(UID_A).read_text()
+
+
+def test_repeated_prepare_recreates_a_missing_spec(paths: Paths) -> None:
+    state = paths.state()
+    state.prepare(_allocation(UID_A, "gpu-0", "gpu-5-mig-2g20gb-2-0"))
+    original = paths.spec(UID_A).read_bytes()
+    paths.spec(UID_A).unlink()
+    state.prepare(_allocation(UID_A, "gpu-0", "gpu-5-mig-2g20gb-2-0"))
+    assert paths.spec(UID_A).read_bytes() == original
+
+
+def _refused(state: DeviceState, allocation: ClaimAllocation) -> str:
+    with pytest.raises(ClaimError) as err:
+        state.prepare(allocation)
+    return str(err.value)
+
+
+def test_a_device_not_on_this_node_is_refused_and_nothing_is_written(paths: Paths) -> None:
+    message = _refused(paths.state(), _allocation(UID_A, "gpu-0", "gpu-99"))
+    assert (
+        message == "cannot prepare ResourceClaim team-a/claim-a: device gpu-99 does not exist on node node-a"
+    )
+    assert paths.specs() == []
+    assert not paths.checkpoint.exists()
+
+
+def test_a_mig_mode_gpu_itself_is_not_preparable(paths: Paths) -> None:
+    assert "device gpu-4 does not exist on node node-a" in _refused(
+        paths.state(), _allocation(UID_A, "gpu-4")
+    )
+
+
+def test_a_device_of_another_nodes_pool_is_refused(paths: Paths) -> None:
+    message = _refused(paths.state(), _allocation(UID_A, "gpu-0", pool="node-b"))
+    assert "device gpu-0 is in pool 'node-b', not this node's pool 'node-a'" in message
+    assert paths.specs() == []
+
+
+def test_a_device_prepared_for_another_claim_is_refused_naming_that_claim(paths: Paths) -> None:
+    state = paths.state()
+    state.prepare(_allocation(UID_A, "gpu-0", "gpu-1"))
+    message = _refused(state, _allocation(UID_B, "gpu-2", "gpu-1"))
+    assert message == (
+        "cannot prepare ResourceClaim team-a/claim-b: "
+        f"device gpu-1 is already prepared for claim team-a/claim-a ({UID_A})"
+    )
+    assert list(state.prepared) == [UID_A]
+    assert paths.specs() == [paths.spec(UID_A).name]
+
+
+def test_every_problem_of_a_claim_is_reported_at_once(paths: Paths) -> None:
+    state = paths.state()
+    state.prepare(_allocation(UID_A, "gpu-0"))
+    message = _refused(state, _allocation(UID_B, "gpu-0", "gpu-77"))
+    assert "device gpu-0 is already prepared for claim" in message
+    assert "device gpu-77 does not exist" in message
+    assert message.count("; ") == 1
+
+
+def test_an_invalid_config_is_refused(paths: Paths) -> None:
+    mps = OpaqueConfig(
+        "FromClaim",
+        (),
+        {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS"}},
+    )
+    message = _refused(paths.state(), _allocation(UID_A, "gpu-0", configs=(mps,)))
+    assert (
+        "invalid configuration for device gpu-0: GpuConfig.sharing: MPS sharing is not supported" in message
+    )
+    assert paths.specs() == []
+
+
+def test_a_gpu_config_on_a_mig_device_is_refused(paths: Paths) -> None:
+    config = OpaqueConfig("FromClass", (), {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"})
+    message = _refused(paths.state(), _allocation(UID_A, "gpu-6-mig-1g10gb-3-0", configs=(config,)))
+    assert "GpuConfig cannot configure gpu-6-mig-1g10gb-3-0, which is a MIG device" in message
+
+
+def test_a_config_for_another_request_does_not_apply(paths: Paths) -> None:
+    config = OpaqueConfig(
+        "FromClaim", ("other",), {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}
+    )
+    state = paths.state()
+    state.prepare(_allocation(UID_A, "gpu-6-mig-1g10gb-3-0", configs=(config,)))
+    assert list(state.prepared) == [UID_A]
+
+
+def test_two_admin_access_claims_share_a_device(paths: Paths) -> None:
+    state = paths.state()
+    first = state.prepare(_allocation(UID_A, "gpu-2", admin=True))
+    second = state.prepare(_allocation(UID_B, "gpu-2", admin=True))
+    assert first.devices[0].admin_access
+    assert second.devices[0].admin_access
+    assert sorted(state.prepared) == [UID_A, UID_B]
+    assert len(paths.specs()) == 2
+
+
+@pytest.mark.parametrize("admin_first", [True, False])
+def test_admin_access_and_an_exclusive_claim_coexist(paths: Paths, admin_first: bool) -> None:
+    state = paths.state()
+    admin = _allocation(UID_A, "gpu-3", admin=True)
+    exclusive = _allocation(UID_B, "gpu-3")
+    for allocation in (admin, exclusive) if admin_first else (exclusive, admin):
+        state.prepare(allocation)
+    assert sorted(state.prepared) == [UID_A, UID_B]
+    # A second exclusive claim is still refused.
+    assert f"already prepared for claim team-a/claim-b ({UID_B})" in _refused(
+        state, _allocation(UID_C, "gpu-3")
+    )
+
+
+# -- unpreparing -----------------------------------------------------------------------------
+
+
+def test_unprepare_removes_the_spec_and_the_entry(paths: Paths) -> None:
+    state = paths.state()
+    claim = state.prepare(_allocation(UID_A, "gpu-0"))
+    state.prepare(_allocation(UID_B, "gpu-1"))
+    assert state.unprepare(UID_A) == claim
+    assert paths.specs() == [paths.spec(UID_B).name]
+    assert list(paths.checkpointed()) == [UID_B]
+    assert list(state.prepared) == [UID_B]
+    # The device is free again.
+    state.prepare(_allocation(UID_C, "gpu-0"))
+
+
+def test_unprepare_of_an_unknown_claim_succeeds(paths: Paths) -> None:
+    state = paths.state()
+    assert state.unprepare(UID_C) is None
+    assert not paths.checkpoint.exists()
+
+
+def test_unprepare_of_an_unknown_claim_removes_its_stray_spec(paths: Paths) -> None:
+    CdiStore(paths.cdi, DRIVER).write(UID_C, {"cdiVersion": "0.5.0"})
+    assert paths.state().unprepare(UID_C) is None
+    assert paths.specs() == []
+
+
+def test_unprepare_twice(paths: Paths) -> None:
+    state = paths.state()
+    state.prepare(_allocation(UID_A, "gpu-0"))
+    assert state.unprepare(UID_A) is not None
+    assert state.unprepare(UID_A) is None
+    assert paths.checkpointed() == {}
+
+
+# -- restarts ----------------------------------------------------------------------------------
+
+
+def test_a_restarted_driver_sees_the_prepared_claims(paths: Paths) -> None:
+    before = paths.state()
+    a = before.prepare(_allocation(UID_A, "gpu-0", "gpu-4-mig-1g10gb-3-0"))
+    b = before.prepare(_allocation(UID_B, "gpu-1", admin=True))
+    after = paths.state()
+    assert after.prepared == {UID_A: a, UID_B: b}
+    # Exclusivity survives the restart, and a retried prepare gets the recorded answer.
+    assert f"({UID_A})" in _refused(after, _allocation(UID_C, "gpu-0"))
+    assert after.prepare(_allocation(UID_A, "gpu-0", "gpu-4-mig-1g10gb-3-0")) == a
+
+
+def test_recover_removes_stale_specs_and_recreates_missing_ones(paths: Paths) -> None:
+    before = paths.state()
+    before.prepare(_allocation(UID_A, "gpu-0"))
+    before.prepare(_allocation(UID_B, "gpu-5-mig-3g40gb-1-0"))
+    spec_b = paths.spec(UID_B).read_bytes()
+    paths.spec(UID_B).unlink()
+    CdiStore(paths.cdi, DRIVER).write(UID_C, {"cdiVersion": "0.5.0", "devices": []})
+    foreign = paths.cdi / "vendor.example.com-gpu.yaml"
+    foreign.write_text("cdiVersion: 0.5.0\n")
+    after = paths.state()
+    after.recover()
+    assert paths.specs() == sorted([paths.spec(UID_A).name, paths.spec(UID_B).name, foreign.name])
+    assert paths.spec(UID_B).read_bytes() == spec_b
+
+
+def test_a_device_gone_after_a_restart_is_left_out_of_the_recreated_spec(
+    paths: Paths, caplog: pytest.LogCaptureFixture
+) -> None:
+    # MIG was turned off on GPU 4 while the driver was down: its MIG device no longer exists.
+    paths.state().prepare(_allocation(UID_A, "gpu-0", "gpu-4-mig-3g40gb-1-0"))
+    paths.state().prepare(_allocation(UID_B, "gpu-5-mig-3g40gb-1-0"))
+    for uid in (UID_A, UID_B):
+        paths.spec(uid).unlink()
+    after = paths.state(inventory("h100x8"))
+    with caplog.at_level(logging.WARNING, logger="dra.state"):
+        after.recover()
+    spec = json.loads(paths.spec(UID_A).read_text())
+    assert [d["name"] for d in spec["devices"]] == [f"{UID_A}-gpu-0"]
+    # A claim with no device left gets no spec at all, but stays prepared until the kubelet unprepares it.
+    assert paths.specs() == [paths.spec(UID_A).name]
+    assert sorted(after.prepared) == [UID_A, UID_B]
+    assert "uses gpu-4-mig-3g40gb-1-0, which this node no longer has" in caplog.text
+
+
+def test_a_corrupt_checkpoint_stops_the_driver(paths: Paths) -> None:
+    paths.state().prepare(_allocation(UID_A, "gpu-0"))
+    document: dict[str, Any] = json.loads(paths.checkpoint.read_text())
+    document["claims"][UID_A]["devices"][0]["device"] = "gpu-1"
+    paths.checkpoint.write_text(json.dumps(document))
+    with pytest.raises(CheckpointError, match=str(paths.checkpoint)):
+        paths.state()
+
+
+def test_prepared_is_a_snapshot(paths: Paths) -> None:
+    state = paths.state()
+    state.prepare(_allocation(UID_A, "gpu-0"))
+    snapshot = state.prepared
+    state.unprepare(UID_A)
+    assert list(snapshot) == [UID_A]
+    assert dict(state.prepared) == {}

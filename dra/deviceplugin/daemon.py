@@ -75,10 +75,13 @@ async def run_device_plugin(settings: DevicePluginSettings) -> None:
             offered = resources(inventory, settings.resource_name)
         except ResourceError as err:
             raise StartupError(str(err)) from None
-        if uses_cdi(settings.strategies):
-            path = CdiStore(settings.cdi_root, settings.driver_name).write_device_spec(
-                cdi.build_device_spec(settings.driver_name, list(inventory), inventory)
-            )
+        if uses_cdi(settings.strategies) and len(inventory):
+            # CDI specs must name at least one device: a plugin with no GPU writes none.
+            spec = cdi.build_device_spec(settings.driver_name, list(inventory), inventory)
+            try:
+                path = CdiStore(settings.cdi_root, settings.driver_name).write_device_spec(spec)
+            except OSError as err:
+                raise StartupError(f"cannot write the CDI spec in {settings.cdi_root}: {err}") from None
             log.info("wrote CDI spec %s (kind %s)", path, cdi.device_kind(settings.driver_name))
         tracker = HealthTracker(inventory)
         calls = CallLog(settings.call_log)

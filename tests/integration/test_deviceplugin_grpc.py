@@ -8,7 +8,10 @@ The real kubelet is in tests/e2e/test_deviceplugin.py.
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -199,3 +202,34 @@ async def test_allocate_and_preferred_allocation(directory: Path, plugin: Plugin
             )
         assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "nvidia.com/gpu: unknown device(s) GPU-nope" in str(raised.value.details())
+
+
+async def test_a_plugin_without_gpus_registers_zero_and_writes_no_spec(directory: Path) -> None:
+    kubelet = FakeKubelet(directory / "device-plugins")
+    kubelet.directory.mkdir()
+    await kubelet.start()
+    command = [
+        sys.executable,
+        "-m",
+        "dra",
+        "device-plugin",
+        "--node-name=node-a",
+        "--fake-gpus=mixed",
+        "--device-plugin-gpus=none",
+        f"--kubelet-root={directory}",
+        f"--cdi-root={directory / 'cdi'}",
+        "--http-address=",
+    ]
+    async with await anyio.open_process(command, stderr=subprocess.PIPE) as process:
+        try:
+            await wait_until("a registration", lambda: len(kubelet.requests) == 1)
+        finally:
+            process.terminate()
+            await process.wait()
+        assert process.returncode == 0
+    [request] = kubelet.requests
+    assert request.resource_name == "nvidia.com/gpu"
+    assert not (directory / "cdi").exists(), "a spec with no device would be invalid"
+    record = json.loads((directory / "plugins" / "gpu.nvidia.com" / "gpu-assignment.json").read_text())
+    assert record["paths"] == {}, "a clean exit removes the plugin's entry"
+    await kubelet.stop()

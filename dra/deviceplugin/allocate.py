@@ -16,9 +16,10 @@ overriding the `all` that CUDA images bake in: the allocated UUIDs with
 `envvar`, `void` otherwise. With CDI strategies the devices reach the
 container through CDI, and `void` tells an NVIDIA runtime (legacy mode, the
 default runtime on many GPU nodes) to add nothing of its own. It is also the
-same value from every resource: the kubelet keeps the first value when two
-device plugins set one variable for a container, so a list could not describe
-a container that asks for a GPU and a MIG device.
+same value from every resource: when two device plugins set one variable for
+a container, the kubelet keeps one of the values (whichever resource it merges
+first) and logs a conflict, so a list could not describe a container that asks
+for a GPU and a MIG device.
 """
 
 from __future__ import annotations

@@ -90,7 +90,7 @@ class ResourceServer:
     async def serve(self) -> None:
         """(Re)start the service on a fresh socket; RuntimeError or OSError when it cannot bind."""
         await self._stop_server(grace=1.0)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        # The directory is the kubelet's: when it is missing, binding fails and is retried.
         self.socket.unlink(missing_ok=True)
         server = grpc.aio.server()
         pb_grpc.add_DevicePluginServicer_to_server(self._service, server)

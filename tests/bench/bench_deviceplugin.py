@@ -13,6 +13,7 @@ function on its own. Prints figures; asserts nothing about speed.
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import tempfile
 import time
@@ -50,9 +51,11 @@ def main() -> None:
 
     cluster = LocalCluster()
     info = cluster.start()
+    workdir = Path(tempfile.mkdtemp(prefix="dp-bench-"))
+    plugin = DevicePluginProcess(info, PROFILE, workdir)
     try:
         started = time.monotonic()
-        plugin = DevicePluginProcess(info, PROFILE, Path(tempfile.mkdtemp(prefix="dp-bench-"))).start()
+        plugin.start()
         startup = time.monotonic() - started
         assert plugin.proc is not None
         resource_count = len(plugin.calls("Register"))
@@ -94,9 +97,10 @@ def main() -> None:
                 preferred.append((t1 - t0) * 1000)
                 allocate.append((t2 - t1) * 1000)
         rss, peak = _rss_kib(plugin.proc.pid)
-        plugin.stop()
     finally:
+        plugin.stop()
         cluster.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
     inventory = discover(FakeGpuLibrary(load_profile("a100x4-mig"), "bench"))
     small = next(r for r in resources(inventory) if r.name == "nvidia.com/mig-1g.5gb")

@@ -61,6 +61,8 @@ cluster-down: $(STAMP)
 clean:
 	rm -rf $(VENV) dra/pb build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
 
-# Figures, not assertions: start-up time, NodePrepareResources latency, memory.
+# Figures, not assertions: start-up time, NodePrepareResources latency, memory;
+# the device plugin's start-up, re-registration after kubelet restarts, call latency.
 bench: binaries
 	$(BIN)/python -m tests.bench.bench_driver
+	$(BIN)/python -m tests.bench.bench_deviceplugin

@@ -1,4 +1,7 @@
-"""The claim CDI spec files in the CDI directory (/var/run/cdi by default)."""
+"""This driver's CDI spec files in the CDI directory (/var/run/cdi by default).
+
+Claim specs (DRA) are named after their claim; the device plugin's spec has one fixed name.
+"""
 
 from __future__ import annotations
 
@@ -27,7 +30,13 @@ class CdiStore:
 
     def write(self, claim_uid: str, spec: dict[str, Any]) -> Path:
         """Write a claim's spec unless the same bytes are already there; return its path."""
-        path = self.path(claim_uid)
+        return self._write(self.path(claim_uid), spec)
+
+    def write_device_spec(self, spec: dict[str, Any]) -> Path:
+        """Write the device plugin's spec (atomically, unless unchanged); return its path."""
+        return self._write(self.root / cdi.device_spec_file_name(self.driver), spec)
+
+    def _write(self, path: Path, spec: dict[str, Any]) -> Path:
         data = cdi.render(spec)
         try:
             if path.read_bytes() == data:

@@ -21,6 +21,10 @@ import anyio
 import yaml
 
 from dra import logs
+from dra.assignment import Selector, SelectorError, parse_selector
+from dra.deviceplugin.allocate import Strategy, parse_strategies
+from dra.deviceplugin.daemon import DevicePluginSettings, run_device_plugin
+from dra.deviceplugin.resources import DEFAULT_RESOURCE
 from dra.driver import PluginSettings, StartupError, gpu_library, load_inventory, run_kubelet_plugin
 from dra.slices import SliceError, build_slices
 
@@ -109,7 +113,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             raise UsageError(f"{where}: expected one of {', '.join(choices)}")
         try:
             setattr(args, dest, convert(value.raw))
-        except ValueError as err:
+        except (ValueError, argparse.ArgumentTypeError) as err:
             raise UsageError(f"{where}: {err}") from None
     return args
 
@@ -125,6 +129,39 @@ def _gpu_source(parser: argparse.ArgumentParser) -> None:
         parser,
         "--fake-gpus",
         "fake GPUs instead of NVML: a built-in profile (h100x8, h100x8-mig, a100x4-mig, mixed) or a file",
+    )
+
+
+def _selector(text: str) -> Selector:
+    try:
+        return parse_selector(text)
+    except SelectorError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _strategies(text: str) -> frozenset[Strategy]:
+    try:
+        return parse_strategies(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _assignment(parser: argparse.ArgumentParser) -> None:
+    """The GPU split between DRA and the device plugin; give both commands the same values."""
+    selector = "all, none, or a comma-separated list of GPU indexes, GPU-/MIG- UUIDs and model=<product name>"
+    option(
+        parser,
+        "--dra-gpus",
+        f"GPUs advertised through DRA: {selector}; default: what --device-plugin-gpus leaves "
+        "(all when neither is set and this command serves DRA)",
+        type=_selector,
+    )
+    option(
+        parser,
+        "--device-plugin-gpus",
+        "GPUs advertised through the device plugin (same syntax); default: what --dra-gpus leaves "
+        "(all when neither is set and this command is the device plugin)",
+        type=_selector,
     )
 
 
@@ -157,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     option(
         plugin,
         "--state-dir",
-        "directory of the checkpoint; default <kubelet-root>/plugins/<driver-name>",
+        "directory of the checkpoint and of the GPU assignment record; "
+        "default <kubelet-root>/plugins/<driver-name>",
         type=path,
     )
     option(
@@ -167,6 +205,66 @@ def build_parser() -> argparse.ArgumentParser:
         type=path,
     )
     option(plugin, "--http-address", "host:port for /metrics, /healthz and /readyz; empty disables", ":8080")
+    _assignment(plugin)
+
+    dp = sub.add_parser(
+        "device-plugin",
+        help="run the legacy device plugin (nvidia.com/gpu) on the kubelet's device-plugin API",
+    )
+    _common(dp)
+    _gpu_source(dp)
+    option(
+        dp,
+        "--node-name",
+        "this node's name (seeds fake UUIDs; use the kubelet-plugin's value)",
+        type=nonempty,
+        required=True,
+    )
+    option(dp, "--kubelet-root", "the kubelet's root directory", Path("/var/lib/kubelet"), type=path)
+    option(
+        dp,
+        "--device-plugin-dir",
+        "the kubelet's device-plugin directory (kubelet.sock); default <kubelet-root>/device-plugins",
+        type=path,
+    )
+    option(
+        dp,
+        "--cdi-root",
+        "directory for the CDI spec file the container runtime reads",
+        Path("/var/run/cdi"),
+        type=path,
+    )
+    option(
+        dp,
+        "--state-dir",
+        "directory of the GPU assignment record shared with the kubelet-plugin; "
+        "default <kubelet-root>/plugins/<driver-name>",
+        type=path,
+    )
+    option(
+        dp,
+        "--resource-name",
+        "extended resource of full GPUs (MIG: <domain>/mig-<profile>)",
+        DEFAULT_RESOURCE,
+        type=nonempty,
+    )
+    option(
+        dp,
+        "--device-list-strategy",
+        "how allocated devices reach the container: cdi-cri, cdi-annotations, envvar, "
+        "or one CDI strategy and envvar",
+        "cdi-cri",
+        type=_strategies,
+    )
+    option(
+        dp,
+        "--fake-gpu-events",
+        "with --fake-gpus: file of '<uuid> <xid>' lines to inject XID errors",
+        type=path,
+    )
+    option(dp, "--http-address", "host:port for /metrics, /healthz and /readyz; empty disables", ":8081")
+    option(dp, "--call-log", "append one JSON line per kubelet call to this file (debugging)", type=path)
+    _assignment(dp)
 
     discover = sub.add_parser("discover", help="print the ResourceSlices this node would publish")
     _common(discover)
@@ -227,8 +325,31 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
         fake_gpus=args.fake_gpus or None,
         fake_gpu_events=args.fake_gpu_events,
         http_address=args.http_address or None,
+        dra_gpus=args.dra_gpus,
+        device_plugin_gpus=args.device_plugin_gpus,
     )
     anyio.run(run_kubelet_plugin, settings, backend="asyncio")
+    return 0
+
+
+def _device_plugin(args: argparse.Namespace) -> int:
+    settings = DevicePluginSettings(
+        node_name=args.node_name,
+        driver_name=args.driver_name,
+        kubelet_root=args.kubelet_root,
+        device_plugin_dir=args.device_plugin_dir,
+        cdi_root=args.cdi_root,
+        state_dir=args.state_dir,
+        resource_name=args.resource_name,
+        strategies=args.device_list_strategy,
+        dra_gpus=args.dra_gpus,
+        device_plugin_gpus=args.device_plugin_gpus,
+        fake_gpus=args.fake_gpus or None,
+        fake_gpu_events=args.fake_gpu_events,
+        http_address=args.http_address or None,
+        call_log=args.call_log,
+    )
+    anyio.run(run_device_plugin, settings, backend="asyncio")
     return 0
 
 
@@ -242,6 +363,7 @@ def _explain(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "kubelet-plugin": _kubelet_plugin,
+    "device-plugin": _device_plugin,
     "discover": _discover,
     "explain": _explain,
 }

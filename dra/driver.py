@@ -11,6 +11,8 @@ from pathlib import Path
 import anyio
 
 from dra import metrics
+from dra.assignment import AssignmentError, GpuPath, Selector, assign, restrict
+from dra.assignmentrecord import AssignmentClaim, AssignmentConflictError, AssignmentRecord
 from dra.cdistore import CdiStore
 from dra.checkpoint import CheckpointError, CheckpointStore
 from dra.devices import Inventory
@@ -44,12 +46,23 @@ class PluginSettings:
     fake_gpus: str | None
     fake_gpu_events: Path | None
     http_address: str | None
+    dra_gpus: Selector | None = None
+    device_plugin_gpus: Selector | None = None
+
+    @property
+    def state_directory(self) -> Path:
+        """Checkpoint and GPU assignment record (default: next to the plugin socket, on the host)."""
+        return self.state_dir or default_state_dir(self.kubelet_root, self.driver_name)
 
     @property
     def checkpoint_path(self) -> Path:
-        """The checkpoint file (default: next to the plugin socket, on the kubelet's host path)."""
-        directory = self.state_dir or self.kubelet_root / "plugins" / self.driver_name
-        return directory / "checkpoint.json"
+        """The checkpoint file."""
+        return self.state_directory / "checkpoint.json"
+
+
+def default_state_dir(kubelet_root: Path, driver_name: str) -> Path:
+    """Where both commands keep state by default: <kubelet root>/plugins/<driver>."""
+    return kubelet_root / "plugins" / driver_name
 
 
 def gpu_library(fake_gpus: str | None, node_name: str, events: Path | None = None) -> GpuLibrary:
@@ -75,12 +88,67 @@ def load_inventory(lib: GpuLibrary) -> Inventory:
         ) from None
 
 
+def take_assignment(
+    inventory: Inventory,
+    dra_gpus: Selector | None,
+    device_plugin_gpus: Selector | None,
+    running: GpuPath,
+    state_dir: Path,
+    node_name: str,
+) -> tuple[Inventory, AssignmentClaim]:
+    """This path's part of the inventory, recorded on the host; StartupError naming a GPU on overlap.
+
+    Refused when the selectors give a GPU to both paths, or when the other
+    path's process runs on this node and already advertises one of ours.
+    """
+    try:
+        assignment = assign(inventory, dra_gpus, device_plugin_gpus, running)
+    except AssignmentError as err:
+        raise StartupError(str(err)) from None
+    for warning in assignment.warnings:
+        log.warning("%s", warning)
+    mine = assignment.gpus(running)
+    try:
+        claim = AssignmentRecord(state_dir).claim(running, mine, node_name)
+    except AssignmentConflictError as err:
+        raise StartupError(str(err)) from None
+    except OSError as err:
+        raise StartupError(f"cannot use the GPU assignment record in {state_dir}: {err}") from None
+    other = assignment.gpus(running.other)
+    log.info(
+        "%s advertises %d of %d GPUs (%s)%s",
+        running.title,
+        len(mine),
+        len(inventory.gpus),
+        ", ".join(str(g.index) for g in mine) or "none",
+        f"; {running.other.title} has {', '.join(str(g.index) for g in other)}" if other else "",
+    )
+    return restrict(inventory, mine), claim
+
+
 async def run_kubelet_plugin(settings: PluginSettings) -> None:
     """Run until SIGTERM or SIGINT."""
     started = time.monotonic()
     lib = gpu_library(settings.fake_gpus, settings.node_name, settings.fake_gpu_events)
     inventory = load_inventory(lib)
-    log.info("found %d allocatable devices on node %s", len(inventory), settings.node_name)
+    inventory, claim = take_assignment(
+        inventory,
+        settings.dra_gpus,
+        settings.device_plugin_gpus,
+        GpuPath.DRA,
+        settings.state_directory,
+        settings.node_name,
+    )
+    try:
+        await _run_kubelet_plugin(settings, lib, inventory, started)
+    finally:
+        claim.release()
+
+
+async def _run_kubelet_plugin(
+    settings: PluginSettings, lib: GpuLibrary, inventory: Inventory, started: float
+) -> None:
+    log.info("publishing %d allocatable devices on node %s", len(inventory), settings.node_name)
     try:
         kube = KubeClient(settings.kubeconfig)
         state = DeviceState(

@@ -71,6 +71,10 @@ class HealthTracker:
             log.warning("XID %d on %s, which is not a published device", event.xid, event.uuid)
         return self.mark_unhealthy(affected, f"XID {event.xid}")
 
+    def next_change(self) -> anyio.Event:
+        """An event that is set at the next change of any device's health."""
+        return self._changed
+
     async def watch(self) -> AsyncIterator[dict[str, DeviceHealth]]:
         """The current health, then the new health after every change."""
         while True:

@@ -3,6 +3,9 @@
 GET /metrics   Prometheus text format
 GET /healthz   200 while the process serves (liveness)
 GET /readyz    200 once registered with the kubelet and the slices are published (readiness)
+
+The device plugin serves the same paths with its own registry (DEVICE_PLUGIN_REGISTRY),
+so neither process shows the other's metrics as zeros.
 """
 
 from __future__ import annotations
@@ -47,15 +50,37 @@ RECONCILE_ERRORS = Counter(
 )
 
 
+DEVICE_PLUGIN_REGISTRY = CollectorRegistry()
+
+DP_REGISTRATIONS = Counter(
+    "dra_gpu_deviceplugin_registrations",
+    "Successful registrations with the kubelet, by resource (one more after each kubelet restart).",
+    ["resource"],
+    registry=DEVICE_PLUGIN_REGISTRY,
+)
+DP_ALLOCATIONS = Counter(
+    "dra_gpu_deviceplugin_allocations",
+    "Containers answered by Allocate, by resource and result.",
+    ["resource", "result"],
+    registry=DEVICE_PLUGIN_REGISTRY,
+)
+DP_DEVICES = Gauge(
+    "dra_gpu_deviceplugin_devices",
+    "Devices advertised to the kubelet, by resource and health.",
+    ["resource", "health"],
+    registry=DEVICE_PLUGIN_REGISTRY,
+)
+
+
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         log.debug("http: " + format, *args)
 
 
-def serve(address: str, ready: Callable[[], bool]) -> WSGIServer:
+def serve(address: str, ready: Callable[[], bool], registry: CollectorRegistry = REGISTRY) -> WSGIServer:
     """Serve /metrics, /healthz and /readyz on host:port in a daemon thread; return the server."""
     host, _, port = address.rpartition(":")
-    metrics_app = make_wsgi_app(REGISTRY)
+    metrics_app = make_wsgi_app(registry)
 
     def app(environ: dict[str, object], start_response: Callable[..., object]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO")

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster.cluster import ClusterInfo, parse_gates, running_cluster
+from tests.cluster.cluster import ClusterInfo, LocalCluster, parse_gates
 from tests.cluster.kube import Kube, wait_for
 
 
@@ -27,7 +27,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "cluster" in getattr(item, "fixturenames", ()):
+        names = getattr(item, "fixturenames", ())
+        if "cluster" in names or "local_cluster" in names:
             item.add_marker(pytest.mark.cluster)
 
 
@@ -38,11 +39,22 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="session")
-def cluster(request: pytest.FixtureRequest) -> Iterator[ClusterInfo]:
-    """A running one-node cluster shared by the session."""
+def local_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    """The session's cluster itself, for tests that act on its processes (restart_kubelet)."""
     gates = parse_gates(str(request.config.getoption("--feature-gates")))
-    with running_cluster(gates) as info:
-        yield info
+    local = LocalCluster(feature_gates=gates)
+    try:
+        local.start()
+        yield local
+    finally:
+        local.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(local_cluster: LocalCluster) -> ClusterInfo:
+    """A running one-node cluster shared by the session."""
+    assert local_cluster.info is not None
+    return local_cluster.info
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,9 @@ paths never touch the host; its device-plugin directory (hard-coded to
 plugins outside the namespace can reach kubelet.sock.
 
 Everything of one run lives in one directory; stop() ends every process and
-removes that directory.
+removes that directory. restart_kubelet() stops only the kubelet and starts it
+again as before (same flags, a fresh mount namespace set up the same way), as
+a node's kubelet restarts: device plugins must then register again.
 """
 
 from __future__ import annotations
@@ -141,6 +143,8 @@ class LocalCluster:
         self.gates = dict(DEFAULT_FEATURE_GATES if feature_gates is None else feature_gates)
         self.node_name = node_name
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._kubelet_command: list[str] = []
+        self._kubelet_healthz = ""
         self.info: ClusterInfo | None = None
 
     def __enter__(self) -> ClusterInfo:
@@ -376,11 +380,52 @@ class LocalCluster:
                 'exec "$@"',
             ]
         )
-        self._spawn(
+        self._kubelet_command = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            setup,
             "kubelet",
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c", setup, "kubelet", *kubelet],
-            cwd=run / "kubelet-work",
-        )
+            *kubelet,
+        ]
+        self._kubelet_healthz = f"http://127.0.0.1:{ports['healthz']}/healthz"
+        self._spawn("kubelet", self._kubelet_command, cwd=run / "kubelet-work")
+
+    def restart_kubelet(self, timeout: float = 60.0) -> int:
+        """Stop the kubelet, start it again with the same flags; return the new kubelet's PID.
+
+        Returns once the new kubelet answers /healthz, has re-created its device-plugin
+        registration socket (kubelet.sock) and reports the node Ready. Pods keep running
+        on the fake runtime meanwhile; device plugins are expected to notice and register again.
+        """
+        assert self.info is not None, "start() the cluster first"
+        deadline = time.monotonic() + timeout
+        socket_path = Path(self.info.device_plugin_dir) / "kubelet.sock"
+        before = _file_identity(socket_path)
+        stop_processes({"kubelet": self._procs.pop("kubelet").pid})
+        self._spawn("kubelet", self._kubelet_command, cwd=self.run_dir / "kubelet-work")
+        while True:
+            self._check_alive()
+            healthy = False
+            with (
+                contextlib.suppress(OSError, urllib.error.URLError),
+                urllib.request.urlopen(self._kubelet_healthz, timeout=2) as resp,
+            ):
+                healthy = resp.status == 200
+            current = _file_identity(socket_path)
+            if healthy and current is not None and current != before:
+                break
+            if time.monotonic() > deadline:
+                raise ClusterError("the restarted kubelet did not come back (see logs/kubelet.log)")
+            time.sleep(0.1)
+        self._wait_node_ready(deadline)
+        pid = self._procs["kubelet"].pid
+        self.info.pids["kubelet"] = pid
+        self.info.save()
+        return pid
 
     def _spawn(self, name: str, args: list[str], cwd: Path | None = None) -> None:
         assert self.info is not None
@@ -483,6 +528,15 @@ def _alive(pid: int) -> bool:
 def _reap(pid: int) -> None:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    """(inode, change time) of a file, or None: tells a re-created file from the old one."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_ctime_ns)
 
 
 def _tail(path: str, lines: int = 30) -> str:

@@ -111,3 +111,42 @@ def delete_pods_and_wait(kube: Kube, cluster: ClusterInfo, namespace: str, claim
     wait_for(
         "the claims' CDI specs to be removed", lambda: not any(spec.exists() for spec in specs), timeout=30
     )
+
+
+# -- the device plugin's extended resources ----------------------------------
+
+
+def gpu_limits_pod(
+    kube: Kube, namespace: str, name: str, limits: dict[str, int], sidecar: bool = False
+) -> Obj:
+    """A pod whose container `main` has extended-resource limits (and optionally a GPU-less sidecar)."""
+    containers: list[Obj] = [
+        {
+            "name": "main",
+            "image": "registry.k8s.io/pause:3.10",
+            "resources": {"limits": {k: str(v) for k, v in limits.items()}},
+        }
+    ]
+    if sidecar:
+        containers.append({"name": "sidecar", "image": "registry.k8s.io/pause:3.10"})
+    return kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"terminationGracePeriodSeconds": 0, "containers": containers},
+        }
+    )
+
+
+def delete_pods(kube: Kube, namespace: str) -> None:
+    """Delete every pod of the namespace and wait until they are gone (devices back to the plugin)."""
+    for pod in kube.list_objects("v1", "Pod", namespace=namespace):
+        kube.delete("v1", "Pod", pod["metadata"]["name"], namespace, grace_period=0)
+    wait_for("pods to be gone", lambda: not kube.list_objects("v1", "Pod", namespace=namespace), timeout=30)
+
+
+def node_resources(kube: Kube, cluster: ClusterInfo, field: str) -> dict[str, str]:
+    """The node's nvidia.com resources in status.capacity or status.allocatable."""
+    status = kube.get("v1", "Node", cluster.node_name)["status"]
+    return {k: v for k, v in (status.get(field) or {}).items() if k.startswith("nvidia.com/")}

@@ -1,0 +1,291 @@
+"""Which GPUs each path advertises: DRA (ResourceSlices) or the device plugin (nvidia.com/gpu).
+
+Pure: selectors are parsed from text, matched against the inventory, and the
+GPUs split between the two paths. A GPU is the unit of assignment; a MIG
+device always follows its parent GPU. A GPU may be advertised by one path at
+most: a configuration that gives one GPU to both is refused with a message
+that names the GPU.
+
+Selector syntax (the same for --dra-gpus and --device-plugin-gpus):
+
+    all | none | ITEM[,ITEM...]
+    ITEM: <index> | GPU-<uuid> | MIG-<uuid> (its parent GPU) | model=<product name>
+
+When only one selector is given, the other path gets every GPU it does not
+take. When neither is given, the path of the running command gets them all:
+a node that runs only the kubelet-plugin gives everything to DRA, one that
+runs only the device plugin gives everything to the device plugin.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from dra.devices import Gpu, Inventory, MigDevice
+
+#: GPU-<uuid>, MIG-<uuid>, and the older MIG-GPU-<uuid>/<gi>/<ci> form.
+_UUID = re.compile(r"^(GPU|MIG)-([0-9a-f]{8}-[0-9a-f-]+|GPU-[0-9a-f]{8}-[0-9a-f-]+/\d+/\d+)$", re.IGNORECASE)
+_DEVICE_NAME = re.compile(r"^gpu-\d+")
+
+
+class SelectorError(ValueError):
+    """A selector does not parse; the message says what is wrong."""
+
+
+class AssignmentError(ValueError):
+    """The selectors give one GPU to both paths; the message names it."""
+
+
+class GpuPath(enum.Enum):
+    """The two ways a GPU can reach pods."""
+
+    DRA = "dra"
+    DEVICE_PLUGIN = "device-plugin"
+
+    @property
+    def title(self) -> str:
+        """How messages name the path."""
+        return "the DRA kubelet-plugin" if self is GpuPath.DRA else "the device plugin"
+
+    @property
+    def command(self) -> str:
+        """The command that serves this path."""
+        return "dra-gpu kubelet-plugin" if self is GpuPath.DRA else "dra-gpu device-plugin"
+
+    @property
+    def flag(self) -> str:
+        """The flag that selects this path's GPUs."""
+        return "--dra-gpus" if self is GpuPath.DRA else "--device-plugin-gpus"
+
+    @property
+    def other(self) -> GpuPath:
+        """The other path."""
+        return GpuPath.DEVICE_PLUGIN if self is GpuPath.DRA else GpuPath.DRA
+
+
+@dataclass(frozen=True)
+class Selector:
+    """A parsed GPU selector."""
+
+    text: str
+    everything: bool = False
+    indexes: frozenset[int] = frozenset()
+    uuids: frozenset[str] = frozenset()  # lower case
+    models: frozenset[str] = frozenset()  # case-folded product names
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def parse_selector(text: str) -> Selector:
+    """`all`, `none`, or comma-separated indexes, GPU-/MIG- UUIDs and model=<product name>."""
+    stripped = text.strip()
+    if stripped.lower() == "all":
+        return Selector(text=stripped, everything=True)
+    if stripped.lower() == "none":
+        return Selector(text=stripped)
+    if not stripped:
+        raise SelectorError(
+            "empty GPU selector: use all, none, or a list such as 0,2,GPU-<uuid>,model=<name>"
+        )
+    indexes: set[int] = set()
+    uuids: set[str] = set()
+    models: set[str] = set()
+    for raw in stripped.split(","):
+        item = raw.strip()
+        if item.isdigit():
+            indexes.add(int(item))
+        elif _UUID.match(item):
+            uuids.add(item.lower())
+        elif item.lower().startswith("model=") and item[6:].strip():
+            models.add(item[6:].strip().casefold())
+        elif item.lower() in ("all", "none"):
+            raise SelectorError(f"{item!r} cannot be combined with other items in {stripped!r}")
+        else:
+            hint = " (device names are not selectors: use the GPU index)" if _DEVICE_NAME.match(item) else ""
+            raise SelectorError(
+                f"{item!r} in {stripped!r} is not a GPU index, a GPU-/MIG- UUID or model=<product name>{hint}"
+            )
+    return Selector(
+        text=stripped, indexes=frozenset(indexes), uuids=frozenset(uuids), models=frozenset(models)
+    )
+
+
+ALL = Selector(text="all", everything=True)
+NONE = Selector(text="none")
+
+
+def _mig_parents(inventory: Inventory) -> dict[str, str]:
+    return {d.uuid.lower(): d.parent.uuid for d in inventory if isinstance(d, MigDevice)}
+
+
+def select(selector: Selector, inventory: Inventory) -> tuple[list[Gpu], list[str]]:
+    """The GPUs a selector picks, in index order, and its items that match no GPU of this node."""
+    if selector.everything:
+        return list(inventory.gpus), []
+    parents = _mig_parents(inventory)
+    chosen: set[str] = set()
+    unmatched: list[str] = []
+    by_index = {gpu.index: gpu for gpu in inventory.gpus}
+    by_uuid = {gpu.uuid.lower(): gpu for gpu in inventory.gpus}
+    for index in sorted(selector.indexes):
+        if index in by_index:
+            chosen.add(by_index[index].uuid)
+        else:
+            unmatched.append(str(index))
+    for uuid in sorted(selector.uuids):
+        if uuid in by_uuid:
+            chosen.add(by_uuid[uuid].uuid)
+        elif uuid in parents:
+            chosen.add(parents[uuid])
+        else:
+            unmatched.append(uuid)
+    for model in sorted(selector.models):
+        matching = [gpu.uuid for gpu in inventory.gpus if gpu.product_name.casefold() == model]
+        if matching:
+            chosen.update(matching)
+        else:
+            unmatched.append(f"model={model}")
+    return [gpu for gpu in inventory.gpus if gpu.uuid in chosen], unmatched
+
+
+def describe(gpu: Gpu) -> str:
+    """How messages name a GPU: index, UUID and model."""
+    return f"GPU {gpu.index} ({gpu.uuid}, {gpu.product_name})"
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The node's GPUs split between the paths."""
+
+    dra: tuple[Gpu, ...]
+    device_plugin: tuple[Gpu, ...]
+    unassigned: tuple[Gpu, ...] = ()
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    def gpus(self, path: GpuPath) -> tuple[Gpu, ...]:
+        """The GPUs one path advertises."""
+        return self.dra if path is GpuPath.DRA else self.device_plugin
+
+
+def _text(selector: Selector | None) -> str:
+    return selector.text if selector is not None else ""
+
+
+def assign(
+    inventory: Inventory,
+    dra: Selector | None,
+    device_plugin: Selector | None,
+    running: GpuPath,
+) -> Assignment:
+    """Split the node's GPUs; AssignmentError when a GPU would be advertised by both paths.
+
+    `None` is a selector that was not given: it takes whatever the other one
+    leaves, and when both are missing the running command's path takes all.
+    """
+    if dra is None and device_plugin is None:
+        dra, device_plugin = (ALL, NONE) if running is GpuPath.DRA else (NONE, ALL)
+    warnings: list[str] = []
+    chosen: dict[GpuPath, set[str]] = {}
+    for path, selector in ((GpuPath.DRA, dra), (GpuPath.DEVICE_PLUGIN, device_plugin)):
+        if selector is None:
+            continue
+        gpus, unmatched = select(selector, inventory)
+        chosen[path] = {gpu.uuid for gpu in gpus}
+        if unmatched:
+            warnings.append(
+                f"{path.flag}={selector.text}: no GPU of this node matches {', '.join(unmatched)}"
+            )
+    if GpuPath.DRA not in chosen:
+        chosen[GpuPath.DRA] = {gpu.uuid for gpu in inventory.gpus} - chosen[GpuPath.DEVICE_PLUGIN]
+    if GpuPath.DEVICE_PLUGIN not in chosen:
+        chosen[GpuPath.DEVICE_PLUGIN] = {gpu.uuid for gpu in inventory.gpus} - chosen[GpuPath.DRA]
+    both = [gpu for gpu in inventory.gpus if gpu.uuid in chosen[GpuPath.DRA] & chosen[GpuPath.DEVICE_PLUGIN]]
+    if both:
+        # Only two given selectors can overlap: a missing one takes the rest.
+        raise AssignmentError(
+            f"{describe(both[0])} is selected by both --dra-gpus={_text(dra)} and "
+            f"--device-plugin-gpus={_text(device_plugin)}: a GPU can be advertised by one path only"
+            + (f" ({len(both) - 1} more GPU(s) overlap)" if len(both) > 1 else "")
+        )
+    unassigned = tuple(
+        gpu
+        for gpu in inventory.gpus
+        if gpu.uuid not in chosen[GpuPath.DRA] and gpu.uuid not in chosen[GpuPath.DEVICE_PLUGIN]
+    )
+    for gpu in unassigned:
+        warnings.append(f"{describe(gpu)} is selected by neither --dra-gpus nor --device-plugin-gpus")
+    return Assignment(
+        dra=tuple(g for g in inventory.gpus if g.uuid in chosen[GpuPath.DRA]),
+        device_plugin=tuple(g for g in inventory.gpus if g.uuid in chosen[GpuPath.DEVICE_PLUGIN]),
+        unassigned=unassigned,
+        warnings=tuple(warnings),
+    )
+
+
+def restrict(inventory: Inventory, gpus: Iterable[Gpu]) -> Inventory:
+    """The part of the inventory on these GPUs: the GPUs themselves and their MIG devices."""
+    keep = {gpu.uuid for gpu in gpus}
+    return Inventory(
+        devices=tuple(
+            d for d in inventory if (d.parent.uuid if isinstance(d, MigDevice) else d.uuid) in keep
+        ),
+        driver_version=inventory.driver_version,
+        cuda_driver_version=inventory.cuda_driver_version,
+        common_device_nodes=inventory.common_device_nodes,
+        gpus=tuple(g for g in inventory.gpus if g.uuid in keep),
+    )
+
+
+@dataclass(frozen=True)
+class RecordedGpu:
+    """A GPU as another process recorded it in the host's assignment record."""
+
+    uuid: str
+    index: int
+    product_name: str
+
+
+def conflict(
+    path: GpuPath,
+    mine: Sequence[Gpu],
+    theirs: Sequence[RecordedGpu],
+    where: str = "",
+) -> str | None:
+    """The refusal message when the other, running path already advertises one of my GPUs; else None."""
+    taken = {g.uuid: g for g in theirs}
+    overlap = [gpu for gpu in mine if gpu.uuid in taken]
+    if not overlap:
+        return None
+    more = f" ({len(overlap) - 1} more GPU(s) overlap)" if len(overlap) > 1 else ""
+    return (
+        f"{describe(overlap[0])} is already advertised by {path.other.title} on this node{more}"
+        f"{where}: give both commands the same --dra-gpus / --device-plugin-gpus so that "
+        "each GPU goes to one path"
+    )
+
+
+def recorded(gpus: Sequence[Gpu]) -> list[dict[str, object]]:
+    """The record entries for GPUs (what `conflict` reads back)."""
+    return [{"uuid": g.uuid, "index": g.index, "productName": g.product_name} for g in gpus]
+
+
+def parse_recorded(entries: object) -> list[RecordedGpu]:
+    """Record entries back to RecordedGpu; ValueError when they are not what `recorded` writes."""
+    if not isinstance(entries, list):
+        raise ValueError("expected a list of GPUs")
+    result = []
+    for entry in entries:
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("uuid"), str):
+            raise ValueError(f"bad GPU entry {entry!r}")
+        result.append(
+            RecordedGpu(
+                uuid=str(entry["uuid"]),
+                index=int(entry.get("index", -1)),
+                product_name=str(entry.get("productName", "")),
+            )
+        )
+    return result

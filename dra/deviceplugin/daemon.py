@@ -1,0 +1,137 @@
+"""The `dra-gpu device-plugin` process: inventory, assignment, CDI spec, one server per resource."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from dra import cdi, metrics
+from dra.assignment import GpuPath, Selector
+from dra.cdistore import CdiStore
+from dra.deviceplugin.allocate import Strategy, uses_cdi
+from dra.deviceplugin.resources import DEFAULT_RESOURCE, ResourceError, resources
+from dra.deviceplugin.server import ResourceServer, SocketPathError
+from dra.deviceplugin.service import CallLog, DevicePluginService
+from dra.driver import StartupError, default_state_dir, gpu_library, load_inventory, take_assignment
+from dra.health import HealthMonitor, HealthTracker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DevicePluginSettings:
+    """Everything the device-plugin command is told."""
+
+    node_name: str
+    driver_name: str
+    kubelet_root: Path
+    device_plugin_dir: Path | None
+    cdi_root: Path
+    state_dir: Path | None
+    resource_name: str = DEFAULT_RESOURCE
+    strategies: frozenset[Strategy] = frozenset({Strategy.CDI_CRI})
+    dra_gpus: Selector | None = None
+    device_plugin_gpus: Selector | None = None
+    fake_gpus: str | None = None
+    fake_gpu_events: Path | None = None
+    http_address: str | None = None
+    call_log: Path | None = None
+    watch_interval: float = 1.0
+
+    @property
+    def plugin_directory(self) -> Path:
+        """The kubelet's device-plugin directory (kubelet.sock and the plugins' sockets)."""
+        return self.device_plugin_dir or self.kubelet_root / "device-plugins"
+
+    @property
+    def state_directory(self) -> Path:
+        """Where the GPU assignment record is shared with the kubelet-plugin."""
+        return self.state_dir or default_state_dir(self.kubelet_root, self.driver_name)
+
+
+async def run_device_plugin(settings: DevicePluginSettings) -> None:
+    """Run until SIGTERM or SIGINT."""
+    started = time.monotonic()
+    lib = gpu_library(settings.fake_gpus, settings.node_name, settings.fake_gpu_events)
+    inventory = load_inventory(lib)
+    inventory, claim = take_assignment(
+        inventory,
+        settings.dra_gpus,
+        settings.device_plugin_gpus,
+        GpuPath.DEVICE_PLUGIN,
+        settings.state_directory,
+        settings.node_name,
+    )
+    servers: list[ResourceServer] = []
+    monitor: HealthMonitor | None = None
+    http = None
+    try:
+        try:
+            offered = resources(inventory, settings.resource_name)
+        except ResourceError as err:
+            raise StartupError(str(err)) from None
+        if uses_cdi(settings.strategies) and len(inventory):
+            # CDI specs must name at least one device: a plugin with no GPU writes none.
+            spec = cdi.build_device_spec(settings.driver_name, list(inventory), inventory)
+            try:
+                path = CdiStore(settings.cdi_root, settings.driver_name).write_device_spec(spec)
+            except OSError as err:
+                raise StartupError(f"cannot write the CDI spec in {settings.cdi_root}: {err}") from None
+            log.info("wrote CDI spec %s (kind %s)", path, cdi.device_kind(settings.driver_name))
+        tracker = HealthTracker(inventory)
+        calls = CallLog(settings.call_log)
+        try:
+            servers = [
+                ResourceServer(
+                    settings.plugin_directory,
+                    resource,
+                    DevicePluginService(resource, tracker, settings.strategies, settings.driver_name, calls),
+                    calls,
+                )
+                for resource in offered
+            ]
+        except SocketPathError as err:
+            raise StartupError(str(err)) from None
+        if settings.http_address:
+            http = metrics.serve(
+                settings.http_address,
+                lambda: all(s.registered for s in servers),
+                metrics.DEVICE_PLUGIN_REGISTRY,
+            )
+        monitor = HealthMonitor(lib, tracker, inventory)
+        async with anyio.create_task_group() as group:
+            for server in servers:
+                group.start_soon(server.keep_registered, settings.watch_interval)
+            monitor.start()
+
+            async def report_ready() -> None:
+                for server in servers:
+                    await server.first_registration.wait()
+                log.info(
+                    "ready: %s registered with the kubelet in %.2fs",
+                    ", ".join(f"{s.resource.name} ({len(s.resource.devices)})" for s in servers),
+                    time.monotonic() - started,
+                )
+
+            group.start_soon(report_ready)
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info("received %s, shutting down", signal.Signals(signum).name)
+                    break
+            group.cancel_scope.cancel()
+    finally:
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as stopping:
+                for server in servers:
+                    stopping.start_soon(server.stop)
+        if monitor is not None:
+            monitor.stop()
+        if http is not None:
+            http.shutdown()
+        claim.release()
+        lib.shutdown()

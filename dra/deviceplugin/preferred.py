@@ -1,0 +1,75 @@
+"""GetPreferredAllocation: which devices to give a container, when the kubelet asks. Pure.
+
+Each device has a placement: groups from the finest to the coarsest (parent
+GPU, PCIe root complex, NUMA node; None where unknown). The answer always
+keeps the kubelet's `must_include` devices, then adds one device at a time,
+choosing by, in order:
+
+1. most chosen devices sharing its group, finest level first (a MIG device
+   next to its sibling, a GPU behind the same PCIe root, then the same NUMA node);
+2. best fit: the finest level at which its free group can hold everything
+   still needed, and the smallest such group, so that whole groups stay free
+   for larger requests (a lone GPU is taken before one of an intact pair);
+   when no group can hold the rest, the largest groups first, to span few;
+3. the node's device order, so that equal choices are stable.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a device sits: its order on the node and its groups, finest first."""
+
+    order: int
+    groups: tuple[str | None, ...]
+
+
+def preferred_allocation(
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+    placements: Mapping[str, Placement],
+) -> list[str]:
+    """The device IDs to allocate: `must_include` first, `size` in all when enough are available.
+
+    IDs without a placement are still eligible, after every placed one.
+    """
+    chosen = list(dict.fromkeys(must_include))
+    if len(chosen) >= size:
+        return chosen
+    pool = [d for d in dict.fromkeys(available) if d not in set(chosen)]
+    levels = max((len(p.groups) for p in placements.values()), default=0)
+    unplaced = Placement(order=len(placements), groups=(None,) * levels)
+
+    def groups(device: str) -> tuple[str | None, ...]:
+        return placements.get(device, unplaced).groups
+
+    def order(device: str) -> tuple[int, str]:
+        placement = placements.get(device)
+        return (placement.order, "") if placement is not None else (len(placements), device)
+
+    def together(group: str | None, level: int, others: Sequence[str]) -> int:
+        if group is None:
+            return 0
+        return sum(1 for other in others if groups(other)[level] == group)
+
+    def rank(need: int, device: str) -> tuple[object, ...]:
+        mine = groups(device)
+        shared = tuple(-together(mine[level], level, chosen) for level in range(levels))
+        # Free devices in each of its groups, itself included (alone where the group is unknown).
+        free = [max(together(mine[level], level, pool), 1) for level in range(levels)]
+        fit = next((level for level in range(levels) if free[level] >= need), levels)
+        # Best fit: the smallest groups that hold the rest; else the largest groups, coarsest first.
+        sizes = tuple(free[fit:]) if fit < levels else tuple(-count for count in reversed(free))
+        return (shared, fit, sizes, order(device))
+
+    while len(chosen) < size and pool:
+        best = min(pool, key=functools.partial(rank, size - len(chosen)))
+        chosen.append(best)
+        pool.remove(best)
+    return chosen

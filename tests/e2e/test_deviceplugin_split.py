@@ -1,0 +1,192 @@
+"""One node, two paths: GPUs 0-1 through DRA, GPUs 2-3 through the device plugin, never both.
+
+Profile `mixed`: gpu-0 and gpu-1 are L40S, gpu-2 and gpu-3 are T4. Both processes
+get the same `--device-plugin-gpus=2,3` (as a DaemonSet's two containers would
+get the same env), so DRA takes the rest. They share the GPU assignment record
+in <kubelet root>/plugins/gpu.nvidia.com, which is how a third process that
+would advertise a GPU already taken is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dra.devices import Gpu, Inventory
+from dra.discovery import discover
+from dra.fakegpu import FakeGpuLibrary, load_profile
+from tests.cluster.cluster import ClusterInfo
+from tests.cluster.kube import Kube, wait_for
+from tests.devicepluginprocess import DevicePluginProcess
+from tests.driverprocess import DriverProcess, free_port
+from tests.e2e.workloads import (
+    DRIVER,
+    allocated_devices,
+    claim_template,
+    container_record,
+    delete_pods_and_wait,
+    ensure_device_classes,
+    gpu_limits_pod,
+    gpu_pod,
+    node_resources,
+    pod_claim,
+)
+
+PROFILE = "mixed"
+GPU = "nvidia.com/gpu"
+KIND = "k8s.gpu.nvidia.com/device"
+SPLIT = "--device-plugin-gpus=2,3"
+
+
+@dataclass
+class Node:
+    """Both processes of the node and its GPUs."""
+
+    dra: DriverProcess
+    device_plugin: DevicePluginProcess
+    gpus: list[Gpu]
+
+
+@pytest.fixture(scope="module")
+def node(cluster: ClusterInfo, kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    """The kubelet-plugin with GPUs 0-1 and the device plugin with GPUs 2-3, both registered."""
+    ensure_device_classes(kube)
+    workdir = tmp_path_factory.mktemp("split")
+    inventory: Inventory = discover(FakeGpuLibrary(load_profile(PROFILE), cluster.node_name))
+    dra = DriverProcess(cluster, PROFILE, workdir / "driver.log", extra_args=(SPLIT,)).start()
+    try:
+        device_plugin = DevicePluginProcess(cluster, PROFILE, workdir, extra_args=(SPLIT,)).start()
+        try:
+            yield Node(dra, device_plugin, list(inventory.gpus))
+        finally:
+            assert device_plugin.stop() == 0, device_plugin.log_path.read_text()
+    finally:
+        assert dra.stop() == 0, dra.log_path.read_text()
+
+
+def _slice_devices(kube: Kube, cluster: ClusterInfo) -> list[str]:
+    slices = kube.list_objects(
+        "resource.k8s.io/v1",
+        "ResourceSlice",
+        field_selector=f"spec.driver={DRIVER},spec.nodeName={cluster.node_name}",
+    )
+    return sorted(d["name"] for s in slices for d in s["spec"]["devices"])
+
+
+def test_each_path_advertises_only_its_gpus(node: Node, kube: Kube, cluster: ClusterInfo) -> None:
+    wait_for(
+        "DRA slices with gpu-0 and gpu-1 only", lambda: _slice_devices(kube, cluster) == ["gpu-0", "gpu-1"]
+    )
+    wait_for(
+        "allocatable nvidia.com/gpu: 2", lambda: node_resources(kube, cluster, "allocatable").get(GPU) == "2"
+    )
+    [listed] = [c for c in node.device_plugin.calls("ListAndWatch") if c["resource"] == GPU]
+    assert [d["id"] for d in listed["devices"]] == [node.gpus[2].uuid, node.gpus[3].uuid]
+
+    record = json.loads((Path(cluster.kubelet_root) / "plugins" / DRIVER / "gpu-assignment.json").read_text())
+    assert [g["index"] for g in record["paths"]["dra"]["gpus"]] == [0, 1]
+    assert [g["index"] for g in record["paths"]["device-plugin"]["gpus"]] == [2, 3]
+
+
+def test_dra_and_device_plugin_pods_run_together_and_never_share_a_gpu(
+    node: Node, kube: Kube, cluster: ClusterInfo, namespace: str
+) -> None:
+    claim_template(kube, namespace, "one-gpu", [])
+    for name in ("dra-0", "dra-1", "dra-2"):
+        gpu_pod(kube, namespace, name, "one-gpu")
+    gpu_limits_pod(kube, namespace, "legacy", {GPU: 2})
+    gpu_limits_pod(kube, namespace, "legacy-more", {GPU: 1})
+
+    def running() -> list[str] | None:
+        pods = kube.list_objects("v1", "Pod", namespace=namespace)
+        names = sorted(p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running")
+        return names if len(names) == 3 else None
+
+    running_pods = wait_for("two DRA pods and the 2-GPU device-plugin pod running", running)
+    assert "legacy" in running_pods
+    dra_pods = [p for p in running_pods if p.startswith("dra-")]
+    assert len(dra_pods) == 2
+
+    claims = [pod_claim(kube, namespace, p) for p in dra_pods]
+    assert sorted(d for c in claims for d in allocated_devices(c)) == ["gpu-0", "gpu-1"]
+    dra_uuids = [container_record(cluster, namespace, p)["env"]["NVIDIA_VISIBLE_DEVICES"] for p in dra_pods]
+    legacy = container_record(cluster, namespace, "legacy")
+    legacy_uuids = [name.split("=", 1)[1] for name in legacy["cdiDevices"]]
+    assert all(name.startswith(f"{KIND}=") for name in legacy["cdiDevices"])
+    assert sorted(dra_uuids) == sorted(g.uuid for g in node.gpus[:2])
+    assert sorted(legacy_uuids) == sorted(g.uuid for g in node.gpus[2:])
+    assert len(set(dra_uuids) | set(legacy_uuids)) == 4
+
+    # What is left waits: no DRA GPU is free, and nvidia.com/gpu has none left either.
+    pending = {
+        p["metadata"]["name"]: p
+        for p in kube.list_objects("v1", "Pod", namespace=namespace)
+        if p["status"].get("phase") == "Pending"
+    }
+    assert len(pending) == 2
+    assert "legacy-more" in pending
+    delete_pods_and_wait(kube, cluster, namespace, claims)
+
+
+def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dra", *args], capture_output=True, text=True, timeout=60)
+
+
+def _device_plugin_args(cluster: ClusterInfo, *extra: str) -> list[str]:
+    return [
+        "device-plugin",
+        f"--node-name={cluster.node_name}",
+        f"--kubelet-root={cluster.kubelet_root}",
+        f"--device-plugin-dir={cluster.device_plugin_dir}",
+        f"--cdi-root={cluster.cdi_dir}",
+        f"--fake-gpus={PROFILE}",
+        f"--http-address=127.0.0.1:{free_port()}",
+        *extra,
+    ]
+
+
+def _one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 1, result.stderr
+    [line] = [ln for ln in result.stderr.splitlines() if ln.startswith("dra-gpu: error:")]
+    return line
+
+
+def test_selectors_that_overlap_are_refused_naming_the_gpu(node: Node, cluster: ClusterInfo) -> None:
+    result = _run(_device_plugin_args(cluster, "--dra-gpus=0,1", "--device-plugin-gpus=1,2"))
+    line = _one_error_line(result)
+    assert f"GPU 1 ({node.gpus[1].uuid}, NVIDIA L40S) is selected by both" in line
+    assert "--dra-gpus=0,1" in line
+    assert "--device-plugin-gpus=1,2" in line
+
+
+def test_a_device_plugin_wanting_a_dra_gpu_is_refused(node: Node, cluster: ClusterInfo, kube: Kube) -> None:
+    before = node_resources(kube, cluster, "allocatable")
+    result = _run(_device_plugin_args(cluster, "--device-plugin-gpus=1,2,3"))
+    line = _one_error_line(result)
+    assert f"GPU 1 ({node.gpus[1].uuid}, NVIDIA L40S) is already advertised by the DRA kubelet-plugin" in line
+    # The refused process touched nothing: the running plugin is still registered.
+    assert node.device_plugin.ready()
+    assert node_resources(kube, cluster, "allocatable") == before
+
+
+def test_a_kubelet_plugin_wanting_every_gpu_is_refused(node: Node, cluster: ClusterInfo) -> None:
+    result = _run(
+        [
+            "kubelet-plugin",
+            f"--node-name={cluster.node_name}",
+            f"--kubeconfig={cluster.kubeconfig}",
+            f"--kubelet-root={cluster.kubelet_root}",
+            f"--cdi-root={cluster.cdi_dir}",
+            f"--fake-gpus={PROFILE}",
+            f"--http-address=127.0.0.1:{free_port()}",
+        ]
+    )
+    line = _one_error_line(result)
+    assert f"GPU 2 ({node.gpus[2].uuid}, Tesla T4) is already advertised by the device plugin" in line
+    assert node.dra.ready()

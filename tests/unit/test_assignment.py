@@ -1,0 +1,209 @@
+"""The split of a node's GPUs between DRA and the device plugin (dra.assignment), on fake inventories."""
+
+from __future__ import annotations
+
+import pytest
+
+from dra.assignment import (
+    ALL,
+    NONE,
+    AssignmentError,
+    GpuPath,
+    RecordedGpu,
+    SelectorError,
+    assign,
+    conflict,
+    parse_recorded,
+    parse_selector,
+    recorded,
+    restrict,
+    select,
+)
+from dra.devices import Gpu, Inventory, MigDevice
+from dra.discovery import discover
+from dra.fakegpu import FakeGpuLibrary, load_profile
+
+NODE = "node-a"
+
+
+def inventory(profile: str) -> Inventory:
+    return discover(FakeGpuLibrary(load_profile(profile), NODE))
+
+
+@pytest.fixture
+def mixed() -> Inventory:
+    """gpu-0, gpu-1: L40S; gpu-2, gpu-3: T4."""
+    return inventory("mixed")
+
+
+@pytest.fixture
+def h100_mig() -> Inventory:
+    """gpu-0..3 full H100s; gpu-4..7 in MIG mode with four MIG devices each."""
+    return inventory("h100x8-mig")
+
+
+def indexes(gpus: tuple[Gpu, ...] | list[Gpu]) -> list[int]:
+    return [g.index for g in gpus]
+
+
+# -- selectors -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["all", "ALL", " all "])
+def test_all(text: str) -> None:
+    assert parse_selector(text).everything
+
+
+@pytest.mark.parametrize("text", ["none", "None"])
+def test_none_selects_nothing(text: str, mixed: Inventory) -> None:
+    assert select(parse_selector(text), mixed) == ([], [])
+
+
+def test_items_of_every_kind() -> None:
+    text = "0, 3,GPU-0123ABCD-0000-1111,mig-89abcdef-2222,MIG-GPU-01234567-aaaa/1/0,model=NVIDIA L40S"
+    selector = parse_selector(text)
+    assert selector.indexes == {0, 3}
+    assert selector.uuids == {"gpu-0123abcd-0000-1111", "mig-89abcdef-2222", "mig-gpu-01234567-aaaa/1/0"}
+    assert selector.models == {"nvidia l40s"}
+    assert str(selector) == text
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "empty GPU selector"),
+        ("0,,1", "'' in '0,,1' is not a GPU index"),
+        ("gpu-0", "'gpu-0' in 'gpu-0' is not a GPU index.*device names are not selectors"),
+        ("GPU-xyz", "is not a GPU index"),
+        ("-1", "is not a GPU index"),
+        ("model=", "is not a GPU index"),
+        ("0,all", "'all' cannot be combined"),
+        ("GPU-", "is not a GPU index"),
+    ],
+)
+def test_bad_selectors_say_what_is_wrong(text: str, message: str) -> None:
+    with pytest.raises(SelectorError, match=message.replace("(", r"\(")):
+        parse_selector(text)
+
+
+def test_select_by_index_uuid_and_model(mixed: Inventory) -> None:
+    gpus = list(mixed.gpus)
+    chosen, unmatched = select(parse_selector(f"3,{gpus[1].uuid.upper()}"), mixed)
+    assert indexes(chosen) == [1, 3]
+    assert unmatched == []
+    chosen, _ = select(parse_selector("model=tesla t4"), mixed)
+    assert indexes(chosen) == [2, 3]
+
+
+def test_select_reports_items_that_match_nothing(mixed: Inventory) -> None:
+    chosen, unmatched = select(parse_selector("1,7,GPU-00000000-0000,model=H100"), mixed)
+    assert indexes(chosen) == [1]
+    assert unmatched == ["7", "gpu-00000000-0000", "model=h100"]
+
+
+def test_a_mig_uuid_selects_its_parent_gpu(h100_mig: Inventory) -> None:
+    mig = next(d for d in h100_mig if isinstance(d, MigDevice) and d.parent.index == 6)
+    chosen, unmatched = select(parse_selector(mig.uuid), h100_mig)
+    assert indexes(chosen) == [6]
+    assert unmatched == []
+
+
+# -- the split -----------------------------------------------------------------
+
+
+def test_no_selector_gives_everything_to_the_running_path(mixed: Inventory) -> None:
+    dra = assign(mixed, None, None, GpuPath.DRA)
+    assert indexes(dra.dra) == [0, 1, 2, 3]
+    assert dra.device_plugin == ()
+    plugin = assign(mixed, None, None, GpuPath.DEVICE_PLUGIN)
+    assert plugin.dra == ()
+    assert indexes(plugin.device_plugin) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("running", list(GpuPath))
+def test_one_selector_leaves_the_rest_to_the_other_path(mixed: Inventory, running: GpuPath) -> None:
+    by_plugin = assign(mixed, None, parse_selector("2,3"), running)
+    assert (indexes(by_plugin.dra), indexes(by_plugin.device_plugin)) == ([0, 1], [2, 3])
+    by_dra = assign(mixed, parse_selector("model=NVIDIA L40S"), None, running)
+    assert (indexes(by_dra.dra), indexes(by_dra.device_plugin)) == ([0, 1], [2, 3])
+    assert by_plugin.warnings == by_dra.warnings == ()
+
+
+def test_all_and_none(mixed: Inventory) -> None:
+    result = assign(mixed, NONE, None, GpuPath.DRA)
+    assert (indexes(result.dra), indexes(result.device_plugin)) == ([], [0, 1, 2, 3])
+    result = assign(mixed, ALL, NONE, GpuPath.DEVICE_PLUGIN)
+    assert (indexes(result.dra), indexes(result.device_plugin)) == ([0, 1, 2, 3], [])
+
+
+def test_overlap_is_refused_naming_the_first_gpu_and_both_flags(mixed: Inventory) -> None:
+    gpu = mixed.gpus[1]
+    with pytest.raises(AssignmentError) as raised:
+        assign(mixed, parse_selector("1,2"), parse_selector("model=NVIDIA L40S,3"), GpuPath.DRA)
+    message = str(raised.value)
+    assert message.startswith(f"GPU 1 ({gpu.uuid}, NVIDIA L40S) is selected by both --dra-gpus=1,2 and ")
+    assert "--device-plugin-gpus=model=NVIDIA L40S,3" in message
+    assert "one path only" in message
+
+
+def test_overlap_of_several_gpus_counts_the_others(mixed: Inventory) -> None:
+    with pytest.raises(AssignmentError, match=r"GPU 0 .*\(3 more GPU\(s\) overlap\)"):
+        assign(mixed, ALL, ALL, GpuPath.DEVICE_PLUGIN)
+
+
+def test_gpus_selected_by_neither_are_advertised_by_neither_with_a_warning(mixed: Inventory) -> None:
+    result = assign(mixed, parse_selector("0"), parse_selector("3,9"), GpuPath.DRA)
+    assert (indexes(result.dra), indexes(result.device_plugin), indexes(result.unassigned)) == (
+        [0],
+        [3],
+        [1, 2],
+    )
+    neither = "is selected by neither --dra-gpus nor --device-plugin-gpus"
+    assert result.warnings == (
+        "--device-plugin-gpus=3,9: no GPU of this node matches 9",
+        f"GPU 1 ({mixed.gpus[1].uuid}, NVIDIA L40S) {neither}",
+        f"GPU 2 ({mixed.gpus[2].uuid}, Tesla T4) {neither}",
+    )
+
+
+def test_mig_devices_follow_their_parent(h100_mig: Inventory) -> None:
+    result = assign(h100_mig, None, parse_selector("0,5"), GpuPath.DRA)
+    plugin = restrict(h100_mig, result.device_plugin)
+    dra = restrict(h100_mig, result.dra)
+    assert [g.index for g in plugin.gpus] == [0, 5]
+    assert [d.name for d in plugin] == ["gpu-0"] + [d.name for d in h100_mig if d.name.startswith("gpu-5-")]
+    assert len([d for d in plugin if isinstance(d, MigDevice)]) == 4
+    assert {d.name for d in plugin}.isdisjoint(d.name for d in dra)
+    assert len(plugin) + len(dra) == len(h100_mig)
+    assert plugin.cuda_driver_version == h100_mig.cuda_driver_version
+    assert plugin.get("gpu-1") is None
+    assert dra.get("gpu-1") is not None
+
+
+# -- what the record holds -------------------------------------------------------
+
+
+def test_record_entries_round_trip(mixed: Inventory) -> None:
+    assert parse_recorded(recorded(mixed.gpus[:2])) == [
+        RecordedGpu(g.uuid, g.index, g.product_name) for g in mixed.gpus[:2]
+    ]
+
+
+@pytest.mark.parametrize("entries", [None, {"uuid": "x"}, [{"index": 0}], ["GPU-x"]])
+def test_bad_record_entries_are_refused(entries: object) -> None:
+    with pytest.raises(ValueError, match=r"expected a list|bad GPU entry"):
+        parse_recorded(entries)
+
+
+def test_conflict_names_the_gpu_and_the_other_path(mixed: Inventory) -> None:
+    theirs = parse_recorded(recorded(mixed.gpus[1:3]))
+    message = conflict(GpuPath.DEVICE_PLUGIN, list(mixed.gpus), theirs, where=" (record /x)")
+    assert message is not None
+    assert message.startswith(
+        f"GPU 1 ({mixed.gpus[1].uuid}, NVIDIA L40S) is already advertised by the DRA kubelet-plugin "
+        "on this node (1 more GPU(s) overlap) (record /x): give both commands the same"
+    )
+    assert conflict(GpuPath.DRA, list(mixed.gpus[:1]), theirs) is None
+    other = conflict(GpuPath.DRA, list(mixed.gpus[2:]), theirs)
+    assert other is not None
+    assert "already advertised by the device plugin" in other

@@ -1,0 +1,113 @@
+"""The command line of the device plugin and of the GPU split (dra.cli), up to start-up refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dra.assignment import GpuPath
+from dra.assignmentrecord import AssignmentRecord
+from dra.cli import main, parse_args
+from dra.deviceplugin.allocate import Strategy
+from dra.discovery import discover
+from dra.fakegpu import FakeGpuLibrary, load_profile
+
+
+def test_device_plugin_defaults() -> None:
+    args = parse_args(["device-plugin", "--node-name=n"])
+    assert args.kubelet_root == Path("/var/lib/kubelet")
+    assert args.device_plugin_dir is None
+    assert args.cdi_root == Path("/var/run/cdi")
+    assert args.resource_name == "nvidia.com/gpu"
+    assert args.device_list_strategy == {Strategy.CDI_CRI}
+    assert args.http_address == ":8081"
+    assert args.dra_gpus is None
+    assert args.device_plugin_gpus is None
+
+
+def test_flags_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DRA_GPU_DEVICE_PLUGIN_GPUS", "2,3")
+    monkeypatch.setenv("DRA_GPU_DEVICE_LIST_STRATEGY", "cdi-annotations,envvar")
+    for command in ("device-plugin", "kubelet-plugin"):
+        args = parse_args([command, "--node-name=n"])
+        assert args.device_plugin_gpus.indexes == {2, 3}
+    args = parse_args(["device-plugin", "--node-name=n"])
+    assert args.device_list_strategy == {Strategy.CDI_ANNOTATIONS, Strategy.ENVVAR}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--dra-gpus=gpu-1"], "'gpu-1' in 'gpu-1' is not a GPU index"),
+        (["--device-list-strategy=volume-mounts"], "expected cdi-cri, cdi-annotations or envvar"),
+    ],
+)
+def test_bad_values_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as raised:
+        main(["device-plugin", "--node-name=n", *argv])
+    assert raised.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_env_value_exits_2_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DRA_GPU_DRA_GPUS", "0,all")
+    assert main(["device-plugin", "--node-name=n"]) == 2
+    assert "environment variable DRA_GPU_DRA_GPUS='0,all'" in capsys.readouterr().err
+
+
+def _refusal(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(argv) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", ["device-plugin", "kubelet-plugin"])
+def test_overlapping_selectors_stop_either_command_naming_the_gpu(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gpu = discover(FakeGpuLibrary(load_profile("mixed"), "n")).gpus[3]
+    line = _refusal(
+        [
+            command,
+            "--node-name=n",
+            "--fake-gpus=mixed",
+            f"--state-dir={tmp_path}",
+            f"--kubelet-root={tmp_path}",
+            "--dra-gpus=model=Tesla T4",
+            "--device-plugin-gpus=3",
+            "--log-level=error",
+        ],
+        capsys,
+    )
+    assert line == (
+        f"dra-gpu: error: GPU 3 ({gpu.uuid}, Tesla T4) is selected by both --dra-gpus=model=Tesla T4 and "
+        "--device-plugin-gpus=3: a GPU can be advertised by one path only"
+    )
+
+
+def test_device_plugin_refuses_a_gpu_the_running_dra_path_has(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gpus = discover(FakeGpuLibrary(load_profile("mixed"), "n")).gpus
+    dra = AssignmentRecord(tmp_path).claim(GpuPath.DRA, list(gpus), "n")
+    try:
+        line = _refusal(
+            [
+                "device-plugin",
+                "--node-name=n",
+                "--fake-gpus=mixed",
+                f"--state-dir={tmp_path}",
+                "--log-level=error",
+            ],
+            capsys,
+        )
+    finally:
+        dra.release()
+    assert line.startswith(
+        f"dra-gpu: error: GPU 0 ({gpus[0].uuid}, NVIDIA L40S) is already advertised by "
+        "the DRA kubelet-plugin on this node (3 more GPU(s) overlap)"
+    )

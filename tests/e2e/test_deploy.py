@@ -98,6 +98,10 @@ def _applied(output: str) -> list[str]:
         pytest.param({}, id="defaults"),
         pytest.param({"fakeGpus": {"enabled": True}, "rbac": {"claimEvents": True}}, id="fake-gpus"),
         pytest.param({"nvml": {"runtimeClassName": "nvidia"}, "nodeSelector": {"a": "b"}}, id="real-gpus"),
+        pytest.param(
+            {"devicePlugin": {"enabled": True}, "gpuAssignment": {"devicePlugin": "model=Tesla T4"}},
+            id="device-plugin",
+        ),
     ],
 )
 def test_chart_render_passes_server_side_dry_run(

@@ -153,15 +153,73 @@ def test_daemonset_security_context_is_uid0_without_capabilities() -> None:
         assert flag not in pod
 
 
-def test_every_driver_env_var_is_a_kubelet_plugin_flag() -> None:
-    """A misspelt DRA_GPU_* variable would be ignored silently: each must name a flag of the CLI."""
+def _flags(command: str) -> set[str]:
     [commands] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
-    plugin = commands.choices["kubelet-plugin"]
-    flags = {env_name(option) for action in plugin._actions for option in action.option_strings}
+    return {
+        env_name(option) for action in commands.choices[command]._actions for option in action.option_strings
+    }
+
+
+def test_every_driver_env_var_is_a_kubelet_plugin_flag() -> None:
     objects = chart.template(FAKE, extra=["--set", "logFormat=json"])
     driver_vars = {name for name in _env(_container(objects)) if name.startswith("DRA_GPU_")}
-    assert driver_vars <= flags
+    assert driver_vars <= _flags("kubelet-plugin")
     assert {"DRA_GPU_NODE_NAME", "DRA_GPU_DRIVER_NAME", "DRA_GPU_LOG_FORMAT"} <= driver_vars
+
+
+SPLIT: dict[str, Any] = {"devicePlugin": {"enabled": True}, "gpuAssignment": {"devicePlugin": "6,7"}}
+
+
+def test_device_plugin_runs_beside_the_kubelet_plugin_on_the_same_split() -> None:
+    pod = _only(chart.template({**SPLIT, **FAKE}), "DaemonSet")["spec"]["template"]["spec"]
+    plugin, device_plugin = pod["containers"]
+    assert (plugin["name"], device_plugin["name"]) == ("kubelet-plugin", "device-plugin")
+    assert device_plugin["command"] == ["dra-gpu", "device-plugin"]
+    assert device_plugin["args"] == plugin["args"] == ["--fake-gpus=/etc/dra-gpu/fake-gpus/profiles.yaml"]
+    for container in (plugin, device_plugin):
+        assert _env(container)["DRA_GPU_DEVICE_PLUGIN_GPUS"] == "6,7"
+        assert "DRA_GPU_DRA_GPUS" not in _env(container)
+    dp_env = _env(device_plugin)
+    assert {name for name in dp_env if name.startswith("DRA_GPU_")} <= _flags("device-plugin")
+    assert (dp_env["DRA_GPU_RESOURCE_NAME"], dp_env["DRA_GPU_DEVICE_LIST_STRATEGY"]) == (
+        "nvidia.com/gpu",
+        "cdi-cri",
+    )
+    assert dp_env["DRA_GPU_HTTP_ADDRESS"] == ":8081"
+    assert device_plugin["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http-dp"}
+    mounts = {m["name"]: m["mountPath"] for m in device_plugin["volumeMounts"]}
+    # The kubelet's socket directory, and the state directory that holds the shared GPU record.
+    assert mounts["device-plugins"] == "/var/lib/kubelet/device-plugins"
+    assert mounts["plugins"] == "/var/lib/kubelet/plugins"
+    assert mounts["cdi"] == "/var/run/cdi"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["device-plugins"]["hostPath"] == {
+        "path": "/var/lib/kubelet/device-plugins",
+        "type": "Directory",
+    }
+
+
+def test_device_plugin_alone_takes_every_gpu() -> None:
+    pod = _only(
+        chart.template({"kubeletPlugin": {"enabled": False}, "devicePlugin": {"enabled": True}}), "DaemonSet"
+    )["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["name"] == "device-plugin"
+    assert not {"DRA_GPU_DRA_GPUS", "DRA_GPU_DEVICE_PLUGIN_GPUS"} & set(_env(container))
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"devicePlugin": {"enabled": True}}, "set gpuAssignment.dra or gpuAssignment.devicePlugin"),
+        ({"kubeletPlugin": {"enabled": False}}, "enable kubeletPlugin, devicePlugin or both"),
+    ],
+)
+def test_impossible_container_choices_fail_the_render(values: dict[str, Any], complaint: str) -> None:
+    with chart.values_flags(values) as flags:
+        result = chart.helm("template", "dra-gpu", str(chart.CHART), *flags, check=False)
+    assert result.returncode != 0
+    assert complaint in result.stderr
 
 
 def test_real_gpus_get_nvml_through_the_toolkit_or_a_runtime_class() -> None:

@@ -44,3 +44,64 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- $driver := .root.Values.driverName -}}
 device.driver == "{{ $driver }}" && device.attributes["{{ $driver }}"].type == "{{ .type }}"
 {{- end }}
+
+{{/* Environment both containers share: the node, the paths, logging, the GPU split, NVML access. */}}
+{{- define "dra-gpu.commonEnv" -}}
+- name: DRA_GPU_NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+- name: DRA_GPU_DRIVER_NAME
+  value: {{ .Values.driverName | quote }}
+- name: DRA_GPU_KUBELET_ROOT
+  value: {{ .Values.kubeletDir | quote }}
+- name: DRA_GPU_CDI_ROOT
+  value: {{ .Values.cdiDir | quote }}
+- name: DRA_GPU_LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+- name: DRA_GPU_LOG_FORMAT
+  value: {{ .Values.logFormat | quote }}
+{{- with .Values.gpuAssignment.dra }}
+- name: DRA_GPU_DRA_GPUS
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.gpuAssignment.devicePlugin }}
+- name: DRA_GPU_DEVICE_PLUGIN_GPUS
+  value: {{ . | quote }}
+{{- end }}
+{{- if and (not .Values.fakeGpus.enabled) .Values.nvml.toolkitEnv }}
+# The NVIDIA Container Toolkit injects every GPU and NVML (the "utility" libraries).
+- name: NVIDIA_VISIBLE_DEVICES
+  value: all
+- name: NVIDIA_DRIVER_CAPABILITIES
+  value: utility
+{{- end }}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* uid 0 for the root-owned host directories, but no capability and no escalation (see the pod's securityContext). */}}
+{{- define "dra-gpu.containerSecurityContext" -}}
+privileged: false
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+{{- end }}
+
+{{/* Mounts both containers have: the CDI directory, a scratch /tmp, fake GPUs, extras. */}}
+{{- define "dra-gpu.sharedMounts" -}}
+- name: cdi
+  mountPath: {{ .Values.cdiDir }}
+- name: tmp
+  mountPath: /tmp
+{{- if .Values.fakeGpus.enabled }}
+- name: fake-gpus
+  mountPath: /etc/dra-gpu/fake-gpus
+  readOnly: true
+{{- end }}
+{{- with .Values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}

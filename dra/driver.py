@@ -17,7 +17,8 @@ from dra.cdistore import CdiStore
 from dra.checkpoint import CheckpointError, CheckpointStore
 from dra.devices import Inventory
 from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary, ProfileError, load_profile
+from dra.fakegpu import FakeGpuLibrary
+from dra.fakeprofiles import ProfileError, load_profile
 from dra.health import HealthMonitor, HealthTracker
 from dra.kube import KubeClient, KubeError
 from dra.nvml import GpuLibrary, GpuLibraryError, NvmlLibrary

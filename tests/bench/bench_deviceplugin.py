@@ -24,7 +24,8 @@ import grpc
 from dra.deviceplugin.preferred import preferred_allocation
 from dra.deviceplugin.resources import placements, resources
 from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary, load_profile
+from dra.fakegpu import FakeGpuLibrary
+from dra.fakeprofiles import load_profile
 from dra.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from dra.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
 from tests.bench.bench_driver import _percentile, _rss_kib

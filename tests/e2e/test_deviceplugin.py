@@ -18,7 +18,8 @@ import pytest
 
 from dra.devices import Device, Gpu, Inventory, MigDevice
 from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary, load_profile
+from dra.fakegpu import FakeGpuLibrary
+from dra.fakeprofiles import load_profile
 from tests.cluster.cluster import ClusterInfo, LocalCluster
 from tests.cluster.kube import Kube, wait_for
 from tests.devicepluginprocess import DevicePluginProcess

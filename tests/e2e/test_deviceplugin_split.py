@@ -20,7 +20,8 @@ import pytest
 
 from dra.devices import Gpu, Inventory
 from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary, load_profile
+from dra.fakegpu import FakeGpuLibrary
+from dra.fakeprofiles import load_profile
 from tests.cluster.cluster import ClusterInfo
 from tests.cluster.kube import Kube, wait_for
 from tests.devicepluginprocess import DevicePluginProcess

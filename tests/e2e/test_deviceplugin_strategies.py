@@ -11,7 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary, load_profile
+from dra.fakegpu import FakeGpuLibrary
+from dra.fakeprofiles import load_profile
 from tests.cluster.cluster import ClusterInfo
 from tests.cluster.kube import Kube
 from tests.devicepluginprocess import DevicePluginProcess

@@ -22,7 +22,8 @@ import yaml
 from dra.cdistore import CdiStore
 from dra.checkpoint import CheckpointStore
 from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary, load_profile
+from dra.fakegpu import FakeGpuLibrary
+from dra.fakeprofiles import load_profile
 from dra.health import HealthTracker
 from dra.kube import KubeClient
 from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc

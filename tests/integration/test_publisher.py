@@ -9,7 +9,8 @@ import pytest
 
 from dra.devices import Inventory
 from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary, load_profile, parse_profile
+from dra.fakegpu import FakeGpuLibrary
+from dra.fakeprofiles import load_profile, parse_profile
 from dra.kube import KubeClient
 from dra.publisher import SlicePublisher
 from tests.cluster.cluster import ClusterInfo

@@ -7,7 +7,8 @@ from typing import Any
 
 from dra.devices import Inventory
 from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary, Profile, load_profile, parse_profile
+from dra.fakegpu import FakeGpuLibrary
+from dra.fakeprofiles import Profile, load_profile, parse_profile
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-a"

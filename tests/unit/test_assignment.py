@@ -21,7 +21,8 @@ from dra.assignment import (
 )
 from dra.devices import Gpu, Inventory, MigDevice
 from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary, load_profile
+from dra.fakegpu import FakeGpuLibrary
+from dra.fakeprofiles import load_profile
 
 NODE = "node-a"
 

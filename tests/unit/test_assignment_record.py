@@ -17,7 +17,8 @@ from dra.assignment import GpuPath, recorded
 from dra.assignmentrecord import AssignmentConflictError, AssignmentRecord
 from dra.devices import Gpu
 from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary, load_profile
+from dra.fakegpu import FakeGpuLibrary
+from dra.fakeprofiles import load_profile
 
 
 @pytest.fixture

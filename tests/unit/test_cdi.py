@@ -14,7 +14,7 @@ from dra import atomicfile, cdi
 from dra.cdistore import CdiStore
 from dra.devices import Device, Inventory
 from dra.discovery import discover
-from dra.fakegpu import load_profile
+from dra.fakeprofiles import load_profile
 from tests.unit.helpers import DRIVER, HostGpuLibrary, inventory
 
 UID = "0b4e2f7a-61c3-4a8e-9d55-2f0c1e9a7b10"

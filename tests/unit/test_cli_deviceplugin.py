@@ -11,7 +11,8 @@ from dra.assignmentrecord import AssignmentRecord
 from dra.cli import main, parse_args
 from dra.deviceplugin.allocate import Strategy
 from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary, load_profile
+from dra.fakegpu import FakeGpuLibrary
+from dra.fakeprofiles import load_profile
 
 
 def test_device_plugin_defaults() -> None:

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from dra.cli import build_parser, env_name
-from dra.fakegpu import BUILTIN_PROFILES, load_profile
+from dra.fakeprofiles import BUILTIN_PROFILES, load_profile
 from tests import chart
 from tests.cluster.kube import Obj
 

@@ -14,7 +14,8 @@ from dra.cdistore import CdiStore
 from dra.deviceplugin.allocate import Strategy, allocation_id, container_response, parse_strategies, uses_cdi
 from dra.devices import Inventory
 from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary, load_profile
+from dra.fakegpu import FakeGpuLibrary
+from dra.fakeprofiles import load_profile
 
 DRIVER = "gpu.nvidia.com"
 KIND = "k8s.gpu.nvidia.com/device"

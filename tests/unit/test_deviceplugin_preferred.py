@@ -14,7 +14,8 @@ from dra.deviceplugin.preferred import Placement, preferred_allocation
 from dra.deviceplugin.resources import placements
 from dra.devices import Inventory, MigDevice
 from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary, load_profile
+from dra.fakegpu import FakeGpuLibrary
+from dra.fakeprofiles import load_profile
 
 
 def node(profile: str) -> Inventory:

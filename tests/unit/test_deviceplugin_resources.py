@@ -18,7 +18,8 @@ from dra.deviceplugin.resources import (
 )
 from dra.devices import Gpu, Inventory, MigDevice
 from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary, load_profile
+from dra.fakegpu import FakeGpuLibrary
+from dra.fakeprofiles import load_profile
 
 
 def node(profile: str) -> Inventory:

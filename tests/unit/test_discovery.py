@@ -16,7 +16,8 @@ from dra.discovery import (
     mig_profile,
     to_semver,
 )
-from dra.fakegpu import MODELS, FakeGpuLibrary, MigProfile, load_profile
+from dra.fakegpu import FakeGpuLibrary
+from dra.fakeprofiles import MODELS, MigProfile, load_profile
 from dra.nvml import (
     ERROR_GPU_IS_LOST,
     ERROR_NOT_FOUND,

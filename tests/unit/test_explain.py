@@ -11,7 +11,8 @@ import yaml
 
 from dra import cli, explain
 from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary, load_profile
+from dra.fakegpu import FakeGpuLibrary
+from dra.fakeprofiles import load_profile
 from dra.slices import build_slices
 
 DRIVER = "gpu.nvidia.com"

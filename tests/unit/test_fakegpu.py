@@ -11,7 +11,8 @@ import yaml
 
 from dra.devices import MigDevice
 from dra.discovery import discover
-from dra.fakegpu import BUILTIN_PROFILES, MODELS, FakeGpuLibrary, ProfileError, load_profile, parse_profile
+from dra.fakegpu import FakeGpuLibrary
+from dra.fakeprofiles import BUILTIN_PROFILES, MODELS, ProfileError, load_profile, parse_profile
 from dra.nvml import ERROR_NOT_FOUND, ERROR_NOT_SUPPORTED, GpuHandle, GpuLibraryError, XidEvent
 from tests.unit.helpers import NODE, inventory
 

@@ -12,7 +12,8 @@ import anyio.to_thread
 import pytest
 
 from dra.devices import Inventory, MigDevice
-from dra.fakegpu import FakeGpuLibrary, load_profile
+from dra.fakegpu import FakeGpuLibrary
+from dra.fakeprofiles import load_profile
 from dra.health import APPLICATION_XIDS, DeviceHealth, HealthMonitor, HealthTracker
 from dra.nvml import ERROR_GPU_IS_LOST, GpuLibraryError, XidEvent
 from tests.unit.helpers import NODE, inventory

@@ -12,7 +12,8 @@ import pytest
 from dra import slices
 from dra.devices import Gpu, Inventory
 from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary, load_profile
+from dra.fakegpu import FakeGpuLibrary
+from dra.fakeprofiles import load_profile
 from dra.slices import (
     MAX_DEVICES_PER_SLICE,
     PCIE_ROOT_ATTRIBUTE,

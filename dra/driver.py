@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from dra.fakegpu import FakeGpuLibrary
 from dra.fakeprofiles import ProfileError, load_profile
 from dra.health import HealthMonitor, HealthTracker
 from dra.kube import KubeClient, KubeError
+from dra.lifecycle import until_stopped
 from dra.nvml import GpuLibrary, GpuLibraryError, NvmlLibrary
 from dra.plugin.server import PluginServer, SocketPathError
 from dra.plugin.service import DraService, HealthService
@@ -201,10 +201,7 @@ async def _run_kubelet_plugin(
                 )
 
             group.start_soon(report_ready)
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for signum in signals:
-                    log.info("received %s, shutting down", signal.Signals(signum).name)
-                    break
+            await until_stopped()
             group.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):

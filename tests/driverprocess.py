@@ -1,7 +1,8 @@
-"""Run `dra-gpu kubelet-plugin` as a real process against the local cluster, for tests and the demo."""
+"""Run dra-gpu daemons as real processes against the local cluster, for tests and the demo."""
 
 from __future__ import annotations
 
+import abc
 import os
 import signal
 import socket
@@ -11,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Self
 
 from tests.cluster.cluster import ClusterInfo
 
@@ -23,63 +25,38 @@ def free_port() -> int:
         return port
 
 
-class DriverProcess:
-    """The driver on the cluster's kubelet, CDI directory and API server."""
+class DaemonProcess(abc.ABC):
+    """A dra-gpu daemon as a real process: started, awaited on /readyz, stopped or killed."""
 
-    def __init__(
-        self,
-        cluster: ClusterInfo,
-        profile: str,
-        log_path: Path,
-        driver_name: str = "gpu.nvidia.com",
-        extra_args: tuple[str, ...] = (),
-        env: dict[str, str] | None = None,
-        kubeconfig: str | None = None,
-    ) -> None:
-        self.cluster = cluster
-        self.profile = profile
+    #: How the daemon is called in error messages.
+    what = "daemon"
+
+    def __init__(self, log_path: Path, env: dict[str, str] | None = None) -> None:
         self.log_path = log_path
-        self.driver_name = driver_name
-        self.extra_args = extra_args
         self.env = env or {}
-        #: The driver's credentials: the cluster admin's unless a test gives it its own.
-        self.kubeconfig = kubeconfig or cluster.kubeconfig
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
-    @property
-    def checkpoint(self) -> Path:
-        """The checkpoint file the driver keeps."""
-        return Path(self.cluster.kubelet_root) / "plugins" / self.driver_name / "checkpoint.json"
+    @abc.abstractmethod
+    def args(self) -> list[str]:
+        """The command line."""
 
-    def start(self, timeout: float = 30.0) -> DriverProcess:
-        """Start and wait until /readyz says registered and published."""
-        args = [
-            sys.executable,
-            "-m",
-            "dra",
-            "kubelet-plugin",
-            f"--driver-name={self.driver_name}",
-            f"--node-name={self.cluster.node_name}",
-            f"--kubeconfig={self.kubeconfig}",
-            f"--kubelet-root={self.cluster.kubelet_root}",
-            f"--cdi-root={self.cluster.cdi_dir}",
-            f"--fake-gpus={self.profile}",
-            f"--http-address=127.0.0.1:{self.port}",
-            *self.extra_args,
-        ]
+    def start(self, timeout: float = 30.0) -> Self:
+        """Start and wait until /readyz answers 200 (the daemon decides what ready means)."""
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
+                self.args(), stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"driver exited with {self.proc.returncode}:\n{self.log_path.read_text()}")
+                raise RuntimeError(
+                    f"{self.what} exited with {self.proc.returncode}:\n{self.log_path.read_text()}"
+                )
             if self.ready():
                 return self
             time.sleep(0.1)
-        raise RuntimeError(f"driver not ready after {timeout}s:\n{self.log_path.read_text()}")
+        raise RuntimeError(f"{self.what} not ready after {timeout}s:\n{self.log_path.read_text()}")
 
     def ready(self) -> bool:
         """Whether /readyz answers 200."""
@@ -110,3 +87,49 @@ class DriverProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait(5)
+
+
+class DriverProcess(DaemonProcess):
+    """The driver on the cluster's kubelet, CDI directory and API server."""
+
+    what = "driver"
+
+    def __init__(
+        self,
+        cluster: ClusterInfo,
+        profile: str,
+        log_path: Path,
+        driver_name: str = "gpu.nvidia.com",
+        extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        kubeconfig: str | None = None,
+    ) -> None:
+        super().__init__(log_path, env)
+        self.cluster = cluster
+        self.profile = profile
+        self.driver_name = driver_name
+        self.extra_args = extra_args
+        #: The driver's credentials: the cluster admin's unless a test gives it its own.
+        self.kubeconfig = kubeconfig or cluster.kubeconfig
+
+    @property
+    def checkpoint(self) -> Path:
+        """The checkpoint file the driver keeps."""
+        return Path(self.cluster.kubelet_root) / "plugins" / self.driver_name / "checkpoint.json"
+
+    def args(self) -> list[str]:
+        """dra-gpu kubelet-plugin on the cluster, fake GPUs, an HTTP port of its own."""
+        return [
+            sys.executable,
+            "-m",
+            "dra",
+            "kubelet-plugin",
+            f"--driver-name={self.driver_name}",
+            f"--node-name={self.cluster.node_name}",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--kubelet-root={self.cluster.kubelet_root}",
+            f"--cdi-root={self.cluster.cdi_dir}",
+            f"--fake-gpus={self.profile}",
+            f"--http-address=127.0.0.1:{self.port}",
+            *self.extra_args,
+        ]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from dra.deviceplugin.server import ResourceServer, SocketPathError
 from dra.deviceplugin.service import CallLog, DevicePluginService
 from dra.driver import StartupError, default_state_dir, gpu_library, load_inventory, take_assignment
 from dra.health import HealthMonitor, HealthTracker
+from dra.lifecycle import until_stopped
 
 log = logging.getLogger(__name__)
 
@@ -119,10 +119,7 @@ async def run_device_plugin(settings: DevicePluginSettings) -> None:
                 )
 
             group.start_soon(report_ready)
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for signum in signals:
-                    log.info("received %s, shutting down", signal.Signals(signum).name)
-                    break
+            await until_stopped()
             group.cancel_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):

@@ -70,6 +70,14 @@ def csv(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
+def seconds(text: str) -> float:
+    """A non-negative number of seconds."""
+    value = float(text)
+    if value < 0:
+        raise ValueError("must not be negative")
+    return value
+
+
 def option(
     parser: argparse.ArgumentParser,
     flag: str,
@@ -204,6 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
         "with --fake-gpus: file of '<uuid> <xid>' lines to inject XID errors",
         type=path,
     )
+    option(
+        plugin,
+        "--rediscover-interval",
+        "seconds between looks at the GPUs for changes (MIG layout, lost GPUs); 0 disables",
+        60.0,
+        type=seconds,
+    )
     option(plugin, "--http-address", "host:port for /metrics, /healthz and /readyz; empty disables", ":8080")
     _assignment(plugin)
 
@@ -327,6 +342,7 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
         http_address=args.http_address or None,
         dra_gpus=args.dra_gpus,
         device_plugin_gpus=args.device_plugin_gpus,
+        rediscover_interval=args.rediscover_interval,
     )
     anyio.run(run_kubelet_plugin, settings, backend="asyncio")
     return 0

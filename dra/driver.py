@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 
 from dra import metrics
 from dra.assignment import AssignmentError, GpuPath, Selector, assign, restrict
@@ -49,6 +51,7 @@ class PluginSettings:
     http_address: str | None
     dra_gpus: Selector | None = None
     device_plugin_gpus: Selector | None = None
+    rediscover_interval: float = 60.0
 
     @property
     def state_directory(self) -> Path:
@@ -127,6 +130,65 @@ def take_assignment(
     return restrict(inventory, mine), claim
 
 
+def _discover_again(settings: PluginSettings) -> Inventory:
+    # A fresh library, so that a changed fake profile file is read again too; NVML's
+    # init and shutdown are reference-counted, so this leaves the health watch alone.
+    lib = gpu_library(settings.fake_gpus, settings.node_name)
+    try:
+        return load_inventory(lib)
+    finally:
+        lib.shutdown()
+
+
+class Rediscovery:
+    """Looks at the GPUs again now and then: a MIG layout changed, a GPU vanished or came back.
+
+    Only GPUs this path was given at start-up are followed; a GPU that appears
+    later is not advertised until a restart assigns it (to DRA or the device plugin).
+    """
+
+    def __init__(self, settings: PluginSettings, inventory: Inventory) -> None:
+        self._settings = settings
+        self._assigned = {gpu.uuid for gpu in inventory.gpus}
+        self.current = inventory
+        self._reported: set[str] = set()
+
+    def follow(self, fresh: Inventory) -> Inventory | None:
+        """This path's part of a fresh discovery, or None when nothing changed."""
+        for gpu in fresh.gpus:
+            if gpu.uuid not in self._assigned and gpu.uuid not in self._reported:
+                self._reported.add(gpu.uuid)
+                log.warning(
+                    "GPU %d (%s) appeared after start-up: restart the driver to assign it",
+                    gpu.index,
+                    gpu.uuid,
+                )
+        mine = restrict(fresh, [gpu for gpu in fresh.gpus if gpu.uuid in self._assigned])
+        if mine == self.current:
+            return None
+        before, after = {d.name for d in self.current}, {d.name for d in mine}
+        log.info(
+            "devices changed: added %s, removed %s",
+            ", ".join(sorted(after - before)) or "none",
+            ", ".join(sorted(before - after)) or "none",
+        )
+        self.current = mine
+        return mine
+
+    async def run(self, apply: Callable[[Inventory], None]) -> None:
+        """Discover every interval and apply what changed, until cancelled."""
+        while True:
+            await anyio.sleep(self._settings.rediscover_interval)
+            try:
+                fresh = await anyio.to_thread.run_sync(_discover_again, self._settings)
+            except StartupError as err:
+                log.warning("re-discovering GPUs failed, keeping the last inventory: %s", err)
+                continue
+            changed = self.follow(fresh)
+            if changed is not None:
+                apply(changed)
+
+
 async def run_kubelet_plugin(settings: PluginSettings) -> None:
     """Run until SIGTERM or SIGINT."""
     started = time.monotonic()
@@ -178,11 +240,18 @@ async def _run_kubelet_plugin(
     def ready() -> bool:
         return server.registration.registered.is_set() and publisher.published.is_set()
 
+    def apply(changed: Inventory) -> None:
+        state.set_inventory(changed)
+        tracker.set_inventory(changed)
+        publisher.set_inventory(changed)
+
     http = metrics.serve(settings.http_address, ready) if settings.http_address else None
     monitor = HealthMonitor(lib, tracker, inventory)
     try:
         async with anyio.create_task_group() as group:
             group.start_soon(publisher.run)
+            if settings.rediscover_interval > 0:
+                group.start_soon(Rediscovery(settings, inventory).run, apply)
             await server.start()
             group.start_soon(server.keep_registration_socket)
             monitor.start(

@@ -45,6 +45,14 @@ class HealthTracker:
         self._health = {device.name: DeviceHealth(True, now) for device in inventory}
         self._changed = anyio.Event()
 
+    def set_inventory(self, inventory: Inventory) -> None:
+        """Follow a changed inventory: new devices start healthy, gone ones are forgotten."""
+        now = int(time.time())
+        self._inventory = inventory
+        self._health = {d.name: self._health.get(d.name, DeviceHealth(True, now)) for d in inventory}
+        self._changed.set()
+        self._changed = anyio.Event()
+
     def snapshot(self) -> dict[str, DeviceHealth]:
         """Health of every device by name."""
         return dict(self._health)

@@ -51,6 +51,11 @@ class DeviceState:
         self._lock = threading.Lock()
         self._prepared: dict[str, PreparedClaim] = checkpoint.load()
 
+    def set_inventory(self, inventory: Inventory) -> None:
+        """Devices changed: new prepares see the new inventory; prepared claims stay as they are."""
+        with self._lock:
+            self.inventory = inventory
+
     @property
     def prepared(self) -> Mapping[str, PreparedClaim]:
         """Prepared claims by UID (a snapshot)."""

@@ -1,0 +1,70 @@
+"""Following device changes after start-up: only the GPUs this path was given."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from dra.devices import Inventory
+from dra.discovery import discover
+from dra.driver import PluginSettings, Rediscovery
+from dra.fakegpu import FakeGpuLibrary
+from dra.fakeprofiles import parse_profile
+from dra.health import HealthTracker
+
+SETTINGS = PluginSettings(
+    driver_name="gpu.nvidia.com",
+    node_name="node-a",
+    kubeconfig=None,
+    kubelet_root=Path("/var/lib/kubelet"),
+    cdi_root=Path("/var/run/cdi"),
+    state_dir=None,
+    fake_gpus=None,
+    fake_gpu_events=None,
+    http_address=None,
+)
+
+
+def _inventory(*gpus: Mapping[str, object]) -> Inventory:
+    return discover(FakeGpuLibrary(parse_profile({"gpus": list(gpus)}, "test"), "node-a"))
+
+
+SMALL = {"model": "a100-sxm4-40gb", "mig": ["1g.5gb"] * 7}
+LARGE = {"model": "a100-sxm4-40gb", "mig": ["7g.40gb"]}
+T4 = {"model": "t4"}
+
+
+def test_nothing_changed_is_none() -> None:
+    follow = Rediscovery(SETTINGS, _inventory(SMALL, T4))
+    assert follow.follow(_inventory(SMALL, T4)) is None
+
+
+def test_a_new_mig_layout_replaces_the_devices() -> None:
+    follow = Rediscovery(SETTINGS, _inventory(SMALL, T4))
+    changed = follow.follow(_inventory(LARGE, T4))
+    assert changed is not None
+    assert [d.name for d in changed] == ["gpu-0-mig-7g40gb-1-0", "gpu-1"]
+    assert follow.follow(_inventory(LARGE, T4)) is None
+
+
+def test_a_gpu_not_given_at_start_is_reported_once_and_not_taken(caplog: pytest.LogCaptureFixture) -> None:
+    follow = Rediscovery(SETTINGS, _inventory(T4))
+    caplog.set_level(logging.WARNING)
+    assert follow.follow(_inventory(T4, T4)) is None
+    assert follow.follow(_inventory(T4, T4)) is None
+    assert [r.getMessage() for r in caplog.records if "appeared after start-up" in r.getMessage()] == [
+        f"GPU 1 ({_inventory(T4, T4).gpus[1].uuid}) appeared after start-up: restart the driver to assign it"
+    ]
+
+
+def test_health_follows_the_inventory() -> None:
+    tracker = HealthTracker(_inventory(SMALL, T4))
+    tracker.mark_unhealthy(["gpu-1"], "XID 79")
+    tracker.set_inventory(_inventory(LARGE, T4))
+    health = tracker.snapshot()
+    assert sorted(health) == ["gpu-0-mig-7g40gb-1-0", "gpu-1"]
+    assert not health["gpu-1"].healthy
+    assert health["gpu-0-mig-7g40gb-1-0"].healthy

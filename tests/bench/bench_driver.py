@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -75,7 +74,8 @@ def main() -> None:
 
     with running_cluster() as cluster:
         kube = Kube(cluster.kubeconfig)
-        log = Path(tempfile.mkdtemp(prefix="dra-bench-")) / "driver.log"
+        # In the run directory: removed with the cluster.
+        log = Path(cluster.run_dir) / "logs" / "dra-gpu.log"
         started = time.monotonic()
         driver = DriverProcess(cluster, args.profile, log).start()
         startup = time.monotonic() - started

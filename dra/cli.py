@@ -13,9 +13,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import anyio
 import yaml
@@ -26,104 +24,15 @@ from dra.deviceplugin.allocate import Strategy, parse_strategies
 from dra.deviceplugin.daemon import DevicePluginSettings, run_device_plugin
 from dra.deviceplugin.resources import DEFAULT_RESOURCE
 from dra.driver import PluginSettings, StartupError, gpu_library, load_inventory, run_kubelet_plugin
+from dra.envflags import UsageError, apply_environment, csv, nonempty, option, path, seconds
 from dra.slices import SliceError, build_slices
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
 
 
-class UsageError(Exception):
-    """A flag or environment value is invalid."""
-
-
-@dataclass(frozen=True)
-class _FromEnv:
-    """A default taken from the environment, converted and checked only if its subcommand runs.
-
-    Not a str, so that argparse leaves it alone instead of converting it early.
-    """
-
-    env: str
-    raw: str
-
-
-def env_name(flag: str) -> str:
-    """--node-name -> DRA_GPU_NODE_NAME."""
-    return "DRA_GPU_" + flag.lstrip("-").upper().replace("-", "_")
-
-
-def path(text: str) -> Path:
-    """A path flag; an empty value is an error, not the current directory."""
-    if not text:
-        raise ValueError("must not be empty")
-    return Path(text)
-
-
-def nonempty(text: str) -> str:
-    """A text flag that must have a value."""
-    if not text.strip():
-        raise ValueError("must not be empty")
-    return text
-
-
-def csv(text: str) -> list[str]:
-    """A comma-separated list flag."""
-    return [item.strip() for item in text.split(",") if item.strip()]
-
-
-def seconds(text: str) -> float:
-    """A non-negative number of seconds."""
-    value = float(text)
-    if value < 0:
-        raise ValueError("must not be negative")
-    return value
-
-
-def option(
-    parser: argparse.ArgumentParser,
-    flag: str,
-    help: str,
-    default: Any = None,
-    type: Callable[[str], Any] = str,
-    choices: Sequence[str] | None = None,
-    required: bool = False,
-) -> None:
-    """Add a flag whose default comes from its environment variable, if set."""
-    env = env_name(flag)
-    raw = os.environ.get(env)
-    shown = f"; default {default}" if default not in (None, "") else ""
-    if raw is not None:
-        default = _FromEnv(env, raw)
-    parser.add_argument(
-        flag,
-        default=default,
-        type=type,
-        choices=choices,
-        required=required and raw is None,
-        help=f"{help} (env {env}{shown})",
-    )
-    checks = parser.get_default("env_checks") or ()
-    parser.set_defaults(env_checks=(*checks, (flag.lstrip("-").replace("-", "_"), type, choices)))
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse the command line, then convert and check the values taken from DRA_GPU_* variables.
-
-    Only the variables of the subcommand that runs are checked, so a variable meant
-    for another subcommand cannot stop this one. Raises UsageError.
-    """
-    args = build_parser().parse_args(argv)
-    for dest, convert, choices in args.env_checks:
-        value = getattr(args, dest)
-        if not isinstance(value, _FromEnv):
-            continue
-        where = f"environment variable {value.env}={value.raw!r}"
-        if choices is not None and value.raw not in choices:
-            raise UsageError(f"{where}: expected one of {', '.join(choices)}")
-        try:
-            setattr(args, dest, convert(value.raw))
-        except (ValueError, argparse.ArgumentTypeError) as err:
-            raise UsageError(f"{where}: {err}") from None
-    return args
+    """Parse the command line, then the DRA_GPU_* values of the subcommand that runs (UsageError)."""
+    return apply_environment(build_parser().parse_args(argv))
 
 
 def _common(parser: argparse.ArgumentParser) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dra import cli, driver
+from dra import cli, driver, envflags
 from dra.nvml import GpuLibraryError
 from dra.slices import SliceError
 
@@ -59,7 +59,7 @@ def _one_error_line(err: str) -> str:
     ],
 )
 def test_env_name(flag: str, env: str) -> None:
-    assert cli.env_name(flag) == env
+    assert envflags.env_name(flag) == env
 
 
 def test_discover_defaults() -> None:
@@ -298,7 +298,7 @@ def test_a_variable_of_another_subcommand_does_not_matter(monkeypatch: pytest.Mo
     monkeypatch.setenv("DRA_GPU_OUTPUT", "xml")
     args = cli.parse_args(["kubelet-plugin", "--node-name", "node-a"])
     assert args.node_name == "node-a"
-    with pytest.raises(cli.UsageError, match="DRA_GPU_OUTPUT='xml': expected one of yaml, json"):
+    with pytest.raises(envflags.UsageError, match="DRA_GPU_OUTPUT='xml': expected one of yaml, json"):
         cli.parse_args(["discover"])
 
 

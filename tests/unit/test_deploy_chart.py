@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from dra.cli import build_parser, env_name
+from dra.cli import build_parser
+from dra.envflags import env_name
 from dra.fakeprofiles import BUILTIN_PROFILES, load_profile
 from tests import chart
 from tests.cluster.kube import Obj

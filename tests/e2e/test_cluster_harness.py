@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any
 import pytest
 from kubernetes.dynamic.exceptions import UnprocessibleEntityError
 
-from tests.cluster.cluster import ClusterInfo
+from tests.cluster.cluster import ClusterInfo, LocalCluster
 from tests.cluster.kube import Kube, Obj, wait_for
 
 DRIVER = "stub.dra-gpu.test"
@@ -207,3 +209,24 @@ def test_invalid_cel_is_rejected_with_the_compile_error(kube: Kube) -> None:
     body = json.loads(raised.value.body)
     assert "compilation failed" in body["message"]
     assert "Syntax error" in body["message"]
+
+
+def test_a_second_cluster_stops_without_a_trace() -> None:
+    """After stop() no process, mount, socket or file of the run remains (start time is printed)."""
+    run_dir = Path(tempfile.mkdtemp(prefix="dra-gpu-", dir="/tmp"))
+    cluster = LocalCluster(run_dir=run_dir)
+    started = time.monotonic()
+    info = cluster.start()
+    elapsed = time.monotonic() - started
+    try:
+        client = Kube(info.kubeconfig)
+        assert client.get("v1", "Node", info.node_name)["status"]["conditions"]
+        client.close()
+        pids = dict(info.pids)
+    finally:
+        cluster.stop()
+    print(f"second cluster Ready in {elapsed:.1f}s")
+    for name, pid in pids.items():
+        assert not Path(f"/proc/{pid}").exists(), f"{name} (pid {pid}) is still running"
+    assert not run_dir.exists()
+    assert str(run_dir) not in Path("/proc/mounts").read_text()

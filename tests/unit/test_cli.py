@@ -305,3 +305,41 @@ def test_a_variable_of_another_subcommand_does_not_matter(monkeypatch: pytest.Mo
 def test_the_command_line_wins_over_an_invalid_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DRA_GPU_OUTPUT", "xml")
     assert cli.parse_args(["discover", "--output", "json"]).output == "json"
+
+
+def test_a_corrupt_checkpoint_stops_the_daemon_with_one_line_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "checkpoint.json").write_text(
+        '{"kind": "DraGpuCheckpoint", "version": 1, "claims": {}, "checksum": "x"}'
+    )
+    code, out, err = _run(
+        capsys,
+        "kubelet-plugin",
+        "--node-name=node-a",
+        "--fake-gpus=mixed",
+        f"--kubeconfig={kubeconfig}",
+        f"--kubelet-root={tmp_path / 'kubelet'}",
+        f"--cdi-root={tmp_path / 'cdi'}",
+        f"--state-dir={state}",
+        "--http-address=",
+        "--log-level=error",
+    )
+    assert (code, out) == (1, "")
+    line = _one_error_line(err)
+    assert f"checkpoint {state / 'checkpoint.json'} fails its checksum" in line

@@ -36,6 +36,12 @@ class PreparedDevice:
     device: str
     cdi_device_ids: tuple[str, ...]
     admin_access: bool = False
+    #: The physical device: names follow NVML indexes, which shift when a GPU leaves the bus.
+    uuid: str = ""
+
+    def is_device(self, name: str, uuid: str) -> bool:
+        """Whether this entry is that device (by UUID when recorded, else by name)."""
+        return self.uuid == uuid if self.uuid else self.device == name
 
 
 @dataclass(frozen=True)
@@ -47,9 +53,9 @@ class PreparedClaim:
     name: str
     devices: tuple[PreparedDevice, ...]
 
-    def exclusive_devices(self) -> set[str]:
-        """Devices this claim holds exclusively (admin access shares)."""
-        return {d.device for d in self.devices if not d.admin_access}
+    def holds(self, name: str, uuid: str) -> bool:
+        """Whether this claim holds that device exclusively (admin access shares)."""
+        return any(d.is_device(name, uuid) for d in self.devices if not d.admin_access)
 
 
 def _claim_to_json(claim: PreparedClaim) -> dict[str, Any]:
@@ -70,6 +76,7 @@ def _claim_from_json(uid: str, data: Mapping[str, Any]) -> PreparedClaim:
                 device=str(d["device"]),
                 cdi_device_ids=tuple(d["cdi_device_ids"]),
                 admin_access=bool(d.get("admin_access", False)),
+                uuid=str(d.get("uuid", "")),
             )
             for d in data["devices"]
         ),

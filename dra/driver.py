@@ -166,6 +166,18 @@ class Rediscovery:
         mine = restrict(fresh, [gpu for gpu in fresh.gpus if gpu.uuid in self._assigned])
         if mine == self.current:
             return None
+        names = {d.uuid: d.name for d in self.current}
+        renamed = [
+            f"{d.uuid} was {names[d.uuid]}, is {d.name}" for d in mine if names.get(d.uuid, d.name) != d.name
+        ]
+        if renamed:
+            # Claims and slices name devices; a device under another name is another device to the
+            # scheduler. Keep the names until a restart re-publishes everything at once.
+            log.error(
+                "GPU indexes changed (%s): keeping the devices published so far; restart to re-index",
+                "; ".join(renamed),
+            )
+            return None
         before, after = {d.name for d in self.current}, {d.name for d in mine}
         log.info(
             "devices changed: added %s, removed %s",

@@ -89,7 +89,8 @@ class FakeGpuLibrary:
     def uuid(self, gpu: GpuHandle | MigHandle) -> str:
         """Stable per node and device."""
         if isinstance(gpu, _FakeMig):
-            return self._uuid("MIG", f"gpu/{gpu.gpu_index}/mig/{gpu.gpu_instance_id}/0")
+            # A re-created MIG device is a new device with a new UUID, as on real GPUs.
+            return self._uuid("MIG", f"gpu/{gpu.gpu_index}/mig/{gpu.gpu_instance_id}/0/{gpu.profile}")
         return self._uuid("GPU", f"gpu/{gpu}")
 
     def brand(self, gpu: GpuHandle) -> int:

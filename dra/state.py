@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dra import cdi, deviceconfig
 from dra.cdistore import CdiStore
 from dra.checkpoint import CheckpointStore, PreparedClaim, PreparedDevice
-from dra.claims import ClaimAllocation, ClaimError
+from dra.claims import ClaimAllocation, ClaimError, DeviceHeldError
 from dra.devices import Device, Inventory
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class DeviceState:
     def _devices_of(self, claim: PreparedClaim) -> list[Device]:
         found = []
         for entry in claim.devices:
-            device = self.inventory.get(entry.device)
+            device = self.inventory.by_uuid(entry.uuid) if entry.uuid else self.inventory.get(entry.device)
             if device is None:
                 log.warning(
                     "prepared claim %s/%s uses %s, which this node no longer has",
@@ -89,13 +89,14 @@ class DeviceState:
         if devices:
             self._cdi.write(claim.uid, cdi.build_spec(self.driver, claim.uid, devices, self.inventory))
 
-    def _holders(self, device: str, exclude_uid: str) -> list[PreparedClaim]:
+    def _holders(self, device: Device, exclude_uid: str) -> list[PreparedClaim]:
         return [
-            c for c in self._prepared.values() if c.uid != exclude_uid and device in c.exclusive_devices()
+            c for c in self._prepared.values() if c.uid != exclude_uid and c.holds(device.name, device.uuid)
         ]
 
     def _check(self, allocation: ClaimAllocation) -> list[Device]:
         problems: list[str] = []
+        holders: dict[str, PreparedClaim] = {}
         devices: dict[str, Device] = {}
         for result in allocation.devices:
             if result.pool != self.pool:
@@ -108,7 +109,8 @@ class DeviceState:
                 problems.append(f"device {result.device} does not exist on node {self.pool}")
                 continue
             if not result.admin_access:
-                for holder in self._holders(result.device, allocation.uid):
+                for holder in self._holders(device, allocation.uid):
+                    holders[holder.uid] = holder
                     problems.append(
                         f"device {result.device} is already prepared for claim "
                         f"{holder.namespace}/{holder.name} ({holder.uid})"
@@ -119,7 +121,10 @@ class DeviceState:
                 problems.append(f"invalid configuration for device {result.device}: {err}")
             devices[device.name] = device
         if problems:
-            raise ClaimError(f"cannot prepare ResourceClaim {allocation.ref}: " + "; ".join(problems))
+            message = f"cannot prepare ResourceClaim {allocation.ref}: " + "; ".join(problems)
+            if holders:
+                raise DeviceHeldError(message, [(h.namespace, h.name, h.uid) for h in holders.values()])
+            raise ClaimError(message)
         return list(devices.values())
 
     def prepare(self, allocation: ClaimAllocation) -> PreparedClaim:
@@ -154,6 +159,7 @@ class DeviceState:
                         device=device.name,
                         cdi_device_ids=(cdi.qualified_name(self.driver, allocation.uid, device.name),),
                         admin_access=all(r.admin_access for r in results),
+                        uuid=device.uuid,
                     )
                 )
             claim = PreparedClaim(

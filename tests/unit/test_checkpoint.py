@@ -72,9 +72,16 @@ def test_encoding_is_deterministic() -> None:
     assert list(document["claims"]) == ["uid-a", "uid-b"]
 
 
-def test_exclusive_devices_leave_out_admin_access() -> None:
-    assert CLAIMS["uid-a"].exclusive_devices() == {"gpu-0", "gpu-1"}
-    assert CLAIMS["uid-b"].exclusive_devices() == set()
+def test_exclusive_holding_leaves_out_admin_access() -> None:
+    assert CLAIMS["uid-a"].holds("gpu-0", "GPU-unrecorded")
+    assert CLAIMS["uid-a"].holds("gpu-1", "GPU-unrecorded")
+    assert not CLAIMS["uid-b"].holds("gpu-0", "GPU-unrecorded")
+
+
+def test_a_recorded_uuid_identifies_the_device_whatever_its_name() -> None:
+    entry = PreparedDevice(("gpu",), "node-a", "gpu-4", ("k8s.gpu.nvidia.com/claim=u-gpu-4",), uuid="GPU-x")
+    assert entry.is_device("gpu-3", "GPU-x")
+    assert not entry.is_device("gpu-4", "GPU-y")
 
 
 def _document() -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,19 @@ def test_health_follows_the_inventory() -> None:
     assert sorted(health) == ["gpu-0-mig-7g40gb-1-0", "gpu-1"]
     assert not health["gpu-1"].healthy
     assert health["gpu-0-mig-7g40gb-1-0"].healthy
+
+
+def test_renumbered_gpus_are_not_followed(caplog: pytest.LogCaptureFixture) -> None:
+    """A GPU leaving the bus shifts the indexes of those after it: names would point at other GPUs."""
+    three = _inventory(T4, T4, T4)
+    follow = Rediscovery(SETTINGS, three)
+    shifted = Inventory(
+        devices=tuple(replace(g, name=f"gpu-{i}", index=i) for i, g in enumerate(three.gpus[1:])),
+        driver_version=three.driver_version,
+        cuda_driver_version=three.cuda_driver_version,
+        gpus=tuple(replace(g, name=f"gpu-{i}", index=i) for i, g in enumerate(three.gpus[1:])),
+    )
+    caplog.set_level(logging.ERROR)
+    assert follow.follow(shifted) is None
+    assert "GPU indexes changed" in caplog.text
+    assert follow.current == three

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 from dra import cdi
 from dra.cdistore import CdiStore
 from dra.checkpoint import CheckpointError, CheckpointStore, PreparedClaim, PreparedDevice
-from dra.claims import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
+from dra.claims import AllocatedDevice, ClaimAllocation, ClaimError, DeviceHeldError, OpaqueConfig
 from dra.devices import Inventory
 from dra.state import DeviceState
 from tests.unit.helpers import DRIVER, NODE, inventory
@@ -82,17 +83,23 @@ def paths(tmp_path: Path) -> Paths:
 def test_prepare_writes_the_spec_and_the_checkpoint_and_returns_cdi_ids(paths: Paths) -> None:
     state = paths.state()
     claim = state.prepare(_allocation(UID_A, "gpu-0", "gpu-4-mig-3g40gb-1-0"))
+    gpu, mig = (state.inventory.get(name) for name in ("gpu-0", "gpu-4-mig-3g40gb-1-0"))
+    assert gpu is not None
+    assert mig is not None
     assert claim == PreparedClaim(
         uid=UID_A,
         namespace="team-a",
         name="claim-a",
         devices=(
-            PreparedDevice(("gpu",), NODE, "gpu-0", (f"k8s.gpu.nvidia.com/claim={UID_A}-gpu-0",)),
+            PreparedDevice(
+                ("gpu",), NODE, "gpu-0", (f"k8s.gpu.nvidia.com/claim={UID_A}-gpu-0",), uuid=gpu.uuid
+            ),
             PreparedDevice(
                 ("gpu",),
                 NODE,
                 "gpu-4-mig-3g40gb-1-0",
                 (f"k8s.gpu.nvidia.com/claim={UID_A}-gpu-4-mig-3g40gb-1-0",),
+                uuid=mig.uuid,
             ),
         ),
     )
@@ -382,3 +389,21 @@ def test_prepared_is_a_snapshot(paths: Paths) -> None:
     state.unprepare(UID_A)
     assert list(snapshot) == [UID_A]
     assert dict(state.prepared) == {}
+
+
+def test_a_gpu_renamed_by_renumbering_is_still_held_by_its_claim(paths: Paths) -> None:
+    """NVML indexes shift when a GPU leaves the bus: gpu-1 becomes gpu-0; holders are found by UUID."""
+    state = paths.state(inventory("h100x8"))
+    state.prepare(_allocation(UID_A, "gpu-1"))
+    held = state.inventory.get("gpu-1")
+    assert held is not None
+    shifted = Inventory(
+        devices=tuple(replace(g, name=f"gpu-{i}", index=i) for i, g in enumerate(state.inventory.gpus[1:])),
+        driver_version=state.inventory.driver_version,
+        cuda_driver_version=state.inventory.cuda_driver_version,
+        gpus=state.inventory.gpus[1:],
+    )
+    state.set_inventory(shifted)
+    with pytest.raises(DeviceHeldError) as err:
+        state.prepare(_allocation(UID_B, "gpu-0"))
+    assert err.value.holders == [("team-a", "claim-a", UID_A)]

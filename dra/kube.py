@@ -99,6 +99,11 @@ class KubeClient:
                 _preload_content=False,
                 _request_timeout=timeout or self._timeout,
             )[0]
+            if stream:
+                return response
+            # The body is read inside the try: a connection lost mid-body is the same failure
+            # as one lost before it.
+            return json.loads(response.data or b"{}")
         except kubernetes.client.ApiException as err:
             status = int(err.status or 0)
             message = f"{what}: {status} {_reason(err.body)}"
@@ -111,9 +116,8 @@ class KubeClient:
             raise KubeError(message, status) from None
         except (urllib3.exceptions.HTTPError, OSError) as err:
             raise UnreachableError(f"API server {self.host} unreachable ({what}): {err}") from None
-        if stream:
-            return response
-        return json.loads(response.data or b"{}")
+        except ValueError as err:
+            raise KubeError(f"{what}: the API server's answer is not JSON ({err})") from None
 
     # -- reads ---------------------------------------------------------------
 
@@ -182,7 +186,7 @@ class KubeClient:
     ) -> Iterator[tuple[str, Obj]]:
         """Yield (event type, object) for this driver's slices of the node until the server ends the watch.
 
-        Raises ConflictError-like KubeError(410) when the resourceVersion is too old; relist then.
+        Raises KubeError with status 410 when the resourceVersion is too old: list again then.
         """
         query = {
             "watch": "1",
@@ -211,6 +215,10 @@ class KubeClient:
                     yield str(event["type"]), event["object"]
         except (urllib3.exceptions.HTTPError, OSError) as err:
             raise UnreachableError(f"watch ResourceSlices on {self.host} broke off: {err}") from None
+        except (ValueError, KeyError) as err:
+            raise KubeError(
+                f"watch ResourceSlices: an event is not what the API server sends ({err!r})"
+            ) from None
         finally:
             response.release_conn()
 

@@ -35,6 +35,9 @@ class SlicePublisher:
         self.driver = driver
         self.node_name = node_name
         self._inventory = inventory
+        # Bumped by set_inventory, so a reconcile that ran on an older inventory does not
+        # record its generation as the one the new inventory was published under.
+        self._inventory_version = 0
         self._node_uid: str | None = None
         self._generation: int | None = None
         self._send, self._receive = anyio.create_memory_object_stream[None](1)
@@ -49,6 +52,7 @@ class SlicePublisher:
     def set_inventory(self, inventory: Inventory) -> None:
         """Publish a new inventory (under a new pool generation)."""
         self._inventory = inventory
+        self._inventory_version += 1
         self._generation = None
         self.trigger()
 
@@ -57,12 +61,11 @@ class SlicePublisher:
         if self._node_uid is None:
             node = await anyio.to_thread.run_sync(self._kube.get_node, self.node_name)
             self._node_uid = str(node["metadata"]["uid"])
+        version, inventory = self._inventory_version, self._inventory
         existing, _ = await anyio.to_thread.run_sync(
             self._kube.list_resource_slices, self.driver, self.node_name
         )
-        desired = slices.build_slices(
-            self._inventory, self.driver, self.node_name, self._node_uid, generation=0
-        )
+        desired = slices.build_slices(inventory, self.driver, self.node_name, self._node_uid, generation=0)
         plan = slices.plan(desired, existing, self._generation)
         for obj in plan.create:
             await anyio.to_thread.run_sync(self._kube.create_resource_slice, obj)
@@ -77,15 +80,16 @@ class SlicePublisher:
         if plan.writes:
             log.info(
                 "published %d devices in %d slice(s), generation %d (%d created, %d updated, %d deleted)",
-                len(self._inventory),
+                len(inventory),
                 len(desired),
                 plan.generation,
                 len(plan.create),
                 len(plan.update),
                 len(plan.delete),
             )
-        self._generation = plan.generation
-        metrics.PUBLISHED_DEVICES.set(len(self._inventory))
+        if version == self._inventory_version:
+            self._generation = plan.generation
+        metrics.PUBLISHED_DEVICES.set(len(inventory))
         return plan
 
     def _watch(self, token: anyio.lowlevel.EventLoopToken) -> None:
@@ -106,6 +110,11 @@ class SlicePublisher:
                     log.warning("watching ResourceSlices failed, retrying in %.1fs: %s", backoff, err)
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, _BACKOFF_MAX)
+            except Exception:
+                # The watch is what repairs edited or deleted slices: it must outlive any surprise.
+                log.exception("watching ResourceSlices failed unexpectedly, retrying in %.1fs", backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, _BACKOFF_MAX)
             # A missed event while re-listing is covered by reconciling after every (re)connect.
             try:
                 anyio.from_thread.run_sync(self.trigger, token=token)
@@ -124,13 +133,16 @@ class SlicePublisher:
                     await self.reconcile()
                     self.published.set()
                     backoff = _BACKOFF_START
-                except (KubeError, slices.SliceError) as err:
+                except Exception as err:
+                    # Publishing must go on whatever one attempt ran into.
                     metrics.RECONCILE_ERRORS.inc()
                     if isinstance(err, ConflictError):
                         log.info("ResourceSlice changed under us, reconciling again: %s", err)
                         backoff = 0
-                    else:
+                    elif isinstance(err, (KubeError, slices.SliceError)):
                         log.error("publishing ResourceSlices failed, retrying in %.1fs: %s", backoff, err)
+                    else:
+                        log.exception("publishing ResourceSlices failed, retrying in %.1fs", backoff)
                     await anyio.sleep(backoff)
                     backoff = min(max(backoff, _BACKOFF_START) * 2, _BACKOFF_MAX)
                     self.trigger()

@@ -294,6 +294,16 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+def _first_startup_error(group: BaseExceptionGroup[BaseException]) -> StartupError | None:
+    matched = group.subgroup(StartupError)
+    while matched is not None:
+        first = matched.exceptions[0]
+        if isinstance(first, StartupError):
+            return first
+        matched = first.subgroup(StartupError) if isinstance(first, BaseExceptionGroup) else None
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (1 with one line on stderr for any startup error)."""
     try:
@@ -304,8 +314,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.setup(args.log_level, args.log_format)
     try:
         return COMMANDS[args.command](args)
-    except StartupError as err:
-        print(f"dra-gpu: error: {err}", file=sys.stderr)
+    except (StartupError, ExceptionGroup) as err:
+        # A start-up step that runs inside a task group arrives wrapped in an ExceptionGroup.
+        found = err if isinstance(err, StartupError) else _first_startup_error(err)
+        if found is None:
+            raise
+        print(f"dra-gpu: error: {found}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 import anyio
 import anyio.to_thread
@@ -22,7 +24,7 @@ from dra.fakegpu import FakeGpuLibrary
 from dra.fakeprofiles import ProfileError, load_profile
 from dra.health import HealthMonitor, HealthTracker
 from dra.kube import KubeClient, KubeError
-from dra.lifecycle import until_stopped
+from dra.lifecycle import Heartbeat, until_stopped
 from dra.nvml import GpuLibrary, GpuLibraryError, NvmlLibrary
 from dra.plugin.server import PluginServer, SocketPathError
 from dra.plugin.service import DraService, HealthService
@@ -67,6 +69,16 @@ class PluginSettings:
 def default_state_dir(kubelet_root: Path, driver_name: str) -> Path:
     """Where both commands keep state by default: <kubelet root>/plugins/<driver>."""
     return kubelet_root / "plugins" / driver_name
+
+
+def serve_http(
+    address: str, ready: Callable[[], bool], alive: Callable[[], bool], **kwargs: Any
+) -> WSGIServer:
+    """The probes and metrics endpoint; StartupError when the address cannot be bound."""
+    try:
+        return metrics.serve(address, ready, alive, **kwargs)
+    except (OSError, ValueError) as err:
+        raise StartupError(f"cannot serve /metrics, /healthz and /readyz on {address!r}: {err}") from None
 
 
 def gpu_library(fake_gpus: str | None, node_name: str, events: Path | None = None) -> GpuLibrary:
@@ -187,7 +199,7 @@ class Rediscovery:
         self.current = mine
         return mine
 
-    async def run(self, apply: Callable[[Inventory], None]) -> None:
+    async def run(self, apply: Callable[[Inventory], Awaitable[None]]) -> None:
         """Discover every interval and apply what changed, until cancelled."""
         while True:
             await anyio.sleep(self._settings.rediscover_interval)
@@ -198,7 +210,7 @@ class Rediscovery:
                 continue
             changed = self.follow(fresh)
             if changed is not None:
-                apply(changed)
+                await apply(changed)
 
 
 async def run_kubelet_plugin(settings: PluginSettings) -> None:
@@ -233,9 +245,11 @@ async def _run_kubelet_plugin(
             CdiStore(settings.cdi_root, settings.driver_name),
             CheckpointStore(settings.checkpoint_path),
         )
+        state.recover()
     except (KubeError, CheckpointError) as err:
         raise StartupError(str(err)) from None
-    state.recover()
+    except OSError as err:
+        raise StartupError(f"cannot restore the CDI specs in {settings.cdi_root}: {err}") from None
     metrics.PREPARED_CLAIMS.set(len(state.prepared))
 
     tracker = HealthTracker(inventory)
@@ -252,19 +266,25 @@ async def _run_kubelet_plugin(
     def ready() -> bool:
         return server.registration.registered.is_set() and publisher.published.is_set()
 
-    def apply(changed: Inventory) -> None:
-        state.set_inventory(changed)
+    async def apply(changed: Inventory) -> None:
+        # The state's lock may be held across fsyncs by a prepare: wait for it off the loop.
+        await anyio.to_thread.run_sync(state.set_inventory, changed)
         tracker.set_inventory(changed)
         publisher.set_inventory(changed)
 
-    http = metrics.serve(settings.http_address, ready) if settings.http_address else None
+    heartbeat = Heartbeat()
+    http = serve_http(settings.http_address, ready, heartbeat.alive) if settings.http_address else None
     monitor = HealthMonitor(lib, tracker, inventory)
     try:
+        try:
+            await server.start()
+        except (OSError, RuntimeError) as err:
+            raise StartupError(f"cannot serve the plugin's sockets ({server.dra_socket}): {err}") from None
         async with anyio.create_task_group() as group:
+            group.start_soon(heartbeat.run)
             group.start_soon(publisher.run)
             if settings.rediscover_interval > 0:
                 group.start_soon(Rediscovery(settings, inventory).run, apply)
-            await server.start()
             group.start_soon(server.keep_registration_socket)
             monitor.start(
                 on_change=lambda _: metrics.UNHEALTHY_DEVICES.set(

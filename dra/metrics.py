@@ -1,7 +1,7 @@
 """Prometheus metrics and the HTTP endpoint that serves them with the health probes.
 
 GET /metrics   Prometheus text format
-GET /healthz   200 while the process serves (liveness)
+GET /healthz   200 while the daemon's event loop runs (liveness)
 GET /readyz    200 once registered with the kubelet and the slices are published (readiness)
 
 The device plugin serves the same paths with its own registry (DEVICE_PLUGIN_REGISTRY),
@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
@@ -73,20 +74,39 @@ DP_DEVICES = Gauge(
 
 
 class _QuietHandler(WSGIRequestHandler):
+    # A client that connects and sends nothing is dropped instead of holding a thread forever.
+    timeout = 10
+
     def log_message(self, format: str, *args: object) -> None:
         log.debug("http: " + format, *args)
 
 
-def serve(address: str, ready: Callable[[], bool], registry: CollectorRegistry = REGISTRY) -> WSGIServer:
-    """Serve /metrics, /healthz and /readyz on host:port in a daemon thread; return the server."""
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    """One thread per request: a slow or idle client never delays the kubelet's probes."""
+
+    daemon_threads = True
+
+
+def serve(
+    address: str,
+    ready: Callable[[], bool],
+    alive: Callable[[], bool] = lambda: True,
+    registry: CollectorRegistry = REGISTRY,
+) -> WSGIServer:
+    """Serve /metrics, /healthz and /readyz on host:port in a daemon thread; return the server.
+
+    /healthz answers 503 once `alive` says the event loop stopped beating, so the kubelet
+    restarts a wedged daemon. Raises OSError when the address cannot be bound.
+    """
     host, _, port = address.rpartition(":")
     metrics_app = make_wsgi_app(registry)
 
     def app(environ: dict[str, object], start_response: Callable[..., object]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO")
         if path == "/healthz":
-            start_response("200 OK", [("Content-Type", "text/plain")])
-            return [b"ok\n"]
+            ok = alive()
+            start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
+            return [b"ok\n" if ok else b"event loop stalled\n"]
         if path == "/readyz":
             ok = ready()
             start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
@@ -94,6 +114,8 @@ def serve(address: str, ready: Callable[[], bool], registry: CollectorRegistry =
         response: Iterable[bytes] = metrics_app(environ, start_response)
         return response
 
-    server = make_server(host or "0.0.0.0", int(port), app, handler_class=_QuietHandler)
+    server = make_server(
+        host or "0.0.0.0", int(port), app, server_class=_ThreadingServer, handler_class=_QuietHandler
+    )
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     return server

@@ -16,9 +16,16 @@ from dra.deviceplugin.allocate import Strategy, uses_cdi
 from dra.deviceplugin.resources import DEFAULT_RESOURCE, ResourceError, resources
 from dra.deviceplugin.server import ResourceServer, SocketPathError
 from dra.deviceplugin.service import CallLog, DevicePluginService
-from dra.driver import StartupError, default_state_dir, gpu_library, load_inventory, take_assignment
+from dra.driver import (
+    StartupError,
+    default_state_dir,
+    gpu_library,
+    load_inventory,
+    serve_http,
+    take_assignment,
+)
 from dra.health import HealthMonitor, HealthTracker
-from dra.lifecycle import until_stopped
+from dra.lifecycle import Heartbeat, until_stopped
 
 log = logging.getLogger(__name__)
 
@@ -97,14 +104,17 @@ async def run_device_plugin(settings: DevicePluginSettings) -> None:
             ]
         except SocketPathError as err:
             raise StartupError(str(err)) from None
+        heartbeat = Heartbeat()
         if settings.http_address:
-            http = metrics.serve(
+            http = serve_http(
                 settings.http_address,
                 lambda: all(s.registered for s in servers),
-                metrics.DEVICE_PLUGIN_REGISTRY,
+                heartbeat.alive,
+                registry=metrics.DEVICE_PLUGIN_REGISTRY,
             )
         monitor = HealthMonitor(lib, tracker, inventory)
         async with anyio.create_task_group() as group:
+            group.start_soon(heartbeat.run)
             for server in servers:
                 group.start_soon(server.keep_registered, settings.watch_interval)
             monitor.start()

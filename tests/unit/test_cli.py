@@ -343,3 +343,17 @@ def test_a_corrupt_checkpoint_stops_the_daemon_with_one_line_naming_it(
     assert (code, out) == (1, "")
     line = _one_error_line(err)
     assert f"checkpoint {state / 'checkpoint.json'} fails its checksum" in line
+
+
+def test_a_startup_error_inside_a_task_group_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def fails(args: Any) -> int:
+        raise ExceptionGroup(
+            "task group", [driver.StartupError("cannot serve the plugin's sockets (x): busy")]
+        )
+
+    monkeypatch.setitem(cli.COMMANDS, "discover", fails)
+    code, _, err = _run(capsys, "discover")
+    assert code == 1
+    assert _one_error_line(err) == "dra-gpu: error: cannot serve the plugin's sockets (x): busy"

@@ -54,5 +54,5 @@ def test_an_address_in_use_is_an_os_error() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(OSError, match="[Aa]ddress already in use"):
+        with pytest.raises(OSError, match=r"[Aa]ddress already in use"):
             metrics.serve(f"127.0.0.1:{port}", lambda: True)

@@ -19,7 +19,7 @@ import grpc
 
 from dra import metrics
 from dra.checkpoint import PreparedClaim
-from dra.claims import ClaimError, read_allocation
+from dra.claims import ClaimError, DeviceHeldError, read_allocation
 from dra.health import HealthTracker
 from dra.kube import KubeError, NotFoundError
 from dra.pb.dra.v1 import dra_pb2
@@ -85,6 +85,34 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
                     "cannot record an event on ResourceClaim %s: %s", claim["metadata"].get("name"), err
                 )
 
+    async def _stale_reason(self, namespace: str, name: str, uid: str) -> str | None:
+        """Why a claim the checkpoint holds no longer needs its devices, or None if it may."""
+        try:
+            claim = await anyio.to_thread.run_sync(self._kube.get_resource_claim, namespace, name)
+        except NotFoundError:
+            return "the claim no longer exists"
+        except KubeError:
+            return None
+        status = claim.get("status") or {}
+        if (claim.get("metadata") or {}).get("uid") != uid:
+            return "the claim was re-created"
+        # While the claim stays allocated, the scheduler gives its devices to no other claim: an
+        # allocated holder is a real conflict, whatever its pods do.
+        if not status.get("allocation"):
+            return "the claim is no longer allocated"
+        return None
+
+    async def _release_stale(self, holders: list[tuple[str, str, str]]) -> bool:
+        """Unprepare holders whose claims are gone (the kubelet lost track of them); True if any was."""
+        released = False
+        for namespace, name, uid in holders:
+            reason = await self._stale_reason(namespace, name, uid)
+            if reason is not None:
+                log.warning("releasing %s/%s (%s), prepared but stale: %s", namespace, name, uid, reason)
+                await anyio.to_thread.run_sync(self._state.unprepare, uid)
+                released = True
+        return released
+
     async def _prepare(self, ref: dra_pb2.Claim) -> dra_pb2.NodePrepareResourceResponse:
         started = time.perf_counter()
         name = f"{ref.namespace}/{ref.name}"
@@ -93,7 +121,12 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         try:
             claim = await anyio.to_thread.run_sync(self._kube.get_resource_claim, ref.namespace, ref.name)
             allocation = read_allocation(claim, ref.uid, self.driver)
-            prepared = await anyio.to_thread.run_sync(self._state.prepare, allocation)
+            try:
+                prepared = await anyio.to_thread.run_sync(self._state.prepare, allocation)
+            except DeviceHeldError as err:
+                if not await self._release_stale(err.holders):
+                    raise
+                prepared = await anyio.to_thread.run_sync(self._state.prepare, allocation)
             result = "success"
             return _response(prepared)
         except NotFoundError:

@@ -280,3 +280,22 @@ async def test_registration_advertises_v1_first(plugin: Plugin) -> None:
         "v1beta1.DRAPlugin",
         "v1alpha1.DRAResourceHealth",
     ]
+
+
+async def test_a_stale_holder_is_released_and_a_live_one_is_not(
+    plugin: Plugin, allocated_claim: Callable[..., Obj], kube: Kube, namespace: str
+) -> None:
+    """A claim deleted while prepared (the kubelet never unprepared it) must not hold its GPU forever."""
+    gone = allocated_claim(["gpu-6"])
+    assert (await _prepare(plugin.v1, _ref(gone)))[gone["metadata"]["uid"]].error == ""
+    kube.delete("resource.k8s.io/v1", "ResourceClaim", gone["metadata"]["name"], namespace)
+
+    live = allocated_claim(["gpu-6"])
+    answer = (await _prepare(plugin.v1, _ref(live)))[live["metadata"]["uid"]]
+    assert answer.error == ""
+    assert gone["metadata"]["uid"] not in plugin.state.prepared
+    assert not plugin.cdi.path(gone["metadata"]["uid"]).exists()
+
+    third = allocated_claim(["gpu-6"])
+    refused = (await _prepare(plugin.v1, _ref(third)))[third["metadata"]["uid"]]
+    assert f"already prepared for claim {namespace}/{live['metadata']['name']}" in refused.error

@@ -107,7 +107,7 @@ def test_daemonset_runs_the_kubelet_plugin_on_the_host_paths() -> None:
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     host_paths = {name: v["hostPath"]["path"] for name, v in volumes.items() if "hostPath" in v}
     assert host_paths == {
-        "plugins": "/var/lib/kubelet/plugins",
+        "plugin-dir": "/var/lib/kubelet/plugins/gpu.nvidia.com",
         "plugins-registry": "/var/lib/kubelet/plugins_registry",
         "cdi": "/var/run/cdi",
     }
@@ -191,7 +191,7 @@ def test_device_plugin_runs_beside_the_kubelet_plugin_on_the_same_split() -> Non
     mounts = {m["name"]: m["mountPath"] for m in device_plugin["volumeMounts"]}
     # The kubelet's socket directory, and the state directory that holds the shared GPU record.
     assert mounts["device-plugins"] == "/var/lib/kubelet/device-plugins"
-    assert mounts["plugins"] == "/var/lib/kubelet/plugins"
+    assert mounts["plugin-dir"] == "/var/lib/kubelet/plugins/gpu.nvidia.com"
     assert mounts["cdi"] == "/var/run/cdi"
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["device-plugins"]["hostPath"] == {
@@ -311,7 +311,7 @@ def test_another_kubelet_root_moves_sockets_and_mounts() -> None:
     container = _container(objects)
     assert _env(container)["DRA_GPU_KUBELET_ROOT"] == "/var/lib/k0s/kubelet"
     mounts = sorted(m["mountPath"] for m in container["volumeMounts"])
-    assert "/var/lib/k0s/kubelet/plugins" in mounts
+    assert "/var/lib/k0s/kubelet/plugins/gpu.nvidia.com" in mounts
     assert "/var/lib/k0s/kubelet/plugins_registry" in mounts
 
 

@@ -47,6 +47,14 @@ def _gpu_source(parser: argparse.ArgumentParser) -> None:
         "--fake-gpus",
         "fake GPUs instead of NVML: a built-in profile (h100x8, h100x8-mig, a100x4-mig, mixed) or a file",
     )
+    option(
+        parser,
+        "--host-root",
+        "where the host's / is mounted: device nodes (/dev/nvidia*) are looked up there, since the "
+        "container's own /dev holds only what the runtime injected",
+        Path("/"),
+        type=path,
+    )
 
 
 def _selector(text: str) -> Selector:
@@ -252,6 +260,7 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
         dra_gpus=args.dra_gpus,
         device_plugin_gpus=args.device_plugin_gpus,
         rediscover_interval=args.rediscover_interval,
+        host_root=args.host_root,
     )
     anyio.run(run_kubelet_plugin, settings, backend="asyncio")
     return 0
@@ -273,6 +282,7 @@ def _device_plugin(args: argparse.Namespace) -> int:
         fake_gpu_events=args.fake_gpu_events,
         http_address=args.http_address or None,
         call_log=args.call_log,
+        host_root=args.host_root,
     )
     anyio.run(run_device_plugin, settings, backend="asyncio")
     return 0

@@ -54,6 +54,7 @@ class PluginSettings:
     dra_gpus: Selector | None = None
     device_plugin_gpus: Selector | None = None
     rediscover_interval: float = 60.0
+    host_root: Path = Path("/")
 
     @property
     def state_directory(self) -> Path:
@@ -81,10 +82,12 @@ def serve_http(
         raise StartupError(f"cannot serve /metrics, /healthz and /readyz on {address!r}: {err}") from None
 
 
-def gpu_library(fake_gpus: str | None, node_name: str, events: Path | None = None) -> GpuLibrary:
-    """NVML, or fake GPUs from a profile name or file."""
+def gpu_library(
+    fake_gpus: str | None, node_name: str, events: Path | None = None, host_root: Path = Path("/")
+) -> GpuLibrary:
+    """NVML (device nodes looked up under host_root), or fake GPUs from a profile name or file."""
     if not fake_gpus:
-        return NvmlLibrary()
+        return NvmlLibrary(dev=host_root)
     try:
         profile = load_profile(fake_gpus, node_name)
     except ProfileError as err:
@@ -145,7 +148,7 @@ def take_assignment(
 def _discover_again(settings: PluginSettings) -> Inventory:
     # A fresh library, so that a changed fake profile file is read again too; NVML's
     # init and shutdown are reference-counted, so this leaves the health watch alone.
-    lib = gpu_library(settings.fake_gpus, settings.node_name)
+    lib = gpu_library(settings.fake_gpus, settings.node_name, host_root=settings.host_root)
     try:
         return load_inventory(lib)
     finally:
@@ -216,7 +219,7 @@ class Rediscovery:
 async def run_kubelet_plugin(settings: PluginSettings) -> None:
     """Run until SIGTERM or SIGINT."""
     started = time.monotonic()
-    lib = gpu_library(settings.fake_gpus, settings.node_name, settings.fake_gpu_events)
+    lib = gpu_library(settings.fake_gpus, settings.node_name, settings.fake_gpu_events, settings.host_root)
     inventory = load_inventory(lib)
     inventory, claim = take_assignment(
         inventory,

@@ -49,6 +49,7 @@ class DevicePluginSettings:
     http_address: str | None = None
     call_log: Path | None = None
     watch_interval: float = 1.0
+    host_root: Path = Path("/")
 
     @property
     def plugin_directory(self) -> Path:
@@ -64,7 +65,7 @@ class DevicePluginSettings:
 async def run_device_plugin(settings: DevicePluginSettings) -> None:
     """Run until SIGTERM or SIGINT."""
     started = time.monotonic()
-    lib = gpu_library(settings.fake_gpus, settings.node_name, settings.fake_gpu_events)
+    lib = gpu_library(settings.fake_gpus, settings.node_name, settings.fake_gpu_events, settings.host_root)
     inventory = load_inventory(lib)
     inventory, claim = take_assignment(
         inventory,

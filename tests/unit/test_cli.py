@@ -248,6 +248,9 @@ def test_a_bad_profile_file_exits_1_with_one_line(
 class NoDriver:
     """NVML on a machine without the NVIDIA driver."""
 
+    def __init__(self, dev: Path) -> None:
+        self.dev = dev
+
     def init(self) -> None:
         raise GpuLibraryError(9, "nvmlInit: Driver Not Loaded")
 

@@ -110,8 +110,14 @@ def test_daemonset_runs_the_kubelet_plugin_on_the_host_paths() -> None:
         "plugin-dir": "/var/lib/kubelet/plugins/gpu.nvidia.com",
         "plugins-registry": "/var/lib/kubelet/plugins_registry",
         "cdi": "/var/run/cdi",
+        "host-dev": "/dev",
     }
-    assert all(mounts[name] == path for name, path in host_paths.items())
+    assert all(mounts[name] == path for name, path in host_paths.items() if name != "host-dev")
+    # The host's /dev, read-only, tells which device nodes to put in CDI specs.
+    assert mounts["host-dev"] == "/host/dev"
+    assert env["DRA_GPU_HOST_ROOT"] == "/host"
+    [dev_mount] = [m for m in container["volumeMounts"] if m["name"] == "host-dev"]
+    assert dev_mount["readOnly"] is True
     assert env["DRA_GPU_KUBELET_ROOT"] == "/var/lib/kubelet"
     assert env["DRA_GPU_CDI_ROOT"] == "/var/run/cdi"
 
@@ -247,6 +253,8 @@ def test_fake_gpus_mount_a_per_node_map_and_skip_nvml() -> None:
     assert volume["configMap"]["name"] == config["metadata"]["name"]
     assert "runtimeClassName" not in pod
     assert "NVIDIA_VISIBLE_DEVICES" not in _env(container)
+    assert "DRA_GPU_HOST_ROOT" not in _env(container)
+    assert "host-dev" not in {v["name"] for v in pod["volumes"]}
     assert yaml.safe_load(config["data"]["profiles.yaml"]) == {
         "default": "h100x8",
         "nodes": {"gpu-a": "mixed"},

@@ -69,6 +69,12 @@ device.driver == "{{ $driver }}" && device.attributes["{{ $driver }}"].type == "
 - name: DRA_GPU_DEVICE_PLUGIN_GPUS
   value: {{ . | quote }}
 {{- end }}
+{{- if not .Values.fakeGpus.enabled }}
+# Which /dev/nvidia* nodes exist is read from the host's /dev: the toolkit injects only some of
+# them into this container (no nvidia-uvm, no MIG capability nodes with "utility").
+- name: DRA_GPU_HOST_ROOT
+  value: /host
+{{- end }}
 {{- if and (not .Values.fakeGpus.enabled) .Values.nvml.toolkitEnv }}
 # The NVIDIA Container Toolkit injects every GPU and NVML (the "utility" libraries).
 - name: NVIDIA_VISIBLE_DEVICES
@@ -99,6 +105,10 @@ capabilities:
 {{- if .Values.fakeGpus.enabled }}
 - name: fake-gpus
   mountPath: /etc/dra-gpu/fake-gpus
+  readOnly: true
+{{- else }}
+- name: host-dev
+  mountPath: /host/dev
   readOnly: true
 {{- end }}
 {{- with .Values.extraVolumeMounts }}

@@ -185,7 +185,10 @@ def _evaluate(
     class_name = str(spec.get("deviceClassName", ""))
     device_class = classes.get(class_name)
     mode = str(spec.get("allocationMode", "ExactCount"))
-    count = int(spec.get("count", 1))
+    raw_count = spec.get("count", 1)
+    if isinstance(raw_count, bool) or not isinstance(raw_count, int) or raw_count < 1:
+        raise ExplainError(f"request {name!r}: count must be a positive integer, got {raw_count!r}")
+    count = raw_count
     if device_class is None:
         return RequestReport(
             name, class_name, mode, count, (), constraints, (f"DeviceClass {class_name!r} does not exist",)

@@ -30,7 +30,10 @@ class _Inputs:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.kube = None if args.fake_gpus else KubeClient(args.kubeconfig or None)
+        try:
+            self.kube = None if args.fake_gpus else KubeClient(args.kubeconfig or None)
+        except KubeError as err:
+            raise StartupError(f"{err} (or explain offline with --fake-gpus)") from None
         self.classes: dict[str, Obj] = {}
         self.claims: list[Obj] = []
         for spec in args.device_class or []:

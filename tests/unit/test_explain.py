@@ -244,3 +244,23 @@ def test_explain_offline_refuses_cluster_names(capsys: pytest.CaptureFixture[str
     code, _, err = _run(capsys, "explain", "--claim", "ns/name", "--fake-gpus", "mixed")
     assert code == 1
     assert "a cluster claim is NAMESPACE/NAME (without --fake-gpus)" in err
+
+
+def test_a_count_that_is_not_a_number_is_an_error() -> None:
+    with pytest.raises(
+        explain.ExplainError, match="request 'gpu': count must be a positive integer, got 'two'"
+    ):
+        explain.explain_claim(_claim(_exactly("gpu", count="two")), CLASSES, _slices())
+
+
+def test_explain_without_cluster_credentials_is_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    code, _, err = _run(
+        capsys, "explain", "--claim", "ns/name", "--node-name", "n", "--kubeconfig", "/nonexistent"
+    )
+    assert code == 1
+    assert err.startswith("dra-gpu: error: cannot load Kubernetes credentials from kubeconfig /nonexistent")
+    assert err.strip().endswith("(or explain offline with --fake-gpus)")
+    assert len(err.strip().splitlines()) == 1

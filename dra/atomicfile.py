@@ -48,3 +48,13 @@ def remove_durably(path: Path) -> bool:
         return False
     _fsync_dir(path.parent)
     return True
+
+
+def remove_leftovers(directory: Path, name_prefix: str) -> list[Path]:
+    """Delete temporary files a crash left between write and rename, for targets named name_prefix*."""
+    if not directory.is_dir():
+        return []
+    leftovers = [p for p in directory.glob(f".{name_prefix}*.tmp") if p.is_file()]
+    for leftover in leftovers:
+        leftover.unlink(missing_ok=True)
+    return leftovers

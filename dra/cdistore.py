@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dra import cdi
-from dra.atomicfile import remove_durably, write_atomic
+from dra.atomicfile import remove_durably, remove_leftovers, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,8 @@ class CdiStore:
         )
 
     def remove_stale(self, keep: Iterable[str]) -> list[str]:
-        """Delete specs of claims that are not prepared (left by a crash); return their UIDs."""
+        """Delete specs of claims that are not prepared, and half-written specs (a crash); return the UIDs."""
+        remove_leftovers(self.root, self._prefix)
         wanted = set(keep)
         stale = [uid for uid in self.claim_uids() if uid not in wanted]
         for uid in stale:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from dra.atomicfile import write_atomic
+from dra.atomicfile import remove_leftovers, write_atomic
 
 KIND = "DraGpuCheckpoint"
 VERSION = 1
@@ -136,6 +136,10 @@ class CheckpointStore:
         except OSError as err:
             raise CheckpointError(f"cannot read checkpoint {self.path}: {err}") from None
         return decode(data, self.path)
+
+    def remove_leftovers(self) -> None:
+        """Delete temporary checkpoint files a crash left behind."""
+        remove_leftovers(self.path.parent, self.path.name)
 
     def save(self, claims: Mapping[str, PreparedClaim]) -> None:
         """Replace the checkpoint atomically and durably."""

@@ -64,6 +64,7 @@ class DeviceState:
     def recover(self) -> None:
         """After a restart: drop specs of claims not prepared, re-create missing specs of prepared ones."""
         with self._lock:
+            self._checkpoint.remove_leftovers()
             self._cdi.remove_stale(keep=self._prepared)
             for claim in self._prepared.values():
                 if not self._cdi.exists(claim.uid):

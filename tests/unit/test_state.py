@@ -407,3 +407,18 @@ def test_a_gpu_renamed_by_renumbering_is_still_held_by_its_claim(paths: Paths) -
     with pytest.raises(DeviceHeldError) as err:
         state.prepare(_allocation(UID_B, "gpu-0"))
     assert err.value.holders == [("team-a", "claim-a", UID_A)]
+
+
+def test_recover_removes_half_written_files_of_a_crash(paths: Paths) -> None:
+    state = paths.state()
+    state.prepare(_allocation(UID_A, "gpu-0"))
+    spec_leftover = paths.cdi / f".{cdi.spec_file_name(DRIVER, UID_B)}.x1y2.tmp"
+    checkpoint_leftover = paths.checkpoint.parent / ".checkpoint.json.a1b2.tmp"
+    foreign = paths.cdi / ".other-vendor.json.z9.tmp"
+    for leftover in (spec_leftover, checkpoint_leftover, foreign):
+        leftover.write_text("{")
+    paths.state().recover()
+    assert not spec_leftover.exists()
+    assert not checkpoint_leftover.exists()
+    assert foreign.exists(), "only this driver's files are touched"
+    assert paths.spec(UID_A).exists()

@@ -24,7 +24,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dra.devices import Gpu, Inventory, MigDevice
+from dra.devices import Gpu, Inventory, MigDevice, gpu_of
 
 #: GPU-<uuid>, MIG-<uuid>, and the older MIG-GPU-<uuid>/<gi>/<ci> form.
 _UUID = re.compile(r"^(GPU|MIG)-([0-9a-f]{8}-[0-9a-f-]+|GPU-[0-9a-f]{8}-[0-9a-f-]+/\d+/\d+)$", re.IGNORECASE)
@@ -230,9 +230,7 @@ def restrict(inventory: Inventory, gpus: Iterable[Gpu]) -> Inventory:
     """The part of the inventory on these GPUs: the GPUs themselves and their MIG devices."""
     keep = {gpu.uuid for gpu in gpus}
     return Inventory(
-        devices=tuple(
-            d for d in inventory if (d.parent.uuid if isinstance(d, MigDevice) else d.uuid) in keep
-        ),
+        devices=tuple(d for d in inventory if gpu_of(d).uuid in keep),
         driver_version=inventory.driver_version,
         cuda_driver_version=inventory.cuda_driver_version,
         common_device_nodes=inventory.common_device_nodes,

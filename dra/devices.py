@@ -90,8 +90,11 @@ class Inventory:
         return next((d for d in self.devices if d.uuid == uuid), None)
 
 
+def gpu_of(device: Device) -> Gpu:
+    """The full GPU a device is, or is part of."""
+    return device.parent if isinstance(device, MigDevice) else device
+
+
 def device_uuids(device: Device) -> tuple[str, ...]:
     """UUIDs a health event about this device may name (a MIG device also answers to its parent's)."""
-    if isinstance(device, MigDevice):
-        return (device.uuid, device.parent.uuid)
-    return (device.uuid,)
+    return tuple(dict.fromkeys((device.uuid, gpu_of(device).uuid)))

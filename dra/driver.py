@@ -26,9 +26,10 @@ from dra.health import HealthMonitor, HealthTracker
 from dra.kube import KubeClient, KubeError
 from dra.lifecycle import Heartbeat, until_stopped
 from dra.nvml import GpuLibrary, GpuLibraryError, NvmlLibrary
-from dra.plugin.server import PluginServer, SocketPathError
+from dra.plugin.server import PluginServer
 from dra.plugin.service import DraService, HealthService
 from dra.publisher import SlicePublisher
+from dra.sockets import SocketPathError
 from dra.state import DeviceState
 
 log = logging.getLogger(__name__)

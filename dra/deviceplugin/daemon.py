@@ -14,7 +14,7 @@ from dra.assignment import GpuPath, Selector
 from dra.cdistore import CdiStore
 from dra.deviceplugin.allocate import Strategy, uses_cdi
 from dra.deviceplugin.resources import DEFAULT_RESOURCE, ResourceError, resources
-from dra.deviceplugin.server import ResourceServer, SocketPathError
+from dra.deviceplugin.server import ResourceServer
 from dra.deviceplugin.service import CallLog, DevicePluginService
 from dra.driver import (
     StartupError,
@@ -26,6 +26,7 @@ from dra.driver import (
 )
 from dra.health import HealthMonitor, HealthTracker
 from dra.lifecycle import Heartbeat, until_stopped
+from dra.sockets import SocketPathError
 
 log = logging.getLogger(__name__)
 

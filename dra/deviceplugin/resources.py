@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dra.deviceplugin.preferred import Placement
-from dra.devices import Device, Gpu, Inventory, MigDevice
+from dra.devices import Device, Inventory, MigDevice, gpu_of
 
 DEFAULT_RESOURCE = "nvidia.com/gpu"
 #: Device IDs longer than this are refused.
@@ -97,15 +97,11 @@ def resources(inventory: Inventory, gpu_resource: str = DEFAULT_RESOURCE) -> lis
     return result
 
 
-def _gpu_of(device: Device) -> Gpu:
-    return device.parent if isinstance(device, MigDevice) else device
-
-
 def placements(devices: Sequence[Device]) -> dict[str, Placement]:
     """Where each device sits, for GetPreferredAllocation: parent GPU, PCIe root, NUMA node."""
     result = {}
     for order, device in enumerate(devices):
-        gpu = _gpu_of(device)
+        gpu = gpu_of(device)
         result[device_id(device)] = Placement(
             order=order,
             groups=(
@@ -119,4 +115,4 @@ def placements(devices: Sequence[Device]) -> dict[str, Placement]:
 
 def numa_node(device: Device) -> int | None:
     """The device's NUMA node (a MIG device's is its parent's)."""
-    return _gpu_of(device).numa_node
+    return gpu_of(device).numa_node

@@ -27,18 +27,13 @@ from dra.deviceplugin.resources import Resource
 from dra.deviceplugin.service import OPTIONS, CallLog, DevicePluginService
 from dra.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from dra.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
+from dra.sockets import check_socket_path
 
 log = logging.getLogger(__name__)
 
 KUBELET_SOCKET = "kubelet.sock"
 API_VERSION = "v1beta1"
-#: sun_path holds 108 bytes including the terminating NUL.
-MAX_SOCKET_PATH = 107
 _RETRY_MAX = 10.0
-
-
-class SocketPathError(ValueError):
-    """A socket path is too long for a unix socket."""
 
 
 def _identity(path: Path) -> tuple[int, int, int] | None:
@@ -67,11 +62,7 @@ class ResourceServer:
         self.socket = directory / resource.socket_name
         self.kubelet_socket = directory / KUBELET_SOCKET
         for path in (self.socket, self.kubelet_socket):
-            if len(str(path).encode()) > MAX_SOCKET_PATH:
-                raise SocketPathError(
-                    f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes: use a shorter "
-                    "--device-plugin-dir"
-                )
+            check_socket_path(path, "--device-plugin-dir")
         self._service = service
         self._calls = calls or CallLog(None)
         self._server: grpc.aio.Server | None = None

@@ -25,7 +25,6 @@ class RegistrationService(registration_pb2_grpc.RegistrationServicer):
         self.driver = driver
         self.endpoint = endpoint
         self.registered = anyio.Event()
-        self.last_error = ""
 
     async def GetInfo(  # noqa: N802 (gRPC method name)
         self, request: registration_pb2.InfoRequest, context: Context
@@ -44,9 +43,7 @@ class RegistrationService(registration_pb2_grpc.RegistrationServicer):
         """Record the kubelet's verdict; a refusal is logged with the kubelet's reason."""
         if request.plugin_registered:
             log.info("registered with the kubelet as DRA driver %s", self.driver)
-            self.last_error = ""
             self.registered.set()
         else:
-            self.last_error = request.error
             log.error("the kubelet refused the registration of %s: %s", self.driver, request.error)
         return registration_pb2.RegistrationStatusResponse()

@@ -23,15 +23,9 @@ from dra.pb.drahealth.v1alpha1 import health_pb2_grpc
 from dra.pb.pluginregistration.v1 import registration_pb2_grpc
 from dra.plugin.registration import RegistrationService
 from dra.plugin.service import DraService, HealthService
+from dra.sockets import check_socket_path
 
 log = logging.getLogger(__name__)
-
-#: sun_path holds 108 bytes including the terminating NUL.
-MAX_SOCKET_PATH = 107
-
-
-class SocketPathError(ValueError):
-    """A socket path is too long for a unix socket."""
 
 
 def plugin_socket(kubelet_root: Path, driver: str) -> Path:
@@ -44,14 +38,6 @@ def registration_socket(kubelet_root: Path, driver: str) -> Path:
     return kubelet_root / "plugins_registry" / f"{driver}-reg.sock"
 
 
-def _check_length(path: Path) -> None:
-    if len(str(path).encode()) > MAX_SOCKET_PATH:
-        raise SocketPathError(
-            f"socket path {path} is {len(str(path).encode())} bytes; unix sockets allow {MAX_SOCKET_PATH}: "
-            "use a shorter --kubelet-root"
-        )
-
-
 class PluginServer:
     """Starts, keeps and stops the plugin's sockets."""
 
@@ -59,7 +45,7 @@ class PluginServer:
         self.dra_socket = plugin_socket(kubelet_root, driver)
         self.registration_socket = registration_socket(kubelet_root, driver)
         for path in (self.dra_socket, self.registration_socket):
-            _check_length(path)
+            check_socket_path(path, "--kubelet-root")
         self.registration = RegistrationService(driver, str(self.dra_socket))
         self._dra = dra
         self._health = health

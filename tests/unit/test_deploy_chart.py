@@ -15,6 +15,7 @@ import yaml
 
 from dra.cli import build_parser
 from dra.envflags import env_name
+from dra.explain import standard_device_classes
 from dra.fakeprofiles import BUILTIN_PROFILES, load_profile
 from tests import chart
 from tests.cluster.kube import Obj
@@ -354,3 +355,15 @@ def test_kustomization_lists_every_manifest() -> None:
     ]
     assert "Namespace" in kinds
     assert "ConfigMap" not in kinds, "the plain manifests are for real GPUs"
+
+
+def test_explain_offline_uses_the_classes_the_chart_installs() -> None:
+    """dra-gpu explain --fake-gpus falls back to standard_device_classes: they must be the chart's."""
+
+    def essence(device_class: Obj) -> tuple[str, list[str]]:
+        return device_class["metadata"]["name"], [
+            s["cel"]["expression"] for s in device_class["spec"]["selectors"]
+        ]
+
+    rendered = sorted(essence(o) for o in chart.template() if o["kind"] == "DeviceClass")
+    assert rendered == sorted(essence(c) for c in standard_device_classes("gpu.nvidia.com"))

@@ -266,11 +266,12 @@ async def _run_kubelet_plugin(
                 group.start_soon(Rediscovery(settings, inventory).run, apply)
             await server.start()
             group.start_soon(server.keep_registration_socket)
-            monitor.start(
+            unwatched = monitor.start(
                 on_change=lambda _: metrics.UNHEALTHY_DEVICES.set(
                     sum(not h.healthy for h in tracker.snapshot().values())
                 )
             )
+            metrics.UNWATCHED_GPUS.set(len(unwatched))
 
             async def report_ready() -> None:
                 await server.registration.registered.wait()
@@ -287,8 +288,10 @@ async def _run_kubelet_plugin(
     finally:
         with anyio.CancelScope(shield=True):
             await server.stop()
-        monitor.stop()
+            # NVML frees the event set at shutdown: not while the XID thread may still wait on it.
+            watch_ended = await monitor.stop()
         if http is not None:
             http.shutdown()
         kube.close()
-        lib.shutdown()
+        if watch_ended:
+            lib.shutdown()

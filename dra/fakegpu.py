@@ -193,9 +193,13 @@ class FakeGpuLibrary:
         """Fake GPUs have no device nodes on the host."""
         return False
 
-    def watch_xid_events(self, gpus: list[GpuHandle]) -> None:
+    def watch_xid_events(self, gpu: GpuHandle) -> None:
         """Remember which GPUs are watched."""
-        self._watched.update(int(str(g)) for g in gpus)
+        self._watched.add(int(str(gpu)))
+
+    def unwatch_xid_events(self) -> None:
+        """Forget the watched GPUs."""
+        self._watched.clear()
 
     def wait_xid_event(self, timeout_ms: int) -> XidEvent | None:
         """The next "<uuid> <xid>" line appended to the events file, or None after the timeout."""

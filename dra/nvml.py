@@ -141,11 +141,14 @@ class GpuLibrary(Protocol):
     def path_exists(self, path: str) -> bool:
         """Whether a device node exists on the host."""
 
-    def watch_xid_events(self, gpus: list[GpuHandle]) -> None:
-        """Start collecting XID critical errors of these GPUs."""
+    def watch_xid_events(self, gpu: GpuHandle) -> None:
+        """Start collecting XID critical errors of this GPU; GpuLibraryError when it cannot be watched."""
 
     def wait_xid_event(self, timeout_ms: int) -> XidEvent | None:
-        """The next XID event, or None after timeout_ms."""
+        """The next XID event, or None after timeout_ms; GpuLibraryError when the wait itself fails."""
+
+    def unwatch_xid_events(self) -> None:
+        """Stop collecting XID events and free what that holds; nothing may wait any more."""
 
 
 def _bus_id_for_sysfs(pci_bus_id: str) -> str:
@@ -184,10 +187,8 @@ class NvmlLibrary:
         self._call("nvmlInit")
 
     def shutdown(self) -> None:
-        """Free the event set and shut NVML down."""
-        if self._event_set is not None:
-            self._call("nvmlEventSetFree", self._event_set)
-            self._event_set = None
+        """Free the event set if still there and shut NVML down."""
+        self.unwatch_xid_events()
         self._call("nvmlShutdown")
 
     def driver_version(self) -> str:
@@ -316,13 +317,12 @@ class NvmlLibrary:
         """Whether the device node exists (under the host root this library was given)."""
         return (self._dev_root / path.lstrip("/")).exists()
 
-    def watch_xid_events(self, gpus: list[GpuHandle]) -> None:
-        """Register every GPU for XID critical error events."""
+    def watch_xid_events(self, gpu: GpuHandle) -> None:
+        """Register one GPU for XID critical error events (in one event set for all GPUs)."""
         with self._lock:
             if self._event_set is None:
                 self._event_set = self._call("nvmlEventSetCreate")
-            for gpu in gpus:
-                self._call("nvmlDeviceRegisterEvents", gpu, EVENT_XID_CRITICAL, self._event_set)
+            self._call("nvmlDeviceRegisterEvents", gpu, EVENT_XID_CRITICAL, self._event_set)
 
     def wait_xid_event(self, timeout_ms: int) -> XidEvent | None:
         """nvmlEventSetWait_v2; None on timeout."""
@@ -334,3 +334,10 @@ class NvmlLibrary:
             raise
         uuid = self.uuid(GpuHandle(data.device))
         return XidEvent(uuid=uuid, xid=int(data.eventData))
+
+    def unwatch_xid_events(self) -> None:
+        """nvmlEventSetFree, once; the caller makes sure no thread is inside nvmlEventSetWait_v2."""
+        with self._lock:
+            event_set, self._event_set = self._event_set, None
+        if event_set is not None:
+            self._call("nvmlEventSetFree", event_set)

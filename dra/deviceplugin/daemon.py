@@ -107,7 +107,7 @@ async def run_device_plugin(settings: DevicePluginSettings) -> None:
         async with anyio.create_task_group() as group:
             for server in servers:
                 group.start_soon(server.keep_registered, settings.watch_interval)
-            monitor.start()
+            metrics.DP_UNWATCHED_GPUS.set(len(monitor.start()))
 
             async def report_ready() -> None:
                 for server in servers:
@@ -122,13 +122,16 @@ async def run_device_plugin(settings: DevicePluginSettings) -> None:
             await until_stopped()
             group.cancel_scope.cancel()
     finally:
+        watch_ended = True
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as stopping:
                 for server in servers:
                     stopping.start_soon(server.stop)
-        if monitor is not None:
-            monitor.stop()
+            if monitor is not None:
+                # NVML frees the event set at shutdown: not while the XID thread may still wait on it.
+                watch_ended = await monitor.stop()
         if http is not None:
             http.shutdown()
         claim.release()
-        lib.shutdown()
+        if watch_ended:
+            lib.shutdown()

@@ -340,7 +340,7 @@ def test_fake_gpus_have_no_host_paths() -> None:
 def test_xid_events_are_read_from_the_events_file_line_by_line(tmp_path: Path) -> None:
     events = tmp_path / "xid"
     lib = FakeGpuLibrary(load_profile("h100x8"), NODE, events)
-    lib.watch_xid_events([GpuHandle(0)])
+    lib.watch_xid_events(GpuHandle(0))
     assert lib.wait_xid_event(0) is None  # no file yet
     events.write_text("GPU-a 79\nGPU-b 48\nGPU-c")
     assert lib.wait_xid_event(0) == XidEvent("GPU-a", 79)

@@ -2,11 +2,13 @@
 
 NVML reports XID errors per GPU. Errors an application causes on its own
 context (XID 13, 31, 43, 45, 68, 109, the same set NVIDIA's device plugin
-ignores) say nothing about the device; any other XID marks the device (and,
-for a GPU error, each of its MIG devices) unhealthy until the driver restarts.
-When the wait for events itself fails, the devices of the GPUs that are lost
-(of every watched GPU when NVML cannot tell which) are marked unhealthy, as
-NVIDIA's device plugin does.
+ignores) say nothing about the device; any other XID marks the device
+unhealthy until the driver restarts. On a GPU in MIG mode, an error NVML
+places in one GPU instance (and compute instance) marks the MIG devices there;
+an error on the GPU as a whole marks each of its MIG devices. When the wait for
+events itself fails, the devices of the GPUs that are lost (of every watched
+GPU when NVML cannot tell which) are marked unhealthy, as NVIDIA's device
+plugin does.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from dra.assignment import describe
-from dra.devices import Gpu, Inventory, device_uuids
+from dra.devices import Device, Gpu, Inventory, MigDevice, device_uuids
 from dra.nvml import ERROR_GPU_IS_LOST, GpuHandle, GpuLibrary, GpuLibraryError, XidEvent
 
 log = logging.getLogger(__name__)
@@ -89,14 +91,36 @@ class HealthTracker:
             [d.name for d in self._inventory if wanted.intersection(device_uuids(d))], reason
         )
 
+    def concerned(self, event: XidEvent) -> list[Device]:
+        """The devices an XID event is about."""
+        named = [d for d in self._inventory if d.uuid == event.uuid]
+        if named:
+            # A GPU published whole (whatever instance NVML names: it is all one device), or a
+            # MIG device named by its own UUID.
+            return named
+        migs = [d for d in self._inventory if isinstance(d, MigDevice) and d.parent.uuid == event.uuid]
+        if event.gpu_instance_id is None:
+            return list(migs)
+        return [
+            d
+            for d in migs
+            if d.gpu_instance_id == event.gpu_instance_id
+            and event.compute_instance_id in (None, d.compute_instance_id)
+        ]
+
     def apply(self, event: XidEvent) -> list[str]:
         """Account for one XID event; return the devices whose health changed."""
+        where = event.uuid
+        if event.gpu_instance_id is not None:
+            where += f" GPU instance {event.gpu_instance_id}"
+            if event.compute_instance_id is not None:
+                where += f" compute instance {event.compute_instance_id}"
         if event.xid in APPLICATION_XIDS:
-            log.info("XID %d on %s is an application error; device health unchanged", event.xid, event.uuid)
+            log.info("XID %d on %s is an application error; device health unchanged", event.xid, where)
             return []
-        affected = [d.name for d in self._inventory if event.uuid in device_uuids(d)]
+        affected = [d.name for d in self.concerned(event)]
         if not affected:
-            log.warning("XID %d on %s, which is not a published device", event.xid, event.uuid)
+            log.warning("XID %d on %s, which is not a published device", event.xid, where)
         return self.mark_unhealthy(affected, f"XID {event.xid}")
 
     def next_change(self) -> anyio.Event:

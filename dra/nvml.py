@@ -30,6 +30,8 @@ ERROR_GPU_IS_LOST = 15
 
 # Event type bit for XID critical errors (nvmlEventTypeXidCriticalError).
 EVENT_XID_CRITICAL = 0x8
+# gpuInstanceId / computeInstanceId of an event that concerns no particular MIG instance.
+NO_INSTANCE = 0xFFFFFFFF
 
 # A PCI root bus directory in sysfs: pci<domain>:<bus>.
 _PCI_ROOT_BUS = re.compile(r"^pci[0-9a-f]{4,}:[0-9a-f]{2}$")
@@ -60,10 +62,16 @@ class MigAttributes:
 
 @dataclass(frozen=True)
 class XidEvent:
-    """One XID error: which device (GPU UUID, or MIG UUID when NVML names one) and the code."""
+    """One XID error: which device (GPU UUID, or MIG UUID when NVML names one) and the code.
+
+    On a GPU in MIG mode NVML also says which GPU instance and compute instance
+    the error concerns, when it concerns one; None when it does not.
+    """
 
     uuid: str
     xid: int
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
 
 
 class GpuLibrary(Protocol):
@@ -333,7 +341,12 @@ class NvmlLibrary:
                 return None
             raise
         uuid = self.uuid(GpuHandle(data.device))
-        return XidEvent(uuid=uuid, xid=int(data.eventData))
+        return XidEvent(
+            uuid=uuid,
+            xid=int(data.eventData),
+            gpu_instance_id=_instance(data.gpuInstanceId),
+            compute_instance_id=_instance(data.computeInstanceId),
+        )
 
     def unwatch_xid_events(self) -> None:
         """nvmlEventSetFree, once; the caller makes sure no thread is inside nvmlEventSetWait_v2."""
@@ -341,3 +354,8 @@ class NvmlLibrary:
             event_set, self._event_set = self._event_set, None
         if event_set is not None:
             self._call("nvmlEventSetFree", event_set)
+
+
+def _instance(value: int) -> int | None:
+    """A MIG instance ID of event data; None for NO_INSTANCE (the event concerns the whole GPU)."""
+    return None if int(value) == NO_INSTANCE else int(value)

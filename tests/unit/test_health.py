@@ -83,6 +83,49 @@ def test_a_mig_xid_hits_that_mig_device_only() -> None:
     assert len(tracker.apply(XidEvent(inv.gpus[6].uuid, 79))) == 3
 
 
+def test_an_xid_in_one_mig_instance_hits_that_mig_device_only() -> None:
+    inv = inventory("h100x8-mig")
+    tracker = HealthTracker(inv)
+    gpu = inv.gpus[6].uuid
+    assert tracker.apply(XidEvent(gpu, 79, gpu_instance_id=2, compute_instance_id=0)) == [
+        "gpu-6-mig-2g20gb-2-0"
+    ]
+    # A GPU instance without a compute instance: every MIG device of that GPU instance.
+    assert tracker.apply(XidEvent(gpu, 79, gpu_instance_id=3)) == ["gpu-6-mig-1g10gb-3-0"]
+    assert _unhealthy(tracker) == ["gpu-6-mig-1g10gb-3-0", "gpu-6-mig-2g20gb-2-0"]
+    # The same instance IDs on another GPU are other MIG devices.
+    assert tracker.apply(XidEvent(inv.gpus[7].uuid, 48, 2, 0)) == ["gpu-7-mig-2g20gb-2-0"]
+
+
+def test_an_xid_in_an_instance_that_is_not_published_changes_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    inv = inventory("h100x8-mig")
+    tracker = HealthTracker(inv)
+    with caplog.at_level(logging.WARNING, logger="dra.health"):
+        assert tracker.apply(XidEvent(inv.gpus[6].uuid, 79, gpu_instance_id=9, compute_instance_id=0)) == []
+        assert tracker.apply(XidEvent(inv.gpus[6].uuid, 79, gpu_instance_id=2, compute_instance_id=1)) == []
+    assert f"XID 79 on {inv.gpus[6].uuid} GPU instance 9 compute instance 0, which is not" in caplog.text
+    assert _unhealthy(tracker) == []
+
+
+def test_instance_ids_on_a_gpu_published_whole_still_hit_the_gpu() -> None:
+    # NVML should not place an XID in a MIG instance of a GPU not in MIG mode; if it does, the
+    # error is still on that GPU, which is one device.
+    inv = inventory("h100x8-mig")
+    tracker = HealthTracker(inv)
+    assert tracker.apply(XidEvent(inv.gpus[1].uuid, 79, gpu_instance_id=1, compute_instance_id=0)) == [
+        "gpu-1"
+    ]
+
+
+def test_an_application_xid_in_a_mig_instance_changes_nothing() -> None:
+    inv = inventory("h100x8-mig")
+    tracker = HealthTracker(inv)
+    assert tracker.apply(XidEvent(inv.gpus[6].uuid, 43, gpu_instance_id=2, compute_instance_id=0)) == []
+    assert _unhealthy(tracker) == []
+
+
 def test_an_xid_on_an_unknown_device_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
     tracker = HealthTracker(inventory("h100x8"))
     with caplog.at_level(logging.WARNING, logger="dra.health"):

@@ -15,6 +15,7 @@ from dra.nvml import (
     ERROR_NOT_SUPPORTED,
     ERROR_TIMEOUT,
     EVENT_XID_CRITICAL,
+    NO_INSTANCE,
     GpuHandle,
     GpuLibraryError,
     NvmlLibrary,
@@ -178,7 +179,11 @@ class StubNvml:
     def nvmlEventSetWait_v2(self, event_set: object, timeout_ms: int) -> SimpleNamespace:  # noqa: N802
         if isinstance(self.wait, Exception):
             raise self.wait
-        return SimpleNamespace(device=self.wait[0], eventData=self.wait[1])
+        device, xid, *instances = self.wait
+        gpu_instance, compute_instance = instances or (NO_INSTANCE, NO_INSTANCE)
+        return SimpleNamespace(
+            device=device, eventData=xid, gpuInstanceId=gpu_instance, computeInstanceId=compute_instance
+        )
 
     def nvmlEventSetCreate(self) -> str:  # noqa: N802
         self.calls.append(("create",))
@@ -228,6 +233,16 @@ def test_wait_xid_event_names_the_gpu_and_the_xid() -> None:
     stub = StubNvml()
     stub.wait = ("handle-3", 79)
     assert _with_stub(stub).wait_xid_event(10) == XidEvent(uuid="GPU-handle-3", xid=79)
+
+
+def test_wait_xid_event_names_the_mig_instance_when_nvml_does() -> None:
+    stub = StubNvml()
+    stub.wait = ("handle-4", 94, 2, 0)
+    assert _with_stub(stub).wait_xid_event(10) == XidEvent(
+        uuid="GPU-handle-4", xid=94, gpu_instance_id=2, compute_instance_id=0
+    )
+    stub.wait = ("handle-4", 94, 3, NO_INSTANCE)
+    assert _with_stub(stub).wait_xid_event(10) == XidEvent(uuid="GPU-handle-4", xid=94, gpu_instance_id=3)
 
 
 def test_each_gpu_is_registered_on_its_own_in_one_event_set() -> None:

@@ -12,7 +12,7 @@ import anyio
 import anyio.to_thread
 
 from dra import metrics
-from dra.assignment import AssignmentError, GpuPath, Selector, assign, restrict
+from dra.assignment import AssignmentError, GpuPath, Selector, assign, held_gpus, restrict, stranded_claims
 from dra.assignmentrecord import AssignmentClaim, AssignmentConflictError, AssignmentRecord
 from dra.cdistore import CdiStore
 from dra.checkpoint import CheckpointError, CheckpointStore
@@ -130,6 +130,22 @@ def take_assignment(
     return restrict(inventory, mine), claim
 
 
+def warn_about_stranded_claims(everything: Inventory, mine: Inventory, checkpoint: Path) -> None:
+    """Log each prepared claim whose devices are on GPUs that are no longer DRA's.
+
+    Such a claim stays prepared until the kubelet unprepares it when its pods
+    end; until then the device plugin refuses to start with those GPUs. This
+    only says so: refusing here would not free the GPUs any sooner.
+    """
+    try:
+        claims = CheckpointStore(checkpoint).load()
+    except CheckpointError:
+        return  # the state is loaded again to start, and the daemon stops there with the reason
+    others = restrict(everything, [gpu for gpu in everything.gpus if gpu not in mine.gpus])
+    for warning in stranded_claims(held_gpus(claims.values(), others)):
+        log.warning("%s", warning)
+
+
 def _discover_again(settings: PluginSettings) -> Inventory:
     # A fresh library, so that a changed fake profile file is read again too; NVML's
     # init and shutdown are reference-counted, so this leaves the health watch alone.
@@ -205,9 +221,9 @@ async def run_kubelet_plugin(settings: PluginSettings) -> None:
     """Run until SIGTERM or SIGINT."""
     started = time.monotonic()
     lib = gpu_library(settings.fake_gpus, settings.node_name, settings.fake_gpu_events)
-    inventory = load_inventory(lib)
+    everything = load_inventory(lib)
     inventory, claim = take_assignment(
-        inventory,
+        everything,
         settings.dra_gpus,
         settings.device_plugin_gpus,
         GpuPath.DRA,
@@ -215,6 +231,7 @@ async def run_kubelet_plugin(settings: PluginSettings) -> None:
         settings.node_name,
     )
     try:
+        warn_about_stranded_claims(everything, inventory, settings.checkpoint_path)
         await _run_kubelet_plugin(settings, lib, inventory, started)
     finally:
         claim.release()

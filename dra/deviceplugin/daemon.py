@@ -10,12 +10,14 @@ from pathlib import Path
 import anyio
 
 from dra import cdi, metrics
-from dra.assignment import GpuPath, Selector
+from dra.assignment import GpuPath, Selector, describe, held_gpus, held_refusal
 from dra.cdistore import CdiStore
+from dra.checkpoint import FILE_NAME, CheckpointError, CheckpointStore
 from dra.deviceplugin.allocate import Strategy, uses_cdi
 from dra.deviceplugin.resources import DEFAULT_RESOURCE, ResourceError, resources
 from dra.deviceplugin.server import ResourceServer, SocketPathError
 from dra.deviceplugin.service import CallLog, DevicePluginService
+from dra.devices import Inventory
 from dra.driver import StartupError, default_state_dir, gpu_library, load_inventory, take_assignment
 from dra.health import HealthMonitor, HealthTracker
 from dra.lifecycle import until_stopped
@@ -53,6 +55,38 @@ class DevicePluginSettings:
         """Where the GPU assignment record is shared with the kubelet-plugin."""
         return self.state_dir or default_state_dir(self.kubelet_root, self.driver_name)
 
+    @property
+    def checkpoint_path(self) -> Path:
+        """The kubelet-plugin's checkpoint of prepared claims, in the same state directory."""
+        return self.state_directory / FILE_NAME
+
+
+def refuse_gpus_in_dra_use(inventory: Inventory, checkpoint: Path) -> None:
+    """StartupError naming a GPU of `inventory` that a claim prepared for DRA still uses.
+
+    Moving a GPU from DRA to the device plugin restarts both containers while
+    the pods DRA gave it to may still run; advertising it then could give it to
+    a second pod. Refusing is enough: the DaemonSet restarts this container with
+    backoff, and it starts once the kubelet has unprepared the claim.
+    """
+    try:
+        claims = CheckpointStore(checkpoint).load()
+    except CheckpointError as err:
+        raise StartupError(str(err)) from None
+    message = held_refusal(held_gpus(claims.values(), inventory), where=f" (checkpoint {checkpoint})")
+    if message is not None:
+        raise StartupError(message)
+    for shared in held_gpus(claims.values(), inventory, admin_access=True):
+        log.warning(
+            "%s is advertised while ResourceClaim %s/%s (UID %s), prepared for DRA with admin access, "
+            "still has access to it through %s",
+            describe(shared.gpu),
+            shared.claim.namespace,
+            shared.claim.name,
+            shared.claim.uid,
+            shared.device,
+        )
+
 
 async def run_device_plugin(settings: DevicePluginSettings) -> None:
     """Run until SIGTERM or SIGINT."""
@@ -71,6 +105,7 @@ async def run_device_plugin(settings: DevicePluginSettings) -> None:
     monitor: HealthMonitor | None = None
     http = None
     try:
+        refuse_gpus_in_dra_use(inventory, settings.checkpoint_path)
         try:
             offered = resources(inventory, settings.resource_name)
         except ResourceError as err:

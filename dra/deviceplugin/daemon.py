@@ -88,6 +88,34 @@ def refuse_gpus_in_dra_use(inventory: Inventory, checkpoint: Path) -> None:
         )
 
 
+def keep_cdi_spec(settings: DevicePluginSettings, inventory: Inventory) -> None:
+    """Write the plugin's CDI spec for its devices; with no device, remove one left from before.
+
+    CDI specs must name at least one device, so a plugin with no GPU writes none.
+    A spec from an earlier configuration would then stay and name GPUs that may
+    now be DRA's, resolvable by any container that asks for them.
+    """
+    store = CdiStore(settings.cdi_root, settings.driver_name)
+    if not len(inventory):
+        try:
+            removed = store.remove_device_spec()
+        except OSError as err:
+            raise StartupError(
+                f"cannot remove the stale CDI spec {store.device_spec_path()}: {err}"
+            ) from None
+        if removed:
+            log.info("removed CDI spec %s: this plugin has no device", store.device_spec_path())
+        return
+    if not uses_cdi(settings.strategies):
+        return
+    spec = cdi.build_device_spec(settings.driver_name, list(inventory), inventory)
+    try:
+        path = store.write_device_spec(spec)
+    except OSError as err:
+        raise StartupError(f"cannot write the CDI spec in {settings.cdi_root}: {err}") from None
+    log.info("wrote CDI spec %s (kind %s)", path, cdi.device_kind(settings.driver_name))
+
+
 async def run_device_plugin(settings: DevicePluginSettings) -> None:
     """Run until SIGTERM or SIGINT."""
     started = time.monotonic()
@@ -110,14 +138,7 @@ async def run_device_plugin(settings: DevicePluginSettings) -> None:
             offered = resources(inventory, settings.resource_name)
         except ResourceError as err:
             raise StartupError(str(err)) from None
-        if uses_cdi(settings.strategies) and len(inventory):
-            # CDI specs must name at least one device: a plugin with no GPU writes none.
-            spec = cdi.build_device_spec(settings.driver_name, list(inventory), inventory)
-            try:
-                path = CdiStore(settings.cdi_root, settings.driver_name).write_device_spec(spec)
-            except OSError as err:
-                raise StartupError(f"cannot write the CDI spec in {settings.cdi_root}: {err}") from None
-            log.info("wrote CDI spec %s (kind %s)", path, cdi.device_kind(settings.driver_name))
+        keep_cdi_spec(settings, inventory)
         tracker = HealthTracker(inventory)
         calls = CallLog(settings.call_log)
         try:

@@ -176,6 +176,9 @@ class HealthMonitor:
                 self._wait_for_events(watched, token, on_change)
             except anyio.RunFinishedError:
                 pass  # the event loop ended before us: the process is exiting
+            except Exception:
+                # Not NVML (those are retried) but a bug: say so in the log, where health is watched.
+                log.exception("GPU health monitoring stopped by an unexpected error")
             finally:
                 self._release()
 

@@ -432,3 +432,22 @@ async def test_stop_waits_for_the_thread_and_never_frees_under_a_wait(
     monkeypatch.setattr(health, "STOP_TIMEOUT_S", 5.0)
     assert await monitor.stop()
     assert lib.freed_during_wait == [False]
+
+
+@pytest.mark.anyio
+async def test_an_unexpected_error_is_logged_and_the_event_set_still_freed(health_log: Collect) -> None:
+    inv = inventory("mixed")
+    lib = ScriptedNvml("mixed", [XidEvent(inv.gpus[0].uuid, 79)])
+    monitor = HealthMonitor(lib, HealthTracker(inv), inv)
+
+    raised = threading.Event()
+
+    def broken(names: list[str]) -> None:
+        raised.set()
+        raise ValueError("bug")
+
+    monitor.start(broken)
+    assert await anyio.to_thread.run_sync(raised.wait, 5)
+    assert await monitor.stop()
+    assert health_log.at(logging.ERROR) == ["GPU health monitoring stopped by an unexpected error"]
+    assert lib.freed_by == ["xid-events"]

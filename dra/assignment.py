@@ -15,6 +15,11 @@ When only one selector is given, the other path gets every GPU it does not
 take. When neither is given, the path of the running command gets them all:
 a node that runs only the kubelet-plugin gives everything to DRA, one that
 runs only the device plugin gives everything to the device plugin.
+
+A GPU also stays with DRA while a claim prepared on it (in the DRA checkpoint)
+is not unprepared: `held_gpus` finds those, so that the device plugin refuses
+to start with such a GPU, and the kubelet-plugin warns about claims left on
+GPUs it no longer has.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dra.devices import Gpu, Inventory, MigDevice, gpu_of
+from dra.checkpoint import PreparedClaim, PreparedDevice
+from dra.devices import Device, Gpu, Inventory, MigDevice, gpu_of
 
 #: GPU-<uuid>, MIG-<uuid>, and the older MIG-GPU-<uuid>/<gi>/<ci> form.
 _UUID = re.compile(r"^(GPU|MIG)-([0-9a-f]{8}-[0-9a-f-]+|GPU-[0-9a-f]{8}-[0-9a-f-]+/\d+/\d+)$", re.IGNORECASE)
@@ -287,3 +293,77 @@ def parse_recorded(entries: object) -> list[RecordedGpu]:
             )
         )
     return result
+
+
+@dataclass(frozen=True)
+class HeldGpu:
+    """A GPU that a prepared DRA claim uses, through one of the claim's devices (the GPU or a MIG device)."""
+
+    gpu: Gpu
+    device: str
+    claim: PreparedClaim
+
+
+def _prepared_device(entry: PreparedDevice, inventory: Inventory) -> Device | None:
+    # By UUID where the checkpoint recorded one: names follow NVML indexes, which can shift.
+    # Older entries have only the name. A GPU switched into MIG mode is no device, but still a GPU.
+    if entry.uuid:
+        return inventory.by_uuid(entry.uuid) or next(
+            (g for g in inventory.gpus if g.uuid == entry.uuid), None
+        )
+    return inventory.get(entry.device) or next((g for g in inventory.gpus if g.name == entry.device), None)
+
+
+def held_gpus(
+    claims: Iterable[PreparedClaim], inventory: Inventory, admin_access: bool = False
+) -> list[HeldGpu]:
+    """The GPUs of `inventory` that prepared claims use, in GPU index order, then claim order.
+
+    A MIG device holds its parent GPU. Devices prepared with admin access are
+    looked at only when `admin_access` is set (and then only they): admin access
+    shares a device with whoever has it, and never keeps it from being allocated.
+    """
+    held: list[HeldGpu] = []
+    for claim in claims:
+        for entry in claim.devices:
+            if entry.admin_access != admin_access:
+                continue
+            device = _prepared_device(entry, inventory)
+            if device is not None:
+                gpu = device.parent if isinstance(device, MigDevice) else device
+                held.append(HeldGpu(gpu, entry.device, claim))
+    order = {gpu.uuid: n for n, gpu in enumerate(inventory.gpus)}
+    return sorted(held, key=lambda h: order[h.gpu.uuid])
+
+
+def _claim_name(claim: PreparedClaim) -> str:
+    return f"ResourceClaim {claim.namespace}/{claim.name} (UID {claim.uid})"
+
+
+def held_refusal(held: Sequence[HeldGpu], where: str = "") -> str | None:
+    """The device plugin's refusal when prepared DRA claims still use GPUs it would advertise; else None."""
+    if not held:
+        return None
+    first = held[0]
+    others = len({h.gpu.uuid for h in held}) - 1
+    more = f" ({others} more GPU(s) in use by prepared claims)" if others else ""
+    via = "" if first.device == first.gpu.name else f" through {first.device}"
+    return (
+        f"{describe(first.gpu)} is still used by {_claim_name(first.claim)}{via}, prepared for DRA on "
+        f"this node{more}{where}: wait until the pods using it end, or drain the node; the device "
+        "plugin starts once the kubelet has unprepared the claim"
+    )
+
+
+def stranded_claims(held: Sequence[HeldGpu]) -> list[str]:
+    """One warning per prepared claim whose devices are on GPUs DRA no longer has (`held` on those GPUs)."""
+    by_claim: dict[str, list[HeldGpu]] = {}
+    for h in held:
+        by_claim.setdefault(h.claim.uid, []).append(h)
+    return [
+        f"prepared {_claim_name(entries[0].claim)} uses "
+        + ", ".join(f"{h.device} on {describe(h.gpu)}" for h in entries)
+        + ", no longer assigned to DRA: the claim stays prepared until its pods end, and the device "
+        "plugin refuses to start with the GPU until then"
+        for entries in by_claim.values()
+    ]

@@ -32,9 +32,17 @@ class CdiStore:
         """Write a claim's spec unless the same bytes are already there; return its path."""
         return self._write(self.path(claim_uid), spec)
 
+    def device_spec_path(self) -> Path:
+        """Where the device plugin's spec lives."""
+        return self.root / cdi.device_spec_file_name(self.driver)
+
     def write_device_spec(self, spec: dict[str, Any]) -> Path:
         """Write the device plugin's spec (atomically, unless unchanged); return its path."""
-        return self._write(self.root / cdi.device_spec_file_name(self.driver), spec)
+        return self._write(self.device_spec_path(), spec)
+
+    def remove_device_spec(self) -> bool:
+        """Delete the device plugin's spec, durably; False when there was none."""
+        return remove_durably(self.device_spec_path())
 
     def _write(self, path: Path, spec: dict[str, Any]) -> Path:
         data = cdi.render(spec)

@@ -21,6 +21,8 @@ from dra.atomicfile import remove_leftovers, write_atomic
 
 KIND = "DraGpuCheckpoint"
 VERSION = 1
+#: The checkpoint's name in the state directory.
+FILE_NAME = "checkpoint.json"
 
 
 class CheckpointError(Exception):

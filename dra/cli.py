@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     option(
         plugin,
         "--fake-gpu-events",
-        "with --fake-gpus: file of '<uuid> <xid>' lines to inject XID errors",
+        "with --fake-gpus: file of '<uuid> <xid> [<gpu instance> [<compute instance>]]' lines "
+        "to inject XID errors",
         type=path,
     )
     option(
@@ -191,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     option(
         dp,
         "--fake-gpu-events",
-        "with --fake-gpus: file of '<uuid> <xid>' lines to inject XID errors",
+        "with --fake-gpus: file of '<uuid> <xid> [<gpu instance> [<compute instance>]]' lines "
+        "to inject XID errors",
         type=path,
     )
     option(dp, "--http-address", "host:port for /metrics, /healthz and /readyz; empty disables", ":8081")

@@ -14,7 +14,7 @@ import anyio
 import anyio.to_thread
 
 from dra import metrics
-from dra.assignment import AssignmentError, GpuPath, Selector, assign, restrict
+from dra.assignment import AssignmentError, GpuPath, Selector, assign, held_gpus, restrict, stranded_claims
 from dra.assignmentrecord import AssignmentClaim, AssignmentConflictError, AssignmentRecord
 from dra.cdistore import CdiStore
 from dra.checkpoint import CheckpointError, CheckpointStore
@@ -146,6 +146,22 @@ def take_assignment(
     return restrict(inventory, mine), claim
 
 
+def warn_about_stranded_claims(everything: Inventory, mine: Inventory, checkpoint: Path) -> None:
+    """Log each prepared claim whose devices are on GPUs that are no longer DRA's.
+
+    Such a claim stays prepared until the kubelet unprepares it when its pods
+    end; until then the device plugin refuses to start with those GPUs. This
+    only says so: refusing here would not free the GPUs any sooner.
+    """
+    try:
+        claims = CheckpointStore(checkpoint).load()
+    except CheckpointError:
+        return  # the state is loaded again to start, and the daemon stops there with the reason
+    others = restrict(everything, [gpu for gpu in everything.gpus if gpu not in mine.gpus])
+    for warning in stranded_claims(held_gpus(claims.values(), others)):
+        log.warning("%s", warning)
+
+
 def _discover_again(settings: PluginSettings) -> Inventory:
     # A fresh library, so that a changed fake profile file is read again too; NVML's
     # init and shutdown are reference-counted, so this leaves the health watch alone.
@@ -221,9 +237,9 @@ async def run_kubelet_plugin(settings: PluginSettings) -> None:
     """Run until SIGTERM or SIGINT."""
     started = time.monotonic()
     lib = gpu_library(settings.fake_gpus, settings.node_name, settings.fake_gpu_events, settings.host_root)
-    inventory = load_inventory(lib)
+    everything = load_inventory(lib)
     inventory, claim = take_assignment(
-        inventory,
+        everything,
         settings.dra_gpus,
         settings.device_plugin_gpus,
         GpuPath.DRA,
@@ -231,6 +247,7 @@ async def run_kubelet_plugin(settings: PluginSettings) -> None:
         settings.node_name,
     )
     try:
+        warn_about_stranded_claims(everything, inventory, settings.checkpoint_path)
         await _run_kubelet_plugin(settings, lib, inventory, started)
     finally:
         claim.release()
@@ -290,11 +307,12 @@ async def _run_kubelet_plugin(
             if settings.rediscover_interval > 0:
                 group.start_soon(Rediscovery(settings, inventory).run, apply)
             group.start_soon(server.keep_registration_socket)
-            monitor.start(
+            unwatched = monitor.start(
                 on_change=lambda _: metrics.UNHEALTHY_DEVICES.set(
                     sum(not h.healthy for h in tracker.snapshot().values())
                 )
             )
+            metrics.UNWATCHED_GPUS.set(len(unwatched))
 
             async def report_ready() -> None:
                 await server.registration.registered.wait()
@@ -311,8 +329,10 @@ async def _run_kubelet_plugin(
     finally:
         with anyio.CancelScope(shield=True):
             await server.stop()
-        monitor.stop()
+            # NVML frees the event set at shutdown: not while the XID thread may still wait on it.
+            watch_ended = await monitor.stop()
         if http is not None:
             http.shutdown()
         kube.close()
-        lib.shutdown()
+        if watch_ended:
+            lib.shutdown()

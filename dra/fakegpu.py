@@ -3,8 +3,15 @@
 FakeGpuLibrary answers the same NVML calls as the real library, with UUIDs
 derived from the node name so that many fake nodes differ, and no host device
 nodes (containers get no paths that do not exist). XID errors can be injected
-by appending "<uuid> <xid>" lines to an events file, which the health monitor
-reads like NVML events.
+by appending lines to an events file, which the health monitor reads like
+NVML events:
+
+    <uuid> <xid> [<gpu instance ID> [<compute instance ID>]]
+
+The instance IDs are those NVML gives for an error on one MIG instance of a
+GPU in MIG mode (a MIG device's are in its name, gpu-4-mig-1g10gb-<gi>-<ci>);
+without them, or with 4294967295 (NVML's "none"), the error concerns the
+whole GPU.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from dra.fakeprofiles import FakeGpu, Profile
 from dra.nvml import (
     ERROR_NOT_FOUND,
     ERROR_NOT_SUPPORTED,
+    NO_INSTANCE,
     GpuHandle,
     GpuLibraryError,
     MigAttributes,
@@ -193,12 +201,16 @@ class FakeGpuLibrary:
         """Fake GPUs have no device nodes on the host."""
         return False
 
-    def watch_xid_events(self, gpus: list[GpuHandle]) -> None:
+    def watch_xid_events(self, gpu: GpuHandle) -> None:
         """Remember which GPUs are watched."""
-        self._watched.update(int(str(g)) for g in gpus)
+        self._watched.add(int(str(gpu)))
+
+    def unwatch_xid_events(self) -> None:
+        """Forget the watched GPUs."""
+        self._watched.clear()
 
     def wait_xid_event(self, timeout_ms: int) -> XidEvent | None:
-        """The next "<uuid> <xid>" line appended to the events file, or None after the timeout."""
+        """The next line appended to the events file, or None after the timeout."""
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             event = self._next_event()
@@ -218,5 +230,27 @@ class FakeGpuLibrary:
                 self._events_offset = f.tell()
         except FileNotFoundError:
             return None
-        uuid_text, _, xid = line.strip().partition(" ")
-        return XidEvent(uuid=uuid_text, xid=int(xid) if xid.isdigit() else 0)
+        return parse_event_line(line)
+
+
+def _number(fields: list[str], index: int) -> int | None:
+    text = fields[index] if index < len(fields) else ""
+    return int(text) if text.isdigit() else None
+
+
+def parse_event_line(line: str) -> XidEvent:
+    """One events file line, `<uuid> <xid> [<gpu instance> [<compute instance>]]`.
+
+    A field that is not a number counts as absent (an XID as 0), as does NVML's 4294967295.
+    """
+    fields = line.split()
+    gpu_instance, compute_instance = _number(fields, 2), _number(fields, 3)
+    return XidEvent(
+        uuid=fields[0] if fields else "",
+        xid=_number(fields, 1) or 0,
+        gpu_instance_id=None if gpu_instance == NO_INSTANCE else gpu_instance,
+        # A compute instance lives in a GPU instance: alone it names nothing.
+        compute_instance_id=None
+        if gpu_instance in (None, NO_INSTANCE) or compute_instance == NO_INSTANCE
+        else compute_instance,
+    )

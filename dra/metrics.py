@@ -43,6 +43,11 @@ PUBLISHED_DEVICES = Gauge(
 UNHEALTHY_DEVICES = Gauge(
     "dra_gpu_unhealthy_devices", "Devices marked unhealthy by XID errors.", registry=REGISTRY
 )
+UNWATCHED_GPUS = Gauge(
+    "dra_gpu_unwatched_gpus",
+    "GPUs whose XID errors NVML cannot watch: their devices are reported healthy, unknowingly.",
+    registry=REGISTRY,
+)
 SLICE_WRITES = Counter(
     "dra_gpu_resourceslice_writes", "ResourceSlice writes by operation.", ["operation"], registry=REGISTRY
 )
@@ -69,6 +74,11 @@ DP_DEVICES = Gauge(
     "dra_gpu_deviceplugin_devices",
     "Devices advertised to the kubelet, by resource and health.",
     ["resource", "health"],
+    registry=DEVICE_PLUGIN_REGISTRY,
+)
+DP_UNWATCHED_GPUS = Gauge(
+    "dra_gpu_deviceplugin_unwatched_gpus",
+    "GPUs whose XID errors NVML cannot watch: their devices are sent Healthy, unknowingly.",
     registry=DEVICE_PLUGIN_REGISTRY,
 )
 

@@ -30,6 +30,8 @@ ERROR_GPU_IS_LOST = 15
 
 # Event type bit for XID critical errors (nvmlEventTypeXidCriticalError).
 EVENT_XID_CRITICAL = 0x8
+# gpuInstanceId / computeInstanceId of an event that concerns no particular MIG instance.
+NO_INSTANCE = 0xFFFFFFFF
 
 # A PCI root bus directory in sysfs: pci<domain>:<bus>.
 _PCI_ROOT_BUS = re.compile(r"^pci[0-9a-f]{4,}:[0-9a-f]{2}$")
@@ -60,10 +62,16 @@ class MigAttributes:
 
 @dataclass(frozen=True)
 class XidEvent:
-    """One XID error: which device (GPU UUID, or MIG UUID when NVML names one) and the code."""
+    """One XID error: which device (GPU UUID, or MIG UUID when NVML names one) and the code.
+
+    On a GPU in MIG mode NVML also says which GPU instance and compute instance
+    the error concerns, when it concerns one; None when it does not.
+    """
 
     uuid: str
     xid: int
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
 
 
 class GpuLibrary(Protocol):
@@ -141,11 +149,14 @@ class GpuLibrary(Protocol):
     def path_exists(self, path: str) -> bool:
         """Whether a device node exists on the host."""
 
-    def watch_xid_events(self, gpus: list[GpuHandle]) -> None:
-        """Start collecting XID critical errors of these GPUs."""
+    def watch_xid_events(self, gpu: GpuHandle) -> None:
+        """Start collecting XID critical errors of this GPU; GpuLibraryError when it cannot be watched."""
 
     def wait_xid_event(self, timeout_ms: int) -> XidEvent | None:
-        """The next XID event, or None after timeout_ms."""
+        """The next XID event, or None after timeout_ms; GpuLibraryError when the wait itself fails."""
+
+    def unwatch_xid_events(self) -> None:
+        """Stop collecting XID events and free what that holds; nothing may wait any more."""
 
 
 def _bus_id_for_sysfs(pci_bus_id: str) -> str:
@@ -184,10 +195,8 @@ class NvmlLibrary:
         self._call("nvmlInit")
 
     def shutdown(self) -> None:
-        """Free the event set and shut NVML down."""
-        if self._event_set is not None:
-            self._call("nvmlEventSetFree", self._event_set)
-            self._event_set = None
+        """Free the event set if still there and shut NVML down."""
+        self.unwatch_xid_events()
         self._call("nvmlShutdown")
 
     def driver_version(self) -> str:
@@ -316,13 +325,12 @@ class NvmlLibrary:
         """Whether the device node exists (under the host root this library was given)."""
         return (self._dev_root / path.lstrip("/")).exists()
 
-    def watch_xid_events(self, gpus: list[GpuHandle]) -> None:
-        """Register every GPU for XID critical error events."""
+    def watch_xid_events(self, gpu: GpuHandle) -> None:
+        """Register one GPU for XID critical error events (in one event set for all GPUs)."""
         with self._lock:
             if self._event_set is None:
                 self._event_set = self._call("nvmlEventSetCreate")
-            for gpu in gpus:
-                self._call("nvmlDeviceRegisterEvents", gpu, EVENT_XID_CRITICAL, self._event_set)
+            self._call("nvmlDeviceRegisterEvents", gpu, EVENT_XID_CRITICAL, self._event_set)
 
     def wait_xid_event(self, timeout_ms: int) -> XidEvent | None:
         """nvmlEventSetWait_v2; None on timeout."""
@@ -333,4 +341,21 @@ class NvmlLibrary:
                 return None
             raise
         uuid = self.uuid(GpuHandle(data.device))
-        return XidEvent(uuid=uuid, xid=int(data.eventData))
+        return XidEvent(
+            uuid=uuid,
+            xid=int(data.eventData),
+            gpu_instance_id=_instance(data.gpuInstanceId),
+            compute_instance_id=_instance(data.computeInstanceId),
+        )
+
+    def unwatch_xid_events(self) -> None:
+        """nvmlEventSetFree, once; the caller makes sure no thread is inside nvmlEventSetWait_v2."""
+        with self._lock:
+            event_set, self._event_set = self._event_set, None
+        if event_set is not None:
+            self._call("nvmlEventSetFree", event_set)
+
+
+def _instance(value: int) -> int | None:
+    """A MIG instance ID of event data; None for NO_INSTANCE (the event concerns the whole GPU)."""
+    return None if int(value) == NO_INSTANCE else int(value)

@@ -10,12 +10,14 @@ from pathlib import Path
 import anyio
 
 from dra import cdi, metrics
-from dra.assignment import GpuPath, Selector
+from dra.assignment import GpuPath, Selector, describe, held_gpus, held_refusal
 from dra.cdistore import CdiStore
+from dra.checkpoint import FILE_NAME, CheckpointError, CheckpointStore
 from dra.deviceplugin.allocate import Strategy, uses_cdi
 from dra.deviceplugin.resources import DEFAULT_RESOURCE, ResourceError, resources
 from dra.deviceplugin.server import ResourceServer
 from dra.deviceplugin.service import CallLog, DevicePluginService
+from dra.devices import Inventory
 from dra.driver import (
     StartupError,
     default_state_dir,
@@ -62,6 +64,66 @@ class DevicePluginSettings:
         """Where the GPU assignment record is shared with the kubelet-plugin."""
         return self.state_dir or default_state_dir(self.kubelet_root, self.driver_name)
 
+    @property
+    def checkpoint_path(self) -> Path:
+        """The kubelet-plugin's checkpoint of prepared claims, in the same state directory."""
+        return self.state_directory / FILE_NAME
+
+
+def refuse_gpus_in_dra_use(inventory: Inventory, checkpoint: Path) -> None:
+    """StartupError naming a GPU of `inventory` that a claim prepared for DRA still uses.
+
+    Moving a GPU from DRA to the device plugin restarts both containers while
+    the pods DRA gave it to may still run; advertising it then could give it to
+    a second pod. Refusing is enough: the DaemonSet restarts this container with
+    backoff, and it starts once the kubelet has unprepared the claim.
+    """
+    try:
+        claims = CheckpointStore(checkpoint).load()
+    except CheckpointError as err:
+        raise StartupError(str(err)) from None
+    message = held_refusal(held_gpus(claims.values(), inventory), where=f" (checkpoint {checkpoint})")
+    if message is not None:
+        raise StartupError(message)
+    for shared in held_gpus(claims.values(), inventory, admin_access=True):
+        log.warning(
+            "%s is advertised while ResourceClaim %s/%s (UID %s), prepared for DRA with admin access, "
+            "still has access to it through %s",
+            describe(shared.gpu),
+            shared.claim.namespace,
+            shared.claim.name,
+            shared.claim.uid,
+            shared.device,
+        )
+
+
+def keep_cdi_spec(settings: DevicePluginSettings, inventory: Inventory) -> None:
+    """Write the plugin's CDI spec for its devices; with no device, remove one left from before.
+
+    CDI specs must name at least one device, so a plugin with no GPU writes none.
+    A spec from an earlier configuration would then stay and name GPUs that may
+    now be DRA's, resolvable by any container that asks for them.
+    """
+    store = CdiStore(settings.cdi_root, settings.driver_name)
+    if not len(inventory):
+        try:
+            removed = store.remove_device_spec()
+        except OSError as err:
+            raise StartupError(
+                f"cannot remove the stale CDI spec {store.device_spec_path()}: {err}"
+            ) from None
+        if removed:
+            log.info("removed CDI spec %s: this plugin has no device", store.device_spec_path())
+        return
+    if not uses_cdi(settings.strategies):
+        return
+    spec = cdi.build_device_spec(settings.driver_name, list(inventory), inventory)
+    try:
+        path = store.write_device_spec(spec)
+    except OSError as err:
+        raise StartupError(f"cannot write the CDI spec in {settings.cdi_root}: {err}") from None
+    log.info("wrote CDI spec %s (kind %s)", path, cdi.device_kind(settings.driver_name))
+
 
 async def run_device_plugin(settings: DevicePluginSettings) -> None:
     """Run until SIGTERM or SIGINT."""
@@ -80,18 +142,12 @@ async def run_device_plugin(settings: DevicePluginSettings) -> None:
     monitor: HealthMonitor | None = None
     http = None
     try:
+        refuse_gpus_in_dra_use(inventory, settings.checkpoint_path)
         try:
             offered = resources(inventory, settings.resource_name)
         except ResourceError as err:
             raise StartupError(str(err)) from None
-        if uses_cdi(settings.strategies) and len(inventory):
-            # CDI specs must name at least one device: a plugin with no GPU writes none.
-            spec = cdi.build_device_spec(settings.driver_name, list(inventory), inventory)
-            try:
-                path = CdiStore(settings.cdi_root, settings.driver_name).write_device_spec(spec)
-            except OSError as err:
-                raise StartupError(f"cannot write the CDI spec in {settings.cdi_root}: {err}") from None
-            log.info("wrote CDI spec %s (kind %s)", path, cdi.device_kind(settings.driver_name))
+        keep_cdi_spec(settings, inventory)
         tracker = HealthTracker(inventory)
         calls = CallLog(settings.call_log)
         try:
@@ -119,7 +175,7 @@ async def run_device_plugin(settings: DevicePluginSettings) -> None:
             group.start_soon(heartbeat.run)
             for server in servers:
                 group.start_soon(server.keep_registered, settings.watch_interval)
-            monitor.start()
+            metrics.DP_UNWATCHED_GPUS.set(len(monitor.start()))
 
             async def report_ready() -> None:
                 for server in servers:
@@ -134,13 +190,16 @@ async def run_device_plugin(settings: DevicePluginSettings) -> None:
             await until_stopped()
             group.cancel_scope.cancel()
     finally:
+        watch_ended = True
         with anyio.CancelScope(shield=True):
             async with anyio.create_task_group() as stopping:
                 for server in servers:
                     stopping.start_soon(server.stop)
-        if monitor is not None:
-            monitor.stop()
+            if monitor is not None:
+                # NVML frees the event set at shutdown: not while the XID thread may still wait on it.
+                watch_ended = await monitor.stop()
         if http is not None:
             http.shutdown()
         claim.release()
-        lib.shutdown()
+        if watch_ended:
+            lib.shutdown()

@@ -192,9 +192,15 @@ def test_xid_error_marks_the_gpu_unhealthy_and_takes_it_out_of_allocatable(
 ) -> None:
     gpus = [d for d in inventory if isinstance(d, Gpu)]
     victim, bystander = gpus[3], gpus[2]
+    migs = [d for d in inventory if isinstance(d, MigDevice) and d.profile == "2g.20gb"]
+    mig_victim = next(d for d in migs if d.parent.index == 5)
     with device_plugin.events.open("a") as events:
         events.write(f"{bystander.uuid} 13\n")  # an application error: the device stays healthy
         events.write(f"{victim.uuid} 79\n")  # fallen off the bus
+        # In one MIG instance of GPU 5: that MIG device only, not the GPU's other MIG devices.
+        events.write(
+            f"{mig_victim.parent.uuid} 94 {mig_victim.gpu_instance_id} {mig_victim.compute_instance_id}\n"
+        )
 
     def unhealthy_sent() -> dict[str, str] | None:
         for call in reversed(device_plugin.calls("ListAndWatch")):
@@ -207,3 +213,24 @@ def test_xid_error_marks_the_gpu_unhealthy_and_takes_it_out_of_allocatable(
     assert health == {g.uuid: "Unhealthy" if g is victim else "Healthy" for g in gpus}
     wait_for("allocatable to drop to 3", lambda: node_resources(kube, cluster, "allocatable").get(GPU) == "3")
     assert node_resources(kube, cluster, "capacity")[GPU] == "4"
+
+    mig_resource = "nvidia.com/mig-2g.20gb"
+
+    def mig_unhealthy_sent() -> dict[str, str] | None:
+        for call in reversed(device_plugin.calls("ListAndWatch")):
+            if call["resource"] == mig_resource:
+                health = {d["id"]: d["health"] for d in call["devices"]}
+                return health if health[mig_victim.uuid] == "Unhealthy" else None
+        return None
+
+    health = wait_for("ListAndWatch to send the MIG device as Unhealthy", mig_unhealthy_sent, timeout=30)
+    assert health == {d.uuid: "Unhealthy" if d is mig_victim else "Healthy" for d in migs}
+    wait_for(
+        "allocatable 2g.20gb to drop to 3",
+        lambda: node_resources(kube, cluster, "allocatable").get(mig_resource) == "3",
+    )
+    others = [
+        d.uuid for d in inventory if isinstance(d, MigDevice) and d.parent.index == 5 and d is not mig_victim
+    ]
+    sent = {d["id"]: d["health"] for c in device_plugin.calls("ListAndWatch") for d in c["devices"]}
+    assert [sent[u] for u in others] == ["Healthy"] * len(others)

@@ -191,3 +191,52 @@ def test_a_kubelet_plugin_wanting_every_gpu_is_refused(node: Node, cluster: Clus
     line = _one_error_line(result)
     assert f"GPU 2 ({node.gpus[2].uuid}, Tesla T4) is already advertised by the device plugin" in line
     assert node.dra.ready()
+
+
+def test_a_gpu_moved_from_dra_to_the_device_plugin_waits_for_its_prepared_claim(
+    node: Node, kube: Kube, cluster: ClusterInfo, namespace: str
+) -> None:
+    claim_template(kube, namespace, "one-gpu", [])
+    gpu_pod(kube, namespace, "holder", "one-gpu")
+    kube.wait_pod_phase("holder", namespace)
+    claim = pod_claim(kube, namespace, "holder")
+    [device] = allocated_devices(claim)
+    moved = next(g for g in node.gpus if g.name == device)
+    name, uid = claim["metadata"]["name"], claim["metadata"]["uid"]
+    split = f"--device-plugin-gpus={moved.index},2,3"
+    workdir = node.dra.log_path.parent / "moved"
+    workdir.mkdir()
+
+    # As a helm upgrade that moves the GPU does: both containers restart, the pod still runs.
+    assert node.device_plugin.stop() == 0
+    assert node.dra.stop() == 0
+    dra = DriverProcess(cluster, PROFILE, workdir / "driver.log", extra_args=(split,))
+    device_plugin = DevicePluginProcess(cluster, PROFILE, workdir, extra_args=(split,))
+    try:
+        dra.start()
+        assert (
+            f"prepared ResourceClaim {namespace}/{name} (UID {uid}) uses {device} on GPU {moved.index} "
+            f"({moved.uuid}, NVIDIA L40S), no longer assigned to DRA"
+        ) in dra.log_path.read_text()
+        line = _one_error_line(_run(_device_plugin_args(cluster, split)))
+        assert (
+            f"GPU {moved.index} ({moved.uuid}, NVIDIA L40S) is still used by "
+            f"ResourceClaim {namespace}/{name} (UID {uid}), prepared for DRA on this node"
+        ) in line
+        assert "wait until the pods using it end, or drain the node" in line
+
+        # The pod ends, the kubelet unprepares its claim through DRA: now the device plugin starts with it.
+        delete_pods_and_wait(kube, cluster, namespace, [claim])
+        device_plugin.start()
+        wait_for(
+            "allocatable nvidia.com/gpu: 3",
+            lambda: node_resources(kube, cluster, "allocatable").get(GPU) == "3",
+        )
+        [listed] = [c for c in device_plugin.calls("ListAndWatch") if c["resource"] == GPU]
+        assert moved.uuid in [d["id"] for d in listed["devices"]]
+    finally:
+        # Back to the module's split, with the same processes the fixture stops.
+        assert device_plugin.stop() == 0, device_plugin.log_path.read_text()
+        assert dra.stop() == 0, dra.log_path.read_text()
+        node.dra.start()
+        node.device_plugin.start()

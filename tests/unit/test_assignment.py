@@ -13,13 +13,17 @@ from dra.assignment import (
     SelectorError,
     assign,
     conflict,
+    held_gpus,
+    held_refusal,
     parse_recorded,
     parse_selector,
     recorded,
     restrict,
     select,
+    stranded_claims,
 )
-from dra.devices import Gpu, Inventory, MigDevice
+from dra.checkpoint import PreparedClaim, PreparedDevice
+from dra.devices import Device, Gpu, Inventory, MigDevice
 from dra.discovery import discover
 from dra.fakegpu import FakeGpuLibrary
 from dra.fakeprofiles import load_profile
@@ -208,3 +212,114 @@ def test_conflict_names_the_gpu_and_the_other_path(mixed: Inventory) -> None:
     other = conflict(GpuPath.DRA, list(mixed.gpus[2:]), theirs)
     assert other is not None
     assert "already advertised by the device plugin" in other
+
+
+# -- GPUs that claims prepared for DRA still use -------------------------------------
+
+
+def _claim(uid: str, *devices: PreparedDevice, name: str = "") -> PreparedClaim:
+    return PreparedClaim(uid=uid, namespace="team-a", name=name or f"claim-{uid}", devices=devices)
+
+
+def _device(device: Device, *, recorded_uuid: bool = True, admin: bool = False) -> PreparedDevice:
+    return PreparedDevice(
+        request_names=("gpu",),
+        pool=NODE,
+        device=device.name,
+        cdi_device_ids=(f"k8s.gpu.nvidia.com/claim=x-{device.name}",),
+        admin_access=admin,
+        uuid=device.uuid if recorded_uuid else "",
+    )
+
+
+def test_held_gpus_are_found_by_uuid_and_a_mig_device_holds_its_parent(h100_mig: Inventory) -> None:
+    mig = h100_mig.get("gpu-5-mig-1g10gb-3-0")
+    assert isinstance(mig, MigDevice)
+    a = _claim("a", _device(h100_mig.gpus[2]))
+    b = _claim("b", _device(mig), _device(h100_mig.gpus[1]))
+    held = held_gpus([a, b], h100_mig)
+    assert [(h.gpu.index, h.device, h.claim.uid) for h in held] == [
+        (1, "gpu-1", "b"),
+        (2, "gpu-2", "a"),
+        (5, "gpu-5-mig-1g10gb-3-0", "b"),
+    ]
+
+
+def test_a_recorded_uuid_wins_over_the_name(mixed: Inventory) -> None:
+    # Recorded as gpu-2 when that was its index; the GPU is now gpu-3 (one left the bus).
+    moved = PreparedDevice(("gpu",), NODE, "gpu-2", ("x",), uuid=mixed.gpus[3].uuid)
+    [held] = held_gpus([_claim("a", moved)], mixed)
+    assert held.gpu == mixed.gpus[3]
+    # A UUID this node does not have is no GPU of this node, whatever the name says.
+    gone = PreparedDevice(("gpu",), NODE, "gpu-2", ("x",), uuid="GPU-00000000-0000-0000-0000-000000000000")
+    assert held_gpus([_claim("b", gone)], mixed) == []
+
+
+def test_entries_without_a_uuid_are_found_by_name(h100_mig: Inventory) -> None:
+    old = [
+        _claim("a", _device(h100_mig.gpus[0], recorded_uuid=False)),
+        _claim("b", PreparedDevice(("gpu",), NODE, "gpu-6-mig-2g20gb-2-0", ("x",))),
+        # Prepared whole before the GPU went into MIG mode: the GPU is no device now, but still a GPU.
+        _claim("c", PreparedDevice(("gpu",), NODE, "gpu-7", ("x",))),
+        _claim("d", PreparedDevice(("gpu",), NODE, "gpu-9", ("x",))),
+    ]
+    assert [(h.gpu.index, h.claim.uid) for h in held_gpus(old, h100_mig)] == [(0, "a"), (6, "b"), (7, "c")]
+
+
+def test_only_gpus_of_the_given_inventory_are_held(mixed: Inventory) -> None:
+    claims = [_claim("a", _device(mixed.gpus[0])), _claim("b", _device(mixed.gpus[3]))]
+    device_plugin = restrict(mixed, mixed.gpus[2:])
+    assert [(h.gpu.index, h.claim.uid) for h in held_gpus(claims, device_plugin)] == [(3, "b")]
+
+
+def test_admin_access_does_not_hold_a_gpu(mixed: Inventory) -> None:
+    claims = [_claim("monitor", _device(mixed.gpus[2], admin=True)), _claim("a", _device(mixed.gpus[1]))]
+    assert [h.gpu.index for h in held_gpus(claims, mixed)] == [1]
+    assert [h.claim.uid for h in held_gpus(claims, mixed, admin_access=True)] == ["monitor"]
+
+
+def test_held_refusal_names_the_gpu_and_the_claim(mixed: Inventory) -> None:
+    assert held_refusal([]) is None
+    held = held_gpus([_claim("uid-1", _device(mixed.gpus[2]), name="trainer")], mixed)
+    assert held_refusal(held, " (checkpoint /s/checkpoint.json)") == (
+        f"GPU 2 ({mixed.gpus[2].uuid}, Tesla T4) is still used by ResourceClaim team-a/trainer (UID uid-1), "
+        "prepared for DRA on this node (checkpoint /s/checkpoint.json): wait until the pods using it end, "
+        "or drain the node; the device plugin starts once the kubelet has unprepared the claim"
+    )
+
+
+def test_held_refusal_names_the_mig_device_and_counts_the_other_gpus(h100_mig: Inventory) -> None:
+    mig = h100_mig.get("gpu-4-mig-3g40gb-1-0")
+    assert mig is not None
+    claims = [
+        _claim("a", _device(mig), _device(h100_mig.gpus[0])),
+        _claim("b", _device(h100_mig.gpus[1]), _device(h100_mig.gpus[2])),
+    ]
+    message = held_refusal(held_gpus(claims, restrict(h100_mig, h100_mig.gpus[4:])))
+    assert message is not None
+    assert message.startswith(
+        f"GPU 4 ({h100_mig.gpus[4].uuid}, NVIDIA H100 80GB HBM3) is still used by ResourceClaim "
+        "team-a/claim-a (UID a) through gpu-4-mig-3g40gb-1-0, prepared for DRA on this node:"
+    )
+    everything = held_refusal(held_gpus(claims, h100_mig))
+    assert everything is not None
+    assert everything.startswith(f"GPU 0 ({h100_mig.gpus[0].uuid}, NVIDIA H100 80GB HBM3) is still used by")
+    assert "on this node (3 more GPU(s) in use by prepared claims):" in everything
+
+
+def test_stranded_claims_get_one_warning_each(mixed: Inventory) -> None:
+    claims = [
+        _claim("a", _device(mixed.gpus[2]), _device(mixed.gpus[3]), name="trainer"),
+        _claim("b", _device(mixed.gpus[0])),
+        _claim("c", _device(mixed.gpus[3])),
+    ]
+    not_dra = restrict(mixed, mixed.gpus[2:])
+    gpu2, gpu3 = f"GPU 2 ({mixed.gpus[2].uuid}, Tesla T4)", f"GPU 3 ({mixed.gpus[3].uuid}, Tesla T4)"
+    assert stranded_claims(held_gpus(claims, not_dra)) == [
+        f"prepared ResourceClaim team-a/trainer (UID a) uses gpu-2 on {gpu2}, gpu-3 on {gpu3}, no longer "
+        "assigned to DRA: the claim stays prepared until its pods end, and the device plugin refuses to "
+        "start with the GPU until then",
+        f"prepared ResourceClaim team-a/claim-c (UID c) uses gpu-3 on {gpu3}, no longer assigned to DRA: "
+        "the claim stays prepared until its pods end, and the device plugin refuses to start with the GPU "
+        "until then",
+    ]

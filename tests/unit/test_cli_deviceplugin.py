@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 
-from dra.assignment import GpuPath
+from dra.assignment import GpuPath, restrict
 from dra.assignmentrecord import AssignmentRecord
+from dra.checkpoint import CheckpointStore, PreparedClaim, PreparedDevice
 from dra.cli import main, parse_args
 from dra.deviceplugin.allocate import Strategy
 from dra.discovery import discover
+from dra.driver import warn_about_stranded_claims
 from dra.fakegpu import FakeGpuLibrary
 from dra.fakeprofiles import load_profile
 
@@ -112,3 +115,87 @@ def test_device_plugin_refuses_a_gpu_the_running_dra_path_has(
         f"dra-gpu: error: GPU 0 ({gpus[0].uuid}, NVIDIA L40S) is already advertised by "
         "the DRA kubelet-plugin on this node (3 more GPU(s) overlap)"
     )
+
+
+def _device_plugin(tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        "device-plugin",
+        "--node-name=n",
+        "--fake-gpus=mixed",
+        f"--state-dir={tmp_path / 'state'}",
+        f"--kubelet-root={tmp_path}",
+        f"--cdi-root={tmp_path / 'cdi'}",
+        "--http-address=",
+        "--log-level=error",
+        *extra,
+    ]
+
+
+def test_device_plugin_refuses_a_gpu_a_prepared_dra_claim_still_uses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gpus = discover(FakeGpuLibrary(load_profile("mixed"), "n")).gpus
+    checkpoint = tmp_path / "state" / "checkpoint.json"
+    # Prepared while GPU 3 was DRA's; now the selectors give 2 and 3 to the device plugin.
+    CheckpointStore(checkpoint).save(
+        {
+            "uid-1": PreparedClaim(
+                uid="uid-1",
+                namespace="team-a",
+                name="trainer-gpu",
+                devices=(
+                    PreparedDevice(
+                        ("gpu",), "n", "gpu-3", ("k8s.gpu.nvidia.com/claim=uid-1-gpu-3",), uuid=gpus[3].uuid
+                    ),
+                ),
+            )
+        }
+    )
+    line = _refusal(_device_plugin(tmp_path, "--device-plugin-gpus=2,3"), capsys)
+    assert line == (
+        f"dra-gpu: error: GPU 3 ({gpus[3].uuid}, Tesla T4) is still used by ResourceClaim team-a/trainer-gpu "
+        f"(UID uid-1), prepared for DRA on this node (checkpoint {checkpoint}): wait until the pods using it "
+        "end, or drain the node; the device plugin starts once the kubelet has unprepared the claim"
+    )
+    # It refused before serving anything, and left the GPU assignment record as it found it.
+    assert not (tmp_path / "device-plugins").exists()
+    assert not (tmp_path / "cdi").exists()
+    assert AssignmentRecord(tmp_path / "state").read() == {}
+
+
+def test_device_plugin_refuses_a_corrupt_checkpoint_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkpoint = tmp_path / "state" / "checkpoint.json"
+    checkpoint.parent.mkdir()
+    checkpoint.write_text('{"kind": "DraGpuCheckpoint", "version": 1, "claims": {}, "checksum": "x"}')
+    line = _refusal(_device_plugin(tmp_path), capsys)
+    assert line.startswith(f"dra-gpu: error: checkpoint {checkpoint} fails its checksum")
+
+
+def test_the_kubelet_plugin_warns_about_claims_left_on_gpus_it_no_longer_has(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    everything = discover(FakeGpuLibrary(load_profile("mixed"), "n"))
+    gpus = everything.gpus
+    checkpoint = tmp_path / "checkpoint.json"
+    CheckpointStore(checkpoint).save(
+        {
+            uid: PreparedClaim(
+                uid, "team-a", name, (PreparedDevice(("gpu",), "n", gpu.name, ("x",), uuid=gpu.uuid),)
+            )
+            for uid, name, gpu in [("uid-1", "stays", gpus[0]), ("uid-2", "moved", gpus[3])]
+        }
+    )
+    with caplog.at_level(logging.WARNING, logger="dra.driver"):
+        warn_about_stranded_claims(everything, restrict(everything, gpus[:2]), checkpoint)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"prepared ResourceClaim team-a/moved (UID uid-2) uses gpu-3 on GPU 3 ({gpus[3].uuid}, Tesla T4), "
+        "no longer assigned to DRA: the claim stays prepared until its pods end, and the device plugin "
+        "refuses to start with the GPU until then"
+    ]
+    # A checkpoint it cannot read is left to the start-up that reads it next, with its own message.
+    checkpoint.write_text("{")
+    caplog.clear()
+    warn_about_stranded_claims(everything, restrict(everything, gpus[:2]), checkpoint)
+    assert caplog.records == []

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from dra import cdi
+from dra.assignment import restrict
 from dra.cdistore import CdiStore
 from dra.deviceplugin.allocate import Strategy, allocation_id, container_response, parse_strategies, uses_cdi
+from dra.deviceplugin.daemon import DevicePluginSettings, keep_cdi_spec
 from dra.devices import Inventory
 from dra.discovery import discover
 from dra.fakegpu import FakeGpuLibrary
@@ -139,3 +141,38 @@ def test_device_spec_file_is_written_atomically_next_to_claim_specs(
     assert store.remove_stale(keep=[]) == []
     assert path.exists()
     assert [p.name for p in tmp_path.iterdir()] == [path.name], "no temporary file is left"
+
+
+def _settings(cdi_root: Path, *strategies: Strategy) -> DevicePluginSettings:
+    return DevicePluginSettings(
+        node_name="node-a",
+        driver_name=DRIVER,
+        kubelet_root=cdi_root / "kubelet",
+        device_plugin_dir=None,
+        cdi_root=cdi_root,
+        state_dir=None,
+        strategies=frozenset(strategies or {Strategy.CDI_CRI}),
+    )
+
+
+def test_a_plugin_without_devices_removes_the_spec_an_earlier_configuration_left(
+    tmp_path: Path, inventory: Inventory
+) -> None:
+    store = CdiStore(tmp_path, DRIVER)
+    keep_cdi_spec(_settings(tmp_path), inventory)
+    spec = tmp_path / "k8s.gpu.nvidia.com-device.json"
+    assert {d["name"] for d in json.loads(spec.read_text())["devices"]} == {d.uuid for d in inventory}
+    claim_spec = store.write("uid-1", cdi.build_spec(DRIVER, "uid-1", list(inventory)[:1], inventory))
+
+    # Restarted with every GPU given to DRA: no device to describe, and the old spec names DRA's GPUs.
+    keep_cdi_spec(_settings(tmp_path), restrict(inventory, []))
+    assert not spec.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [claim_spec.name], "claim specs stay"
+    keep_cdi_spec(_settings(tmp_path), restrict(inventory, []))  # nothing to remove is fine
+    keep_cdi_spec(_settings(tmp_path, Strategy.ENVVAR), restrict(inventory, []))
+    assert not spec.exists()
+
+
+def test_the_envvar_strategy_writes_no_spec(tmp_path: Path, inventory: Inventory) -> None:
+    keep_cdi_spec(_settings(tmp_path, Strategy.ENVVAR), inventory)
+    assert list(tmp_path.iterdir()) == []

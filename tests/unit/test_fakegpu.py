@@ -11,7 +11,7 @@ import yaml
 
 from dra.devices import MigDevice
 from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary
+from dra.fakegpu import FakeGpuLibrary, parse_event_line
 from dra.fakeprofiles import BUILTIN_PROFILES, MODELS, ProfileError, load_profile, parse_profile
 from dra.nvml import ERROR_NOT_FOUND, ERROR_NOT_SUPPORTED, GpuHandle, GpuLibraryError, XidEvent
 from tests.unit.helpers import NODE, inventory
@@ -340,7 +340,7 @@ def test_fake_gpus_have_no_host_paths() -> None:
 def test_xid_events_are_read_from_the_events_file_line_by_line(tmp_path: Path) -> None:
     events = tmp_path / "xid"
     lib = FakeGpuLibrary(load_profile("h100x8"), NODE, events)
-    lib.watch_xid_events([GpuHandle(0)])
+    lib.watch_xid_events(GpuHandle(0))
     assert lib.wait_xid_event(0) is None  # no file yet
     events.write_text("GPU-a 79\nGPU-b 48\nGPU-c")
     assert lib.wait_xid_event(0) == XidEvent("GPU-a", 79)
@@ -356,6 +356,33 @@ def test_xid_events_are_read_from_the_events_file_line_by_line(tmp_path: Path) -
 
 def test_without_an_events_file_there_are_no_events() -> None:
     assert FakeGpuLibrary(load_profile("h100x8"), NODE).wait_xid_event(0) is None
+
+
+@pytest.mark.parametrize(
+    ("line", "event"),
+    [
+        ("GPU-a 79\n", XidEvent("GPU-a", 79)),
+        ("GPU-a 79 2\n", XidEvent("GPU-a", 79, gpu_instance_id=2)),
+        ("GPU-a 79 2 0\n", XidEvent("GPU-a", 79, gpu_instance_id=2, compute_instance_id=0)),
+        ("  GPU-a\t94   13  1 \n", XidEvent("GPU-a", 94, gpu_instance_id=13, compute_instance_id=1)),
+        # NVML's "no instance" is no instance; a compute instance alone names nothing.
+        ("GPU-a 79 4294967295 4294967295\n", XidEvent("GPU-a", 79)),
+        ("GPU-a 79 4294967295 3\n", XidEvent("GPU-a", 79)),
+        ("GPU-a 79 1 4294967295\n", XidEvent("GPU-a", 79, gpu_instance_id=1)),
+        ("GPU-a 79 x 0\n", XidEvent("GPU-a", 79)),
+        ("GPU-a junk 1 0\n", XidEvent("GPU-a", 0, gpu_instance_id=1, compute_instance_id=0)),
+    ],
+)
+def test_event_lines_may_name_a_mig_instance(line: str, event: XidEvent) -> None:
+    assert parse_event_line(line) == event
+
+
+def test_events_with_instances_come_from_the_file(tmp_path: Path) -> None:
+    events = tmp_path / "xid"
+    events.write_text("GPU-a 79 2 0\nGPU-b 48\n")
+    lib = FakeGpuLibrary(load_profile("h100x8-mig"), NODE, events)
+    assert lib.wait_xid_event(0) == XidEvent("GPU-a", 79, gpu_instance_id=2, compute_instance_id=0)
+    assert lib.wait_xid_event(0) == XidEvent("GPU-b", 48)
 
 
 def test_per_node_map_picks_the_node_profile_then_the_default(tmp_path: Path) -> None:

@@ -14,6 +14,8 @@ from dra.nvml import (
     ERROR_GPU_IS_LOST,
     ERROR_NOT_SUPPORTED,
     ERROR_TIMEOUT,
+    EVENT_XID_CRITICAL,
+    NO_INSTANCE,
     GpuHandle,
     GpuLibraryError,
     NvmlLibrary,
@@ -160,6 +162,8 @@ class StubNvml:
         self.bus_id = bus_id
         self.numa = numa
         self.wait: Any = StubNvmlError(ERROR_TIMEOUT)
+        self.unsupported: set[object] = set()
+        self.calls: list[tuple[object, ...]] = []
 
     def nvmlDeviceGetNumaNodeId(self, handle: object) -> int:  # noqa: N802 (pynvml's name)
         if self.numa is None:
@@ -175,7 +179,26 @@ class StubNvml:
     def nvmlEventSetWait_v2(self, event_set: object, timeout_ms: int) -> SimpleNamespace:  # noqa: N802
         if isinstance(self.wait, Exception):
             raise self.wait
-        return SimpleNamespace(device=self.wait[0], eventData=self.wait[1])
+        device, xid, *instances = self.wait
+        gpu_instance, compute_instance = instances or (NO_INSTANCE, NO_INSTANCE)
+        return SimpleNamespace(
+            device=device, eventData=xid, gpuInstanceId=gpu_instance, computeInstanceId=compute_instance
+        )
+
+    def nvmlEventSetCreate(self) -> str:  # noqa: N802
+        self.calls.append(("create",))
+        return "event-set"
+
+    def nvmlDeviceRegisterEvents(self, handle: object, mask: int, event_set: object) -> None:  # noqa: N802
+        if handle in self.unsupported:
+            raise StubNvmlError(ERROR_NOT_SUPPORTED)
+        self.calls.append(("register", handle, mask, event_set))
+
+    def nvmlEventSetFree(self, event_set: object) -> None:  # noqa: N802
+        self.calls.append(("free", event_set))
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        self.calls.append(("shutdown",))
 
 
 def _with_stub(stub: StubNvml, **roots: Path) -> NvmlLibrary:
@@ -210,6 +233,47 @@ def test_wait_xid_event_names_the_gpu_and_the_xid() -> None:
     stub = StubNvml()
     stub.wait = ("handle-3", 79)
     assert _with_stub(stub).wait_xid_event(10) == XidEvent(uuid="GPU-handle-3", xid=79)
+
+
+def test_wait_xid_event_names_the_mig_instance_when_nvml_does() -> None:
+    stub = StubNvml()
+    stub.wait = ("handle-4", 94, 2, 0)
+    assert _with_stub(stub).wait_xid_event(10) == XidEvent(
+        uuid="GPU-handle-4", xid=94, gpu_instance_id=2, compute_instance_id=0
+    )
+    stub.wait = ("handle-4", 94, 3, NO_INSTANCE)
+    assert _with_stub(stub).wait_xid_event(10) == XidEvent(uuid="GPU-handle-4", xid=94, gpu_instance_id=3)
+
+
+def test_each_gpu_is_registered_on_its_own_in_one_event_set() -> None:
+    stub = StubNvml()
+    stub.unsupported = {"old-gpu"}
+    lib = _with_stub(stub)
+    lib.watch_xid_events(GpuHandle("gpu-0"))
+    with pytest.raises(GpuLibraryError) as err:
+        lib.watch_xid_events(GpuHandle("old-gpu"))
+    assert err.value.code == ERROR_NOT_SUPPORTED
+    lib.watch_xid_events(GpuHandle("gpu-2"))
+    assert stub.calls == [
+        ("create",),
+        ("register", "gpu-0", EVENT_XID_CRITICAL, "event-set"),
+        ("register", "gpu-2", EVENT_XID_CRITICAL, "event-set"),
+    ]
+
+
+def test_the_event_set_is_freed_once_and_before_nvml_shuts_down() -> None:
+    stub = StubNvml()
+    lib = _with_stub(stub)
+    lib.watch_xid_events(GpuHandle("gpu-0"))
+    lib.unwatch_xid_events()
+    lib.unwatch_xid_events()
+    lib.shutdown()
+    assert [c[0] for c in stub.calls] == ["create", "register", "free", "shutdown"]
+    # Without an unwatch first, shutdown frees it itself, first.
+    stub.calls.clear()
+    lib.watch_xid_events(GpuHandle("gpu-0"))
+    lib.shutdown()
+    assert [c[0] for c in stub.calls] == ["create", "register", "free", "shutdown"]
 
 
 def test_nvml_errors_become_gpu_library_errors_naming_the_call() -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from dra.devices import Inventory
 from dra.discovery import discover
@@ -46,3 +49,20 @@ class HostGpuLibrary(FakeGpuLibrary):
     def mig_capability_minors(self) -> dict[str, int]:
         """The capability minors this host was given."""
         return dict(self.caps)
+
+
+def write_kubeconfig(path: Path, server: str = "https://127.0.0.1:1") -> Path:
+    """A kubeconfig with a token, for an API server that need not exist."""
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": server}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    return path

@@ -16,6 +16,7 @@ import yaml
 from dra import cli, driver, envflags
 from dra.nvml import GpuLibraryError
 from dra.slices import SliceError
+from tests.unit.helpers import write_kubeconfig
 
 
 @pytest.fixture(autouse=True)
@@ -313,19 +314,7 @@ def test_the_command_line_wins_over_an_invalid_variable(monkeypatch: pytest.Monk
 def test_a_corrupt_checkpoint_stops_the_daemon_with_one_line_naming_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "c",
-            }
-        )
-    )
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig")
     state = tmp_path / "state"
     state.mkdir()
     (state / "checkpoint.json").write_text(

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 import urllib3
-import yaml
 
 from dra.kube import KubeClient, KubeError, UnreachableError
+from tests.unit.helpers import write_kubeconfig
 
 
 class _Response:
@@ -36,19 +36,7 @@ class _Api:
 
 @pytest.fixture
 def client(tmp_path: Path) -> KubeClient:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "c",
-            }
-        )
-    )
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig")
     return KubeClient(str(kubeconfig))
 
 

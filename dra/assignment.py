@@ -330,8 +330,7 @@ def held_gpus(
                 continue
             device = _prepared_device(entry, inventory)
             if device is not None:
-                gpu = device.parent if isinstance(device, MigDevice) else device
-                held.append(HeldGpu(gpu, entry.device, claim))
+                held.append(HeldGpu(gpu_of(device), entry.device, claim))
     order = {gpu.uuid: n for n, gpu in enumerate(inventory.gpus)}
     return sorted(held, key=lambda h: order[h.gpu.uuid])
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ from dra import metrics
 from dra.assignment import AssignmentError, GpuPath, Selector, assign, held_gpus, restrict, stranded_claims
 from dra.assignmentrecord import AssignmentClaim, AssignmentConflictError, AssignmentRecord
 from dra.cdistore import CdiStore
-from dra.checkpoint import CheckpointError, CheckpointStore
+from dra.checkpoint import CheckpointError, CheckpointStore, PreparedClaim
 from dra.devices import Inventory
 from dra.discovery import discover
 from dra.fakegpu import FakeGpuLibrary
@@ -146,19 +146,17 @@ def take_assignment(
     return restrict(inventory, mine), claim
 
 
-def warn_about_stranded_claims(everything: Inventory, mine: Inventory, checkpoint: Path) -> None:
+def warn_about_stranded_claims(
+    everything: Inventory, mine: Inventory, claims: Iterable[PreparedClaim]
+) -> None:
     """Log each prepared claim whose devices are on GPUs that are no longer DRA's.
 
     Such a claim stays prepared until the kubelet unprepares it when its pods
     end; until then the device plugin refuses to start with those GPUs. This
     only says so: refusing here would not free the GPUs any sooner.
     """
-    try:
-        claims = CheckpointStore(checkpoint).load()
-    except CheckpointError:
-        return  # the state is loaded again to start, and the daemon stops there with the reason
     others = restrict(everything, [gpu for gpu in everything.gpus if gpu not in mine.gpus])
-    for warning in stranded_claims(held_gpus(claims.values(), others)):
+    for warning in stranded_claims(held_gpus(claims, others)):
         log.warning("%s", warning)
 
 
@@ -247,14 +245,13 @@ async def run_kubelet_plugin(settings: PluginSettings) -> None:
         settings.node_name,
     )
     try:
-        warn_about_stranded_claims(everything, inventory, settings.checkpoint_path)
-        await _run_kubelet_plugin(settings, lib, inventory, started)
+        await _run_kubelet_plugin(settings, lib, everything, inventory, started)
     finally:
         claim.release()
 
 
 async def _run_kubelet_plugin(
-    settings: PluginSettings, lib: GpuLibrary, inventory: Inventory, started: float
+    settings: PluginSettings, lib: GpuLibrary, everything: Inventory, inventory: Inventory, started: float
 ) -> None:
     log.info("publishing %d allocatable devices on node %s", len(inventory), settings.node_name)
     try:
@@ -272,6 +269,7 @@ async def _run_kubelet_plugin(
     except OSError as err:
         raise StartupError(f"cannot restore the CDI specs in {settings.cdi_root}: {err}") from None
     metrics.PREPARED_CLAIMS.set(len(state.prepared))
+    warn_about_stranded_claims(everything, inventory, state.prepared.values())
 
     tracker = HealthTracker(inventory)
     publisher = SlicePublisher(kube, settings.driver_name, settings.node_name, inventory)

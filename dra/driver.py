@@ -17,7 +17,7 @@ from dra import metrics
 from dra.assignment import AssignmentError, GpuPath, Selector, assign, held_gpus, restrict, stranded_claims
 from dra.assignmentrecord import AssignmentClaim, AssignmentConflictError, AssignmentRecord
 from dra.cdistore import CdiStore
-from dra.checkpoint import CheckpointError, CheckpointStore, PreparedClaim
+from dra.checkpoint import FILE_NAME, CheckpointError, CheckpointStore, PreparedClaim
 from dra.devices import Inventory
 from dra.discovery import discover
 from dra.fakegpu import FakeGpuLibrary
@@ -65,7 +65,7 @@ class PluginSettings:
     @property
     def checkpoint_path(self) -> Path:
         """The checkpoint file."""
-        return self.state_directory / "checkpoint.json"
+        return self.state_directory / FILE_NAME
 
 
 def default_state_dir(kubelet_root: Path, driver_name: str) -> Path:

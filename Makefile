@@ -2,6 +2,8 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# The local-cluster tooling (deploy/local/localcluster) is not part of the installed package.
+LOCAL := PYTHONPATH=deploy/local
 STAMP := $(VENV)/.installed
 
 .PHONY: all venv proto binaries manifests lint test test-fast demo cluster-up cluster-down bench clean
@@ -24,15 +26,15 @@ venv: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python proto/generate.py
 
-# Build or reuse the Kubernetes binaries and helm (tests/k8sbin, tests/helmbin); the first
+# Build or reuse the Kubernetes binaries and helm (deploy/local/k8sbin, deploy/local/helmbin); the first
 # build takes about 6 minutes on two cores for Kubernetes and 2 to 4 more for helm.
 binaries: $(STAMP)
-	$(BIN)/python -m tests.cluster build
+	$(LOCAL) $(BIN)/python -m localcluster build
 
 # Re-render deploy/manifests (kubectl apply -k) from the Helm chart in deploy/helm/dra-gpu;
 # a test fails while the committed files differ from a fresh render.
 manifests: $(STAMP)
-	$(BIN)/python -m tests.chart manifests
+	$(LOCAL) $(BIN)/python -m localcluster.chart manifests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -50,13 +52,13 @@ test-fast: $(STAMP)
 
 # The driver on fake GPUs serving pods on a real local cluster; DEMO_KEEP=1 keeps it up.
 demo: binaries
-	$(BIN)/python -m tests.demo
+	$(LOCAL) $(BIN)/python -m localcluster.demo
 
 cluster-up: binaries
-	@$(BIN)/python -m tests.cluster up
+	@$(LOCAL) $(BIN)/python -m localcluster up
 
 cluster-down: $(STAMP)
-	@$(BIN)/python -m tests.cluster down
+	@$(LOCAL) $(BIN)/python -m localcluster down
 
 clean:
 	rm -rf $(VENV) dra/pb build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
@@ -64,5 +66,5 @@ clean:
 # Figures, not assertions: start-up time, NodePrepareResources latency, memory;
 # the device plugin's start-up, re-registration after kubelet restarts, call latency.
 bench: binaries
-	$(BIN)/python -m tests.bench.bench_driver
-	$(BIN)/python -m tests.bench.bench_deviceplugin
+	$(LOCAL) $(BIN)/python -m tests.bench.bench_driver
+	$(LOCAL) $(BIN)/python -m tests.bench.bench_deviceplugin

@@ -18,14 +18,20 @@ from pathlib import Path
 import anyio
 import yaml
 
-from dra import logs
-from dra.assignment import Selector, SelectorError, parse_selector
+from dra.core.assignment import Selector, SelectorError, parse_selector
+from dra.core.slices import SliceError, build_slices
+from dra.daemon import logs
+from dra.daemon.flags import UsageError, apply_environment, csv, nonempty, option, path, seconds
 from dra.deviceplugin.allocate import Strategy, parse_strategies
 from dra.deviceplugin.daemon import DevicePluginSettings, run_device_plugin
 from dra.deviceplugin.resources import DEFAULT_RESOURCE
-from dra.driver import PluginSettings, StartupError, gpu_library, load_inventory, run_kubelet_plugin
-from dra.envflags import UsageError, apply_environment, csv, nonempty, option, path, seconds
-from dra.slices import SliceError, build_slices
+from dra.kubeletplugin.daemon import (
+    PluginSettings,
+    StartupError,
+    gpu_library,
+    load_inventory,
+    run_kubelet_plugin,
+)
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
 
@@ -291,7 +297,7 @@ def _device_plugin(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from dra import explaincmd  # the CEL evaluator is only loaded for this command
+    from dra.explain import command as explaincmd  # the CEL evaluator is only loaded for this command
 
     if args.fake_gpus and not args.node_name:
         args.node_name = "fake-node"

@@ -12,9 +12,8 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-
-from tests.cluster.cluster import ClusterInfo, LocalCluster, parse_gates
-from tests.cluster.kube import Kube, wait_for
+from localcluster.cluster import ClusterInfo, LocalCluster, parse_gates
+from localcluster.kube import Kube, wait_for
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

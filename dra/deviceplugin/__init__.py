@@ -5,4 +5,7 @@ Pure parts: `resources` (which resource names, device IDs, placement),
 device-list strategy). Edges: `service` (the DevicePlugin gRPC service),
 `server` (its socket and the registration with the kubelet, renewed whenever
 the kubelet restarts), `daemon` (the `dra-gpu device-plugin` process).
+
+Rule: a program package. It may import every layer below (model, core, gpu,
+adapters, daemon) and the generated gRPC code, never another program package.
 """

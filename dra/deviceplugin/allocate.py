@@ -28,8 +28,8 @@ import enum
 import hashlib
 from collections.abc import Sequence
 
-from dra import cdi
-from dra.devices import Device
+from dra.core import cdi
+from dra.model.devices import Device
 from dra.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"

@@ -9,16 +9,19 @@ from pathlib import Path
 
 import anyio
 
-from dra import cdi, metrics
-from dra.assignment import GpuPath, Selector, describe, held_gpus, held_refusal
-from dra.cdistore import CdiStore
-from dra.checkpoint import FILE_NAME, CheckpointError, CheckpointStore
+from dra.adapters.cdistore import CdiStore
+from dra.adapters.checkpoint import FILE_NAME, CheckpointError, CheckpointStore
+from dra.core import cdi
+from dra.core.assignment import GpuPath, Selector, describe, held_gpus, held_refusal
+from dra.daemon import metrics
+from dra.daemon.health import HealthMonitor, HealthTracker
+from dra.daemon.lifecycle import Heartbeat, until_stopped
+from dra.daemon.sockets import SocketPathError
 from dra.deviceplugin.allocate import Strategy, uses_cdi
 from dra.deviceplugin.resources import DEFAULT_RESOURCE, ResourceError, resources
 from dra.deviceplugin.server import ResourceServer
 from dra.deviceplugin.service import CallLog, DevicePluginService
-from dra.devices import Inventory
-from dra.driver import (
+from dra.kubeletplugin.daemon import (
     StartupError,
     default_state_dir,
     gpu_library,
@@ -26,9 +29,7 @@ from dra.driver import (
     serve_http,
     take_assignment,
 )
-from dra.health import HealthMonitor, HealthTracker
-from dra.lifecycle import Heartbeat, until_stopped
-from dra.sockets import SocketPathError
+from dra.model.devices import Inventory
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dra.deviceplugin.preferred import Placement
-from dra.devices import Device, Inventory, MigDevice, gpu_of
+from dra.model.devices import Device, Inventory, MigDevice, gpu_of
 
 DEFAULT_RESOURCE = "nvidia.com/gpu"
 #: Device IDs longer than this are refused.

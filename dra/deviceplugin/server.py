@@ -22,12 +22,12 @@ from pathlib import Path
 import anyio
 import grpc
 
-from dra import metrics
+from dra.daemon import metrics
+from dra.daemon.sockets import check_socket_path
 from dra.deviceplugin.resources import Resource
 from dra.deviceplugin.service import OPTIONS, CallLog, DevicePluginService
 from dra.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from dra.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
-from dra.sockets import check_socket_path
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ from typing import Any
 import anyio
 import grpc
 
-from dra import metrics
+from dra.daemon import metrics
+from dra.daemon.health import DeviceHealth, HealthTracker
 from dra.deviceplugin.allocate import Strategy, container_response
 from dra.deviceplugin.preferred import preferred_allocation
 from dra.deviceplugin.resources import Resource, device_id, numa_node, placements
-from dra.health import DeviceHealth, HealthTracker
 from dra.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from dra.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
 

@@ -20,18 +20,18 @@ import time
 from pathlib import Path
 
 import grpc
+from localcluster.cluster import LocalCluster
+from localcluster.devicepluginprocess import DevicePluginProcess
+from localcluster.kube import wait_for
 
 from dra.deviceplugin.preferred import preferred_allocation
 from dra.deviceplugin.resources import placements, resources
-from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary
-from dra.fakeprofiles import load_profile
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.profiles import load_profile
 from dra.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from dra.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
 from tests.bench.bench_driver import _percentile, _rss_kib
-from tests.cluster.cluster import LocalCluster
-from tests.cluster.kube import wait_for
-from tests.devicepluginprocess import DevicePluginProcess
 
 PROFILE = "h100x8-mig"
 

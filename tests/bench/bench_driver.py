@@ -18,11 +18,11 @@ import uuid
 from pathlib import Path
 
 import grpc
+from localcluster.cluster import running_cluster
+from localcluster.driverprocess import DriverProcess
+from localcluster.kube import Kube
 
 from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc
-from tests.cluster.cluster import running_cluster
-from tests.cluster.kube import Kube
-from tests.driverprocess import DriverProcess
 
 DRIVER = "gpu.nvidia.com"
 

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-
-from tests.cluster.kube import Obj
+from localcluster.kube import Obj
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "cel-cookbook.md"
 

@@ -18,9 +18,8 @@ from typing import Any
 
 import pytest
 from kubernetes.dynamic.exceptions import UnprocessibleEntityError
-
-from tests.cluster.cluster import ClusterInfo, LocalCluster
-from tests.cluster.kube import Kube, Obj, wait_for
+from localcluster.cluster import ClusterInfo, LocalCluster
+from localcluster.kube import Kube, Obj, wait_for
 
 DRIVER = "stub.dra-gpu.test"
 
@@ -46,7 +45,7 @@ def stub_plugin(cluster: ClusterInfo, tmp_path_factory: pytest.TempPathFactory) 
         [
             sys.executable,
             "-m",
-            "tests.cluster.stubplugin",
+            "tests.stubplugin",
             f"--driver={DRIVER}",
             f"--kubelet-root={cluster.kubelet_root}",
             f"--events={events}",

@@ -13,13 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from dra import explain
-from tests.cluster.cluster import ClusterInfo
-from tests.cluster.kube import Kube, Obj, wait_for
-from tests.driverprocess import DriverProcess
-from tests.e2e.cookbook import Case, load_cases
-from tests.e2e.workloads import (
+from localcluster.cluster import ClusterInfo
+from localcluster.driverprocess import DriverProcess
+from localcluster.kube import Kube, Obj, wait_for
+from localcluster.workloads import (
     DRIVER,
     allocated_devices,
     claim_template,
@@ -28,6 +25,9 @@ from tests.e2e.workloads import (
     gpu_pod,
     pod_claim,
 )
+
+from dra.explain import report as explain
+from tests.e2e.cookbook import Case, load_cases
 
 PROFILE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "cookbook-profile.yaml"
 CASES = load_cases()

@@ -29,12 +29,11 @@ import kubernetes
 import pytest
 import yaml
 from kubernetes.dynamic.exceptions import DynamicApiError
-
-from tests import chart
-from tests.cluster.binaries import ensure_binary
-from tests.cluster.cluster import ClusterInfo
-from tests.cluster.kube import Kube, Obj, wait_for
-from tests.driverprocess import DriverProcess
+from localcluster import chart
+from localcluster.binaries import ensure_binary
+from localcluster.cluster import ClusterInfo
+from localcluster.driverprocess import DriverProcess
+from localcluster.kube import Kube, Obj, wait_for
 
 DRIVER = "gpu.deploy-test.dra-gpu.test"
 RELEASE = "deploy-test"

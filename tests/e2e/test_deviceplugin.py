@@ -15,15 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from localcluster.cluster import ClusterInfo, LocalCluster
+from localcluster.devicepluginprocess import DevicePluginProcess
+from localcluster.kube import Kube, wait_for
+from localcluster.workloads import container_record, delete_pods, gpu_limits_pod, node_resources
 
-from dra.devices import Device, Gpu, Inventory, MigDevice
-from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary
-from dra.fakeprofiles import load_profile
-from tests.cluster.cluster import ClusterInfo, LocalCluster
-from tests.cluster.kube import Kube, wait_for
-from tests.devicepluginprocess import DevicePluginProcess
-from tests.e2e.workloads import container_record, delete_pods, gpu_limits_pod, node_resources
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.profiles import load_profile
+from dra.model.devices import Device, Gpu, Inventory, MigDevice
 
 PROFILE = "h100x8-mig"
 GPU = "nvidia.com/gpu"

@@ -17,16 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from dra.devices import Gpu, Inventory
-from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary
-from dra.fakeprofiles import load_profile
-from tests.cluster.cluster import ClusterInfo
-from tests.cluster.kube import Kube, wait_for
-from tests.devicepluginprocess import DevicePluginProcess
-from tests.driverprocess import DriverProcess, free_port
-from tests.e2e.workloads import (
+from localcluster.cluster import ClusterInfo
+from localcluster.devicepluginprocess import DevicePluginProcess
+from localcluster.driverprocess import DriverProcess, free_port
+from localcluster.kube import Kube, wait_for
+from localcluster.workloads import (
     DRIVER,
     allocated_devices,
     claim_template,
@@ -38,6 +33,11 @@ from tests.e2e.workloads import (
     node_resources,
     pod_claim,
 )
+
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.profiles import load_profile
+from dra.model.devices import Gpu, Inventory
 
 PROFILE = "mixed"
 GPU = "nvidia.com/gpu"

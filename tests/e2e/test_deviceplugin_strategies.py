@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from localcluster.cluster import ClusterInfo
+from localcluster.devicepluginprocess import DevicePluginProcess
+from localcluster.kube import Kube
+from localcluster.workloads import container_record, delete_pods, gpu_limits_pod
 
-from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary
-from dra.fakeprofiles import load_profile
-from tests.cluster.cluster import ClusterInfo
-from tests.cluster.kube import Kube
-from tests.devicepluginprocess import DevicePluginProcess
-from tests.e2e.workloads import container_record, delete_pods, gpu_limits_pod
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.profiles import load_profile
 
 KIND = "k8s.gpu.nvidia.com/device"
 

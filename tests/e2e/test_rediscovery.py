@@ -12,11 +12,10 @@ from typing import Any
 
 import pytest
 import yaml
-
-from tests.cluster.cluster import ClusterInfo
-from tests.cluster.kube import Kube, Obj, wait_for
-from tests.driverprocess import DriverProcess
-from tests.e2e.workloads import (
+from localcluster.cluster import ClusterInfo
+from localcluster.driverprocess import DriverProcess
+from localcluster.kube import Kube, Obj, wait_for
+from localcluster.workloads import (
     DRIVER,
     allocated_devices,
     claim_template,

@@ -22,15 +22,15 @@ import anyio
 import grpc
 import pytest
 
+from dra.daemon.health import HealthTracker
 from dra.deviceplugin.allocate import Strategy
 from dra.deviceplugin.resources import Resource, resources
 from dra.deviceplugin.server import ResourceServer
 from dra.deviceplugin.service import CallLog, DevicePluginService
-from dra.devices import Inventory
-from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary
-from dra.fakeprofiles import load_profile
-from dra.health import HealthTracker
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.profiles import load_profile
+from dra.model.devices import Inventory
 from dra.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from dra.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
 

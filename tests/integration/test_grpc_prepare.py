@@ -18,23 +18,23 @@ import anyio
 import grpc
 import pytest
 import yaml
+from localcluster.cluster import ClusterInfo
+from localcluster.driverprocess import free_port
+from localcluster.kube import Kube, Obj
 
-from dra.cdistore import CdiStore
-from dra.checkpoint import CheckpointStore
-from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary
-from dra.fakeprofiles import load_profile
-from dra.health import HealthTracker
-from dra.kube import KubeClient
+from dra.adapters.cdistore import CdiStore
+from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.kube import KubeClient
+from dra.daemon.health import HealthTracker
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.profiles import load_profile
+from dra.kubeletplugin.server import PluginServer
+from dra.kubeletplugin.service import DraService, HealthService
+from dra.kubeletplugin.state import DeviceState
 from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc
 from dra.pb.dra.v1beta1 import dra_pb2_grpc as v1beta1_grpc
 from dra.pb.pluginregistration.v1 import registration_pb2, registration_pb2_grpc
-from dra.plugin.server import PluginServer
-from dra.plugin.service import DraService, HealthService
-from dra.state import DeviceState
-from tests.cluster.cluster import ClusterInfo
-from tests.cluster.kube import Kube, Obj
-from tests.driverprocess import free_port
 
 DRIVER = "grpc-test.dra-gpu.test"
 

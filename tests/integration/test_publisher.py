@@ -6,15 +6,15 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import anyio
 import pytest
+from localcluster.cluster import ClusterInfo
+from localcluster.kube import Kube, Obj
 
-from dra.devices import Inventory
-from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary
-from dra.fakeprofiles import load_profile, parse_profile
-from dra.kube import KubeClient
-from dra.publisher import SlicePublisher
-from tests.cluster.cluster import ClusterInfo
-from tests.cluster.kube import Kube, Obj
+from dra.adapters.kube import KubeClient
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.profiles import load_profile, parse_profile
+from dra.kubeletplugin.publisher import SlicePublisher
+from dra.model.devices import Inventory
 
 DRIVER = "publisher-test.dra-gpu.test"
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import yaml
 
-from dra.devices import Inventory
-from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary
-from dra.fakeprofiles import Profile, load_profile, parse_profile
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.profiles import Profile, load_profile, parse_profile
+from dra.model.devices import Inventory
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-a"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dra import deviceconfig
+from dra.core import config as deviceconfig
 
 API = Path(__file__).resolve().parents[2] / "api"
 EXAMPLES = sorted((API / "v1beta1" / "examples").glob("*.yaml"))

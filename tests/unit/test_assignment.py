@@ -1,10 +1,11 @@
-"""The split of a node's GPUs between DRA and the device plugin (dra.assignment), on fake inventories."""
+"""The split of a node's GPUs between DRA and the device plugin (dra.core.assignment), on fake inventories."""
 
 from __future__ import annotations
 
 import pytest
 
-from dra.assignment import (
+from dra.adapters.checkpoint import PreparedClaim, PreparedDevice
+from dra.core.assignment import (
     ALL,
     NONE,
     AssignmentError,
@@ -22,11 +23,10 @@ from dra.assignment import (
     select,
     stranded_claims,
 )
-from dra.checkpoint import PreparedClaim, PreparedDevice
-from dra.devices import Device, Gpu, Inventory, MigDevice
-from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary
-from dra.fakeprofiles import load_profile
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.profiles import load_profile
+from dra.model.devices import Device, Gpu, Inventory, MigDevice
 
 NODE = "node-a"
 

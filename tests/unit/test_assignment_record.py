@@ -1,4 +1,4 @@
-"""The host's GPU assignment record (dra.assignmentrecord) on real files and real flock locks.
+"""The host's GPU assignment record (dra.adapters.assignmentrecord) on real files and real flock locks.
 
 Two claims in one test stand for the two processes: flock locks belong to open
 files, so a second open of the same lock file conflicts even in one process.
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from dra.assignment import GpuPath, recorded
-from dra.assignmentrecord import AssignmentConflictError, AssignmentRecord
-from dra.devices import Gpu
-from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary
-from dra.fakeprofiles import load_profile
+from dra.adapters.assignmentrecord import AssignmentConflictError, AssignmentRecord
+from dra.core.assignment import GpuPath, recorded
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.profiles import load_profile
+from dra.model.devices import Gpu
 
 
 @pytest.fixture

@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from dra import atomicfile, cdi
-from dra.cdistore import CdiStore
-from dra.devices import Device, Inventory
-from dra.discovery import discover
-from dra.fakeprofiles import load_profile
+from dra.adapters import atomicfile
+from dra.adapters.cdistore import CdiStore
+from dra.core import cdi
+from dra.gpu.discovery import discover
+from dra.gpu.profiles import load_profile
+from dra.model.devices import Device, Inventory
 from tests.unit.helpers import DRIVER, HostGpuLibrary, inventory
 
 UID = "0b4e2f7a-61c3-4a8e-9d55-2f0c1e9a7b10"

@@ -11,7 +11,14 @@ from typing import Any
 
 import pytest
 
-from dra.checkpoint import CheckpointError, CheckpointStore, PreparedClaim, PreparedDevice, decode, encode
+from dra.adapters.checkpoint import (
+    CheckpointError,
+    CheckpointStore,
+    PreparedClaim,
+    PreparedDevice,
+    decode,
+    encode,
+)
 
 CLAIMS = {
     "uid-a": PreparedClaim(

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dra.claims import AllocatedDevice, ClaimError, OpaqueConfig, read_allocation
+from dra.core.allocation import AllocatedDevice, ClaimError, OpaqueConfig, read_allocation
 from tests.unit.helpers import DRIVER, NODE
 
 UID = "5d0c8a6e-claim-uid"

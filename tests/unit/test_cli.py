@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 import yaml
 
-from dra import cli, driver, envflags
-from dra.nvml import GpuLibraryError
-from dra.slices import SliceError
+from dra import cli
+from dra.core.slices import SliceError
+from dra.daemon import flags as envflags
+from dra.gpu.nvml import GpuLibraryError
+from dra.kubeletplugin import daemon as driver
 from tests.unit.helpers import write_kubeconfig
 
 

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from dra.assignment import GpuPath, restrict
-from dra.assignmentrecord import AssignmentRecord
-from dra.checkpoint import CheckpointStore, PreparedClaim, PreparedDevice
+from dra.adapters.assignmentrecord import AssignmentRecord
+from dra.adapters.checkpoint import CheckpointStore, PreparedClaim, PreparedDevice
 from dra.cli import main, parse_args
+from dra.core.assignment import GpuPath, restrict
 from dra.deviceplugin.allocate import Strategy
-from dra.discovery import discover
-from dra.driver import warn_about_stranded_claims
-from dra.fakegpu import FakeGpuLibrary
-from dra.fakeprofiles import load_profile
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.profiles import load_profile
+from dra.kubeletplugin.daemon import warn_about_stranded_claims
 
 
 def test_device_plugin_defaults() -> None:
@@ -187,7 +187,7 @@ def test_the_kubelet_plugin_warns_about_claims_left_on_gpus_it_no_longer_has(
             for uid, name, gpu in [("uid-1", "stays", gpus[0]), ("uid-2", "moved", gpus[3])]
         }
     )
-    with caplog.at_level(logging.WARNING, logger="dra.driver"):
+    with caplog.at_level(logging.WARNING, logger="dra.kubeletplugin.daemon"):
         warn_about_stranded_claims(
             everything, restrict(everything, gpus[:2]), CheckpointStore(checkpoint).load().values()
         )

@@ -1,6 +1,6 @@
 """The Helm chart renders what an admin needs, and deploy/manifests is that render.
 
-Rendered with the project's pinned helm (tests/helmbin, built on first use); no
+Rendered with the project's pinned helm (deploy/local/helmbin, built on first use); no
 cluster here: tests/e2e/test_deploy.py sends the same renders to an API server.
 """
 
@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 import yaml
+from localcluster import chart
+from localcluster.kube import Obj
 
 from dra.cli import build_parser
-from dra.envflags import env_name
-from dra.explain import standard_device_classes
-from dra.fakeprofiles import BUILTIN_PROFILES, load_profile
-from tests import chart
-from tests.cluster.kube import Obj
+from dra.daemon.flags import env_name
+from dra.explain.report import standard_device_classes
+from dra.gpu.profiles import BUILTIN_PROFILES, load_profile
 
 FAKE: dict[str, Any] = {"fakeGpus": {"enabled": True, "nodes": {"gpu-a": "mixed"}}}
 KIND_VALUES = chart.KIND / "values.yaml"

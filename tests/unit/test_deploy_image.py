@@ -11,7 +11,7 @@ import json
 import re
 import tomllib
 
-from tests import chart
+from localcluster import chart
 
 ROOT = chart.ROOT
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 import yaml
+from localcluster import chart
+from localcluster.binaries import kubernetes_version
+from localcluster.kube import load_manifests
 
-from dra.cdi import spec_file_name
-from tests import chart
-from tests.cluster.binaries import kubernetes_version
-from tests.cluster.kube import load_manifests
+from dra.core.cdi import spec_file_name
 
 CLUSTER = chart.KIND / "cluster.yaml"
 UP = chart.KIND / "up.sh"

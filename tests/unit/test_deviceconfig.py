@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from dra.deviceconfig import ConfigError, DeviceConfig, Sharing, effective, parse
-from dra.devices import Device
+from dra.core.config import ConfigError, DeviceConfig, Sharing, effective, parse
+from dra.model.devices import Device
 from tests.unit.helpers import inventory
 
 API = "resource.nvidia.com/v1beta1"

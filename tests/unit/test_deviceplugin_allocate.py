@@ -1,4 +1,4 @@
-"""What Allocate answers per strategy (dra.deviceplugin.allocate), and the plugin's CDI spec (dra.cdi)."""
+"""What Allocate answers per strategy (dra.deviceplugin.allocate), and the plugin's CDI spec."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from dra import cdi
-from dra.assignment import restrict
-from dra.cdistore import CdiStore
+from dra.adapters.cdistore import CdiStore
+from dra.core import cdi
+from dra.core.assignment import restrict
 from dra.deviceplugin.allocate import Strategy, allocation_id, container_response, parse_strategies, uses_cdi
 from dra.deviceplugin.daemon import DevicePluginSettings, keep_cdi_spec
-from dra.devices import Inventory
-from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary
-from dra.fakeprofiles import load_profile
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.profiles import load_profile
+from dra.model.devices import Inventory
 
 DRIVER = "gpu.nvidia.com"
 KIND = "k8s.gpu.nvidia.com/device"

@@ -12,10 +12,10 @@ import pytest
 
 from dra.deviceplugin.preferred import Placement, preferred_allocation
 from dra.deviceplugin.resources import placements
-from dra.devices import Inventory, MigDevice
-from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary
-from dra.fakeprofiles import load_profile
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.profiles import load_profile
+from dra.model.devices import Inventory, MigDevice
 
 
 def node(profile: str) -> Inventory:

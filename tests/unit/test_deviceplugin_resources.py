@@ -16,10 +16,10 @@ from dra.deviceplugin.resources import (
     resources,
     socket_name,
 )
-from dra.devices import Gpu, Inventory, MigDevice
-from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary
-from dra.fakeprofiles import load_profile
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.profiles import load_profile
+from dra.model.devices import Gpu, Inventory, MigDevice
 
 
 def node(profile: str) -> Inventory:

@@ -7,8 +7,7 @@ import re
 
 import pytest
 
-from dra.devices import Gpu, MigDevice
-from dra.discovery import (
+from dra.gpu.discovery import (
     COMMON_DEVICE_NODES,
     cuda_version_string,
     discover,
@@ -16,9 +15,8 @@ from dra.discovery import (
     mig_profile,
     to_semver,
 )
-from dra.fakegpu import FakeGpuLibrary
-from dra.fakeprofiles import MODELS, MigProfile, load_profile
-from dra.nvml import (
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.nvml import (
     ERROR_GPU_IS_LOST,
     ERROR_NOT_FOUND,
     ERROR_NOT_SUPPORTED,
@@ -27,6 +25,8 @@ from dra.nvml import (
     MigAttributes,
     MigHandle,
 )
+from dra.gpu.profiles import MODELS, MigProfile, load_profile
+from dra.model.devices import Gpu, MigDevice
 from tests.unit.helpers import NODE, HostGpuLibrary, inventory, profile
 
 MIB = 1024**2
@@ -227,7 +227,7 @@ def test_cuda_version_string(encoded: int, version: str) -> None:
 
 
 def test_a_non_numeric_driver_version_is_left_out_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="dra.discovery"):
+    with caplog.at_level(logging.WARNING, logger="dra.gpu.discovery"):
         inv = inventory(profile({"model": "t4"}, driverVersion="open-dev"))
     assert inv.driver_version is None
     assert "'open-dev' is not numeric" in caplog.text
@@ -283,7 +283,7 @@ class BrokenGpus(FakeGpuLibrary):
 
 
 def test_a_gpu_whose_queries_fail_is_skipped_and_the_others_remain(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="dra.discovery"):
+    with caplog.at_level(logging.WARNING, logger="dra.gpu.discovery"):
         inv = discover(BrokenGpus("h100x8", lost=frozenset({2, 5})))
     assert [d.name for d in inv] == ["gpu-0", "gpu-1", "gpu-3", "gpu-4", "gpu-6", "gpu-7"]
     assert [g.index for g in inv.gpus] == [0, 1, 3, 4, 6, 7]

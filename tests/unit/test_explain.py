@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 import yaml
 
-from dra import cli, explain
-from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary
-from dra.fakeprofiles import load_profile
-from dra.slices import build_slices
+from dra import cli
+from dra.core.slices import build_slices
+from dra.explain import report as explain
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.profiles import load_profile
 
 DRIVER = "gpu.nvidia.com"
 ATTR = f'device.attributes["{DRIVER}"]'

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import yaml
 
-from dra.devices import MigDevice
-from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary, parse_event_line
-from dra.fakeprofiles import BUILTIN_PROFILES, MODELS, ProfileError, load_profile, parse_profile
-from dra.nvml import ERROR_NOT_FOUND, ERROR_NOT_SUPPORTED, GpuHandle, GpuLibraryError, XidEvent
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary, parse_event_line
+from dra.gpu.nvml import ERROR_NOT_FOUND, ERROR_NOT_SUPPORTED, GpuHandle, GpuLibraryError, XidEvent
+from dra.gpu.profiles import BUILTIN_PROFILES, MODELS, ProfileError, load_profile, parse_profile
+from dra.model.devices import MigDevice
 from tests.unit.helpers import NODE, inventory
 
 CUSTOM = """\

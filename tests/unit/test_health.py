@@ -12,12 +12,19 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from dra import health
-from dra.devices import Gpu, Inventory, MigDevice
-from dra.fakegpu import FakeGpuLibrary
-from dra.fakeprofiles import load_profile
-from dra.health import APPLICATION_XIDS, DeviceHealth, HealthMonitor, HealthTracker
-from dra.nvml import ERROR_GPU_IS_LOST, ERROR_NOT_SUPPORTED, GpuHandle, GpuLibraryError, MigHandle, XidEvent
+from dra.daemon import health
+from dra.daemon.health import APPLICATION_XIDS, DeviceHealth, HealthMonitor, HealthTracker
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.nvml import (
+    ERROR_GPU_IS_LOST,
+    ERROR_NOT_SUPPORTED,
+    GpuHandle,
+    GpuLibraryError,
+    MigHandle,
+    XidEvent,
+)
+from dra.gpu.profiles import load_profile
+from dra.model.devices import Gpu, Inventory, MigDevice
 from tests.unit.helpers import NODE, inventory
 
 
@@ -102,7 +109,7 @@ def test_an_xid_in_an_instance_that_is_not_published_changes_nothing(
 ) -> None:
     inv = inventory("h100x8-mig")
     tracker = HealthTracker(inv)
-    with caplog.at_level(logging.WARNING, logger="dra.health"):
+    with caplog.at_level(logging.WARNING, logger="dra.daemon.health"):
         assert tracker.apply(XidEvent(inv.gpus[6].uuid, 79, gpu_instance_id=9, compute_instance_id=0)) == []
         assert tracker.apply(XidEvent(inv.gpus[6].uuid, 79, gpu_instance_id=2, compute_instance_id=1)) == []
     assert f"XID 79 on {inv.gpus[6].uuid} GPU instance 9 compute instance 0, which is not" in caplog.text
@@ -128,7 +135,7 @@ def test_an_application_xid_in_a_mig_instance_changes_nothing() -> None:
 
 def test_an_xid_on_an_unknown_device_changes_nothing(caplog: pytest.LogCaptureFixture) -> None:
     tracker = HealthTracker(inventory("h100x8"))
-    with caplog.at_level(logging.WARNING, logger="dra.health"):
+    with caplog.at_level(logging.WARNING, logger="dra.daemon.health"):
         assert tracker.apply(XidEvent("GPU-00000000-0000-0000-0000-000000000000", 79)) == []
     assert "which is not a published device" in caplog.text
     assert _unhealthy(tracker) == []
@@ -292,7 +299,7 @@ class Collect(logging.Handler):
 @pytest.fixture
 def health_log() -> Iterator[Collect]:
     collect = Collect()
-    logger = logging.getLogger("dra.health")
+    logger = logging.getLogger("dra.daemon.health")
     level = logger.level
     logger.setLevel(logging.INFO)
     logger.addHandler(collect)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import urllib3
 
-from dra.kube import KubeClient, KubeError, UnreachableError
+from dra.adapters.kube import KubeClient, KubeError, UnreachableError
 from tests.unit.helpers import write_kubeconfig
 
 

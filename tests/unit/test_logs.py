@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dra import logs
+from dra.daemon import logs
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +31,7 @@ def _record(msg: str, *args: object, exc: bool = False) -> logging.LogRecord:
             raise ValueError("boom")
         except ValueError:
             exc_info = sys.exc_info()
-    return logging.LogRecord("dra.state", logging.WARNING, __file__, 1, msg, args, exc_info)
+    return logging.LogRecord("dra.kubeletplugin.state", logging.WARNING, __file__, 1, msg, args, exc_info)
 
 
 def test_json_lines_carry_time_level_logger_and_message() -> None:
@@ -40,7 +40,7 @@ def test_json_lines_carry_time_level_logger_and_message() -> None:
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", entry["time"])
     assert (entry["level"], entry["logger"], entry["msg"]) == (
         "warning",
-        "dra.state",
+        "dra.kubeletplugin.state",
         "prepared claim team-a/train",
     )
 
@@ -72,5 +72,6 @@ def test_text_lines_are_utc_with_level_and_logger() -> None:
     assert handler.formatter is not None
     line = handler.formatter.format(_record("device %s is unhealthy", "gpu-3"))
     assert re.fullmatch(
-        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z WARNING dra\.state: device gpu-3 is unhealthy", line
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z WARNING dra\.kubeletplugin\.state: device gpu-3 is unhealthy",
+        line,
     )

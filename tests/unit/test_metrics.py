@@ -8,9 +8,9 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
+from localcluster.driverprocess import free_port
 
-from dra import metrics
-from tests.driverprocess import free_port
+from dra.daemon import metrics
 
 
 @pytest.fixture

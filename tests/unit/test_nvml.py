@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from dra.discovery import discover
-from dra.nvml import (
+from dra.core.slices import build_slices
+from dra.gpu.discovery import discover
+from dra.gpu.nvml import (
     ERROR_GPU_IS_LOST,
     ERROR_NOT_SUPPORTED,
     ERROR_TIMEOUT,
@@ -22,7 +23,6 @@ from dra.nvml import (
     XidEvent,
     _bus_id_for_sysfs,
 )
-from dra.slices import build_slices
 from tests.unit.helpers import DRIVER
 
 # -- a fake /sys ------------------------------------------------------------------

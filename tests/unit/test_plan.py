@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from dra import slices
-from dra.devices import Inventory
-from dra.slices import Plan, build_slices, plan
+from dra.core import slices
+from dra.core.slices import Plan, build_slices, plan
+from dra.model.devices import Inventory
 from tests.unit.helpers import DRIVER, NODE, inventory, profile
 
 Obj = dict[str, Any]

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from dra.devices import Inventory
-from dra.publisher import SlicePublisher
+from dra.kubeletplugin.publisher import SlicePublisher
+from dra.model.devices import Inventory
 from tests.unit.helpers import DRIVER, NODE, inventory
 from tests.unit.test_plan import FakeServer
 

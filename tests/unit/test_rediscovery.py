@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from dra.devices import Inventory
-from dra.discovery import discover
-from dra.driver import PluginSettings, Rediscovery
-from dra.fakegpu import FakeGpuLibrary
-from dra.fakeprofiles import parse_profile
-from dra.health import HealthTracker
+from dra.daemon.health import HealthTracker
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.profiles import parse_profile
+from dra.kubeletplugin.daemon import PluginSettings, Rediscovery
+from dra.model.devices import Inventory
 
 SETTINGS = PluginSettings(
     driver_name="gpu.nvidia.com",

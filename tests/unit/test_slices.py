@@ -9,12 +9,8 @@ from typing import Any
 
 import pytest
 
-from dra import slices
-from dra.devices import Gpu, Inventory
-from dra.discovery import discover
-from dra.fakegpu import FakeGpuLibrary
-from dra.fakeprofiles import load_profile
-from dra.slices import (
+from dra.core import slices
+from dra.core.slices import (
     MAX_DEVICES_PER_SLICE,
     PCIE_ROOT_ATTRIBUTE,
     SliceError,
@@ -23,6 +19,10 @@ from dra.slices import (
     device_entry,
     slice_name,
 )
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.profiles import load_profile
+from dra.model.devices import Gpu, Inventory
 from tests.unit.helpers import DRIVER, NODE, inventory, profile
 
 MIB = 1024**2

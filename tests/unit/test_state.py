@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from dra import cdi
-from dra.cdistore import CdiStore
-from dra.checkpoint import CheckpointError, CheckpointStore, PreparedClaim, PreparedDevice
-from dra.claims import AllocatedDevice, ClaimAllocation, ClaimError, DeviceHeldError, OpaqueConfig
-from dra.devices import Inventory
-from dra.state import DeviceState
+from dra.adapters.cdistore import CdiStore
+from dra.adapters.checkpoint import CheckpointError, CheckpointStore, PreparedClaim, PreparedDevice
+from dra.core import cdi
+from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, DeviceHeldError, OpaqueConfig
+from dra.kubeletplugin.state import DeviceState
+from dra.model.devices import Inventory
 from tests.unit.helpers import DRIVER, NODE, inventory
 
 UID_A = "aaaaaaaa-0000-4000-8000-00000000000a"
@@ -363,7 +363,7 @@ def test_a_device_gone_after_a_restart_is_left_out_of_the_recreated_spec(
     for uid in (UID_A, UID_B):
         paths.spec(uid).unlink()
     after = paths.state(inventory("h100x8"))
-    with caplog.at_level(logging.WARNING, logger="dra.state"):
+    with caplog.at_level(logging.WARNING, logger="dra.kubeletplugin.state"):
         after.recover()
     spec = json.loads(paths.spec(UID_A).read_text())
     assert [d["name"] for d in spec["devices"]] == [f"{UID_A}-gpu-0"]

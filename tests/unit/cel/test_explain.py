@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from dra.cel import CelSyntaxError, compile_expression
-from dra.cel.explain import SCHEDULER_ON_ERROR, Explanation, Reason, explain, explain_program
+from dra.cel.trace import SCHEDULER_ON_ERROR, Explanation, Reason, explain, explain_program
 
 DRIVER = "gpu.nvidia.com"
 H100: dict[str, Any] = {

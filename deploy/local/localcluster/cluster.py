@@ -1,0 +1,571 @@
+"""A one-node Kubernetes cluster of real binaries on 127.0.0.1.
+
+etcd, kube-apiserver (TLS, service-account tokens, Node+RBAC authorization,
+NodeRestriction), kube-controller-manager (resourceclaim controller and the
+rest of the defaults, minus node lifecycle and taint eviction), kube-scheduler,
+and one real kubelet on a fake CRI runtime. The kubelet runs in a private mount
+namespace with tmpfs over /var/lib and /var/log, so its mounts and hard-coded
+paths never touch the host; its device-plugin directory (hard-coded to
+/var/lib/kubelet/device-plugins) is a bind of a directory of the run, so device
+plugins outside the namespace can reach kubelet.sock.
+
+Everything of one run lives in one directory; stop() ends every process and
+removes that directory. restart_kubelet() stops only the kubelet and starts it
+again as before (same flags, a fresh mount namespace set up the same way), as
+a node's kubelet restarts: device plugins must then register again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from localcluster import pki
+from localcluster.binaries import ensure_binaries
+
+NODE_NAME = "gpu-node-1"
+
+#: Feature gates the driver's tests need beyond the 1.34 defaults.
+DEFAULT_FEATURE_GATES: dict[str, bool] = {
+    "DRAPartitionableDevices": True,
+    "DRADeviceTaints": True,
+    "DRAExtendedResource": True,
+    "DRAConsumableCapacity": True,
+    "ResourceHealthStatus": True,
+}
+
+#: Alpha/beta API versions the gates above need served.
+_RUNTIME_CONFIG = "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true,resource.k8s.io/v1alpha3=true"
+
+_STOP_ORDER = (
+    "kubelet",
+    "kube-scheduler",
+    "kube-controller-manager",
+    "kube-apiserver",
+    "etcd",
+    "fakeruntime",
+)
+
+
+class ClusterError(RuntimeError):
+    """The cluster did not come up; the message names the component and its log."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _gates_flag(gates: Mapping[str, bool]) -> str:
+    return ",".join(f"{name}={str(value).lower()}" for name, value in sorted(gates.items()))
+
+
+def parse_gates(text: str) -> dict[str, bool]:
+    """Parse "A=true,B=false" into a dict, starting from the harness defaults."""
+    gates = dict(DEFAULT_FEATURE_GATES)
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or value.lower() not in ("true", "false"):
+            raise ValueError(f"feature gate {item!r}: expected Name=true or Name=false")
+        gates[name] = value.lower() == "true"
+    return gates
+
+
+@dataclass
+class ClusterInfo:
+    """What a user of the cluster needs: paths, the node name, process IDs."""
+
+    run_dir: str
+    kubeconfig: str
+    kubelet_root: str
+    device_plugin_dir: str
+    cdi_dir: str
+    runtime_records: str
+    node_name: str
+    api_server: str
+    feature_gates: dict[str, bool]
+    pids: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def plugins_registry(self) -> str:
+        """Where DRA drivers place their registration socket."""
+        return os.path.join(self.kubelet_root, "plugins_registry")
+
+    @property
+    def plugins_dir(self) -> str:
+        """Where DRA drivers place their service socket (plugins/<driver>/dra.sock)."""
+        return os.path.join(self.kubelet_root, "plugins")
+
+    def log_path(self, component: str) -> str:
+        """The log file of one component."""
+        return os.path.join(self.run_dir, "logs", f"{component}.log")
+
+    def save(self) -> None:
+        """Write cluster.json into the run directory, for `down` and for tools."""
+        path = Path(self.run_dir) / "cluster.json"
+        path.write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> ClusterInfo:
+        """Read the cluster.json a running cluster wrote."""
+        data = json.loads((Path(run_dir) / "cluster.json").read_text())
+        return cls(**data)
+
+
+class LocalCluster:
+    """Start with start(), end with stop(); or use as a context manager."""
+
+    def __init__(
+        self,
+        run_dir: Path | None = None,
+        feature_gates: Mapping[str, bool] | None = None,
+        node_name: str = NODE_NAME,
+    ) -> None:
+        # Unix socket paths are capped at 107 bytes: keep the run directory short.
+        self.run_dir = run_dir or Path(tempfile.mkdtemp(prefix="dra-gpu-", dir="/tmp"))
+        self.gates = dict(DEFAULT_FEATURE_GATES if feature_gates is None else feature_gates)
+        self.node_name = node_name
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._kubelet_command: list[str] = []
+        self._kubelet_healthz = ""
+        self.info: ClusterInfo | None = None
+
+    def __enter__(self) -> ClusterInfo:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- start -------------------------------------------------------------
+
+    def start(self, timeout: float = 60.0) -> ClusterInfo:
+        """Bring every component up and wait until the node is Ready and schedulable."""
+        if os.geteuid() != 0:
+            raise ClusterError(
+                "the kubelet runs in a mount namespace of its own: run as root (or with CAP_SYS_ADMIN)"
+            )
+        if shutil.which("unshare") is None:
+            raise ClusterError("unshare (util-linux) is needed to run the kubelet in its own mount namespace")
+        bins = ensure_binaries()
+        deadline = time.monotonic() + timeout
+        run = self.run_dir
+        for sub in ("logs", "pki", "etcd", "kubelet", "kubelet-work", "device-plugins", "cdi", "records"):
+            (run / sub).mkdir(parents=True, exist_ok=True)
+        ports = {name: _free_port() for name in ("etcd", "etcd-peer", "apiserver", "kubelet", "healthz")}
+        api = f"https://127.0.0.1:{ports['apiserver']}"
+        self.info = info = ClusterInfo(
+            run_dir=str(run),
+            kubeconfig=str(run / "admin.kubeconfig"),
+            kubelet_root=str(run / "kubelet"),
+            device_plugin_dir=str(run / "device-plugins"),
+            cdi_dir=str(run / "cdi"),
+            runtime_records=str(run / "records"),
+            node_name=self.node_name,
+            api_server=api,
+            feature_gates=self.gates,
+        )
+        try:
+            creds = self._write_pki_and_kubeconfigs(api)
+            runtime_sock = run / "runtime.sock"
+            self._spawn(
+                "fakeruntime",
+                [
+                    str(bins / "fakeruntime"),
+                    f"--listen={runtime_sock}",
+                    f"--cdi-dirs={info.cdi_dir}",
+                    f"--record-dir={info.runtime_records}",
+                ],
+            )
+            self._spawn(
+                "etcd",
+                [
+                    str(bins / "etcd"),
+                    f"--data-dir={run / 'etcd'}",
+                    f"--listen-client-url=http://127.0.0.1:{ports['etcd']}",
+                    f"--listen-peer-url=http://127.0.0.1:{ports['etcd-peer']}",
+                ],
+            )
+            self._spawn("kube-apiserver", self._apiserver_args(bins, ports, creds))
+            self._wait_api(api, creds, deadline)
+            gates = _gates_flag(self.gates)
+            self._spawn(
+                "kube-controller-manager",
+                [
+                    str(bins / "kube-controller-manager"),
+                    f"--kubeconfig={run / 'controller-manager.kubeconfig'}",
+                    "--secure-port=0",
+                    "--leader-elect=false",
+                    "--use-service-account-credentials=true",
+                    f"--service-account-private-key-file={creds['sa_key']}",
+                    f"--root-ca-file={creds['ca']}",
+                    f"--cluster-signing-cert-file={creds['ca']}",
+                    f"--cluster-signing-key-file={creds['ca_key']}",
+                    "--controllers=*,-node-lifecycle-controller,-taint-eviction-controller",
+                    f"--feature-gates={gates}",
+                    "--v=1",
+                ],
+            )
+            self._spawn(
+                "kube-scheduler",
+                [
+                    str(bins / "kube-scheduler"),
+                    f"--kubeconfig={run / 'scheduler.kubeconfig'}",
+                    "--secure-port=0",
+                    "--leader-elect=false",
+                    f"--feature-gates={gates}",
+                    "--v=2",
+                ],
+            )
+            self._start_kubelet(bins, ports, creds, runtime_sock)
+            self._wait_node_ready(deadline)
+        except BaseException:
+            self.stop()
+            raise
+        info.pids = {name: proc.pid for name, proc in self._procs.items()}
+        info.save()
+        return info
+
+    def _write_pki_and_kubeconfigs(self, api: str) -> dict[str, str]:
+        run = self.run_dir
+        ca = pki.CertificateAuthority(run / "pki")
+        serving = ca.issue(
+            "apiserver",
+            "kube-apiserver",
+            hosts=(
+                "127.0.0.1",
+                "localhost",
+                "10.0.0.1",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ),
+            server=True,
+        )
+        kubelet_serving = ca.issue("kubelet-serving", self.node_name, hosts=("127.0.0.1",), server=True)
+        apiserver_kubelet = ca.issue(
+            "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",)
+        )
+        sa_key, sa_pub = pki.service_account_key(run / "pki")
+        clients = {
+            "admin": ca.issue("admin", "kubernetes-admin", ("system:masters",)),
+            "controller-manager": ca.issue("controller-manager", "system:kube-controller-manager"),
+            "scheduler": ca.issue("scheduler", "system:kube-scheduler"),
+            "kubelet": ca.issue("kubelet", f"system:node:{self.node_name}", ("system:nodes",)),
+        }
+        for name, pair in clients.items():
+            _write_kubeconfig(run / f"{name}.kubeconfig", api, ca.cert_path, pair)
+        ca_key = run / "pki" / "ca.key"
+        pki.write_private_key(ca.key, ca_key)
+        return {
+            "ca": str(ca.cert_path),
+            "ca_key": str(ca_key),
+            "serving_cert": str(serving.cert),
+            "serving_key": str(serving.key),
+            "kubelet_serving_cert": str(kubelet_serving.cert),
+            "kubelet_serving_key": str(kubelet_serving.key),
+            "apiserver_kubelet_cert": str(apiserver_kubelet.cert),
+            "apiserver_kubelet_key": str(apiserver_kubelet.key),
+            "sa_key": str(sa_key),
+            "sa_pub": str(sa_pub),
+            "admin_cert": str(clients["admin"].cert),
+            "admin_key": str(clients["admin"].key),
+        }
+
+    def _apiserver_args(self, bins: Path, ports: dict[str, int], creds: dict[str, str]) -> list[str]:
+        return [
+            str(bins / "kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={ports['apiserver']}",
+            f"--tls-cert-file={creds['serving_cert']}",
+            f"--tls-private-key-file={creds['serving_key']}",
+            f"--client-ca-file={creds['ca']}",
+            f"--kubelet-client-certificate={creds['apiserver_kubelet_cert']}",
+            f"--kubelet-client-key={creds['apiserver_kubelet_key']}",
+            f"--service-account-key-file={creds['sa_pub']}",
+            f"--service-account-signing-key-file={creds['sa_key']}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            "--allow-privileged=true",
+            "--profiling=false",
+            f"--runtime-config={_RUNTIME_CONFIG}",
+            f"--feature-gates={_gates_flag(self.gates)}",
+            "--v=1",
+        ]
+
+    def _start_kubelet(
+        self, bins: Path, ports: dict[str, int], creds: dict[str, str], runtime_sock: Path
+    ) -> None:
+        run = self.run_dir
+        assert self.info is not None
+        config = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "address": "127.0.0.1",
+            "port": ports["kubelet"],
+            "readOnlyPort": 0,
+            "healthzBindAddress": "127.0.0.1",
+            "healthzPort": ports["healthz"],
+            "tlsCertFile": creds["kubelet_serving_cert"],
+            "tlsPrivateKeyFile": creds["kubelet_serving_key"],
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": False},
+                "x509": {"clientCAFile": creds["ca"]},
+            },
+            "authorization": {"mode": "AlwaysAllow"},
+            "containerRuntimeEndpoint": f"unix://{runtime_sock}",
+            "imageServiceEndpoint": f"unix://{runtime_sock}",
+            "featureGates": self.gates,
+            # This machine has cgroup v1 and no systemd: the kubelet must not manage cgroups.
+            "failCgroupV1": False,
+            "cgroupsPerQOS": False,
+            "cgroupDriver": "cgroupfs",
+            "enforceNodeAllocatable": [],
+            "failSwapOn": False,
+            "localStorageCapacityIsolation": False,
+            "volumePluginDir": str(run / "kubelet" / "volume-plugins"),
+            "resolvConf": "",
+            "clusterDNS": ["10.0.0.10"],
+            "clusterDomain": "cluster.local",
+            "serializeImagePulls": False,
+            "syncFrequency": "10s",
+            "fileCheckFrequency": "10s",
+            "nodeStatusUpdateFrequency": "2s",
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+            "shutdownGracePeriod": "0s",
+        }
+        config_path = run / "kubelet-config.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        kubelet = [
+            str(bins / "kubelet"),
+            f"--config={config_path}",
+            f"--kubeconfig={run / 'kubelet.kubeconfig'}",
+            f"--root-dir={self.info.kubelet_root}",
+            f"--hostname-override={self.node_name}",
+            "--node-ip=127.0.0.1",
+            "--v=2",
+        ]
+        # The kubelet's device-plugin path is hard-coded; inside its own mount
+        # namespace that path is a bind of the run's directory.
+        setup = " && ".join(
+            [
+                "mount -t tmpfs tmpfs /var/lib",
+                "mount -t tmpfs tmpfs /var/log",
+                "mkdir -p /var/lib/kubelet/device-plugins",
+                f"mount --bind {self.info.device_plugin_dir} /var/lib/kubelet/device-plugins",
+                'exec "$@"',
+            ]
+        )
+        self._kubelet_command = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            setup,
+            "kubelet",
+            *kubelet,
+        ]
+        self._kubelet_healthz = f"http://127.0.0.1:{ports['healthz']}/healthz"
+        self._spawn("kubelet", self._kubelet_command, cwd=run / "kubelet-work")
+
+    def restart_kubelet(self, timeout: float = 60.0) -> int:
+        """Stop the kubelet, start it again with the same flags; return the new kubelet's PID.
+
+        Returns once the new kubelet answers /healthz, has re-created its device-plugin
+        registration socket (kubelet.sock) and reports the node Ready. Pods keep running
+        on the fake runtime meanwhile; device plugins are expected to notice and register again.
+        """
+        assert self.info is not None, "start() the cluster first"
+        deadline = time.monotonic() + timeout
+        socket_path = Path(self.info.device_plugin_dir) / "kubelet.sock"
+        before = _file_identity(socket_path)
+        stop_processes({"kubelet": self._procs.pop("kubelet").pid})
+        self._spawn("kubelet", self._kubelet_command, cwd=self.run_dir / "kubelet-work")
+        while True:
+            self._check_alive()
+            healthy = False
+            with (
+                contextlib.suppress(OSError, urllib.error.URLError),
+                urllib.request.urlopen(self._kubelet_healthz, timeout=2) as resp,
+            ):
+                healthy = resp.status == 200
+            current = _file_identity(socket_path)
+            if healthy and current is not None and current != before:
+                break
+            if time.monotonic() > deadline:
+                raise ClusterError("the restarted kubelet did not come back (see logs/kubelet.log)")
+            time.sleep(0.1)
+        self._wait_node_ready(deadline)
+        pid = self._procs["kubelet"].pid
+        self.info.pids["kubelet"] = pid
+        self.info.save()
+        return pid
+
+    def _spawn(self, name: str, args: list[str], cwd: Path | None = None) -> None:
+        assert self.info is not None
+        with open(self.info.log_path(name), "ab") as log:
+            self._procs[name] = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=cwd or self.run_dir,
+                start_new_session=True,
+            )
+
+    def _check_alive(self) -> None:
+        assert self.info is not None
+        for name, proc in self._procs.items():
+            if proc.poll() is not None:
+                tail = _tail(self.info.log_path(name))
+                raise ClusterError(f"{name} exited with {proc.returncode}; last lines of its log:\n{tail}")
+
+    def _wait_api(self, api: str, creds: dict[str, str], deadline: float) -> None:
+        context = ssl.create_default_context(cafile=creds["ca"])
+        context.load_cert_chain(creds["admin_cert"], creds["admin_key"])
+        while True:
+            self._check_alive()
+            with (
+                contextlib.suppress(OSError, urllib.error.URLError),
+                urllib.request.urlopen(f"{api}/readyz", context=context, timeout=2) as resp,
+            ):
+                if resp.status == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise ClusterError("kube-apiserver did not become ready in time")
+            time.sleep(0.2)
+
+    def _wait_node_ready(self, deadline: float) -> None:
+        from localcluster.kube import Kube
+
+        assert self.info is not None
+        kube = Kube(self.info.kubeconfig)
+        try:
+            while True:
+                self._check_alive()
+                node = kube.get_or_none("v1", "Node", self.node_name)
+                ready = node is not None and any(
+                    c["type"] == "Ready" and c["status"] == "True"
+                    for c in node["status"].get("conditions") or []
+                )
+                if ready and node is not None:
+                    # Node lifecycle is off (it would evict on heartbeat hiccups), so the
+                    # harness clears the taint that controller would have cleared.
+                    taints = [
+                        t
+                        for t in node["spec"].get("taints") or []
+                        if t["key"] != "node.kubernetes.io/not-ready"
+                    ]
+                    if taints != (node["spec"].get("taints") or []):
+                        kube.patch("v1", "Node", self.node_name, {"spec": {"taints": taints or None}})
+                    if kube.get_or_none("v1", "ServiceAccount", "default", namespace="default") is not None:
+                        return
+                if time.monotonic() > deadline:
+                    raise ClusterError("the kubelet's node did not become Ready (see logs/kubelet.log)")
+                time.sleep(0.2)
+        finally:
+            kube.close()
+
+    # -- stop --------------------------------------------------------------
+
+    def stop(self) -> None:
+        """End every process (the API server before etcd) and remove the run directory."""
+        pids = {name: proc.pid for name, proc in self._procs.items()}
+        stop_processes(pids)
+        self._procs.clear()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def stop_processes(pids: Mapping[str, int], grace: float = 10.0) -> None:
+    """SIGTERM each component in dependency order, SIGKILL what outlives the grace period."""
+    for name in sorted(pids, key=lambda n: _STOP_ORDER.index(n) if n in _STOP_ORDER else -1):
+        pid = pids[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        end = time.monotonic() + grace
+        while time.monotonic() < end and _alive(pid):
+            time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        _reap(pid)
+
+
+def _alive(pid: int) -> bool:
+    _reap(pid)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    """(inode, change time) of a file, or None: tells a re-created file from the old one."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_ctime_ns)
+
+
+def _tail(path: str, lines: int = 30) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _write_kubeconfig(path: Path, server: str, ca: Path, pair: pki.KeyPair) -> None:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "users": [
+            {"name": "user", "user": {"client-certificate": str(pair.cert), "client-key": str(pair.key)}}
+        ],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": "user"}}],
+        "current-context": "local",
+    }
+    path.write_text(yaml.safe_dump(config))
+
+
+@contextlib.contextmanager
+def running_cluster(feature_gates: Mapping[str, bool] | None = None) -> Iterator[ClusterInfo]:
+    """A started cluster for the duration of the block."""
+    cluster = LocalCluster(feature_gates=feature_gates)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()

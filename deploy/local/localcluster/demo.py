@@ -1,0 +1,97 @@
+"""make demo: the driver on fake GPUs serving pods on a real local cluster.
+
+Starts the local Kubernetes cluster, runs `dra-gpu kubelet-plugin` on the fake
+profile h100x8-mig (DEMO_PROFILE overrides), applies the DeviceClasses and the
+workloads of docs/examples/demo.yaml, and prints which GPU each pod got, as
+the container runtime resolved it from the driver's CDI specs. With
+DEMO_KEEP=1 everything stays up until Ctrl-C, for exploring with kubectl.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from localcluster.binaries import bin_dir
+from localcluster.cluster import LocalCluster
+from localcluster.driverprocess import DriverProcess
+from localcluster.kube import Kube, WaitTimeoutError, load_manifests
+from localcluster.workloads import allocated_devices, container_record, ensure_device_classes, pod_claim
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "docs" / "examples" / "demo.yaml"
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def main() -> int:
+    """Run the demo; the exit status says whether every pod got what it asked for."""
+    profile = os.environ.get("DEMO_PROFILE", "h100x8-mig")
+    keep = os.environ.get("DEMO_KEEP") == "1"
+    started = time.monotonic()
+    cluster = LocalCluster(run_dir=Path(tempfile.mkdtemp(prefix="dra-gpu-demo-", dir="/tmp")))
+    _say("starting a local Kubernetes cluster (etcd, API server, scheduler, controller manager, kubelet) ...")
+    info = cluster.start()
+    driver: DriverProcess | None = None
+    try:
+        _say(f"  node {info.node_name} Ready in {time.monotonic() - started:.1f}s")
+        log = Path(info.run_dir) / "logs" / "dra-gpu.log"
+        _say(f"starting dra-gpu kubelet-plugin on fake GPUs ({profile}) ...")
+        driver = DriverProcess(info, profile, log).start()
+        kube = Kube(info.kubeconfig)
+        ensure_device_classes(kube)
+        slices = kube.list_objects("resource.k8s.io/v1", "ResourceSlice")
+        devices = {d["name"]: d for s in slices for d in s["spec"]["devices"]}
+        _say(f"  registered with the kubelet; published {len(devices)} devices in {len(slices)} slice(s)")
+        for name, device in devices.items():
+            attrs = device["attributes"]
+            kind = attrs["type"]["string"]
+            detail = attrs.get("profile", attrs["productName"])["string"]
+            _say(f"    {name:<24} {kind:<4} {detail:<24} memory {device['capacity']['memory']['value']}")
+
+        workloads = load_manifests(EXAMPLES.read_text())
+        _say("applying docs/examples/demo.yaml")
+        kube.create_all(workloads, namespace="default")
+        pods = [w["metadata"]["name"] for w in workloads if w["kind"] == "Pod"]
+        failed = False
+        _say("")
+        _say(f"{'POD':<10} {'DEVICES':<42} NVIDIA_VISIBLE_DEVICES (as the runtime set it)")
+        for pod in pods:
+            try:
+                kube.wait_pod_phase(pod, "default", timeout=60)
+            except WaitTimeoutError as err:
+                failed = True
+                _say(f"{pod:<10} did not start: {err}")
+                continue
+            record = container_record(info, "default", pod)
+            statuses = kube.get("v1", "Pod", pod, "default")["status"].get("resourceClaimStatuses")
+            names = allocated_devices(pod_claim(kube, "default", pod)) if statuses else []
+            visible = record["env"].get("NVIDIA_VISIBLE_DEVICES", "(not set: no GPU)")
+            _say(f"{pod:<10} {', '.join(names) or '-':<42} {visible}")
+        _say("")
+        specs = len(list(Path(info.cdi_dir).glob("*.json")))
+        _say(f"CDI specs written by the driver: {specs} in {info.cdi_dir}")
+        if keep:
+            kubectl = f"{bin_dir() / 'kubectl'} --kubeconfig {info.kubeconfig}"
+            _say(f"\nthe cluster stays up; try:\n  {kubectl} get pods,resourceclaims,resourceslices")
+            _say(f"driver log: {log}\nCtrl-C to stop and clean up")
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
+        kube.close()
+        return 1 if failed else 0
+    finally:
+        if driver is not None:
+            driver.stop()
+        cluster.stop()
+        _say("stopped the driver and the cluster; nothing is left behind")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Run dra-gpu daemons as real processes against the local cluster, for tests and the demo."""
+
+from __future__ import annotations
+
+import abc
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Self
+
+from localcluster.cluster import ClusterInfo
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class DaemonProcess(abc.ABC):
+    """A dra-gpu daemon as a real process: started, awaited on /readyz, stopped or killed."""
+
+    #: How the daemon is called in error messages.
+    what = "daemon"
+
+    def __init__(self, log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.log_path = log_path
+        self.env = env or {}
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @abc.abstractmethod
+    def args(self) -> list[str]:
+        """The command line."""
+
+    def start(self, timeout: float = 30.0) -> Self:
+        """Start and wait until /readyz answers 200 (the daemon decides what ready means)."""
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.args(), stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.what} exited with {self.proc.returncode}:\n{self.log_path.read_text()}"
+                )
+            if self.ready():
+                return self
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.what} not ready after {timeout}s:\n{self.log_path.read_text()}")
+
+    def ready(self) -> bool:
+        """Whether /readyz answers 200."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1) as resp:
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def metrics(self) -> str:
+        """The /metrics text."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as resp:
+            return str(resp.read().decode())
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> int:
+        """SIGTERM and wait; returns the exit status."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.terminate()
+        try:
+            return self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(5)
+
+
+class DriverProcess(DaemonProcess):
+    """The driver on the cluster's kubelet, CDI directory and API server."""
+
+    what = "driver"
+
+    def __init__(
+        self,
+        cluster: ClusterInfo,
+        profile: str,
+        log_path: Path,
+        driver_name: str = "gpu.nvidia.com",
+        extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        kubeconfig: str | None = None,
+    ) -> None:
+        super().__init__(log_path, env)
+        self.cluster = cluster
+        self.profile = profile
+        self.driver_name = driver_name
+        self.extra_args = extra_args
+        #: The driver's credentials: the cluster admin's unless a test gives it its own.
+        self.kubeconfig = kubeconfig or cluster.kubeconfig
+
+    @property
+    def checkpoint(self) -> Path:
+        """The checkpoint file the driver keeps."""
+        return Path(self.cluster.kubelet_root) / "plugins" / self.driver_name / "checkpoint.json"
+
+    def args(self) -> list[str]:
+        """dra-gpu kubelet-plugin on the cluster, fake GPUs, an HTTP port of its own."""
+        return [
+            sys.executable,
+            "-m",
+            "dra",
+            "kubelet-plugin",
+            f"--driver-name={self.driver_name}",
+            f"--node-name={self.cluster.node_name}",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--kubelet-root={self.cluster.kubelet_root}",
+            f"--cdi-root={self.cluster.cdi_dir}",
+            f"--fake-gpus={self.profile}",
+            f"--http-address=127.0.0.1:{self.port}",
+            *self.extra_args,
+        ]

@@ -1,0 +1,152 @@
+"""Building blocks for end-to-end tests: claim templates, pods, and what they were given."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from localcluster import chart
+from localcluster.cluster import ClusterInfo
+from localcluster.kube import Kube, Obj, wait_for
+
+DRIVER = "gpu.nvidia.com"
+
+
+@functools.cache
+def _chart_device_classes() -> tuple[Obj, ...]:
+    return tuple(o for o in chart.template() if o["kind"] == "DeviceClass")
+
+
+def device_classes() -> list[Obj]:
+    """The DeviceClasses the chart installs with its defaults (gpu.nvidia.com, mig.nvidia.com).
+
+    Tests use what admins install; the chart is rendered once per session.
+    """
+    return [copy.deepcopy(c) for c in _chart_device_classes()]
+
+
+def ensure_device_classes(kube: Kube) -> None:
+    """Create the chart's DeviceClasses unless they exist."""
+    for device_class in device_classes():
+        if kube.get_or_none("resource.k8s.io/v1", "DeviceClass", device_class["metadata"]["name"]) is None:
+            kube.create(device_class)
+
+
+def claim_template(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    selectors: Sequence[str] = (),
+    count: int = 1,
+    device_class: str = "gpu.nvidia.com",
+) -> Obj:
+    """A ResourceClaimTemplate with one request `gpu` of `count` devices."""
+    exactly: dict[str, Any] = {"deviceClassName": device_class, "count": count}
+    if selectors:
+        exactly["selectors"] = [{"cel": {"expression": s}} for s in selectors]
+    return kube.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+        }
+    )
+
+
+def gpu_pod(kube: Kube, namespace: str, name: str, template: str) -> Obj:
+    """A pod whose one container uses the whole claim made from `template`."""
+    return kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "terminationGracePeriodSeconds": 0,
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
+            },
+        }
+    )
+
+
+def pod_claim(kube: Kube, namespace: str, pod_name: str) -> Obj:
+    """The ResourceClaim generated for the pod's one claim."""
+    pod = kube.get("v1", "Pod", pod_name, namespace)
+    statuses = pod.get("status", {}).get("resourceClaimStatuses") or []
+    assert statuses, f"pod {namespace}/{pod_name} has no generated claim yet"
+    return kube.get("resource.k8s.io/v1", "ResourceClaim", statuses[0]["resourceClaimName"], namespace)
+
+
+def allocated_devices(claim: Obj) -> list[str]:
+    """Device names allocated to a claim."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    return [r["device"] for r in allocation.get("devices", {}).get("results", [])]
+
+
+def container_record(cluster: ClusterInfo, namespace: str, pod: str, container: str = "main") -> Obj:
+    """What the fake runtime resolved for a container: CDI devices, env, device nodes."""
+    path = Path(cluster.runtime_records) / f"{namespace}_{pod}_{container}.json"
+    record: Obj = json.loads(path.read_text())
+    return record
+
+
+def delete_pods_and_wait(kube: Kube, cluster: ClusterInfo, namespace: str, claims: list[Obj]) -> None:
+    """Delete every pod of the namespace and wait until their claims' CDI specs are gone."""
+    for pod in kube.list_objects("v1", "Pod", namespace=namespace):
+        kube.delete("v1", "Pod", pod["metadata"]["name"], namespace, grace_period=0)
+    specs = [
+        Path(cluster.cdi_dir) / f"k8s.{DRIVER}-claim_{claim['metadata']['uid']}.json" for claim in claims
+    ]
+    wait_for(
+        "the claims' CDI specs to be removed", lambda: not any(spec.exists() for spec in specs), timeout=30
+    )
+
+
+# -- the device plugin's extended resources ----------------------------------
+
+
+def gpu_limits_pod(
+    kube: Kube, namespace: str, name: str, limits: dict[str, int], sidecar: bool = False
+) -> Obj:
+    """A pod whose container `main` has extended-resource limits (and optionally a GPU-less sidecar)."""
+    containers: list[Obj] = [
+        {
+            "name": "main",
+            "image": "registry.k8s.io/pause:3.10",
+            "resources": {"limits": {k: str(v) for k, v in limits.items()}},
+        }
+    ]
+    if sidecar:
+        containers.append({"name": "sidecar", "image": "registry.k8s.io/pause:3.10"})
+    return kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"terminationGracePeriodSeconds": 0, "containers": containers},
+        }
+    )
+
+
+def delete_pods(kube: Kube, namespace: str) -> None:
+    """Delete every pod of the namespace and wait until they are gone (devices back to the plugin)."""
+    for pod in kube.list_objects("v1", "Pod", namespace=namespace):
+        kube.delete("v1", "Pod", pod["metadata"]["name"], namespace, grace_period=0)
+    wait_for("pods to be gone", lambda: not kube.list_objects("v1", "Pod", namespace=namespace), timeout=30)
+
+
+def node_resources(kube: Kube, cluster: ClusterInfo, field: str) -> dict[str, str]:
+    """The node's nvidia.com resources in status.capacity or status.allocatable."""
+    status = kube.get("v1", "Node", cluster.node_name)["status"]
+    return {k: v for k, v in (status.get(field) or {}).items() if k.startswith("nvidia.com/")}

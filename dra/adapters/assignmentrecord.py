@@ -1,0 +1,184 @@
+"""The host's GPU assignment record: which path advertises which GPU, shared by both commands.
+
+The kubelet-plugin (DRA) and the device plugin may run as two processes (two
+containers of one pod, separate PID namespaces). Both see the same state
+directory on the host, and in it:
+
+    gpu-assignment.json             {"paths": {"dra": {...gpus...}, "device-plugin": {...}}}
+    gpu-assignment.lock             flock'ed while the record is read and rewritten
+    gpu-assignment.<path>.lock      flock'ed by the running process of that path, for its lifetime
+
+At start-up a command takes the record lock, reads the record, and if the
+other path's process is alive (its lifetime lock is held) and lists one of
+this command's GPUs, refuses to start with a message naming the GPU.
+Otherwise it takes its own lifetime lock, writes its entry (atomically), and
+keeps the lock until it exits. A process that was killed leaves its entry
+behind, but its lock goes with it, so a stale entry never blocks anyone.
+flock works across containers because the files are the same inodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from dra.adapters.atomicfile import write_atomic
+from dra.core.assignment import GpuPath, conflict, parse_recorded, recorded
+from dra.model.devices import Gpu
+
+log = logging.getLogger(__name__)
+
+RECORD_NAME = "gpu-assignment.json"
+
+
+class AssignmentConflictError(Exception):
+    """Another running process holds GPUs this one wants, or is the same path; the message says which."""
+
+
+def _try_lock(f: IO[bytes]) -> bool:
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+class AssignmentRecord:
+    """The record in one state directory."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.path = directory / RECORD_NAME
+        self._lock_path = directory / "gpu-assignment.lock"
+
+    def _holder_path(self, path: GpuPath) -> Path:
+        return self.directory / f"gpu-assignment.{path.value}.lock"
+
+    @contextlib.contextmanager
+    def _locked(self, timeout: float = 30.0) -> Iterator[None]:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with open(self._lock_path, "ab") as f:
+            deadline = time.monotonic() + timeout
+            while not _try_lock(f):
+                if time.monotonic() > deadline:
+                    raise AssignmentConflictError(f"the GPU assignment record lock {self._lock_path} is held")
+                time.sleep(0.05)
+            try:
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+    def alive(self, path: GpuPath) -> bool:
+        """Whether a process of that path holds its lifetime lock right now."""
+        try:
+            with open(self._holder_path(path), "rb") as f:
+                if _try_lock(f):
+                    fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+                    return False
+                return True
+        except FileNotFoundError:
+            return False
+
+    def read(self) -> dict[str, Any]:
+        """The record's paths (empty when there is no record); ValueError when it does not parse."""
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(str(err)) from None
+        paths = data.get("paths") if isinstance(data, dict) else None
+        if not isinstance(paths, dict):
+            raise ValueError("no `paths` mapping")
+        return paths
+
+    def _write(self, paths: dict[str, Any]) -> None:
+        data = json.dumps({"version": 1, "paths": paths}, indent=2, sort_keys=True) + "\n"
+        write_atomic(self.path, data.encode())
+
+    def claim(self, path: GpuPath, gpus: Sequence[Gpu], node_name: str, wait: float = 5.0) -> AssignmentClaim:
+        """Record that `path` advertises `gpus`, or raise AssignmentConflictError saying why it may not."""
+        with self._locked():
+            other = path.other
+            try:
+                paths = self.read()
+            except ValueError as err:
+                if self.alive(other):
+                    raise AssignmentConflictError(
+                        f"cannot read the GPU assignment record {self.path} ({err}) while {other.title} "
+                        "runs on this node; restart it so that it rewrites the record"
+                    ) from None
+                log.warning("ignoring unreadable GPU assignment record %s: %s", self.path, err)
+                paths = {}
+            entry = paths.get(other.value)
+            if entry is not None and self.alive(other):
+                try:
+                    theirs = parse_recorded(entry.get("gpus") if isinstance(entry, dict) else None)
+                except ValueError as err:
+                    raise AssignmentConflictError(
+                        f"{other.title}'s entry in {self.path} is invalid ({err}); restart it"
+                    ) from None
+                message = conflict(path, gpus, theirs, where=f" (record {self.path})")
+                if message is not None:
+                    raise AssignmentConflictError(message)
+            elif entry is not None:
+                log.info("%s's entry in %s is stale (no process holds its lock)", other.title, self.path)
+            holder = open(self._holder_path(path), "ab")  # noqa: SIM115 (held for the process lifetime)
+            deadline = time.monotonic() + wait
+            while not _try_lock(holder):
+                if time.monotonic() > deadline:
+                    holder.close()
+                    raise AssignmentConflictError(
+                        f"another {path.command} process runs on this node (it holds "
+                        f"{self._holder_path(path)}); only one may run per node"
+                    )
+                time.sleep(0.1)
+            paths[path.value] = {
+                "gpus": recorded(gpus),
+                "node": node_name,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+            self._write(paths)
+        log.info(
+            "GPU assignment recorded in %s: %s advertises %s",
+            self.path,
+            path.title,
+            ", ".join(f"GPU {g.index}" for g in gpus) or "no GPU",
+        )
+        return AssignmentClaim(self, path, holder)
+
+
+class AssignmentClaim:
+    """A path's entry in the record, held until release()."""
+
+    def __init__(self, record: AssignmentRecord, path: GpuPath, holder: IO[bytes]) -> None:
+        self._record = record
+        self.path = path
+        self._holder = holder
+
+    def release(self) -> None:
+        """Remove this path's entry and let go of the lifetime lock (idempotent)."""
+        if self._holder.closed:
+            return
+        try:
+            with self._record._locked(timeout=5.0):
+                try:
+                    paths = self._record.read()
+                except ValueError:
+                    paths = {}
+                if paths.pop(self.path.value, None) is not None:
+                    self._record._write(paths)
+        except (OSError, AssignmentConflictError) as err:
+            log.warning("could not remove this process's entry from %s: %s", self._record.path, err)
+        finally:
+            self._holder.close()

@@ -1,0 +1,83 @@
+"""This driver's CDI spec files in the CDI directory (/var/run/cdi by default).
+
+Claim specs (DRA) are named after their claim; the device plugin's spec has one fixed name.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from dra.adapters.atomicfile import remove_durably, remove_leftovers, write_atomic
+from dra.core import cdi
+
+log = logging.getLogger(__name__)
+
+
+class CdiStore:
+    """Writes, reads and removes this driver's claim specs, atomically."""
+
+    def __init__(self, root: Path, driver: str) -> None:
+        self.root = root
+        self.driver = driver
+        self._prefix = f"{cdi.vendor(driver)}-{cdi.CDI_CLASS}_"
+
+    def path(self, claim_uid: str) -> Path:
+        """Where a claim's spec lives."""
+        return self.root / cdi.spec_file_name(self.driver, claim_uid)
+
+    def write(self, claim_uid: str, spec: dict[str, Any]) -> Path:
+        """Write a claim's spec unless the same bytes are already there; return its path."""
+        return self._write(self.path(claim_uid), spec)
+
+    def device_spec_path(self) -> Path:
+        """Where the device plugin's spec lives."""
+        return self.root / cdi.device_spec_file_name(self.driver)
+
+    def write_device_spec(self, spec: dict[str, Any]) -> Path:
+        """Write the device plugin's spec (atomically, unless unchanged); return its path."""
+        return self._write(self.device_spec_path(), spec)
+
+    def remove_device_spec(self) -> bool:
+        """Delete the device plugin's spec, durably; False when there was none."""
+        return remove_durably(self.device_spec_path())
+
+    def _write(self, path: Path, spec: dict[str, Any]) -> Path:
+        data = cdi.render(spec)
+        try:
+            if path.read_bytes() == data:
+                return path
+        except FileNotFoundError:
+            pass
+        write_atomic(path, data)
+        return path
+
+    def exists(self, claim_uid: str) -> bool:
+        """Whether the claim's spec file is present."""
+        return self.path(claim_uid).is_file()
+
+    def remove(self, claim_uid: str) -> None:
+        """Delete a claim's spec; absent is fine."""
+        remove_durably(self.path(claim_uid))
+
+    def claim_uids(self) -> list[str]:
+        """UIDs of every claim spec of this driver in the directory."""
+        if not self.root.is_dir():
+            return []
+        return sorted(
+            p.name[len(self._prefix) : -len(".json")]
+            for p in self.root.iterdir()
+            if p.name.startswith(self._prefix) and p.name.endswith(".json")
+        )
+
+    def remove_stale(self, keep: Iterable[str]) -> list[str]:
+        """Delete specs of claims that are not prepared, and half-written specs (a crash); return the UIDs."""
+        remove_leftovers(self.root, self._prefix)
+        wanted = set(keep)
+        stale = [uid for uid in self.claim_uids() if uid not in wanted]
+        for uid in stale:
+            log.info("removing CDI spec of claim %s, which is not prepared", uid)
+            self.remove(uid)
+        return stale

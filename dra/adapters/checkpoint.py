@@ -1,0 +1,148 @@
+"""The record of prepared claims that survives a crash.
+
+The driver writes the checkpoint before it answers NodePrepareResources and
+reads it at start-up, so a restarted driver still knows every claim the
+kubelet believes prepared. The file is JSON with a format version and a
+SHA-256 checksum of its content; a file that fails either check stops the
+driver with an error naming the file, never a silent reset that would let a
+GPU be handed out twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from dra.adapters.atomicfile import remove_leftovers, write_atomic
+
+KIND = "DraGpuCheckpoint"
+VERSION = 1
+#: The checkpoint's name in the state directory.
+FILE_NAME = "checkpoint.json"
+
+
+class CheckpointError(Exception):
+    """The checkpoint cannot be read; the message names the file and what to do."""
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    """One device of a prepared claim, as reported to the kubelet."""
+
+    request_names: tuple[str, ...]
+    pool: str
+    device: str
+    cdi_device_ids: tuple[str, ...]
+    admin_access: bool = False
+    #: The physical device: names follow NVML indexes, which shift when a GPU leaves the bus.
+    uuid: str = ""
+
+    def is_device(self, name: str, uuid: str) -> bool:
+        """Whether this entry is that device (by UUID when recorded, else by name)."""
+        return self.uuid == uuid if self.uuid else self.device == name
+
+
+@dataclass(frozen=True)
+class PreparedClaim:
+    """A claim this node has prepared."""
+
+    uid: str
+    namespace: str
+    name: str
+    devices: tuple[PreparedDevice, ...]
+
+    def holds(self, name: str, uuid: str) -> bool:
+        """Whether this claim holds that device exclusively (admin access shares)."""
+        return any(d.is_device(name, uuid) for d in self.devices if not d.admin_access)
+
+
+def _claim_to_json(claim: PreparedClaim) -> dict[str, Any]:
+    data = asdict(claim)
+    data.pop("uid")
+    return data
+
+
+def _claim_from_json(uid: str, data: Mapping[str, Any]) -> PreparedClaim:
+    return PreparedClaim(
+        uid=uid,
+        namespace=str(data["namespace"]),
+        name=str(data["name"]),
+        devices=tuple(
+            PreparedDevice(
+                request_names=tuple(d["request_names"]),
+                pool=str(d["pool"]),
+                device=str(d["device"]),
+                cdi_device_ids=tuple(d["cdi_device_ids"]),
+                admin_access=bool(d.get("admin_access", False)),
+                uuid=str(d.get("uuid", "")),
+            )
+            for d in data["devices"]
+        ),
+    )
+
+
+def _checksum(claims: Mapping[str, Any]) -> str:
+    canonical = json.dumps(claims, sort_keys=True, separators=(",", ":")).encode()
+    return "sha256:" + hashlib.sha256(canonical).hexdigest()
+
+
+def encode(claims: Mapping[str, PreparedClaim]) -> bytes:
+    """The checkpoint file's bytes for these claims."""
+    body = {uid: _claim_to_json(claim) for uid, claim in sorted(claims.items())}
+    document = {"kind": KIND, "version": VERSION, "checksum": _checksum(body), "claims": body}
+    return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
+
+
+def decode(data: bytes, path: Path) -> dict[str, PreparedClaim]:
+    """Parse and verify checkpoint bytes; CheckpointError says what is wrong with `path`."""
+    hint = (
+        "the driver will not start on a checkpoint it cannot trust; inspect it, and only if no pod on "
+        "this node uses a GPU claim, move it away to start empty"
+    )
+    try:
+        document = json.loads(data)
+    except ValueError as err:
+        raise CheckpointError(f"checkpoint {path} is not valid JSON ({err}); {hint}") from None
+    if not isinstance(document, dict) or document.get("kind") != KIND:
+        raise CheckpointError(f"checkpoint {path} is not a {KIND} file; {hint}")
+    if document.get("version") != VERSION:
+        raise CheckpointError(
+            f"checkpoint {path} has format version {document.get('version')!r}, "
+            f"this driver reads {VERSION}; {hint}"
+        )
+    body = document.get("claims")
+    if not isinstance(body, dict) or document.get("checksum") != _checksum(body):
+        raise CheckpointError(f"checkpoint {path} fails its checksum (corrupted or edited); {hint}")
+    try:
+        return {uid: _claim_from_json(uid, claim) for uid, claim in body.items()}
+    except (KeyError, TypeError) as err:
+        raise CheckpointError(f"checkpoint {path} has a malformed claim entry ({err}); {hint}") from None
+
+
+class CheckpointStore:
+    """The checkpoint file on disk."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> dict[str, PreparedClaim]:
+        """Every prepared claim by UID; empty when no checkpoint exists yet."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        except OSError as err:
+            raise CheckpointError(f"cannot read checkpoint {self.path}: {err}") from None
+        return decode(data, self.path)
+
+    def remove_leftovers(self) -> None:
+        """Delete temporary checkpoint files a crash left behind."""
+        remove_leftovers(self.path.parent, self.path.name)
+
+    def save(self, claims: Mapping[str, PreparedClaim]) -> None:
+        """Replace the checkpoint atomically and durably."""
+        write_atomic(self.path, encode(claims), mode=0o600)

@@ -1,0 +1,258 @@
+"""From the inventory to resource.k8s.io/v1 ResourceSlices, and how to converge on them.
+
+Pure: no API calls. `device_entry` decides the attribute names and types that
+DeviceClass and claim CEL selectors rely on (a wrong type silently makes a
+selector unsatisfiable, so types are part of the contract). `build_slices`
+splits the node's pool over slices within the API limits. `plan` compares
+the desired slices with the ones on the server and returns the fewest writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dra.model.devices import Device, Gpu, Inventory, MigDevice
+
+Obj = dict[str, Any]
+
+API_VERSION = "resource.k8s.io/v1"
+MAX_DEVICES_PER_SLICE = 128
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_STRING_ATTRIBUTE = 64
+PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+_DECIMAL_SUFFIXES = ("", "k", "M", "G", "T", "P", "E")
+
+
+class SliceError(ValueError):
+    """The inventory cannot be published as it is (a name or value the API would reject)."""
+
+
+def binary_quantity(value: int) -> str:
+    """A byte count in the canonical form the API server stores ("81559Mi", "80Gi", "1500", "1k")."""
+    if value < 0:
+        raise SliceError(f"negative quantity {value}")
+    exponent = 0
+    while value and value % 1024 == 0 and exponent < len(_BINARY_SUFFIXES) - 1:
+        value //= 1024
+        exponent += 1
+    if exponent:
+        return f"{value}{_BINARY_SUFFIXES[exponent]}"
+    # Without a binary suffix the server reads a decimal SI quantity and stores it with the
+    # largest power-of-1000 suffix that keeps it whole ("1000" comes back as "1k").
+    while value and value % 1000 == 0 and exponent < len(_DECIMAL_SUFFIXES) - 1:
+        value //= 1000
+        exponent += 1
+    return f"{value}{_DECIMAL_SUFFIXES[exponent]}"
+
+
+def _string(value: str) -> Obj:
+    # Attribute strings are capped at 64 characters; product names fit, but a custom profile might not.
+    return {"string": value[:MAX_STRING_ATTRIBUTE]}
+
+
+def _shared_attributes(gpu: Gpu, inventory: Inventory) -> dict[str, Obj]:
+    attributes: dict[str, Obj] = {
+        "productName": _string(gpu.product_name),
+        "brand": _string(gpu.brand),
+        "architecture": _string(gpu.architecture),
+        "cudaComputeCapability": {"version": gpu.cuda_compute_capability},
+        "cudaDriverVersion": {"version": inventory.cuda_driver_version},
+        "pcieBusID": _string(gpu.pcie_bus_id),
+    }
+    if inventory.driver_version is not None:
+        attributes["driverVersion"] = {"version": inventory.driver_version}
+    if gpu.pcie_root is not None:
+        attributes[PCIE_ROOT_ATTRIBUTE] = _string(gpu.pcie_root)
+    return attributes
+
+
+def device_entry(device: Device, inventory: Inventory) -> Obj:
+    """One device of a slice: name, typed attributes, quantity capacities."""
+    if not _DNS_LABEL.match(device.name):
+        raise SliceError(f"device name {device.name!r} is not a DNS label")
+    if isinstance(device, MigDevice):
+        attributes: dict[str, Obj] = {
+            "type": _string("mig"),
+            "uuid": _string(device.uuid),
+            "parentUUID": _string(device.parent.uuid),
+            "parentIndex": {"int": device.parent.index},
+            "profile": _string(device.profile),
+            **_shared_attributes(device.parent, inventory),
+        }
+        capacity = {
+            "memory": binary_quantity(device.memory_bytes),
+            "multiprocessors": str(device.multiprocessors),
+            "copyEngines": str(device.copy_engines),
+            "decoders": str(device.decoders),
+            "encoders": str(device.encoders),
+            "jpegEngines": str(device.jpeg_engines),
+            "ofaEngines": str(device.ofa_engines),
+        }
+    else:
+        attributes = {
+            "type": _string("gpu"),
+            "uuid": _string(device.uuid),
+            "index": {"int": device.index},
+            "minor": {"int": device.minor},
+            **_shared_attributes(device, inventory),
+        }
+        capacity = {"memory": binary_quantity(device.memory_bytes)}
+    if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
+        raise SliceError(f"device {device.name} has more than {MAX_ATTRIBUTES_AND_CAPACITIES} attributes")
+    return {
+        "name": device.name,
+        "attributes": dict(sorted(attributes.items())),
+        "capacity": {key: {"value": value} for key, value in sorted(capacity.items())},
+    }
+
+
+def slice_name(node_name: str, driver: str, index: int) -> str:
+    """A stable, valid object name for the index-th slice of this node and driver."""
+    name = f"{node_name}-{driver}-{index}"
+    if len(name) <= 253:
+        return name
+    digest = hashlib.sha256(f"{node_name}/{driver}".encode()).hexdigest()[:10]
+    # Cut at a dot, the name would go on with a label starting with "-", which is invalid.
+    return f"{node_name[:200].rstrip('.')}-{digest}-{index}"
+
+
+def build_slices(
+    inventory: Inventory,
+    driver: str,
+    node_name: str,
+    node_uid: str | None,
+    generation: int,
+) -> list[Obj]:
+    """The node's pool as ResourceSlices: at most 128 devices each, one generation, owned by the Node."""
+    entries = [device_entry(device, inventory) for device in inventory]
+    names = [e["name"] for e in entries]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise SliceError(f"device names are not unique: {duplicates}")
+    chunks = [entries[i : i + MAX_DEVICES_PER_SLICE] for i in range(0, len(entries), MAX_DEVICES_PER_SLICE)]
+    # An empty pool is still published, so consumers see that the node has no devices.
+    chunks = chunks or [[]]
+    slices = []
+    for index, devices in enumerate(chunks):
+        metadata: Obj = {"name": slice_name(node_name, driver, index)}
+        if node_uid:
+            metadata["ownerReferences"] = [
+                {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid, "controller": True}
+            ]
+        slices.append(
+            {
+                "apiVersion": API_VERSION,
+                "kind": "ResourceSlice",
+                "metadata": metadata,
+                "spec": {
+                    "driver": driver,
+                    "nodeName": node_name,
+                    "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(chunks)},
+                    "devices": devices,
+                },
+            }
+        )
+    return slices
+
+
+# -- reconciling -----------------------------------------------------------
+
+
+def _is_empty(value: object) -> bool:
+    return value is None or value is False or value == [] or value == {} or value == ""
+
+
+def _same(desired: object, actual: object) -> bool:
+    """Equal, except that a key the server added with an empty/default value does not count."""
+    if isinstance(desired, Mapping) and isinstance(actual, Mapping):
+        for key in desired.keys() | actual.keys():
+            if key in desired and key in actual:
+                if not _same(desired[key], actual[key]):
+                    return False
+            elif not _is_empty(desired.get(key, actual.get(key))):
+                return False
+        return True
+    if isinstance(desired, list) and isinstance(actual, list):
+        return len(desired) == len(actual) and all(_same(d, a) for d, a in zip(desired, actual, strict=True))
+    return desired == actual
+
+
+def _content(obj: Obj) -> Obj:
+    """What the driver owns in a slice, generation aside."""
+    spec = dict(obj.get("spec") or {})
+    pool = dict(spec.get("pool") or {})
+    pool.pop("generation", None)
+    spec["pool"] = pool
+    return {"spec": spec, "ownerReferences": (obj.get("metadata") or {}).get("ownerReferences")}
+
+
+def _generation(obj: Obj) -> int:
+    return int(((obj.get("spec") or {}).get("pool") or {}).get("generation") or 0)
+
+
+@dataclass
+class Plan:
+    """Writes that bring the server to the desired slices."""
+
+    generation: int
+    create: list[Obj] = field(default_factory=list)
+    update: list[Obj] = field(default_factory=list)
+    delete: list[Obj] = field(default_factory=list)
+
+    @property
+    def writes(self) -> int:
+        """How many API writes the plan makes."""
+        return len(self.create) + len(self.update) + len(self.delete)
+
+
+def _with_generation(obj: Obj, generation: int) -> Obj:
+    return {**obj, "spec": {**obj["spec"], "pool": {**obj["spec"]["pool"], "generation": generation}}}
+
+
+def plan(
+    desired: Sequence[Obj],
+    existing: Iterable[Obj],
+    published_generation: int | None,
+) -> Plan:
+    """Decide the writes. `desired` carries no meaningful generation; this chooses it.
+
+    published_generation is the generation under which this same desired
+    content was last published by this process (None after a device change or
+    at start-up). Then only drifted slices are repaired under that generation.
+    Otherwise, if the server already holds exactly the desired content at one
+    generation, it is adopted without a write; else the generation goes up and
+    every slice is rewritten, since consumers read only the newest generation.
+    """
+    current = {obj["metadata"]["name"]: obj for obj in existing}
+    wanted = {obj["metadata"]["name"]: obj for obj in desired}
+    extras = [obj for name, obj in sorted(current.items()) if name not in wanted]
+
+    if published_generation is None:
+        generations = {_generation(obj) for obj in current.values()}
+        matches = set(current) == set(wanted) and all(
+            _same(_content(wanted[name]), _content(current[name])) for name in wanted
+        )
+        if matches and len(generations) == 1:
+            return Plan(generation=generations.pop())
+        generation = max(generations, default=0) + 1
+    else:
+        generation = published_generation
+
+    result = Plan(generation=generation, delete=extras)
+    for name, obj in wanted.items():
+        target = _with_generation(obj, generation)
+        if name not in current:
+            result.create.append(target)
+        elif not (
+            _same(_content(target), _content(current[name])) and _generation(current[name]) == generation
+        ):
+            meta = {**target["metadata"], "resourceVersion": current[name]["metadata"].get("resourceVersion")}
+            result.update.append({**target, "metadata": meta})
+    return result

@@ -1,0 +1,10 @@
+"""What every long-running subcommand shares: one bootstrap and its services.
+
+``bootstrap`` (GPU library, inventory, GPU assignment, start-up errors, the
+probes/metrics endpoint), ``flags`` (every flag also a DRA_GPU_* variable),
+``logs``, ``metrics`` (the only importer of prometheus_client), ``lifecycle``
+(signals, heartbeat), ``health`` (device health from XID events), ``sockets``.
+
+Rule: may import the layers below (model, core, gpu, adapters); never a
+program package (kubeletplugin, deviceplugin, explain).
+"""

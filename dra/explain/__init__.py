@@ -1,0 +1,8 @@
+"""`dra-gpu explain`: why a claim does or does not get devices, offline.
+
+``report`` is pure (claim, classes and slices in; a report out), on the CEL
+evaluator ``dra.cel``; ``command`` gathers its inputs from files, the cluster
+or fake GPUs.
+
+Rule: a program package; may import the layers below, never another program.
+"""

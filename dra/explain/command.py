@@ -1,0 +1,163 @@
+"""`dra-gpu explain`: gather the claim, classes and devices (files, cluster or fake GPUs), then report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dra.adapters.kube import KubeClient, KubeError, NotFoundError
+from dra.core.slices import build_slices
+from dra.explain import report as explain
+from dra.kubeletplugin.daemon import StartupError, gpu_library, load_inventory
+
+Obj = dict[str, Any]
+CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
+
+
+def _documents(path: Path) -> list[Obj]:
+    try:
+        return [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
+    except (OSError, yaml.YAMLError) as err:
+        raise StartupError(f"cannot read {path}: {' '.join(str(err).split())}") from None
+
+
+class _Inputs:
+    """What explain needs, from files first, then the cluster or the standard classes."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        try:
+            self.kube = None if args.fake_gpus else KubeClient(args.kubeconfig or None)
+        except KubeError as err:
+            raise StartupError(f"{err} (or explain offline with --fake-gpus)") from None
+        self.classes: dict[str, Obj] = {}
+        self.claims: list[Obj] = []
+        for spec in args.device_class or []:
+            if Path(spec).is_file():
+                self._take(_documents(Path(spec)))
+            else:
+                self.classes[spec] = self._cluster_class(spec)
+        if args.claim:
+            if Path(args.claim).is_file():
+                self._take(_documents(Path(args.claim)))
+            else:
+                self.claims.append(self._cluster_claim(args.claim))
+
+    def _take(self, documents: list[Obj]) -> None:
+        for doc in documents:
+            if doc.get("kind") == "DeviceClass":
+                self.classes[doc["metadata"]["name"]] = doc
+            elif doc.get("kind") in CLAIM_KINDS:
+                self.claims.append(doc)
+
+    def _cluster_claim(self, ref: str) -> Obj:
+        namespace, sep, name = ref.partition("/")
+        if not sep or self.kube is None:
+            raise StartupError(
+                f"--claim {ref!r}: not a file; a cluster claim is NAMESPACE/NAME (without --fake-gpus)"
+            )
+        try:
+            return self.kube.get_resource_claim(namespace, name)
+        except KubeError as err:
+            raise StartupError(f"--claim {ref}: {err}") from None
+
+    def _cluster_class(self, name: str) -> Obj:
+        if self.kube is None:
+            raise StartupError(
+                f"--device-class {name!r}: not a file, and without a cluster there is no class by name"
+            )
+        try:
+            return self.kube.get_device_class(name)
+        except KubeError as err:
+            raise StartupError(f"--device-class {name}: {err}") from None
+
+    def device_classes(self) -> list[Obj]:
+        """Every class the claims name: given ones, else the cluster's, else the standard ones."""
+        standard = {c["metadata"]["name"]: c for c in explain.standard_device_classes(self.args.driver_name)}
+        wanted = {
+            sub.get("deviceClassName")
+            for claim in self.claims
+            for request in _requests(claim)
+            for sub in (request.get("firstAvailable") or [request.get("exactly") or {}])
+        }
+        for name in sorted(n for n in wanted if n and n not in self.classes):
+            if self.kube is not None:
+                try:
+                    self.classes[name] = self.kube.get_device_class(name)
+                except NotFoundError:
+                    continue
+                except KubeError as err:
+                    raise StartupError(f"DeviceClass {name}: {err}") from None
+            elif name in standard:
+                self.classes[name] = standard[name]
+        return list(self.classes.values())
+
+    def slices(self) -> list[Obj]:
+        """The node's ResourceSlices: live, or built from the fake profile."""
+        if self.kube is None:
+            inventory = load_inventory(gpu_library(self.args.fake_gpus, self.args.node_name))
+            return build_slices(inventory, self.args.driver_name, self.args.node_name, None, generation=1)
+        if not self.args.node_name:
+            raise StartupError("--node-name is needed to read a node's ResourceSlices from the cluster")
+        try:
+            return self.kube.list_node_resource_slices(self.args.node_name)
+        except KubeError as err:
+            raise StartupError(
+                f"cannot list the ResourceSlices of node {self.args.node_name}: {err}"
+            ) from None
+
+    def other_claims(self) -> list[Obj]:
+        """Claims of the cluster, to show which devices are taken (none offline)."""
+        if self.kube is None:
+            return []
+        try:
+            return self.kube.list_resource_claims()
+        except KubeError as err:
+            raise StartupError(f"cannot list ResourceClaims: {err}") from None
+
+
+def _requests(claim: Obj) -> list[Obj]:
+    spec = claim.get("spec") or {}
+    if claim.get("kind") == "ResourceClaimTemplate":
+        spec = spec.get("spec") or {}
+    return list((spec.get("devices") or {}).get("requests") or [])
+
+
+def _class_only_claim(name: str) -> Obj:
+    return {
+        "kind": "ResourceClaim",
+        "metadata": {"name": f"(any device of DeviceClass {name})"},
+        "spec": {"devices": {"requests": [{"name": "device", "exactly": {"deviceClassName": name}}]}},
+    }
+
+
+def reports(args: argparse.Namespace) -> list[explain.ClaimReport]:
+    """Every report the arguments ask for."""
+    inputs = _Inputs(args)
+    classes = inputs.device_classes()
+    if not inputs.claims and not classes:
+        raise StartupError("give --claim (a file or NAMESPACE/NAME) and/or --device-class (a file or a name)")
+    claims = inputs.claims or [_class_only_claim(name) for name in inputs.classes]
+    slices = inputs.slices()
+    others = inputs.other_claims()
+    try:
+        return [explain.explain_claim(claim, classes, slices, others) for claim in claims]
+    except explain.ExplainError as err:
+        raise StartupError(str(err)) from None
+    finally:
+        if inputs.kube is not None:
+            inputs.kube.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the reports; exit 0 (the report itself says whether a claim can be allocated)."""
+    found = reports(args)
+    if args.output == "json":
+        print(json.dumps([explain.as_json(r) for r in found], indent=2))
+    else:
+        print("\n\n".join(explain.render(r) for r in found))
+    return 0

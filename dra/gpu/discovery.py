@@ -1,0 +1,220 @@
+"""From NVML readings to the node's inventory: pure mapping over a GpuLibrary.
+
+The same code runs on real NVML and on fake GPUs; only the library differs.
+A GPU in MIG mode contributes its MIG devices instead of itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+
+from dra.gpu.nvml import ERROR_NOT_FOUND, ERROR_NOT_SUPPORTED, GpuHandle, GpuLibrary, GpuLibraryError
+from dra.model.devices import Device, Gpu, Inventory, MigDevice
+
+log = logging.getLogger(__name__)
+
+#: nvmlBrandType_t, named as nvidia-smi names them.
+BRANDS = {
+    0: "Unknown",
+    1: "Quadro",
+    2: "Tesla",
+    3: "NVS",
+    4: "GRID",
+    5: "GeForce",
+    6: "Titan",
+    7: "NVIDIA Virtual Applications",
+    8: "NVIDIA Virtual PC",
+    9: "NVIDIA Virtual Compute Server",
+    10: "NVIDIA RTX Virtual Workstation",
+    11: "NVIDIA Cloud Gaming",
+    12: "Quadro RTX",
+    13: "NVIDIA RTX",
+    14: "NVIDIA",
+    15: "GeForce RTX",
+    16: "Titan RTX",
+}
+
+#: nvmlDeviceArchitecture_t, named as nvidia-smi names them.
+ARCHITECTURES = {
+    2: "Kepler",
+    3: "Maxwell",
+    4: "Pascal",
+    5: "Volta",
+    6: "Turing",
+    7: "Ampere",
+    8: "Ada Lovelace",
+    9: "Hopper",
+    10: "Blackwell",
+    13: "Rubin",
+}
+
+#: Control nodes a container needs besides its GPUs' own /dev/nvidiaN, when the host has them.
+COMMON_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+_MIG_NAME = re.compile(r"\bMIG\s+(\S+)$")
+
+
+def to_semver(version: str) -> str | None:
+    """A numeric dotted version as strict semver: "535.104.05" -> "535.104.5", "9.0" -> "9.0.0".
+
+    NVIDIA versions may carry leading zeros or only two parts, which semver
+    (and so the `version` attribute type) rejects. None for anything else.
+    """
+    parts = version.strip().split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isascii() and p.isdigit() for p in parts):
+        return None
+    numbers = [int(p) for p in parts] + [0] * (3 - len(parts))
+    return ".".join(str(n) for n in numbers)
+
+
+def cuda_version_string(encoded: int) -> str:
+    """NVML's CUDA driver version (12040) as semver ("12.4.0")."""
+    return f"{encoded // 1000}.{(encoded % 1000) // 10}.0"
+
+
+def mig_profile(name: str, memory_mib: int, gi_slices: int, ci_slices: int, parent_memory_mib: int) -> str:
+    """The MIG profile ("1g.10gb") from the MIG device's name, else from its sizes.
+
+    Without a name, the memory part is derived as NVIDIA derives it: the
+    device's share of the parent's memory rounded up to eighths, times the
+    parent's size in whole GB, rounded. Plain MiB / 1024 rounding would call
+    the H100's 80384 MiB partition "7g.79gb" instead of "7g.80gb".
+    """
+    match = _MIG_NAME.search(name)
+    if match:
+        return match.group(1)
+    if parent_memory_mib > 0:
+        eighths = -(-memory_mib * 8 // parent_memory_mib)
+        gigabytes = (eighths * -(-parent_memory_mib // 1024) + 4) // 8
+    else:
+        gigabytes = math.ceil(memory_mib / 1024)
+    prefix = f"{ci_slices}c." if ci_slices != gi_slices else ""
+    return f"{prefix}{gi_slices}g.{gigabytes}gb"
+
+
+def mig_device_name(parent_index: int, profile: str, gpu_instance: int, compute_instance: int) -> str:
+    """A DNS-label device name: gpu-4-mig-1g10gb-7-0."""
+    slug = re.sub(r"[^a-z0-9]", "", profile.lower())
+    return f"gpu-{parent_index}-mig-{slug}-{gpu_instance}-{compute_instance}"
+
+
+def _numa_node(lib: GpuLibrary, handle: GpuHandle) -> int | None:
+    try:
+        return lib.numa_node(handle)
+    except GpuLibraryError as err:
+        if err.code in (ERROR_NOT_SUPPORTED, ERROR_NOT_FOUND):
+            return None
+        raise
+
+
+def _mig_enabled(lib: GpuLibrary, handle: GpuHandle) -> bool:
+    try:
+        current, _pending = lib.mig_mode(handle)
+    except GpuLibraryError as err:
+        if err.code == ERROR_NOT_SUPPORTED:
+            return False
+        raise
+    return current == 1
+
+
+def _gpu(lib: GpuLibrary, handle: GpuHandle, index: int) -> Gpu:
+    minor = lib.minor_number(handle)
+    major_cc, minor_cc = lib.cuda_compute_capability(handle)
+    bus_id = lib.pci_bus_id(handle)
+    node = f"/dev/nvidia{minor}"
+    return Gpu(
+        name=f"gpu-{index}",
+        index=index,
+        minor=minor,
+        uuid=lib.uuid(handle),
+        product_name=lib.name(handle),
+        brand=BRANDS.get(lib.brand(handle), "Unknown"),
+        architecture=ARCHITECTURES.get(lib.architecture(handle), "Unknown"),
+        cuda_compute_capability=f"{major_cc}.{minor_cc}.0",
+        memory_bytes=lib.memory_total(handle),
+        pcie_bus_id=bus_id,
+        pcie_root=lib.pcie_root(bus_id),
+        numa_node=_numa_node(lib, handle),
+        mig_enabled=_mig_enabled(lib, handle),
+        device_nodes=(node,) if lib.path_exists(node) else (),
+    )
+
+
+def _mig_devices(lib: GpuLibrary, handle: GpuHandle, parent: Gpu, caps: dict[str, int]) -> list[MigDevice]:
+    found = []
+    for slot in range(lib.max_mig_device_count(handle)):
+        try:
+            mig = lib.mig_device_by_index(handle, slot)
+        except GpuLibraryError as err:
+            if err.code == ERROR_NOT_FOUND:
+                continue
+            raise
+        attrs = lib.mig_attributes(mig)
+        gi = lib.gpu_instance_id(mig)
+        ci = lib.compute_instance_id(mig)
+        profile = mig_profile(
+            lib.name(mig),
+            attrs.memory_mib,
+            attrs.gpu_instance_slices,
+            attrs.compute_instance_slices,
+            parent.memory_bytes // (1024 * 1024),
+        )
+        cap_nodes = [
+            f"/dev/nvidia-caps/nvidia-cap{caps[key]}"
+            for key in (f"gpu{parent.minor}/gi{gi}/access", f"gpu{parent.minor}/gi{gi}/ci{ci}/access")
+            if key in caps
+        ]
+        nodes = tuple(p for p in (*parent.device_nodes, *cap_nodes) if lib.path_exists(p))
+        found.append(
+            MigDevice(
+                name=mig_device_name(parent.index, profile, gi, ci),
+                uuid=lib.uuid(mig),
+                parent=parent,
+                profile=profile,
+                gpu_instance_id=gi,
+                compute_instance_id=ci,
+                memory_bytes=attrs.memory_mib * 1024 * 1024,
+                multiprocessors=attrs.multiprocessors,
+                copy_engines=attrs.copy_engines,
+                decoders=attrs.decoders,
+                encoders=attrs.encoders,
+                jpeg_engines=attrs.jpeg_engines,
+                ofa_engines=attrs.ofa_engines,
+                device_nodes=nodes,
+            )
+        )
+    return found
+
+
+def discover(lib: GpuLibrary) -> Inventory:
+    """Read every GPU and MIG device through `lib` (already initialised).
+
+    A GPU whose queries fail is left out with a warning naming it, so one
+    broken GPU does not hide the healthy ones.
+    """
+    raw_driver_version = lib.driver_version()
+    driver_version = to_semver(raw_driver_version)
+    if driver_version is None:
+        log.warning("driver version %r is not numeric: not publishing driverVersion", raw_driver_version)
+    caps = lib.mig_capability_minors()
+    gpus: list[Gpu] = []
+    devices: list[Device] = []
+    for index in range(lib.device_count()):
+        try:
+            handle = lib.device_by_index(index)
+            gpu = _gpu(lib, handle, index)
+            members: list[Device] = list(_mig_devices(lib, handle, gpu, caps)) if gpu.mig_enabled else [gpu]
+        except GpuLibraryError as err:
+            log.warning("skipping GPU %d: NVML error %d: %s", index, err.code, err)
+            continue
+        gpus.append(gpu)
+        devices.extend(members)
+    return Inventory(
+        devices=tuple(devices),
+        driver_version=driver_version,
+        cuda_driver_version=cuda_version_string(lib.cuda_driver_version()),
+        common_device_nodes=tuple(p for p in COMMON_DEVICE_NODES if lib.path_exists(p)),
+        gpus=tuple(gpus),
+    )

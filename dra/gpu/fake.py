@@ -1,0 +1,256 @@
+"""Fake GPUs behind the GpuLibrary interface, from a profile (dra.gpu.profiles).
+
+FakeGpuLibrary answers the same NVML calls as the real library, with UUIDs
+derived from the node name so that many fake nodes differ, and no host device
+nodes (containers get no paths that do not exist). XID errors can be injected
+by appending lines to an events file, which the health monitor reads like
+NVML events:
+
+    <uuid> <xid> [<gpu instance ID> [<compute instance ID>]]
+
+The instance IDs are those NVML gives for an error on one MIG instance of a
+GPU in MIG mode (a MIG device's are in its name, gpu-4-mig-1g10gb-<gi>-<ci>);
+without them, or with 4294967295 (NVML's "none"), the error concerns the
+whole GPU.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from dra.gpu.nvml import (
+    ERROR_NOT_FOUND,
+    ERROR_NOT_SUPPORTED,
+    NO_INSTANCE,
+    GpuHandle,
+    GpuLibraryError,
+    MigAttributes,
+    MigHandle,
+    XidEvent,
+)
+from dra.gpu.profiles import FakeGpu, Profile
+
+# An even number, so that the pairs of GPUs that share a root never straddle two domains.
+_BUSES_PER_DOMAIN = 14
+_UUID_NAMESPACE = uuid.UUID("0b9c4a52-8b0e-4c36-9a55-6c0f3f1d2a71")
+
+
+@dataclass(frozen=True)
+class _FakeMig:
+    gpu_index: int
+    slot: int
+    profile: str
+    gpu_instance_id: int
+
+
+class FakeGpuLibrary:
+    """GpuLibrary over a profile; UUIDs depend on the node name."""
+
+    def __init__(self, profile: Profile, node_name: str, events_file: Path | None = None) -> None:
+        self.profile = profile
+        self.node_name = node_name
+        self._events_file = events_file
+        self._events_offset = 0
+        self._watched: set[int] = set()
+
+    def _uuid(self, prefix: str, key: str) -> str:
+        return f"{prefix}-{uuid.uuid5(_UUID_NAMESPACE, f'{self.node_name}/{key}')}"
+
+    def _gpu(self, handle: GpuHandle | MigHandle) -> FakeGpu:
+        index = handle.gpu_index if isinstance(handle, _FakeMig) else handle
+        assert isinstance(index, int)
+        return self.profile.gpus[index]
+
+    def init(self) -> None:
+        """Nothing to load."""
+
+    def shutdown(self) -> None:
+        """Nothing to release."""
+
+    def driver_version(self) -> str:
+        """The profile's driver version."""
+        return self.profile.driver_version
+
+    def cuda_driver_version(self) -> int:
+        """The profile's CUDA version, NVML-encoded."""
+        return self.profile.cuda_driver_version
+
+    def device_count(self) -> int:
+        """Number of GPUs in the profile."""
+        return len(self.profile.gpus)
+
+    def device_by_index(self, index: int) -> GpuHandle:
+        """GPU handles are their indexes."""
+        if not 0 <= index < len(self.profile.gpus):
+            raise GpuLibraryError(ERROR_NOT_FOUND, f"no GPU {index}")
+        return GpuHandle(index)
+
+    def name(self, gpu: GpuHandle | MigHandle) -> str:
+        """Product name, with " MIG <profile>" for MIG devices as NVML does."""
+        if isinstance(gpu, _FakeMig):
+            return f"{self._gpu(gpu).model.product_name} MIG {gpu.profile}"
+        return self._gpu(gpu).model.product_name
+
+    def uuid(self, gpu: GpuHandle | MigHandle) -> str:
+        """Stable per node and device."""
+        if isinstance(gpu, _FakeMig):
+            # A re-created MIG device is a new device with a new UUID, as on real GPUs.
+            return self._uuid("MIG", f"gpu/{gpu.gpu_index}/mig/{gpu.gpu_instance_id}/0/{gpu.profile}")
+        return self._uuid("GPU", f"gpu/{gpu}")
+
+    def brand(self, gpu: GpuHandle) -> int:
+        """nvmlBrandType_t of the model."""
+        return self._gpu(gpu).model.brand
+
+    def architecture(self, gpu: GpuHandle) -> int:
+        """nvmlDeviceArchitecture_t of the model."""
+        return self._gpu(gpu).model.architecture
+
+    def cuda_compute_capability(self, gpu: GpuHandle) -> tuple[int, int]:
+        """(major, minor) of the model."""
+        return self._gpu(gpu).model.compute_capability
+
+    def memory_total(self, gpu: GpuHandle) -> int:
+        """Bytes of the model."""
+        return self._gpu(gpu).model.memory_mib * 1024 * 1024
+
+    def pci_bus_id(self, gpu: GpuHandle) -> str:
+        """One bus per GPU, 14 buses per PCI domain, as on a real board."""
+        assert isinstance(gpu, int)
+        domain, slot = divmod(gpu, _BUSES_PER_DOMAIN)
+        return f"{domain:08X}:{0x10 + 0x10 * slot:02X}:00.0"
+
+    def minor_number(self, gpu: GpuHandle) -> int:
+        """Minors follow indexes."""
+        assert isinstance(gpu, int)
+        return gpu
+
+    def numa_node(self, gpu: GpuHandle) -> int:
+        """The profile's NUMA node, else the first half of the GPUs on node 0 and the rest on 1."""
+        assert isinstance(gpu, int)
+        explicit = self._gpu(gpu).numa_node
+        if explicit is not None:
+            return explicit
+        return gpu * 2 // max(len(self.profile.gpus), 2)
+
+    def mig_mode(self, gpu: GpuHandle) -> tuple[int, int]:
+        """MIG on where the profile lists MIG devices; NOT_SUPPORTED on models without MIG."""
+        fake = self._gpu(gpu)
+        if not fake.model.mig_profiles:
+            raise GpuLibraryError(ERROR_NOT_SUPPORTED, "MIG not supported")
+        mode = 1 if fake.mig is not None else 0
+        return mode, mode
+
+    def max_mig_device_count(self, gpu: GpuHandle) -> int:
+        """Seven slots on MIG-capable GPUs."""
+        return self._gpu(gpu).model.mig_slices if self._gpu(gpu).model.mig_profiles else 0
+
+    def mig_device_by_index(self, gpu: GpuHandle, index: int) -> MigHandle:
+        """The index-th MIG device of the profile, in order."""
+        assert isinstance(gpu, int)
+        profiles = self._gpu(gpu).mig or ()
+        if index >= len(profiles):
+            raise GpuLibraryError(ERROR_NOT_FOUND, "no MIG device in this slot")
+        return MigHandle(_FakeMig(gpu, index, profiles[index], gpu_instance_id=index + 1))
+
+    def _mig(self, mig: MigHandle) -> _FakeMig:
+        assert isinstance(mig, _FakeMig)
+        return mig
+
+    def mig_attributes(self, mig: MigHandle) -> MigAttributes:
+        """Sizes from the model's MIG profile table."""
+        fake = self._mig(mig)
+        p = self._gpu(mig).model.mig_profiles[fake.profile]
+        return MigAttributes(
+            multiprocessors=p.multiprocessors,
+            copy_engines=p.copy_engines,
+            decoders=p.decoders,
+            encoders=p.encoders,
+            jpeg_engines=p.jpeg_engines,
+            ofa_engines=p.ofa_engines,
+            gpu_instance_slices=p.gpu_instance_slices,
+            compute_instance_slices=p.gpu_instance_slices,
+            memory_mib=p.memory_mib,
+        )
+
+    def gpu_instance_id(self, mig: MigHandle) -> int:
+        """Assigned in profile order, from 1."""
+        return self._mig(mig).gpu_instance_id
+
+    def compute_instance_id(self, mig: MigHandle) -> int:
+        """One compute instance per GPU instance."""
+        return 0
+
+    def pcie_root(self, pci_bus_id: str) -> str | None:
+        """The profile's root, else GPUs in pairs behind one root complex."""
+        domain_text, bus_text, _ = pci_bus_id.split(":")
+        domain = int(domain_text, 16)
+        index = domain * _BUSES_PER_DOMAIN + (int(bus_text, 16) - 0x10) // 0x10
+        explicit = self.profile.gpus[index].pcie_root
+        first_of_pair = (index % _BUSES_PER_DOMAIN) // 2 * 2
+        return explicit or f"pci{domain:04x}:{0x10 + 0x10 * first_of_pair:02x}"
+
+    def mig_capability_minors(self) -> dict[str, int]:
+        """Fake GPUs have no capability devices."""
+        return {}
+
+    def path_exists(self, path: str) -> bool:
+        """Fake GPUs have no device nodes on the host."""
+        return False
+
+    def watch_xid_events(self, gpu: GpuHandle) -> None:
+        """Remember which GPUs are watched."""
+        self._watched.add(int(str(gpu)))
+
+    def unwatch_xid_events(self) -> None:
+        """Forget the watched GPUs."""
+        self._watched.clear()
+
+    def wait_xid_event(self, timeout_ms: int) -> XidEvent | None:
+        """The next line appended to the events file, or None after the timeout."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            event = self._next_event()
+            if event is not None or time.monotonic() >= deadline:
+                return event
+            time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
+
+    def _next_event(self) -> XidEvent | None:
+        if self._events_file is None:
+            return None
+        try:
+            with self._events_file.open() as f:
+                f.seek(self._events_offset)
+                line = f.readline()
+                if not line.endswith("\n"):
+                    return None
+                self._events_offset = f.tell()
+        except FileNotFoundError:
+            return None
+        return parse_event_line(line)
+
+
+def _number(fields: list[str], index: int) -> int | None:
+    text = fields[index] if index < len(fields) else ""
+    return int(text) if text.isdigit() else None
+
+
+def parse_event_line(line: str) -> XidEvent:
+    """One events file line, `<uuid> <xid> [<gpu instance> [<compute instance>]]`.
+
+    A field that is not a number counts as absent (an XID as 0), as does NVML's 4294967295.
+    """
+    fields = line.split()
+    gpu_instance, compute_instance = _number(fields, 2), _number(fields, 3)
+    return XidEvent(
+        uuid=fields[0] if fields else "",
+        xid=_number(fields, 1) or 0,
+        gpu_instance_id=None if gpu_instance == NO_INSTANCE else gpu_instance,
+        # A compute instance lives in a GPU instance: alone it names nothing.
+        compute_instance_id=None
+        if gpu_instance in (None, NO_INSTANCE) or compute_instance == NO_INSTANCE
+        else compute_instance,
+    )

@@ -1,0 +1,361 @@
+"""The GPU library interface, and its implementation on NVML (pynvml) and the host.
+
+Discovery and health monitoring talk to GPUs only through `GpuLibrary`: a
+small typed surface whose methods map one to one onto NVML calls (plus the
+few host facts NVML does not give: PCIe root complex from sysfs, MIG
+capability device minors from procfs, which /dev nodes exist). The fake GPU
+library (dra.gpu.fake) implements the same surface from a profile, so the
+mapping from NVML values to published devices runs the same code for both.
+
+This is the only module that imports pynvml.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NewType, Protocol
+
+GpuHandle = NewType("GpuHandle", object)
+MigHandle = NewType("MigHandle", object)
+
+# NVML return codes the driver reacts to (nvml.h).
+ERROR_NOT_SUPPORTED = 3
+ERROR_NOT_FOUND = 6
+ERROR_TIMEOUT = 10
+ERROR_GPU_IS_LOST = 15
+
+# Event type bit for XID critical errors (nvmlEventTypeXidCriticalError).
+EVENT_XID_CRITICAL = 0x8
+# gpuInstanceId / computeInstanceId of an event that concerns no particular MIG instance.
+NO_INSTANCE = 0xFFFFFFFF
+
+# A PCI root bus directory in sysfs: pci<domain>:<bus>.
+_PCI_ROOT_BUS = re.compile(r"^pci[0-9a-f]{4,}:[0-9a-f]{2}$")
+
+
+class GpuLibraryError(Exception):
+    """An NVML call failed; `code` is the NVML return code."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class MigAttributes:
+    """nvmlDeviceGetAttributes for a MIG device."""
+
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+    gpu_instance_slices: int
+    compute_instance_slices: int
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """One XID error: which device (GPU UUID, or MIG UUID when NVML names one) and the code.
+
+    On a GPU in MIG mode NVML also says which GPU instance and compute instance
+    the error concerns, when it concerns one; None when it does not.
+    """
+
+    uuid: str
+    xid: int
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+
+class GpuLibrary(Protocol):
+    """What the driver asks of NVML and of the host about GPUs."""
+
+    def init(self) -> None:
+        """Load and initialise the library; GpuLibraryError when there is no usable driver."""
+
+    def shutdown(self) -> None:
+        """Release the library."""
+
+    def driver_version(self) -> str:
+        """The kernel driver version, e.g. "550.54.15"."""
+
+    def cuda_driver_version(self) -> int:
+        """The CUDA version the driver supports, as NVML encodes it (12040 for 12.4)."""
+
+    def device_count(self) -> int:
+        """How many GPUs NVML sees."""
+
+    def device_by_index(self, index: int) -> GpuHandle:
+        """The handle of GPU `index`."""
+
+    def name(self, gpu: GpuHandle | MigHandle) -> str:
+        """Product name; for a MIG device NVML appends " MIG <profile>"."""
+
+    def uuid(self, gpu: GpuHandle | MigHandle) -> str:
+        """GPU-... or MIG-... UUID."""
+
+    def brand(self, gpu: GpuHandle) -> int:
+        """nvmlBrandType_t value."""
+
+    def architecture(self, gpu: GpuHandle) -> int:
+        """nvmlDeviceArchitecture_t value."""
+
+    def cuda_compute_capability(self, gpu: GpuHandle) -> tuple[int, int]:
+        """(major, minor)."""
+
+    def memory_total(self, gpu: GpuHandle) -> int:
+        """Total framebuffer memory in bytes."""
+
+    def pci_bus_id(self, gpu: GpuHandle) -> str:
+        """NVML's bus ID, e.g. "00000000:18:00.0"."""
+
+    def minor_number(self, gpu: GpuHandle) -> int:
+        """The N of /dev/nvidiaN."""
+
+    def numa_node(self, gpu: GpuHandle) -> int:
+        """NUMA node of the GPU; GpuLibraryError(NOT_SUPPORTED) where there is none."""
+
+    def mig_mode(self, gpu: GpuHandle) -> tuple[int, int]:
+        """(current, pending) MIG mode; GpuLibraryError(NOT_SUPPORTED) on GPUs without MIG."""
+
+    def max_mig_device_count(self, gpu: GpuHandle) -> int:
+        """How many MIG device slots to probe."""
+
+    def mig_device_by_index(self, gpu: GpuHandle, index: int) -> MigHandle:
+        """The MIG device in slot `index`; GpuLibraryError(NOT_FOUND) for an empty slot."""
+
+    def mig_attributes(self, mig: MigHandle) -> MigAttributes:
+        """Sizes of a MIG device."""
+
+    def gpu_instance_id(self, mig: MigHandle) -> int:
+        """GPU instance ID of a MIG device."""
+
+    def compute_instance_id(self, mig: MigHandle) -> int:
+        """Compute instance ID of a MIG device."""
+
+    def pcie_root(self, pci_bus_id: str) -> str | None:
+        """The PCIe root complex ("pci0000:15") the device sits under, from sysfs."""
+
+    def mig_capability_minors(self) -> dict[str, int]:
+        """/proc/driver/nvidia-caps/mig-minors: "gpu0/gi1/access" -> minor."""
+
+    def path_exists(self, path: str) -> bool:
+        """Whether a device node exists on the host."""
+
+    def watch_xid_events(self, gpu: GpuHandle) -> None:
+        """Start collecting XID critical errors of this GPU; GpuLibraryError when it cannot be watched."""
+
+    def wait_xid_event(self, timeout_ms: int) -> XidEvent | None:
+        """The next XID event, or None after timeout_ms; GpuLibraryError when the wait itself fails."""
+
+    def unwatch_xid_events(self) -> None:
+        """Stop collecting XID events and free what that holds; nothing may wait any more."""
+
+
+def _bus_id_for_sysfs(pci_bus_id: str) -> str:
+    # NVML pads the PCI domain to 8 hex digits; sysfs prints it with at least 4 (%04x), in lower case.
+    # Keeping only the last 4 would turn VMD domain 10000 into domain 0000: another device, or none.
+    domain, _, rest = pci_bus_id.partition(":")
+    return f"{domain.lstrip('0').rjust(4, '0')}:{rest}".lower()
+
+
+class NvmlLibrary:
+    """GpuLibrary on the real NVIDIA driver, through pynvml."""
+
+    def __init__(
+        self, sysfs: Path = Path("/sys"), procfs: Path = Path("/proc"), dev: Path = Path("/")
+    ) -> None:
+        self._sysfs = sysfs
+        self._procfs = procfs
+        self._dev_root = dev
+        self._nvml: Any = None
+        self._event_set: Any = None
+        self._lock = threading.Lock()
+
+    def _call(self, fn: str, *args: Any) -> Any:
+        try:
+            return getattr(self._nvml, fn)(*args)
+        except self._nvml.NVMLError as err:
+            raise GpuLibraryError(int(err.value), f"{fn}: {err}") from err
+
+    def init(self) -> None:
+        """Import pynvml and initialise NVML."""
+        try:
+            import pynvml  # the one import of NVML bindings in the project
+        except ImportError as err:  # pragma: no cover - the dependency is always installed
+            raise GpuLibraryError(-1, "pynvml (nvidia-ml-py) is not installed") from err
+        self._nvml = pynvml
+        self._call("nvmlInit")
+
+    def shutdown(self) -> None:
+        """Free the event set if still there and shut NVML down."""
+        self.unwatch_xid_events()
+        self._call("nvmlShutdown")
+
+    def driver_version(self) -> str:
+        """nvmlSystemGetDriverVersion."""
+        return str(self._call("nvmlSystemGetDriverVersion"))
+
+    def cuda_driver_version(self) -> int:
+        """nvmlSystemGetCudaDriverVersion_v2."""
+        return int(self._call("nvmlSystemGetCudaDriverVersion_v2"))
+
+    def device_count(self) -> int:
+        """nvmlDeviceGetCount."""
+        return int(self._call("nvmlDeviceGetCount"))
+
+    def device_by_index(self, index: int) -> GpuHandle:
+        """nvmlDeviceGetHandleByIndex."""
+        return GpuHandle(self._call("nvmlDeviceGetHandleByIndex", index))
+
+    def name(self, gpu: GpuHandle | MigHandle) -> str:
+        """nvmlDeviceGetName."""
+        return str(self._call("nvmlDeviceGetName", gpu))
+
+    def uuid(self, gpu: GpuHandle | MigHandle) -> str:
+        """nvmlDeviceGetUUID."""
+        return str(self._call("nvmlDeviceGetUUID", gpu))
+
+    def brand(self, gpu: GpuHandle) -> int:
+        """nvmlDeviceGetBrand."""
+        return int(self._call("nvmlDeviceGetBrand", gpu))
+
+    def architecture(self, gpu: GpuHandle) -> int:
+        """nvmlDeviceGetArchitecture."""
+        return int(self._call("nvmlDeviceGetArchitecture", gpu))
+
+    def cuda_compute_capability(self, gpu: GpuHandle) -> tuple[int, int]:
+        """nvmlDeviceGetCudaComputeCapability."""
+        major, minor = self._call("nvmlDeviceGetCudaComputeCapability", gpu)
+        return int(major), int(minor)
+
+    def memory_total(self, gpu: GpuHandle) -> int:
+        """nvmlDeviceGetMemoryInfo().total."""
+        return int(self._call("nvmlDeviceGetMemoryInfo", gpu).total)
+
+    def pci_bus_id(self, gpu: GpuHandle) -> str:
+        """nvmlDeviceGetPciInfo().busId."""
+        bus_id = self._call("nvmlDeviceGetPciInfo", gpu).busId
+        return bus_id.decode() if isinstance(bus_id, bytes) else str(bus_id)
+
+    def minor_number(self, gpu: GpuHandle) -> int:
+        """nvmlDeviceGetMinorNumber."""
+        return int(self._call("nvmlDeviceGetMinorNumber", gpu))
+
+    def numa_node(self, gpu: GpuHandle) -> int:
+        """nvmlDeviceGetNumaNodeId, else the PCI device's numa_node in sysfs."""
+        try:
+            return int(self._call("nvmlDeviceGetNumaNodeId", gpu))
+        except GpuLibraryError:
+            path = self._sysfs / "bus/pci/devices" / _bus_id_for_sysfs(self.pci_bus_id(gpu)) / "numa_node"
+            try:
+                node = int(path.read_text().strip())
+            except (OSError, ValueError) as err:
+                raise GpuLibraryError(ERROR_NOT_SUPPORTED, f"no NUMA node for {path}") from err
+            if node < 0:
+                raise GpuLibraryError(ERROR_NOT_SUPPORTED, "the GPU is not attached to a NUMA node") from None
+            return node
+
+    def mig_mode(self, gpu: GpuHandle) -> tuple[int, int]:
+        """nvmlDeviceGetMigMode."""
+        current, pending = self._call("nvmlDeviceGetMigMode", gpu)
+        return int(current), int(pending)
+
+    def max_mig_device_count(self, gpu: GpuHandle) -> int:
+        """nvmlDeviceGetMaxMigDeviceCount."""
+        return int(self._call("nvmlDeviceGetMaxMigDeviceCount", gpu))
+
+    def mig_device_by_index(self, gpu: GpuHandle, index: int) -> MigHandle:
+        """nvmlDeviceGetMigDeviceHandleByIndex."""
+        return MigHandle(self._call("nvmlDeviceGetMigDeviceHandleByIndex", gpu, index))
+
+    def mig_attributes(self, mig: MigHandle) -> MigAttributes:
+        """nvmlDeviceGetAttributes."""
+        a = self._call("nvmlDeviceGetAttributes", mig)
+        return MigAttributes(
+            multiprocessors=int(a.multiprocessorCount),
+            copy_engines=int(a.sharedCopyEngineCount),
+            decoders=int(a.sharedDecoderCount),
+            encoders=int(a.sharedEncoderCount),
+            jpeg_engines=int(a.sharedJpegCount),
+            ofa_engines=int(a.sharedOfaCount),
+            gpu_instance_slices=int(a.gpuInstanceSliceCount),
+            compute_instance_slices=int(a.computeInstanceSliceCount),
+            memory_mib=int(a.memorySizeMB),
+        )
+
+    def gpu_instance_id(self, mig: MigHandle) -> int:
+        """nvmlDeviceGetGpuInstanceId."""
+        return int(self._call("nvmlDeviceGetGpuInstanceId", mig))
+
+    def compute_instance_id(self, mig: MigHandle) -> int:
+        """nvmlDeviceGetComputeInstanceId."""
+        return int(self._call("nvmlDeviceGetComputeInstanceId", mig))
+
+    def pcie_root(self, pci_bus_id: str) -> str | None:
+        """The first pciDDDD:BB component of the device's resolved sysfs path."""
+        link = self._sysfs / "bus/pci/devices" / _bus_id_for_sysfs(pci_bus_id)
+        try:
+            resolved = os.path.realpath(link, strict=True)
+        except OSError:
+            return None
+        return next((part for part in Path(resolved).parts if _PCI_ROOT_BUS.match(part)), None)
+
+    def mig_capability_minors(self) -> dict[str, int]:
+        """Parse /proc/driver/nvidia-caps/mig-minors ("gpu0/gi1/access 12" per line)."""
+        try:
+            text = (self._procfs / "driver/nvidia-caps/mig-minors").read_text()
+        except OSError:
+            return {}
+        minors: dict[str, int] = {}
+        for line in text.splitlines():
+            name, _, minor = line.strip().rpartition(" ")
+            if name and minor.isdigit():
+                minors[name] = int(minor)
+        return minors
+
+    def path_exists(self, path: str) -> bool:
+        """Whether the device node exists (under the host root this library was given)."""
+        return (self._dev_root / path.lstrip("/")).exists()
+
+    def watch_xid_events(self, gpu: GpuHandle) -> None:
+        """Register one GPU for XID critical error events (in one event set for all GPUs)."""
+        with self._lock:
+            if self._event_set is None:
+                self._event_set = self._call("nvmlEventSetCreate")
+            self._call("nvmlDeviceRegisterEvents", gpu, EVENT_XID_CRITICAL, self._event_set)
+
+    def wait_xid_event(self, timeout_ms: int) -> XidEvent | None:
+        """nvmlEventSetWait_v2; None on timeout."""
+        try:
+            data = self._call("nvmlEventSetWait_v2", self._event_set, timeout_ms)
+        except GpuLibraryError as err:
+            if err.code == ERROR_TIMEOUT:
+                return None
+            raise
+        uuid = self.uuid(GpuHandle(data.device))
+        return XidEvent(
+            uuid=uuid,
+            xid=int(data.eventData),
+            gpu_instance_id=_instance(data.gpuInstanceId),
+            compute_instance_id=_instance(data.computeInstanceId),
+        )
+
+    def unwatch_xid_events(self) -> None:
+        """nvmlEventSetFree, once; the caller makes sure no thread is inside nvmlEventSetWait_v2."""
+        with self._lock:
+            event_set, self._event_set = self._event_set, None
+        if event_set is not None:
+            self._call("nvmlEventSetFree", event_set)
+
+
+def _instance(value: int) -> int | None:
+    """A MIG instance ID of event data; None for NO_INSTANCE (the event concerns the whole GPU)."""
+    return None if int(value) == NO_INSTANCE else int(value)

@@ -1,0 +1,285 @@
+"""Fake-GPU profiles: a catalog of realistic NVIDIA products and the profile file format.
+
+A profile says which GPUs a node has: a built-in name (`h100x8`, `h100x8-mig`,
+`a100x4-mig`, `mixed`), a YAML file, or a per-node map file that picks one by
+node name. docs/configuration.md documents the format; every error names the
+field to fix. dra.gpu.fake serves a profile through the GpuLibrary interface.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dra.gpu.discovery import ARCHITECTURES, BRANDS
+
+
+class ProfileError(ValueError):
+    """A fake-GPU profile is invalid; the message names the field and what to fix."""
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    """Sizes of one MIG profile on one GPU model (as nvmlDeviceGetAttributes reports them)."""
+
+    gpu_instance_slices: int
+    multiprocessors: int
+    memory_mib: int
+    copy_engines: int
+    decoders: int = 0
+    encoders: int = 0
+    jpeg_engines: int = 0
+    ofa_engines: int = 0
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """What NVML reports for one product."""
+
+    product_name: str
+    brand: int
+    architecture: int
+    compute_capability: tuple[int, int]
+    memory_mib: int
+    mig_profiles: dict[str, MigProfile] = field(default_factory=dict)
+    mig_slices: int = 7
+
+
+_H100_MIG = {
+    "1g.10gb": MigProfile(1, 16, 9856, 1, decoders=1, jpeg_engines=1),
+    "1g.20gb": MigProfile(1, 16, 19968, 1, decoders=1, jpeg_engines=1),
+    "2g.20gb": MigProfile(2, 32, 19968, 2, decoders=2, jpeg_engines=2),
+    "3g.40gb": MigProfile(3, 60, 40192, 3, decoders=3, jpeg_engines=3),
+    "4g.40gb": MigProfile(4, 64, 40192, 4, decoders=4, jpeg_engines=4),
+    "7g.80gb": MigProfile(7, 132, 80384, 8, decoders=7, jpeg_engines=7, ofa_engines=1),
+}
+
+#: Known products, keyed by a short model name (case-insensitive in profiles).
+MODELS: dict[str, GpuModel] = {
+    "h100-sxm5-80gb": GpuModel("NVIDIA H100 80GB HBM3", 14, 9, (9, 0), 81559, _H100_MIG),
+    "h200-sxm5-141gb": GpuModel("NVIDIA H200", 14, 9, (9, 0), 143771),
+    "a100-sxm4-40gb": GpuModel(
+        "NVIDIA A100-SXM4-40GB",
+        14,
+        7,
+        (8, 0),
+        40960,
+        {
+            "1g.5gb": MigProfile(1, 14, 4864, 1),
+            "1g.5gb+me": MigProfile(1, 14, 4864, 1, decoders=1, jpeg_engines=1, ofa_engines=1),
+            "2g.10gb": MigProfile(2, 28, 9984, 2, decoders=1),
+            "3g.20gb": MigProfile(3, 42, 19968, 3, decoders=2),
+            "4g.20gb": MigProfile(4, 56, 19968, 4, decoders=2),
+            "7g.40gb": MigProfile(7, 98, 40192, 7, decoders=5, jpeg_engines=1, ofa_engines=1),
+        },
+    ),
+    "l40s": GpuModel("NVIDIA L40S", 14, 8, (8, 9), 46068),
+    "t4": GpuModel("Tesla T4", 14, 6, (7, 5), 15360),
+}
+
+#: Built-in profiles, in the profile file format.
+BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
+    "h100x8": {"gpus": [{"model": "h100-sxm5-80gb", "count": 8}]},
+    "h100x8-mig": {
+        "gpus": [
+            {"model": "h100-sxm5-80gb", "count": 4},
+            {"model": "h100-sxm5-80gb", "count": 4, "mig": ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]},
+        ]
+    },
+    "a100x4-mig": {
+        "gpus": [
+            {"model": "a100-sxm4-40gb", "mig": ["3g.20gb", "2g.10gb", "1g.5gb", "1g.5gb"]},
+            {"model": "a100-sxm4-40gb", "mig": ["1g.5gb"] * 7},
+            {"model": "a100-sxm4-40gb", "mig": ["4g.20gb", "3g.20gb"]},
+            {"model": "a100-sxm4-40gb", "mig": ["7g.40gb"]},
+        ]
+    },
+    "mixed": {"gpus": [{"model": "l40s", "count": 2}, {"model": "t4", "count": 2}]},
+}
+
+_PROFILE_KEYS = {"driverVersion", "cudaDriverVersion", "gpus"}
+_GPU_KEYS = {
+    "model",
+    "count",
+    "mig",
+    "productName",
+    "brand",
+    "architecture",
+    "computeCapability",
+    "memoryMiB",
+    "numaNode",
+    "pcieRoot",
+}
+
+
+@dataclass(frozen=True)
+class FakeGpu:
+    """One GPU of a profile, fully resolved."""
+
+    model: GpuModel
+    mig: tuple[str, ...] | None
+    numa_node: int | None = None
+    pcie_root: str | None = None
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A validated fake-GPU profile."""
+
+    name: str
+    gpus: tuple[FakeGpu, ...]
+    driver_version: str = "550.54.15"
+    cuda_driver_version: int = 12040
+
+
+def _reverse(table: dict[int, str], value: object, where: str) -> int:
+    for code, label in table.items():
+        if str(value).lower() == label.lower():
+            return code
+    raise ProfileError(f"{where}: unknown value {value!r}; one of: {', '.join(sorted(table.values()))}")
+
+
+def _int(value: object, where: str, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ProfileError(f"{where}: expected an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _model(entry: dict[str, Any], where: str) -> GpuModel:
+    key = entry.get("model")
+    if key is not None:
+        model = MODELS.get(str(key).lower())
+        if model is None:
+            raise ProfileError(f"{where}.model: unknown model {key!r}; known: {', '.join(sorted(MODELS))}")
+    elif "productName" in entry and "memoryMiB" in entry:
+        model = GpuModel(str(entry["productName"]), 14, 9, (9, 0), 0)
+    else:
+        raise ProfileError(f"{where}: give a catalog `model` or at least `productName` and `memoryMiB`")
+    overrides: dict[str, Any] = {}
+    if "productName" in entry:
+        overrides["product_name"] = str(entry["productName"])
+    if "brand" in entry:
+        overrides["brand"] = _reverse(BRANDS, entry["brand"], f"{where}.brand")
+    if "architecture" in entry:
+        overrides["architecture"] = _reverse(ARCHITECTURES, entry["architecture"], f"{where}.architecture")
+    if "computeCapability" in entry:
+        major, _, minor = str(entry["computeCapability"]).partition(".")
+        if not (major.isdigit() and minor.isdigit()):
+            raise ProfileError(f"{where}.computeCapability: expected MAJOR.MINOR such as 9.0")
+        overrides["compute_capability"] = (int(major), int(minor))
+    if "memoryMiB" in entry:
+        overrides["memory_mib"] = _int(entry["memoryMiB"], f"{where}.memoryMiB", 1)
+    return replace(model, **overrides)
+
+
+def _mig(entry: dict[str, Any], model: GpuModel, where: str) -> tuple[str, ...] | None:
+    if "mig" not in entry:
+        return None
+    profiles = entry["mig"]
+    if not isinstance(profiles, list) or not all(isinstance(p, str) for p in profiles):
+        raise ProfileError(f"{where}.mig: expected a list of MIG profile names such as [3g.40gb, 1g.10gb]")
+    if not model.mig_profiles:
+        raise ProfileError(f"{where}.mig: {model.product_name} does not support MIG")
+    for i, name in enumerate(profiles):
+        if name not in model.mig_profiles:
+            known = ", ".join(model.mig_profiles)
+            raise ProfileError(
+                f"{where}.mig[{i}]: {name!r} is not a MIG profile of {model.product_name}; known: {known}"
+            )
+    slices = sum(model.mig_profiles[p].gpu_instance_slices for p in profiles)
+    if slices > model.mig_slices:
+        raise ProfileError(
+            f"{where}.mig: the profiles need {slices} GPU-instance slices, "
+            f"{model.product_name} has {model.mig_slices}"
+        )
+    return tuple(profiles)
+
+
+def parse_profile(data: object, name: str) -> Profile:
+    """Validate a profile document (already loaded from YAML)."""
+    if not isinstance(data, dict):
+        raise ProfileError(f"profile {name}: expected a mapping with a `gpus` list")
+    unknown = set(data) - _PROFILE_KEYS
+    if unknown:
+        raise ProfileError(
+            f"profile {name}: unknown keys {sorted(unknown)}; allowed: {sorted(_PROFILE_KEYS)}"
+        )
+    entries = data.get("gpus")
+    if not isinstance(entries, list) or not entries:
+        raise ProfileError(f"profile {name}: `gpus` must be a non-empty list")
+    gpus: list[FakeGpu] = []
+    for i, entry in enumerate(entries):
+        where = f"gpus[{i}]"
+        if not isinstance(entry, dict):
+            raise ProfileError(f"{where}: expected a mapping")
+        unknown = set(entry) - _GPU_KEYS
+        if unknown:
+            raise ProfileError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_GPU_KEYS)}")
+        model = _model(entry, where)
+        mig = _mig(entry, model, where)
+        numa = _int(entry["numaNode"], f"{where}.numaNode") if "numaNode" in entry else None
+        root = str(entry["pcieRoot"]) if "pcieRoot" in entry else None
+        count = _int(entry.get("count", 1), f"{where}.count", 1)
+        gpus.extend(FakeGpu(model, mig, numa, root) for _ in range(count))
+    cuda = str(data.get("cudaDriverVersion", "12.4"))
+    major, _, minor = cuda.partition(".")
+    if not (major.isdigit() and (minor.isdigit() or minor == "")):
+        raise ProfileError(f"profile {name}: cudaDriverVersion must look like 12.4, got {cuda!r}")
+    return Profile(
+        name=name,
+        gpus=tuple(gpus),
+        driver_version=str(data.get("driverVersion", "550.54.15")),
+        cuda_driver_version=int(major) * 1000 + int(minor or 0) * 10,
+    )
+
+
+def _select_for_node(data: dict[str, Any], path: Path, node_name: str | None) -> Profile:
+    nodes = data.get("nodes")
+    unknown = set(data) - {"nodes", "default"}
+    if not isinstance(nodes, dict) or unknown:
+        raise ProfileError(
+            f"{path}: a per-node profile map has only `nodes` (node name -> profile) and `default`"
+        )
+    choice = nodes.get(node_name) if node_name else None
+    where = f"{path}: nodes[{node_name}]"
+    if choice is None:
+        choice = data.get("default")
+        where = f"{path}: default"
+    if choice is None:
+        listed = ", ".join(sorted(nodes)) or "none"
+        raise ProfileError(f"{path}: no profile for node {node_name!r} (listed: {listed}) and no `default`")
+    if isinstance(choice, str) and choice in BUILTIN_PROFILES:
+        return parse_profile(BUILTIN_PROFILES[choice], choice)
+    return parse_profile(choice, where)
+
+
+def load_profile(spec: str, node_name: str | None = None) -> Profile:
+    """A built-in profile by name, a profile file, or a per-node map file picked by node name.
+
+    A per-node map is YAML with `nodes` (node name -> built-in name or inline profile)
+    and an optional `default`, so one DaemonSet can give each node its own fake GPUs.
+    """
+    if spec in BUILTIN_PROFILES:
+        return parse_profile(BUILTIN_PROFILES[spec], spec)
+    path = Path(spec)
+    if not path.is_file():
+        raise ProfileError(
+            f"fake GPU profile {spec!r} is neither a built-in ({', '.join(BUILTIN_PROFILES)}) nor a file"
+        )
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError) as err:
+        raise ProfileError(f"{path}: cannot read the profile: {err}") from err
+    except yaml.YAMLError as err:
+        # PyYAML's own message spans several lines (with a source excerpt); keep one.
+        detail = " ".join(str(err).split())
+        if isinstance(err, yaml.MarkedYAMLError) and err.problem_mark is not None:
+            mark = err.problem_mark
+            detail = f"line {mark.line + 1}, column {mark.column + 1}: {err.problem}"
+        raise ProfileError(f"{path}: not valid YAML: {detail}") from err
+    if isinstance(data, dict) and "nodes" in data:
+        return _select_for_node(data, path, node_name)
+    return parse_profile(data, str(path))

@@ -1,0 +1,97 @@
+"""The plugin's two unix sockets and their gRPC servers.
+
+<kubelet root>/plugins/<driver>/dra.sock        DRA v1, v1beta1 and health services
+<kubelet root>/plugins_registry/<driver>-reg.sock  registration, created last
+
+The registration socket appears only once the service socket serves, because
+the kubelet connects to the service as soon as it registers the plugin. If
+the registration socket disappears (someone cleaned the directory), it is
+created again so the kubelet finds the plugin at its next scan.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import anyio
+import grpc
+
+from dra.daemon.sockets import check_socket_path
+from dra.kubeletplugin.registration import RegistrationService
+from dra.kubeletplugin.service import DraService, HealthService
+from dra.pb.dra.v1 import dra_pb2_grpc as v1_grpc
+from dra.pb.dra.v1beta1 import dra_pb2_grpc as v1beta1_grpc
+from dra.pb.drahealth.v1alpha1 import health_pb2_grpc
+from dra.pb.pluginregistration.v1 import registration_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+def plugin_socket(kubelet_root: Path, driver: str) -> Path:
+    """Path of the DRA service socket."""
+    return kubelet_root / "plugins" / driver / "dra.sock"
+
+
+def registration_socket(kubelet_root: Path, driver: str) -> Path:
+    """Path of the registration socket the kubelet watches for."""
+    return kubelet_root / "plugins_registry" / f"{driver}-reg.sock"
+
+
+class PluginServer:
+    """Starts, keeps and stops the plugin's sockets."""
+
+    def __init__(self, kubelet_root: Path, driver: str, dra: DraService, health: HealthService) -> None:
+        self.dra_socket = plugin_socket(kubelet_root, driver)
+        self.registration_socket = registration_socket(kubelet_root, driver)
+        for path in (self.dra_socket, self.registration_socket):
+            check_socket_path(path, "--kubelet-root")
+        self.registration = RegistrationService(driver, str(self.dra_socket))
+        self._dra = dra
+        self._health = health
+        self._service_server: grpc.aio.Server | None = None
+        self._registration_server: grpc.aio.Server | None = None
+
+    async def _serve_registration(self) -> None:
+        self.registration_socket.parent.mkdir(parents=True, exist_ok=True)
+        self.registration_socket.unlink(missing_ok=True)
+        server = grpc.aio.server()
+        registration_pb2_grpc.add_RegistrationServicer_to_server(self.registration, server)
+        server.add_insecure_port(f"unix://{self.registration_socket}")
+        await server.start()
+        self._registration_server = server
+
+    async def start(self) -> None:
+        """Serve the DRA services, then offer the plugin to the kubelet."""
+        self.dra_socket.parent.mkdir(parents=True, exist_ok=True)
+        self.dra_socket.unlink(missing_ok=True)
+        server = grpc.aio.server()
+        v1_grpc.add_DRAPluginServicer_to_server(self._dra, server)
+        v1beta1_grpc.add_DRAPluginServicer_to_server(self._dra, server)
+        health_pb2_grpc.add_DRAResourceHealthServicer_to_server(self._health, server)
+        server.add_insecure_port(f"unix://{self.dra_socket}")
+        await server.start()
+        self._service_server = server
+        await self._serve_registration()
+        log.info("serving %s; registration socket %s", self.dra_socket, self.registration_socket)
+
+    async def keep_registration_socket(self, interval: float = 5.0) -> None:
+        """Re-create the registration socket whenever it goes missing."""
+        while True:
+            await anyio.sleep(interval)
+            if not self.registration_socket.exists():
+                log.warning("registration socket %s vanished; re-creating it", self.registration_socket)
+                if self._registration_server is not None:
+                    await self._registration_server.stop(None)
+                await self._serve_registration()
+
+    async def stop(self, grace: float = 2.0) -> None:
+        """Withdraw the registration first, let calls in flight finish, remove both sockets."""
+        if self._registration_server is not None:
+            self.registration_socket.unlink(missing_ok=True)
+            await self._registration_server.stop(None)
+            self._registration_server = None
+        if self._service_server is not None:
+            await self._service_server.stop(grace)
+            self._service_server = None
+        self.dra_socket.unlink(missing_ok=True)

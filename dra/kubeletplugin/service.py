@@ -1,0 +1,215 @@
+"""The DRA kubelet services: NodePrepareResources / NodeUnprepareResources (v1 and v1beta1) and health.
+
+Every claim of a request is handled on its own, concurrently: one bad claim
+gets its own error string and never fails the others. Errors the admin can act
+on (wrong UID, another node's device, bad configuration) are also recorded as
+Warning events on the ResourceClaim.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any, Protocol, TypeVar
+
+import anyio
+import anyio.to_thread
+import grpc
+
+from dra.adapters.checkpoint import PreparedClaim
+from dra.adapters.kube import KubeError, NotFoundError
+from dra.core.allocation import ClaimError, DeviceHeldError, read_allocation
+from dra.daemon import metrics
+from dra.daemon.health import HealthTracker
+from dra.kubeletplugin.state import DeviceState
+from dra.pb.dra.v1 import dra_pb2
+from dra.pb.dra.v1 import dra_pb2_grpc as v1_grpc
+from dra.pb.dra.v1beta1 import dra_pb2_grpc as v1beta1_grpc
+from dra.pb.drahealth.v1alpha1 import health_pb2, health_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[Any, Any]
+_Answer = TypeVar("_Answer", dra_pb2.NodePrepareResourceResponse, dra_pb2.NodeUnprepareResourceResponse)
+
+
+class ClaimSource(Protocol):
+    """The part of the Kubernetes adapter the service needs (blocking calls)."""
+
+    def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """GET a ResourceClaim."""
+
+    def create_event(self, involved: dict[str, Any], reason: str, message: str, *, host: str = "") -> None:
+        """Record a Warning event about an object."""
+
+
+def _response(claim: PreparedClaim) -> dra_pb2.NodePrepareResourceResponse:
+    return dra_pb2.NodePrepareResourceResponse(
+        devices=[
+            dra_pb2.Device(
+                request_names=list(d.request_names),
+                pool_name=d.pool,
+                device_name=d.device,
+                cdi_device_ids=list(d.cdi_device_ids),
+            )
+            for d in claim.devices
+        ]
+    )
+
+
+class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
+    """Serves both API versions: their messages are the same on the wire."""
+
+    def __init__(self, driver: str, node_name: str, state: DeviceState, kube: ClaimSource) -> None:
+        self.driver = driver
+        self.node_name = node_name
+        self._state = state
+        self._kube = kube
+        self._events_allowed = True
+
+    async def _record_event(self, claim: dict[str, Any], message: str) -> None:
+        if not self._events_allowed:
+            return
+        try:
+            await anyio.to_thread.run_sync(
+                lambda: self._kube.create_event(claim, "PrepareFailed", message, host=self.node_name)
+            )
+        except KubeError as err:
+            if err.status == 403:
+                # Least-privilege RBAC grants no events; the kubelet still puts the error in pod events.
+                self._events_allowed = False
+                log.info("no permission to create events: prepare errors go to pod events only (%s)", err)
+            else:
+                log.warning(
+                    "cannot record an event on ResourceClaim %s: %s", claim["metadata"].get("name"), err
+                )
+
+    async def _stale_reason(self, namespace: str, name: str, uid: str) -> str | None:
+        """Why a claim the checkpoint holds no longer needs its devices, or None if it may."""
+        try:
+            claim = await anyio.to_thread.run_sync(self._kube.get_resource_claim, namespace, name)
+        except NotFoundError:
+            return "the claim no longer exists"
+        except KubeError:
+            return None
+        status = claim.get("status") or {}
+        if (claim.get("metadata") or {}).get("uid") != uid:
+            return "the claim was re-created"
+        # While the claim stays allocated, the scheduler gives its devices to no other claim: an
+        # allocated holder is a real conflict, whatever its pods do.
+        if not status.get("allocation"):
+            return "the claim is no longer allocated"
+        return None
+
+    async def _release_stale(self, holders: list[tuple[str, str, str]]) -> bool:
+        """Unprepare holders whose claims are gone (the kubelet lost track of them); True if any was."""
+        released = False
+        for namespace, name, uid in holders:
+            reason = await self._stale_reason(namespace, name, uid)
+            if reason is not None:
+                log.warning("releasing %s/%s (%s), prepared but stale: %s", namespace, name, uid, reason)
+                await anyio.to_thread.run_sync(self._state.unprepare, uid)
+                released = True
+        return released
+
+    async def _prepare(self, ref: dra_pb2.Claim) -> dra_pb2.NodePrepareResourceResponse:
+        started = time.perf_counter()
+        name = f"{ref.namespace}/{ref.name}"
+        claim: dict[str, Any] | None = None
+        result = "error"
+        try:
+            claim = await anyio.to_thread.run_sync(self._kube.get_resource_claim, ref.namespace, ref.name)
+            allocation = read_allocation(claim, ref.uid, self.driver)
+            try:
+                prepared = await anyio.to_thread.run_sync(self._state.prepare, allocation)
+            except DeviceHeldError as err:
+                if not await self._release_stale(err.holders):
+                    raise
+                prepared = await anyio.to_thread.run_sync(self._state.prepare, allocation)
+            result = "success"
+            return _response(prepared)
+        except NotFoundError:
+            return dra_pb2.NodePrepareResourceResponse(
+                error=f"ResourceClaim {name} not found: it was deleted; the pod cannot start with it"
+            )
+        except KubeError as err:
+            return dra_pb2.NodePrepareResourceResponse(error=f"cannot read ResourceClaim {name}: {err}")
+        except ClaimError as err:
+            log.warning("prepare %s (%s) failed: %s", name, ref.uid, err)
+            if claim is not None:
+                await self._record_event(claim, str(err))
+            return dra_pb2.NodePrepareResourceResponse(error=str(err))
+        except Exception as err:
+            log.exception("internal error preparing %s (%s)", name, ref.uid)
+            return dra_pb2.NodePrepareResourceResponse(error=f"internal error preparing {name}: {err!r}")
+        finally:
+            metrics.PREPARE_SECONDS.labels(result).observe(time.perf_counter() - started)
+            metrics.PREPARED_CLAIMS.set(len(self._state.prepared))
+
+    async def _unprepare(self, ref: dra_pb2.Claim) -> dra_pb2.NodeUnprepareResourceResponse:
+        started = time.perf_counter()
+        result = "error"
+        try:
+            await anyio.to_thread.run_sync(self._state.unprepare, ref.uid)
+            result = "success"
+            return dra_pb2.NodeUnprepareResourceResponse()
+        except Exception as err:
+            log.exception("internal error unpreparing %s/%s (%s)", ref.namespace, ref.name, ref.uid)
+            return dra_pb2.NodeUnprepareResourceResponse(
+                error=f"cannot unprepare {ref.namespace}/{ref.name}: {err!r}"
+            )
+        finally:
+            metrics.UNPREPARE_SECONDS.labels(result).observe(time.perf_counter() - started)
+            metrics.PREPARED_CLAIMS.set(len(self._state.prepared))
+
+    async def NodePrepareResources(  # noqa: N802 (gRPC method name)
+        self, request: dra_pb2.NodePrepareResourcesRequest, context: Context
+    ) -> dra_pb2.NodePrepareResourcesResponse:
+        """Prepare every claim of the request, each on its own."""
+        return dra_pb2.NodePrepareResourcesResponse(claims=await _each(request.claims, self._prepare))
+
+    async def NodeUnprepareResources(  # noqa: N802
+        self, request: dra_pb2.NodeUnprepareResourcesRequest, context: Context
+    ) -> dra_pb2.NodeUnprepareResourcesResponse:
+        """Unprepare every claim of the request; unknown claims succeed."""
+        return dra_pb2.NodeUnprepareResourcesResponse(claims=await _each(request.claims, self._unprepare))
+
+
+async def _each(
+    claims: Iterable[dra_pb2.Claim], handle: Callable[[dra_pb2.Claim], Awaitable[_Answer]]
+) -> dict[str, _Answer]:
+    """Handle every claim concurrently; the answers keyed by claim UID, as the kubelet expects."""
+    answers: dict[str, _Answer] = {}
+
+    async def one(ref: dra_pb2.Claim) -> None:
+        answers[ref.uid] = await handle(ref)
+
+    async with anyio.create_task_group() as group:
+        for ref in claims:
+            group.start_soon(one, ref)
+    return answers
+
+
+class HealthService(health_pb2_grpc.DRAResourceHealthServicer):
+    """Streams the health of every published device to the kubelet (ResourceHealthStatus)."""
+
+    def __init__(self, pool: str, tracker: HealthTracker) -> None:
+        self._pool = pool
+        self._tracker = tracker
+
+    async def NodeWatchResources(  # noqa: N802
+        self, request: health_pb2.NodeWatchResourcesRequest, context: Context
+    ) -> AsyncIterator[health_pb2.NodeWatchResourcesResponse]:
+        """The full list on connect and after every change."""
+        async for snapshot in self._tracker.watch():
+            yield health_pb2.NodeWatchResourcesResponse(
+                devices=[
+                    health_pb2.DeviceHealth(
+                        device=health_pb2.DeviceIdentifier(pool_name=self._pool, device_name=name),
+                        health=health_pb2.HEALTHY if status.healthy else health_pb2.UNHEALTHY,
+                        last_updated_time=status.since,
+                    )
+                    for name, status in sorted(snapshot.items())
+                ]
+            )

@@ -1,1 +1,0 @@
-"""The kubelet-facing gRPC side: plugin registration and the DRA services on unix sockets."""

@@ -72,6 +72,7 @@ def test_text_lines_are_utc_with_level_and_logger() -> None:
     assert handler.formatter is not None
     line = handler.formatter.format(_record("device %s is unhealthy", "gpu-3"))
     assert re.fullmatch(
-        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z WARNING dra\.kubeletplugin\.state: device gpu-3 is unhealthy",
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z WARNING dra\.kubeletplugin\.state: "
+        r"device gpu-3 is unhealthy",
         line,
     )

@@ -13,11 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from dra.adapters.atomicfile import remove_leftovers, write_atomic
+from dra.model.prepared import PreparedClaim, PreparedDevice
 
 KIND = "DraGpuCheckpoint"
 VERSION = 1
@@ -27,37 +28,6 @@ FILE_NAME = "checkpoint.json"
 
 class CheckpointError(Exception):
     """The checkpoint cannot be read; the message names the file and what to do."""
-
-
-@dataclass(frozen=True)
-class PreparedDevice:
-    """One device of a prepared claim, as reported to the kubelet."""
-
-    request_names: tuple[str, ...]
-    pool: str
-    device: str
-    cdi_device_ids: tuple[str, ...]
-    admin_access: bool = False
-    #: The physical device: names follow NVML indexes, which shift when a GPU leaves the bus.
-    uuid: str = ""
-
-    def is_device(self, name: str, uuid: str) -> bool:
-        """Whether this entry is that device (by UUID when recorded, else by name)."""
-        return self.uuid == uuid if self.uuid else self.device == name
-
-
-@dataclass(frozen=True)
-class PreparedClaim:
-    """A claim this node has prepared."""
-
-    uid: str
-    namespace: str
-    name: str
-    devices: tuple[PreparedDevice, ...]
-
-    def holds(self, name: str, uuid: str) -> bool:
-        """Whether this claim holds that device exclusively (admin access shares)."""
-        return any(d.is_device(name, uuid) for d in self.devices if not d.admin_access)
 
 
 def _claim_to_json(claim: PreparedClaim) -> dict[str, Any]:

@@ -29,8 +29,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dra.adapters.checkpoint import PreparedClaim, PreparedDevice
 from dra.model.devices import Device, Gpu, Inventory, MigDevice, gpu_of
+from dra.model.prepared import PreparedClaim, PreparedDevice
 
 #: GPU-<uuid>, MIG-<uuid>, and the older MIG-GPU-<uuid>/<gi>/<ci> form.
 _UUID = re.compile(r"^(GPU|MIG)-([0-9a-f]{8}-[0-9a-f-]+|GPU-[0-9a-f]{8}-[0-9a-f-]+/\d+/\d+)$", re.IGNORECASE)

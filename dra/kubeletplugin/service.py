@@ -17,12 +17,12 @@ import anyio
 import anyio.to_thread
 import grpc
 
-from dra.adapters.checkpoint import PreparedClaim
 from dra.adapters.kube import KubeError, NotFoundError
 from dra.core.allocation import ClaimError, DeviceHeldError, read_allocation
 from dra.daemon import metrics
 from dra.daemon.health import HealthTracker
 from dra.kubeletplugin.state import DeviceState
+from dra.model.prepared import PreparedClaim
 from dra.pb.dra.v1 import dra_pb2
 from dra.pb.dra.v1 import dra_pb2_grpc as v1_grpc
 from dra.pb.dra.v1beta1 import dra_pb2_grpc as v1beta1_grpc

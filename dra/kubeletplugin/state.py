@@ -16,11 +16,12 @@ import threading
 from collections.abc import Mapping
 
 from dra.adapters.cdistore import CdiStore
-from dra.adapters.checkpoint import CheckpointStore, PreparedClaim, PreparedDevice
+from dra.adapters.checkpoint import CheckpointStore
 from dra.core import cdi
 from dra.core import config as deviceconfig
 from dra.core.allocation import ClaimAllocation, ClaimError, DeviceHeldError
 from dra.model.devices import Device, Inventory
+from dra.model.prepared import PreparedClaim, PreparedDevice
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from dra.adapters.checkpoint import PreparedClaim, PreparedDevice
 from dra.core.assignment import (
     ALL,
     NONE,
@@ -27,6 +26,7 @@ from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.profiles import load_profile
 from dra.model.devices import Device, Gpu, Inventory, MigDevice
+from dra.model.prepared import PreparedClaim, PreparedDevice
 
 NODE = "node-a"
 

@@ -11,14 +11,8 @@ from typing import Any
 
 import pytest
 
-from dra.adapters.checkpoint import (
-    CheckpointError,
-    CheckpointStore,
-    PreparedClaim,
-    PreparedDevice,
-    decode,
-    encode,
-)
+from dra.adapters.checkpoint import CheckpointError, CheckpointStore, decode, encode
+from dra.model.prepared import PreparedClaim, PreparedDevice
 
 CLAIMS = {
     "uid-a": PreparedClaim(

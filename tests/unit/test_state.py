@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 
 from dra.adapters.cdistore import CdiStore
-from dra.adapters.checkpoint import CheckpointError, CheckpointStore, PreparedClaim, PreparedDevice
+from dra.adapters.checkpoint import CheckpointError, CheckpointStore
 from dra.core import cdi
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, DeviceHeldError, OpaqueConfig
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Inventory
+from dra.model.prepared import PreparedClaim, PreparedDevice
 from tests.unit.helpers import DRIVER, NODE, inventory
 
 UID_A = "aaaaaaaa-0000-4000-8000-00000000000a"

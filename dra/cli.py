@@ -14,6 +14,7 @@ import socket
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 import yaml
@@ -21,17 +22,12 @@ import yaml
 from dra.core.assignment import Selector, SelectorError, parse_selector
 from dra.core.slices import SliceError, build_slices
 from dra.daemon import logs
+from dra.daemon.bootstrap import StartupError, gpu_library, load_inventory
 from dra.daemon.flags import UsageError, apply_environment, csv, nonempty, option, path, seconds
 from dra.deviceplugin.allocate import Strategy, parse_strategies
 from dra.deviceplugin.daemon import DevicePluginSettings, run_device_plugin
 from dra.deviceplugin.resources import DEFAULT_RESOURCE
-from dra.kubeletplugin.daemon import (
-    PluginSettings,
-    StartupError,
-    gpu_library,
-    load_inventory,
-    run_kubelet_plugin,
-)
+from dra.kubeletplugin.daemon import PluginSettings, run_kubelet_plugin
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
 
@@ -96,6 +92,34 @@ def _assignment(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _daemon(
+    parser: argparse.ArgumentParser, *, node_help: str, cdi_help: str, state_help: str, http_default: str
+) -> None:
+    """The flags every daemon subcommand shares (dra.daemon.bootstrap.DaemonSettings)."""
+    _common(parser)
+    _gpu_source(parser)
+    option(parser, "--node-name", node_help, type=nonempty, required=True)
+    option(parser, "--kubelet-root", "the kubelet's root directory", Path("/var/lib/kubelet"), type=path)
+    option(parser, "--cdi-root", cdi_help, Path("/var/run/cdi"), type=path)
+    option(
+        parser,
+        "--state-dir",
+        f"{state_help}; default <kubelet-root>/plugins/<driver-name>",
+        type=path,
+    )
+    option(
+        parser,
+        "--fake-gpu-events",
+        "with --fake-gpus: file of '<uuid> <xid> [<gpu instance> [<compute instance>]]' lines "
+        "to inject XID errors",
+        type=path,
+    )
+    option(
+        parser, "--http-address", "host:port for /metrics, /healthz and /readyz; empty disables", http_default
+    )
+    _assignment(parser)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
     parser = argparse.ArgumentParser(prog="dra-gpu", description="Kubernetes DRA driver for NVIDIA GPUs.")
@@ -104,38 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
     plugin = sub.add_parser(
         "kubelet-plugin", help="run the DRA kubelet plugin (the DaemonSet's main process)"
     )
-    _common(plugin)
-    _gpu_source(plugin)
-    option(
+    _daemon(
         plugin,
-        "--node-name",
-        "this node's name (the DaemonSet sets it from spec.nodeName)",
-        type=nonempty,
-        required=True,
+        node_help="this node's name (the DaemonSet sets it from spec.nodeName)",
+        cdi_help="directory for CDI spec files the container runtime reads",
+        state_help="directory of the checkpoint and of the GPU assignment record",
+        http_default=":8080",
     )
     option(plugin, "--kubeconfig", "kubeconfig file; default: the in-cluster service account")
-    option(plugin, "--kubelet-root", "the kubelet's root directory", Path("/var/lib/kubelet"), type=path)
-    option(
-        plugin,
-        "--cdi-root",
-        "directory for CDI spec files the container runtime reads",
-        Path("/var/run/cdi"),
-        type=path,
-    )
-    option(
-        plugin,
-        "--state-dir",
-        "directory of the checkpoint and of the GPU assignment record; "
-        "default <kubelet-root>/plugins/<driver-name>",
-        type=path,
-    )
-    option(
-        plugin,
-        "--fake-gpu-events",
-        "with --fake-gpus: file of '<uuid> <xid> [<gpu instance> [<compute instance>]]' lines "
-        "to inject XID errors",
-        type=path,
-    )
     option(
         plugin,
         "--rediscover-interval",
@@ -143,41 +143,22 @@ def build_parser() -> argparse.ArgumentParser:
         60.0,
         type=seconds,
     )
-    option(plugin, "--http-address", "host:port for /metrics, /healthz and /readyz; empty disables", ":8080")
-    _assignment(plugin)
 
     dp = sub.add_parser(
         "device-plugin",
         help="run the legacy device plugin (nvidia.com/gpu) on the kubelet's device-plugin API",
     )
-    _common(dp)
-    _gpu_source(dp)
-    option(
+    _daemon(
         dp,
-        "--node-name",
-        "this node's name (seeds fake UUIDs; use the kubelet-plugin's value)",
-        type=nonempty,
-        required=True,
+        node_help="this node's name (seeds fake UUIDs; use the kubelet-plugin's value)",
+        cdi_help="directory for the CDI spec file the container runtime reads",
+        state_help="directory of the GPU assignment record shared with the kubelet-plugin",
+        http_default=":8081",
     )
-    option(dp, "--kubelet-root", "the kubelet's root directory", Path("/var/lib/kubelet"), type=path)
     option(
         dp,
         "--device-plugin-dir",
         "the kubelet's device-plugin directory (kubelet.sock); default <kubelet-root>/device-plugins",
-        type=path,
-    )
-    option(
-        dp,
-        "--cdi-root",
-        "directory for the CDI spec file the container runtime reads",
-        Path("/var/run/cdi"),
-        type=path,
-    )
-    option(
-        dp,
-        "--state-dir",
-        "directory of the GPU assignment record shared with the kubelet-plugin; "
-        "default <kubelet-root>/plugins/<driver-name>",
         type=path,
     )
     option(
@@ -195,16 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cdi-cri",
         type=_strategies,
     )
-    option(
-        dp,
-        "--fake-gpu-events",
-        "with --fake-gpus: file of '<uuid> <xid> [<gpu instance> [<compute instance>]]' lines "
-        "to inject XID errors",
-        type=path,
-    )
-    option(dp, "--http-address", "host:port for /metrics, /healthz and /readyz; empty disables", ":8081")
     option(dp, "--call-log", "append one JSON line per kubelet call to this file (debugging)", type=path)
-    _assignment(dp)
 
     discover = sub.add_parser("discover", help="print the ResourceSlices this node would publish")
     _common(discover)
@@ -254,21 +226,28 @@ def _discover(args: argparse.Namespace) -> int:
     return 0
 
 
+def _daemon_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The DaemonSettings fields, from the flags every daemon shares."""
+    return {
+        "driver_name": args.driver_name,
+        "node_name": args.node_name,
+        "kubelet_root": args.kubelet_root,
+        "cdi_root": args.cdi_root,
+        "state_dir": args.state_dir,
+        "fake_gpus": args.fake_gpus or None,
+        "fake_gpu_events": args.fake_gpu_events,
+        "http_address": args.http_address or None,
+        "dra_gpus": args.dra_gpus,
+        "device_plugin_gpus": args.device_plugin_gpus,
+        "host_root": args.host_root,
+    }
+
+
 def _kubelet_plugin(args: argparse.Namespace) -> int:
     settings = PluginSettings(
-        driver_name=args.driver_name,
-        node_name=args.node_name,
+        **_daemon_settings(args),
         kubeconfig=args.kubeconfig or None,
-        kubelet_root=args.kubelet_root,
-        cdi_root=args.cdi_root,
-        state_dir=args.state_dir,
-        fake_gpus=args.fake_gpus or None,
-        fake_gpu_events=args.fake_gpu_events,
-        http_address=args.http_address or None,
-        dra_gpus=args.dra_gpus,
-        device_plugin_gpus=args.device_plugin_gpus,
         rediscover_interval=args.rediscover_interval,
-        host_root=args.host_root,
     )
     anyio.run(run_kubelet_plugin, settings, backend="asyncio")
     return 0
@@ -276,21 +255,11 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
 
 def _device_plugin(args: argparse.Namespace) -> int:
     settings = DevicePluginSettings(
-        node_name=args.node_name,
-        driver_name=args.driver_name,
-        kubelet_root=args.kubelet_root,
+        **_daemon_settings(args),
         device_plugin_dir=args.device_plugin_dir,
-        cdi_root=args.cdi_root,
-        state_dir=args.state_dir,
         resource_name=args.resource_name,
         strategies=args.device_list_strategy,
-        dra_gpus=args.dra_gpus,
-        device_plugin_gpus=args.device_plugin_gpus,
-        fake_gpus=args.fake_gpus or None,
-        fake_gpu_events=args.fake_gpu_events,
-        http_address=args.http_address or None,
         call_log=args.call_log,
-        host_root=args.host_root,
     )
     anyio.run(run_device_plugin, settings, backend="asyncio")
     return 0

@@ -104,7 +104,7 @@ class AssignmentRecord:
         data = json.dumps({"version": 1, "paths": paths}, indent=2, sort_keys=True) + "\n"
         write_atomic(self.path, data.encode())
 
-    def claim(self, path: GpuPath, gpus: Sequence[Gpu], node_name: str, wait: float = 5.0) -> AssignmentClaim:
+    def lease(self, path: GpuPath, gpus: Sequence[Gpu], node_name: str, wait: float = 5.0) -> AssignmentLease:
         """Record that `path` advertises `gpus`, or raise AssignmentConflictError saying why it may not."""
         with self._locked():
             other = path.other
@@ -155,10 +155,10 @@ class AssignmentRecord:
             path.title,
             ", ".join(f"GPU {g.index}" for g in gpus) or "no GPU",
         )
-        return AssignmentClaim(self, path, holder)
+        return AssignmentLease(self, path, holder)
 
 
-class AssignmentClaim:
+class AssignmentLease:
     """A path's entry in the record, held until release()."""
 
     def __init__(self, record: AssignmentRecord, path: GpuPath, holder: IO[bytes]) -> None:

@@ -16,7 +16,10 @@ from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+# CollectorRegistry and Gauge are re-exported: the daemons name them without importing prometheus_client.
+from prometheus_client import CollectorRegistry as CollectorRegistry
+from prometheus_client import Counter, Histogram, make_wsgi_app
+from prometheus_client import Gauge as Gauge
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import yaml
 
 from dra.adapters.kube import KubeClient, KubeError, NotFoundError
 from dra.core.slices import build_slices
+from dra.daemon.bootstrap import StartupError, gpu_library, load_inventory
 from dra.explain import report as explain
-from dra.kubeletplugin.daemon import StartupError, gpu_library, load_inventory
 
 Obj = dict[str, Any]
 CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")

@@ -34,8 +34,8 @@ def read(record: AssignmentRecord) -> dict[str, list[int]]:
 
 def test_claims_of_disjoint_gpus_are_both_recorded(tmp_path: Path, gpus: list[Gpu]) -> None:
     record = AssignmentRecord(tmp_path / "state")
-    dra = record.claim(GpuPath.DRA, gpus[:2], "node-a")
-    plugin = record.claim(GpuPath.DEVICE_PLUGIN, gpus[2:], "node-a")
+    dra = record.lease(GpuPath.DRA, gpus[:2], "node-a")
+    plugin = record.lease(GpuPath.DEVICE_PLUGIN, gpus[2:], "node-a")
     assert read(record) == {"dra": [0, 1], "device-plugin": [2, 3]}
     entry = json.loads(record.path.read_text())["paths"]["device-plugin"]
     assert entry["pid"] == os.getpid()
@@ -50,9 +50,9 @@ def test_claims_of_disjoint_gpus_are_both_recorded(tmp_path: Path, gpus: list[Gp
 
 def test_overlap_with_a_running_path_is_refused_naming_the_gpu(tmp_path: Path, gpus: list[Gpu]) -> None:
     record = AssignmentRecord(tmp_path)
-    dra = record.claim(GpuPath.DRA, gpus[:2], "node-a")
+    dra = record.lease(GpuPath.DRA, gpus[:2], "node-a")
     with pytest.raises(AssignmentConflictError) as raised:
-        record.claim(GpuPath.DEVICE_PLUGIN, gpus[1:], "node-a")
+        record.lease(GpuPath.DEVICE_PLUGIN, gpus[1:], "node-a")
     message = str(raised.value)
     assert message.startswith(
         f"GPU 1 ({gpus[1].uuid}, NVIDIA L40S) is already advertised by the DRA kubelet-plugin on this node"
@@ -61,26 +61,26 @@ def test_overlap_with_a_running_path_is_refused_naming_the_gpu(tmp_path: Path, g
     assert read(record) == {"dra": [0, 1]}, "the refused process wrote nothing"
     assert not record.alive(GpuPath.DEVICE_PLUGIN), "and holds no lock"
     dra.release()
-    record.claim(GpuPath.DEVICE_PLUGIN, gpus[1:], "node-a").release()
+    record.lease(GpuPath.DEVICE_PLUGIN, gpus[1:], "node-a").release()
 
 
 def test_an_entry_whose_process_is_gone_does_not_block(tmp_path: Path, gpus: list[Gpu]) -> None:
     record = AssignmentRecord(tmp_path)
     # What a killed device plugin leaves behind: its entry, but no lock holder.
     record.path.write_text(json.dumps({"version": 1, "paths": {"device-plugin": {"gpus": recorded(gpus)}}}))
-    claim = record.claim(GpuPath.DRA, gpus, "node-a")
+    lease = record.lease(GpuPath.DRA, gpus, "node-a")
     assert read(record) == {"device-plugin": [0, 1, 2, 3], "dra": [0, 1, 2, 3]}
-    claim.release()
+    lease.release()
     assert read(record) == {"device-plugin": [0, 1, 2, 3]}
 
 
 def test_a_second_process_of_the_same_path_is_refused(tmp_path: Path, gpus: list[Gpu]) -> None:
     record = AssignmentRecord(tmp_path)
-    first = record.claim(GpuPath.DEVICE_PLUGIN, gpus, "node-a")
+    first = record.lease(GpuPath.DEVICE_PLUGIN, gpus, "node-a")
     with pytest.raises(
         AssignmentConflictError, match="another dra-gpu device-plugin process runs on this node"
     ):
-        record.claim(GpuPath.DEVICE_PLUGIN, gpus, "node-a", wait=0.2)
+        record.lease(GpuPath.DEVICE_PLUGIN, gpus, "node-a", wait=0.2)
     first.release()
     first.release()  # idempotent
 
@@ -90,14 +90,14 @@ def test_an_unreadable_record_is_rewritten_unless_the_other_path_runs(
 ) -> None:
     record = AssignmentRecord(tmp_path)
     record.path.write_text("{not json")
-    claim = record.claim(GpuPath.DRA, gpus[:2], "node-a")
+    lease = record.lease(GpuPath.DRA, gpus[:2], "node-a")
     assert read(record) == {"dra": [0, 1]}
     record.path.write_text('{"paths": 3}')
     with pytest.raises(
         AssignmentConflictError, match=r"cannot read the GPU assignment record .* while the DRA"
     ):
-        record.claim(GpuPath.DEVICE_PLUGIN, gpus[2:], "node-a")
-    claim.release()
+        record.lease(GpuPath.DEVICE_PLUGIN, gpus[2:], "node-a")
+    lease.release()
 
 
 def test_the_record_lock_serialises_writers(tmp_path: Path, gpus: list[Gpu]) -> None:

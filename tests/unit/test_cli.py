@@ -15,9 +15,9 @@ import yaml
 
 from dra import cli
 from dra.core.slices import SliceError
+from dra.daemon import bootstrap
 from dra.daemon import flags as envflags
 from dra.gpu.nvml import GpuLibraryError
-from dra.kubeletplugin import daemon as driver
 from tests.unit.helpers import write_kubeconfig
 
 
@@ -261,7 +261,7 @@ class NoDriver:
 def test_without_nvml_discover_exits_1_suggesting_fake_gpus(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(driver, "NvmlLibrary", NoDriver)
+    monkeypatch.setattr(bootstrap, "NvmlLibrary", NoDriver)
     code, out, err = _run(capsys, "discover")
     assert code == 1
     assert out == ""
@@ -344,7 +344,7 @@ def test_a_startup_error_inside_a_task_group_is_one_line(
 ) -> None:
     def fails(args: Any) -> int:
         raise ExceptionGroup(
-            "task group", [driver.StartupError("cannot serve the plugin's sockets (x): busy")]
+            "task group", [bootstrap.StartupError("cannot serve the plugin's sockets (x): busy")]
         )
 
     monkeypatch.setitem(cli.COMMANDS, "discover", fails)

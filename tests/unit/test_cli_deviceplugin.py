@@ -8,14 +8,15 @@ from pathlib import Path
 import pytest
 
 from dra.adapters.assignmentrecord import AssignmentRecord
-from dra.adapters.checkpoint import CheckpointStore, PreparedClaim, PreparedDevice
+from dra.adapters.checkpoint import CheckpointStore
 from dra.cli import main, parse_args
 from dra.core.assignment import GpuPath, restrict
+from dra.daemon.bootstrap import warn_about_stranded_claims
 from dra.deviceplugin.allocate import Strategy
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.profiles import load_profile
-from dra.kubeletplugin.daemon import warn_about_stranded_claims
+from dra.model.prepared import PreparedClaim, PreparedDevice
 
 
 def test_device_plugin_defaults() -> None:
@@ -97,7 +98,7 @@ def test_device_plugin_refuses_a_gpu_the_running_dra_path_has(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     gpus = discover(FakeGpuLibrary(load_profile("mixed"), "n")).gpus
-    dra = AssignmentRecord(tmp_path).claim(GpuPath.DRA, list(gpus), "n")
+    dra = AssignmentRecord(tmp_path).lease(GpuPath.DRA, list(gpus), "n")
     try:
         line = _refusal(
             [
@@ -187,7 +188,7 @@ def test_the_kubelet_plugin_warns_about_claims_left_on_gpus_it_no_longer_has(
             for uid, name, gpu in [("uid-1", "stays", gpus[0]), ("uid-2", "moved", gpus[3])]
         }
     )
-    with caplog.at_level(logging.WARNING, logger="dra.kubeletplugin.daemon"):
+    with caplog.at_level(logging.WARNING, logger="dra.daemon.bootstrap"):
         warn_about_stranded_claims(
             everything, restrict(everything, gpus[:2]), CheckpointStore(checkpoint).load().values()
         )

@@ -1,0 +1,246 @@
+"""One bootstrap for every daemon subcommand: settings, GPUs, the GPU split, probes, signals.
+
+`dra-gpu kubelet-plugin` and `dra-gpu device-plugin` (and any later daemon)
+start the same way and stop in the same order:
+
+1. open the GPU library (NVML, or a fake profile) and discover the inventory;
+2. take this path's share of the GPUs and record it on the host (a lease that
+   the other path honours);
+3. serve /metrics, /healthz and /readyz, watch XID events, beat a heartbeat;
+4. run the daemon's own tasks until SIGTERM or SIGINT;
+5. stop in reverse: the endpoint, the XID watch, the lease, and NVML last (only
+   once the XID thread has left it, since NVML frees its event set at shutdown).
+
+Anything that stops a start-up is a StartupError whose message says what to
+fix; the command line prints it as one line and exits 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from wsgiref.simple_server import WSGIServer
+
+import anyio
+from anyio.abc import TaskGroup
+
+from dra.adapters.assignmentrecord import AssignmentConflictError, AssignmentLease, AssignmentRecord
+from dra.adapters.checkpoint import FILE_NAME
+from dra.core.assignment import (
+    AssignmentError,
+    GpuPath,
+    Selector,
+    assign,
+    held_gpus,
+    restrict,
+    stranded_claims,
+)
+from dra.daemon import metrics
+from dra.daemon.health import HealthMonitor, HealthTracker
+from dra.daemon.lifecycle import Heartbeat, until_stopped
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.nvml import GpuLibrary, GpuLibraryError, NvmlLibrary
+from dra.gpu.profiles import ProfileError, load_profile
+from dra.model.devices import Inventory
+from dra.model.prepared import PreparedClaim
+
+log = logging.getLogger(__name__)
+
+
+class StartupError(Exception):
+    """The daemon cannot start; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    """What every daemon subcommand is told (flags, or DRA_GPU_* variables)."""
+
+    driver_name: str
+    node_name: str
+    kubelet_root: Path
+    cdi_root: Path
+    state_dir: Path | None
+    fake_gpus: str | None = None
+    fake_gpu_events: Path | None = None
+    http_address: str | None = None
+    dra_gpus: Selector | None = None
+    device_plugin_gpus: Selector | None = None
+    host_root: Path = Path("/")
+
+    @property
+    def state_directory(self) -> Path:
+        """Checkpoint and GPU assignment record (default: next to the plugin socket, on the host)."""
+        return self.state_dir or default_state_dir(self.kubelet_root, self.driver_name)
+
+    @property
+    def checkpoint_path(self) -> Path:
+        """The kubelet-plugin's checkpoint of prepared claims."""
+        return self.state_directory / FILE_NAME
+
+
+def default_state_dir(kubelet_root: Path, driver_name: str) -> Path:
+    """Where both commands keep state by default: <kubelet root>/plugins/<driver>."""
+    return kubelet_root / "plugins" / driver_name
+
+
+def serve_http(
+    address: str, ready: Callable[[], bool], alive: Callable[[], bool], **kwargs: Any
+) -> WSGIServer:
+    """The probes and metrics endpoint; StartupError when the address cannot be bound."""
+    try:
+        return metrics.serve(address, ready, alive, **kwargs)
+    except (OSError, ValueError) as err:
+        raise StartupError(f"cannot serve /metrics, /healthz and /readyz on {address!r}: {err}") from None
+
+
+def gpu_library(
+    fake_gpus: str | None, node_name: str, events: Path | None = None, host_root: Path = Path("/")
+) -> GpuLibrary:
+    """NVML (device nodes looked up under host_root), or fake GPUs from a profile name or file."""
+    if not fake_gpus:
+        return NvmlLibrary(dev=host_root)
+    try:
+        profile = load_profile(fake_gpus, node_name)
+    except ProfileError as err:
+        raise StartupError(f"--fake-gpus: {err}") from None
+    return FakeGpuLibrary(profile, node_name, events)
+
+
+def load_inventory(lib: GpuLibrary) -> Inventory:
+    """Initialise the library and discover the node's devices."""
+    try:
+        lib.init()
+        return discover(lib)
+    except GpuLibraryError as err:
+        raise StartupError(
+            f"cannot read GPUs through NVML ({err}); is the NVIDIA driver installed and "
+            "libnvidia-ml.so.1 visible to the driver? For testing without GPUs use --fake-gpus"
+        ) from None
+
+
+def take_assignment(
+    inventory: Inventory,
+    dra_gpus: Selector | None,
+    device_plugin_gpus: Selector | None,
+    running: GpuPath,
+    state_dir: Path,
+    node_name: str,
+) -> tuple[Inventory, AssignmentLease]:
+    """This path's part of the inventory, recorded on the host; StartupError naming a GPU on overlap.
+
+    Refused when the selectors give a GPU to both paths, or when the other
+    path's process runs on this node and already advertises one of ours.
+    """
+    try:
+        assignment = assign(inventory, dra_gpus, device_plugin_gpus, running)
+    except AssignmentError as err:
+        raise StartupError(str(err)) from None
+    for warning in assignment.warnings:
+        log.warning("%s", warning)
+    mine = assignment.gpus(running)
+    try:
+        lease = AssignmentRecord(state_dir).lease(running, mine, node_name)
+    except AssignmentConflictError as err:
+        raise StartupError(str(err)) from None
+    except OSError as err:
+        raise StartupError(f"cannot use the GPU assignment record in {state_dir}: {err}") from None
+    other = assignment.gpus(running.other)
+    log.info(
+        "%s advertises %d of %d GPUs (%s)%s",
+        running.title,
+        len(mine),
+        len(inventory.gpus),
+        ", ".join(str(g.index) for g in mine) or "none",
+        f"; {running.other.title} has {', '.join(str(g.index) for g in other)}" if other else "",
+    )
+    return restrict(inventory, mine), lease
+
+
+def warn_about_stranded_claims(
+    everything: Inventory, mine: Inventory, claims: Iterable[PreparedClaim]
+) -> None:
+    """Log each prepared claim whose devices are on GPUs that are no longer DRA's.
+
+    Such a claim stays prepared until the kubelet unprepares it when its pods
+    end; until then the device plugin refuses to start with those GPUs. This
+    only says so: refusing here would not free the GPUs any sooner.
+    """
+    others = restrict(everything, [gpu for gpu in everything.gpus if gpu not in mine.gpus])
+    for warning in stranded_claims(held_gpus(claims, others)):
+        log.warning("%s", warning)
+
+
+@dataclass
+class Node:
+    """What a daemon starts from: the node's GPUs, this path's share of them, their health."""
+
+    settings: DaemonSettings
+    lib: GpuLibrary
+    #: Every GPU on the node, whichever path advertises it.
+    everything: Inventory
+    #: This path's share.
+    inventory: Inventory
+    tracker: HealthTracker
+    monitor: HealthMonitor
+    #: time.monotonic() when the process began starting, for the "ready in" log line.
+    started: float
+
+
+@asynccontextmanager
+async def open_node(settings: DaemonSettings, path: GpuPath) -> AsyncIterator[Node]:
+    """Steps 1 and 2 of the bootstrap, undone in reverse when the daemon ends."""
+    started = time.monotonic()
+    lib = gpu_library(settings.fake_gpus, settings.node_name, settings.fake_gpu_events, settings.host_root)
+    everything = load_inventory(lib)
+    inventory, lease = take_assignment(
+        everything,
+        settings.dra_gpus,
+        settings.device_plugin_gpus,
+        path,
+        settings.state_directory,
+        settings.node_name,
+    )
+    tracker = HealthTracker(inventory)
+    node = Node(
+        settings, lib, everything, inventory, tracker, HealthMonitor(lib, tracker, inventory), started
+    )
+    watch_ended = True
+    try:
+        yield node
+    finally:
+        with anyio.CancelScope(shield=True):
+            watch_ended = await node.monitor.stop()
+        lease.release()
+        if watch_ended:
+            lib.shutdown()
+
+
+async def serve_until_stopped(
+    node: Node,
+    *,
+    ready: Callable[[], bool],
+    registry: metrics.CollectorRegistry,
+    unwatched: metrics.Gauge,
+    tasks: Callable[[TaskGroup], None],
+    on_health_change: Callable[[list[str]], None] | None = None,
+) -> None:
+    """Steps 3 and 4: probes and metrics, the XID watch and the daemon's tasks, until a signal."""
+    heartbeat = Heartbeat()
+    address = node.settings.http_address
+    http = serve_http(address, ready, heartbeat.alive, registry=registry) if address else None
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(heartbeat.run)
+            tasks(group)
+            unwatched.set(len(node.monitor.start(on_change=on_health_change)))
+            await until_stopped()
+            group.cancel_scope.cancel()
+    finally:
+        if http is not None:
+            http.shutdown()

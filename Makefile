@@ -40,6 +40,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/shellcheck deploy/kind/*.sh
 
 # Everything: lint, type checks, unit, integration and end-to-end tests.

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dra.cel.functions import Registry, error
 from dra.cel.quantity import Quantity, QuantityError
 from dra.cel.semver import Semver, SemverError
-from dra.cel.values import Result, Uint, Value, compare, equals, no_such_overload
+from dra.cel.values import Result, Uint, Value, compare, equals, list_contains, no_such_overload
 
 _COMPARABLE = (bool, int, Uint, float, str, bytes)
 
@@ -107,11 +107,6 @@ def _index_of(items: tuple[Value, ...], needle: Value) -> Result:
 
 def _last_index_of(items: tuple[Value, ...], needle: Value) -> Result:
     return next((i for i in range(len(items) - 1, -1, -1) if equals(items[i], needle) is True), -1)
-
-
-def list_contains(items: tuple[Value, ...], needle: Value) -> bool:
-    """``needle in items``: only a definite ``true`` equality counts, errors do not."""
-    return any(equals(needle, item) is True for item in items)
 
 
 def _sets_contains(items: tuple[Value, ...], subset: tuple[Value, ...]) -> Result:

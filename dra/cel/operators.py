@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-from dra.cel.k8slib import list_contains
 from dra.cel.values import (
     INT64_MAX,
     INT64_MIN,
@@ -19,6 +18,7 @@ from dra.cel.values import (
     Uint,
     Value,
     key_text,
+    list_contains,
     no_such_overload,
     type_name,
 )

@@ -289,3 +289,8 @@ def _display(value: Result) -> str:
         case ErrorValue():
             return f"error({value.message})"
     raise TypeError(f"not a CEL value: {value!r}")
+
+
+def list_contains(items: tuple[Value, ...], needle: Value) -> bool:
+    """``needle in items``: only a definite ``true`` equality counts, errors do not."""
+    return any(equals(needle, item) is True for item in items)

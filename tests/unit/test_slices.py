@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 import re
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 from dra.core import slices
 from dra.core.slices import (
     DEPRECATED_ATTRIBUTES,
+    DEPRECATED_ATTRIBUTES_REMOVED_IN,
     MAX_DEVICES_PER_SLICE,
     NUMA_NODE_ATTRIBUTE,
     PCI_BUS_ID_ATTRIBUTE,
@@ -146,6 +148,10 @@ def test_the_deprecated_attributes_are_still_published_until_their_release() -> 
     inv = inventory("h100x8-mig")
     published = {key for device in inv for key in device_entry(device, inv)["attributes"]}
     assert set(DEPRECATED_ATTRIBUTES) <= published
+    # The docs promise their removal in that release: bumping the version to it fails here first.
+    version = tuple(int(part) for part in importlib.metadata.version("dra-gpu").split(".")[:3])
+    removed_in = tuple(int(part) for part in DEPRECATED_ATTRIBUTES_REMOVED_IN.split("."))
+    assert version < removed_in, "remove DEPRECATED_ATTRIBUTES (and their docs) in this release"
 
 
 class UnknownNuma(FakeGpuLibrary):

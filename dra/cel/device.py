@@ -4,7 +4,7 @@ Mirrors k8s.io/dynamic-resource-allocation/cel (compile.go, ``DeviceMatches``):
 
 * ``device.driver`` is the driver name;
 * ``device.attributes`` and ``device.capacity`` are maps keyed by domain; a name without
-  ``domain/`` belongs to the driver's own domain, so ``gpu.nvidia.com/index`` and ``index``
+  ``domain/`` belongs to the driver's own domain, so ``gpu.nvidia.com/brand`` and ``brand``
   published by driver ``gpu.nvidia.com`` are the same attribute;
 * looking up a domain nobody published gives an empty map (so ``.x`` on it is a
   ``no such key`` error and ``has()`` is false), but ``"d" in device.attributes`` and
@@ -70,7 +70,7 @@ def device_variable(device: Mapping[str, Any], driver: str) -> CelMap:
     """Build ``device`` for one device of a ``resource.k8s.io/v1`` ResourceSlice.
 
     ``device`` is the slice's device object as JSON-decoded dicts, e.g.
-    ``{"name": "gpu-0", "attributes": {"index": {"int": 0}}, "capacity": {"memory": {"value": "80Gi"}}}``.
+    ``{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}, "capacity": {"memory": {"value": "8Gi"}}}``
     Raises CelEvaluationError for a value Kubernetes could not convert either (the
     scheduler then fails every selector on that device).
     """

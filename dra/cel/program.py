@@ -67,6 +67,26 @@ class Program:
             return result
         return ErrorValue(f"expression must return bool, not {type_name(result)}", self.tree.id)
 
+    def attribute_references(self) -> frozenset[tuple[str, str]]:
+        """(domain, name) of every ``device.attributes["domain"].name`` the expression reads.
+
+        Lookups with a constant key count, ``["name"]`` and ``has(...)`` included; an attribute
+        reached through a ``cel.bind`` variable or a computed key does not.
+        """
+        found = set()
+        for node in ast.walk(self.tree):
+            match node:
+                case ast.Select(operand=operand, field=name) | ast.Has(operand=operand, field=name):
+                    pass
+                case ast.Index(operand=operand, index=ast.Literal(value=str() as name)):
+                    pass
+                case _:
+                    continue
+            domain = _attribute_domain(operand)
+            if domain is not None:
+                found.add((domain, name))
+        return frozenset(found)
+
     def matches(self, device: Mapping[str, Any], driver: str) -> bool:
         """Whether the selector accepts ``device`` (a ResourceSlice device) of ``driver``.
 
@@ -77,6 +97,21 @@ class Program:
         if isinstance(result, ErrorValue):
             raise CelEvaluationError(result.message)
         return bool(result)
+
+
+def _attribute_domain(node: ast.Expr) -> str | None:
+    """ "d" when ``node`` is ``device.attributes["d"]`` (or ``device.attributes.d``)."""
+    match node:
+        case ast.Index(operand=operand, index=ast.Literal(value=str() as domain)):
+            pass
+        case ast.Select(operand=operand, field=domain):
+            pass
+        case _:
+            return None
+    match operand:
+        case ast.Select(operand=ast.Ident(name="device"), field="attributes"):
+            return domain
+    return None
 
 
 def compile_expression(expression: str, *, consumable_capacity: bool = False) -> Program:

@@ -2,7 +2,9 @@
 
 Pure: no API calls. `device_entry` decides the attribute names and types that
 DeviceClass and claim CEL selectors rely on (a wrong type silently makes a
-selector unsatisfiable, so types are part of the contract). `build_slices`
+selector unsatisfiable, so types are part of the contract). They are the names
+and types NVIDIA's own DRA driver publishes, so that selectors port between the
+two, plus DEPRECATED_ATTRIBUTES for one more release. `build_slices`
 splits the node's pool over slices within the API limits. `plan` compares
 the desired slices with the ones on the server and returns the fewest writes.
 """
@@ -24,6 +26,18 @@ MAX_DEVICES_PER_SLICE = 128
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_STRING_ATTRIBUTE = 64
 PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
+PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
+NUMA_NODE_ATTRIBUTE = "resource.kubernetes.io/numaNode"
+
+#: Attributes NVIDIA's driver does not publish (indexes and minors change across reboots; the bus ID
+#: has a standard name now), each with what to select on instead. Published until this release:
+DEPRECATED_ATTRIBUTES_REMOVED_IN = "0.3.0"
+DEPRECATED_ATTRIBUTES = {
+    "index": f"uuid, or {PCI_BUS_ID_ATTRIBUTE}",
+    "minor": f"uuid, or {PCI_BUS_ID_ATTRIBUTE}",
+    "pcieBusID": f"{PCI_BUS_ID_ATTRIBUTE} (lower case, 4-digit domain: 0000:3b:00.0)",
+    "parentIndex": "parentUUID",
+}
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
@@ -64,12 +78,17 @@ def _shared_attributes(gpu: Gpu, inventory: Inventory) -> dict[str, Obj]:
         "architecture": _string(gpu.architecture),
         "cudaComputeCapability": {"version": gpu.cuda_compute_capability},
         "cudaDriverVersion": {"version": inventory.cuda_driver_version},
-        "pcieBusID": _string(gpu.pcie_bus_id),
+        PCI_BUS_ID_ATTRIBUTE: _string(gpu.pci_bus_id),
+        "pcieBusID": _string(gpu.nvml_bus_id),
     }
     if inventory.driver_version is not None:
         attributes["driverVersion"] = {"version": inventory.driver_version}
     if gpu.pcie_root is not None:
         attributes[PCIE_ROOT_ATTRIBUTE] = _string(gpu.pcie_root)
+    if gpu.numa_node is not None:
+        attributes[NUMA_NODE_ATTRIBUTE] = {"int": gpu.numa_node}
+    if gpu.addressing_mode is not None:
+        attributes["addressingMode"] = _string(gpu.addressing_mode)
     return attributes
 
 

@@ -13,7 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from dra.cel import CelSyntaxError, compile_expression, explain_program
+from dra.cel import CelSyntaxError, Program, compile_expression, explain_program
+from dra.core.slices import DEPRECATED_ATTRIBUTES, DEPRECATED_ATTRIBUTES_REMOVED_IN
 
 Obj = Mapping[str, Any]
 
@@ -78,6 +79,8 @@ class RequestReport:
     constraints: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()
     admin_access: bool = False
+    #: Advice that does not change the verdict, such as a deprecated attribute in a selector.
+    notes: tuple[str, ...] = ()
 
     @property
     def matching(self) -> list[str]:
@@ -222,11 +225,37 @@ def _evaluate(
             )
         )
     admin = bool(spec.get("adminAccess"))
-    report = RequestReport(name, class_name, mode, count, tuple(verdicts), constraints, admin_access=admin)
+    drivers = {driver for driver, _, _ in devices}
+    notes = _deprecated_uses(programs, constraints, drivers)
+    report = RequestReport(
+        name, class_name, mode, count, tuple(verdicts), constraints, admin_access=admin, notes=notes
+    )
     problems = _constraint_problems(report, devices, constraints)
     if problems:
         report = replace(report, problems=tuple(problems))
     return report
+
+
+def _deprecated_uses(
+    programs: Sequence[tuple[str, str, Program]], constraints: tuple[str, ...], drivers: set[str]
+) -> tuple[str, ...]:
+    """A note for every deprecated attribute of the node's drivers that a selector or constraint reads."""
+    uses = [
+        (source, name)
+        for source, _, program in programs
+        for domain, name in sorted(program.attribute_references())
+        if domain in drivers
+    ]
+    for constraint in constraints:
+        domain, _, name = constraint.rpartition("/")
+        if domain in drivers:
+            uses.append(("constraint matchAttribute", name))
+    return tuple(
+        f"{source} reads {name!r}, deprecated: published until {DEPRECATED_ATTRIBUTES_REMOVED_IN} only and "
+        f"not by NVIDIA's driver; select on {DEPRECATED_ATTRIBUTES[name]}"
+        for source, name in dict.fromkeys(uses)
+        if name in DEPRECATED_ATTRIBUTES
+    )
 
 
 def _attribute(device: Obj, qualified: str, driver: str) -> object:
@@ -341,5 +370,6 @@ def render(report: ClaimReport) -> str:
                 for reason in selector.reasons or (selector.error or "false",):
                     lines.append(f"        - {reason}")
         lines.append(f"    => {request.verdict()}")
+        lines.extend(f"    note: {note}" for note in request.notes)
     lines.extend(f"  note: {note}" for note in report.notes)
     return "\n".join(lines)

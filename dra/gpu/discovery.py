@@ -9,8 +9,19 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Callable
+from typing import TypeVar
 
-from dra.gpu.nvml import ERROR_NOT_FOUND, ERROR_NOT_SUPPORTED, GpuHandle, GpuLibrary, GpuLibraryError
+from dra.gpu.nvml import (
+    ERROR_ARGUMENT_VERSION_MISMATCH,
+    ERROR_FUNCTION_NOT_FOUND,
+    ERROR_NOT_FOUND,
+    ERROR_NOT_SUPPORTED,
+    GpuHandle,
+    GpuLibrary,
+    GpuLibraryError,
+    sysfs_bus_id,
+)
 from dra.model.devices import Device, Gpu, Inventory, MigDevice
 
 log = logging.getLogger(__name__)
@@ -50,10 +61,15 @@ ARCHITECTURES = {
     13: "Rubin",
 }
 
+#: nvmlDeviceAddressingMode values, named as nvidia-smi ("Addressing Mode") and NVIDIA's DRA driver name them.
+ADDRESSING_MODES = {0: "None", 1: "HMM", 2: "ATS"}
+
 #: Control nodes a container needs besides its GPUs' own /dev/nvidiaN, when the host has them.
 COMMON_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 _MIG_NAME = re.compile(r"\bMIG\s+(\S+)$")
+
+_T = TypeVar("_T")
 
 
 def to_semver(version: str) -> str | None:
@@ -100,13 +116,30 @@ def mig_device_name(parent_index: int, profile: str, gpu_instance: int, compute_
     return f"gpu-{parent_index}-mig-{slug}-{gpu_instance}-{compute_instance}"
 
 
-def _numa_node(lib: GpuLibrary, handle: GpuHandle) -> int | None:
+def _unless_unknown(query: Callable[[], _T], *unknown: int) -> _T | None:
+    """The answer, or None where NVML says (with one of the `unknown` codes) that it has none."""
     try:
-        return lib.numa_node(handle)
+        return query()
     except GpuLibraryError as err:
-        if err.code in (ERROR_NOT_SUPPORTED, ERROR_NOT_FOUND):
+        if err.code in unknown:
             return None
         raise
+
+
+def _addressing_mode(lib: GpuLibrary, handle: GpuHandle, index: int) -> str | None:
+    # Drivers and bindings older than the call, and platforms without the feature, give no attribute
+    # rather than a guess: a selector on it then needs has(), which is what it should need.
+    mode = _unless_unknown(
+        lambda: lib.addressing_mode(handle),
+        ERROR_NOT_SUPPORTED,
+        ERROR_FUNCTION_NOT_FOUND,
+        ERROR_ARGUMENT_VERSION_MISMATCH,
+    )
+    if mode is not None and mode not in ADDRESSING_MODES:
+        log.warning(
+            "GPU %d reports addressing mode %d, unknown to this driver: not publishing it", index, mode
+        )
+    return None if mode is None else ADDRESSING_MODES.get(mode)
 
 
 def _mig_enabled(lib: GpuLibrary, handle: GpuHandle) -> bool:
@@ -134,9 +167,11 @@ def _gpu(lib: GpuLibrary, handle: GpuHandle, index: int) -> Gpu:
         architecture=ARCHITECTURES.get(lib.architecture(handle), "Unknown"),
         cuda_compute_capability=f"{major_cc}.{minor_cc}.0",
         memory_bytes=lib.memory_total(handle),
-        pcie_bus_id=bus_id,
+        pci_bus_id=sysfs_bus_id(bus_id),
+        nvml_bus_id=bus_id,
         pcie_root=lib.pcie_root(bus_id),
-        numa_node=_numa_node(lib, handle),
+        numa_node=_unless_unknown(lambda: lib.numa_node(handle), ERROR_NOT_SUPPORTED, ERROR_NOT_FOUND),
+        addressing_mode=_addressing_mode(lib, handle, index),
         mig_enabled=_mig_enabled(lib, handle),
         device_nodes=(node,) if lib.path_exists(node) else (),
     )

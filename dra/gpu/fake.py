@@ -12,6 +12,11 @@ The instance IDs are those NVML gives for an error on one MIG instance of a
 GPU in MIG mode (a MIG device's are in its name, gpu-4-mig-1g10gb-<gi>-<ci>);
 without them, or with 4294967295 (NVML's "none"), the error concerns the
 whole GPU.
+
+The addressing mode is the model's (HMM for every catalog model: Turing and
+newer GPUs on an x86 host with NVIDIA's open kernel modules; see
+dra.gpu.profiles), or the profile's `addressingMode` where it sets one, with
+`unsupported` answered as NVML's NOT_SUPPORTED.
 """
 
 from __future__ import annotations
@@ -122,6 +127,13 @@ class FakeGpuLibrary:
         assert isinstance(gpu, int)
         domain, slot = divmod(gpu, _BUSES_PER_DOMAIN)
         return f"{domain:08X}:{0x10 + 0x10 * slot:02X}:00.0"
+
+    def addressing_mode(self, gpu: GpuHandle) -> int:
+        """The model's addressing mode; NOT_SUPPORTED where the profile says `unsupported`."""
+        mode = self._gpu(gpu).model.addressing_mode
+        if mode is None:
+            raise GpuLibraryError(ERROR_NOT_SUPPORTED, "addressing mode not supported")
+        return mode
 
     def minor_number(self, gpu: GpuHandle) -> int:
         """Minors follow indexes."""

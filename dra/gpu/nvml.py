@@ -26,7 +26,9 @@ MigHandle = NewType("MigHandle", object)
 ERROR_NOT_SUPPORTED = 3
 ERROR_NOT_FOUND = 6
 ERROR_TIMEOUT = 10
+ERROR_FUNCTION_NOT_FOUND = 13
 ERROR_GPU_IS_LOST = 15
+ERROR_ARGUMENT_VERSION_MISMATCH = 25
 
 # Event type bit for XID critical errors (nvmlEventTypeXidCriticalError).
 EVENT_XID_CRITICAL = 0x8
@@ -119,6 +121,13 @@ class GpuLibrary(Protocol):
     def minor_number(self, gpu: GpuHandle) -> int:
         """The N of /dev/nvidiaN."""
 
+    def addressing_mode(self, gpu: GpuHandle) -> int:
+        """nvmlDeviceAddressingMode value: 0 none active, 1 HMM, 2 ATS.
+
+        GpuLibraryError(NOT_SUPPORTED) where the platform has neither, and
+        (FUNCTION_NOT_FOUND) where the driver or the bindings predate the call.
+        """
+
     def numa_node(self, gpu: GpuHandle) -> int:
         """NUMA node of the GPU; GpuLibraryError(NOT_SUPPORTED) where there is none."""
 
@@ -159,7 +168,11 @@ class GpuLibrary(Protocol):
         """Stop collecting XID events and free what that holds; nothing may wait any more."""
 
 
-def _bus_id_for_sysfs(pci_bus_id: str) -> str:
+def sysfs_bus_id(pci_bus_id: str) -> str:
+    """NVML's bus ID ("00000000:3B:00.0") as the kernel names the device ("0000:3b:00.0").
+
+    That is also the extended BDF form of the standard resource.kubernetes.io/pciBusID attribute.
+    """
     # NVML pads the PCI domain to 8 hex digits; sysfs prints it with at least 4 (%04x), in lower case.
     # Keeping only the last 4 would turn VMD domain 10000 into domain 0000: another device, or none.
     domain, _, rest = pci_bus_id.partition(":")
@@ -180,8 +193,12 @@ class NvmlLibrary:
         self._lock = threading.Lock()
 
     def _call(self, fn: str, *args: Any) -> Any:
+        function = getattr(self._nvml, fn, None)
+        if function is None:
+            # Bindings older than a call are no different from a driver older than it.
+            raise GpuLibraryError(ERROR_FUNCTION_NOT_FOUND, f"{fn}: not in this pynvml (nvidia-ml-py)")
         try:
-            return getattr(self._nvml, fn)(*args)
+            return function(*args)
         except self._nvml.NVMLError as err:
             raise GpuLibraryError(int(err.value), f"{fn}: {err}") from err
 
@@ -249,12 +266,16 @@ class NvmlLibrary:
         """nvmlDeviceGetMinorNumber."""
         return int(self._call("nvmlDeviceGetMinorNumber", gpu))
 
+    def addressing_mode(self, gpu: GpuHandle) -> int:
+        """nvmlDeviceGetAddressingMode, a recent call: older drivers and bindings lack it."""
+        return int(self._call("nvmlDeviceGetAddressingMode", gpu))
+
     def numa_node(self, gpu: GpuHandle) -> int:
         """nvmlDeviceGetNumaNodeId, else the PCI device's numa_node in sysfs."""
         try:
             return int(self._call("nvmlDeviceGetNumaNodeId", gpu))
         except GpuLibraryError:
-            path = self._sysfs / "bus/pci/devices" / _bus_id_for_sysfs(self.pci_bus_id(gpu)) / "numa_node"
+            path = self._sysfs / "bus/pci/devices" / sysfs_bus_id(self.pci_bus_id(gpu)) / "numa_node"
             try:
                 node = int(path.read_text().strip())
             except (OSError, ValueError) as err:
@@ -301,7 +322,7 @@ class NvmlLibrary:
 
     def pcie_root(self, pci_bus_id: str) -> str | None:
         """The first pciDDDD:BB component of the device's resolved sysfs path."""
-        link = self._sysfs / "bus/pci/devices" / _bus_id_for_sysfs(pci_bus_id)
+        link = self._sysfs / "bus/pci/devices" / sysfs_bus_id(pci_bus_id)
         try:
             resolved = os.path.realpath(link, strict=True)
         except OSError:

@@ -8,13 +8,16 @@ field to fix. dra.gpu.fake serves a profile through the GpuLibrary interface.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
-from dra.gpu.discovery import ARCHITECTURES, BRANDS
+from dra.gpu.discovery import ADDRESSING_MODES, ARCHITECTURES, BRANDS
+
+_K = TypeVar("_K")
 
 
 class ProfileError(ValueError):
@@ -35,6 +38,14 @@ class MigProfile:
     ofa_engines: int = 0
 
 
+#: nvmlDeviceAddressingMode of every catalog model: an x86 host with NVIDIA's open kernel modules
+#: (the default install from driver R560 on, and needed for HMM) gives Turing and newer GPUs HMM.
+#: A Grace Hopper or Grace Blackwell superchip would report ATS; a profile may say so.
+_HMM = 1
+#: How a profile says that NVML does not support the addressing-mode query on a GPU.
+ADDRESSING_MODE_UNSUPPORTED = "unsupported"
+
+
 @dataclass(frozen=True)
 class GpuModel:
     """What NVML reports for one product."""
@@ -46,6 +57,8 @@ class GpuModel:
     memory_mib: int
     mig_profiles: dict[str, MigProfile] = field(default_factory=dict)
     mig_slices: int = 7
+    #: nvmlDeviceAddressingMode value; None: NVML answers NOT_SUPPORTED.
+    addressing_mode: int | None = _HMM
 
 
 _H100_MIG = {
@@ -112,6 +125,7 @@ _GPU_KEYS = {
     "memoryMiB",
     "numaNode",
     "pcieRoot",
+    "addressingMode",
 }
 
 
@@ -135,7 +149,7 @@ class Profile:
     cuda_driver_version: int = 12040
 
 
-def _reverse(table: dict[int, str], value: object, where: str) -> int:
+def _reverse(table: Mapping[_K, str], value: object, where: str) -> _K:
     for code, label in table.items():
         if str(value).lower() == label.lower():
             return code
@@ -172,7 +186,19 @@ def _model(entry: dict[str, Any], where: str) -> GpuModel:
         overrides["compute_capability"] = (int(major), int(minor))
     if "memoryMiB" in entry:
         overrides["memory_mib"] = _int(entry["memoryMiB"], f"{where}.memoryMiB", 1)
+    if "addressingMode" in entry:
+        overrides["addressing_mode"] = _addressing_mode(entry["addressingMode"], f"{where}.addressingMode")
     return replace(model, **overrides)
+
+
+def _addressing_mode(value: object, where: str) -> int | None:
+    choices: dict[int | None, str] = dict(ADDRESSING_MODES.items())
+    choices[None] = ADDRESSING_MODE_UNSUPPORTED
+    if not isinstance(value, str):
+        # YAML reads a bare `null` as None, which must not pass for the mode "None".
+        known = ", ".join(sorted(choices.values()))
+        raise ProfileError(f"{where}: expected one of {known} as a string, got {value!r}")
+    return _reverse(choices, value, where)
 
 
 def _mig(entry: dict[str, Any], model: GpuModel, where: str) -> tuple[str, ...] | None:

@@ -23,9 +23,14 @@ class Gpu:
     architecture: str
     cuda_compute_capability: str
     memory_bytes: int
-    pcie_bus_id: str
+    #: The PCI address in extended BDF form, as the kernel writes it: "0000:3b:00.0".
+    pci_bus_id: str
+    #: NVML's form of the same address ("00000000:3B:00.0"), for the deprecated pcieBusID attribute.
+    nvml_bus_id: str
     pcie_root: str | None
     numa_node: int | None
+    #: "HMM", "ATS" or "None" (supported, neither active); None where NVML cannot tell.
+    addressing_mode: str | None
     mig_enabled: bool
     device_nodes: tuple[str, ...]
 

@@ -49,13 +49,16 @@ def cookbook_driver(
     process.stop()
 
 
-def _occupy(kube: Kube, namespace: str, devices: tuple[str, ...]) -> list[Obj]:
-    """Hold full GPUs with ordinary pods, as other workloads would."""
+def _occupy(kube: Kube, cluster: ClusterInfo, namespace: str, devices: tuple[str, ...]) -> list[Obj]:
+    """Hold full GPUs with ordinary pods, as other workloads would, each picked by its UUID."""
+    slices = kube.list_objects(
+        "resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.nodeName={cluster.node_name}"
+    )
+    uuids = {d["name"]: d["attributes"]["uuid"]["string"] for s in slices for d in s["spec"]["devices"]}
     claims = []
     for device in devices:
-        index = int(device.split("-")[1])
-        name = f"busy-{index}"
-        claim_template(kube, namespace, name, [f'device.attributes["{DRIVER}"].index == {index}'])
+        name = f"busy-{device}"
+        claim_template(kube, namespace, name, [f'device.attributes["{DRIVER}"].uuid == "{uuids[device]}"'])
         gpu_pod(kube, namespace, name, name)
         kube.wait_pod_phase(name, namespace)
         claims.append(pod_claim(kube, namespace, name))
@@ -108,7 +111,7 @@ def test_example_lands_where_the_page_says(
     classes = [kube.create(c) for c in case.device_classes]
     claims: list[Obj] = []
     try:
-        claims += _occupy(kube, namespace, case.busy)
+        claims += _occupy(kube, cluster, namespace, case.busy)
         kube.create(template, namespace=namespace)
         report = _explain(kube, cluster, template)
         gpu_pod(kube, namespace, "example", template["metadata"]["name"])

@@ -62,7 +62,9 @@ def test_driver_publishes_typed_attributes(driver: DriverProcess, kube: Kube, cl
     assert sorted(devices) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
     gpu0 = devices["gpu-0"]
     assert gpu0["attributes"]["productName"] == {"string": "NVIDIA L40S"}
-    assert gpu0["attributes"]["index"] == {"int": 0}
+    assert gpu0["attributes"]["resource.kubernetes.io/pciBusID"] == {"string": "0000:10:00.0"}
+    assert gpu0["attributes"]["resource.kubernetes.io/numaNode"] == {"int": 0}
+    assert gpu0["attributes"]["addressingMode"] == {"string": "HMM"}
     assert gpu0["attributes"]["driverVersion"] == {"version": "550.54.15"}
     assert gpu0["capacity"]["memory"] == {"value": "46068Mi"}
 
@@ -73,7 +75,8 @@ def test_driver_publishes_typed_attributes(driver: DriverProcess, kube: Kube, cl
         pytest.param(f'{ATTR}.productName == "Tesla T4"', {"gpu-2", "gpu-3"}, id="productName"),
         pytest.param(f'{CAP}.memory.compareTo(quantity("40Gi")) >= 0', {"gpu-0", "gpu-1"}, id="memory"),
         pytest.param(
-            f'{ATTR}.driverVersion.isGreaterThan(semver("535.0.0")) && {ATTR}.index == 3',
+            f'{ATTR}.driverVersion.isGreaterThan(semver("535.0.0")) && '
+            'device.attributes["resource.kubernetes.io"].pciBusID == "0000:40:00.0"',
             {"gpu-3"},
             id="driverVersion",
         ),

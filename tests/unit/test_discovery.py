@@ -17,6 +17,8 @@ from dra.gpu.discovery import (
 )
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.nvml import (
+    ERROR_ARGUMENT_VERSION_MISMATCH,
+    ERROR_FUNCTION_NOT_FOUND,
     ERROR_GPU_IS_LOST,
     ERROR_NOT_FOUND,
     ERROR_NOT_SUPPORTED,
@@ -96,7 +98,9 @@ def test_gpu_attributes(
     assert gpu.architecture == architecture
     assert gpu.cuda_compute_capability == capability
     assert gpu.memory_bytes == memory_mib * MIB
-    assert re.fullmatch(r"0{8}:[0-9A-F]{2}:00\.0", gpu.pcie_bus_id)
+    assert re.fullmatch(r"0{8}:[0-9A-F]{2}:00\.0", gpu.nvml_bus_id)
+    assert gpu.pci_bus_id == gpu.nvml_bus_id[4:].lower()
+    assert gpu.addressing_mode == "HMM"
     assert gpu.pcie_root is not None
     assert gpu.pcie_root.startswith("pci0000:")
 
@@ -123,7 +127,7 @@ def test_gpus_share_pcie_roots_in_pairs_and_split_over_two_numa_nodes() -> None:
         f"pci0000:{r}" for r in ("10", "10", "30", "30", "50", "50", "70", "70")
     ]
     assert [g.numa_node for g in gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
-    assert len({g.pcie_bus_id for g in gpus}) == 8
+    assert len({g.pci_bus_id for g in gpus}) == 8
 
 
 @pytest.mark.parametrize(
@@ -325,6 +329,10 @@ class FailingCall(FakeGpuLibrary):
         self._check("numa_node", gpu)
         return super().numa_node(gpu)
 
+    def addressing_mode(self, gpu: GpuHandle) -> int:
+        self._check("addressing_mode", gpu)
+        return super().addressing_mode(gpu)
+
     def mig_mode(self, gpu: GpuHandle) -> tuple[int, int]:
         self._check("mig_mode", gpu)
         return super().mig_mode(gpu)
@@ -347,6 +355,11 @@ _GPU5_MIGS = _mig_names(5, _H100_MIG_LAYOUT)
         ("numa_node", ERROR_NOT_SUPPORTED, _GPU5_MIGS),
         ("numa_node", ERROR_NOT_FOUND, _GPU5_MIGS),
         ("numa_node", ERROR_GPU_IS_LOST, []),
+        # Too old a driver or pynvml for the call, or a platform without it: no addressingMode, that is all.
+        ("addressing_mode", ERROR_NOT_SUPPORTED, _GPU5_MIGS),
+        ("addressing_mode", ERROR_FUNCTION_NOT_FOUND, _GPU5_MIGS),
+        ("addressing_mode", ERROR_ARGUMENT_VERSION_MISMATCH, _GPU5_MIGS),
+        ("addressing_mode", ERROR_GPU_IS_LOST, []),
         # A GPU that cannot say its MIG mode is a plain GPU; any other failure hides it.
         ("mig_mode", ERROR_NOT_SUPPORTED, ["gpu-5"]),
         ("mig_mode", ERROR_GPU_IS_LOST, []),
@@ -509,3 +522,29 @@ def test_a_full_size_h100_mig_device_is_named_7g_80gb_without_the_name_suffix() 
     full = profile({"model": "h100-sxm5-80gb", "mig": ["7g.80gb"]})
     inv = discover(UnnamedMigs(full, NODE))
     assert [d.name for d in inv] == ["gpu-0-mig-7g80gb-1-0"]
+
+
+@pytest.mark.parametrize("code", [ERROR_NOT_SUPPORTED, ERROR_FUNCTION_NOT_FOUND])
+def test_a_gpu_that_cannot_tell_its_addressing_mode_has_none(code: int) -> None:
+    inv = discover(FailingCall("h100x8", "addressing_mode", 2, code))
+    assert [g.addressing_mode for g in inv.gpus] == ["HMM", "HMM", None, "HMM", "HMM", "HMM", "HMM", "HMM"]
+
+
+class AddressingModes(FakeGpuLibrary):
+    """Fake GPUs reporting the raw nvmlDeviceAddressingMode value given per GPU index."""
+
+    def __init__(self, modes: list[int]) -> None:
+        super().__init__(profile({"model": "t4", "count": len(modes)}), NODE)
+        self.modes = modes
+
+    def addressing_mode(self, gpu: GpuHandle) -> int:
+        assert isinstance(gpu, int)
+        return self.modes[gpu]
+
+
+def test_addressing_modes_are_named_as_nvidia_smi_names_them(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="dra.gpu.discovery"):
+        inv = discover(AddressingModes([0, 1, 2, 7]))
+    # A value newer than this driver is left out rather than guessed.
+    assert [g.addressing_mode for g in inv.gpus] == ["None", "HMM", "ATS", None]
+    assert "GPU 3 reports addressing mode 7, unknown to this driver" in caplog.text

@@ -81,7 +81,7 @@ def test_a_false_selector_names_the_value() -> None:
 
 
 def test_the_class_excludes_before_the_request_selector_runs() -> None:
-    # MIG devices lack `index`: the class must exclude full GPUs before the request's selector errors.
+    # Full GPUs lack `profile`: the class must exclude them before the request's selector errors.
     report = explain.explain_claim(
         _claim(_exactly("mig", f'{ATTR}.profile == "1g.10gb"', device_class="mig.nvidia.com")),
         CLASSES,
@@ -94,12 +94,12 @@ def test_the_class_excludes_before_the_request_selector_runs() -> None:
 
 def test_a_runtime_error_is_the_verdict() -> None:
     report = explain.explain_claim(
-        _claim(_exactly("mig", f"{ATTR}.index == 0", device_class="mig.nvidia.com")), CLASSES, _slices()
+        _claim(_exactly("gpu", f'{ATTR}.profile == "1g.10gb"')), CLASSES, _slices()
     )
     [request] = report.requests
     assert request.errors
     assert request.verdict().startswith("the scheduler stops with a CEL runtime error")
-    assert "no such key: index" in request.verdict()
+    assert "no such key: profile" in request.verdict()
 
 
 def test_devices_held_by_other_claims_are_not_available() -> None:
@@ -183,7 +183,44 @@ def test_a_missing_class_is_reported() -> None:
 
 def test_a_selector_that_does_not_compile_is_an_error() -> None:
     with pytest.raises(explain.ExplainError, match="request selector 1 of request 'gpu' does not compile"):
-        explain.explain_claim(_claim(_exactly("gpu", f"{ATTR}.index ==")), CLASSES, _slices())
+        explain.explain_claim(_claim(_exactly("gpu", f"{ATTR}.uuid ==")), CLASSES, _slices())
+
+
+def test_deprecated_attributes_in_selectors_and_constraints_are_pointed_out() -> None:
+    custom_class = {
+        "metadata": {"name": "first-gpus"},
+        "spec": {"selectors": [{"cel": {"expression": f"has({ATTR}.minor) && {ATTR}.minor < 2"}}]},
+    }
+    claim = _claim(
+        _exactly(
+            "gpu", f'{ATTR}["pcieBusID"] != "" && {ATTR}.index >= 0', device_class="first-gpus", count=2
+        ),
+        constraints=[{"matchAttribute": f"{DRIVER}/parentIndex"}],
+    )
+    [request] = explain.explain_claim(claim, [*CLASSES, custom_class], _slices()).requests
+    # Still true today: the verdict is unchanged, only the advice is added.
+    assert request.matching == ["gpu-0", "gpu-1"]
+    assert request.notes == (
+        "class first-gpus selector 1 reads 'minor', deprecated: published until 0.3.0 only and not by "
+        "NVIDIA's driver; select on uuid, or resource.kubernetes.io/pciBusID",
+        "request selector 1 reads 'index', deprecated: published until 0.3.0 only and not by "
+        "NVIDIA's driver; select on uuid, or resource.kubernetes.io/pciBusID",
+        "request selector 1 reads 'pcieBusID', deprecated: published until 0.3.0 only and not by "
+        "NVIDIA's driver; select on resource.kubernetes.io/pciBusID "
+        "(lower case, 4-digit domain: 0000:3b:00.0)",
+        "constraint matchAttribute reads 'parentIndex', deprecated: published until 0.3.0 only and not by "
+        "NVIDIA's driver; select on parentUUID",
+    )
+
+
+def test_portable_and_other_drivers_attributes_get_no_note() -> None:
+    selector = (
+        'device.attributes["resource.kubernetes.io"].pciBusID != "" && '
+        'has(device.attributes["other.example.com"].index) && '
+        f"{ATTR}.uuid != {ATTR}.parentUUID"
+    )
+    report = explain.explain_claim(_claim(_exactly("mig", selector, "mig.nvidia.com")), CLASSES, _slices())
+    assert report.requests[0].notes == ()
 
 
 def test_claim_templates_are_explained_like_claims() -> None:
@@ -230,6 +267,18 @@ def test_explain_a_device_class_alone(tmp_path: Path, capsys: pytest.CaptureFixt
     assert code == 0
     assert "gpu-0                      match" in out
     assert "gpu-2                      no" in out
+
+
+def test_the_report_shows_deprecation_notes_under_the_request(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "claim.yaml"
+    path.write_text(yaml.safe_dump(_claim(_exactly("gpu", f"{ATTR}.index == 1"))))
+    code, out, _ = _run(capsys, "explain", "--claim", str(path), "--fake-gpus", "mixed")
+    assert code == 0
+    verdict, note = out.splitlines()[-2:]
+    assert verdict == "    => can be allocated: 1 free matching device(s), 1 needed"
+    assert note.startswith("    note: request selector 1 reads 'index', deprecated: published until 0.3.0")
 
 
 def test_explain_needs_a_claim_or_a_class(capsys: pytest.CaptureFixture[str]) -> None:

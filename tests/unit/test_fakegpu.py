@@ -92,6 +92,25 @@ def test_overrides_apply_on_top_of_a_catalog_model() -> None:
     assert gpu.cuda_compute_capability == "7.5.0"
 
 
+def test_every_catalog_model_reports_hmm_unless_the_profile_says_otherwise() -> None:
+    entries = [{"model": model} for model in sorted(MODELS)]
+    loaded = parse_profile(
+        {
+            "gpus": [
+                *entries,
+                {"model": "h100-sxm5-80gb", "addressingMode": "ATS"},
+                {"model": "t4", "addressingMode": "unsupported"},
+            ]
+        },
+        "p",
+    )
+    lib = FakeGpuLibrary(loaded, NODE)
+    assert [lib.addressing_mode(GpuHandle(i)) for i in range(len(MODELS) + 1)] == [1] * len(MODELS) + [2]
+    with pytest.raises(GpuLibraryError) as err:
+        lib.addressing_mode(GpuHandle(len(MODELS) + 1))
+    assert err.value.code == ERROR_NOT_SUPPORTED
+
+
 def test_a_builtin_name_wins_over_a_file_of_the_same_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -241,6 +260,16 @@ PROFILE_ERRORS: list[tuple[str, Any, str]] = [
         "unknown architecture",
         {"gpus": [{"model": "t4", "architecture": "Fermi"}]},
         "gpus[0].architecture: unknown value 'Fermi'",
+    ),
+    (
+        "unknown addressing mode",
+        {"gpus": [{"model": "t4", "addressingMode": "UVM"}]},
+        "gpus[0].addressingMode: unknown value 'UVM'; one of: ATS, HMM, None, unsupported",
+    ),
+    (
+        "addressing mode null",
+        {"gpus": [{"model": "t4", "addressingMode": None}]},
+        "gpus[0].addressingMode: expected one of ATS, HMM, None, unsupported as a string, got None",
     ),
     (
         "bad cudaDriverVersion",

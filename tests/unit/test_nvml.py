@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -10,8 +11,10 @@ from typing import Any
 import pytest
 
 from dra.core.slices import build_slices
-from dra.gpu.discovery import discover
+from dra.gpu.discovery import ADDRESSING_MODES, discover
 from dra.gpu.nvml import (
+    ERROR_ARGUMENT_VERSION_MISMATCH,
+    ERROR_FUNCTION_NOT_FOUND,
     ERROR_GPU_IS_LOST,
     ERROR_NOT_SUPPORTED,
     ERROR_TIMEOUT,
@@ -21,7 +24,7 @@ from dra.gpu.nvml import (
     GpuLibraryError,
     NvmlLibrary,
     XidEvent,
-    _bus_id_for_sysfs,
+    sysfs_bus_id,
 )
 from tests.unit.helpers import DRIVER
 
@@ -61,7 +64,7 @@ def sysfs(tmp_path: Path) -> Path:
     ],
 )
 def test_nvml_bus_ids_translate_to_sysfs_names(nvml: str, sysfs: str) -> None:
-    assert _bus_id_for_sysfs(nvml) == sysfs
+    assert sysfs_bus_id(nvml) == sysfs
 
 
 @pytest.mark.parametrize(
@@ -158,9 +161,12 @@ class StubNvml:
 
     NVMLError = StubNvmlError
 
-    def __init__(self, bus_id: bytes | str = b"00000000:AF:00.0", numa: int | None = None) -> None:
+    def __init__(
+        self, bus_id: bytes | str = b"00000000:AF:00.0", numa: int | None = None, addressing: int | None = 1
+    ) -> None:
         self.bus_id = bus_id
         self.numa = numa
+        self.addressing = addressing
         self.wait: Any = StubNvmlError(ERROR_TIMEOUT)
         self.unsupported: set[object] = set()
         self.calls: list[tuple[object, ...]] = []
@@ -169,6 +175,11 @@ class StubNvml:
         if self.numa is None:
             raise StubNvmlError(ERROR_NOT_SUPPORTED)
         return self.numa
+
+    def nvmlDeviceGetAddressingMode(self, handle: object) -> int:  # noqa: N802
+        if self.addressing is None:
+            raise StubNvmlError(ERROR_NOT_SUPPORTED)
+        return self.addressing
 
     def nvmlDeviceGetPciInfo(self, handle: object) -> SimpleNamespace:  # noqa: N802
         return SimpleNamespace(busId=self.bus_id)
@@ -223,6 +234,34 @@ def test_no_numa_node_is_not_supported(sysfs: Path, content: str | None) -> None
     with pytest.raises(GpuLibraryError) as err:
         _with_stub(StubNvml(bus_id="00000000:AF:00.0"), sysfs=sysfs).numa_node(GpuHandle(0))
     assert err.value.code == ERROR_NOT_SUPPORTED
+
+
+def test_addressing_mode_is_nvmls_value() -> None:
+    assert _with_stub(StubNvml(addressing=2)).addressing_mode(GpuHandle(0)) == 2
+    with pytest.raises(GpuLibraryError) as err:
+        _with_stub(StubNvml(addressing=None)).addressing_mode(GpuHandle(0))
+    assert err.value.code == ERROR_NOT_SUPPORTED
+
+
+def test_a_call_missing_from_pynvml_is_function_not_found() -> None:
+    lib = NvmlLibrary()
+    lib._nvml = SimpleNamespace(NVMLError=StubNvmlError)  # bindings that predate the call
+    with pytest.raises(GpuLibraryError) as err:
+        lib.addressing_mode(GpuHandle(0))
+    assert err.value.code == ERROR_FUNCTION_NOT_FOUND
+    assert str(err.value) == "nvmlDeviceGetAddressingMode: not in this pynvml (nvidia-ml-py)"
+
+
+def test_addressing_mode_names_match_the_installed_pynvml() -> None:
+    pynvml = pytest.importorskip("pynvml")
+    if not hasattr(pynvml, "NVML_DEVICE_ADDRESSING_MODE_HMM"):
+        pytest.skip("this nvidia-ml-py predates nvmlDeviceGetAddressingMode")
+    assert {
+        getattr(pynvml, f"NVML_DEVICE_ADDRESSING_MODE_{name.upper()}"): name
+        for name in ADDRESSING_MODES.values()
+    } == ADDRESSING_MODES
+    assert pynvml.NVML_ERROR_FUNCTION_NOT_FOUND == ERROR_FUNCTION_NOT_FOUND
+    assert pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH == ERROR_ARGUMENT_VERSION_MISMATCH
 
 
 def test_wait_xid_event_timeout_is_none() -> None:
@@ -305,6 +344,8 @@ def test_real_nvml_discovery_publishes_valid_slices() -> None:
         assert gpu.uuid.startswith("GPU-")
         assert gpu.memory_bytes > 0
         assert gpu.device_nodes == (f"/dev/nvidia{gpu.minor}",)
+        assert re.fullmatch(r"[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", gpu.pci_bus_id)
+        assert gpu.addressing_mode in (*ADDRESSING_MODES.values(), None)
     assert "/dev/nvidiactl" in inv.common_device_nodes
     published = build_slices(inv, DRIVER, "gpu-node", None, generation=1)
     assert [d["name"] for s in published for d in s["spec"]["devices"]] == [d.name for d in inv]

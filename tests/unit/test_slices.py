@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 import re
 from typing import Any
@@ -11,7 +12,11 @@ import pytest
 
 from dra.core import slices
 from dra.core.slices import (
+    DEPRECATED_ATTRIBUTES,
+    DEPRECATED_ATTRIBUTES_REMOVED_IN,
     MAX_DEVICES_PER_SLICE,
+    NUMA_NODE_ATTRIBUTE,
+    PCI_BUS_ID_ATTRIBUTE,
     PCIE_ROOT_ATTRIBUTE,
     SliceError,
     binary_quantity,
@@ -21,8 +26,9 @@ from dra.core.slices import (
 )
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.nvml import ERROR_NOT_SUPPORTED, GpuHandle, GpuLibraryError
 from dra.gpu.profiles import load_profile
-from dra.model.devices import Gpu, Inventory
+from dra.model.devices import Gpu, Inventory, MigDevice
 from tests.unit.helpers import DRIVER, NODE, inventory, profile
 
 MIB = 1024**2
@@ -63,7 +69,10 @@ def test_gpu_attributes_and_types() -> None:
         "minor": {"int": 3},
         "pcieBusID": {"string": "00000000:40:00.0"},
         "productName": {"string": "NVIDIA H100 80GB HBM3"},
+        "addressingMode": {"string": "HMM"},
+        PCI_BUS_ID_ATTRIBUTE: {"string": "0000:40:00.0"},
         PCIE_ROOT_ATTRIBUTE: {"string": "pci0000:30"},
+        NUMA_NODE_ATTRIBUTE: {"int": 0},
         "type": {"string": "gpu"},
         "uuid": {"string": gpu.uuid},
     }
@@ -86,7 +95,10 @@ def test_mig_attributes_and_types() -> None:
         "pcieBusID": {"string": "00000000:60:00.0"},
         "productName": {"string": "NVIDIA H100 80GB HBM3"},
         "profile": {"string": "3g.40gb"},
+        "addressingMode": {"string": "HMM"},
+        PCI_BUS_ID_ATTRIBUTE: {"string": "0000:60:00.0"},
         PCIE_ROOT_ATTRIBUTE: {"string": "pci0000:50"},
+        NUMA_NODE_ATTRIBUTE: {"int": 1},
         "type": {"string": "mig"},
         "uuid": {"string": mig.uuid},
     }
@@ -102,6 +114,71 @@ def test_mig_attributes_and_types() -> None:
     # Attributes that only full GPUs carry.
     assert "index" not in entry["attributes"]
     assert "minor" not in entry["attributes"]
+
+
+#: What NVIDIA's DRA driver publishes (2026 releases), numaNode and addressingMode where known.
+NVIDIA_GPU_ATTRIBUTES = {
+    "architecture",
+    "brand",
+    "cudaComputeCapability",
+    "cudaDriverVersion",
+    "driverVersion",
+    "productName",
+    PCI_BUS_ID_ATTRIBUTE,
+    PCIE_ROOT_ATTRIBUTE,
+    "type",
+    "uuid",
+    "addressingMode",
+    NUMA_NODE_ATTRIBUTE,
+}
+NVIDIA_MIG_ATTRIBUTES = NVIDIA_GPU_ATTRIBUTES | {"parentUUID", "profile"}
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_every_device_publishes_what_nvidia_publishes_plus_only_deprecated_names(name: str) -> None:
+    inv = inventory(name)
+    for device in inv:
+        published = set(device_entry(device, inv)["attributes"])
+        nvidia = NVIDIA_MIG_ATTRIBUTES if isinstance(device, MigDevice) else NVIDIA_GPU_ATTRIBUTES
+        assert nvidia <= published, device.name
+        assert published - nvidia <= set(DEPRECATED_ATTRIBUTES), device.name
+
+
+def test_the_deprecated_attributes_are_still_published_until_their_release() -> None:
+    inv = inventory("h100x8-mig")
+    published = {key for device in inv for key in device_entry(device, inv)["attributes"]}
+    assert set(DEPRECATED_ATTRIBUTES) <= published
+    # The docs promise their removal in that release: bumping the version to it fails here first.
+    version = tuple(int(part) for part in importlib.metadata.version("dra-gpu").split(".")[:3])
+    removed_in = tuple(int(part) for part in DEPRECATED_ATTRIBUTES_REMOVED_IN.split("."))
+    assert version < removed_in, "remove DEPRECATED_ATTRIBUTES (and their docs) in this release"
+
+
+class UnknownNuma(FakeGpuLibrary):
+    """A host (a VM, say) where neither NVML nor sysfs knows the GPUs' NUMA node."""
+
+    def numa_node(self, gpu: GpuHandle) -> int:
+        raise GpuLibraryError(ERROR_NOT_SUPPORTED, "no NUMA node")
+
+
+def test_no_numa_node_or_addressing_mode_attribute_where_they_are_unknown() -> None:
+    fake = UnknownNuma(
+        profile(
+            {"model": "a100-sxm4-40gb", "addressingMode": "unsupported", "mig": ["7g.40gb"]}, {"model": "t4"}
+        ),
+        NODE,
+    )
+    inv = discover(fake)
+    for device in inv:
+        attributes = device_entry(device, inv)["attributes"]
+        assert NUMA_NODE_ATTRIBUTE not in attributes
+        assert ("addressingMode" in attributes) == (device.name == "gpu-1")
+
+
+@pytest.mark.parametrize("mode", ["None", "ATS", "HMM"])
+def test_the_addressing_mode_is_published_as_nvidia_smi_names_it(mode: str) -> None:
+    inv = inventory(profile({"model": "h100-sxm5-80gb", "addressingMode": mode.lower()}))
+    assert device_entry(inv.gpus[0], inv)["attributes"]["addressingMode"] == {"string": mode}
 
 
 @pytest.mark.parametrize(
@@ -178,11 +255,11 @@ def test_no_pcie_root_attribute_when_it_is_unknown() -> None:
 
 def test_the_attribute_limit_is_enforced(monkeypatch: pytest.MonkeyPatch) -> None:
     inv = inventory("h100x8")
-    # A GPU has 12 attributes and 1 capacity.
-    monkeypatch.setattr(slices, "MAX_ATTRIBUTES_AND_CAPACITIES", 12)
-    with pytest.raises(SliceError, match="device gpu-0 has more than 12 attributes"):
+    # A GPU has 15 attributes and 1 capacity.
+    monkeypatch.setattr(slices, "MAX_ATTRIBUTES_AND_CAPACITIES", 15)
+    with pytest.raises(SliceError, match="device gpu-0 has more than 15 attributes"):
         device_entry(inv.gpus[0], inv)
-    monkeypatch.setattr(slices, "MAX_ATTRIBUTES_AND_CAPACITIES", 13)
+    monkeypatch.setattr(slices, "MAX_ATTRIBUTES_AND_CAPACITIES", 16)
     device_entry(inv.gpus[0], inv)
 
 

@@ -219,3 +219,24 @@ def test_compile_is_cached_and_programs_are_reusable() -> None:
     assert compile_expression("1 + 1 == 2") is program
     assert program.evaluate() is True
     assert program.evaluate() is True
+
+
+@pytest.mark.parametrize(
+    ("expression", "references"),
+    [
+        ('device.attributes["d.io"].a == 1', {("d.io", "a")}),
+        (
+            'device.attributes["d.io"]["a"] == 1 && has(device.attributes["k.io"].b)',
+            {("d.io", "a"), ("k.io", "b")},
+        ),
+        ("device.attributes.d.a == 1", {("d", "a")}),
+        # Capacities, computed keys and bound variables are not attribute lookups it can name.
+        ('device.capacity["d.io"].memory.isGreaterThan(quantity("1"))', set()),
+        ('device.attributes["d.io"]["a" + "b"] == 1', set()),
+        ('cel.bind(x, device.attributes["d.io"], x.a == 1)', set()),
+    ],
+)
+def test_attribute_references_name_each_constant_lookup(
+    expression: str, references: set[tuple[str, str]]
+) -> None:
+    assert compile_expression(expression).attribute_references() == references

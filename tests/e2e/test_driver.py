@@ -49,6 +49,11 @@ def driver(
     assert process.stop() == 0, process.log_path.read_text()
 
 
+def _checkpointed(driver: DriverProcess) -> dict[str, Obj]:
+    claims: dict[str, Obj] = json.loads(driver.checkpoint.read_text())["claims"]
+    return claims
+
+
 def _slice_devices(kube: Kube, cluster: ClusterInfo) -> dict[str, Obj]:
     slices = kube.list_objects(
         "resource.k8s.io/v1",
@@ -107,7 +112,8 @@ def test_pod_gets_the_selected_gpu(
     assert record["deviceNodes"] == []
 
     delete_pods_and_wait(kube, cluster, namespace, [claim])
-    assert uid not in json.loads(driver.checkpoint.read_text())["claims"]
+    # Unprepare removes the spec first, then the checkpoint entry.
+    wait_for("the claim to leave the checkpoint", lambda: uid not in _checkpointed(driver), timeout=10)
 
 
 def test_unsatisfiable_driver_version_stays_pending(
@@ -189,7 +195,7 @@ def test_restart_after_sigkill_keeps_prepared_claims(
     assert len(held) == len(set(held)) == 2
 
     delete_pods_and_wait(kube, cluster, namespace, [before, after])
-    assert json.loads(driver.checkpoint.read_text())["claims"] == {}
+    wait_for("an empty checkpoint", lambda: _checkpointed(driver) == {}, timeout=10)
     assert driver.proc is not None
     assert driver.proc.poll() is None
     os.kill(driver.proc.pid, signal.SIGTERM)

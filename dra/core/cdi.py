@@ -19,8 +19,8 @@ device nodes and mounts accumulate. So the edits are laid out to compose:
   `all` that CUDA images bake in, and `void` makes NVIDIA's runtime hook (legacy
   mode) add nothing of its own, so the container sees exactly the devices CDI
   gave it. A list of UUIDs cannot work here: every spec would set its own and
-  the last one merged would win, narrowing a container of several claims and
-  widening one that references a single request.
+  the last one merged would win, narrowing a container of several claims, and
+  a claim's list would widen a container that references one of its requests.
 
 A container that asks for no claim gets nothing from this driver.
 

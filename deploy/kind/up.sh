@@ -25,7 +25,7 @@ namespace=dra-gpu
 release=dra-gpu
 image_repository=dra-gpu
 image_tag=${IMAGE_TAG:-kind}
-demo_pods=(trainer notebook inference cpu-only)
+demo_pods=(trainer notebook inference mixed pipeline cpu-only)
 
 say() { printf '\n==> %s\n' "$*"; }
 die() { printf 'up.sh: %s\n' "$*" >&2; exit 1; }
@@ -90,11 +90,11 @@ up() {
     report
 }
 
-# Which devices each demo pod's claims were given, on which node, and the GPUs the driver's
-# CDI spec on that node hands the container (NVIDIA_VISIBLE_DEVICES).
+# Which devices each demo pod's claims were given, on which node, and the UUIDs the driver's
+# CDI specs on that node give for them (each device names itself in DRA_GPU_<DEVICE>_UUID).
 report() {
     say "what each pod got"
-    printf '%-10s %-16s %-40s %s\n' POD NODE DEVICES NVIDIA_VISIBLE_DEVICES
+    printf '%-10s %-16s %-40s %s\n' POD NODE DEVICES "UUIDS (CDI)"
     local pod node claims claim uid devices visible
     for pod in "${demo_pods[@]}"; do
         node=$(kubectl_ --namespace default get pod "$pod" --output jsonpath='{.spec.nodeName}')
@@ -107,9 +107,9 @@ report() {
             uid=$(kubectl_ --namespace default get resourceclaim "$claim" --output jsonpath='{.metadata.uid}')
             # kind nodes are containers: read the spec the driver wrote for this claim.
             visible+=$(docker exec "$node" cat "/var/run/cdi/k8s.gpu.nvidia.com-claim_$uid.json" 2>/dev/null |
-                grep -o 'NVIDIA_VISIBLE_DEVICES=[^"]*' | cut -d= -f2 || true)
+                grep -o 'DRA_GPU_[A-Z0-9_]*_UUID=[^"]*' | cut -d= -f2 | tr '\n' ' ' || true)
         done
-        devices=${devices% }
+        devices=${devices% } visible=${visible% }
         printf '%-10s %-16s %-40s %s\n' "$pod" "$node" "${devices:--}" "${visible:-(no GPU)}"
     done
     printf '\nkubectl --context %s get pods,resourceclaims,resourceslices\n' "$context"

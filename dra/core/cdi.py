@@ -1,19 +1,36 @@
 """CDI specs: pure building, no files.
 
 DRA: one spec per claim, kind `k8s.<driver>/claim`, with one CDI device per
-allocated device named `<claim UID>-<device>`. A device carries its own device
-nodes (none for fake GPUs, which have no host paths) and env vars naming it;
-the spec-wide edits, which the runtime applies once when any device of the
-claim is injected, carry the control device nodes and NVIDIA_VISIBLE_DEVICES
-with the UUIDs of every device of the claim. A container that asks for no
-claim gets nothing from this driver.
+allocated device named `<claim UID>-<device>`. The kubelet passes a container
+the CDI devices of the claims (or only of the requests) it references, and the
+runtime merges, in order, the edits of each device plus the spec-wide edits of
+every spec that contributed one; env entries of one name replace each other,
+device nodes and mounts accumulate. So the edits are laid out to compose:
+
+- a device's own edits carry everything that identifies it: its device nodes
+  (none for fake GPUs, which have no host paths) and `DRA_GPU_<DEVICE>_*` vars
+  whose values depend on the device alone, so that two claims holding the same
+  device (admin access) set them identically;
+- what belongs to the claim goes under a per-claim name
+  (`DRA_GPU_CLAIM_<UID>`), set by each of its devices, so claims never collide
+  and a container referencing one request of a claim still learns the claim;
+- the spec-wide edits are the same in every spec of the node: the control
+  device nodes and `NVIDIA_VISIBLE_DEVICES=void`. The variable overrides the
+  `all` that CUDA images bake in, and `void` makes NVIDIA's runtime hook (legacy
+  mode) add nothing of its own, so the container sees exactly the devices CDI
+  gave it. A list of UUIDs cannot work here: every spec would set its own and
+  the last one merged would win, narrowing a container of several claims, and
+  a claim's list would widen a container that references one of its requests.
+
+A container that asks for no claim gets nothing from this driver.
 
 Device plugin: one spec for every device the plugin advertises, kind
 `k8s.<driver>/device`, one CDI device per GPU or MIG device named by its
 UUID (stable across restarts and index changes, so an allocation the kubelet
-checkpointed still resolves). Each device has the same edits as in a claim
-spec; the spec-wide edits carry only the control device nodes, since which
-devices a container got is known per allocation, not per spec.
+checkpointed still resolves). Each device has the same device edits as in a
+claim spec; the spec-wide edits carry only the control device nodes, since
+NVIDIA_VISIBLE_DEVICES comes with the Allocate answer (see
+dra/deviceplugin/allocate.py), which a spec-wide value would override.
 """
 
 from __future__ import annotations
@@ -30,6 +47,10 @@ CDI_VERSION = "0.5.0"
 CDI_CLASS = "claim"
 #: The class of the device plugin's per-device spec.
 DEVICE_CLASS = "device"
+#: The variable NVIDIA's container runtime hook (legacy mode) reads the devices to inject from.
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+#: The NVIDIA runtime treats `void` as "behave like runc": no device, no library.
+VOID = "void"
 #: Prefix of CDI annotation keys (the device plugin's cdi-annotations strategy).
 ANNOTATION_PREFIX = "cdi.k8s.io/"
 _ANNOTATION_NAME_MAX = 63
@@ -64,16 +85,26 @@ def spec_file_name(driver: str, claim_uid: str) -> str:
 
 def env_key(device: str) -> str:
     """The env var stem naming one device: gpu-4-mig-1g10gb-1-0 -> DRA_GPU_GPU_4_MIG_1G10GB_1_0."""
-    return "DRA_GPU_" + re.sub(r"[^A-Z0-9]", "_", device.upper())
+    return "DRA_GPU_" + _identifier(device)
 
 
-def _device_edits(device: Device) -> Obj:
+def claim_env_key(claim_uid: str) -> str:
+    """The env var a claim's devices set to the claim's UID: DRA_GPU_CLAIM_<UID>, one name per claim."""
+    return "DRA_GPU_CLAIM_" + _identifier(claim_uid)
+
+
+def _identifier(text: str) -> str:
+    return re.sub(r"[^A-Z0-9]", "_", text.upper())
+
+
+def _device_edits(device: Device, extra_env: Sequence[str] = ()) -> Obj:
     stem = env_key(device.name)
     edits: Obj = {
         "env": [
             f"{stem}_NAME={device.name}",
             f"{stem}_UUID={device.uuid}",
             f"{stem}_PRODUCT={device.product_name}",
+            *extra_env,
         ]
     }
     if device.device_nodes:
@@ -81,30 +112,24 @@ def _device_edits(device: Device) -> Obj:
     return edits
 
 
-def build_spec(
-    driver: str,
-    claim_uid: str,
-    devices: Sequence[Device],
-    inventory: Inventory,
-    extra_env: Sequence[str] = (),
-) -> Obj:
-    """The CDI spec of one claim's devices on this node."""
-    common: Obj = {
-        "env": [
-            "NVIDIA_VISIBLE_DEVICES=" + ",".join(d.uuid for d in devices),
-            f"DRA_GPU_CLAIM_UID={claim_uid}",
-            *extra_env,
-        ]
-    }
+def _common_edits(inventory: Inventory, env: Sequence[str]) -> Obj:
+    edits: Obj = {"env": list(env)} if env else {}
     if inventory.common_device_nodes:
-        common["deviceNodes"] = [{"path": path} for path in inventory.common_device_nodes]
+        edits["deviceNodes"] = [{"path": path} for path in inventory.common_device_nodes]
+    return edits
+
+
+def build_spec(driver: str, claim_uid: str, devices: Sequence[Device], inventory: Inventory) -> Obj:
+    """The CDI spec of one claim's devices on this node; it composes with any other claim's spec."""
+    claim_env = f"{claim_env_key(claim_uid)}={claim_uid}"
     return {
         "cdiVersion": CDI_VERSION,
         "kind": kind(driver),
         "devices": [
-            {"name": device_name(claim_uid, d.name), "containerEdits": _device_edits(d)} for d in devices
+            {"name": device_name(claim_uid, d.name), "containerEdits": _device_edits(d, [claim_env])}
+            for d in devices
         ],
-        "containerEdits": common,
+        "containerEdits": _common_edits(inventory, [f"{VISIBLE_DEVICES}={VOID}"]),
     }
 
 
@@ -124,14 +149,15 @@ def qualified_device_name(driver: str, device: Device) -> str:
 
 
 def build_device_spec(driver: str, devices: Sequence[Device], inventory: Inventory) -> Obj:
-    """The device plugin's spec: one CDI device per device, named by UUID, with the claim specs' edits."""
+    """The device plugin's spec: one CDI device per device, named by UUID, with claim specs' device edits."""
     spec: Obj = {
         "cdiVersion": CDI_VERSION,
         "kind": device_kind(driver),
         "devices": [{"name": d.uuid, "containerEdits": _device_edits(d)} for d in devices],
     }
-    if inventory.common_device_nodes:
-        spec["containerEdits"] = {"deviceNodes": [{"path": p} for p in inventory.common_device_nodes]}
+    common = _common_edits(inventory, ())
+    if common:
+        spec["containerEdits"] = common
     return spec
 
 

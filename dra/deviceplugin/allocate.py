@@ -32,10 +32,6 @@ from dra.core import cdi
 from dra.model.devices import Device
 from dra.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 
-VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-#: The NVIDIA runtime treats `void` as "behave like runc": no device, no library.
-VOID = "void"
-
 
 class Strategy(enum.Enum):
     """How the allocated devices are named to the runtime."""
@@ -83,9 +79,9 @@ def container_response(
     """The answer for one container that was allocated `devices` of `resource`."""
     response = pb.ContainerAllocateResponse()
     if Strategy.ENVVAR in strategies:
-        response.envs[VISIBLE_DEVICES] = ",".join(d.uuid for d in devices)
+        response.envs[cdi.VISIBLE_DEVICES] = ",".join(d.uuid for d in devices)
     else:
-        response.envs[VISIBLE_DEVICES] = VOID
+        response.envs[cdi.VISIBLE_DEVICES] = cdi.VOID
     names = [cdi.qualified_device_name(driver, d) for d in devices]
     if Strategy.CDI_CRI in strategies:
         response.cdi_devices.extend(pb.CDIDevice(name=name) for name in names)

@@ -64,13 +64,17 @@ class DeviceState:
         return dict(self._prepared)
 
     def recover(self) -> None:
-        """After a restart: drop specs of claims not prepared, re-create missing specs of prepared ones."""
+        """After a restart: drop specs of claims not prepared, write the specs of prepared ones."""
         with self._lock:
             self._checkpoint.remove_leftovers()
             self._cdi.remove_stale(keep=self._prepared)
             for claim in self._prepared.values():
-                if not self._cdi.exists(claim.uid):
-                    self._write_spec(claim)
+                devices = self._devices_of(claim)
+                # A spec that is there is rewritten too (the store leaves identical bytes alone), so
+                # that one an older driver wrote gets the current layout before a container of the
+                # claim restarts; but not to leave out a device that vanished: its edits do no harm.
+                if not self._cdi.exists(claim.uid) or len(devices) == len(claim.devices):
+                    self._write_spec(claim.uid, devices)
 
     def _devices_of(self, claim: PreparedClaim) -> list[Device]:
         found = []
@@ -87,10 +91,9 @@ class DeviceState:
                 found.append(device)
         return found
 
-    def _write_spec(self, claim: PreparedClaim) -> None:
-        devices = self._devices_of(claim)
+    def _write_spec(self, uid: str, devices: list[Device]) -> None:
         if devices:
-            self._cdi.write(claim.uid, cdi.build_spec(self.driver, claim.uid, devices, self.inventory))
+            self._cdi.write(uid, cdi.build_spec(self.driver, uid, devices, self.inventory))
 
     def _holders(self, device: Device, exclude_uid: str) -> list[PreparedClaim]:
         return [
@@ -137,7 +140,7 @@ class DeviceState:
             if existing is not None:
                 if _recorded(existing) == _requested(allocation):
                     if not self._cdi.exists(existing.uid):
-                        self._write_spec(existing)
+                        self._write_spec(existing.uid, self._devices_of(existing))
                     return existing
                 # The kubelet unprepares before a claim is allocated anew; if it did not, the
                 # claim's current allocation is the truth, not the record.

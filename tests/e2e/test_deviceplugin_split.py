@@ -32,6 +32,7 @@ from localcluster.workloads import (
     gpu_pod,
     node_resources,
     pod_claim,
+    visible_devices,
 )
 
 from dra.gpu.discovery import discover
@@ -116,7 +117,12 @@ def test_dra_and_device_plugin_pods_run_together_and_never_share_a_gpu(
 
     claims = [pod_claim(kube, namespace, p) for p in dra_pods]
     assert sorted(d for c in claims for d in allocated_devices(c)) == ["gpu-0", "gpu-1"]
-    dra_uuids = [container_record(cluster, namespace, p)["env"]["NVIDIA_VISIBLE_DEVICES"] for p in dra_pods]
+    names = {g.name: g.uuid for g in node.gpus}
+    dra_uuids = [
+        names[device]
+        for p in dra_pods
+        for device in visible_devices(container_record(cluster, namespace, p), names)
+    ]
     legacy = container_record(cluster, namespace, "legacy")
     legacy_uuids = [name.split("=", 1)[1] for name in legacy["cdiDevices"]]
     assert all(name.startswith(f"{KIND}=") for name in legacy["cdiDevices"])

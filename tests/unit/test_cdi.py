@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,17 +79,19 @@ def test_qualified_ids_point_at_devices_of_the_spec() -> None:
     )
 
 
-def test_spec_wide_env_names_every_device_of_the_claim() -> None:
+def test_spec_wide_edits_carry_no_device_identity() -> None:
     inv = inventory("h100x8-mig")
-    devices = _devices(inv, "gpu-1", "gpu-4-mig-3g40gb-1-0", "gpu-6-mig-1g10gb-4-0")
-    spec = cdi.build_spec(DRIVER, UID, devices, inv)
-    env = _env(spec["containerEdits"])
-    assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(d.uuid for d in devices)
-    assert env["DRA_GPU_CLAIM_UID"] == UID
-    assert env["NVIDIA_VISIBLE_DEVICES"].split(",")[1].startswith("MIG-")
+    specs = [
+        cdi.build_spec(DRIVER, UID, _devices(inv, "gpu-1", "gpu-4-mig-3g40gb-1-0"), inv),
+        cdi.build_spec(DRIVER, OTHER_UID, _devices(inv, "gpu-6-mig-1g10gb-4-0"), inv),
+    ]
+    # Identical in every spec, so whichever specs a container draws from, they agree.
+    assert (
+        specs[0]["containerEdits"] == specs[1]["containerEdits"] == {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}
+    )
 
 
-def test_each_device_names_itself_in_env() -> None:
+def test_each_device_names_itself_and_its_claim_in_env() -> None:
     inv = inventory("h100x8-mig")
     devices = _devices(inv, "gpu-0", "gpu-4-mig-2g20gb-2-0")
     spec = cdi.build_spec(DRIVER, UID, devices, inv)
@@ -95,19 +100,15 @@ def test_each_device_names_itself_in_env() -> None:
         "DRA_GPU_GPU_0_NAME": "gpu-0",
         "DRA_GPU_GPU_0_UUID": devices[0].uuid,
         "DRA_GPU_GPU_0_PRODUCT": "NVIDIA H100 80GB HBM3",
+        "DRA_GPU_CLAIM_0B4E2F7A_61C3_4A8E_9D55_2F0C1E9A7B10": UID,
     }
     mig_env = _env(spec["devices"][1]["containerEdits"])
     assert mig_env == {
         "DRA_GPU_GPU_4_MIG_2G20GB_2_0_NAME": "gpu-4-mig-2g20gb-2-0",
         "DRA_GPU_GPU_4_MIG_2G20GB_2_0_UUID": devices[1].uuid,
         "DRA_GPU_GPU_4_MIG_2G20GB_2_0_PRODUCT": "NVIDIA H100 80GB HBM3",
+        "DRA_GPU_CLAIM_0B4E2F7A_61C3_4A8E_9D55_2F0C1E9A7B10": UID,
     }
-
-
-def test_extra_env_goes_to_the_spec_wide_edits() -> None:
-    inv = inventory("mixed")
-    spec = cdi.build_spec(DRIVER, UID, _devices(inv, "gpu-0"), inv, extra_env=["A=1", "B=two words"])
-    assert spec["containerEdits"]["env"][-2:] == ["A=1", "B=two words"]
 
 
 @pytest.mark.parametrize(
@@ -145,6 +146,131 @@ def test_real_device_nodes_are_injected() -> None:
         {"path": "/dev/nvidia-caps/nvidia-cap41"},
         {"path": "/dev/nvidia-caps/nvidia-cap42"},
     ]
+
+
+# -- composing specs in one container -------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Injected:
+    """What a container gets from the CDI devices the kubelet passed, merged as the CDI spec says."""
+
+    env: dict[str, str]
+    device_nodes: list[str]
+    conflicts: dict[str, set[str]]
+
+    @property
+    def device_names(self) -> set[str]:
+        """The devices whose identity reached the container."""
+        return {v for k, v in self.env.items() if k.startswith("DRA_GPU_") and k.endswith("_NAME")}
+
+
+def _inject(specs: Sequence[dict[str, Any]], ids: Sequence[str]) -> Injected:
+    """CDI injection: each device's edits, plus once the spec-wide edits of each spec that
+    contributed a device; a later env entry of one name replaces an earlier one, device
+    nodes accumulate (one per path)."""
+    devices = {f"{spec['kind']}={d['name']}": (spec, d) for spec in specs for d in spec["devices"]}
+    edits: list[dict[str, Any]] = []
+    contributed: list[dict[str, Any]] = []
+    for qualified in ids:
+        spec, device = devices[qualified]
+        if not any(spec is seen for seen in contributed):
+            contributed.append(spec)
+            edits.append(spec.get("containerEdits", {}))
+        edits.append(device["containerEdits"])
+    env: dict[str, str] = {}
+    values: dict[str, set[str]] = {}
+    nodes: list[str] = []
+    for edit in edits:
+        for entry in edit.get("env", []):
+            key, _, value = entry.partition("=")
+            env[key] = value
+            values.setdefault(key, set()).add(value)
+        nodes += [n["path"] for n in edit.get("deviceNodes", []) if n["path"] not in nodes]
+    return Injected(env, nodes, {k: v for k, v in values.items() if len(v) > 1})
+
+
+def _host_inventory() -> Inventory:
+    """h100x8-mig on a host with device nodes and a capability node per MIG instance."""
+    caps = {}
+    for gpu in (4, 5, 6, 7):
+        for gi in (1, 2, 3, 4):
+            caps[f"gpu{gpu}/gi{gi}/access"] = 100 + 10 * gpu + 2 * gi
+            caps[f"gpu{gpu}/gi{gi}/ci0/access"] = 101 + 10 * gpu + 2 * gi
+    return discover(HostGpuLibrary(load_profile("h100x8-mig"), caps=caps))
+
+
+CLAIM_C = "c0c0c0c0-0000-4000-8000-00000000000c"
+
+
+@pytest.mark.parametrize(
+    ("claims", "container"),
+    [
+        pytest.param(
+            {UID: ["gpu-0"], OTHER_UID: ["gpu-1"]},
+            [(UID, "gpu-0"), (OTHER_UID, "gpu-1")],
+            id="two-claims",
+        ),
+        pytest.param(
+            {UID: ["gpu-0"], OTHER_UID: ["gpu-1"], CLAIM_C: ["gpu-2"]},
+            [(UID, "gpu-0"), (OTHER_UID, "gpu-1"), (CLAIM_C, "gpu-2")],
+            id="three-claims",
+        ),
+        pytest.param(
+            {UID: ["gpu-0", "gpu-1"], OTHER_UID: ["gpu-4-mig-3g40gb-1-0"]},
+            [(UID, "gpu-0"), (UID, "gpu-1"), (OTHER_UID, "gpu-4-mig-3g40gb-1-0")],
+            id="two-devices-beside-mig",
+        ),
+        pytest.param(
+            # One request of a two-request claim: the kubelet passes only that request's device.
+            {UID: ["gpu-4-mig-1g10gb-3-0", "gpu-5-mig-1g10gb-3-0"]},
+            [(UID, "gpu-5-mig-1g10gb-3-0")],
+            id="one-request-of-a-claim",
+        ),
+        pytest.param(
+            # Admin access: a second claim holds a device of the first.
+            {UID: ["gpu-0"], OTHER_UID: ["gpu-0", "gpu-1"]},
+            [(UID, "gpu-0"), (OTHER_UID, "gpu-0"), (OTHER_UID, "gpu-1")],
+            id="admin-access-overlap",
+        ),
+    ],
+)
+def test_a_container_sees_exactly_the_union_of_what_it_references(
+    claims: dict[str, list[str]], container: list[tuple[str, str]]
+) -> None:
+    inv = _host_inventory()
+    specs = [cdi.build_spec(DRIVER, uid, _devices(inv, *names), inv) for uid, names in claims.items()]
+    ids = [cdi.qualified_name(DRIVER, uid, name) for uid, name in container]
+    wanted = {name for _, name in container}
+    expected_nodes = set(inv.common_device_nodes) | {
+        node for name in wanted for node in _devices(inv, name)[0].device_nodes
+    }
+    results = [_inject(specs, order) for order in itertools.permutations(ids)]
+    for result in results:
+        assert result.conflicts == {}, "no variable is set to two values, so the merge order cannot matter"
+        assert result.device_names == wanted
+        assert {result.env[f"{cdi.env_key(n)}_UUID"] for n in wanted} == {
+            d.uuid for d in _devices(inv, *wanted)
+        }
+        assert set(result.device_nodes) == expected_nodes
+        assert result.env["NVIDIA_VISIBLE_DEVICES"] == "void"
+        assert {k: v for k, v in result.env.items() if k.startswith("DRA_GPU_CLAIM_")} == {
+            cdi.claim_env_key(uid): uid for uid, _ in container
+        }
+    assert all(r.env == results[0].env for r in results)
+
+
+def test_a_claim_and_the_device_plugin_compose_in_one_container() -> None:
+    inv = _host_inventory()
+    claim = cdi.build_spec(DRIVER, UID, _devices(inv, "gpu-0"), inv)
+    plugin = cdi.build_device_spec(DRIVER, _devices(inv, "gpu-6-mig-1g10gb-4-0", "gpu-3"), inv)
+    [gpu3] = _devices(inv, "gpu-3")
+    result = _inject(
+        [claim, plugin], [cdi.qualified_name(DRIVER, UID, "gpu-0"), cdi.qualified_device_name(DRIVER, gpu3)]
+    )
+    assert result.conflicts == {}
+    assert result.device_names == {"gpu-0", "gpu-3"}
+    assert set(result.device_nodes) == {*inv.common_device_nodes, "/dev/nvidia0", "/dev/nvidia3"}
 
 
 def test_render_is_deterministic_json() -> None:

@@ -134,7 +134,8 @@ case "$tool $*" in
     *"resourceClaimName}"*) echo "claim-$6" ;;
     *"jsonpath={.metadata.uid}"*) echo "uid-1" ;;
     *"get resourceclaim"*) printf 'gpu-0 ' ;;
-    "docker exec"*) echo '{"containerEdits":{"env":["NVIDIA_VISIBLE_DEVICES=GPU-1234"]}}' ;;
+    "docker exec"*) echo '{"devices":[{"containerEdits":{"env":["DRA_GPU_GPU_0_UUID=GPU-1234"]}}],'
+                    echo '"containerEdits":{"env":["NVIDIA_VISIBLE_DEVICES=void"]}}' ;;
 esac
 """
 

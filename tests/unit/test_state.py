@@ -355,6 +355,30 @@ def test_recover_removes_stale_specs_and_recreates_missing_ones(paths: Paths) ->
     assert paths.spec(UID_B).read_bytes() == spec_b
 
 
+def test_recover_gives_specs_an_older_driver_wrote_the_current_layout(paths: Paths) -> None:
+    before = paths.state()
+    before.prepare(_allocation(UID_A, "gpu-0", "gpu-4-mig-1g10gb-3-0"))
+    before.prepare(_allocation(UID_B, "gpu-5-mig-3g40gb-1-0"))
+    current = {uid: paths.spec(uid).read_bytes() for uid in (UID_A, UID_B)}
+    # The layout of earlier versions: the claim's UUIDs spec-wide, which leaked into containers
+    # that use one request of the claim and clashed between the claims of one container.
+    old = json.loads(current[UID_A])
+    old["containerEdits"]["env"] = ["NVIDIA_VISIBLE_DEVICES=GPU-x,MIG-y", f"DRA_GPU_CLAIM_UID={UID_A}"]
+    paths.spec(UID_A).write_text(json.dumps(old))
+    os.utime(paths.spec(UID_B), ns=(OLD, OLD))
+
+    paths.state().recover()
+    assert {uid: paths.spec(uid).read_bytes() for uid in (UID_A, UID_B)} == current
+    assert paths.spec(UID_B).stat().st_mtime_ns == OLD, "a spec already current is left alone"
+
+
+def test_recover_leaves_a_spec_alone_rather_than_drop_a_vanished_device(paths: Paths) -> None:
+    paths.state().prepare(_allocation(UID_A, "gpu-0", "gpu-4-mig-3g40gb-1-0"))
+    spec = paths.spec(UID_A).read_bytes()
+    paths.state(inventory("h100x8")).recover()
+    assert paths.spec(UID_A).read_bytes() == spec
+
+
 def test_a_device_gone_after_a_restart_is_left_out_of_the_recreated_spec(
     paths: Paths, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -2,8 +2,10 @@
 
 Starts the local Kubernetes cluster, runs `dra-gpu kubelet-plugin` on the fake
 profile h100x8-mig (DEMO_PROFILE overrides), applies the DeviceClasses and the
-workloads of docs/examples/demo.yaml, and prints which GPU each pod got, as
-the container runtime resolved it from the driver's CDI specs. With
+workloads of docs/examples/demo.yaml, and prints, for each container, the
+devices of the claims (or requests) it references and the devices it sees as
+the container runtime resolved them from the driver's CDI specs; the exit
+status says whether every container saw exactly its own. With
 DEMO_KEEP=1 everything stays up until Ctrl-C, for exploring with kubectl.
 """
 
@@ -16,16 +18,35 @@ import time
 from pathlib import Path
 
 from localcluster.binaries import bin_dir
-from localcluster.cluster import LocalCluster
+from localcluster.cluster import ClusterInfo, LocalCluster
 from localcluster.driverprocess import DriverProcess
-from localcluster.kube import Kube, WaitTimeoutError, load_manifests
-from localcluster.workloads import allocated_devices, container_record, ensure_device_classes, pod_claim
+from localcluster.kube import Kube, Obj, WaitTimeoutError, load_manifests
+from localcluster.workloads import (
+    allocated_devices,
+    container_record,
+    ensure_device_classes,
+    pod_claims,
+    visible_devices,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "docs" / "examples" / "demo.yaml"
 
 
 def _say(text: str) -> None:
     print(text, flush=True)
+
+
+def _container_row(kube: Kube, info: ClusterInfo, pod: str, container: Obj, uuids: dict[str, str]) -> str:
+    """One line of the table: what the container's claims (or requests) got, and what it sees."""
+    refs = container.get("resources", {}).get("claims", [])
+    claims = pod_claims(kube, "default", pod) if refs else {}
+    got = sorted({d for ref in refs for d in allocated_devices(claims[ref["name"]], ref.get("request"))})
+    record = container_record(info, "default", pod, container["name"])
+    sees = visible_devices(record, uuids)
+    mark = "" if sees == got else "!"
+    visible = record["env"].get("NVIDIA_VISIBLE_DEVICES", "(not set)")
+    label = f"{mark}{pod}/{container['name']}"
+    return f"{label:<16} {', '.join(got) or '-':<38} {', '.join(sees) or '-':<38} {visible}"
 
 
 def main() -> int:
@@ -56,22 +77,27 @@ def main() -> int:
         workloads = load_manifests(EXAMPLES.read_text())
         _say("applying docs/examples/demo.yaml")
         kube.create_all(workloads, namespace="default")
-        pods = [w["metadata"]["name"] for w in workloads if w["kind"] == "Pod"]
+        pods = [w for w in workloads if w["kind"] == "Pod"]
+        uuids = {name: d["attributes"]["uuid"]["string"] for name, d in devices.items()}
         failed = False
         _say("")
-        _say(f"{'POD':<10} {'DEVICES':<42} NVIDIA_VISIBLE_DEVICES (as the runtime set it)")
+        _say(f"{'CONTAINER':<16} {'ITS CLAIMS GOT':<38} {'IT SEES':<38} NVIDIA_VISIBLE_DEVICES")
         for pod in pods:
+            name = pod["metadata"]["name"]
             try:
-                kube.wait_pod_phase(pod, "default", timeout=60)
+                kube.wait_pod_phase(name, "default", timeout=60)
             except WaitTimeoutError as err:
                 failed = True
-                _say(f"{pod:<10} did not start: {err}")
+                _say(f"{name:<16} did not start: {err}")
                 continue
-            record = container_record(info, "default", pod)
-            statuses = kube.get("v1", "Pod", pod, "default")["status"].get("resourceClaimStatuses")
-            names = allocated_devices(pod_claim(kube, "default", pod)) if statuses else []
-            visible = record["env"].get("NVIDIA_VISIBLE_DEVICES", "(not set: no GPU)")
-            _say(f"{pod:<10} {', '.join(names) or '-':<42} {visible}")
+            for container in pod["spec"]["containers"]:
+                row = _container_row(kube, info, name, container, uuids)
+                failed |= row.startswith("!")
+                _say(row)
+        _say("")
+        _say("IT SEES: the devices the container's CDI edits name, plus any that NVIDIA's runtime hook")
+        _say("would add from NVIDIA_VISIBLE_DEVICES (void adds none). A leading ! marks a container that")
+        _say("sees more or fewer devices than its claims got.")
         _say("")
         specs = len(list(Path(info.cdi_dir).glob("*.json")))
         _say(f"CDI specs written by the driver: {specs} in {info.cdi_dir}")

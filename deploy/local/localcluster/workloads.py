@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,18 +80,63 @@ def gpu_pod(kube: Kube, namespace: str, name: str, template: str) -> Obj:
     )
 
 
-def pod_claim(kube: Kube, namespace: str, pod_name: str) -> Obj:
-    """The ResourceClaim generated for the pod's one claim."""
+def claims_pod(
+    kube: Kube,
+    namespace: str,
+    name: str,
+    templates: Mapping[str, str],
+    containers: Mapping[str, Sequence[Obj]],
+) -> Obj:
+    """A pod with a claim per entry of `templates` (pod claim name: template) and `containers`
+    (name: its `resources.claims` entries, e.g. `[{"name": "gpus", "request": "mig1"}]`)."""
+    return kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "terminationGracePeriodSeconds": 0,
+                "resourceClaims": [
+                    {"name": claim, "resourceClaimTemplateName": template}
+                    for claim, template in templates.items()
+                ],
+                "containers": [
+                    {
+                        "name": container,
+                        "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"claims": list(refs)},
+                    }
+                    for container, refs in containers.items()
+                ],
+            },
+        }
+    )
+
+
+def pod_claims(kube: Kube, namespace: str, pod_name: str) -> dict[str, Obj]:
+    """The ResourceClaims generated for the pod, by the pod's name for each claim."""
     pod = kube.get("v1", "Pod", pod_name, namespace)
     statuses = pod.get("status", {}).get("resourceClaimStatuses") or []
     assert statuses, f"pod {namespace}/{pod_name} has no generated claim yet"
-    return kube.get("resource.k8s.io/v1", "ResourceClaim", statuses[0]["resourceClaimName"], namespace)
+    return {
+        s["name"]: kube.get("resource.k8s.io/v1", "ResourceClaim", s["resourceClaimName"], namespace)
+        for s in statuses
+    }
 
 
-def allocated_devices(claim: Obj) -> list[str]:
-    """Device names allocated to a claim."""
+def pod_claim(kube: Kube, namespace: str, pod_name: str) -> Obj:
+    """The ResourceClaim generated for the pod's one claim."""
+    return next(iter(pod_claims(kube, namespace, pod_name).values()))
+
+
+def allocated_devices(claim: Obj, request: str | None = None) -> list[str]:
+    """Device names allocated to a claim, or to one of its requests (with its subrequests)."""
     allocation = (claim.get("status") or {}).get("allocation") or {}
-    return [r["device"] for r in allocation.get("devices", {}).get("results", [])]
+    return [
+        r["device"]
+        for r in allocation.get("devices", {}).get("results", [])
+        if request is None or r["request"].split("/", 1)[0] == request
+    ]
 
 
 def container_record(cluster: ClusterInfo, namespace: str, pod: str, container: str = "main") -> Obj:
@@ -99,6 +144,24 @@ def container_record(cluster: ClusterInfo, namespace: str, pod: str, container: 
     path = Path(cluster.runtime_records) / f"{namespace}_{pod}_{container}.json"
     record: Obj = json.loads(path.read_text())
     return record
+
+
+def visible_devices(record: Obj, uuids: Mapping[str, str]) -> list[str]:
+    """The devices a container sees on a node whose NVIDIA runtime hook also reads NVIDIA_VISIBLE_DEVICES.
+
+    That is the devices its CDI edits gave it (by the `DRA_GPU_<DEVICE>_NAME` each sets: fake GPUs
+    have no device nodes) plus those the hook would add from the variable's UUIDs (`all`: every
+    device; `void`, `none` or empty: none). `uuids` maps device names to UUIDs.
+    """
+    env = record["env"]
+    seen = {v for k, v in env.items() if k.startswith("DRA_GPU_") and k.endswith("_NAME")}
+    listed = env.get("NVIDIA_VISIBLE_DEVICES", "")
+    if listed == "all":
+        seen |= set(uuids)
+    elif listed not in ("void", "none"):
+        wanted = set(listed.split(","))
+        seen |= {name for name, uuid in uuids.items() if uuid in wanted}
+    return sorted(seen)
 
 
 def delete_pods_and_wait(kube: Kube, cluster: ClusterInfo, namespace: str, claims: list[Obj]) -> None:

@@ -15,10 +15,11 @@ device nodes and mounts accumulate. So the edits are laid out to compose:
   (`DRA_GPU_CLAIM_<UID>`), set by each of its devices, so claims never collide
   and a container referencing one request of a claim still learns the claim;
 - the spec-wide edits are the same in every spec of the node: the control
-  device nodes and `NVIDIA_VISIBLE_DEVICES=void`. The variable overrides the
-  `all` that CUDA images bake in, and `void` makes NVIDIA's runtime hook (legacy
-  mode) add nothing of its own, so the container sees exactly the devices CDI
-  gave it. A list of UUIDs cannot work here: every spec would set its own and
+  device nodes and `NVIDIA_VISIBLE_DEVICES=none`. The variable overrides the
+  `all` that CUDA images bake in; `none` makes NVIDIA's runtime hook (legacy
+  mode) add no GPU of its own but still mount the driver's libraries, which
+  these specs do not carry, so the container sees exactly the devices CDI gave
+  it and can use them. A list of UUIDs cannot work here: every spec would set its own and
   the last one merged would win, narrowing a container of several claims, and
   a claim's list would widen a container that references one of its requests.
 
@@ -49,8 +50,8 @@ CDI_CLASS = "claim"
 DEVICE_CLASS = "device"
 #: The variable NVIDIA's container runtime hook (legacy mode) reads the devices to inject from.
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-#: The NVIDIA runtime treats `void` as "behave like runc": no device, no library.
-VOID = "void"
+#: NVIDIA's runtime hook (legacy mode) reads `none` as "no GPU, but the driver's libraries".
+NO_GPUS = "none"
 #: Prefix of CDI annotation keys (the device plugin's cdi-annotations strategy).
 ANNOTATION_PREFIX = "cdi.k8s.io/"
 _ANNOTATION_NAME_MAX = 63
@@ -129,7 +130,7 @@ def build_spec(driver: str, claim_uid: str, devices: Sequence[Device], inventory
             {"name": device_name(claim_uid, d.name), "containerEdits": _device_edits(d, [claim_env])}
             for d in devices
         ],
-        "containerEdits": _common_edits(inventory, [f"{VISIBLE_DEVICES}={VOID}"]),
+        "containerEdits": _common_edits(inventory, [f"{VISIBLE_DEVICES}={NO_GPUS}"]),
     }
 
 

@@ -13,9 +13,10 @@ Strategies (`--device-list-strategy`, one CDI strategy and/or `envvar`):
 
 Every container the plugin answers for gets an explicit NVIDIA_VISIBLE_DEVICES,
 overriding the `all` that CUDA images bake in: the allocated UUIDs with
-`envvar`, `void` otherwise. With CDI strategies the devices reach the
-container through CDI, and `void` tells an NVIDIA runtime (legacy mode, the
-default runtime on many GPU nodes) to add nothing of its own. It is also the
+`envvar`, `none` otherwise. With CDI strategies the devices reach the
+container through CDI, and `none` tells an NVIDIA runtime (legacy mode, the
+default runtime on many GPU nodes) to add no GPU of its own, only the driver's
+libraries, which the plugin's CDI spec does not carry. It is also the
 same value from every resource: when two device plugins set one variable for
 a container, the kubelet keeps one of the values (whichever resource it merges
 first) and logs a conflict, so a list could not describe a container that asks
@@ -81,7 +82,7 @@ def container_response(
     if Strategy.ENVVAR in strategies:
         response.envs[cdi.VISIBLE_DEVICES] = ",".join(d.uuid for d in devices)
     else:
-        response.envs[cdi.VISIBLE_DEVICES] = cdi.VOID
+        response.envs[cdi.VISIBLE_DEVICES] = cdi.NO_GPUS
     names = [cdi.qualified_device_name(driver, d) for d in devices]
     if Strategy.CDI_CRI in strategies:
         response.cdi_devices.extend(pb.CDIDevice(name=name) for name in names)

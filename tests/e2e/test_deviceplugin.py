@@ -115,7 +115,7 @@ def test_two_gpu_pod_gets_the_preferred_pair_through_cdi(
     assert {d.uuid for d in devices} <= {d["name"] for d in spec["devices"]}
     for device in devices:
         assert record["env"][f"{env_stem(device)}_UUID"] == device.uuid
-    assert record["env"]["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert record["env"]["NVIDIA_VISIBLE_DEVICES"] == "none"
 
     # The sidecar asked for no GPU: the kubelet never asked the plugin about it.
     sidecar = container_record(cluster, namespace, "trainer", "sidecar")

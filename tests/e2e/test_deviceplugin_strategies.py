@@ -52,7 +52,7 @@ def test_container_gets_exactly_the_allocated_gpus(
     if "envvar" in strategies:
         assert record["env"]["NVIDIA_VISIBLE_DEVICES"] == ",".join(uuids)
     else:
-        assert record["env"]["NVIDIA_VISIBLE_DEVICES"] == "void"
+        assert record["env"]["NVIDIA_VISIBLE_DEVICES"] == "none"
     if strategies & {"cdi-cri", "cdi-annotations"}:
         # The runtime resolved the CDI names (from the CRI field or the annotation) against the spec.
         assert sorted(record["cdiDevices"]) == cdi_names

@@ -108,7 +108,7 @@ def test_pod_gets_the_selected_gpu(
     assert record["cdiDevices"] == [f"k8s.{DRIVER}/claim={uid}-{device}"]
     device_uuid = _slice_devices(kube, cluster)[device]["attributes"]["uuid"]["string"]
     assert record["env"][f"DRA_GPU_{device.upper().replace('-', '_')}_UUID"] == device_uuid
-    assert record["env"]["NVIDIA_VISIBLE_DEVICES"] == "void", "NVIDIA's runtime hook adds nothing of its own"
+    assert record["env"]["NVIDIA_VISIBLE_DEVICES"] == "none", "NVIDIA's runtime hook adds nothing of its own"
     assert record["deviceNodes"] == []
 
     delete_pods_and_wait(kube, cluster, namespace, [claim])

@@ -111,7 +111,7 @@ def _run(
         claim_vars = {k: v for k, v in record["env"].items() if k.startswith("DRA_GPU_CLAIM_")}
         assert claim_vars == {cdi.claim_env_key(uid): uid for uid, _ in wanted}, container
         if wanted:
-            assert record["env"]["NVIDIA_VISIBLE_DEVICES"] == "void", container
+            assert record["env"]["NVIDIA_VISIBLE_DEVICES"] == "none", container
         else:
             assert "NVIDIA_VISIBLE_DEVICES" not in record["env"], container
     return claims

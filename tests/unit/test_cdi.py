@@ -87,7 +87,7 @@ def test_spec_wide_edits_carry_no_device_identity() -> None:
     ]
     # Identical in every spec, so whichever specs a container draws from, they agree.
     assert (
-        specs[0]["containerEdits"] == specs[1]["containerEdits"] == {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}
+        specs[0]["containerEdits"] == specs[1]["containerEdits"] == {"env": ["NVIDIA_VISIBLE_DEVICES=none"]}
     )
 
 
@@ -253,7 +253,7 @@ def test_a_container_sees_exactly_the_union_of_what_it_references(
             d.uuid for d in _devices(inv, *wanted)
         }
         assert set(result.device_nodes) == expected_nodes
-        assert result.env["NVIDIA_VISIBLE_DEVICES"] == "void"
+        assert result.env["NVIDIA_VISIBLE_DEVICES"] == "none"
         assert {k: v for k, v in result.env.items() if k.startswith("DRA_GPU_CLAIM_")} == {
             cdi.claim_env_key(uid): uid for uid, _ in container
         }

@@ -135,7 +135,7 @@ case "$tool $*" in
     *"jsonpath={.metadata.uid}"*) echo "uid-1" ;;
     *"get resourceclaim"*) printf 'gpu-0 ' ;;
     "docker exec"*) echo '{"devices":[{"containerEdits":{"env":["DRA_GPU_GPU_0_UUID=GPU-1234"]}}],'
-                    echo '"containerEdits":{"env":["NVIDIA_VISIBLE_DEVICES=void"]}}' ;;
+                    echo '"containerEdits":{"env":["NVIDIA_VISIBLE_DEVICES=none"]}}' ;;
 esac
 """
 

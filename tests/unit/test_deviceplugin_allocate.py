@@ -51,11 +51,11 @@ def test_bad_strategies(text: str, message: str) -> None:
         parse_strategies(text)
 
 
-def test_cdi_cri_names_devices_and_voids_the_env_var(inventory: Inventory) -> None:
+def test_cdi_cri_names_devices_and_tells_the_hook_no_gpus(inventory: Inventory) -> None:
     devices = list(inventory.devices[:2])
     response = container_response(devices, frozenset({Strategy.CDI_CRI}), DRIVER, "nvidia.com/gpu")
     assert [c.name for c in response.cdi_devices] == [f"{KIND}={d.uuid}" for d in devices]
-    assert dict(response.envs) == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    assert dict(response.envs) == {"NVIDIA_VISIBLE_DEVICES": "none"}
     assert dict(response.annotations) == {}
     assert list(response.devices) == []
     assert list(response.mounts) == []
@@ -84,7 +84,7 @@ def test_cdi_annotations(inventory: Inventory) -> None:
     assert key == "cdi.k8s.io/nvidia.com.mig-1c.3g.20gb_" + allocation_id([d.uuid for d in devices])
     assert value == ",".join(f"{KIND}={d.uuid}" for d in devices)
     assert list(response.cdi_devices) == []
-    assert dict(response.envs) == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    assert dict(response.envs) == {"NVIDIA_VISIBLE_DEVICES": "none"}
 
 
 @pytest.mark.parametrize(

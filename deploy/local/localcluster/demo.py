@@ -96,7 +96,9 @@ def main() -> int:
                 _say(row)
         _say("")
         _say("IT SEES: the devices the container's CDI edits name, plus any that NVIDIA's runtime hook")
-        _say("would add from NVIDIA_VISIBLE_DEVICES (void adds none). A leading ! marks a container that")
+        _say(
+            "would add from NVIDIA_VISIBLE_DEVICES (none and void add none). A leading ! marks a container that"
+        )
         _say("sees more or fewer devices than its claims got.")
         _say("")
         specs = len(list(Path(info.cdi_dir).glob("*.json")))

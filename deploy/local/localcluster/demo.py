@@ -96,10 +96,8 @@ def main() -> int:
                 _say(row)
         _say("")
         _say("IT SEES: the devices the container's CDI edits name, plus any that NVIDIA's runtime hook")
-        _say(
-            "would add from NVIDIA_VISIBLE_DEVICES (none and void add none). A leading ! marks a container that"
-        )
-        _say("sees more or fewer devices than its claims got.")
+        _say("would add from NVIDIA_VISIBLE_DEVICES (none and void add no GPU). A leading ! marks a")
+        _say("container that sees more or fewer devices than its claims got.")
         _say("")
         specs = len(list(Path(info.cdi_dir).glob("*.json")))
         _say(f"CDI specs written by the driver: {specs} in {info.cdi_dir}")

@@ -21,23 +21,23 @@ class FakeKube:
         self.server = FakeServer()
         self.on_create: list[Any] = []
 
-    def get_node(self, name: str) -> dict[str, Any]:
+    async def get_node(self, name: str) -> dict[str, Any]:
         return {"metadata": {"name": name, "uid": "node-uid"}}
 
-    def list_resource_slices(self, driver: str, node_name: str) -> tuple[list[dict[str, Any]], str]:
+    async def list_resource_slices(self, driver: str, node_name: str) -> tuple[list[dict[str, Any]], str]:
         return self.server.list(), "1"
 
-    def create_resource_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
+    async def create_resource_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
         for hook in self.on_create:
             hook()
         self.server.store(obj)
         return obj
 
-    def replace_resource_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
+    async def replace_resource_slice(self, obj: dict[str, Any]) -> dict[str, Any]:
         self.server.store(obj)
         return obj
 
-    def delete_resource_slice(self, name: str, uid: str | None = None) -> None:
+    async def delete_resource_slice(self, name: str, uid: str | None = None) -> None:
         self.server.objects.pop(name, None)
 
 

@@ -14,8 +14,8 @@ enforce them. From the bottom up:
     The GPU library: one ``GpuLibrary`` protocol, NVML behind it (the only
     importer of pynvml) and a fake of the same shape, and discovery from it.
 ``adapters``
-    The outside world other than GPUs: the Kubernetes API (the only importer of
-    the kubernetes client), files written atomically, the checkpoint, the CDI
+    The outside world other than GPUs: the Kubernetes API (async; the only importer
+    of the kubernetes client and aiohttp), files written atomically, the checkpoint, the CDI
     directory, the host's GPU assignment record.
 ``daemon``
     What every long-running subcommand shares: one bootstrap (flags and

@@ -1,6 +1,7 @@
 """Adapters to the outside world other than GPUs: the Kubernetes API and the node's files.
 
-``kube`` is the only importer of the kubernetes client; ``atomicfile`` writes
+``kube`` is the only importer of the kubernetes client and aiohttp (its calls are
+coroutines); ``atomicfile`` writes
 every file the runtime or a restarted driver reads (temp file, fsync, rename);
 ``cdistore`` owns the CDI directory, ``checkpoint`` the prepared-claim record,
 ``assignmentrecord`` the host's record of which path owns which GPU.

@@ -1,10 +1,13 @@
-"""The Kubernetes API adapter: the only module that imports the kubernetes client library.
+"""The Kubernetes API adapter: the only module that imports a Kubernetes or HTTP client library.
 
 Objects travel as plain JSON dicts, exactly as the API server sends them, so
 the pure modules (claims, slices) work on the documented wire format and tests
-can feed them literal manifests. Every call is blocking; async callers run
-them in worker threads. Failures become KubeError subclasses that say which
-object and what the API server answered.
+can feed them literal manifests. Every call is a coroutine on the daemons' one
+event loop: the official `kubernetes` package only loads the kubeconfig or the
+in-cluster service account (and refreshes tokens), and one aiohttp session
+makes the calls (docs/architecture.md has the figures behind that choice).
+Failures become KubeError subclasses that say which object and what the API
+server answered.
 """
 
 from __future__ import annotations
@@ -13,18 +16,20 @@ import contextlib
 import datetime
 import json
 import logging
+import ssl
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import kubernetes
-import urllib3
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
+_JSON = "application/json"
 
 
 class KubeError(Exception):
@@ -52,11 +57,43 @@ def _reason(body: str | bytes | None) -> str:
         message = json.loads(body or b"{}").get("message")
     except (ValueError, AttributeError):
         message = None
-    return str(message) if message else str(body or "")[:200]
+    if message:
+        return str(message)
+    text = body.decode(errors="replace") if isinstance(body, bytes) else str(body or "")
+    return text[:200]
+
+
+def _status_error(what: str, status: int, body: bytes) -> KubeError:
+    message = f"{what}: {status} {_reason(body)}"
+    if status == 404:
+        return NotFoundError(message, status)
+    if status == 409:
+        return ConflictError(message, status)
+    return KubeError(message, status)
+
+
+def _tls(config: Any) -> ssl.SSLContext:
+    """The TLS settings the kubernetes package loaded (CA, client certificate, skip-verify)."""
+    context = ssl.create_default_context(cafile=config.ssl_ca_cert or None)
+    if config.cert_file:
+        context.load_cert_chain(config.cert_file, config.key_file)
+    if not config.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def _describe(err: BaseException) -> str:
+    # A timeout says nothing by itself.
+    return str(err) or f"no answer in time ({type(err).__name__})"
 
 
 class KubeClient:
-    """A connection to one API server, from a kubeconfig file or the in-cluster service account."""
+    """A connection to one API server, from a kubeconfig file or the in-cluster service account.
+
+    Construct it anywhere; the HTTP session opens on the first call, on the
+    event loop that makes it, and `aclose()` ends it there.
+    """
 
     def __init__(self, kubeconfig: str | None = None, timeout: float = 10.0) -> None:
         config = kubernetes.client.Configuration()
@@ -65,84 +102,94 @@ class KubeClient:
                 kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=config)
             else:
                 kubernetes.config.load_incluster_config(client_configuration=config)
-        except (kubernetes.config.ConfigException, OSError) as err:
+            tls = _tls(config) if str(config.host).startswith("https:") else None
+        except (kubernetes.config.ConfigException, OSError, ssl.SSLError) as err:
             where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
-            raise KubeError(f"cannot load Kubernetes credentials from {where}: {err}") from err
-        # Fail fast: the kubelet gives a prepare call about 45 s, and callers retry on their own.
-        config.retries = 0
+            raise KubeError(f"cannot load Kubernetes credentials from {where}: {err}") from None
         self.host = str(config.host)
+        self._config = config
+        self._tls = tls
         self._timeout = timeout
-        self._api = kubernetes.client.ApiClient(config)
+        self._session: aiohttp.ClientSession | None = None
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
         """Release connections."""
-        self._api.close()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
-    def _call(
-        self,
-        method: str,
-        path: str,
-        body: Obj | None = None,
-        query: dict[str, str] | None = None,
-        stream: bool = False,
-        timeout: float | None = None,
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=self._tls if self._tls is not None else True),
+                # Cookies and redirects have no place in API calls.
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
+        return self._session
+
+    def _request(
+        self, method: str, path: str, body: Obj | None, query: dict[str, str] | None, timeout: float
+    ) -> Any:
+        headers = {"Accept": _JSON, "Content-Type": _JSON}
+        # The kubernetes package refreshes expiring tokens (projected service-account tokens) here.
+        token = self._config.get_api_key_with_prefix("authorization")
+        if token:
+            headers["Authorization"] = token
+        return self._open().request(
+            method,
+            self.host + path,
+            params=query,
+            data=None if body is None else json.dumps(body),
+            headers=headers,
+            # Fail fast, never retry: the kubelet gives a prepare call about 45 s, and callers retry.
+            timeout=aiohttp.ClientTimeout(total=timeout),
+            allow_redirects=False,
+            server_hostname=self._config.tls_server_name or None,
+            proxy=self._config.proxy or None,
+        )
+
+    async def _call(
+        self, method: str, path: str, body: Obj | None = None, query: dict[str, str] | None = None
     ) -> Any:
         what = f"{method} {path}"
         try:
-            response = self._api.call_api(
-                path,
-                method,
-                query_params=list((query or {}).items()),
-                header_params={"Accept": "application/json", "Content-Type": "application/json"},
-                body=body,
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=timeout or self._timeout,
-            )[0]
-            if stream:
-                return response
-            # The body is read inside the try: a connection lost mid-body is the same failure
-            # as one lost before it.
-            return json.loads(response.data or b"{}")
-        except kubernetes.client.ApiException as err:
-            status = int(err.status or 0)
-            message = f"{what}: {status} {_reason(err.body)}"
-            if status == 404:
-                raise NotFoundError(message, status) from None
-            if status == 409:
-                raise ConflictError(message, status) from None
-            if status == 0:
-                raise UnreachableError(f"{what}: {err.reason}") from None
-            raise KubeError(message, status) from None
-        except (urllib3.exceptions.HTTPError, OSError) as err:
-            raise UnreachableError(f"API server {self.host} unreachable ({what}): {err}") from None
+            async with self._request(method, path, body, query, self._timeout) as response:
+                # The body is read inside the try: a connection lost mid-body is the same failure
+                # as one lost before it.
+                data = await response.read()
+                if response.status >= 400:
+                    raise _status_error(what, response.status, data)
+                return json.loads(data or b"{}")
+        except (TimeoutError, aiohttp.ClientError, OSError) as err:
+            raise UnreachableError(f"API server {self.host} unreachable ({what}): {_describe(err)}") from None
         except ValueError as err:
             raise KubeError(f"{what}: the API server's answer is not JSON ({err})") from None
 
     # -- reads ---------------------------------------------------------------
 
-    def get_resource_claim(self, namespace: str, name: str) -> Obj:
+    async def get_resource_claim(self, namespace: str, name: str) -> Obj:
         """GET a ResourceClaim (resource.k8s.io/v1)."""
-        result: Obj = self._call("GET", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims/{name}")
+        result: Obj = await self._call("GET", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims/{name}")
         return result
 
-    def get_node(self, name: str) -> Obj:
+    async def get_node(self, name: str) -> Obj:
         """GET a Node."""
-        result: Obj = self._call("GET", f"/api/v1/nodes/{name}")
+        result: Obj = await self._call("GET", f"/api/v1/nodes/{name}")
         return result
 
-    def get_device_class(self, name: str) -> Obj:
+    async def get_device_class(self, name: str) -> Obj:
         """GET a DeviceClass."""
-        result: Obj = self._call("GET", f"{RESOURCE_API}/deviceclasses/{name}")
+        result: Obj = await self._call("GET", f"{RESOURCE_API}/deviceclasses/{name}")
         return result
 
-    def list_resource_claims(self) -> list[Obj]:
+    async def list_resource_claims(self) -> list[Obj]:
         """Every ResourceClaim of the cluster (to see which devices are allocated)."""
-        return list(self._call("GET", f"{RESOURCE_API}/resourceclaims").get("items") or [])
+        result = await self._call("GET", f"{RESOURCE_API}/resourceclaims")
+        return list(result.get("items") or [])
 
-    def list_node_resource_slices(self, node_name: str) -> list[Obj]:
+    async def list_node_resource_slices(self, node_name: str) -> list[Obj]:
         """The ResourceSlices of every driver on one node."""
-        result = self._call(
+        result = await self._call(
             "GET", f"{RESOURCE_API}/resourceslices", query={"fieldSelector": f"spec.nodeName={node_name}"}
         )
         return list(result.get("items") or [])
@@ -153,37 +200,37 @@ class KubeClient:
     def _slice_selector(driver: str, node_name: str) -> str:
         return f"spec.driver={driver},spec.nodeName={node_name}"
 
-    def list_resource_slices(self, driver: str, node_name: str) -> tuple[list[Obj], str]:
+    async def list_resource_slices(self, driver: str, node_name: str) -> tuple[list[Obj], str]:
         """This driver's slices of one node, and the list's resourceVersion (for a watch)."""
-        result = self._call(
+        result = await self._call(
             "GET",
             f"{RESOURCE_API}/resourceslices",
             query={"fieldSelector": self._slice_selector(driver, node_name)},
         )
         return list(result.get("items") or []), str(result["metadata"].get("resourceVersion", ""))
 
-    def create_resource_slice(self, obj: Obj) -> Obj:
+    async def create_resource_slice(self, obj: Obj) -> Obj:
         """POST a ResourceSlice."""
-        result: Obj = self._call("POST", f"{RESOURCE_API}/resourceslices", body=obj)
+        result: Obj = await self._call("POST", f"{RESOURCE_API}/resourceslices", body=obj)
         return result
 
-    def replace_resource_slice(self, obj: Obj) -> Obj:
+    async def replace_resource_slice(self, obj: Obj) -> Obj:
         """PUT a ResourceSlice; its metadata.resourceVersion guards against lost updates."""
         name = obj["metadata"]["name"]
-        result: Obj = self._call("PUT", f"{RESOURCE_API}/resourceslices/{name}", body=obj)
+        result: Obj = await self._call("PUT", f"{RESOURCE_API}/resourceslices/{name}", body=obj)
         return result
 
-    def delete_resource_slice(self, name: str, uid: str | None = None) -> None:
+    async def delete_resource_slice(self, name: str, uid: str | None = None) -> None:
         """DELETE a ResourceSlice (only the object with `uid`, when given); absent is fine."""
         body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1"}
         if uid:
             body["preconditions"] = {"uid": uid}
         with contextlib.suppress(NotFoundError):
-            self._call("DELETE", f"{RESOURCE_API}/resourceslices/{name}", body=body)
+            await self._call("DELETE", f"{RESOURCE_API}/resourceslices/{name}", body=body)
 
-    def watch_resource_slices(
+    async def watch_resource_slices(
         self, driver: str, node_name: str, resource_version: str, timeout_seconds: int = 300
-    ) -> Iterator[tuple[str, Obj]]:
+    ) -> AsyncIterator[tuple[str, Obj]]:
         """Yield (event type, object) for this driver's slices of the node until the server ends the watch.
 
         Raises KubeError with status 410 when the resourceVersion is too old: list again then.
@@ -195,36 +242,41 @@ class KubeClient:
             "resourceVersion": resource_version,
             "timeoutSeconds": str(timeout_seconds),
         }
-        response = self._call(
-            "GET", f"{RESOURCE_API}/resourceslices", query=query, stream=True, timeout=timeout_seconds + 10
-        )
+        path = f"{RESOURCE_API}/resourceslices"
         try:
-            buffer = b""
-            for chunk in response.stream(4096, decode_content=True):
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    if not line.strip():
-                        continue
-                    event = json.loads(line)
-                    if event.get("type") == "ERROR":
-                        status = event.get("object", {})
-                        raise KubeError(
-                            f"watch ResourceSlices: {status.get('message')}", int(status.get("code", 0))
-                        )
-                    yield str(event["type"]), event["object"]
-        except (urllib3.exceptions.HTTPError, OSError) as err:
-            raise UnreachableError(f"watch ResourceSlices on {self.host} broke off: {err}") from None
+            async with self._request("GET", path, None, query, timeout_seconds + 10) as response:
+                if response.status >= 400:
+                    raise _status_error(
+                        f"watch ResourceSlices: GET {path}", response.status, await response.read()
+                    )
+                # Split lines here: one event (a slice of 128 devices) can be longer than
+                # aiohttp's line limit.
+                buffer = b""
+                async for chunk in response.content.iter_any():
+                    buffer += chunk
+                    while b"\n" in buffer:
+                        line, buffer = buffer.split(b"\n", 1)
+                        if not line.strip():
+                            continue
+                        event = json.loads(line)
+                        if event.get("type") == "ERROR":
+                            status = event.get("object", {})
+                            raise KubeError(
+                                f"watch ResourceSlices: {status.get('message')}", int(status.get("code", 0))
+                            )
+                        yield str(event["type"]), event["object"]
+        except (TimeoutError, aiohttp.ClientError, OSError) as err:
+            raise UnreachableError(
+                f"watch ResourceSlices on {self.host} broke off: {_describe(err)}"
+            ) from None
         except (ValueError, KeyError) as err:
             raise KubeError(
                 f"watch ResourceSlices: an event is not what the API server sends ({err!r})"
             ) from None
-        finally:
-            response.release_conn()
 
     # -- events --------------------------------------------------------------
 
-    def create_event(
+    async def create_event(
         self,
         involved: Obj,
         reason: str,
@@ -257,4 +309,4 @@ class KubeClient:
             "lastTimestamp": now,
             "count": 1,
         }
-        self._call("POST", f"/api/v1/namespaces/{urllib.parse.quote(namespace)}/events", body=event)
+        await self._call("POST", f"/api/v1/namespaces/{urllib.parse.quote(namespace)}/events", body=event)

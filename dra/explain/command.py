@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import yaml
 
 from dra.adapters.kube import KubeClient, KubeError, NotFoundError
@@ -36,16 +37,19 @@ class _Inputs:
             raise StartupError(f"{err} (or explain offline with --fake-gpus)") from None
         self.classes: dict[str, Obj] = {}
         self.claims: list[Obj] = []
-        for spec in args.device_class or []:
-            if Path(spec).is_file():
+
+    async def read_arguments(self) -> None:
+        """The classes and the claim the arguments name, from files or the cluster."""
+        for spec in self.args.device_class or []:
+            if await anyio.Path(spec).is_file():
                 self._take(_documents(Path(spec)))
             else:
-                self.classes[spec] = self._cluster_class(spec)
-        if args.claim:
-            if Path(args.claim).is_file():
-                self._take(_documents(Path(args.claim)))
+                self.classes[spec] = await self._cluster_class(spec)
+        if self.args.claim:
+            if await anyio.Path(self.args.claim).is_file():
+                self._take(_documents(Path(self.args.claim)))
             else:
-                self.claims.append(self._cluster_claim(args.claim))
+                self.claims.append(await self._cluster_claim(self.args.claim))
 
     def _take(self, documents: list[Obj]) -> None:
         for doc in documents:
@@ -54,28 +58,28 @@ class _Inputs:
             elif doc.get("kind") in CLAIM_KINDS:
                 self.claims.append(doc)
 
-    def _cluster_claim(self, ref: str) -> Obj:
+    async def _cluster_claim(self, ref: str) -> Obj:
         namespace, sep, name = ref.partition("/")
         if not sep or self.kube is None:
             raise StartupError(
                 f"--claim {ref!r}: not a file; a cluster claim is NAMESPACE/NAME (without --fake-gpus)"
             )
         try:
-            return self.kube.get_resource_claim(namespace, name)
+            return await self.kube.get_resource_claim(namespace, name)
         except KubeError as err:
             raise StartupError(f"--claim {ref}: {err}") from None
 
-    def _cluster_class(self, name: str) -> Obj:
+    async def _cluster_class(self, name: str) -> Obj:
         if self.kube is None:
             raise StartupError(
                 f"--device-class {name!r}: not a file, and without a cluster there is no class by name"
             )
         try:
-            return self.kube.get_device_class(name)
+            return await self.kube.get_device_class(name)
         except KubeError as err:
             raise StartupError(f"--device-class {name}: {err}") from None
 
-    def device_classes(self) -> list[Obj]:
+    async def device_classes(self) -> list[Obj]:
         """Every class the claims name: given ones, else the cluster's, else the standard ones."""
         standard = {c["metadata"]["name"]: c for c in explain.standard_device_classes(self.args.driver_name)}
         wanted = {
@@ -87,7 +91,7 @@ class _Inputs:
         for name in sorted(n for n in wanted if n and n not in self.classes):
             if self.kube is not None:
                 try:
-                    self.classes[name] = self.kube.get_device_class(name)
+                    self.classes[name] = await self.kube.get_device_class(name)
                 except NotFoundError:
                     continue
                 except KubeError as err:
@@ -96,7 +100,7 @@ class _Inputs:
                 self.classes[name] = standard[name]
         return list(self.classes.values())
 
-    def slices(self) -> list[Obj]:
+    async def slices(self) -> list[Obj]:
         """The node's ResourceSlices: live, or built from the fake profile."""
         if self.kube is None:
             inventory = load_inventory(gpu_library(self.args.fake_gpus, self.args.node_name))
@@ -104,18 +108,18 @@ class _Inputs:
         if not self.args.node_name:
             raise StartupError("--node-name is needed to read a node's ResourceSlices from the cluster")
         try:
-            return self.kube.list_node_resource_slices(self.args.node_name)
+            return await self.kube.list_node_resource_slices(self.args.node_name)
         except KubeError as err:
             raise StartupError(
                 f"cannot list the ResourceSlices of node {self.args.node_name}: {err}"
             ) from None
 
-    def other_claims(self) -> list[Obj]:
+    async def other_claims(self) -> list[Obj]:
         """Claims of the cluster, to show which devices are taken (none offline)."""
         if self.kube is None:
             return []
         try:
-            return self.kube.list_resource_claims()
+            return await self.kube.list_resource_claims()
         except KubeError as err:
             raise StartupError(f"cannot list ResourceClaims: {err}") from None
 
@@ -137,20 +141,27 @@ def _class_only_claim(name: str) -> Obj:
 
 def reports(args: argparse.Namespace) -> list[explain.ClaimReport]:
     """Every report the arguments ask for."""
+    return anyio.run(_reports, args)
+
+
+async def _reports(args: argparse.Namespace) -> list[explain.ClaimReport]:
     inputs = _Inputs(args)
-    classes = inputs.device_classes()
-    if not inputs.claims and not classes:
-        raise StartupError("give --claim (a file or NAMESPACE/NAME) and/or --device-class (a file or a name)")
-    claims = inputs.claims or [_class_only_claim(name) for name in inputs.classes]
-    slices = inputs.slices()
-    others = inputs.other_claims()
     try:
+        await inputs.read_arguments()
+        classes = await inputs.device_classes()
+        if not inputs.claims and not classes:
+            raise StartupError(
+                "give --claim (a file or NAMESPACE/NAME) and/or --device-class (a file or a name)"
+            )
+        claims = inputs.claims or [_class_only_claim(name) for name in inputs.classes]
+        slices = await inputs.slices()
+        others = await inputs.other_claims()
         return [explain.explain_claim(claim, classes, slices, others) for claim in claims]
     except explain.ExplainError as err:
         raise StartupError(str(err)) from None
     finally:
         if inputs.kube is not None:
-            inputs.kube.close()
+            await inputs.kube.aclose()
 
 
 def run(args: argparse.Namespace) -> int:

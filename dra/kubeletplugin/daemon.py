@@ -193,4 +193,4 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
     finally:
         with anyio.CancelScope(shield=True):
             await server.stop()
-        kube.close()
+            await kube.aclose()

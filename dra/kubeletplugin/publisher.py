@@ -2,20 +2,16 @@
 
 Reconciles on start, when the inventory changes, and whenever a slice of
 this driver and node changes on the server (someone edited or deleted one).
-The watch runs in a daemon thread (the client library blocks); it only
-signals that something changed, and the reconcile lists and compares.
+The watch runs as a task beside the reconcile loop; it only signals that
+something changed, and the reconcile lists and compares.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 
 import anyio
-import anyio.from_thread
-import anyio.lowlevel
-import anyio.to_thread
 
 from dra.adapters.kube import ConflictError, KubeClient, KubeError
 from dra.core import slices
@@ -43,7 +39,6 @@ class SlicePublisher:
         self._generation: int | None = None
         self._send, self._receive = anyio.create_memory_object_stream[None](1)
         self.published = anyio.Event()
-        self._stop = threading.Event()
 
     def trigger(self) -> None:
         """Ask for a reconcile soon; several triggers before it runs count once."""
@@ -60,23 +55,21 @@ class SlicePublisher:
     async def reconcile(self) -> slices.Plan:
         """List, compare, write. Returns what was written."""
         if self._node_uid is None:
-            node = await anyio.to_thread.run_sync(self._kube.get_node, self.node_name)
+            node = await self._kube.get_node(self.node_name)
             self._node_uid = str(node["metadata"]["uid"])
         version, inventory = self._inventory_version, self._inventory
-        existing, _ = await anyio.to_thread.run_sync(
-            self._kube.list_resource_slices, self.driver, self.node_name
-        )
+        existing, _ = await self._kube.list_resource_slices(self.driver, self.node_name)
         desired = slices.build_slices(inventory, self.driver, self.node_name, self._node_uid, generation=0)
         plan = slices.plan(desired, existing, self._generation)
         for obj in plan.create:
-            await anyio.to_thread.run_sync(self._kube.create_resource_slice, obj)
+            await self._kube.create_resource_slice(obj)
             metrics.SLICE_WRITES.labels("create").inc()
         for obj in plan.update:
-            await anyio.to_thread.run_sync(self._kube.replace_resource_slice, obj)
+            await self._kube.replace_resource_slice(obj)
             metrics.SLICE_WRITES.labels("update").inc()
         for obj in plan.delete:
             meta = obj["metadata"]
-            await anyio.to_thread.run_sync(self._kube.delete_resource_slice, meta["name"], meta.get("uid"))
+            await self._kube.delete_resource_slice(meta["name"], meta.get("uid"))
             metrics.SLICE_WRITES.labels("delete").inc()
         if plan.writes:
             log.info(
@@ -93,59 +86,54 @@ class SlicePublisher:
         metrics.PUBLISHED_DEVICES.set(len(inventory))
         return plan
 
-    def _watch(self, token: anyio.lowlevel.EventLoopToken) -> None:
+    async def _watch(self) -> None:
         backoff = _BACKOFF_START
-        while not self._stop.is_set():
+        while True:
             try:
-                _, version = self._kube.list_resource_slices(self.driver, self.node_name)
-                for kind, _obj in self._kube.watch_resource_slices(self.driver, self.node_name, version, 60):
+                _, version = await self._kube.list_resource_slices(self.driver, self.node_name)
+                async for kind, _obj in self._kube.watch_resource_slices(
+                    self.driver, self.node_name, version, 60
+                ):
                     if kind != "BOOKMARK":
-                        anyio.from_thread.run_sync(self.trigger, token=token)
-                    if self._stop.is_set():
-                        return
+                        self.trigger()
                 backoff = _BACKOFF_START
-            except anyio.RunFinishedError:
-                return
             except KubeError as err:
                 if err.status != 410:
                     log.warning("watching ResourceSlices failed, retrying in %.1fs: %s", backoff, err)
-                    self._stop.wait(backoff)
+                    await anyio.sleep(backoff)
                     backoff = min(backoff * 2, _BACKOFF_MAX)
             except Exception:
                 # The watch is what repairs edited or deleted slices: it must outlive any surprise.
                 log.exception("watching ResourceSlices failed unexpectedly, retrying in %.1fs", backoff)
-                self._stop.wait(backoff)
+                await anyio.sleep(backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX)
             # A missed event while re-listing is covered by reconciling after every (re)connect.
-            try:
-                anyio.from_thread.run_sync(self.trigger, token=token)
-            except anyio.RunFinishedError:
-                return
+            self.trigger()
 
     async def run(self) -> None:
         """Reconcile until cancelled, retrying failures with exponential backoff."""
-        token = anyio.lowlevel.current_token()
-        threading.Thread(target=self._watch, args=(token,), name="slice-watch", daemon=True).start()
-        self.trigger()
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._watch)
+            self.trigger()
+            await self._reconcile_on_trigger()
+
+    async def _reconcile_on_trigger(self) -> None:
         backoff = _BACKOFF_START
-        try:
-            async for _ in self._receive:
-                try:
-                    await self.reconcile()
-                    self.published.set()
-                    backoff = _BACKOFF_START
-                except Exception as err:
-                    # Publishing must go on whatever one attempt ran into.
-                    metrics.RECONCILE_ERRORS.inc()
-                    if isinstance(err, ConflictError):
-                        log.info("ResourceSlice changed under us, reconciling again: %s", err)
-                        backoff = 0
-                    elif isinstance(err, (KubeError, slices.SliceError)):
-                        log.error("publishing ResourceSlices failed, retrying in %.1fs: %s", backoff, err)
-                    else:
-                        log.exception("publishing ResourceSlices failed, retrying in %.1fs", backoff)
-                    await anyio.sleep(backoff)
-                    backoff = min(max(backoff, _BACKOFF_START) * 2, _BACKOFF_MAX)
-                    self.trigger()
-        finally:
-            self._stop.set()
+        async for _ in self._receive:
+            try:
+                await self.reconcile()
+                self.published.set()
+                backoff = _BACKOFF_START
+            except Exception as err:
+                # Publishing must go on whatever one attempt ran into.
+                metrics.RECONCILE_ERRORS.inc()
+                if isinstance(err, ConflictError):
+                    log.info("ResourceSlice changed under us, reconciling again: %s", err)
+                    backoff = 0
+                elif isinstance(err, (KubeError, slices.SliceError)):
+                    log.error("publishing ResourceSlices failed, retrying in %.1fs: %s", backoff, err)
+                else:
+                    log.exception("publishing ResourceSlices failed, retrying in %.1fs", backoff)
+                await anyio.sleep(backoff)
+                backoff = min(max(backoff, _BACKOFF_START) * 2, _BACKOFF_MAX)
+                self.trigger()

@@ -35,12 +35,14 @@ _Answer = TypeVar("_Answer", dra_pb2.NodePrepareResourceResponse, dra_pb2.NodeUn
 
 
 class ClaimSource(Protocol):
-    """The part of the Kubernetes adapter the service needs (blocking calls)."""
+    """The part of the Kubernetes adapter the service needs."""
 
-    def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+    async def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
         """GET a ResourceClaim."""
 
-    def create_event(self, involved: dict[str, Any], reason: str, message: str, *, host: str = "") -> None:
+    async def create_event(
+        self, involved: dict[str, Any], reason: str, message: str, *, host: str = ""
+    ) -> None:
         """Record a Warning event about an object."""
 
 
@@ -72,9 +74,7 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         if not self._events_allowed:
             return
         try:
-            await anyio.to_thread.run_sync(
-                lambda: self._kube.create_event(claim, "PrepareFailed", message, host=self.node_name)
-            )
+            await self._kube.create_event(claim, "PrepareFailed", message, host=self.node_name)
         except KubeError as err:
             if err.status == 403:
                 # Least-privilege RBAC grants no events; the kubelet still puts the error in pod events.
@@ -88,7 +88,7 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
     async def _stale_reason(self, namespace: str, name: str, uid: str) -> str | None:
         """Why a claim the checkpoint holds no longer needs its devices, or None if it may."""
         try:
-            claim = await anyio.to_thread.run_sync(self._kube.get_resource_claim, namespace, name)
+            claim = await self._kube.get_resource_claim(namespace, name)
         except NotFoundError:
             return "the claim no longer exists"
         except KubeError:
@@ -119,7 +119,7 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         claim: dict[str, Any] | None = None
         result = "error"
         try:
-            claim = await anyio.to_thread.run_sync(self._kube.get_resource_claim, ref.namespace, ref.name)
+            claim = await self._kube.get_resource_claim(ref.namespace, ref.name)
             allocation = read_allocation(claim, ref.uid, self.driver)
             try:
                 prepared = await anyio.to_thread.run_sync(self._state.prepare, allocation)

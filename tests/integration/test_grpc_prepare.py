@@ -54,7 +54,7 @@ class Plugin:
 
 async def _start_plugin(
     cluster: ClusterInfo, root: Path, kubeconfig: str
-) -> tuple[PluginServer, DeviceState, CdiStore]:
+) -> tuple[PluginServer, DeviceState, CdiStore, KubeClient]:
     inventory = discover(FakeGpuLibrary(load_profile("h100x8"), cluster.node_name))
     cdi = CdiStore(root / "cdi", DRIVER)
     state = DeviceState(
@@ -66,14 +66,14 @@ async def _start_plugin(
         root / "kubelet", DRIVER, dra, HealthService(cluster.node_name, HealthTracker(inventory))
     )
     await server.start()
-    return server, state, cdi
+    return server, state, cdi, kube
 
 
 @pytest.fixture
 async def plugin(cluster: ClusterInfo) -> AsyncIterator[Plugin]:
     """A plugin talking to the local API server."""
     root = Path(tempfile.mkdtemp(prefix="dra-it-", dir="/tmp"))
-    server, state, cdi = await _start_plugin(cluster, root, cluster.kubeconfig)
+    server, state, cdi, kube = await _start_plugin(cluster, root, cluster.kubeconfig)
     try:
         async with grpc.aio.insecure_channel(f"unix://{server.dra_socket}") as channel:
             yield Plugin(
@@ -81,6 +81,7 @@ async def plugin(cluster: ClusterInfo) -> AsyncIterator[Plugin]:
             )
     finally:
         await server.stop()
+        await kube.aclose()
         shutil.rmtree(root)
 
 
@@ -257,7 +258,7 @@ async def test_unreachable_api_server_is_a_per_claim_error(cluster: ClusterInfo)
     root = Path(tempfile.mkdtemp(prefix="dra-it-", dir="/tmp"))
     kubeconfig = root / "dead.kubeconfig"
     await anyio.Path(kubeconfig).write_text(yaml.safe_dump(config))
-    server, _, _ = await _start_plugin(cluster, root, str(kubeconfig))
+    server, _, _, kube = await _start_plugin(cluster, root, str(kubeconfig))
     try:
         async with grpc.aio.insecure_channel(f"unix://{server.dra_socket}") as channel:
             ref = dra_pb2.Claim(namespace="default", name="c", uid=str(uuid.uuid4()))
@@ -266,6 +267,7 @@ async def test_unreachable_api_server_is_a_per_claim_error(cluster: ClusterInfo)
         assert "unreachable" in answers[ref.uid].error
     finally:
         await server.stop()
+        await kube.aclose()
         shutil.rmtree(root)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import pytest
@@ -40,13 +40,13 @@ def _slices(kube: Kube, cluster: ClusterInfo) -> list[Obj]:
 
 
 @pytest.fixture
-def client(cluster: ClusterInfo, kube: Kube) -> Iterator[KubeClient]:
+async def client(cluster: ClusterInfo, kube: Kube) -> AsyncIterator[KubeClient]:
     """The driver's adapter; this driver's slices are removed afterwards."""
     adapter = KubeClient(cluster.kubeconfig)
     yield adapter
     for obj in _slices(kube, cluster):
         kube.delete("resource.k8s.io/v1", "ResourceSlice", obj["metadata"]["name"])
-    adapter.close()
+    await adapter.aclose()
 
 
 async def test_publish_then_reconcile_again_writes_nothing(

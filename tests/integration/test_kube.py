@@ -1,0 +1,102 @@
+"""The Kubernetes adapter against the real API server: its answers become the errors callers handle."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+import yaml
+from localcluster.cluster import ClusterInfo
+from localcluster.driverprocess import free_port
+from localcluster.kube import Kube, Obj
+
+from dra.adapters.kube import ConflictError, KubeClient, NotFoundError, UnreachableError
+
+DRIVER = "kube-test.dra-gpu.test"
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def client(cluster: ClusterInfo, kube: Kube) -> AsyncIterator[KubeClient]:
+    """The driver's adapter; this driver's slices are removed afterwards."""
+    adapter = KubeClient(cluster.kubeconfig)
+    yield adapter
+    await adapter.aclose()
+    for obj in kube.list_objects(
+        "resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.driver={DRIVER}"
+    ):
+        kube.delete("resource.k8s.io/v1", "ResourceSlice", obj["metadata"]["name"])
+
+
+def _slice(cluster: ClusterInfo) -> Obj:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"kube-test-{uuid.uuid4().hex[:6]}"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": cluster.node_name,
+            "pool": {"name": cluster.node_name, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0"}],
+        },
+    }
+
+
+async def test_a_missing_claim_is_not_found(client: KubeClient, namespace: str) -> None:
+    with pytest.raises(NotFoundError, match=rf"/namespaces/{namespace}/resourceclaims/nope: 404 .*not found"):
+        await client.get_resource_claim(namespace, "nope")
+
+
+async def test_a_create_of_an_existing_slice_and_a_stale_replace_conflict(
+    client: KubeClient, cluster: ClusterInfo
+) -> None:
+    created = await client.create_resource_slice(_slice(cluster))
+    with pytest.raises(ConflictError, match="already exists") as raised:
+        await client.create_resource_slice({**created, "metadata": {"name": created["metadata"]["name"]}})
+    assert raised.value.status == 409
+
+    changed = {**created, "spec": {**created["spec"], "devices": [{"name": "gpu-1"}]}}
+    await client.replace_resource_slice(changed)
+    with pytest.raises(ConflictError, match="the object has been modified"):
+        await client.replace_resource_slice(created)
+
+    await client.delete_resource_slice(created["metadata"]["name"], created["metadata"]["uid"])
+    # Deleting what is gone is fine.
+    await client.delete_resource_slice(created["metadata"]["name"])
+
+
+async def test_a_watch_sees_a_create_after_the_listed_version_and_ends_on_time(
+    client: KubeClient, cluster: ClusterInfo
+) -> None:
+    _, version = await client.list_resource_slices(DRIVER, cluster.node_name)
+    obj = _slice(cluster)
+    seen: list[tuple[str, str]] = []
+
+    async def create() -> None:
+        await anyio.sleep(0.5)
+        await client.create_resource_slice(obj)
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as group:
+            group.start_soon(create)
+            async for kind, event in client.watch_resource_slices(DRIVER, cluster.node_name, version, 3):
+                seen.append((kind, event["metadata"].get("name", "")))
+    assert ("ADDED", obj["metadata"]["name"]) in seen
+
+
+async def test_an_api_server_that_is_not_there_is_unreachable(cluster: ClusterInfo, tmp_path: Path) -> None:
+    config = yaml.safe_load(await anyio.Path(cluster.kubeconfig).read_text())
+    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{free_port()}"
+    kubeconfig = tmp_path / "dead.kubeconfig"
+    await anyio.Path(kubeconfig).write_text(yaml.safe_dump(config))
+    client = KubeClient(str(kubeconfig))
+    try:
+        with pytest.raises(UnreachableError, match=r"unreachable \(GET /api/v1/nodes/n\)") as raised:
+            await client.get_node("n")
+        assert raised.value.status == 0
+    finally:
+        await client.aclose()

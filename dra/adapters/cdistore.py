@@ -5,15 +5,11 @@ Claim specs (DRA) are named after their claim; the device plugin's spec has one 
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from dra.adapters.atomicfile import remove_durably, remove_leftovers, write_atomic
 from dra.core import cdi
-
-log = logging.getLogger(__name__)
 
 
 class CdiStore:
@@ -72,12 +68,6 @@ class CdiStore:
             if p.name.startswith(self._prefix) and p.name.endswith(".json")
         )
 
-    def remove_stale(self, keep: Iterable[str]) -> list[str]:
-        """Delete specs of claims that are not prepared, and half-written specs (a crash); return the UIDs."""
+    def remove_leftovers(self) -> None:
+        """Delete this driver's half-written specs, left behind by a crash."""
         remove_leftovers(self.root, self._prefix)
-        wanted = set(keep)
-        stale = [uid for uid in self.claim_uids() if uid not in wanted]
-        for uid in stale:
-            log.info("removing CDI spec of claim %s, which is not prepared", uid)
-            self.remove(uid)
-        return stale

@@ -19,14 +19,6 @@ class ClaimError(Exception):
     """A claim cannot be prepared; the message is what the admin sees in the pod's events."""
 
 
-class DeviceHeldError(ClaimError):
-    """Devices of the claim are prepared for other claims, named in `holders` (namespace, name, UID)."""
-
-    def __init__(self, message: str, holders: list[tuple[str, str, str]]) -> None:
-        super().__init__(message)
-        self.holders = holders
-
-
 @dataclass(frozen=True)
 class AllocatedDevice:
     """One allocation result for this driver."""

@@ -18,7 +18,7 @@ import anyio.to_thread
 import grpc
 
 from dra.adapters.kube import KubeError, NotFoundError
-from dra.core.allocation import ClaimError, DeviceHeldError, read_allocation
+from dra.core.allocation import ClaimError, read_allocation
 from dra.daemon import metrics
 from dra.daemon.health import HealthTracker
 from dra.kubeletplugin.state import DeviceState
@@ -102,16 +102,14 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
             return "the claim is no longer allocated"
         return None
 
-    async def _release_stale(self, holders: list[tuple[str, str, str]]) -> bool:
-        """Unprepare holders whose claims are gone (the kubelet lost track of them); True if any was."""
-        released = False
-        for namespace, name, uid in holders:
-            reason = await self._stale_reason(namespace, name, uid)
+    async def _stale_holders(self, holders: list[PreparedClaim]) -> dict[str, str]:
+        """Holders whose claims are gone (the kubelet lost track of them), by UID, with why."""
+        stale: dict[str, str] = {}
+        for holder in holders:
+            reason = await self._stale_reason(holder.namespace, holder.name, holder.uid)
             if reason is not None:
-                log.warning("releasing %s/%s (%s), prepared but stale: %s", namespace, name, uid, reason)
-                await anyio.to_thread.run_sync(self._state.unprepare, uid)
-                released = True
-        return released
+                stale[holder.uid] = reason
+        return stale
 
     async def _prepare(self, ref: dra_pb2.Claim) -> dra_pb2.NodePrepareResourceResponse:
         started = time.perf_counter()
@@ -121,12 +119,10 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         try:
             claim = await self._kube.get_resource_claim(ref.namespace, ref.name)
             allocation = read_allocation(claim, ref.uid, self.driver)
-            try:
-                prepared = await anyio.to_thread.run_sync(self._state.prepare, allocation)
-            except DeviceHeldError as err:
-                if not await self._release_stale(err.holders):
-                    raise
-                prepared = await anyio.to_thread.run_sync(self._state.prepare, allocation)
+            # The API server is asked about holders outside the state's lock; prepare decides
+            # again under it, and a holder that appeared meanwhile counts as live.
+            stale = await self._stale_holders(self._state.conflicts(allocation))
+            prepared = await anyio.to_thread.run_sync(self._state.prepare, allocation, stale)
             result = "success"
             return _response(prepared)
         except NotFoundError:

@@ -360,16 +360,12 @@ def test_claim_uids_without_the_directory(tmp_path: Path) -> None:
     assert CdiStore(tmp_path / "missing", DRIVER).claim_uids() == []
 
 
-def test_remove_stale_keeps_prepared_claims_and_other_files(tmp_path: Path) -> None:
+def test_remove_leftovers_takes_this_drivers_half_written_specs_only(tmp_path: Path) -> None:
     store = CdiStore(tmp_path, DRIVER)
     foreign = _foreign_files(tmp_path)
-    third = "3c3c3c3c-0000-4000-8000-000000000003"
-    for uid in (UID, OTHER_UID, third):
-        store.write(uid, _spec(uid))
-    removed = store.remove_stale(keep=[UID])
-    assert sorted(removed) == sorted([OTHER_UID, third])
-    assert store.claim_uids() == [UID]
-    # This driver's half-written spec, left by a crash, goes too; other files stay.
+    store.write(UID, _spec(UID))
+    store.remove_leftovers()
+    # This driver's half-written spec, left by a crash, goes; its specs and other files stay.
     kept = [name for name in foreign if not name.endswith(".tmp")]
     assert sorted(os.listdir(tmp_path)) == sorted([*kept, store.path(UID).name])
 

@@ -143,7 +143,7 @@ def test_device_spec_file_is_written_atomically_next_to_claim_specs(
     store.write_device_spec(cdi.build_device_spec(DRIVER, list(inventory), inventory))
     assert path.stat().st_mtime_ns == mtime, "unchanged content is not rewritten"
     assert store.claim_uids() == [], "the device spec is not mistaken for a claim spec"
-    assert store.remove_stale(keep=[]) == []
+    store.remove_leftovers()
     assert path.exists()
     assert [p.name for p in tmp_path.iterdir()] == [path.name], "no temporary file is left"
 

@@ -1,4 +1,4 @@
-"""DeviceState: preparing and unpreparing claims, with CDI specs and the checkpoint on disk."""
+"""DeviceState: applying prepare, unprepare and recover plans to CDI specs and the checkpoint on disk."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointError, CheckpointStore
 from dra.core import cdi
-from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, DeviceHeldError, OpaqueConfig
+from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Inventory
 from dra.model.prepared import PreparedClaim, PreparedDevice
@@ -191,9 +191,9 @@ def test_repeated_prepare_recreates_a_missing_spec(paths: Paths) -> None:
     assert paths.spec(UID_A).read_bytes() == original
 
 
-def _refused(state: DeviceState, allocation: ClaimAllocation) -> str:
+def _refused(state: DeviceState, allocation: ClaimAllocation, stale: Mapping[str, str] | None = None) -> str:
     with pytest.raises(ClaimError) as err:
-        state.prepare(allocation)
+        state.prepare(allocation, stale)
     return str(err.value)
 
 
@@ -429,9 +429,9 @@ def test_a_gpu_renamed_by_renumbering_is_still_held_by_its_claim(paths: Paths) -
         gpus=state.inventory.gpus[1:],
     )
     state.set_inventory(shifted)
-    with pytest.raises(DeviceHeldError) as err:
-        state.prepare(_allocation(UID_B, "gpu-0"))
-    assert err.value.holders == [("team-a", "claim-a", UID_A)]
+    blocked = _allocation(UID_B, "gpu-0")
+    assert [c.uid for c in state.conflicts(blocked)] == [UID_A]
+    assert f"device gpu-0 is already prepared for claim team-a/claim-a ({UID_A})" in _refused(state, blocked)
 
 
 def test_recover_removes_half_written_files_of_a_crash(paths: Paths) -> None:
@@ -447,3 +447,55 @@ def test_recover_removes_half_written_files_of_a_crash(paths: Paths) -> None:
     assert not checkpoint_leftover.exists()
     assert foreign.exists(), "only this driver's files are touched"
     assert paths.spec(UID_A).exists()
+
+
+# -- stale holders -----------------------------------------------------------------------------
+
+
+def test_a_stale_holder_is_released_with_one_checkpoint_save(paths: Paths) -> None:
+    specs = CdiStore(paths.cdi, DRIVER)
+    checkpoint = OrderCheckingCheckpoint(paths.checkpoint, specs)
+    state = DeviceState(DRIVER, NODE, inventory("h100x8"), specs, checkpoint)
+    state.prepare(_allocation(UID_A, "gpu-0", "gpu-1"))
+    state.prepare(_allocation(UID_C, "gpu-2"))
+    claim = state.prepare(_allocation(UID_B, "gpu-1"), {UID_A: "the claim no longer exists"})
+    assert checkpoint.saves == 3
+    assert paths.checkpointed() == {UID_C: state.prepared[UID_C], UID_B: claim}
+    assert paths.specs() == sorted([paths.spec(UID_B).name, paths.spec(UID_C).name])
+    # gpu-0 went with its stale holder.
+    state.prepare(_allocation(UID_A, "gpu-0"))
+
+
+def test_a_holder_not_named_stale_is_kept_and_refuses_the_claim(paths: Paths) -> None:
+    state = paths.state()
+    state.prepare(_allocation(UID_A, "gpu-0"))
+    state.prepare(_allocation(UID_C, "gpu-1"))
+    message = _refused(state, _allocation(UID_B, "gpu-0"), {UID_C: "the claim no longer exists"})
+    assert f"already prepared for claim team-a/claim-a ({UID_A})" in message
+    assert sorted(paths.checkpointed()) == [UID_A, UID_C]
+    assert paths.specs() == sorted([paths.spec(UID_A).name, paths.spec(UID_C).name])
+
+
+def test_a_crash_while_releasing_a_stale_holder_is_repaired_by_the_restart_and_the_retry(
+    paths: Paths,
+) -> None:
+    paths.state().prepare(_allocation(UID_A, "gpu-0"))
+    crashing = DeviceState(
+        DRIVER,
+        NODE,
+        inventory("h100x8-mig"),
+        CdiStore(paths.cdi, DRIVER),
+        FailingCheckpoint(paths.checkpoint),
+    )
+    with pytest.raises(OSError, match="no space"):
+        crashing.prepare(_allocation(UID_B, "gpu-0"), {UID_A: "the claim was re-created"})
+    # The holder's spec is gone and the new one written, but the checkpoint still names the holder.
+    assert paths.specs() == [paths.spec(UID_B).name]
+    assert list(paths.checkpointed()) == [UID_A]
+    restarted = paths.state()
+    restarted.recover()
+    assert paths.specs() == [paths.spec(UID_A).name]
+    # The kubelet retries; the holder is found stale again and released.
+    restarted.prepare(_allocation(UID_B, "gpu-0"), {UID_A: "the claim was re-created"})
+    assert list(paths.checkpointed()) == [UID_B]
+    assert paths.specs() == [paths.spec(UID_B).name]

@@ -1,0 +1,249 @@
+"""Preparing, unpreparing and recovering claims, decided as plans over plain data.
+
+Every decision takes what the node knows as input (its inventory, the claims it
+has prepared, which CDI specs are on disk, which holders the API server says
+are stale) and returns a plan: the effects to apply, in the order
+``dra.kubeletplugin.state`` applies them, or the per-claim error for the admin.
+Nothing here touches a file or the API server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dra.core import cdi
+from dra.core import config as deviceconfig
+from dra.core.allocation import ClaimAllocation
+from dra.model.devices import Device, Inventory
+from dra.model.prepared import PreparedClaim, PreparedDevice
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Release:
+    """A prepared claim the API server says is gone: its spec and checkpoint entry go."""
+
+    holder: PreparedClaim
+    reason: str
+
+
+@dataclass(frozen=True)
+class MissingDevice:
+    """A device a prepared claim records that the inventory no longer has (left out of its spec)."""
+
+    claim: PreparedClaim
+    device: str
+
+    @property
+    def message(self) -> str:
+        """The warning for the log."""
+        return (
+            f"prepared claim {self.claim.namespace}/{self.claim.name} uses {self.device}, "
+            "which this node no longer has"
+        )
+
+
+@dataclass(frozen=True)
+class PreparePlan:
+    """Prepare one claim: release `release`, write `spec` if any, record `claim` if `record`, answer it."""
+
+    claim: PreparedClaim
+    #: The claim's CDI spec; None when the one on disk is right (or no device of it is left).
+    spec: Obj | None = None
+    #: Whether the checkpoint must record `claim` (new, or its devices changed).
+    record: bool = False
+    release: tuple[Release, ...] = ()
+    #: The record this plan replaces: the claim was allocated anew without an unprepare.
+    replaces: PreparedClaim | None = None
+    missing: tuple[MissingDevice, ...] = ()
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The claim cannot be prepared; `message` is what the admin sees. Nothing changes."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class UnpreparePlan:
+    """Remove the spec of `uid` (a stray one too), then drop `claim` from the checkpoint if prepared."""
+
+    uid: str
+    claim: PreparedClaim | None
+
+
+@dataclass(frozen=True)
+class RecoverPlan:
+    """At start-up: remove specs of claims not prepared, (re)write the specs of prepared ones."""
+
+    remove: tuple[str, ...]
+    write: tuple[tuple[str, Obj], ...]
+    missing: tuple[MissingDevice, ...]
+
+
+def recorded(claim: PreparedClaim) -> set[tuple[str, str]]:
+    """(device, request) pairs a prepared claim records."""
+    return {(d.device, request) for d in claim.devices for request in d.request_names}
+
+
+def _requested(allocation: ClaimAllocation) -> set[tuple[str, str]]:
+    return {(r.device, r.request_name) for r in allocation.devices}
+
+
+def _up_to_date(allocation: ClaimAllocation, prepared: Mapping[str, PreparedClaim]) -> PreparedClaim | None:
+    existing = prepared.get(allocation.uid)
+    if existing is not None and recorded(existing) == _requested(allocation):
+        return existing
+    return None
+
+
+def _holders(device: Device, uid: str, prepared: Mapping[str, PreparedClaim]) -> list[PreparedClaim]:
+    return [c for c in prepared.values() if c.uid != uid and c.holds(device.name, device.uuid)]
+
+
+def conflicts(
+    allocation: ClaimAllocation, inventory: Inventory, prepared: Mapping[str, PreparedClaim], *, pool: str
+) -> list[PreparedClaim]:
+    """Prepared claims holding a device the allocation needs exclusively: ask the API server about these."""
+    if _up_to_date(allocation, prepared) is not None:
+        return []
+    found: dict[str, PreparedClaim] = {}
+    for result in allocation.devices:
+        device = inventory.get(result.device) if result.pool == pool else None
+        if device is not None and not result.admin_access:
+            found.update((h.uid, h) for h in _holders(device, allocation.uid, prepared))
+    return list(found.values())
+
+
+def _devices_of(claim: PreparedClaim, inventory: Inventory) -> tuple[list[Device], list[MissingDevice]]:
+    found: list[Device] = []
+    missing: list[MissingDevice] = []
+    for entry in claim.devices:
+        device = inventory.by_uuid(entry.uuid) if entry.uuid else inventory.get(entry.device)
+        if device is None:
+            missing.append(MissingDevice(claim, entry.device))
+        else:
+            found.append(device)
+    return found, missing
+
+
+def _respec(
+    claim: PreparedClaim, inventory: Inventory, driver: str
+) -> tuple[Obj | None, list[MissingDevice]]:
+    """The spec a prepared claim's devices still present on the node give, or None when none is."""
+    devices, missing = _devices_of(claim, inventory)
+    return (cdi.build_spec(driver, claim.uid, devices, inventory) if devices else None), missing
+
+
+def decide_prepare(
+    allocation: ClaimAllocation,
+    inventory: Inventory,
+    prepared: Mapping[str, PreparedClaim],
+    *,
+    driver: str,
+    pool: str,
+    stale: Mapping[str, str],
+    has_spec: bool,
+) -> PreparePlan | Refusal:
+    """What preparing `allocation` takes, given the facts about its holders.
+
+    `stale` maps the UID of a conflicting holder to why the API server says it is
+    gone (see `conflicts`); a holder not in it is live and refuses the claim.
+    `has_spec` says whether the claim's spec is on disk. A claim already prepared
+    with the same devices gets its recorded answer, and its spec back if missing.
+    """
+    existing = _up_to_date(allocation, prepared)
+    if existing is not None:
+        spec, missing = (None, []) if has_spec else _respec(existing, inventory, driver)
+        return PreparePlan(claim=existing, spec=spec, missing=tuple(missing))
+
+    problems: list[str] = []
+    releases: dict[str, Release] = {}
+    devices: dict[str, Device] = {}
+    for result in allocation.devices:
+        if result.pool != pool:
+            problems.append(
+                f"device {result.device} is in pool {result.pool!r}, not this node's pool {pool!r}"
+            )
+            continue
+        device = inventory.get(result.device)
+        if device is None:
+            problems.append(f"device {result.device} does not exist on node {pool}")
+            continue
+        if not result.admin_access:
+            for holder in _holders(device, allocation.uid, prepared):
+                reason = stale.get(holder.uid)
+                if reason is not None:
+                    releases[holder.uid] = Release(holder, reason)
+                else:
+                    problems.append(
+                        f"device {result.device} is already prepared for claim "
+                        f"{holder.namespace}/{holder.name} ({holder.uid})"
+                    )
+        try:
+            deviceconfig.effective([c.parameters for c in allocation.configs_for(result)], device)
+        except deviceconfig.ConfigError as err:
+            problems.append(f"invalid configuration for device {result.device}: {err}")
+        devices[device.name] = device
+    if problems:
+        return Refusal(f"cannot prepare ResourceClaim {allocation.ref}: " + "; ".join(problems))
+
+    entries = []
+    for device in devices.values():
+        results = [r for r in allocation.devices if r.device == device.name]
+        entries.append(
+            PreparedDevice(
+                request_names=tuple(dict.fromkeys(r.request_name for r in results)),
+                pool=pool,
+                device=device.name,
+                cdi_device_ids=(cdi.qualified_name(driver, allocation.uid, device.name),),
+                admin_access=all(r.admin_access for r in results),
+                uuid=device.uuid,
+            )
+        )
+    claim = PreparedClaim(
+        uid=allocation.uid, namespace=allocation.namespace, name=allocation.name, devices=tuple(entries)
+    )
+    return PreparePlan(
+        claim=claim,
+        spec=cdi.build_spec(driver, allocation.uid, list(devices.values()), inventory),
+        record=True,
+        release=tuple(releases.values()),
+        replaces=prepared.get(allocation.uid),
+    )
+
+
+def decide_unprepare(uid: str, prepared: Mapping[str, PreparedClaim]) -> UnpreparePlan:
+    """Unpreparing a claim: an unknown one only loses its stray spec, if any."""
+    return UnpreparePlan(uid=uid, claim=prepared.get(uid))
+
+
+def decide_recover(
+    prepared: Mapping[str, PreparedClaim], inventory: Inventory, specs: Collection[str], *, driver: str
+) -> RecoverPlan:
+    """After a restart, given the UIDs of the claim specs on disk: which to remove, which to write again.
+
+    A spec without a checkpoint entry is a prepare that crashed before recording
+    (the kubelet retries it); a prepared claim without its spec lost it in a crash
+    or by hand, and gets it back with the devices still on the node. A spec that
+    is there is written again too (the store leaves identical bytes alone), so
+    that one an older driver wrote gets the current layout before a container of
+    the claim restarts; but not when one of its devices vanished, since the old
+    spec still names it and its edits do no harm.
+    """
+    writes: list[tuple[str, Obj]] = []
+    missing: list[MissingDevice] = []
+    for uid, claim in prepared.items():
+        spec, gone = _respec(claim, inventory, driver)
+        missing.extend(gone)
+        if spec is not None and (uid not in specs or not gone):
+            writes.append((uid, spec))
+    return RecoverPlan(
+        remove=tuple(sorted(uid for uid in specs if uid not in prepared)),
+        write=tuple(writes),
+        missing=tuple(missing),
+    )

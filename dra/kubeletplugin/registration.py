@@ -14,8 +14,14 @@ log = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
-#: What the kubelet may choose from, newest first: kubelet 1.34 takes the first it knows.
-SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+#: What the kubelet may choose from, newest first: the kubelet takes the first DRAPlugin it knows,
+#: and (1.37) the first DRAResourceHealth it knows; 1.34 ignores v1 health and asks v1alpha1.
+SUPPORTED_SERVICES = (
+    "v1.DRAPlugin",
+    "v1beta1.DRAPlugin",
+    "v1.DRAResourceHealth",
+    "v1alpha1.DRAResourceHealth",
+)
 
 
 class RegistrationService(registration_pb2_grpc.RegistrationServicer):

@@ -1,6 +1,6 @@
 """The plugin's two unix sockets and their gRPC servers.
 
-<kubelet root>/plugins/<driver>/dra.sock        DRA v1, v1beta1 and health services
+<kubelet root>/plugins/<driver>/dra.sock        DRA v1, v1beta1 and health v1, v1alpha1 services
 <kubelet root>/plugins_registry/<driver>-reg.sock  registration, created last
 
 The registration socket appears only once the service socket serves, because
@@ -22,6 +22,7 @@ from dra.kubeletplugin.registration import RegistrationService
 from dra.kubeletplugin.service import DraService, HealthService
 from dra.pb.dra.v1 import dra_pb2_grpc as v1_grpc
 from dra.pb.dra.v1beta1 import dra_pb2_grpc as v1beta1_grpc
+from dra.pb.drahealth.v1 import health_pb2_grpc as health_v1_grpc
 from dra.pb.drahealth.v1alpha1 import health_pb2_grpc
 from dra.pb.pluginregistration.v1 import registration_pb2_grpc
 
@@ -68,7 +69,8 @@ class PluginServer:
         server = grpc.aio.server()
         v1_grpc.add_DRAPluginServicer_to_server(self._dra, server)
         v1beta1_grpc.add_DRAPluginServicer_to_server(self._dra, server)
-        health_pb2_grpc.add_DRAResourceHealthServicer_to_server(self._health, server)
+        health_v1_grpc.add_DRAResourceHealthServicer_to_server(self._health, server)
+        health_pb2_grpc.add_DRAResourceHealthServicer_to_server(self._health.alpha, server)
         server.add_insecure_port(f"unix://{self.dra_socket}")
         await server.start()
         self._service_server = server

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from typing import Any, Protocol, TypeVar
 
 import anyio
@@ -26,6 +26,8 @@ from dra.model.prepared import PreparedClaim
 from dra.pb.dra.v1 import dra_pb2
 from dra.pb.dra.v1 import dra_pb2_grpc as v1_grpc
 from dra.pb.dra.v1beta1 import dra_pb2_grpc as v1beta1_grpc
+from dra.pb.drahealth.v1 import health_pb2 as health_v1
+from dra.pb.drahealth.v1 import health_pb2_grpc as health_v1_grpc
 from dra.pb.drahealth.v1alpha1 import health_pb2, health_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -187,25 +189,52 @@ async def _each(
     return answers
 
 
-class HealthService(health_pb2_grpc.DRAResourceHealthServicer):
-    """Streams the health of every published device to the kubelet (ResourceHealthStatus)."""
+class HealthService(health_v1_grpc.DRAResourceHealthServicer):
+    """Streams the health of every published device to the kubelet (ResourceHealthStatus), v1.
+
+    A 1.37 kubelet asks this version; `alpha` serves the same stream as
+    v1alpha1 for 1.34 to 1.36. v1 also says why a device is unhealthy.
+    """
 
     def __init__(self, pool: str, tracker: HealthTracker) -> None:
         self._pool = pool
         self._tracker = tracker
+        self.alpha = _AlphaHealthService(self)
 
     async def NodeWatchResources(  # noqa: N802
-        self, request: health_pb2.NodeWatchResourcesRequest, context: Context
-    ) -> AsyncIterator[health_pb2.NodeWatchResourcesResponse]:
+        self, request: health_v1.NodeWatchResourcesRequest, context: Context
+    ) -> AsyncGenerator[health_v1.NodeWatchResourcesResponse]:
         """The full list on connect and after every change."""
         async for snapshot in self._tracker.watch():
-            yield health_pb2.NodeWatchResourcesResponse(
+            yield health_v1.NodeWatchResourcesResponse(
                 devices=[
-                    health_pb2.DeviceHealth(
-                        device=health_pb2.DeviceIdentifier(pool_name=self._pool, device_name=name),
-                        health=health_pb2.HEALTHY if status.healthy else health_pb2.UNHEALTHY,
+                    health_v1.DeviceHealth(
+                        device=health_v1.DeviceIdentifier(pool_name=self._pool, device_name=name),
+                        health=health_v1.HEALTHY if status.healthy else health_v1.UNHEALTHY,
                         last_updated_time=status.since,
+                        message=status.reason[:_MESSAGE_MAX],
                     )
                     for name, status in sorted(snapshot.items())
                 ]
             )
+
+
+#: The kubelet truncates longer health messages itself; say it in our own words instead.
+_MESSAGE_MAX = 1024
+
+
+class _AlphaHealthService(health_pb2_grpc.DRAResourceHealthServicer):
+    """The v1alpha1 stream: the v1 stream without the fields v1alpha1 lacks (the same wire numbers)."""
+
+    def __init__(self, v1: HealthService) -> None:
+        self._v1 = v1
+
+    async def NodeWatchResources(  # noqa: N802
+        self, request: health_pb2.NodeWatchResourcesRequest, context: Context
+    ) -> AsyncGenerator[health_pb2.NodeWatchResourcesResponse]:
+        """The full list on connect and after every change."""
+        async for answer in self._v1.NodeWatchResources(health_v1.NodeWatchResourcesRequest(), context):
+            for device in answer.devices:
+                device.ClearField("message")
+            # Field numbers 1-3 are the same in both versions, so the bytes carry over unchanged.
+            yield health_pb2.NodeWatchResourcesResponse.FromString(answer.SerializeToString())

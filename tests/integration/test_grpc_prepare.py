@@ -34,6 +34,9 @@ from dra.kubeletplugin.service import DraService, HealthService
 from dra.kubeletplugin.state import DeviceState
 from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc
 from dra.pb.dra.v1beta1 import dra_pb2_grpc as v1beta1_grpc
+from dra.pb.drahealth.v1 import health_pb2 as health_v1
+from dra.pb.drahealth.v1 import health_pb2_grpc as health_v1_grpc
+from dra.pb.drahealth.v1alpha1 import health_pb2, health_pb2_grpc
 from dra.pb.pluginregistration.v1 import registration_pb2, registration_pb2_grpc
 
 DRIVER = "grpc-test.dra-gpu.test"
@@ -280,8 +283,31 @@ async def test_registration_advertises_v1_first(plugin: Plugin) -> None:
     assert list(info.supported_versions) == [
         "v1.DRAPlugin",
         "v1beta1.DRAPlugin",
+        "v1.DRAResourceHealth",
         "v1alpha1.DRAResourceHealth",
     ]
+
+
+async def test_health_is_served_as_v1_and_v1alpha1(plugin: Plugin) -> None:
+    """A 1.37 kubelet asks v1, a 1.34 kubelet v1alpha1: both get the same list on the same socket."""
+    async with grpc.aio.insecure_channel(f"unix://{plugin.server.dra_socket}") as channel:
+        v1 = health_v1_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+            health_v1.NodeWatchResourcesRequest()
+        )
+        alpha = health_pb2_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+            health_pb2.NodeWatchResourcesRequest()
+        )
+        first_v1 = await v1.read()
+        first_alpha = await alpha.read()
+        v1.cancel()
+        alpha.cancel()
+    assert isinstance(first_v1, health_v1.NodeWatchResourcesResponse)
+    assert isinstance(first_alpha, health_pb2.NodeWatchResourcesResponse)
+    assert [(d.device.device_name, int(d.health)) for d in first_v1.devices] == [
+        (d.device.device_name, int(d.health)) for d in first_alpha.devices
+    ]
+    assert len(first_v1.devices) == 8
+    assert len({d.device.pool_name for d in first_v1.devices}) == 1
 
 
 async def test_a_stale_holder_is_released_and_a_live_one_is_not(

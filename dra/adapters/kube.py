@@ -167,6 +167,19 @@ class KubeClient:
 
     # -- reads ---------------------------------------------------------------
 
+    async def server_version(self) -> Obj:
+        """GET /version: the server's gitVersion, major and minor."""
+        result: Obj = await self._call("GET", "/version")
+        return result
+
+    async def resource_api_group(self) -> Obj | None:
+        """GET /apis/resource.k8s.io: the versions of the group it serves; None when not served."""
+        try:
+            result: Obj = await self._call("GET", "/apis/resource.k8s.io")
+        except NotFoundError:
+            return None
+        return result
+
     async def get_resource_claim(self, namespace: str, name: str) -> Obj:
         """GET a ResourceClaim (resource.k8s.io/v1)."""
         result: Obj = await self._call("GET", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims/{name}")

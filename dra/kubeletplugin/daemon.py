@@ -14,6 +14,7 @@ from anyio.abc import TaskGroup
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointError, CheckpointStore
 from dra.adapters.kube import KubeClient, KubeError
+from dra.core import versions
 from dra.core.assignment import GpuPath, restrict
 from dra.daemon import metrics
 from dra.daemon.bootstrap import (
@@ -115,6 +116,26 @@ class Rediscovery:
                 await apply(changed)
 
 
+async def check_server(kube: KubeClient) -> None:
+    """StartupError for an API server this driver cannot serve; a warning for one newer than tested.
+
+    An API server that does not answer is not a start-up error: the publisher
+    and prepare retry on their own, and the kubelet expects the plugin to come up.
+    """
+    try:
+        info = versions.server_info(await kube.server_version(), await kube.resource_api_group())
+    except KubeError as err:
+        log.warning("cannot ask the API server which version it is (%s); going on", err)
+        return
+    try:
+        warnings = versions.check(info)
+    except versions.UnsupportedServerError as err:
+        raise StartupError(str(err)) from None
+    for warning in warnings:
+        log.warning("%s", warning)
+    log.info("API server %s serves resource.k8s.io %s", info.git_version, ", ".join(info.resource_versions))
+
+
 async def run_kubelet_plugin(settings: PluginSettings) -> None:
     """Run until SIGTERM or SIGINT."""
     async with open_node(settings, GpuPath.DRA) as node:
@@ -176,6 +197,7 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
         group.start_soon(report_ready)
 
     try:
+        await check_server(kube)
         try:
             await server.start()
         except (OSError, RuntimeError) as err:

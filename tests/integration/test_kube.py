@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,6 +15,8 @@ from localcluster.driverprocess import free_port
 from localcluster.kube import Kube, Obj
 
 from dra.adapters.kube import ConflictError, KubeClient, NotFoundError, UnreachableError
+from dra.core import versions
+from dra.kubeletplugin.daemon import check_server
 
 DRIVER = "kube-test.dra-gpu.test"
 
@@ -100,3 +103,15 @@ async def test_an_api_server_that_is_not_there_is_unreachable(cluster: ClusterIn
         assert raised.value.status == 0
     finally:
         await client.aclose()
+
+
+async def test_the_local_api_server_is_a_supported_one(
+    client: KubeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    info = versions.server_info(await client.server_version(), await client.resource_api_group())
+    assert versions.OLDEST_MINOR <= info.minor <= versions.NEWEST_MINOR
+    assert "v1" in info.resource_versions
+    assert info.git_version.startswith(f"v1.{info.minor}.")
+    with caplog.at_level(logging.INFO, logger="dra.kubeletplugin.daemon"):
+        await check_server(client)
+    assert f"API server {info.git_version} serves resource.k8s.io v1" in caplog.text

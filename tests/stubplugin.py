@@ -12,10 +12,14 @@ is not the driver: it checks nothing and writes no CDI specs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
+from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -106,6 +110,42 @@ def serve(driver: str, kubelet_root: Path, events: Path) -> None:
     dra_server.stop(None).wait()
     for sock in (reg_sock, dra_sock):
         sock.unlink(missing_ok=True)
+
+
+def events(path: Path) -> list[dict[str, Any]]:
+    """The calls recorded so far, one dict per JSON line."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+@contextlib.contextmanager
+def running(driver: str, kubelet_root: Path, events_file: Path) -> Iterator[Path]:
+    """The stub as a process, once the kubelet has registered it; yields its events file."""
+    # Imported here: the plugin process itself runs without deploy/local on its import path.
+    from localcluster.kube import wait_for
+
+    events_file.touch()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.stubplugin",
+            f"--driver={driver}",
+            f"--kubelet-root={kubelet_root}",
+            f"--events={events_file}",
+        ]
+    )
+    try:
+        wait_for(
+            f"the kubelet to register the stub plugin {driver}",
+            lambda: any(
+                e["event"] == "NotifyRegistrationStatus" and e["registered"] for e in events(events_file)
+            ),
+            timeout=30,
+        )
+        yield events_file
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def main() -> None:

@@ -61,6 +61,11 @@ class Case:
         return [o for o in self.objects if o["kind"] == "DeviceClass"]
 
     @property
+    def foreign_slices(self) -> list[Obj]:
+        """ResourceSlices of another driver the example publishes on the node (placeholder node name)."""
+        return [o for o in self.objects if o["kind"] == "ResourceSlice"]
+
+    @property
     def id(self) -> str:
         """A test id."""
         slug = re.sub(r"[^a-z0-9]+", "-", self.title.lower()).strip("-")

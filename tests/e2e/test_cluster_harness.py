@@ -7,19 +7,18 @@ the driver, so they prove the harness on its own.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kubernetes.dynamic.exceptions import UnprocessibleEntityError
 from localcluster.cluster import ClusterInfo, LocalCluster
 from localcluster.kube import Kube, Obj, wait_for
+
+from tests import stubplugin
 
 DRIVER = "stub.dra-gpu.test"
 
@@ -39,34 +38,10 @@ def _device(name: str, model: str, index: int, firmware: str, memory: str) -> Ob
 @pytest.fixture(scope="module")
 def stub_plugin(cluster: ClusterInfo, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The stub plugin, running as a process and registered with the kubelet."""
-    events = tmp_path_factory.mktemp("stub") / "events.jsonl"
-    events.touch()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.stubplugin",
-            f"--driver={DRIVER}",
-            f"--kubelet-root={cluster.kubelet_root}",
-            f"--events={events}",
-        ]
-    )
-    try:
-        wait_for(
-            "the kubelet to register the stub plugin",
-            lambda: any(
-                e["event"] == "NotifyRegistrationStatus" and e["registered"] for e in _events(events)
-            ),
-            timeout=30,
-        )
+    with stubplugin.running(
+        DRIVER, Path(cluster.kubelet_root), tmp_path_factory.mktemp("stub") / "events.jsonl"
+    ) as events:
         yield events
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-def _events(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line]
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +126,7 @@ def _pod_with_claim(kube: Kube, namespace: str, device_class: str, selector: str
 
 
 def test_kubelet_registers_a_plugin_process(stub_plugin: Path) -> None:
-    events = _events(stub_plugin)
+    events = stubplugin.events(stub_plugin)
     assert any(e["event"] == "GetInfo" for e in events)
     assert {"event": "NotifyRegistrationStatus", "registered": True, "error": ""} in events
 
@@ -176,7 +151,7 @@ def test_scheduler_allocates_by_cel_and_pod_runs(
         ]
         assert any(
             e["event"] == "NodePrepareResources" and f"{namespace}/{claim_name}" in e["claims"]
-            for e in _events(stub_plugin)
+            for e in stubplugin.events(stub_plugin)
         )
     finally:
         kube.delete("resource.k8s.io/v1", "DeviceClass", device_class)

@@ -24,6 +24,15 @@ from dra.cel.values import ErrorValue
 Obj = dict[str, Any]
 
 
+def compiles(expression: str) -> bool:
+    """Whether dra.cel compiles a selector, which is whether the API server must accept it."""
+    try:
+        compile_expression(expression)
+    except CelSyntaxError:
+        return False
+    return True
+
+
 def dra_verdict(expression: str, device: Obj, driver: str) -> str:
     """What dra.cel makes of a selector on one device."""
     try:

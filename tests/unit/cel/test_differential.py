@@ -18,7 +18,7 @@ import collections
 import pytest
 
 from tests.celgen import FOREIGN_DOMAIN, UNPUBLISHED_DOMAIN, SelectorGenerator, devices
-from tests.celoracle import Oracle, dra_verdict, oracle_device
+from tests.celoracle import Oracle, compiles, dra_verdict, oracle_device
 
 DRIVER = "gpu.nvidia.com"
 SEED = 2026
@@ -38,6 +38,11 @@ def test_both_evaluators_agree_on_every_generated_selector_and_device(oracle: Or
     verdicts: collections.Counter[str] = collections.Counter()
     disagreements = []
     for position, expression in enumerate(selectors):
+        if not compiles(expression):
+            # Rejected at write time by Kubernetes' type rules, which the oracle (compiling
+            # unchecked) does not apply; the cluster differential test covers these.
+            verdicts["rejected"] += 1
+            continue
         for device, device_data in zip(published, data, strict=True):
             ours, theirs = dra_verdict(expression, device, DRIVER), oracle.verdict(expression, device_data)
             verdicts[ours] += 1
@@ -51,13 +56,14 @@ def test_both_evaluators_agree_on_every_generated_selector_and_device(oracle: Or
     # A generator that drifted into all-errors (or never erring) would prove little.
     total = sum(verdicts.values())
     assert all(verdicts[v] > total // 10 for v in ("true", "false", "error")), verdicts
+    assert 0 < verdicts["rejected"] < SELECTORS // 10, verdicts
 
 
 def test_the_generator_is_deterministic_and_varied() -> None:
     published = devices(DRIVER)
     first = SelectorGenerator(published, DRIVER, SEED).selectors(50)
     assert first == SelectorGenerator(published, DRIVER, SEED).selectors(50)
-    assert len(set(first)) == len(first)
+    assert len(set(first)) > 0.9 * len(first)
     text = "\n".join(SelectorGenerator(published, DRIVER, SEED).selectors(SELECTORS))
     for feature in (
         "&&",

@@ -95,7 +95,7 @@ def _pod(name: str) -> Obj:
         "metadata": {"name": name},
         "spec": {
             "nodeSelector": {"cel-differential": ""},
-            # The node has no kubelet, so the node controller soon marks it not ready.
+            # Whatever taints a node that no kubelet reports on may get.
             "tolerations": [{"operator": "Exists"}],
             "resourceClaims": [{"name": "all", "resourceClaimName": name}],
             "containers": [

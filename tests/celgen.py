@@ -33,7 +33,20 @@ Obj = dict[str, Any]
 PROFILES = {"h100": "h100x8-mig", "a100": "a100x4-mig", "mixed": "mixed"}
 FOREIGN_DOMAIN = "example.com"
 UNPUBLISHED_DOMAIN = "other.example.com"
-_REGEXES = ("^NVIDIA", "H100|A100", "[0-9]g\\.[0-9]+gb$", "^GPU-[0-9a-f]{8}-", "Lovelace$", "^(gpu|mig)$")
+_REGEXES = (
+    "^NVIDIA",
+    "H100|A100",
+    "[0-9]g\\.[0-9]+gb$",
+    "^GPU-[0-9a-f]{8}-",
+    "Lovelace$",
+    "^(gpu|mig)$",
+    # where RE2 and Python's re part: POSIX classes, quoting, code points, inline flags
+    "^[[:upper:]]{3}",
+    "\\QH100\\E",
+    "\\x{4e}V",
+    "(?i)nvidia h",
+    "a(?i)DA",
+)
 _COMPARISONS = ("==", "!=", "<", "<=", ">", ">=")
 
 

@@ -65,7 +65,9 @@ clean:
 	rm -rf $(VENV) dra/pb build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
 
 # Figures, not assertions: start-up time, NodePrepareResources latency, memory;
-# the device plugin's start-up, re-registration after kubelet restarts, call latency.
+# the device plugin's start-up, re-registration after kubelet restarts, call latency;
+# dra.cel against cel-expr-python (docs/architecture.md, "CEL: why our own evaluator").
 bench: binaries
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_driver
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_deviceplugin
+	$(LOCAL) $(BIN)/python -m tests.bench.bench_cel

@@ -1,9 +1,10 @@
 """Compiling expressions for the DRA environment and running them.
 
 Compilation parses, expands macros and resolves names: an unknown variable or function,
-a call with an argument count no overload has, an unknown field of ``device`` and an
-invalid constant regular expression are compile errors, as with cel-go.  There is no
-static type checking; type mismatches surface at runtime as ``no such overload`` errors.
+a call with an argument count no overload has, an unknown field of ``device``, an
+invalid constant regular expression and a list or map literal mixing static types (see
+``literals``) are compile errors, as with cel-go.  There is no other static type
+checking; type mismatches surface at runtime as ``no such overload`` errors.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dra.cel import ast, k8slib, stdlib
+from dra.cel import ast, k8slib, literals, stdlib
 from dra.cel.device import DEVICE_FIELDS, DEVICE_FIELDS_CONSUMABLE_CAPACITY, device_variable
 from dra.cel.errors import CelEvaluationError, CelSyntaxError
 from dra.cel.evaluator import CostLimitExceededError, Evaluator, Scope
@@ -136,6 +137,10 @@ def _compile(expression: str, consumable_capacity: bool) -> Program:
     tree = parse(expression, frozenset(name for name in FUNCTIONS.names() if "." in name))
     fields = DEVICE_FIELDS_CONSUMABLE_CAPACITY if consumable_capacity else DEVICE_FIELDS
     _Checker(expression, fields).visit(tree, frozenset())
+    mixed = literals.mixed_literal(tree)
+    if mixed is not None:
+        message, offset = mixed
+        raise CelSyntaxError(message, expression, offset)
     return Program(expression, tree)
 
 

@@ -1,8 +1,7 @@
 """CEL standard functions and the string extensions Kubernetes enables (cel-go ext.Strings v2).
 
-Regular expressions use Python's ``re`` in ASCII mode as a stand-in for RE2: the common
-syntax agrees, and ``matches`` is an unanchored search like RE2's.  ``\\z`` is accepted as
-RE2's end-of-text anchor.
+Regular expressions use Python's ``re`` in ASCII mode as a stand-in for RE2, on patterns
+rewritten where the two differ (``re2``); ``matches`` is an unanchored search like RE2's.
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ import functools
 import math
 import re
 
+from dra.cel import re2
 from dra.cel.functions import Registry, error
 from dra.cel.values import (
     INT64_MAX,
@@ -33,13 +33,12 @@ _INT_TEXT = re.compile(r"[+-]?[0-9]+")
 _HEX_FLOAT = re.compile(r"[+-]?0[xX][0-9a-fA-F_]*\.?[0-9a-fA-F_]*[pP][+-]?[0-9_]+")
 _TRUE_TEXT = frozenset(("1", "t", "T", "TRUE", "true", "True"))
 _FALSE_TEXT = frozenset(("0", "f", "F", "FALSE", "false", "False"))
-_RE2_END_OF_TEXT = re.compile(r"(?<!\\)((?:\\\\)*)\\z")
 
 
 @functools.lru_cache(maxsize=256)
 def compile_regex(pattern: str) -> re.Pattern[str]:
-    """Compile an RE2-style pattern; raises re.error."""
-    return re.compile(_RE2_END_OF_TEXT.sub(r"\1\\Z", pattern), re.ASCII)
+    """Compile an RE2 pattern (see ``re2``); raises re.error."""
+    return re.compile(re2.translate(pattern), re.ASCII)
 
 
 def _regex(pattern: str) -> re.Pattern[str] | Result:

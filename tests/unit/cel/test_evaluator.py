@@ -83,7 +83,7 @@ def evaluate(expression: str) -> Value:
         ('dyn({1: "a"})[dyn(1u)]', "a"),
         ('dyn({1: "a"})[dyn(1.0)]', "a"),
         ('{"a": 1, "a": 2}["a"]', 2),
-        ("{true: 1, 1: 2}[true]", 1),  # bool and int keys stay apart
+        ("{dyn(true): 1, dyn(1): 2}[true]", 1),  # bool and int keys stay apart
         # has() tests presence without an error
         ('has({"a": 1}.a)', True),
         ('has({"a": 1}.b)', False),
@@ -114,7 +114,7 @@ def evaluate(expression: str) -> Value:
         ("cel.bind(x, 1, cel.bind(x, 2, x))", 2),
         # literals
         (
-            '{"a": [1, 2u, 3.5, "s", b"b", null, true]}',
+            '{"a": [dyn(1), dyn(2u), dyn(3.5), dyn("s"), dyn(b"b"), dyn(null), dyn(true)]}',
             CelMap([("a", (1, Uint(2), 3.5, "s", b"b", None, True))]),
         ),
     ],
@@ -191,13 +191,49 @@ def test_errors(expression: str, message: str) -> None:
             "device.driver.startsWith()",
             "found no matching overload for 'startsWith' as a method with 0 argument(s)",
         ),
-        ('"x".matches("[")', "invalid matches argument: unterminated character set at position 0"),
+        ('"x".matches("[")', "invalid matches argument: missing closing ] at position 0"),
+        # Kubernetes compiles with homogeneous aggregate literals; attribute values are `any`
+        # (messages as a 1.34 API server gave them)
+        ("[1, 2.0].size() == 2", "expected type 'int' but found 'double'"),
+        ("[1, 1u].size() == 2", "expected type 'int' but found 'uint'"),
+        ('[1, dyn("a")].size() == 2', "expected type 'int' but found 'dyn'"),
+        ("[null, 1].size() == 2", "expected type 'null' but found 'int'"),
+        ('[[1], ["a"]].size() == 2', "expected type 'list(int)' but found 'list(string)'"),
+        ('{"a": 1, "b": "x"}.size() == 2', "expected type 'int' but found 'string'"),
+        ('{"a": 1, 2: 1}.size() == 2', "expected type 'string' but found 'int'"),
+        ('[0, device.attributes["d"].index].exists(x, x == 1)', "expected type 'int' but found 'any'"),
+        ('[device.attributes["d"].index, 0].exists(x, x == 1)', "expected type 'any' but found 'int'"),
+        ('[device.attributes["d"].type, "a"].exists(x, x == "a")', "expected type 'any' but found 'string'"),
+        ('[device.attributes["d"].index, null].size() == 2', "expected type 'any' but found 'null'"),
+        (
+            '[1].exists(x, [x, "a"].size() == 2) || ["a", 1].size() == 2',
+            "expected type 'string' but found 'int'",
+        ),
     ],
 )
 def test_compile_errors(expression: str, message: str) -> None:
     with pytest.raises(CelSyntaxError) as raised:
         compile_expression(expression)
     assert raised.value.message == message
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        # literals whose elements have one static type (accepted by a 1.34 API server)
+        '[device.attributes["d"].index, device.attributes["d"].minor].exists(x, x == 1)',
+        '[device.attributes["d"].index + 1, 0].exists(x, x == 1)',
+        '[int(device.attributes["d"].index), 0].exists(x, x == 1)',
+        '[device.attributes["d"].index == 1, true].exists(x, x)',
+        '[size(device.attributes["d"].type), 0].exists(x, x == 1)',
+        '[device.driver, "a"].exists(x, x == "a")',
+        '[device.capacity["d"].memory, quantity("1")].size() == 2',
+        'device.attributes["d"].index in [1, 2]',
+        '1 in [device.attributes["d"].index]',
+    ],
+)
+def test_homogeneous_literals_compile(expression: str) -> None:
+    compile_expression(expression)
 
 
 def test_cost_limit(monkeypatch: pytest.MonkeyPatch) -> None:

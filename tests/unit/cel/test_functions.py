@@ -173,7 +173,7 @@ def test_functions(expression: str, expected: Value) -> None:
         ),
         (
             '"abc".matches(dyn("["))',
-            "invalid regular expression '[': unterminated character set at position 0",
+            "invalid regular expression '[': missing closing ] at position 0",
         ),
     ],
 )

@@ -128,7 +128,8 @@ async def test_registers_and_registers_again_after_a_kubelet_restart(directory: 
     assert request.resource_name == "nvidia.com/gpu"
     assert request.options.get_preferred_allocation_available
     assert not request.options.pre_start_required
-    assert plugin.server.registered
+    # The kubelet records the request before its answer reaches the plugin.
+    await wait_until("the plugin to see its registration accepted", lambda: plugin.server.registered)
 
     # The kubelet restarts: its start removes our socket and creates kubelet.sock anew.
     await kubelet.stop()

@@ -16,7 +16,7 @@ can miss a rejection but never invents one.
 from __future__ import annotations
 
 from dra.cel import ast
-from dra.cel.values import Uint
+from dra.cel.values import type_name
 
 _BOOL_FUNCTIONS = frozenset(
     (
@@ -55,23 +55,9 @@ _RESULT_TYPES = {
 _NUMBERS_AND_STRINGS = frozenset(("int", "uint", "double", "string"))
 
 
-def _literal_type(node: ast.Literal) -> str | None:
-    match node.value:
-        case None:
-            return "null"
-        case bool():
-            return "bool"
-        case int():
-            return "int"
-        case Uint():
-            return "uint"
-        case float():
-            return "double"
-        case str():
-            return "string"
-        case bytes():
-            return "bytes"
-    return None
+def _literal_type(node: ast.Literal) -> str:
+    # The checker's messages call the null literal's type "null", where values say "null_type".
+    return "null" if node.value is None else type_name(node.value)
 
 
 def _is_device_map(node: ast.Expr, field: str) -> bool:

@@ -60,24 +60,7 @@ def claim_template(
 
 def gpu_pod(kube: Kube, namespace: str, name: str, template: str) -> Obj:
     """A pod whose one container uses the whole claim made from `template`."""
-    return kube.create(
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {
-                "terminationGracePeriodSeconds": 0,
-                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "registry.k8s.io/pause:3.10",
-                        "resources": {"claims": [{"name": "gpu"}]},
-                    }
-                ],
-            },
-        }
-    )
+    return claims_pod(kube, namespace, name, {"gpu": template}, {"main": [{"name": "gpu"}]})
 
 
 def claims_pod(

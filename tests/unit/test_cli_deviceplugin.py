@@ -25,7 +25,10 @@ def test_device_plugin_defaults() -> None:
     assert args.device_plugin_dir is None
     assert args.cdi_root == Path("/var/run/cdi")
     assert args.resource_name == "nvidia.com/gpu"
-    assert args.device_list_strategy == {Strategy.CDI_CRI}
+    # Unset, so that a config file can choose; without one the plugin uses cdi-cri and mixed.
+    assert args.device_list_strategy is None
+    assert args.mig_strategy is None
+    assert args.config_file is None
     assert args.http_address == ":8081"
     assert args.dra_gpus is None
     assert args.device_plugin_gpus is None

@@ -119,11 +119,11 @@ def _single(inventory: Inventory) -> list[Device]:
             f"{', '.join(whole)} not; put every GPU in MIG mode with one profile, or use the mixed strategy"
         )
     migs = [d for d in inventory if isinstance(d, MigDevice)]
-    profiles: dict[str, list[str]] = {}
+    profiles: dict[str, dict[str, None]] = {}
     for mig in migs:
-        profiles.setdefault(mig.profile, []).append(mig.name)
+        profiles.setdefault(mig.profile, {})[mig.parent.name] = None
     if len(profiles) > 1:
-        found = "; ".join(f"{p}: {', '.join(names)}" for p, names in sorted(profiles.items()))
+        found = "; ".join(f"{p} on {', '.join(gpus)}" for p, gpus in sorted(profiles.items()))
         raise ResourceError(
             f"MIG strategy single needs one MIG profile on the node, found {len(profiles)} ({found}); "
             "use the mixed strategy"

@@ -156,4 +156,10 @@ sharing:
         [[replica]] = allocated(process, start, "nvidia.com/mig-1g.10gb.shared")
         assert replica.startswith("MIG-")
         assert replica.endswith(("::0", "::1"))
+
+        # failRequestsGreaterThanOne: the kubelet fails a pod asking for two, with the plugin's reason.
+        gpu_limits_pod(kube, namespace, "greedy", {"nvidia.com/mig-1g.10gb.shared": 2})
+        pod = kube.wait_pod_phase("greedy", namespace, "Failed")
+        assert pod["status"]["reason"] == "UnexpectedAdmissionError"
+        assert "failRequestsGreaterThanOne allows 1 per container" in pod["status"]["message"]
         delete_pods(kube, namespace)

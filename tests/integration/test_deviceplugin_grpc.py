@@ -295,3 +295,29 @@ async def test_time_sliced_replicas_are_listed_spread_and_mapped_back(directory:
             )
     finally:
         await server.stop()
+
+
+async def test_two_replicas_of_one_gpu_give_the_container_that_gpu_once(directory: Path) -> None:
+    inventory = discover(FakeGpuLibrary(load_profile("mixed"), "node-a"))
+    sharing = TimeSlicing(resources=(SharedResource("nvidia.com/gpu", 2),))
+    [resource] = resources(inventory, time_slicing=sharing)
+    strategies = frozenset({Strategy.CDI_CRI, Strategy.ENVVAR})
+    service = DevicePluginService(resource, HealthTracker(inventory), strategies, "gpu.nvidia.com")
+    server = ResourceServer(directory, resource, service)
+    await server.serve()
+    first = inventory.devices[0].uuid
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{server.socket}") as channel:
+            stub: pb_grpc.DevicePluginAsyncStub = pb_grpc.DevicePluginStub(channel)
+            answer = await stub.Allocate(
+                pb.AllocateRequest(
+                    container_requests=[
+                        pb.ContainerAllocateRequest(devices_ids=[f"{first}::0", f"{first}::1"])
+                    ]
+                )
+            )
+    finally:
+        await server.stop()
+    [container] = answer.container_responses
+    assert container.envs["NVIDIA_VISIBLE_DEVICES"] == first
+    assert [c.name for c in container.cdi_devices] == [f"k8s.gpu.nvidia.com/device={first}"]

@@ -26,7 +26,7 @@ from dra.daemon.bootstrap import (
 from dra.daemon.lifecycle import until_stopped
 from dra.daemon.sockets import SocketPathError
 from dra.deviceplugin.allocate import Strategy, uses_cdi
-from dra.deviceplugin.config import DEFAULT_MIG_STRATEGY, MigStrategy, TimeSlicing
+from dra.deviceplugin.config import DEFAULT_MIG_STRATEGY, DEFAULT_STRATEGIES, MigStrategy, TimeSlicing
 from dra.deviceplugin.resources import DEFAULT_RESOURCE, ResourceError, resources, unshared
 from dra.deviceplugin.server import ResourceServer
 from dra.deviceplugin.service import CallLog, DevicePluginService
@@ -41,7 +41,7 @@ class DevicePluginSettings(DaemonSettings):
 
     device_plugin_dir: Path | None = None
     resource_name: str = DEFAULT_RESOURCE
-    strategies: frozenset[Strategy] = frozenset({Strategy.CDI_CRI})
+    strategies: frozenset[Strategy] = DEFAULT_STRATEGIES
     call_log: Path | None = None
     watch_interval: float = 1.0
     mig_strategy: MigStrategy = DEFAULT_MIG_STRATEGY

@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dra.deviceplugin.config import MigStrategy, TimeSlicing
+from dra.deviceplugin.config import DEFAULT_MIG_STRATEGY, MigStrategy, TimeSlicing, mig_resource_prefix
 from dra.deviceplugin.preferred import Placement
 from dra.model.devices import Device, Gpu, Inventory, MigDevice, gpu_of
 
@@ -53,9 +53,8 @@ def check_resource_name(name: str) -> str:
 
 def mig_resource_name(gpu_resource: str, profile: str) -> str:
     """The resource of a MIG profile, in the GPU resource's domain: nvidia.com/mig-1g.10gb."""
-    domain = gpu_resource.partition("/")[0]
     slug = re.sub(r"[^a-z0-9_.-]+", ".", profile.lower()).strip("._-")
-    return f"{domain}/mig-{slug}"
+    return mig_resource_prefix(gpu_resource) + slug
 
 
 def device_id(device: Device) -> str:
@@ -155,7 +154,7 @@ def _by_strategy(inventory: Inventory, gpu_resource: str, mig_strategy: MigStrat
 def resources(
     inventory: Inventory,
     gpu_resource: str = DEFAULT_RESOURCE,
-    mig_strategy: MigStrategy = MigStrategy.MIXED,
+    mig_strategy: MigStrategy = DEFAULT_MIG_STRATEGY,
     time_slicing: TimeSlicing | None = None,
 ) -> list[Resource]:
     """The resources to offer: the GPU resource (always, even with no GPU), then one per MIG profile.

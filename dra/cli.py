@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import socket
 import sys
@@ -24,17 +25,24 @@ from dra.core.slices import SliceError, build_slices
 from dra.daemon import logs
 from dra.daemon.bootstrap import StartupError, gpu_library, load_inventory
 from dra.daemon.flags import UsageError, apply_environment, csv, nonempty, option, path, seconds
+from dra.deviceplugin import config as dpconfig
 from dra.deviceplugin.allocate import Strategy, parse_strategies
 from dra.deviceplugin.daemon import DevicePluginSettings, run_device_plugin
-from dra.deviceplugin.resources import DEFAULT_RESOURCE
+from dra.deviceplugin.resources import DEFAULT_RESOURCE, ResourceError, resources
 from dra.kubeletplugin.daemon import PluginSettings, run_kubelet_plugin
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
 
+log = logging.getLogger("dra.cli")
+
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse the command line, then the DRA_GPU_* values of the subcommand that runs (UsageError)."""
-    return apply_environment(build_parser().parse_args(argv))
+    parser = build_parser()
+    args = apply_environment(parser.parse_args(argv))
+    if args.command == "device-plugin" and args.node_name is None and not args.check_config:
+        parser.error("the following arguments are required: --node-name (or env DRA_GPU_NODE_NAME)")
+    return args
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -73,6 +81,13 @@ def _strategies(text: str) -> frozenset[Strategy]:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _mig_strategy(text: str) -> dpconfig.MigStrategy:
+    try:
+        return dpconfig.parse_mig_strategy(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def _assignment(parser: argparse.ArgumentParser) -> None:
     """The GPU split between DRA and the device plugin; give both commands the same values."""
     selector = "all, none, or a comma-separated list of GPU indexes, GPU-/MIG- UUIDs and model=<product name>"
@@ -93,12 +108,18 @@ def _assignment(parser: argparse.ArgumentParser) -> None:
 
 
 def _daemon(
-    parser: argparse.ArgumentParser, *, node_help: str, cdi_help: str, state_help: str, http_default: str
+    parser: argparse.ArgumentParser,
+    *,
+    node_help: str,
+    cdi_help: str,
+    state_help: str,
+    http_default: str,
+    node_required: bool = True,
 ) -> None:
     """The flags every daemon subcommand shares (dra.daemon.bootstrap.DaemonSettings)."""
     _common(parser)
     _gpu_source(parser)
-    option(parser, "--node-name", node_help, type=nonempty, required=True)
+    option(parser, "--node-name", node_help, type=nonempty, required=node_required)
     option(parser, "--kubelet-root", "the kubelet's root directory", Path("/var/lib/kubelet"), type=path)
     option(parser, "--cdi-root", cdi_help, Path("/var/run/cdi"), type=path)
     option(
@@ -154,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
         cdi_help="directory for the CDI spec file the container runtime reads",
         state_help="directory of the GPU assignment record shared with the kubelet-plugin",
         http_default=":8081",
+        # --check-config needs no node; parse_args asks for it otherwise.
+        node_required=False,
     )
     option(
         dp,
@@ -172,9 +195,27 @@ def build_parser() -> argparse.ArgumentParser:
         dp,
         "--device-list-strategy",
         "how allocated devices reach the container: cdi-cri, cdi-annotations, envvar, "
-        "or one CDI strategy and envvar",
-        "cdi-cri",
+        "or one CDI strategy and envvar; default: the config file's, else cdi-cri",
         type=_strategies,
+    )
+    option(
+        dp,
+        "--mig-strategy",
+        "MIG devices as resources: none (full GPUs only), single (nvidia.com/gpu means the MIG "
+        "devices), mixed (one resource per profile); default: the config file's, else mixed",
+        type=_mig_strategy,
+    )
+    option(
+        dp,
+        "--config-file",
+        "NVIDIA's device-plugin config file (version: v1, YAML or JSON); flags that are set win over it",
+        type=path,
+    )
+    dp.add_argument(
+        "--check-config",
+        action="store_true",
+        help="validate --config-file with the other flags, print the effective settings and exit "
+        "(with --fake-gpus, also the resources they would give)",
     )
     option(dp, "--call-log", "append one JSON line per kubelet call to this file (debugging)", type=path)
 
@@ -253,13 +294,55 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plugin_config(args: argparse.Namespace) -> dpconfig.Settings:
+    """The config file (if any) read and combined with the flags; StartupError naming the problem."""
+    parsed = None
+    if args.config_file is not None:
+        source = str(args.config_file)
+        try:
+            text = args.config_file.read_text()
+        except (OSError, UnicodeDecodeError) as err:
+            raise StartupError(f"--config-file: cannot read {source}: {err}") from None
+        try:
+            parsed = dpconfig.parse_config(text, source)
+        except dpconfig.ConfigError as err:
+            raise StartupError(str(err)) from None
+    overrides = dpconfig.Overrides(args.resource_name, args.mig_strategy, args.device_list_strategy)
+    try:
+        return dpconfig.effective(parsed, overrides)
+    except dpconfig.ConfigError as err:
+        raise StartupError(str(err)) from None
+
+
+def _check_config(args: argparse.Namespace, plugin: dpconfig.Settings) -> int:
+    print("\n".join(dpconfig.describe(plugin)))
+    if not args.fake_gpus:
+        return 0
+    inventory = load_inventory(gpu_library(args.fake_gpus, args.node_name or "fake-node"))
+    try:
+        offered = resources(inventory, plugin.resource_name, plugin.mig_strategy, plugin.time_slicing)
+    except ResourceError as err:
+        raise StartupError(str(err)) from None
+    for resource in offered:
+        print(f"offers {resource.name}: {resource.advertised}")
+    return 0
+
+
 def _device_plugin(args: argparse.Namespace) -> int:
+    plugin = _plugin_config(args)
+    if args.check_config:
+        return _check_config(args, plugin)
+    for item in plugin.ignored:
+        log.info("%s: ignored %s", args.config_file, item)
     settings = DevicePluginSettings(
         **_daemon_settings(args),
         device_plugin_dir=args.device_plugin_dir,
-        resource_name=args.resource_name,
-        strategies=args.device_list_strategy,
+        resource_name=plugin.resource_name,
+        strategies=plugin.strategies,
         call_log=args.call_log,
+        mig_strategy=plugin.mig_strategy,
+        time_slicing=plugin.time_slicing,
+        fail_on_init_error=plugin.fail_on_init_error,
     )
     anyio.run(run_device_plugin, settings, backend="asyncio")
     return 0

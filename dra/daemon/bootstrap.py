@@ -57,6 +57,10 @@ class StartupError(Exception):
     """The daemon cannot start; the message says what to fix."""
 
 
+class GpuInitError(StartupError):
+    """The GPU library could not start or list the GPUs (no driver, no NVML on this node)."""
+
+
 @dataclass(frozen=True)
 class DaemonSettings:
     """What every daemon subcommand is told (flags, or DRA_GPU_* variables)."""
@@ -118,7 +122,7 @@ def load_inventory(lib: GpuLibrary) -> Inventory:
         lib.init()
         return discover(lib)
     except GpuLibraryError as err:
-        raise StartupError(
+        raise GpuInitError(
             f"cannot read GPUs through NVML ({err}); is the NVIDIA driver installed and "
             "libnvidia-ml.so.1 visible to the driver? For testing without GPUs use --fake-gpus"
         ) from None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
@@ -15,10 +15,19 @@ from dra.adapters.checkpoint import CheckpointError, CheckpointStore
 from dra.core import cdi
 from dra.core.assignment import GpuPath, describe, held_gpus, held_refusal
 from dra.daemon import metrics
-from dra.daemon.bootstrap import DaemonSettings, Node, StartupError, open_node, serve_until_stopped
+from dra.daemon.bootstrap import (
+    DaemonSettings,
+    GpuInitError,
+    Node,
+    StartupError,
+    open_node,
+    serve_until_stopped,
+)
+from dra.daemon.lifecycle import until_stopped
 from dra.daemon.sockets import SocketPathError
 from dra.deviceplugin.allocate import Strategy, uses_cdi
-from dra.deviceplugin.resources import DEFAULT_RESOURCE, ResourceError, resources
+from dra.deviceplugin.config import DEFAULT_MIG_STRATEGY, DEFAULT_STRATEGIES, MigStrategy, TimeSlicing
+from dra.deviceplugin.resources import DEFAULT_RESOURCE, ResourceError, resources, unshared
 from dra.deviceplugin.server import ResourceServer
 from dra.deviceplugin.service import CallLog, DevicePluginService
 from dra.model.devices import Inventory
@@ -32,9 +41,13 @@ class DevicePluginSettings(DaemonSettings):
 
     device_plugin_dir: Path | None = None
     resource_name: str = DEFAULT_RESOURCE
-    strategies: frozenset[Strategy] = frozenset({Strategy.CDI_CRI})
+    strategies: frozenset[Strategy] = DEFAULT_STRATEGIES
     call_log: Path | None = None
     watch_interval: float = 1.0
+    mig_strategy: MigStrategy = DEFAULT_MIG_STRATEGY
+    time_slicing: TimeSlicing = field(default_factory=TimeSlicing)
+    #: False: when NVML cannot start, log it and serve nothing instead of exiting (non-GPU nodes).
+    fail_on_init_error: bool = True
 
     @property
     def plugin_directory(self) -> Path:
@@ -99,17 +112,29 @@ def keep_cdi_spec(settings: DevicePluginSettings, inventory: Inventory) -> None:
 
 async def run_device_plugin(settings: DevicePluginSettings) -> None:
     """Run until SIGTERM or SIGINT."""
-    async with open_node(settings, GpuPath.DEVICE_PLUGIN) as node:
-        await _serve(settings, node)
+    try:
+        async with open_node(settings, GpuPath.DEVICE_PLUGIN) as node:
+            await _serve(settings, node)
+    except GpuInitError as err:
+        if settings.fail_on_init_error:
+            raise
+        log.error("%s; failOnInitError is false, so this plugin serves nothing until it is stopped", err)
+        await until_stopped()
 
 
 async def _serve(settings: DevicePluginSettings, node: Node) -> None:
     inventory = node.inventory
     refuse_gpus_in_dra_use(inventory, settings.checkpoint_path)
     try:
-        offered = resources(inventory, settings.resource_name)
+        offered = resources(inventory, settings.resource_name, settings.mig_strategy, settings.time_slicing)
     except ResourceError as err:
         raise StartupError(str(err)) from None
+    for name in unshared(offered, settings.time_slicing):
+        log.warning("time-slicing config names %s, which this node does not offer: nothing to share", name)
+    if settings.mig_strategy is MigStrategy.NONE:
+        in_mig_mode = [g.name for g in inventory.gpus if g.mig_enabled]
+        if in_mig_mode:
+            log.warning("MIG strategy none: %s in MIG mode, not offered", ", ".join(in_mig_mode))
     keep_cdi_spec(settings, inventory)
     calls = CallLog(settings.call_log)
     try:
@@ -130,7 +155,7 @@ async def _serve(settings: DevicePluginSettings, node: Node) -> None:
             await server.first_registration.wait()
         log.info(
             "ready: %s registered with the kubelet in %.2fs",
-            ", ".join(f"{s.resource.name} ({len(s.resource.devices)})" for s in servers),
+            ", ".join(f"{s.resource.name} ({s.resource.advertised})" for s in servers),
             time.monotonic() - node.started,
         )
 

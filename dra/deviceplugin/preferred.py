@@ -12,10 +12,13 @@ choosing by, in order:
    for larger requests (a lone GPU is taken before one of an intact pair);
    when no group can hold the rest, the largest groups first, to span few;
 3. the node's device order, so that equal choices are stable.
+
+Replicas of a time-sliced resource are spread instead (`spread_allocation`).
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -70,6 +73,36 @@ def preferred_allocation(
 
     while len(chosen) < size and pool:
         best = min(pool, key=functools.partial(rank, size - len(chosen)))
+        chosen.append(best)
+        pool.remove(best)
+    return chosen
+
+
+def spread_allocation(
+    available: Sequence[str],
+    must_include: Sequence[str],
+    size: int,
+    parents: Mapping[str, str],
+) -> list[str]:
+    """Replica IDs to allocate from a time-sliced resource: `must_include` first, then spread over GPUs.
+
+    Two replicas of one GPU give a container no more than one replica does, so
+    each pick takes the GPU this container holds fewest replicas of, then the
+    one with most free replicas (least shared with other containers), then the
+    earliest in `available`. `parents` maps a replica to its device; a replica
+    without one counts as a device of its own.
+    """
+    chosen = list(dict.fromkeys(must_include))
+    pool = [d for d in dict.fromkeys(available) if d not in set(chosen)]
+    rank = {device: i for i, device in enumerate(pool)}
+
+    def parent(device: str) -> str:
+        return parents.get(device, device)
+
+    while len(chosen) < size and pool:
+        held = collections.Counter(parent(d) for d in chosen)
+        free = collections.Counter(parent(d) for d in pool)
+        best = min(pool, key=lambda d: (held[parent(d)], -free[parent(d)], rank[d]))
         chosen.append(best)
         pool.remove(best)
     return chosen

@@ -1,10 +1,13 @@
 """Which extended resources the device plugin offers, with which device IDs: pure.
 
-Full GPUs are offered as one resource (`nvidia.com/gpu` by default). When
-GPUs of the node are in MIG mode their MIG devices are offered per profile
-(`nvidia.com/mig-1g.10gb`, ...: NVIDIA's "mixed" MIG strategy), each resource
-with its own plugin socket and registration. A device's ID is its UUID: the
-kubelet checkpoints allocations by ID, and a UUID survives index changes.
+Full GPUs are offered as one resource (`nvidia.com/gpu` by default). MIG
+devices follow NVIDIA's MIG strategies: `mixed` offers them per profile
+(`nvidia.com/mig-1g.10gb`, ...) beside the full GPUs, `single` offers them as
+the GPU resource (every GPU in MIG mode, one profile), `none` not at all. Each
+resource has its own plugin socket and registration. A device's ID is its
+UUID: the kubelet checkpoints allocations by ID, and a UUID survives index
+changes. A time-sliced resource advertises each device `replicas` times, as
+`<UUID>::<n>` (NVIDIA's form), under its own name or a new one.
 """
 
 from __future__ import annotations
@@ -13,10 +16,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dra.deviceplugin.config import DEFAULT_MIG_STRATEGY, MigStrategy, TimeSlicing, mig_resource_prefix
 from dra.deviceplugin.preferred import Placement
-from dra.model.devices import Device, Inventory, MigDevice, gpu_of
+from dra.model.devices import Device, Gpu, Inventory, MigDevice, gpu_of
 
 DEFAULT_RESOURCE = "nvidia.com/gpu"
+#: Between a device's UUID and its replica number in a time-sliced device ID.
+REPLICA_SEPARATOR = "::"
 #: Device IDs longer than this are refused.
 MAX_DEVICE_ID = 63
 
@@ -47,9 +53,8 @@ def check_resource_name(name: str) -> str:
 
 def mig_resource_name(gpu_resource: str, profile: str) -> str:
     """The resource of a MIG profile, in the GPU resource's domain: nvidia.com/mig-1g.10gb."""
-    domain = gpu_resource.partition("/")[0]
     slug = re.sub(r"[^a-z0-9_.-]+", ".", profile.lower()).strip("._-")
-    return f"{domain}/mig-{slug}"
+    return mig_resource_prefix(gpu_resource) + slug
 
 
 def device_id(device: Device) -> str:
@@ -72,29 +77,125 @@ class Resource:
 
     name: str
     devices: tuple[Device, ...]
+    #: How many times each device is advertised (time-slicing).
+    replicas: int = 1
+    #: Refuse a container that asks for more than one of its (shared) devices.
+    one_per_container: bool = False
 
     @property
     def socket_name(self) -> str:
         """Its socket file name."""
         return socket_name(self.name)
 
+    @property
+    def advertised(self) -> int:
+        """How many device IDs the kubelet sees."""
+        return len(self.devices) * self.replicas
 
-def resources(inventory: Inventory, gpu_resource: str = DEFAULT_RESOURCE) -> list[Resource]:
-    """The resources to offer: the GPU resource (always, even with no GPU), then one per MIG profile."""
+    @property
+    def shared(self) -> bool:
+        """Whether containers share its devices (time-slicing with more than one replica)."""
+        return self.replicas > 1
+
+    def device_ids(self) -> dict[str, Device]:
+        """The advertised IDs, in node order, each with its device: UUIDs, or `<UUID>::<n>` per replica."""
+        if not self.shared:
+            return {device_id(d): d for d in self.devices}
+        return {
+            f"{device_id(d)}{REPLICA_SEPARATOR}{n}": d for d in self.devices for n in range(self.replicas)
+        }
+
+
+def _single(inventory: Inventory) -> list[Device]:
+    """The devices of the single strategy: the full GPUs, or else the MIG devices of one profile."""
+    in_mig_mode = [g for g in inventory.gpus if g.mig_enabled]
+    if not in_mig_mode:
+        return list(inventory)
+    whole = [g.name for g in inventory.gpus if not g.mig_enabled]
+    if whole:
+        raise ResourceError(
+            f"MIG strategy single: {', '.join(g.name for g in in_mig_mode)} in MIG mode but "
+            f"{', '.join(whole)} not; put every GPU in MIG mode with one profile, or use the mixed strategy"
+        )
+    migs = [d for d in inventory if isinstance(d, MigDevice)]
+    profiles: dict[str, dict[str, None]] = {}
+    for mig in migs:
+        profiles.setdefault(mig.profile, {})[mig.parent.name] = None
+    if len(profiles) > 1:
+        found = "; ".join(f"{p} on {', '.join(gpus)}" for p, gpus in sorted(profiles.items()))
+        raise ResourceError(
+            f"MIG strategy single needs one MIG profile on the node, found {len(profiles)} ({found}); "
+            "use the mixed strategy"
+        )
+    empty = [g.name for g in in_mig_mode if not any(m.parent.uuid == g.uuid for m in migs)]
+    if empty:
+        raise ResourceError(
+            f"MIG strategy single: {', '.join(empty)} in MIG mode without MIG devices; create them "
+            "or use the mixed strategy"
+        )
+    return list(migs)
+
+
+def _by_strategy(inventory: Inventory, gpu_resource: str, mig_strategy: MigStrategy) -> list[Resource]:
+    if mig_strategy is MigStrategy.SINGLE:
+        return [Resource(gpu_resource, tuple(_single(inventory)))]
+    gpus = tuple(d for d in inventory if isinstance(d, Gpu))
+    result = [Resource(gpu_resource, gpus)]
+    if mig_strategy is MigStrategy.MIXED:
+        migs: dict[str, list[Device]] = {}
+        for device in inventory:
+            if isinstance(device, MigDevice):
+                name = check_resource_name(mig_resource_name(gpu_resource, device.profile))
+                migs.setdefault(name, []).append(device)
+        result.extend(Resource(name, tuple(devices)) for name, devices in sorted(migs.items()))
+    return result
+
+
+def resources(
+    inventory: Inventory,
+    gpu_resource: str = DEFAULT_RESOURCE,
+    mig_strategy: MigStrategy = DEFAULT_MIG_STRATEGY,
+    time_slicing: TimeSlicing | None = None,
+) -> list[Resource]:
+    """The resources to offer: the GPU resource (always, even with no GPU), then one per MIG profile.
+
+    Time-sliced resources are advertised with their replicas, under their new name if renamed.
+    ResourceError for a name the kubelet would refuse, or two resources of one name.
+    """
     check_resource_name(gpu_resource)
-    gpus: list[Device] = []
-    migs: dict[str, list[Device]] = {}
     for device in inventory:
         device_id(device)
-        if isinstance(device, MigDevice):
-            migs.setdefault(check_resource_name(mig_resource_name(gpu_resource, device.profile)), []).append(
-                device
+    result = []
+    for resource in _by_strategy(inventory, gpu_resource, mig_strategy):
+        entry = time_slicing.entry(resource.name) if time_slicing else None
+        if time_slicing is None or entry is None:
+            result.append(resource)
+            continue
+        name = check_resource_name(time_slicing.advertised_name(entry))
+        shared = entry.replicas > 1
+        result.append(
+            Resource(
+                name,
+                resource.devices,
+                entry.replicas,
+                one_per_container=shared and time_slicing.fail_requests_greater_than_one,
             )
-        else:
-            gpus.append(device)
-    result = [Resource(gpu_resource, tuple(gpus))]
-    result.extend(Resource(name, tuple(devices)) for name, devices in sorted(migs.items()))
+        )
+    names = [r.name for r in result]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ResourceError(f"two resources would be named {', '.join(twice)}; rename one of them")
     return result
+
+
+def unshared(inventory_resources: Sequence[Resource], time_slicing: TimeSlicing) -> list[str]:
+    """Resources the time-slicing config names that this node does not offer (for a log line)."""
+    offered = {r.name for r in inventory_resources}
+    return [
+        e.name
+        for e in time_slicing.resources
+        if e.name not in offered and time_slicing.advertised_name(e) not in offered
+    ]
 
 
 def placements(devices: Sequence[Device]) -> dict[str, Placement]:

@@ -113,13 +113,13 @@ class ResourceServer:
             "Register",
             resource=self.resource.name,
             endpoint=self.socket.name,
-            devices=len(self.resource.devices),
+            devices=self.resource.advertised,
             n=self.registrations,
         )
         log.info(
             "registered %s (%d devices) with the kubelet%s",
             self.resource.name,
-            len(self.resource.devices),
+            self.resource.advertised,
             " again" if self.registrations > 1 else "",
         )
 

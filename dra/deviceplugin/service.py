@@ -3,7 +3,9 @@
 ListAndWatch streams the resource's devices with their health and NUMA node,
 once on connect and again whenever a device's health changes (XID errors,
 through the same HealthTracker as the DRA health stream). GetPreferredAllocation
-and Allocate are answered by the pure modules `preferred` and `allocate`.
+and Allocate are answered by the pure modules `preferred` and `allocate`; a
+time-sliced resource lists each device once per replica, and Allocate maps
+replicas back to their devices.
 Every call can be appended to a JSON-lines call log (--call-log), which is how
 the end-to-end tests see what the real kubelet asked.
 """
@@ -24,8 +26,8 @@ import grpc
 from dra.daemon import metrics
 from dra.daemon.health import DeviceHealth, HealthTracker
 from dra.deviceplugin.allocate import Strategy, container_response
-from dra.deviceplugin.preferred import preferred_allocation
-from dra.deviceplugin.resources import Resource, device_id, numa_node, placements
+from dra.deviceplugin.preferred import preferred_allocation, spread_allocation
+from dra.deviceplugin.resources import Resource, numa_node, placements
 from dra.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from dra.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
 
@@ -84,7 +86,8 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         self._strategies = strategies
         self._driver = driver
         self._calls = calls or CallLog(None)
-        self._by_id = {device_id(d): d for d in resource.devices}
+        self._by_id = resource.device_ids()
+        self._parents = {key: device.uuid for key, device in self._by_id.items()}
         self._placements = placements(resource.devices)
         self._end_streams = anyio.Event()
 
@@ -148,15 +151,19 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
     async def GetPreferredAllocation(  # noqa: N802
         self, request: pb.PreferredAllocationRequest, context: Context
     ) -> pb.PreferredAllocationResponse:
-        """Keep must_include, then prefer devices that share a GPU, a PCIe root, a NUMA node."""
+        """Keep must_include, then prefer devices that share a GPU, a PCIe root, a NUMA node.
+
+        Replicas of a time-sliced resource are spread over GPUs instead.
+        """
         responses = []
         for container in request.container_requests:
-            chosen = preferred_allocation(
-                list(container.available_deviceIDs),
-                list(container.must_include_deviceIDs),
-                container.allocation_size,
-                self._placements,
-            )
+            available = list(container.available_deviceIDs)
+            must_include = list(container.must_include_deviceIDs)
+            size = container.allocation_size
+            if self.resource.shared:
+                chosen = spread_allocation(available, must_include, size, self._parents)
+            else:
+                chosen = preferred_allocation(available, must_include, size, self._placements)
             self._calls(
                 "GetPreferredAllocation",
                 resource=self.resource.name,
@@ -175,17 +182,14 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         responses = []
         for container in request.container_requests:
             ids = list(container.devices_ids)
-            unknown = [i for i in ids if i not in self._by_id]
-            if unknown:
+            message = self._refusal(ids)
+            if message is not None:
                 metrics.DP_ALLOCATIONS.labels(self.resource.name, "error").inc()
-                message = (
-                    f"{self.resource.name}: unknown device(s) {', '.join(unknown)}; this plugin advertises "
-                    f"{', '.join(self._by_id) or 'no device'}"
-                )
                 log.error("Allocate: %s", message)
                 self._calls("Allocate", resource=self.resource.name, devices=ids, error=message)
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
-            devices = [self._by_id[i] for i in ids]
+            # Replicas of one device name it once.
+            devices = list({self._by_id[i].uuid: self._by_id[i] for i in ids}.values())
             response = container_response(devices, self._strategies, self._driver, self.resource.name)
             metrics.DP_ALLOCATIONS.labels(self.resource.name, "success").inc()
             log.info(
@@ -201,6 +205,21 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             )
             responses.append(response)
         return pb.AllocateResponse(container_responses=responses)
+
+    def _refusal(self, ids: list[str]) -> str | None:
+        """Why one container's device IDs cannot be allocated, or None."""
+        unknown = [i for i in ids if i not in self._by_id]
+        if unknown:
+            return (
+                f"{self.resource.name}: unknown device(s) {', '.join(unknown)}; this plugin advertises "
+                f"{', '.join(self._by_id) or 'no device'}"
+            )
+        if self.resource.one_per_container and len(ids) > 1:
+            return (
+                f"{self.resource.name}: a container asked for {len(ids)} time-sliced devices, and "
+                "sharing.timeSlicing.failRequestsGreaterThanOne allows 1 per container"
+            )
+        return None
 
     async def PreStartContainer(  # noqa: N802
         self, request: pb.PreStartContainerRequest, context: Context

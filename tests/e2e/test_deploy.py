@@ -101,6 +101,17 @@ def _applied(output: str) -> list[str]:
             {"devicePlugin": {"enabled": True}, "gpuAssignment": {"devicePlugin": "model=Tesla T4"}},
             id="device-plugin",
         ),
+        pytest.param(
+            {
+                "kubeletPlugin": {"enabled": False},
+                "devicePlugin": {
+                    "enabled": True,
+                    "migStrategy": "single",
+                    "config": {"data": "version: v1\n"},
+                },
+            },
+            id="device-plugin-config",
+        ),
     ],
 )
 def test_chart_render_passes_server_side_dry_run(

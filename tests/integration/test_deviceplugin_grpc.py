@@ -24,6 +24,7 @@ import pytest
 
 from dra.daemon.health import HealthTracker
 from dra.deviceplugin.allocate import Strategy
+from dra.deviceplugin.config import SharedResource, TimeSlicing
 from dra.deviceplugin.resources import Resource, resources
 from dra.deviceplugin.server import ResourceServer
 from dra.deviceplugin.service import CallLog, DevicePluginService
@@ -235,3 +236,89 @@ async def test_a_plugin_without_gpus_registers_zero_and_writes_no_spec(directory
     record = json.loads((directory / "plugins" / "gpu.nvidia.com" / "gpu-assignment.json").read_text())
     assert record["paths"] == {}, "a clean exit removes the plugin's entry"
     await kubelet.stop()
+
+
+async def test_time_sliced_replicas_are_listed_spread_and_mapped_back(directory: Path) -> None:
+    inventory = discover(FakeGpuLibrary(load_profile("mixed"), "node-a"))
+    sharing = TimeSlicing(
+        rename_by_default=True,
+        fail_requests_greater_than_one=True,
+        resources=(SharedResource("nvidia.com/gpu", 2),),
+    )
+    [resource] = resources(inventory, time_slicing=sharing)
+    service = DevicePluginService(
+        resource, HealthTracker(inventory), frozenset({Strategy.ENVVAR}), "gpu.nvidia.com", CallLog(None)
+    )
+    server = ResourceServer(directory, resource, service)
+    await server.serve()
+    first, second = (d.uuid for d in inventory.devices[:2])
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{server.socket}") as channel:
+            stub: pb_grpc.DevicePluginAsyncStub = pb_grpc.DevicePluginStub(channel)
+            stream = stub.ListAndWatch(pb.Empty())
+            listed = await stream.read()
+            assert isinstance(listed, pb.ListAndWatchResponse)
+            stream.cancel()
+            assert len(listed.devices) == 8
+            assert [d.ID for d in listed.devices[:2]] == [f"{first}::0", f"{first}::1"]
+
+            preferred = await stub.GetPreferredAllocation(
+                pb.PreferredAllocationRequest(
+                    container_requests=[
+                        pb.ContainerPreferredAllocationRequest(
+                            available_deviceIDs=[f"{first}::0", f"{first}::1", f"{second}::1"],
+                            allocation_size=2,
+                        )
+                    ]
+                )
+            )
+            assert list(preferred.container_responses[0].deviceIDs) == [f"{first}::0", f"{second}::1"]
+
+            answer = await stub.Allocate(
+                pb.AllocateRequest(
+                    container_requests=[pb.ContainerAllocateRequest(devices_ids=[f"{second}::1"])]
+                )
+            )
+            assert answer.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"] == second
+
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await stub.Allocate(
+                    pb.AllocateRequest(
+                        container_requests=[
+                            pb.ContainerAllocateRequest(devices_ids=[f"{first}::0", f"{first}::1"])
+                        ]
+                    )
+                )
+            assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert str(raised.value.details()) == (
+                "nvidia.com/gpu.shared: a container asked for 2 time-sliced devices, and "
+                "sharing.timeSlicing.failRequestsGreaterThanOne allows 1 per container"
+            )
+    finally:
+        await server.stop()
+
+
+async def test_two_replicas_of_one_gpu_give_the_container_that_gpu_once(directory: Path) -> None:
+    inventory = discover(FakeGpuLibrary(load_profile("mixed"), "node-a"))
+    sharing = TimeSlicing(resources=(SharedResource("nvidia.com/gpu", 2),))
+    [resource] = resources(inventory, time_slicing=sharing)
+    strategies = frozenset({Strategy.CDI_CRI, Strategy.ENVVAR})
+    service = DevicePluginService(resource, HealthTracker(inventory), strategies, "gpu.nvidia.com")
+    server = ResourceServer(directory, resource, service)
+    await server.serve()
+    first = inventory.devices[0].uuid
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{server.socket}") as channel:
+            stub: pb_grpc.DevicePluginAsyncStub = pb_grpc.DevicePluginStub(channel)
+            answer = await stub.Allocate(
+                pb.AllocateRequest(
+                    container_requests=[
+                        pb.ContainerAllocateRequest(devices_ids=[f"{first}::0", f"{first}::1"])
+                    ]
+                )
+            )
+    finally:
+        await server.stop()
+    [container] = answer.container_responses
+    assert container.envs["NVIDIA_VISIBLE_DEVICES"] == first
+    assert [c.name for c in container.cdi_devices] == [f"k8s.gpu.nvidia.com/device={first}"]

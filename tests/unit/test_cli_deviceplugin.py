@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
+import anyio
 import pytest
 
 from dra.adapters.assignmentrecord import AssignmentRecord
 from dra.adapters.checkpoint import CheckpointStore
 from dra.cli import main, parse_args
 from dra.core.assignment import GpuPath, restrict
-from dra.daemon.bootstrap import warn_about_stranded_claims
+from dra.daemon import bootstrap
+from dra.daemon.bootstrap import GpuInitError, warn_about_stranded_claims
 from dra.deviceplugin.allocate import Strategy
+from dra.deviceplugin.daemon import DevicePluginSettings, run_device_plugin
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.nvml import GpuLibraryError
 from dra.gpu.profiles import load_profile
 from dra.model.prepared import PreparedClaim, PreparedDevice
 
@@ -25,7 +30,10 @@ def test_device_plugin_defaults() -> None:
     assert args.device_plugin_dir is None
     assert args.cdi_root == Path("/var/run/cdi")
     assert args.resource_name == "nvidia.com/gpu"
-    assert args.device_list_strategy == {Strategy.CDI_CRI}
+    # Unset, so that a config file can choose; without one the plugin uses cdi-cri and mixed.
+    assert args.device_list_strategy is None
+    assert args.mig_strategy is None
+    assert args.config_file is None
     assert args.http_address == ":8081"
     assert args.dra_gpus is None
     assert args.device_plugin_gpus is None
@@ -197,3 +205,84 @@ def test_the_kubelet_plugin_warns_about_claims_left_on_gpus_it_no_longer_has(
         "no longer assigned to DRA: the claim stays prepared until its pods end, and the device plugin "
         "refuses to start with the GPU until then"
     ]
+
+
+def test_check_config_prints_the_effective_settings_and_resources(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "version: v1\nflags:\n  migStrategy: none\n  nvidiaDriverRoot: /run/nvidia/driver\n"
+        "sharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
+    )
+    argv = ["device-plugin", f"--config-file={config}", "--check-config", "--device-list-strategy=envvar"]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "resource: nvidia.com/gpu",
+        "MIG strategy: none",
+        "fail on init error: true",
+        "device list strategy: envvar",
+        "time-slicing: nvidia.com/gpu x4 advertised as nvidia.com/gpu",
+        "ignored: flags.nvidiaDriverRoot (driver libraries come from the container runtime; "
+        "device nodes from --host-root)",
+    ]
+    assert main([*argv, "--fake-gpus=h100x8-mig"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "offers nvidia.com/gpu: 16"
+
+
+def test_check_config_refuses_bad_input_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "version: v1\nsharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 0}]}}"
+    )
+    line = _refusal(["device-plugin", f"--config-file={config}", "--check-config"], capsys)
+    assert line == (
+        f"dra-gpu: error: {config}: sharing.timeSlicing.resources[0].replicas: "
+        "must be a whole number of at least 1, got 0"
+    )
+    line = _refusal(["device-plugin", f"--config-file={tmp_path / 'absent'}", "--check-config"], capsys)
+    assert line.startswith(f"dra-gpu: error: --config-file: cannot read {tmp_path / 'absent'}: ")
+    # The single strategy on a node with several MIG profiles, the strategy set by the environment.
+    monkeypatch.setenv("DRA_GPU_MIG_STRATEGY", "single")
+    line = _refusal(["device-plugin", "--check-config", "--fake-gpus=a100x4-mig"], capsys)
+    assert line.startswith("dra-gpu: error: MIG strategy single needs one MIG profile on the node, found 5")
+
+
+def test_the_device_plugin_needs_a_node_name_unless_it_only_checks(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as raised:
+        parse_args(["device-plugin"])
+    assert raised.value.code == 2
+    assert "the following arguments are required: --node-name" in capsys.readouterr().err
+    assert parse_args(["device-plugin", "--check-config"]).node_name is None
+
+
+class _NoDriver(FakeGpuLibrary):
+    def init(self) -> None:
+        raise GpuLibraryError(9, "Driver Not Loaded")
+
+
+@pytest.mark.anyio
+async def test_fail_on_init_error_false_waits_instead_of_exiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(bootstrap, "gpu_library", lambda *_: _NoDriver(load_profile("mixed"), "n"))
+    settings = DevicePluginSettings(
+        driver_name="gpu.nvidia.com",
+        node_name="n",
+        kubelet_root=tmp_path,
+        cdi_root=tmp_path,
+        state_dir=tmp_path,
+    )
+    with pytest.raises(GpuInitError, match="cannot read GPUs through NVML"):
+        await run_device_plugin(settings)
+    with caplog.at_level(logging.ERROR, logger="dra.deviceplugin.daemon"), anyio.move_on_after(0.3) as waited:
+        await run_device_plugin(replace(settings, fail_on_init_error=False))
+    assert waited.cancelled_caught, "it serves nothing until SIGTERM"
+    [record] = caplog.records
+    assert record.getMessage().endswith(
+        "failOnInitError is false, so this plugin serves nothing until it is stopped"
+    )

@@ -367,3 +367,61 @@ def test_explain_offline_uses_the_classes_the_chart_installs() -> None:
 
     rendered = sorted(essence(o) for o in chart.template() if o["kind"] == "DeviceClass")
     assert rendered == sorted(essence(c) for c in standard_device_classes("gpu.nvidia.com"))
+
+
+TIME_SLICING = (
+    "version: v1\nsharing:\n  timeSlicing:\n    resources:\n    - name: nvidia.com/gpu\n      replicas: 4\n"
+)
+ALONE: dict[str, Any] = {"kubeletPlugin": {"enabled": False}}
+
+
+def _device_plugin_pod(config: dict[str, Any], **more: Any) -> tuple[Obj, list[Obj]]:
+    objects = chart.template({**ALONE, "devicePlugin": {"enabled": True, "config": config, **more}})
+    return _only(objects, "DaemonSet")["spec"]["template"]["spec"], objects
+
+
+def test_device_plugin_config_data_becomes_a_configmap_mounted_as_the_file() -> None:
+    pod, objects = _device_plugin_pod({"data": TIME_SLICING}, migStrategy="single", deviceListStrategy="")
+    [container] = pod["containers"]
+    env = _env(container)
+    assert env["DRA_GPU_CONFIG_FILE"] == "/etc/dra-gpu/device-plugin/config.yaml"
+    assert env["DRA_GPU_MIG_STRATEGY"] == "single"
+    assert "DRA_GPU_DEVICE_LIST_STRATEGY" not in env, "empty: the file chooses"
+    configmap = _only(objects, "ConfigMap")
+    assert configmap["data"] == {"config.yaml": TIME_SLICING}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["device-plugin-config"]["configMap"] == {
+        "name": configmap["metadata"]["name"],
+        "items": [{"key": "config.yaml", "path": "config.yaml"}],
+    }
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["device-plugin-config"] == {
+        "name": "device-plugin-config",
+        "mountPath": "/etc/dra-gpu/device-plugin",
+        "readOnly": True,
+    }
+
+
+def test_device_plugin_config_can_be_an_existing_configmap_and_is_absent_by_default() -> None:
+    pod, objects = _device_plugin_pod({"name": "time-slicing-config", "key": "any"})
+    assert not [o for o in objects if o["kind"] == "ConfigMap"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["device-plugin-config"]["configMap"] == {
+        "name": "time-slicing-config",
+        "items": [{"key": "any", "path": "config.yaml"}],
+    }
+    default, _ = _device_plugin_pod({})
+    assert "device-plugin-config" not in {v["name"] for v in default["volumes"]}
+    assert not {"DRA_GPU_CONFIG_FILE", "DRA_GPU_MIG_STRATEGY"} & set(_env(default["containers"][0]))
+    with chart.values_flags(
+        {
+            **ALONE,
+            "devicePlugin": {
+                "enabled": True,
+                "config": {"data": "version: v1", "name": "time-slicing-config"},
+            },
+        }
+    ) as flags:
+        result = chart.helm("template", "dra-gpu", str(chart.CHART), *flags, check=False)
+    assert result.returncode != 0
+    assert "devicePlugin.config: set data" in result.stderr

@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 
-from dra.deviceplugin.preferred import Placement, preferred_allocation
+from dra.deviceplugin.preferred import Placement, preferred_allocation, spread_allocation
 from dra.deviceplugin.resources import placements
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
@@ -111,3 +111,17 @@ def test_unknown_ids_and_unknown_groups() -> None:
     assert preferred_allocation(["x", "a"], [], 2, table) == ["a", "x"]
     assert preferred_allocation(["y", "x"], ["z"], 2, {}) == ["z", "x"]
     assert preferred_allocation(["b", "b", "c"], [], 3, table) == ["b", "c"]
+
+
+def test_replicas_spread_over_gpus_least_shared_first() -> None:
+    parents = {f"{gpu}::{n}": gpu for gpu in ("A", "B", "C") for n in range(4)}
+    # A has 1 free replica, B 3, C 2 (other containers hold the rest).
+    available = ["A::3", "B::1", "B::2", "B::3", "C::2", "C::3"]
+    assert spread_allocation(available, [], 1, parents) == ["B::1"]
+    assert spread_allocation(available, [], 3, parents) == ["B::1", "C::2", "A::3"]
+    # Only when every GPU holds one does a container get a second replica of one.
+    assert spread_allocation(available, [], 4, parents) == ["B::1", "C::2", "A::3", "B::2"]
+    assert spread_allocation(available, ["C::3"], 2, parents) == ["C::3", "B::1"]
+    assert spread_allocation(available, [], 9, parents) == [
+        "B::1", "C::2", "A::3", "B::2", "C::3", "B::3"
+    ]  # fmt: skip

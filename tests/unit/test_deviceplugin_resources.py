@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from dra.deviceplugin.config import MigStrategy, SharedResource, TimeSlicing
 from dra.deviceplugin.resources import (
     ResourceError,
     check_resource_name,
@@ -15,10 +16,11 @@ from dra.deviceplugin.resources import (
     placements,
     resources,
     socket_name,
+    unshared,
 )
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
+from dra.gpu.profiles import load_profile, parse_profile
 from dra.model.devices import Gpu, Inventory, MigDevice
 
 
@@ -114,3 +116,89 @@ def test_placements_and_numa_follow_the_parent_gpu() -> None:
     bare = replace(gpu, pcie_root=None, numa_node=None)
     assert placements([bare])[gpu.uuid].groups == (f"gpu:{gpu.uuid}", None, None)
     assert numa_node(bare) is None
+
+
+def shared(*entries: SharedResource, rename: bool = False, one: bool = False) -> TimeSlicing:
+    return TimeSlicing(rename_by_default=rename, fail_requests_greater_than_one=one, resources=entries)
+
+
+def test_mig_strategy_none_offers_full_gpus_only() -> None:
+    [gpu] = resources(node("h100x8-mig"), mig_strategy=MigStrategy.NONE)
+    assert gpu.name == "nvidia.com/gpu"
+    assert [d.name for d in gpu.devices] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+
+
+def test_mig_strategy_single_offers_the_mig_devices_as_the_gpu_resource() -> None:
+    layout = {"gpus": [{"model": "a100-sxm4-40gb", "count": 2, "mig": ["1g.5gb"] * 7}]}
+    inventory = discover(FakeGpuLibrary(parse_profile(layout, "single"), "node-a"))
+    [gpu] = resources(inventory, mig_strategy=MigStrategy.SINGLE)
+    assert gpu.name == "nvidia.com/gpu"
+    assert len(gpu.devices) == 14
+    assert all(isinstance(d, MigDevice) and d.profile == "1g.5gb" for d in gpu.devices)
+    # No GPU in MIG mode: single is the full GPUs.
+    [whole] = resources(node("mixed"), mig_strategy=MigStrategy.SINGLE)
+    assert len(whole.devices) == 4
+
+
+@pytest.mark.parametrize(
+    ("profile", "message"),
+    [
+        (
+            "a100x4-mig",
+            "MIG strategy single needs one MIG profile on the node, found 5 (1g.5gb on gpu-0, gpu-1; "
+            "2g.10gb on gpu-0; 3g.20gb on gpu-0, gpu-2; 4g.20gb on gpu-2; 7g.40gb on gpu-3); "
+            "use the mixed strategy",
+        ),
+        (
+            "h100x8-mig",
+            "MIG strategy single: gpu-4, gpu-5, gpu-6, gpu-7 in MIG mode but gpu-0, gpu-1, gpu-2, gpu-3 not; "
+            "put every GPU in MIG mode with one profile, or use the mixed strategy",
+        ),
+    ],
+)
+def test_mig_strategy_single_refuses_mixed_layouts(profile: str, message: str) -> None:
+    with pytest.raises(ResourceError) as raised:
+        resources(node(profile), mig_strategy=MigStrategy.SINGLE)
+    assert str(raised.value).startswith(message)
+
+
+def test_time_slicing_advertises_replicas_of_each_gpu() -> None:
+    inventory = node("mixed")
+    [gpu] = resources(inventory, time_slicing=shared(SharedResource("nvidia.com/gpu", 4)))
+    assert (gpu.name, gpu.replicas, gpu.advertised, gpu.one_per_container) == ("nvidia.com/gpu", 4, 16, False)
+    ids = gpu.device_ids()
+    first = inventory.devices[0]
+    assert list(ids)[:4] == [f"{first.uuid}::{n}" for n in range(4)]
+    assert {d.uuid for d in ids.values()} == {d.uuid for d in inventory}
+    assert all(len(i) <= 63 for i in ids)
+
+
+def test_time_slicing_renames_and_shares_mig_resources() -> None:
+    config = shared(
+        SharedResource("nvidia.com/gpu", 2),
+        SharedResource("nvidia.com/mig-1g.10gb", 3, rename="nvidia.com/mig-small"),
+        rename=True,
+        one=True,
+    )
+    offered = {r.name: r for r in resources(node("h100x8-mig"), time_slicing=config)}
+    assert sorted(offered) == [
+        "nvidia.com/gpu.shared",
+        "nvidia.com/mig-2g.20gb",
+        "nvidia.com/mig-3g.40gb",
+        "nvidia.com/mig-small",
+    ]
+    assert offered["nvidia.com/mig-small"].advertised == 24
+    assert offered["nvidia.com/gpu.shared"].one_per_container
+    assert not offered["nvidia.com/mig-2g.20gb"].shared
+    # One replica is no sharing: nothing to refuse.
+    [single] = resources(node("mixed"), time_slicing=shared(SharedResource("nvidia.com/gpu", 1), one=True))
+    assert not single.one_per_container
+    assert list(single.device_ids()) == [d.uuid for d in node("mixed")]
+
+
+def test_time_slicing_refuses_two_resources_of_one_name_and_reports_absent_ones() -> None:
+    clash = shared(SharedResource("nvidia.com/mig-1g.10gb", 2, rename="nvidia.com/gpu"))
+    with pytest.raises(ResourceError, match=r"two resources would be named nvidia\.com/gpu; rename one"):
+        resources(node("h100x8-mig"), time_slicing=clash)
+    absent = shared(SharedResource("nvidia.com/mig-1g.5gb", 2), SharedResource("nvidia.com/gpu", 2))
+    assert unshared(resources(node("mixed"), time_slicing=absent), absent) == ["nvidia.com/mig-1g.5gb"]

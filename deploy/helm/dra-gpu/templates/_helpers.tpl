@@ -115,3 +115,16 @@ capabilities:
 {{ toYaml . }}
 {{- end }}
 {{- end }}
+
+{{/* The ConfigMap holding the device plugin's config file: the chart's own (config.data), the admin's (config.name), or "". */}}
+{{- define "dra-gpu.devicePluginConfigMap" -}}
+{{- $config := .Values.devicePlugin.config }}
+{{- if and $config.data $config.name }}
+{{- fail "devicePlugin.config: set data (the chart makes the ConfigMap) or name (an existing ConfigMap), not both" }}
+{{- end }}
+{{- if and .Values.devicePlugin.enabled $config.data }}
+{{- printf "%s-device-plugin-config" (include "dra-gpu.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- else if .Values.devicePlugin.enabled }}
+{{- $config.name }}
+{{- end }}
+{{- end }}

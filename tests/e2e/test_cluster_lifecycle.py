@@ -1,4 +1,5 @@
-"""`make cluster-up`, `make demo` and `make cluster-down` leave nothing running, however they end.
+"""The release's binaries know the harness's gates; `make cluster-up`, `make demo` and
+`make cluster-down` leave nothing running, however they end.
 
 The cluster's processes run in process groups of their own, so a signal to the command
 that started them reaches only that command: it must stop them itself, and
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from localcluster.binaries import KUBERNETES
+from localcluster.binaries import KUBERNETES, ensure_cluster_binaries, kubernetes_version
+from localcluster.cluster import default_feature_gates
 
 pytestmark = pytest.mark.cluster
 
@@ -110,6 +113,17 @@ def _wait_kept(demo: subprocess.Popen[str]) -> str:
         if "Ctrl-C (or SIGTERM, SIGHUP) to stop" in line:
             return "".join(lines)
     raise AssertionError("the demo ended before keeping the cluster up:\n" + "".join(lines))
+
+
+def test_every_gate_the_harness_sets_is_an_alpha_or_beta_gate_of_the_release() -> None:
+    """A gate the release removed fails the components' start, and a GA one only warns:
+    --help lists exactly the gates that are neither."""
+    apiserver = ensure_cluster_binaries() / "kube-apiserver"
+    text = subprocess.run([apiserver, "--help"], capture_output=True, text=True, check=False).stdout
+    listed = dict(re.findall(r"kube:(\w+)=true\|false \((ALPHA|BETA) - default=", text))
+    assert listed, f"{apiserver} --help lists no feature gates"
+    for name in default_feature_gates():
+        assert name in listed, f"Kubernetes {kubernetes_version()} has no alpha or beta gate {name}"
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP])

@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 LOCAL := PYTHONPATH=deploy/local
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv proto binaries manifests lint test test-fast test-matrix demo cluster-up cluster-down bench clean
+.PHONY: all venv proto binaries cluster-binaries manifests lint test test-fast test-matrix demo cluster-up cluster-down bench clean
 
 all: test
 
@@ -33,6 +33,11 @@ proto: $(STAMP)
 # build only what a cluster starts, on first use.
 binaries: $(STAMP)
 	$(LOCAL) $(BIN)/python -m localcluster build
+
+# Only what a cluster starts. binaries.py needs only the standard library, so the system Python
+# runs it: a first `make demo` or `make cluster-up` compiles while pip fills the venv.
+cluster-binaries:
+	@$(LOCAL) $(PYTHON) -m localcluster.binaries
 
 # Re-render deploy/manifests (kubectl apply -k) from the Helm chart in deploy/helm/dra-gpu;
 # a test fails while the committed files differ from a fresh render.
@@ -65,10 +70,12 @@ test-matrix: test
 	done
 
 # The driver on fake GPUs serving pods on a real local cluster; DEMO_KEEP=1 keeps it up.
-demo: $(STAMP)
+demo:
+	@$(MAKE) --no-print-directory -s -j2 $(STAMP) cluster-binaries
 	$(LOCAL) $(BIN)/python -m localcluster.demo
 
-cluster-up: $(STAMP)
+cluster-up:
+	@$(MAKE) --no-print-directory -s -j2 $(STAMP) cluster-binaries
 	@$(LOCAL) $(BIN)/python -m localcluster up
 
 cluster-down: $(STAMP)

@@ -386,3 +386,11 @@ def ensure_binaries(log: bool = True) -> Path:
             _need_go(module, ", ".join(missing))
             _build(module, missing, log)
     return kubernetes_module().bin_dir()
+
+
+if __name__ == "__main__":
+    # `make cluster-binaries`: the system Python, before the venv exists.
+    try:
+        ensure_cluster_binaries()
+    except BuildError as err:
+        sys.exit(f"error: {err}")

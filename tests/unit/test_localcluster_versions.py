@@ -224,3 +224,74 @@ def test_stop_run_dir_ends_the_processes_of_that_run_only(tmp_path: Path) -> Non
         for proc in (mine, other):
             proc.kill()
             proc.wait()
+
+
+#: A stand-in `go`: downloads and compiles for a while, then writes one file per package.
+FAKE_GO = """#!/bin/sh
+echo "$@" >> "$GO_CALLS"
+echo "go: downloading k8s.io/kubernetes v1.34.12"
+echo "k8s.io/apimachinery/pkg/util/sets"
+sleep 0.5
+echo "k8s.io/kubernetes/pkg/kubelet"
+[ -n "$GO_FAIL" ] && { echo "pkg/x.go:1:1: undefined: y"; exit 1; }
+while [ "$1" != "-o" ]; do shift; done
+out=$2; shift 2
+for package in "$@"; do echo "#!/bin/sh" > "$out/${package##*/}"; chmod +x "$out/${package##*/}"; done
+"""
+
+
+@pytest.fixture
+def fake_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """`go` on PATH is FAKE_GO; returns the file it logs its command lines to."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "go").write_text(FAKE_GO)
+    (bin_dir / "go").chmod(0o755)
+    calls = tmp_path / "go-calls"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("GO_CALLS", str(calls))
+    monkeypatch.setenv("DRA_GPU_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("KUBERNETES_VERSION", raising=False)
+    monkeypatch.setattr(binaries, "PROGRESS_EVERY", 0.2)
+    return calls
+
+
+def test_a_cluster_build_compiles_only_what_a_cluster_starts_and_says_how_far_it_got(
+    fake_go: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = binaries.ensure_cluster_binaries()
+    assert sorted(path.name for path in target.iterdir()) == sorted(binaries.CLUSTER_COMMANDS)
+    (call,) = fake_go.read_text().splitlines()
+    assert "-modfile" not in call
+    assert "kubectl" not in call
+    assert "helm" not in call
+    err = capsys.readouterr().err
+    assert "building etcd, fakeruntime, kube-apiserver" in err
+    assert "modules downloaded" in err
+    assert "packages compiled" in err
+    # kubectl comes later, on its own, into the same directory.
+    assert binaries.ensure_binary("kubectl", log=False) == target / "kubectl"
+    assert fake_go.read_text().splitlines()[1].endswith("k8s.io/kubernetes/cmd/kubectl")
+    binaries.ensure_cluster_binaries()
+    assert len(fake_go.read_text().splitlines()) == 2
+
+
+def test_another_release_builds_with_its_modfile(fake_go: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBERNETES_VERSION", "v1.37.2")
+    target = binaries.ensure_cluster_binaries(log=False)
+    assert target.name.startswith("v1.37.2-")
+    (call,) = fake_go.read_text().splitlines()
+    assert f"-modfile={VERSIONS_DIR / 'v1.37.2.mod'}" in call
+    assert "gitVersion=v1.37.2" in call
+    assert "gitMinor=37" in call
+
+
+def test_a_failed_build_shows_the_compiler_errors_and_caches_nothing(
+    fake_go: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GO_FAIL", "1")
+    with pytest.raises(BuildError) as raised:
+        binaries.ensure_cluster_binaries(log=False)
+    assert "pkg/x.go:1:1: undefined: y" in str(raised.value)
+    assert "k8s.io/kubernetes/pkg/kubelet" not in str(raised.value)
+    assert binaries.kubernetes_module().missing() == KUBERNETES.commands

@@ -14,12 +14,13 @@ process as soon as it starts, so stop_run_dir() (`make cluster-down`) can end a
 cluster whose owner died; stop() ends every process and removes that directory.
 stop_on_signals() turns SIGINT, SIGTERM and SIGHUP into an exception, so the
 `finally` of whoever started a cluster stops it: its processes run in process
-groups of their own and would not get a terminal's signals.
+groups of their own and would not get a terminal's signals. restart_kubelet()
+stops only the kubelet and starts it again as before (same flags, a fresh mount
+namespace set up the same way), as a node's kubelet restarts: device plugins
+must then register again.
 
 The Kubernetes release is KUBERNETES_VERSION's (binaries.kubernetes_version()),
-and RELEASES says what each minor needs turned on. restart_kubelet() stops only the kubelet and starts it
-again as before (same flags, a fresh mount namespace set up the same way), as
-a node's kubelet restarts: device plugins must then register again.
+and RELEASES says what each minor needs turned on.
 """
 
 from __future__ import annotations
@@ -357,6 +358,9 @@ class LocalCluster:
             f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
+            # The kubernetes Service cannot have a loopback endpoint (1.37 refuses to start with
+            # the default reconciler); nothing in this cluster reaches the API through it.
+            "--endpoint-reconciler-type=none",
             f"--secure-port={ports['apiserver']}",
             f"--tls-cert-file={creds['serving_cert']}",
             f"--tls-private-key-file={creds['serving_key']}",

@@ -101,11 +101,11 @@ def _run() -> int:
         _say(f"CDI specs written by the driver: {specs} in {info.cdi_dir}")
         kube.close()
         if keep:
-            kubectl = f"{ensure_binary('kubectl')} --kubeconfig {info.kubeconfig}"
-            _say(f"\nthe cluster stays up; try:\n  {kubectl} get pods,resourceclaims,resourceslices")
-            _say(f"driver log: {log}\nCtrl-C (or SIGTERM, SIGHUP) to stop and clean up")
-            # Stopping is how a kept demo ends: the exit status stays the pods'.
+            # Stopping is how a kept demo ends, as soon as it says so: the exit status stays the pods'.
             with contextlib.suppress(Stopped):
+                kubectl = f"{ensure_binary('kubectl')} --kubeconfig {info.kubeconfig}"
+                _say(f"\nthe cluster stays up; try:\n  {kubectl} get pods,resourceclaims,resourceslices")
+                _say(f"driver log: {log}\nCtrl-C (or SIGTERM, SIGHUP) to stop and clean up")
                 while True:
                     time.sleep(3600)
         return 1 if failed else 0

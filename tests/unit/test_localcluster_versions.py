@@ -38,6 +38,7 @@ from localcluster.cluster import (
     stop_on_signals,
     stop_run_dir,
 )
+from localcluster.workloads import committed_device_classes, device_classes
 
 #: Gates that are GA in a release: setting them warns, and setting a locked one to false fails.
 GA_IN = {"1.37": {"DRADeviceTaints", "DRAExtendedResource", "DynamicResourceAllocation"}}
@@ -295,3 +296,7 @@ def test_a_failed_build_shows_the_compiler_errors_and_caches_nothing(
     assert "pkg/x.go:1:1: undefined: y" in str(raised.value)
     assert "k8s.io/kubernetes/pkg/kubelet" not in str(raised.value)
     assert binaries.kubernetes_module().missing() == KUBERNETES.commands
+
+
+def test_the_demo_creates_the_charts_device_classes_without_helm() -> None:
+    assert committed_device_classes() == device_classes()

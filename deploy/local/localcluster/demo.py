@@ -22,7 +22,13 @@ from localcluster.binaries import BuildError, ensure_binary
 from localcluster.cluster import ClusterError, LocalCluster, Stopped, demo_dir, stop_on_signals, stop_run_dir
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, WaitTimeoutError, load_manifests
-from localcluster.workloads import allocated_devices, container_record, ensure_device_classes, pod_claim
+from localcluster.workloads import (
+    allocated_devices,
+    committed_device_classes,
+    container_record,
+    ensure_device_classes,
+    pod_claim,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "docs" / "examples" / "demo.yaml"
 
@@ -67,7 +73,8 @@ def _run() -> int:
         driver = DriverProcess(info, profile, log)
         driver.start(on_spawn=lambda pid: cluster.add_process("dra-gpu", pid))
         kube = Kube(info.kubeconfig)
-        ensure_device_classes(kube)
+        # The committed render, so that a first demo does not wait for helm to build.
+        ensure_device_classes(kube, committed_device_classes())
         slices = kube.list_objects("resource.k8s.io/v1", "ResourceSlice")
         devices = {d["name"]: d for s in slices for d in s["spec"]["devices"]}
         _say(f"  registered with the kubelet; published {len(devices)} devices in {len(slices)} slice(s)")

@@ -21,10 +21,10 @@ import sys
 from localcluster.binaries import (
     HELM,
     BuildError,
+    bin_dir,
     binary,
     ensure_binaries,
     ensure_binary,
-    kubernetes_module,
     kubernetes_version,
 )
 from localcluster.cluster import (
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "build":
             print(ensure_binaries())
             print(
-                f"Kubernetes {kubernetes_version()} binaries in {kubernetes_module().bin_dir()}",
+                f"Kubernetes {kubernetes_version()} binaries in {bin_dir()}",
                 file=sys.stderr,
             )
             print(f"helm {HELM.version()}: {binary('helm')}", file=sys.stderr)

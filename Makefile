@@ -1,4 +1,6 @@
 # dra-gpu: the two commands a newcomer needs are `make demo` and `make test`.
+# KUBERNETES_VERSION=v1.37.2 runs the local cluster of demo, test, cluster-up (and binaries)
+# on another supported release; the default is the one deploy/local/k8sbin/go.mod pins.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -6,7 +8,7 @@ BIN := $(VENV)/bin
 LOCAL := PYTHONPATH=deploy/local
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv proto binaries manifests lint test test-fast demo cluster-up cluster-down bench clean
+.PHONY: all venv proto binaries cluster-binaries manifests lint test test-fast test-matrix demo cluster-up cluster-down bench clean
 
 all: test
 
@@ -27,9 +29,15 @@ proto: $(STAMP)
 	$(BIN)/python proto/generate.py
 
 # Build or reuse the Kubernetes binaries and helm (deploy/local/k8sbin, deploy/local/helmbin); the first
-# build takes about 6 minutes on two cores for Kubernetes and 2 to 4 more for helm.
+# build takes about 7 to 12 minutes on two cores for Kubernetes and 2 to 4 more for helm. demo and cluster-up
+# build only what a cluster starts, on first use.
 binaries: $(STAMP)
 	$(LOCAL) $(BIN)/python -m localcluster build
+
+# Only what a cluster starts. binaries.py needs only the standard library, so the system Python
+# runs it: a first `make demo` or `make cluster-up` compiles while pip fills the venv.
+cluster-binaries:
+	@$(LOCAL) $(PYTHON) -m localcluster.binaries
 
 # Re-render deploy/manifests (kubectl apply -k) from the Helm chart in deploy/helm/dra-gpu;
 # a test fails while the committed files differ from a fresh render.
@@ -51,11 +59,23 @@ test: lint binaries
 test-fast: $(STAMP)
 	$(BIN)/pytest -m 'not cluster'
 
+# `make test` on the default release, then the cluster tests on each other supported one
+# (docs/testing.md: what runs where and how long it takes).
+MATRIX_VERSIONS ?= v1.37.2
+test-matrix: test
+	@set -e; for version in $(MATRIX_VERSIONS); do \
+		echo "== cluster tests on Kubernetes $$version"; \
+		KUBERNETES_VERSION=$$version $(LOCAL) $(BIN)/python -m localcluster build; \
+		KUBERNETES_VERSION=$$version $(BIN)/pytest -m cluster; \
+	done
+
 # The driver on fake GPUs serving pods on a real local cluster; DEMO_KEEP=1 keeps it up.
-demo: binaries
+demo:
+	@$(MAKE) --no-print-directory -s -j2 $(STAMP) cluster-binaries
 	$(LOCAL) $(BIN)/python -m localcluster.demo
 
-cluster-up: binaries
+cluster-up:
+	@$(MAKE) --no-print-directory -s -j2 $(STAMP) cluster-binaries
 	@$(LOCAL) $(BIN)/python -m localcluster up
 
 cluster-down: $(STAMP)

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from localcluster import chart
-from localcluster.binaries import kubernetes_version
+from localcluster.binaries import default_kubernetes_version
 from localcluster.kube import load_manifests
 
 from dra.core.cdi import spec_file_name
@@ -46,7 +46,7 @@ def test_cluster_config_is_a_kind_v1alpha4_cluster() -> None:
 
 
 def test_nodes_run_the_kubernetes_minor_the_tests_run() -> None:
-    minor = ".".join(kubernetes_version().split(".")[:2])  # v1.34
+    minor = ".".join(default_kubernetes_version().split(".")[:2])  # v1.34: kind runs the default
     for node in _config()["nodes"]:
         image = node["image"]
         match = re.fullmatch(r"kindest/node:(v\d+\.\d+)\.\d+@sha256:[0-9a-f]{64}", image)

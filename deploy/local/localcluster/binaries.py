@@ -1,17 +1,20 @@
 """Build and cache the Go binaries the tests run: real Kubernetes and helm.
 
-Each small Go module under ``tests/`` pins what it builds, and its go.mod is
+Each small Go module under ``deploy/local`` pins what it builds, and its go.mod is
 the one place that version is set:
 
 - ``deploy/local/k8sbin`` pins ``k8s.io/kubernetes`` (and every staging module to the
-  matching v0.x), the etcd server Kubernetes pins, and the fake CRI runtime;
+  matching v0.x), the etcd server Kubernetes pins, and the fake CRI runtime; its go.mod is
+  the default release, and ``versions/<version>.mod`` (with its ``.sum``) pins each other
+  supported release, built with ``go build -modfile``; ``KUBERNETES_VERSION`` picks one;
 - ``deploy/local/helmbin`` pins ``helm.sh/helm/v3`` (for rendering and linting the chart
   in ``deploy/helm``).
 
-Binaries land in a per-user cache, one directory per module keyed by that
+Binaries land in a per-user cache, one directory per module and version keyed by that
 version and a hash of the module's sources (``<cache>/k8s/v1.34.12-<hash>/``,
 ``<cache>/helm/v3.19.5-<hash>/``), so a second run (or a second checkout)
-reuses them, and changing one module rebuilds only that module.
+reuses them, and changing one module rebuilds only that module. A command is built on
+first use, so a cluster never waits for helm or kubectl.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 _LOCAL_DIR = Path(__file__).resolve().parent.parent
 
@@ -49,26 +54,47 @@ class GoModule:
     packages: tuple[str, ...]
     #: -ldflags for the pinned version.
     ldflags: Callable[[str], str]
+    #: A go.mod for another version beside the module's own (`go build -modfile`); None: go.mod.
+    modfile: Path | None = None
 
     @property
     def commands(self) -> tuple[str, ...]:
         """The binaries this module yields."""
         return tuple(package.rsplit("/", 1)[-1] for package in self.packages)
 
+    @property
+    def go_mod(self) -> Path:
+        """The go.mod this build uses: the modfile, else the module's own."""
+        return self.modfile or self.directory / "go.mod"
+
+    def package_of(self, command: str) -> str:
+        """The package that yields one command."""
+        return self.packages[self.commands.index(command)]
+
     def version(self) -> str:
         """The version go.mod requires of the pinned module, e.g. v1.34.12."""
-        text = (self.directory / "go.mod").read_text()
+        text = self.go_mod.read_text()
         match = re.search(rf"^\s*(?:require\s+)?{re.escape(self.pinned)} (v\S+)", text, re.MULTILINE)
         if match is None:
-            raise BuildError(f"{self.directory / 'go.mod'} does not require {self.pinned}")
+            raise BuildError(f"{self.go_mod} does not require {self.pinned}")
         return match.group(1)
 
+    def go_version(self) -> str:
+        """The Go release go.mod asks for, e.g. 1.25.0."""
+        match = re.search(r"^go (\S+)", self.go_mod.read_text(), re.MULTILINE)
+        return match.group(1) if match else "1.25"
+
     def source_hash(self) -> str:
-        """A hash of the module's Go sources, go.mod and go.sum."""
+        """A hash of the module's Go sources, go.mod and go.sum, and of the modfile and its .sum."""
         digest = hashlib.sha256()
         for path in sorted(self.directory.rglob("*")):
             if path.is_file() and (path.suffix == ".go" or path.name in ("go.mod", "go.sum")):
                 digest.update(path.relative_to(self.directory).as_posix().encode())
+                digest.update(path.read_bytes())
+        # Only a modfile build hashes more, so the default build keeps the key it always had.
+        if self.modfile is not None:
+            for path in (self.modfile, self.modfile.with_suffix(".sum")):
+                digest.update(path.name.encode())
                 digest.update(path.read_bytes())
         return digest.hexdigest()[:12]
 
@@ -76,10 +102,14 @@ class GoModule:
         """Where this module's binaries live (whether built yet or not)."""
         return cache_root() / self.name / f"{self.version()}-{self.source_hash()}"
 
+    def missing(self, commands: tuple[str, ...] | None = None) -> tuple[str, ...]:
+        """Which of these commands (default: all) are not in the cache yet."""
+        target = self.bin_dir()
+        return tuple(name for name in commands or self.commands if not (target / name).is_file())
+
     def is_built(self) -> bool:
         """Whether every command is in the cache."""
-        target = self.bin_dir()
-        return all((target / name).is_file() for name in self.commands)
+        return not self.missing()
 
 
 def _kube_ldflags(version: str) -> str:
@@ -116,6 +146,8 @@ def _helm_ldflags(version: str) -> str:
 #: Commands built from k8s.io/kubernetes, then the module's own helper programs.
 KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl")
 LOCAL_COMMANDS = ("etcd", "fakeruntime")
+#: What a cluster starts; kubectl is built only for whoever asks for it.
+CLUSTER_COMMANDS = LOCAL_COMMANDS + tuple(name for name in KUBE_COMMANDS if name != "kubectl")
 
 KUBERNETES = GoModule(
     name="k8s",
@@ -132,16 +164,60 @@ HELM = GoModule(
     packages=("helm.sh/helm/v3/cmd/helm",),
     ldflags=_helm_ldflags,
 )
-#: Every module ensure_binaries() builds, in build order.
-MODULES = (KUBERNETES, HELM)
 
 MODULE_DIR = KUBERNETES.directory
 BINARIES = KUBE_COMMANDS + LOCAL_COMMANDS
+#: One <version>.mod (and .sum) per supported Kubernetes release besides the default.
+VERSIONS_DIR = KUBERNETES.directory / "versions"
+
+
+def default_kubernetes_version() -> str:
+    """The release deploy/local/k8sbin/go.mod pins, e.g. v1.34.12: what runs unless told otherwise."""
+    return KUBERNETES.version()
+
+
+def supported_kubernetes_versions() -> tuple[str, ...]:
+    """The default release, then every release with a modfile in deploy/local/k8sbin/versions."""
+    others = sorted(path.stem for path in VERSIONS_DIR.glob("v*.mod"))
+    return (default_kubernetes_version(), *others)
 
 
 def kubernetes_version() -> str:
-    """The k8s.io/kubernetes version pinned by deploy/local/k8sbin/go.mod, e.g. v1.34.12."""
-    return KUBERNETES.version()
+    """The release to run: $KUBERNETES_VERSION (e.g. v1.37.2), else the default."""
+    wanted = os.environ.get("KUBERNETES_VERSION", "").strip()
+    if not wanted:
+        return default_kubernetes_version()
+    version = wanted if wanted.startswith("v") else f"v{wanted}"
+    supported = supported_kubernetes_versions()
+    if version not in supported:
+        raise BuildError(
+            f"KUBERNETES_VERSION={wanted} is not a supported release; supported: {', '.join(supported)} "
+            f"(another needs deploy/local/k8sbin/versions/{version}.mod and .sum, see docs/testing.md)"
+        )
+    return version
+
+
+def kubernetes_module(version: str | None = None) -> GoModule:
+    """The Kubernetes module building one release (default: kubernetes_version())."""
+    version = version or kubernetes_version()
+    if version == default_kubernetes_version():
+        return KUBERNETES
+    module = GoModule(
+        name=KUBERNETES.name,
+        directory=KUBERNETES.directory,
+        pinned=KUBERNETES.pinned,
+        packages=KUBERNETES.packages,
+        ldflags=KUBERNETES.ldflags,
+        modfile=VERSIONS_DIR / f"{version}.mod",
+    )
+    if module.version() != version:
+        raise BuildError(f"{module.go_mod} pins {module.pinned} {module.version()}, not {version}")
+    return module
+
+
+def modules() -> tuple[GoModule, ...]:
+    """Every module ensure_binaries() builds, in build order."""
+    return (kubernetes_module(), HELM)
 
 
 def cache_root() -> Path:
@@ -154,15 +230,15 @@ def cache_root() -> Path:
 
 
 def bin_dir() -> Path:
-    """Where the Kubernetes binaries of the pinned version live (whether built yet or not)."""
-    return KUBERNETES.bin_dir()
+    """Where the Kubernetes binaries of the chosen release live (whether built yet or not)."""
+    return kubernetes_module().bin_dir()
 
 
 def _module_of(name: str) -> GoModule:
-    for module in MODULES:
+    for module in modules():
         if name in module.commands:
             return module
-    raise KeyError(f"no Go module under tests/ builds {name!r}")
+    raise KeyError(f"no Go module under deploy/local builds {name!r}")
 
 
 def binary(name: str) -> Path:
@@ -170,29 +246,68 @@ def binary(name: str) -> Path:
     return _module_of(name).bin_dir() / name
 
 
-def _build(module: GoModule, log: bool) -> None:
+#: How often a build in progress says how far it got.
+PROGRESS_EVERY = 15.0
+
+
+class _BuildOutput:
+    """Reads `go build -v` output as it comes: counts progress, keeps what is not progress."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.downloads = 0
+        self.packages = 0
+        self.messages: list[str] = []
+        self._stream = stream
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self._stream:
+            if line.startswith("go: downloading "):
+                self.downloads += 1
+            elif line.strip() and " " not in line.strip():
+                # -v names each package as it is compiled, one import path a line.
+                self.packages += 1
+            else:
+                self.messages.append(line)
+
+    def join(self) -> None:
+        self._reader.join()
+
+
+def _build(module: GoModule, commands: tuple[str, ...], log: bool) -> None:
     target = module.bin_dir()
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if module.is_built():
+        commands = module.missing(commands)
+        if not commands:
             return
         version = module.version()
         staging = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
         env = dict(os.environ, GOFLAGS=(os.environ.get("GOFLAGS", "") + " -mod=readonly").strip())
+        modfile = [f"-modfile={module.modfile}"] if module.modfile else []
         if log:
-            print(f"building {', '.join(module.commands)} ({version}) into {target} ...", file=sys.stderr)
+            print(
+                f"building {', '.join(commands)} ({version}) into {target}; the first build downloads "
+                "the modules and compiles for several minutes, progress every "
+                f"{PROGRESS_EVERY:.0f}s ...",
+                file=sys.stderr,
+                flush=True,
+            )
         started = time.monotonic()
-        result = subprocess.run(
+        proc = subprocess.Popen(
             [
                 "go",
                 "build",
+                "-v",
+                *modfile,
                 "-trimpath",
                 "-ldflags",
                 module.ldflags(version),
                 "-o",
                 str(staging),
-                *module.packages,
+                *(module.package_of(name) for name in commands),
             ],
             cwd=module.directory,
             env=env,
@@ -200,24 +315,61 @@ def _build(module: GoModule, log: bool) -> None:
             stderr=subprocess.STDOUT,
             text=True,
         )
-        if result.returncode != 0:
+        assert proc.stdout is not None
+        output = _BuildOutput(proc.stdout)
+        while True:
+            try:
+                proc.wait(timeout=PROGRESS_EVERY)
+                break
+            except subprocess.TimeoutExpired:
+                if log:
+                    elapsed = time.monotonic() - started
+                    print(
+                        f"  ... {elapsed // 60:.0f}m{elapsed % 60:02.0f}s: {output.downloads} modules "
+                        f"downloaded, {output.packages} packages compiled",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+        output.join()
+        if proc.returncode != 0:
             shutil.rmtree(staging, ignore_errors=True)
-            raise BuildError(f"go build failed in {module.directory}:\n{result.stdout}")
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
+            raise BuildError(f"go build failed in {module.directory}:\n{''.join(output.messages)}")
+        target.mkdir(exist_ok=True)
+        # One rename per command: a reader sees each binary whole or not at all.
+        for name in commands:
+            os.replace(staging / name, target / name)
+        shutil.rmtree(staging, ignore_errors=True)
         if log:
-            print(f"built in {time.monotonic() - started:.0f}s", file=sys.stderr)
+            print(f"built in {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
+
+
+def _need_go(module: GoModule, what: str) -> None:
+    if shutil.which("go") is None:
+        raise BuildError(f"the Go toolchain (go >= {module.go_version()}) is needed to build {what}")
 
 
 def ensure_binary(name: str, log: bool = True) -> Path:
-    """The path of one command, building only its module on first use: ensure_binary("helm")."""
+    """The path of one command, building only that command on first use: ensure_binary("helm")."""
     module = _module_of(name)
-    if not module.is_built():
-        if shutil.which("go") is None:
-            raise BuildError(f"the Go toolchain (go >= 1.25) is needed to build {name}")
-        _build(module, log)
+    if module.missing((name,)):
+        _need_go(module, name)
+        _build(module, (name,), log)
     return module.bin_dir() / name
+
+
+def ensure_cluster_binaries(version: str | None = None, log: bool = True) -> Path:
+    """Build what a cluster of a release (default: the chosen one) starts, on first use; return
+    their directory.
+
+    One `go build` compiles them all with shared caches (about 4 to 6 minutes on two cores
+    with empty Go caches; no helm, no kubectl); later calls return at once.
+    """
+    module = kubernetes_module(version)
+    missing = module.missing(CLUSTER_COMMANDS)
+    if missing:
+        _need_go(module, f"Kubernetes {module.version()}")
+        _build(module, missing, log)
+    return module.bin_dir()
 
 
 def ensure_binaries(log: bool = True) -> Path:
@@ -228,11 +380,17 @@ def ensure_binaries(log: bool = True) -> Path:
     cores with an empty Go cache) and helm (about 3.5 more); later calls return at once.
     Other commands are found with binary(name).
     """
-    missing = [module for module in MODULES if not module.is_built()]
-    if missing and shutil.which("go") is None:
-        raise BuildError(
-            "the Go toolchain (go >= 1.25) is needed to build the test binaries (Kubernetes, helm)"
-        )
-    for module in missing:
-        _build(module, log)
-    return KUBERNETES.bin_dir()
+    for module in modules():
+        missing = module.missing()
+        if missing:
+            _need_go(module, ", ".join(missing))
+            _build(module, missing, log)
+    return kubernetes_module().bin_dir()
+
+
+if __name__ == "__main__":
+    # `make cluster-binaries`: the system Python, before the venv exists.
+    try:
+        ensure_cluster_binaries()
+    except BuildError as err:
+        sys.exit(f"error: {err}")

@@ -9,10 +9,18 @@ paths never touch the host; its device-plugin directory (hard-coded to
 /var/lib/kubelet/device-plugins) is a bind of a directory of the run, so device
 plugins outside the namespace can reach kubelet.sock.
 
-Everything of one run lives in one directory; stop() ends every process and
-removes that directory. restart_kubelet() stops only the kubelet and starts it
-again as before (same flags, a fresh mount namespace set up the same way), as
-a node's kubelet restarts: device plugins must then register again.
+Everything of one run lives in one directory, and cluster.json there names each
+process as soon as it starts, so stop_run_dir() (`make cluster-down`) can end a
+cluster whose owner died; stop() ends every process and removes that directory.
+stop_on_signals() turns SIGINT, SIGTERM and SIGHUP into an exception, so the
+`finally` of whoever started a cluster stops it: its processes run in process
+groups of their own and would not get a terminal's signals. restart_kubelet()
+stops only the kubelet and starts it again as before (same flags, a fresh mount
+namespace set up the same way), as a node's kubelet restarts: device plugins
+must then register again.
+
+The Kubernetes release is KUBERNETES_VERSION's (binaries.kubernetes_version()),
+and RELEASES says what each minor needs turned on.
 """
 
 from __future__ import annotations
@@ -35,22 +43,70 @@ from pathlib import Path
 
 import yaml
 
+from dra.adapters.atomicfile import write_atomic
 from localcluster import pki
-from localcluster.binaries import ensure_binaries
+from localcluster.binaries import ensure_cluster_binaries, kubernetes_version
 
 NODE_NAME = "gpu-node-1"
 
-#: Feature gates the driver's tests need beyond the 1.34 defaults.
-DEFAULT_FEATURE_GATES: dict[str, bool] = {
-    "DRAPartitionableDevices": True,
-    "DRADeviceTaints": True,
-    "DRAExtendedResource": True,
-    "DRAConsumableCapacity": True,
-    "ResourceHealthStatus": True,
+
+@dataclass(frozen=True)
+class Release:
+    """What one Kubernetes minor needs turned on for the driver's features."""
+
+    #: Gates beyond the release's defaults; every component gets them (they share one registry).
+    feature_gates: Mapping[str, bool]
+    #: API versions beyond the default ones that those gates need served (--runtime-config).
+    runtime_config: tuple[str, ...]
+
+
+#: The driver's features: DRAPartitionableDevices, DRADeviceTaints, DRAConsumableCapacity,
+#: DRAExtendedResource, ResourceHealthStatus; each needs DynamicResourceAllocation, GA and on since 1.34.
+RELEASES: dict[str, Release] = {
+    # All five are alpha in 1.34, off by default.
+    "1.34": Release(
+        feature_gates={
+            "DRAPartitionableDevices": True,
+            "DRADeviceTaints": True,
+            "DRAExtendedResource": True,
+            "DRAConsumableCapacity": True,
+            "ResourceHealthStatus": True,
+        },
+        # DeviceTaintRule (DRADeviceTaints) is served only as v1alpha3, and the scheduler waits
+        # for it; v1beta1 and v1beta2 serve clients of the older resource APIs.
+        runtime_config=("resource.k8s.io/v1beta1", "resource.k8s.io/v1beta2", "resource.k8s.io/v1alpha3"),
+    ),
+    # All five are on by default in 1.37. The beta ones are set anyway, so that the harness
+    # says what it relies on; DRADeviceTaints is GA (setting it only warns) and
+    # DRAExtendedResource GA and locked (setting it false fails), so they are left alone.
+    "1.37": Release(
+        feature_gates={
+            "DRAPartitionableDevices": True,
+            "DRAConsumableCapacity": True,
+            "ResourceHealthStatus": True,
+        },
+        # DeviceTaintRule is in resource.k8s.io/v1 (DRADeviceTaintRules is GA): nothing to add.
+        runtime_config=(),
+    ),
 }
 
-#: Alpha/beta API versions the gates above need served.
-_RUNTIME_CONFIG = "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true,resource.k8s.io/v1alpha3=true"
+
+def release(version: str) -> Release:
+    """The entry of RELEASES for a version such as v1.37.2."""
+    minor = ".".join(version.lstrip("v").split(".")[:2])
+    try:
+        return RELEASES[minor]
+    except KeyError:
+        raise ClusterError(
+            f"Kubernetes {version}: the harness knows the feature gates of {', '.join(RELEASES)} only "
+            "(add the minor to localcluster.cluster.RELEASES)"
+        ) from None
+
+
+def default_feature_gates(version: str | None = None) -> dict[str, bool]:
+    """The gates a cluster of this release (default: the chosen one) starts with."""
+    return dict(release(version or kubernetes_version()).feature_gates)
+
 
 _STOP_ORDER = (
     "kubelet",
@@ -73,13 +129,17 @@ def _free_port() -> int:
         return port
 
 
+def _runtime_config_flag(versions: tuple[str, ...]) -> list[str]:
+    return [f"--runtime-config={','.join(f'{version}=true' for version in versions)}"] if versions else []
+
+
 def _gates_flag(gates: Mapping[str, bool]) -> str:
     return ",".join(f"{name}={str(value).lower()}" for name, value in sorted(gates.items()))
 
 
-def parse_gates(text: str) -> dict[str, bool]:
-    """Parse "A=true,B=false" into a dict, starting from the harness defaults."""
-    gates = dict(DEFAULT_FEATURE_GATES)
+def parse_gates(text: str, version: str | None = None) -> dict[str, bool]:
+    """Parse "A=true,B=false" into a dict, starting from the harness defaults of the release."""
+    gates = default_feature_gates(version)
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, value = item.partition("=")
         if not sep or value.lower() not in ("true", "false"):
@@ -102,6 +162,8 @@ class ClusterInfo:
     api_server: str
     feature_gates: dict[str, bool]
     pids: dict[str, int] = field(default_factory=dict)
+    #: The Kubernetes release the cluster runs, e.g. v1.37.2.
+    kubernetes_version: str = ""
 
     @property
     def plugins_registry(self) -> str:
@@ -119,8 +181,7 @@ class ClusterInfo:
 
     def save(self) -> None:
         """Write cluster.json into the run directory, for `down` and for tools."""
-        path = Path(self.run_dir) / "cluster.json"
-        path.write_text(json.dumps(asdict(self), indent=2))
+        write_atomic(Path(self.run_dir) / "cluster.json", json.dumps(asdict(self), indent=2).encode())
 
     @classmethod
     def load(cls, run_dir: str | Path) -> ClusterInfo:
@@ -137,10 +198,13 @@ class LocalCluster:
         run_dir: Path | None = None,
         feature_gates: Mapping[str, bool] | None = None,
         node_name: str = NODE_NAME,
+        version: str | None = None,
     ) -> None:
+        self.version = version or kubernetes_version()
+        release(self.version)  # an unknown minor fails here, before anything starts
         # Unix socket paths are capped at 107 bytes: keep the run directory short.
         self.run_dir = run_dir or Path(tempfile.mkdtemp(prefix="dra-gpu-", dir="/tmp"))
-        self.gates = dict(DEFAULT_FEATURE_GATES if feature_gates is None else feature_gates)
+        self.gates = default_feature_gates(self.version) if feature_gates is None else dict(feature_gates)
         self.node_name = node_name
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._kubelet_command: list[str] = []
@@ -163,7 +227,7 @@ class LocalCluster:
             )
         if shutil.which("unshare") is None:
             raise ClusterError("unshare (util-linux) is needed to run the kubelet in its own mount namespace")
-        bins = ensure_binaries()
+        bins = ensure_cluster_binaries(self.version)
         deadline = time.monotonic() + timeout
         run = self.run_dir
         for sub in ("logs", "pki", "etcd", "kubelet", "kubelet-work", "device-plugins", "cdi", "records"):
@@ -180,6 +244,7 @@ class LocalCluster:
             node_name=self.node_name,
             api_server=api,
             feature_gates=self.gates,
+            kubernetes_version=self.version,
         )
         try:
             creds = self._write_pki_and_kubeconfigs(api)
@@ -238,8 +303,6 @@ class LocalCluster:
         except BaseException:
             self.stop()
             raise
-        info.pids = {name: proc.pid for name, proc in self._procs.items()}
-        info.save()
         return info
 
     def _write_pki_and_kubeconfigs(self, api: str) -> dict[str, str]:
@@ -295,6 +358,9 @@ class LocalCluster:
             f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
+            # The kubernetes Service cannot have a loopback endpoint (1.37 refuses to start with
+            # the default reconciler); nothing in this cluster reaches the API through it.
+            "--endpoint-reconciler-type=none",
             f"--secure-port={ports['apiserver']}",
             f"--tls-cert-file={creds['serving_cert']}",
             f"--tls-private-key-file={creds['serving_key']}",
@@ -309,7 +375,7 @@ class LocalCluster:
             "--enable-admission-plugins=NodeRestriction",
             "--allow-privileged=true",
             "--profiling=false",
-            f"--runtime-config={_RUNTIME_CONFIG}",
+            *_runtime_config_flag(release(self.version).runtime_config),
             f"--feature-gates={_gates_flag(self.gates)}",
             "--v=1",
         ]
@@ -407,6 +473,7 @@ class LocalCluster:
         before = _file_identity(socket_path)
         stop_processes({"kubelet": self._procs.pop("kubelet").pid})
         self._spawn("kubelet", self._kubelet_command, cwd=self.run_dir / "kubelet-work")
+        pid = self._procs["kubelet"].pid
         while True:
             self._check_alive()
             healthy = False
@@ -422,9 +489,6 @@ class LocalCluster:
                 raise ClusterError("the restarted kubelet did not come back (see logs/kubelet.log)")
             time.sleep(0.1)
         self._wait_node_ready(deadline)
-        pid = self._procs["kubelet"].pid
-        self.info.pids["kubelet"] = pid
-        self.info.save()
         return pid
 
     def _spawn(self, name: str, args: list[str], cwd: Path | None = None) -> None:
@@ -438,6 +502,13 @@ class LocalCluster:
                 cwd=cwd or self.run_dir,
                 start_new_session=True,
             )
+        self.add_process(name, self._procs[name].pid)
+
+    def add_process(self, name: str, pid: int) -> None:
+        """Record a process of the run in cluster.json, so stop_run_dir() ends it too."""
+        assert self.info is not None, "start() the cluster first"
+        self.info.pids[name] = pid
+        self.info.save()
 
     def _check_alive(self) -> None:
         assert self.info is not None
@@ -502,18 +573,102 @@ class LocalCluster:
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
+def cluster_dir() -> Path:
+    """The directory of the cluster that `make cluster-up` starts (DRA_GPU_CLUSTER_DIR)."""
+    return Path(os.environ.get("DRA_GPU_CLUSTER_DIR", "/tmp/dra-gpu-cluster"))
+
+
+def demo_dir() -> Path:
+    """The directory of the cluster that `make demo` starts: beside cluster_dir(), so
+    `make cluster-down` finds it."""
+    return cluster_dir().with_name(cluster_dir().name + "-demo")
+
+
+def stop_run_dir(run_dir: Path) -> bool:
+    """Stop the processes cluster.json in run_dir names and remove run_dir; False if none ran there.
+
+    For a cluster whose owner is gone (`make cluster-up` returned, or a demo was killed):
+    a process is stopped only while its command line still names run_dir, so a stale
+    cluster.json never ends an unrelated process that reuses a PID.
+    """
+    try:
+        info = ClusterInfo.load(run_dir)
+    except (FileNotFoundError, json.JSONDecodeError):
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return False
+    stop_processes({name: pid for name, pid in info.pids.items() if _runs_in(pid, run_dir)})
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return True
+
+
+def _runs_in(pid: int, run_dir: Path) -> bool:
+    try:
+        command_line = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return str(run_dir).encode() in command_line
+
+
+class Stopped(BaseException):
+    """A stop signal arrived. A BaseException, like KeyboardInterrupt: only `finally` sees it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+    @property
+    def exit_status(self) -> int:
+        """The shell's convention for death by this signal: 128 + its number."""
+        return 128 + self.signum
+
+
+#: The signals that end a foreground run: Ctrl-C, kill, a closed terminal.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Raise Stopped in the main thread on SIGINT, SIGTERM or SIGHUP while the block runs.
+
+    A signal that was ignored when the process started stays ignored: nohup ignores SIGHUP
+    and a shell ignores SIGINT for background jobs on purpose. After the first signal the
+    others are ignored, so a second Ctrl-C cannot interrupt the clean-up it started.
+    """
+
+    def handler(signum: int, frame: object) -> None:
+        for sig in handled:
+            signal.signal(sig, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    handled = [sig for sig in STOP_SIGNALS if signal.getsignal(sig) != signal.SIG_IGN]
+    previous = {sig: signal.signal(sig, handler) for sig in handled}
+    try:
+        yield
+    finally:
+        for sig, action in previous.items():
+            signal.signal(sig, action)
+
+
 def stop_processes(pids: Mapping[str, int], grace: float = 10.0) -> None:
     """SIGTERM each component in dependency order, SIGKILL what outlives the grace period."""
     for name in sorted(pids, key=lambda n: _STOP_ORDER.index(n) if n in _STOP_ORDER else -1):
         pid = pids[name]
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
+        _signal(pid, signal.SIGTERM)
         end = time.monotonic() + grace
         while time.monotonic() < end and _alive(pid):
             time.sleep(0.05)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+        _signal(pid, signal.SIGKILL)
         _reap(pid)
+
+
+def _signal(pid: int, sig: int) -> None:
+    """Signal the process group a component leads, or the process alone if it leads none
+    (the demo's driver shares the demo's group)."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
 
 
 def _alive(pid: int) -> bool:

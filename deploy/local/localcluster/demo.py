@@ -5,24 +5,36 @@ profile h100x8-mig (DEMO_PROFILE overrides), applies the DeviceClasses and the
 workloads of docs/examples/demo.yaml, and prints, for each container, the
 devices of the claims (or requests) it references and the devices it sees as
 the container runtime resolved them from the driver's CDI specs; the exit
-status says whether every container saw exactly its own. With
-DEMO_KEEP=1 everything stays up until Ctrl-C, for exploring with kubectl.
+status says whether every container saw exactly its own. With DEMO_KEEP=1
+everything stays up until Ctrl-C (or SIGTERM, or SIGHUP: a closed terminal),
+for exploring with kubectl. Whatever ends it, it stops everything it started;
+if it is killed outright, `make cluster-down` does (the cluster lives in
+localcluster.cluster.demo_dir()).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from localcluster.binaries import bin_dir
-from localcluster.cluster import ClusterInfo, LocalCluster
+from localcluster.binaries import BuildError, ensure_binary
+from localcluster.cluster import (
+    ClusterError,
+    ClusterInfo,
+    LocalCluster,
+    Stopped,
+    demo_dir,
+    stop_on_signals,
+    stop_run_dir,
+)
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, Obj, WaitTimeoutError, load_manifests
 from localcluster.workloads import (
     allocated_devices,
+    committed_device_classes,
     container_record,
     ensure_device_classes,
     pod_claims,
@@ -33,7 +45,9 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "docs" / "examples" / "demo.yam
 
 
 def _say(text: str) -> None:
-    print(text, flush=True)
+    # A closed terminal must not keep the demo from cleaning up.
+    with contextlib.suppress(OSError):
+        print(text, flush=True)
 
 
 def _container_row(kube: Kube, info: ClusterInfo, pod: str, container: Obj, uuids: dict[str, str]) -> str:
@@ -51,20 +65,40 @@ def _container_row(kube: Kube, info: ClusterInfo, pod: str, container: Obj, uuid
 
 def main() -> int:
     """Run the demo; the exit status says whether every pod got what it asked for."""
+    try:
+        with stop_on_signals():
+            return _run()
+    except Stopped as stop:
+        return stop.exit_status
+    except (BuildError, ClusterError) as err:
+        _say(f"error: {err}")
+        return 1
+
+
+def _run() -> int:
     profile = os.environ.get("DEMO_PROFILE", "h100x8-mig")
     keep = os.environ.get("DEMO_KEEP") == "1"
     started = time.monotonic()
-    cluster = LocalCluster(run_dir=Path(tempfile.mkdtemp(prefix="dra-gpu-demo-", dir="/tmp")))
-    _say("starting a local Kubernetes cluster (etcd, API server, scheduler, controller manager, kubelet) ...")
-    info = cluster.start()
+    run_dir = demo_dir()
+    if stop_run_dir(run_dir):
+        _say(f"stopped the previous demo's cluster in {run_dir}")
+    run_dir.mkdir(parents=True)
+    cluster = LocalCluster(run_dir=run_dir)
+    _say(
+        f"starting a local Kubernetes {cluster.version} cluster (etcd, API server, scheduler, "
+        "controller manager, kubelet) ..."
+    )
     driver: DriverProcess | None = None
     try:
+        info = cluster.start()
         _say(f"  node {info.node_name} Ready in {time.monotonic() - started:.1f}s")
         log = Path(info.run_dir) / "logs" / "dra-gpu.log"
         _say(f"starting dra-gpu kubelet-plugin on fake GPUs ({profile}) ...")
-        driver = DriverProcess(info, profile, log).start()
+        driver = DriverProcess(info, profile, log)
+        driver.start(on_spawn=lambda pid: cluster.add_process("dra-gpu", pid))
         kube = Kube(info.kubeconfig)
-        ensure_device_classes(kube)
+        # The committed render, so that a first demo does not wait for helm to build.
+        ensure_device_classes(kube, committed_device_classes())
         slices = kube.list_objects("resource.k8s.io/v1", "ResourceSlice")
         devices = {d["name"]: d for s in slices for d in s["spec"]["devices"]}
         _say(f"  registered with the kubelet; published {len(devices)} devices in {len(slices)} slice(s)")
@@ -101,16 +135,15 @@ def main() -> int:
         _say("")
         specs = len(list(Path(info.cdi_dir).glob("*.json")))
         _say(f"CDI specs written by the driver: {specs} in {info.cdi_dir}")
+        kube.close()
         if keep:
-            kubectl = f"{bin_dir() / 'kubectl'} --kubeconfig {info.kubeconfig}"
-            _say(f"\nthe cluster stays up; try:\n  {kubectl} get pods,resourceclaims,resourceslices")
-            _say(f"driver log: {log}\nCtrl-C to stop and clean up")
-            try:
+            # Stopping is how a kept demo ends, as soon as it says so: the exit status stays the pods'.
+            with contextlib.suppress(Stopped):
+                kubectl = f"{ensure_binary('kubectl')} --kubeconfig {info.kubeconfig}"
+                _say(f"\nthe cluster stays up; try:\n  {kubectl} get pods,resourceclaims,resourceslices")
+                _say(f"driver log: {log}\nCtrl-C (or SIGTERM, SIGHUP) to stop and clean up")
                 while True:
                     time.sleep(3600)
-            except KeyboardInterrupt:
-                pass
-        kube.close()
         return 1 if failed else 0
     finally:
         if driver is not None:

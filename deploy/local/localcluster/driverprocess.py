@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Self
 
@@ -41,12 +42,17 @@ class DaemonProcess(abc.ABC):
     def args(self) -> list[str]:
         """The command line."""
 
-    def start(self, timeout: float = 30.0) -> Self:
-        """Start and wait until /readyz answers 200 (the daemon decides what ready means)."""
+    def start(self, timeout: float = 30.0, on_spawn: Callable[[int], object] | None = None) -> Self:
+        """Start and wait until /readyz answers 200 (the daemon decides what ready means).
+
+        on_spawn gets the PID as soon as the process exists, before it is ready.
+        """
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.args(), stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env}
             )
+        if on_spawn is not None:
+            on_spawn(self.proc.pid)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

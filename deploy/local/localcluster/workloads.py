@@ -11,7 +11,7 @@ from typing import Any
 
 from localcluster import chart
 from localcluster.cluster import ClusterInfo
-from localcluster.kube import Kube, Obj, wait_for
+from localcluster.kube import Kube, Obj, load_manifests, wait_for
 
 DRIVER = "gpu.nvidia.com"
 
@@ -29,9 +29,17 @@ def device_classes() -> list[Obj]:
     return [copy.deepcopy(c) for c in _chart_device_classes()]
 
 
-def ensure_device_classes(kube: Kube) -> None:
-    """Create the chart's DeviceClasses unless they exist."""
-    for device_class in device_classes():
+def committed_device_classes() -> list[Obj]:
+    """The chart's DeviceClasses as deploy/manifests holds them: no helm needed.
+
+    A test keeps deploy/manifests equal to a fresh render of the chart.
+    """
+    return load_manifests((chart.MANIFESTS / "deviceclasses.yaml").read_text())
+
+
+def ensure_device_classes(kube: Kube, classes: Sequence[Obj] | None = None) -> None:
+    """Create these DeviceClasses (default: the chart's, rendered) unless they exist."""
+    for device_class in device_classes() if classes is None else classes:
         if kube.get_or_none("resource.k8s.io/v1", "DeviceClass", device_class["metadata"]["name"]) is None:
             kube.create(device_class)
 

@@ -436,7 +436,7 @@ LABELLER: dict[str, Any] = {
 
 
 def _labeller_container(objects: list[Obj]) -> Obj:
-    containers = _only(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    containers: list[Obj] = _only(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
     [labeller] = [c for c in containers if c["name"] == "node-labeller"]
     return labeller
 

@@ -45,15 +45,6 @@ class LabellerSettings(DaemonSettings):
     admin: AdminTemplate = field(default_factory=AdminTemplate)
 
 
-def desired_labels(
-    inventory: Inventory, tracker: HealthTracker, sharing: Sharing, admin: AdminTemplate
-) -> dict[str, str]:
-    """The labels the node should carry now: GFD's, then the admin scheme's."""
-    unhealthy = {name for name, health in tracker.snapshot().items() if not health.healthy}
-    labels = gfd_labels(inventory, unhealthy, sharing)
-    return {**labels, **admin_labels(admin, labels, inventory)}
-
-
 def label_changes(
     current: dict[str, str], wanted: dict[str, str], admin_keys: frozenset[str]
 ) -> tuple[dict[str, str], list[str]]:
@@ -76,15 +67,22 @@ class Labeller:
         #: Set once the labels were written (or found right) the first time.
         self.synced = anyio.Event()
 
+    def wanted(self) -> dict[str, str]:
+        """The labels the node should carry now: GFD's, then the admin scheme's."""
+        settings = self._settings
+        unhealthy = {name for name, health in self._tracker.snapshot().items() if not health.healthy}
+        labels = gfd_labels(self.inventory, unhealthy, settings.sharing)
+        try:
+            return {**labels, **admin_labels(settings.admin, labels, self.inventory)}
+        except LabelError as err:
+            # Checked at start-up; GPUs found since render an illegal value. GFD's labels still go out.
+            log.error("admin labels left out: %s", err)
+            return labels
+
     async def sync(self) -> bool:
         """Bring the Node's labels in line; False (logged) when the API server refused or was away."""
         settings = self._settings
-        try:
-            wanted = desired_labels(self.inventory, self._tracker, settings.sharing, settings.admin)
-        except LabelError as err:
-            # The admin template rendered an illegal value for this inventory: GFD's labels still go out.
-            log.error("admin labels left out: %s", err)
-            wanted = gfd_labels(self.inventory, (), settings.sharing)
+        wanted = self.wanted()
         try:
             node = await self._kube.get_node(settings.node_name)
             current = dict(node.get("metadata", {}).get("labels") or {})
@@ -137,7 +135,8 @@ async def run_node_labeller(settings: LabellerSettings) -> None:
 async def _serve(settings: LabellerSettings, node: Node) -> None:
     try:
         # A template that renders an illegal value for these GPUs is a configuration error: say so now.
-        labels = desired_labels(node.everything, node.tracker, settings.sharing, settings.admin)
+        labels = gfd_labels(node.everything, (), settings.sharing)
+        labels.update(admin_labels(settings.admin, labels, node.everything))
         kube = KubeClient(settings.kubeconfig)
     except (LabelError, KubeError) as err:
         raise StartupError(str(err)) from None

@@ -98,3 +98,12 @@ def test_changes_touch_only_owned_keys() -> None:
     changed, stale = label_changes(current, wanted, frozenset({"gpu-type"}))
     assert changed == {"nvidia.com/gpu.product": "P"}
     assert stale == ["gpu-type", "nvidia.com/gpu.memory"]
+
+
+async def test_an_admin_label_that_renders_illegal_is_left_out_and_gfds_still_written() -> None:
+    kube = FakeKube({"gpu-type": "old"})
+    labeller, tracker = _labeller(kube, inventory("h100x8"), admin=AdminTemplate({"gpu-type": "{model} x"}))
+    tracker.mark_unhealthy(["gpu-0"], "XID 79")
+    assert await labeller.sync()
+    assert "gpu-type" not in kube.labels
+    assert kube.labels["nvidia.com/gpu.count"] == "7"

@@ -4,7 +4,7 @@ Every `interval`, and at once when a device's health changes, it computes the
 labels, reads the Node, and patches only what differs: labels to set, and
 labels it owns (dra.core.labels.owned) that no longer apply. Labels it does
 not own are never written. A failed read or patch is logged and retried at the
-next round; the labels stay as they were meanwhile.
+round, sooner with backoff; the labels stay as they were meanwhile.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ from dra.daemon.health import HealthTracker
 from dra.model.devices import Inventory
 
 log = logging.getLogger(__name__)
+
+#: The first retry of a failed write, in seconds (doubling up to the interval).
+RETRY_MIN_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -98,21 +101,31 @@ class Labeller:
                 )
         except KubeError as err:
             metrics.LABEL_ERRORS.inc()
-            log.warning(
-                "cannot label node %s (retrying in %gs): %s", settings.node_name, settings.interval, err
-            )
+            log.warning("cannot label node %s: %s", settings.node_name, err)
             return False
         self.synced.set()
         return True
 
     async def run(self) -> None:
-        """Label now, then after every health change and every interval (re-discovering), until cancelled."""
+        """Label now, then at every health change and every interval, until cancelled.
+
+        Each interval also discovers the GPUs again. A failed write is retried
+        sooner, with backoff from RETRY_MIN_S up to the interval.
+        """
+        interval = self._settings.interval
+        retry = RETRY_MIN_S
+        discovered = time.monotonic()
         while True:
             changed = self._tracker.next_change()
-            await self.sync()
-            with anyio.move_on_after(self._settings.interval) as waited:
+            if await self.sync():
+                retry, wait = RETRY_MIN_S, interval
+            else:
+                wait, retry = min(retry, interval), min(retry * 2, interval)
+                log.info("labelling node %s again in %gs", self._settings.node_name, wait)
+            with anyio.move_on_after(wait):
                 await changed.wait()
-            if waited.cancelled_caught:
+            if time.monotonic() - discovered >= interval:
+                discovered = time.monotonic()
                 await self._rediscover()
 
     async def _rediscover(self) -> None:

@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from dra.adapters.kube import KubeError
 from dra.core.labels import AdminTemplate, Sharing
 from dra.daemon.health import HealthTracker
+from dra.labeller import daemon
 from dra.labeller.daemon import Labeller, LabellerSettings, label_changes
 from dra.model.devices import Inventory
 from tests.unit.helpers import NODE, inventory
@@ -24,6 +26,8 @@ class FakeKube:
         self.labels = dict(labels)
         self.patches: list[tuple[dict[str, str], list[str]]] = []
         self.fail: KubeError | None = None
+        #: Set at the next patch (replace it to wait for another).
+        self.patched = anyio.Event()
 
     async def get_node(self, name: str) -> dict[str, Any]:
         if self.fail is not None:
@@ -35,6 +39,7 @@ class FakeKube:
         for key in remove:
             self.labels.pop(key, None)
         self.labels.update(labels)
+        self.patched.set()
         return {"metadata": {"name": name, "labels": dict(self.labels)}}
 
 
@@ -106,4 +111,33 @@ async def test_an_admin_label_that_renders_illegal_is_left_out_and_gfds_still_wr
     tracker.mark_unhealthy(["gpu-0"], "XID 79")
     assert await labeller.sync()
     assert "gpu-type" not in kube.labels
+    assert kube.labels["nvidia.com/gpu.count"] == "7"
+
+
+async def test_a_failed_write_is_retried_before_the_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(daemon, "RETRY_MIN_S", 0.05)
+    kube = FakeKube({})
+    kube.fail = KubeError("API server unreachable")
+    labeller, _ = _labeller(kube, inventory("h100x8"), interval=3600.0)
+    async with anyio.create_task_group() as group:
+        group.start_soon(labeller.run)
+        await anyio.sleep(0.2)
+        kube.fail = None
+        with anyio.fail_after(2):
+            await labeller.synced.wait()
+        group.cancel_scope.cancel()
+    assert kube.labels["nvidia.com/gpu.count"] == "8"
+
+
+async def test_a_health_change_relabels_at_once() -> None:
+    kube = FakeKube({})
+    labeller, tracker = _labeller(kube, inventory("h100x8"), interval=3600.0)
+    async with anyio.create_task_group() as group:
+        group.start_soon(labeller.run)
+        await labeller.synced.wait()
+        kube.patched = anyio.Event()
+        tracker.mark_unhealthy(["gpu-2"], "XID 48")
+        with anyio.fail_after(2):
+            await kube.patched.wait()
+        group.cancel_scope.cancel()
     assert kube.labels["nvidia.com/gpu.count"] == "7"

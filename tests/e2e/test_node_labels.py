@@ -145,24 +145,44 @@ def test_the_labeller_labels_its_node_like_gfd(labelled: Labelled, kube: Kube, c
     assert labels["kubernetes.io/hostname"] == cluster.node_name  # others' labels stay
 
 
-def test_a_pod_selecting_the_gpu_product_schedules(
-    labelled: Labelled, kube: Kube, cluster: ClusterInfo
-) -> None:
-    pod = kube.create(
+def _selecting_pod(kube: Kube, namespace: str, name: str, product: str) -> Obj:
+    return kube.create(
         {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": "wants-l40s", "namespace": labelled.namespace},
+            "metadata": {"name": name, "namespace": namespace},
             "spec": {
-                "nodeSelector": {"nvidia.com/gpu.product": PRODUCT},
+                "nodeSelector": {"nvidia.com/gpu.product": product},
                 "tolerations": [{"operator": "Exists"}],
                 "terminationGracePeriodSeconds": 0,
                 "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
             },
         }
     )
-    running = kube.wait_pod_phase(pod["metadata"]["name"], labelled.namespace)
+
+
+def test_a_pod_selecting_the_gpu_product_schedules(
+    labelled: Labelled, kube: Kube, cluster: ClusterInfo
+) -> None:
+    _selecting_pod(kube, labelled.namespace, "wants-l40s", PRODUCT)
+    running = kube.wait_pod_phase("wants-l40s", labelled.namespace)
     assert running["spec"]["nodeName"] == cluster.node_name
+
+
+def test_a_pod_selecting_another_product_stays_pending(labelled: Labelled, kube: Kube) -> None:
+    _selecting_pod(kube, labelled.namespace, "wants-h100", "NVIDIA-H100-80GB-HBM3")
+    event = wait_for(
+        "FailedScheduling",
+        lambda: next(
+            (
+                e
+                for e in kube.events_for("Pod", "wants-h100", labelled.namespace)
+                if e["reason"] == "FailedScheduling"
+            ),
+            None,
+        ),
+    )
+    assert "didn't match Pod's node affinity/selector" in event["message"]
 
 
 def test_an_unhealthy_gpu_lowers_the_count(labelled: Labelled, kube: Kube, cluster: ClusterInfo) -> None:

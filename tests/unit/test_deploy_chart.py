@@ -46,6 +46,11 @@ def _env(container: Obj) -> dict[str, Any]:
         pytest.param(FAKE, [], id="fake-gpus"),
         pytest.param({}, [KIND_VALUES], id="kind"),
         pytest.param({"rbac": {"claimEvents": True}, "nvml": {"runtimeClassName": "nvidia"}}, [], id="real"),
+        pytest.param(
+            {"nodeLabeller": {"enabled": True, "adminLabels": {"gpu-type": "{model}"}}},
+            [],
+            id="node-labeller",
+        ),
     ],
 )
 def test_chart_lints_strictly(values: dict[str, Any], files: list[Path]) -> None:

@@ -21,9 +21,9 @@ enforce them. From the bottom up:
     What every long-running subcommand shares: one bootstrap (flags and
     DRA_GPU_* variables, logging, metrics and probes, signals, start-up errors),
     health tracking, socket helpers.
-``kubeletplugin``, ``deviceplugin``, ``explain``
-    The programs: the DRA kubelet plugin, the legacy device plugin, the offline
-    ``explain`` report. Siblings: none imports another.
+``kubeletplugin``, ``deviceplugin``, ``labeller``, ``explain``
+    The programs: the DRA kubelet plugin, the legacy device plugin, the node
+    labeller, the offline ``explain`` report. Siblings: none imports another.
 ``cli``
     The ``dra-gpu`` command line, on top.
 

@@ -21,6 +21,7 @@ import anyio
 import yaml
 
 from dra.core.assignment import Selector, SelectorError, parse_selector
+from dra.core.labels import AdminTemplate, LabelError, Sharing, parse_template
 from dra.core.slices import SliceError, build_slices
 from dra.daemon import logs
 from dra.daemon.bootstrap import StartupError, gpu_library, load_inventory
@@ -30,6 +31,7 @@ from dra.deviceplugin.allocate import Strategy, parse_strategies
 from dra.deviceplugin.daemon import DevicePluginSettings, run_device_plugin
 from dra.deviceplugin.resources import DEFAULT_RESOURCE, ResourceError, resources
 from dra.kubeletplugin.daemon import PluginSettings, run_kubelet_plugin
+from dra.labeller.daemon import LabellerSettings, run_node_labeller
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
 
@@ -88,6 +90,13 @@ def _mig_strategy(text: str) -> dpconfig.MigStrategy:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _label_template(text: str) -> AdminTemplate:
+    try:
+        return parse_template(text)
+    except LabelError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def _assignment(parser: argparse.ArgumentParser) -> None:
     """The GPU split between DRA and the device plugin; give both commands the same values."""
     selector = "all, none, or a comma-separated list of GPU indexes, GPU-/MIG- UUIDs and model=<product name>"
@@ -115,8 +124,12 @@ def _daemon(
     state_help: str,
     http_default: str,
     node_required: bool = True,
+    assignment: bool = True,
 ) -> None:
-    """The flags every daemon subcommand shares (dra.daemon.bootstrap.DaemonSettings)."""
+    """The flags every daemon subcommand shares (dra.daemon.bootstrap.DaemonSettings).
+
+    `assignment`: whether the command takes a share of the GPUs (--dra-gpus, --device-plugin-gpus).
+    """
     _common(parser)
     _gpu_source(parser)
     option(parser, "--node-name", node_help, type=nonempty, required=node_required)
@@ -138,7 +151,8 @@ def _daemon(
     option(
         parser, "--http-address", "host:port for /metrics, /healthz and /readyz; empty disables", http_default
     )
-    _assignment(parser)
+    if assignment:
+        _assignment(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -219,6 +233,49 @@ def build_parser() -> argparse.ArgumentParser:
     )
     option(dp, "--call-log", "append one JSON line per kubelet call to this file (debugging)", type=path)
 
+    labeller = sub.add_parser(
+        "node-labeller",
+        help="keep GPU Feature Discovery's labels (nvidia.com/gpu.product, ...) on this node's Node",
+    )
+    _daemon(
+        labeller,
+        node_help="this node's name: the Node to label (the DaemonSet sets it from spec.nodeName)",
+        cdi_help="unused by this command (accepted so the DaemonSet can set it for every container)",
+        state_help="unused by this command",
+        http_default=":8082",
+        assignment=False,
+    )
+    option(labeller, "--kubeconfig", "kubeconfig file; default: the in-cluster service account")
+    option(
+        labeller,
+        "--interval",
+        "seconds between looks at the GPUs and at the Node's labels (health changes relabel at once)",
+        60.0,
+        type=seconds,
+    )
+    option(
+        labeller,
+        "--mig-strategy",
+        "the device plugin's MIG strategy, for nvidia.com/mig.strategy and the MIG labels; default: "
+        "the config file's, else none",
+        type=_mig_strategy,
+    )
+    option(
+        labeller,
+        "--config-file",
+        "the device plugin's config file, for the time-slicing labels (gpu.replicas, "
+        "gpu.sharing-strategy) and its MIG strategy",
+        type=path,
+    )
+    option(
+        labeller,
+        "--label-template",
+        "extra short labels, comma-separated <key>=<template> with placeholders "
+        "(e.g. gpu-type={model},gpu-memory={memoryGiB}gb); see docs/node-labels.md",
+        "",
+        type=_label_template,
+    )
+
     discover = sub.add_parser("discover", help="print the ResourceSlices this node would publish")
     _common(discover)
     _gpu_source(discover)
@@ -278,8 +335,8 @@ def _daemon_settings(args: argparse.Namespace) -> dict[str, Any]:
         "fake_gpus": args.fake_gpus or None,
         "fake_gpu_events": args.fake_gpu_events,
         "http_address": args.http_address or None,
-        "dra_gpus": args.dra_gpus,
-        "device_plugin_gpus": args.device_plugin_gpus,
+        "dra_gpus": getattr(args, "dra_gpus", None),
+        "device_plugin_gpus": getattr(args, "device_plugin_gpus", None),
         "host_root": args.host_root,
     }
 
@@ -296,18 +353,22 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
 
 def _plugin_config(args: argparse.Namespace) -> dpconfig.Settings:
     """The config file (if any) read and combined with the flags; StartupError naming the problem."""
+    overrides = dpconfig.Overrides(args.resource_name, args.mig_strategy, args.device_list_strategy)
+    return _effective_config(args.config_file, overrides)
+
+
+def _effective_config(config_file: Path | None, overrides: dpconfig.Overrides) -> dpconfig.Settings:
     parsed = None
-    if args.config_file is not None:
-        source = str(args.config_file)
+    if config_file is not None:
+        source = str(config_file)
         try:
-            text = args.config_file.read_text()
+            text = config_file.read_text()
         except (OSError, UnicodeDecodeError) as err:
             raise StartupError(f"--config-file: cannot read {source}: {err}") from None
         try:
             parsed = dpconfig.parse_config(text, source)
         except dpconfig.ConfigError as err:
             raise StartupError(str(err)) from None
-    overrides = dpconfig.Overrides(args.resource_name, args.mig_strategy, args.device_list_strategy)
     try:
         return dpconfig.effective(parsed, overrides)
     except dpconfig.ConfigError as err:
@@ -348,6 +409,42 @@ def _device_plugin(args: argparse.Namespace) -> int:
     return 0
 
 
+def label_sharing(plugin: dpconfig.Settings, mig_strategy: dpconfig.MigStrategy) -> Sharing:
+    """The device plugin's settings as the plain values the labels are computed from."""
+    shared = plugin.time_slicing
+    mig_prefix = dpconfig.mig_resource_prefix(plugin.resource_name)
+    replicas: dict[str, int] = {}
+    renamed: set[str] = set()
+    for entry in shared.resources:
+        short = "gpu" if entry.name == plugin.resource_name else "mig-" + entry.name.removeprefix(mig_prefix)
+        replicas[short] = entry.replicas
+        if shared.advertised_name(entry) != entry.name:
+            renamed.add(short)
+    return Sharing(
+        mig_strategy=mig_strategy.value,
+        strategy="time-slicing" if replicas else "none",
+        replicas=replicas,
+        renamed=frozenset(renamed),
+    )
+
+
+def _node_labeller(args: argparse.Namespace) -> int:
+    plugin = _effective_config(args.config_file, dpconfig.Overrides(DEFAULT_RESOURCE, args.mig_strategy))
+    # Without a config file the device plugin may not run at all: GFD's default then.
+    mig_strategy = args.mig_strategy or (
+        plugin.mig_strategy if args.config_file is not None else dpconfig.MigStrategy.NONE
+    )
+    settings = LabellerSettings(
+        **_daemon_settings(args),
+        kubeconfig=args.kubeconfig or None,
+        interval=args.interval,
+        sharing=label_sharing(plugin, mig_strategy),
+        admin=args.label_template,
+    )
+    anyio.run(run_node_labeller, settings, backend="asyncio")
+    return 0
+
+
 def _explain(args: argparse.Namespace) -> int:
     from dra.explain import command as explaincmd  # the CEL evaluator is only loaded for this command
 
@@ -359,6 +456,7 @@ def _explain(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "kubelet-plugin": _kubelet_plugin,
     "device-plugin": _device_plugin,
+    "node-labeller": _node_labeller,
     "discover": _discover,
     "explain": _explain,
 }

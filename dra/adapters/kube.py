@@ -18,7 +18,7 @@ import json
 import logging
 import ssl
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import aiohttp
@@ -30,6 +30,7 @@ Obj = dict[str, Any]
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 _JSON = "application/json"
+_MERGE_PATCH = "application/merge-patch+json"
 
 
 class KubeError(Exception):
@@ -128,9 +129,15 @@ class KubeClient:
         return self._session
 
     def _request(
-        self, method: str, path: str, body: Obj | None, query: dict[str, str] | None, timeout: float
+        self,
+        method: str,
+        path: str,
+        body: Obj | None,
+        query: dict[str, str] | None,
+        timeout: float,
+        content_type: str = _JSON,
     ) -> Any:
-        headers = {"Accept": _JSON, "Content-Type": _JSON}
+        headers = {"Accept": _JSON, "Content-Type": content_type}
         # The kubernetes package refreshes expiring tokens (projected service-account tokens) here.
         token = self._config.get_api_key_with_prefix("authorization")
         if token:
@@ -149,11 +156,16 @@ class KubeClient:
         )
 
     async def _call(
-        self, method: str, path: str, body: Obj | None = None, query: dict[str, str] | None = None
+        self,
+        method: str,
+        path: str,
+        body: Obj | None = None,
+        query: dict[str, str] | None = None,
+        content_type: str = _JSON,
     ) -> Any:
         what = f"{method} {path}"
         try:
-            async with self._request(method, path, body, query, self._timeout) as response:
+            async with self._request(method, path, body, query, self._timeout, content_type) as response:
                 # The body is read inside the try: a connection lost mid-body is the same failure
                 # as one lost before it.
                 data = await response.read()
@@ -188,6 +200,21 @@ class KubeClient:
     async def get_node(self, name: str) -> Obj:
         """GET a Node."""
         result: Obj = await self._call("GET", f"/api/v1/nodes/{name}")
+        return result
+
+    async def patch_node_labels(self, name: str, labels: dict[str, str], remove: Iterable[str] = ()) -> Obj:
+        """Set `labels` on a Node and remove the `remove` keys, in one merge patch; other labels stay.
+
+        A merge patch changes only the keys it names, so no resourceVersion is
+        needed: a label another writer changes meanwhile is not overwritten.
+        """
+        patch: dict[str, str | None] = {**dict.fromkeys(remove), **labels}
+        result: Obj = await self._call(
+            "PATCH",
+            f"/api/v1/nodes/{urllib.parse.quote(name)}",
+            body={"metadata": {"labels": patch}},
+            content_type=_MERGE_PATCH,
+        )
         return result
 
     async def get_device_class(self, name: str) -> Obj:

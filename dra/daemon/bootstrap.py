@@ -5,7 +5,7 @@ start the same way and stop in the same order:
 
 1. open the GPU library (NVML, or a fake profile) and discover the inventory;
 2. take this path's share of the GPUs and record it on the host (a lease that
-   the other path honours);
+   the other path honours); a daemon that advertises nothing takes none;
 3. serve /metrics, /healthz and /readyz, watch XID events, beat a heartbeat;
 4. run the daemon's own tasks until SIGTERM or SIGINT;
 5. stop in reverse: the endpoint, the XID watch, the lease, and NVML last (only
@@ -196,20 +196,39 @@ class Node:
     started: float
 
 
+def rediscover(settings: DaemonSettings) -> Inventory:
+    """Discover the GPUs again, for a daemon that follows changes (MIG layout, lost GPUs)."""
+    # A fresh library, so that a changed fake profile file is read again too; NVML's
+    # init and shutdown are reference-counted, so this leaves the health watch alone.
+    lib = gpu_library(settings.fake_gpus, settings.node_name, host_root=settings.host_root)
+    try:
+        return load_inventory(lib)
+    finally:
+        lib.shutdown()
+
+
 @asynccontextmanager
-async def open_node(settings: DaemonSettings, path: GpuPath) -> AsyncIterator[Node]:
-    """Steps 1 and 2 of the bootstrap, undone in reverse when the daemon ends."""
+async def open_node(settings: DaemonSettings, path: GpuPath | None) -> AsyncIterator[Node]:
+    """Steps 1 and 2 of the bootstrap, undone in reverse when the daemon ends.
+
+    With no path (a daemon that advertises nothing, such as the node labeller)
+    no share is taken and no lease recorded: the daemon sees every GPU, and
+    the GPU split is left to the two paths.
+    """
     started = time.monotonic()
     lib = gpu_library(settings.fake_gpus, settings.node_name, settings.fake_gpu_events, settings.host_root)
     everything = load_inventory(lib)
-    inventory, lease = take_assignment(
-        everything,
-        settings.dra_gpus,
-        settings.device_plugin_gpus,
-        path,
-        settings.state_directory,
-        settings.node_name,
-    )
+    lease: AssignmentLease | None = None
+    inventory = everything
+    if path is not None:
+        inventory, lease = take_assignment(
+            everything,
+            settings.dra_gpus,
+            settings.device_plugin_gpus,
+            path,
+            settings.state_directory,
+            settings.node_name,
+        )
     tracker = HealthTracker(inventory)
     node = Node(
         settings, lib, everything, inventory, tracker, HealthMonitor(lib, tracker, inventory), started
@@ -220,7 +239,8 @@ async def open_node(settings: DaemonSettings, path: GpuPath) -> AsyncIterator[No
     finally:
         with anyio.CancelScope(shield=True):
             watch_ended = await node.monitor.stop()
-        lease.release()
+        if lease is not None:
+            lease.release()
         if watch_ended:
             lib.shutdown()
 

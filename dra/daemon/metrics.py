@@ -86,6 +86,23 @@ DP_UNWATCHED_GPUS = Gauge(
 )
 
 
+LABELLER_REGISTRY = CollectorRegistry()
+
+LABEL_WRITES = Counter(
+    "dra_gpu_node_label_writes",
+    "Patches of the Node's labels (only made when a label changed).",
+    registry=LABELLER_REGISTRY,
+)
+LABEL_ERRORS = Counter(
+    "dra_gpu_node_label_errors", "Failed reads or patches of the Node's labels.", registry=LABELLER_REGISTRY
+)
+LABELLER_UNWATCHED_GPUS = Gauge(
+    "dra_gpu_labeller_unwatched_gpus",
+    "GPUs whose XID errors NVML cannot watch: the labels count them as healthy, unknowingly.",
+    registry=LABELLER_REGISTRY,
+)
+
+
 class _QuietHandler(WSGIRequestHandler):
     # A client that connects and sends nothing is dropped instead of holding a thread forever.
     timeout = 10

@@ -21,9 +21,8 @@ from dra.daemon.bootstrap import (
     DaemonSettings,
     Node,
     StartupError,
-    gpu_library,
-    load_inventory,
     open_node,
+    rediscover,
     serve_until_stopped,
     warn_about_stranded_claims,
 )
@@ -43,16 +42,6 @@ class PluginSettings(DaemonSettings):
 
     kubeconfig: str | None = None
     rediscover_interval: float = 60.0
-
-
-def _discover_again(settings: PluginSettings) -> Inventory:
-    # A fresh library, so that a changed fake profile file is read again too; NVML's
-    # init and shutdown are reference-counted, so this leaves the health watch alone.
-    lib = gpu_library(settings.fake_gpus, settings.node_name, host_root=settings.host_root)
-    try:
-        return load_inventory(lib)
-    finally:
-        lib.shutdown()
 
 
 class Rediscovery:
@@ -107,7 +96,7 @@ class Rediscovery:
         while True:
             await anyio.sleep(self._settings.rediscover_interval)
             try:
-                fresh = await anyio.to_thread.run_sync(_discover_again, self._settings)
+                fresh = await anyio.to_thread.run_sync(rediscover, self._settings)
             except StartupError as err:
                 log.warning("re-discovering GPUs failed, keeping the last inventory: %s", err)
                 continue

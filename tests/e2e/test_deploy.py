@@ -112,6 +112,15 @@ def _applied(output: str) -> list[str]:
             },
             id="device-plugin-config",
         ),
+        pytest.param(
+            {
+                "fakeGpus": {"enabled": True},
+                "devicePlugin": {"enabled": True, "config": {"data": "version: v1\n"}},
+                "gpuAssignment": {"devicePlugin": "none"},
+                "nodeLabeller": {"enabled": True, "adminLabels": {"gpu-type": "{model}"}},
+            },
+            id="node-labeller",
+        ),
     ],
 )
 def test_chart_render_passes_server_side_dry_run(

@@ -46,6 +46,11 @@ def _env(container: Obj) -> dict[str, Any]:
         pytest.param(FAKE, [], id="fake-gpus"),
         pytest.param({}, [KIND_VALUES], id="kind"),
         pytest.param({"rbac": {"claimEvents": True}, "nvml": {"runtimeClassName": "nvidia"}}, [], id="real"),
+        pytest.param(
+            {"nodeLabeller": {"enabled": True, "adminLabels": {"gpu-type": "{model}"}}},
+            [],
+            id="node-labeller",
+        ),
     ],
 )
 def test_chart_lints_strictly(values: dict[str, Any], files: list[Path]) -> None:
@@ -425,3 +430,80 @@ def test_device_plugin_config_can_be_an_existing_configmap_and_is_absent_by_defa
         result = chart.helm("template", "dra-gpu", str(chart.CHART), *flags, check=False)
     assert result.returncode != 0
     assert "devicePlugin.config: set data" in result.stderr
+
+
+LABELLER: dict[str, Any] = {
+    "nodeLabeller": {
+        "enabled": True,
+        "adminLabels": {"gpu-type": "{model}", "example.com/mem": "{memoryGiB}gb"},
+    }
+}
+
+
+def _labeller_container(objects: list[Obj]) -> Obj:
+    containers: list[Obj] = _only(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    [labeller] = [c for c in containers if c["name"] == "node-labeller"]
+    return labeller
+
+
+def test_node_labeller_is_off_by_default_and_a_third_container_when_on() -> None:
+    assert _container(chart.template())["name"] == "kubelet-plugin"
+    objects = chart.template({**LABELLER, **FAKE})
+    labeller = _labeller_container(objects)
+    assert labeller["command"] == ["dra-gpu", "node-labeller"]
+    assert labeller["args"] == ["--fake-gpus=/etc/dra-gpu/fake-gpus/profiles.yaml"]
+    env = _env(labeller)
+    assert {name for name in env if name.startswith("DRA_GPU_")} <= _flags("node-labeller")
+    assert env["DRA_GPU_LABEL_TEMPLATE"] == "example.com/mem={memoryGiB}gb,gpu-type={model}"
+    assert env["DRA_GPU_HTTP_ADDRESS"] == ":8082"
+    assert "DRA_GPU_MIG_STRATEGY" not in env  # no device plugin: GFD's default, none
+    # It writes nothing on the host: no CDI directory, no plugin directory.
+    assert {m["name"] for m in labeller["volumeMounts"]} == {"tmp", "fake-gpus"}
+
+
+def test_node_labeller_follows_the_device_plugins_settings() -> None:
+    values = {
+        **SPLIT,
+        **LABELLER,
+        "devicePlugin": {"enabled": True, "migStrategy": "single", "config": {"data": "version: v1\n"}},
+    }
+    env = _env(_labeller_container(chart.template(values)))
+    assert env["DRA_GPU_MIG_STRATEGY"] == "single"
+    assert env["DRA_GPU_CONFIG_FILE"] == "/etc/dra-gpu/device-plugin/config.yaml"
+
+
+def test_node_labeller_may_patch_nodes_only_under_its_policy() -> None:
+    objects = chart.template(LABELLER, release="gpu", namespace="kube-gpu")
+    role = _only(objects, "ClusterRole")
+    [nodes] = [r for r in role["rules"] if r["resources"] == ["nodes"]]
+    assert nodes["verbs"] == ["get", "patch"]
+    [policy] = [
+        o
+        for o in objects
+        if o["metadata"]["name"].endswith("own-node-labels") and o["kind"] == "ValidatingAdmissionPolicy"
+    ]
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert variables["adminKeys"] == '["example.com/mem","gpu-type"]'
+    [rule] = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["nodes"]
+    bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert {b["spec"]["policyName"] for b in bindings} == {
+        "gpu-dra-gpu-own-node-slices",
+        "gpu-dra-gpu-own-node-labels",
+    }
+    without = chart.template({**LABELLER, "admissionPolicy": {"enabled": False}})
+    assert not [o for o in without if o["kind"].startswith("ValidatingAdmissionPolicy")]
+
+
+@pytest.mark.parametrize(
+    ("labels", "complaint"),
+    [
+        ({"nvidia.com/x": "{model}"}, "invalid propertyName 'nvidia.com/x'"),
+        ({"a": "{model},b"}, "/nodeLabeller/adminLabels/a"),
+    ],
+)
+def test_values_schema_rejects_bad_admin_labels(labels: dict[str, str], complaint: str) -> None:
+    with chart.values_flags({"nodeLabeller": {"enabled": True, "adminLabels": labels}}) as flags:
+        result = chart.helm("template", "dra-gpu", str(chart.CHART), *flags, check=False)
+    assert result.returncode != 0
+    assert complaint in result.stderr

@@ -81,6 +81,15 @@ async def test_a_get_returns_the_object_and_sends_the_token(tmp_path: Path) -> N
     assert b"\r\nAuthorization: Bearer t\r\n" in server.requests[0]
 
 
+async def test_node_labels_are_changed_by_a_merge_patch(tmp_path: Path) -> None:
+    server = Server([_response(200, b'{"metadata": {"name": "n", "labels": {"a": "1"}}}')])
+    async with _client(tmp_path, server) as client:
+        node = await client.patch_node_labels("n", {"a": "1"}, remove=["b"])
+    assert node["metadata"]["labels"] == {"a": "1"}
+    assert server.requests[0].startswith(b"PATCH /api/v1/nodes/n HTTP/1.1\r\n")
+    assert b"\r\nContent-Type: application/merge-patch+json\r\n" in server.requests[0]
+
+
 @pytest.mark.parametrize(
     ("status", "error", "message"),
     [

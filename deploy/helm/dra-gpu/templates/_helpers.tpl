@@ -128,3 +128,12 @@ capabilities:
 {{- $config.name }}
 {{- end }}
 {{- end }}
+
+{{/* The admin label scheme as --label-template's value: key=template pairs, sorted by key. */}}
+{{- define "dra-gpu.labelTemplate" -}}
+{{- $pairs := list }}
+{{- range $key, $template := .Values.nodeLabeller.adminLabels }}
+{{- $pairs = append $pairs (printf "%s=%s" $key $template) }}
+{{- end }}
+{{- join "," $pairs }}
+{{- end }}

@@ -1,0 +1,46 @@
+"""Run `dra-gpu node-labeller` as a real process against the local cluster's API server, for tests."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from localcluster.cluster import ClusterInfo
+from localcluster.driverprocess import DaemonProcess
+
+
+class LabellerProcess(DaemonProcess):
+    """The node labeller of the cluster's node, on fake GPUs; XID injections are read from `events`."""
+
+    what = "node labeller"
+
+    def __init__(
+        self,
+        cluster: ClusterInfo,
+        profile: str,
+        workdir: Path,
+        kubeconfig: str,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(workdir / "node-labeller.log")
+        self.cluster = cluster
+        self.profile = profile
+        self.kubeconfig = kubeconfig
+        self.events = workdir / "labeller-xid-events"
+        self.events.touch()
+        self.extra_args = extra_args
+
+    def args(self) -> list[str]:
+        """The command line."""
+        return [
+            sys.executable,
+            "-m",
+            "dra",
+            "node-labeller",
+            f"--node-name={self.cluster.node_name}",
+            f"--kubeconfig={self.kubeconfig}",
+            f"--fake-gpus={self.profile}",
+            f"--fake-gpu-events={self.events}",
+            f"--http-address=127.0.0.1:{self.port}",
+            *self.extra_args,
+        ]

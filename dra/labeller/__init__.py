@@ -1,0 +1,6 @@
+"""`dra-gpu node-labeller`: GPU Feature Discovery's node labels, kept on the driver's own Node.
+
+A program beside the kubelet plugin and the device plugin (it imports
+neither): it advertises no device and takes no share of the GPUs, but labels
+the node after all of them (dra.core.labels computes the labels).
+"""

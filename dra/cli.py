@@ -151,6 +151,14 @@ def _daemon(
     option(
         parser, "--http-address", "host:port for /metrics, /healthz and /readyz; empty disables", http_default
     )
+    option(
+        parser,
+        "--health-recovery-period",
+        "seconds without a critical XID or NVML error after which an unhealthy device is healthy "
+        "again; 0 keeps it unhealthy until the driver restarts",
+        300.0,
+        type=seconds,
+    )
     if assignment:
         _assignment(parser)
 
@@ -338,6 +346,7 @@ def _daemon_settings(args: argparse.Namespace) -> dict[str, Any]:
         "dra_gpus": getattr(args, "dra_gpus", None),
         "device_plugin_gpus": getattr(args, "device_plugin_gpus", None),
         "host_root": args.host_root,
+        "health_recovery_period": args.health_recovery_period,
     }
 
 

@@ -76,6 +76,9 @@ class DaemonSettings:
     dra_gpus: Selector | None = None
     device_plugin_gpus: Selector | None = None
     host_root: Path = Path("/")
+    #: Seconds without a critical XID or NVML error after which an unhealthy device is healthy
+    #: again; 0 keeps it unhealthy until the driver restarts.
+    health_recovery_period: float = 300.0
 
     @property
     def state_directory(self) -> Path:
@@ -261,6 +264,10 @@ async def serve_until_stopped(
     try:
         async with anyio.create_task_group() as group:
             group.start_soon(heartbeat.run)
+            if node.settings.health_recovery_period > 0:
+                group.start_soon(
+                    node.tracker.keep_recovering, node.settings.health_recovery_period, on_health_change
+                )
             tasks(group)
             unwatched.set(len(node.monitor.start(on_change=on_health_change)))
             await until_stopped()

@@ -3,7 +3,9 @@
 NVML reports XID errors per GPU. Errors an application causes on its own
 context (XID 13, 31, 43, 45, 68, 109, the same set NVIDIA's device plugin
 ignores) say nothing about the device; any other XID marks the device
-unhealthy until the driver restarts. On a GPU in MIG mode, an error NVML
+unhealthy. It is healthy again once a quiet period (`--health-recovery-period`)
+has passed without another critical XID or failed NVML wait for it, or, with a
+period of 0, only when the driver restarts (what NVIDIA's drivers do). On a GPU in MIG mode, an error NVML
 places in one GPU instance (and compute instance) marks the MIG devices there;
 an error on the GPU as a whole marks each of its MIG devices. When the wait for
 events itself fails, the devices of the GPUs that are lost (of every watched
@@ -54,11 +56,14 @@ class DeviceHealth:
 class HealthTracker:
     """Health of every device of the inventory; subscribers see each change."""
 
-    def __init__(self, inventory: Inventory) -> None:
+    def __init__(self, inventory: Inventory, clock: Callable[[], float] = time.monotonic) -> None:
         now = int(time.time())
         self._inventory = inventory
         self._health = {device.name: DeviceHealth(True, now) for device in inventory}
         self._changed = anyio.Event()
+        self._clock = clock
+        #: When each device was last reported bad (clock time), healthy or not at that moment.
+        self._last_bad: dict[str, float] = {}
 
     def set_inventory(self, inventory: Inventory) -> None:
         """Follow a changed inventory: new devices start healthy, gone ones are forgotten."""
@@ -73,8 +78,12 @@ class HealthTracker:
         return dict(self._health)
 
     def mark_unhealthy(self, names: list[str], reason: str) -> list[str]:
-        """Mark devices unhealthy; return those that changed."""
+        """Mark devices unhealthy; return those that changed. A new report restarts the quiet period."""
         now = int(time.time())
+        reported = self._clock()
+        for name in names:
+            if name in self._health:
+                self._last_bad[name] = reported
         changed = [n for n in names if n in self._health and self._health[n].healthy]
         for name in changed:
             self._health[name] = DeviceHealth(False, now, reason)
@@ -122,6 +131,38 @@ class HealthTracker:
         if not affected:
             log.warning("XID %d on %s, which is not a published device", event.xid, where)
         return self.mark_unhealthy(affected, f"XID {event.xid}")
+
+    def recover(self, quiet: float) -> list[str]:
+        """Mark healthy the devices with no bad report for `quiet` seconds; return those changed."""
+        now, wall = self._clock(), int(time.time())
+        changed = [
+            name
+            for name, health in self._health.items()
+            if not health.healthy and now - self._last_bad.get(name, now) >= quiet
+        ]
+        for name in changed:
+            log.info(
+                "device %s is healthy again: no critical XID or NVML error for %gs (was: %s)",
+                name,
+                quiet,
+                self._health[name].reason,
+            )
+            self._health[name] = DeviceHealth(True, wall)
+            del self._last_bad[name]
+        if changed:
+            self._changed.set()
+            self._changed = anyio.Event()
+        return changed
+
+    async def keep_recovering(
+        self, quiet: float, on_change: Callable[[list[str]], None] | None = None
+    ) -> None:
+        """Call recover() often enough that a device comes back within a quarter period (until cancelled)."""
+        while True:
+            await anyio.sleep(min(quiet / 4, 5.0))
+            changed = self.recover(quiet)
+            if changed and on_change is not None:
+                on_change(changed)
 
     def next_change(self) -> anyio.Event:
         """An event that is set at the next change of any device's health."""

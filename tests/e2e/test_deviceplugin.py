@@ -47,7 +47,12 @@ def device_plugin(
     cluster: ClusterInfo, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[DevicePluginProcess]:
     """The device plugin alone on the node, registered with the kubelet."""
-    process = DevicePluginProcess(cluster, PROFILE, tmp_path_factory.mktemp("device-plugin")).start()
+    process = DevicePluginProcess(
+        cluster,
+        PROFILE,
+        tmp_path_factory.mktemp("device-plugin"),
+        extra_args=("--health-recovery-period=20",),
+    ).start()
     yield process
     assert process.stop() == 0, process.log_path.read_text()
     assert not list(Path(cluster.device_plugin_dir).glob("dra-gpu-*.sock")), "sockets are removed on exit"
@@ -187,7 +192,7 @@ def test_kubelet_restart_makes_the_plugin_register_again(
     delete_pods(kube, namespace)
 
 
-def test_xid_error_marks_the_gpu_unhealthy_and_takes_it_out_of_allocatable(
+def test_xid_error_takes_the_gpu_out_of_allocatable_until_it_is_quiet_again(
     device_plugin: DevicePluginProcess, kube: Kube, cluster: ClusterInfo, inventory: Inventory
 ) -> None:
     gpus = [d for d in inventory if isinstance(d, Gpu)]
@@ -234,3 +239,15 @@ def test_xid_error_marks_the_gpu_unhealthy_and_takes_it_out_of_allocatable(
     ]
     sent = {d["id"]: d["health"] for c in device_plugin.calls("ListAndWatch") for d in c["devices"]}
     assert [sent[u] for u in others] == ["Healthy"] * len(others)
+
+    # --health-recovery-period=20: with no further XID, both come back.
+    def healthy_again() -> bool:
+        latest: dict[str, str] = {}
+        for call in device_plugin.calls("ListAndWatch"):
+            latest.update({d["id"]: d["health"] for d in call["devices"]})
+        return latest[victim.uuid] == latest[mig_victim.uuid] == "Healthy"
+
+    wait_for("ListAndWatch to send both devices as Healthy again", healthy_again, timeout=60)
+    wait_for(
+        "allocatable to be 4 again", lambda: node_resources(kube, cluster, "allocatable").get(GPU) == "4"
+    )

@@ -3,7 +3,7 @@
 The labeller runs as a process with nothing but the chart's identity (the
 service account's token bound to a pod on the node), as in test_deploy.py.
 It labels its own Node; a pod selecting `nvidia.com/gpu.product` schedules
-there; an XID error lowers `nvidia.com/gpu.count`. The same token may change
+there; an XID error lowers `nvidia.com/gpu.count` until the GPU is quiet again. The same token may change
 only labels under nvidia.com/ and the admin keys, of its own Node only.
 
 Health recovery is not covered: the health tracker never marks a device
@@ -99,7 +99,11 @@ def labelled(
             "mixed",
             work,
             str(path),
-            extra_args=("--interval=2", "--label-template=gpu-type={model}"),
+            extra_args=(
+                "--interval=2",
+                "--label-template=gpu-type={model}",
+                "--health-recovery-period=6",
+            ),
         ).start()
         yield Labelled(namespace, labeller, client)
     finally:
@@ -185,7 +189,9 @@ def test_a_pod_selecting_another_product_stays_pending(labelled: Labelled, kube:
     assert "didn't match Pod's node affinity/selector" in event["message"]
 
 
-def test_an_unhealthy_gpu_lowers_the_count(labelled: Labelled, kube: Kube, cluster: ClusterInfo) -> None:
+def test_an_unhealthy_gpu_lowers_the_count_until_it_is_healthy_again(
+    labelled: Labelled, kube: Kube, cluster: ClusterInfo
+) -> None:
     gpus = discover(FakeGpuLibrary(load_profile("mixed"), cluster.node_name)).gpus
     with labelled.labeller.events.open("a") as events:
         events.write(f"{gpus[1].uuid} 79\n")
@@ -195,6 +201,12 @@ def test_an_unhealthy_gpu_lowers_the_count(labelled: Labelled, kube: Kube, clust
         timeout=30,
     )
     assert _labels(kube, cluster.node_name)["nvidia.com/gpu.present"] == "true"
+    # --health-recovery-period=6: no further XID, so the GPU counts again.
+    wait_for(
+        "gpu.count to come back to 4",
+        lambda: _labels(kube, cluster.node_name).get("nvidia.com/gpu.count") == "4",
+        timeout=30,
+    )
 
 
 def test_the_identity_may_set_its_labels_on_its_own_node(labelled: Labelled, cluster: ClusterInfo) -> None:

@@ -458,3 +458,62 @@ async def test_an_unexpected_error_is_logged_and_the_event_set_still_freed(healt
     assert await monitor.stop()
     assert health_log.at(logging.ERROR) == ["GPU health monitoring stopped by an unexpected error"]
     assert lib.freed_by == ["xid-events"]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_device_is_healthy_again_after_a_quiet_period(caplog: pytest.LogCaptureFixture) -> None:
+    clock = _Clock()
+    tracker = HealthTracker(inventory("h100x8"), clock)
+    assert tracker.mark_unhealthy(["gpu-3"], "XID 79") == ["gpu-3"]
+    clock.now += 299
+    assert tracker.recover(300) == []
+    clock.now += 1
+    with caplog.at_level(logging.INFO, logger="dra.daemon.health"):
+        assert tracker.recover(300) == ["gpu-3"]
+    assert tracker.snapshot()["gpu-3"] == DeviceHealth(True, tracker.snapshot()["gpu-3"].since)
+    assert (
+        "device gpu-3 is healthy again: no critical XID or NVML error for 300s (was: XID 79)" in caplog.text
+    )
+    assert _unhealthy(tracker) == []
+
+
+def test_every_new_report_restarts_the_quiet_period() -> None:
+    clock = _Clock()
+    tracker = HealthTracker(inventory("h100x8"), clock)
+    tracker.mark_unhealthy(["gpu-1"], "XID 48")
+    clock.now += 200
+    # Already unhealthy: nothing changes, but the device is not quiet any more.
+    assert tracker.mark_unhealthy(["gpu-1"], "XID 48") == []
+    clock.now += 200
+    assert tracker.recover(300) == []
+    clock.now += 100
+    assert tracker.recover(300) == ["gpu-1"]
+
+
+@pytest.mark.anyio
+async def test_recovery_wakes_the_watchers() -> None:
+    clock = _Clock()
+    tracker = HealthTracker(inventory("h100x8"), clock)
+    tracker.mark_unhealthy(["gpu-2"], "XID 79")
+    changed = tracker.next_change()
+    clock.now += 10
+    assert tracker.recover(10) == ["gpu-2"]
+    assert changed.is_set()
+
+
+@pytest.mark.anyio
+async def test_keep_recovering_reports_what_came_back() -> None:
+    tracker = HealthTracker(inventory("h100x8"))
+    tracker.mark_unhealthy(["gpu-5"], "XID 79")
+    seen: list[list[str]] = []
+    with anyio.move_on_after(2):
+        await tracker.keep_recovering(0.2, seen.append)
+    assert seen == [["gpu-5"]]
+    assert _unhealthy(tracker) == []

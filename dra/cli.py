@@ -138,6 +138,13 @@ def _daemon(
     option(
         parser, "--http-address", "host:port for /metrics, /healthz and /readyz; empty disables", http_default
     )
+    option(
+        parser,
+        "--rediscover-interval",
+        "seconds between looks at the GPUs for changes (MIG layout, lost GPUs); 0 disables",
+        60.0,
+        type=seconds,
+    )
     _assignment(parser)
 
 
@@ -157,13 +164,6 @@ def build_parser() -> argparse.ArgumentParser:
         http_default=":8080",
     )
     option(plugin, "--kubeconfig", "kubeconfig file; default: the in-cluster service account")
-    option(
-        plugin,
-        "--rediscover-interval",
-        "seconds between looks at the GPUs for changes (MIG layout, lost GPUs); 0 disables",
-        60.0,
-        type=seconds,
-    )
 
     dp = sub.add_parser(
         "device-plugin",
@@ -281,6 +281,7 @@ def _daemon_settings(args: argparse.Namespace) -> dict[str, Any]:
         "dra_gpus": args.dra_gpus,
         "device_plugin_gpus": args.device_plugin_gpus,
         "host_root": args.host_root,
+        "rediscover_interval": args.rediscover_interval,
     }
 
 
@@ -288,7 +289,6 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
     settings = PluginSettings(
         **_daemon_settings(args),
         kubeconfig=args.kubeconfig or None,
-        rediscover_interval=args.rediscover_interval,
     )
     anyio.run(run_kubelet_plugin, settings, backend="asyncio")
     return 0

@@ -76,6 +76,8 @@ class DaemonSettings:
     dra_gpus: Selector | None = None
     device_plugin_gpus: Selector | None = None
     host_root: Path = Path("/")
+    #: Seconds between looks at the GPUs for changes (dra.daemon.rediscovery); 0 disables.
+    rediscover_interval: float = 60.0
 
     @property
     def state_directory(self) -> Path:

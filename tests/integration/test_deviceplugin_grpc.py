@@ -379,7 +379,12 @@ async def test_resources_follow_changed_devices_without_a_restart(directory: Pat
             spec = json.loads((settings.cdi_root / "k8s.gpu.nvidia.com-device.json").read_text())
             assert {d["name"] for d in spec["devices"]} == {d.uuid for d in after}
 
-            # The T4 vanishes: the open stream of nvidia.com/gpu lists no device, then it again.
+            # An XID marks the T4 unhealthy; it vanishes (the open stream of nvidia.com/gpu lists no
+            # device) and comes back: a fresh device to the health tracker, healthy again.
+            assert tracker.mark_unhealthy(["gpu-1"], "XID 79") == ["gpu-1"]
+            unhealthy = await stream.read()
+            assert isinstance(unhealthy, pb.ListAndWatchResponse)
+            assert [d.health for d in unhealthy.devices] == ["Unhealthy"]
             t4_gone = _fake_node(TWO_LARGE)
             assert await offering.apply(t4_gone, offering.config) is None
             second = await stream.read()

@@ -27,7 +27,9 @@ from dra.daemon.bootstrap import StartupError, gpu_library, load_inventory
 from dra.daemon.flags import UsageError, apply_environment, csv, nonempty, option, path, seconds
 from dra.deviceplugin import config as dpconfig
 from dra.deviceplugin.allocate import Strategy, parse_strategies
+from dra.deviceplugin.configwatch import NamedConfigs
 from dra.deviceplugin.daemon import DevicePluginSettings, run_device_plugin
+from dra.deviceplugin.named import config_names
 from dra.deviceplugin.resources import DEFAULT_RESOURCE, ResourceError, resources
 from dra.kubeletplugin.daemon import PluginSettings, run_kubelet_plugin
 
@@ -211,6 +213,19 @@ def build_parser() -> argparse.ArgumentParser:
         "NVIDIA's device-plugin config file (version: v1, YAML or JSON); flags that are set win over it",
         type=path,
     )
+    option(
+        dp,
+        "--config-dir",
+        "a directory of named configs (a ConfigMap mounted as a directory, one file per name); the "
+        "node's nvidia.com/device-plugin.config label picks one, followed while the plugin runs",
+        type=path,
+    )
+    option(dp, "--config-default", "with --config-dir: the config of a node without the label", type=nonempty)
+    option(
+        dp,
+        "--kubeconfig",
+        "with --config-dir: kubeconfig to read the node's labels; default: the in-cluster service account",
+    )
     dp.add_argument(
         "--check-config",
         action="store_true",
@@ -314,6 +329,38 @@ def _plugin_config(args: argparse.Namespace) -> dpconfig.Settings:
         raise StartupError(str(err)) from None
 
 
+def _named_configs(args: argparse.Namespace) -> NamedConfigs | None:
+    """--config-dir and its flags; StartupError when they contradict the others."""
+    if args.config_dir is None:
+        if args.config_default is not None:
+            raise StartupError("--config-default needs --config-dir")
+        return None
+    if args.config_file is not None:
+        raise StartupError("--config-file and --config-dir exclude each other: give one")
+    overrides = dpconfig.Overrides(args.resource_name, args.mig_strategy, args.device_list_strategy)
+    return NamedConfigs(args.config_dir, args.config_default, overrides)
+
+
+def _check_named(named: NamedConfigs) -> int:
+    """Validate every config of the directory; print each one's settings."""
+    try:
+        names = config_names(p.name for p in named.directory.iterdir())
+    except OSError as err:
+        raise StartupError(f"--config-dir: cannot list {named.directory}: {err}") from None
+    if not names:
+        raise StartupError(f"--config-dir: {named.directory} has no config")
+    for name in names:
+        try:
+            settings = named.settings(name, (named.directory / name).read_text())
+        except (OSError, UnicodeDecodeError) as err:
+            raise StartupError(f"config {name}: cannot read it: {err}") from None
+        except dpconfig.ConfigError as err:
+            raise StartupError(str(err)) from None
+        print(f"config {name}:")
+        print("\n".join(f"  {line}" for line in dpconfig.describe(settings)))
+    return 0
+
+
 def _check_config(args: argparse.Namespace, plugin: dpconfig.Settings) -> int:
     print("\n".join(dpconfig.describe(plugin)))
     if not args.fake_gpus:
@@ -329,6 +376,9 @@ def _check_config(args: argparse.Namespace, plugin: dpconfig.Settings) -> int:
 
 
 def _device_plugin(args: argparse.Namespace) -> int:
+    named = _named_configs(args)
+    if named is not None and args.check_config:
+        return _check_named(named)
     plugin = _plugin_config(args)
     if args.check_config:
         return _check_config(args, plugin)
@@ -343,6 +393,8 @@ def _device_plugin(args: argparse.Namespace) -> int:
         mig_strategy=plugin.mig_strategy,
         time_slicing=plugin.time_slicing,
         fail_on_init_error=plugin.fail_on_init_error,
+        named=named,
+        kubeconfig=args.kubeconfig or None,
     )
     anyio.run(run_device_plugin, settings, backend="asyncio")
     return 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import anyio
@@ -17,6 +17,7 @@ from anyio.abc import TaskGroup
 
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointError, CheckpointStore
+from dra.adapters.kube import KubeClient, KubeError
 from dra.core import cdi
 from dra.core.assignment import GpuPath, describe, held_gpus, held_refusal
 from dra.daemon import metrics
@@ -35,6 +36,8 @@ from dra.daemon.sockets import SocketPathError
 from dra.deviceplugin import config as dpconfig
 from dra.deviceplugin.allocate import Strategy, uses_cdi
 from dra.deviceplugin.config import DEFAULT_MIG_STRATEGY, DEFAULT_STRATEGIES, MigStrategy, TimeSlicing
+from dra.deviceplugin.configwatch import ConfigFollower, NamedConfigs, labels_of
+from dra.deviceplugin.named import LABEL
 from dra.deviceplugin.resources import (
     DEFAULT_RESOURCE,
     Resource,
@@ -63,6 +66,10 @@ class DevicePluginSettings(DaemonSettings):
     time_slicing: TimeSlicing = field(default_factory=TimeSlicing)
     #: False: when NVML cannot start, log it and serve nothing instead of exiting (non-GPU nodes).
     fail_on_init_error: bool = True
+    #: --config-dir: the config is the one the Node's label names, followed while the plugin runs.
+    named: NamedConfigs | None = None
+    #: Only used with named configs (the plugin otherwise talks to the kubelet alone).
+    kubeconfig: str | None = None
 
     @property
     def plugin_config(self) -> dpconfig.Settings:
@@ -140,14 +147,47 @@ def keep_cdi_spec(
 
 async def run_device_plugin(settings: DevicePluginSettings) -> None:
     """Run until SIGTERM or SIGINT."""
+    kube, in_force = None, None
+    if settings.named is not None:
+        kube, in_force, config = await _named_config(settings, settings.named)
+        settings = replace(
+            settings,
+            resource_name=config.resource_name,
+            strategies=config.strategies,
+            mig_strategy=config.mig_strategy,
+            time_slicing=config.time_slicing,
+            fail_on_init_error=config.fail_on_init_error,
+        )
     try:
         async with open_node(settings, GpuPath.DEVICE_PLUGIN) as node:
-            await _serve(settings, node)
+            await _serve(settings, node, kube, in_force)
     except GpuInitError as err:
         if settings.fail_on_init_error:
             raise
         log.error("%s; failOnInitError is false, so this plugin serves nothing until it is stopped", err)
         await until_stopped()
+    finally:
+        if kube is not None:
+            with anyio.CancelScope(shield=True):
+                await kube.aclose()
+
+
+async def _named_config(
+    settings: DevicePluginSettings, named: NamedConfigs
+) -> tuple[KubeClient, tuple[str, str], dpconfig.Settings]:
+    """The API client and the config the Node's label names at start-up; StartupError why not."""
+    try:
+        kube = KubeClient(settings.kubeconfig)
+    except KubeError as err:
+        raise StartupError(f"--config-dir needs the API server to read the node's labels: {err}") from None
+    try:
+        node = await kube.get_node(settings.node_name)
+        name, text, config = named.load(labels_of(node))
+    except (KubeError, dpconfig.ConfigError) as err:
+        await kube.aclose()
+        raise StartupError(f"cannot choose the node's device-plugin config: {err}") from None
+    log.info("config %s chosen (%s=%s)", name, LABEL, labels_of(node).get(LABEL, "unset"))
+    return kube, (name, text), config
 
 
 def offer(inventory: Inventory, config: dpconfig.Settings) -> list[Resource]:
@@ -185,6 +225,7 @@ class ResourceSet:
         self.servers: dict[str, ResourceServer] = {}
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._group: TaskGroup | None = None
+        self._lock = anyio.Lock()
 
     @property
     def registered(self) -> bool:
@@ -225,6 +266,16 @@ class ResourceSet:
 
         A refused change keeps everything as it was: the last good resources stay served.
         """
+        # Re-discovery and a new config may both apply at once; each sees the other's result.
+        async with self._lock:
+            return await self._apply(inventory, config)
+
+    async def reconfigure(self, config: dpconfig.Settings) -> str | None:
+        """Offer the current devices under another config; None when done, else why not."""
+        async with self._lock:
+            return await self._apply(self.inventory, config)
+
+    async def _apply(self, inventory: Inventory, config: dpconfig.Settings) -> str | None:
         try:
             offered = offer(inventory, config)
         except ResourceError as err:
@@ -262,7 +313,9 @@ class ResourceSet:
                     stopping.start_soon(server.stop)
 
 
-async def _serve(settings: DevicePluginSettings, node: Node) -> None:
+async def _serve(
+    settings: DevicePluginSettings, node: Node, kube: KubeClient | None, in_force: tuple[str, str] | None
+) -> None:
     inventory = node.inventory
     refuse_gpus_in_dra_use(inventory, settings.checkpoint_path)
     config = settings.plugin_config
@@ -297,6 +350,16 @@ async def _serve(settings: DevicePluginSettings, node: Node) -> None:
         group.start_soon(report_ready)
         if settings.rediscover_interval > 0:
             group.start_soon(Rediscovery(settings, inventory).run, rediscovered)
+        if kube is not None and settings.named is not None and in_force is not None:
+            follower = ConfigFollower(
+                settings.named,
+                kube,
+                settings.node_name,
+                offering.reconfigure,
+                in_force,
+                settings.watch_interval,
+            )
+            group.start_soon(follower.run)
 
     try:
         await serve_until_stopped(

@@ -51,7 +51,7 @@ class NamedConfigs:
 
     def settings(self, name: str, text: str) -> dpconfig.Settings:
         """One config's text combined with the flags; ConfigError naming the config and the problem."""
-        parsed = dpconfig.parse_config(text, str(self.directory / name))
+        parsed = dpconfig.parse_config(text, f"config {name} ({self.directory / name})")
         settings = dpconfig.effective(parsed, self.overrides)
         for item in settings.ignored:
             log.info("config %s: ignored %s", name, item)

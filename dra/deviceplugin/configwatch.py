@@ -96,12 +96,11 @@ class ConfigFollower:
             return
         if (name, text) == self._seen:
             return
-        self._seen = (name, text)
         refused = await self._apply(settings)
         if refused is not None:
             await self._refuse((name, text), f"config {name}: {refused}")
             return
-        self.in_force = (name, text)
+        self._seen = self.in_force = (name, text)
         log.info("config %s in force (%s=%s)", name, LABEL, labels_of(node).get(LABEL, "unset"))
 
     async def _refuse(self, seen: tuple[str, str], reason: str) -> None:

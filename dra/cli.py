@@ -24,11 +24,13 @@ from dra.core.assignment import Selector, SelectorError, parse_selector
 from dra.core.labels import AdminTemplate, LabelError, Sharing, parse_template
 from dra.core.slices import SliceError, build_slices
 from dra.daemon import logs
-from dra.daemon.bootstrap import StartupError, gpu_library, load_inventory
+from dra.daemon.bootstrap import DaemonSettings, StartupError, gpu_library, load_inventory
 from dra.daemon.flags import UsageError, apply_environment, csv, nonempty, option, path, seconds
 from dra.deviceplugin import config as dpconfig
 from dra.deviceplugin.allocate import Strategy, parse_strategies
+from dra.deviceplugin.configwatch import NamedConfigs
 from dra.deviceplugin.daemon import DevicePluginSettings, run_device_plugin
+from dra.deviceplugin.named import config_names
 from dra.deviceplugin.resources import DEFAULT_RESOURCE, ResourceError, resources
 from dra.kubeletplugin.daemon import PluginSettings, run_kubelet_plugin
 from dra.labeller.daemon import LabellerSettings, run_node_labeller
@@ -160,6 +162,14 @@ def _daemon(
         type=seconds,
     )
     if assignment:
+        # The node labeller looks at the GPUs every --interval of its own.
+        option(
+            parser,
+            "--rediscover-interval",
+            "seconds between looks at the GPUs for changes (MIG layout, lost GPUs); 0 disables",
+            60.0,
+            type=seconds,
+        )
         _assignment(parser)
 
 
@@ -179,13 +189,6 @@ def build_parser() -> argparse.ArgumentParser:
         http_default=":8080",
     )
     option(plugin, "--kubeconfig", "kubeconfig file; default: the in-cluster service account")
-    option(
-        plugin,
-        "--rediscover-interval",
-        "seconds between looks at the GPUs for changes (MIG layout, lost GPUs); 0 disables",
-        60.0,
-        type=seconds,
-    )
 
     dp = sub.add_parser(
         "device-plugin",
@@ -232,6 +235,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--config-file",
         "NVIDIA's device-plugin config file (version: v1, YAML or JSON); flags that are set win over it",
         type=path,
+    )
+    option(
+        dp,
+        "--config-dir",
+        "a directory of named configs (a ConfigMap mounted as a directory, one file per name); the "
+        "node's nvidia.com/device-plugin.config label picks one, followed while the plugin runs",
+        type=path,
+    )
+    option(dp, "--config-default", "with --config-dir: the config of a node without the label", type=nonempty)
+    option(
+        dp,
+        "--kubeconfig",
+        "with --config-dir: kubeconfig to read the node's labels; default: the in-cluster service account",
     )
     dp.add_argument(
         "--check-config",
@@ -347,6 +363,7 @@ def _daemon_settings(args: argparse.Namespace) -> dict[str, Any]:
         "device_plugin_gpus": getattr(args, "device_plugin_gpus", None),
         "host_root": args.host_root,
         "health_recovery_period": args.health_recovery_period,
+        "rediscover_interval": getattr(args, "rediscover_interval", DaemonSettings.rediscover_interval),
     }
 
 
@@ -354,7 +371,6 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
     settings = PluginSettings(
         **_daemon_settings(args),
         kubeconfig=args.kubeconfig or None,
-        rediscover_interval=args.rediscover_interval,
     )
     anyio.run(run_kubelet_plugin, settings, backend="asyncio")
     return 0
@@ -384,6 +400,38 @@ def _effective_config(config_file: Path | None, overrides: dpconfig.Overrides) -
         raise StartupError(str(err)) from None
 
 
+def _named_configs(args: argparse.Namespace) -> NamedConfigs | None:
+    """--config-dir and its flags; StartupError when they contradict the others."""
+    if args.config_dir is None:
+        if args.config_default is not None:
+            raise StartupError("--config-default needs --config-dir")
+        return None
+    if args.config_file is not None:
+        raise StartupError("--config-file and --config-dir exclude each other: give one")
+    overrides = dpconfig.Overrides(args.resource_name, args.mig_strategy, args.device_list_strategy)
+    return NamedConfigs(args.config_dir, args.config_default, overrides)
+
+
+def _check_named(named: NamedConfigs) -> int:
+    """Validate every config of the directory; print each one's settings."""
+    try:
+        names = config_names(p.name for p in named.directory.iterdir())
+    except OSError as err:
+        raise StartupError(f"--config-dir: cannot list {named.directory}: {err}") from None
+    if not names:
+        raise StartupError(f"--config-dir: {named.directory} has no config")
+    for name in names:
+        try:
+            settings = named.settings(name, (named.directory / name).read_text())
+        except (OSError, UnicodeDecodeError) as err:
+            raise StartupError(f"config {name}: cannot read it: {err}") from None
+        except dpconfig.ConfigError as err:
+            raise StartupError(str(err)) from None
+        print(f"config {name}:")
+        print("\n".join(f"  {line}" for line in dpconfig.describe(settings)))
+    return 0
+
+
 def _check_config(args: argparse.Namespace, plugin: dpconfig.Settings) -> int:
     print("\n".join(dpconfig.describe(plugin)))
     if not args.fake_gpus:
@@ -399,6 +447,9 @@ def _check_config(args: argparse.Namespace, plugin: dpconfig.Settings) -> int:
 
 
 def _device_plugin(args: argparse.Namespace) -> int:
+    named = _named_configs(args)
+    if named is not None and args.check_config:
+        return _check_named(named)
     plugin = _plugin_config(args)
     if args.check_config:
         return _check_config(args, plugin)
@@ -413,6 +464,8 @@ def _device_plugin(args: argparse.Namespace) -> int:
         mig_strategy=plugin.mig_strategy,
         time_slicing=plugin.time_slicing,
         fail_on_init_error=plugin.fail_on_init_error,
+        named=named,
+        kubeconfig=args.kubeconfig or None,
     )
     anyio.run(run_device_plugin, settings, backend="asyncio")
     return 0

@@ -275,20 +275,38 @@ class KubeClient:
 
         Raises KubeError with status 410 when the resourceVersion is too old: list again then.
         """
+        async for event in self._watch(
+            "ResourceSlices",
+            f"{RESOURCE_API}/resourceslices",
+            self._slice_selector(driver, node_name),
+            resource_version,
+            timeout_seconds,
+        ):
+            yield event
+
+    async def watch_node(
+        self, name: str, resource_version: str, timeout_seconds: int = 300
+    ) -> AsyncIterator[tuple[str, Obj]]:
+        """Yield (event type, Node) for one Node until the server ends the watch (410: get it again)."""
+        async for event in self._watch(
+            "Node", "/api/v1/nodes", f"metadata.name={name}", resource_version, timeout_seconds
+        ):
+            yield event
+
+    async def _watch(
+        self, what: str, path: str, field_selector: str, resource_version: str, timeout_seconds: int
+    ) -> AsyncIterator[tuple[str, Obj]]:
         query = {
             "watch": "1",
             "allowWatchBookmarks": "true",
-            "fieldSelector": self._slice_selector(driver, node_name),
+            "fieldSelector": field_selector,
             "resourceVersion": resource_version,
             "timeoutSeconds": str(timeout_seconds),
         }
-        path = f"{RESOURCE_API}/resourceslices"
         try:
             async with self._request("GET", path, None, query, timeout_seconds + 10) as response:
                 if response.status >= 400:
-                    raise _status_error(
-                        f"watch ResourceSlices: GET {path}", response.status, await response.read()
-                    )
+                    raise _status_error(f"watch {what}: GET {path}", response.status, await response.read())
                 # Split lines here: one event (a slice of 128 devices) can be longer than
                 # aiohttp's line limit.
                 buffer = b""
@@ -302,17 +320,13 @@ class KubeClient:
                         if event.get("type") == "ERROR":
                             status = event.get("object", {})
                             raise KubeError(
-                                f"watch ResourceSlices: {status.get('message')}", int(status.get("code", 0))
+                                f"watch {what}: {status.get('message')}", int(status.get("code", 0))
                             )
                         yield str(event["type"]), event["object"]
         except (TimeoutError, aiohttp.ClientError, OSError) as err:
-            raise UnreachableError(
-                f"watch ResourceSlices on {self.host} broke off: {_describe(err)}"
-            ) from None
+            raise UnreachableError(f"watch {what} on {self.host} broke off: {_describe(err)}") from None
         except (ValueError, KeyError) as err:
-            raise KubeError(
-                f"watch ResourceSlices: an event is not what the API server sends ({err!r})"
-            ) from None
+            raise KubeError(f"watch {what}: an event is not what the API server sends ({err!r})") from None
 
     # -- events --------------------------------------------------------------
 

@@ -3,7 +3,8 @@
 ``bootstrap`` (GPU library, inventory, GPU assignment, start-up errors, the
 probes/metrics endpoint), ``flags`` (every flag also a DRA_GPU_* variable),
 ``logs``, ``metrics`` (the only importer of prometheus_client), ``lifecycle``
-(signals, heartbeat), ``health`` (device health from XID events), ``sockets``.
+(signals, heartbeat), ``health`` (device health from XID events),
+``rediscovery`` (following GPU changes after start-up), ``sockets``.
 
 Rule: may import the layers below (model, core, gpu, adapters); never a
 program package (kubeletplugin, deviceplugin, explain).

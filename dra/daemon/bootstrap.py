@@ -79,6 +79,8 @@ class DaemonSettings:
     #: Seconds without a critical XID or NVML error after which an unhealthy device is healthy
     #: again; 0 keeps it unhealthy until the driver restarts.
     health_recovery_period: float = 300.0
+    #: Seconds between looks at the GPUs for changes (dra.daemon.rediscovery); 0 disables.
+    rediscover_interval: float = 60.0
 
     @property
     def state_directory(self) -> Path:

@@ -188,6 +188,30 @@ def resources(
     return result
 
 
+@dataclass(frozen=True)
+class Changes:
+    """How one list of resources becomes another, by resource name."""
+
+    added: tuple[Resource, ...] = ()
+    removed: tuple[Resource, ...] = ()
+    #: The new version of each resource whose devices, replicas or sharing rule changed.
+    changed: tuple[Resource, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed or self.changed)
+
+
+def changes(before: Sequence[Resource], after: Sequence[Resource]) -> Changes:
+    """What to start, stop and re-announce to go from `before` to `after`."""
+    old = {r.name: r for r in before}
+    new = {r.name: r for r in after}
+    return Changes(
+        added=tuple(r for name, r in new.items() if name not in old),
+        removed=tuple(r for name, r in old.items() if name not in new),
+        changed=tuple(r for name, r in new.items() if name in old and old[name] != r),
+    )
+
+
 def unshared(inventory_resources: Sequence[Resource], time_slicing: TimeSlicing) -> list[str]:
     """Resources the time-slicing config names that this node does not offer (for a log line)."""
     offered = {r.name for r in inventory_resources}

@@ -24,6 +24,7 @@ import grpc
 
 from dra.daemon import metrics
 from dra.daemon.sockets import check_socket_path
+from dra.deviceplugin.allocate import Strategy
 from dra.deviceplugin.resources import Resource
 from dra.deviceplugin.service import OPTIONS, CallLog, DevicePluginService
 from dra.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
@@ -71,6 +72,11 @@ class ResourceServer:
         self.registrations = 0
         #: Set at the first successful registration.
         self.first_registration = anyio.Event()
+
+    def update(self, resource: Resource, strategies: frozenset[Strategy]) -> None:
+        """Serve the resource with other devices or replicas; the kubelet sees them on ListAndWatch."""
+        self.resource = resource
+        self._service.update(resource, strategies)
 
     @property
     def registered(self) -> bool:

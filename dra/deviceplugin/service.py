@@ -2,7 +2,8 @@
 
 ListAndWatch streams the resource's devices with their health and NUMA node,
 once on connect and again whenever a device's health changes (XID errors,
-through the same HealthTracker as the DRA health stream). GetPreferredAllocation
+through the same HealthTracker as the DRA health stream) or the devices
+themselves change (re-discovery, a new config: `update`). GetPreferredAllocation
 and Allocate are answered by the pure modules `preferred` and `allocate`; a
 time-sliced resource lists each device once per replica, and Allocate maps
 replicas back to their devices.
@@ -81,15 +82,22 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         driver: str,
         calls: CallLog | None = None,
     ) -> None:
-        self.resource = resource
         self._tracker = tracker
-        self._strategies = strategies
         self._driver = driver
         self._calls = calls or CallLog(None)
+        self._end_streams = anyio.Event()
+        self._changed = anyio.Event()
+        self.update(resource, strategies)
+
+    def update(self, resource: Resource, strategies: frozenset[Strategy]) -> None:
+        """Serve the resource's new devices (or replicas, or strategies); open streams send the new list."""
+        self.resource = resource
+        self._strategies = strategies
         self._by_id = resource.device_ids()
         self._parents = {key: device.uuid for key, device in self._by_id.items()}
         self._placements = placements(resource.devices)
-        self._end_streams = anyio.Event()
+        self._changed.set()
+        self._changed = anyio.Event()
 
     def end_streams(self) -> None:
         """Let every open ListAndWatch stream finish (before its server stops); new ones stay open."""
@@ -119,15 +127,15 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
     async def ListAndWatch(  # noqa: N802
         self, request: pb.Empty, context: Context
     ) -> AsyncIterator[pb.ListAndWatchResponse]:
-        """The device list now, and again after every health change that touches this resource."""
+        """The device list now, and again after every change of its devices or their health."""
         end = self._end_streams
         last: list[tuple[str, str]] | None = None
         while not end.is_set():
-            changed = self._tracker.next_change()
+            changed, updated = self._tracker.next_change(), self._changed
             devices = self.devices(self._tracker.snapshot())
             summary = [(d.ID, d.health) for d in devices]
             if summary == last:
-                await _first_of(changed, end)
+                await _first_of(changed, updated, end)
                 continue
             last = summary
             for health in (HEALTHY, UNHEALTHY):
@@ -146,7 +154,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             ]
             self._calls("ListAndWatch", resource=self.resource.name, devices=listed)
             yield pb.ListAndWatchResponse(devices=devices)
-            await _first_of(changed, end)
+            await _first_of(changed, updated, end)
 
     async def GetPreferredAllocation(  # noqa: N802
         self, request: pb.PreferredAllocationRequest, context: Context

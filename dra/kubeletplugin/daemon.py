@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import anyio
@@ -15,17 +14,17 @@ from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointError, CheckpointStore
 from dra.adapters.kube import KubeClient, KubeError
 from dra.core import versions
-from dra.core.assignment import GpuPath, restrict
+from dra.core.assignment import GpuPath
 from dra.daemon import metrics
 from dra.daemon.bootstrap import (
     DaemonSettings,
     Node,
     StartupError,
     open_node,
-    rediscover,
     serve_until_stopped,
     warn_about_stranded_claims,
 )
+from dra.daemon.rediscovery import Rediscovery
 from dra.daemon.sockets import SocketPathError
 from dra.kubeletplugin.publisher import SlicePublisher
 from dra.kubeletplugin.server import PluginServer
@@ -41,68 +40,6 @@ class PluginSettings(DaemonSettings):
     """Everything the kubelet-plugin command is told."""
 
     kubeconfig: str | None = None
-    rediscover_interval: float = 60.0
-
-
-class Rediscovery:
-    """Looks at the GPUs again now and then: a MIG layout changed, a GPU vanished or came back.
-
-    Only GPUs this path was given at start-up are followed; a GPU that appears
-    later is not advertised until a restart assigns it (to DRA or the device plugin).
-    """
-
-    def __init__(self, settings: PluginSettings, inventory: Inventory) -> None:
-        self._settings = settings
-        self._assigned = {gpu.uuid for gpu in inventory.gpus}
-        self.current = inventory
-        self._reported: set[str] = set()
-
-    def follow(self, fresh: Inventory) -> Inventory | None:
-        """This path's part of a fresh discovery, or None when nothing changed."""
-        for gpu in fresh.gpus:
-            if gpu.uuid not in self._assigned and gpu.uuid not in self._reported:
-                self._reported.add(gpu.uuid)
-                log.warning(
-                    "GPU %d (%s) appeared after start-up: restart the driver to assign it",
-                    gpu.index,
-                    gpu.uuid,
-                )
-        mine = restrict(fresh, [gpu for gpu in fresh.gpus if gpu.uuid in self._assigned])
-        if mine == self.current:
-            return None
-        names = {d.uuid: d.name for d in self.current}
-        renamed = [
-            f"{d.uuid} was {names[d.uuid]}, is {d.name}" for d in mine if names.get(d.uuid, d.name) != d.name
-        ]
-        if renamed:
-            # Claims and slices name devices; a device under another name is another device to the
-            # scheduler. Keep the names until a restart re-publishes everything at once.
-            log.error(
-                "GPU indexes changed (%s): keeping the devices published so far; restart to re-index",
-                "; ".join(renamed),
-            )
-            return None
-        before, after = {d.name for d in self.current}, {d.name for d in mine}
-        log.info(
-            "devices changed: added %s, removed %s",
-            ", ".join(sorted(after - before)) or "none",
-            ", ".join(sorted(before - after)) or "none",
-        )
-        self.current = mine
-        return mine
-
-    async def run(self, apply: Callable[[Inventory], Awaitable[None]]) -> None:
-        """Discover every interval and apply what changed, until cancelled."""
-        while True:
-            await anyio.sleep(self._settings.rediscover_interval)
-            try:
-                fresh = await anyio.to_thread.run_sync(rediscover, self._settings)
-            except StartupError as err:
-                log.warning("re-discovering GPUs failed, keeping the last inventory: %s", err)
-                continue
-            changed = self.follow(fresh)
-            if changed is not None:
-                await apply(changed)
 
 
 async def check_server(kube: KubeClient) -> None:

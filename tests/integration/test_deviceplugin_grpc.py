@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +24,14 @@ import pytest
 
 from dra.daemon.health import HealthTracker
 from dra.deviceplugin.allocate import Strategy
-from dra.deviceplugin.config import SharedResource, TimeSlicing
+from dra.deviceplugin.config import MigStrategy, SharedResource, TimeSlicing
+from dra.deviceplugin.daemon import DevicePluginSettings, ResourceSet, offer
 from dra.deviceplugin.resources import Resource, resources
 from dra.deviceplugin.server import ResourceServer
 from dra.deviceplugin.service import CallLog, DevicePluginService
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
+from dra.gpu.profiles import load_profile, parse_profile
 from dra.model.devices import Inventory
 from dra.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from dra.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
@@ -322,3 +323,87 @@ async def test_two_replicas_of_one_gpu_give_the_container_that_gpu_once(director
     [container] = answer.container_responses
     assert container.envs["NVIDIA_VISIBLE_DEVICES"] == first
     assert [c.name for c in container.cdi_devices] == [f"k8s.gpu.nvidia.com/device={first}"]
+
+
+def _fake_node(*gpus: dict[str, Any]) -> Inventory:
+    return discover(FakeGpuLibrary(parse_profile({"gpus": list(gpus)}, "test"), "node-a"))
+
+
+SEVEN_SMALL = {"model": "a100-sxm4-40gb", "mig": ["1g.5gb"] * 7}
+TWO_LARGE = {"model": "a100-sxm4-40gb", "mig": ["3g.20gb", "4g.20gb"]}
+T4 = {"model": "t4"}
+
+
+async def test_resources_follow_changed_devices_without_a_restart(directory: Path, tmp_path: Path) -> None:
+    settings = DevicePluginSettings(
+        driver_name="gpu.nvidia.com",
+        node_name="node-a",
+        kubelet_root=tmp_path,
+        cdi_root=tmp_path / "cdi",
+        state_dir=None,
+        device_plugin_dir=directory,
+        watch_interval=0.05,
+    )
+    before = _fake_node(SEVEN_SMALL, T4)
+    tracker = HealthTracker(before)
+    offering = ResourceSet(settings, tracker, before, CallLog(None))
+    offering.begin(offer(before, settings.plugin_config))
+    kubelet = FakeKubelet(directory)
+    await kubelet.start()
+    small = directory / "dra-gpu-nvidia.com-mig-1g.5gb.sock"
+    async with anyio.create_task_group() as group:
+        offering.run(group)
+        await wait_until("two registrations", lambda: offering.registered and len(kubelet.requests) == 2)
+        gpu = offering.servers["nvidia.com/gpu"]
+        async with grpc.aio.insecure_channel(f"unix://{gpu.socket}") as channel:
+            stub: pb_grpc.DevicePluginAsyncStub = pb_grpc.DevicePluginStub(channel)
+            stream = stub.ListAndWatch(pb.Empty())
+            first = await stream.read()
+            assert isinstance(first, pb.ListAndWatchResponse)
+            assert len(first.devices) == 1
+
+            # A new MIG layout: the 1g.5gb resource goes, 3g.20gb and 4g.20gb come; the T4 stays.
+            after = _fake_node(TWO_LARGE, T4)
+            assert await offering.apply(after, offering.config) is None
+            await wait_until("four registrations", lambda: offering.registered and len(kubelet.requests) == 4)
+            # The two new servers register concurrently, in either order.
+            assert sorted(r.resource_name for r in kubelet.requests[2:]) == [
+                "nvidia.com/mig-3g.20gb",
+                "nvidia.com/mig-4g.20gb",
+            ]
+            assert sorted(offering.servers) == [
+                "nvidia.com/gpu",
+                "nvidia.com/mig-3g.20gb",
+                "nvidia.com/mig-4g.20gb",
+            ]
+            assert not small.exists(), "the gone resource's socket is removed"
+            spec = json.loads((settings.cdi_root / "k8s.gpu.nvidia.com-device.json").read_text())
+            assert {d["name"] for d in spec["devices"]} == {d.uuid for d in after}
+
+            # An XID marks the T4 unhealthy; it vanishes (the open stream of nvidia.com/gpu lists no
+            # device) and comes back: a fresh device to the health tracker, healthy again.
+            assert tracker.mark_unhealthy(["gpu-1"], "XID 79") == ["gpu-1"]
+            unhealthy = await stream.read()
+            assert isinstance(unhealthy, pb.ListAndWatchResponse)
+            assert [d.health for d in unhealthy.devices] == ["Unhealthy"]
+            t4_gone = _fake_node(TWO_LARGE)
+            assert await offering.apply(t4_gone, offering.config) is None
+            second = await stream.read()
+            assert isinstance(second, pb.ListAndWatchResponse)
+            assert list(second.devices) == []
+            assert await offering.apply(after, offering.config) is None
+            third = await stream.read()
+            assert isinstance(third, pb.ListAndWatchResponse)
+            assert [d.ID for d in third.devices] == [d.ID for d in first.devices]
+            assert {d.health for d in third.devices} == {"Healthy"}
+
+            # A layout the MIG strategy cannot offer is refused, and the last resources stay.
+            single = replace(offering.config, mig_strategy=MigStrategy.SINGLE)
+            refused = await offering.apply(after, single)
+            assert refused is not None
+            assert "MIG strategy single" in refused
+            assert offering.config.mig_strategy is MigStrategy.MIXED
+            assert len(offering.servers) == 3
+        group.cancel_scope.cancel()
+    await offering.stop()
+    await kubelet.stop()

@@ -286,3 +286,37 @@ async def test_fail_on_init_error_false_waits_instead_of_exiting(
     assert record.getMessage().endswith(
         "failOnInitError is false, so this plugin serves nothing until it is stopped"
     )
+
+
+def test_check_config_with_a_config_dir_validates_every_named_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "four").write_text(
+        "version: v1\nsharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 4}]}}"
+    )
+    (tmp_path / "plain").write_text("version: v1\n")
+    (tmp_path / "..data").mkdir()
+    argv = ["device-plugin", f"--config-dir={tmp_path}", "--check-config"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "config four:"
+    assert "  time-slicing: nvidia.com/gpu x4 advertised as nvidia.com/gpu" in out
+    assert "config plain:" in out
+
+    (tmp_path / "zero").write_text(
+        "version: v1\nsharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 0}]}}"
+    )
+    line = _refusal(argv, capsys)
+    assert line.startswith(f"dra-gpu: error: config zero ({tmp_path / 'zero'}): sharing.timeSlicing")
+
+
+def test_config_dir_excludes_config_file_and_config_default_needs_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = _refusal(
+        ["device-plugin", f"--config-dir={tmp_path}", f"--config-file={tmp_path / 'x'}", "--check-config"],
+        capsys,
+    )
+    assert line == "dra-gpu: error: --config-file and --config-dir exclude each other: give one"
+    line = _refusal(["device-plugin", "--config-default=four", "--check-config"], capsys)
+    assert line == "dra-gpu: error: --config-default needs --config-dir"

@@ -507,3 +507,30 @@ def test_values_schema_rejects_bad_admin_labels(labels: dict[str, str], complain
         result = chart.helm("template", "dra-gpu", str(chart.CHART), *flags, check=False)
     assert result.returncode != 0
     assert complaint in result.stderr
+
+
+def test_named_device_plugin_configs_mount_a_configmap_directory_and_grant_node_watch() -> None:
+    pod, objects = _device_plugin_pod({}, namedConfigs={"configMap": "dp-configs", "default": "one"})
+    [container] = pod["containers"]
+    env = _env(container)
+    assert env["DRA_GPU_CONFIG_DIR"] == "/etc/dra-gpu/device-plugin-configs"
+    assert env["DRA_GPU_CONFIG_DEFAULT"] == "one"
+    assert "DRA_GPU_CONFIG_FILE" not in env
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["device-plugin-configs"]["configMap"] == {"name": "dp-configs"}, "every key, no subPath"
+    rules = {tuple(r["resources"]): r["verbs"] for r in _only(objects, "ClusterRole")["rules"]}
+    assert rules[("nodes",)] == ["get", "watch"]
+    assert rules[("events",)] == ["create"]
+    with chart.values_flags(
+        {
+            **ALONE,
+            "devicePlugin": {
+                "enabled": True,
+                "config": {"data": "version: v1"},
+                "namedConfigs": {"configMap": "dp-configs"},
+            },
+        }
+    ) as flags:
+        result = chart.helm("template", "dra-gpu", str(chart.CHART), *flags, check=False)
+    assert result.returncode != 0
+    assert "set config (one file) or namedConfigs" in result.stderr

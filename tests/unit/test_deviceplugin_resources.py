@@ -9,6 +9,7 @@ import pytest
 from dra.deviceplugin.config import MigStrategy, SharedResource, TimeSlicing
 from dra.deviceplugin.resources import (
     ResourceError,
+    changes,
     check_resource_name,
     device_id,
     mig_resource_name,
@@ -202,3 +203,26 @@ def test_time_slicing_refuses_two_resources_of_one_name_and_reports_absent_ones(
         resources(node("h100x8-mig"), time_slicing=clash)
     absent = shared(SharedResource("nvidia.com/mig-1g.5gb", 2), SharedResource("nvidia.com/gpu", 2))
     assert unshared(resources(node("mixed"), time_slicing=absent), absent) == ["nvidia.com/mig-1g.5gb"]
+
+
+def test_changes_between_two_mig_layouts_by_resource_name() -> None:
+    small = {"model": "a100-sxm4-40gb", "mig": ["1g.5gb"] * 7}
+    large = {"model": "a100-sxm4-40gb", "mig": ["3g.20gb", "4g.20gb"]}
+    t4 = {"model": "t4"}
+    before = resources(discover(FakeGpuLibrary(parse_profile({"gpus": [small, t4]}, "t"), "node-a")))
+    after = resources(discover(FakeGpuLibrary(parse_profile({"gpus": [large, t4]}, "t"), "node-a")))
+    diff = changes(before, after)
+    assert [r.name for r in diff.added] == ["nvidia.com/mig-3g.20gb", "nvidia.com/mig-4g.20gb"]
+    assert [r.name for r in diff.removed] == ["nvidia.com/mig-1g.5gb"]
+    assert diff.changed == (), "the T4 is the same device under nvidia.com/gpu"
+    assert not changes(after, after)
+
+
+def test_more_replicas_change_a_resource_in_place() -> None:
+    inventory = node("mixed")
+    [one] = resources(inventory)
+    [four] = resources(inventory, time_slicing=TimeSlicing(resources=(SharedResource("nvidia.com/gpu", 4),)))
+    diff = changes([one], [four])
+    assert (diff.added, diff.removed) == ((), ())
+    assert diff.changed == (four,)
+    assert diff.changed[0].advertised == 16

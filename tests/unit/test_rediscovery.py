@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from dra.daemon.health import HealthTracker
+from dra.daemon.rediscovery import Rediscovery
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.profiles import parse_profile
-from dra.kubeletplugin.daemon import PluginSettings, Rediscovery
+from dra.kubeletplugin.daemon import PluginSettings
 from dra.model.devices import Inventory
 
 SETTINGS = PluginSettings(

@@ -1,0 +1,80 @@
+"""Looking at the GPUs again while a daemon runs: a new MIG layout, a GPU that vanished or came back.
+
+Both daemons follow only the GPUs their path was given at start-up; the
+caller applies what changed (slices for DRA, resources for the device plugin).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+import anyio
+import anyio.to_thread
+
+from dra.core.assignment import restrict
+from dra.daemon.bootstrap import DaemonSettings, StartupError, rediscover
+from dra.model.devices import Inventory
+
+log = logging.getLogger(__name__)
+
+
+class Rediscovery:
+    """Looks at the GPUs again now and then: a MIG layout changed, a GPU vanished or came back.
+
+    Only GPUs this path was given at start-up are followed; a GPU that appears
+    later is not advertised until a restart assigns it (to DRA or the device plugin).
+    """
+
+    def __init__(self, settings: DaemonSettings, inventory: Inventory) -> None:
+        self._settings = settings
+        self._assigned = {gpu.uuid for gpu in inventory.gpus}
+        self.current = inventory
+        self._reported: set[str] = set()
+
+    def follow(self, fresh: Inventory) -> Inventory | None:
+        """This path's part of a fresh discovery, or None when nothing changed."""
+        for gpu in fresh.gpus:
+            if gpu.uuid not in self._assigned and gpu.uuid not in self._reported:
+                self._reported.add(gpu.uuid)
+                log.warning(
+                    "GPU %d (%s) appeared after start-up: restart the driver to assign it",
+                    gpu.index,
+                    gpu.uuid,
+                )
+        mine = restrict(fresh, [gpu for gpu in fresh.gpus if gpu.uuid in self._assigned])
+        if mine == self.current:
+            return None
+        names = {d.uuid: d.name for d in self.current}
+        renamed = [
+            f"{d.uuid} was {names[d.uuid]}, is {d.name}" for d in mine if names.get(d.uuid, d.name) != d.name
+        ]
+        if renamed:
+            # Claims and slices name devices; a device under another name is another device to the
+            # scheduler. Keep the names until a restart re-publishes everything at once.
+            log.error(
+                "GPU indexes changed (%s): keeping the devices published so far; restart to re-index",
+                "; ".join(renamed),
+            )
+            return None
+        before, after = {d.name for d in self.current}, {d.name for d in mine}
+        log.info(
+            "devices changed: added %s, removed %s",
+            ", ".join(sorted(after - before)) or "none",
+            ", ".join(sorted(before - after)) or "none",
+        )
+        self.current = mine
+        return mine
+
+    async def run(self, apply: Callable[[Inventory], Awaitable[None]]) -> None:
+        """Discover every --rediscover-interval and apply what changed, until cancelled."""
+        while True:
+            await anyio.sleep(self._settings.rediscover_interval)
+            try:
+                fresh = await anyio.to_thread.run_sync(rediscover, self._settings)
+            except StartupError as err:
+                log.warning("re-discovering GPUs failed, keeping the last inventory: %s", err)
+                continue
+            changed = self.follow(fresh)
+            if changed is not None:
+                await apply(changed)

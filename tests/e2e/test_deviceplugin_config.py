@@ -21,20 +21,9 @@ from localcluster.workloads import delete_pods, gpu_limits_pod, node_resources
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.profiles import load_profile
+from tests.unit.test_deviceplugin_config import TIME_SLICING
 
 GPU = "nvidia.com/gpu"
-
-#: NVIDIA's documented time-slicing ConfigMap data, verbatim.
-TIME_SLICING = """\
-version: v1
-flags:
-  migStrategy: none
-sharing:
-  timeSlicing:
-    resources:
-    - name: nvidia.com/gpu
-      replicas: 4
-"""
 
 
 @contextmanager

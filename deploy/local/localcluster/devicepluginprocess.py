@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -39,21 +38,17 @@ class DevicePluginProcess(DaemonProcess):
 
     def args(self) -> list[str]:
         """The command line."""
-        return [
-            sys.executable,
-            "-m",
-            "dra",
+        return self.dra_gpu(
             "device-plugin",
-            f"--node-name={self.cluster.node_name}",
+            self.cluster,
+            self.profile,
             f"--kubelet-root={self.cluster.kubelet_root}",
             f"--device-plugin-dir={self.cluster.device_plugin_dir}",
             f"--cdi-root={self.cluster.cdi_dir}",
-            f"--fake-gpus={self.profile}",
             f"--fake-gpu-events={self.events}",
-            f"--http-address=127.0.0.1:{self.port}",
             f"--call-log={self.call_log}",
             *self.extra_args,
-        ]
+        )
 
     def calls(self, event: str | None = None) -> list[dict[str, Any]]:
         """The kubelet calls recorded so far (of one kind)."""

@@ -42,6 +42,19 @@ class DaemonProcess(abc.ABC):
     def args(self) -> list[str]:
         """The command line."""
 
+    def dra_gpu(self, command: str, cluster: ClusterInfo, profile: str, *flags: str) -> list[str]:
+        """`dra-gpu COMMAND` on the cluster's node, fake GPUs and an HTTP port of its own, then `flags`."""
+        return [
+            sys.executable,
+            "-m",
+            "dra",
+            command,
+            f"--node-name={cluster.node_name}",
+            f"--fake-gpus={profile}",
+            f"--http-address=127.0.0.1:{self.port}",
+            *flags,
+        ]
+
     def start(self, timeout: float = 30.0, on_spawn: Callable[[int], object] | None = None) -> Self:
         """Start and wait until /readyz answers 200 (the daemon decides what ready means).
 
@@ -125,17 +138,13 @@ class DriverProcess(DaemonProcess):
 
     def args(self) -> list[str]:
         """dra-gpu kubelet-plugin on the cluster, fake GPUs, an HTTP port of its own."""
-        return [
-            sys.executable,
-            "-m",
-            "dra",
+        return self.dra_gpu(
             "kubelet-plugin",
+            self.cluster,
+            self.profile,
             f"--driver-name={self.driver_name}",
-            f"--node-name={self.cluster.node_name}",
             f"--kubeconfig={self.kubeconfig}",
             f"--kubelet-root={self.cluster.kubelet_root}",
             f"--cdi-root={self.cluster.cdi_dir}",
-            f"--fake-gpus={self.profile}",
-            f"--http-address=127.0.0.1:{self.port}",
             *self.extra_args,
-        ]
+        )

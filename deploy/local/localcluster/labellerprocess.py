@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from localcluster.cluster import ClusterInfo
@@ -32,15 +31,11 @@ class LabellerProcess(DaemonProcess):
 
     def args(self) -> list[str]:
         """The command line."""
-        return [
-            sys.executable,
-            "-m",
-            "dra",
+        return self.dra_gpu(
             "node-labeller",
-            f"--node-name={self.cluster.node_name}",
+            self.cluster,
+            self.profile,
             f"--kubeconfig={self.kubeconfig}",
-            f"--fake-gpus={self.profile}",
             f"--fake-gpu-events={self.events}",
-            f"--http-address=127.0.0.1:{self.port}",
             *self.extra_args,
-        ]
+        )

@@ -21,17 +21,16 @@ import anyio
 import yaml
 
 from dra.core.assignment import Selector, SelectorError, parse_selector
-from dra.core.labels import AdminTemplate, LabelError, Sharing, parse_template
+from dra.core.labels import AdminTemplate, LabelError, parse_template
 from dra.core.slices import SliceError, build_slices
 from dra.daemon import logs
 from dra.daemon.bootstrap import DaemonSettings, StartupError, gpu_library, load_inventory
 from dra.daemon.flags import UsageError, apply_environment, csv, nonempty, option, path, seconds
 from dra.deviceplugin import config as dpconfig
+from dra.deviceplugin import setup as dpsetup
 from dra.deviceplugin.allocate import Strategy, parse_strategies
-from dra.deviceplugin.configwatch import NamedConfigs
 from dra.deviceplugin.daemon import DevicePluginSettings, run_device_plugin
-from dra.deviceplugin.named import config_names
-from dra.deviceplugin.resources import DEFAULT_RESOURCE, ResourceError, resources
+from dra.deviceplugin.resources import DEFAULT_RESOURCE
 from dra.kubeletplugin.daemon import PluginSettings, run_kubelet_plugin
 from dra.labeller.daemon import LabellerSettings, run_node_labeller
 
@@ -376,83 +375,14 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plugin_config(args: argparse.Namespace) -> dpconfig.Settings:
-    """The config file (if any) read and combined with the flags; StartupError naming the problem."""
-    overrides = dpconfig.Overrides(args.resource_name, args.mig_strategy, args.device_list_strategy)
-    return _effective_config(args.config_file, overrides)
-
-
-def _effective_config(config_file: Path | None, overrides: dpconfig.Overrides) -> dpconfig.Settings:
-    parsed = None
-    if config_file is not None:
-        source = str(config_file)
-        try:
-            text = config_file.read_text()
-        except (OSError, UnicodeDecodeError) as err:
-            raise StartupError(f"--config-file: cannot read {source}: {err}") from None
-        try:
-            parsed = dpconfig.parse_config(text, source)
-        except dpconfig.ConfigError as err:
-            raise StartupError(str(err)) from None
-    try:
-        return dpconfig.effective(parsed, overrides)
-    except dpconfig.ConfigError as err:
-        raise StartupError(str(err)) from None
-
-
-def _named_configs(args: argparse.Namespace) -> NamedConfigs | None:
-    """--config-dir and its flags; StartupError when they contradict the others."""
-    if args.config_dir is None:
-        if args.config_default is not None:
-            raise StartupError("--config-default needs --config-dir")
-        return None
-    if args.config_file is not None:
-        raise StartupError("--config-file and --config-dir exclude each other: give one")
-    overrides = dpconfig.Overrides(args.resource_name, args.mig_strategy, args.device_list_strategy)
-    return NamedConfigs(args.config_dir, args.config_default, overrides)
-
-
-def _check_named(named: NamedConfigs) -> int:
-    """Validate every config of the directory; print each one's settings."""
-    try:
-        names = config_names(p.name for p in named.directory.iterdir())
-    except OSError as err:
-        raise StartupError(f"--config-dir: cannot list {named.directory}: {err}") from None
-    if not names:
-        raise StartupError(f"--config-dir: {named.directory} has no config")
-    for name in names:
-        try:
-            settings = named.settings(name, (named.directory / name).read_text())
-        except (OSError, UnicodeDecodeError) as err:
-            raise StartupError(f"config {name}: cannot read it: {err}") from None
-        except dpconfig.ConfigError as err:
-            raise StartupError(str(err)) from None
-        print(f"config {name}:")
-        print("\n".join(f"  {line}" for line in dpconfig.describe(settings)))
-    return 0
-
-
-def _check_config(args: argparse.Namespace, plugin: dpconfig.Settings) -> int:
-    print("\n".join(dpconfig.describe(plugin)))
-    if not args.fake_gpus:
-        return 0
-    inventory = load_inventory(gpu_library(args.fake_gpus, args.node_name or "fake-node"))
-    try:
-        offered = resources(inventory, plugin.resource_name, plugin.mig_strategy, plugin.time_slicing)
-    except ResourceError as err:
-        raise StartupError(str(err)) from None
-    for resource in offered:
-        print(f"offers {resource.name}: {resource.advertised}")
-    return 0
-
-
 def _device_plugin(args: argparse.Namespace) -> int:
-    named = _named_configs(args)
+    overrides = dpconfig.Overrides(args.resource_name, args.mig_strategy, args.device_list_strategy)
+    named = dpsetup.named_configs(args.config_dir, args.config_default, args.config_file, overrides)
     if named is not None and args.check_config:
-        return _check_named(named)
-    plugin = _plugin_config(args)
+        return dpsetup.check_named(named)
+    plugin = dpsetup.load_config(args.config_file, overrides)
     if args.check_config:
-        return _check_config(args, plugin)
+        return dpsetup.check_config(plugin, args.fake_gpus, args.node_name)
     for item in plugin.ignored:
         log.info("%s: ignored %s", args.config_file, item)
     settings = DevicePluginSettings(
@@ -471,27 +401,8 @@ def _device_plugin(args: argparse.Namespace) -> int:
     return 0
 
 
-def label_sharing(plugin: dpconfig.Settings, mig_strategy: dpconfig.MigStrategy) -> Sharing:
-    """The device plugin's settings as the plain values the labels are computed from."""
-    shared = plugin.time_slicing
-    mig_prefix = dpconfig.mig_resource_prefix(plugin.resource_name)
-    replicas: dict[str, int] = {}
-    renamed: set[str] = set()
-    for entry in shared.resources:
-        short = "gpu" if entry.name == plugin.resource_name else "mig-" + entry.name.removeprefix(mig_prefix)
-        replicas[short] = entry.replicas
-        if shared.advertised_name(entry) != entry.name:
-            renamed.add(short)
-    return Sharing(
-        mig_strategy=mig_strategy.value,
-        strategy="time-slicing" if replicas else "none",
-        replicas=replicas,
-        renamed=frozenset(renamed),
-    )
-
-
 def _node_labeller(args: argparse.Namespace) -> int:
-    plugin = _effective_config(args.config_file, dpconfig.Overrides(DEFAULT_RESOURCE, args.mig_strategy))
+    plugin = dpsetup.load_config(args.config_file, dpconfig.Overrides(DEFAULT_RESOURCE, args.mig_strategy))
     # Without a config file the device plugin may not run at all: GFD's default then.
     mig_strategy = args.mig_strategy or (
         plugin.mig_strategy if args.config_file is not None else dpconfig.MigStrategy.NONE
@@ -500,7 +411,7 @@ def _node_labeller(args: argparse.Namespace) -> int:
         **_daemon_settings(args),
         kubeconfig=args.kubeconfig or None,
         interval=args.interval,
-        sharing=label_sharing(plugin, mig_strategy),
+        sharing=dpsetup.label_sharing(plugin, mig_strategy),
         admin=args.label_template,
     )
     anyio.run(run_node_labeller, settings, backend="asyncio")

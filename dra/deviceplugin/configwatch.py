@@ -35,19 +35,26 @@ class NamedConfigs:
     default: str | None
     overrides: dpconfig.Overrides
 
-    def load(self, labels: Mapping[str, str]) -> tuple[str, str, dpconfig.Settings]:
-        """The name, text and effective settings of the config these labels choose; ConfigError why not."""
+    def names(self) -> list[str]:
+        """The names of the configs in the directory; ConfigError when it cannot be listed."""
         try:
-            names = config_names(p.name for p in self.directory.iterdir())
+            return config_names(p.name for p in self.directory.iterdir())
         except OSError as err:
             raise dpconfig.ConfigError(f"--config-dir: cannot list {self.directory}: {err}") from None
-        name = choose(labels, names, self.default)
+
+    def read(self, name: str) -> tuple[str, dpconfig.Settings]:
+        """The text and effective settings of one config; ConfigError naming it and the problem."""
         path = self.directory / name
         try:
             text = path.read_text()
         except (OSError, UnicodeDecodeError) as err:
             raise dpconfig.ConfigError(f"config {name}: cannot read {path}: {err}") from None
-        return name, text, self.settings(name, text)
+        return text, self.settings(name, text)
+
+    def load(self, labels: Mapping[str, str]) -> tuple[str, str, dpconfig.Settings]:
+        """The name, text and effective settings of the config these labels choose; ConfigError why not."""
+        name = choose(labels, self.names(), self.default)
+        return (name, *self.read(name))
 
     def settings(self, name: str, text: str) -> dpconfig.Settings:
         """One config's text combined with the flags; ConfigError naming the config and the problem."""

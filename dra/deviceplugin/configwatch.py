@@ -42,19 +42,28 @@ class NamedConfigs:
         except OSError as err:
             raise dpconfig.ConfigError(f"--config-dir: cannot list {self.directory}: {err}") from None
 
-    def read(self, name: str) -> tuple[str, dpconfig.Settings]:
-        """The text and effective settings of one config; ConfigError naming it and the problem."""
+    def chosen(self, labels: Mapping[str, str]) -> tuple[str, str]:
+        """The name and text of the config these labels choose; ConfigError why there is none."""
+        name = choose(labels, self.names(), self.default)
+        return name, self.text(name)
+
+    def text(self, name: str) -> str:
+        """One config's text; ConfigError naming it when it cannot be read."""
         path = self.directory / name
         try:
-            text = path.read_text()
+            return path.read_text()
         except (OSError, UnicodeDecodeError) as err:
             raise dpconfig.ConfigError(f"config {name}: cannot read {path}: {err}") from None
+
+    def read(self, name: str) -> tuple[str, dpconfig.Settings]:
+        """The text and effective settings of one config; ConfigError naming it and the problem."""
+        text = self.text(name)
         return text, self.settings(name, text)
 
     def load(self, labels: Mapping[str, str]) -> tuple[str, str, dpconfig.Settings]:
         """The name, text and effective settings of the config these labels choose; ConfigError why not."""
-        name = choose(labels, self.names(), self.default)
-        return (name, *self.read(name))
+        name, text = self.chosen(labels)
+        return name, text, self.settings(name, text)
 
     def settings(self, name: str, text: str) -> dpconfig.Settings:
         """One config's text combined with the flags; ConfigError naming the config and the problem."""
@@ -97,11 +106,17 @@ class ConfigFollower:
         """Apply the config this Node state chooses, if it is not the one in force."""
         self._node = node
         try:
-            name, text, settings = self._configs.load(labels_of(node))
+            name, text = self._configs.chosen(labels_of(node))
         except dpconfig.ConfigError as err:
             await self._refuse(("", str(err)), str(err))
             return
+        # Polled every second: parse (and log what it ignores) only a config not seen yet.
         if (name, text) == self._seen:
+            return
+        try:
+            settings = self._configs.settings(name, text)
+        except dpconfig.ConfigError as err:
+            await self._refuse(("", str(err)), str(err))
             return
         refused = await self._apply(settings)
         if refused is not None:

@@ -71,7 +71,7 @@ class DeviceState:
         return plans.conflicts(allocation, self.inventory, self._prepared, pool=self.pool)
 
     def recover(self) -> None:
-        """After a restart: drop specs of claims not prepared, re-create missing specs of prepared ones."""
+        """After a restart: drop specs of claims not prepared, (re)write the specs of prepared ones."""
         with self._lock:
             self._checkpoint.remove_leftovers()
             self._cdi.remove_leftovers()

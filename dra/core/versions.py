@@ -33,6 +33,30 @@ class ServerInfo:
     resource_versions: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class ApiFeatures:
+    """What the API server accepts in resource.k8s.io/v1 objects, decided once at start.
+
+    A feature whose gate is off on the server is False: the server would drop
+    its fields silently, so the driver does not publish them (and says so once
+    at start).
+    """
+
+    #: The server's minor release (1.x).
+    minor: int = OLDEST_MINOR
+    #: Shared counters and devices consuming them (DRAPartitionableDevices).
+    partitionable_devices: bool = False
+    #: Taints on devices in ResourceSlices (DRADeviceTaints).
+    device_taints: bool = False
+    #: allowMultipleAllocations and capacity request policies (DRAConsumableCapacity).
+    consumable_capacity: bool = False
+
+    @property
+    def counters_in_own_slice(self) -> bool:
+        """From 1.35 a slice holds either devices or shared counters, never both (1.34: both in one)."""
+        return self.minor >= 35
+
+
 class UnsupportedServerError(Exception):
     """The API server cannot serve this driver; the message names the supported range."""
 

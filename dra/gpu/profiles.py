@@ -1,21 +1,24 @@
 """Fake-GPU profiles: a catalog of realistic NVIDIA products and the profile file format.
 
 A profile says which GPUs a node has: a built-in name (`h100x8`, `h100x8-mig`,
-`a100x4-mig`, `mixed`), a YAML file, or a per-node map file that picks one by
-node name. docs/configuration.md documents the format; every error names the
-field to fix. dra.gpu.fake serves a profile through the GpuLibrary interface.
+`a100x4-mig`, `h100x8-dynamic-mig`, `a100x4-dynamic-mig`, `mixed`), a YAML
+file, or a per-node map file that picks one by node name. docs/configuration.md
+documents the format; every error names the field to fix. dra.gpu.fake serves
+a profile through the GpuLibrary interface.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
+from dra.gpu import migtables
 from dra.gpu.discovery import ADDRESSING_MODES, ARCHITECTURES, BRANDS
+from dra.gpu.migtables import GpuInstanceProfile
 
 _K = TypeVar("_K")
 
@@ -55,40 +58,36 @@ class GpuModel:
     architecture: int
     compute_capability: tuple[int, int]
     memory_mib: int
-    mig_profiles: dict[str, MigProfile] = field(default_factory=dict)
-    mig_slices: int = 7
+    #: The model's GPU-instance profiles with their placements (dra.gpu.migtables); empty: no MIG.
+    mig_table: tuple[GpuInstanceProfile, ...] = ()
+    mig_slices: int = migtables.COMPUTE_SLICES
     #: nvmlDeviceAddressingMode value; None: NVML answers NOT_SUPPORTED.
     addressing_mode: int | None = _HMM
 
+    @property
+    def mig_profiles(self) -> dict[str, MigProfile]:
+        """Sizes of each MIG profile, by name."""
+        return {
+            p.name: MigProfile(
+                p.slices,
+                p.multiprocessors,
+                p.memory_mib,
+                p.copy_engines,
+                decoders=p.decoders,
+                encoders=p.encoders,
+                jpeg_engines=p.jpeg_engines,
+                ofa_engines=p.ofa_engines,
+            )
+            for p in self.mig_table
+        }
 
-_H100_MIG = {
-    "1g.10gb": MigProfile(1, 16, 9856, 1, decoders=1, jpeg_engines=1),
-    "1g.20gb": MigProfile(1, 16, 19968, 1, decoders=1, jpeg_engines=1),
-    "2g.20gb": MigProfile(2, 32, 19968, 2, decoders=2, jpeg_engines=2),
-    "3g.40gb": MigProfile(3, 60, 40192, 3, decoders=3, jpeg_engines=3),
-    "4g.40gb": MigProfile(4, 64, 40192, 4, decoders=4, jpeg_engines=4),
-    "7g.80gb": MigProfile(7, 132, 80384, 8, decoders=7, jpeg_engines=7, ofa_engines=1),
-}
 
 #: Known products, keyed by a short model name (case-insensitive in profiles).
 MODELS: dict[str, GpuModel] = {
-    "h100-sxm5-80gb": GpuModel("NVIDIA H100 80GB HBM3", 14, 9, (9, 0), 81559, _H100_MIG),
-    "h200-sxm5-141gb": GpuModel("NVIDIA H200", 14, 9, (9, 0), 143771),
-    "a100-sxm4-40gb": GpuModel(
-        "NVIDIA A100-SXM4-40GB",
-        14,
-        7,
-        (8, 0),
-        40960,
-        {
-            "1g.5gb": MigProfile(1, 14, 4864, 1),
-            "1g.5gb+me": MigProfile(1, 14, 4864, 1, decoders=1, jpeg_engines=1, ofa_engines=1),
-            "2g.10gb": MigProfile(2, 28, 9984, 2, decoders=1),
-            "3g.20gb": MigProfile(3, 42, 19968, 3, decoders=2),
-            "4g.20gb": MigProfile(4, 56, 19968, 4, decoders=2),
-            "7g.40gb": MigProfile(7, 98, 40192, 7, decoders=5, jpeg_engines=1, ofa_engines=1),
-        },
-    ),
+    "h100-sxm5-80gb": GpuModel("NVIDIA H100 80GB HBM3", 14, 9, (9, 0), 81559, migtables.H100_80GB),
+    "h200-sxm5-141gb": GpuModel("NVIDIA H200", 14, 9, (9, 0), 143771, migtables.H200_141GB),
+    "a100-sxm4-40gb": GpuModel("NVIDIA A100-SXM4-40GB", 14, 7, (8, 0), 40960, migtables.A100_40GB),
+    "a100-sxm4-80gb": GpuModel("NVIDIA A100-SXM4-80GB", 14, 7, (8, 0), 81920, migtables.A100_80GB),
     "l40s": GpuModel("NVIDIA L40S", 14, 8, (8, 9), 46068),
     "t4": GpuModel("Tesla T4", 14, 6, (7, 5), 15360),
 }
@@ -110,6 +109,9 @@ BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
             {"model": "a100-sxm4-40gb", "mig": ["7g.40gb"]},
         ]
     },
+    # MIG mode on and no instance made: dynamic MIG (--mig-mode=dynamic) partitions them on demand.
+    "h100x8-dynamic-mig": {"gpus": [{"model": "h100-sxm5-80gb", "count": 8, "mig": []}]},
+    "a100x4-dynamic-mig": {"gpus": [{"model": "a100-sxm4-80gb", "count": 4, "mig": []}]},
     "mixed": {"gpus": [{"model": "l40s", "count": 2}, {"model": "t4", "count": 2}]},
 }
 

@@ -42,7 +42,14 @@ def _write(tmp_path: Path, text: str, name: str = "node.yaml") -> Path:
 
 
 def test_every_builtin_profile_loads_by_name() -> None:
-    assert sorted(BUILTIN_PROFILES) == ["a100x4-mig", "h100x8", "h100x8-mig", "mixed"]
+    assert sorted(BUILTIN_PROFILES) == [
+        "a100x4-dynamic-mig",
+        "a100x4-mig",
+        "h100x8",
+        "h100x8-dynamic-mig",
+        "h100x8-mig",
+        "mixed",
+    ]
     for name in BUILTIN_PROFILES:
         loaded = load_profile(name)
         assert loaded.name == name
@@ -124,7 +131,10 @@ def test_unknown_profile_names_the_builtins() -> None:
     with pytest.raises(ProfileError) as err:
         load_profile("h100x16")
     message = str(err.value)
-    assert "'h100x16' is neither a built-in (h100x8, h100x8-mig, a100x4-mig, mixed) nor a file" in message
+    assert (
+        "'h100x16' is neither a built-in (h100x8, h100x8-mig, a100x4-mig, "
+        "h100x8-dynamic-mig, a100x4-dynamic-mig, mixed) nor a file" in message
+    )
 
 
 def test_a_directory_is_not_a_profile(tmp_path: Path) -> None:
@@ -201,8 +211,8 @@ PROFILE_ERRORS: list[tuple[str, Any, str]] = [
     ),
     (
         "unknown MIG profile",
-        {"gpus": [{"model": _A100, "mig": ["1g.5gb", "1g.10gb"]}]},
-        "gpus[0].mig[1]: '1g.10gb' is not a MIG profile of NVIDIA A100-SXM4-40GB; known: 1g.5gb,",
+        {"gpus": [{"model": _A100, "mig": ["1g.5gb", "1g.12gb"]}]},
+        "gpus[0].mig[1]: '1g.12gb' is not a MIG profile of NVIDIA A100-SXM4-40GB; known: 1g.5gb,",
     ),
     (
         "too many slices",

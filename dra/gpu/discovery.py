@@ -1,7 +1,9 @@
 """From NVML readings to the node's inventory: pure mapping over a GpuLibrary.
 
 The same code runs on real NVML and on fake GPUs; only the library differs.
-A GPU in MIG mode contributes its MIG devices instead of itself.
+A GPU in MIG mode contributes its MIG devices instead of itself, unless the
+admin's MIG mode for it (dra.model.migmode) says `whole` (itself) or
+`dynamic` (itself, plus every MIG profile at every placement as partitions).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TypeVar
 from dra.gpu.nvml import (
     ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_FUNCTION_NOT_FOUND,
+    ERROR_INVALID_ARGUMENT,
     ERROR_NOT_FOUND,
     ERROR_NOT_SUPPORTED,
     GpuHandle,
@@ -22,7 +25,8 @@ from dra.gpu.nvml import (
     GpuLibraryError,
     sysfs_bus_id,
 )
-from dra.model.devices import Device, Gpu, Inventory, MigDevice
+from dra.model import migmode
+from dra.model.devices import Device, Gpu, Inventory, MigDevice, MigPartition
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +118,12 @@ def mig_device_name(parent_index: int, profile: str, gpu_instance: int, compute_
     """A DNS-label device name: gpu-4-mig-1g10gb-7-0."""
     slug = re.sub(r"[^a-z0-9]", "", profile.lower())
     return f"gpu-{parent_index}-mig-{slug}-{gpu_instance}-{compute_instance}"
+
+
+def partition_name(parent_index: int, profile: str, start: int) -> str:
+    """A DNS-label name for a dynamic-MIG offer: gpu-0-mig-3g40gb-at4."""
+    slug = re.sub(r"[^a-z0-9]", "", profile.lower())
+    return f"gpu-{parent_index}-mig-{slug}-at{start}"
 
 
 def _unless_unknown(query: Callable[[], _T], *unknown: int) -> _T | None:
@@ -223,12 +233,72 @@ def _mig_devices(lib: GpuLibrary, handle: GpuHandle, parent: Gpu, caps: dict[str
     return found
 
 
-def discover(lib: GpuLibrary) -> Inventory:
+#: GPUs whose MIG-mode remark was logged, so that re-discovery says it once per process.
+_told: set[tuple[str, str]] = set()
+
+
+def _tell_once(gpu: Gpu, key: str, message: str, *args: object) -> None:
+    if (gpu.uuid, key) not in _told:
+        _told.add((gpu.uuid, key))
+        log.warning(message, *args)
+
+
+def partitions(lib: GpuLibrary, handle: GpuHandle, parent: Gpu, profile_count: int) -> list[MigPartition]:
+    """Every GPU-instance profile of the GPU at every placement NVML offers for it.
+
+    Profiles with media extensions (+me) are left out: a GPU has one OFA unit,
+    which the counters the partitions consume do not model.
+    """
+    found: list[MigPartition] = []
+    for profile in range(profile_count):
+        try:
+            info = lib.gpu_instance_profile_info(handle, profile)
+        except GpuLibraryError as err:
+            if err.code in (ERROR_NOT_SUPPORTED, ERROR_INVALID_ARGUMENT):
+                continue
+            raise
+        name = info.name.removeprefix("MIG ").strip()
+        if name.endswith("+me"):
+            continue
+        for placement in lib.gpu_instance_possible_placements(handle, info.id):
+            found.append(
+                MigPartition(
+                    name=partition_name(parent.index, name, placement.start),
+                    parent=parent,
+                    profile=name,
+                    profile_id=info.id,
+                    slices=info.slice_count,
+                    placement_start=placement.start,
+                    placement_size=placement.size,
+                    memory_bytes=info.memory_mib * 1024 * 1024,
+                    multiprocessors=info.multiprocessors,
+                    copy_engines=info.copy_engines,
+                    decoders=info.decoders,
+                    encoders=info.encoders,
+                    jpeg_engines=info.jpeg_engines,
+                    ofa_engines=info.ofa_engines,
+                )
+            )
+    return sorted(found, key=lambda p: (-p.slices, -p.placement_size, p.placement_start))
+
+
+def mig_devices(lib: GpuLibrary, parent: Gpu) -> list[MigDevice]:
+    """The MIG devices that exist on a GPU now (after dynamic MIG made one, say)."""
+    return _mig_devices(lib, lib.device_by_index(parent.index), parent, lib.mig_capability_minors())
+
+
+#: How many NVML_GPU_INSTANCE_PROFILE_* enumerators discovery probes (nvml.h: ..._COUNT).
+PROFILE_COUNT = 10
+
+
+def discover(lib: GpuLibrary, mig_modes: migmode.MigModes | None = None) -> Inventory:
     """Read every GPU and MIG device through `lib` (already initialised).
 
     A GPU whose queries fail is left out with a warning naming it, so one
-    broken GPU does not hide the healthy ones.
+    broken GPU does not hide the healthy ones. `mig_modes` (default: every
+    GPU static) says how each GPU's MIG is published.
     """
+    modes = mig_modes or migmode.MigModes()
     raw_driver_version = lib.driver_version()
     driver_version = to_semver(raw_driver_version)
     if driver_version is None:
@@ -236,11 +306,37 @@ def discover(lib: GpuLibrary) -> Inventory:
     caps = lib.mig_capability_minors()
     gpus: list[Gpu] = []
     devices: list[Device] = []
+    offers: list[MigPartition] = []
+    instances: list[MigDevice] = []
     for index in range(lib.device_count()):
         try:
             handle = lib.device_by_index(index)
             gpu = _gpu(lib, handle, index)
-            members: list[Device] = list(_mig_devices(lib, handle, gpu, caps)) if gpu.mig_enabled else [gpu]
+            mode = modes.of(index, gpu.uuid)
+            members: list[Device] = [gpu]
+            if mode == migmode.STATIC and gpu.mig_enabled:
+                members = list(_mig_devices(lib, handle, gpu, caps))
+            elif mode == migmode.WHOLE and gpu.mig_enabled:
+                _tell_once(
+                    gpu,
+                    mode,
+                    "GPU %d is in MIG mode but published whole (--mig-mode); CUDA sees no device on a GPU in "
+                    "MIG mode without instances: turn MIG off with nvidia-smi -i %d -mig 0",
+                    index,
+                    index,
+                )
+            elif mode == migmode.DYNAMIC and gpu.mig_enabled:
+                offers.extend(partitions(lib, handle, gpu, PROFILE_COUNT))
+                instances.extend(_mig_devices(lib, handle, gpu, caps))
+            elif mode == migmode.DYNAMIC:
+                _tell_once(
+                    gpu,
+                    mode,
+                    "GPU %d: MIG mode is off, so dynamic MIG offers it whole only; "
+                    "turn MIG on with nvidia-smi -i %d -mig 1 (no process may use the GPU)",
+                    index,
+                    index,
+                )
         except GpuLibraryError as err:
             log.warning("skipping GPU %d: NVML error %d: %s", index, err.code, err)
             continue
@@ -252,4 +348,6 @@ def discover(lib: GpuLibrary) -> Inventory:
         cuda_driver_version=cuda_version_string(lib.cuda_driver_version()),
         common_device_nodes=tuple(p for p in COMMON_DEVICE_NODES if lib.path_exists(p)),
         gpus=tuple(gpus),
+        partitions=tuple(offers),
+        instances=tuple(instances),
     )

@@ -12,6 +12,7 @@ This is the only module that imports pynvml.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import threading
@@ -21,14 +22,25 @@ from typing import Any, NewType, Protocol
 
 GpuHandle = NewType("GpuHandle", object)
 MigHandle = NewType("MigHandle", object)
+GpuInstanceHandle = NewType("GpuInstanceHandle", object)
+ComputeInstanceHandle = NewType("ComputeInstanceHandle", object)
 
-# NVML return codes the driver reacts to (nvml.h).
+# NVML return codes the driver reacts to (nvmlReturn_t in nvml.h).
+ERROR_INVALID_ARGUMENT = 2
 ERROR_NOT_SUPPORTED = 3
 ERROR_NOT_FOUND = 6
 ERROR_TIMEOUT = 10
 ERROR_FUNCTION_NOT_FOUND = 13
 ERROR_GPU_IS_LOST = 15
+ERROR_IN_USE = 19
+ERROR_INSUFFICIENT_RESOURCES = 23
 ERROR_ARGUMENT_VERSION_MISMATCH = 25
+ERROR_INVALID_STATE = 29
+
+#: NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED: a compute instance shares its GPU instance's engines.
+_ENGINE_PROFILE_SHARED = 0
+#: Enough room for every placement and GPU instance of one profile (at most 8 on current GPUs).
+_MAX_INSTANCES = 32
 
 # Event type bit for XID critical errors (nvmlEventTypeXidCriticalError).
 EVENT_XID_CRITICAL = 0x8
@@ -74,6 +86,41 @@ class XidEvent:
     xid: int
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+
+
+@dataclass(frozen=True)
+class GpuInstanceProfileInfo:
+    """nvmlDeviceGetGpuInstanceProfileInfo (nvmlGpuInstanceProfileInfo_v2_t)."""
+
+    id: int
+    slice_count: int
+    instance_count: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+    memory_mib: int
+    #: "MIG 3g.40gb"
+    name: str
+
+
+@dataclass(frozen=True)
+class Placement:
+    """nvmlGpuInstancePlacement_t: where a GPU instance sits, in memory slices."""
+
+    start: int
+    size: int
+
+
+@dataclass(frozen=True)
+class GpuInstanceInfo:
+    """nvmlGpuInstanceGetInfo."""
+
+    id: int
+    profile_id: int
+    placement: Placement
 
 
 class GpuLibrary(Protocol):
@@ -148,6 +195,44 @@ class GpuLibrary(Protocol):
 
     def compute_instance_id(self, mig: MigHandle) -> int:
         """Compute instance ID of a MIG device."""
+
+    def gpu_instance_profile_info(self, gpu: GpuHandle, profile: int) -> GpuInstanceProfileInfo:
+        """Sizes of NVML_GPU_INSTANCE_PROFILE_<profile>.
+
+        NOT_SUPPORTED with MIG mode off or where the GPU lacks the profile; INVALID_ARGUMENT past the last.
+        """
+
+    def gpu_instance_possible_placements(self, gpu: GpuHandle, profile_id: int) -> list[Placement]:
+        """Every placement a GPU instance of this profile ID may take; NOT_SUPPORTED with MIG off."""
+
+    def create_gpu_instance_with_placement(
+        self, gpu: GpuHandle, profile_id: int, placement: Placement
+    ) -> GpuInstanceHandle:
+        """Create a GPU instance; INSUFFICIENT_RESOURCES where the placement overlaps one that exists."""
+
+    def gpu_instances(self, gpu: GpuHandle, profile_id: int) -> list[GpuInstanceHandle]:
+        """The GPU instances of one profile ID that exist."""
+
+    def gpu_instance_by_id(self, gpu: GpuHandle, gpu_instance_id: int) -> GpuInstanceHandle:
+        """The GPU instance of this ID; NOT_FOUND where there is none."""
+
+    def gpu_instance_info(self, gi: GpuInstanceHandle) -> GpuInstanceInfo:
+        """ID, profile ID and placement of a GPU instance."""
+
+    def create_compute_instance(self, gi: GpuInstanceHandle, profile: int) -> ComputeInstanceHandle:
+        """Create a compute instance of NVML_COMPUTE_INSTANCE_PROFILE_<profile> (shared engines) in it."""
+
+    def compute_instances(self, gi: GpuInstanceHandle) -> list[ComputeInstanceHandle]:
+        """Every compute instance of a GPU instance, whatever its profile."""
+
+    def compute_instance_info_id(self, ci: ComputeInstanceHandle) -> int:
+        """nvmlComputeInstanceGetInfo().id."""
+
+    def destroy_compute_instance(self, ci: ComputeInstanceHandle) -> None:
+        """Destroy a compute instance; IN_USE while a process runs on it."""
+
+    def destroy_gpu_instance(self, gi: GpuInstanceHandle) -> None:
+        """Destroy a GPU instance; IN_USE while it still has compute instances."""
 
     def pcie_root(self, pci_bus_id: str) -> str | None:
         """The PCIe root complex ("pci0000:15") the device sits under, from sysfs."""
@@ -319,6 +404,95 @@ class NvmlLibrary:
     def compute_instance_id(self, mig: MigHandle) -> int:
         """nvmlDeviceGetComputeInstanceId."""
         return int(self._call("nvmlDeviceGetComputeInstanceId", mig))
+
+    def gpu_instance_profile_info(self, gpu: GpuHandle, profile: int) -> GpuInstanceProfileInfo:
+        """nvmlDeviceGetGpuInstanceProfileInfoV (the v2 structure, with the profile's name)."""
+        i = self._call("nvmlDeviceGetGpuInstanceProfileInfo", gpu, profile)
+        name = i.name.decode() if isinstance(i.name, bytes) else str(i.name)
+        return GpuInstanceProfileInfo(
+            id=int(i.id),
+            slice_count=int(i.sliceCount),
+            instance_count=int(i.instanceCount),
+            multiprocessors=int(i.multiprocessorCount),
+            copy_engines=int(i.copyEngineCount),
+            decoders=int(i.decoderCount),
+            encoders=int(i.encoderCount),
+            jpeg_engines=int(i.jpegCount),
+            ofa_engines=int(i.ofaCount),
+            memory_mib=int(i.memorySizeMB),
+            name=name,
+        )
+
+    def gpu_instance_possible_placements(self, gpu: GpuHandle, profile_id: int) -> list[Placement]:
+        """nvmlDeviceGetGpuInstancePossiblePlacements_v2."""
+        placements = (self._nvml.c_nvmlGpuInstancePlacement_t * _MAX_INSTANCES)()
+        count = ctypes.c_uint(_MAX_INSTANCES)
+        self._call(
+            "nvmlDeviceGetGpuInstancePossiblePlacements", gpu, profile_id, placements, ctypes.byref(count)
+        )
+        return [Placement(int(p.start), int(p.size)) for p in placements[: count.value]]
+
+    def create_gpu_instance_with_placement(
+        self, gpu: GpuHandle, profile_id: int, placement: Placement
+    ) -> GpuInstanceHandle:
+        """nvmlDeviceCreateGpuInstanceWithPlacement."""
+        where = self._nvml.c_nvmlGpuInstancePlacement_t()
+        where.start, where.size = placement.start, placement.size
+        return GpuInstanceHandle(
+            self._call("nvmlDeviceCreateGpuInstanceWithPlacement", gpu, profile_id, ctypes.byref(where))
+        )
+
+    def gpu_instances(self, gpu: GpuHandle, profile_id: int) -> list[GpuInstanceHandle]:
+        """nvmlDeviceGetGpuInstances."""
+        found = (self._nvml.c_nvmlGpuInstance_t * _MAX_INSTANCES)()
+        count = ctypes.c_uint(0)
+        self._call("nvmlDeviceGetGpuInstances", gpu, profile_id, found, ctypes.byref(count))
+        return [GpuInstanceHandle(found[i]) for i in range(count.value)]
+
+    def gpu_instance_by_id(self, gpu: GpuHandle, gpu_instance_id: int) -> GpuInstanceHandle:
+        """nvmlDeviceGetGpuInstanceById."""
+        return GpuInstanceHandle(self._call("nvmlDeviceGetGpuInstanceById", gpu, gpu_instance_id))
+
+    def gpu_instance_info(self, gi: GpuInstanceHandle) -> GpuInstanceInfo:
+        """nvmlGpuInstanceGetInfo."""
+        info = self._call("nvmlGpuInstanceGetInfo", gi)
+        placement = Placement(int(info.placement.start), int(info.placement.size))
+        return GpuInstanceInfo(id=int(info.id), profile_id=int(info.profileId), placement=placement)
+
+    def create_compute_instance(self, gi: GpuInstanceHandle, profile: int) -> ComputeInstanceHandle:
+        """nvmlGpuInstanceGetComputeInstanceProfileInfo (for the ID), nvmlGpuInstanceCreateComputeInstance."""
+        info = self._call("nvmlGpuInstanceGetComputeInstanceProfileInfo", gi, profile, _ENGINE_PROFILE_SHARED)
+        return ComputeInstanceHandle(self._call("nvmlGpuInstanceCreateComputeInstance", gi, int(info.id)))
+
+    def compute_instances(self, gi: GpuInstanceHandle) -> list[ComputeInstanceHandle]:
+        """nvmlGpuInstanceGetComputeInstances for every compute-instance profile the GPU instance has."""
+        found: list[ComputeInstanceHandle] = []
+        for profile in range(int(getattr(self._nvml, "NVML_COMPUTE_INSTANCE_PROFILE_COUNT", 8))):
+            try:
+                info = self._call(
+                    "nvmlGpuInstanceGetComputeInstanceProfileInfo", gi, profile, _ENGINE_PROFILE_SHARED
+                )
+            except GpuLibraryError as err:
+                if err.code in (ERROR_NOT_SUPPORTED, ERROR_INVALID_ARGUMENT):
+                    continue
+                raise
+            handles = (self._nvml.c_nvmlComputeInstance_t * _MAX_INSTANCES)()
+            count = ctypes.c_uint(0)
+            self._call("nvmlGpuInstanceGetComputeInstances", gi, int(info.id), handles, ctypes.byref(count))
+            found.extend(ComputeInstanceHandle(handles[i]) for i in range(count.value))
+        return found
+
+    def compute_instance_info_id(self, ci: ComputeInstanceHandle) -> int:
+        """nvmlComputeInstanceGetInfo().id."""
+        return int(self._call("nvmlComputeInstanceGetInfo", ci).id)
+
+    def destroy_compute_instance(self, ci: ComputeInstanceHandle) -> None:
+        """nvmlComputeInstanceDestroy."""
+        self._call("nvmlComputeInstanceDestroy", ci)
+
+    def destroy_gpu_instance(self, gi: GpuInstanceHandle) -> None:
+        """nvmlGpuInstanceDestroy."""
+        self._call("nvmlGpuInstanceDestroy", gi)
 
     def pcie_root(self, pci_bus_id: str) -> str | None:
         """The first pciDDDD:BB component of the device's resolved sysfs path."""

@@ -64,6 +64,38 @@ Device = Gpu | MigDevice
 
 
 @dataclass(frozen=True)
+class MigPartition:
+    """A MIG device dynamic MIG makes when a claim gets it: one GPU-instance profile at one placement.
+
+    It exists on the GPU only while a claim holds it; until then it is an offer,
+    published with the shared counters its placement consumes.
+    """
+
+    name: str
+    parent: Gpu
+    profile: str
+    #: The GPU-instance profile ID NVML creates it with.
+    profile_id: int
+    #: Compute slices (of the GPU's 7).
+    slices: int
+    #: First memory slice and how many (NVML's placement).
+    placement_start: int
+    placement_size: int
+    memory_bytes: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+
+    @property
+    def memory_slices(self) -> range:
+        """The memory slices it occupies."""
+        return range(self.placement_start, self.placement_start + self.placement_size)
+
+
+@dataclass(frozen=True)
 class Inventory:
     """Every allocatable device of the node, plus node-wide facts."""
 
@@ -75,10 +107,23 @@ class Inventory:
     common_device_nodes: tuple[str, ...] = ()
     #: Every full GPU, including those in MIG mode (which are not allocatable themselves).
     gpus: tuple[Gpu, ...] = ()
+    #: What dynamic MIG offers: every profile at every placement of the GPUs it manages.
+    partitions: tuple[MigPartition, ...] = ()
+    #: MIG devices that exist on dynamic-MIG GPUs (made for claims; not offered themselves).
+    instances: tuple[MigDevice, ...] = ()
     _by_name: Mapping[str, Device] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_name", {d.name: d for d in self.devices})
+
+    @property
+    def dynamic_gpus(self) -> tuple[Gpu, ...]:
+        """The GPUs dynamic MIG partitions on demand."""
+        return tuple(dict.fromkeys(p.parent for p in self.partitions))
+
+    def partition(self, name: str) -> MigPartition | None:
+        """The dynamic-MIG offer of this name, or None."""
+        return next((p for p in self.partitions if p.name == name), None)
 
     def __iter__(self) -> Iterator[Device]:
         return iter(self.devices)
@@ -91,8 +136,8 @@ class Inventory:
         return self._by_name.get(name)
 
     def by_uuid(self, uuid: str) -> Device | None:
-        """The device with this UUID, or None."""
-        return next((d for d in self.devices if d.uuid == uuid), None)
+        """The device with this UUID (a MIG device made for a claim too), or None."""
+        return next((d for d in (*self.devices, *self.instances) if d.uuid == uuid), None)
 
 
 def gpu_of(device: Device) -> Gpu:

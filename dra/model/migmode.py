@@ -1,0 +1,52 @@
+"""How the admin wants each GPU's MIG handled: static, dynamic or whole. Plain data and its parsing.
+
+- ``static``: the MIG devices someone made beforehand are published (today's behaviour);
+  a GPU with MIG mode off is published whole.
+- ``dynamic``: the GPU is offered whole and as every MIG profile at every placement;
+  the driver makes the MIG device a claim gets when it prepares the claim.
+- ``whole``: the GPU is published whole, whatever MIG devices it has.
+
+The flag value is a default mode followed by overrides per GPU index or UUID:
+``dynamic``, or ``static,2=dynamic,GPU-4b0e...=whole``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+STATIC = "static"
+DYNAMIC = "dynamic"
+WHOLE = "whole"
+MODES = (STATIC, DYNAMIC, WHOLE)
+
+
+@dataclass(frozen=True)
+class MigModes:
+    """The default MIG mode and the GPUs (by index or UUID) that differ from it."""
+
+    default: str = STATIC
+    overrides: tuple[tuple[str, str], ...] = ()
+
+    def of(self, index: int, uuid: str) -> str:
+        """The mode of one GPU: its UUID's override, else its index's, else the default."""
+        by_key = dict(self.overrides)
+        return by_key.get(uuid) or by_key.get(str(index)) or self.default
+
+
+def parse_mig_modes(text: str) -> MigModes:
+    """`dynamic` or `static,0=dynamic,GPU-...=whole`; ValueError naming the bad part."""
+    default = STATIC
+    overrides: list[tuple[str, str]] = []
+    for n, item in enumerate(part.strip() for part in text.split(",")):
+        key, sep, mode = item.rpartition("=") if "=" in item else ("", "", item)
+        if mode not in MODES:
+            raise ValueError(f"{item!r}: the mode must be one of {', '.join(MODES)}")
+        if not sep:
+            if n:
+                raise ValueError(f"{item!r}: only the first entry may be a bare mode (the default)")
+            default = mode
+        elif not (key.isdigit() or key.startswith(("GPU-", "gpu-"))):
+            raise ValueError(f"{item!r}: name a GPU by index (2=dynamic) or UUID (GPU-...=dynamic)")
+        else:
+            overrides.append((key, mode))
+    return MigModes(default, tuple(overrides))

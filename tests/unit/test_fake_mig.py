@@ -1,0 +1,115 @@
+"""MIG management on fake GPUs: the NVML calls, their failures, and instances that outlive the process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.nvml import (
+    ERROR_IN_USE,
+    ERROR_INSUFFICIENT_RESOURCES,
+    ERROR_INVALID_ARGUMENT,
+    ERROR_NOT_SUPPORTED,
+    GpuLibraryError,
+    Placement,
+)
+from dra.gpu.profiles import load_profile
+from dra.model.devices import MigDevice
+from dra.model.migmode import parse_mig_modes
+
+NODE = "node-a"
+ID_3G = 9
+ID_1G = 19
+
+
+def _lib(profile: str = "h100x8-dynamic-mig", state: Path | None = None) -> FakeGpuLibrary:
+    return FakeGpuLibrary(load_profile(profile), NODE, mig_state=state)
+
+
+def test_placements_and_profile_info_are_the_tables() -> None:
+    lib = _lib()
+    gpu = lib.device_by_index(0)
+    info = lib.gpu_instance_profile_info(gpu, 2)
+    assert (info.id, info.slice_count, info.memory_mib, info.name) == (ID_3G, 3, 40192, "MIG 3g.40gb")
+    assert lib.gpu_instance_possible_placements(gpu, ID_3G) == [Placement(0, 4), Placement(4, 4)]
+
+
+def test_an_overlapping_placement_fails_as_nvml_does() -> None:
+    lib = _lib()
+    gpu = lib.device_by_index(0)
+    lib.create_gpu_instance_with_placement(gpu, ID_3G, Placement(4, 4))
+    with pytest.raises(GpuLibraryError) as err:
+        lib.create_gpu_instance_with_placement(gpu, ID_1G, Placement(5, 1))
+    assert err.value.code == ERROR_INSUFFICIENT_RESOURCES
+    with pytest.raises(GpuLibraryError) as err:
+        lib.create_gpu_instance_with_placement(gpu, ID_1G, Placement(7, 1))
+    assert err.value.code == ERROR_INVALID_ARGUMENT
+    lib.create_gpu_instance_with_placement(gpu, ID_1G, Placement(3, 1))
+
+
+def test_mig_mode_off_is_not_supported() -> None:
+    lib = _lib("h100x8")
+    with pytest.raises(GpuLibraryError) as err:
+        lib.gpu_instance_profile_info(lib.device_by_index(0), 0)
+    assert err.value.code == ERROR_NOT_SUPPORTED
+    with pytest.raises(GpuLibraryError) as err:
+        lib.create_gpu_instance_with_placement(lib.device_by_index(0), ID_1G, Placement(0, 1))
+    assert err.value.code == ERROR_NOT_SUPPORTED
+
+
+def test_a_gpu_instance_with_a_compute_instance_is_in_use() -> None:
+    lib = _lib()
+    gi = lib.create_gpu_instance_with_placement(lib.device_by_index(1), ID_3G, Placement(0, 4))
+    ci = lib.create_compute_instance(gi, 2)
+    with pytest.raises(GpuLibraryError) as err:
+        lib.destroy_gpu_instance(gi)
+    assert err.value.code == ERROR_IN_USE
+    lib.destroy_compute_instance(ci)
+    lib.destroy_gpu_instance(gi)
+    assert lib.instances()[1] == []
+
+
+def test_instances_outlive_the_library_and_show_as_mig_devices(tmp_path: Path) -> None:
+    state = tmp_path / "mig.json"
+    first = _lib(state=state)
+    gi = first.create_gpu_instance_with_placement(first.device_by_index(2), ID_3G, Placement(4, 4))
+    first.create_compute_instance(gi, 2)
+    again = _lib(state=state)
+    inventory = discover(again, parse_mig_modes("dynamic"))
+    made = [(m.parent.index, m.profile, m.gpu_instance_id) for m in inventory.instances]
+    assert made == [(2, "3g.40gb", 1)]
+    assert inventory.by_uuid(inventory.instances[0].uuid) == inventory.instances[0]
+    # A new instance at the same place is a new device.
+    again.destroy_compute_instance(
+        again.compute_instances(again.gpu_instance_by_id(again.device_by_index(2), 1))[0]
+    )
+    again.destroy_gpu_instance(again.gpu_instance_by_id(again.device_by_index(2), 1))
+    gi = again.create_gpu_instance_with_placement(again.device_by_index(2), ID_3G, Placement(4, 4))
+    again.create_compute_instance(gi, 2)
+    assert discover(again, parse_mig_modes("dynamic")).instances[0].uuid != inventory.instances[0].uuid
+
+
+def test_static_profiles_keep_their_mig_devices() -> None:
+    inventory = discover(_lib("h100x8-mig"))
+    assert sorted(
+        {m.profile for m in inventory.devices if isinstance(m, MigDevice) and m.parent.index == 4}
+    ) == [
+        "1g.10gb",
+        "2g.20gb",
+        "3g.40gb",
+    ]
+
+
+def test_mig_modes_per_gpu() -> None:
+    modes = parse_mig_modes("dynamic,1=whole,2=static")
+    inventory = discover(_lib(), modes)
+    assert {p.parent.index for p in inventory.partitions} == {0, 3, 4, 5, 6, 7}
+    # GPU 2 is static with MIG on and no MIG device made: it offers nothing.
+    assert [d.name for d in inventory.devices][:3] == ["gpu-0", "gpu-1", "gpu-3"]
+    with pytest.raises(ValueError, match="one of static, dynamic, whole"):
+        parse_mig_modes("dynamic,1=partitioned")
+    with pytest.raises(ValueError, match="by index"):
+        parse_mig_modes("dynamic,first=whole")

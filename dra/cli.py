@@ -20,9 +20,11 @@ from typing import Any
 import anyio
 import yaml
 
+from dra.core import versions
 from dra.core.assignment import Selector, SelectorError, parse_selector
 from dra.core.labels import AdminTemplate, LabelError, parse_template
 from dra.core.slices import SliceError, build_slices
+from dra.core.versions import ApiFeatures
 from dra.daemon import logs
 from dra.daemon.bootstrap import DaemonSettings, StartupError, gpu_library, load_inventory
 from dra.daemon.flags import UsageError, apply_environment, csv, nonempty, option, path, seconds
@@ -33,6 +35,7 @@ from dra.deviceplugin.daemon import DevicePluginSettings, run_device_plugin
 from dra.deviceplugin.resources import DEFAULT_RESOURCE
 from dra.kubeletplugin.daemon import PluginSettings, run_kubelet_plugin
 from dra.labeller.daemon import LabellerSettings, run_node_labeller
+from dra.model.migmode import parse_mig_modes
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
 
@@ -58,7 +61,17 @@ def _gpu_source(parser: argparse.ArgumentParser) -> None:
     option(
         parser,
         "--fake-gpus",
-        "fake GPUs instead of NVML: a built-in profile (h100x8, h100x8-mig, a100x4-mig, mixed) or a file",
+        "fake GPUs instead of NVML: a built-in profile (h100x8, h100x8-mig, a100x4-mig, "
+        "h100x8-dynamic-mig, a100x4-dynamic-mig, mixed) or a file",
+    )
+    option(
+        parser,
+        "--mig-mode",
+        "how GPUs' MIG is published: static (MIG devices made beforehand), dynamic (made per claim "
+        "from every profile and placement), whole; then per-GPU overrides by index or UUID, e.g. "
+        "static,2=dynamic,GPU-...=whole; see docs/mig.md",
+        "static",
+        type=parse_mig_modes,
     )
     option(
         parser,
@@ -310,6 +323,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=nonempty,
     )
     option(discover, "--output", "output format", "yaml", choices=("yaml", "json"))
+    option(
+        discover,
+        "--kubernetes-minor",
+        "the API server's minor release (1.x) to lay dynamic-MIG counters out for: 34 puts them beside "
+        "the devices, 35 and later in slices of their own",
+        versions.OLDEST_MINOR,
+        type=int,
+    )
 
     explain = sub.add_parser(
         "explain", help="say, for every device of a node, whether a claim's selectors match, and why not"
@@ -334,9 +355,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _discover(args: argparse.Namespace) -> int:
-    inventory = load_inventory(gpu_library(args.fake_gpus, args.node_name))
+    inventory = load_inventory(gpu_library(args.fake_gpus, args.node_name), args.mig_mode)
+    features = ApiFeatures(minor=args.kubernetes_minor, partitionable_devices=True)
     try:
-        items = build_slices(inventory, args.driver_name, args.node_name, None, generation=1)
+        items = build_slices(
+            inventory, args.driver_name, args.node_name, None, generation=1, features=features
+        )
     except SliceError as err:
         raise StartupError(str(err)) from None
     document = {"apiVersion": "v1", "kind": "List", "items": items}
@@ -363,6 +387,7 @@ def _daemon_settings(args: argparse.Namespace) -> dict[str, Any]:
         "host_root": args.host_root,
         "health_recovery_period": args.health_recovery_period,
         "rediscover_interval": getattr(args, "rediscover_interval", DaemonSettings.rediscover_interval),
+        "mig_modes": args.mig_mode,
     }
 
 

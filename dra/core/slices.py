@@ -5,7 +5,10 @@ DeviceClass and claim CEL selectors rely on (a wrong type silently makes a
 selector unsatisfiable, so types are part of the contract). They are the names
 and types NVIDIA's own DRA driver publishes, so that selectors port between the
 two, plus DEPRECATED_ATTRIBUTES for one more release. `build_slices`
-splits the node's pool over slices within the API limits. `plan` compares
+splits the node's pool over slices within the API limits. Dynamic MIG
+(`counter_sets`, `partition_entry`): a counter set per GPU, which its whole
+device and every MIG profile at every placement consume, laid out as the
+server's release wants it (dra.core.versions.ApiFeatures). `plan` compares
 the desired slices with the ones on the server and returns the fewest writes.
 """
 
@@ -17,7 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dra.model.devices import Device, Gpu, Inventory, MigDevice
+from dra.core.versions import ApiFeatures
+from dra.model.devices import Device, Gpu, Inventory, MigDevice, MigPartition
 
 Obj = dict[str, Any]
 
@@ -38,6 +42,27 @@ DEPRECATED_ATTRIBUTES = {
     "pcieBusID": f"{PCI_BUS_ID_ATTRIBUTE} (lower case, 4-digit domain: 0000:3b:00.0)",
     "parentIndex": "parentUUID",
 }
+
+# Limits of resource.k8s.io/v1 on slices with shared counters. 1.35 set these (ResourceSliceMaxCounterSets,
+# ...MaxCountersPerCounterSet, ...MaxDevicesWithTaintsOrConsumesCounters); 1.34's alpha allowed as much or
+# more, so the lower figures are kept for every release.
+MAX_COUNTER_SETS_PER_SLICE = 8
+MAX_COUNTERS_PER_SET = 32
+MAX_DEVICES_WITH_COUNTERS = 64
+#: Counter names (also DNS labels and C identifiers, which every release accepts).
+COMPUTE_COUNTER = "compute"
+MEMORY_COUNTER = "memory"
+
+
+def memory_slice_counter(index: int) -> str:
+    """The counter of one memory slice: memslice0..memslice7. One each makes placements exclusive."""
+    return f"memslice{index}"
+
+
+def counter_set_name(gpu: Gpu) -> str:
+    """The counter set of a dynamic-MIG GPU: gpu0."""
+    return f"gpu{gpu.index}"
+
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
@@ -132,6 +157,113 @@ def device_entry(device: Device, inventory: Inventory) -> Obj:
     }
 
 
+def gpu_counters(gpu: Gpu, partitions: Sequence[MigPartition]) -> dict[str, int]:
+    """What a dynamic-MIG GPU has: its compute slices, memory bytes and each memory slice."""
+    compute = max(p.slices for p in partitions)
+    memory_slices = max(p.placement_start + p.placement_size for p in partitions)
+    counters = {COMPUTE_COUNTER: compute, MEMORY_COUNTER: gpu.memory_bytes}
+    counters.update({memory_slice_counter(i): 1 for i in range(memory_slices)})
+    return counters
+
+
+def partition_counters(partition: MigPartition) -> dict[str, int]:
+    """What one MIG profile at one placement consumes of its GPU's counters."""
+    counters = {COMPUTE_COUNTER: partition.slices, MEMORY_COUNTER: partition.memory_bytes}
+    counters.update({memory_slice_counter(i): 1 for i in partition.memory_slices})
+    return counters
+
+
+def _counter_values(counters: Mapping[str, int]) -> Obj:
+    return {
+        name: {"value": binary_quantity(value) if name == MEMORY_COUNTER else str(value)}
+        for name, value in sorted(counters.items())
+    }
+
+
+def partition_entry(partition: MigPartition, inventory: Inventory) -> Obj:
+    """One dynamic-MIG offer as a device: NVIDIA's MIG attributes without a uuid, plus its placement."""
+    if not _DNS_LABEL.match(partition.name):
+        raise SliceError(f"device name {partition.name!r} is not a DNS label")
+    gpu = partition.parent
+    attributes: dict[str, Obj] = {
+        "type": _string("mig"),
+        "parentUUID": _string(gpu.uuid),
+        "parentIndex": {"int": gpu.index},
+        "profile": _string(partition.profile),
+        "placementStart": {"int": partition.placement_start},
+        "placementSize": {"int": partition.placement_size},
+        **_shared_attributes(gpu, inventory),
+    }
+    capacity = {
+        "memory": binary_quantity(partition.memory_bytes),
+        "multiprocessors": str(partition.multiprocessors),
+        "copyEngines": str(partition.copy_engines),
+        "decoders": str(partition.decoders),
+        "encoders": str(partition.encoders),
+        "jpegEngines": str(partition.jpeg_engines),
+        "ofaEngines": str(partition.ofa_engines),
+    }
+    return {
+        "name": partition.name,
+        "attributes": dict(sorted(attributes.items())),
+        "capacity": {key: {"value": value} for key, value in sorted(capacity.items())},
+        "consumesCounters": [
+            {"counterSet": counter_set_name(gpu), "counters": _counter_values(partition_counters(partition))}
+        ],
+    }
+
+
+@dataclass(frozen=True)
+class _Group:
+    """One dynamic-MIG GPU: its counter set and the devices that consume it."""
+
+    counter_set: Obj
+    devices: list[Obj]
+
+
+def _dynamic_groups(inventory: Inventory) -> list[_Group]:
+    groups = []
+    for gpu in inventory.dynamic_gpus:
+        offers = [p for p in inventory.partitions if p.parent == gpu]
+        counters = gpu_counters(gpu, offers)
+        if len(counters) > MAX_COUNTERS_PER_SET:
+            raise SliceError(f"{gpu.name} needs {len(counters)} counters, more than {MAX_COUNTERS_PER_SET}")
+        whole = device_entry(gpu, inventory)
+        whole["consumesCounters"] = [
+            {"counterSet": counter_set_name(gpu), "counters": _counter_values(counters)}
+        ]
+        groups.append(
+            _Group(
+                {"name": counter_set_name(gpu), "counters": _counter_values(counters)},
+                [whole, *(partition_entry(p, inventory) for p in offers)],
+            )
+        )
+    return groups
+
+
+def _pack(groups: list[_Group]) -> list[tuple[list[Obj], list[Obj]]]:
+    """1.34: each GPU's counter set in the slice of the devices consuming it, within the slice limits."""
+    packed: list[tuple[list[Obj], list[Obj]]] = []
+    for group in groups:
+        if len(group.devices) > MAX_DEVICES_WITH_COUNTERS:
+            raise SliceError(
+                f"a GPU offers {len(group.devices)} devices, more than {MAX_DEVICES_WITH_COUNTERS}"
+            )
+        if (
+            not packed
+            or len(packed[-1][0]) >= MAX_COUNTER_SETS_PER_SLICE
+            or len(packed[-1][1]) + len(group.devices) > MAX_DEVICES_WITH_COUNTERS
+        ):
+            packed.append(([], []))
+        packed[-1][0].append(group.counter_set)
+        packed[-1][1].extend(group.devices)
+    return packed
+
+
+def _chunks(items: list[Obj], size: int) -> list[list[Obj]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
 def slice_name(node_name: str, driver: str, index: int) -> str:
     """A stable, valid object name for the index-th slice of this node and driver."""
     name = f"{node_name}-{driver}-{index}"
@@ -148,18 +280,34 @@ def build_slices(
     node_name: str,
     node_uid: str | None,
     generation: int,
+    features: ApiFeatures | None = None,
 ) -> list[Obj]:
-    """The node's pool as ResourceSlices: at most 128 devices each, one generation, owned by the Node."""
-    entries = [device_entry(device, inventory) for device in inventory]
-    names = [e["name"] for e in entries]
+    """The node's pool as ResourceSlices: at most 128 devices each, one generation, owned by the Node.
+
+    Dynamic-MIG GPUs come with their counter sets where the server accepts them
+    (`features.partitionable_devices`), else whole only: beside their devices in
+    the same slices on 1.34, in slices of their own from 1.35.
+    """
+    features = features or ApiFeatures()
+    groups = _dynamic_groups(inventory) if features.partitionable_devices else []
+    dynamic = {gpu.name for gpu in inventory.dynamic_gpus} if groups else set()
+    entries = [device_entry(device, inventory) for device in inventory if device.name not in dynamic]
+    consuming = [d for g in groups for d in g.devices]
+    names = [e["name"] for e in (*entries, *consuming)]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise SliceError(f"device names are not unique: {duplicates}")
-    chunks = [entries[i : i + MAX_DEVICES_PER_SLICE] for i in range(0, len(entries), MAX_DEVICES_PER_SLICE)]
+    contents: list[tuple[list[Obj], list[Obj]]] = [([], c) for c in _chunks(entries, MAX_DEVICES_PER_SLICE)]
+    if features.counters_in_own_slice:
+        sets = [g.counter_set for g in groups]
+        contents += [(c, []) for c in _chunks(sets, MAX_COUNTER_SETS_PER_SLICE)]
+        contents += [([], c) for c in _chunks(consuming, MAX_DEVICES_WITH_COUNTERS)]
+    else:
+        contents += _pack(groups)
     # An empty pool is still published, so consumers see that the node has no devices.
-    chunks = chunks or [[]]
+    contents = contents or [([], [])]
     slices = []
-    for index, devices in enumerate(chunks):
+    for index, (counter_sets, devices) in enumerate(contents):
         metadata: Obj = {"name": slice_name(node_name, driver, index)}
         if node_uid:
             metadata["ownerReferences"] = [
@@ -173,8 +321,13 @@ def build_slices(
                 "spec": {
                     "driver": driver,
                     "nodeName": node_name,
-                    "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(chunks)},
-                    "devices": devices,
+                    "pool": {
+                        "name": node_name,
+                        "generation": generation,
+                        "resourceSliceCount": len(contents),
+                    },
+                    **({"sharedCounters": counter_sets} if counter_sets else {}),
+                    **({"devices": devices} if devices or not counter_sets else {}),
                 },
             }
         )

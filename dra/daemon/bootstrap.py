@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIServer
@@ -48,6 +48,7 @@ from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.nvml import GpuLibrary, GpuLibraryError, NvmlLibrary
 from dra.gpu.profiles import ProfileError, load_profile
 from dra.model.devices import Inventory
+from dra.model.migmode import MigModes
 from dra.model.prepared import PreparedClaim
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,8 @@ class DaemonSettings:
     health_recovery_period: float = 300.0
     #: Seconds between looks at the GPUs for changes (dra.daemon.rediscovery); 0 disables.
     rediscover_interval: float = 60.0
+    #: How each GPU's MIG is published: static (MIG devices made beforehand), dynamic, whole.
+    mig_modes: MigModes = field(default_factory=MigModes)
 
     @property
     def state_directory(self) -> Path:
@@ -91,6 +94,15 @@ class DaemonSettings:
     def checkpoint_path(self) -> Path:
         """The kubelet-plugin's checkpoint of prepared claims."""
         return self.state_directory / FILE_NAME
+
+    @property
+    def fake_mig_state(self) -> Path:
+        """With fake GPUs: the MIG instances that exist on them (on a real GPU, the GPU holds them)."""
+        return self.state_directory / FAKE_MIG_STATE
+
+
+#: The fake GPUs' MIG instances, in the state directory.
+FAKE_MIG_STATE = "fake-gpu-mig.json"
 
 
 def default_state_dir(kubelet_root: Path, driver_name: str) -> Path:
@@ -109,23 +121,31 @@ def serve_http(
 
 
 def gpu_library(
-    fake_gpus: str | None, node_name: str, events: Path | None = None, host_root: Path = Path("/")
+    fake_gpus: str | None,
+    node_name: str,
+    events: Path | None = None,
+    host_root: Path = Path("/"),
+    mig_state: Path | None = None,
 ) -> GpuLibrary:
-    """NVML (device nodes looked up under host_root), or fake GPUs from a profile name or file."""
+    """NVML (device nodes looked up under host_root), or fake GPUs from a profile name or file.
+
+    Fake GPUs keep their MIG instances in `mig_state` when given, so that every
+    process of the node (and a restarted one) sees the same instances.
+    """
     if not fake_gpus:
         return NvmlLibrary(dev=host_root)
     try:
         profile = load_profile(fake_gpus, node_name)
     except ProfileError as err:
         raise StartupError(f"--fake-gpus: {err}") from None
-    return FakeGpuLibrary(profile, node_name, events)
+    return FakeGpuLibrary(profile, node_name, events, mig_state)
 
 
-def load_inventory(lib: GpuLibrary) -> Inventory:
+def load_inventory(lib: GpuLibrary, mig_modes: MigModes | None = None) -> Inventory:
     """Initialise the library and discover the node's devices."""
     try:
         lib.init()
-        return discover(lib)
+        return discover(lib, mig_modes)
     except GpuLibraryError as err:
         raise GpuInitError(
             f"cannot read GPUs through NVML ({err}); is the NVIDIA driver installed and "
@@ -205,9 +225,14 @@ def rediscover(settings: DaemonSettings) -> Inventory:
     """Discover the GPUs again, for a daemon that follows changes (MIG layout, lost GPUs)."""
     # A fresh library, so that a changed fake profile file is read again too; NVML's
     # init and shutdown are reference-counted, so this leaves the health watch alone.
-    lib = gpu_library(settings.fake_gpus, settings.node_name, host_root=settings.host_root)
+    lib = gpu_library(
+        settings.fake_gpus,
+        settings.node_name,
+        host_root=settings.host_root,
+        mig_state=settings.fake_mig_state,
+    )
     try:
-        return load_inventory(lib)
+        return load_inventory(lib, settings.mig_modes)
     finally:
         lib.shutdown()
 
@@ -221,8 +246,14 @@ async def open_node(settings: DaemonSettings, path: GpuPath | None) -> AsyncIter
     the GPU split is left to the two paths.
     """
     started = time.monotonic()
-    lib = gpu_library(settings.fake_gpus, settings.node_name, settings.fake_gpu_events, settings.host_root)
-    everything = load_inventory(lib)
+    lib = gpu_library(
+        settings.fake_gpus,
+        settings.node_name,
+        settings.fake_gpu_events,
+        settings.host_root,
+        settings.fake_mig_state,
+    )
+    everything = load_inventory(lib, settings.mig_modes)
     lease: AssignmentLease | None = None
     inventory = everything
     if path is not None:

@@ -103,7 +103,9 @@ class _Inputs:
     async def slices(self) -> list[Obj]:
         """The node's ResourceSlices: live, or built from the fake profile."""
         if self.kube is None:
-            inventory = load_inventory(gpu_library(self.args.fake_gpus, self.args.node_name))
+            inventory = load_inventory(
+                gpu_library(self.args.fake_gpus, self.args.node_name), self.args.mig_mode
+            )
             return build_slices(inventory, self.args.driver_name, self.args.node_name, None, generation=1)
         if not self.args.node_name:
             raise StartupError("--node-name is needed to read a node's ResourceSlices from the cluster")

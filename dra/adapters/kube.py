@@ -249,9 +249,10 @@ class KubeClient:
         )
         return list(result.get("items") or []), str(result["metadata"].get("resourceVersion", ""))
 
-    async def create_resource_slice(self, obj: Obj) -> Obj:
-        """POST a ResourceSlice."""
-        result: Obj = await self._call("POST", f"{RESOURCE_API}/resourceslices", body=obj)
+    async def create_resource_slice(self, obj: Obj, dry_run: bool = False) -> Obj:
+        """POST a ResourceSlice; with dry_run the server validates and answers what it would store."""
+        query = {"dryRun": "All"} if dry_run else None
+        result: Obj = await self._call("POST", f"{RESOURCE_API}/resourceslices", body=obj, query=query)
         return result
 
     async def replace_resource_slice(self, obj: Obj) -> Obj:

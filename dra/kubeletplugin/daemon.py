@@ -26,6 +26,7 @@ from dra.daemon.bootstrap import (
 )
 from dra.daemon.rediscovery import Rediscovery
 from dra.daemon.sockets import SocketPathError
+from dra.kubeletplugin import features
 from dra.kubeletplugin.publisher import SlicePublisher
 from dra.kubeletplugin.server import PluginServer
 from dra.kubeletplugin.service import DraService, HealthService
@@ -42,17 +43,18 @@ class PluginSettings(DaemonSettings):
     kubeconfig: str | None = None
 
 
-async def check_server(kube: KubeClient) -> None:
+async def check_server(kube: KubeClient) -> versions.ServerInfo | None:
     """StartupError for an API server this driver cannot serve; a warning for one newer than tested.
 
     An API server that does not answer is not a start-up error: the publisher
     and prepare retry on their own, and the kubelet expects the plugin to come up.
+    Returns what the server said about itself, or None when it did not answer.
     """
     try:
         info = versions.server_info(await kube.server_version(), await kube.resource_api_group())
     except KubeError as err:
         log.warning("cannot ask the API server which version it is (%s); going on", err)
-        return
+        return None
     try:
         warnings = versions.check(info)
     except versions.UnsupportedServerError as err:
@@ -60,6 +62,7 @@ async def check_server(kube: KubeClient) -> None:
     for warning in warnings:
         log.warning("%s", warning)
     log.info("API server %s serves resource.k8s.io %s", info.git_version, ", ".join(info.resource_versions))
+    return info
 
 
 async def run_kubelet_plugin(settings: PluginSettings) -> None:
@@ -123,7 +126,16 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
         group.start_soon(report_ready)
 
     try:
-        await check_server(kube)
+        info = await check_server(kube)
+        if info is not None:
+            publisher.set_features(
+                versions.ApiFeatures(
+                    minor=info.minor,
+                    partitionable_devices=await features.partitionable_devices(
+                        kube, settings.driver_name, settings.node_name, info.minor
+                    ),
+                )
+            )
         try:
             await server.start()
         except (OSError, RuntimeError) as err:

@@ -15,6 +15,7 @@ import anyio
 
 from dra.adapters.kube import ConflictError, KubeClient, KubeError
 from dra.core import slices
+from dra.core.versions import ApiFeatures
 from dra.daemon import metrics
 from dra.model.devices import Inventory
 
@@ -39,6 +40,14 @@ class SlicePublisher:
         self._generation: int | None = None
         self._send, self._receive = anyio.create_memory_object_stream[None](1)
         self.published = anyio.Event()
+        self._features = ApiFeatures()
+        self._told_whole = False
+
+    def set_features(self, features: ApiFeatures) -> None:
+        """What the API server accepts (decided at start): the slice layout follows it."""
+        self._features = features
+        self._generation = None
+        self.trigger()
 
     def trigger(self) -> None:
         """Ask for a reconcile soon; several triggers before it runs count once."""
@@ -59,7 +68,16 @@ class SlicePublisher:
             self._node_uid = str(node["metadata"]["uid"])
         version, inventory = self._inventory_version, self._inventory
         existing, _ = await self._kube.list_resource_slices(self.driver, self.node_name)
-        desired = slices.build_slices(inventory, self.driver, self.node_name, self._node_uid, generation=0)
+        if inventory.partitions and not self._features.partitionable_devices and not self._told_whole:
+            self._told_whole = True
+            log.warning(
+                "the API server does not accept shared counters (DRAPartitionableDevices is off before "
+                "1.36): dynamic-MIG GPUs %s are published whole, without their MIG partitions",
+                ", ".join(g.name for g in inventory.dynamic_gpus),
+            )
+        desired = slices.build_slices(
+            inventory, self.driver, self.node_name, self._node_uid, generation=0, features=self._features
+        )
         plan = slices.plan(desired, existing, self._generation)
         for obj in plan.create:
             await self._kube.create_resource_slice(obj)

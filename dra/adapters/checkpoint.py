@@ -6,22 +6,29 @@ kubelet believes prepared. The file is JSON with a format version and a
 SHA-256 checksum of its content; a file that fails either check stops the
 driver with an error naming the file, never a silent reset that would let a
 GPU be handed out twice.
+
+Beside the claims it holds the device actions (dra.model.prepared.DeviceAction:
+MIG devices made for claims), recorded before each is carried out. A file with
+actions is format version 2, its checksum covering claims and actions; one
+without is version 1, as before, so that an older driver still reads it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from dra.adapters.atomicfile import remove_leftovers, write_atomic
-from dra.model.prepared import PreparedClaim, PreparedDevice
+from dra.model.prepared import DeviceAction, PreparedClaim, PreparedDevice
 
 KIND = "DraGpuCheckpoint"
 VERSION = 1
+#: The format version of a checkpoint that records device actions.
+VERSION_WITH_ACTIONS = 2
 #: The checkpoint's name in the state directory.
 FILE_NAME = "checkpoint.json"
 
@@ -55,20 +62,47 @@ def _claim_from_json(uid: str, data: Mapping[str, Any]) -> PreparedClaim:
     )
 
 
-def _checksum(claims: Mapping[str, Any]) -> str:
+def _action_to_json(action: DeviceAction) -> dict[str, Any]:
+    return asdict(action)
+
+
+def _action_from_json(data: Mapping[str, Any]) -> DeviceAction:
+    return DeviceAction(
+        claim_uid=str(data["claim_uid"]),
+        device=str(data["device"]),
+        kind=str(data["kind"]),
+        params=dict(data["params"]),
+        done=bool(data["done"]),
+        result=dict(data["result"]),
+    )
+
+
+def _checksum(claims: Any) -> str:
     canonical = json.dumps(claims, sort_keys=True, separators=(",", ":")).encode()
     return "sha256:" + hashlib.sha256(canonical).hexdigest()
 
 
-def encode(claims: Mapping[str, PreparedClaim]) -> bytes:
-    """The checkpoint file's bytes for these claims."""
+def encode(claims: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction] = ()) -> bytes:
+    """The checkpoint file's bytes for these claims and device actions."""
     body = {uid: _claim_to_json(claim) for uid, claim in sorted(claims.items())}
-    document = {"kind": KIND, "version": VERSION, "checksum": _checksum(body), "claims": body}
+    document: dict[str, Any] = {"kind": KIND, "version": VERSION, "checksum": _checksum(body), "claims": body}
+    if actions:
+        recorded = [_action_to_json(a) for a in actions]
+        document.update(
+            version=VERSION_WITH_ACTIONS,
+            checksum=_checksum({"claims": body, "actions": recorded}),
+            actions=recorded,
+        )
     return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
 
 
 def decode(data: bytes, path: Path) -> dict[str, PreparedClaim]:
     """Parse and verify checkpoint bytes; CheckpointError says what is wrong with `path`."""
+    return decode_state(data, path)[0]
+
+
+def decode_state(data: bytes, path: Path) -> tuple[dict[str, PreparedClaim], list[DeviceAction]]:
+    """Claims and device actions from checkpoint bytes; CheckpointError says what is wrong."""
     hint = (
         "the driver will not start on a checkpoint it cannot trust; inspect it, and only if no pod on "
         "this node uses a GPU claim, move it away to start empty"
@@ -79,16 +113,26 @@ def decode(data: bytes, path: Path) -> dict[str, PreparedClaim]:
         raise CheckpointError(f"checkpoint {path} is not valid JSON ({err}); {hint}") from None
     if not isinstance(document, dict) or document.get("kind") != KIND:
         raise CheckpointError(f"checkpoint {path} is not a {KIND} file; {hint}")
-    if document.get("version") != VERSION:
+    version = document.get("version")
+    if version not in (VERSION, VERSION_WITH_ACTIONS):
         raise CheckpointError(
-            f"checkpoint {path} has format version {document.get('version')!r}, "
-            f"this driver reads {VERSION}; {hint}"
+            f"checkpoint {path} has format version {version!r}, "
+            f"this driver reads {VERSION} and {VERSION_WITH_ACTIONS}; {hint}"
         )
     body = document.get("claims")
-    if not isinstance(body, dict) or document.get("checksum") != _checksum(body):
+    actions = document.get("actions", []) if version == VERSION_WITH_ACTIONS else []
+    covered = {"claims": body, "actions": actions} if version == VERSION_WITH_ACTIONS else body
+    if (
+        not isinstance(body, dict)
+        or not isinstance(actions, list)
+        or document.get("checksum") != _checksum(covered)
+    ):
         raise CheckpointError(f"checkpoint {path} fails its checksum (corrupted or edited); {hint}")
     try:
-        return {uid: _claim_from_json(uid, claim) for uid, claim in body.items()}
+        return (
+            {uid: _claim_from_json(uid, claim) for uid, claim in body.items()},
+            [_action_from_json(a) for a in actions],
+        )
     except (KeyError, TypeError) as err:
         raise CheckpointError(f"checkpoint {path} has a malformed claim entry ({err}); {hint}") from None
 
@@ -101,18 +145,22 @@ class CheckpointStore:
 
     def load(self) -> dict[str, PreparedClaim]:
         """Every prepared claim by UID; empty when no checkpoint exists yet."""
+        return self.load_state()[0]
+
+    def load_state(self) -> tuple[dict[str, PreparedClaim], list[DeviceAction]]:
+        """Every prepared claim by UID and every recorded device action; empty when there is no file."""
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
-            return {}
+            return {}, []
         except OSError as err:
             raise CheckpointError(f"cannot read checkpoint {self.path}: {err}") from None
-        return decode(data, self.path)
+        return decode_state(data, self.path)
 
     def remove_leftovers(self) -> None:
         """Delete temporary checkpoint files a crash left behind."""
         remove_leftovers(self.path.parent, self.path.name)
 
-    def save(self, claims: Mapping[str, PreparedClaim]) -> None:
-        """Replace the checkpoint atomically and durably."""
-        write_atomic(self.path, encode(claims), mode=0o600)
+    def save(self, claims: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction] = ()) -> None:
+        """Replace the checkpoint (claims and device actions) atomically and durably."""
+        write_atomic(self.path, encode(claims, actions), mode=0o600)

@@ -10,13 +10,13 @@ Nothing here touches a file or the API server.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dra.core import cdi
 from dra.core import config as deviceconfig
 from dra.core.allocation import ClaimAllocation
-from dra.model.devices import Device, Inventory
+from dra.model.devices import Device, Inventory, MigDevice, MigPartition
 from dra.model.prepared import PreparedClaim, PreparedDevice
 
 Obj = dict[str, Any]
@@ -47,8 +47,32 @@ class MissingDevice:
 
 
 @dataclass(frozen=True)
+class CreateMig:
+    """Device action: make the MIG device of a dynamic-MIG offer the claim was allocated."""
+
+    partition: MigPartition
+
+    @property
+    def device(self) -> str:
+        """The allocated device's name."""
+        return self.partition.name
+
+    @property
+    def placement(self) -> str:
+        """Where it goes, for messages: "3g.40gb at memory slices 4-7 of GPU 0 (GPU-...)"."""
+        p = self.partition
+        last = p.placement_start + p.placement_size - 1
+        gpu = f"GPU {p.parent.index} ({p.parent.uuid})"
+        return f"{p.profile} at memory slices {p.placement_start}-{last} of {gpu}"
+
+
+@dataclass(frozen=True)
 class PreparePlan:
-    """Prepare one claim: release `release`, write `spec` if any, record `claim` if `record`, answer it."""
+    """Prepare one claim: release `release`, write `spec` if any, record `claim` if `record`, answer it.
+
+    With `create` (dynamic MIG), the executor makes those MIG devices first, recording each
+    as intent and then as done, and finishes the plan with `made` (which builds the spec).
+    """
 
     claim: PreparedClaim
     #: The claim's CDI spec; None when the one on disk is right (or no device of it is left).
@@ -59,6 +83,23 @@ class PreparePlan:
     #: The record this plan replaces: the claim was allocated anew without an unprepare.
     replaces: PreparedClaim | None = None
     missing: tuple[MissingDevice, ...] = ()
+    create: tuple[CreateMig, ...] = ()
+    #: With `create`: the claim's devices that exist already, for the spec `made` builds.
+    devices: tuple[Device, ...] = ()
+
+    def made(self, created: Mapping[str, MigDevice], inventory: Inventory, driver: str) -> PreparePlan:
+        """The plan once the MIG devices of `create` exist (by allocated device name): answer and spec."""
+        entries = tuple(
+            replace(d, uuid=created[d.device].uuid) if d.device in created else d for d in self.claim.devices
+        )
+        devices = [*self.devices, *(created[c.device] for c in self.create)]
+        return replace(
+            self,
+            claim=replace(self.claim, devices=entries),
+            spec=cdi.build_spec(driver, self.claim.uid, devices, inventory),
+            create=(),
+            devices=(),
+        )
 
 
 @dataclass(frozen=True)
@@ -164,6 +205,7 @@ def decide_prepare(
     problems: list[str] = []
     releases: dict[str, Release] = {}
     devices: dict[str, Device] = {}
+    creates: dict[str, CreateMig] = {}
     for result in allocation.devices:
         if result.pool != pool:
             problems.append(
@@ -171,6 +213,14 @@ def decide_prepare(
             )
             continue
         device = inventory.get(result.device)
+        partition = inventory.partition(result.device) if device is None else None
+        if partition is not None:
+            if result.admin_access:
+                problems.append(
+                    f"device {result.device} is a dynamic MIG device, which admin access cannot use"
+                )
+            creates[partition.name] = CreateMig(partition)
+            continue
         if device is None:
             problems.append(f"device {result.device} does not exist on node {pool}")
             continue
@@ -193,16 +243,17 @@ def decide_prepare(
         return Refusal(f"cannot prepare ResourceClaim {allocation.ref}: " + "; ".join(problems))
 
     entries = []
-    for device in devices.values():
-        results = [r for r in allocation.devices if r.device == device.name]
+    # The UUID of a MIG device still to be made is filled in once it exists (PreparePlan.made).
+    for name, uuid in [*((d.name, d.uuid) for d in devices.values()), *((n, "") for n in creates)]:
+        results = [r for r in allocation.devices if r.device == name]
         entries.append(
             PreparedDevice(
                 request_names=tuple(dict.fromkeys(r.request_name for r in results)),
                 pool=pool,
-                device=device.name,
-                cdi_device_ids=(cdi.qualified_name(driver, allocation.uid, device.name),),
+                device=name,
+                cdi_device_ids=(cdi.qualified_name(driver, allocation.uid, name),),
                 admin_access=all(r.admin_access for r in results),
-                uuid=device.uuid,
+                uuid=uuid,
             )
         )
     claim = PreparedClaim(
@@ -210,10 +261,12 @@ def decide_prepare(
     )
     return PreparePlan(
         claim=claim,
-        spec=cdi.build_spec(driver, allocation.uid, list(devices.values()), inventory),
+        spec=None if creates else cdi.build_spec(driver, allocation.uid, list(devices.values()), inventory),
         record=True,
         release=tuple(releases.values()),
         replaces=prepared.get(allocation.uid),
+        create=tuple(creates.values()),
+        devices=tuple(devices.values()) if creates else (),
     )
 
 

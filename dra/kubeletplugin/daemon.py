@@ -82,6 +82,7 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
             inventory,
             CdiStore(settings.cdi_root, settings.driver_name),
             CheckpointStore(settings.checkpoint_path),
+            node.lib,
         )
         state.recover()
     except (KubeError, CheckpointError) as err:

@@ -9,6 +9,14 @@ plan in an order that a crash at any point leaves recoverable:
   checkpoint gets its spec back at start-up and is released again on the retry;
 - unprepare removes the spec, then the checkpoint entry; a leftover entry is
   unprepared again when the kubelet retries.
+Dynamic MIG adds device actions (dra.model.prepared.DeviceAction) around them:
+prepare records each MIG device to make as intent in the checkpoint, makes
+the GPU instance and compute instance, records the action done, and only then
+writes the spec and records the claim; unprepare destroys the instances after
+removing the spec and before dropping the claim and its actions. At start-up
+an action done for a prepared claim is adopted, and every other MIG instance
+on a dynamic-MIG GPU (a crash's leftover, or one made by hand) is destroyed.
+`dra.adapters.faults` points between the steps let tests kill the process there.
 Calls are serialised by a lock; they block on file I/O and run in worker threads.
 """
 
@@ -17,13 +25,17 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
+from dra.adapters import faults
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.core import prepare as plans
 from dra.core.allocation import ClaimAllocation, ClaimError
-from dra.model.devices import Inventory
-from dra.model.prepared import PreparedClaim
+from dra.gpu import dynamic
+from dra.gpu.nvml import ERROR_INSUFFICIENT_RESOURCES, GpuLibrary, GpuLibraryError, Placement
+from dra.model.devices import Inventory, MigDevice
+from dra.model.prepared import MIG_CREATE, DeviceAction, PreparedClaim
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +55,26 @@ class DeviceState:
         inventory: Inventory,
         cdi_store: CdiStore,
         checkpoint: CheckpointStore,
+        lib: GpuLibrary | None = None,
     ) -> None:
         self.driver = driver
         self.pool = node_name
         self.inventory = inventory
         self._cdi = cdi_store
         self._checkpoint = checkpoint
+        #: The GPU library dynamic MIG makes and destroys MIG devices through.
+        self._lib = lib
         self._lock = threading.Lock()
-        self._prepared: dict[str, PreparedClaim] = checkpoint.load()
+        self._prepared, self._actions = checkpoint.load_state()
+
+    @property
+    def actions(self) -> list[DeviceAction]:
+        """Device actions the checkpoint records (a snapshot)."""
+        return list(self._actions)
+
+    def _save(self, prepared: dict[str, PreparedClaim], actions: list[DeviceAction]) -> None:
+        self._checkpoint.save(prepared, actions)
+        self._prepared, self._actions = prepared, actions
 
     def set_inventory(self, inventory: Inventory) -> None:
         """Devices changed: new prepares see the new inventory; prepared claims stay as they are."""
@@ -75,6 +99,7 @@ class DeviceState:
         with self._lock:
             self._checkpoint.remove_leftovers()
             self._cdi.remove_leftovers()
+            self._recover_mig()
             plan = plans.decide_recover(
                 self._prepared, self.inventory, self._cdi.claim_uids(), driver=self.driver
             )
@@ -84,6 +109,41 @@ class DeviceState:
             _warn_missing(plan.missing)
             for uid, spec in plan.write:
                 self._cdi.write(uid, spec)
+
+    def _recover_mig(self) -> None:
+        """Adopt the MIG devices made for prepared claims; destroy every other one on dynamic-MIG GPUs."""
+        kept = [a for a in self._actions if a.done and a.claim_uid in self._prepared]
+        known = {(str(a.params["gpu"]), int(a.result["gpuInstance"])) for a in kept}
+        if self._lib is not None:
+            for gpu in self.inventory.dynamic_gpus:
+                for instance in dynamic.instances(self._lib, gpu.index):
+                    if (gpu.uuid, instance.gpu_instance_id) in known:
+                        continue
+                    log.warning(
+                        "destroying MIG instance %d (memory slices from %d, %d) on GPU %d: no prepared claim "
+                        "holds it (left by a crash, or made by hand on a GPU in dynamic MIG mode)",
+                        instance.gpu_instance_id,
+                        instance.placement.start,
+                        instance.placement.size,
+                        gpu.index,
+                    )
+                    dynamic.destroy(self._lib, gpu.index, instance.gpu_instance_id)
+        for action in self._actions:
+            if action not in kept:
+                log.info(
+                    "undid %s of %s for claim %s, which never completed",
+                    action.kind,
+                    action.device,
+                    action.claim_uid,
+                )
+        if kept != self._actions:
+            self._save(self._prepared, kept)
+        self.inventory = replace(
+            self.inventory,
+            instances=tuple(
+                m for m in self.inventory.instances if (m.parent.uuid, m.gpu_instance_id) in known
+            ),
+        )
 
     def prepare(self, allocation: ClaimAllocation, stale: Mapping[str, str] | None = None) -> PreparedClaim:
         """Prepare a claim, releasing the holders `stale` names (UID -> why), or return its recorded answer.
@@ -102,8 +162,103 @@ class DeviceState:
             )
             if isinstance(plan, plans.Refusal):
                 raise ClaimError(plan.message)
+            if plan.create:
+                plan = self._make_mig_devices(plan, allocation)
             self._apply(plan, allocation)
             return plan.claim
+
+    def _make_mig_devices(self, plan: plans.PreparePlan, allocation: ClaimAllocation) -> plans.PreparePlan:
+        """Make the plan's MIG devices, each recorded as intent, then done; ClaimError leaves none behind."""
+        if self._lib is None:
+            raise ClaimError(f"cannot prepare ResourceClaim {allocation.ref}: this node does not manage MIG")
+        # A claim allocated anew, or a stale holder released, gives its MIG devices back first.
+        for uid in {r.holder.uid for r in plan.release} | ({plan.replaces.uid} if plan.replaces else set()):
+            self._destroy_mig_devices(uid)
+        intents = [
+            DeviceAction(
+                allocation.uid,
+                c.device,
+                MIG_CREATE,
+                {
+                    "gpu": c.partition.parent.uuid,
+                    "profile": c.partition.profile,
+                    "profileId": c.partition.profile_id,
+                    "start": c.partition.placement_start,
+                    "size": c.partition.placement_size,
+                },
+            )
+            for c in plan.create
+        ]
+        self._save(self._prepared, [*self._actions, *intents])
+        faults.point("mig-intent-recorded")
+        made: dict[str, MigDevice] = {}
+        for create, intent in zip(plan.create, intents, strict=True):
+            try:
+                device = self._make_one(create)
+            except GpuLibraryError as err:
+                self._destroy_mig_devices(allocation.uid)
+                taken = (
+                    " (the placement is taken: the allocation is stale)"
+                    if err.code == ERROR_INSUFFICIENT_RESOURCES
+                    else ""
+                )
+                raise ClaimError(
+                    f"cannot prepare ResourceClaim {allocation.ref}: cannot make MIG device {create.device}, "
+                    f"{create.placement}{taken}: NVML error {err.code}: {err}"
+                ) from None
+            made[create.device] = device
+            done = replace(
+                intent,
+                done=True,
+                result={
+                    "gpuInstance": device.gpu_instance_id,
+                    "computeInstance": device.compute_instance_id,
+                    "uuid": device.uuid,
+                },
+            )
+            self._save(self._prepared, [done if a.key == intent.key else a for a in self._actions])
+            faults.point("mig-recorded")
+            self.inventory = replace(self.inventory, instances=(*self.inventory.instances, device))
+        return plan.made(made, self.inventory, self.driver)
+
+    def _make_one(self, create: plans.CreateMig) -> MigDevice:
+        """GPU instance, then compute instance; the GPU instance goes again if the compute instance fails."""
+        assert self._lib is not None
+        p = create.partition
+        gi = dynamic.create_gpu_instance(
+            self._lib, p.parent.index, p.profile_id, Placement(p.placement_start, p.placement_size)
+        )
+        faults.point("mig-gpu-instance-created")
+        try:
+            ci = dynamic.create_compute_instance(self._lib, p.parent.index, gi, p.slices)
+            faults.point("mig-compute-instance-created")
+            return dynamic.find_mig_device(self._lib, p.parent, gi, ci)
+        except GpuLibraryError:
+            dynamic.destroy(self._lib, p.parent.index, gi)
+            raise
+
+    def _destroy_mig_devices(self, uid: str) -> None:
+        """Destroy the MIG devices made for a claim and drop their actions (the claim's record stays)."""
+        mine = [a for a in self._actions if a.claim_uid == uid and a.kind == MIG_CREATE]
+        if not mine:
+            return
+        for action in mine:
+            gpu = next((g for g in self.inventory.gpus if g.uuid == action.params["gpu"]), None)
+            if self._lib is not None and gpu is not None and action.done:
+                dynamic.destroy(self._lib, gpu.index, int(action.result["gpuInstance"]))
+                faults.point("mig-destroyed")
+            elif self._lib is not None and gpu is not None:
+                # Never recorded as done: whatever sits at its placement was made for it.
+                for instance in dynamic.instances(self._lib, gpu.index):
+                    if instance.placement == Placement(
+                        int(action.params["start"]), int(action.params["size"])
+                    ):
+                        dynamic.destroy(self._lib, gpu.index, instance.gpu_instance_id)
+        gone = {m.uuid for m in self.inventory.instances if any(a.result.get("uuid") == m.uuid for a in mine)}
+        self.inventory = replace(
+            self.inventory, instances=tuple(m for m in self.inventory.instances if m.uuid not in gone)
+        )
+        self._save(self._prepared, [a for a in self._actions if a not in mine])
 
     def _apply(self, plan: plans.PreparePlan, allocation: ClaimAllocation) -> None:
         """Effects of a prepare plan in crash-safe order; the caller holds the lock."""
@@ -130,13 +285,14 @@ class DeviceState:
         _warn_missing(plan.missing)
         if plan.spec is not None:
             self._cdi.write(plan.claim.uid, plan.spec)
+            faults.point("spec-written")
         if not plan.record:
             return
         released = {r.holder.uid for r in plan.release}
         updated = {uid: c for uid, c in self._prepared.items() if uid not in released}
         updated[plan.claim.uid] = plan.claim
-        self._checkpoint.save(updated)
-        self._prepared = updated
+        self._save(updated, [a for a in self._actions if a.claim_uid not in released])
+        faults.point("claim-recorded")
         log.info(
             "prepared claim %s (%s): %s",
             allocation.ref,
@@ -151,8 +307,14 @@ class DeviceState:
             self._cdi.remove(plan.uid)
             if plan.claim is None:
                 return None
+            try:
+                self._destroy_mig_devices(plan.uid)
+            except GpuLibraryError as err:
+                raise ClaimError(
+                    f"cannot unprepare claim {plan.claim.namespace}/{plan.claim.name}: destroying its MIG "
+                    f"device failed (NVML error {err.code}: {err}); the kubelet retries"
+                ) from None
             updated = {k: v for k, v in self._prepared.items() if k != plan.uid}
-            self._checkpoint.save(updated)
-            self._prepared = updated
+            self._save(updated, self._actions)
             log.info("unprepared claim %s/%s (%s)", plan.claim.namespace, plan.claim.name, uid)
             return plan.claim

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -34,3 +35,31 @@ class PreparedClaim:
     def holds(self, name: str, uuid: str) -> bool:
         """Whether this claim holds that device exclusively (admin access shares)."""
         return any(d.is_device(name, uuid) for d in self.devices if not d.admin_access)
+
+
+#: DeviceAction kind: make a MIG device (GPU instance and compute instance) for a claim.
+MIG_CREATE = "mig-create"
+
+
+@dataclass(frozen=True)
+class DeviceAction:
+    """A change made to a device for a claim: recorded as intent before it is made, and as done after.
+
+    What a crash leaves is repaired from these at start-up: an action that is
+    done for a prepared claim is adopted; any other is undone.
+    """
+
+    claim_uid: str
+    #: The allocated device the action is for.
+    device: str
+    kind: str
+    #: What the action needs (for MIG_CREATE: gpu, profile, profileId, start, size).
+    params: Mapping[str, str | int]
+    done: bool = False
+    #: What it made (for MIG_CREATE: gpuInstance, computeInstance, uuid).
+    result: Mapping[str, str | int] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(claim UID, device): one action per device of a claim."""
+        return (self.claim_uid, self.device)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dra.adapters.checkpoint import CheckpointError, CheckpointStore, decode, encode
-from dra.model.prepared import PreparedClaim, PreparedDevice
+from dra.model.prepared import MIG_CREATE, DeviceAction, PreparedClaim, PreparedDevice
 
 CLAIMS = {
     "uid-a": PreparedClaim(
@@ -117,7 +117,11 @@ BAD_FILES: list[tuple[str, bytes, str]] = [
     ("a list", b"[]", "is not a DraGpuCheckpoint file"),
     ("wrong kind", _edit(lambda d: d.update(kind="SomethingElse")), "is not a DraGpuCheckpoint file"),
     ("no kind", _edit(lambda d: d.pop("kind")), "is not a DraGpuCheckpoint file"),
-    ("newer version", _edit(lambda d: d.update(version=2)), "has format version 2, this driver reads 1"),
+    (
+        "newer version",
+        _edit(lambda d: d.update(version=3)),
+        "has format version 3, this driver reads 1 and 2",
+    ),
     ("no version", _edit(lambda d: d.pop("version")), "has format version None"),
     (
         "edited by hand",
@@ -184,3 +188,31 @@ def test_entries_written_before_admin_access_existed_still_load(path: Path) -> N
     loaded = decode(_edit(drop_admin_access, fix_checksum=True), path)
     assert loaded["uid-a"] == CLAIMS["uid-a"]
     assert loaded["uid-b"].devices[0].admin_access is False
+
+
+ACTION = DeviceAction(
+    "uid-a",
+    "gpu-0-mig-3g40gb-at4",
+    MIG_CREATE,
+    {"gpu": "GPU-1", "profile": "3g.40gb", "profileId": 9, "start": 4, "size": 4},
+    done=True,
+    result={"gpuInstance": 2, "computeInstance": 0, "uuid": "MIG-1"},
+)
+
+
+def test_device_actions_round_trip_in_format_version_2(path: Path) -> None:
+    CheckpointStore(path).save(CLAIMS, [ACTION])
+    assert json.loads(path.read_text())["version"] == 2
+    assert CheckpointStore(path).load_state() == (CLAIMS, [ACTION])
+    # Without actions the file stays version 1, which older drivers read.
+    CheckpointStore(path).save(CLAIMS)
+    assert json.loads(path.read_text())["version"] == 1
+
+
+def test_an_edited_action_fails_the_checksum(path: Path) -> None:
+    CheckpointStore(path).save(CLAIMS, [ACTION])
+    document = json.loads(path.read_text())
+    document["actions"][0]["result"]["gpuInstance"] = 3
+    path.write_text(json.dumps(document))
+    with pytest.raises(CheckpointError, match="fails its checksum"):
+        CheckpointStore(path).load_state()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from dra.core import cdi
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Inventory
-from dra.model.prepared import PreparedClaim, PreparedDevice
+from dra.model.prepared import DeviceAction, PreparedClaim, PreparedDevice
 from tests.unit.helpers import DRIVER, NODE, inventory
 
 UID_A = "aaaaaaaa-0000-4000-8000-00000000000a"
@@ -118,11 +118,11 @@ class OrderCheckingCheckpoint(CheckpointStore):
         self.specs = specs
         self.saves = 0
 
-    def save(self, claims: Mapping[str, PreparedClaim]) -> None:
+    def save(self, claims: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction] = ()) -> None:
         missing = [uid for uid in claims if not self.specs.exists(uid)]
         assert not missing, f"checkpoint names claims whose spec is not written yet: {missing}"
         self.saves += 1
-        super().save(claims)
+        super().save(claims, actions)
 
 
 def test_the_spec_is_on_disk_before_the_checkpoint_names_the_claim(paths: Paths) -> None:
@@ -135,7 +135,7 @@ def test_the_spec_is_on_disk_before_the_checkpoint_names_the_claim(paths: Paths)
 
 
 class FailingCheckpoint(CheckpointStore):
-    def save(self, claims: Mapping[str, PreparedClaim]) -> None:
+    def save(self, claims: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction] = ()) -> None:
         raise OSError("no space left on device")
 
 

@@ -1,0 +1,201 @@
+"""Dynamic MIG at prepare and unprepare on fake GPUs: made, recorded, destroyed; nothing leaks on a crash."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dra.adapters.cdistore import CdiStore
+from dra.adapters.checkpoint import CheckpointStore
+from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError
+from dra.gpu import dynamic
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.nvml import (
+    ERROR_INSUFFICIENT_RESOURCES,
+    ComputeInstanceHandle,
+    GpuInstanceHandle,
+    GpuLibraryError,
+    Placement,
+)
+from dra.gpu.profiles import load_profile
+from dra.kubeletplugin.state import DeviceState
+from dra.model.migmode import parse_mig_modes
+from tests.unit.helpers import DRIVER, NODE
+
+UID = "6b1f7e7c-0d3e-4d4b-9a0e-2f1c3b4a5d6e"
+THREE_G_AT_4 = "gpu-0-mig-3g40gb-at4"
+
+
+def _lib(root: Path) -> FakeGpuLibrary:
+    return FakeGpuLibrary(load_profile("h100x8-dynamic-mig"), NODE, mig_state=root / "fake-gpu-mig.json")
+
+
+def _state(root: Path, lib: FakeGpuLibrary | None = None) -> DeviceState:
+    lib = lib or _lib(root)
+    inventory = discover(lib, parse_mig_modes("dynamic"))
+    return DeviceState(
+        DRIVER,
+        NODE,
+        inventory,
+        CdiStore(root / "cdi", DRIVER),
+        CheckpointStore(root / "checkpoint.json"),
+        lib,
+    )
+
+
+def _allocation(*devices: str, uid: str = UID) -> ClaimAllocation:
+    return ClaimAllocation(uid, "default", "claim", tuple(AllocatedDevice("mig", NODE, d) for d in devices))
+
+
+def _instances(root: Path) -> list[tuple[int, str, int, int]]:
+    return [
+        (gpu, i.profile, i.start, i.size)
+        for gpu, found in sorted(_lib(root).instances().items())
+        for i in found
+    ]
+
+
+def _specs(root: Path) -> list[str]:
+    return CdiStore(root / "cdi", DRIVER).claim_uids()
+
+
+def test_prepare_makes_the_mig_device_and_unprepare_destroys_it(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    claim = state.prepare(_allocation(THREE_G_AT_4, "gpu-0-mig-1g10gb-at0"))
+    assert _instances(tmp_path) == [(0, "3g.40gb", 4, 4), (0, "1g.10gb", 0, 1)]
+    uuids = [d.uuid for d in claim.devices]
+    assert all(u.startswith("MIG-") for u in uuids)
+    spec = (tmp_path / "cdi").glob("*.json").__next__().read_text()
+    assert all(u in spec for u in uuids)
+    assert [a.done for a in state.actions] == [True, True]
+    # The kubelet retries: the recorded answer, nothing made twice.
+    assert state.prepare(_allocation(THREE_G_AT_4, "gpu-0-mig-1g10gb-at0")) == claim
+    assert len(_instances(tmp_path)) == 2
+    state.unprepare(UID)
+    assert _instances(tmp_path) == []
+    assert _specs(tmp_path) == []
+    assert state.actions == []
+
+
+def test_a_taken_placement_is_a_claim_error_naming_it(tmp_path: Path) -> None:
+    lib = _lib(tmp_path)
+    lib.create_gpu_instance_with_placement(lib.device_by_index(0), 9, Placement(4, 4))
+    state = _state(tmp_path, lib)
+    with pytest.raises(ClaimError) as err:
+        state.prepare(_allocation("gpu-0-mig-1g10gb-at0", "gpu-0-mig-1g10gb-at5"))
+    message = str(err.value)
+    assert "1g.10gb at memory slices 5-5 of GPU 0" in message
+    assert "the placement is taken" in message
+    assert f"NVML error {ERROR_INSUFFICIENT_RESOURCES}" in message
+    # The first device was made before the second failed: it is gone again.
+    assert _instances(tmp_path) == [(0, "3g.40gb", 4, 4)]
+    assert state.actions == []
+    assert state.prepared == {}
+    assert _specs(tmp_path) == []
+
+
+class _NoComputeInstances(FakeGpuLibrary):
+    """NVML refusing compute instances (as with NVML_ERROR_UNKNOWN from a driver in trouble)."""
+
+    def create_compute_instance(self, gi: GpuInstanceHandle, profile: int) -> ComputeInstanceHandle:
+        raise GpuLibraryError(999, "Unknown Error")
+
+
+def test_a_failed_compute_instance_leaves_no_gpu_instance(tmp_path: Path) -> None:
+    lib = _NoComputeInstances(
+        load_profile("h100x8-dynamic-mig"), NODE, mig_state=tmp_path / "fake-gpu-mig.json"
+    )
+    state = _state(tmp_path, lib)
+    with pytest.raises(
+        ClaimError, match=re.escape("cannot make MIG device gpu-0-mig-3g40gb-at4, 3g.40gb at memory")
+    ):
+        state.prepare(_allocation(THREE_G_AT_4))
+    assert _instances(tmp_path) == []
+    assert state.actions == []
+
+
+def test_recover_adopts_known_instances_and_destroys_the_others(tmp_path: Path) -> None:
+    _state(tmp_path).prepare(_allocation(THREE_G_AT_4))
+    lib = _lib(tmp_path)
+    by_hand = lib.create_gpu_instance_with_placement(lib.device_by_index(1), 19, Placement(0, 1))
+    lib.create_compute_instance(by_hand, 0)
+    restarted = _state(tmp_path)
+    restarted.recover()
+    assert _instances(tmp_path) == [(0, "3g.40gb", 4, 4)]
+    assert _specs(tmp_path) == [UID]
+    assert [d.uuid for d in restarted.inventory.instances] == [restarted.prepared[UID].devices[0].uuid]
+
+
+_PREPARE = """
+import sys
+from pathlib import Path
+from tests.unit.test_dynamic_mig_state import _allocation, _state, THREE_G_AT_4
+state = _state(Path(sys.argv[1]))
+state.recover()
+state.{call}
+"""
+
+PREPARE_POINTS = [
+    "mig-intent-recorded",
+    "mig-gpu-instance-created",
+    "mig-compute-instance-created",
+    "mig-recorded",
+    "spec-written",
+    "claim-recorded",
+]
+
+
+def _crash(root: Path, point: str, call: str) -> None:
+    env = {**os.environ, "DRA_GPU_FAULT_POINT": point}
+    done = subprocess.run(
+        [sys.executable, "-c", _PREPARE.format(call=call), str(root)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).parents[2],
+    )
+    assert done.returncode == 137, done.stderr
+
+
+@pytest.mark.parametrize("point", PREPARE_POINTS)
+def test_kill_at_each_prepare_step_leaks_nothing_and_the_retry_converges(tmp_path: Path, point: str) -> None:
+    _crash(tmp_path, point, "prepare(_allocation(THREE_G_AT_4))")
+    restarted = _state(tmp_path)
+    restarted.recover()
+    if point == "claim-recorded":
+        # Recorded before the crash: the instance is the claim's, adopted with its spec.
+        assert _instances(tmp_path) == [(0, "3g.40gb", 4, 4)]
+        assert _specs(tmp_path) == [UID]
+    else:
+        assert _instances(tmp_path) == []
+        assert _specs(tmp_path) == []
+        assert restarted.actions == []
+        assert restarted.prepared == {}
+    claim = restarted.prepare(_allocation(THREE_G_AT_4))
+    assert _instances(tmp_path) == [(0, "3g.40gb", 4, 4)]
+    assert _specs(tmp_path) == [UID]
+    assert claim.devices[0].uuid in {
+        m.uuid for m in discover(_lib(tmp_path), parse_mig_modes("dynamic")).instances
+    }
+    restarted.unprepare(UID)
+    assert _instances(tmp_path) == []
+
+
+def test_kill_during_unprepare_converges_on_the_retry(tmp_path: Path) -> None:
+    _state(tmp_path).prepare(_allocation(THREE_G_AT_4))
+    _crash(tmp_path, "mig-destroyed", "unprepare(" + repr(UID) + ")")
+    assert _instances(tmp_path) == []
+    restarted = _state(tmp_path)
+    restarted.recover()
+    restarted.unprepare(UID)
+    assert restarted.prepared == {}
+    assert restarted.actions == []
+    assert _specs(tmp_path) == []
+    assert dynamic.instances(_lib(tmp_path), 0) == []

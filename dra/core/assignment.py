@@ -233,7 +233,7 @@ def assign(
 
 
 def restrict(inventory: Inventory, gpus: Iterable[Gpu]) -> Inventory:
-    """The part of the inventory on these GPUs: the GPUs themselves and their MIG devices."""
+    """The part of the inventory on these GPUs: the GPUs themselves, their MIG devices and offers."""
     keep = {gpu.uuid for gpu in gpus}
     return Inventory(
         devices=tuple(d for d in inventory if gpu_of(d).uuid in keep),
@@ -241,6 +241,8 @@ def restrict(inventory: Inventory, gpus: Iterable[Gpu]) -> Inventory:
         cuda_driver_version=inventory.cuda_driver_version,
         common_device_nodes=inventory.common_device_nodes,
         gpus=tuple(g for g in inventory.gpus if g.uuid in keep),
+        partitions=tuple(p for p in inventory.partitions if p.parent.uuid in keep),
+        instances=tuple(m for m in inventory.instances if m.parent.uuid in keep),
     )
 
 

@@ -92,7 +92,8 @@ class PreparePlan:
         entries = tuple(
             replace(d, uuid=created[d.device].uuid) if d.device in created else d for d in self.claim.devices
         )
-        devices = [*self.devices, *(created[c.device] for c in self.create)]
+        # Named as the offer the claim was allocated, which the CDI IDs in the answer name.
+        devices = [*self.devices, *(replace(created[c.device], name=c.device) for c in self.create)]
         return replace(
             self,
             claim=replace(self.claim, devices=entries),
@@ -167,6 +168,9 @@ def _devices_of(claim: PreparedClaim, inventory: Inventory) -> tuple[list[Device
         device = inventory.by_uuid(entry.uuid) if entry.uuid else inventory.get(entry.device)
         if device is None:
             missing.append(MissingDevice(claim, entry.device))
+        elif isinstance(device, MigDevice) and device.name != entry.device:
+            # A dynamic MIG device: the kubelet knows it by the offer's name, which its CDI ID carries.
+            found.append(replace(device, name=entry.device))
         else:
             found.append(device)
     return found, missing

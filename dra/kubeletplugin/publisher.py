@@ -92,7 +92,7 @@ class SlicePublisher:
         if plan.writes:
             log.info(
                 "published %d devices in %d slice(s), generation %d (%d created, %d updated, %d deleted)",
-                len(inventory),
+                sum(len(s["spec"].get("devices", ())) for s in desired),
                 len(desired),
                 plan.generation,
                 len(plan.create),

@@ -1,0 +1,161 @@
+"""Dynamic MIG on the local cluster: the scheduler picks profiles and placements through shared
+counters, the driver makes the MIG devices on the fake GPUs at prepare and destroys them at unprepare.
+
+Two fake H100s in MIG mode with no instance, --mig-mode=dynamic. Runs on 1.34 (the harness turns
+DRAPartitionableDevices on) and, with KUBERNETES_VERSION=v1.37.2, on 1.37 (counters in slices of
+their own).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from localcluster.cluster import ClusterInfo
+from localcluster.driverprocess import DriverProcess
+from localcluster.kube import Kube, Obj, wait_for
+from localcluster.workloads import (
+    DRIVER,
+    allocated_devices,
+    claims_pod,
+    delete_pods_and_wait,
+    ensure_device_classes,
+    pod_claims,
+)
+
+TWO_H100 = {"gpus": [{"model": "h100-sxm5-80gb", "count": 2, "mig": []}]}
+PARENT = f"{DRIVER}/parentUUID"
+
+
+@pytest.fixture(scope="module")
+def driver(
+    cluster: ClusterInfo, kube: Kube, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DriverProcess]:
+    ensure_device_classes(kube)
+    workdir = tmp_path_factory.mktemp("dynamic-mig")
+    profile = workdir / "profile.yaml"
+    profile.write_text(yaml.safe_dump(TWO_H100))
+    process = DriverProcess(cluster, str(profile), workdir / "driver.log", extra_args=("--mig-mode=dynamic",))
+    _fake_state(process).unlink(missing_ok=True)
+    process.start()
+    yield process
+    process.stop()
+
+
+def _fake_state(driver: DriverProcess) -> Path:
+    return driver.checkpoint.parent / "fake-gpu-mig.json"
+
+
+def _instances(driver: DriverProcess) -> dict[int, list[tuple[str, int, int]]]:
+    """What the fake GPUs hold: per GPU, (profile, placement start, size) of each GPU instance."""
+    path = _fake_state(driver)
+    data = json.loads(path.read_text()) if path.exists() else {"gpus": {}}
+    return {
+        int(gpu): sorted((i["profile"], i["start"], i["size"]) for i in found)
+        for gpu, found in data["gpus"].items()
+        if found
+    }
+
+
+def _template(kube: Kube, namespace: str, name: str, requests: dict[str, tuple[str, str, int]]) -> None:
+    """A claim template with one request per entry (name: (class, profile or "", count)).
+
+    MIG devices of one claim come from one GPU (they match on parentUUID, which whole GPUs lack).
+    """
+    entries = []
+    for request, (device_class, profile, count) in requests.items():
+        exactly: Obj = {"deviceClassName": device_class, "count": count}
+        if profile:
+            exactly["selectors"] = [
+                {"cel": {"expression": f'device.attributes["{DRIVER}"].profile == "{profile}"'}}
+            ]
+        entries.append({"name": request, "exactly": exactly})
+    kube.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": entries,
+                        "constraints": [{"matchAttribute": PARENT}]
+                        if any(p for _, p, _ in requests.values())
+                        else [],
+                    },
+                }
+            },
+        }
+    )
+
+
+def _run(kube: Kube, namespace: str, pod: str, template: str) -> Obj:
+    claims_pod(kube, namespace, pod, {"gpus": template}, {"main": [{"name": "gpus"}]})
+    try:
+        wait_for(
+            f"pod {pod} running",
+            lambda: kube.get("v1", "Pod", pod, namespace)["status"].get("phase") == "Running",
+            timeout=60,
+        )
+    except Exception:
+        events = [e.get("message") for e in kube.list_objects("v1", "Event", namespace=namespace)]
+        raise AssertionError(f"pod {pod} is not running; events: {events}") from None
+    return pod_claims(kube, namespace, pod)["gpus"]
+
+
+def _gpu(device: str) -> int:
+    return int(device.split("-")[1])
+
+
+def test_mixed_profiles_share_one_gpu_and_a_whole_gpu_takes_the_other(
+    driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str
+) -> None:
+    _template(
+        kube,
+        namespace,
+        "mixed",
+        {
+            "big": ("mig.nvidia.com", "3g.40gb", 1),
+            "mid": ("mig.nvidia.com", "2g.20gb", 1),
+            "small": ("mig.nvidia.com", "1g.10gb", 1),
+        },
+    )
+    mixed = _run(kube, namespace, "mixed", "mixed")
+    devices = allocated_devices(mixed)
+    [gpu] = {_gpu(d) for d in devices}
+    held = _instances(driver)
+    assert sorted(held) == [gpu]
+    assert sorted(p for p, _, _ in held[gpu]) == ["1g.10gb", "2g.20gb", "3g.40gb"]
+    # The placements the scheduler chose are the ones made, and they do not overlap.
+    assert sorted(d.rsplit("-at", 1)[1] for d in devices) == sorted(str(s) for _, s, _ in held[gpu])
+    slices_used = sorted(i for _, start, size in held[gpu] for i in range(start, start + size))
+    assert len(slices_used) == len(set(slices_used))
+    spec = (Path(cluster.cdi_dir) / f"k8s.{DRIVER}-claim_{mixed['metadata']['uid']}.json").read_text()
+    assert spec.count("_UUID=MIG-") == 3
+
+    _template(kube, namespace, "whole", {"gpu": ("gpu.nvidia.com", "", 1)})
+    whole = _run(kube, namespace, "whole", "whole")
+    assert [_gpu(d) for d in allocated_devices(whole)] == [1 - gpu]
+
+    delete_pods_and_wait(kube, cluster, namespace, [mixed, whole])
+    wait_for("the MIG devices to be destroyed", lambda: _instances(driver) == {}, timeout=30)
+
+
+def test_seven_small_fill_a_gpu_and_the_eighth_goes_to_the_other(
+    driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str
+) -> None:
+    _template(kube, namespace, "seven", {"small": ("mig.nvidia.com", "1g.10gb", 7)})
+    seven = _run(kube, namespace, "seven", "seven")
+    [gpu] = {_gpu(d) for d in allocated_devices(seven)}
+    assert _instances(driver) == {gpu: [("1g.10gb", s, 1) for s in range(7)]}
+
+    _template(kube, namespace, "eighth", {"small": ("mig.nvidia.com", "1g.10gb", 1)})
+    eighth = _run(kube, namespace, "eighth", "eighth")
+    assert [_gpu(d) for d in allocated_devices(eighth)] == [1 - gpu]
+    assert len(_instances(driver)[1 - gpu]) == 1
+
+    delete_pods_and_wait(kube, cluster, namespace, [seven, eighth])
+    wait_for("the MIG devices to be destroyed", lambda: _instances(driver) == {}, timeout=30)

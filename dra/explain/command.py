@@ -12,6 +12,7 @@ import yaml
 
 from dra.adapters.kube import KubeClient, KubeError, NotFoundError
 from dra.core.slices import build_slices
+from dra.core.versions import ApiFeatures
 from dra.daemon.bootstrap import StartupError, gpu_library, load_inventory
 from dra.explain import report as explain
 
@@ -106,7 +107,11 @@ class _Inputs:
             inventory = load_inventory(
                 gpu_library(self.args.fake_gpus, self.args.node_name), self.args.mig_mode
             )
-            return build_slices(inventory, self.args.driver_name, self.args.node_name, None, generation=1)
+            # Offline, dynamic-MIG GPUs come with their counters, as a server that keeps them sees them.
+            features = ApiFeatures(partitionable_devices=True)
+            return build_slices(
+                inventory, self.args.driver_name, self.args.node_name, None, generation=1, features=features
+            )
         if not self.args.node_name:
             raise StartupError("--node-name is needed to read a node's ResourceSlices from the cluster")
         try:

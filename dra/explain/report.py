@@ -4,7 +4,8 @@ Pure: the claim (or claim template), the DeviceClasses and the node's
 ResourceSlices come in as API objects, the report goes out as data. The CEL
 evaluation follows the scheduler's rules (dra.cel), and the report adds what
 the scheduler also weighs: how many devices a request needs, matchAttribute
-constraints, and devices already allocated to other claims.
+constraints, devices already allocated to other claims, and shared counters
+(dynamic MIG) that the devices other claims hold have used up.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from dra.cel import CelSyntaxError, Program, compile_expression, explain_program
+from dra.cel import CelSyntaxError, Program, Quantity, QuantityError, compile_expression, explain_program
 from dra.core.slices import DEPRECATED_ATTRIBUTES, DEPRECATED_ATTRIBUTES_REMOVED_IN
 
 Obj = Mapping[str, Any]
@@ -55,6 +56,8 @@ class DeviceVerdict:
     device: str
     selectors: tuple[SelectorVerdict, ...]
     in_use_by: str | None = None
+    #: Why the shared counters it consumes have too little left (dynamic MIG), if they do.
+    short_of: str | None = None
 
     @property
     def matched(self) -> bool:
@@ -90,7 +93,11 @@ class RequestReport:
     @property
     def available(self) -> list[str]:
         """Matching devices that no other claim holds (admin access may use held ones too)."""
-        return [d.device for d in self.devices if d.matched and (self.admin_access or d.in_use_by is None)]
+        return [
+            d.device
+            for d in self.devices
+            if d.matched and (self.admin_access or (d.in_use_by is None and d.short_of is None))
+        ]
 
     @property
     def errors(self) -> list[str]:
@@ -111,7 +118,12 @@ class RequestReport:
         if self.mode == "All" and len(self.available) < needed:
             return f"all {needed} matching devices are needed but some are in use: waits until they are free"
         if len(self.available) < needed:
-            return f"{len(self.available)} matching device(s) free, {needed} needed: waits for a free device"
+            short = next(
+                (d.short_of for d in self.devices if d.matched and d.short_of and not d.in_use_by), None
+            )
+            why = f" ({short})" if short else ""
+            free = len(self.available)
+            return f"{free} matching device(s) free, {needed} needed: waits for a free device{why}"
         return f"can be allocated: {len(self.available)} free matching device(s), {needed} needed"
 
 
@@ -128,20 +140,100 @@ class ExplainError(ValueError):
     """The inputs cannot be explained (missing class, invalid CEL); the message says which."""
 
 
-def slice_devices(slices: Iterable[Obj]) -> list[tuple[str, str, Obj]]:
-    """(driver, pool, device) of every device of the newest generation of each pool."""
+def _newest(slices: Iterable[Obj]) -> list[Obj]:
+    """The slices of the newest generation of each pool (consumers read no other)."""
     slices = list(slices)
     newest: dict[tuple[str, str], int] = {}
     for s in slices:
         key = (s["spec"]["driver"], s["spec"]["pool"]["name"])
         newest[key] = max(newest.get(key, 0), int(s["spec"]["pool"].get("generation", 0)))
-    found: list[tuple[str, str, Obj]] = []
-    for s in slices:
-        spec = s["spec"]
-        key = (spec["driver"], spec["pool"]["name"])
-        if int(spec["pool"].get("generation", 0)) == newest[key]:
-            found.extend((spec["driver"], spec["pool"]["name"], d) for d in spec.get("devices") or [])
+    return [
+        s
+        for s in slices
+        if int(s["spec"]["pool"].get("generation", 0))
+        == newest[(s["spec"]["driver"], s["spec"]["pool"]["name"])]
+    ]
+
+
+def slice_devices(slices: Iterable[Obj]) -> list[tuple[str, str, Obj]]:
+    """(driver, pool, device) of every device of the newest generation of each pool."""
+    found = [
+        (s["spec"]["driver"], s["spec"]["pool"]["name"], d)
+        for s in _newest(slices)
+        for d in s["spec"].get("devices") or []
+    ]
     return sorted(found, key=lambda entry: (entry[0], entry[1], _natural(entry[2]["name"])))
+
+
+CounterKey = tuple[str, str, str]
+
+
+@dataclass
+class _Counter:
+    total: int
+    free: int
+
+
+def _amount(counter: Obj) -> int:
+    try:
+        return Quantity.parse(str(counter.get("value", "0"))).as_int64() or 0
+    except QuantityError:
+        return 0
+
+
+def counters_left(
+    slices: Iterable[Obj], held: Iterable[tuple[str, str, str]]
+) -> dict[CounterKey, dict[str, _Counter]]:
+    """(driver, pool, counter set) -> counter -> its total and what the devices other claims hold leave."""
+    newest = _newest(slices)
+    left: dict[CounterKey, dict[str, _Counter]] = {}
+    for s in newest:
+        spec = s["spec"]
+        for counter_set in spec.get("sharedCounters") or []:
+            key = (spec["driver"], spec["pool"]["name"], counter_set["name"])
+            left[key] = {
+                name: _Counter(_amount(c), _amount(c))
+                for name, c in (counter_set.get("counters") or {}).items()
+            }
+    by_device = {(driver, pool, d["name"]): d for driver, pool, d in slice_devices(newest)}
+    for entry in held:
+        for consumed in (by_device.get(entry) or {}).get("consumesCounters") or []:
+            remaining = left.get((entry[0], entry[1], consumed["counterSet"]), {})
+            for name, c in (consumed.get("counters") or {}).items():
+                if name in remaining:
+                    remaining[name].free -= _amount(c)
+    return left
+
+
+def _gpu_label(counter_set: str) -> str:
+    # This driver names a GPU's counter set gpu<N> after the GPU's device gpu-<N>.
+    number = counter_set.removeprefix("gpu")
+    return f"gpu-{number}" if number.isdigit() else counter_set
+
+
+def counter_shortage(
+    device: Obj, driver: str, pool: str, left: Mapping[CounterKey, Mapping[str, _Counter]]
+) -> str | None:
+    """Why a device's counters have too little left: "gpu-3: 2 of 7 compute slices free; 3g.40gb needs 3"."""
+    profile = ((device.get("attributes") or {}).get("profile") or {}).get("string") or device["name"]
+    for consumed in device.get("consumesCounters") or []:
+        remaining = left.get((driver, pool, consumed["counterSet"]), {})
+        gpu = _gpu_label(consumed["counterSet"])
+        # Compute first: it is the shortage people reason about; then memory, then memory slices.
+        for name, c in sorted(
+            (consumed.get("counters") or {}).items(), key=lambda i: (i[0] != "compute", i[0])
+        ):
+            counter = remaining.get(name)
+            need = _amount(c)
+            if counter is None or need <= counter.free:
+                continue
+            if name.startswith("memslice"):
+                return (
+                    f"{gpu}: memory slice {name.removeprefix('memslice')} is in use; {profile} here needs it"
+                )
+            what = "compute slices" if name == "compute" else name
+            return f"{gpu}: {max(counter.free, 0)} of {counter.total} {what} free; {profile} needs {need}"
+    return None
 
 
 def _natural(name: str) -> list[Any]:
@@ -184,6 +276,7 @@ def _evaluate(
     devices: Sequence[tuple[str, str, Obj]],
     held: Mapping[tuple[str, str, str], str],
     constraints: tuple[str, ...],
+    left: Mapping[CounterKey, Mapping[str, _Counter]],
 ) -> RequestReport:
     class_name = str(spec.get("deviceClassName", ""))
     device_class = classes.get(class_name)
@@ -221,7 +314,12 @@ def _evaluate(
                 break
         verdicts.append(
             DeviceVerdict(
-                driver, pool, str(device["name"]), tuple(results), held.get((driver, pool, device["name"]))
+                driver,
+                pool,
+                str(device["name"]),
+                tuple(results),
+                held.get((driver, pool, device["name"])),
+                counter_shortage(device, driver, pool, left),
             )
         )
     admin = bool(spec.get("adminAccess"))
@@ -297,8 +395,10 @@ def explain_claim(
     if claim.get("kind") == "ResourceClaimTemplate":
         spec = spec.get("spec") or {}
     by_name = {c["metadata"]["name"]: c for c in classes}
+    slices = list(slices)
     devices = slice_devices(slices)
     held = allocated_devices(other_claims, except_uid=meta.get("uid"))
+    left = counters_left(slices, held)
     device_spec = spec.get("devices") or {}
     constraints: dict[str, list[str]] = {}
     all_requests = [r["name"] for r in device_spec.get("requests") or []]
@@ -313,7 +413,13 @@ def explain_claim(
             for sub in request["firstAvailable"]:
                 reports.append(
                     _evaluate(
-                        f"{name}/{sub['name']}", sub, by_name, devices, held, tuple(constraints.get(name, ()))
+                        f"{name}/{sub['name']}",
+                        sub,
+                        by_name,
+                        devices,
+                        held,
+                        tuple(constraints.get(name, ())),
+                        left,
                     )
                 )
         else:
@@ -325,6 +431,7 @@ def explain_claim(
                     devices,
                     held,
                     tuple(constraints.get(name, ())),
+                    left,
                 )
             )
     notes: tuple[str, ...] = ()
@@ -362,6 +469,8 @@ def render(report: ClaimReport) -> str:
         for device in request.devices:
             status = "match" if device.matched else ("ERROR" if device.error else "no")
             busy = f" (in use by {device.in_use_by})" if device.in_use_by and device.matched else ""
+            if device.short_of and device.matched and not device.in_use_by:
+                busy = f" (not free: {device.short_of})"
             lines.append(f"    {device.device:<26} {status}{busy}")
             for selector in device.selectors:
                 if selector.matched:

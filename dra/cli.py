@@ -69,7 +69,7 @@ def _gpu_source(parser: argparse.ArgumentParser) -> None:
         "--mig-mode",
         "how GPUs' MIG is published: static (MIG devices made beforehand), dynamic (made per claim "
         "from every profile and placement), whole; then per-GPU overrides by index or UUID, e.g. "
-        "static,2=dynamic,GPU-...=whole; see docs/mig.md",
+        "static,@node-a=dynamic,2=dynamic,GPU-...=whole (@node: that node's default); see docs/mig.md",
         "static",
         type=parse_mig_modes,
     )
@@ -355,7 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _discover(args: argparse.Namespace) -> int:
-    inventory = load_inventory(gpu_library(args.fake_gpus, args.node_name), args.mig_mode)
+    inventory = load_inventory(
+        gpu_library(args.fake_gpus, args.node_name), args.mig_mode.for_node(args.node_name)
+    )
     features = ApiFeatures(minor=args.kubernetes_minor, partitionable_devices=True)
     try:
         items = build_slices(
@@ -387,7 +389,7 @@ def _daemon_settings(args: argparse.Namespace) -> dict[str, Any]:
         "host_root": args.host_root,
         "health_recovery_period": args.health_recovery_period,
         "rediscover_interval": getattr(args, "rediscover_interval", DaemonSettings.rediscover_interval),
-        "mig_modes": args.mig_mode,
+        "mig_modes": args.mig_mode.for_node(args.node_name or ""),
     }
 
 

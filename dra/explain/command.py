@@ -105,7 +105,8 @@ class _Inputs:
         """The node's ResourceSlices: live, or built from the fake profile."""
         if self.kube is None:
             inventory = load_inventory(
-                gpu_library(self.args.fake_gpus, self.args.node_name), self.args.mig_mode
+                gpu_library(self.args.fake_gpus, self.args.node_name),
+                self.args.mig_mode.for_node(self.args.node_name or ""),
             )
             # Offline, dynamic-MIG GPUs come with their counters, as a server that keeps them sees them.
             features = ApiFeatures(partitionable_devices=True)

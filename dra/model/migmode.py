@@ -6,8 +6,10 @@
   the driver makes the MIG device a claim gets when it prepares the claim.
 - ``whole``: the GPU is published whole, whatever MIG devices it has.
 
-The flag value is a default mode followed by overrides per GPU index or UUID:
-``dynamic``, or ``static,2=dynamic,GPU-4b0e...=whole``.
+The flag value is a default mode followed by overrides per node (``@<node name>``,
+which replaces the default on that node) and per GPU index or UUID: ``dynamic``, or
+``static,@gpu-node-3=dynamic,2=dynamic,GPU-4b0e...=whole``. One value can so serve
+every node of a DaemonSet.
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ class MigModes:
 
     default: str = STATIC
     overrides: tuple[tuple[str, str], ...] = ()
+    #: Node name -> the default on that node.
+    nodes: tuple[tuple[str, str], ...] = ()
+
+    def for_node(self, node_name: str) -> MigModes:
+        """The modes on one node: its own default where the value names the node."""
+        return MigModes(dict(self.nodes).get(node_name, self.default), self.overrides)
 
     def of(self, index: int, uuid: str) -> str:
         """The mode of one GPU: its UUID's override, else its index's, else the default."""
@@ -34,9 +42,10 @@ class MigModes:
 
 
 def parse_mig_modes(text: str) -> MigModes:
-    """`dynamic` or `static,0=dynamic,GPU-...=whole`; ValueError naming the bad part."""
+    """`dynamic` or `static,@node=dynamic,0=dynamic,GPU-...=whole`; ValueError naming the bad part."""
     default = STATIC
     overrides: list[tuple[str, str]] = []
+    nodes: list[tuple[str, str]] = []
     for n, item in enumerate(part.strip() for part in text.split(",")):
         key, sep, mode = item.rpartition("=") if "=" in item else ("", "", item)
         if mode not in MODES:
@@ -45,8 +54,13 @@ def parse_mig_modes(text: str) -> MigModes:
             if n:
                 raise ValueError(f"{item!r}: only the first entry may be a bare mode (the default)")
             default = mode
+        elif key.startswith("@") and len(key) > 1:
+            nodes.append((key[1:], mode))
         elif not (key.isdigit() or key.startswith(("GPU-", "gpu-"))):
-            raise ValueError(f"{item!r}: name a GPU by index (2=dynamic) or UUID (GPU-...=dynamic)")
+            raise ValueError(
+                f"{item!r}: name a node (@node-a=dynamic), a GPU by index (2=dynamic) "
+                "or a GPU by UUID (GPU-...=dynamic)"
+            )
         else:
             overrides.append((key, mode))
-    return MigModes(default, tuple(overrides))
+    return MigModes(default, tuple(overrides), tuple(nodes))

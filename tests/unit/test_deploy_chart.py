@@ -534,3 +534,13 @@ def test_named_device_plugin_configs_mount_a_configmap_directory_and_grant_node_
         result = chart.helm("template", "dra-gpu", str(chart.CHART), *flags, check=False)
     assert result.returncode != 0
     assert "set config (one file) or namedConfigs" in result.stderr
+
+
+def test_dynamic_mig_is_turned_on_per_node_through_the_mig_mode_variable() -> None:
+    objects = chart.template(FAKE, extra=["--set", "mig.nodes.gpu-node-3=dynamic"])
+    env = _env(_container(objects))
+    assert env["DRA_GPU_MIG_MODE"] == "static,@gpu-node-3=dynamic"
+    modes = build_parser().parse_args(["discover", f"--mig-mode={env['DRA_GPU_MIG_MODE']}"]).mig_mode
+    assert modes.for_node("gpu-node-3").default == "dynamic"
+    assert modes.for_node("gpu-node-1").default == "static"
+    assert "DRA_GPU_MIG_MODE" not in _env(_container(chart.template(FAKE)))

@@ -109,6 +109,10 @@ def test_mig_modes_per_gpu() -> None:
     assert {p.parent.index for p in inventory.partitions} == {0, 3, 4, 5, 6, 7}
     # GPU 2 is static with MIG on and no MIG device made: it offers nothing.
     assert [d.name for d in inventory.devices][:3] == ["gpu-0", "gpu-1", "gpu-3"]
+    on_nodes = parse_mig_modes("static,@node-a=dynamic,3=whole")
+    assert on_nodes.for_node("node-a").of(0, "GPU-x") == "dynamic"
+    assert on_nodes.for_node("node-a").of(3, "GPU-x") == "whole"
+    assert on_nodes.for_node("node-b").of(0, "GPU-x") == "static"
     with pytest.raises(ValueError, match="one of static, dynamic, whole"):
         parse_mig_modes("dynamic,1=partitioned")
     with pytest.raises(ValueError, match="by index"):

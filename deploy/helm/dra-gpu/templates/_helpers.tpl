@@ -69,6 +69,11 @@ device.driver == "{{ $driver }}" && device.attributes["{{ $driver }}"].type == "
 - name: DRA_GPU_DEVICE_PLUGIN_GPUS
   value: {{ . | quote }}
 {{- end }}
+{{- if or (ne .Values.mig.mode "static") .Values.mig.nodes }}
+# How GPUs' MIG is published (--mig-mode): the default, then @<node>=<mode> per listed node.
+- name: DRA_GPU_MIG_MODE
+  value: {{ include "dra-gpu.migMode" . | quote }}
+{{- end }}
 {{- if not .Values.fakeGpus.enabled }}
 # Which /dev/nvidia* nodes exist is read from the host's /dev: the toolkit injects only some of
 # them into this container (no nvidia-uvm, no MIG capability nodes with "utility").
@@ -136,4 +141,9 @@ capabilities:
 {{- $pairs = append $pairs (printf "%s=%s" $key $template) }}
 {{- end }}
 {{- join "," $pairs }}
+{{- end }}
+
+{{/* The --mig-mode value: the default mode, then one @<node>=<mode> per entry of mig.nodes. */}}
+{{- define "dra-gpu.migMode" -}}
+{{ .Values.mig.mode }}{{ range $node, $mode := .Values.mig.nodes }},@{{ $node }}={{ $mode }}{{ end }}
 {{- end }}

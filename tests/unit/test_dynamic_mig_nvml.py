@@ -1,0 +1,101 @@
+"""Dynamic MIG on a real GPU through NVML (marked `gpu`): the same flow as on fake GPUs.
+
+Needs a MIG-capable GPU with MIG mode on (`nvidia-smi -i N -mig 1`) and no MIG device on it:
+the test makes and destroys MIG devices, and never touches a GPU that already has some.
+Skipped where there is none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dra.adapters.cdistore import CdiStore
+from dra.adapters.checkpoint import CheckpointStore
+from dra.core.allocation import AllocatedDevice, ClaimAllocation
+from dra.gpu import dynamic, migtables
+from dra.gpu.discovery import discover
+from dra.gpu.nvml import ERROR_INSUFFICIENT_RESOURCES, GpuLibraryError, NvmlLibrary, Placement
+from dra.gpu.profiles import MODELS
+from dra.kubeletplugin.state import DeviceState
+from dra.model.devices import Gpu, Inventory, MigPartition
+from dra.model.migmode import parse_mig_modes
+from tests.unit.helpers import DRIVER, NODE
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def nvml() -> Iterator[NvmlLibrary]:
+    lib = NvmlLibrary()
+    try:
+        lib.init()
+    except GpuLibraryError as err:
+        pytest.skip(f"no NVIDIA driver/NVML on this machine ({err})")
+    yield lib
+    lib.shutdown()
+
+
+def _free_dynamic_gpu(lib: NvmlLibrary) -> tuple[Inventory, Gpu]:
+    inventory = discover(lib, parse_mig_modes("dynamic"))
+    for gpu in inventory.dynamic_gpus:
+        if not dynamic.instances(lib, gpu.index):
+            return inventory, gpu
+    pytest.skip("no GPU in MIG mode without MIG devices (turn MIG on: nvidia-smi -i N -mig 1)")
+
+
+def _offer(inventory: Inventory, gpu: Gpu, slices: int, start: int) -> MigPartition:
+    return next(
+        p
+        for p in inventory.partitions
+        if p.parent == gpu and p.slices == slices and p.placement_start == start and p.placement_size <= 4
+    )
+
+
+def test_the_fake_tables_are_what_nvml_says(nvml: NvmlLibrary) -> None:
+    inventory, gpu = _free_dynamic_gpu(nvml)
+    model = next((m for m in MODELS.values() if m.product_name == gpu.product_name and m.mig_table), None)
+    if model is None:
+        pytest.skip(f"{gpu.product_name} is not in the fake catalog")
+    real = {
+        (p.profile, p.placement_start, p.placement_size, p.memory_bytes >> 20)
+        for p in inventory.partitions
+        if p.parent == gpu
+    }
+    fake = {
+        (p.name, start, p.memory_slices, p.memory_mib)
+        for p in model.mig_table
+        if not p.media_extensions
+        for start in p.starts
+    }
+    assert real == fake
+    assert max(p.slices for p in inventory.partitions if p.parent == gpu) == migtables.COMPUTE_SLICES
+
+
+def test_prepare_makes_and_unprepare_destroys_mig_devices(nvml: NvmlLibrary, tmp_path: Path) -> None:
+    inventory, gpu = _free_dynamic_gpu(nvml)
+    state = DeviceState(
+        DRIVER,
+        NODE,
+        inventory,
+        CdiStore(tmp_path / "cdi", DRIVER),
+        CheckpointStore(tmp_path / "cp.json"),
+        nvml,
+    )
+    offers = [_offer(inventory, gpu, 3, 4), _offer(inventory, gpu, 2, 0), _offer(inventory, gpu, 1, 2)]
+    allocation = ClaimAllocation(
+        "uid-real", "default", "real", tuple(AllocatedDevice("mig", NODE, o.name) for o in offers)
+    )
+    try:
+        claim = state.prepare(allocation)
+        made = {(i.placement.start, i.placement.size) for i in dynamic.instances(nvml, gpu.index)}
+        assert made == {(o.placement_start, o.placement_size) for o in offers}
+        assert all(d.uuid.startswith("MIG-") for d in claim.devices)
+        with pytest.raises(GpuLibraryError) as err:
+            dynamic.create_gpu_instance(nvml, gpu.index, offers[0].profile_id, Placement(4, 4))
+        assert err.value.code == ERROR_INSUFFICIENT_RESOURCES
+    finally:
+        state.unprepare("uid-real")
+    assert dynamic.instances(nvml, gpu.index) == []

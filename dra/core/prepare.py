@@ -223,6 +223,11 @@ def decide_prepare(
                 problems.append(
                     f"device {result.device} is a dynamic MIG device, which admin access cannot use"
                 )
+            if allocation.configs_for(result):
+                problems.append(
+                    f"device {result.device} is a dynamic MIG device, which takes no opaque configuration "
+                    "yet (drop the config from the claim or DeviceClass, or use a static MIG device)"
+                )
             creates[partition.name] = CreateMig(partition)
             continue
         if device is None:

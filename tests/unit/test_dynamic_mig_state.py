@@ -12,7 +12,7 @@ import pytest
 
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
-from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError
+from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.gpu import dynamic
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
@@ -199,3 +199,21 @@ def test_kill_during_unprepare_converges_on_the_retry(tmp_path: Path) -> None:
     assert restarted.actions == []
     assert _specs(tmp_path) == []
     assert dynamic.instances(_lib(tmp_path), 0) == []
+
+
+def test_admin_access_and_opaque_configs_are_refused_on_dynamic_mig_devices(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    admin = ClaimAllocation(
+        UID, "default", "claim", (AllocatedDevice("mig", NODE, THREE_G_AT_4, admin_access=True),)
+    )
+    with pytest.raises(ClaimError, match="which admin access cannot use"):
+        state.prepare(admin)
+    config = OpaqueConfig(
+        "FromClaim", (), {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig"}
+    )
+    configured = ClaimAllocation(
+        UID, "default", "claim", (AllocatedDevice("mig", NODE, THREE_G_AT_4),), (config,)
+    )
+    with pytest.raises(ClaimError, match="takes no opaque configuration yet"):
+        state.prepare(configured)
+    assert _instances(tmp_path) == []

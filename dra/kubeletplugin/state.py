@@ -34,7 +34,7 @@ from dra.core import prepare as plans
 from dra.core.allocation import ClaimAllocation, ClaimError
 from dra.gpu import dynamic
 from dra.gpu.nvml import ERROR_INSUFFICIENT_RESOURCES, GpuLibrary, GpuLibraryError, Placement
-from dra.model.devices import Inventory, MigDevice
+from dra.model.devices import Gpu, Inventory, MigDevice
 from dra.model.prepared import MIG_CREATE, DeviceAction, PreparedClaim
 
 log = logging.getLogger(__name__)
@@ -110,24 +110,41 @@ class DeviceState:
             for uid, spec in plan.write:
                 self._cdi.write(uid, spec)
 
+    def _held(self) -> set[tuple[str, int]]:
+        """(GPU UUID, GPU instance ID) of every MIG device made for a prepared claim."""
+        return {
+            (str(a.params["gpu"]), int(a.result["gpuInstance"]))
+            for a in self._actions
+            if a.done and a.claim_uid in self._prepared
+        }
+
+    def _destroy_unheld(self, gpus: Iterable[Gpu]) -> int:
+        """Destroy the MIG instances on these GPUs that no prepared claim holds; how many there were."""
+        if self._lib is None:
+            return 0
+        held, destroyed = self._held(), 0
+        for gpu in gpus:
+            for instance in dynamic.instances(self._lib, gpu.index):
+                if (gpu.uuid, instance.gpu_instance_id) in held:
+                    continue
+                start, size = instance.placement.start, instance.placement.size
+                log.warning(
+                    "destroying MIG instance %d (memory slices %d-%d) on GPU %d: no prepared claim holds it "
+                    "(left by a crash, or made by hand on a GPU in dynamic MIG mode)",
+                    instance.gpu_instance_id,
+                    start,
+                    start + size - 1,
+                    gpu.index,
+                )
+                dynamic.destroy(self._lib, gpu.index, instance.gpu_instance_id)
+                destroyed += 1
+        return destroyed
+
     def _recover_mig(self) -> None:
         """Adopt the MIG devices made for prepared claims; destroy every other one on dynamic-MIG GPUs."""
         kept = [a for a in self._actions if a.done and a.claim_uid in self._prepared]
-        known = {(str(a.params["gpu"]), int(a.result["gpuInstance"])) for a in kept}
-        if self._lib is not None:
-            for gpu in self.inventory.dynamic_gpus:
-                for instance in dynamic.instances(self._lib, gpu.index):
-                    if (gpu.uuid, instance.gpu_instance_id) in known:
-                        continue
-                    log.warning(
-                        "destroying MIG instance %d (memory slices from %d, %d) on GPU %d: no prepared claim "
-                        "holds it (left by a crash, or made by hand on a GPU in dynamic MIG mode)",
-                        instance.gpu_instance_id,
-                        instance.placement.start,
-                        instance.placement.size,
-                        gpu.index,
-                    )
-                    dynamic.destroy(self._lib, gpu.index, instance.gpu_instance_id)
+        known = self._held()
+        self._destroy_unheld(self.inventory.dynamic_gpus)
         for action in self._actions:
             if action not in kept:
                 log.info(
@@ -197,15 +214,7 @@ class DeviceState:
                 device = self._make_one(create)
             except GpuLibraryError as err:
                 self._destroy_mig_devices(allocation.uid)
-                taken = (
-                    " (the placement is taken: the allocation is stale)"
-                    if err.code == ERROR_INSUFFICIENT_RESOURCES
-                    else ""
-                )
-                raise ClaimError(
-                    f"cannot prepare ResourceClaim {allocation.ref}: cannot make MIG device {create.device}, "
-                    f"{create.placement}{taken}: NVML error {err.code}: {err}"
-                ) from None
+                raise ClaimError(self._creation_failed(allocation, create, err)) from None
             made[create.device] = device
             done = replace(
                 intent,
@@ -220,6 +229,30 @@ class DeviceState:
             faults.point("mig-recorded")
             self.inventory = replace(self.inventory, instances=(*self.inventory.instances, device))
         return plan.made(made, self.inventory, self.driver)
+
+    def _creation_failed(
+        self, allocation: ClaimAllocation, create: plans.CreateMig, err: GpuLibraryError
+    ) -> str:
+        """The per-claim error; a taken placement first reconciles the GPU with the checkpoint."""
+        message = (
+            f"cannot prepare ResourceClaim {allocation.ref}: cannot make MIG device {create.device}, "
+            f"{create.placement}: NVML error {err.code}: {err}"
+        )
+        if err.code != ERROR_INSUFFICIENT_RESOURCES:
+            return message
+        try:
+            reaped = self._destroy_unheld([create.partition.parent])
+        except GpuLibraryError as failed:
+            log.warning(
+                "cannot reconcile the MIG instances of GPU %d: %s", create.partition.parent.index, failed
+            )
+            reaped = 0
+        if reaped:
+            return (
+                f"{message}; the placement was taken by MIG instances no prepared claim held, "
+                "now destroyed: the retry can succeed"
+            )
+        return f"{message}; a claim still prepared on this node holds the placement (the allocation is stale)"
 
     def _make_one(self, create: plans.CreateMig) -> MigDevice:
         """GPU instance, then compute instance; the GPU instance goes again if the compute instance fails."""

@@ -83,7 +83,7 @@ def test_prepare_makes_the_mig_device_and_unprepare_destroys_it(tmp_path: Path) 
     assert state.actions == []
 
 
-def test_a_taken_placement_is_a_claim_error_naming_it(tmp_path: Path) -> None:
+def test_a_placement_taken_by_hand_is_a_claim_error_and_is_reconciled(tmp_path: Path) -> None:
     lib = _lib(tmp_path)
     lib.create_gpu_instance_with_placement(lib.device_by_index(0), 9, Placement(4, 4))
     state = _state(tmp_path, lib)
@@ -91,13 +91,24 @@ def test_a_taken_placement_is_a_claim_error_naming_it(tmp_path: Path) -> None:
         state.prepare(_allocation("gpu-0-mig-1g10gb-at0", "gpu-0-mig-1g10gb-at5"))
     message = str(err.value)
     assert "1g.10gb at memory slices 5-5 of GPU 0" in message
-    assert "the placement is taken" in message
     assert f"NVML error {ERROR_INSUFFICIENT_RESOURCES}" in message
-    # The first device was made before the second failed: it is gone again.
-    assert _instances(tmp_path) == [(0, "3g.40gb", 4, 4)]
+    assert "no prepared claim held, now destroyed: the retry can succeed" in message
+    # Nothing of the failed prepare is left, and the instance nobody held is gone too.
+    assert _instances(tmp_path) == []
     assert state.actions == []
     assert state.prepared == {}
     assert _specs(tmp_path) == []
+    state.prepare(_allocation("gpu-0-mig-1g10gb-at0", "gpu-0-mig-1g10gb-at5"))
+    assert _instances(tmp_path) == [(0, "1g.10gb", 0, 1), (0, "1g.10gb", 5, 1)]
+
+
+def test_a_placement_a_prepared_claim_holds_is_a_stale_allocation(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    state.prepare(_allocation(THREE_G_AT_4, uid="uid-holder"))
+    with pytest.raises(ClaimError, match="a claim still prepared on this node holds the placement"):
+        state.prepare(_allocation("gpu-0-mig-1g10gb-at5"))
+    assert _instances(tmp_path) == [(0, "3g.40gb", 4, 4)]
+    assert list(state.prepared) == ["uid-holder"]
 
 
 class _NoComputeInstances(FakeGpuLibrary):

@@ -179,6 +179,11 @@ class DeviceState:
             )
             if isinstance(plan, plans.Refusal):
                 raise ClaimError(plan.message)
+            # A claim allocated anew, or a stale holder released, gives its MIG devices back first.
+            for uid in {r.holder.uid for r in plan.release} | (
+                {plan.replaces.uid} if plan.replaces else set()
+            ):
+                self._destroy_mig_devices(uid)
             if plan.create:
                 plan = self._make_mig_devices(plan, allocation)
             self._apply(plan, allocation)
@@ -188,9 +193,6 @@ class DeviceState:
         """Make the plan's MIG devices, each recorded as intent, then done; ClaimError leaves none behind."""
         if self._lib is None:
             raise ClaimError(f"cannot prepare ResourceClaim {allocation.ref}: this node does not manage MIG")
-        # A claim allocated anew, or a stale holder released, gives its MIG devices back first.
-        for uid in {r.holder.uid for r in plan.release} | ({plan.replaces.uid} if plan.replaces else set()):
-            self._destroy_mig_devices(uid)
         intents = [
             DeviceAction(
                 allocation.uid,

@@ -228,3 +228,13 @@ def test_admin_access_and_opaque_configs_are_refused_on_dynamic_mig_devices(tmp_
     with pytest.raises(ClaimError, match="takes no opaque configuration yet"):
         state.prepare(configured)
     assert _instances(tmp_path) == []
+
+
+def test_a_claim_allocated_anew_gives_its_mig_device_back(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    state.prepare(_allocation(THREE_G_AT_4))
+    # Allocated again without an unprepare (the kubelet missed it): now a whole GPU.
+    claim = state.prepare(_allocation("gpu-1"))
+    assert [d.device for d in claim.devices] == ["gpu-1"]
+    assert _instances(tmp_path) == []
+    assert state.actions == []

@@ -35,7 +35,7 @@ from dra.deviceplugin.daemon import DevicePluginSettings, run_device_plugin
 from dra.deviceplugin.resources import DEFAULT_RESOURCE
 from dra.kubeletplugin.daemon import PluginSettings, run_kubelet_plugin
 from dra.labeller.daemon import LabellerSettings, run_node_labeller
-from dra.model.migmode import parse_mig_modes
+from dra.model.migmode import MigModes, parse_mig_modes
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
 
@@ -71,7 +71,7 @@ def _gpu_source(parser: argparse.ArgumentParser) -> None:
         "from every profile and placement), whole; then per-GPU overrides by index or UUID, e.g. "
         "static,@node-a=dynamic,2=dynamic,GPU-...=whole (@node: that node's default); see docs/mig.md",
         "static",
-        type=parse_mig_modes,
+        type=_mig_modes,
     )
     option(
         parser,
@@ -87,6 +87,13 @@ def _selector(text: str) -> Selector:
     try:
         return parse_selector(text)
     except SelectorError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _mig_modes(text: str) -> MigModes:
+    try:
+        return parse_mig_modes(text)
+    except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 

@@ -351,3 +351,25 @@ def test_a_startup_error_inside_a_task_group_is_one_line(
     code, _, err = _run(capsys, "discover")
     assert code == 1
     assert _one_error_line(err) == "dra-gpu: error: cannot serve the plugin's sockets (x): busy"
+
+
+def test_discover_prints_dynamic_mig_counter_sets_and_every_placement(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["discover", "--fake-gpus", "h100x8-dynamic-mig", "--mig-mode", "dynamic", "--node-name", "node-a"]
+    for minor, layout in ((34, [(3, 57), (3, 57), (2, 38)]), (37, [(8, 0), (0, 64), (0, 64), (0, 24)])):
+        code, out, _ = _run(capsys, *argv, "--output", "json", "--kubernetes-minor", str(minor))
+        assert code == 0
+        items = _slices(json.loads(out))
+        assert [
+            (len(i["spec"].get("sharedCounters", [])), len(i["spec"].get("devices", []))) for i in items
+        ] == layout
+        names = {d["name"] for i in items for d in i["spec"].get("devices", [])}
+        assert {f"gpu-7-mig-1g10gb-at{s}" for s in range(7)} <= names
+
+
+def test_a_bad_mig_mode_is_one_line_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.parse_args(["discover", "--mig-mode", "dynamic,0=sliced"])
+    err = capsys.readouterr().err
+    assert "argument --mig-mode: '0=sliced': the mode must be one of static, dynamic, whole" in err

@@ -21,8 +21,9 @@ that exists, or one instance too many -> INSUFFICIENT_RESOURCES; destroying a
 GPU instance that still has compute instances -> IN_USE; an unknown ID ->
 NOT_FOUND. The instances live in a small JSON file when one is given (as they
 live on the GPU, so that a restarted driver finds them), else in memory; the
-instances a profile lists under `mig` are there from the start, placed first
-fit as `nvidia-smi mig -cgi` places them.
+instances a profile lists under `mig` are there from the start, at the first
+placements where they all fit. A file written for another profile (another
+MIG layout) counts as absent, as a re-partitioned GPU would.
 
 The addressing mode is the model's (HMM for every catalog model: Turing and
 newer GPUs on an x86 host with NVIDIA's open kernel modules; see
@@ -270,10 +271,15 @@ class FakeGpuLibrary:
             )
         return placed
 
+    def _layout(self) -> list[list[object]]:
+        """What the profile says of each GPU's MIG: a state file written for another profile is void."""
+        return [[g.model.product_name, None if g.mig is None else list(g.mig)] for g in self.profile.gpus]
+
     def _load(self) -> dict[int, list[FakeInstance]]:
         if self._mig_state is not None and self._mig_state.exists():
             data = json.loads(self._mig_state.read_text())
-            return {int(k): [FakeInstance(**i) for i in v] for k, v in data["gpus"].items()}
+            if data.get("profile") == self._layout():
+                return {int(k): [FakeInstance(**i) for i in v] for k, v in data["gpus"].items()}
         if self._memory is None:
             self._memory = {i: self._premade(i) for i in range(len(self.profile.gpus))}
         return self._memory
@@ -282,7 +288,8 @@ class FakeGpuLibrary:
         self._memory = state
         if self._mig_state is None:
             return
-        text = json.dumps({"gpus": {str(k): [asdict(i) for i in v] for k, v in sorted(state.items())}})
+        gpus = {str(k): [asdict(i) for i in v] for k, v in sorted(state.items())}
+        text = json.dumps({"profile": self._layout(), "gpus": gpus})
         # Atomically, as the real GPU changes: a reader never sees half a state.
         tmp = self._mig_state.with_name(f".{self._mig_state.name}.tmp")
         tmp.parent.mkdir(parents=True, exist_ok=True)

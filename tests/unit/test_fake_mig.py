@@ -117,3 +117,11 @@ def test_mig_modes_per_gpu() -> None:
         parse_mig_modes("dynamic,1=partitioned")
     with pytest.raises(ValueError, match="by index"):
         parse_mig_modes("dynamic,first=whole")
+
+
+def test_a_state_file_of_another_profile_counts_as_absent(tmp_path: Path) -> None:
+    state = tmp_path / "mig.json"
+    dynamic_lib = _lib(state=state)
+    dynamic_lib.create_gpu_instance_with_placement(dynamic_lib.device_by_index(4), ID_1G, Placement(0, 1))
+    static_lib = _lib("h100x8-mig", state=state)
+    assert [i.profile for i in static_lib.instances()[4]] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]

@@ -157,12 +157,29 @@ def device_entry(device: Device, inventory: Inventory) -> Obj:
     }
 
 
+def _engines(partition: MigPartition) -> dict[str, int]:
+    return {
+        "decoders": partition.decoders,
+        "encoders": partition.encoders,
+        "jpegengines": partition.jpeg_engines,
+        "ofaengines": partition.ofa_engines,
+    }
+
+
 def gpu_counters(gpu: Gpu, partitions: Sequence[MigPartition]) -> dict[str, int]:
-    """What a dynamic-MIG GPU has: its compute slices, memory bytes and each memory slice."""
+    """What a dynamic-MIG GPU has: compute slices, memory bytes, each memory slice, and its media engines.
+
+    The engines are those of the profile spanning the GPU, the largest count of each: they keep
+    two media-extension (+me) profiles, which share the GPU's one OFA unit, apart.
+    """
     compute = max(p.slices for p in partitions)
     memory_slices = max(p.placement_start + p.placement_size for p in partitions)
     counters = {COMPUTE_COUNTER: compute, MEMORY_COUNTER: gpu.memory_bytes}
     counters.update({memory_slice_counter(i): 1 for i in range(memory_slices)})
+    for name in _engines(partitions[0]):
+        most = max(_engines(p)[name] for p in partitions)
+        if most:
+            counters[name] = most
     return counters
 
 
@@ -170,6 +187,7 @@ def partition_counters(partition: MigPartition) -> dict[str, int]:
     """What one MIG profile at one placement consumes of its GPU's counters."""
     counters = {COMPUTE_COUNTER: partition.slices, MEMORY_COUNTER: partition.memory_bytes}
     counters.update({memory_slice_counter(i): 1 for i in partition.memory_slices})
+    counters.update({name: n for name, n in _engines(partition).items() if n})
     return counters
 
 

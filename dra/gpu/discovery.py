@@ -244,11 +244,7 @@ def _tell_once(gpu: Gpu, key: str, message: str, *args: object) -> None:
 
 
 def partitions(lib: GpuLibrary, handle: GpuHandle, parent: Gpu, profile_count: int) -> list[MigPartition]:
-    """Every GPU-instance profile of the GPU at every placement NVML offers for it.
-
-    Profiles with media extensions (+me) are left out: a GPU has one OFA unit,
-    which the counters the partitions consume do not model.
-    """
+    """Every GPU-instance profile of the GPU at every placement NVML offers for it."""
     found: list[MigPartition] = []
     for profile in range(profile_count):
         try:
@@ -258,8 +254,6 @@ def partitions(lib: GpuLibrary, handle: GpuHandle, parent: Gpu, profile_count: i
                 continue
             raise
         name = info.name.removeprefix("MIG ").strip()
-        if name.endswith("+me"):
-            continue
         for placement in lib.gpu_instance_possible_placements(handle, info.id):
             found.append(
                 MigPartition(

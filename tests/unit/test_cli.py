@@ -357,7 +357,7 @@ def test_discover_prints_dynamic_mig_counter_sets_and_every_placement(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     argv = ["discover", "--fake-gpus", "h100x8-dynamic-mig", "--mig-mode", "dynamic", "--node-name", "node-a"]
-    for minor, layout in ((34, [(3, 57), (3, 57), (2, 38)]), (37, [(8, 0), (0, 64), (0, 64), (0, 24)])):
+    for minor, layout in ((34, [(2, 52)] * 4), (37, [(8, 0), (0, 64), (0, 64), (0, 64), (0, 16)])):
         code, out, _ = _run(capsys, *argv, "--output", "json", "--kubernetes-minor", str(minor))
         assert code == 0
         items = _slices(json.loads(out))

@@ -71,4 +71,4 @@ async def test_without_counters_dynamic_gpus_are_published_whole_and_it_is_said_
     await publisher.reconcile()
     published = kube.server.list()
     assert sum(len(s["spec"].get("sharedCounters", [])) for s in published) == 8
-    assert sum(len(s["spec"].get("devices", [])) for s in published) == 8 * 19
+    assert sum(len(s["spec"].get("devices", [])) for s in published) == 8 * 26

@@ -33,8 +33,9 @@ def _devices(slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_every_placement_is_a_device_and_the_limits_hold(minor: int) -> None:
     slices = _slices(ApiFeatures(minor=minor, partitionable_devices=True))
     devices = _devices(slices)
-    # Per H100: the whole GPU, 7 x 1g.10gb, 4 x 1g.20gb, 3 x 2g.20gb, 2 x 3g.40gb, 4g.40gb, 7g.80gb.
-    assert len(devices) == 8 * 19
+    # Per H100: the whole GPU, 7 x 1g.10gb, 7 x 1g.10gb+me, 4 x 1g.20gb, 3 x 2g.20gb, 2 x 3g.40gb,
+    # 4g.40gb, 7g.80gb.
+    assert len(devices) == 8 * 26
     gpu0 = {d["name"] for d in devices if d["name"].startswith("gpu-0")}
     assert {"gpu-0", "gpu-0-mig-3g40gb-at4", "gpu-0-mig-1g10gb-at6", "gpu-0-mig-7g80gb-at0"} <= gpu0
     for s in slices:
@@ -67,6 +68,8 @@ def test_a_mig_offer_has_nvidias_attributes_and_no_uuid() -> None:
     assert consumed["counterSet"] == "gpu1"
     assert consumed["counters"] == {
         "compute": {"value": "3"},
+        "decoders": {"value": "3"},
+        "jpegengines": {"value": "3"},
         "memory": {"value": "40192Mi"},
         **{f"memslice{i}": {"value": "1"} for i in range(4, 8)},
     }
@@ -91,4 +94,16 @@ def test_static_and_whole_gpus_publish_no_counters() -> None:
     slices = _slices(ApiFeatures(minor=37, partitionable_devices=True), "whole,0=dynamic")
     counter_sets = [c["name"] for s in slices for c in s["spec"].get("sharedCounters", [])]
     assert counter_sets == ["gpu0"]
-    assert len(_devices(slices)) == 7 + 19
+    assert len(_devices(slices)) == 7 + 26
+
+
+def test_media_extension_profiles_share_the_one_ofa_unit() -> None:
+    slices = _slices(ApiFeatures(partitionable_devices=True))
+    by_name = {d["name"]: d for d in _devices(slices)}
+    counter_set = next(c for s in slices for c in s["spec"].get("sharedCounters", []) if c["name"] == "gpu0")
+    assert counter_set["counters"]["ofaengines"] == {"value": "1"}
+    for name in ("gpu-0-mig-1g10gbme-at0", "gpu-0-mig-1g10gbme-at6", "gpu-0-mig-7g80gb-at0"):
+        [consumed] = by_name[name]["consumesCounters"]
+        assert consumed["counters"]["ofaengines"] == {"value": "1"}
+    [plain] = by_name["gpu-0-mig-1g10gb-at0"]["consumesCounters"]
+    assert "ofaengines" not in plain["counters"]

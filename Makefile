@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 LOCAL := PYTHONPATH=deploy/local
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv proto binaries cluster-binaries manifests lint test test-fast test-matrix demo cluster-up cluster-down bench clean
+.PHONY: all venv proto binaries cluster-binaries manifests lint test test-fast test-matrix demo cluster-up cluster-down bench bench-scheduler clean
 
 all: test
 
@@ -91,3 +91,8 @@ bench: binaries
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_driver
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_deviceplugin
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_cel
+
+# The real scheduler placing GPU claims on 100 and 500 kubelet-less nodes, per slice layout
+# (docs/mig.md: what dynamic MIG costs the scheduler). Minutes; not part of `make bench`.
+bench-scheduler: binaries
+	$(LOCAL) $(BIN)/python -m tests.bench.bench_scheduler

@@ -226,6 +226,14 @@ def test_device_plugin_alone_takes_every_gpu() -> None:
     [
         ({"devicePlugin": {"enabled": True}}, "set gpuAssignment.dra or gpuAssignment.devicePlugin"),
         ({"kubeletPlugin": {"enabled": False}}, "enable kubeletPlugin, devicePlugin or both"),
+        (
+            {
+                "kubeletPlugin": {"enabled": False},
+                "devicePlugin": {"enabled": True},
+                "deviceClasses": {"gpu": {"extendedResourceName": "nvidia.com/gpu"}},
+            },
+            "deviceClasses.gpu.extendedResourceName and devicePlugin.resourceName are both nvidia.com/gpu",
+        ),
     ],
 )
 def test_impossible_container_choices_fail_the_render(values: dict[str, Any], complaint: str) -> None:
@@ -296,6 +304,23 @@ def test_device_classes_follow_the_driver_name() -> None:
     ]
 
 
+def test_device_classes_serve_an_extended_resource_only_when_asked() -> None:
+    def names(values: dict[str, Any] | None = None) -> dict[str, str | None]:
+        return {
+            c["metadata"]["name"]: c["spec"].get("extendedResourceName")
+            for c in chart.template(values)
+            if c["kind"] == "DeviceClass"
+        }
+
+    assert names() == {"gpu.nvidia.com": None, "mig.nvidia.com": None}
+    values = {"deviceClasses": {"gpu": {"extendedResourceName": "nvidia.com/gpu"}}}
+    assert names(values) == {"gpu.nvidia.com": "nvidia.com/gpu", "mig.nvidia.com": None}
+    # Beside a device plugin serving another name, the mapping is fine.
+    values |= {"devicePlugin": {"enabled": True, "resourceName": "nvidia.com/legacy-gpu"}}
+    values |= {"gpuAssignment": {"devicePlugin": "7"}}
+    assert names(values)["gpu.nvidia.com"] == "nvidia.com/gpu"
+
+
 def test_admission_policy_applies_to_the_drivers_account_only() -> None:
     objects = chart.template(release="gpu", namespace="kube-gpu")
     policy = _only(objects, "ValidatingAdmissionPolicy")
@@ -335,6 +360,11 @@ def test_another_kubelet_root_moves_sockets_and_mounts() -> None:
         pytest.param({"fakeGpu": {"enabled": True}}, "fakeGpu", id="misspelt-key"),
         pytest.param({"driverName": "GPU_Nvidia"}, "driverName", id="bad-driver-name"),
         pytest.param({"logLevel": "verbose"}, "logLevel", id="bad-log-level"),
+        pytest.param(
+            {"deviceClasses": {"gpu": {"extendedResourceName": "gpu"}}},
+            "extendedResourceName",
+            id="extended-resource-without-domain",
+        ),
     ],
 )
 def test_values_schema_rejects_mistakes(values: dict[str, Any], complaint: str) -> None:

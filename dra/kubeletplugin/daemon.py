@@ -26,6 +26,7 @@ from dra.daemon.bootstrap import (
 )
 from dra.daemon.rediscovery import Rediscovery
 from dra.daemon.sockets import SocketPathError
+from dra.kubeletplugin.podresources import DevicePluginHoldback
 from dra.kubeletplugin.publisher import SlicePublisher
 from dra.kubeletplugin.server import PluginServer
 from dra.kubeletplugin.service import DraService, HealthService
@@ -69,7 +70,12 @@ async def run_kubelet_plugin(settings: PluginSettings) -> None:
 
 
 async def _serve(settings: PluginSettings, node: Node) -> None:
-    inventory, tracker = node.inventory, node.tracker
+    tracker = node.tracker
+    holdback = DevicePluginHoldback(settings.kubelet_root)
+    rediscovery = Rediscovery(settings, node.inventory, await holdback.held(node.inventory))
+    inventory = rediscovery.current
+    if inventory != node.inventory and settings.rediscover_interval <= 0:
+        log.warning("--rediscover-interval is 0: GPUs held back stay unpublished until a restart")
     log.info("publishing %d allocatable devices on node %s", len(inventory), settings.node_name)
     try:
         kube = KubeClient(settings.kubeconfig)
@@ -118,7 +124,7 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
     def tasks(group: TaskGroup) -> None:
         group.start_soon(publisher.run)
         if settings.rediscover_interval > 0:
-            group.start_soon(Rediscovery(settings, inventory).run, apply)
+            group.start_soon(rediscovery.run, apply, holdback.held)
         group.start_soon(server.keep_registration_socket)
         group.start_soon(report_ready)
 

@@ -115,6 +115,8 @@ def test_daemonset_runs_the_kubelet_plugin_on_the_host_paths() -> None:
     assert host_paths == {
         "plugin-dir": "/var/lib/kubelet/plugins/gpu.nvidia.com",
         "plugins-registry": "/var/lib/kubelet/plugins_registry",
+        # Read-only: which GPUs device-plugin pods still hold (docs/migration.md).
+        "pod-resources": "/var/lib/kubelet/pod-resources",
         "cdi": "/var/run/cdi",
         "host-dev": "/dev",
     }
@@ -313,7 +315,7 @@ def test_device_classes_serve_an_extended_resource_only_when_asked() -> None:
         }
 
     assert names() == {"gpu.nvidia.com": None, "mig.nvidia.com": None}
-    values = {"deviceClasses": {"gpu": {"extendedResourceName": "nvidia.com/gpu"}}}
+    values: dict[str, Any] = {"deviceClasses": {"gpu": {"extendedResourceName": "nvidia.com/gpu"}}}
     assert names(values) == {"gpu.nvidia.com": "nvidia.com/gpu", "mig.nvidia.com": None}
     # Beside a device plugin serving another name, the mapping is fine.
     values |= {"devicePlugin": {"enabled": True, "resourceName": "nvidia.com/legacy-gpu"}}

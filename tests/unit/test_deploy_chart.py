@@ -141,6 +141,7 @@ def test_daemonset_probes_resources_priority_and_tolerations() -> None:
     assert container["resources"]["limits"] == {"memory": "256Mi"}
     assert pod["priorityClassName"] == "system-node-critical"
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"} in pod["tolerations"]
     assert "nodeSelector" not in pod
     assert "affinity" not in pod
     placed = _only(

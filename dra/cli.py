@@ -350,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     option(
         webhook,
         "--tls-reload-interval",
-        "seconds between looks at the certificate files for a rotation",
+        "seconds between looks at the certificate files for a rotation; 0 never reloads",
         10.0,
         type=seconds,
     )
@@ -378,7 +378,7 @@ def _webhook(args: argparse.Namespace) -> int:
         tls_cert_file=args.tls_cert_file,
         tls_key_file=args.tls_key_file,
         http_address=args.http_address or None,
-        tls_reload_interval=args.tls_reload_interval or WebhookSettings.tls_reload_interval,
+        tls_reload_interval=args.tls_reload_interval,
     )
     anyio.run(run_webhook, settings, backend="asyncio")
     return 0

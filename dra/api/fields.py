@@ -152,22 +152,6 @@ def _quantity(raw: object, path: tuple[str, ...]) -> Quantity:
     return quantity
 
 
-def encode(value: object) -> Any:
-    """The JSON form of a decoded (and normalized) value: what the driver acts on."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(value):
-            item = getattr(value, f.name)
-            if item is not None and item != {}:
-                out[json_name(f.name)] = encode(item)
-        return out
-    if isinstance(value, Mapping):
-        return {k: encode(v) for k, v in value.items()}
-    if isinstance(value, Quantity):
-        return str(value)
-    return value
-
-
 def schema_of(cls: type) -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a dataclass, from its fields."""
     properties: dict[str, Any] = {}

@@ -34,7 +34,7 @@ VERSIONS = {v1beta1.API_VERSION: Version(v1beta1.KINDS, v1beta1.decode_config)}
 
 def decode(parameters: Mapping[str, Any]) -> DeviceConfig:
     """The normalized config of one opaque parameters object; FieldError naming the bad field."""
-    size = len(json.dumps(parameters, separators=(",", ":")).encode())
+    size = len(json.dumps(parameters, separators=(",", ":"), ensure_ascii=False).encode())
     if size > MAX_PARAMETERS_BYTES:
         raise FieldError((), f"{size} bytes of JSON, more than the {MAX_PARAMETERS_BYTES} bytes allowed")
     api_version = parameters.get("apiVersion")

@@ -157,10 +157,7 @@ def validate(config: DeviceConfig, devices: Sequence[Device]) -> None:
     no devices yet; prepare has.
     """
     for device in devices:
-        mig = isinstance(device, MigDevice)
-        if not isinstance(config, MigDeviceConfig if mig else GpuConfig):
-            what, use = ("a MIG device", "MigDeviceConfig") if mig else ("a full GPU", "GpuConfig")
-            raise FieldError((), f"{config.KIND} cannot configure {device.name}, which is {what}: use {use}")
+        check_kind(config, device)
     mps = config.sharing.mps_config
     if config.sharing.strategy != "MPS" or mps is None:
         return
@@ -189,6 +186,14 @@ def validate(config: DeviceConfig, devices: Sequence[Device]) -> None:
             names = ", ".join(f"{i} or {d.uuid} ({d.name})" for i, d in enumerate(devices))
             raise FieldError((*per_device, f"[{key}]"), f"names no device of this config; it has {names}")
         _fits(limit, named, (*per_device, f"[{key}]"))
+
+
+def check_kind(config: DeviceConfig, device: Device) -> None:
+    """FieldError unless the config's kind configures this kind of device (GpuConfig: full GPUs)."""
+    mig = isinstance(device, MigDevice)
+    if not isinstance(config, MigDeviceConfig if mig else GpuConfig):
+        what, use = ("a MIG device", "MigDeviceConfig") if mig else ("a full GPU", "GpuConfig")
+        raise FieldError((), f"{config.KIND} cannot configure {device.name}, which is {what}: use {use}")
 
 
 def device_for_key(key: str, devices: Sequence[Device]) -> Device | None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from dra.api import opaque
 from dra.api.fields import FieldError
-from dra.api.v1beta1 import DeviceConfig, GpuConfig, MigDeviceConfig, validate
+from dra.api.v1beta1 import KINDS, DeviceConfig, GpuConfig, MigDeviceConfig, check_kind, validate
 from dra.core.allocation import ClaimAllocation
 from dra.model.devices import Device, MigDevice
 
@@ -27,9 +27,9 @@ class ConfigError(ValueError):
 
 
 def root(parameters: Mapping[str, Any]) -> str:
-    """How messages spell the parameters object: its kind when it has one, as in GpuConfig.sharing."""
+    """How messages spell the parameters object: its kind when it is a known one, as in GpuConfig.sharing."""
     kind = parameters.get("kind")
-    return kind if isinstance(kind, str) and kind else "parameters"
+    return kind if isinstance(kind, str) and kind in KINDS else "parameters"
 
 
 def not_implemented(config: DeviceConfig) -> FieldError | None:
@@ -87,12 +87,18 @@ def default(device: Device) -> DeviceConfig:
 def effective(configs: Sequence[Mapping[str, Any]], device: Device) -> DeviceConfig:
     """The configuration of one device: the last applicable config wins; defaults when there is none.
 
-    Every applicable config is checked against this device alone; `problems` checks each
-    against all the devices it configures, which per-device settings need.
+    Each config is decoded, implemented and of the device's kind, or ConfigError; the checks
+    against all the devices a config applies to (per-device limits) are `problems`', which
+    prepare makes first.
     """
     result = default(device)
     for parameters in configs:
-        result = checked(decode(parameters), [device])
+        config = implemented(decode(parameters))
+        try:
+            check_kind(config, device)
+        except FieldError as err:
+            raise ConfigError(err.at(config.KIND)) from None
+        result = config
     return result
 
 

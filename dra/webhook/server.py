@@ -21,7 +21,7 @@ from aiohttp import web
 from dra.daemon import metrics
 from dra.daemon.bootstrap import StartupError, serve_http
 from dra.daemon.lifecycle import Heartbeat, until_stopped
-from dra.webhook.admission import ReviewError, review
+from dra.webhook.admission import CONFIG_PATHS, ReviewError, review
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class WebhookSettings:
     tls_key_file: Path
     #: host:port for /metrics, /healthz and /readyz; None disables.
     http_address: str | None = None
-    #: Seconds between looks at the certificate files.
+    #: Seconds between looks at the certificate files; 0 never looks again.
     tls_reload_interval: float = 10.0
 
 
@@ -91,8 +91,8 @@ class Certificates:
         return True
 
     async def watch(self, interval: float) -> None:
-        """Reload on change every `interval` seconds, until cancelled."""
-        while True:
+        """Reload on change every `interval` seconds, until cancelled; never with 0."""
+        while interval > 0:
             await anyio.sleep(interval)
             self.reload_if_changed()
 
@@ -109,7 +109,8 @@ def application(driver: str) -> web.Application:
             metrics.WEBHOOK_REVIEWS.labels("", "error").inc()
             return web.json_response({"error": str(err)}, status=400)
         metrics.WEBHOOK_REVIEW_SECONDS.observe(time.perf_counter() - started)
-        metrics.WEBHOOK_REVIEWS.labels(verdict.kind, "allowed" if verdict.allowed else "denied").inc()
+        kind = verdict.kind if verdict.kind in CONFIG_PATHS else "other"
+        metrics.WEBHOOK_REVIEWS.labels(kind, "allowed" if verdict.allowed else "denied").inc()
         if not verdict.allowed:
             log.info("denied %s: %s", verdict.kind, "; ".join(verdict.problems))
         return web.json_response(answer)

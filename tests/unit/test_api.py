@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from dra.api import opaque
-from dra.api.fields import FieldError, encode
+from dra.api.fields import FieldError
 from dra.api.v1beta1 import (
     GpuConfig,
     GpuSharing,
@@ -82,21 +82,6 @@ def message(parameters: dict[str, Any]) -> str:
 )
 def test_decoding_fills_in_the_defaults(parameters: dict[str, Any], expected: object) -> None:
     assert opaque.decode(parameters) == expected
-
-
-def test_a_decoded_config_encodes_to_nvidias_field_names() -> None:
-    config = opaque.decode(
-        mps(defaultActiveThreadPercentage=20, defaultPerDevicePinnedMemoryLimit={"1": "2Gi"})
-    )
-    assert encode(config) == {
-        "sharing": {
-            "strategy": "MPS",
-            "mpsConfig": {
-                "defaultActiveThreadPercentage": 20,
-                "defaultPerDevicePinnedMemoryLimit": {"1": "2Gi"},
-            },
-        }
-    }
 
 
 @pytest.mark.parametrize(

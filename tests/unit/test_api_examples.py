@@ -32,8 +32,7 @@ def test_example_verdict_matches_the_driver(path: Path) -> None:
     devices = _devices(parameters["kind"])
     quoted = re.search(r'"(.*)"', first_line)
     if first_line.startswith("# Accepted"):
-        for device in devices:
-            deviceconfig.effective([parameters], device)
+        deviceconfig.checked(deviceconfig.decode(parameters), devices)
         return
     assert quoted, f"{path.name}: the first line must say Accepted, or Refused/Valid with the quoted message"
     if first_line.startswith("# Valid, not implemented yet"):
@@ -45,7 +44,7 @@ def test_example_verdict_matches_the_driver(path: Path) -> None:
     else:
         assert first_line.startswith("# Refused"), path.name
         with pytest.raises(deviceconfig.ConfigError) as err:
-            deviceconfig.effective([parameters], devices[0])
+            deviceconfig.checked(deviceconfig.decode(parameters), devices)
         assert quoted.group(1) in str(err.value)
 
 

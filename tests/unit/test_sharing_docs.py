@@ -11,7 +11,7 @@ import yaml
 
 from dra.api import opaque
 from dra.api.v1beta1 import MigDeviceConfig, validate
-from dra.core.config import effective
+from dra.core.config import ConfigError, checked, decode
 from dra.webhook.admission import CONFIG_PATHS, problems
 from tests.unit.helpers import inventory
 
@@ -40,14 +40,7 @@ def test_the_documented_memory_is_the_fake_h100s() -> None:
     gpu = inventory("h100x8").get("gpu-0")
     assert gpu is not None
     assert f"more than the {gpu.memory_bytes // 2**20} MiB of memory of gpu-0" in DOC.read_text()
-    with pytest.raises(ValueError, match=f"{gpu.memory_bytes // 2**20} MiB"):
-        effective(
-            [
-                {
-                    "apiVersion": "resource.nvidia.com/v1beta1",
-                    "kind": "GpuConfig",
-                    "sharing": {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "100Gi"}},
-                }
-            ],
-            gpu,
-        )
+    limit = {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "100Gi"}}
+    config = decode({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": limit})
+    with pytest.raises(ConfigError, match=f"{gpu.memory_bytes // 2**20} MiB"):
+        checked(config, [gpu])

@@ -90,9 +90,16 @@ def _optional(annotation: Any) -> Any:
     return None
 
 
+#: Each type's fields with their resolved annotations: resolving them was most of a decode's time.
+_FIELDS: dict[type, list[tuple[dataclasses.Field[Any], Any]]] = {}
+
+
 def _fields(cls: type) -> list[tuple[dataclasses.Field[Any], Any]]:
-    hints = typing.get_type_hints(cls)
-    return [(f, hints[f.name]) for f in dataclasses.fields(cls)]
+    found = _FIELDS.get(cls)
+    if found is None:
+        hints = typing.get_type_hints(cls)
+        found = _FIELDS[cls] = [(f, hints[f.name]) for f in dataclasses.fields(cls)]
+    return found
 
 
 def decode(cls: type[T], raw: object, path: tuple[str, ...] = ()) -> T:

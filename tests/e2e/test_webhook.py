@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.dynamic.exceptions import DynamicApiError
+from kubernetes.dynamic.exceptions import DynamicApiError, ResourceNotFoundError
 from localcluster import chart
 from localcluster.cluster import ClusterInfo
 from localcluster.kube import Kube, Obj, wait_for
@@ -197,3 +197,14 @@ def test_config_for_another_driver_is_admitted_untouched_without_a_call(
     kube.create(_claim("plain", []), namespace=namespace)
     # The chart's matchCondition keeps objects without this driver's config away from the webhook.
     assert _reviews(webhook) == before
+
+
+def test_a_claim_through_a_beta_version_reaches_the_webhook_as_v1(
+    webhook: WebhookProcess, kube: Kube, namespace: str
+) -> None:
+    claim = {**_claim("beta", _configs(_parameters("VeryLong"))), "apiVersion": "resource.k8s.io/v1beta2"}
+    try:
+        message = _denial(lambda: kube.create(claim, namespace=namespace))
+    except ResourceNotFoundError:
+        pytest.skip("this API server does not serve resource.k8s.io/v1beta2")
+    assert "spec.devices.config[0].opaque.parameters.sharing.timeSlicingConfig.interval" in message

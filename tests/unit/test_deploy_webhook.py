@@ -41,6 +41,8 @@ def test_the_webhook_runs_with_the_generated_secret_and_checks_only_configs_of_t
     assert set(env) <= _flags("webhook")
     assert env["DRA_GPU_DRIVER_NAME"] == "gpu.example.com"
     assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532  # the Dockerfile's user, which it names
     secret = _only(objects, "Secret")
     assert pod["volumes"] == [{"name": "tls", "secret": {"secretName": secret["metadata"]["name"]}}]
 

@@ -208,3 +208,10 @@ def test_a_claim_through_a_beta_version_reaches_the_webhook_as_v1(
     except ResourceNotFoundError:
         pytest.skip("this API server does not serve resource.k8s.io/v1beta2")
     assert "spec.devices.config[0].opaque.parameters.sharing.timeSlicingConfig.interval" in message
+
+
+def test_the_charts_webhook_objects_are_valid_for_the_api_server(kube: Kube, namespace: str) -> None:
+    objects = chart.template({"webhook": {"enabled": True}}, release="webhook-objects", namespace=namespace)
+    wanted = ("Secret", "Deployment", "Service", "ValidatingWebhookConfiguration")
+    created = [kube.create(o, namespace=namespace, dry_run=True) for o in objects if o["kind"] in wanted]
+    assert sorted(o["kind"] for o in created) == sorted(wanted)

@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 import yaml
 
+from dra.api import schema
 from dra.core.assignment import Selector, SelectorError, parse_selector
 from dra.core.labels import AdminTemplate, LabelError, parse_template
 from dra.core.slices import SliceError, build_slices
@@ -33,6 +34,7 @@ from dra.deviceplugin.daemon import DevicePluginSettings, run_device_plugin
 from dra.deviceplugin.resources import DEFAULT_RESOURCE
 from dra.kubeletplugin.daemon import PluginSettings, run_kubelet_plugin
 from dra.labeller.daemon import LabellerSettings, run_node_labeller
+from dra.webhook.server import WebhookSettings, run_webhook
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
 
@@ -330,7 +332,65 @@ def build_parser() -> argparse.ArgumentParser:
     option(explain, "--node-name", "the node whose devices to explain (with --fake-gpus: seeds fake UUIDs)")
     option(explain, "--kubeconfig", "kubeconfig file; default: the in-cluster service account")
     option(explain, "--output", "output format", "text", choices=("text", "json"))
+    webhook = sub.add_parser(
+        "webhook",
+        help="run the validating admission webhook for this driver's opaque configs (HTTPS POST /validate)",
+    )
+    _common(webhook)
+    option(webhook, "--driver-name", "the DRA driver whose configs to check", DEFAULT_DRIVER)
+    option(webhook, "--bind-address", "host:port of the HTTPS listener", ":8443", type=_host_port)
+    option(
+        webhook,
+        "--tls-cert-file",
+        "serving certificate (PEM), reloaded when it changes",
+        type=path,
+        required=True,
+    )
+    option(webhook, "--tls-key-file", "its private key (PEM)", type=path, required=True)
+    option(
+        webhook,
+        "--tls-reload-interval",
+        "seconds between looks at the certificate files for a rotation; 0 never reloads",
+        10.0,
+        type=seconds,
+    )
+    option(webhook, "--http-address", "host:port for /metrics, /healthz and /readyz; empty disables", ":8083")
+
+    schemas = sub.add_parser(
+        "api-schema", help="write the JSON Schemas of the configuration API (api/<version>/*.schema.json)"
+    )
+    _common(schemas)
+    option(schemas, "--output-dir", "the api/ directory to write them into", Path("api"), type=path)
     return parser
+
+
+def _host_port(text: str) -> str:
+    _, colon, port = text.rpartition(":")
+    if not colon or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected host:port, got {text!r}")
+    return text
+
+
+def _webhook(args: argparse.Namespace) -> int:
+    settings = WebhookSettings(
+        driver_name=args.driver_name,
+        bind_address=args.bind_address,
+        tls_cert_file=args.tls_cert_file,
+        tls_key_file=args.tls_key_file,
+        http_address=args.http_address or None,
+        tls_reload_interval=args.tls_reload_interval,
+    )
+    anyio.run(run_webhook, settings, backend="asyncio")
+    return 0
+
+
+def _api_schema(args: argparse.Namespace) -> int:
+    for name, text in schema.documents().items():
+        target = args.output_dir / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        print(target)
+    return 0
 
 
 def _discover(args: argparse.Namespace) -> int:
@@ -431,6 +491,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "device-plugin": _device_plugin,
     "node-labeller": _node_labeller,
     "discover": _discover,
+    "webhook": _webhook,
+    "api-schema": _api_schema,
     "explain": _explain,
 }
 

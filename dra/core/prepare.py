@@ -184,11 +184,8 @@ def decide_prepare(
                         f"device {result.device} is already prepared for claim "
                         f"{holder.namespace}/{holder.name} ({holder.uid})"
                     )
-        try:
-            deviceconfig.effective([c.parameters for c in allocation.configs_for(result)], device)
-        except deviceconfig.ConfigError as err:
-            problems.append(f"invalid configuration for device {result.device}: {err}")
         devices[device.name] = device
+    problems.extend(deviceconfig.problems(allocation, devices))
     if problems:
         return Refusal(f"cannot prepare ResourceClaim {allocation.ref}: " + "; ".join(problems))
 

@@ -1,0 +1,46 @@
+"""Every YAML example in docs/sharing.md is accepted: configs decode, claims and classes pass the webhook."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dra.api import opaque
+from dra.api.v1beta1 import MigDeviceConfig, validate
+from dra.core.config import ConfigError, checked, decode
+from dra.webhook.admission import CONFIG_PATHS, problems
+from tests.unit.helpers import inventory
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "sharing.md"
+BLOCKS = re.findall(r"^```yaml\n(.*?)^```", DOC.read_text(), re.S | re.M)
+
+
+def test_the_page_has_examples() -> None:
+    assert len(BLOCKS) >= 5
+
+
+@pytest.mark.parametrize("text", BLOCKS, ids=[f"block-{i}" for i in range(len(BLOCKS))])
+def test_every_example_is_accepted(text: str) -> None:
+    document: dict[str, Any] = yaml.safe_load(text)
+    if document["apiVersion"].startswith("resource.nvidia.com/"):
+        config = opaque.decode(document)
+        devices = inventory("h100x8-mig")
+        names = ["gpu-4-mig-1g10gb-3-0"] if isinstance(config, MigDeviceConfig) else ["gpu-0", "gpu-1"]
+        validate(config, [d for d in devices if d.name in names])
+        return
+    assert document["kind"] in CONFIG_PATHS
+    assert problems(document, document["kind"], "gpu.nvidia.com") == []
+
+
+def test_the_documented_memory_is_the_fake_h100s() -> None:
+    gpu = inventory("h100x8").get("gpu-0")
+    assert gpu is not None
+    assert f"more than the {gpu.memory_bytes // 2**20} MiB of memory of gpu-0" in DOC.read_text()
+    limit = {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "100Gi"}}
+    config = decode({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": limit})
+    with pytest.raises(ConfigError, match=f"{gpu.memory_bytes // 2**20} MiB"):
+        checked(config, [gpu])

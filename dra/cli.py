@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 import yaml
 
+from dra.core import taints
 from dra.core.assignment import Selector, SelectorError, parse_selector
 from dra.core.labels import AdminTemplate, LabelError, parse_template
 from dra.core.slices import SliceError, build_slices
@@ -87,6 +88,13 @@ def _strategies(text: str) -> frozenset[Strategy]:
 def _mig_strategy(text: str) -> dpconfig.MigStrategy:
     try:
         return dpconfig.parse_mig_strategy(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _taint_effect(text: str) -> taints.Effect:
+    try:
+        return taints.parse_effect(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 
@@ -188,6 +196,14 @@ def build_parser() -> argparse.ArgumentParser:
         http_default=":8080",
     )
     option(plugin, "--kubeconfig", "kubeconfig file; default: the in-cluster service account")
+    option(
+        plugin,
+        "--unhealthy-taint-effect",
+        "effect of the taint an unhealthy device gets in the ResourceSlice: NoSchedule keeps new "
+        "claims off it, NoExecute also evicts the pods using it",
+        taints.Effect.NO_SCHEDULE.value,
+        type=_taint_effect,
+    )
 
     dp = sub.add_parser(
         "device-plugin",
@@ -370,6 +386,7 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
     settings = PluginSettings(
         **_daemon_settings(args),
         kubeconfig=args.kubeconfig or None,
+        unhealthy_taint_effect=args.unhealthy_taint_effect,
     )
     anyio.run(run_kubelet_plugin, settings, backend="asyncio")
     return 0

@@ -27,6 +27,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from dra.core.assignment import describe
+from dra.core.taints import DeviceTaint, Effect, unhealthy_taint
 from dra.gpu.nvml import ERROR_GPU_IS_LOST, GpuHandle, GpuLibrary, GpuLibraryError, XidEvent
 from dra.model.devices import Device, Gpu, Inventory, MigDevice, device_uuids
 
@@ -51,6 +52,8 @@ class DeviceHealth:
     healthy: bool
     since: int
     reason: str = ""
+    #: The reason in a word or two ("XID-79", "GPU-lost"), for a device taint's value.
+    short: str = ""
 
 
 class HealthTracker:
@@ -77,7 +80,15 @@ class HealthTracker:
         """Health of every device by name."""
         return dict(self._health)
 
-    def mark_unhealthy(self, names: list[str], reason: str) -> list[str]:
+    def taints(self, driver: str, effect: Effect) -> dict[str, DeviceTaint]:
+        """The taint of each unhealthy device, added when it became unhealthy."""
+        return {
+            name: unhealthy_taint(driver, health.short or health.reason, effect, health.since)
+            for name, health in self._health.items()
+            if not health.healthy
+        }
+
+    def mark_unhealthy(self, names: list[str], reason: str, short: str = "") -> list[str]:
         """Mark devices unhealthy; return those that changed. A new report restarts the quiet period."""
         now = int(time.time())
         reported = self._clock()
@@ -86,18 +97,18 @@ class HealthTracker:
                 self._last_bad[name] = reported
         changed = [n for n in names if n in self._health and self._health[n].healthy]
         for name in changed:
-            self._health[name] = DeviceHealth(False, now, reason)
+            self._health[name] = DeviceHealth(False, now, reason, short)
             log.warning("device %s is unhealthy: %s", name, reason)
         if changed:
             self._changed.set()
             self._changed = anyio.Event()
         return changed
 
-    def mark_gpus_unhealthy(self, gpu_uuids: list[str], reason: str) -> list[str]:
+    def mark_gpus_unhealthy(self, gpu_uuids: list[str], reason: str, short: str = "") -> list[str]:
         """Mark the devices of these GPUs (the GPU or its MIG devices) unhealthy; return those changed."""
         wanted = set(gpu_uuids)
         return self.mark_unhealthy(
-            [d.name for d in self._inventory if wanted.intersection(device_uuids(d))], reason
+            [d.name for d in self._inventory if wanted.intersection(device_uuids(d))], reason, short
         )
 
     def concerned(self, event: XidEvent) -> list[Device]:
@@ -130,7 +141,7 @@ class HealthTracker:
         affected = [d.name for d in self.concerned(event)]
         if not affected:
             log.warning("XID %d on %s, which is not a published device", event.xid, where)
-        return self.mark_unhealthy(affected, f"XID {event.xid}")
+        return self.mark_unhealthy(affected, f"XID {event.xid}", f"XID-{event.xid}")
 
     def recover(self, quiet: float) -> list[str]:
         """Mark healthy the devices with no bad report for `quiet` seconds; return those changed."""
@@ -287,8 +298,11 @@ class HealthMonitor:
             except GpuLibraryError as err:
                 lost = self._lost_gpus(err, watched)
                 reason = f"waiting for XID events failed: NVML error {err.code}"
+                short = "GPU-lost" if err.code == ERROR_GPU_IS_LOST else f"NVML-error-{err.code}"
                 report(
-                    anyio.from_thread.run_sync(self._tracker.mark_gpus_unhealthy, lost, reason, token=token)
+                    anyio.from_thread.run_sync(
+                        self._tracker.mark_gpus_unhealthy, lost, reason, short, token=token
+                    )
                 )
                 if err.code != failing:
                     log.error(

@@ -24,8 +24,8 @@ from dra.core import taints
 from dra.core.assignment import Selector, SelectorError, parse_selector
 from dra.core.labels import AdminTemplate, LabelError, parse_template
 from dra.core.slices import SliceError, build_slices
-from dra.daemon import logs
-from dra.daemon.bootstrap import DaemonSettings, StartupError, gpu_library, load_inventory
+from dra.daemon import healthctl, logs
+from dra.daemon.bootstrap import DaemonSettings, StartupError, default_state_dir, gpu_library, load_inventory
 from dra.daemon.flags import UsageError, apply_environment, csv, nonempty, option, path, seconds
 from dra.deviceplugin import config as dpconfig
 from dra.deviceplugin import setup as dpsetup
@@ -315,6 +315,25 @@ def build_parser() -> argparse.ArgumentParser:
         type=_label_template,
     )
 
+    taint = sub.add_parser("taint", help="the taints the kubelet-plugin puts on unhealthy devices")
+    taint_sub = taint.add_subparsers(dest="taint_command", required=True, metavar="ACTION")
+    clear = taint_sub.add_parser(
+        "clear",
+        help="mark a device healthy again, removing its taint (refused while it still fails); run it "
+        "where the kubelet-plugin runs, e.g. kubectl exec into its pod on the node",
+    )
+    _common(clear)
+    option(
+        clear,
+        "--device",
+        "the device, as named in the ResourceSlice (gpu-3, or a MIG device's name)",
+        type=nonempty,
+        required=True,
+    )
+    option(clear, "--driver-name", "DRA driver name", DEFAULT_DRIVER)
+    option(clear, "--kubelet-root", "the kubelet's root directory", Path("/var/lib/kubelet"), type=path)
+    option(clear, "--state-dir", "the kubelet-plugin's --state-dir", type=path)
+
     discover = sub.add_parser("discover", help="print the ResourceSlices this node would publish")
     _common(discover)
     _gpu_source(discover)
@@ -392,6 +411,16 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _taint(args: argparse.Namespace) -> int:
+    state_dir = args.state_dir or default_state_dir(args.kubelet_root, args.driver_name)
+    try:
+        print(anyio.run(healthctl.clear, healthctl.socket_path(state_dir), args.device))
+    except healthctl.HealthControlError as err:
+        print(f"dra-gpu: {args.device} not cleared: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _device_plugin(args: argparse.Namespace) -> int:
     overrides = dpconfig.Overrides(args.resource_name, args.mig_strategy, args.device_list_strategy)
     named = dpsetup.named_configs(args.config_dir, args.config_default, args.config_file, overrides)
@@ -448,6 +477,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "device-plugin": _device_plugin,
     "node-labeller": _node_labeller,
     "discover": _discover,
+    "taint": _taint,
     "explain": _explain,
 }
 

@@ -56,6 +56,10 @@ class DeviceHealth:
     short: str = ""
 
 
+class ClearRefusedError(Exception):
+    """An admin asked to clear a device's unhealthy mark that must stay; the message says why."""
+
+
 class HealthTracker:
     """Health of every device of the inventory; subscribers see each change."""
 
@@ -165,6 +169,36 @@ class HealthTracker:
             self._changed = anyio.Event()
         return changed
 
+    def clear(self, name: str, quiet: float, failing: Callable[[Device], str | None]) -> str:
+        """Mark one device healthy on an admin's word; say what was done, or ClearRefusedError why not.
+
+        Refused while the device still fails: `failing` (a look at the GPU through
+        NVML now) names a failure, or a critical XID or failed NVML wait came in
+        within the quiet period. The mark is the driver's own; nothing else clears it.
+        """
+        device = next((d for d in self._inventory if d.name == name), None)
+        if device is None:
+            known = ", ".join(d.name for d in self._inventory) or "none"
+            raise ClearRefusedError(f"no device {name} on this node (devices: {known})")
+        health = self._health[name]
+        if health.healthy:
+            return f"{name} is healthy: nothing to clear"
+        problem = failing(device)
+        if problem is not None:
+            raise ClearRefusedError(f"{name} still fails: {problem}")
+        ago = self._clock() - self._last_bad.get(name, float("-inf"))
+        if ago < quiet:
+            raise ClearRefusedError(
+                f"{name} reported {health.reason} {ago:.0f}s ago, within the quiet period of {quiet:g}s "
+                f"(--health-recovery-period); it is healthy again {quiet - ago:.0f}s after the last report"
+            )
+        log.warning("device %s marked healthy by an admin (was: %s)", name, health.reason)
+        self._health[name] = DeviceHealth(True, int(time.time()))
+        self._last_bad.pop(name, None)
+        self._changed.set()
+        self._changed = anyio.Event()
+        return f"{name} is healthy again (was: {health.reason})"
+
     async def keep_recovering(
         self, quiet: float, on_change: Callable[[list[str]], None] | None = None
     ) -> None:
@@ -185,6 +219,18 @@ class HealthTracker:
             changed = self._changed
             yield self.snapshot()
             await changed.wait()
+
+
+def gpu_failure(lib: GpuLibrary, device: Device) -> str | None:
+    """What NVML says is wrong with the device's GPU right now (None: it answers, as itself)."""
+    gpu = device.parent if isinstance(device, MigDevice) else device
+    try:
+        found = lib.uuid(lib.device_by_index(gpu.index))
+    except GpuLibraryError as err:
+        return f"NVML cannot reach {describe(gpu)}: NVML error {err.code}: {err}"
+    if found != gpu.uuid:
+        return f"NVML has {found} at index {gpu.index}, not {gpu.uuid}"
+    return None
 
 
 class HealthMonitor:

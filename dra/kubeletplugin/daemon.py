@@ -25,6 +25,7 @@ from dra.daemon.bootstrap import (
     serve_until_stopped,
     warn_about_stranded_claims,
 )
+from dra.daemon.healthctl import HealthControl, socket_path
 from dra.daemon.rediscovery import Rediscovery
 from dra.daemon.sockets import SocketPathError
 from dra.kubeletplugin.features import detect_features
@@ -99,6 +100,13 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
         server = PluginServer(
             settings.kubelet_root, settings.driver_name, dra, HealthService(settings.node_name, tracker)
         )
+        control = HealthControl(
+            socket_path(settings.state_directory),
+            tracker,
+            node.lib,
+            settings.health_recovery_period,
+            lambda changed: on_health_change(changed),
+        )
     except SocketPathError as err:
         raise StartupError(str(err)) from None
 
@@ -129,6 +137,7 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
         if settings.rediscover_interval > 0:
             group.start_soon(Rediscovery(settings, inventory).run, apply)
         group.start_soon(server.keep_registration_socket)
+        group.start_soon(control.run)
         group.start_soon(report_ready)
 
     try:

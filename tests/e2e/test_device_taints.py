@@ -2,8 +2,10 @@
 claims off it unless they tolerate the taint, the taint goes after a quiet period, and with
 NoExecute the controller manager's device-taint eviction controller evicts the pod using it.
 
-Runs on 1.34 (the harness turns DRADeviceTaints on everywhere) and on 1.37 (GA). Profile `mixed`:
-gpu-0 and gpu-1 are L40S, gpu-2 and gpu-3 T4.
+Runs on 1.34 (the harness turns DRADeviceTaints on everywhere) and on 1.37 (GA). On a 1.34
+cluster started with the gates off (`--feature-gates=DRADeviceTaints=false,...`) the driver says
+so once and publishes untainted, as before taints existed. Profile `mixed`: gpu-0 and gpu-1 are
+L40S, gpu-2 and gpu-3 T4.
 """
 
 from __future__ import annotations
@@ -87,6 +89,22 @@ def start_driver(cluster: ClusterInfo, kube: Kube, tmp_path: Path) -> Iterator[A
         assert driver.process.stop() == 0, driver.process.log_path.read_text()
 
 
+def _kept(cluster: ClusterInfo) -> dict[str, bool]:
+    """Which gated features this cluster's API server keeps: GA ones, or those whose gate is on."""
+    minor = int(cluster.kubernetes_version.lstrip("v").split(".")[1])
+    gates = cluster.feature_gates
+    return {
+        "device taints": minor >= 37 or gates.get("DRADeviceTaints", False),
+        "shared counters (partitionable devices)": gates.get("DRAPartitionableDevices", minor >= 36),
+        "consumable capacity": gates.get("DRAConsumableCapacity", minor >= 36),
+    }
+
+
+def _needs_taints(cluster: ClusterInfo) -> None:
+    if not _kept(cluster)["device taints"]:
+        pytest.skip("this cluster's API server drops device taints (DRADeviceTaints off)")
+
+
 def _devices(kube: Kube, cluster: ClusterInfo) -> dict[str, Obj]:
     slices = kube.list_objects(
         "resource.k8s.io/v1",
@@ -144,6 +162,7 @@ def _unschedulable(kube: Kube, namespace: str, pod: str) -> bool:
 def test_an_unhealthy_gpu_is_tainted_tolerated_and_untainted_after_the_quiet_period(
     start_driver: Any, kube: Kube, cluster: ClusterInfo, namespace: str
 ) -> None:
+    _needs_taints(cluster)
     driver: TaintedDriver = start_driver(f"--health-recovery-period={QUIET_S}")
     assert all(not _taints(kube, cluster, d) for d in _devices(kube, cluster))
     uuid = _uuid(kube, cluster, "gpu-3")
@@ -186,6 +205,7 @@ def test_an_unhealthy_gpu_is_tainted_tolerated_and_untainted_after_the_quiet_per
 def test_with_no_execute_the_pod_on_the_unhealthy_gpu_is_evicted_and_its_claim_unprepared(
     start_driver: Any, kube: Kube, cluster: ClusterInfo, namespace: str
 ) -> None:
+    _needs_taints(cluster)
     driver: TaintedDriver = start_driver("--unhealthy-taint-effect=NoExecute")
     uuid = _uuid(kube, cluster, "gpu-2")
     claim_template(kube, namespace, "pinned", [_pinned(uuid)])
@@ -203,3 +223,35 @@ def test_with_no_execute_the_pod_on_the_unhealthy_gpu_is_evicted_and_its_claim_u
         timeout=60,
     )
     wait_for("its claim to be unprepared", lambda: claim_uid not in driver.prepared(), timeout=30)
+
+
+def test_the_driver_says_at_start_what_the_server_keeps_and_publishes_only_that(
+    start_driver: Any, kube: Kube, cluster: ClusterInfo
+) -> None:
+    kept = _kept(cluster)
+    driver: TaintedDriver = start_driver()
+    log = driver.process.log_path.read_text()
+    gates = {
+        "device taints": "DRADeviceTaints",
+        "shared counters (partitionable devices)": "DRAPartitionableDevices",
+        "consumable capacity": "DRAConsumableCapacity",
+    }
+    for what, on in kept.items():
+        line = f"drops {what} from ResourceSlices (feature gate {gates[what]} off)"
+        assert log.count(line) == (0 if on else 1), log
+    keeps = next(
+        line for line in log.splitlines() if f"API server {cluster.kubernetes_version} keeps" in line
+    )
+    assert [what for what in gates if what in keeps] == [what for what, on in kept.items() if on]
+
+    driver.xid(_uuid(kube, cluster, "gpu-0"), 79)
+    wait_for("gpu-0 unhealthy", lambda: "dra_gpu_unhealthy_devices 1.0" in driver.process.metrics())
+    expected = [{"key": KEY, "value": "XID-79", "effect": "NoSchedule"}] if kept["device taints"] else []
+    wait_for(
+        "the slice to show gpu-0 as the server allows",
+        lambda: (
+            [{k: t[k] for k in ("key", "value", "effect")} for t in _taints(kube, cluster, "gpu-0")]
+            == expected
+        ),
+        timeout=20,
+    )

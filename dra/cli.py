@@ -27,6 +27,7 @@ from dra.core.slices import SliceError, build_slices
 from dra.daemon import healthctl, logs
 from dra.daemon.bootstrap import DaemonSettings, StartupError, default_state_dir, gpu_library, load_inventory
 from dra.daemon.flags import UsageError, apply_environment, csv, nonempty, option, path, seconds
+from dra.daemon.health import APPLICATION_XIDS, parse_xids
 from dra.deviceplugin import config as dpconfig
 from dra.deviceplugin import setup as dpsetup
 from dra.deviceplugin.allocate import Strategy, parse_strategies
@@ -88,6 +89,13 @@ def _strategies(text: str) -> frozenset[Strategy]:
 def _mig_strategy(text: str) -> dpconfig.MigStrategy:
     try:
         return dpconfig.parse_mig_strategy(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _xids(text: str) -> frozenset[int]:
+    try:
+        return parse_xids(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 
@@ -167,6 +175,14 @@ def _daemon(
         "again; 0 keeps it unhealthy until the driver restarts",
         300.0,
         type=seconds,
+    )
+    option(
+        parser,
+        "--ignored-xids",
+        "XIDs that leave a device healthy (errors an application causes), comma-separated; replaces "
+        "the default, NVIDIA's device plugin's set; empty: every XID marks the device unhealthy",
+        ",".join(str(x) for x in sorted(APPLICATION_XIDS)),
+        type=_xids,
     )
     if assignment:
         # The node labeller looks at the GPUs every --interval of its own.
@@ -397,6 +413,7 @@ def _daemon_settings(args: argparse.Namespace) -> dict[str, Any]:
         "device_plugin_gpus": getattr(args, "device_plugin_gpus", None),
         "host_root": args.host_root,
         "health_recovery_period": args.health_recovery_period,
+        "ignored_xids": args.ignored_xids,
         "rediscover_interval": getattr(args, "rediscover_interval", DaemonSettings.rediscover_interval),
     }
 

@@ -2,8 +2,8 @@
 
 NVML reports XID errors per GPU. Errors an application causes on its own
 context (XID 13, 31, 43, 45, 68, 109, the same set NVIDIA's device plugin
-ignores) say nothing about the device; any other XID marks the device
-unhealthy. It is healthy again once a quiet period (`--health-recovery-period`)
+ignores; --ignored-xids changes it) say nothing about the device; any other
+XID marks the device unhealthy. It is healthy again once a quiet period (`--health-recovery-period`)
 has passed without another critical XID or failed NVML wait for it, or, with a
 period of 0, only when the driver restarts (what NVIDIA's drivers do). On a GPU in MIG mode, an error NVML
 places in one GPU instance (and compute instance) marks the MIG devices there;
@@ -56,6 +56,20 @@ class DeviceHealth:
     short: str = ""
 
 
+def parse_xids(text: str) -> frozenset[int]:
+    """--ignored-xids: comma-separated XID numbers ("" for none); ValueError naming a bad entry."""
+    xids = set()
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        if not item.isdigit() or int(item) == 0:
+            raise ValueError(
+                f"{item!r} is not an XID (a positive number, as in 'XID 79'); expected e.g. 13,31,43"
+            )
+        xids.add(int(item))
+    return frozenset(xids)
+
+
 class ClearRefusedError(Exception):
     """An admin asked to clear a device's unhealthy mark that must stay; the message says why."""
 
@@ -63,8 +77,15 @@ class ClearRefusedError(Exception):
 class HealthTracker:
     """Health of every device of the inventory; subscribers see each change."""
 
-    def __init__(self, inventory: Inventory, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        inventory: Inventory,
+        clock: Callable[[], float] = time.monotonic,
+        ignored_xids: frozenset[int] = APPLICATION_XIDS,
+    ) -> None:
         now = int(time.time())
+        #: XIDs that leave device health alone (--ignored-xids).
+        self.ignored_xids = ignored_xids
         self._inventory = inventory
         self._health = {device.name: DeviceHealth(True, now) for device in inventory}
         self._changed = anyio.Event()
@@ -139,7 +160,7 @@ class HealthTracker:
             where += f" GPU instance {event.gpu_instance_id}"
             if event.compute_instance_id is not None:
                 where += f" compute instance {event.compute_instance_id}"
-        if event.xid in APPLICATION_XIDS:
+        if event.xid in self.ignored_xids:
             log.info("XID %d on %s is an application error; device health unchanged", event.xid, where)
             return []
         affected = [d.name for d in self.concerned(event)]

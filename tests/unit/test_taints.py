@@ -10,13 +10,14 @@ from pathlib import Path
 import anyio
 import pytest
 
+from dra.cli import parse_args
 from dra.core import slices
 from dra.core.taints import DeviceTaint, Effect, parse_effect, taint_value, unhealthy_taint
 from dra.core.versions import ApiFeatures
-from dra.daemon.health import ClearRefusedError, HealthTracker, gpu_failure
+from dra.daemon.health import APPLICATION_XIDS, ClearRefusedError, HealthTracker, gpu_failure, parse_xids
 from dra.daemon.healthctl import HealthControl, HealthControlError, clear
 from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.nvml import GpuLibraryError
+from dra.gpu.nvml import GpuLibraryError, XidEvent
 from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.publisher import SlicePublisher
 from dra.model.devices import Device
@@ -210,3 +211,22 @@ def test_a_refused_clear_is_logged(caplog: pytest.LogCaptureFixture, tmp_path: P
     with caplog.at_level(logging.WARNING, logger="dra.daemon.healthctl"):
         assert control.answer(b'{"clear": "gpu-3"}')["ok"] is False
     assert "clearing the unhealthy mark of gpu-3 refused: gpu-3 reported XID 79" in caplog.text
+
+
+def test_ignored_xids_replace_the_application_set() -> None:
+    assert parse_xids("") == frozenset()
+    assert parse_xids(" 13, 79 ,") == {13, 79}
+    with pytest.raises(ValueError, match="'abc' is not an XID"):
+        parse_xids("13,abc")
+    tracker = HealthTracker(inventory("mixed"), ignored_xids=parse_xids("79"))
+    uuid = inventory("mixed").gpus[0].uuid
+    assert tracker.apply(XidEvent(uuid, 79)) == []
+    assert tracker.apply(XidEvent(uuid, 13)) == ["gpu-0"], "13 is no longer ignored"
+
+
+def test_a_bad_xid_list_is_one_startup_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_args(["kubelet-plugin", "--node-name=n", "--ignored-xids=13,x"])
+    assert exited.value.code == 2
+    assert "argument --ignored-xids: 'x' is not an XID" in capsys.readouterr().err
+    assert parse_args(["kubelet-plugin", "--node-name=n"]).ignored_xids == APPLICATION_XIDS

@@ -335,11 +335,17 @@ def test_another_kubelet_root_moves_sockets_and_mounts() -> None:
         pytest.param({"fakeGpu": {"enabled": True}}, "fakeGpu", id="misspelt-key"),
         pytest.param({"driverName": "GPU_Nvidia"}, "driverName", id="bad-driver-name"),
         pytest.param({"logLevel": "verbose"}, "logLevel", id="bad-log-level"),
+        pytest.param({"unhealthyTaintEffect": "Evict"}, "unhealthyTaintEffect", id="bad-taint-effect"),
     ],
 )
 def test_values_schema_rejects_mistakes(values: dict[str, Any], complaint: str) -> None:
     with pytest.raises(chart.HelmError, match=complaint):
         chart.template(values)
+
+
+def test_the_unhealthy_taint_effect_reaches_the_kubelet_plugin() -> None:
+    container = _container(chart.template({"unhealthyTaintEffect": "NoExecute"}))
+    assert _env(container)["DRA_GPU_UNHEALTHY_TAINT_EFFECT"] == "NoExecute"
 
 
 def test_committed_manifests_equal_a_fresh_render() -> None:

@@ -114,7 +114,10 @@ async def clear(path: Path, device: str) -> str:
             f"cannot ask the driver through {path} ({err or type(err).__name__}); is the kubelet-plugin "
             "running on this node, with this --state-dir?"
         ) from None
-    reply = json.loads(answer)
+    try:
+        reply = json.loads(answer)
+    except ValueError:
+        raise HealthControlError(f"the answer through {path} is not the driver's: {answer[:100]!r}") from None
     if not reply.get("ok"):
         raise HealthControlError(str(reply.get("message")))
     return str(reply.get("message"))

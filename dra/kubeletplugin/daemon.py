@@ -96,6 +96,12 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
     warn_about_stranded_claims(node.everything, inventory, state.prepared.values())
 
     dra = DraService(settings.driver_name, settings.node_name, state, kube)
+
+    def on_health_change(_: list[str]) -> None:
+        metrics.UNHEALTHY_DEVICES.set(sum(not h.healthy for h in tracker.snapshot().values()))
+        # A device's taint follows its health.
+        publisher.trigger()
+
     try:
         server = PluginServer(
             settings.kubelet_root, settings.driver_name, dra, HealthService(settings.node_name, tracker)
@@ -105,7 +111,7 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
             tracker,
             node.lib,
             settings.health_recovery_period,
-            lambda changed: on_health_change(changed),
+            on_health_change,
         )
     except SocketPathError as err:
         raise StartupError(str(err)) from None
@@ -127,10 +133,6 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
             len(inventory),
             time.monotonic() - node.started,
         )
-
-    def on_health_change(_: list[str]) -> None:
-        metrics.UNHEALTHY_DEVICES.set(sum(not h.healthy for h in tracker.snapshot().values()))
-        publisher.trigger()
 
     def tasks(group: TaskGroup) -> None:
         group.start_soon(publisher.run)

@@ -255,3 +255,36 @@ def test_the_driver_says_at_start_what_the_server_keeps_and_publishes_only_that(
         ),
         timeout=20,
     )
+
+
+def test_an_admins_device_taint_rule_works_beside_the_drivers_taints(
+    start_driver: Any, kube: Kube, cluster: ClusterInfo, namespace: str
+) -> None:
+    # The example of docs/health.md: the driver neither reads nor removes the rule's taint.
+    _needs_taints(cluster)
+    minor = int(cluster.kubernetes_version.lstrip("v").split(".")[1])
+    api = "resource.k8s.io/v1alpha3" if minor < 37 else "resource.k8s.io/v1"
+    start_driver()
+    uuid = _uuid(kube, cluster, "gpu-1")
+    rule = kube.create(
+        {
+            "apiVersion": api,
+            "kind": "DeviceTaintRule",
+            "metadata": {"name": f"{namespace}-gpu-1-maintenance"},
+            "spec": {
+                "deviceSelector": {"driver": DRIVER, "pool": cluster.node_name, "device": "gpu-1"},
+                "taint": {"key": "example.com/maintenance", "value": "planned", "effect": "NoSchedule"},
+            },
+        }
+    )
+    try:
+        claim_template(kube, namespace, "pinned", [_pinned(uuid)])
+        gpu_pod(kube, namespace, "waiting", "pinned")
+        wait_for("the pod to be unschedulable", lambda: _unschedulable(kube, namespace, "waiting"))
+        assert not _taints(kube, cluster, "gpu-1"), "the rule's taint is not written into the slice"
+    finally:
+        kube.delete(api, "DeviceTaintRule", rule["metadata"]["name"])
+    kube.wait_pod_phase("waiting", namespace, timeout=60)
+    claim = pod_claim(kube, namespace, "waiting")
+    assert allocated_devices(claim) == ["gpu-1"]
+    delete_pods_and_wait(kube, cluster, namespace, [claim])

@@ -96,6 +96,7 @@ bench: binaries
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_deviceplugin
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_cel
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_webhook
+	$(LOCAL) $(BIN)/python -m tests.bench.bench_features
 
 # The real scheduler placing GPU claims on 100 and 500 kubelet-less nodes, per slice layout
 # (docs/mig.md: what dynamic MIG costs the scheduler). Minutes; not part of `make bench`.

@@ -21,12 +21,14 @@ import anyio
 import yaml
 
 from dra.api import schema
+from dra.core import taints
 from dra.core.assignment import Selector, SelectorError, parse_selector
 from dra.core.labels import AdminTemplate, LabelError, parse_template
 from dra.core.slices import SliceError, build_slices
-from dra.daemon import logs
-from dra.daemon.bootstrap import DaemonSettings, StartupError, gpu_library, load_inventory
+from dra.daemon import healthctl, logs
+from dra.daemon.bootstrap import DaemonSettings, StartupError, default_state_dir, gpu_library, load_inventory
 from dra.daemon.flags import UsageError, apply_environment, csv, nonempty, option, path, seconds
+from dra.daemon.health import APPLICATION_XIDS, parse_xids
 from dra.deviceplugin import config as dpconfig
 from dra.deviceplugin import setup as dpsetup
 from dra.deviceplugin.allocate import Strategy, parse_strategies
@@ -89,6 +91,20 @@ def _strategies(text: str) -> frozenset[Strategy]:
 def _mig_strategy(text: str) -> dpconfig.MigStrategy:
     try:
         return dpconfig.parse_mig_strategy(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _xids(text: str) -> frozenset[int]:
+    try:
+        return parse_xids(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _taint_effect(text: str) -> taints.Effect:
+    try:
+        return taints.parse_effect(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 
@@ -162,6 +178,14 @@ def _daemon(
         300.0,
         type=seconds,
     )
+    option(
+        parser,
+        "--ignored-xids",
+        "XIDs that leave a device healthy (errors an application causes), comma-separated; replaces "
+        "the default, NVIDIA's device plugin's set; empty: every XID marks the device unhealthy",
+        ",".join(str(x) for x in sorted(APPLICATION_XIDS)),
+        type=_xids,
+    )
     if assignment:
         # The node labeller looks at the GPUs every --interval of its own.
         option(
@@ -190,6 +214,14 @@ def build_parser() -> argparse.ArgumentParser:
         http_default=":8080",
     )
     option(plugin, "--kubeconfig", "kubeconfig file; default: the in-cluster service account")
+    option(
+        plugin,
+        "--unhealthy-taint-effect",
+        "effect of the taint an unhealthy device gets in the ResourceSlice: NoSchedule keeps new "
+        "claims off it, NoExecute also evicts the pods using it",
+        taints.Effect.NO_SCHEDULE.value,
+        type=_taint_effect,
+    )
 
     dp = sub.add_parser(
         "device-plugin",
@@ -300,6 +332,25 @@ def build_parser() -> argparse.ArgumentParser:
         "",
         type=_label_template,
     )
+
+    taint = sub.add_parser("taint", help="the taints the kubelet-plugin puts on unhealthy devices")
+    taint_sub = taint.add_subparsers(dest="taint_command", required=True, metavar="ACTION")
+    clear = taint_sub.add_parser(
+        "clear",
+        help="mark a device healthy again, removing its taint (refused while it still fails); run it "
+        "where the kubelet-plugin runs, e.g. kubectl exec into its pod on the node",
+    )
+    _common(clear)
+    option(
+        clear,
+        "--device",
+        "the device, as named in the ResourceSlice (gpu-3, or a MIG device's name)",
+        type=nonempty,
+        required=True,
+    )
+    option(clear, "--driver-name", "DRA driver name", DEFAULT_DRIVER)
+    option(clear, "--kubelet-root", "the kubelet's root directory", Path("/var/lib/kubelet"), type=path)
+    option(clear, "--state-dir", "the kubelet-plugin's --state-dir", type=path)
 
     discover = sub.add_parser("discover", help="print the ResourceSlices this node would publish")
     _common(discover)
@@ -422,6 +473,7 @@ def _daemon_settings(args: argparse.Namespace) -> dict[str, Any]:
         "device_plugin_gpus": getattr(args, "device_plugin_gpus", None),
         "host_root": args.host_root,
         "health_recovery_period": args.health_recovery_period,
+        "ignored_xids": args.ignored_xids,
         "rediscover_interval": getattr(args, "rediscover_interval", DaemonSettings.rediscover_interval),
     }
 
@@ -430,8 +482,19 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
     settings = PluginSettings(
         **_daemon_settings(args),
         kubeconfig=args.kubeconfig or None,
+        unhealthy_taint_effect=args.unhealthy_taint_effect,
     )
     anyio.run(run_kubelet_plugin, settings, backend="asyncio")
+    return 0
+
+
+def _taint(args: argparse.Namespace) -> int:
+    state_dir = args.state_dir or default_state_dir(args.kubelet_root, args.driver_name)
+    try:
+        print(anyio.run(healthctl.clear, healthctl.socket_path(state_dir), args.device))
+    except healthctl.HealthControlError as err:
+        print(f"dra-gpu: {args.device} not cleared: {err}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -493,6 +556,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "discover": _discover,
     "webhook": _webhook,
     "api-schema": _api_schema,
+    "taint": _taint,
     "explain": _explain,
 }
 

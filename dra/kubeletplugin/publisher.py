@@ -1,7 +1,8 @@
 """Keeps the node's ResourceSlices equal to the inventory, with the fewest writes.
 
-Reconciles on start, when the inventory changes, and whenever a slice of
-this driver and node changes on the server (someone edited or deleted one).
+Reconciles on start, when the inventory or a device's health (its taint)
+changes, and whenever a slice of this driver and node changes on the server
+(someone edited or deleted one).
 The watch runs as a task beside the reconcile loop; it only signals that
 something changed, and the reconcile lists and compares.
 """
@@ -10,11 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable, Mapping
 
 import anyio
 
 from dra.adapters.kube import ConflictError, KubeClient, KubeError
 from dra.core import slices
+from dra.core.taints import DeviceTaint
+from dra.core.versions import ApiFeatures
 from dra.daemon import metrics
 from dra.model.devices import Inventory
 
@@ -25,12 +29,26 @@ _BACKOFF_MAX = 30.0
 
 
 class SlicePublisher:
-    """Publishes one pool (named after the node) for one driver."""
+    """Publishes one pool (named after the node) for one driver.
 
-    def __init__(self, kube: KubeClient, driver: str, node_name: str, inventory: Inventory) -> None:
+    `features` says which gated fields the API server keeps; `taints` gives the
+    devices' taints at each reconcile (call trigger() when they change).
+    """
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        driver: str,
+        node_name: str,
+        inventory: Inventory,
+        features: ApiFeatures,
+        taints: Callable[[], Mapping[str, DeviceTaint]] = dict,
+    ) -> None:
         self._kube = kube
         self.driver = driver
         self.node_name = node_name
+        self.features = features
+        self._taints = taints
         self._inventory = inventory
         # Bumped by set_inventory, so a reconcile that ran on an older inventory does not
         # record its generation as the one the new inventory was published under.
@@ -59,7 +77,15 @@ class SlicePublisher:
             self._node_uid = str(node["metadata"]["uid"])
         version, inventory = self._inventory_version, self._inventory
         existing, _ = await self._kube.list_resource_slices(self.driver, self.node_name)
-        desired = slices.build_slices(inventory, self.driver, self.node_name, self._node_uid, generation=0)
+        desired = slices.build_slices(
+            inventory,
+            self.driver,
+            self.node_name,
+            self._node_uid,
+            generation=0,
+            features=self.features,
+            taints=self._taints(),
+        )
         plan = slices.plan(desired, existing, self._generation)
         for obj in plan.create:
             await self._kube.create_resource_slice(obj)

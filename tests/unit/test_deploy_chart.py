@@ -141,7 +141,8 @@ def test_daemonset_probes_resources_priority_and_tolerations() -> None:
     assert container["resources"]["limits"] == {"memory": "256Mi"}
     assert pod["priorityClassName"] == "system-node-critical"
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
-    assert {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"} in pod["tolerations"]
+    dedicated = {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}
+    assert dedicated in pod["tolerations"]
     assert "nodeSelector" not in pod
     assert "affinity" not in pod
     placed = _only(
@@ -368,11 +369,17 @@ def test_another_kubelet_root_moves_sockets_and_mounts() -> None:
             "extendedResourceName",
             id="extended-resource-without-domain",
         ),
+        pytest.param({"unhealthyTaintEffect": "Evict"}, "unhealthyTaintEffect", id="bad-taint-effect"),
     ],
 )
 def test_values_schema_rejects_mistakes(values: dict[str, Any], complaint: str) -> None:
     with pytest.raises(chart.HelmError, match=complaint):
         chart.template(values)
+
+
+def test_the_unhealthy_taint_effect_reaches_the_kubelet_plugin() -> None:
+    container = _container(chart.template({"unhealthyTaintEffect": "NoExecute"}))
+    assert _env(container)["DRA_GPU_UNHEALTHY_TAINT_EFFECT"] == "NoExecute"
 
 
 def test_committed_manifests_equal_a_fresh_render() -> None:

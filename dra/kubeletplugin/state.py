@@ -18,6 +18,7 @@ import logging
 import threading
 from collections.abc import Iterable, Mapping
 
+from dra.adapters import faults
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.core import prepare as plans
@@ -75,15 +76,18 @@ class DeviceState:
         with self._lock:
             self._checkpoint.remove_leftovers()
             self._cdi.remove_leftovers()
+            faults.point("recover.leftovers-removed")
             plan = plans.decide_recover(
                 self._prepared, self.inventory, self._cdi.claim_uids(), driver=self.driver
             )
             for uid in plan.remove:
                 log.info("removing CDI spec of claim %s, which is not prepared", uid)
                 self._cdi.remove(uid)
+                faults.point("recover.spec-removed")
             _warn_missing(plan.missing)
             for uid, spec in plan.write:
                 self._cdi.write(uid, spec)
+                faults.point("recover.spec-written")
 
     def prepare(self, allocation: ClaimAllocation, stale: Mapping[str, str] | None = None) -> PreparedClaim:
         """Prepare a claim, releasing the holders `stale` names (UID -> why), or return its recorded answer.
@@ -127,15 +131,19 @@ class DeviceState:
                 release.reason,
             )
             self._cdi.remove(holder.uid)
+            faults.point("prepare.stale-spec-removed")
         _warn_missing(plan.missing)
         if plan.spec is not None:
+            faults.point("prepare.before-cdi-write")
             self._cdi.write(plan.claim.uid, plan.spec)
+            faults.point("prepare.cdi-written")
         if not plan.record:
             return
         released = {r.holder.uid for r in plan.release}
         updated = {uid: c for uid, c in self._prepared.items() if uid not in released}
         updated[plan.claim.uid] = plan.claim
         self._checkpoint.save(updated)
+        faults.point("prepare.checkpoint-saved")
         self._prepared = updated
         log.info(
             "prepared claim %s (%s): %s",
@@ -151,8 +159,10 @@ class DeviceState:
             self._cdi.remove(plan.uid)
             if plan.claim is None:
                 return None
+            faults.point("unprepare.spec-removed")
             updated = {k: v for k, v in self._prepared.items() if k != plan.uid}
             self._checkpoint.save(updated)
+            faults.point("unprepare.checkpoint-saved")
             self._prepared = updated
             log.info("unprepared claim %s/%s (%s)", plan.claim.namespace, plan.claim.name, uid)
             return plan.claim

@@ -9,11 +9,14 @@ plan in an order that a crash at any point leaves recoverable:
   checkpoint gets its spec back at start-up and is released again on the retry;
 - unprepare removes the spec, then the checkpoint entry; a leftover entry is
   unprepared again when the kubelet retries.
+A prepare whose spec or checkpoint write fails (ENOSPC, EIO) removes the spec
+it wrote and answers that claim's error, so no spec is left without its entry.
 Calls are serialised by a lock; they block on file I/O and run in worker threads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Iterable, Mapping
@@ -135,14 +138,27 @@ class DeviceState:
         _warn_missing(plan.missing)
         if plan.spec is not None:
             faults.point("prepare.before-cdi-write")
-            self._cdi.write(plan.claim.uid, plan.spec)
+            try:
+                self._cdi.write(plan.claim.uid, plan.spec)
+            except OSError as err:
+                self._drop_unrecorded_spec(plan.claim.uid)
+                raise ClaimError(f"cannot write the CDI spec of claim {allocation.ref}: {err}") from err
             faults.point("prepare.cdi-written")
         if not plan.record:
             return
         released = {r.holder.uid for r in plan.release}
         updated = {uid: c for uid, c in self._prepared.items() if uid not in released}
         updated[plan.claim.uid] = plan.claim
-        self._checkpoint.save(updated)
+        try:
+            self._checkpoint.save(updated)
+        except OSError as err:
+            # A failed directory fsync comes after the rename: put back the record the kubelet is told of.
+            with contextlib.suppress(OSError):
+                self._checkpoint.save(self._prepared)
+            self._drop_unrecorded_spec(plan.claim.uid)
+            raise ClaimError(
+                f"cannot record claim {allocation.ref} in the checkpoint {self._checkpoint.path}: {err}"
+            ) from err
         faults.point("prepare.checkpoint-saved")
         self._prepared = updated
         log.info(
@@ -151,6 +167,14 @@ class DeviceState:
             plan.claim.uid,
             ", ".join(d.device for d in plan.claim.devices),
         )
+
+    def _drop_unrecorded_spec(self, uid: str) -> None:
+        """After a failed write: remove the claim's spec unless the checkpoint records the claim."""
+        if uid in self._prepared:
+            return
+        # Best effort on a failing disk: a spec that stays is removed at the next start-up.
+        with contextlib.suppress(OSError):
+            self._cdi.remove(uid)
 
     def unprepare(self, uid: str) -> PreparedClaim | None:
         """Undo a prepare; an unknown claim is fine (its stray spec, if any, goes too)."""

@@ -3,14 +3,19 @@
 The plugin runs in-process (tests.integration.inprocess) on real files; the
 fault is injected at os.fsync, where a full or failing file system reports
 ENOSPC or EIO for data it could not write back (fsync(2), ERRORS), either for
-the temporary file before its rename or for the directory after it.
+the temporary file before its rename or for the directory after it. Once, as
+root, the disk is really full: a 64 KiB tmpfs (tests/integration/fulldisk.py).
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
+import shutil
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -138,3 +143,40 @@ def test_a_failed_unprepare_is_retried_to_completion(
     assert node.state.prepared == {}
     assert node.checkpoint.load() == {}
     assert node.cdi.claim_uids() == []
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="needs root and unshare(1) to mount a private tmpfs",
+)
+def test_a_really_full_tmpfs_fails_the_prepare_cleanly(tmp_path: Path) -> None:
+    """The kernel's own ENOSPC, at write(2) this time, on a 64 KiB tmpfs mounted in a private namespace."""
+    run = subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            sys.executable,
+            "-m",
+            "tests.integration.fulldisk",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout)
+    assert report["before"] == {"error": "", "specs": ["first"], "checkpointed": ["first"], "temporary": []}
+    full = report["full"]
+    assert "cannot write the CDI spec of claim ns/second" in full["error"]
+    assert os.strerror(errno.ENOSPC) in full["error"]
+    assert (full["specs"], full["checkpointed"], full["temporary"]) == (["first"], ["first"], [])
+    assert report["emptied"] == {
+        "error": "",
+        "specs": ["first", "second"],
+        "checkpointed": ["first", "second"],
+        "temporary": [],
+    }

@@ -11,6 +11,9 @@ from typing import Any
 from dra.adapters.atomicfile import remove_durably, remove_leftovers, write_atomic
 from dra.core import cdi
 
+#: The longest file name Linux file systems take, in bytes.
+_NAME_MAX = 255
+
 
 class CdiStore:
     """Writes, reads and removes this driver's claim specs, atomically."""
@@ -55,8 +58,13 @@ class CdiStore:
         return self.path(claim_uid).is_file()
 
     def remove(self, claim_uid: str) -> None:
-        """Delete a claim's spec; absent is fine."""
-        remove_durably(self.path(claim_uid))
+        """Delete a claim's spec; absent is fine, and so is a UID that no file could be named after."""
+        path = self.path(claim_uid)
+        if "/" in claim_uid or "\0" in claim_uid or len(path.name.encode()) > _NAME_MAX:
+            # Specs are written only for UIDs the API server issued; the kubelet may still ask to
+            # unprepare anything, and a UID with a slash, a NUL or too many bytes has no spec here.
+            return
+        remove_durably(path)
 
     def claim_uids(self) -> list[str]:
         """UIDs of every claim spec of this driver in the directory."""

@@ -9,15 +9,19 @@ plan in an order that a crash at any point leaves recoverable:
   checkpoint gets its spec back at start-up and is released again on the retry;
 - unprepare removes the spec, then the checkpoint entry; a leftover entry is
   unprepared again when the kubelet retries.
+A prepare whose spec or checkpoint write fails (ENOSPC, EIO) removes the spec
+it wrote and answers that claim's error, so no spec is left without its entry.
 Calls are serialised by a lock; they block on file I/O and run in worker threads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Iterable, Mapping
 
+from dra.adapters import faults
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.core import prepare as plans
@@ -75,15 +79,18 @@ class DeviceState:
         with self._lock:
             self._checkpoint.remove_leftovers()
             self._cdi.remove_leftovers()
+            faults.point("recover.leftovers-removed")
             plan = plans.decide_recover(
                 self._prepared, self.inventory, self._cdi.claim_uids(), driver=self.driver
             )
             for uid in plan.remove:
                 log.info("removing CDI spec of claim %s, which is not prepared", uid)
                 self._cdi.remove(uid)
+                faults.point("recover.spec-removed")
             _warn_missing(plan.missing)
             for uid, spec in plan.write:
                 self._cdi.write(uid, spec)
+                faults.point("recover.spec-written")
 
     def prepare(self, allocation: ClaimAllocation, stale: Mapping[str, str] | None = None) -> PreparedClaim:
         """Prepare a claim, releasing the holders `stale` names (UID -> why), or return its recorded answer.
@@ -127,15 +134,32 @@ class DeviceState:
                 release.reason,
             )
             self._cdi.remove(holder.uid)
+            faults.point("prepare.stale-spec-removed")
         _warn_missing(plan.missing)
         if plan.spec is not None:
-            self._cdi.write(plan.claim.uid, plan.spec)
+            faults.point("prepare.before-cdi-write")
+            try:
+                self._cdi.write(plan.claim.uid, plan.spec)
+            except OSError as err:
+                self._drop_unrecorded_spec(plan.claim.uid)
+                raise ClaimError(f"cannot write the CDI spec of claim {allocation.ref}: {err}") from err
+            faults.point("prepare.cdi-written")
         if not plan.record:
             return
         released = {r.holder.uid for r in plan.release}
         updated = {uid: c for uid, c in self._prepared.items() if uid not in released}
         updated[plan.claim.uid] = plan.claim
-        self._checkpoint.save(updated)
+        try:
+            self._checkpoint.save(updated)
+        except OSError as err:
+            # A failed directory fsync comes after the rename: put back the record the kubelet is told of.
+            with contextlib.suppress(OSError):
+                self._checkpoint.save(self._prepared)
+            self._drop_unrecorded_spec(plan.claim.uid)
+            raise ClaimError(
+                f"cannot record claim {allocation.ref} in the checkpoint {self._checkpoint.path}: {err}"
+            ) from err
+        faults.point("prepare.checkpoint-saved")
         self._prepared = updated
         log.info(
             "prepared claim %s (%s): %s",
@@ -144,6 +168,14 @@ class DeviceState:
             ", ".join(d.device for d in plan.claim.devices),
         )
 
+    def _drop_unrecorded_spec(self, uid: str) -> None:
+        """After a failed write: remove the claim's spec unless the checkpoint records the claim."""
+        if uid in self._prepared:
+            return
+        # Best effort on a failing disk: a spec that stays is removed at the next start-up.
+        with contextlib.suppress(OSError):
+            self._cdi.remove(uid)
+
     def unprepare(self, uid: str) -> PreparedClaim | None:
         """Undo a prepare; an unknown claim is fine (its stray spec, if any, goes too)."""
         with self._lock:
@@ -151,8 +183,10 @@ class DeviceState:
             self._cdi.remove(plan.uid)
             if plan.claim is None:
                 return None
+            faults.point("unprepare.spec-removed")
             updated = {k: v for k, v in self._prepared.items() if k != plan.uid}
             self._checkpoint.save(updated)
+            faults.point("unprepare.checkpoint-saved")
             self._prepared = updated
             log.info("unprepared claim %s/%s (%s)", plan.claim.namespace, plan.claim.name, uid)
             return plan.claim

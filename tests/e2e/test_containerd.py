@@ -344,3 +344,41 @@ def _spec_written(kube: Kube, cluster: ClusterInfo, namespace: str) -> bool:
     except AssertionError:
         return False
     return any(Path(cluster.cdi_dir).glob(f"*{uid}*.json"))
+
+
+def test_a_device_node_gone_before_prepare_fails_the_prepare_with_an_event_naming_the_claim(
+    ckube: Kube, ctr_cluster: ClusterInfo, ns: str
+) -> None:
+    node = Path(ctr_cluster.fake_gpu_root) / "dev/nvidia0"
+    node.unlink()  # gone after the driver discovered it: the driver's inventory still has gpu-0
+    try:
+        claim_template(ckube, ns, "gpu-zero", ['device.attributes["gpu.nvidia.com"].index == 0'])
+        busybox_pod(
+            ckube, ctr_cluster, ns, "early", {"main": {"claims": [{"name": "gpu"}]}}, {"gpu": "gpu-zero"}
+        )
+        claim = wait_for("the claim", lambda: _claim_or_none(ckube, ns, "early"), timeout=30)
+        events = wait_for(
+            "a FailedPrepareDynamicResources event",
+            lambda: (
+                [
+                    e
+                    for e in ckube.events_for("Pod", "early", ns)
+                    if e["reason"] == "FailedPrepareDynamicResources"
+                ]
+                or None
+            ),
+            timeout=60,
+        )
+        message = events[0]["message"]
+        assert f"cannot prepare ResourceClaim {ns}/{claim['metadata']['name']}" in message, message
+        assert f"{node}, not on this node" in message
+        assert not any(Path(ctr_cluster.cdi_dir).glob(f"*{claim['metadata']['uid']}*"))
+    finally:
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(fakegpus.NVIDIA_MAJOR, 0))
+
+
+def _claim_or_none(kube: Kube, namespace: str, pod: str) -> dict[str, Any] | None:
+    try:
+        return pod_claim(kube, namespace, pod)
+    except AssertionError:
+        return None

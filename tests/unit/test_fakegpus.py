@@ -6,14 +6,19 @@ import os
 import shutil
 import stat
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from dra.adapters.cdistore import CdiStore
+from dra.adapters.checkpoint import CheckpointStore
 from dra.core import cdi
+from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError
 from dra.daemon import fakegpus
 from dra.daemon.bootstrap import DaemonSettings, gpu_library, node_inventory
 from dra.gpu.profiles import load_profile
+from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Inventory, MigDevice
 from tests.unit.helpers import DRIVER, NODE
 
@@ -149,3 +154,26 @@ def test_nvidia_smi_without_the_driver_nodes_fails_like_the_real_one(tmp_path: P
     result = _nvidia_smi(tmp_path, tmp_path / "fake", [])
     assert result.returncode == 9
     assert "couldn't communicate with the NVIDIA driver" in result.stderr
+
+
+def test_prepare_refuses_a_spec_naming_a_node_that_is_gone(tmp_path: Path) -> None:
+    inv = _inventory(tmp_path)
+    state = DeviceState(
+        DRIVER, NODE, inv, CdiStore(tmp_path / "cdi", DRIVER), CheckpointStore(tmp_path / "cp.json")
+    )
+    (tmp_path / "fake/dev/nvidia2").unlink()  # lost after discovery
+    allocation = ClaimAllocation(
+        uid=UID, namespace="team-a", name="train", devices=(AllocatedDevice("gpu", NODE, "gpu-2"),)
+    )
+    with pytest.raises(ClaimError) as err:
+        state.prepare(allocation)
+    assert str(err.value) == (
+        f"cannot prepare ResourceClaim team-a/train: its CDI spec would name {tmp_path}/fake/dev/nvidia2, "
+        "not on this node (a GPU or the driver changed since discovery)"
+    )
+    assert not (tmp_path / "cdi").exists() or not list((tmp_path / "cdi").iterdir())
+    # The other GPUs still prepare.
+    other = replace(
+        allocation, uid=UID.replace("0b4e", "1b4e"), devices=(AllocatedDevice("gpu", NODE, "gpu-1"),)
+    )
+    assert [d.device for d in state.prepare(other).devices] == ["gpu-1"]

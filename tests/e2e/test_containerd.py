@@ -15,7 +15,6 @@ import os
 import stat
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,9 @@ from localcluster.workloads import (
     claim_template,
     committed_device_classes,
     ensure_device_classes,
+    observed,
     pod_claim,
+    seen,
 )
 
 from dra.daemon import fakegpus
@@ -45,24 +46,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.containerd]
 PROFILE = "h100x8-mig"
 SPLIT = "--device-plugin-gpus=2,3"
 PRODUCT = "NVIDIA H100 80GB HBM3"
-#: What each container records, then it sleeps: the test reads the files from the host.
-REPORT = (
-    'o=/out/"$C"; env > "$o.env"; '
-    'for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -c "$f" ] && echo "$f"; done > "$o.dev"; '
-    'nvidia-smi -L > "$o.smi" 2>&1; echo $? > "$o.smirc"; '
-    'ls /usr/lib/x86_64-linux-gnu/ > "$o.libs" 2>/dev/null; touch "$o.done"; exec sleep 3600'
-)
-
-
-@dataclass
-class Seen:
-    """What one container saw of itself."""
-
-    env: dict[str, str]
-    dev: list[str]
-    smi: list[str]
-    smi_rc: int
-    libs: list[str]
 
 
 @pytest.fixture(scope="module")
@@ -116,11 +99,6 @@ def inventory(ctr_cluster: ClusterInfo) -> Inventory:
     )
 
 
-def out_dir(cluster: ClusterInfo, namespace: str, pod: str) -> Path:
-    """The host directory a pod's containers write what they saw into."""
-    return Path(cluster.run_dir) / "out" / namespace / pod
-
-
 def busybox_pod(
     kube: Kube,
     cluster: ClusterInfo,
@@ -131,46 +109,23 @@ def busybox_pod(
     runtime_class: str | None = None,
 ) -> None:
     """A pod of busybox containers that record what they see; `containers`: name -> resources."""
-    out = out_dir(cluster, namespace, name)
-    out.mkdir(parents=True, exist_ok=True)
     spec: dict[str, Any] = {
         "terminationGracePeriodSeconds": 0,
-        "volumes": [{"name": "out", "hostPath": {"path": str(out)}}],
         "containers": [
-            {
-                "name": container,
-                "image": cluster.test_image,
-                "command": ["sh", "-c", REPORT],
-                "env": [{"name": "C", "value": container}],
-                "volumeMounts": [{"name": "out", "mountPath": "/out"}],
-                "resources": resources,
-            }
-            for container, resources in containers.items()
+            {"name": container, "resources": resources} for container, resources in containers.items()
         ],
     }
     if claims:
         spec["resourceClaims"] = [{"name": c, "resourceClaimTemplateName": t} for c, t in claims.items()]
     if runtime_class:
         spec["runtimeClassName"] = runtime_class
-    kube.create(
-        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
-    )
-
-
-def seen(cluster: ClusterInfo, namespace: str, pod: str, container: str, timeout: float = 90) -> Seen:
-    """What a container recorded, once it has."""
-    out = out_dir(cluster, namespace, pod)
-    wait_for(f"{pod}/{container} to record what it sees", (out / f"{container}.done").exists, timeout=timeout)
-    env = dict(
-        line.split("=", 1) for line in (out / f"{container}.env").read_text().splitlines() if "=" in line
-    )
-    return Seen(
-        env=env,
-        dev=sorted((out / f"{container}.dev").read_text().split()),
-        smi=(out / f"{container}.smi").read_text().splitlines(),
-        smi_rc=int((out / f"{container}.smirc").read_text()),
-        libs=(out / f"{container}.libs").read_text().split(),
-    )
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+    kube.create(observed(cluster, pod))
 
 
 CONTROL = ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"]

@@ -54,7 +54,9 @@ def anyio_backend() -> str:
 def local_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     """The session's cluster itself, for tests that act on its processes (restart_kubelet)."""
     gates = parse_gates(str(request.config.getoption("--feature-gates")))
-    local = LocalCluster(feature_gates=gates)
+    # Always the fake runtime: these tests read its records. The `containerd` tests start
+    # their own cluster on containerd, whatever CONTAINER_RUNTIME says.
+    local = LocalCluster(feature_gates=gates, runtime="fake")
     try:
         local.start()
         yield local

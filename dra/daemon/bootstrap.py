@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIServer
@@ -40,10 +40,11 @@ from dra.core.assignment import (
     restrict,
     stranded_claims,
 )
-from dra.daemon import metrics
+from dra.daemon import fakegpus, metrics
 from dra.daemon.health import APPLICATION_XIDS, HealthMonitor, HealthTracker
 from dra.daemon.lifecycle import Heartbeat, until_stopped
 from dra.gpu.discovery import discover
+from dra.gpu.driverfiles import find_driver_files
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.nvml import GpuLibrary, GpuLibraryError, NvmlLibrary
 from dra.gpu.profiles import ProfileError, load_profile
@@ -76,6 +77,12 @@ class DaemonSettings:
     dra_gpus: Selector | None = None
     device_plugin_gpus: Selector | None = None
     host_root: Path = Path("/")
+    #: Where the NVIDIA driver's user-space files are installed, as the container runtime sees it.
+    driver_root: Path = Path("/")
+    #: Whether the CDI specs mount the driver's files (False: the node's NVIDIA runtime hook does).
+    cdi_driver_files: bool = True
+    #: With fake GPUs: where their device nodes and stand-in driver are made, for real containers.
+    fake_gpu_root: Path | None = None
     #: Seconds without a critical XID or NVML error after which an unhealthy device is healthy
     #: again; 0 keeps it unhealthy until the driver restarts.
     health_recovery_period: float = 300.0
@@ -111,16 +118,48 @@ def serve_http(
 
 
 def gpu_library(
-    fake_gpus: str | None, node_name: str, events: Path | None = None, host_root: Path = Path("/")
+    fake_gpus: str | None,
+    node_name: str,
+    events: Path | None = None,
+    host_root: Path = Path("/"),
+    fake_gpu_root: Path | None = None,
 ) -> GpuLibrary:
-    """NVML (device nodes looked up under host_root), or fake GPUs from a profile name or file."""
+    """NVML (device nodes looked up under host_root), or fake GPUs from a profile name or file.
+
+    With fake_gpu_root the fake GPUs' device nodes and stand-in driver are made there first.
+    """
     if not fake_gpus:
         return NvmlLibrary(dev=host_root)
     try:
         profile = load_profile(fake_gpus, node_name)
     except ProfileError as err:
         raise StartupError(f"--fake-gpus: {err}") from None
-    return FakeGpuLibrary(profile, node_name, events)
+    lib = FakeGpuLibrary(profile, node_name, events, fake_gpu_root)
+    if fake_gpu_root is not None:
+        try:
+            fakegpus.materialise(lib, fake_gpu_root)
+        except fakegpus.FakeRootError as err:
+            raise StartupError(str(err)) from None
+    return lib
+
+
+def node_inventory(lib: GpuLibrary, settings: DaemonSettings) -> Inventory:
+    """load_inventory, plus what the CDI specs need of the node: the driver's files, the device root."""
+    inventory = load_inventory(lib)
+    if settings.fake_gpus and settings.fake_gpu_root is not None:
+        dev_root, driver_root, host_root = (
+            settings.fake_gpu_root,
+            settings.fake_gpu_root / fakegpus.DRIVER_ROOT,
+            Path("/"),
+        )
+    elif settings.fake_gpus:
+        return inventory
+    else:
+        dev_root, driver_root, host_root = Path("/"), settings.driver_root, settings.host_root
+    files = (
+        find_driver_files(lib.driver_version(), driver_root, host_root) if settings.cdi_driver_files else ()
+    )
+    return replace(inventory, driver_files=files, dev_root=str(dev_root))
 
 
 def load_inventory(lib: GpuLibrary) -> Inventory:
@@ -207,9 +246,11 @@ def rediscover(settings: DaemonSettings) -> Inventory:
     """Discover the GPUs again, for a daemon that follows changes (MIG layout, lost GPUs)."""
     # A fresh library, so that a changed fake profile file is read again too; NVML's
     # init and shutdown are reference-counted, so this leaves the health watch alone.
-    lib = gpu_library(settings.fake_gpus, settings.node_name, host_root=settings.host_root)
+    lib = gpu_library(
+        settings.fake_gpus, settings.node_name, None, settings.host_root, settings.fake_gpu_root
+    )
     try:
-        return load_inventory(lib)
+        return node_inventory(lib, settings)
     finally:
         lib.shutdown()
 
@@ -223,8 +264,14 @@ async def open_node(settings: DaemonSettings, path: GpuPath | None) -> AsyncIter
     the GPU split is left to the two paths.
     """
     started = time.monotonic()
-    lib = gpu_library(settings.fake_gpus, settings.node_name, settings.fake_gpu_events, settings.host_root)
-    everything = load_inventory(lib)
+    lib = gpu_library(
+        settings.fake_gpus,
+        settings.node_name,
+        settings.fake_gpu_events,
+        settings.host_root,
+        settings.fake_gpu_root,
+    )
+    everything = node_inventory(lib, settings)
     lease: AssignmentLease | None = None
     inventory = everything
     if path is not None:

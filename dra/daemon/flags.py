@@ -55,6 +55,16 @@ def csv(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
+def boolean(text: str) -> bool:
+    """A true/false flag: true, false, 1, 0, yes, no (any case)."""
+    value = text.strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise ValueError(f"expected true or false, not {text!r}")
+
+
 def seconds(text: str) -> float:
     """A non-negative number of seconds."""
     value = float(text)

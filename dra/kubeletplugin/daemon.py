@@ -90,7 +90,7 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
             settings.driver_name,
             settings.node_name,
             inventory,
-            CdiStore(settings.cdi_root, settings.driver_name),
+            CdiStore(settings.cdi_root, settings.driver_name, settings.host_root),
             CheckpointStore(settings.checkpoint_path),
         )
         state.recover()

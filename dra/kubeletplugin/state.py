@@ -109,6 +109,13 @@ class DeviceState:
             )
             if isinstance(plan, plans.Refusal):
                 raise ClaimError(plan.message)
+            gone = self._cdi.missing_host_paths(plan.spec) if plan.spec is not None else []
+            if gone:
+                # The runtime would fail every container of the claim on a path that is gone.
+                raise ClaimError(
+                    f"cannot prepare ResourceClaim {allocation.ref}: its CDI spec would name "
+                    f"{', '.join(gone)}, not on this node (a GPU or the driver changed since discovery)"
+                )
             self._apply(plan, allocation)
             return plan.claim
 

@@ -52,6 +52,8 @@ class DaemonProcess(abc.ABC):
             f"--node-name={cluster.node_name}",
             f"--fake-gpus={profile}",
             f"--http-address=127.0.0.1:{self.port}",
+            # On containerd real containers see the fake GPUs: device nodes and nvidia-smi.
+            *([f"--fake-gpu-root={cluster.fake_gpu_root}"] if cluster.fake_gpu_root else []),
             *flags,
         ]
 

@@ -119,13 +119,18 @@ def test_daemonset_runs_the_kubelet_plugin_on_the_host_paths() -> None:
         "pod-resources": "/var/lib/kubelet/pod-resources",
         "cdi": "/var/run/cdi",
         "host-dev": "/dev",
+        # Read-only: the driver's files for CDI specs, found under --host-root.
+        "driver-root": "/",
     }
-    assert all(mounts[name] == path for name, path in host_paths.items() if name != "host-dev")
+    assert all(
+        mounts[name] == path for name, path in host_paths.items() if name not in ("host-dev", "driver-root")
+    )
     # The host's /dev, read-only, tells which device nodes to put in CDI specs.
     assert mounts["host-dev"] == "/host/dev"
     assert env["DRA_GPU_HOST_ROOT"] == "/host"
     [dev_mount] = [m for m in container["volumeMounts"] if m["name"] == "host-dev"]
     assert dev_mount["readOnly"] is True
+    assert (mounts["driver-root"], env["DRA_GPU_DRIVER_ROOT"]) == ("/host", "/")
     assert env["DRA_GPU_KUBELET_ROOT"] == "/var/lib/kubelet"
     assert env["DRA_GPU_CDI_ROOT"] == "/var/run/cdi"
 
@@ -245,6 +250,19 @@ def test_impossible_container_choices_fail_the_render(values: dict[str, Any], co
         result = chart.helm("template", "dra-gpu", str(chart.CHART), *flags, check=False)
     assert result.returncode != 0
     assert complaint in result.stderr
+
+
+def test_driver_files_come_from_the_driver_root_or_are_left_to_the_hook() -> None:
+    def mounts_and_env(values: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+        container = _container(chart.template(values))
+        return {m["name"]: m["mountPath"] for m in container["volumeMounts"]}, _env(container)
+
+    mounts, env = mounts_and_env({"driverFiles": {"root": "/run/nvidia/driver"}})
+    assert mounts["driver-root"] == "/host/run/nvidia/driver"
+    assert (env["DRA_GPU_DRIVER_ROOT"], env["DRA_GPU_CDI_DRIVER_FILES"]) == ("/run/nvidia/driver", "true")
+    mounts, env = mounts_and_env({"driverFiles": {"enabled": False}})
+    assert "driver-root" not in mounts
+    assert env["DRA_GPU_CDI_DRIVER_FILES"] == "false"
 
 
 def test_real_gpus_get_nvml_through_the_toolkit_or_a_runtime_class() -> None:

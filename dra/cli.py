@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import sys
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from dra.core.labels import AdminTemplate, LabelError, parse_template
 from dra.core.slices import SliceError, build_slices
 from dra.daemon import logs
 from dra.daemon.bootstrap import DaemonSettings, StartupError, gpu_library, load_inventory
-from dra.daemon.flags import UsageError, apply_environment, csv, nonempty, option, path, seconds
+from dra.daemon.flags import UsageError, apply_environment, boolean, csv, nonempty, option, path, seconds
 from dra.deviceplugin import config as dpconfig
 from dra.deviceplugin import setup as dpsetup
 from dra.deviceplugin.allocate import Strategy, parse_strategies
@@ -188,6 +189,21 @@ def build_parser() -> argparse.ArgumentParser:
         http_default=":8080",
     )
     option(plugin, "--kubeconfig", "kubeconfig file; default: the in-cluster service account")
+    option(
+        plugin,
+        "--rolling-update",
+        "let a new instance start beside the running one (sockets of its own; kubelet 1.33 or newer), "
+        "for a DaemonSet update with maxSurge: true or false",
+        True,
+        type=boolean,
+    )
+    option(
+        plugin,
+        "--instance-id",
+        "with --rolling-update: this instance's ID in its socket names (the chart passes the pod UID); "
+        "default: a random one",
+        type=nonempty,
+    )
 
     dp = sub.add_parser(
         "device-plugin",
@@ -370,6 +386,7 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
     settings = PluginSettings(
         **_daemon_settings(args),
         kubeconfig=args.kubeconfig or None,
+        instance_id=(args.instance_id or uuid.uuid4().hex) if args.rolling_update else None,
     )
     anyio.run(run_kubelet_plugin, settings, backend="asyncio")
     return 0

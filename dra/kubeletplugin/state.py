@@ -10,13 +10,17 @@ plan in an order that a crash at any point leaves recoverable:
 - unprepare removes the spec, then the checkpoint entry; a leftover entry is
   unprepared again when the kubelet retries.
 Calls are serialised by a lock; they block on file I/O and run in worker threads.
+The lock is also held across processes (the checkpoint's flock), and the state
+re-read under it when another instance saved it: during a rolling update two
+instances prepare and unprepare on the same checkpoint and CDI directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
@@ -52,6 +56,14 @@ class DeviceState:
         self._lock = threading.Lock()
         self._prepared: dict[str, PreparedClaim] = checkpoint.load()
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the state against threads and other processes, with what another instance saved."""
+        with self._lock, self._checkpoint.exclusive() as saved_elsewhere:
+            if saved_elsewhere is not None:
+                self._prepared = saved_elsewhere
+            yield
+
     def set_inventory(self, inventory: Inventory) -> None:
         """Devices changed: new prepares see the new inventory; prepared claims stay as they are."""
         with self._lock:
@@ -72,7 +84,7 @@ class DeviceState:
 
     def recover(self) -> None:
         """After a restart: drop specs of claims not prepared, (re)write the specs of prepared ones."""
-        with self._lock:
+        with self._locked():
             self._checkpoint.remove_leftovers()
             self._cdi.remove_leftovers()
             plan = plans.decide_recover(
@@ -90,7 +102,7 @@ class DeviceState:
 
         ClaimError when it cannot be prepared; then nothing changes.
         """
-        with self._lock:
+        with self._locked():
             plan = plans.decide_prepare(
                 allocation,
                 self.inventory,
@@ -146,7 +158,7 @@ class DeviceState:
 
     def unprepare(self, uid: str) -> PreparedClaim | None:
         """Undo a prepare; an unknown claim is fine (its stray spec, if any, goes too)."""
-        with self._lock:
+        with self._locked():
             plan = plans.decide_unprepare(uid, self._prepared)
             self._cdi.remove(plan.uid)
             if plan.claim is None:

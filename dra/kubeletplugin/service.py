@@ -126,7 +126,8 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
             allocation = read_allocation(claim, ref.uid, self.driver)
             # The API server is asked about holders outside the state's lock; prepare decides
             # again under it, and a holder that appeared meanwhile counts as live.
-            stale = await self._stale_holders(self._state.conflicts(allocation))
+            holders = await anyio.to_thread.run_sync(self._state.conflicts, allocation)
+            stale = await self._stale_holders(holders)
             prepared = await anyio.to_thread.run_sync(self._state.prepare, allocation, stale)
             result = "success"
             return _response(prepared)

@@ -77,10 +77,11 @@ class DeviceState:
     def conflicts(self, allocation: ClaimAllocation) -> list[PreparedClaim]:
         """Prepared claims that hold devices of `allocation` now; the caller finds out which are stale.
 
-        No lock: the inventory and the prepared map are replaced whole, never changed
-        in place, and `prepare` decides again under the lock on the state it then sees.
+        Under the lock only to see what another instance prepared meanwhile: `prepare`
+        decides again under it on the state it then sees.
         """
-        return plans.conflicts(allocation, self.inventory, self._prepared, pool=self.pool)
+        with self._locked():
+            return plans.conflicts(allocation, self.inventory, self._prepared, pool=self.pool)
 
     def recover(self) -> None:
         """After a restart: drop specs of claims not prepared, (re)write the specs of prepared ones."""

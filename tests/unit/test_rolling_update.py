@@ -7,11 +7,15 @@ one process, and each state has its own thread lock as each process would.
 
 from __future__ import annotations
 
+import shutil
 import socket
+import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import anyio
+import grpc
 import pytest
 
 from dra.adapters.assignmentrecord import AssignmentConflictError, AssignmentRecord
@@ -22,9 +26,12 @@ from dra.core import versions
 from dra.core.allocation import ClaimError
 from dra.core.assignment import GpuPath
 from dra.daemon.flags import UsageError, boolean
+from dra.daemon.health import HealthTracker
 from dra.daemon.sockets import MAX_SOCKET_PATH, is_abandoned
 from dra.kubeletplugin.publisher import SlicePublisher
-from dra.kubeletplugin.server import sockets
+from dra.kubeletplugin.server import PluginServer, sockets
+from dra.kubeletplugin.service import DraService, HealthService
+from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc
 from tests.unit.helpers import DRIVER, NODE, inventory
 from tests.unit.test_publisher import FakeKube
 from tests.unit.test_state import UID_A, UID_B, UID_C, Paths, _allocation
@@ -226,3 +233,63 @@ def test_rolling_updates_are_on_by_default_and_the_chart_can_turn_them_off(
     monkeypatch.setenv("DRA_GPU_ROLLING_UPDATE", "sometimes")
     with pytest.raises(UsageError, match="DRA_GPU_ROLLING_UPDATE='sometimes': expected true or false"):
         parse_args(["kubelet-plugin", "--node-name=n"])
+
+
+class SlowClaims:
+    """The service's API calls: a ResourceClaim of this driver on gpu-0, answered once `answer` is set."""
+
+    def __init__(self) -> None:
+        self.asked = anyio.Event()
+        self.answer = anyio.Event()
+
+    async def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        self.asked.set()
+        await self.answer.wait()
+        result = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-0"}
+        return {
+            "metadata": {"namespace": namespace, "name": name, "uid": UID_A},
+            "status": {"allocation": {"devices": {"results": [result]}}},
+        }
+
+    async def create_event(
+        self, involved: dict[str, Any], reason: str, message: str, *, host: str = ""
+    ) -> None:
+        """No events: the prepare succeeds."""
+
+
+@pytest.mark.anyio
+async def test_sigterm_answers_the_prepare_in_flight_before_withdrawing_the_registration() -> None:
+    # A short root: unix socket paths are limited, pytest's tmp_path is long.
+    root = Path(tempfile.mkdtemp(prefix="dra-ru-", dir="/tmp"))
+    try:
+        paths = Paths(root)
+        claims = SlowClaims()
+        dra = DraService(DRIVER, NODE, paths.state(), claims)
+        health = HealthService(NODE, HealthTracker(inventory("h100x8-mig")))
+        server = PluginServer(root / "kubelet", DRIVER, dra, health, instance_id="old")
+        await server.start()
+        answers: list[dra_pb2.NodePrepareResourcesResponse] = []
+
+        async def prepare() -> None:
+            async with grpc.aio.insecure_channel(f"unix://{server.dra_socket}") as channel:
+                stub = dra_pb2_grpc.DRAPluginStub(channel)
+                ref = dra_pb2.Claim(namespace="team-a", name="claim-a", uid=UID_A)
+                request = dra_pb2.NodePrepareResourcesRequest(claims=[ref])
+                answers.append(await stub.NodePrepareResources(request))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(prepare)
+            with anyio.fail_after(5):
+                await claims.asked.wait()
+            group.start_soon(server.stop)
+            await anyio.sleep(0.3)
+            # Still registered: the kubelet would cut the call if the registration went now.
+            assert server.registration_socket.exists()
+            claims.answer.set()
+        [answer] = answers
+        assert answer.claims[UID_A].error == ""
+        assert [d.device_name for d in answer.claims[UID_A].devices] == ["gpu-0"]
+        assert not server.registration_socket.exists()
+        assert not server.dra_socket.exists()
+    finally:
+        shutil.rmtree(root)

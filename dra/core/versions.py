@@ -104,5 +104,5 @@ def rolling_update_refusal(kubelet_version: str) -> str | None:
     return (
         f"the kubelet is {kubelet_version}; overlapping plugin instances (rolling updates) need a kubelet "
         f"1.{ROLLING_UPDATE_KUBELET_MINOR} or newer: run with --rolling-update=false "
-        "(chart: rollingUpdate.enabled=false)"
+        "(chart: kubeletPlugin.rollingUpdate=false)"
     )

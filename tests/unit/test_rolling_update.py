@@ -211,6 +211,7 @@ def test_rolling_updates_need_a_kubelet_of_1_33(kubelet: str, refused: bool) -> 
     assert (refusal is not None) == refused
     if refusal is not None:
         assert "--rolling-update=false" in refusal
+        assert "kubeletPlugin.rollingUpdate=false" in refusal
 
 
 @pytest.mark.parametrize(("text", "value"), [("true", True), ("On", True), ("0", False), ("no", False)])

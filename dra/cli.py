@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import sys
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -244,6 +245,21 @@ def build_parser() -> argparse.ArgumentParser:
         "claims off it, NoExecute also evicts the pods using it",
         taints.Effect.NO_SCHEDULE.value,
         type=_taint_effect,
+    )
+    option(
+        plugin,
+        "--rolling-update",
+        "let a new instance start beside the running one (sockets of its own; kubelet 1.33 or newer), "
+        "for a DaemonSet update with maxSurge: true or false",
+        True,
+        type=boolean,
+    )
+    option(
+        plugin,
+        "--instance-id",
+        "with --rolling-update: this instance's ID in its socket names (the chart passes the pod UID); "
+        "default: a random one",
+        type=nonempty,
     )
 
     dp = sub.add_parser(
@@ -509,6 +525,7 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
         **_daemon_settings(args),
         kubeconfig=args.kubeconfig or None,
         unhealthy_taint_effect=args.unhealthy_taint_effect,
+        instance_id=(args.instance_id or uuid.uuid4().hex) if args.rolling_update else None,
     )
     anyio.run(run_kubelet_plugin, settings, backend="asyncio")
     return 0

@@ -90,6 +90,9 @@ class DaemonSettings:
     ignored_xids: frozenset[int] = APPLICATION_XIDS
     #: Seconds between looks at the GPUs for changes (dra.daemon.rediscovery); 0 disables.
     rediscover_interval: float = 60.0
+    #: This instance's ID when instances may overlap on a node (a rolling update, the pod UID);
+    #: None runs exclusively: a second instance is refused.
+    instance_id: str | None = None
 
     @property
     def state_directory(self) -> Path:
@@ -181,11 +184,13 @@ def take_assignment(
     running: GpuPath,
     state_dir: Path,
     node_name: str,
+    overlapping: bool = False,
 ) -> tuple[Inventory, AssignmentLease]:
     """This path's part of the inventory, recorded on the host; StartupError naming a GPU on overlap.
 
     Refused when the selectors give a GPU to both paths, or when the other
     path's process runs on this node and already advertises one of ours.
+    `overlapping`: another instance of this path may run (a rolling update).
     """
     try:
         assignment = assign(inventory, dra_gpus, device_plugin_gpus, running)
@@ -195,7 +200,7 @@ def take_assignment(
         log.warning("%s", warning)
     mine = assignment.gpus(running)
     try:
-        lease = AssignmentRecord(state_dir).lease(running, mine, node_name)
+        lease = AssignmentRecord(state_dir).lease(running, mine, node_name, shared=overlapping)
     except AssignmentConflictError as err:
         raise StartupError(str(err)) from None
     except OSError as err:
@@ -282,6 +287,7 @@ async def open_node(settings: DaemonSettings, path: GpuPath | None) -> AsyncIter
             path,
             settings.state_directory,
             settings.node_name,
+            overlapping=settings.instance_id is not None,
         )
     tracker = HealthTracker(inventory, ignored_xids=settings.ignored_xids)
     node = Node(

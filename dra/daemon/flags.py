@@ -56,11 +56,11 @@ def csv(text: str) -> list[str]:
 
 
 def boolean(text: str) -> bool:
-    """A true/false flag: true, false, 1, 0, yes, no (any case)."""
+    """true/false (also yes/no, on/off, 1/0), as a chart or a person writes it."""
     value = text.strip().lower()
-    if value in ("true", "1", "yes"):
+    if value in ("true", "yes", "on", "1"):
         return True
-    if value in ("false", "0", "no"):
+    if value in ("false", "no", "off", "0"):
         return False
     raise ValueError(f"expected true or false, not {text!r}")
 

@@ -12,6 +12,9 @@ plan in an order that a crash at any point leaves recoverable:
 A prepare whose spec or checkpoint write fails (ENOSPC, EIO) removes the spec
 it wrote and answers that claim's error, so no spec is left without its entry.
 Calls are serialised by a lock; they block on file I/O and run in worker threads.
+The lock is also held across processes (the checkpoint's flock), and the state
+re-read under it when another instance saved it: during a rolling update two
+instances prepare and unprepare on the same checkpoint and CDI directory.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from dra.adapters import faults
 from dra.adapters.cdistore import CdiStore
@@ -56,6 +59,14 @@ class DeviceState:
         self._lock = threading.Lock()
         self._prepared: dict[str, PreparedClaim] = checkpoint.load()
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the state against threads and other processes, with what another instance saved."""
+        with self._lock, self._checkpoint.exclusive() as saved_elsewhere:
+            if saved_elsewhere is not None:
+                self._prepared = saved_elsewhere
+            yield
+
     def set_inventory(self, inventory: Inventory) -> None:
         """Devices changed: new prepares see the new inventory; prepared claims stay as they are."""
         with self._lock:
@@ -69,14 +80,15 @@ class DeviceState:
     def conflicts(self, allocation: ClaimAllocation) -> list[PreparedClaim]:
         """Prepared claims that hold devices of `allocation` now; the caller finds out which are stale.
 
-        No lock: the inventory and the prepared map are replaced whole, never changed
-        in place, and `prepare` decides again under the lock on the state it then sees.
+        Under the lock only to see what another instance prepared meanwhile: `prepare`
+        decides again under it on the state it then sees.
         """
-        return plans.conflicts(allocation, self.inventory, self._prepared, pool=self.pool)
+        with self._locked():
+            return plans.conflicts(allocation, self.inventory, self._prepared, pool=self.pool)
 
     def recover(self) -> None:
         """After a restart: drop specs of claims not prepared, (re)write the specs of prepared ones."""
-        with self._lock:
+        with self._locked():
             self._checkpoint.remove_leftovers()
             self._cdi.remove_leftovers()
             faults.point("recover.leftovers-removed")
@@ -97,7 +109,7 @@ class DeviceState:
 
         ClaimError when it cannot be prepared; then nothing changes.
         """
-        with self._lock:
+        with self._locked():
             plan = plans.decide_prepare(
                 allocation,
                 self.inventory,
@@ -185,7 +197,7 @@ class DeviceState:
 
     def unprepare(self, uid: str) -> PreparedClaim | None:
         """Undo a prepare; an unknown claim is fine (its stray spec, if any, goes too)."""
-        with self._lock:
+        with self._locked():
             plan = plans.decide_unprepare(uid, self._prepared)
             self._cdi.remove(plan.uid)
             if plan.claim is None:

@@ -592,3 +592,43 @@ def test_named_device_plugin_configs_mount_a_configmap_directory_and_grant_node_
         result = chart.helm("template", "dra-gpu", str(chart.CHART), *flags, check=False)
     assert result.returncode != 0
     assert "set config (one file) or namedConfigs" in result.stderr
+
+
+def test_rolling_updates_overlap_old_and_new_pod_on_their_own_sockets() -> None:
+    objects = chart.template()
+    daemonset = _only(objects, "DaemonSet")
+    assert daemonset["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    env = _env(_container(objects))
+    assert env["DRA_GPU_ROLLING_UPDATE"] == "true"
+    assert env["DRA_GPU_INSTANCE_ID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    # Two pods on one node: nothing of the host's network may be claimed by either.
+    pod = daemonset["spec"]["template"]["spec"]
+    assert not pod.get("hostNetwork")
+    assert not [p for c in pod["containers"] for p in c.get("ports", []) if "hostPort" in p]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param({"kubeletPlugin": {"rollingUpdate": False}}, id="off"),
+        pytest.param(
+            {"devicePlugin": {"enabled": True}, "gpuAssignment": {"devicePlugin": "3"}}, id="device-plugin"
+        ),
+    ],
+)
+def test_without_rolling_updates_pods_are_replaced_one_after_the_other(values: dict[str, Any]) -> None:
+    objects = chart.template(values)
+    daemonset = _only(objects, "DaemonSet")
+    assert daemonset["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 1},
+    }
+    [plugin] = [
+        c for c in daemonset["spec"]["template"]["spec"]["containers"] if c["name"] == "kubelet-plugin"
+    ]
+    env = _env(plugin)
+    assert env["DRA_GPU_ROLLING_UPDATE"] == "false"
+    assert "DRA_GPU_INSTANCE_ID" not in env

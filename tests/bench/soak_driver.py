@@ -68,59 +68,66 @@ def main() -> None:
         kube = Kube(cluster.kubeconfig)
         log = Path(cluster.run_dir) / "logs" / "dra-gpu-soak.log"
         driver = DriverProcess(cluster, args.profile, log).start()
-        assert driver.proc is not None
-        pid = driver.proc.pid
-        namespace = f"soak-{uuid.uuid4().hex[:6]}"
-        kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-        slices = kube.list_objects(
-            "resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.driver={DRIVER}"
-        )
-        devices = sorted(d["name"] for s in slices for d in s["spec"]["devices"])
-        held = [_ref(c) for c in _claims(kube, namespace, cluster.node_name, devices[:HELD], HELD)]
-        # Claims are named bench-<i> by the shared helper: a second batch needs its own namespace.
-        cycling_ns = f"{namespace}-c"
-        kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": cycling_ns}})
-        rest = devices[HELD:]
-        cycling = [_ref(c) for c in _claims(kube, cycling_ns, cluster.node_name, rest, len(rest))]
-        cdi = CdiStore(Path(cluster.cdi_dir), DRIVER)
+        try:
+            assert driver.proc is not None
+            pid = driver.proc.pid
+            namespace = f"soak-{uuid.uuid4().hex[:6]}"
+            kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+            slices = kube.list_objects(
+                "resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.driver={DRIVER}"
+            )
+            devices = sorted(d["name"] for s in slices for d in s["spec"]["devices"])
+            held = [_ref(c) for c in _claims(kube, namespace, cluster.node_name, devices[:HELD], HELD)]
+            # Claims are named bench-<i> by the shared helper: a second batch needs its own namespace.
+            cycling_ns = f"{namespace}-c"
+            kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": cycling_ns}})
+            rest = devices[HELD:]
+            cycling = [_ref(c) for c in _claims(kube, cycling_ns, cluster.node_name, rest, len(rest))]
+            cdi = CdiStore(Path(cluster.cdi_dir), DRIVER)
 
-        socket = Path(cluster.plugins_dir) / DRIVER / "dra.sock"
-        rows: list[str] = []
-        window: list[float] = []
-        retries = 0
-        with grpc.insecure_channel(f"unix://{socket}") as channel:
-            stub = dra_pb2_grpc.DRAPluginStub(channel)
-            answer = stub.NodePrepareResources(dra_pb2.NodePrepareResourcesRequest(claims=held))
-            assert all(a.error == "" for a in answer.claims.values()), answer
+            socket = Path(cluster.plugins_dir) / DRIVER / "dra.sock"
+            rows: list[str] = []
+            window: list[float] = []
+            retries = 0
+            with grpc.insecure_channel(f"unix://{socket}") as channel:
+                stub = dra_pb2_grpc.DRAPluginStub(channel)
+                answer = stub.NodePrepareResources(dra_pb2.NodePrepareResourcesRequest(claims=held))
+                assert all(a.error == "" for a in answer.claims.values()), answer
 
-            def mark(done: int) -> None:
-                rss, _ = _rss_kib(pid)
-                median = f"{statistics.median(window):6.2f} ms" if window else "     -   "
-                rows.append(
-                    f"{done:>7}  {rss / 1024:8.1f}  {driver.checkpoint.stat().st_size:>10}  "
-                    f"{_count(Path(f'/proc/{pid}/fd')):>4}  {_count(Path(f'/proc/{pid}/task')):>7}  "
-                    f"{len(cdi.claim_uids()):>5}  {median}  {retries:>7}"
+                def mark(done: int) -> None:
+                    rss, _ = _rss_kib(pid)
+                    median = f"{statistics.median(window):6.2f} ms" if window else "     -   "
+                    rows.append(
+                        f"{done:>7}  {rss / 1024:8.1f}  {driver.checkpoint.stat().st_size:>10}  "
+                        f"{_count(Path(f'/proc/{pid}/fd')):>4}  {_count(Path(f'/proc/{pid}/task')):>7}  "
+                        f"{len(cdi.claim_uids()):>5}  {median}  {retries:>7}"
+                    )
+                    print(rows[-1], flush=True)
+                    window.clear()
+
+                print(
+                    " cycles  RSS MiB  checkpoint B   fds  threads  specs  median cycle  retries", flush=True
                 )
-                print(rows[-1], flush=True)
-                window.clear()
-
-            print(" cycles  RSS MiB  checkpoint B   fds  threads  specs  median cycle  retries", flush=True)
-            for done in range(args.cycles + 1):
-                if done in marks:
-                    mark(done)
-                if done == args.cycles:
-                    break
-                ref = cycling[done % len(cycling)]
-                t0 = time.perf_counter()
-                retries += _until_done(stub.NodePrepareResources, dra_pb2.NodePrepareResourcesRequest, ref)
-                retries += _until_done(
-                    stub.NodeUnprepareResources, dra_pb2.NodeUnprepareResourcesRequest, ref
-                )
-                window.append((time.perf_counter() - t0) * 1000)
-            stub.NodeUnprepareResources(dra_pb2.NodeUnprepareResourcesRequest(claims=held))
-        assert cdi.claim_uids() == [], "specs left after unpreparing everything"
-        _, peak = _rss_kib(pid)
-        driver.stop()
+                for done in range(args.cycles + 1):
+                    if done in marks:
+                        mark(done)
+                    if done == args.cycles:
+                        break
+                    ref = cycling[done % len(cycling)]
+                    t0 = time.perf_counter()
+                    retries += _until_done(
+                        stub.NodePrepareResources, dra_pb2.NodePrepareResourcesRequest, ref
+                    )
+                    retries += _until_done(
+                        stub.NodeUnprepareResources, dra_pb2.NodeUnprepareResourcesRequest, ref
+                    )
+                    window.append((time.perf_counter() - t0) * 1000)
+                stub.NodeUnprepareResources(dra_pb2.NodeUnprepareResourcesRequest(claims=held))
+            assert cdi.claim_uids() == [], "specs left after unpreparing everything"
+            _, peak = _rss_kib(pid)
+        finally:
+            # The driver is not one of the cluster's processes: stop it even when a call failed.
+            driver.stop()
         for name in (namespace, cycling_ns):
             kube.delete("v1", "Namespace", name)
         kube.close()

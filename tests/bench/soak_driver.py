@@ -85,7 +85,7 @@ def main() -> None:
             cycling = [_ref(c) for c in _claims(kube, cycling_ns, cluster.node_name, rest, len(rest))]
             cdi = CdiStore(Path(cluster.cdi_dir), DRIVER)
 
-            socket = Path(cluster.plugins_dir) / DRIVER / "dra.sock"
+            socket = driver.dra_socket
             rows: list[str] = []
             window: list[float] = []
             retries = 0

@@ -124,7 +124,7 @@ def _claim(kube: Kube, namespace: str, node: str, device: str) -> Obj:
 def _prepare(driver: DriverProcess, claim: Obj) -> str:
     meta = claim["metadata"]
     ref = dra_pb2.Claim(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
-    socket_path = Path(driver.cluster.kubelet_root) / "plugins" / DRIVER / "dra.sock"
+    socket_path = driver.dra_socket
     with grpc.insecure_channel(f"unix://{socket_path}") as channel:
         # The kubelet gives a prepare call 45 s; an outage must not make the driver hang past it.
         answer = dra_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(

@@ -137,7 +137,7 @@ def _ref(claim: Obj) -> dra_pb2.Claim:
 
 def _call(driver: DriverProcess, method: str, claim: Obj) -> str:
     """One kubelet call for one claim; its per-claim error ("" on success)."""
-    socket = Path(driver.cluster.kubelet_root) / "plugins" / DRIVER / "dra.sock"
+    socket = driver.dra_socket
     with grpc.insecure_channel(f"unix://{socket}") as channel:
         stub = dra_pb2_grpc.DRAPluginStub(channel)
         if method == "prepare":

@@ -20,17 +20,25 @@ from typing import Any
 import anyio
 import yaml
 
+from dra.core import sharing
 from dra.core.assignment import Selector, SelectorError, parse_selector
 from dra.core.labels import AdminTemplate, LabelError, parse_template
 from dra.core.slices import SliceError, build_slices
 from dra.daemon import logs
-from dra.daemon.bootstrap import DaemonSettings, StartupError, gpu_library, load_inventory
+from dra.daemon.bootstrap import (
+    DaemonSettings,
+    StartupError,
+    default_state_dir,
+    gpu_library,
+    load_inventory,
+)
 from dra.daemon.flags import UsageError, apply_environment, csv, nonempty, option, path, seconds
 from dra.deviceplugin import config as dpconfig
 from dra.deviceplugin import setup as dpsetup
 from dra.deviceplugin.allocate import Strategy, parse_strategies
 from dra.deviceplugin.daemon import DevicePluginSettings, run_device_plugin
 from dra.deviceplugin.resources import DEFAULT_RESOURCE
+from dra.gpu.nvml import GpuLibraryError
 from dra.kubeletplugin.daemon import PluginSettings, run_kubelet_plugin
 from dra.labeller.daemon import LabellerSettings, run_node_labeller
 
@@ -311,6 +319,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     option(discover, "--output", "output format", "yaml", choices=("yaml", "json"))
 
+    slices = sub.add_parser(
+        "time-slices", help="print each GPU's compute time-slice interval (fake GPUs: as the driver set it)"
+    )
+    _common(slices)
+    _gpu_source(slices)
+    option(slices, "--node-name", "node name (seeds fake UUIDs)", socket.gethostname(), type=nonempty)
+    option(
+        slices,
+        "--state-dir",
+        "the kubelet-plugin's state directory, where fake GPUs keep their settings; "
+        f"default /var/lib/kubelet/plugins/{DEFAULT_DRIVER}",
+        type=path,
+    )
+
     explain = sub.add_parser(
         "explain", help="say, for every device of a node, whether a claim's selectors match, and why not"
     )
@@ -344,6 +366,24 @@ def _discover(args: argparse.Namespace) -> int:
         print(json.dumps(document, indent=2))
     else:
         print(yaml.safe_dump(document, sort_keys=False), end="")
+    return 0
+
+
+def _time_slices(args: argparse.Namespace) -> int:
+    state_dir = args.state_dir or default_state_dir(Path("/var/lib/kubelet"), args.driver_name)
+    lib = gpu_library(args.fake_gpus, args.node_name, host_root=args.host_root, state_dir=state_dir)
+    inventory = load_inventory(lib)
+    names = {level: name for name, level in sharing.INTERVAL_LEVELS.items()}
+    try:
+        for gpu in inventory.gpus:
+            try:
+                level = lib.time_slice(lib.device_by_index(gpu.index))
+                shown = names.get(level, str(level))
+            except GpuLibraryError as err:
+                shown = f"unknown ({err})"
+            print(f"{gpu.index}\t{gpu.uuid}\t{shown}")
+    finally:
+        lib.shutdown()
     return 0
 
 
@@ -431,6 +471,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "device-plugin": _device_plugin,
     "node-labeller": _node_labeller,
     "discover": _discover,
+    "time-slices": _time_slices,
     "explain": _explain,
 }
 

@@ -49,6 +49,9 @@ def _claim_from_json(uid: str, data: Mapping[str, Any]) -> PreparedClaim:
                 cdi_device_ids=tuple(d["cdi_device_ids"]),
                 admin_access=bool(d.get("admin_access", False)),
                 uuid=str(d.get("uuid", "")),
+                time_slice=str(d.get("time_slice", "")),
+                share_id=str(d.get("share_id", "")),
+                share_memory=str(d.get("share_memory", "")),
             )
             for d in data["devices"]
         ),

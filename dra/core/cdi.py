@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dra.model.devices import Device, Inventory
@@ -120,14 +120,29 @@ def _common_edits(inventory: Inventory, env: Sequence[str]) -> Obj:
     return edits
 
 
-def build_spec(driver: str, claim_uid: str, devices: Sequence[Device], inventory: Inventory) -> Obj:
-    """The CDI spec of one claim's devices on this node; it composes with any other claim's spec."""
+def build_spec(
+    driver: str,
+    claim_uid: str,
+    devices: Sequence[Device],
+    inventory: Inventory,
+    *,
+    device_env: Mapping[str, Sequence[str]] | None = None,
+) -> Obj:
+    """The CDI spec of one claim's devices on this node; it composes with any other claim's spec.
+
+    `device_env` adds KEY=value lines to a device's edits by device name (what
+    belongs to this claim's use of it, such as its share of a shared GPU).
+    """
     claim_env = f"{claim_env_key(claim_uid)}={claim_uid}"
+    extra = device_env or {}
     return {
         "cdiVersion": CDI_VERSION,
         "kind": kind(driver),
         "devices": [
-            {"name": device_name(claim_uid, d.name), "containerEdits": _device_edits(d, [claim_env])}
+            {
+                "name": device_name(claim_uid, d.name),
+                "containerEdits": _device_edits(d, [claim_env, *extra.get(d.name, ())]),
+            }
             for d in devices
         ],
         "containerEdits": _common_edits(inventory, [f"{VISIBLE_DEVICES}={NO_GPUS}"]),

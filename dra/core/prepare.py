@@ -13,10 +13,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dra.core import cdi
+from dra.core import cdi, sharing
 from dra.core import config as deviceconfig
 from dra.core.allocation import ClaimAllocation
-from dra.model.devices import Device, Inventory
+from dra.model.devices import Device, Gpu, Inventory
 from dra.model.prepared import PreparedClaim, PreparedDevice
 
 Obj = dict[str, Any]
@@ -101,8 +101,10 @@ def _up_to_date(allocation: ClaimAllocation, prepared: Mapping[str, PreparedClai
     return None
 
 
-def _holders(device: Device, uid: str, prepared: Mapping[str, PreparedClaim]) -> list[PreparedClaim]:
-    return [c for c in prepared.values() if c.uid != uid and c.holds(device.name, device.uuid)]
+def _holders(
+    device: Device, uid: str, prepared: Mapping[str, PreparedClaim], share_id: str = ""
+) -> list[PreparedClaim]:
+    return [c for c in prepared.values() if c.uid != uid and c.holds(device.name, device.uuid, share_id)]
 
 
 def conflicts(
@@ -115,7 +117,7 @@ def conflicts(
     for result in allocation.devices:
         device = inventory.get(result.device) if result.pool == pool else None
         if device is not None and not result.admin_access:
-            found.update((h.uid, h) for h in _holders(device, allocation.uid, prepared))
+            found.update((h.uid, h) for h in _holders(device, allocation.uid, prepared, result.share_id))
     return list(found.values())
 
 
@@ -131,12 +133,18 @@ def _devices_of(claim: PreparedClaim, inventory: Inventory) -> tuple[list[Device
     return found, missing
 
 
+def _spec(claim: PreparedClaim, devices: list[Device], inventory: Inventory, driver: str) -> Obj:
+    share_env = {d.device: sharing.share_env(d) for d in claim.devices}
+    unique = list({d.name: d for d in devices}.values())
+    return cdi.build_spec(driver, claim.uid, unique, inventory, device_env=share_env)
+
+
 def _respec(
     claim: PreparedClaim, inventory: Inventory, driver: str
 ) -> tuple[Obj | None, list[MissingDevice]]:
     """The spec a prepared claim's devices still present on the node give, or None when none is."""
     devices, missing = _devices_of(claim, inventory)
-    return (cdi.build_spec(driver, claim.uid, devices, inventory) if devices else None), missing
+    return (_spec(claim, devices, inventory, driver) if devices else None), missing
 
 
 def decide_prepare(
@@ -164,6 +172,7 @@ def decide_prepare(
     problems: list[str] = []
     releases: dict[str, Release] = {}
     devices: dict[str, Device] = {}
+    intervals: dict[str, str] = {}
     for result in allocation.devices:
         if result.pool != pool:
             problems.append(
@@ -175,7 +184,7 @@ def decide_prepare(
             problems.append(f"device {result.device} does not exist on node {pool}")
             continue
         if not result.admin_access:
-            for holder in _holders(device, allocation.uid, prepared):
+            for holder in _holders(device, allocation.uid, prepared, result.share_id):
                 reason = stale.get(holder.uid)
                 if reason is not None:
                     releases[holder.uid] = Release(holder, reason)
@@ -185,9 +194,11 @@ def decide_prepare(
                         f"{holder.namespace}/{holder.name} ({holder.uid})"
                     )
         try:
-            deviceconfig.effective([c.parameters for c in allocation.configs_for(result)], device)
+            config = deviceconfig.effective([c.parameters for c in allocation.configs_for(result)], device)
         except deviceconfig.ConfigError as err:
             problems.append(f"invalid configuration for device {result.device}: {err}")
+        else:
+            problems.extend(_time_slice(config, device, allocation.uid, prepared, intervals))
         devices[device.name] = device
     if problems:
         return Refusal(f"cannot prepare ResourceClaim {allocation.ref}: " + "; ".join(problems))
@@ -195,26 +206,54 @@ def decide_prepare(
     entries = []
     for device in devices.values():
         results = [r for r in allocation.devices if r.device == device.name]
-        entries.append(
-            PreparedDevice(
-                request_names=tuple(dict.fromkeys(r.request_name for r in results)),
-                pool=pool,
-                device=device.name,
-                cdi_device_ids=(cdi.qualified_name(driver, allocation.uid, device.name),),
-                admin_access=all(r.admin_access for r in results),
-                uuid=device.uuid,
+        # A claim holds at most one share of a device in practice; each share gets its own entry.
+        for share_id in dict.fromkeys(r.share_id for r in results):
+            of_share = [r for r in results if r.share_id == share_id]
+            entries.append(
+                PreparedDevice(
+                    request_names=tuple(dict.fromkeys(r.request_name for r in of_share)),
+                    pool=pool,
+                    device=device.name,
+                    cdi_device_ids=(cdi.qualified_name(driver, allocation.uid, device.name),),
+                    admin_access=all(r.admin_access for r in of_share),
+                    uuid=device.uuid,
+                    time_slice=intervals.get(device.name, ""),
+                    share_id=share_id,
+                    share_memory=of_share[0].consumed("memory") if share_id else "",
+                )
             )
-        )
     claim = PreparedClaim(
         uid=allocation.uid, namespace=allocation.namespace, name=allocation.name, devices=tuple(entries)
     )
     return PreparePlan(
         claim=claim,
-        spec=cdi.build_spec(driver, allocation.uid, list(devices.values()), inventory),
+        spec=_spec(claim, list(devices.values()), inventory, driver),
         record=True,
         release=tuple(releases.values()),
         replaces=prepared.get(allocation.uid),
     )
+
+
+def _time_slice(
+    config: deviceconfig.DeviceConfig,
+    device: Device,
+    uid: str,
+    prepared: Mapping[str, PreparedClaim],
+    intervals: dict[str, str],
+) -> list[str]:
+    """Record the interval a GPU of the claim is to run at; the problem when another claim runs another."""
+    interval = config.sharing.interval
+    if not isinstance(device, Gpu) or interval == sharing.DEFAULT_INTERVAL:
+        return []
+    clash = sharing.time_slice_conflict(device.uuid, interval, uid, prepared)
+    if clash is not None:
+        other, theirs = clash
+        return [
+            f"device {device.name} cannot run time-slice interval {interval}: claim "
+            f"{other.namespace}/{other.name} ({other.uid}) runs it with interval {theirs}"
+        ]
+    intervals[device.name] = interval
+    return []
 
 
 def decide_unprepare(uid: str, prepared: Mapping[str, PreparedClaim]) -> UnpreparePlan:

@@ -53,6 +53,10 @@ from dra.model.prepared import PreparedClaim
 log = logging.getLogger(__name__)
 
 
+#: The fake GPUs' settings (time slices) in the state directory.
+FAKE_GPU_STATE = "fake-gpu-state.json"
+
+
 class StartupError(Exception):
     """The daemon cannot start; the message says what to fix."""
 
@@ -109,16 +113,25 @@ def serve_http(
 
 
 def gpu_library(
-    fake_gpus: str | None, node_name: str, events: Path | None = None, host_root: Path = Path("/")
+    fake_gpus: str | None,
+    node_name: str,
+    events: Path | None = None,
+    host_root: Path = Path("/"),
+    state_dir: Path | None = None,
 ) -> GpuLibrary:
-    """NVML (device nodes looked up under host_root), or fake GPUs from a profile name or file."""
+    """NVML (device nodes looked up under host_root), or fake GPUs from a profile name or file.
+
+    Fake GPUs keep the settings the driver changes in `state_dir`, as real ones keep them
+    across a driver restart.
+    """
     if not fake_gpus:
         return NvmlLibrary(dev=host_root)
     try:
         profile = load_profile(fake_gpus, node_name)
     except ProfileError as err:
         raise StartupError(f"--fake-gpus: {err}") from None
-    return FakeGpuLibrary(profile, node_name, events)
+    state_file = state_dir / FAKE_GPU_STATE if state_dir is not None else None
+    return FakeGpuLibrary(profile, node_name, events, state_file)
 
 
 def load_inventory(lib: GpuLibrary) -> Inventory:
@@ -221,7 +234,13 @@ async def open_node(settings: DaemonSettings, path: GpuPath | None) -> AsyncIter
     the GPU split is left to the two paths.
     """
     started = time.monotonic()
-    lib = gpu_library(settings.fake_gpus, settings.node_name, settings.fake_gpu_events, settings.host_root)
+    lib = gpu_library(
+        settings.fake_gpus,
+        settings.node_name,
+        settings.fake_gpu_events,
+        settings.host_root,
+        settings.state_directory,
+    )
     everything = load_inventory(lib)
     lease: AssignmentLease | None = None
     inventory = everything

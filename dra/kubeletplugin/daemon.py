@@ -30,6 +30,7 @@ from dra.kubeletplugin.publisher import SlicePublisher
 from dra.kubeletplugin.server import PluginServer
 from dra.kubeletplugin.service import DraService, HealthService
 from dra.kubeletplugin.state import DeviceState
+from dra.kubeletplugin.timeslice import TimeSlicer
 from dra.model.devices import Inventory
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
             inventory,
             CdiStore(settings.cdi_root, settings.driver_name),
             CheckpointStore(settings.checkpoint_path),
+            time_slicer=TimeSlicer(node.lib),
         )
         state.recover()
     except (KubeError, CheckpointError) as err:

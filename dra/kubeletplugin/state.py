@@ -9,6 +9,10 @@ plan in an order that a crash at any point leaves recoverable:
   checkpoint gets its spec back at start-up and is released again on the retry;
 - unprepare removes the spec, then the checkpoint entry; a leftover entry is
   unprepared again when the kubelet retries.
+GPU settings a claim asks (the time-slice interval, dra.kubeletplugin.timeslice)
+are set after the checkpoint records the claim and before the answer, and again
+at start-up for every recorded claim (setting one is idempotent); they are
+restored before the checkpoint entry goes, so a crash never loses track of one.
 Calls are serialised by a lock; they block on file I/O and run in worker threads.
 """
 
@@ -21,7 +25,9 @@ from collections.abc import Iterable, Mapping
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.core import prepare as plans
+from dra.core import sharing
 from dra.core.allocation import ClaimAllocation, ClaimError
+from dra.kubeletplugin.timeslice import TimeSliceError, TimeSlicer
 from dra.model.devices import Inventory
 from dra.model.prepared import PreparedClaim
 
@@ -43,8 +49,10 @@ class DeviceState:
         inventory: Inventory,
         cdi_store: CdiStore,
         checkpoint: CheckpointStore,
+        time_slicer: TimeSlicer | None = None,
     ) -> None:
         self.driver = driver
+        self._time_slicer = time_slicer
         self.pool = node_name
         self.inventory = inventory
         self._cdi = cdi_store
@@ -84,6 +92,11 @@ class DeviceState:
             _warn_missing(plan.missing)
             for uid, spec in plan.write:
                 self._cdi.write(uid, spec)
+            if self._time_slicer is not None:
+                try:
+                    self._time_slicer.apply(sharing.wanted_time_slices(self._prepared))
+                except TimeSliceError as err:
+                    log.error("%s", err)
 
     def prepare(self, allocation: ClaimAllocation, stale: Mapping[str, str] | None = None) -> PreparedClaim:
         """Prepare a claim, releasing the holders `stale` names (UID -> why), or return its recorded answer.
@@ -103,7 +116,19 @@ class DeviceState:
             if isinstance(plan, plans.Refusal):
                 raise ClaimError(plan.message)
             self._apply(plan, allocation)
+            self._apply_gpu_settings(plan, allocation)
             return plan.claim
+
+    def _apply_gpu_settings(self, plan: plans.PreparePlan, allocation: ClaimAllocation) -> None:
+        """Set the claim's time slices (again, on a retry); on failure undo the prepare and say why."""
+        wanted = sharing.wanted_time_slices({plan.claim.uid: plan.claim})
+        if self._time_slicer is None or not wanted:
+            return
+        try:
+            self._time_slicer.apply(wanted)
+        except TimeSliceError as err:
+            self._unprepare_locked(plan.claim.uid)
+            raise ClaimError(f"cannot prepare ResourceClaim {allocation.ref}: {err}") from None
 
     def _apply(self, plan: plans.PreparePlan, allocation: ClaimAllocation) -> None:
         """Effects of a prepare plan in crash-safe order; the caller holds the lock."""
@@ -147,12 +172,17 @@ class DeviceState:
     def unprepare(self, uid: str) -> PreparedClaim | None:
         """Undo a prepare; an unknown claim is fine (its stray spec, if any, goes too)."""
         with self._lock:
-            plan = plans.decide_unprepare(uid, self._prepared)
-            self._cdi.remove(plan.uid)
-            if plan.claim is None:
-                return None
-            updated = {k: v for k, v in self._prepared.items() if k != plan.uid}
-            self._checkpoint.save(updated)
-            self._prepared = updated
-            log.info("unprepared claim %s/%s (%s)", plan.claim.namespace, plan.claim.name, uid)
-            return plan.claim
+            return self._unprepare_locked(uid)
+
+    def _unprepare_locked(self, uid: str) -> PreparedClaim | None:
+        plan = plans.decide_unprepare(uid, self._prepared)
+        self._cdi.remove(plan.uid)
+        if plan.claim is None:
+            return None
+        if self._time_slicer is not None:
+            self._time_slicer.restore(sharing.time_slices_to_restore(uid, self._prepared))
+        updated = {k: v for k, v in self._prepared.items() if k != plan.uid}
+        self._checkpoint.save(updated)
+        self._prepared = updated
+        log.info("unprepared claim %s/%s (%s)", plan.claim.namespace, plan.claim.name, uid)
+        return plan.claim

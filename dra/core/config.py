@@ -21,10 +21,27 @@ MIG_DEVICE_CONFIG = "MigDeviceConfig"
 
 STRATEGIES = ("TimeSlicing", "MPS")
 INTERVALS = ("Default", "Short", "Medium", "Long")
+MPS_FIELDS = {
+    "defaultActiveThreadPercentage",
+    "defaultPinnedDeviceMemoryLimit",
+    "defaultPerDevicePinnedMemoryLimit",
+}
 
 
 class ConfigError(ValueError):
     """Invalid or unsupported parameters; the message names the field."""
+
+
+@dataclass(frozen=True)
+class MpsConfig:
+    """GpuConfig/MigDeviceConfig `sharing.mpsConfig`: limits of the claim's MPS control daemon."""
+
+    #: defaultActiveThreadPercentage: 1..100, None for MPS's own default (100).
+    active_thread_percentage: int | None = None
+    #: defaultPinnedDeviceMemoryLimit: a quantity ("10Gi") for every device of the claim.
+    pinned_memory_limit: str | None = None
+    #: defaultPerDevicePinnedMemoryLimit: (GPU index or UUID, quantity), overriding the default.
+    per_device_pinned_memory_limit: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -33,6 +50,7 @@ class Sharing:
 
     strategy: str = "TimeSlicing"
     interval: str = "Default"
+    mps: MpsConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -80,7 +98,36 @@ def _sharing(raw: object, kind: str, where: str) -> Sharing:
                 f"{where}.timeSlicingConfig.interval: {interval} is not supported by this driver; "
                 "only Default (the GPU's own time slice) is"
             )
-    return Sharing(strategy=str(strategy), interval=str(interval))
+    mps = _mps(raw.get("mpsConfig"), f"{where}.mpsConfig") if strategy == "MPS" else None
+    return Sharing(strategy=str(strategy), interval=str(interval), mps=mps)
+
+
+def _mps(raw: object, where: str) -> MpsConfig:
+    if raw is None:
+        return MpsConfig()
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: expected an object")
+    _strict_keys(raw, MPS_FIELDS, where)
+    percentage = raw.get("defaultActiveThreadPercentage")
+    if percentage is not None and (
+        isinstance(percentage, bool) or not isinstance(percentage, int) or not 1 <= percentage <= 100
+    ):
+        raise ConfigError(
+            f"{where}.defaultActiveThreadPercentage: {percentage!r} is not a whole number 1-100"
+        )
+    limit = raw.get("defaultPinnedDeviceMemoryLimit")
+    if limit is not None and not isinstance(limit, str):
+        raise ConfigError(f'{where}.defaultPinnedDeviceMemoryLimit: expected a quantity such as "10Gi"')
+    per_device = raw.get("defaultPerDevicePinnedMemoryLimit") or {}
+    if not isinstance(per_device, Mapping) or not all(isinstance(v, str) for v in per_device.values()):
+        raise ConfigError(
+            f"{where}.defaultPerDevicePinnedMemoryLimit: expected an object of GPU index or UUID -> quantity"
+        )
+    return MpsConfig(
+        active_thread_percentage=percentage,
+        pinned_memory_limit=limit,
+        per_device_pinned_memory_limit=tuple(sorted((str(k), str(v)) for k, v in per_device.items())),
+    )
 
 
 def parse(parameters: Mapping[str, Any]) -> DeviceConfig:

@@ -77,11 +77,8 @@ def _sharing(raw: object, kind: str, where: str) -> Sharing:
     strategy = raw.get("strategy", "TimeSlicing")
     if strategy not in STRATEGIES:
         raise ConfigError(f"{where}.strategy: {strategy!r} is not one of {list(STRATEGIES)}")
-    if strategy == "MPS" or "mpsConfig" in raw:
-        raise ConfigError(
-            f"{where}: MPS sharing is not supported by this driver (it runs no MPS control daemon); "
-            "use strategy TimeSlicing"
-        )
+    if "mpsConfig" in raw and strategy != "MPS":
+        raise ConfigError(f"{where}.mpsConfig: only with strategy MPS (the strategy is {strategy})")
     interval = "Default"
     slicing = raw.get("timeSlicingConfig")
     if slicing is not None:
@@ -92,11 +89,6 @@ def _sharing(raw: object, kind: str, where: str) -> Sharing:
         if interval not in INTERVALS:
             raise ConfigError(
                 f"{where}.timeSlicingConfig.interval: {interval!r} is not one of {list(INTERVALS)}"
-            )
-        if interval != "Default":
-            raise ConfigError(
-                f"{where}.timeSlicingConfig.interval: {interval} is not supported by this driver; "
-                "only Default (the GPU's own time slice) is"
             )
     mps = _mps(raw.get("mpsConfig"), f"{where}.mpsConfig") if strategy == "MPS" else None
     return Sharing(strategy=str(strategy), interval=str(interval), mps=mps)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dra.core.config import ConfigError, DeviceConfig, Sharing, effective, parse
+from dra.core.config import ConfigError, DeviceConfig, MpsConfig, Sharing, effective, parse
 from dra.model.devices import Device
 from tests.unit.helpers import inventory
 
@@ -94,27 +94,57 @@ def test_invalid_configs_name_the_field(parameters: dict[str, Any], message: str
     assert message in str(err.value)
 
 
+def test_mps_limits_are_parsed() -> None:
+    config = parse(
+        _gpu_config(
+            sharing={
+                "strategy": "MPS",
+                "mpsConfig": {
+                    "defaultActiveThreadPercentage": 50,
+                    "defaultPinnedDeviceMemoryLimit": "10Gi",
+                    "defaultPerDevicePinnedMemoryLimit": {"0": "5Gi"},
+                },
+            }
+        )
+    )
+    assert config.sharing == Sharing("MPS", "Default", MpsConfig(50, "10Gi", (("0", "5Gi"),)))
+    assert parse(_mig_config(sharing={"strategy": "MPS"})).sharing == Sharing("MPS", mps=MpsConfig())
+
+
 @pytest.mark.parametrize(
-    "parameters",
+    ("mps", "message"),
     [
-        _gpu_config(sharing={"strategy": "MPS"}),
-        _gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}),
-        _gpu_config(sharing={"strategy": "TimeSlicing", "mpsConfig": {}}),
-        _mig_config(sharing={"strategy": "MPS"}),
+        (
+            {"defaultActiveThreadPercentage": 0},
+            "defaultActiveThreadPercentage: 0 is not a whole number 1-100",
+        ),
+        ({"defaultActiveThreadPercentage": 101}, "defaultActiveThreadPercentage: 101 is not a whole"),
+        ({"defaultActiveThreadPercentage": "50"}, "defaultActiveThreadPercentage: '50' is not a whole"),
+        ({"defaultPinnedDeviceMemoryLimit": 10}, "defaultPinnedDeviceMemoryLimit: expected a quantity"),
+        (
+            {"defaultPerDevicePinnedMemoryLimit": ["0"]},
+            "defaultPerDevicePinnedMemoryLimit: expected an object",
+        ),
+        ({"clients": 4}, "GpuConfig.sharing.mpsConfig: unknown field(s) ['clients']"),
     ],
 )
-def test_mps_is_refused_with_a_reason(parameters: dict[str, Any]) -> None:
+def test_bad_mps_limits_are_refused_with_the_field(mps: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError) as err:
-        parse(parameters)
-    assert "MPS sharing is not supported by this driver" in str(err.value)
-    assert "use strategy TimeSlicing" in str(err.value)
+        parse(_gpu_config(sharing={"strategy": "MPS", "mpsConfig": mps}))
+    assert message in str(err.value)
+
+
+def test_mps_config_needs_the_mps_strategy() -> None:
+    with pytest.raises(ConfigError, match=r"sharing.mpsConfig: only with strategy MPS \(the strategy is"):
+        parse(_gpu_config(sharing={"strategy": "TimeSlicing", "mpsConfig": {}}))
 
 
 @pytest.mark.parametrize("interval", ["Short", "Medium", "Long"])
-def test_only_the_default_time_slice_is_supported(interval: str) -> None:
-    with pytest.raises(ConfigError) as err:
-        parse(_gpu_config(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}}))
-    assert f"interval: {interval} is not supported by this driver; only Default" in str(err.value)
+def test_every_time_slice_interval_is_accepted(interval: str) -> None:
+    config = parse(
+        _gpu_config(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}})
+    )
+    assert config.sharing == Sharing("TimeSlicing", interval)
 
 
 # -- the configuration of one device -----------------------------------------------------------
@@ -151,5 +181,5 @@ def test_every_applicable_config_is_validated_and_the_last_wins() -> None:
     assert effective(configs, _device("gpu-0")) == DeviceConfig(
         "GpuConfig", Sharing("TimeSlicing", "Default")
     )
-    with pytest.raises(ConfigError, match="MPS"):
-        effective([_gpu_config(sharing={"strategy": "MPS"}), _gpu_config()], _device("gpu-0"))
+    with pytest.raises(ConfigError, match="Exclusive"):
+        effective([_gpu_config(sharing={"strategy": "Exclusive"}), _gpu_config()], _device("gpu-0"))

@@ -240,14 +240,15 @@ def test_every_problem_of_a_claim_is_reported_at_once(paths: Paths) -> None:
 
 
 def test_an_invalid_config_is_refused(paths: Paths) -> None:
-    mps = OpaqueConfig(
+    bad = OpaqueConfig(
         "FromClaim",
         (),
-        {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS"}},
+        {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "Spread"}},
     )
-    message = _refused(paths.state(), _allocation(UID_A, "gpu-0", configs=(mps,)))
+    message = _refused(paths.state(), _allocation(UID_A, "gpu-0", configs=(bad,)))
     assert (
-        "invalid configuration for device gpu-0: GpuConfig.sharing: MPS sharing is not supported" in message
+        "invalid configuration for device gpu-0: GpuConfig.sharing.strategy: 'Spread' is not one of"
+        in message
     )
     assert paths.specs() == []
 

@@ -196,6 +196,14 @@ def build_parser() -> argparse.ArgumentParser:
         http_default=":8080",
     )
     option(plugin, "--kubeconfig", "kubeconfig file; default: the in-cluster service account")
+    option(
+        plugin,
+        "--shareable-gpus",
+        "full GPUs published for several claims at once, each consuming part of the memory "
+        "(capacity.requests.memory; needs DRAConsumableCapacity): all, or a list as for --dra-gpus; "
+        "default: none (every GPU exclusive)",
+        type=_selector,
+    )
 
     dp = sub.add_parser(
         "device-plugin",
@@ -410,6 +418,7 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
     settings = PluginSettings(
         **_daemon_settings(args),
         kubeconfig=args.kubeconfig or None,
+        shareable_gpus=args.shareable_gpus,
     )
     anyio.run(run_kubelet_plugin, settings, backend="asyncio")
     return 0

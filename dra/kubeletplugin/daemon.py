@@ -14,7 +14,7 @@ from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointError, CheckpointStore
 from dra.adapters.kube import KubeClient, KubeError
 from dra.core import versions
-from dra.core.assignment import GpuPath
+from dra.core.assignment import GpuPath, Selector, select
 from dra.daemon import metrics
 from dra.daemon.bootstrap import (
     DaemonSettings,
@@ -41,6 +41,8 @@ class PluginSettings(DaemonSettings):
     """Everything the kubelet-plugin command is told."""
 
     kubeconfig: str | None = None
+    #: Full GPUs published for several claims at once (consumable shares); None: all exclusive.
+    shareable_gpus: Selector | None = None
 
 
 async def check_server(kube: KubeClient) -> None:
@@ -90,7 +92,13 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
     metrics.PREPARED_CLAIMS.set(len(state.prepared))
     warn_about_stranded_claims(node.everything, inventory, state.prepared.values())
 
-    publisher = SlicePublisher(kube, settings.driver_name, settings.node_name, inventory)
+    if settings.shareable_gpus is not None:
+        _, unmatched = select(settings.shareable_gpus, inventory)
+        if unmatched:
+            log.warning("--shareable-gpus: no DRA GPU of this node matches %s", ", ".join(unmatched))
+    publisher = SlicePublisher(
+        kube, settings.driver_name, settings.node_name, inventory, shareable=settings.shareable_gpus
+    )
     dra = DraService(settings.driver_name, settings.node_name, state, kube)
     try:
         server = PluginServer(

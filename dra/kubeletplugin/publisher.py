@@ -15,10 +15,20 @@ import anyio
 
 from dra.adapters.kube import ConflictError, KubeClient, KubeError
 from dra.core import slices
+from dra.core.assignment import Selector, select
 from dra.daemon import metrics
 from dra.model.devices import Inventory
 
 log = logging.getLogger(__name__)
+
+
+def shareable_gpus(selector: Selector | None, inventory: Inventory) -> frozenset[str]:
+    """Names of the GPUs --shareable-gpus picks (none by default: GPUs are exclusive)."""
+    if selector is None:
+        return frozenset()
+    chosen, _ = select(selector, inventory)
+    return frozenset(gpu.name for gpu in chosen if not gpu.mig_enabled)
+
 
 _BACKOFF_START = 0.5
 _BACKOFF_MAX = 30.0
@@ -27,8 +37,16 @@ _BACKOFF_MAX = 30.0
 class SlicePublisher:
     """Publishes one pool (named after the node) for one driver."""
 
-    def __init__(self, kube: KubeClient, driver: str, node_name: str, inventory: Inventory) -> None:
+    def __init__(
+        self,
+        kube: KubeClient,
+        driver: str,
+        node_name: str,
+        inventory: Inventory,
+        shareable: Selector | None = None,
+    ) -> None:
         self._kube = kube
+        self._shareable = shareable
         self.driver = driver
         self.node_name = node_name
         self._inventory = inventory
@@ -59,7 +77,14 @@ class SlicePublisher:
             self._node_uid = str(node["metadata"]["uid"])
         version, inventory = self._inventory_version, self._inventory
         existing, _ = await self._kube.list_resource_slices(self.driver, self.node_name)
-        desired = slices.build_slices(inventory, self.driver, self.node_name, self._node_uid, generation=0)
+        desired = slices.build_slices(
+            inventory,
+            self.driver,
+            self.node_name,
+            self._node_uid,
+            generation=0,
+            shareable=shareable_gpus(self._shareable, inventory),
+        )
         plan = slices.plan(desired, existing, self._generation)
         for obj in plan.create:
             await self._kube.create_resource_slice(obj)

@@ -1,0 +1,142 @@
+"""GPU sharing end to end: consumable shares packed by the scheduler, time slices set while a pod runs.
+
+Profile `h100x8` (81559 MiB per GPU); gpu-0 is shareable (--shareable-gpus=0), the
+others exclusive. The claims select gpu-0 or gpu-1 only, so where each pod lands
+is decided by the shares alone.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from localcluster.cluster import ClusterInfo
+from localcluster.driverprocess import DriverProcess
+from localcluster.kube import Kube, Obj, wait_for
+from localcluster.workloads import (
+    DRIVER,
+    allocated_devices,
+    container_record,
+    delete_pods_and_wait,
+    ensure_device_classes,
+    gpu_pod,
+    pod_claim,
+)
+
+pytestmark = pytest.mark.cluster
+
+FIRST_TWO = f'device.attributes["{DRIVER}"].index <= 1'
+
+
+@pytest.fixture(scope="module")
+def driver(
+    cluster: ClusterInfo, kube: Kube, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DriverProcess]:
+    """The driver on h100x8 with gpu-0 shareable."""
+    ensure_device_classes(kube)
+    workdir = tmp_path_factory.mktemp("sharing")
+    process = DriverProcess(
+        cluster, "h100x8", workdir / "driver.log", extra_args=("--shareable-gpus=0",)
+    ).start()
+    yield process
+    assert process.stop() == 0, process.log_path.read_text()
+
+
+def _template(
+    kube: Kube, namespace: str, name: str, memory: str | None = None, config: Obj | None = None
+) -> None:
+    exactly: dict[str, Any] = {
+        "deviceClassName": DRIVER,
+        "selectors": [{"cel": {"expression": FIRST_TWO}}],
+    }
+    if memory:
+        exactly["capacity"] = {"requests": {"memory": memory}}
+    devices: dict[str, Any] = {"requests": [{"name": "gpu", "exactly": exactly}]}
+    if config:
+        devices["config"] = [{"opaque": {"driver": DRIVER, "parameters": config}}]
+    kube.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"spec": {"devices": devices}},
+        }
+    )
+
+
+def _result(claim: Obj) -> Obj:
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    return dict(result)
+
+
+def test_shares_are_packed_on_one_gpu_and_freed_with_their_pod(
+    driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str
+) -> None:
+    _template(kube, namespace, "share-20", "20Gi")
+    _template(kube, namespace, "share-30", "30Gi")
+    for name in ("a", "b", "c"):
+        gpu_pod(kube, namespace, name, "share-20")
+    for name in ("a", "b", "c"):
+        kube.wait_pod_phase(name, namespace)
+    claims = {name: pod_claim(kube, namespace, name) for name in ("a", "b", "c")}
+    assert {allocated_devices(c)[0] for c in claims.values()} == {"gpu-0"}
+    share_ids = {_result(c)["shareID"] for c in claims.values()}
+    assert len(share_ids) == 3
+
+    record = container_record(cluster, namespace, "a")
+    assert record["env"]["DRA_GPU_SHARE_MEMORY"] == "20Gi"
+    assert record["env"]["DRA_GPU_SHARE_ID"] == _result(claims["a"])["shareID"]
+    checkpointed = json.loads(driver.checkpoint.read_text())["claims"]
+    assert {
+        checkpointed[c["metadata"]["uid"]]["devices"][0]["share_id"] for c in claims.values()
+    } == share_ids
+
+    # 60Gi of gpu-0's 79Gi are taken: 30Gi goes to the other GPU, whole.
+    gpu_pod(kube, namespace, "d", "share-30")
+    kube.wait_pod_phase("d", namespace)
+    assert allocated_devices(pod_claim(kube, namespace, "d")) == ["gpu-1"]
+
+    # Nothing has 20Gi left until a share is freed.
+    gpu_pod(kube, namespace, "e", "share-20")
+    time.sleep(3)
+    assert kube.get("v1", "Pod", "e", namespace)["status"]["phase"] == "Pending"
+    kube.delete("v1", "Pod", "a", namespace, grace_period=0)
+    kube.wait_pod_phase("e", namespace, timeout=90)
+    assert allocated_devices(pod_claim(kube, namespace, "e")) == ["gpu-0"]
+
+    delete_pods_and_wait(kube, cluster, namespace, [])
+    wait_for(
+        "the checkpoint to empty", lambda: not json.loads(driver.checkpoint.read_text())["claims"], timeout=30
+    )
+
+
+def _level(driver: DriverProcess, uuid: str) -> int:
+    path = Path(driver.cluster.kubelet_root) / "plugins" / DRIVER / "fake-gpu-state.json"
+    state = json.loads(path.read_text()) if path.exists() else {}
+    return int(state.get(uuid, {}).get("timeSlice", 0))
+
+
+def test_the_time_slice_is_set_while_the_pod_runs_and_restored_after(
+    driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str
+) -> None:
+    config = {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
+    }
+    _template(kube, namespace, "long", config=config)
+    gpu_pod(kube, namespace, "worker", "long")
+    kube.wait_pod_phase("worker", namespace)
+    claim = pod_claim(kube, namespace, "worker")
+    [device] = allocated_devices(claim)
+    uuid = container_record(cluster, namespace, "worker")["env"][
+        f"DRA_GPU_{device.upper().replace('-', '_')}_UUID"
+    ]
+    assert _level(driver, uuid) == 3
+
+    delete_pods_and_wait(kube, cluster, namespace, [claim])
+    wait_for("the GPU back at the default time slice", lambda: _level(driver, uuid) == 0, timeout=30)

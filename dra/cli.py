@@ -204,6 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
         "default: none (every GPU exclusive)",
         type=_selector,
     )
+    option(
+        plugin,
+        "--mps-control",
+        "the nvidia-cuda-mps-control binary that runs a claim's MPS control daemon; default: "
+        "nvidia-cuda-mps-control on PATH (with --fake-gpus: the fake one, python -m dra.gpu.fakemps)",
+    )
 
     dp = sub.add_parser(
         "device-plugin",
@@ -419,6 +425,7 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
         **_daemon_settings(args),
         kubeconfig=args.kubeconfig or None,
         shareable_gpus=args.shareable_gpus,
+        mps_control=args.mps_control or None,
     )
     anyio.run(run_kubelet_plugin, settings, backend="asyncio")
     return 0

@@ -52,6 +52,9 @@ def _claim_from_json(uid: str, data: Mapping[str, Any]) -> PreparedClaim:
                 time_slice=str(d.get("time_slice", "")),
                 share_id=str(d.get("share_id", "")),
                 share_memory=str(d.get("share_memory", "")),
+                mps=bool(d.get("mps", False)),
+                mps_thread_percentage=int(d.get("mps_thread_percentage", 0)),
+                mps_pinned_limit=str(d.get("mps_pinned_limit", "")),
             )
             for d in data["devices"]
         ),

@@ -127,11 +127,15 @@ def build_spec(
     inventory: Inventory,
     *,
     device_env: Mapping[str, Sequence[str]] | None = None,
+    claim_edits: Obj | None = None,
 ) -> Obj:
     """The CDI spec of one claim's devices on this node; it composes with any other claim's spec.
 
     `device_env` adds KEY=value lines to a device's edits by device name (what
     belongs to this claim's use of it, such as its share of a shared GPU).
+    `claim_edits` (env, mounts) go to the spec-wide edits, which the runtime
+    applies once for a container that uses any device of the claim, so a
+    container referencing two requests of it does not get a mount twice.
     """
     claim_env = f"{claim_env_key(claim_uid)}={claim_uid}"
     extra = device_env or {}
@@ -145,8 +149,17 @@ def build_spec(
             }
             for d in devices
         ],
-        "containerEdits": _common_edits(inventory, [f"{VISIBLE_DEVICES}={NO_GPUS}"]),
+        "containerEdits": _with_claim_edits(
+            _common_edits(inventory, [f"{VISIBLE_DEVICES}={NO_GPUS}"]), claim_edits or {}
+        ),
     }
+
+
+def _with_claim_edits(common: Obj, claim: Obj) -> Obj:
+    merged = dict(common)
+    for key, values in claim.items():
+        merged[key] = [*merged.get(key, []), *values]
+    return merged
 
 
 def device_kind(driver: str) -> str:

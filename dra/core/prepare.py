@@ -133,18 +133,21 @@ def _devices_of(claim: PreparedClaim, inventory: Inventory) -> tuple[list[Device
     return found, missing
 
 
-def _spec(claim: PreparedClaim, devices: list[Device], inventory: Inventory, driver: str) -> Obj:
+def _spec(
+    claim: PreparedClaim, devices: list[Device], inventory: Inventory, driver: str, mps_root: str
+) -> Obj:
     share_env = {d.device: sharing.share_env(d) for d in claim.devices}
     unique = list({d.name: d for d in devices}.values())
-    return cdi.build_spec(driver, claim.uid, unique, inventory, device_env=share_env)
+    mps = sharing.mps_edits(claim, mps_root)
+    return cdi.build_spec(driver, claim.uid, unique, inventory, device_env=share_env, claim_edits=mps)
 
 
 def _respec(
-    claim: PreparedClaim, inventory: Inventory, driver: str
+    claim: PreparedClaim, inventory: Inventory, driver: str, mps_root: str
 ) -> tuple[Obj | None, list[MissingDevice]]:
     """The spec a prepared claim's devices still present on the node give, or None when none is."""
     devices, missing = _devices_of(claim, inventory)
-    return (_spec(claim, devices, inventory, driver) if devices else None), missing
+    return (_spec(claim, devices, inventory, driver, mps_root) if devices else None), missing
 
 
 def decide_prepare(
@@ -156,6 +159,7 @@ def decide_prepare(
     pool: str,
     stale: Mapping[str, str],
     has_spec: bool,
+    mps_root: str = "",
 ) -> PreparePlan | Refusal:
     """What preparing `allocation` takes, given the facts about its holders.
 
@@ -163,16 +167,18 @@ def decide_prepare(
     gone (see `conflicts`); a holder not in it is live and refuses the claim.
     `has_spec` says whether the claim's spec is on disk. A claim already prepared
     with the same devices gets its recorded answer, and its spec back if missing.
+    `mps_root` is where claims' MPS daemons keep their directories ("": no MPS here).
     """
     existing = _up_to_date(allocation, prepared)
     if existing is not None:
-        spec, missing = (None, []) if has_spec else _respec(existing, inventory, driver)
+        spec, missing = (None, []) if has_spec else _respec(existing, inventory, driver, mps_root)
         return PreparePlan(claim=existing, spec=spec, missing=tuple(missing))
 
     problems: list[str] = []
     releases: dict[str, Release] = {}
     devices: dict[str, Device] = {}
     intervals: dict[str, str] = {}
+    mps: list[sharing.MpsRequest] = []
     for result in allocation.devices:
         if result.pool != pool:
             problems.append(
@@ -199,7 +205,13 @@ def decide_prepare(
             problems.append(f"invalid configuration for device {result.device}: {err}")
         else:
             problems.extend(_time_slice(config, device, allocation.uid, prepared, intervals))
+            if config.sharing.mps is not None and device.name not in devices:
+                mps.append(sharing.MpsRequest(device, config.sharing.mps, result.consumed("memory")))
         devices[device.name] = device
+    if mps and not mps_root:
+        problems.append("MPS is not available on this node (the driver runs no MPS control daemons)")
+    mps_settings, mps_problems = sharing.decide_mps(mps)
+    problems.extend(mps_problems)
     if problems:
         return Refusal(f"cannot prepare ResourceClaim {allocation.ref}: " + "; ".join(problems))
 
@@ -220,6 +232,7 @@ def decide_prepare(
                     time_slice=intervals.get(device.name, ""),
                     share_id=share_id,
                     share_memory=of_share[0].consumed("memory") if share_id else "",
+                    **_mps_fields(mps_settings.get(device.name)),
                 )
             )
     claim = PreparedClaim(
@@ -227,11 +240,21 @@ def decide_prepare(
     )
     return PreparePlan(
         claim=claim,
-        spec=_spec(claim, list(devices.values()), inventory, driver),
+        spec=_spec(claim, list(devices.values()), inventory, driver, mps_root),
         record=True,
         release=tuple(releases.values()),
         replaces=prepared.get(allocation.uid),
     )
+
+
+def _mps_fields(setting: sharing.MpsSetting | None) -> dict[str, Any]:
+    if setting is None:
+        return {}
+    return {
+        "mps": True,
+        "mps_thread_percentage": setting.thread_percentage,
+        "mps_pinned_limit": setting.pinned_limit,
+    }
 
 
 def _time_slice(
@@ -262,7 +285,12 @@ def decide_unprepare(uid: str, prepared: Mapping[str, PreparedClaim]) -> Unprepa
 
 
 def decide_recover(
-    prepared: Mapping[str, PreparedClaim], inventory: Inventory, specs: Collection[str], *, driver: str
+    prepared: Mapping[str, PreparedClaim],
+    inventory: Inventory,
+    specs: Collection[str],
+    *,
+    driver: str,
+    mps_root: str = "",
 ) -> RecoverPlan:
     """After a restart, given the UIDs of the claim specs on disk: which to remove, which to write again.
 
@@ -277,7 +305,7 @@ def decide_recover(
     writes: list[tuple[str, Obj]] = []
     missing: list[MissingDevice] = []
     for uid, claim in prepared.items():
-        spec, gone = _respec(claim, inventory, driver)
+        spec, gone = _respec(claim, inventory, driver, mps_root)
         missing.extend(gone)
         if spec is not None and (uid not in specs or not gone):
             writes.append((uid, spec))

@@ -11,12 +11,21 @@ setting that competes with another claim's.
 Consumable shares (KEP-5075): a shareable GPU is allocated to several claims,
 each result carrying a share ID and the capacity it consumes; the container
 learns its share from environment variables.
+
+MPS: a claim whose devices use strategy MPS gets its own MPS control daemon
+(dra.kubeletplugin.mps); its containers reach it through the claim's pipe
+directory mounted at /tmp/nvidia-mps and share its /dev/shm.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
+from dra.core.config import MpsConfig
+from dra.model.devices import Device, MigDevice
 from dra.model.prepared import PreparedClaim, PreparedDevice
 
 #: nvidia-smi's time-slice levels, by the interval names of GpuConfig.
@@ -71,3 +80,159 @@ def share_env(device: PreparedDevice) -> list[str]:
     if device.share_memory:
         env.append(f"{SHARE_MEMORY_ENV}={device.share_memory}")
     return env
+
+
+# -- MPS -----------------------------------------------------------------------------------------
+
+#: Where containers find the claim's MPS pipe directory (NVIDIA's choice, kept for portability).
+MPS_CONTAINER_PIPE = "/tmp/nvidia-mps"
+#: MPS runs on GPUs of compute capability 3.5 and newer (NVIDIA's MPS documentation).
+MPS_MIN_COMPUTE_CAPABILITY = (3, 5)
+_QUANTITY = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_FACTORS = {
+    "": 1,
+    **{s: 1024 ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{s: 1000 ** (i + 1) for i, s in enumerate(("k", "M", "G", "T", "P", "E"))},
+}
+
+
+@dataclass(frozen=True)
+class MpsDirs:
+    """A claim's MPS directories on the host: the daemon's pipes, its logs, the clients' /dev/shm."""
+
+    root: str
+    pipe: str
+    log: str
+    shm: str
+
+
+def mps_dirs(mps_root: str, uid: str) -> MpsDirs:
+    """The directories of claim `uid`'s MPS daemon under the driver's MPS root."""
+    root = f"{mps_root.rstrip('/')}/{uid}"
+    return MpsDirs(root=root, pipe=f"{root}/pipe", log=f"{root}/log", shm=f"{root}/shm")
+
+
+def quantity_bytes(text: str) -> int:
+    """Bytes of a whole-number quantity ("20Gi", "512M"); ValueError for anything else.
+
+    A subset of Kubernetes quantities (no fractions or exponents), which memory limits need;
+    dra.cel.quantity has the full grammar but is a sibling layer of dra.core.
+    """
+    found = _QUANTITY.match(text.strip())
+    if not found:
+        raise ValueError(f"{text!r} is not a whole-number memory quantity such as 10Gi or 512Mi")
+    factor: int = _FACTORS[found.group(2) or ""]
+    return int(found.group(1)) * factor
+
+
+def mps_limit(value: int) -> str:
+    """A byte count as MPS's pinned memory limit value, in whole MiB rounded down ("20480M")."""
+    return f"{value // 1024**2}M"
+
+
+def mps_devices(claim: PreparedClaim) -> list[PreparedDevice]:
+    """The claim's devices its MPS daemon serves, in CUDA_VISIBLE_DEVICES order (one per device)."""
+    return list({d.device: d for d in claim.devices if d.mps}.values())
+
+
+def mps_edits(claim: PreparedClaim, mps_root: str) -> dict[str, Any] | None:
+    """CDI edits that connect a container to its claim's MPS daemon; None when the claim uses none."""
+    devices = mps_devices(claim)
+    if not devices:
+        return None
+    dirs = mps_dirs(mps_root, claim.uid)
+    env = [f"CUDA_MPS_PIPE_DIRECTORY={MPS_CONTAINER_PIPE}"]
+    if devices[0].mps_thread_percentage:
+        env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={devices[0].mps_thread_percentage}")
+    limits = [f"{i}={d.mps_pinned_limit}" for i, d in enumerate(devices) if d.mps_pinned_limit]
+    if limits:
+        env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={','.join(limits)}")
+    options = ["rbind", "rw", "nosuid", "nodev"]
+    return {
+        "env": env,
+        "mounts": [
+            {"hostPath": dirs.pipe, "containerPath": MPS_CONTAINER_PIPE, "options": options},
+            {"hostPath": dirs.shm, "containerPath": "/dev/shm", "options": options},
+        ],
+    }
+
+
+@dataclass(frozen=True)
+class MpsSetting:
+    """What the claim's MPS daemon is told about one device."""
+
+    thread_percentage: int
+    pinned_limit: str
+
+
+@dataclass(frozen=True)
+class MpsRequest:
+    """One device of a claim that asks MPS: the device, its mpsConfig, its share's memory ("" if none)."""
+
+    device: Device
+    config: MpsConfig
+    share_memory: str = ""
+
+
+def _compute_capability(device: Device) -> tuple[int, ...]:
+    gpu = device.parent if isinstance(device, MigDevice) else device
+    return tuple(int(part) for part in gpu.cuda_compute_capability.split(".")[:2] if part.isdigit())
+
+
+def decide_mps(requests: Sequence[MpsRequest]) -> tuple[dict[str, MpsSetting], list[str]]:
+    """The MPS setting of each device (by name) of one claim, or the problems that refuse the claim.
+
+    Devices are numbered from 0 in the order given, which is the order of the
+    daemon's CUDA_VISIBLE_DEVICES; a per-device limit names a device by that
+    number or by UUID. A device's pinned limit is its per-device limit, else
+    the default limit, else the memory of its share; never above either the
+    device's memory or its share.
+    """
+    problems: list[str] = []
+    ordinals = {str(i): r.device.name for i, r in enumerate(requests)}
+    ordinals |= {r.device.uuid: r.device.name for r in requests}
+    listed = ", ".join(f"{i}={r.device.uuid}" for i, r in enumerate(requests))
+    settings: dict[str, MpsSetting] = {}
+    for request in requests:
+        device, config = request.device, request.config
+        if _compute_capability(device) < MPS_MIN_COMPUTE_CAPABILITY:
+            problems.append(
+                f"device {device.name} cannot run MPS: it needs compute capability 3.5 or newer, "
+                f"the GPU has {_compute_capability(device)}"
+            )
+            continue
+        per_device = {}
+        for key, value in config.per_device_pinned_memory_limit:
+            if key not in ordinals:
+                problems.append(
+                    f"mpsConfig.defaultPerDevicePinnedMemoryLimit: {key!r} is not a device of this claim "
+                    f"(its MPS devices: {listed})"
+                )
+            elif ordinals[key] == device.name:
+                per_device[key] = value
+        limit_text = (
+            next(iter(per_device.values()), None) or config.pinned_memory_limit or request.share_memory
+        )
+        try:
+            limit = quantity_bytes(limit_text) if limit_text else 0
+            share = quantity_bytes(request.share_memory) if request.share_memory else device.memory_bytes
+        except ValueError as err:
+            problems.append(f"device {device.name}: pinned memory limit: {err}")
+            continue
+        if limit > device.memory_bytes:
+            problems.append(
+                f"device {device.name}: pinned memory limit {limit_text} is above the device's memory "
+                f"({device.memory_bytes // 1024**2} MiB)"
+            )
+            continue
+        if limit > share:
+            problems.append(
+                f"device {device.name}: pinned memory limit {limit_text} is above "
+                f"its share ({request.share_memory})"
+            )
+            continue
+        settings[device.name] = MpsSetting(
+            thread_percentage=config.active_thread_percentage or 0,
+            pinned_limit=mps_limit(limit) if limit else "",
+        )
+    return settings, sorted(set(problems))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from dra.daemon.bootstrap import (
 )
 from dra.daemon.rediscovery import Rediscovery
 from dra.daemon.sockets import SocketPathError
+from dra.kubeletplugin.mps import MpsDaemons
 from dra.kubeletplugin.publisher import SlicePublisher
 from dra.kubeletplugin.server import PluginServer
 from dra.kubeletplugin.service import DraService, HealthService
@@ -43,6 +45,17 @@ class PluginSettings(DaemonSettings):
     kubeconfig: str | None = None
     #: Full GPUs published for several claims at once (consumable shares); None: all exclusive.
     shareable_gpus: Selector | None = None
+    #: The MPS control binary; None: nvidia-cuda-mps-control on PATH, or the fake one with fake GPUs.
+    mps_control: str | None = None
+
+    @property
+    def mps_command(self) -> list[str]:
+        """How to run nvidia-cuda-mps-control (dra.gpu.fakemps with fake GPUs, unless told otherwise)."""
+        if self.mps_control:
+            return [self.mps_control]
+        if self.fake_gpus:
+            return [sys.executable, "-m", "dra.gpu.fakemps"]
+        return ["nvidia-cuda-mps-control"]
 
 
 async def check_server(kube: KubeClient) -> None:
@@ -83,6 +96,7 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
             CdiStore(settings.cdi_root, settings.driver_name),
             CheckpointStore(settings.checkpoint_path),
             time_slicer=TimeSlicer(node.lib),
+            mps=MpsDaemons(settings.state_directory / "mps", settings.mps_command),
         )
         state.recover()
     except (KubeError, CheckpointError) as err:

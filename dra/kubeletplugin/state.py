@@ -9,10 +9,12 @@ plan in an order that a crash at any point leaves recoverable:
   checkpoint gets its spec back at start-up and is released again on the retry;
 - unprepare removes the spec, then the checkpoint entry; a leftover entry is
   unprepared again when the kubelet retries.
-GPU settings a claim asks (the time-slice interval, dra.kubeletplugin.timeslice)
-are set after the checkpoint records the claim and before the answer, and again
-at start-up for every recorded claim (setting one is idempotent); they are
-restored before the checkpoint entry goes, so a crash never loses track of one.
+GPU settings a claim asks (the time-slice interval, dra.kubeletplugin.timeslice;
+its MPS control daemon, dra.kubeletplugin.mps) are applied after the checkpoint
+records the claim and before the answer, and again at start-up for every
+recorded claim (setting an interval is idempotent, a running daemon is
+adopted); they are undone before the checkpoint entry goes, so a crash never
+loses track of one. At start-up, daemons of claims not recorded are stopped.
 Calls are serialised by a lock; they block on file I/O and run in worker threads.
 """
 
@@ -27,6 +29,7 @@ from dra.adapters.checkpoint import CheckpointStore
 from dra.core import prepare as plans
 from dra.core import sharing
 from dra.core.allocation import ClaimAllocation, ClaimError
+from dra.kubeletplugin.mps import MpsDaemons, MpsError
 from dra.kubeletplugin.timeslice import TimeSliceError, TimeSlicer
 from dra.model.devices import Inventory
 from dra.model.prepared import PreparedClaim
@@ -50,9 +53,12 @@ class DeviceState:
         cdi_store: CdiStore,
         checkpoint: CheckpointStore,
         time_slicer: TimeSlicer | None = None,
+        mps: MpsDaemons | None = None,
     ) -> None:
         self.driver = driver
         self._time_slicer = time_slicer
+        self._mps = mps
+        self._mps_root = str(mps.root) if mps is not None else ""
         self.pool = node_name
         self.inventory = inventory
         self._cdi = cdi_store
@@ -84,7 +90,11 @@ class DeviceState:
             self._checkpoint.remove_leftovers()
             self._cdi.remove_leftovers()
             plan = plans.decide_recover(
-                self._prepared, self.inventory, self._cdi.claim_uids(), driver=self.driver
+                self._prepared,
+                self.inventory,
+                self._cdi.claim_uids(),
+                driver=self.driver,
+                mps_root=self._mps_root,
             )
             for uid in plan.remove:
                 log.info("removing CDI spec of claim %s, which is not prepared", uid)
@@ -97,6 +107,13 @@ class DeviceState:
                     self._time_slicer.apply(sharing.wanted_time_slices(self._prepared))
                 except TimeSliceError as err:
                     log.error("%s", err)
+            if self._mps is not None:
+                self._mps.stop_others(self._prepared)
+                for claim in self._prepared.values():
+                    try:
+                        self._mps.start(claim)
+                    except MpsError as err:
+                        log.error("claim %s/%s: %s", claim.namespace, claim.name, err)
 
     def prepare(self, allocation: ClaimAllocation, stale: Mapping[str, str] | None = None) -> PreparedClaim:
         """Prepare a claim, releasing the holders `stale` names (UID -> why), or return its recorded answer.
@@ -112,6 +129,7 @@ class DeviceState:
                 pool=self.pool,
                 stale=stale or {},
                 has_spec=self._cdi.exists(allocation.uid),
+                mps_root=self._mps_root,
             )
             if isinstance(plan, plans.Refusal):
                 raise ClaimError(plan.message)
@@ -120,13 +138,17 @@ class DeviceState:
             return plan.claim
 
     def _apply_gpu_settings(self, plan: plans.PreparePlan, allocation: ClaimAllocation) -> None:
-        """Set the claim's time slices (again, on a retry); on failure undo the prepare and say why."""
+        """Set the claim's time slices and start its MPS daemon (again, on a retry).
+
+        On failure the prepare is undone and ClaimError says why.
+        """
         wanted = sharing.wanted_time_slices({plan.claim.uid: plan.claim})
-        if self._time_slicer is None or not wanted:
-            return
         try:
-            self._time_slicer.apply(wanted)
-        except TimeSliceError as err:
+            if self._time_slicer is not None and wanted:
+                self._time_slicer.apply(wanted)
+            if self._mps is not None:
+                self._mps.start(plan.claim)
+        except (TimeSliceError, MpsError) as err:
             self._unprepare_locked(plan.claim.uid)
             raise ClaimError(f"cannot prepare ResourceClaim {allocation.ref}: {err}") from None
 
@@ -181,6 +203,8 @@ class DeviceState:
             return None
         if self._time_slicer is not None:
             self._time_slicer.restore(sharing.time_slices_to_restore(uid, self._prepared))
+        if self._mps is not None:
+            self._mps.stop(uid)
         updated = {k: v for k, v in self._prepared.items() if k != plan.uid}
         self._checkpoint.save(updated)
         self._prepared = updated

@@ -22,6 +22,12 @@ class PreparedDevice:
     share_id: str = ""
     #: The memory the share consumes, as the claim status states it ("20Gi"); "" when exclusive.
     share_memory: str = ""
+    #: Whether the claim's MPS control daemon serves this device (GpuConfig strategy MPS).
+    mps: bool = False
+    #: The daemon's default active thread percentage; 0 for MPS's own default.
+    mps_thread_percentage: int = 0
+    #: The daemon's pinned device memory limit for this device, as MPS takes it ("20480M"); "" for none.
+    mps_pinned_limit: str = ""
 
     def is_device(self, name: str, uuid: str) -> bool:
         """Whether this entry is that device (by UUID when recorded, else by name)."""

@@ -1,8 +1,8 @@
 """GPU sharing end to end: consumable shares packed by the scheduler, time slices set while a pod runs.
 
-Profile `h100x8` (81559 MiB per GPU); gpu-0 is shareable (--shareable-gpus=0), the
-others exclusive. The claims select gpu-0 or gpu-1 only, so where each pod lands
-is decided by the shares alone.
+Profile `h100x8` (81559 MiB per GPU: shares of up to 79Gi); gpu-0 and gpu-1 are
+shareable (--shareable-gpus=0,1), the others exclusive. The claims select gpu-0
+or gpu-1 only, so where each pod lands is decided by the shares alone.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ FIRST_TWO = f'device.attributes["{DRIVER}"].index <= 1'
 def driver(
     cluster: ClusterInfo, kube: Kube, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[DriverProcess]:
-    """The driver on h100x8 with gpu-0 shareable."""
+    """The driver on h100x8 with gpu-0 and gpu-1 shareable."""
     ensure_device_classes(kube)
     workdir = tmp_path_factory.mktemp("sharing")
     process = DriverProcess(
-        cluster, "h100x8", workdir / "driver.log", extra_args=("--shareable-gpus=0",)
+        cluster, "h100x8", workdir / "driver.log", extra_args=("--shareable-gpus=0,1",)
     ).start()
     yield process
     assert process.stop() == 0, process.log_path.read_text()
@@ -83,7 +83,8 @@ def test_shares_are_packed_on_one_gpu_and_freed_with_their_pod(
     for name in ("a", "b", "c"):
         kube.wait_pod_phase(name, namespace)
     claims = {name: pod_claim(kube, namespace, name) for name in ("a", "b", "c")}
-    assert {allocated_devices(c)[0] for c in claims.values()} == {"gpu-0"}
+    [packed] = {allocated_devices(c)[0] for c in claims.values()}
+    other = "gpu-1" if packed == "gpu-0" else "gpu-0"
     share_ids = {_result(c)["shareID"] for c in claims.values()}
     assert len(share_ids) == 3
 
@@ -95,18 +96,19 @@ def test_shares_are_packed_on_one_gpu_and_freed_with_their_pod(
         checkpointed[c["metadata"]["uid"]]["devices"][0]["share_id"] for c in claims.values()
     } == share_ids
 
-    # 60Gi of gpu-0's 79Gi are taken: 30Gi goes to the other GPU, whole.
-    gpu_pod(kube, namespace, "d", "share-30")
-    kube.wait_pod_phase("d", namespace)
-    assert allocated_devices(pod_claim(kube, namespace, "d")) == ["gpu-1"]
+    # 60Gi of the 79Gi are taken: 30Gi goes to the other GPU, twice.
+    for name in ("d", "e"):
+        gpu_pod(kube, namespace, name, "share-30")
+        kube.wait_pod_phase(name, namespace)
+        assert allocated_devices(pod_claim(kube, namespace, name)) == [other]
 
-    # Nothing has 20Gi left until a share is freed.
-    gpu_pod(kube, namespace, "e", "share-20")
+    # 19Gi left on each: 20Gi waits until a share is freed.
+    gpu_pod(kube, namespace, "f", "share-20")
     time.sleep(3)
-    assert kube.get("v1", "Pod", "e", namespace)["status"]["phase"] == "Pending"
+    assert kube.get("v1", "Pod", "f", namespace)["status"]["phase"] == "Pending"
     kube.delete("v1", "Pod", "a", namespace, grace_period=0)
-    kube.wait_pod_phase("e", namespace, timeout=90)
-    assert allocated_devices(pod_claim(kube, namespace, "e")) == ["gpu-0"]
+    kube.wait_pod_phase("f", namespace, timeout=90)
+    assert allocated_devices(pod_claim(kube, namespace, "f")) == [packed]
 
     delete_pods_and_wait(kube, cluster, namespace, [])
     wait_for(

@@ -1,0 +1,212 @@
+"""MPS per claim: limits checked at prepare, a control daemon per claim, adopted on restart, never leaked.
+
+The daemons are the fake nvidia-cuda-mps-control (dra.gpu.fakemps), started for real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra.adapters.cdistore import CdiStore
+from dra.adapters.checkpoint import CheckpointStore
+from dra.core import cdi, sharing
+from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
+from dra.core.config import MpsConfig
+from dra.kubeletplugin.mps import MpsDaemons
+from dra.kubeletplugin.state import DeviceState
+from dra.model.devices import Gpu
+from tests.unit.helpers import DRIVER, NODE, inventory
+
+UID_A = "aaaaaaaa-0000-4000-8000-00000000000a"
+UID_B = "bbbbbbbb-0000-4000-8000-00000000000b"
+FAKE_MPS = [sys.executable, "-m", "dra.gpu.fakemps"]
+
+
+def _mps(**mps_config: Any) -> OpaqueConfig:
+    return OpaqueConfig(
+        "FromClaim",
+        (),
+        {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "GpuConfig",
+            "sharing": {"strategy": "MPS", "mpsConfig": mps_config},
+        },
+    )
+
+
+def _claim(uid: str, *devices: str, config: OpaqueConfig | None = None) -> ClaimAllocation:
+    return ClaimAllocation(
+        uid=uid,
+        namespace="team-a",
+        name=f"claim-{uid[0]}",
+        devices=tuple(AllocatedDevice("gpu", NODE, d) for d in devices),
+        configs=(config,) if config else (),
+    )
+
+
+class Node:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.daemons = MpsDaemons(root / "mps", FAKE_MPS)
+
+    def state(self, daemons: MpsDaemons | None = None) -> DeviceState:
+        state = DeviceState(
+            DRIVER,
+            NODE,
+            inventory("h100x8"),
+            CdiStore(self.root / "cdi", DRIVER),
+            CheckpointStore(self.root / "checkpoint.json"),
+            mps=daemons or self.daemons,
+        )
+        state.recover()
+        return state
+
+    def dirs(self, uid: str) -> sharing.MpsDirs:
+        return sharing.mps_dirs(str(self.root / "mps"), uid)
+
+    def control_log(self, uid: str) -> str:
+        return (Path(self.dirs(uid).log) / "control.log").read_text()
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    node = Node(tmp_path)
+    yield node
+    node.daemons.stop_others(())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and not stat.read_text().split(") ")[-1].startswith("Z")
+
+
+def test_a_claim_gets_its_own_daemon_with_its_limits_and_the_container_is_pointed_at_it(node: Node) -> None:
+    state = node.state()
+    state.prepare(
+        _claim(
+            UID_A,
+            "gpu-0",
+            "gpu-1",
+            config=_mps(defaultActiveThreadPercentage=50, defaultPerDevicePinnedMemoryLimit={"1": "8Gi"}),
+        )
+    )
+    pid = node.daemons.pid(UID_A)
+    assert pid is not None
+    assert _alive(pid)
+    dirs = node.dirs(UID_A)
+    assert sorted(os.listdir(dirs.pipe)) == ["control", "log", "nvidia-cuda-mps-control.pid"]
+    log = node.control_log(UID_A)
+    uuids = [state.inventory.get(n).uuid for n in ("gpu-0", "gpu-1")]  # type: ignore[union-attr]
+    assert f"devices {','.join(uuids)}" in log
+    assert "Command: set_default_active_thread_percentage 50" in log
+    assert "Command: set_default_device_pinned_mem_limit 1 8192M" in log
+
+    spec = json.loads((node.root / "cdi" / cdi.spec_file_name(DRIVER, UID_A)).read_text())
+    edits = spec["containerEdits"]
+    assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in edits["env"]
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=1=8192M" in edits["env"]
+    mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
+    assert mounts == {"/tmp/nvidia-mps": dirs.pipe, "/dev/shm": dirs.shm}
+
+    state.unprepare(UID_A)
+    assert not _alive(pid)
+    assert not Path(dirs.root).exists()
+
+
+def test_a_restarted_driver_adopts_the_daemon_instead_of_starting_another(node: Node) -> None:
+    node.state().prepare(_claim(UID_A, "gpu-0", config=_mps()))
+    pid = node.daemons.pid(UID_A)
+    restarted = node.state()
+    assert node.daemons.pid(UID_A) == pid
+    assert node.control_log(UID_A).count("Starting control daemon") == 1
+    restarted.unprepare(UID_A)
+    assert pid is not None
+    assert not _alive(pid)
+
+
+def test_daemons_of_claims_not_in_the_checkpoint_are_stopped_at_start(node: Node) -> None:
+    node.state().prepare(_claim(UID_A, "gpu-0", config=_mps()))
+    pid = node.daemons.pid(UID_A)
+    # A driver killed after starting the daemon whose checkpoint then lost the claim (or never had it).
+    CheckpointStore(node.root / "checkpoint.json").save({})
+    node.state()
+    assert pid is not None
+    assert not _alive(pid)
+    assert node.daemons.claims() == []
+
+
+def test_a_daemon_that_cannot_start_fails_the_claim_and_leaves_nothing(node: Node, tmp_path: Path) -> None:
+    broken = MpsDaemons(node.root / "mps", [str(tmp_path / "no-such-mps-control")])
+    state = node.state(broken)
+    with pytest.raises(ClaimError, match="no-such-mps-control"):
+        state.prepare(_claim(UID_A, "gpu-0", config=_mps()))
+    assert state.prepared == {}
+    assert not list((node.root / "cdi").glob("*.json"))
+    assert broken.claims() == []
+
+
+@pytest.mark.parametrize(
+    ("config", "problem"),
+    [
+        (
+            _mps(defaultPinnedDeviceMemoryLimit="100Gi"),
+            "pinned memory limit 100Gi is above the device's memory",
+        ),
+        (_mps(defaultPerDevicePinnedMemoryLimit={"3": "1Gi"}), "'3' is not a device of this claim"),
+        (_mps(defaultPerDevicePinnedMemoryLimit={"GPU-x": "1Gi"}), "'GPU-x' is not a device of this claim"),
+        (_mps(defaultPinnedDeviceMemoryLimit="1.5Gi"), "'1.5Gi' is not a whole-number memory quantity"),
+        (
+            _mps(defaultActiveThreadPercentage=0),
+            "defaultActiveThreadPercentage: 0 is not a whole number 1-100",
+        ),
+    ],
+)
+def test_bad_limits_are_a_per_claim_error_and_start_nothing(
+    node: Node, config: OpaqueConfig, problem: str
+) -> None:
+    state = node.state()
+    with pytest.raises(ClaimError) as err:
+        state.prepare(_claim(UID_A, "gpu-0", config=config))
+    assert problem in str(err.value)
+    assert node.daemons.claims() == []
+    assert state.prepared == {}
+
+
+def test_mps_needs_compute_capability_3_5() -> None:
+    gpu = inventory("h100x8").get("gpu-0")
+    assert isinstance(gpu, Gpu)
+    kepler = replace(gpu, cuda_compute_capability="3.0")
+    _, problems = sharing.decide_mps([sharing.MpsRequest(kepler, MpsConfig())])
+    assert problems == [
+        "device gpu-0 cannot run MPS: it needs compute capability 3.5 or newer, the GPU has (3, 0)"
+    ]
+
+
+def test_a_share_caps_the_pinned_limit_and_is_its_default() -> None:
+    gpu = inventory("h100x8").get("gpu-0")
+    assert gpu is not None
+    settings, problems = sharing.decide_mps([sharing.MpsRequest(gpu, MpsConfig(), "20Gi")])
+    assert (settings["gpu-0"].pinned_limit, problems) == ("20480M", [])
+    _, problems = sharing.decide_mps([sharing.MpsRequest(gpu, MpsConfig(pinned_memory_limit="30Gi"), "20Gi")])
+    assert problems == ["device gpu-0: pinned memory limit 30Gi is above its share (20Gi)"]
+
+
+def test_two_claims_get_two_daemons(node: Node) -> None:
+    state = node.state()
+    state.prepare(_claim(UID_A, "gpu-0", config=_mps()))
+    state.prepare(_claim(UID_B, "gpu-1", config=_mps()))
+    assert node.daemons.pid(UID_A) != node.daemons.pid(UID_B)
+    assert node.daemons.claims() == [UID_A, UID_B]

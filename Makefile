@@ -91,3 +91,4 @@ bench: binaries
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_driver
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_deviceplugin
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_cel
+	$(LOCAL) $(BIN)/python -m tests.bench.bench_sharing

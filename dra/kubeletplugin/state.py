@@ -147,6 +147,9 @@ class DeviceState:
             if self._time_slicer is not None and wanted:
                 self._time_slicer.apply(wanted)
             if self._mps is not None:
+                if plan.replaces is not None:
+                    # Its daemon serves the devices of the old allocation.
+                    self._mps.stop(plan.claim.uid)
                 self._mps.start(plan.claim)
         except (TimeSliceError, MpsError) as err:
             self._unprepare_locked(plan.claim.uid)

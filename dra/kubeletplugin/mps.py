@@ -10,8 +10,9 @@ the control binary; `quit` stops it.
 
 The daemon is started detached (-d), so it outlives the driver by design:
 a restarted driver adopts the daemon of each recorded claim (its pid file
-names a live process and its control pipe answers) instead of starting it
-again, and stops every daemon whose claim the checkpoint does not hold.
+names a live process started with the claim's pipe directory) instead of
+starting it again, and stops every daemon whose claim the checkpoint does
+not hold.
 """
 
 from __future__ import annotations
@@ -57,6 +58,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _serves(pid: int, pipe: str) -> bool:
+    """Whether process `pid` was started with CUDA_MPS_PIPE_DIRECTORY=`pipe`."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except PermissionError:
+        # Not ours to read: the driver runs as root, so this is not a daemon it started.
+        return False
+    except OSError:
+        return False
+    return f"CUDA_MPS_PIPE_DIRECTORY={pipe}".encode() in environ
+
+
 class MpsDaemons:
     """Starts, adopts and stops the MPS control daemons of claims."""
 
@@ -76,12 +89,18 @@ class MpsDaemons:
         return env
 
     def pid(self, uid: str) -> int | None:
-        """The pid of claim `uid`'s daemon when it runs, else None."""
+        """The pid of claim `uid`'s daemon when it runs, else None.
+
+        The pid file outlives a reboot (the state directory is on the host), and its
+        pid may then be another process's: only a live process started with this
+        claim's pipe directory in its environment counts.
+        """
+        pipe = self._dirs(uid).pipe
         try:
-            pid = int((Path(self._dirs(uid).pipe) / PID_FILE).read_text().strip())
+            pid = int((Path(pipe) / PID_FILE).read_text().strip())
         except (OSError, ValueError):
             return None
-        return pid if _alive(pid) else None
+        return pid if _alive(pid) and _serves(pid, pipe) else None
 
     def _run(self, uid: str, args: Sequence[str], stdin: str = "", uuids: Sequence[str] = ()) -> str:
         command = [*self._command, *args]

@@ -210,3 +210,15 @@ def test_two_claims_get_two_daemons(node: Node) -> None:
     state.prepare(_claim(UID_B, "gpu-1", config=_mps()))
     assert node.daemons.pid(UID_A) != node.daemons.pid(UID_B)
     assert node.daemons.claims() == [UID_A, UID_B]
+
+
+def test_a_pid_file_naming_another_process_is_not_adopted(node: Node) -> None:
+    # After a reboot the pid in a leftover pid file may be any process's, e.g. this one's.
+    pipe = Path(node.dirs(UID_A).pipe)
+    pipe.mkdir(parents=True)
+    (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{os.getpid()}\n")
+    assert node.daemons.pid(UID_A) is None
+    node.state().prepare(_claim(UID_A, "gpu-0", config=_mps()))
+    pid = node.daemons.pid(UID_A)
+    assert pid is not None
+    assert pid != os.getpid()

@@ -24,6 +24,7 @@ import logging
 import threading
 from collections.abc import Iterable, Mapping
 
+from dra.adapters import faults
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.core import prepare as plans
@@ -134,6 +135,7 @@ class DeviceState:
             if isinstance(plan, plans.Refusal):
                 raise ClaimError(plan.message)
             self._apply(plan, allocation)
+            faults.point("sharing-before-gpu-settings")
             self._apply_gpu_settings(plan, allocation)
             return plan.claim
 
@@ -208,6 +210,7 @@ class DeviceState:
             self._time_slicer.restore(sharing.time_slices_to_restore(uid, self._prepared))
         if self._mps is not None:
             self._mps.stop(uid)
+        faults.point("sharing-before-unrecord")
         updated = {k: v for k, v in self._prepared.items() if k != plan.uid}
         self._checkpoint.save(updated)
         self._prepared = updated

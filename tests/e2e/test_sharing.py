@@ -21,11 +21,13 @@ from localcluster.kube import Kube, Obj, wait_for
 from localcluster.workloads import (
     DRIVER,
     allocated_devices,
+    claims_pod,
     container_record,
     delete_pods_and_wait,
     ensure_device_classes,
     gpu_pod,
     pod_claim,
+    pod_claims,
 )
 
 pytestmark = pytest.mark.cluster
@@ -208,3 +210,65 @@ def test_an_mps_daemon_serves_the_claim_survives_a_driver_crash_and_goes_with_th
 
     delete_pods_and_wait(kube, cluster, namespace, [claim])
     wait_for("the MPS daemon to stop", lambda: not _alive(pid) and not claim_dir.exists(), timeout=30)
+
+
+def _crash_at(driver: DriverProcess, fault: str) -> DriverProcess:
+    """Swap the running driver for one that dies (exit 137) at the fault point `fault`."""
+    assert driver.stop() == 0
+    return DriverProcess(
+        driver.cluster,
+        driver.profile,
+        driver.log_path,
+        extra_args=driver.extra_args,
+        env={"DRA_GPU_FAULT_POINT": fault},
+    ).start()
+
+
+def test_a_driver_killed_between_recording_and_applying_settings_converges(
+    driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str
+) -> None:
+    gpu_config = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}
+    _template(kube, namespace, "mps", config={**gpu_config, "sharing": {"strategy": "MPS"}})
+    short = {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}}
+    _template(kube, namespace, "short", config={**gpu_config, "sharing": short})
+    crashing = _crash_at(driver, "sharing-before-gpu-settings")
+    claims_pod(
+        kube,
+        namespace,
+        "worker",
+        {"mps": "mps", "short": "short"},
+        {"main": [{"name": "mps"}, {"name": "short"}]},
+    )
+    wait_for(
+        "the driver to die at the fault point",
+        lambda: crashing.proc is not None and crashing.proc.poll() == 137,
+    )
+    # One claim recorded, with no daemon or interval yet: the restarted driver sets it up.
+    driver.start()
+    kube.wait_pod_phase("worker", namespace, timeout=90)
+    claims = pod_claims(kube, namespace, "worker")
+    [device] = allocated_devices(claims["short"])
+    uuid = container_record(cluster, namespace, "worker")["env"][
+        f"DRA_GPU_{device.upper().replace('-', '_')}_UUID"
+    ]
+    claim_dir = Path(cluster.kubelet_root) / "plugins" / DRIVER / "mps" / claims["mps"]["metadata"]["uid"]
+    pid = int((claim_dir / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
+    assert _alive(pid)
+    assert _level(driver, uuid) == 1
+
+    crashing = _crash_at(driver, "sharing-before-unrecord")
+    kube.delete("v1", "Pod", "worker", namespace, grace_period=0)
+    wait_for(
+        "the driver to die at the fault point",
+        lambda: crashing.proc is not None and crashing.proc.poll() == 137,
+    )
+    driver.start()
+    uids = {c["metadata"]["uid"] for c in claims.values()}
+    wait_for(
+        "the claims to leave the checkpoint",
+        lambda: not uids & set(json.loads(driver.checkpoint.read_text())["claims"]),
+        timeout=60,
+    )
+    assert not _alive(pid)
+    assert not claim_dir.exists()
+    assert _level(driver, uuid) == 0

@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 LOCAL := PYTHONPATH=deploy/local
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv proto binaries cluster-binaries manifests lint test test-fast test-matrix demo cluster-up cluster-down bench clean
+.PHONY: all venv proto binaries cluster-binaries manifests api lint test test-fast test-matrix demo cluster-up cluster-down bench bench-scheduler clean
 
 all: test
 
@@ -43,6 +43,10 @@ cluster-binaries:
 # a test fails while the committed files differ from a fresh render.
 manifests: $(STAMP)
 	$(LOCAL) $(BIN)/python -m localcluster.chart manifests
+
+# the JSON Schemas in api/, generated from dra.api's types (a test fails when they drift)
+api: $(STAMP)
+	$(BIN)/dra-gpu api-schema --output-dir api
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -92,3 +96,10 @@ bench: binaries
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_deviceplugin
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_cel
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_sharing
+	$(LOCAL) $(BIN)/python -m tests.bench.bench_webhook
+	$(LOCAL) $(BIN)/python -m tests.bench.bench_features
+
+# The real scheduler placing GPU claims on 100 and 500 kubelet-less nodes, per slice layout
+# (docs/mig.md: what dynamic MIG costs the scheduler). Minutes; not part of `make bench`.
+bench-scheduler: binaries
+	$(LOCAL) $(BIN)/python -m tests.bench.bench_scheduler

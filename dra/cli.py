@@ -20,19 +20,15 @@ from typing import Any
 import anyio
 import yaml
 
-from dra.core import sharing
+from dra.api import schema
+from dra.core import sharing, taints
 from dra.core.assignment import Selector, SelectorError, parse_selector
 from dra.core.labels import AdminTemplate, LabelError, parse_template
 from dra.core.slices import SliceError, build_slices
-from dra.daemon import logs
-from dra.daemon.bootstrap import (
-    DaemonSettings,
-    StartupError,
-    default_state_dir,
-    gpu_library,
-    load_inventory,
-)
+from dra.daemon import healthctl, logs
+from dra.daemon.bootstrap import DaemonSettings, StartupError, default_state_dir, gpu_library, load_inventory
 from dra.daemon.flags import UsageError, apply_environment, csv, nonempty, option, path, seconds
+from dra.daemon.health import APPLICATION_XIDS, parse_xids
 from dra.deviceplugin import config as dpconfig
 from dra.deviceplugin import setup as dpsetup
 from dra.deviceplugin.allocate import Strategy, parse_strategies
@@ -41,6 +37,7 @@ from dra.deviceplugin.resources import DEFAULT_RESOURCE
 from dra.gpu.nvml import GpuLibraryError
 from dra.kubeletplugin.daemon import PluginSettings, run_kubelet_plugin
 from dra.labeller.daemon import LabellerSettings, run_node_labeller
+from dra.webhook.server import WebhookSettings, run_webhook
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
 
@@ -95,6 +92,20 @@ def _strategies(text: str) -> frozenset[Strategy]:
 def _mig_strategy(text: str) -> dpconfig.MigStrategy:
     try:
         return dpconfig.parse_mig_strategy(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _xids(text: str) -> frozenset[int]:
+    try:
+        return parse_xids(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _taint_effect(text: str) -> taints.Effect:
+    try:
+        return taints.parse_effect(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 
@@ -168,6 +179,14 @@ def _daemon(
         300.0,
         type=seconds,
     )
+    option(
+        parser,
+        "--ignored-xids",
+        "XIDs that leave a device healthy (errors an application causes), comma-separated; replaces "
+        "the default, NVIDIA's device plugin's set; empty: every XID marks the device unhealthy",
+        ",".join(str(x) for x in sorted(APPLICATION_XIDS)),
+        type=_xids,
+    )
     if assignment:
         # The node labeller looks at the GPUs every --interval of its own.
         option(
@@ -196,6 +215,14 @@ def build_parser() -> argparse.ArgumentParser:
         http_default=":8080",
     )
     option(plugin, "--kubeconfig", "kubeconfig file; default: the in-cluster service account")
+    option(
+        plugin,
+        "--unhealthy-taint-effect",
+        "effect of the taint an unhealthy device gets in the ResourceSlice: NoSchedule keeps new "
+        "claims off it, NoExecute also evicts the pods using it",
+        taints.Effect.NO_SCHEDULE.value,
+        type=_taint_effect,
+    )
     option(
         plugin,
         "--shareable-gpus",
@@ -321,6 +348,25 @@ def build_parser() -> argparse.ArgumentParser:
         type=_label_template,
     )
 
+    taint = sub.add_parser("taint", help="the taints the kubelet-plugin puts on unhealthy devices")
+    taint_sub = taint.add_subparsers(dest="taint_command", required=True, metavar="ACTION")
+    clear = taint_sub.add_parser(
+        "clear",
+        help="mark a device healthy again, removing its taint (refused while it still fails); run it "
+        "where the kubelet-plugin runs, e.g. kubectl exec into its pod on the node",
+    )
+    _common(clear)
+    option(
+        clear,
+        "--device",
+        "the device, as named in the ResourceSlice (gpu-3, or a MIG device's name)",
+        type=nonempty,
+        required=True,
+    )
+    option(clear, "--driver-name", "DRA driver name", DEFAULT_DRIVER)
+    option(clear, "--kubelet-root", "the kubelet's root directory", Path("/var/lib/kubelet"), type=path)
+    option(clear, "--state-dir", "the kubelet-plugin's --state-dir", type=path)
+
     discover = sub.add_parser("discover", help="print the ResourceSlices this node would publish")
     _common(discover)
     _gpu_source(discover)
@@ -366,7 +412,65 @@ def build_parser() -> argparse.ArgumentParser:
     option(explain, "--node-name", "the node whose devices to explain (with --fake-gpus: seeds fake UUIDs)")
     option(explain, "--kubeconfig", "kubeconfig file; default: the in-cluster service account")
     option(explain, "--output", "output format", "text", choices=("text", "json"))
+    webhook = sub.add_parser(
+        "webhook",
+        help="run the validating admission webhook for this driver's opaque configs (HTTPS POST /validate)",
+    )
+    _common(webhook)
+    option(webhook, "--driver-name", "the DRA driver whose configs to check", DEFAULT_DRIVER)
+    option(webhook, "--bind-address", "host:port of the HTTPS listener", ":8443", type=_host_port)
+    option(
+        webhook,
+        "--tls-cert-file",
+        "serving certificate (PEM), reloaded when it changes",
+        type=path,
+        required=True,
+    )
+    option(webhook, "--tls-key-file", "its private key (PEM)", type=path, required=True)
+    option(
+        webhook,
+        "--tls-reload-interval",
+        "seconds between looks at the certificate files for a rotation; 0 never reloads",
+        10.0,
+        type=seconds,
+    )
+    option(webhook, "--http-address", "host:port for /metrics, /healthz and /readyz; empty disables", ":8083")
+
+    schemas = sub.add_parser(
+        "api-schema", help="write the JSON Schemas of the configuration API (api/<version>/*.schema.json)"
+    )
+    _common(schemas)
+    option(schemas, "--output-dir", "the api/ directory to write them into", Path("api"), type=path)
     return parser
+
+
+def _host_port(text: str) -> str:
+    _, colon, port = text.rpartition(":")
+    if not colon or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected host:port, got {text!r}")
+    return text
+
+
+def _webhook(args: argparse.Namespace) -> int:
+    settings = WebhookSettings(
+        driver_name=args.driver_name,
+        bind_address=args.bind_address,
+        tls_cert_file=args.tls_cert_file,
+        tls_key_file=args.tls_key_file,
+        http_address=args.http_address or None,
+        tls_reload_interval=args.tls_reload_interval,
+    )
+    anyio.run(run_webhook, settings, backend="asyncio")
+    return 0
+
+
+def _api_schema(args: argparse.Namespace) -> int:
+    for name, text in schema.documents().items():
+        target = args.output_dir / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        print(target)
+    return 0
 
 
 def _discover(args: argparse.Namespace) -> int:
@@ -416,6 +520,7 @@ def _daemon_settings(args: argparse.Namespace) -> dict[str, Any]:
         "device_plugin_gpus": getattr(args, "device_plugin_gpus", None),
         "host_root": args.host_root,
         "health_recovery_period": args.health_recovery_period,
+        "ignored_xids": args.ignored_xids,
         "rediscover_interval": getattr(args, "rediscover_interval", DaemonSettings.rediscover_interval),
     }
 
@@ -424,10 +529,21 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
     settings = PluginSettings(
         **_daemon_settings(args),
         kubeconfig=args.kubeconfig or None,
+        unhealthy_taint_effect=args.unhealthy_taint_effect,
         shareable_gpus=args.shareable_gpus,
         mps_control=args.mps_control or None,
     )
     anyio.run(run_kubelet_plugin, settings, backend="asyncio")
+    return 0
+
+
+def _taint(args: argparse.Namespace) -> int:
+    state_dir = args.state_dir or default_state_dir(args.kubelet_root, args.driver_name)
+    try:
+        print(anyio.run(healthctl.clear, healthctl.socket_path(state_dir), args.device))
+    except healthctl.HealthControlError as err:
+        print(f"dra-gpu: {args.device} not cleared: {err}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -487,6 +603,9 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "device-plugin": _device_plugin,
     "node-labeller": _node_labeller,
     "discover": _discover,
+    "webhook": _webhook,
+    "api-schema": _api_schema,
+    "taint": _taint,
     "time-slices": _time_slices,
     "explain": _explain,
 }

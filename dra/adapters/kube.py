@@ -254,6 +254,13 @@ class KubeClient:
         result: Obj = await self._call("POST", f"{RESOURCE_API}/resourceslices", body=obj)
         return result
 
+    async def dry_run_create_resource_slice(self, obj: Obj) -> Obj:
+        """POST a ResourceSlice with dryRun=All: the object as the server would store it, nothing stored."""
+        result: Obj = await self._call(
+            "POST", f"{RESOURCE_API}/resourceslices", body=obj, query={"dryRun": "All"}
+        )
+        return result
+
     async def replace_resource_slice(self, obj: Obj) -> Obj:
         """PUT a ResourceSlice; its metadata.resourceVersion guards against lost updates."""
         name = obj["metadata"]["name"]

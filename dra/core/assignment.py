@@ -366,3 +366,25 @@ def stranded_claims(held: Sequence[HeldGpu]) -> list[str]:
         "plugin refuses to start with the GPU until then"
         for entries in by_claim.values()
     ]
+
+
+def gpus_behind(devices: Iterable[tuple[str, str]], inventory: Inventory) -> list[Gpu]:
+    """The GPUs of the inventory that device-plugin devices, as (resource name, device ID), name.
+
+    An ID is a GPU or MIG UUID, optionally with a time-slicing replica suffix
+    (`GPU-...::3`, NVIDIA's form and this project's), or, for a resource in the
+    nvidia.com domain only, a GPU index under NVIDIA's `index` ID strategy (`3`,
+    or `3:1` for a MIG device of GPU 3). A MIG device names its parent: MIG
+    devices go with their GPU. Other IDs (another vendor's plugin) name nothing.
+    """
+    by_uuid = {device.uuid: gpu_of(device) for device in inventory}
+    by_index = {str(gpu.index): gpu for gpu in inventory.gpus}
+    named: set[str] = set()
+    for resource, raw in devices:
+        device_id = raw.split("::", 1)[0]
+        gpu = by_uuid.get(device_id)
+        if gpu is None and resource.startswith("nvidia.com/"):
+            gpu = by_index.get(device_id.split(":", 1)[0])
+        if gpu is not None:
+            named.add(gpu.uuid)
+    return [gpu for gpu in inventory.gpus if gpu.uuid in named]

@@ -13,10 +13,11 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dra.api.v1beta1 import DeviceConfig, GpuConfig
 from dra.core import cdi, sharing
 from dra.core import config as deviceconfig
 from dra.core.allocation import ClaimAllocation
-from dra.model.devices import Device, Gpu, Inventory
+from dra.model.devices import Device, Inventory
 from dra.model.prepared import PreparedClaim, PreparedDevice
 
 Obj = dict[str, Any]
@@ -177,8 +178,6 @@ def decide_prepare(
     problems: list[str] = []
     releases: dict[str, Release] = {}
     devices: dict[str, Device] = {}
-    intervals: dict[str, str] = {}
-    mps: list[sharing.MpsRequest] = []
     for result in allocation.devices:
         if result.pool != pool:
             problems.append(
@@ -199,21 +198,13 @@ def decide_prepare(
                         f"device {result.device} is already prepared for claim "
                         f"{holder.namespace}/{holder.name} ({holder.uid})"
                     )
-        try:
-            config = deviceconfig.effective([c.parameters for c in allocation.configs_for(result)], device)
-        except deviceconfig.ConfigError as err:
-            problems.append(f"invalid configuration for device {result.device}: {err}")
-        else:
-            problems.extend(_time_slice(config, device, allocation.uid, prepared, intervals))
-            if config.sharing.mps is not None and device.name not in devices:
-                mps.append(sharing.MpsRequest(device, config.sharing.mps, result.consumed("memory")))
         devices[device.name] = device
-    if mps and not mps_root:
-        problems.append("MPS is not available on this node (the driver runs no MPS control daemons)")
-    mps_settings, mps_problems = sharing.decide_mps(mps)
-    problems.extend(mps_problems)
+    problems.extend(deviceconfig.problems(allocation, devices))
     if problems:
-        return Refusal(f"cannot prepare ResourceClaim {allocation.ref}: " + "; ".join(problems))
+        return _refusal(allocation, problems)
+    intervals, mps_settings, problems = _decide_sharing(allocation, devices, prepared, mps_root)
+    if problems:
+        return _refusal(allocation, problems)
 
     entries = []
     for device in devices.values():
@@ -247,6 +238,10 @@ def decide_prepare(
     )
 
 
+def _refusal(allocation: ClaimAllocation, problems: list[str]) -> Refusal:
+    return Refusal(f"cannot prepare ResourceClaim {allocation.ref}: " + "; ".join(problems))
+
+
 def _mps_fields(setting: sharing.MpsSetting | None) -> dict[str, Any]:
     if setting is None:
         return {}
@@ -257,17 +252,47 @@ def _mps_fields(setting: sharing.MpsSetting | None) -> dict[str, Any]:
     }
 
 
+def _decide_sharing(
+    allocation: ClaimAllocation,
+    devices: Mapping[str, Device],
+    prepared: Mapping[str, PreparedClaim],
+    mps_root: str,
+) -> tuple[dict[str, str], dict[str, sharing.MpsSetting], list[str]]:
+    """The intervals and MPS settings of the claim's devices (by name), or the problems refusing it.
+
+    Its configs are valid (deviceconfig.problems): what is left are the conflicts with
+    other claims and with the node, and what a share adds.
+    """
+    problems: list[str] = []
+    intervals: dict[str, str] = {}
+    mps: dict[str, sharing.MpsRequest] = {}
+    for result in allocation.devices:
+        device = devices[result.device]
+        entries = allocation.configs_for(result)
+        config = deviceconfig.effective([c.parameters for c in entries], device)
+        problems.extend(_time_slice(config, device, allocation.uid, prepared, intervals))
+        mps_config = config.sharing.mps_config if config.sharing.strategy == "MPS" else None
+        if mps_config is not None and device.name not in mps:
+            configured = tuple(deviceconfig.targets(allocation, entries[-1], devices))
+            mps[device.name] = sharing.MpsRequest(device, mps_config, configured, result.consumed("memory"))
+    if mps and not mps_root:
+        problems.append("MPS is not available on this node (the driver runs no MPS control daemons)")
+    mps_settings, mps_problems = sharing.decide_mps(list(mps.values()))
+    return intervals, mps_settings, problems + mps_problems
+
+
 def _time_slice(
-    config: deviceconfig.DeviceConfig,
+    config: DeviceConfig,
     device: Device,
     uid: str,
     prepared: Mapping[str, PreparedClaim],
     intervals: dict[str, str],
 ) -> list[str]:
     """Record the interval a GPU of the claim is to run at; the problem when another claim runs another."""
-    interval = config.sharing.interval
-    if not isinstance(device, Gpu) or interval == sharing.DEFAULT_INTERVAL:
+    slicing = config.sharing.time_slicing_config if isinstance(config, GpuConfig) else None
+    if slicing is None or slicing.interval == sharing.DEFAULT_INTERVAL:
         return []
+    interval = slicing.interval
     clash = sharing.time_slice_conflict(device.uuid, interval, uid, prepared)
     if clash is not None:
         other, theirs = clash

@@ -19,14 +19,14 @@ directory mounted at /tmp/nvidia-mps and share its /dev/shm.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dra.core.config import MpsConfig
-from dra.model.devices import Device, MigDevice
+from dra.api.v1beta1 import MpsConfig, device_for_key
+from dra.model.devices import Device
 from dra.model.prepared import PreparedClaim, PreparedDevice
+from dra.model.quantity import Quantity
 
 #: nvidia-smi's time-slice levels, by the interval names of GpuConfig.
 INTERVAL_LEVELS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
@@ -38,7 +38,7 @@ SHARE_MEMORY_ENV = "DRA_GPU_SHARE_MEMORY"
 
 
 def level(interval: str) -> int:
-    """nvidia-smi's level of an interval name (validated by dra.core.config)."""
+    """nvidia-smi's level of an interval name (validated by dra.api)."""
     return INTERVAL_LEVELS[interval]
 
 
@@ -86,14 +86,6 @@ def share_env(device: PreparedDevice) -> list[str]:
 
 #: Where containers find the claim's MPS pipe directory (NVIDIA's choice, kept for portability).
 MPS_CONTAINER_PIPE = "/tmp/nvidia-mps"
-#: MPS runs on GPUs of compute capability 3.5 and newer (NVIDIA's MPS documentation).
-MPS_MIN_COMPUTE_CAPABILITY = (3, 5)
-_QUANTITY = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
-_FACTORS = {
-    "": 1,
-    **{s: 1024 ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
-    **{s: 1000 ** (i + 1) for i, s in enumerate(("k", "M", "G", "T", "P", "E"))},
-}
 
 
 @dataclass(frozen=True)
@@ -110,19 +102,6 @@ def mps_dirs(mps_root: str, uid: str) -> MpsDirs:
     """The directories of claim `uid`'s MPS daemon under the driver's MPS root."""
     root = f"{mps_root.rstrip('/')}/{uid}"
     return MpsDirs(root=root, pipe=f"{root}/pipe", log=f"{root}/log", shm=f"{root}/shm")
-
-
-def quantity_bytes(text: str) -> int:
-    """Bytes of a whole-number quantity ("20Gi", "512M"); ValueError for anything else.
-
-    A subset of Kubernetes quantities (no fractions or exponents), which memory limits need;
-    dra.cel.quantity has the full grammar but is a sibling layer of dra.core.
-    """
-    found = _QUANTITY.match(text.strip())
-    if not found:
-        raise ValueError(f"{text!r} is not a whole-number memory quantity such as 10Gi or 512Mi")
-    factor: int = _FACTORS[found.group(2) or ""]
-    return int(found.group(1)) * factor
 
 
 def mps_limit(value: int) -> str:
@@ -167,72 +146,48 @@ class MpsSetting:
 
 @dataclass(frozen=True)
 class MpsRequest:
-    """One device of a claim that asks MPS: the device, its mpsConfig, its share's memory ("" if none)."""
+    """One device of a claim that asks MPS.
+
+    `config` is the device's mpsConfig, already valid for `configured` (dra.api.v1beta1.validate):
+    the devices that config applies to, whose indexes its per-device limits use. `share_memory`
+    is the memory of the device's share ("" when exclusive).
+    """
 
     device: Device
     config: MpsConfig
+    configured: tuple[Device, ...]
     share_memory: str = ""
 
 
-def _compute_capability(device: Device) -> tuple[int, ...]:
-    gpu = device.parent if isinstance(device, MigDevice) else device
-    return tuple(int(part) for part in gpu.cuda_compute_capability.split(".")[:2] if part.isdigit())
+def _pinned_limit(request: MpsRequest) -> Quantity | None:
+    """The pinned limit the claim sets for the device: its per-device limit, else the default one."""
+    for key, limit in request.config.default_per_device_pinned_memory_limit.items():
+        named = device_for_key(key, request.configured)
+        if named is not None and named.name == request.device.name:
+            return limit
+    return request.config.default_pinned_device_memory_limit
 
 
 def decide_mps(requests: Sequence[MpsRequest]) -> tuple[dict[str, MpsSetting], list[str]]:
     """The MPS setting of each device (by name) of one claim, or the problems that refuse the claim.
 
-    Devices are numbered from 0 in the order given, which is the order of the
-    daemon's CUDA_VISIBLE_DEVICES; a per-device limit names a device by that
-    number or by UUID. A device's pinned limit is its per-device limit, else
-    the default limit, else the memory of its share; never above either the
-    device's memory or its share.
+    The config's own checks (percentage, limits within the device's memory, per-device keys,
+    compute capability) are dra.api.v1beta1.validate's, made before. What only a share adds:
+    a device's pinned limit is the claim's limit for it, else the memory of its share; never
+    above its share.
     """
     problems: list[str] = []
-    ordinals = {str(i): r.device.name for i, r in enumerate(requests)}
-    ordinals |= {r.device.uuid: r.device.name for r in requests}
-    listed = ", ".join(f"{i}={r.device.uuid}" for i, r in enumerate(requests))
     settings: dict[str, MpsSetting] = {}
     for request in requests:
-        device, config = request.device, request.config
-        if _compute_capability(device) < MPS_MIN_COMPUTE_CAPABILITY:
-            problems.append(
-                f"device {device.name} cannot run MPS: it needs compute capability 3.5 or newer, "
-                f"the GPU has {_compute_capability(device)}"
-            )
+        device = request.device
+        share = Quantity.parse(request.share_memory) if request.share_memory else None
+        limit = _pinned_limit(request)
+        if limit is not None and share is not None and limit > share:
+            problems.append(f"device {device.name}: pinned memory limit {limit} is above its share ({share})")
             continue
-        per_device = {}
-        for key, value in config.per_device_pinned_memory_limit:
-            if key not in ordinals:
-                problems.append(
-                    f"mpsConfig.defaultPerDevicePinnedMemoryLimit: {key!r} is not a device of this claim "
-                    f"(its MPS devices: {listed})"
-                )
-            elif ordinals[key] == device.name:
-                per_device[key] = value
-        limit_text = (
-            next(iter(per_device.values()), None) or config.pinned_memory_limit or request.share_memory
-        )
-        try:
-            limit = quantity_bytes(limit_text) if limit_text else 0
-            share = quantity_bytes(request.share_memory) if request.share_memory else device.memory_bytes
-        except ValueError as err:
-            problems.append(f"device {device.name}: pinned memory limit: {err}")
-            continue
-        if limit > device.memory_bytes:
-            problems.append(
-                f"device {device.name}: pinned memory limit {limit_text} is above the device's memory "
-                f"({device.memory_bytes // 1024**2} MiB)"
-            )
-            continue
-        if limit > share:
-            problems.append(
-                f"device {device.name}: pinned memory limit {limit_text} is above "
-                f"its share ({request.share_memory})"
-            )
-            continue
+        pinned = limit if limit is not None else share
         settings[device.name] = MpsSetting(
-            thread_percentage=config.active_thread_percentage or 0,
-            pinned_limit=mps_limit(limit) if limit else "",
+            thread_percentage=request.config.default_active_thread_percentage or 0,
+            pinned_limit=mps_limit(int(pinned.exact())) if pinned is not None else "",
         )
-    return settings, sorted(set(problems))
+    return settings, problems

@@ -17,12 +17,16 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dra.core.taints import DeviceTaint
+from dra.core.versions import ApiFeatures
 from dra.model.devices import Device, Gpu, Inventory, MigDevice
 
 Obj = dict[str, Any]
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
+#: The lower limit once any device of a slice has taints (or consumes counters).
+MAX_TAINTED_DEVICES_PER_SLICE = 64
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_STRING_ATTRIBUTE = 64
 PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
@@ -172,18 +176,34 @@ def build_slices(
     node_name: str,
     node_uid: str | None,
     generation: int,
+    features: ApiFeatures | None = None,
+    taints: Mapping[str, DeviceTaint] | None = None,
     shareable: Collection[str] = (),
 ) -> list[Obj]:
     """The node's pool as ResourceSlices: at most 128 devices each, one generation, owned by the Node.
 
-    `shareable` names the full GPUs published for several claims at once.
+    `taints` (device name to taint) are published only where the server keeps
+    them (`features.device_taints`; no features: the oldest supported server's,
+    no gated fields); elsewhere the devices go out untainted. `shareable` names
+    the full GPUs published for several claims at once, where the server keeps
+    consumable capacity (`features.consumable_capacity`); elsewhere they go out exclusive.
     """
-    entries = [device_entry(device, inventory, device.name in shareable) for device in inventory]
+    features = features or ApiFeatures()
+    shared = shareable if features.consumable_capacity else ()
+    entries = [device_entry(device, inventory, device.name in shared) for device in inventory]
     names = [e["name"] for e in entries]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise SliceError(f"device names are not unique: {duplicates}")
-    chunks = [entries[i : i + MAX_DEVICES_PER_SLICE] for i in range(0, len(entries), MAX_DEVICES_PER_SLICE)]
+    per_slice = MAX_DEVICES_PER_SLICE
+    if features.device_taints:
+        # The lower limit whether or not a device is tainted right now, so that a GPU turning
+        # unhealthy changes one device entry rather than how the pool is cut into slices.
+        per_slice = MAX_TAINTED_DEVICES_PER_SLICE
+        for entry in entries:
+            if taints and entry["name"] in taints:
+                entry["taints"] = [taints[entry["name"]].entry()]
+    chunks = [entries[i : i + per_slice] for i in range(0, len(entries), per_slice)]
     # An empty pool is still published, so consumers see that the node has no devices.
     chunks = chunks or [[]]
     slices = []

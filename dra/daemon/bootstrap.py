@@ -41,7 +41,7 @@ from dra.core.assignment import (
     stranded_claims,
 )
 from dra.daemon import metrics
-from dra.daemon.health import HealthMonitor, HealthTracker
+from dra.daemon.health import APPLICATION_XIDS, HealthMonitor, HealthTracker
 from dra.daemon.lifecycle import Heartbeat, until_stopped
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
@@ -83,6 +83,8 @@ class DaemonSettings:
     #: Seconds without a critical XID or NVML error after which an unhealthy device is healthy
     #: again; 0 keeps it unhealthy until the driver restarts.
     health_recovery_period: float = 300.0
+    #: XIDs that leave device health alone (by default the application errors).
+    ignored_xids: frozenset[int] = APPLICATION_XIDS
     #: Seconds between looks at the GPUs for changes (dra.daemon.rediscovery); 0 disables.
     rediscover_interval: float = 60.0
 
@@ -253,7 +255,7 @@ async def open_node(settings: DaemonSettings, path: GpuPath | None) -> AsyncIter
             settings.state_directory,
             settings.node_name,
         )
-    tracker = HealthTracker(inventory)
+    tracker = HealthTracker(inventory, ignored_xids=settings.ignored_xids)
     node = Node(
         settings, lib, everything, inventory, tracker, HealthMonitor(lib, tracker, inventory), started
     )

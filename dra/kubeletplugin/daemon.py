@@ -16,6 +16,7 @@ from dra.adapters.checkpoint import CheckpointError, CheckpointStore
 from dra.adapters.kube import KubeClient, KubeError
 from dra.core import versions
 from dra.core.assignment import GpuPath, Selector, select
+from dra.core.taints import Effect
 from dra.daemon import metrics
 from dra.daemon.bootstrap import (
     DaemonSettings,
@@ -25,9 +26,12 @@ from dra.daemon.bootstrap import (
     serve_until_stopped,
     warn_about_stranded_claims,
 )
+from dra.daemon.healthctl import HealthControl, socket_path
 from dra.daemon.rediscovery import Rediscovery
 from dra.daemon.sockets import SocketPathError
+from dra.kubeletplugin.features import detect_features
 from dra.kubeletplugin.mps import MpsDaemons
+from dra.kubeletplugin.podresources import DevicePluginHoldback
 from dra.kubeletplugin.publisher import SlicePublisher
 from dra.kubeletplugin.server import PluginServer
 from dra.kubeletplugin.service import DraService, HealthService
@@ -43,6 +47,8 @@ class PluginSettings(DaemonSettings):
     """Everything the kubelet-plugin command is told."""
 
     kubeconfig: str | None = None
+    #: What the taint of an unhealthy device does (where the API server keeps device taints).
+    unhealthy_taint_effect: Effect = Effect.NO_SCHEDULE
     #: Full GPUs published for several claims at once (consumable shares); None: all exclusive.
     shareable_gpus: Selector | None = None
     #: The MPS control binary; None: nvidia-cuda-mps-control on PATH, or the fake one with fake GPUs.
@@ -58,17 +64,18 @@ class PluginSettings(DaemonSettings):
         return ["nvidia-cuda-mps-control"]
 
 
-async def check_server(kube: KubeClient) -> None:
-    """StartupError for an API server this driver cannot serve; a warning for one newer than tested.
+async def check_server(kube: KubeClient) -> versions.ServerInfo | None:
+    """What the API server says about itself; StartupError for one this driver cannot serve.
 
-    An API server that does not answer is not a start-up error: the publisher
-    and prepare retry on their own, and the kubelet expects the plugin to come up.
+    A server newer than tested is only a warning. An API server that does not
+    answer is not a start-up error (None): the publisher and prepare retry on
+    their own, and the kubelet expects the plugin to come up.
     """
     try:
         info = versions.server_info(await kube.server_version(), await kube.resource_api_group())
     except KubeError as err:
         log.warning("cannot ask the API server which version it is (%s); going on", err)
-        return
+        return None
     try:
         warnings = versions.check(info)
     except versions.UnsupportedServerError as err:
@@ -76,6 +83,7 @@ async def check_server(kube: KubeClient) -> None:
     for warning in warnings:
         log.warning("%s", warning)
     log.info("API server %s serves resource.k8s.io %s", info.git_version, ", ".join(info.resource_versions))
+    return info
 
 
 async def run_kubelet_plugin(settings: PluginSettings) -> None:
@@ -85,7 +93,12 @@ async def run_kubelet_plugin(settings: PluginSettings) -> None:
 
 
 async def _serve(settings: PluginSettings, node: Node) -> None:
-    inventory, tracker = node.inventory, node.tracker
+    tracker = node.tracker
+    holdback = DevicePluginHoldback(settings.kubelet_root)
+    rediscovery = Rediscovery(settings, node.inventory, await holdback.held(node.inventory))
+    inventory = rediscovery.current
+    if inventory != node.inventory and settings.rediscover_interval <= 0:
+        log.warning("--rediscover-interval is 0: GPUs held back stay unpublished until a restart")
     log.info("publishing %d allocatable devices on node %s", len(inventory), settings.node_name)
     try:
         kube = KubeClient(settings.kubeconfig)
@@ -110,13 +123,23 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
         _, unmatched = select(settings.shareable_gpus, inventory)
         if unmatched:
             log.warning("--shareable-gpus: no DRA GPU of this node matches %s", ", ".join(unmatched))
-    publisher = SlicePublisher(
-        kube, settings.driver_name, settings.node_name, inventory, shareable=settings.shareable_gpus
-    )
     dra = DraService(settings.driver_name, settings.node_name, state, kube)
+
+    def on_health_change(_: list[str]) -> None:
+        metrics.UNHEALTHY_DEVICES.set(sum(not h.healthy for h in tracker.snapshot().values()))
+        # A device's taint follows its health.
+        publisher.trigger()
+
     try:
         server = PluginServer(
             settings.kubelet_root, settings.driver_name, dra, HealthService(settings.node_name, tracker)
+        )
+        control = HealthControl(
+            socket_path(settings.state_directory),
+            tracker,
+            node.lib,
+            settings.health_recovery_period,
+            on_health_change,
         )
     except SocketPathError as err:
         raise StartupError(str(err)) from None
@@ -142,12 +165,23 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
     def tasks(group: TaskGroup) -> None:
         group.start_soon(publisher.run)
         if settings.rediscover_interval > 0:
-            group.start_soon(Rediscovery(settings, inventory).run, apply)
+            group.start_soon(rediscovery.run, apply, holdback.held)
         group.start_soon(server.keep_registration_socket)
+        group.start_soon(control.run)
         group.start_soon(report_ready)
 
     try:
-        await check_server(kube)
+        info = await check_server(kube)
+        features = await detect_features(kube, info, settings.driver_name, settings.node_name)
+        publisher = SlicePublisher(
+            kube,
+            settings.driver_name,
+            settings.node_name,
+            inventory,
+            features,
+            lambda: tracker.taints(settings.driver_name, settings.unhealthy_taint_effect),
+            shareable=settings.shareable_gpus,
+        )
         try:
             await server.start()
         except (OSError, RuntimeError) as err:
@@ -158,9 +192,7 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
             registry=metrics.REGISTRY,
             unwatched=metrics.UNWATCHED_GPUS,
             tasks=tasks,
-            on_health_change=lambda _: metrics.UNHEALTHY_DEVICES.set(
-                sum(not h.healthy for h in tracker.snapshot().values())
-            ),
+            on_health_change=on_health_change,
         )
     finally:
         with anyio.CancelScope(shield=True):

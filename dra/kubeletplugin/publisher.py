@@ -1,7 +1,8 @@
 """Keeps the node's ResourceSlices equal to the inventory, with the fewest writes.
 
-Reconciles on start, when the inventory changes, and whenever a slice of
-this driver and node changes on the server (someone edited or deleted one).
+Reconciles on start, when the inventory or a device's health (its taint)
+changes, and whenever a slice of this driver and node changes on the server
+(someone edited or deleted one).
 The watch runs as a task beside the reconcile loop; it only signals that
 something changed, and the reconcile lists and compares.
 """
@@ -10,12 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable, Mapping
 
 import anyio
 
 from dra.adapters.kube import ConflictError, KubeClient, KubeError
 from dra.core import slices
 from dra.core.assignment import Selector, select
+from dra.core.taints import DeviceTaint
+from dra.core.versions import ApiFeatures
 from dra.daemon import metrics
 from dra.model.devices import Inventory
 
@@ -35,7 +39,12 @@ _BACKOFF_MAX = 30.0
 
 
 class SlicePublisher:
-    """Publishes one pool (named after the node) for one driver."""
+    """Publishes one pool (named after the node) for one driver.
+
+    `features` says which gated fields the API server keeps; `taints` gives the
+    devices' taints at each reconcile (call trigger() when they change);
+    `shareable` picks the GPUs published for several claims (consumable shares).
+    """
 
     def __init__(
         self,
@@ -43,12 +52,24 @@ class SlicePublisher:
         driver: str,
         node_name: str,
         inventory: Inventory,
+        features: ApiFeatures,
+        taints: Callable[[], Mapping[str, DeviceTaint]] = dict,
         shareable: Selector | None = None,
     ) -> None:
         self._kube = kube
         self._shareable = shareable
+        chosen = shareable_gpus(shareable, inventory)
+        if chosen and not features.consumable_capacity:
+            # Said once here; build_slices then publishes these GPUs exclusive at every reconcile.
+            log.warning(
+                "--shareable-gpus: the API server drops consumable capacity (feature gate "
+                "DRAConsumableCapacity off): publishing %s exclusive",
+                ", ".join(sorted(chosen)),
+            )
         self.driver = driver
         self.node_name = node_name
+        self.features = features
+        self._taints = taints
         self._inventory = inventory
         # Bumped by set_inventory, so a reconcile that ran on an older inventory does not
         # record its generation as the one the new inventory was published under.
@@ -83,6 +104,8 @@ class SlicePublisher:
             self.node_name,
             self._node_uid,
             generation=0,
+            features=self.features,
+            taints=self._taints(),
             shareable=shareable_gpus(self._shareable, inventory),
         )
         plan = slices.plan(desired, existing, self._generation)

@@ -115,6 +115,8 @@ def test_daemonset_runs_the_kubelet_plugin_on_the_host_paths() -> None:
     assert host_paths == {
         "plugin-dir": "/var/lib/kubelet/plugins/gpu.nvidia.com",
         "plugins-registry": "/var/lib/kubelet/plugins_registry",
+        # Read-only: which GPUs device-plugin pods still hold (docs/migration.md).
+        "pod-resources": "/var/lib/kubelet/pod-resources",
         "cdi": "/var/run/cdi",
         "host-dev": "/dev",
     }
@@ -139,6 +141,8 @@ def test_daemonset_probes_resources_priority_and_tolerations() -> None:
     assert container["resources"]["limits"] == {"memory": "256Mi"}
     assert pod["priorityClassName"] == "system-node-critical"
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    dedicated = {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}
+    assert dedicated in pod["tolerations"]
     assert "nodeSelector" not in pod
     assert "affinity" not in pod
     placed = _only(
@@ -226,6 +230,14 @@ def test_device_plugin_alone_takes_every_gpu() -> None:
     [
         ({"devicePlugin": {"enabled": True}}, "set gpuAssignment.dra or gpuAssignment.devicePlugin"),
         ({"kubeletPlugin": {"enabled": False}}, "enable kubeletPlugin, devicePlugin or both"),
+        (
+            {
+                "kubeletPlugin": {"enabled": False},
+                "devicePlugin": {"enabled": True},
+                "deviceClasses": {"gpu": {"extendedResourceName": "nvidia.com/gpu"}},
+            },
+            "deviceClasses.gpu.extendedResourceName and devicePlugin.resourceName are both nvidia.com/gpu",
+        ),
     ],
 )
 def test_impossible_container_choices_fail_the_render(values: dict[str, Any], complaint: str) -> None:
@@ -296,6 +308,23 @@ def test_device_classes_follow_the_driver_name() -> None:
     ]
 
 
+def test_device_classes_serve_an_extended_resource_only_when_asked() -> None:
+    def names(values: dict[str, Any] | None = None) -> dict[str, str | None]:
+        return {
+            c["metadata"]["name"]: c["spec"].get("extendedResourceName")
+            for c in chart.template(values)
+            if c["kind"] == "DeviceClass"
+        }
+
+    assert names() == {"gpu.nvidia.com": None, "mig.nvidia.com": None}
+    values: dict[str, Any] = {"deviceClasses": {"gpu": {"extendedResourceName": "nvidia.com/gpu"}}}
+    assert names(values) == {"gpu.nvidia.com": "nvidia.com/gpu", "mig.nvidia.com": None}
+    # Beside a device plugin serving another name, the mapping is fine.
+    values |= {"devicePlugin": {"enabled": True, "resourceName": "nvidia.com/legacy-gpu"}}
+    values |= {"gpuAssignment": {"devicePlugin": "7"}}
+    assert names(values)["gpu.nvidia.com"] == "nvidia.com/gpu"
+
+
 def test_admission_policy_applies_to_the_drivers_account_only() -> None:
     objects = chart.template(release="gpu", namespace="kube-gpu")
     policy = _only(objects, "ValidatingAdmissionPolicy")
@@ -335,11 +364,22 @@ def test_another_kubelet_root_moves_sockets_and_mounts() -> None:
         pytest.param({"fakeGpu": {"enabled": True}}, "fakeGpu", id="misspelt-key"),
         pytest.param({"driverName": "GPU_Nvidia"}, "driverName", id="bad-driver-name"),
         pytest.param({"logLevel": "verbose"}, "logLevel", id="bad-log-level"),
+        pytest.param(
+            {"deviceClasses": {"gpu": {"extendedResourceName": "gpu"}}},
+            "extendedResourceName",
+            id="extended-resource-without-domain",
+        ),
+        pytest.param({"unhealthyTaintEffect": "Evict"}, "unhealthyTaintEffect", id="bad-taint-effect"),
     ],
 )
 def test_values_schema_rejects_mistakes(values: dict[str, Any], complaint: str) -> None:
     with pytest.raises(chart.HelmError, match=complaint):
         chart.template(values)
+
+
+def test_the_unhealthy_taint_effect_reaches_the_kubelet_plugin() -> None:
+    container = _container(chart.template({"unhealthyTaintEffect": "NoExecute"}))
+    assert _env(container)["DRA_GPU_UNHEALTHY_TAINT_EFFECT"] == "NoExecute"
 
 
 def test_committed_manifests_equal_a_fresh_render() -> None:

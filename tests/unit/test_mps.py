@@ -9,7 +9,6 @@ import json
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +16,12 @@ import pytest
 
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
+from dra.api.v1beta1 import MpsConfig
 from dra.core import cdi, sharing
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
-from dra.core.config import MpsConfig
 from dra.kubeletplugin.mps import MpsDaemons
 from dra.kubeletplugin.state import DeviceState
-from dra.model.devices import Gpu
+from dra.model.quantity import Quantity
 from tests.unit.helpers import DRIVER, NODE, inventory
 
 UID_A = "aaaaaaaa-0000-4000-8000-00000000000a"
@@ -126,6 +125,25 @@ def test_a_claim_gets_its_own_daemon_with_its_limits_and_the_container_is_pointe
     assert not Path(dirs.root).exists()
 
 
+def test_a_per_device_limit_names_a_device_among_those_its_config_applies_to(node: Node) -> None:
+    def config(request: str, limit: str) -> OpaqueConfig:
+        mps = _mps(defaultPerDevicePinnedMemoryLimit={"0": limit})
+        return OpaqueConfig("FromClaim", (request,), mps.parameters)
+
+    claim = ClaimAllocation(
+        uid=UID_A,
+        namespace="team-a",
+        name="claim-a",
+        devices=(AllocatedDevice("small", NODE, "gpu-0"), AllocatedDevice("large", NODE, "gpu-1")),
+        configs=(config("small", "4Gi"), config("large", "8Gi")),
+    )
+    node.state().prepare(claim)
+    # Each config's "0" is its own first device; the daemon numbers the claim's devices.
+    log = node.control_log(UID_A)
+    assert "Command: set_default_device_pinned_mem_limit 0 4096M" in log
+    assert "Command: set_default_device_pinned_mem_limit 1 8192M" in log
+
+
 def test_a_restarted_driver_adopts_the_daemon_instead_of_starting_another(node: Node) -> None:
     node.state().prepare(_claim(UID_A, "gpu-0", config=_mps()))
     pid = node.daemons.pid(UID_A)
@@ -161,17 +179,11 @@ def test_a_daemon_that_cannot_start_fails_the_claim_and_leaves_nothing(node: Nod
 @pytest.mark.parametrize(
     ("config", "problem"),
     [
-        (
-            _mps(defaultPinnedDeviceMemoryLimit="100Gi"),
-            "pinned memory limit 100Gi is above the device's memory",
-        ),
-        (_mps(defaultPerDevicePinnedMemoryLimit={"3": "1Gi"}), "'3' is not a device of this claim"),
-        (_mps(defaultPerDevicePinnedMemoryLimit={"GPU-x": "1Gi"}), "'GPU-x' is not a device of this claim"),
-        (_mps(defaultPinnedDeviceMemoryLimit="1.5Gi"), "'1.5Gi' is not a whole-number memory quantity"),
-        (
-            _mps(defaultActiveThreadPercentage=0),
-            "defaultActiveThreadPercentage: 0 is not a whole number 1-100",
-        ),
+        (_mps(defaultPinnedDeviceMemoryLimit="100Gi"), "defaultPinnedDeviceMemoryLimit: 100Gi is more than"),
+        (_mps(defaultPerDevicePinnedMemoryLimit={"3": "1Gi"}), "[3]: names no device of this config"),
+        (_mps(defaultPerDevicePinnedMemoryLimit={"GPU-x": "1Gi"}), "[GPU-x]: names no device of this config"),
+        (_mps(defaultPinnedDeviceMemoryLimit="10 GB"), '"10 GB" is not a quantity'),
+        (_mps(defaultActiveThreadPercentage=0), "defaultActiveThreadPercentage: 0 is outside 1-100"),
     ],
 )
 def test_bad_limits_are_a_per_claim_error_and_start_nothing(
@@ -185,23 +197,17 @@ def test_bad_limits_are_a_per_claim_error_and_start_nothing(
     assert state.prepared == {}
 
 
-def test_mps_needs_compute_capability_3_5() -> None:
-    gpu = inventory("h100x8").get("gpu-0")
-    assert isinstance(gpu, Gpu)
-    kepler = replace(gpu, cuda_compute_capability="3.0")
-    _, problems = sharing.decide_mps([sharing.MpsRequest(kepler, MpsConfig())])
-    assert problems == [
-        "device gpu-0 cannot run MPS: it needs compute capability 3.5 or newer, the GPU has (3, 0)"
-    ]
-
-
 def test_a_share_caps_the_pinned_limit_and_is_its_default() -> None:
     gpu = inventory("h100x8").get("gpu-0")
     assert gpu is not None
-    settings, problems = sharing.decide_mps([sharing.MpsRequest(gpu, MpsConfig(), "20Gi")])
+    settings, problems = sharing.decide_mps([sharing.MpsRequest(gpu, MpsConfig(), (gpu,), "20Gi")])
     assert (settings["gpu-0"].pinned_limit, problems) == ("20480M", [])
-    _, problems = sharing.decide_mps([sharing.MpsRequest(gpu, MpsConfig(pinned_memory_limit="30Gi"), "20Gi")])
+    larger = MpsConfig(default_pinned_device_memory_limit=Quantity.parse("30Gi"))
+    _, problems = sharing.decide_mps([sharing.MpsRequest(gpu, larger, (gpu,), "20Gi")])
     assert problems == ["device gpu-0: pinned memory limit 30Gi is above its share (20Gi)"]
+    smaller = MpsConfig(default_per_device_pinned_memory_limit={gpu.uuid: Quantity.parse("1.5Gi")})
+    settings, problems = sharing.decide_mps([sharing.MpsRequest(gpu, smaller, (gpu,), "20Gi")])
+    assert (settings["gpu-0"].pinned_limit, problems) == ("1536M", [])
 
 
 def test_two_claims_get_two_daemons(node: Node) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,11 @@ from dra.core import cdi
 from dra.core.allocation import ClaimError, read_allocation
 from dra.core.assignment import parse_selector
 from dra.core.slices import build_slices
-from dra.kubeletplugin.publisher import shareable_gpus
+from dra.core.versions import ApiFeatures
+from dra.kubeletplugin.publisher import SlicePublisher, shareable_gpus
 from dra.kubeletplugin.state import DeviceState
 from tests.unit.helpers import DRIVER, NODE, inventory
+from tests.unit.test_publisher import FakeKube
 
 UID_A = "aaaaaaaa-0000-4000-8000-00000000000a"
 UID_B = "bbbbbbbb-0000-4000-8000-00000000000b"
@@ -25,17 +28,50 @@ SHARE_1 = "11111111-0000-4000-8000-000000000001"
 SHARE_2 = "22222222-0000-4000-8000-000000000002"
 
 
-def _devices(selector: str | None, profile: str = "h100x8") -> dict[str, Any]:
+CONSUMABLE = ApiFeatures(consumable_capacity=True)
+
+
+def _devices(
+    selector: str | None, profile: str = "h100x8", features: ApiFeatures = CONSUMABLE
+) -> dict[str, Any]:
     inv = inventory(profile)
     shareable = shareable_gpus(parse_selector(selector) if selector else None, inv)
-    items = build_slices(inv, DRIVER, NODE, None, generation=1, shareable=shareable)
+    items = build_slices(inv, DRIVER, NODE, None, generation=1, features=features, shareable=shareable)
     return {d["name"]: d for s in items for d in s["spec"]["devices"]}
 
 
+def _exclusive(device: dict[str, Any]) -> bool:
+    return "allowMultipleAllocations" not in device and "requestPolicy" not in device["capacity"]["memory"]
+
+
 def test_gpus_are_exclusive_by_default() -> None:
-    for device in _devices(None).values():
-        assert "allowMultipleAllocations" not in device
-        assert "requestPolicy" not in device["capacity"]["memory"]
+    assert all(_exclusive(device) for device in _devices(None).values())
+
+
+@pytest.mark.anyio
+async def test_where_the_server_drops_consumable_capacity_shareable_gpus_go_out_exclusive_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    assert all(_exclusive(device) for device in _devices("all", features=ApiFeatures(34)).values())
+    kube = FakeKube()
+    with caplog.at_level(logging.WARNING, "dra.kubeletplugin.publisher"):
+        publisher = SlicePublisher(
+            kube,  # type: ignore[arg-type]
+            DRIVER,
+            NODE,
+            inventory("h100x8"),
+            ApiFeatures(34),
+            shareable=parse_selector("0,1"),
+        )
+        await publisher.reconcile()
+        await publisher.reconcile()
+    published = [d for s in kube.server.list() for d in s["spec"]["devices"]]
+    assert published
+    assert all(_exclusive(device) for device in published)
+    assert [r.getMessage() for r in caplog.records] == [
+        "--shareable-gpus: the API server drops consumable capacity (feature gate DRAConsumableCapacity "
+        "off): publishing gpu-0, gpu-1 exclusive"
+    ]
 
 
 def test_shareable_gpus_allow_several_allocations_by_whole_gib_of_memory() -> None:

@@ -243,12 +243,16 @@ def test_an_invalid_config_is_refused(paths: Paths) -> None:
     bad = OpaqueConfig(
         "FromClaim",
         (),
-        {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "Spread"}},
+        {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "GpuConfig",
+            "sharing": {"timeSlicingConfig": {"interval": "VeryLong"}},
+        },
     )
     message = _refused(paths.state(), _allocation(UID_A, "gpu-0", configs=(bad,)))
     assert (
-        "invalid configuration for device gpu-0: GpuConfig.sharing.strategy: 'Spread' is not one of"
-        in message
+        "invalid configuration for device gpu-0: GpuConfig.sharing.timeSlicingConfig.interval: "
+        '"VeryLong" is not one of' in message
     )
     assert paths.specs() == []
 

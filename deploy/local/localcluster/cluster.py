@@ -199,13 +199,16 @@ class LocalCluster:
         feature_gates: Mapping[str, bool] | None = None,
         node_name: str = NODE_NAME,
         version: str | None = None,
+        kubelet: bool = True,
     ) -> None:
+        """`kubelet=False` starts the control plane only (benchmarks with Node objects but no kubelets)."""
         self.version = version or kubernetes_version()
         release(self.version)  # an unknown minor fails here, before anything starts
         # Unix socket paths are capped at 107 bytes: keep the run directory short.
         self.run_dir = run_dir or Path(tempfile.mkdtemp(prefix="dra-gpu-", dir="/tmp"))
         self.gates = default_feature_gates(self.version) if feature_gates is None else dict(feature_gates)
         self.node_name = node_name
+        self.kubelet = kubelet
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._kubelet_command: list[str] = []
         self._kubelet_healthz = ""
@@ -298,7 +301,8 @@ class LocalCluster:
                     "--v=2",
                 ],
             )
-            self._start_kubelet(bins, ports, creds, runtime_sock)
+            if self.kubelet:
+                self._start_kubelet(bins, ports, creds, runtime_sock)
             self._wait_node_ready(deadline)
         except BaseException:
             self.stop()
@@ -540,7 +544,9 @@ class LocalCluster:
         try:
             while True:
                 self._check_alive()
-                node = kube.get_or_none("v1", "Node", self.node_name)
+                node = kube.get_or_none("v1", "Node", self.node_name) if self.kubelet else None
+                if not self.kubelet and kube.get_or_none("v1", "ServiceAccount", "default", "default"):
+                    return
                 ready = node is not None and any(
                     c["type"] == "Ready" and c["status"] == "True"
                     for c in node["status"].get("conditions") or []

@@ -137,3 +137,13 @@ capabilities:
 {{- end }}
 {{- join "," $pairs }}
 {{- end }}
+
+{{/* The webhook's match condition: the object carries an opaque config for this driver,
+wherever its kind keeps configs (claim, template, DeviceClass). */}}
+{{- define "dra-gpu.webhookMatch" -}}
+{{- $has := printf "exists(c, has(c.opaque) && c.opaque.driver == '%s')" .Values.driverName -}}
+has(object.spec) && (
+(has(object.spec.config) && object.spec.config.{{ $has }}) ||
+(has(object.spec.devices) && has(object.spec.devices.config) && object.spec.devices.config.{{ $has }}) ||
+(has(object.spec.spec) && has(object.spec.spec.devices) && has(object.spec.spec.devices.config) && object.spec.spec.devices.config.{{ $has }}))
+{{- end }}

@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import sys
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from dra.core.labels import AdminTemplate, LabelError, parse_template
 from dra.core.slices import SliceError, build_slices
 from dra.daemon import healthctl, logs
 from dra.daemon.bootstrap import DaemonSettings, StartupError, default_state_dir, gpu_library, load_inventory
-from dra.daemon.flags import UsageError, apply_environment, csv, nonempty, option, path, seconds
+from dra.daemon.flags import UsageError, apply_environment, boolean, csv, nonempty, option, path, seconds
 from dra.daemon.health import APPLICATION_XIDS, parse_xids
 from dra.deviceplugin import config as dpconfig
 from dra.deviceplugin import setup as dpsetup
@@ -71,6 +72,29 @@ def _gpu_source(parser: argparse.ArgumentParser) -> None:
         "where the host's / is mounted: device nodes (/dev/nvidia*) are looked up there, since the "
         "container's own /dev holds only what the runtime injected",
         Path("/"),
+        type=path,
+    )
+    option(
+        parser,
+        "--driver-root",
+        "where the NVIDIA driver's user-space files (libraries, nvidia-smi, firmware) are installed on "
+        "the host, e.g. /run/nvidia/driver for NVIDIA's driver container; looked up under --host-root",
+        Path("/"),
+        type=path,
+    )
+    option(
+        parser,
+        "--cdi-driver-files",
+        "whether the CDI specs mount the driver's user-space files, so that containers need no NVIDIA "
+        "runtime hook; false leaves them to the node's NVIDIA container toolkit (legacy mode)",
+        True,
+        type=boolean,
+    )
+    option(
+        parser,
+        "--fake-gpu-root",
+        "with --fake-gpus: make the fake GPUs visible to real containers: device nodes under DIR/dev "
+        "and a stand-in driver (nvidia-smi -L) under DIR/driver-root, which the CDI specs point at",
         type=path,
     )
 
@@ -236,6 +260,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--mps-control",
         "the nvidia-cuda-mps-control binary that runs a claim's MPS control daemon; default: "
         "nvidia-cuda-mps-control on PATH (with --fake-gpus: the fake one, python -m dra.gpu.fakemps)",
+    )
+    option(
+        plugin,
+        "--rolling-update",
+        "let a new instance start beside the running one (sockets of its own; kubelet 1.33 or newer), "
+        "for a DaemonSet update with maxSurge: true or false",
+        True,
+        type=boolean,
+    )
+    option(
+        plugin,
+        "--instance-id",
+        "with --rolling-update: this instance's ID in its socket names (the chart passes the pod UID); "
+        "default: a random one",
+        type=nonempty,
     )
 
     dp = sub.add_parser(
@@ -519,6 +558,9 @@ def _daemon_settings(args: argparse.Namespace) -> dict[str, Any]:
         "dra_gpus": getattr(args, "dra_gpus", None),
         "device_plugin_gpus": getattr(args, "device_plugin_gpus", None),
         "host_root": args.host_root,
+        "driver_root": args.driver_root,
+        "cdi_driver_files": args.cdi_driver_files,
+        "fake_gpu_root": args.fake_gpu_root,
         "health_recovery_period": args.health_recovery_period,
         "ignored_xids": args.ignored_xids,
         "rediscover_interval": getattr(args, "rediscover_interval", DaemonSettings.rediscover_interval),
@@ -532,6 +574,7 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
         unhealthy_taint_effect=args.unhealthy_taint_effect,
         shareable_gpus=args.shareable_gpus,
         mps_control=args.mps_control or None,
+        instance_id=(args.instance_id or uuid.uuid4().hex) if args.rolling_update else None,
     )
     anyio.run(run_kubelet_plugin, settings, backend="asyncio")
     return 0

@@ -6,24 +6,36 @@ kubelet believes prepared. The file is JSON with a format version and a
 SHA-256 checksum of its content; a file that fails either check stops the
 driver with an error naming the file, never a silent reset that would let a
 GPU be handed out twice.
+
+Two instances of the kubelet plugin overlap during a rolling update and share
+the file: each holds an flock on checkpoint.lock around reading, deciding and
+saving, and reads the file again under it when the other saved meanwhile.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from collections.abc import Mapping
+import os
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from dra.adapters.atomicfile import remove_leftovers, write_atomic
+from dra.adapters.filelock import LockTimeoutError, exclusive
 from dra.model.prepared import PreparedClaim, PreparedDevice
 
 KIND = "DraGpuCheckpoint"
 VERSION = 1
 #: The checkpoint's name in the state directory.
 FILE_NAME = "checkpoint.json"
+#: Seconds a prepare or unprepare waits for another instance to let go of the checkpoint.
+LOCK_TIMEOUT = 30.0
+
+#: What tells one version of the file from the next: each save renames a new inode into place.
+_Signature = tuple[int, int, int]
 
 
 class CheckpointError(Exception):
@@ -104,16 +116,45 @@ class CheckpointStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.lock_path = path.with_suffix(".lock")
+        self._seen: _Signature | None = None
+
+    def _signature(self) -> _Signature | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def load(self) -> dict[str, PreparedClaim]:
         """Every prepared claim by UID; empty when no checkpoint exists yet."""
+        seen = self._signature()
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
+            self._seen = None
             return {}
         except OSError as err:
             raise CheckpointError(f"cannot read checkpoint {self.path}: {err}") from None
-        return decode(data, self.path)
+        claims = decode(data, self.path)
+        self._seen = seen
+        return claims
+
+    @contextlib.contextmanager
+    def exclusive(self, timeout: float = LOCK_TIMEOUT) -> Iterator[dict[str, PreparedClaim] | None]:
+        """Hold the checkpoint against other processes; yields its claims if one saved it since we looked.
+
+        None means the file is as this store last read or wrote it. CheckpointError
+        when another process holds the lock for longer than `timeout`.
+        """
+        try:
+            with exclusive(self.lock_path, timeout):
+                yield self.load() if self._signature() != self._seen else None
+        except LockTimeoutError as err:
+            raise CheckpointError(
+                f"cannot lock checkpoint {self.path}: {err}; another dra-gpu kubelet-plugin on this node "
+                "is stuck in a prepare or unprepare"
+            ) from None
 
     def remove_leftovers(self) -> None:
         """Delete temporary checkpoint files a crash left behind."""
@@ -122,3 +163,4 @@ class CheckpointStore:
     def save(self, claims: Mapping[str, PreparedClaim]) -> None:
         """Replace the checkpoint atomically and durably."""
         write_atomic(self.path, encode(claims), mode=0o600)
+        self._seen = self._signature()

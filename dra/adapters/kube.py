@@ -194,7 +194,9 @@ class KubeClient:
 
     async def get_resource_claim(self, namespace: str, name: str) -> Obj:
         """GET a ResourceClaim (resource.k8s.io/v1)."""
-        result: Obj = await self._call("GET", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims/{name}")
+        # The kubelet's names go into the path: quoted, `a?watch=1` or `../..` stays one (absent) name.
+        ns, claim = urllib.parse.quote(namespace, safe=""), urllib.parse.quote(name, safe="")
+        result: Obj = await self._call("GET", f"{RESOURCE_API}/namespaces/{ns}/resourceclaims/{claim}")
         return result
 
     async def get_node(self, name: str) -> Obj:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dra.model.devices import Device, Gpu, Inventory, MigDevice, gpu_of
 from dra.model.prepared import PreparedClaim, PreparedDevice
@@ -235,11 +235,10 @@ def assign(
 def restrict(inventory: Inventory, gpus: Iterable[Gpu]) -> Inventory:
     """The part of the inventory on these GPUs: the GPUs themselves and their MIG devices."""
     keep = {gpu.uuid for gpu in gpus}
-    return Inventory(
+    # replace(): the node-wide facts (control nodes, driver files, ...) stay whole.
+    return replace(
+        inventory,
         devices=tuple(d for d in inventory if gpu_of(d).uuid in keep),
-        driver_version=inventory.driver_version,
-        cuda_driver_version=inventory.cuda_driver_version,
-        common_device_nodes=inventory.common_device_nodes,
         gpus=tuple(g for g in inventory.gpus if g.uuid in keep),
     )
 

@@ -187,3 +187,23 @@ def check(server: ServerInfo) -> Sequence[str]:
     if server.minor > NEWEST_MINOR:
         return [f"the API server is {server.git_version}, newer than the newest tested release ({SUPPORTED})"]
     return []
+
+
+#: The first kubelet that keeps several registered plugins of one driver and calls the newest
+#: connected one (kubelet DRA plugin manager, 1.33); older ones must not see two instances.
+ROLLING_UPDATE_KUBELET_MINOR = 33
+
+
+def rolling_update_refusal(kubelet_version: str) -> str | None:
+    """Why a kubelet of this version (Node status.nodeInfo.kubeletVersion) cannot take overlapping instances.
+
+    None when it can, or when the version does not parse (then the kubelet is trusted).
+    """
+    found = re.match(r"v?1\.(\d+)", kubelet_version)
+    if found is None or int(found.group(1)) >= ROLLING_UPDATE_KUBELET_MINOR:
+        return None
+    return (
+        f"the kubelet is {kubelet_version}; overlapping plugin instances (rolling updates) need a kubelet "
+        f"1.{ROLLING_UPDATE_KUBELET_MINOR} or newer: run with --rolling-update=false "
+        "(chart: kubeletPlugin.rollingUpdate=false)"
+    )

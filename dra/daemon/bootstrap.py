@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIServer
@@ -40,10 +40,11 @@ from dra.core.assignment import (
     restrict,
     stranded_claims,
 )
-from dra.daemon import metrics
+from dra.daemon import fakegpus, metrics
 from dra.daemon.health import APPLICATION_XIDS, HealthMonitor, HealthTracker
 from dra.daemon.lifecycle import Heartbeat, until_stopped
 from dra.gpu.discovery import discover
+from dra.gpu.driverfiles import find_driver_files
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.nvml import GpuLibrary, GpuLibraryError, NvmlLibrary
 from dra.gpu.profiles import ProfileError, load_profile
@@ -80,6 +81,12 @@ class DaemonSettings:
     dra_gpus: Selector | None = None
     device_plugin_gpus: Selector | None = None
     host_root: Path = Path("/")
+    #: Where the NVIDIA driver's user-space files are installed, as the container runtime sees it.
+    driver_root: Path = Path("/")
+    #: Whether the CDI specs mount the driver's files (False: the node's NVIDIA runtime hook does).
+    cdi_driver_files: bool = True
+    #: With fake GPUs: where their device nodes and stand-in driver are made, for real containers.
+    fake_gpu_root: Path | None = None
     #: Seconds without a critical XID or NVML error after which an unhealthy device is healthy
     #: again; 0 keeps it unhealthy until the driver restarts.
     health_recovery_period: float = 300.0
@@ -87,6 +94,9 @@ class DaemonSettings:
     ignored_xids: frozenset[int] = APPLICATION_XIDS
     #: Seconds between looks at the GPUs for changes (dra.daemon.rediscovery); 0 disables.
     rediscover_interval: float = 60.0
+    #: This instance's ID when instances may overlap on a node (a rolling update, the pod UID);
+    #: None runs exclusively: a second instance is refused.
+    instance_id: str | None = None
 
     @property
     def state_directory(self) -> Path:
@@ -120,11 +130,13 @@ def gpu_library(
     events: Path | None = None,
     host_root: Path = Path("/"),
     state_dir: Path | None = None,
+    fake_gpu_root: Path | None = None,
 ) -> GpuLibrary:
     """NVML (device nodes looked up under host_root), or fake GPUs from a profile name or file.
 
     Fake GPUs keep the settings the driver changes in `state_dir`, as real ones keep them
-    across a driver restart.
+    across a driver restart. With fake_gpu_root the fake GPUs' device nodes and stand-in
+    driver are made there first.
     """
     if not fake_gpus:
         return NvmlLibrary(dev=host_root)
@@ -133,7 +145,32 @@ def gpu_library(
     except ProfileError as err:
         raise StartupError(f"--fake-gpus: {err}") from None
     state_file = state_dir / FAKE_GPU_STATE if state_dir is not None else None
-    return FakeGpuLibrary(profile, node_name, events, state_file)
+    lib = FakeGpuLibrary(profile, node_name, events, state_file, fake_gpu_root)
+    if fake_gpu_root is not None:
+        try:
+            fakegpus.materialise(lib, fake_gpu_root)
+        except fakegpus.FakeRootError as err:
+            raise StartupError(str(err)) from None
+    return lib
+
+
+def node_inventory(lib: GpuLibrary, settings: DaemonSettings) -> Inventory:
+    """load_inventory, plus what the CDI specs need of the node: the driver's files, the device root."""
+    inventory = load_inventory(lib)
+    if settings.fake_gpus and settings.fake_gpu_root is not None:
+        dev_root, driver_root, host_root = (
+            settings.fake_gpu_root,
+            settings.fake_gpu_root / fakegpus.DRIVER_ROOT,
+            Path("/"),
+        )
+    elif settings.fake_gpus:
+        return inventory
+    else:
+        dev_root, driver_root, host_root = Path("/"), settings.driver_root, settings.host_root
+    files = (
+        find_driver_files(lib.driver_version(), driver_root, host_root) if settings.cdi_driver_files else ()
+    )
+    return replace(inventory, driver_files=files, dev_root=str(dev_root))
 
 
 def load_inventory(lib: GpuLibrary) -> Inventory:
@@ -155,11 +192,13 @@ def take_assignment(
     running: GpuPath,
     state_dir: Path,
     node_name: str,
+    overlapping: bool = False,
 ) -> tuple[Inventory, AssignmentLease]:
     """This path's part of the inventory, recorded on the host; StartupError naming a GPU on overlap.
 
     Refused when the selectors give a GPU to both paths, or when the other
     path's process runs on this node and already advertises one of ours.
+    `overlapping`: another instance of this path may run (a rolling update).
     """
     try:
         assignment = assign(inventory, dra_gpus, device_plugin_gpus, running)
@@ -169,7 +208,7 @@ def take_assignment(
         log.warning("%s", warning)
     mine = assignment.gpus(running)
     try:
-        lease = AssignmentRecord(state_dir).lease(running, mine, node_name)
+        lease = AssignmentRecord(state_dir).lease(running, mine, node_name, shared=overlapping)
     except AssignmentConflictError as err:
         raise StartupError(str(err)) from None
     except OSError as err:
@@ -220,9 +259,14 @@ def rediscover(settings: DaemonSettings) -> Inventory:
     """Discover the GPUs again, for a daemon that follows changes (MIG layout, lost GPUs)."""
     # A fresh library, so that a changed fake profile file is read again too; NVML's
     # init and shutdown are reference-counted, so this leaves the health watch alone.
-    lib = gpu_library(settings.fake_gpus, settings.node_name, host_root=settings.host_root)
+    lib = gpu_library(
+        settings.fake_gpus,
+        settings.node_name,
+        host_root=settings.host_root,
+        fake_gpu_root=settings.fake_gpu_root,
+    )
     try:
-        return load_inventory(lib)
+        return node_inventory(lib, settings)
     finally:
         lib.shutdown()
 
@@ -242,8 +286,9 @@ async def open_node(settings: DaemonSettings, path: GpuPath | None) -> AsyncIter
         settings.fake_gpu_events,
         settings.host_root,
         settings.state_directory,
+        settings.fake_gpu_root,
     )
-    everything = load_inventory(lib)
+    everything = node_inventory(lib, settings)
     lease: AssignmentLease | None = None
     inventory = everything
     if path is not None:
@@ -254,6 +299,7 @@ async def open_node(settings: DaemonSettings, path: GpuPath | None) -> AsyncIter
             path,
             settings.state_directory,
             settings.node_name,
+            overlapping=settings.instance_id is not None,
         )
     tracker = HealthTracker(inventory, ignored_xids=settings.ignored_xids)
     node = Node(

@@ -1,8 +1,12 @@
 """Fake GPUs behind the GpuLibrary interface, from a profile (dra.gpu.profiles).
 
 FakeGpuLibrary answers the same NVML calls as the real library, with UUIDs
-derived from the node name so that many fake nodes differ, and no host device
-nodes (containers get no paths that do not exist). XID errors can be injected
+derived from the node name so that many fake nodes differ. By default it has
+no host device nodes (containers get no paths that do not exist); given a
+root (--fake-gpu-root, for real containers in the local cluster) it looks
+device nodes up under that root, where dra.daemon.fakegpus makes them, and
+lists MIG capability minors as the driver's /proc/driver/nvidia-caps/mig-minors
+does. XID errors can be injected
 by appending lines to an events file, which the health monitor reads like
 NVML events:
 
@@ -46,6 +50,23 @@ from dra.gpu.nvml import (
 )
 from dra.gpu.profiles import FakeGpu, Profile
 
+#: GPU and compute instance IDs a GPU can have, as the driver's mig-minors file lists them.
+MIG_GPU_INSTANCES = 15
+MIG_COMPUTE_INSTANCES = 8
+
+
+def mig_cap_minor(gpu_minor: int, gpu_instance: int, compute_instance: int | None = None) -> int:
+    """The nvidia-caps minor of a GPU instance's (or compute instance's) access file.
+
+    The driver's numbering in /proc/driver/nvidia-caps/mig-minors: 1 and 2 are
+    the config and monitor capabilities, then per GPU and GPU instance one minor
+    for the instance followed by one per compute instance.
+    """
+    per_gi = 1 + MIG_COMPUTE_INSTANCES
+    base = 3 + gpu_minor * MIG_GPU_INSTANCES * per_gi + gpu_instance * per_gi
+    return base if compute_instance is None else base + 1 + compute_instance
+
+
 # An even number, so that the pairs of GPUs that share a root never straddle two domains.
 _BUSES_PER_DOMAIN = 14
 _UUID_NAMESPACE = uuid.UUID("0b9c4a52-8b0e-4c36-9a55-6c0f3f1d2a71")
@@ -68,11 +89,14 @@ class FakeGpuLibrary:
         node_name: str,
         events_file: Path | None = None,
         state_file: Path | None = None,
+        root: Path | None = None,
     ) -> None:
         self.profile = profile
         self.node_name = node_name
         self._state_file = state_file
         self._state: dict[str, dict[str, int]] = {}
+        #: Where the fake device nodes live (root/dev/nvidia0 ...); None: nowhere.
+        self.root = root
         self._events_file = events_file
         self._events_offset = 0
         self._watched: set[int] = set()
@@ -222,12 +246,20 @@ class FakeGpuLibrary:
         return explicit or f"pci{domain:04x}:{0x10 + 0x10 * first_of_pair:02x}"
 
     def mig_capability_minors(self) -> dict[str, int]:
-        """Fake GPUs have no capability devices."""
-        return {}
+        """With a root, every GPU's capability minors as the driver numbers them; else none."""
+        if self.root is None:
+            return {}
+        minors: dict[str, int] = {}
+        for gpu in range(len(self.profile.gpus)):
+            for gi in range(MIG_GPU_INSTANCES):
+                minors[f"gpu{gpu}/gi{gi}/access"] = mig_cap_minor(gpu, gi)
+                for ci in range(MIG_COMPUTE_INSTANCES):
+                    minors[f"gpu{gpu}/gi{gi}/ci{ci}/access"] = mig_cap_minor(gpu, gi, ci)
+        return minors
 
     def path_exists(self, path: str) -> bool:
-        """Fake GPUs have no device nodes on the host."""
-        return False
+        """Whether the node exists under the root; without one fake GPUs have no device nodes."""
+        return self.root is not None and (self.root / path.lstrip("/")).exists()
 
     def watch_xid_events(self, gpu: GpuHandle) -> None:
         """Remember which GPUs are watched."""

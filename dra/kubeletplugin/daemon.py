@@ -41,6 +41,9 @@ from dra.model.devices import Inventory
 
 log = logging.getLogger(__name__)
 
+#: The file in the state directory whose flock says which instance publishes the node's slices.
+PUBLISHER_TURN = "publisher.lock"
+
 
 @dataclass(frozen=True)
 class PluginSettings(DaemonSettings):
@@ -86,6 +89,22 @@ async def check_server(kube: KubeClient) -> versions.ServerInfo | None:
     return info
 
 
+async def check_kubelet(kube: KubeClient, node_name: str) -> None:
+    """StartupError when rolling updates are on and this node's kubelet cannot take two instances.
+
+    An unanswered question is not an error, as in check_server.
+    """
+    try:
+        node = await kube.get_node(node_name)
+    except KubeError as err:
+        log.warning("cannot read node %s for its kubelet version (%s); going on", node_name, err)
+        return
+    kubelet = str(((node.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion") or "")
+    refusal = versions.rolling_update_refusal(kubelet)
+    if refusal is not None:
+        raise StartupError(refusal)
+
+
 async def run_kubelet_plugin(settings: PluginSettings) -> None:
     """Run until SIGTERM or SIGINT."""
     async with open_node(settings, GpuPath.DRA) as node:
@@ -106,7 +125,7 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
             settings.driver_name,
             settings.node_name,
             inventory,
-            CdiStore(settings.cdi_root, settings.driver_name),
+            CdiStore(settings.cdi_root, settings.driver_name, settings.host_root),
             CheckpointStore(settings.checkpoint_path),
             time_slicer=TimeSlicer(node.lib),
             mps=MpsDaemons(settings.state_directory / "mps", settings.mps_command),
@@ -132,7 +151,11 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
 
     try:
         server = PluginServer(
-            settings.kubelet_root, settings.driver_name, dra, HealthService(settings.node_name, tracker)
+            settings.kubelet_root,
+            settings.driver_name,
+            dra,
+            HealthService(settings.node_name, tracker),
+            settings.instance_id,
         )
         control = HealthControl(
             socket_path(settings.state_directory),
@@ -145,7 +168,8 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
         raise StartupError(str(err)) from None
 
     def ready() -> bool:
-        return server.registration.registered.is_set() and publisher.published.is_set()
+        # Standing by, the instance before this one still publishes the same pool: ready all the same.
+        return server.registration.registered.is_set() and publisher.settled.is_set()
 
     async def apply(changed: Inventory) -> None:
         # The state's lock may be held across fsyncs by a prepare: wait for it off the loop.
@@ -155,9 +179,10 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
 
     async def report_ready() -> None:
         await server.registration.registered.wait()
-        await publisher.published.wait()
+        await publisher.settled.wait()
         log.info(
-            "ready: registered with the kubelet and published %d devices in %.2fs",
+            "ready: registered with the kubelet and %s %d devices in %.2fs",
+            "published" if publisher.published.is_set() else "left to the previous instance to publish",
             len(inventory),
             time.monotonic() - node.started,
         )
@@ -172,6 +197,8 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
 
     try:
         info = await check_server(kube)
+        if settings.instance_id is not None:
+            await check_kubelet(kube, settings.node_name)
         features = await detect_features(kube, info, settings.driver_name, settings.node_name)
         publisher = SlicePublisher(
             kube,
@@ -180,6 +207,7 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
             inventory,
             features,
             lambda: tracker.taints(settings.driver_name, settings.unhealthy_taint_effect),
+            settings.state_directory / PUBLISHER_TURN,
             shareable=settings.shareable_gpus,
         )
         try:

@@ -5,6 +5,12 @@ changes, and whenever a slice of this driver and node changes on the server
 (someone edited or deleted one).
 The watch runs as a task beside the reconcile loop; it only signals that
 something changed, and the reconcile lists and compares.
+
+One instance per node publishes: the one holding the flock on `turn` (a file
+in the state directory). During a rolling update the newer instance waits,
+ready, until the older one ends (and its lock with it), then reconciles
+the slices to what it sees. Two instances never write the same pool in turn,
+so a changed configuration cannot make them undo each other's writes.
 """
 
 from __future__ import annotations
@@ -12,9 +18,11 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import anyio
 
+from dra.adapters.filelock import try_lock
 from dra.adapters.kube import ConflictError, KubeClient, KubeError
 from dra.core import slices
 from dra.core.assignment import Selector, select
@@ -36,6 +44,8 @@ def shareable_gpus(selector: Selector | None, inventory: Inventory) -> frozenset
 
 _BACKOFF_START = 0.5
 _BACKOFF_MAX = 30.0
+#: Seconds between looks at whether the instance publishing before this one has ended.
+_TURN_POLL = 0.5
 
 
 class SlicePublisher:
@@ -54,9 +64,11 @@ class SlicePublisher:
         inventory: Inventory,
         features: ApiFeatures,
         taints: Callable[[], Mapping[str, DeviceTaint]] = dict,
+        turn: Path | None = None,
         shareable: Selector | None = None,
     ) -> None:
         self._kube = kube
+        self._turn = turn
         self._shareable = shareable
         chosen = shareable_gpus(shareable, inventory)
         if chosen and not features.consumable_capacity:
@@ -78,6 +90,10 @@ class SlicePublisher:
         self._generation: int | None = None
         self._send, self._receive = anyio.create_memory_object_stream[None](1)
         self.published = anyio.Event()
+        #: Set while another instance holds the turn to publish this pool.
+        self.standing_by = False
+        #: Set once this instance published, or found another one publishing the pool.
+        self.settled = anyio.Event()
 
     def trigger(self) -> None:
         """Ask for a reconcile soon; several triggers before it runs count once."""
@@ -159,11 +175,29 @@ class SlicePublisher:
             self.trigger()
 
     async def run(self) -> None:
-        """Reconcile until cancelled, retrying failures with exponential backoff."""
-        async with anyio.create_task_group() as group:
-            group.start_soon(self._watch)
-            self.trigger()
-            await self._reconcile_on_trigger()
+        """Wait for the turn to publish, then reconcile until cancelled, retrying failures with backoff."""
+        with contextlib.ExitStack() as stack:
+            if self._turn is not None:
+                self._turn.parent.mkdir(parents=True, exist_ok=True)
+                # Held until this process ends; closing the file lets the next instance publish.
+                turn = stack.enter_context(open(self._turn, "ab"))  # noqa: ASYNC230 (a lock file: no I/O)
+                while not try_lock(turn):
+                    if not self.standing_by:
+                        log.info(
+                            "another instance publishes pool %s (it holds %s); publishing when it ends",
+                            self.node_name,
+                            self._turn,
+                        )
+                        self.standing_by = True
+                        self.settled.set()
+                    await anyio.sleep(_TURN_POLL)
+                if self.standing_by:
+                    log.info("the previous instance ended; publishing pool %s", self.node_name)
+                    self.standing_by = False
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._watch)
+                self.trigger()
+                await self._reconcile_on_trigger()
 
     async def _reconcile_on_trigger(self) -> None:
         backoff = _BACKOFF_START
@@ -171,6 +205,7 @@ class SlicePublisher:
             try:
                 await self.reconcile()
                 self.published.set()
+                self.settled.set()
                 backoff = _BACKOFF_START
             except Exception as err:
                 # Publishing must go on whatever one attempt ran into.

@@ -15,14 +15,20 @@ records the claim and before the answer, and again at start-up for every
 recorded claim (setting an interval is idempotent, a running daemon is
 adopted); they are undone before the checkpoint entry goes, so a crash never
 loses track of one. At start-up, daemons of claims not recorded are stopped.
+A prepare whose spec or checkpoint write fails (ENOSPC, EIO) removes the spec
+it wrote and answers that claim's error, so no spec is left without its entry.
 Calls are serialised by a lock; they block on file I/O and run in worker threads.
+The lock is also held across processes (the checkpoint's flock), and the state
+re-read under it when another instance saved it: during a rolling update two
+instances prepare and unprepare on the same checkpoint and CDI directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from dra.adapters import faults
 from dra.adapters.cdistore import CdiStore
@@ -67,6 +73,14 @@ class DeviceState:
         self._lock = threading.Lock()
         self._prepared: dict[str, PreparedClaim] = checkpoint.load()
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the state against threads and other processes, with what another instance saved."""
+        with self._lock, self._checkpoint.exclusive() as saved_elsewhere:
+            if saved_elsewhere is not None:
+                self._prepared = saved_elsewhere
+            yield
+
     def set_inventory(self, inventory: Inventory) -> None:
         """Devices changed: new prepares see the new inventory; prepared claims stay as they are."""
         with self._lock:
@@ -80,16 +94,18 @@ class DeviceState:
     def conflicts(self, allocation: ClaimAllocation) -> list[PreparedClaim]:
         """Prepared claims that hold devices of `allocation` now; the caller finds out which are stale.
 
-        No lock: the inventory and the prepared map are replaced whole, never changed
-        in place, and `prepare` decides again under the lock on the state it then sees.
+        Under the lock only to see what another instance prepared meanwhile: `prepare`
+        decides again under it on the state it then sees.
         """
-        return plans.conflicts(allocation, self.inventory, self._prepared, pool=self.pool)
+        with self._locked():
+            return plans.conflicts(allocation, self.inventory, self._prepared, pool=self.pool)
 
     def recover(self) -> None:
         """After a restart: drop specs of claims not prepared, (re)write the specs of prepared ones."""
-        with self._lock:
+        with self._locked():
             self._checkpoint.remove_leftovers()
             self._cdi.remove_leftovers()
+            faults.point("recover.leftovers-removed")
             plan = plans.decide_recover(
                 self._prepared,
                 self.inventory,
@@ -100,9 +116,11 @@ class DeviceState:
             for uid in plan.remove:
                 log.info("removing CDI spec of claim %s, which is not prepared", uid)
                 self._cdi.remove(uid)
+                faults.point("recover.spec-removed")
             _warn_missing(plan.missing)
             for uid, spec in plan.write:
                 self._cdi.write(uid, spec)
+                faults.point("recover.spec-written")
             if self._time_slicer is not None:
                 try:
                     self._time_slicer.apply(sharing.wanted_time_slices(self._prepared))
@@ -121,7 +139,7 @@ class DeviceState:
 
         ClaimError when it cannot be prepared; then nothing changes.
         """
-        with self._lock:
+        with self._locked():
             plan = plans.decide_prepare(
                 allocation,
                 self.inventory,
@@ -134,10 +152,30 @@ class DeviceState:
             )
             if isinstance(plan, plans.Refusal):
                 raise ClaimError(plan.message)
+            gone = self._missing_host_paths(plan)
+            if gone:
+                # The runtime would fail every container of the claim on a path that is gone.
+                raise ClaimError(
+                    f"cannot prepare ResourceClaim {allocation.ref}: its CDI spec would name "
+                    f"{', '.join(gone)}, not on this node (a GPU or the driver changed since discovery)"
+                )
             self._apply(plan, allocation)
             faults.point("sharing-before-gpu-settings")
             self._apply_gpu_settings(plan, allocation)
             return plan.claim
+
+    def _missing_host_paths(self, plan: plans.PreparePlan) -> list[str]:
+        """Host paths the plan's spec names that are not on this node, but for those the prepare makes.
+
+        The claim's MPS directories come with its daemon, which starts after the spec is written.
+        """
+        if plan.spec is None:
+            return []
+        gone = self._cdi.missing_host_paths(plan.spec)
+        if self._mps is None:
+            return gone
+        own = sharing.mps_dirs(self._mps_root, plan.claim.uid).root + "/"
+        return [path for path in gone if not path.startswith(own)]
 
     def _apply_gpu_settings(self, plan: plans.PreparePlan, allocation: ClaimAllocation) -> None:
         """Set the claim's time slices and start its MPS daemon (again, on a retry).
@@ -179,15 +217,32 @@ class DeviceState:
                 release.reason,
             )
             self._cdi.remove(holder.uid)
+            faults.point("prepare.stale-spec-removed")
         _warn_missing(plan.missing)
         if plan.spec is not None:
-            self._cdi.write(plan.claim.uid, plan.spec)
+            faults.point("prepare.before-cdi-write")
+            try:
+                self._cdi.write(plan.claim.uid, plan.spec)
+            except OSError as err:
+                self._drop_unrecorded_spec(plan.claim.uid)
+                raise ClaimError(f"cannot write the CDI spec of claim {allocation.ref}: {err}") from err
+            faults.point("prepare.cdi-written")
         if not plan.record:
             return
         released = {r.holder.uid for r in plan.release}
         updated = {uid: c for uid, c in self._prepared.items() if uid not in released}
         updated[plan.claim.uid] = plan.claim
-        self._checkpoint.save(updated)
+        try:
+            self._checkpoint.save(updated)
+        except OSError as err:
+            # A failed directory fsync comes after the rename: put back the record the kubelet is told of.
+            with contextlib.suppress(OSError):
+                self._checkpoint.save(self._prepared)
+            self._drop_unrecorded_spec(plan.claim.uid)
+            raise ClaimError(
+                f"cannot record claim {allocation.ref} in the checkpoint {self._checkpoint.path}: {err}"
+            ) from err
+        faults.point("prepare.checkpoint-saved")
         self._prepared = updated
         log.info(
             "prepared claim %s (%s): %s",
@@ -196,16 +251,26 @@ class DeviceState:
             ", ".join(d.device for d in plan.claim.devices),
         )
 
+    def _drop_unrecorded_spec(self, uid: str) -> None:
+        """After a failed write: remove the claim's spec unless the checkpoint records the claim."""
+        if uid in self._prepared:
+            return
+        # Best effort on a failing disk: a spec that stays is removed at the next start-up.
+        with contextlib.suppress(OSError):
+            self._cdi.remove(uid)
+
     def unprepare(self, uid: str) -> PreparedClaim | None:
         """Undo a prepare; an unknown claim is fine (its stray spec, if any, goes too)."""
-        with self._lock:
+        with self._locked():
             return self._unprepare_locked(uid)
 
     def _unprepare_locked(self, uid: str) -> PreparedClaim | None:
+        """Undo a prepare; the caller holds the lock."""
         plan = plans.decide_unprepare(uid, self._prepared)
         self._cdi.remove(plan.uid)
         if plan.claim is None:
             return None
+        faults.point("unprepare.spec-removed")
         if self._time_slicer is not None:
             self._time_slicer.restore(sharing.time_slices_to_restore(uid, self._prepared))
         if self._mps is not None:
@@ -213,6 +278,7 @@ class DeviceState:
         faults.point("sharing-before-unrecord")
         updated = {k: v for k, v in self._prepared.items() if k != plan.uid}
         self._checkpoint.save(updated)
+        faults.point("unprepare.checkpoint-saved")
         self._prepared = updated
         log.info("unprepared claim %s/%s (%s)", plan.claim.namespace, plan.claim.name, uid)
         return plan.claim

@@ -207,7 +207,8 @@ def test_restart_after_sigkill_keeps_prepared_claims(
     assert driver.proc.poll() is None
     os.kill(driver.proc.pid, signal.SIGTERM)
     assert driver.proc.wait(15) == 0
-    assert not (Path(cluster.plugins_registry) / f"{DRIVER}-reg.sock").exists()
+    assert not driver.registration_socket.exists()
+    assert not driver.dra_socket.exists()
     driver.start()
 
 

@@ -119,13 +119,18 @@ def test_daemonset_runs_the_kubelet_plugin_on_the_host_paths() -> None:
         "pod-resources": "/var/lib/kubelet/pod-resources",
         "cdi": "/var/run/cdi",
         "host-dev": "/dev",
+        # Read-only: the driver's files for CDI specs, found under --host-root.
+        "driver-root": "/",
     }
-    assert all(mounts[name] == path for name, path in host_paths.items() if name != "host-dev")
+    assert all(
+        mounts[name] == path for name, path in host_paths.items() if name not in ("host-dev", "driver-root")
+    )
     # The host's /dev, read-only, tells which device nodes to put in CDI specs.
     assert mounts["host-dev"] == "/host/dev"
     assert env["DRA_GPU_HOST_ROOT"] == "/host"
     [dev_mount] = [m for m in container["volumeMounts"] if m["name"] == "host-dev"]
     assert dev_mount["readOnly"] is True
+    assert (mounts["driver-root"], env["DRA_GPU_DRIVER_ROOT"]) == ("/host", "/")
     assert env["DRA_GPU_KUBELET_ROOT"] == "/var/lib/kubelet"
     assert env["DRA_GPU_CDI_ROOT"] == "/var/run/cdi"
 
@@ -245,6 +250,19 @@ def test_impossible_container_choices_fail_the_render(values: dict[str, Any], co
         result = chart.helm("template", "dra-gpu", str(chart.CHART), *flags, check=False)
     assert result.returncode != 0
     assert complaint in result.stderr
+
+
+def test_driver_files_come_from_the_driver_root_or_are_left_to_the_hook() -> None:
+    def mounts_and_env(values: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+        container = _container(chart.template(values))
+        return {m["name"]: m["mountPath"] for m in container["volumeMounts"]}, _env(container)
+
+    mounts, env = mounts_and_env({"driverFiles": {"root": "/run/nvidia/driver"}})
+    assert mounts["driver-root"] == "/host/run/nvidia/driver"
+    assert (env["DRA_GPU_DRIVER_ROOT"], env["DRA_GPU_CDI_DRIVER_FILES"]) == ("/run/nvidia/driver", "true")
+    mounts, env = mounts_and_env({"driverFiles": {"enabled": False}})
+    assert "driver-root" not in mounts
+    assert env["DRA_GPU_CDI_DRIVER_FILES"] == "false"
 
 
 def test_real_gpus_get_nvml_through_the_toolkit_or_a_runtime_class() -> None:
@@ -574,3 +592,43 @@ def test_named_device_plugin_configs_mount_a_configmap_directory_and_grant_node_
         result = chart.helm("template", "dra-gpu", str(chart.CHART), *flags, check=False)
     assert result.returncode != 0
     assert "set config (one file) or namedConfigs" in result.stderr
+
+
+def test_rolling_updates_overlap_old_and_new_pod_on_their_own_sockets() -> None:
+    objects = chart.template()
+    daemonset = _only(objects, "DaemonSet")
+    assert daemonset["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    env = _env(_container(objects))
+    assert env["DRA_GPU_ROLLING_UPDATE"] == "true"
+    assert env["DRA_GPU_INSTANCE_ID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    # Two pods on one node: nothing of the host's network may be claimed by either.
+    pod = daemonset["spec"]["template"]["spec"]
+    assert not pod.get("hostNetwork")
+    assert not [p for c in pod["containers"] for p in c.get("ports", []) if "hostPort" in p]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param({"kubeletPlugin": {"rollingUpdate": False}}, id="off"),
+        pytest.param(
+            {"devicePlugin": {"enabled": True}, "gpuAssignment": {"devicePlugin": "3"}}, id="device-plugin"
+        ),
+    ],
+)
+def test_without_rolling_updates_pods_are_replaced_one_after_the_other(values: dict[str, Any]) -> None:
+    objects = chart.template(values)
+    daemonset = _only(objects, "DaemonSet")
+    assert daemonset["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 1},
+    }
+    [plugin] = [
+        c for c in daemonset["spec"]["template"]["spec"]["containers"] if c["name"] == "kubelet-plugin"
+    ]
+    env = _env(plugin)
+    assert env["DRA_GPU_ROLLING_UPDATE"] == "false"
+    assert "DRA_GPU_INSTANCE_ID" not in env

@@ -95,6 +95,7 @@ bench: binaries
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_driver
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_deviceplugin
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_cel
+	$(LOCAL) $(BIN)/python -m tests.bench.bench_sharing
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_webhook
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_features
 

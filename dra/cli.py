@@ -22,7 +22,7 @@ import anyio
 import yaml
 
 from dra.api import schema
-from dra.core import taints
+from dra.core import sharing, taints
 from dra.core.assignment import Selector, SelectorError, parse_selector
 from dra.core.labels import AdminTemplate, LabelError, parse_template
 from dra.core.slices import SliceError, build_slices
@@ -35,6 +35,7 @@ from dra.deviceplugin import setup as dpsetup
 from dra.deviceplugin.allocate import Strategy, parse_strategies
 from dra.deviceplugin.daemon import DevicePluginSettings, run_device_plugin
 from dra.deviceplugin.resources import DEFAULT_RESOURCE
+from dra.gpu.nvml import GpuLibraryError
 from dra.kubeletplugin.daemon import PluginSettings, run_kubelet_plugin
 from dra.labeller.daemon import LabellerSettings, run_node_labeller
 from dra.webhook.server import WebhookSettings, run_webhook
@@ -248,6 +249,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     option(
         plugin,
+        "--shareable-gpus",
+        "full GPUs published for several claims at once, each consuming part of the memory "
+        "(capacity.requests.memory; needs DRAConsumableCapacity): all, or a list as for --dra-gpus; "
+        "default: none (every GPU exclusive)",
+        type=_selector,
+    )
+    option(
+        plugin,
+        "--mps-control",
+        "the nvidia-cuda-mps-control binary that runs a claim's MPS control daemon; default: "
+        "nvidia-cuda-mps-control on PATH (with --fake-gpus: the fake one, python -m dra.gpu.fakemps)",
+    )
+    option(
+        plugin,
         "--rolling-update",
         "let a new instance start beside the running one (sockets of its own; kubelet 1.33 or newer), "
         "for a DaemonSet update with maxSurge: true or false",
@@ -403,6 +418,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     option(discover, "--output", "output format", "yaml", choices=("yaml", "json"))
 
+    slices = sub.add_parser(
+        "time-slices", help="print each GPU's compute time-slice interval (fake GPUs: as the driver set it)"
+    )
+    _common(slices)
+    _gpu_source(slices)
+    option(slices, "--node-name", "node name (seeds fake UUIDs)", socket.gethostname(), type=nonempty)
+    option(
+        slices,
+        "--state-dir",
+        "the kubelet-plugin's state directory, where fake GPUs keep their settings; "
+        f"default /var/lib/kubelet/plugins/{DEFAULT_DRIVER}",
+        type=path,
+    )
+
     explain = sub.add_parser(
         "explain", help="say, for every device of a node, whether a claim's selectors match, and why not"
     )
@@ -497,6 +526,24 @@ def _discover(args: argparse.Namespace) -> int:
     return 0
 
 
+def _time_slices(args: argparse.Namespace) -> int:
+    state_dir = args.state_dir or default_state_dir(Path("/var/lib/kubelet"), args.driver_name)
+    lib = gpu_library(args.fake_gpus, args.node_name, host_root=args.host_root, state_dir=state_dir)
+    inventory = load_inventory(lib)
+    names = {level: name for name, level in sharing.INTERVAL_LEVELS.items()}
+    try:
+        for gpu in inventory.gpus:
+            try:
+                level = lib.time_slice(lib.device_by_index(gpu.index))
+                shown = names.get(level, str(level))
+            except GpuLibraryError as err:
+                shown = f"unknown ({err})"
+            print(f"{gpu.index}\t{gpu.uuid}\t{shown}")
+    finally:
+        lib.shutdown()
+    return 0
+
+
 def _daemon_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The DaemonSettings fields, from the flags every daemon shares."""
     return {
@@ -525,6 +572,8 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
         **_daemon_settings(args),
         kubeconfig=args.kubeconfig or None,
         unhealthy_taint_effect=args.unhealthy_taint_effect,
+        shareable_gpus=args.shareable_gpus,
+        mps_control=args.mps_control or None,
         instance_id=(args.instance_id or uuid.uuid4().hex) if args.rolling_update else None,
     )
     anyio.run(run_kubelet_plugin, settings, backend="asyncio")
@@ -600,6 +649,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "webhook": _webhook,
     "api-schema": _api_schema,
     "taint": _taint,
+    "time-slices": _time_slices,
     "explain": _explain,
 }
 

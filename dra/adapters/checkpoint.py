@@ -61,6 +61,12 @@ def _claim_from_json(uid: str, data: Mapping[str, Any]) -> PreparedClaim:
                 cdi_device_ids=tuple(d["cdi_device_ids"]),
                 admin_access=bool(d.get("admin_access", False)),
                 uuid=str(d.get("uuid", "")),
+                time_slice=str(d.get("time_slice", "")),
+                share_id=str(d.get("share_id", "")),
+                share_memory=str(d.get("share_memory", "")),
+                mps=bool(d.get("mps", False)),
+                mps_thread_percentage=int(d.get("mps_thread_percentage", 0)),
+                mps_pinned_limit=str(d.get("mps_pinned_limit", "")),
             )
             for d in data["devices"]
         ),

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dra.model.devices import Device, DriverFile, Inventory
@@ -156,23 +156,47 @@ def _common_edits(inventory: Inventory, env: Sequence[str]) -> Obj:
     return edits
 
 
-def build_spec(driver: str, claim_uid: str, devices: Sequence[Device], inventory: Inventory) -> Obj:
-    """The CDI spec of one claim's devices on this node; it composes with any other claim's spec."""
+def build_spec(
+    driver: str,
+    claim_uid: str,
+    devices: Sequence[Device],
+    inventory: Inventory,
+    *,
+    device_env: Mapping[str, Sequence[str]] | None = None,
+    claim_edits: Obj | None = None,
+) -> Obj:
+    """The CDI spec of one claim's devices on this node; it composes with any other claim's spec.
+
+    `device_env` adds KEY=value lines to a device's edits by device name (what
+    belongs to this claim's use of it, such as its share of a shared GPU).
+    `claim_edits` (env, mounts) go to the spec-wide edits, which the runtime
+    applies once for a container that uses any device of the claim, so a
+    container referencing two requests of it does not get a mount twice.
+    """
     claim_env = f"{claim_env_key(claim_uid)}={claim_uid}"
+    extra = device_env or {}
     return {
         "cdiVersion": CDI_VERSION,
         "kind": kind(driver),
         "devices": [
             {
                 "name": device_name(claim_uid, d.name),
-                "containerEdits": _device_edits(d, inventory.dev_root, [claim_env]),
+                "containerEdits": _device_edits(d, inventory.dev_root, [claim_env, *extra.get(d.name, ())]),
             }
             for d in devices
         ],
-        "containerEdits": _common_edits(
-            inventory, [f"{VISIBLE_DEVICES}={visible_devices_default(inventory)}"]
+        "containerEdits": _with_claim_edits(
+            _common_edits(inventory, [f"{VISIBLE_DEVICES}={visible_devices_default(inventory)}"]),
+            claim_edits or {},
         ),
     }
+
+
+def _with_claim_edits(common: Obj, claim: Obj) -> Obj:
+    merged = dict(common)
+    for key, values in claim.items():
+        merged[key] = [*merged.get(key, []), *values]
+    return merged
 
 
 def device_kind(driver: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 from dra.api import opaque
 from dra.api.fields import FieldError
 from dra.api.v1beta1 import KINDS, DeviceConfig, GpuConfig, MigDeviceConfig, check_kind, validate
-from dra.core.allocation import ClaimAllocation
+from dra.core.allocation import ClaimAllocation, OpaqueConfig
 from dra.model.devices import Device, MigDevice
 
 
@@ -38,14 +38,10 @@ def not_implemented(config: DeviceConfig) -> FieldError | None:
     The one place that says so: the webhook and prepare both ask it. Lift a refusal here
     when its feature lands.
     """
-    if config.sharing.strategy == "MPS":
-        return FieldError(("sharing", "strategy"), "MPS is not implemented yet by this driver")
-    slicing = config.sharing.time_slicing_config if isinstance(config, GpuConfig) else None
-    if slicing is not None and slicing.interval != "Default":
-        return FieldError(
-            ("sharing", "timeSlicingConfig", "interval"),
-            f"{slicing.interval} is not implemented yet by this driver; only Default is",
-        )
+    if isinstance(config, MigDeviceConfig) and config.sharing.strategy == "MPS":
+        # The per-claim daemon (dra.kubeletplugin.mps) is built and tested for full GPUs only;
+        # MPS on MIG devices comes with the MIG work.
+        return FieldError(("sharing", "strategy"), "MPS on MIG devices is not implemented yet by this driver")
     return None
 
 
@@ -110,14 +106,23 @@ def problems(allocation: ClaimAllocation, devices: Mapping[str, Device]) -> list
     """
     found: list[str] = []
     for entry in allocation.configs:
-        targets = list(
-            dict.fromkeys(r.device for r in allocation.devices if entry.applies_to(r) and r.device in devices)
-        )
-        if not targets:
+        configured = targets(allocation, entry, devices)
+        if not configured:
             continue
         try:
-            checked(decode(entry.parameters), [devices[name] for name in targets])
+            checked(decode(entry.parameters), configured)
         except ConfigError as err:
-            plural = "s" if len(targets) > 1 else ""
-            found.append(f"invalid configuration for device{plural} {', '.join(targets)}: {err}")
+            plural = "s" if len(configured) > 1 else ""
+            found.append(
+                f"invalid configuration for device{plural} {', '.join(d.name for d in configured)}: {err}"
+            )
     return found
+
+
+def targets(allocation: ClaimAllocation, entry: OpaqueConfig, devices: Mapping[str, Device]) -> list[Device]:
+    """The devices of `devices` (the claim's on this node) a config applies to, in allocation order.
+
+    Its per-device MPS limits number them in this order.
+    """
+    names = dict.fromkeys(r.device for r in allocation.devices if entry.applies_to(r) and r.device in devices)
+    return [devices[name] for name in names]

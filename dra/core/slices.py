@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,8 +96,28 @@ def _shared_attributes(gpu: Gpu, inventory: Inventory) -> dict[str, Obj]:
     return attributes
 
 
-def device_entry(device: Device, inventory: Inventory) -> Obj:
-    """One device of a slice: name, typed attributes, quantity capacities."""
+#: Shareable GPUs are allocated in whole multiples of this much memory (KEP-5075 validRange step).
+SHARE_MEMORY_STEP = 1024**3
+
+
+def _share_policy(memory_bytes: int) -> Obj:
+    """The memory request policy of a shareable GPU: whole GiB, from 1 GiB to all of it.
+
+    The API wants default and max on the step grid, so both are the memory rounded down to
+    a GiB (the remainder, under 1 GiB, is never handed out); a claim that asks no memory
+    gets that default, which is the whole GPU.
+    """
+    usable = binary_quantity(memory_bytes // SHARE_MEMORY_STEP * SHARE_MEMORY_STEP)
+    step = binary_quantity(SHARE_MEMORY_STEP)
+    return {"default": usable, "validRange": {"min": step, "max": usable, "step": step}}
+
+
+def device_entry(device: Device, inventory: Inventory, shareable: bool = False) -> Obj:
+    """One device of a slice: name, typed attributes, quantity capacities.
+
+    A shareable full GPU may be allocated to several claims at once, each consuming part of
+    its `memory` capacity (allowMultipleAllocations, DRAConsumableCapacity).
+    """
     if not _DNS_LABEL.match(device.name):
         raise SliceError(f"device name {device.name!r} is not a DNS label")
     if isinstance(device, MigDevice):
@@ -129,11 +149,15 @@ def device_entry(device: Device, inventory: Inventory) -> Obj:
         capacity = {"memory": binary_quantity(device.memory_bytes)}
     if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
         raise SliceError(f"device {device.name} has more than {MAX_ATTRIBUTES_AND_CAPACITIES} attributes")
-    return {
+    entry: Obj = {
         "name": device.name,
         "attributes": dict(sorted(attributes.items())),
         "capacity": {key: {"value": value} for key, value in sorted(capacity.items())},
     }
+    if shareable and not isinstance(device, MigDevice):
+        entry["allowMultipleAllocations"] = True
+        entry["capacity"]["memory"]["requestPolicy"] = _share_policy(device.memory_bytes)
+    return entry
 
 
 def slice_name(node_name: str, driver: str, index: int) -> str:
@@ -154,15 +178,19 @@ def build_slices(
     generation: int,
     features: ApiFeatures | None = None,
     taints: Mapping[str, DeviceTaint] | None = None,
+    shareable: Collection[str] = (),
 ) -> list[Obj]:
     """The node's pool as ResourceSlices: at most 128 devices each, one generation, owned by the Node.
 
     `taints` (device name to taint) are published only where the server keeps
     them (`features.device_taints`; no features: the oldest supported server's,
-    no gated fields); elsewhere the devices go out untainted.
+    no gated fields); elsewhere the devices go out untainted. `shareable` names
+    the full GPUs published for several claims at once, where the server keeps
+    consumable capacity (`features.consumable_capacity`); elsewhere they go out exclusive.
     """
     features = features or ApiFeatures()
-    entries = [device_entry(device, inventory) for device in inventory]
+    shared = shareable if features.consumable_capacity else ()
+    entries = [device_entry(device, inventory, device.name in shared) for device in inventory]
     names = [e["name"] for e in entries]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:

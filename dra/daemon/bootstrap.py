@@ -54,6 +54,10 @@ from dra.model.prepared import PreparedClaim
 log = logging.getLogger(__name__)
 
 
+#: The fake GPUs' settings (time slices) in the state directory.
+FAKE_GPU_STATE = "fake-gpu-state.json"
+
+
 class StartupError(Exception):
     """The daemon cannot start; the message says what to fix."""
 
@@ -125,11 +129,14 @@ def gpu_library(
     node_name: str,
     events: Path | None = None,
     host_root: Path = Path("/"),
+    state_dir: Path | None = None,
     fake_gpu_root: Path | None = None,
 ) -> GpuLibrary:
     """NVML (device nodes looked up under host_root), or fake GPUs from a profile name or file.
 
-    With fake_gpu_root the fake GPUs' device nodes and stand-in driver are made there first.
+    Fake GPUs keep the settings the driver changes in `state_dir`, as real ones keep them
+    across a driver restart. With fake_gpu_root the fake GPUs' device nodes and stand-in
+    driver are made there first.
     """
     if not fake_gpus:
         return NvmlLibrary(dev=host_root)
@@ -137,7 +144,8 @@ def gpu_library(
         profile = load_profile(fake_gpus, node_name)
     except ProfileError as err:
         raise StartupError(f"--fake-gpus: {err}") from None
-    lib = FakeGpuLibrary(profile, node_name, events, fake_gpu_root)
+    state_file = state_dir / FAKE_GPU_STATE if state_dir is not None else None
+    lib = FakeGpuLibrary(profile, node_name, events, state_file, fake_gpu_root)
     if fake_gpu_root is not None:
         try:
             fakegpus.materialise(lib, fake_gpu_root)
@@ -252,7 +260,10 @@ def rediscover(settings: DaemonSettings) -> Inventory:
     # A fresh library, so that a changed fake profile file is read again too; NVML's
     # init and shutdown are reference-counted, so this leaves the health watch alone.
     lib = gpu_library(
-        settings.fake_gpus, settings.node_name, None, settings.host_root, settings.fake_gpu_root
+        settings.fake_gpus,
+        settings.node_name,
+        host_root=settings.host_root,
+        fake_gpu_root=settings.fake_gpu_root,
     )
     try:
         return node_inventory(lib, settings)
@@ -274,6 +285,7 @@ async def open_node(settings: DaemonSettings, path: GpuPath | None) -> AsyncIter
         settings.node_name,
         settings.fake_gpu_events,
         settings.host_root,
+        settings.state_directory,
         settings.fake_gpu_root,
     )
     everything = node_inventory(lib, settings)

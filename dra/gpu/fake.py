@@ -21,18 +21,26 @@ The addressing mode is the model's (HMM for every catalog model: Turing and
 newer GPUs on an x86 host with NVIDIA's open kernel modules; see
 dra.gpu.profiles), or the profile's `addressingMode` where it sets one, with
 `unsupported` answered as NVML's NOT_SUPPORTED.
+
+Settings the driver changes on a GPU (the compute time slice) are kept in a
+JSON state file when one is given, `{"<uuid>": {"timeSlice": <level>}}`, the way a real
+GPU keeps them across a restart of the driver; `dra-gpu time-slices` shows them.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from dra.gpu.nvml import (
+    ERROR_INVALID_ARGUMENT,
     ERROR_NOT_FOUND,
     ERROR_NOT_SUPPORTED,
+    ERROR_UNKNOWN,
     NO_INSTANCE,
     GpuHandle,
     GpuLibraryError,
@@ -76,10 +84,17 @@ class FakeGpuLibrary:
     """GpuLibrary over a profile; UUIDs depend on the node name."""
 
     def __init__(
-        self, profile: Profile, node_name: str, events_file: Path | None = None, root: Path | None = None
+        self,
+        profile: Profile,
+        node_name: str,
+        events_file: Path | None = None,
+        state_file: Path | None = None,
+        root: Path | None = None,
     ) -> None:
         self.profile = profile
         self.node_name = node_name
+        self._state_file = state_file
+        self._state: dict[str, dict[str, int]] = {}
         #: Where the fake device nodes live (root/dev/nvidia0 ...); None: nowhere.
         self.root = root
         self._events_file = events_file
@@ -249,6 +264,38 @@ class FakeGpuLibrary:
     def watch_xid_events(self, gpu: GpuHandle) -> None:
         """Remember which GPUs are watched."""
         self._watched.add(int(str(gpu)))
+
+    def _load_state(self) -> dict[str, dict[str, int]]:
+        if self._state_file is None:
+            return self._state
+        try:
+            loaded = json.loads(self._state_file.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as err:
+            raise GpuLibraryError(ERROR_UNKNOWN, f"fake GPU state {self._state_file}: {err}") from None
+        return loaded if isinstance(loaded, dict) else {}
+
+    def set_time_slice(self, gpu: GpuHandle, level: int) -> None:
+        """Record the level, as `nvidia-smi compute-policy --set-timeslice` would set it.
+
+        nvidia-smi accepts 0 to 3 only; anything else fails as it would.
+        """
+        if level not in range(4):
+            raise GpuLibraryError(ERROR_INVALID_ARGUMENT, f"invalid time slice {level}; valid: 0-3")
+        state = self._load_state()
+        state.setdefault(self.uuid(gpu), {})["timeSlice"] = level
+        self._state = state
+        if self._state_file is not None:
+            # dra.gpu sits below dra.adapters (atomicfile); a rename is atomic enough for a fake.
+            self._state_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self._state_file.with_name(f".{self._state_file.name}.tmp")
+            tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+            os.replace(tmp, self._state_file)
+
+    def time_slice(self, gpu: GpuHandle) -> int:
+        """The recorded level; 0 (Default) for a GPU never set."""
+        return int(self._load_state().get(self.uuid(gpu), {}).get("timeSlice", 0))
 
     def unwatch_xid_events(self) -> None:
         """Forget the watched GPUs."""

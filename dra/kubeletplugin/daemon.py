@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass
 
@@ -14,7 +15,7 @@ from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointError, CheckpointStore
 from dra.adapters.kube import KubeClient, KubeError
 from dra.core import versions
-from dra.core.assignment import GpuPath
+from dra.core.assignment import GpuPath, Selector, select
 from dra.core.taints import Effect
 from dra.daemon import metrics
 from dra.daemon.bootstrap import (
@@ -29,11 +30,13 @@ from dra.daemon.healthctl import HealthControl, socket_path
 from dra.daemon.rediscovery import Rediscovery
 from dra.daemon.sockets import SocketPathError
 from dra.kubeletplugin.features import detect_features
+from dra.kubeletplugin.mps import MpsDaemons
 from dra.kubeletplugin.podresources import DevicePluginHoldback
 from dra.kubeletplugin.publisher import SlicePublisher
 from dra.kubeletplugin.server import PluginServer
 from dra.kubeletplugin.service import DraService, HealthService
 from dra.kubeletplugin.state import DeviceState
+from dra.kubeletplugin.timeslice import TimeSlicer
 from dra.model.devices import Inventory
 
 log = logging.getLogger(__name__)
@@ -49,6 +52,19 @@ class PluginSettings(DaemonSettings):
     kubeconfig: str | None = None
     #: What the taint of an unhealthy device does (where the API server keeps device taints).
     unhealthy_taint_effect: Effect = Effect.NO_SCHEDULE
+    #: Full GPUs published for several claims at once (consumable shares); None: all exclusive.
+    shareable_gpus: Selector | None = None
+    #: The MPS control binary; None: nvidia-cuda-mps-control on PATH, or the fake one with fake GPUs.
+    mps_control: str | None = None
+
+    @property
+    def mps_command(self) -> list[str]:
+        """How to run nvidia-cuda-mps-control (dra.gpu.fakemps with fake GPUs, unless told otherwise)."""
+        if self.mps_control:
+            return [self.mps_control]
+        if self.fake_gpus:
+            return [sys.executable, "-m", "dra.gpu.fakemps"]
+        return ["nvidia-cuda-mps-control"]
 
 
 async def check_server(kube: KubeClient) -> versions.ServerInfo | None:
@@ -111,6 +127,8 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
             inventory,
             CdiStore(settings.cdi_root, settings.driver_name, settings.host_root),
             CheckpointStore(settings.checkpoint_path),
+            time_slicer=TimeSlicer(node.lib),
+            mps=MpsDaemons(settings.state_directory / "mps", settings.mps_command),
         )
         state.recover()
     except (KubeError, CheckpointError) as err:
@@ -120,6 +138,10 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
     metrics.PREPARED_CLAIMS.set(len(state.prepared))
     warn_about_stranded_claims(node.everything, inventory, state.prepared.values())
 
+    if settings.shareable_gpus is not None:
+        _, unmatched = select(settings.shareable_gpus, inventory)
+        if unmatched:
+            log.warning("--shareable-gpus: no DRA GPU of this node matches %s", ", ".join(unmatched))
     dra = DraService(settings.driver_name, settings.node_name, state, kube)
 
     def on_health_change(_: list[str]) -> None:
@@ -186,6 +208,7 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
             features,
             lambda: tracker.taints(settings.driver_name, settings.unhealthy_taint_effect),
             settings.state_directory / PUBLISHER_TURN,
+            shareable=settings.shareable_gpus,
         )
         try:
             await server.start()

@@ -25,12 +25,22 @@ import anyio
 from dra.adapters.filelock import try_lock
 from dra.adapters.kube import ConflictError, KubeClient, KubeError
 from dra.core import slices
+from dra.core.assignment import Selector, select
 from dra.core.taints import DeviceTaint
 from dra.core.versions import ApiFeatures
 from dra.daemon import metrics
 from dra.model.devices import Inventory
 
 log = logging.getLogger(__name__)
+
+
+def shareable_gpus(selector: Selector | None, inventory: Inventory) -> frozenset[str]:
+    """Names of the GPUs --shareable-gpus picks (none by default: GPUs are exclusive)."""
+    if selector is None:
+        return frozenset()
+    chosen, _ = select(selector, inventory)
+    return frozenset(gpu.name for gpu in chosen if not gpu.mig_enabled)
+
 
 _BACKOFF_START = 0.5
 _BACKOFF_MAX = 30.0
@@ -42,7 +52,8 @@ class SlicePublisher:
     """Publishes one pool (named after the node) for one driver.
 
     `features` says which gated fields the API server keeps; `taints` gives the
-    devices' taints at each reconcile (call trigger() when they change).
+    devices' taints at each reconcile (call trigger() when they change);
+    `shareable` picks the GPUs published for several claims (consumable shares).
     """
 
     def __init__(
@@ -54,9 +65,19 @@ class SlicePublisher:
         features: ApiFeatures,
         taints: Callable[[], Mapping[str, DeviceTaint]] = dict,
         turn: Path | None = None,
+        shareable: Selector | None = None,
     ) -> None:
         self._kube = kube
         self._turn = turn
+        self._shareable = shareable
+        chosen = shareable_gpus(shareable, inventory)
+        if chosen and not features.consumable_capacity:
+            # Said once here; build_slices then publishes these GPUs exclusive at every reconcile.
+            log.warning(
+                "--shareable-gpus: the API server drops consumable capacity (feature gate "
+                "DRAConsumableCapacity off): publishing %s exclusive",
+                ", ".join(sorted(chosen)),
+            )
         self.driver = driver
         self.node_name = node_name
         self.features = features
@@ -101,6 +122,7 @@ class SlicePublisher:
             generation=0,
             features=self.features,
             taints=self._taints(),
+            shareable=shareable_gpus(self._shareable, inventory),
         )
         plan = slices.plan(desired, existing, self._generation)
         for obj in plan.create:

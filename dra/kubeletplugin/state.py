@@ -9,6 +9,12 @@ plan in an order that a crash at any point leaves recoverable:
   checkpoint gets its spec back at start-up and is released again on the retry;
 - unprepare removes the spec, then the checkpoint entry; a leftover entry is
   unprepared again when the kubelet retries.
+GPU settings a claim asks (the time-slice interval, dra.kubeletplugin.timeslice;
+its MPS control daemon, dra.kubeletplugin.mps) are applied after the checkpoint
+records the claim and before the answer, and again at start-up for every
+recorded claim (setting an interval is idempotent, a running daemon is
+adopted); they are undone before the checkpoint entry goes, so a crash never
+loses track of one. At start-up, daemons of claims not recorded are stopped.
 A prepare whose spec or checkpoint write fails (ENOSPC, EIO) removes the spec
 it wrote and answers that claim's error, so no spec is left without its entry.
 Calls are serialised by a lock; they block on file I/O and run in worker threads.
@@ -28,7 +34,10 @@ from dra.adapters import faults
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.core import prepare as plans
+from dra.core import sharing
 from dra.core.allocation import ClaimAllocation, ClaimError
+from dra.kubeletplugin.mps import MpsDaemons, MpsError
+from dra.kubeletplugin.timeslice import TimeSliceError, TimeSlicer
 from dra.model.devices import Inventory
 from dra.model.prepared import PreparedClaim
 
@@ -50,8 +59,13 @@ class DeviceState:
         inventory: Inventory,
         cdi_store: CdiStore,
         checkpoint: CheckpointStore,
+        time_slicer: TimeSlicer | None = None,
+        mps: MpsDaemons | None = None,
     ) -> None:
         self.driver = driver
+        self._time_slicer = time_slicer
+        self._mps = mps
+        self._mps_root = str(mps.root) if mps is not None else ""
         self.pool = node_name
         self.inventory = inventory
         self._cdi = cdi_store
@@ -93,7 +107,11 @@ class DeviceState:
             self._cdi.remove_leftovers()
             faults.point("recover.leftovers-removed")
             plan = plans.decide_recover(
-                self._prepared, self.inventory, self._cdi.claim_uids(), driver=self.driver
+                self._prepared,
+                self.inventory,
+                self._cdi.claim_uids(),
+                driver=self.driver,
+                mps_root=self._mps_root,
             )
             for uid in plan.remove:
                 log.info("removing CDI spec of claim %s, which is not prepared", uid)
@@ -103,6 +121,18 @@ class DeviceState:
             for uid, spec in plan.write:
                 self._cdi.write(uid, spec)
                 faults.point("recover.spec-written")
+            if self._time_slicer is not None:
+                try:
+                    self._time_slicer.apply(sharing.wanted_time_slices(self._prepared))
+                except TimeSliceError as err:
+                    log.error("%s", err)
+            if self._mps is not None:
+                self._mps.stop_others(self._prepared)
+                for claim in self._prepared.values():
+                    try:
+                        self._mps.start(claim)
+                    except MpsError as err:
+                        log.error("claim %s/%s: %s", claim.namespace, claim.name, err)
 
     def prepare(self, allocation: ClaimAllocation, stale: Mapping[str, str] | None = None) -> PreparedClaim:
         """Prepare a claim, releasing the holders `stale` names (UID -> why), or return its recorded answer.
@@ -118,10 +148,11 @@ class DeviceState:
                 pool=self.pool,
                 stale=stale or {},
                 has_spec=self._cdi.exists(allocation.uid),
+                mps_root=self._mps_root,
             )
             if isinstance(plan, plans.Refusal):
                 raise ClaimError(plan.message)
-            gone = self._cdi.missing_host_paths(plan.spec) if plan.spec is not None else []
+            gone = self._missing_host_paths(plan)
             if gone:
                 # The runtime would fail every container of the claim on a path that is gone.
                 raise ClaimError(
@@ -129,7 +160,40 @@ class DeviceState:
                     f"{', '.join(gone)}, not on this node (a GPU or the driver changed since discovery)"
                 )
             self._apply(plan, allocation)
+            faults.point("sharing-before-gpu-settings")
+            self._apply_gpu_settings(plan, allocation)
             return plan.claim
+
+    def _missing_host_paths(self, plan: plans.PreparePlan) -> list[str]:
+        """Host paths the plan's spec names that are not on this node, but for those the prepare makes.
+
+        The claim's MPS directories come with its daemon, which starts after the spec is written.
+        """
+        if plan.spec is None:
+            return []
+        gone = self._cdi.missing_host_paths(plan.spec)
+        if self._mps is None:
+            return gone
+        own = sharing.mps_dirs(self._mps_root, plan.claim.uid).root + "/"
+        return [path for path in gone if not path.startswith(own)]
+
+    def _apply_gpu_settings(self, plan: plans.PreparePlan, allocation: ClaimAllocation) -> None:
+        """Set the claim's time slices and start its MPS daemon (again, on a retry).
+
+        On failure the prepare is undone and ClaimError says why.
+        """
+        wanted = sharing.wanted_time_slices({plan.claim.uid: plan.claim})
+        try:
+            if self._time_slicer is not None and wanted:
+                self._time_slicer.apply(wanted)
+            if self._mps is not None:
+                if plan.replaces is not None:
+                    # Its daemon serves the devices of the old allocation.
+                    self._mps.stop(plan.claim.uid)
+                self._mps.start(plan.claim)
+        except (TimeSliceError, MpsError) as err:
+            self._unprepare_locked(plan.claim.uid)
+            raise ClaimError(f"cannot prepare ResourceClaim {allocation.ref}: {err}") from None
 
     def _apply(self, plan: plans.PreparePlan, allocation: ClaimAllocation) -> None:
         """Effects of a prepare plan in crash-safe order; the caller holds the lock."""
@@ -198,14 +262,23 @@ class DeviceState:
     def unprepare(self, uid: str) -> PreparedClaim | None:
         """Undo a prepare; an unknown claim is fine (its stray spec, if any, goes too)."""
         with self._locked():
-            plan = plans.decide_unprepare(uid, self._prepared)
-            self._cdi.remove(plan.uid)
-            if plan.claim is None:
-                return None
-            faults.point("unprepare.spec-removed")
-            updated = {k: v for k, v in self._prepared.items() if k != plan.uid}
-            self._checkpoint.save(updated)
-            faults.point("unprepare.checkpoint-saved")
-            self._prepared = updated
-            log.info("unprepared claim %s/%s (%s)", plan.claim.namespace, plan.claim.name, uid)
-            return plan.claim
+            return self._unprepare_locked(uid)
+
+    def _unprepare_locked(self, uid: str) -> PreparedClaim | None:
+        """Undo a prepare; the caller holds the lock."""
+        plan = plans.decide_unprepare(uid, self._prepared)
+        self._cdi.remove(plan.uid)
+        if plan.claim is None:
+            return None
+        faults.point("unprepare.spec-removed")
+        if self._time_slicer is not None:
+            self._time_slicer.restore(sharing.time_slices_to_restore(uid, self._prepared))
+        if self._mps is not None:
+            self._mps.stop(uid)
+        faults.point("sharing-before-unrecord")
+        updated = {k: v for k, v in self._prepared.items() if k != plan.uid}
+        self._checkpoint.save(updated)
+        faults.point("unprepare.checkpoint-saved")
+        self._prepared = updated
+        log.info("unprepared claim %s/%s (%s)", plan.claim.namespace, plan.claim.name, uid)
+        return plan.claim

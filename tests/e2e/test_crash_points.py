@@ -10,7 +10,8 @@ the next claim see: the claim's CDI spec and checkpoint entry agree, no
 half-written file remains, the device is refused to a second claim while the
 first holds it, and an unprepare leaves nothing behind.
 
-The cases come from a table; a test compares the table with every
+The cases come from a table; a test compares the table (and the points that
+another e2e test crashes at, COVERED_ELSEWHERE) with every
 ``faults.point("...")`` in dra/, so a new point without a case fails.
 """
 
@@ -78,6 +79,13 @@ CASES = [
     Case("unprepare.spec-removed", "unprepare", restart_arm="recover.spec-written"),
 ]
 
+#: Points whose crash case lives in another e2e test, which needs a set-up this matrix lacks
+#: (a claim asking time slices or MPS): the test that kills the driver there.
+COVERED_ELSEWHERE = {
+    "sharing-before-gpu-settings": "tests/e2e/test_sharing.py",
+    "sharing-before-unrecord": "tests/e2e/test_sharing.py",
+}
+
 
 def _points_in_source() -> set[str]:
     """Every name passed to faults.point in the package."""
@@ -100,7 +108,9 @@ def _points_in_source() -> set[str]:
 
 
 def test_every_fault_point_has_a_case() -> None:
-    covered = {c.point for c in CASES} | {c.restart_arm for c in CASES if c.restart_arm}
+    covered = (
+        {c.point for c in CASES} | {c.restart_arm for c in CASES if c.restart_arm} | set(COVERED_ELSEWHERE)
+    )
     found = _points_in_source()
     assert found, "no faults.point calls found in dra/"
     assert found - covered == set(), "fault points without a crash case in CASES"

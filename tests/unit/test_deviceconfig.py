@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dra.api.v1beta1 import GpuConfig, GpuSharing, MigDeviceConfig, TimeSlicingConfig
+from dra.api.v1beta1 import GpuConfig, GpuSharing, Interval, MigDeviceConfig, TimeSlicingConfig
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, OpaqueConfig
 from dra.core.config import ConfigError, effective, not_implemented, parse, problems
 from dra.model.devices import Device
@@ -29,39 +29,27 @@ def _device(name: str) -> Device:
     return device
 
 
-@pytest.mark.parametrize(
-    ("parameters", "field", "text"),
-    [
-        (
-            _gpu_config(sharing={"strategy": "MPS"}),
-            "GpuConfig.sharing.strategy",
-            "MPS is not implemented yet",
-        ),
-        (
-            _mig_config(sharing={"strategy": "MPS"}),
-            "MigDeviceConfig.sharing.strategy",
-            "MPS is not implemented yet",
-        ),
-        (
-            _gpu_config(sharing={"timeSlicingConfig": {"interval": "Short"}}),
-            "GpuConfig.sharing.timeSlicingConfig.interval",
-            "Short is not implemented yet by this driver; only Default is",
-        ),
-    ],
-)
-def test_what_is_not_implemented_yet_is_refused_by_name(
-    parameters: dict[str, Any], field: str, text: str
-) -> None:
+def test_mps_on_mig_devices_is_refused_by_name_as_not_implemented_yet() -> None:
     with pytest.raises(ConfigError) as err:
-        parse(parameters)
-    assert str(err.value) == f"{field}: {text}" + ("" if "only" in text else " by this driver")
+        parse(_mig_config(sharing={"strategy": "MPS"}))
+    assert (
+        str(err.value)
+        == "MigDeviceConfig.sharing.strategy: MPS on MIG devices is not implemented yet by this driver"
+    )
 
 
-def test_the_default_time_slice_is_implemented() -> None:
-    config = parse(_gpu_config(sharing={"timeSlicingConfig": {"interval": "Default"}}))
-    assert config == GpuConfig(GpuSharing("TimeSlicing", TimeSlicingConfig("Default")))
+@pytest.mark.parametrize("interval", ["Default", "Short", "Medium", "Long"])
+def test_every_time_slice_interval_is_implemented(interval: Interval) -> None:
+    config = parse(_gpu_config(sharing={"timeSlicingConfig": {"interval": interval}}))
+    assert config == GpuConfig(GpuSharing("TimeSlicing", TimeSlicingConfig(interval)))
     assert not_implemented(config) is None
     assert not_implemented(MigDeviceConfig()) is None
+
+
+def test_mps_on_full_gpus_is_implemented() -> None:
+    limits = {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}
+    config = parse(_gpu_config(sharing={"strategy": "MPS", "mpsConfig": limits}))
+    assert not_implemented(config) is None
 
 
 def test_no_config_means_defaults_of_the_right_kind() -> None:
@@ -81,8 +69,8 @@ def test_a_gpu_config_cannot_configure_a_mig_device() -> None:
 def test_every_applicable_config_is_checked_and_the_last_wins() -> None:
     configs = [_gpu_config(), _gpu_config(sharing={"strategy": "TimeSlicing"})]
     assert effective(configs, _device("gpu-0")) == GpuConfig()
-    with pytest.raises(ConfigError, match="MPS"):
-        effective([_gpu_config(sharing={"strategy": "MPS"}), _gpu_config()], _device("gpu-0"))
+    with pytest.raises(ConfigError, match="Exclusive"):
+        effective([_gpu_config(sharing={"strategy": "Exclusive"}), _gpu_config()], _device("gpu-0"))
 
 
 def _claim(*configs: OpaqueConfig) -> ClaimAllocation:
@@ -140,10 +128,10 @@ def test_device_checks_come_before_the_not_implemented_refusal() -> None:
         "GpuConfig.sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[2]: names no device of this config; "
         f"it has 0 or {_device('gpu-0').uuid} (gpu-0), 1 or {_device('gpu-1').uuid} (gpu-1)"
     ]
-    found = _problems(OpaqueConfig("FromClaim", ("gpus",), _gpu_config(sharing={"strategy": "MPS"})))
+    found = _problems(OpaqueConfig("FromClaim", ("mig",), _mig_config(sharing={"strategy": "MPS"})))
     assert found == [
-        "invalid configuration for devices gpu-0, gpu-1: "
-        "GpuConfig.sharing.strategy: MPS is not implemented yet by this driver"
+        "invalid configuration for device gpu-4-mig-1g10gb-3-0: "
+        "MigDeviceConfig.sharing.strategy: MPS on MIG devices is not implemented yet by this driver"
     ]
 
 

@@ -25,6 +25,7 @@ from dra.cli import parse_args
 from dra.core import versions
 from dra.core.allocation import ClaimError
 from dra.core.assignment import GpuPath
+from dra.core.versions import ApiFeatures
 from dra.daemon.flags import UsageError, boolean
 from dra.daemon.health import HealthTracker
 from dra.daemon.sockets import MAX_SOCKET_PATH, is_abandoned
@@ -180,8 +181,8 @@ def test_a_socket_nobody_serves_is_abandoned_and_a_served_one_is_not(tmp_path: P
 async def test_the_newer_instance_stands_by_until_the_publishing_one_ends(tmp_path: Path) -> None:
     kube_old, kube_new = FakeKube(), FakeKube()
     turn = tmp_path / "publisher.lock"
-    old = SlicePublisher(kube_old, DRIVER, NODE, inventory("mixed"), turn)  # type: ignore[arg-type]
-    new = SlicePublisher(kube_new, DRIVER, NODE, inventory("mixed"), turn)  # type: ignore[arg-type]
+    old = SlicePublisher(kube_old, DRIVER, NODE, inventory("mixed"), ApiFeatures(), turn=turn)  # type: ignore[arg-type]
+    new = SlicePublisher(kube_new, DRIVER, NODE, inventory("mixed"), ApiFeatures(), turn=turn)  # type: ignore[arg-type]
     async with anyio.create_task_group() as group:
         old_scope = anyio.CancelScope()
 

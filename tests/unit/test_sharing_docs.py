@@ -1,4 +1,8 @@
-"""Every YAML example in docs/sharing.md is accepted: configs decode, claims and classes pass the webhook."""
+"""Every YAML example in docs/sharing.md holds.
+
+Configs decode, claims and classes pass the webhook, and the ResourceSlice is what the driver
+publishes for a shareable GPU.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ import yaml
 from dra.api import opaque
 from dra.api.v1beta1 import MigDeviceConfig, validate
 from dra.core.config import ConfigError, checked, decode
+from dra.core.slices import build_slices
+from dra.core.versions import ApiFeatures
 from dra.webhook.admission import CONFIG_PATHS, problems
 from tests.unit.helpers import inventory
 
@@ -32,8 +38,29 @@ def test_every_example_is_accepted(text: str) -> None:
         names = ["gpu-4-mig-1g10gb-3-0"] if isinstance(config, MigDeviceConfig) else ["gpu-0", "gpu-1"]
         validate(config, [d for d in devices if d.name in names])
         return
+    if document["kind"] == "ResourceSlice":
+        _assert_published(document)
+        return
     assert document["kind"] in CONFIG_PATHS
     assert problems(document, document["kind"], "gpu.nvidia.com") == []
+
+
+def _assert_published(document: dict[str, Any]) -> None:
+    # The page's GPU: a shareable fake H100, on a server that keeps consumable capacity.
+    shareable = {d["name"] for d in document["spec"]["devices"]}
+    published = build_slices(
+        inventory("h100x8"),
+        document["spec"]["driver"],
+        "node-a",
+        None,
+        1,
+        features=ApiFeatures(consumable_capacity=True),
+        shareable=shareable,
+    )
+    devices = {d["name"]: d for s in published for d in s["spec"]["devices"]}
+    for device in document["spec"]["devices"]:
+        shown = {key: value for key, value in devices[device["name"]].items() if key in device}
+        assert shown == device
 
 
 def test_the_documented_memory_is_the_fake_h100s() -> None:

@@ -241,7 +241,7 @@ def test_every_problem_of_a_claim_is_reported_at_once(paths: Paths) -> None:
 
 
 def test_an_invalid_config_is_refused(paths: Paths) -> None:
-    mps = OpaqueConfig(
+    bad = OpaqueConfig(
         "FromClaim",
         (),
         {
@@ -250,7 +250,7 @@ def test_an_invalid_config_is_refused(paths: Paths) -> None:
             "sharing": {"timeSlicingConfig": {"interval": "VeryLong"}},
         },
     )
-    message = _refused(paths.state(), _allocation(UID_A, "gpu-0", configs=(mps,)))
+    message = _refused(paths.state(), _allocation(UID_A, "gpu-0", configs=(bad,)))
     assert (
         "invalid configuration for device gpu-0: GpuConfig.sharing.timeSlicingConfig.interval: "
         '"VeryLong" is not one of' in message

@@ -85,12 +85,8 @@ def test_a_bad_config_is_denied_with_its_path_in_the_object(kind: str, path: str
             "sharing.mpsConfig.defaultActiveThreadPercentage: 0 is outside 1-100",
         ),
         (
-            _gpu(strategy="MPS", mpsConfig={"defaultActiveThreadPercentage": 10}),
-            "sharing.strategy: MPS is not implemented yet by this driver",
-        ),
-        (
-            _gpu(timeSlicingConfig={"interval": "Medium"}),
-            "sharing.timeSlicingConfig.interval: Medium is not implemented yet by this driver",
+            {"apiVersion": API, "kind": "MigDeviceConfig", "sharing": {"strategy": "MPS"}},
+            "sharing.strategy: MPS on MIG devices is not implemented yet by this driver",
         ),
         ({"apiVersion": API, "kind": "GpuConfig", "extra": 1}, "extra: unknown field; known: sharing"),
         ({"apiVersion": API, "kind": "Gpu"}, 'kind: "Gpu" is not one of ["GpuConfig", "MigDeviceConfig"]'),
@@ -124,6 +120,8 @@ def test_every_bad_config_is_named() -> None:
 def test_good_configs_and_other_drivers_configs_are_admitted() -> None:
     configs = [
         _config(_gpu(timeSlicingConfig={"interval": "Default"})),
+        _config(_gpu(timeSlicingConfig={"interval": "Medium"})),
+        _config(_gpu(strategy="MPS", mpsConfig={"defaultActiveThreadPercentage": 10})),
         _config({"apiVersion": API, "kind": "MigDeviceConfig"}),
         _config({"anything": "goes"}, driver="other.example.com"),
         {"requests": ["gpu"]},

@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 LOCAL := PYTHONPATH=deploy/local
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv proto binaries cluster-binaries manifests lint test test-fast test-matrix demo cluster-up cluster-down bench clean
+.PHONY: all venv proto binaries cluster-binaries manifests api lint test test-fast test-matrix demo cluster-up cluster-down bench bench-scheduler soak clean
 
 all: test
 
@@ -43,6 +43,10 @@ cluster-binaries:
 # a test fails while the committed files differ from a fresh render.
 manifests: $(STAMP)
 	$(LOCAL) $(BIN)/python -m localcluster.chart manifests
+
+# the JSON Schemas in api/, generated from dra.api's types (a test fails when they drift)
+api: $(STAMP)
+	$(BIN)/dra-gpu api-schema --output-dir api
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -91,3 +95,17 @@ bench: binaries
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_driver
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_deviceplugin
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_cel
+	$(LOCAL) $(BIN)/python -m tests.bench.bench_sharing
+	$(LOCAL) $(BIN)/python -m tests.bench.bench_webhook
+	$(LOCAL) $(BIN)/python -m tests.bench.bench_features
+
+# The real scheduler placing GPU claims on 100 and 500 kubelet-less nodes, per slice layout
+# (docs/mig.md: what dynamic MIG costs the scheduler). Minutes; not part of `make bench`.
+bench-scheduler: binaries
+	$(LOCAL) $(BIN)/python -m tests.bench.bench_scheduler
+
+# 10,000 prepare/unprepare cycles against the driver process: RSS, checkpoint size, fds and threads at
+# 0, 1k, 5k and 10k cycles must stay flat (docs/testing.md has the last run's figures). Not in `make test`.
+SOAK_CYCLES ?= 10000
+soak: binaries
+	$(LOCAL) $(BIN)/python -m tests.bench.soak_driver --cycles $(SOAK_CYCLES)

@@ -6,6 +6,10 @@ enforce them. From the bottom up:
 
 ``model``
     Plain data (devices, inventories, prepared claims). Imports nothing of dra.
+``api``
+    The configuration API: typed, versioned opaque parameters (GpuConfig,
+    MigDeviceConfig), strict decoding, validation against devices, JSON Schemas.
+    Pure; imports only model.
 ``core`` and ``cel``
     Pure logic: slice planning, opaque-config validation, CDI rendering,
     claim reading, GPU assignment, prepare/unprepare decisions; the CEL
@@ -21,9 +25,10 @@ enforce them. From the bottom up:
     What every long-running subcommand shares: one bootstrap (flags and
     DRA_GPU_* variables, logging, metrics and probes, signals, start-up errors),
     health tracking, socket helpers.
-``kubeletplugin``, ``deviceplugin``, ``labeller``, ``explain``
+``kubeletplugin``, ``deviceplugin``, ``labeller``, ``explain``, ``webhook``
     The programs: the DRA kubelet plugin, the legacy device plugin, the node
-    labeller, the offline ``explain`` report. Siblings: none imports another.
+    labeller, the offline ``explain`` report, the admission webhook. Siblings:
+    none imports another.
 ``cli``
     The ``dra-gpu`` command line, on top.
 

@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import sys
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,22 +21,26 @@ from typing import Any
 import anyio
 import yaml
 
-from dra.core import versions
+from dra.api import schema
+from dra.core import sharing, taints, versions
 from dra.core.assignment import Selector, SelectorError, parse_selector
 from dra.core.labels import AdminTemplate, LabelError, parse_template
 from dra.core.slices import SliceError, build_slices
 from dra.core.versions import ApiFeatures
-from dra.daemon import logs
-from dra.daemon.bootstrap import DaemonSettings, StartupError, gpu_library, load_inventory
-from dra.daemon.flags import UsageError, apply_environment, csv, nonempty, option, path, seconds
+from dra.daemon import healthctl, logs
+from dra.daemon.bootstrap import DaemonSettings, StartupError, default_state_dir, gpu_library, load_inventory
+from dra.daemon.flags import UsageError, apply_environment, boolean, csv, nonempty, option, path, seconds
+from dra.daemon.health import APPLICATION_XIDS, parse_xids
 from dra.deviceplugin import config as dpconfig
 from dra.deviceplugin import setup as dpsetup
 from dra.deviceplugin.allocate import Strategy, parse_strategies
 from dra.deviceplugin.daemon import DevicePluginSettings, run_device_plugin
 from dra.deviceplugin.resources import DEFAULT_RESOURCE
+from dra.gpu.nvml import GpuLibraryError
 from dra.kubeletplugin.daemon import PluginSettings, run_kubelet_plugin
 from dra.labeller.daemon import LabellerSettings, run_node_labeller
 from dra.model.migmode import MigModes, parse_mig_modes
+from dra.webhook.server import WebhookSettings, run_webhook
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
 
@@ -81,6 +86,29 @@ def _gpu_source(parser: argparse.ArgumentParser) -> None:
         Path("/"),
         type=path,
     )
+    option(
+        parser,
+        "--driver-root",
+        "where the NVIDIA driver's user-space files (libraries, nvidia-smi, firmware) are installed on "
+        "the host, e.g. /run/nvidia/driver for NVIDIA's driver container; looked up under --host-root",
+        Path("/"),
+        type=path,
+    )
+    option(
+        parser,
+        "--cdi-driver-files",
+        "whether the CDI specs mount the driver's user-space files, so that containers need no NVIDIA "
+        "runtime hook; false leaves them to the node's NVIDIA container toolkit (legacy mode)",
+        True,
+        type=boolean,
+    )
+    option(
+        parser,
+        "--fake-gpu-root",
+        "with --fake-gpus: make the fake GPUs visible to real containers: device nodes under DIR/dev "
+        "and a stand-in driver (nvidia-smi -L) under DIR/driver-root, which the CDI specs point at",
+        type=path,
+    )
 
 
 def _selector(text: str) -> Selector:
@@ -107,6 +135,20 @@ def _strategies(text: str) -> frozenset[Strategy]:
 def _mig_strategy(text: str) -> dpconfig.MigStrategy:
     try:
         return dpconfig.parse_mig_strategy(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _xids(text: str) -> frozenset[int]:
+    try:
+        return parse_xids(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _taint_effect(text: str) -> taints.Effect:
+    try:
+        return taints.parse_effect(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 
@@ -180,6 +222,14 @@ def _daemon(
         300.0,
         type=seconds,
     )
+    option(
+        parser,
+        "--ignored-xids",
+        "XIDs that leave a device healthy (errors an application causes), comma-separated; replaces "
+        "the default, NVIDIA's device plugin's set; empty: every XID marks the device unhealthy",
+        ",".join(str(x) for x in sorted(APPLICATION_XIDS)),
+        type=_xids,
+    )
     if assignment:
         # The node labeller looks at the GPUs every --interval of its own.
         option(
@@ -208,6 +258,43 @@ def build_parser() -> argparse.ArgumentParser:
         http_default=":8080",
     )
     option(plugin, "--kubeconfig", "kubeconfig file; default: the in-cluster service account")
+    option(
+        plugin,
+        "--unhealthy-taint-effect",
+        "effect of the taint an unhealthy device gets in the ResourceSlice: NoSchedule keeps new "
+        "claims off it, NoExecute also evicts the pods using it",
+        taints.Effect.NO_SCHEDULE.value,
+        type=_taint_effect,
+    )
+    option(
+        plugin,
+        "--shareable-gpus",
+        "full GPUs published for several claims at once, each consuming part of the memory "
+        "(capacity.requests.memory; needs DRAConsumableCapacity): all, or a list as for --dra-gpus; "
+        "default: none (every GPU exclusive)",
+        type=_selector,
+    )
+    option(
+        plugin,
+        "--mps-control",
+        "the nvidia-cuda-mps-control binary that runs a claim's MPS control daemon; default: "
+        "nvidia-cuda-mps-control on PATH (with --fake-gpus: the fake one, python -m dra.gpu.fakemps)",
+    )
+    option(
+        plugin,
+        "--rolling-update",
+        "let a new instance start beside the running one (sockets of its own; kubelet 1.33 or newer), "
+        "for a DaemonSet update with maxSurge: true or false",
+        True,
+        type=boolean,
+    )
+    option(
+        plugin,
+        "--instance-id",
+        "with --rolling-update: this instance's ID in its socket names (the chart passes the pod UID); "
+        "default: a random one",
+        type=nonempty,
+    )
 
     dp = sub.add_parser(
         "device-plugin",
@@ -319,6 +406,25 @@ def build_parser() -> argparse.ArgumentParser:
         type=_label_template,
     )
 
+    taint = sub.add_parser("taint", help="the taints the kubelet-plugin puts on unhealthy devices")
+    taint_sub = taint.add_subparsers(dest="taint_command", required=True, metavar="ACTION")
+    clear = taint_sub.add_parser(
+        "clear",
+        help="mark a device healthy again, removing its taint (refused while it still fails); run it "
+        "where the kubelet-plugin runs, e.g. kubectl exec into its pod on the node",
+    )
+    _common(clear)
+    option(
+        clear,
+        "--device",
+        "the device, as named in the ResourceSlice (gpu-3, or a MIG device's name)",
+        type=nonempty,
+        required=True,
+    )
+    option(clear, "--driver-name", "DRA driver name", DEFAULT_DRIVER)
+    option(clear, "--kubelet-root", "the kubelet's root directory", Path("/var/lib/kubelet"), type=path)
+    option(clear, "--state-dir", "the kubelet-plugin's --state-dir", type=path)
+
     discover = sub.add_parser("discover", help="print the ResourceSlices this node would publish")
     _common(discover)
     _gpu_source(discover)
@@ -337,6 +443,20 @@ def build_parser() -> argparse.ArgumentParser:
         "the devices, 35 and later in slices of their own",
         versions.OLDEST_MINOR,
         type=int,
+    )
+
+    slices = sub.add_parser(
+        "time-slices", help="print each GPU's compute time-slice interval (fake GPUs: as the driver set it)"
+    )
+    _common(slices)
+    _gpu_source(slices)
+    option(slices, "--node-name", "node name (seeds fake UUIDs)", socket.gethostname(), type=nonempty)
+    option(
+        slices,
+        "--state-dir",
+        "the kubelet-plugin's state directory, where fake GPUs keep their settings; "
+        f"default /var/lib/kubelet/plugins/{DEFAULT_DRIVER}",
+        type=path,
     )
 
     explain = sub.add_parser(
@@ -358,7 +478,65 @@ def build_parser() -> argparse.ArgumentParser:
     option(explain, "--node-name", "the node whose devices to explain (with --fake-gpus: seeds fake UUIDs)")
     option(explain, "--kubeconfig", "kubeconfig file; default: the in-cluster service account")
     option(explain, "--output", "output format", "text", choices=("text", "json"))
+    webhook = sub.add_parser(
+        "webhook",
+        help="run the validating admission webhook for this driver's opaque configs (HTTPS POST /validate)",
+    )
+    _common(webhook)
+    option(webhook, "--driver-name", "the DRA driver whose configs to check", DEFAULT_DRIVER)
+    option(webhook, "--bind-address", "host:port of the HTTPS listener", ":8443", type=_host_port)
+    option(
+        webhook,
+        "--tls-cert-file",
+        "serving certificate (PEM), reloaded when it changes",
+        type=path,
+        required=True,
+    )
+    option(webhook, "--tls-key-file", "its private key (PEM)", type=path, required=True)
+    option(
+        webhook,
+        "--tls-reload-interval",
+        "seconds between looks at the certificate files for a rotation; 0 never reloads",
+        10.0,
+        type=seconds,
+    )
+    option(webhook, "--http-address", "host:port for /metrics, /healthz and /readyz; empty disables", ":8083")
+
+    schemas = sub.add_parser(
+        "api-schema", help="write the JSON Schemas of the configuration API (api/<version>/*.schema.json)"
+    )
+    _common(schemas)
+    option(schemas, "--output-dir", "the api/ directory to write them into", Path("api"), type=path)
     return parser
+
+
+def _host_port(text: str) -> str:
+    _, colon, port = text.rpartition(":")
+    if not colon or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected host:port, got {text!r}")
+    return text
+
+
+def _webhook(args: argparse.Namespace) -> int:
+    settings = WebhookSettings(
+        driver_name=args.driver_name,
+        bind_address=args.bind_address,
+        tls_cert_file=args.tls_cert_file,
+        tls_key_file=args.tls_key_file,
+        http_address=args.http_address or None,
+        tls_reload_interval=args.tls_reload_interval,
+    )
+    anyio.run(run_webhook, settings, backend="asyncio")
+    return 0
+
+
+def _api_schema(args: argparse.Namespace) -> int:
+    for name, text in schema.documents().items():
+        target = args.output_dir / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        print(target)
+    return 0
 
 
 def _discover(args: argparse.Namespace) -> int:
@@ -380,6 +558,24 @@ def _discover(args: argparse.Namespace) -> int:
     return 0
 
 
+def _time_slices(args: argparse.Namespace) -> int:
+    state_dir = args.state_dir or default_state_dir(Path("/var/lib/kubelet"), args.driver_name)
+    lib = gpu_library(args.fake_gpus, args.node_name, host_root=args.host_root, state_dir=state_dir)
+    inventory = load_inventory(lib)
+    names = {level: name for name, level in sharing.INTERVAL_LEVELS.items()}
+    try:
+        for gpu in inventory.gpus:
+            try:
+                level = lib.time_slice(lib.device_by_index(gpu.index))
+                shown = names.get(level, str(level))
+            except GpuLibraryError as err:
+                shown = f"unknown ({err})"
+            print(f"{gpu.index}\t{gpu.uuid}\t{shown}")
+    finally:
+        lib.shutdown()
+    return 0
+
+
 def _daemon_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The DaemonSettings fields, from the flags every daemon shares."""
     return {
@@ -394,7 +590,11 @@ def _daemon_settings(args: argparse.Namespace) -> dict[str, Any]:
         "dra_gpus": getattr(args, "dra_gpus", None),
         "device_plugin_gpus": getattr(args, "device_plugin_gpus", None),
         "host_root": args.host_root,
+        "driver_root": args.driver_root,
+        "cdi_driver_files": args.cdi_driver_files,
+        "fake_gpu_root": args.fake_gpu_root,
         "health_recovery_period": args.health_recovery_period,
+        "ignored_xids": args.ignored_xids,
         "rediscover_interval": getattr(args, "rediscover_interval", DaemonSettings.rediscover_interval),
         "mig_modes": args.mig_mode.for_node(args.node_name or ""),
     }
@@ -404,8 +604,22 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
     settings = PluginSettings(
         **_daemon_settings(args),
         kubeconfig=args.kubeconfig or None,
+        unhealthy_taint_effect=args.unhealthy_taint_effect,
+        shareable_gpus=args.shareable_gpus,
+        mps_control=args.mps_control or None,
+        instance_id=(args.instance_id or uuid.uuid4().hex) if args.rolling_update else None,
     )
     anyio.run(run_kubelet_plugin, settings, backend="asyncio")
+    return 0
+
+
+def _taint(args: argparse.Namespace) -> int:
+    state_dir = args.state_dir or default_state_dir(args.kubelet_root, args.driver_name)
+    try:
+        print(anyio.run(healthctl.clear, healthctl.socket_path(state_dir), args.device))
+    except healthctl.HealthControlError as err:
+        print(f"dra-gpu: {args.device} not cleared: {err}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -465,6 +679,10 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "device-plugin": _device_plugin,
     "node-labeller": _node_labeller,
     "discover": _discover,
+    "webhook": _webhook,
+    "api-schema": _api_schema,
+    "taint": _taint,
+    "time-slices": _time_slices,
     "explain": _explain,
 }
 

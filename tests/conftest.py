@@ -12,8 +12,21 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 from localcluster.cluster import ClusterInfo, LocalCluster, parse_gates
 from localcluster.kube import Kube, wait_for
+
+# Bounded for the default suite (a few seconds per test); HYPOTHESIS_PROFILE=fuzz-long searches longer.
+# No example database: a failing example is printed, and nothing is written into the checkout.
+settings.register_profile(
+    "default-suite",
+    max_examples=40,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile("fuzz-long", settings.get_profile("default-suite"), max_examples=3000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default-suite"))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,7 +54,9 @@ def anyio_backend() -> str:
 def local_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     """The session's cluster itself, for tests that act on its processes (restart_kubelet)."""
     gates = parse_gates(str(request.config.getoption("--feature-gates")))
-    local = LocalCluster(feature_gates=gates)
+    # Always the fake runtime: these tests read its records. The `containerd` tests start
+    # their own cluster on containerd, whatever CONTAINER_RUNTIME says.
+    local = LocalCluster(feature_gates=gates, runtime="fake")
     try:
         local.start()
         yield local

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from dra.adapters.atomicfile import write_atomic
+from dra.adapters.filelock import LockTimeoutError, exclusive, try_lock
 from dra.core.assignment import GpuPath, conflict, parse_recorded, recorded
 from dra.model.devices import Gpu
 
@@ -41,14 +42,6 @@ RECORD_NAME = "gpu-assignment.json"
 
 class AssignmentConflictError(Exception):
     """Another running process holds GPUs this one wants, or is the same path; the message says which."""
-
-
-def _try_lock(f: IO[bytes]) -> bool:
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
 
 
 class AssignmentRecord:
@@ -64,23 +57,19 @@ class AssignmentRecord:
 
     @contextlib.contextmanager
     def _locked(self, timeout: float = 30.0) -> Iterator[None]:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        with open(self._lock_path, "ab") as f:
-            deadline = time.monotonic() + timeout
-            while not _try_lock(f):
-                if time.monotonic() > deadline:
-                    raise AssignmentConflictError(f"the GPU assignment record lock {self._lock_path} is held")
-                time.sleep(0.05)
-            try:
+        try:
+            with exclusive(self._lock_path, timeout):
                 yield
-            finally:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        except LockTimeoutError:
+            raise AssignmentConflictError(
+                f"the GPU assignment record lock {self._lock_path} is held"
+            ) from None
 
     def alive(self, path: GpuPath) -> bool:
         """Whether a process of that path holds its lifetime lock right now."""
         try:
             with open(self._holder_path(path), "rb") as f:
-                if _try_lock(f):
+                if try_lock(f):
                     fcntl.flock(f.fileno(), fcntl.LOCK_UN)
                     return False
                 return True
@@ -104,8 +93,14 @@ class AssignmentRecord:
         data = json.dumps({"version": 1, "paths": paths}, indent=2, sort_keys=True) + "\n"
         write_atomic(self.path, data.encode())
 
-    def lease(self, path: GpuPath, gpus: Sequence[Gpu], node_name: str, wait: float = 5.0) -> AssignmentLease:
-        """Record that `path` advertises `gpus`, or raise AssignmentConflictError saying why it may not."""
+    def lease(
+        self, path: GpuPath, gpus: Sequence[Gpu], node_name: str, wait: float = 5.0, shared: bool = False
+    ) -> AssignmentLease:
+        """Record that `path` advertises `gpus`, or raise AssignmentConflictError saying why it may not.
+
+        `shared`: instances of `path` may overlap (a rolling update); they hold the lifetime
+        lock shared, so each admits the others but not an exclusive (non-rolling) one.
+        """
         with self._locked():
             other = path.other
             try:
@@ -133,9 +128,15 @@ class AssignmentRecord:
                 log.info("%s's entry in %s is stale (no process holds its lock)", other.title, self.path)
             holder = open(self._holder_path(path), "ab")  # noqa: SIM115 (held for the process lifetime)
             deadline = time.monotonic() + wait
-            while not _try_lock(holder):
+            while not try_lock(holder, shared=shared):
                 if time.monotonic() > deadline:
                     holder.close()
+                    if shared:
+                        raise AssignmentConflictError(
+                            f"a {path.command} process without rolling updates runs on this node (it "
+                            f"holds {self._holder_path(path)}); it must end before one with rolling "
+                            "updates starts: upgrade onto rolling updates once with them off"
+                        )
                     raise AssignmentConflictError(
                         f"another {path.command} process runs on this node (it holds "
                         f"{self._holder_path(path)}); only one may run per node"
@@ -176,7 +177,12 @@ class AssignmentLease:
                     paths = self._record.read()
                 except ValueError:
                     paths = {}
-                if paths.pop(self.path.value, None) is not None:
+                entry = paths.get(self.path.value)
+                # A newer instance of this path (rolling update) rewrote the entry: it is theirs now.
+                # Containers may share PIDs (each its own PID 1); the host name is the pod's.
+                mine = {"pid": os.getpid(), "host": socket.gethostname()}
+                if isinstance(entry, dict) and all(entry.get(k) == v for k, v in mine.items()):
+                    del paths[self.path.value]
                     self._record._write(paths)
         except (OSError, AssignmentConflictError) as err:
             log.warning("could not remove this process's entry from %s: %s", self._record.path, err)

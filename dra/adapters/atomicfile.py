@@ -12,6 +12,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from dra.adapters import faults
+
 
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
@@ -32,11 +34,13 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
             f.flush()
             os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
+        faults.point("atomicfile.temp-written")
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    faults.point("atomicfile.renamed")
     _fsync_dir(path.parent)
 
 
@@ -46,6 +50,7 @@ def remove_durably(path: Path) -> bool:
         path.unlink()
     except FileNotFoundError:
         return False
+    faults.point("atomicfile.removed")
     _fsync_dir(path.parent)
     return True
 

@@ -5,24 +5,34 @@ Claim specs (DRA) are named after their claim; the device plugin's spec has one 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from dra.adapters.atomicfile import remove_durably, remove_leftovers, write_atomic
 from dra.core import cdi
 
+#: The longest file name Linux file systems take, in bytes.
+_NAME_MAX = 255
+
 
 class CdiStore:
     """Writes, reads and removes this driver's claim specs, atomically."""
 
-    def __init__(self, root: Path, driver: str) -> None:
+    def __init__(self, root: Path, driver: str, host_root: Path = Path("/")) -> None:
         self.root = root
         self.driver = driver
+        #: Where this process sees the host's / (the paths in specs are the host's).
+        self.host_root = host_root
         self._prefix = f"{cdi.vendor(driver)}-{cdi.CDI_CLASS}_"
 
     def path(self, claim_uid: str) -> Path:
         """Where a claim's spec lives."""
         return self.root / cdi.spec_file_name(self.driver, claim_uid)
+
+    def missing_host_paths(self, spec: dict[str, Any]) -> list[str]:
+        """The host paths a spec names that are not there: a runtime would fail the container."""
+        return [p for p in cdi.host_paths(spec) if not os.path.lexists(self.host_root / p.lstrip("/"))]
 
     def write(self, claim_uid: str, spec: dict[str, Any]) -> Path:
         """Write a claim's spec unless the same bytes are already there; return its path."""
@@ -55,8 +65,13 @@ class CdiStore:
         return self.path(claim_uid).is_file()
 
     def remove(self, claim_uid: str) -> None:
-        """Delete a claim's spec; absent is fine."""
-        remove_durably(self.path(claim_uid))
+        """Delete a claim's spec; absent is fine, and so is a UID that no file could be named after."""
+        path = self.path(claim_uid)
+        if "/" in claim_uid or "\0" in claim_uid or len(path.name.encode()) > _NAME_MAX:
+            # Specs are written only for UIDs the API server issued; the kubelet may still ask to
+            # unprepare anything, and a UID with a slash, a NUL or too many bytes has no spec here.
+            return
+        remove_durably(path)
 
     def claim_uids(self) -> list[str]:
         """UIDs of every claim spec of this driver in the directory."""

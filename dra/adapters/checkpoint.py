@@ -11,18 +11,25 @@ Beside the claims it holds the device actions (dra.model.prepared.DeviceAction:
 MIG devices made for claims), recorded before each is carried out. A file with
 actions is format version 2, its checksum covering claims and actions; one
 without is version 1, as before, so that an older driver still reads it.
+
+Two instances of the kubelet plugin overlap during a rolling update and share
+the file: each holds an flock on checkpoint.lock around reading, deciding and
+saving, and reads the file again under it when the other saved meanwhile.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from dra.adapters.atomicfile import remove_leftovers, write_atomic
+from dra.adapters.filelock import LockTimeoutError, exclusive
 from dra.model.prepared import DeviceAction, PreparedClaim, PreparedDevice
 
 KIND = "DraGpuCheckpoint"
@@ -31,6 +38,11 @@ VERSION = 1
 VERSION_WITH_ACTIONS = 2
 #: The checkpoint's name in the state directory.
 FILE_NAME = "checkpoint.json"
+#: Seconds a prepare or unprepare waits for another instance to let go of the checkpoint.
+LOCK_TIMEOUT = 30.0
+
+#: What tells one version of the file from the next: each save renames a new inode into place.
+_Signature = tuple[int, int, int]
 
 
 class CheckpointError(Exception):
@@ -56,6 +68,12 @@ def _claim_from_json(uid: str, data: Mapping[str, Any]) -> PreparedClaim:
                 cdi_device_ids=tuple(d["cdi_device_ids"]),
                 admin_access=bool(d.get("admin_access", False)),
                 uuid=str(d.get("uuid", "")),
+                time_slice=str(d.get("time_slice", "")),
+                share_id=str(d.get("share_id", "")),
+                share_memory=str(d.get("share_memory", "")),
+                mps=bool(d.get("mps", False)),
+                mps_thread_percentage=int(d.get("mps_thread_percentage", 0)),
+                mps_pinned_limit=str(d.get("mps_pinned_limit", "")),
             )
             for d in data["devices"]
         ),
@@ -142,6 +160,15 @@ class CheckpointStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.lock_path = path.with_suffix(".lock")
+        self._seen: _Signature | None = None
+
+    def _signature(self) -> _Signature | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def load(self) -> dict[str, PreparedClaim]:
         """Every prepared claim by UID; empty when no checkpoint exists yet."""
@@ -149,13 +176,35 @@ class CheckpointStore:
 
     def load_state(self) -> tuple[dict[str, PreparedClaim], list[DeviceAction]]:
         """Every prepared claim by UID and every recorded device action; empty when there is no file."""
+        seen = self._signature()
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
+            self._seen = None
             return {}, []
         except OSError as err:
             raise CheckpointError(f"cannot read checkpoint {self.path}: {err}") from None
-        return decode_state(data, self.path)
+        state = decode_state(data, self.path)
+        self._seen = seen
+        return state
+
+    @contextlib.contextmanager
+    def exclusive(
+        self, timeout: float = LOCK_TIMEOUT
+    ) -> Iterator[tuple[dict[str, PreparedClaim], list[DeviceAction]] | None]:
+        """Hold the checkpoint against other processes; yields its claims and actions if one saved it since.
+
+        None means the file is as this store last read or wrote it. CheckpointError
+        when another process holds the lock for longer than `timeout`.
+        """
+        try:
+            with exclusive(self.lock_path, timeout):
+                yield self.load_state() if self._signature() != self._seen else None
+        except LockTimeoutError as err:
+            raise CheckpointError(
+                f"cannot lock checkpoint {self.path}: {err}; another dra-gpu kubelet-plugin on this node "
+                "is stuck in a prepare or unprepare"
+            ) from None
 
     def remove_leftovers(self) -> None:
         """Delete temporary checkpoint files a crash left behind."""
@@ -164,3 +213,4 @@ class CheckpointStore:
     def save(self, claims: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction] = ()) -> None:
         """Replace the checkpoint (claims and device actions) atomically and durably."""
         write_atomic(self.path, encode(claims, actions), mode=0o600)
+        self._seen = self._signature()

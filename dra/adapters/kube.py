@@ -194,7 +194,9 @@ class KubeClient:
 
     async def get_resource_claim(self, namespace: str, name: str) -> Obj:
         """GET a ResourceClaim (resource.k8s.io/v1)."""
-        result: Obj = await self._call("GET", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims/{name}")
+        # The kubelet's names go into the path: quoted, `a?watch=1` or `../..` stays one (absent) name.
+        ns, claim = urllib.parse.quote(namespace, safe=""), urllib.parse.quote(name, safe="")
+        result: Obj = await self._call("GET", f"{RESOURCE_API}/namespaces/{ns}/resourceclaims/{claim}")
         return result
 
     async def get_node(self, name: str) -> Obj:
@@ -253,6 +255,13 @@ class KubeClient:
         """POST a ResourceSlice; with dry_run the server validates and answers what it would store."""
         query = {"dryRun": "All"} if dry_run else None
         result: Obj = await self._call("POST", f"{RESOURCE_API}/resourceslices", body=obj, query=query)
+        return result
+
+    async def dry_run_create_resource_slice(self, obj: Obj) -> Obj:
+        """POST a ResourceSlice with dryRun=All: the object as the server would store it, nothing stored."""
+        result: Obj = await self._call(
+            "POST", f"{RESOURCE_API}/resourceslices", body=obj, query={"dryRun": "All"}
+        )
         return result
 
     async def replace_resource_slice(self, obj: Obj) -> Obj:

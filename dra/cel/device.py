@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from dra.cel.errors import CelEvaluationError
-from dra.cel.quantity import Quantity, QuantityError
 from dra.cel.semver import Semver, SemverError
 from dra.cel.values import CelMap, Value
+from dra.model.quantity import Quantity, QuantityError
 
 # Known fields of `device`, by whether the DRAConsumableCapacity feature gate is on.
 DEVICE_FIELDS = frozenset(("driver", "attributes", "capacity"))

@@ -10,9 +10,9 @@ import itertools
 from collections.abc import Callable
 
 from dra.cel.functions import Registry, error
-from dra.cel.quantity import Quantity, QuantityError
 from dra.cel.semver import Semver, SemverError
 from dra.cel.values import Result, Uint, Value, compare, equals, list_contains, no_such_overload
+from dra.model.quantity import Quantity, QuantityError
 
 _COMPARABLE = (bool, int, Uint, float, str, bytes)
 

@@ -20,9 +20,9 @@ from typing import Any
 from dra.cel import ast
 from dra.cel.evaluator import Evaluator
 from dra.cel.program import FUNCTIONS, Program, compile_expression
-from dra.cel.quantity import Quantity
 from dra.cel.semver import Semver
 from dra.cel.values import CelMap, ErrorValue, Result, display, type_name
+from dra.model.quantity import Quantity
 
 # What the allocator in k8s.io/dynamic-resource-allocation does with a runtime error.
 SCHEDULER_ON_ERROR = (

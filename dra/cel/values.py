@@ -14,8 +14,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TypeAlias
 
-from dra.cel.quantity import Quantity
 from dra.cel.semver import Semver
+from dra.model.quantity import Quantity
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1

@@ -27,6 +27,14 @@ class AllocatedDevice:
     pool: str
     device: str
     admin_access: bool = False
+    #: The share of a device allocated to several claims (KEP-5075 `shareID`); "" when exclusive.
+    share_id: str = ""
+    #: Capacity the share consumes (`consumedCapacity`), name -> quantity as the API states it.
+    consumed_capacity: tuple[tuple[str, str], ...] = ()
+
+    def consumed(self, name: str) -> str:
+        """The quantity of capacity `name` this result consumes, "" when the status states none."""
+        return dict(self.consumed_capacity).get(name, "")
 
     @property
     def request_name(self) -> str:
@@ -88,6 +96,10 @@ def read_allocation(claim: Obj, expected_uid: str, driver: str) -> ClaimAllocati
             pool=str(r["pool"]),
             device=str(r["device"]),
             admin_access=bool(r.get("adminAccess")),
+            share_id=str(r.get("shareID") or ""),
+            consumed_capacity=tuple(
+                sorted((str(k), str(v)) for k, v in (r.get("consumedCapacity") or {}).items())
+            ),
         )
         for r in results
         if r.get("driver") == driver

@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dra.model.devices import Device, Gpu, Inventory, MigDevice, gpu_of
 from dra.model.prepared import PreparedClaim, PreparedDevice
@@ -235,11 +235,10 @@ def assign(
 def restrict(inventory: Inventory, gpus: Iterable[Gpu]) -> Inventory:
     """The part of the inventory on these GPUs: the GPUs themselves, their MIG devices and offers."""
     keep = {gpu.uuid for gpu in gpus}
-    return Inventory(
+    # replace(): the node-wide facts (control nodes, driver files, ...) stay whole.
+    return replace(
+        inventory,
         devices=tuple(d for d in inventory if gpu_of(d).uuid in keep),
-        driver_version=inventory.driver_version,
-        cuda_driver_version=inventory.cuda_driver_version,
-        common_device_nodes=inventory.common_device_nodes,
         gpus=tuple(g for g in inventory.gpus if g.uuid in keep),
         partitions=tuple(p for p in inventory.partitions if p.parent.uuid in keep),
         instances=tuple(m for m in inventory.instances if m.parent.uuid in keep),
@@ -368,3 +367,25 @@ def stranded_claims(held: Sequence[HeldGpu]) -> list[str]:
         "plugin refuses to start with the GPU until then"
         for entries in by_claim.values()
     ]
+
+
+def gpus_behind(devices: Iterable[tuple[str, str]], inventory: Inventory) -> list[Gpu]:
+    """The GPUs of the inventory that device-plugin devices, as (resource name, device ID), name.
+
+    An ID is a GPU or MIG UUID, optionally with a time-slicing replica suffix
+    (`GPU-...::3`, NVIDIA's form and this project's), or, for a resource in the
+    nvidia.com domain only, a GPU index under NVIDIA's `index` ID strategy (`3`,
+    or `3:1` for a MIG device of GPU 3). A MIG device names its parent: MIG
+    devices go with their GPU. Other IDs (another vendor's plugin) name nothing.
+    """
+    by_uuid = {device.uuid: gpu_of(device) for device in inventory}
+    by_index = {str(gpu.index): gpu for gpu in inventory.gpus}
+    named: set[str] = set()
+    for resource, raw in devices:
+        device_id = raw.split("::", 1)[0]
+        gpu = by_uuid.get(device_id)
+        if gpu is None and resource.startswith("nvidia.com/"):
+            gpu = by_index.get(device_id.split(":", 1)[0])
+        if gpu is not None:
+            named.add(gpu.uuid)
+    return [gpu for gpu in inventory.gpus if gpu.uuid in named]

@@ -15,13 +15,22 @@ device nodes and mounts accumulate. So the edits are laid out to compose:
   (`DRA_GPU_CLAIM_<UID>`), set by each of its devices, so claims never collide
   and a container referencing one request of a claim still learns the claim;
 - the spec-wide edits are the same in every spec of the node: the control
-  device nodes and `NVIDIA_VISIBLE_DEVICES=none`. The variable overrides the
-  `all` that CUDA images bake in; `none` makes NVIDIA's runtime hook (legacy
-  mode) add no GPU of its own but still mount the driver's libraries, which
-  these specs do not carry, so the container sees exactly the devices CDI gave
-  it and can use them. A list of UUIDs cannot work here: every spec would set its own and
+  device nodes, the driver's user-space files (libraries, binaries, firmware,
+  IPC sockets, read-only bind mounts, when the node's were discovered: see
+  dra/gpu/driverfiles.py) and NVIDIA_VISIBLE_DEVICES. The variable overrides
+  the `all` that CUDA images bake in. With driver files it is `void`, which
+  NVIDIA's runtime hook (legacy mode) reads as "not a GPU container": it adds
+  nothing, and the container has exactly the devices and files CDI gave it,
+  with no hook needed at all. Without them (--cdi-driver-files=false, for nodes
+  whose NVIDIA toolkit brings the files) it is `none`: the hook adds no GPU of
+  its own but still mounts the driver's libraries. Either way the container
+  sees exactly the devices CDI gave it. A list of UUIDs cannot work here: every spec would set its own and
   the last one merged would win, narrowing a container of several claims, and
   a claim's list would widen a container that references one of its requests.
+
+Device nodes are named by their path in the container; where the inventory's
+`dev_root` is not `/` (fake GPUs made visible to real containers) each also
+names its `hostPath` below that root.
 
 A container that asks for no claim gets nothing from this driver.
 
@@ -29,7 +38,8 @@ Device plugin: one spec for every device the plugin advertises, kind
 `k8s.<driver>/device`, one CDI device per GPU or MIG device named by its
 UUID (stable across restarts and index changes, so an allocation the kubelet
 checkpointed still resolves). Each device has the same device edits as in a
-claim spec; the spec-wide edits carry only the control device nodes, since
+claim spec; the spec-wide edits carry only the control device nodes and the
+driver's files, since
 NVIDIA_VISIBLE_DEVICES comes with the Allocate answer (see
 dra/deviceplugin/allocate.py), which a spec-wide value would override.
 """
@@ -38,10 +48,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dra.model.devices import Device, Inventory
+from dra.model.devices import Device, DriverFile, Inventory
 
 #: The CDI specification version the specs declare (supported by containerd >= 1.7 and CRI-O).
 CDI_VERSION = "0.5.0"
@@ -52,6 +62,11 @@ DEVICE_CLASS = "device"
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 #: NVIDIA's runtime hook (legacy mode) reads `none` as "no GPU, but the driver's libraries".
 NO_GPUS = "none"
+#: ... and `void` as "not a GPU container": no GPU and no driver files (the specs bring their own).
+NOT_A_GPU_CONTAINER = "void"
+#: Mount options of the driver's files, as NVIDIA's CDI generator sets them: read-only, no
+#: set-uid or device files through them.
+DRIVER_FILE_OPTIONS = ("ro", "nosuid", "nodev", "bind")
 #: Prefix of CDI annotation keys (the device plugin's cdi-annotations strategy).
 ANNOTATION_PREFIX = "cdi.k8s.io/"
 _ANNOTATION_NAME_MAX = 63
@@ -98,7 +113,26 @@ def _identifier(text: str) -> str:
     return re.sub(r"[^A-Z0-9]", "_", text.upper())
 
 
-def _device_edits(device: Device, extra_env: Sequence[str] = ()) -> Obj:
+def _device_nodes(paths: Sequence[str], dev_root: str) -> list[Obj]:
+    if dev_root == "/":
+        return [{"path": path} for path in paths]
+    root = dev_root.rstrip("/")
+    return [{"path": path, "hostPath": root + path} for path in paths]
+
+
+def _driver_mounts(files: Sequence[DriverFile]) -> list[Obj]:
+    return [
+        {"hostPath": f.host_path, "containerPath": f.container_path, "options": list(DRIVER_FILE_OPTIONS)}
+        for f in files
+    ]
+
+
+def visible_devices_default(inventory: Inventory) -> str:
+    """The spec-wide NVIDIA_VISIBLE_DEVICES: `void` when the specs carry the driver's files, else `none`."""
+    return NOT_A_GPU_CONTAINER if inventory.driver_files else NO_GPUS
+
+
+def _device_edits(device: Device, dev_root: str, extra_env: Sequence[str] = ()) -> Obj:
     stem = env_key(device.name)
     edits: Obj = {
         "env": [
@@ -109,29 +143,60 @@ def _device_edits(device: Device, extra_env: Sequence[str] = ()) -> Obj:
         ]
     }
     if device.device_nodes:
-        edits["deviceNodes"] = [{"path": path} for path in device.device_nodes]
+        edits["deviceNodes"] = _device_nodes(device.device_nodes, dev_root)
     return edits
 
 
 def _common_edits(inventory: Inventory, env: Sequence[str]) -> Obj:
     edits: Obj = {"env": list(env)} if env else {}
     if inventory.common_device_nodes:
-        edits["deviceNodes"] = [{"path": path} for path in inventory.common_device_nodes]
+        edits["deviceNodes"] = _device_nodes(inventory.common_device_nodes, inventory.dev_root)
+    if inventory.driver_files:
+        edits["mounts"] = _driver_mounts(inventory.driver_files)
     return edits
 
 
-def build_spec(driver: str, claim_uid: str, devices: Sequence[Device], inventory: Inventory) -> Obj:
-    """The CDI spec of one claim's devices on this node; it composes with any other claim's spec."""
+def build_spec(
+    driver: str,
+    claim_uid: str,
+    devices: Sequence[Device],
+    inventory: Inventory,
+    *,
+    device_env: Mapping[str, Sequence[str]] | None = None,
+    claim_edits: Obj | None = None,
+) -> Obj:
+    """The CDI spec of one claim's devices on this node; it composes with any other claim's spec.
+
+    `device_env` adds KEY=value lines to a device's edits by device name (what
+    belongs to this claim's use of it, such as its share of a shared GPU).
+    `claim_edits` (env, mounts) go to the spec-wide edits, which the runtime
+    applies once for a container that uses any device of the claim, so a
+    container referencing two requests of it does not get a mount twice.
+    """
     claim_env = f"{claim_env_key(claim_uid)}={claim_uid}"
+    extra = device_env or {}
     return {
         "cdiVersion": CDI_VERSION,
         "kind": kind(driver),
         "devices": [
-            {"name": device_name(claim_uid, d.name), "containerEdits": _device_edits(d, [claim_env])}
+            {
+                "name": device_name(claim_uid, d.name),
+                "containerEdits": _device_edits(d, inventory.dev_root, [claim_env, *extra.get(d.name, ())]),
+            }
             for d in devices
         ],
-        "containerEdits": _common_edits(inventory, [f"{VISIBLE_DEVICES}={NO_GPUS}"]),
+        "containerEdits": _with_claim_edits(
+            _common_edits(inventory, [f"{VISIBLE_DEVICES}={visible_devices_default(inventory)}"]),
+            claim_edits or {},
+        ),
     }
+
+
+def _with_claim_edits(common: Obj, claim: Obj) -> Obj:
+    merged = dict(common)
+    for key, values in claim.items():
+        merged[key] = [*merged.get(key, []), *values]
+    return merged
 
 
 def device_kind(driver: str) -> str:
@@ -154,12 +219,23 @@ def build_device_spec(driver: str, devices: Sequence[Device], inventory: Invento
     spec: Obj = {
         "cdiVersion": CDI_VERSION,
         "kind": device_kind(driver),
-        "devices": [{"name": d.uuid, "containerEdits": _device_edits(d)} for d in devices],
+        "devices": [
+            {"name": d.uuid, "containerEdits": _device_edits(d, inventory.dev_root)} for d in devices
+        ],
     }
     common = _common_edits(inventory, ())
     if common:
         spec["containerEdits"] = common
     return spec
+
+
+def host_paths(spec: Obj) -> list[str]:
+    """Every host path a spec names (device nodes, mounts), in order: what the runtime will open."""
+    paths: list[str] = []
+    for edits in [spec.get("containerEdits") or {}, *(d["containerEdits"] for d in spec.get("devices", []))]:
+        paths += [node.get("hostPath") or node["path"] for node in edits.get("deviceNodes", [])]
+        paths += [mount["hostPath"] for mount in edits.get("mounts", [])]
+    return list(dict.fromkeys(paths))
 
 
 def annotation_key(plugin: str, allocation_id: str) -> str:

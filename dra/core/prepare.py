@@ -13,7 +13,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dra.core import cdi
+from dra.api.v1beta1 import DeviceConfig, GpuConfig
+from dra.core import cdi, sharing
 from dra.core import config as deviceconfig
 from dra.core.allocation import ClaimAllocation
 from dra.model.devices import Device, Inventory, MigDevice, MigPartition
@@ -87,7 +88,9 @@ class PreparePlan:
     #: With `create`: the claim's devices that exist already, for the spec `made` builds.
     devices: tuple[Device, ...] = ()
 
-    def made(self, created: Mapping[str, MigDevice], inventory: Inventory, driver: str) -> PreparePlan:
+    def made(
+        self, created: Mapping[str, MigDevice], inventory: Inventory, driver: str, mps_root: str = ""
+    ) -> PreparePlan:
         """The plan once the MIG devices of `create` exist (by allocated device name): answer and spec."""
         entries = tuple(
             replace(d, uuid=created[d.device].uuid) if d.device in created else d for d in self.claim.devices
@@ -97,7 +100,7 @@ class PreparePlan:
         return replace(
             self,
             claim=replace(self.claim, devices=entries),
-            spec=cdi.build_spec(driver, self.claim.uid, devices, inventory),
+            spec=_spec(replace(self.claim, devices=entries), devices, inventory, driver, mps_root),
             create=(),
             devices=(),
         )
@@ -143,8 +146,10 @@ def _up_to_date(allocation: ClaimAllocation, prepared: Mapping[str, PreparedClai
     return None
 
 
-def _holders(device: Device, uid: str, prepared: Mapping[str, PreparedClaim]) -> list[PreparedClaim]:
-    return [c for c in prepared.values() if c.uid != uid and c.holds(device.name, device.uuid)]
+def _holders(
+    device: Device, uid: str, prepared: Mapping[str, PreparedClaim], share_id: str = ""
+) -> list[PreparedClaim]:
+    return [c for c in prepared.values() if c.uid != uid and c.holds(device.name, device.uuid, share_id)]
 
 
 def conflicts(
@@ -157,7 +162,7 @@ def conflicts(
     for result in allocation.devices:
         device = inventory.get(result.device) if result.pool == pool else None
         if device is not None and not result.admin_access:
-            found.update((h.uid, h) for h in _holders(device, allocation.uid, prepared))
+            found.update((h.uid, h) for h in _holders(device, allocation.uid, prepared, result.share_id))
     return list(found.values())
 
 
@@ -176,12 +181,21 @@ def _devices_of(claim: PreparedClaim, inventory: Inventory) -> tuple[list[Device
     return found, missing
 
 
+def _spec(
+    claim: PreparedClaim, devices: list[Device], inventory: Inventory, driver: str, mps_root: str
+) -> Obj:
+    share_env = {d.device: sharing.share_env(d) for d in claim.devices}
+    unique = list({d.name: d for d in devices}.values())
+    mps = sharing.mps_edits(claim, mps_root)
+    return cdi.build_spec(driver, claim.uid, unique, inventory, device_env=share_env, claim_edits=mps)
+
+
 def _respec(
-    claim: PreparedClaim, inventory: Inventory, driver: str
+    claim: PreparedClaim, inventory: Inventory, driver: str, mps_root: str
 ) -> tuple[Obj | None, list[MissingDevice]]:
     """The spec a prepared claim's devices still present on the node give, or None when none is."""
     devices, missing = _devices_of(claim, inventory)
-    return (cdi.build_spec(driver, claim.uid, devices, inventory) if devices else None), missing
+    return (_spec(claim, devices, inventory, driver, mps_root) if devices else None), missing
 
 
 def decide_prepare(
@@ -193,6 +207,7 @@ def decide_prepare(
     pool: str,
     stale: Mapping[str, str],
     has_spec: bool,
+    mps_root: str = "",
 ) -> PreparePlan | Refusal:
     """What preparing `allocation` takes, given the facts about its holders.
 
@@ -200,10 +215,11 @@ def decide_prepare(
     gone (see `conflicts`); a holder not in it is live and refuses the claim.
     `has_spec` says whether the claim's spec is on disk. A claim already prepared
     with the same devices gets its recorded answer, and its spec back if missing.
+    `mps_root` is where claims' MPS daemons keep their directories ("": no MPS here).
     """
     existing = _up_to_date(allocation, prepared)
     if existing is not None:
-        spec, missing = (None, []) if has_spec else _respec(existing, inventory, driver)
+        spec, missing = (None, []) if has_spec else _respec(existing, inventory, driver, mps_root)
         return PreparePlan(claim=existing, spec=spec, missing=tuple(missing))
 
     problems: list[str] = []
@@ -234,7 +250,7 @@ def decide_prepare(
             problems.append(f"device {result.device} does not exist on node {pool}")
             continue
         if not result.admin_access:
-            for holder in _holders(device, allocation.uid, prepared):
+            for holder in _holders(device, allocation.uid, prepared, result.share_id):
                 reason = stale.get(holder.uid)
                 if reason is not None:
                     releases[holder.uid] = Release(holder, reason)
@@ -243,17 +259,36 @@ def decide_prepare(
                         f"device {result.device} is already prepared for claim "
                         f"{holder.namespace}/{holder.name} ({holder.uid})"
                     )
-        try:
-            deviceconfig.effective([c.parameters for c in allocation.configs_for(result)], device)
-        except deviceconfig.ConfigError as err:
-            problems.append(f"invalid configuration for device {result.device}: {err}")
         devices[device.name] = device
+    problems.extend(deviceconfig.problems(allocation, devices))
     if problems:
-        return Refusal(f"cannot prepare ResourceClaim {allocation.ref}: " + "; ".join(problems))
+        return _refusal(allocation, problems)
+    intervals, mps_settings, problems = _decide_sharing(allocation, devices, prepared, mps_root)
+    if problems:
+        return _refusal(allocation, problems)
 
     entries = []
+    for device in devices.values():
+        results = [r for r in allocation.devices if r.device == device.name]
+        # A claim holds at most one share of a device in practice; each share gets its own entry.
+        for share_id in dict.fromkeys(r.share_id for r in results):
+            of_share = [r for r in results if r.share_id == share_id]
+            entries.append(
+                PreparedDevice(
+                    request_names=tuple(dict.fromkeys(r.request_name for r in of_share)),
+                    pool=pool,
+                    device=device.name,
+                    cdi_device_ids=(cdi.qualified_name(driver, allocation.uid, device.name),),
+                    admin_access=all(r.admin_access for r in of_share),
+                    uuid=device.uuid,
+                    time_slice=intervals.get(device.name, ""),
+                    share_id=share_id,
+                    share_memory=of_share[0].consumed("memory") if share_id else "",
+                    **_mps_fields(mps_settings.get(device.name)),
+                )
+            )
     # The UUID of a MIG device still to be made is filled in once it exists (PreparePlan.made).
-    for name, uuid in [*((d.name, d.uuid) for d in devices.values()), *((n, "") for n in creates)]:
+    for name in creates:
         results = [r for r in allocation.devices if r.device == name]
         entries.append(
             PreparedDevice(
@@ -262,7 +297,6 @@ def decide_prepare(
                 device=name,
                 cdi_device_ids=(cdi.qualified_name(driver, allocation.uid, name),),
                 admin_access=all(r.admin_access for r in results),
-                uuid=uuid,
             )
         )
     claim = PreparedClaim(
@@ -270,7 +304,7 @@ def decide_prepare(
     )
     return PreparePlan(
         claim=claim,
-        spec=None if creates else cdi.build_spec(driver, allocation.uid, list(devices.values()), inventory),
+        spec=None if creates else _spec(claim, list(devices.values()), inventory, driver, mps_root),
         record=True,
         release=tuple(releases.values()),
         replaces=prepared.get(allocation.uid),
@@ -279,13 +313,87 @@ def decide_prepare(
     )
 
 
+def _refusal(allocation: ClaimAllocation, problems: list[str]) -> Refusal:
+    return Refusal(f"cannot prepare ResourceClaim {allocation.ref}: " + "; ".join(problems))
+
+
+def _mps_fields(setting: sharing.MpsSetting | None) -> dict[str, Any]:
+    if setting is None:
+        return {}
+    return {
+        "mps": True,
+        "mps_thread_percentage": setting.thread_percentage,
+        "mps_pinned_limit": setting.pinned_limit,
+    }
+
+
+def _decide_sharing(
+    allocation: ClaimAllocation,
+    devices: Mapping[str, Device],
+    prepared: Mapping[str, PreparedClaim],
+    mps_root: str,
+) -> tuple[dict[str, str], dict[str, sharing.MpsSetting], list[str]]:
+    """The intervals and MPS settings of the claim's devices (by name), or the problems refusing it.
+
+    Its configs are valid (deviceconfig.problems): what is left are the conflicts with
+    other claims and with the node, and what a share adds.
+    """
+    problems: list[str] = []
+    intervals: dict[str, str] = {}
+    mps: dict[str, sharing.MpsRequest] = {}
+    for result in allocation.devices:
+        device = devices.get(result.device)
+        if device is None:
+            # A dynamic MIG device to be made: it takes no configuration (decide_prepare says so).
+            continue
+        entries = allocation.configs_for(result)
+        config = deviceconfig.effective([c.parameters for c in entries], device)
+        problems.extend(_time_slice(config, device, allocation.uid, prepared, intervals))
+        mps_config = config.sharing.mps_config if config.sharing.strategy == "MPS" else None
+        if mps_config is not None and device.name not in mps:
+            configured = tuple(deviceconfig.targets(allocation, entries[-1], devices))
+            mps[device.name] = sharing.MpsRequest(device, mps_config, configured, result.consumed("memory"))
+    if mps and not mps_root:
+        problems.append("MPS is not available on this node (the driver runs no MPS control daemons)")
+    mps_settings, mps_problems = sharing.decide_mps(list(mps.values()))
+    return intervals, mps_settings, problems + mps_problems
+
+
+def _time_slice(
+    config: DeviceConfig,
+    device: Device,
+    uid: str,
+    prepared: Mapping[str, PreparedClaim],
+    intervals: dict[str, str],
+) -> list[str]:
+    """Record the interval a GPU of the claim is to run at; the problem when another claim runs another."""
+    slicing = config.sharing.time_slicing_config if isinstance(config, GpuConfig) else None
+    if slicing is None or slicing.interval == sharing.DEFAULT_INTERVAL:
+        return []
+    interval = slicing.interval
+    clash = sharing.time_slice_conflict(device.uuid, interval, uid, prepared)
+    if clash is not None:
+        other, theirs = clash
+        return [
+            f"device {device.name} cannot run time-slice interval {interval}: claim "
+            f"{other.namespace}/{other.name} ({other.uid}) runs it with interval {theirs}"
+        ]
+    intervals[device.name] = interval
+    return []
+
+
 def decide_unprepare(uid: str, prepared: Mapping[str, PreparedClaim]) -> UnpreparePlan:
     """Unpreparing a claim: an unknown one only loses its stray spec, if any."""
     return UnpreparePlan(uid=uid, claim=prepared.get(uid))
 
 
 def decide_recover(
-    prepared: Mapping[str, PreparedClaim], inventory: Inventory, specs: Collection[str], *, driver: str
+    prepared: Mapping[str, PreparedClaim],
+    inventory: Inventory,
+    specs: Collection[str],
+    *,
+    driver: str,
+    mps_root: str = "",
 ) -> RecoverPlan:
     """After a restart, given the UIDs of the claim specs on disk: which to remove, which to write again.
 
@@ -300,7 +408,7 @@ def decide_recover(
     writes: list[tuple[str, Obj]] = []
     missing: list[MissingDevice] = []
     for uid, claim in prepared.items():
-        spec, gone = _respec(claim, inventory, driver)
+        spec, gone = _respec(claim, inventory, driver, mps_root)
         missing.extend(gone)
         if spec is not None and (uid not in specs or not gone):
             writes.append((uid, spec))

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dra.core.taints import DeviceTaint
 from dra.core.versions import ApiFeatures
 from dra.model.devices import Device, Gpu, Inventory, MigDevice, MigPartition
 
@@ -27,6 +28,8 @@ Obj = dict[str, Any]
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
+#: The lower limit once any device of a slice has taints (or consumes counters).
+MAX_TAINTED_DEVICES_PER_SLICE = 64
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_STRING_ATTRIBUTE = 64
 PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
@@ -117,8 +120,28 @@ def _shared_attributes(gpu: Gpu, inventory: Inventory) -> dict[str, Obj]:
     return attributes
 
 
-def device_entry(device: Device, inventory: Inventory) -> Obj:
-    """One device of a slice: name, typed attributes, quantity capacities."""
+#: Shareable GPUs are allocated in whole multiples of this much memory (KEP-5075 validRange step).
+SHARE_MEMORY_STEP = 1024**3
+
+
+def _share_policy(memory_bytes: int) -> Obj:
+    """The memory request policy of a shareable GPU: whole GiB, from 1 GiB to all of it.
+
+    The API wants default and max on the step grid, so both are the memory rounded down to
+    a GiB (the remainder, under 1 GiB, is never handed out); a claim that asks no memory
+    gets that default, which is the whole GPU.
+    """
+    usable = binary_quantity(memory_bytes // SHARE_MEMORY_STEP * SHARE_MEMORY_STEP)
+    step = binary_quantity(SHARE_MEMORY_STEP)
+    return {"default": usable, "validRange": {"min": step, "max": usable, "step": step}}
+
+
+def device_entry(device: Device, inventory: Inventory, shareable: bool = False) -> Obj:
+    """One device of a slice: name, typed attributes, quantity capacities.
+
+    A shareable full GPU may be allocated to several claims at once, each consuming part of
+    its `memory` capacity (allowMultipleAllocations, DRAConsumableCapacity).
+    """
     if not _DNS_LABEL.match(device.name):
         raise SliceError(f"device name {device.name!r} is not a DNS label")
     if isinstance(device, MigDevice):
@@ -150,11 +173,15 @@ def device_entry(device: Device, inventory: Inventory) -> Obj:
         capacity = {"memory": binary_quantity(device.memory_bytes)}
     if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
         raise SliceError(f"device {device.name} has more than {MAX_ATTRIBUTES_AND_CAPACITIES} attributes")
-    return {
+    entry: Obj = {
         "name": device.name,
         "attributes": dict(sorted(attributes.items())),
         "capacity": {key: {"value": value} for key, value in sorted(capacity.items())},
     }
+    if shareable and not isinstance(device, MigDevice):
+        entry["allowMultipleAllocations"] = True
+        entry["capacity"]["memory"]["requestPolicy"] = _share_policy(device.memory_bytes)
+    return entry
 
 
 def _engines(partition: MigPartition) -> dict[str, int]:
@@ -299,23 +326,44 @@ def build_slices(
     node_uid: str | None,
     generation: int,
     features: ApiFeatures | None = None,
+    taints: Mapping[str, DeviceTaint] | None = None,
+    shareable: Collection[str] = (),
 ) -> list[Obj]:
     """The node's pool as ResourceSlices: at most 128 devices each, one generation, owned by the Node.
 
     Dynamic-MIG GPUs come with their counter sets where the server accepts them
     (`features.partitionable_devices`), else whole only: beside their devices in
     the same slices on 1.34, in slices of their own from 1.35.
+    `taints` (device name to taint) are published only where the server keeps
+    them (`features.device_taints`; no features: the oldest supported server's,
+    no gated fields); elsewhere the devices go out untainted. `shareable` names
+    the full GPUs published for several claims at once, where the server keeps
+    consumable capacity (`features.consumable_capacity`); elsewhere they go out
+    exclusive.
     """
     features = features or ApiFeatures()
     groups = _dynamic_groups(inventory) if features.partitionable_devices else []
     dynamic = {gpu.name for gpu in inventory.dynamic_gpus} if groups else set()
-    entries = [device_entry(device, inventory) for device in inventory if device.name not in dynamic]
+    shared = shareable if features.consumable_capacity else ()
+    entries = [
+        device_entry(device, inventory, device.name in shared)
+        for device in inventory
+        if device.name not in dynamic
+    ]
     consuming = [d for g in groups for d in g.devices]
     names = [e["name"] for e in (*entries, *consuming)]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise SliceError(f"device names are not unique: {duplicates}")
-    contents: list[tuple[list[Obj], list[Obj]]] = [([], c) for c in _chunks(entries, MAX_DEVICES_PER_SLICE)]
+    per_slice = MAX_DEVICES_PER_SLICE
+    if features.device_taints:
+        # The lower limit whether or not a device is tainted right now, so that a GPU turning
+        # unhealthy changes one device entry rather than how the pool is cut into slices.
+        per_slice = MAX_TAINTED_DEVICES_PER_SLICE
+        for entry in (*entries, *consuming):
+            if taints and entry["name"] in taints:
+                entry["taints"] = [taints[entry["name"]].entry()]
+    contents: list[tuple[list[Obj], list[Obj]]] = [([], c) for c in _chunks(entries, per_slice)]
     if features.counters_in_own_slice:
         sets = [g.counter_set for g in groups]
         contents += [(c, []) for c in _chunks(sets, MAX_COUNTER_SETS_PER_SLICE)]

@@ -6,6 +6,12 @@ The driver writes `resource.k8s.io/v1` (GA in 1.34) and is tested on 1.34 and
 serve `resource.k8s.io/v1`, is a start-up error naming the supported range. A
 server newer than the newest tested release is only worth a warning: the v1
 API it must keep serving is all the driver uses.
+
+Which gated ResourceSlice fields the server keeps is not told by its version
+(an alpha gate may be on or off), so the driver asks: it dry-run creates the
+`probe_slices` and reads, with `kept_fields`, which fields came back. An API
+server drops the fields of a disabled feature silently; `features` turns what
+it kept into ApiFeatures.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 #: Kubernetes minor releases (1.x) the driver is tested on, oldest and newest.
 OLDEST_MINOR = 34
@@ -57,6 +63,101 @@ class ApiFeatures:
         return self.minor >= 35
 
 
+#: Field names `kept_fields` looks for, one per gated feature (or two: counters).
+TAINTS: Final = "taints"
+ALLOW_MULTIPLE_ALLOCATIONS: Final = "allowMultipleAllocations"
+SHARED_COUNTERS: Final = "sharedCounters"
+CONSUMES_COUNTERS: Final = "consumesCounters"
+
+#: The gate an admin turns on for each feature (on the API server, scheduler, controller manager
+#: and kubelet), and the release from which it is on whatever the gates say (GA).
+GATES: Final = {
+    "partitionable_devices": ("DRAPartitionableDevices", "shared counters (partitionable devices)", None),
+    "device_taints": ("DRADeviceTaints", "device taints", 37),
+    "consumable_capacity": ("DRAConsumableCapacity", "consumable capacity", None),
+}
+
+_PROBE_COUNTER_SET = "probe"
+
+
+def probe_slices(driver: str, node_name: str, minor: int) -> list[list[dict[str, Any]]]:
+    """Throwaway ResourceSlices that use every gated field, for dry-run creates.
+
+    Each inner list is created in one go; from 1.35 the counters need a slice of
+    their own, so there are two. The pool's name is not one the driver publishes.
+    """
+    pool = f"{node_name}-feature-probe"
+
+    def slice_(spec: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "apiVersion": f"resource.k8s.io/{RESOURCE_VERSION}",
+            "kind": "ResourceSlice",
+            "metadata": {"generateName": "dra-gpu-feature-probe-"},
+            "spec": {
+                "driver": driver,
+                "nodeName": node_name,
+                "pool": {"name": pool, "generation": 0, "resourceSliceCount": 1},
+                **spec,
+            },
+        }
+
+    counters = [{"name": _PROBE_COUNTER_SET, "counters": {"memory": {"value": "1Gi"}}}]
+    devices: list[dict[str, Any]] = [
+        {"name": "taint", "taints": [{"key": f"{driver}/probe", "value": "probe", "effect": "NoSchedule"}]},
+        {"name": "shared", ALLOW_MULTIPLE_ALLOCATIONS: True},
+        {
+            "name": "counters",
+            CONSUMES_COUNTERS: [{"counterSet": _PROBE_COUNTER_SET, "counters": {"memory": {"value": "1Gi"}}}],
+        },
+    ]
+    if minor >= 35:
+        return [[slice_({SHARED_COUNTERS: counters})], [slice_({"devices": devices})]]
+    return [[slice_({SHARED_COUNTERS: counters, "devices": devices})]]
+
+
+def kept_fields(answers: Sequence[Mapping[str, Any]]) -> frozenset[str]:
+    """The gated fields that the server's answers to the probe creates still carry."""
+    kept: set[str] = set()
+    for answer in answers:
+        spec = answer.get("spec") or {}
+        if spec.get(SHARED_COUNTERS):
+            kept.add(SHARED_COUNTERS)
+        for device in spec.get("devices") or []:
+            kept.update(
+                name for name in (TAINTS, ALLOW_MULTIPLE_ALLOCATIONS, CONSUMES_COUNTERS) if device.get(name)
+            )
+    return frozenset(kept)
+
+
+def features(server: ServerInfo, kept: frozenset[str]) -> ApiFeatures:
+    """What the driver may publish to this server, from the fields its probe kept."""
+    return ApiFeatures(
+        minor=server.minor or OLDEST_MINOR,
+        partitionable_devices=SHARED_COUNTERS in kept and CONSUMES_COUNTERS in kept,
+        device_taints=TAINTS in kept,
+        consumable_capacity=ALLOW_MULTIPLE_ALLOCATIONS in kept,
+    )
+
+
+def assumed_features(server: ServerInfo) -> ApiFeatures:
+    """What to publish when the probe could not be made: only what no gate can turn off."""
+    minor = server.minor or OLDEST_MINOR
+    return ApiFeatures(
+        minor=minor,
+        **{name: ga is not None and minor >= ga for name, (_, _, ga) in GATES.items()},
+    )
+
+
+def missing(found: ApiFeatures) -> list[str]:
+    """One line for each feature the server lacks, naming the gate that turns it on."""
+    return [
+        f"the API server drops {what} from ResourceSlices (feature gate {gate} off): the driver does "
+        f"without them; turn {gate} on (API server, scheduler, controller manager, kubelet) to use them"
+        for name, (gate, what, _) in GATES.items()
+        if not getattr(found, name)
+    ]
+
+
 class UnsupportedServerError(Exception):
     """The API server cannot serve this driver; the message names the supported range."""
 
@@ -86,3 +187,23 @@ def check(server: ServerInfo) -> Sequence[str]:
     if server.minor > NEWEST_MINOR:
         return [f"the API server is {server.git_version}, newer than the newest tested release ({SUPPORTED})"]
     return []
+
+
+#: The first kubelet that keeps several registered plugins of one driver and calls the newest
+#: connected one (kubelet DRA plugin manager, 1.33); older ones must not see two instances.
+ROLLING_UPDATE_KUBELET_MINOR = 33
+
+
+def rolling_update_refusal(kubelet_version: str) -> str | None:
+    """Why a kubelet of this version (Node status.nodeInfo.kubeletVersion) cannot take overlapping instances.
+
+    None when it can, or when the version does not parse (then the kubelet is trusted).
+    """
+    found = re.match(r"v?1\.(\d+)", kubelet_version)
+    if found is None or int(found.group(1)) >= ROLLING_UPDATE_KUBELET_MINOR:
+        return None
+    return (
+        f"the kubelet is {kubelet_version}; overlapping plugin instances (rolling updates) need a kubelet "
+        f"1.{ROLLING_UPDATE_KUBELET_MINOR} or newer: run with --rolling-update=false "
+        "(chart: kubeletPlugin.rollingUpdate=false)"
+    )

@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIServer
@@ -40,10 +40,11 @@ from dra.core.assignment import (
     restrict,
     stranded_claims,
 )
-from dra.daemon import metrics
-from dra.daemon.health import HealthMonitor, HealthTracker
+from dra.daemon import fakegpus, metrics
+from dra.daemon.health import APPLICATION_XIDS, HealthMonitor, HealthTracker
 from dra.daemon.lifecycle import Heartbeat, until_stopped
 from dra.gpu.discovery import discover
+from dra.gpu.driverfiles import find_driver_files
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.nvml import GpuLibrary, GpuLibraryError, NvmlLibrary
 from dra.gpu.profiles import ProfileError, load_profile
@@ -52,6 +53,12 @@ from dra.model.migmode import MigModes
 from dra.model.prepared import PreparedClaim
 
 log = logging.getLogger(__name__)
+
+
+#: The fake GPUs' settings (time slices) in the state directory.
+FAKE_GPU_STATE = "fake-gpu-state.json"
+#: The fake GPUs' MIG instances, in the state directory (on a real GPU, the GPU holds them).
+FAKE_MIG_STATE = "fake-gpu-mig.json"
 
 
 class StartupError(Exception):
@@ -77,13 +84,24 @@ class DaemonSettings:
     dra_gpus: Selector | None = None
     device_plugin_gpus: Selector | None = None
     host_root: Path = Path("/")
+    #: Where the NVIDIA driver's user-space files are installed, as the container runtime sees it.
+    driver_root: Path = Path("/")
+    #: Whether the CDI specs mount the driver's files (False: the node's NVIDIA runtime hook does).
+    cdi_driver_files: bool = True
+    #: With fake GPUs: where their device nodes and stand-in driver are made, for real containers.
+    fake_gpu_root: Path | None = None
     #: Seconds without a critical XID or NVML error after which an unhealthy device is healthy
     #: again; 0 keeps it unhealthy until the driver restarts.
     health_recovery_period: float = 300.0
+    #: XIDs that leave device health alone (by default the application errors).
+    ignored_xids: frozenset[int] = APPLICATION_XIDS
     #: Seconds between looks at the GPUs for changes (dra.daemon.rediscovery); 0 disables.
     rediscover_interval: float = 60.0
     #: How each GPU's MIG is published: static (MIG devices made beforehand), dynamic, whole.
     mig_modes: MigModes = field(default_factory=MigModes)
+    #: This instance's ID when instances may overlap on a node (a rolling update, the pod UID);
+    #: None runs exclusively: a second instance is refused.
+    instance_id: str | None = None
 
     @property
     def state_directory(self) -> Path:
@@ -94,15 +112,6 @@ class DaemonSettings:
     def checkpoint_path(self) -> Path:
         """The kubelet-plugin's checkpoint of prepared claims."""
         return self.state_directory / FILE_NAME
-
-    @property
-    def fake_mig_state(self) -> Path:
-        """With fake GPUs: the MIG instances that exist on them (on a real GPU, the GPU holds them)."""
-        return self.state_directory / FAKE_MIG_STATE
-
-
-#: The fake GPUs' MIG instances, in the state directory.
-FAKE_MIG_STATE = "fake-gpu-mig.json"
 
 
 def default_state_dir(kubelet_root: Path, driver_name: str) -> Path:
@@ -125,12 +134,15 @@ def gpu_library(
     node_name: str,
     events: Path | None = None,
     host_root: Path = Path("/"),
-    mig_state: Path | None = None,
+    state_dir: Path | None = None,
+    fake_gpu_root: Path | None = None,
 ) -> GpuLibrary:
     """NVML (device nodes looked up under host_root), or fake GPUs from a profile name or file.
 
-    Fake GPUs keep their MIG instances in `mig_state` when given, so that every
-    process of the node (and a restarted one) sees the same instances.
+    Fake GPUs keep the settings the driver changes and their MIG instances in
+    `state_dir`, as real ones keep them across a driver restart, so that every
+    process of the node (and a restarted one) sees the same. With fake_gpu_root
+    the fake GPUs' device nodes and stand-in driver are made there first.
     """
     if not fake_gpus:
         return NvmlLibrary(dev=host_root)
@@ -138,7 +150,34 @@ def gpu_library(
         profile = load_profile(fake_gpus, node_name)
     except ProfileError as err:
         raise StartupError(f"--fake-gpus: {err}") from None
-    return FakeGpuLibrary(profile, node_name, events, mig_state)
+    state_file = state_dir / FAKE_GPU_STATE if state_dir is not None else None
+    mig_state = state_dir / FAKE_MIG_STATE if state_dir is not None else None
+    lib = FakeGpuLibrary(profile, node_name, events, state_file, fake_gpu_root, mig_state)
+    if fake_gpu_root is not None:
+        try:
+            fakegpus.materialise(lib, fake_gpu_root)
+        except fakegpus.FakeRootError as err:
+            raise StartupError(str(err)) from None
+    return lib
+
+
+def node_inventory(lib: GpuLibrary, settings: DaemonSettings) -> Inventory:
+    """load_inventory, plus what the CDI specs need of the node: the driver's files, the device root."""
+    inventory = load_inventory(lib, settings.mig_modes)
+    if settings.fake_gpus and settings.fake_gpu_root is not None:
+        dev_root, driver_root, host_root = (
+            settings.fake_gpu_root,
+            settings.fake_gpu_root / fakegpus.DRIVER_ROOT,
+            Path("/"),
+        )
+    elif settings.fake_gpus:
+        return inventory
+    else:
+        dev_root, driver_root, host_root = Path("/"), settings.driver_root, settings.host_root
+    files = (
+        find_driver_files(lib.driver_version(), driver_root, host_root) if settings.cdi_driver_files else ()
+    )
+    return replace(inventory, driver_files=files, dev_root=str(dev_root))
 
 
 def load_inventory(lib: GpuLibrary, mig_modes: MigModes | None = None) -> Inventory:
@@ -160,11 +199,13 @@ def take_assignment(
     running: GpuPath,
     state_dir: Path,
     node_name: str,
+    overlapping: bool = False,
 ) -> tuple[Inventory, AssignmentLease]:
     """This path's part of the inventory, recorded on the host; StartupError naming a GPU on overlap.
 
     Refused when the selectors give a GPU to both paths, or when the other
     path's process runs on this node and already advertises one of ours.
+    `overlapping`: another instance of this path may run (a rolling update).
     """
     try:
         assignment = assign(inventory, dra_gpus, device_plugin_gpus, running)
@@ -174,7 +215,7 @@ def take_assignment(
         log.warning("%s", warning)
     mine = assignment.gpus(running)
     try:
-        lease = AssignmentRecord(state_dir).lease(running, mine, node_name)
+        lease = AssignmentRecord(state_dir).lease(running, mine, node_name, shared=overlapping)
     except AssignmentConflictError as err:
         raise StartupError(str(err)) from None
     except OSError as err:
@@ -229,10 +270,11 @@ def rediscover(settings: DaemonSettings) -> Inventory:
         settings.fake_gpus,
         settings.node_name,
         host_root=settings.host_root,
-        mig_state=settings.fake_mig_state,
+        state_dir=settings.state_directory,
+        fake_gpu_root=settings.fake_gpu_root,
     )
     try:
-        return load_inventory(lib, settings.mig_modes)
+        return node_inventory(lib, settings)
     finally:
         lib.shutdown()
 
@@ -251,9 +293,10 @@ async def open_node(settings: DaemonSettings, path: GpuPath | None) -> AsyncIter
         settings.node_name,
         settings.fake_gpu_events,
         settings.host_root,
-        settings.fake_mig_state,
+        settings.state_directory,
+        settings.fake_gpu_root,
     )
-    everything = load_inventory(lib, settings.mig_modes)
+    everything = node_inventory(lib, settings)
     lease: AssignmentLease | None = None
     inventory = everything
     if path is not None:
@@ -264,8 +307,9 @@ async def open_node(settings: DaemonSettings, path: GpuPath | None) -> AsyncIter
             path,
             settings.state_directory,
             settings.node_name,
+            overlapping=settings.instance_id is not None,
         )
-    tracker = HealthTracker(inventory)
+    tracker = HealthTracker(inventory, ignored_xids=settings.ignored_xids)
     node = Node(
         settings, lib, everything, inventory, tracker, HealthMonitor(lib, tracker, inventory), started
     )

@@ -55,6 +55,16 @@ def csv(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
+def boolean(text: str) -> bool:
+    """true/false (also yes/no, on/off, 1/0), as a chart or a person writes it."""
+    value = text.strip().lower()
+    if value in ("true", "yes", "on", "1"):
+        return True
+    if value in ("false", "no", "off", "0"):
+        return False
+    raise ValueError(f"expected true or false, not {text!r}")
+
+
 def seconds(text: str) -> float:
     """A non-negative number of seconds."""
     value = float(text)

@@ -2,8 +2,8 @@
 
 NVML reports XID errors per GPU. Errors an application causes on its own
 context (XID 13, 31, 43, 45, 68, 109, the same set NVIDIA's device plugin
-ignores) say nothing about the device; any other XID marks the device
-unhealthy. It is healthy again once a quiet period (`--health-recovery-period`)
+ignores; --ignored-xids changes it) say nothing about the device; any other
+XID marks the device unhealthy. It is healthy again once a quiet period (`--health-recovery-period`)
 has passed without another critical XID or failed NVML wait for it, or, with a
 period of 0, only when the driver restarts (what NVIDIA's drivers do). On a GPU in MIG mode, an error NVML
 places in one GPU instance (and compute instance) marks the MIG devices there;
@@ -27,6 +27,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from dra.core.assignment import describe
+from dra.core.taints import DeviceTaint, Effect, unhealthy_taint
 from dra.gpu.nvml import ERROR_GPU_IS_LOST, GpuHandle, GpuLibrary, GpuLibraryError, XidEvent
 from dra.model.devices import Device, Gpu, Inventory, MigDevice, device_uuids
 
@@ -51,13 +52,40 @@ class DeviceHealth:
     healthy: bool
     since: int
     reason: str = ""
+    #: The reason in a word or two ("XID-79", "GPU-lost"), for a device taint's value.
+    short: str = ""
+
+
+def parse_xids(text: str) -> frozenset[int]:
+    """--ignored-xids: comma-separated XID numbers ("" for none); ValueError naming a bad entry."""
+    xids = set()
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        if not item.isdigit() or int(item) == 0:
+            raise ValueError(
+                f"{item!r} is not an XID (a positive number, as in 'XID 79'); expected e.g. 13,31,43"
+            )
+        xids.add(int(item))
+    return frozenset(xids)
+
+
+class ClearRefusedError(Exception):
+    """An admin asked to clear a device's unhealthy mark that must stay; the message says why."""
 
 
 class HealthTracker:
     """Health of every device of the inventory; subscribers see each change."""
 
-    def __init__(self, inventory: Inventory, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        inventory: Inventory,
+        clock: Callable[[], float] = time.monotonic,
+        ignored_xids: frozenset[int] = APPLICATION_XIDS,
+    ) -> None:
         now = int(time.time())
+        #: XIDs that leave device health alone (--ignored-xids).
+        self.ignored_xids = ignored_xids
         self._inventory = inventory
         self._health = {device.name: DeviceHealth(True, now) for device in inventory}
         self._changed = anyio.Event()
@@ -77,7 +105,15 @@ class HealthTracker:
         """Health of every device by name."""
         return dict(self._health)
 
-    def mark_unhealthy(self, names: list[str], reason: str) -> list[str]:
+    def taints(self, driver: str, effect: Effect) -> dict[str, DeviceTaint]:
+        """The taint of each unhealthy device, added when it became unhealthy."""
+        return {
+            name: unhealthy_taint(driver, health.short or health.reason, effect, health.since)
+            for name, health in self._health.items()
+            if not health.healthy
+        }
+
+    def mark_unhealthy(self, names: list[str], reason: str, short: str = "") -> list[str]:
         """Mark devices unhealthy; return those that changed. A new report restarts the quiet period."""
         now = int(time.time())
         reported = self._clock()
@@ -86,18 +122,18 @@ class HealthTracker:
                 self._last_bad[name] = reported
         changed = [n for n in names if n in self._health and self._health[n].healthy]
         for name in changed:
-            self._health[name] = DeviceHealth(False, now, reason)
+            self._health[name] = DeviceHealth(False, now, reason, short)
             log.warning("device %s is unhealthy: %s", name, reason)
         if changed:
             self._changed.set()
             self._changed = anyio.Event()
         return changed
 
-    def mark_gpus_unhealthy(self, gpu_uuids: list[str], reason: str) -> list[str]:
+    def mark_gpus_unhealthy(self, gpu_uuids: list[str], reason: str, short: str = "") -> list[str]:
         """Mark the devices of these GPUs (the GPU or its MIG devices) unhealthy; return those changed."""
         wanted = set(gpu_uuids)
         return self.mark_unhealthy(
-            [d.name for d in self._inventory if wanted.intersection(device_uuids(d))], reason
+            [d.name for d in self._inventory if wanted.intersection(device_uuids(d))], reason, short
         )
 
     def concerned(self, event: XidEvent) -> list[Device]:
@@ -124,13 +160,13 @@ class HealthTracker:
             where += f" GPU instance {event.gpu_instance_id}"
             if event.compute_instance_id is not None:
                 where += f" compute instance {event.compute_instance_id}"
-        if event.xid in APPLICATION_XIDS:
+        if event.xid in self.ignored_xids:
             log.info("XID %d on %s is an application error; device health unchanged", event.xid, where)
             return []
         affected = [d.name for d in self.concerned(event)]
         if not affected:
             log.warning("XID %d on %s, which is not a published device", event.xid, where)
-        return self.mark_unhealthy(affected, f"XID {event.xid}")
+        return self.mark_unhealthy(affected, f"XID {event.xid}", f"XID-{event.xid}")
 
     def recover(self, quiet: float) -> list[str]:
         """Mark healthy the devices with no bad report for `quiet` seconds; return those changed."""
@@ -154,6 +190,36 @@ class HealthTracker:
             self._changed = anyio.Event()
         return changed
 
+    def clear(self, name: str, quiet: float, failing: Callable[[Device], str | None]) -> str:
+        """Mark one device healthy on an admin's word; say what was done, or ClearRefusedError why not.
+
+        Refused while the device still fails: `failing` (a look at the GPU through
+        NVML now) names a failure, or a critical XID or failed NVML wait came in
+        within the quiet period. The mark is the driver's own; nothing else clears it.
+        """
+        device = next((d for d in self._inventory if d.name == name), None)
+        if device is None:
+            known = ", ".join(d.name for d in self._inventory) or "none"
+            raise ClearRefusedError(f"no device {name} on this node (devices: {known})")
+        health = self._health[name]
+        if health.healthy:
+            return f"{name} is healthy: nothing to clear"
+        problem = failing(device)
+        if problem is not None:
+            raise ClearRefusedError(f"{name} still fails: {problem}")
+        ago = self._clock() - self._last_bad.get(name, float("-inf"))
+        if ago < quiet:
+            raise ClearRefusedError(
+                f"{name} reported {health.reason} {ago:.0f}s ago, within the quiet period of {quiet:g}s "
+                f"(--health-recovery-period); it is healthy again {quiet - ago:.0f}s after the last report"
+            )
+        log.warning("device %s marked healthy by an admin (was: %s)", name, health.reason)
+        self._health[name] = DeviceHealth(True, int(time.time()))
+        self._last_bad.pop(name, None)
+        self._changed.set()
+        self._changed = anyio.Event()
+        return f"{name} is healthy again (was: {health.reason})"
+
     async def keep_recovering(
         self, quiet: float, on_change: Callable[[list[str]], None] | None = None
     ) -> None:
@@ -174,6 +240,18 @@ class HealthTracker:
             changed = self._changed
             yield self.snapshot()
             await changed.wait()
+
+
+def gpu_failure(lib: GpuLibrary, device: Device) -> str | None:
+    """What NVML says is wrong with the device's GPU right now (None: it answers, as itself)."""
+    gpu = device.parent if isinstance(device, MigDevice) else device
+    try:
+        found = lib.uuid(lib.device_by_index(gpu.index))
+    except GpuLibraryError as err:
+        return f"NVML cannot reach {describe(gpu)}: NVML error {err.code}: {err}"
+    if found != gpu.uuid:
+        return f"NVML has {found} at index {gpu.index}, not {gpu.uuid}"
+    return None
 
 
 class HealthMonitor:
@@ -287,8 +365,11 @@ class HealthMonitor:
             except GpuLibraryError as err:
                 lost = self._lost_gpus(err, watched)
                 reason = f"waiting for XID events failed: NVML error {err.code}"
+                short = "GPU-lost" if err.code == ERROR_GPU_IS_LOST else f"NVML-error-{err.code}"
                 report(
-                    anyio.from_thread.run_sync(self._tracker.mark_gpus_unhealthy, lost, reason, token=token)
+                    anyio.from_thread.run_sync(
+                        self._tracker.mark_gpus_unhealthy, lost, reason, short, token=token
+                    )
                 )
                 if err.code != failing:
                     log.error(

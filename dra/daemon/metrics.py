@@ -4,8 +4,9 @@ GET /metrics   Prometheus text format
 GET /healthz   200 while the daemon's event loop runs (liveness)
 GET /readyz    200 once registered with the kubelet and the slices are published (readiness)
 
-The device plugin serves the same paths with its own registry (DEVICE_PLUGIN_REGISTRY),
-so neither process shows the other's metrics as zeros.
+The device plugin, the node labeller and the webhook serve the same paths with their own
+registries (DEVICE_PLUGIN_REGISTRY, LABELLER_REGISTRY, WEBHOOK_REGISTRY),
+so no process shows another's metrics as zeros.
 """
 
 from __future__ import annotations
@@ -149,3 +150,25 @@ def serve(
     )
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     return server
+
+
+WEBHOOK_REGISTRY = CollectorRegistry()
+
+WEBHOOK_REVIEWS = Counter(
+    "dra_gpu_webhook_reviews",
+    "AdmissionReviews answered, by object kind and result (allowed, denied, error: not a review).",
+    ["kind", "result"],
+    registry=WEBHOOK_REGISTRY,
+)
+WEBHOOK_REVIEW_SECONDS = Histogram(
+    "dra_gpu_webhook_review_seconds",
+    "Time to answer one AdmissionReview, from the request read to the response built.",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
+    registry=WEBHOOK_REGISTRY,
+)
+WEBHOOK_CERT_RELOADS = Counter(
+    "dra_gpu_webhook_certificate_reloads",
+    "Serving certificate reloads after its files changed, by result (a failed one keeps the old).",
+    ["result"],
+    registry=WEBHOOK_REGISTRY,
+)

@@ -2,12 +2,14 @@
 
 Both daemons follow only the GPUs their path was given at start-up; the
 caller applies what changed (slices for DRA, resources for the device plugin).
+A GPU of the path may be held back for a while (the kubelet plugin holds one
+that a device-plugin container still uses) and joins when it is released.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 
 import anyio
 import anyio.to_thread
@@ -26,14 +28,15 @@ class Rediscovery:
     later is not advertised until a restart assigns it (to DRA or the device plugin).
     """
 
-    def __init__(self, settings: DaemonSettings, inventory: Inventory) -> None:
+    def __init__(self, settings: DaemonSettings, inventory: Inventory, held: Collection[str] = ()) -> None:
+        """`inventory` is what the path was given; the GPUs with UUIDs in `held` are not published yet."""
         self._settings = settings
         self._assigned = {gpu.uuid for gpu in inventory.gpus}
-        self.current = inventory
+        self.current = restrict(inventory, [gpu for gpu in inventory.gpus if gpu.uuid not in held])
         self._reported: set[str] = set()
 
-    def follow(self, fresh: Inventory) -> Inventory | None:
-        """This path's part of a fresh discovery, or None when nothing changed."""
+    def follow(self, fresh: Inventory, held: Collection[str] = ()) -> Inventory | None:
+        """This path's part of a fresh discovery, less the `held` GPUs; None when nothing changed."""
         for gpu in fresh.gpus:
             if gpu.uuid not in self._assigned and gpu.uuid not in self._reported:
                 self._reported.add(gpu.uuid)
@@ -42,7 +45,9 @@ class Rediscovery:
                     gpu.index,
                     gpu.uuid,
                 )
-        mine = restrict(fresh, [gpu for gpu in fresh.gpus if gpu.uuid in self._assigned])
+        mine = restrict(
+            fresh, [gpu for gpu in fresh.gpus if gpu.uuid in self._assigned and gpu.uuid not in held]
+        )
         if mine == self.current:
             return None
         names = {d.uuid: d.name for d in self.current}
@@ -66,8 +71,15 @@ class Rediscovery:
         self.current = mine
         return mine
 
-    async def run(self, apply: Callable[[Inventory], Awaitable[None]]) -> None:
-        """Discover every --rediscover-interval and apply what changed, until cancelled."""
+    async def run(
+        self,
+        apply: Callable[[Inventory], Awaitable[None]],
+        held: Callable[[Inventory], Awaitable[Collection[str]]] | None = None,
+    ) -> None:
+        """Discover every --rediscover-interval and apply what changed, until cancelled.
+
+        `held`, when given, is asked each time which GPUs of the fresh inventory to hold back.
+        """
         while True:
             await anyio.sleep(self._settings.rediscover_interval)
             try:
@@ -75,6 +87,6 @@ class Rediscovery:
             except StartupError as err:
                 log.warning("re-discovering GPUs failed, keeping the last inventory: %s", err)
                 continue
-            changed = self.follow(fresh)
+            changed = self.follow(fresh, await held(fresh) if held is not None else ())
             if changed is not None:
                 await apply(changed)

@@ -1,7 +1,11 @@
-"""Unix socket paths: the kernel's length limit, checked before a server tries to bind."""
+"""Unix socket paths: the kernel's length limit, checked before a server tries to bind; per-instance names."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import socket
+from collections.abc import Callable
 from pathlib import Path
 
 #: sun_path holds 108 bytes including the terminating NUL.
@@ -20,3 +24,30 @@ def check_socket_path(path: Path, shorten_with: str) -> None:
             f"socket path {path} is {length} bytes; unix sockets allow {MAX_SOCKET_PATH}: "
             f"use a shorter {shorten_with}"
         )
+
+
+def instance_tag(instance_id: str, *sockets: Callable[[str], Path]) -> str:
+    """The instance ID as it goes into socket names: itself, or a digest when a socket path would be too long.
+
+    `sockets` build each socket path from a tag. The digest (16 characters of
+    base64url SHA-256) keeps instances on one node apart all the same.
+    """
+    if all(len(str(build(instance_id)).encode()) <= MAX_SOCKET_PATH for build in sockets):
+        return instance_id
+    digest = hashlib.sha256(instance_id.encode()).digest()
+    return base64.urlsafe_b64encode(digest).decode()[:16]
+
+
+def is_abandoned(path: Path) -> bool:
+    """Whether `path` is a unix socket that nobody serves any more (its process ended without removing it)."""
+    if not path.is_socket():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(str(path))
+        except ConnectionRefusedError:
+            return True
+        except OSError:
+            return False
+    return False

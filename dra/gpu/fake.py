@@ -1,8 +1,12 @@
 """Fake GPUs behind the GpuLibrary interface, from a profile (dra.gpu.profiles).
 
 FakeGpuLibrary answers the same NVML calls as the real library, with UUIDs
-derived from the node name so that many fake nodes differ, and no host device
-nodes (containers get no paths that do not exist). XID errors can be injected
+derived from the node name so that many fake nodes differ. By default it has
+no host device nodes (containers get no paths that do not exist); given a
+root (--fake-gpu-root, for real containers in the local cluster) it looks
+device nodes up under that root, where dra.daemon.fakegpus makes them, and
+lists MIG capability minors as the driver's /proc/driver/nvidia-caps/mig-minors
+does. XID errors can be injected
 by appending lines to an events file, which the health monitor reads like
 NVML events:
 
@@ -29,6 +33,10 @@ The addressing mode is the model's (HMM for every catalog model: Turing and
 newer GPUs on an x86 host with NVIDIA's open kernel modules; see
 dra.gpu.profiles), or the profile's `addressingMode` where it sets one, with
 `unsupported` answered as NVML's NOT_SUPPORTED.
+
+Settings the driver changes on a GPU (the compute time slice) are kept in a
+JSON state file when one is given, `{"<uuid>": {"timeSlice": <level>}}`, the way a real
+GPU keeps them across a restart of the driver; `dra-gpu time-slices` shows them.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ from dra.gpu.nvml import (
     ERROR_INVALID_ARGUMENT,
     ERROR_NOT_FOUND,
     ERROR_NOT_SUPPORTED,
+    ERROR_UNKNOWN,
     NO_INSTANCE,
     ComputeInstanceHandle,
     GpuHandle,
@@ -62,6 +71,23 @@ from dra.gpu.nvml import (
     XidEvent,
 )
 from dra.gpu.profiles import FakeGpu, Profile
+
+#: GPU and compute instance IDs a GPU can have, as the driver's mig-minors file lists them.
+MIG_GPU_INSTANCES = 15
+MIG_COMPUTE_INSTANCES = 8
+
+
+def mig_cap_minor(gpu_minor: int, gpu_instance: int, compute_instance: int | None = None) -> int:
+    """The nvidia-caps minor of a GPU instance's (or compute instance's) access file.
+
+    The driver's numbering in /proc/driver/nvidia-caps/mig-minors: 1 and 2 are
+    the config and monitor capabilities, then per GPU and GPU instance one minor
+    for the instance followed by one per compute instance.
+    """
+    per_gi = 1 + MIG_COMPUTE_INSTANCES
+    base = 3 + gpu_minor * MIG_GPU_INSTANCES * per_gi + gpu_instance * per_gi
+    return base if compute_instance is None else base + 1 + compute_instance
+
 
 # An even number, so that the pairs of GPUs that share a root never straddle two domains.
 _BUSES_PER_DOMAIN = 14
@@ -112,10 +138,16 @@ class FakeGpuLibrary:
         profile: Profile,
         node_name: str,
         events_file: Path | None = None,
+        state_file: Path | None = None,
+        root: Path | None = None,
         mig_state: Path | None = None,
     ) -> None:
         self.profile = profile
         self.node_name = node_name
+        self._state_file = state_file
+        self._state: dict[str, dict[str, int]] = {}
+        #: Where the fake device nodes live (root/dev/nvidia0 ...); None: nowhere.
+        self.root = root
         self._events_file = events_file
         self._events_offset = 0
         self._watched: set[int] = set()
@@ -512,16 +544,56 @@ class FakeGpuLibrary:
         return explicit or f"pci{domain:04x}:{0x10 + 0x10 * first_of_pair:02x}"
 
     def mig_capability_minors(self) -> dict[str, int]:
-        """Fake GPUs have no capability devices."""
-        return {}
+        """With a root, every GPU's capability minors as the driver numbers them; else none."""
+        if self.root is None:
+            return {}
+        minors: dict[str, int] = {}
+        for gpu in range(len(self.profile.gpus)):
+            for gi in range(MIG_GPU_INSTANCES):
+                minors[f"gpu{gpu}/gi{gi}/access"] = mig_cap_minor(gpu, gi)
+                for ci in range(MIG_COMPUTE_INSTANCES):
+                    minors[f"gpu{gpu}/gi{gi}/ci{ci}/access"] = mig_cap_minor(gpu, gi, ci)
+        return minors
 
     def path_exists(self, path: str) -> bool:
-        """Fake GPUs have no device nodes on the host."""
-        return False
+        """Whether the node exists under the root; without one fake GPUs have no device nodes."""
+        return self.root is not None and (self.root / path.lstrip("/")).exists()
 
     def watch_xid_events(self, gpu: GpuHandle) -> None:
         """Remember which GPUs are watched."""
         self._watched.add(int(str(gpu)))
+
+    def _load_state(self) -> dict[str, dict[str, int]]:
+        if self._state_file is None:
+            return self._state
+        try:
+            loaded = json.loads(self._state_file.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as err:
+            raise GpuLibraryError(ERROR_UNKNOWN, f"fake GPU state {self._state_file}: {err}") from None
+        return loaded if isinstance(loaded, dict) else {}
+
+    def set_time_slice(self, gpu: GpuHandle, level: int) -> None:
+        """Record the level, as `nvidia-smi compute-policy --set-timeslice` would set it.
+
+        nvidia-smi accepts 0 to 3 only; anything else fails as it would.
+        """
+        if level not in range(4):
+            raise GpuLibraryError(ERROR_INVALID_ARGUMENT, f"invalid time slice {level}; valid: 0-3")
+        state = self._load_state()
+        state.setdefault(self.uuid(gpu), {})["timeSlice"] = level
+        self._state = state
+        if self._state_file is not None:
+            # dra.gpu sits below dra.adapters (atomicfile); a rename is atomic enough for a fake.
+            self._state_file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self._state_file.with_name(f".{self._state_file.name}.tmp")
+            tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+            os.replace(tmp, self._state_file)
+
+    def time_slice(self, gpu: GpuHandle) -> int:
+        """The recorded level; 0 (Default) for a GPU never set."""
+        return int(self._load_state().get(self.uuid(gpu), {}).get("timeSlice", 0))
 
     def unwatch_xid_events(self) -> None:
         """Forget the watched GPUs."""

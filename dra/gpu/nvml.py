@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ MigHandle = NewType("MigHandle", object)
 GpuInstanceHandle = NewType("GpuInstanceHandle", object)
 ComputeInstanceHandle = NewType("ComputeInstanceHandle", object)
 
-# NVML return codes the driver reacts to (nvmlReturn_t in nvml.h).
+# NVML return codes the driver reacts to (nvml.h).
 ERROR_INVALID_ARGUMENT = 2
 ERROR_NOT_SUPPORTED = 3
 ERROR_NOT_FOUND = 6
@@ -41,6 +42,10 @@ ERROR_INVALID_STATE = 29
 _ENGINE_PROFILE_SHARED = 0
 #: Enough room for every placement and GPU instance of one profile (at most 8 on current GPUs).
 _MAX_INSTANCES = 32
+ERROR_UNKNOWN = 999
+
+#: Seconds nvidia-smi may take to change a setting before the driver gives up on it.
+NVIDIA_SMI_TIMEOUT = 30.0
 
 # Event type bit for XID critical errors (nvmlEventTypeXidCriticalError).
 EVENT_XID_CRITICAL = 0x8
@@ -249,6 +254,12 @@ class GpuLibrary(Protocol):
     def wait_xid_event(self, timeout_ms: int) -> XidEvent | None:
         """The next XID event, or None after timeout_ms; GpuLibraryError when the wait itself fails."""
 
+    def set_time_slice(self, gpu: GpuHandle, level: int) -> None:
+        """Set the GPU's compute time slice (0 Default, 1 Short, 2 Medium, 3 Long); GpuLibraryError."""
+
+    def time_slice(self, gpu: GpuHandle) -> int:
+        """The GPU's time slice level; GpuLibraryError NOT_SUPPORTED where it cannot be read."""
+
     def unwatch_xid_events(self) -> None:
         """Stop collecting XID events and free what that holds; nothing may wait any more."""
 
@@ -268,8 +279,13 @@ class NvmlLibrary:
     """GpuLibrary on the real NVIDIA driver, through pynvml."""
 
     def __init__(
-        self, sysfs: Path = Path("/sys"), procfs: Path = Path("/proc"), dev: Path = Path("/")
+        self,
+        sysfs: Path = Path("/sys"),
+        procfs: Path = Path("/proc"),
+        dev: Path = Path("/"),
     ) -> None:
+        #: The nvidia-smi binary that changes GPU settings (on PATH by default).
+        self.nvidia_smi = "nvidia-smi"
         self._sysfs = sysfs
         self._procfs = procfs
         self._dev_root = dev
@@ -542,6 +558,29 @@ class NvmlLibrary:
             gpu_instance_id=_instance(data.gpuInstanceId),
             compute_instance_id=_instance(data.computeInstanceId),
         )
+
+    def set_time_slice(self, gpu: GpuHandle, level: int) -> None:
+        """`nvidia-smi compute-policy -i <uuid> --set-timeslice <level>`, as NVIDIA's DRA driver does.
+
+        NVML has no public call for the compute time slice; nvidia-smi's output is
+        the error message when it fails.
+        """
+        command = [self.nvidia_smi, "compute-policy", "-i", self.uuid(gpu), "--set-timeslice", str(level)]
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise GpuLibraryError(ERROR_UNKNOWN, f"{' '.join(command)}: {err}") from None
+        if done.returncode != 0:
+            output = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
+            raise GpuLibraryError(
+                ERROR_UNKNOWN, f"{' '.join(command)} exited with {done.returncode}: {output}"
+            )
+
+    def time_slice(self, gpu: GpuHandle) -> int:
+        """Not readable: neither NVML nor nvidia-smi report the compute time slice."""
+        raise GpuLibraryError(ERROR_NOT_SUPPORTED, "the compute time slice of a GPU cannot be read")
 
     def unwatch_xid_events(self) -> None:
         """nvmlEventSetFree, once; the caller makes sure no thread is inside nvmlEventSetWait_v2."""

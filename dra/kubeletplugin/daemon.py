@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass
 
@@ -14,7 +15,8 @@ from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointError, CheckpointStore
 from dra.adapters.kube import KubeClient, KubeError
 from dra.core import versions
-from dra.core.assignment import GpuPath
+from dra.core.assignment import GpuPath, Selector, select
+from dra.core.taints import Effect
 from dra.daemon import metrics
 from dra.daemon.bootstrap import (
     DaemonSettings,
@@ -24,16 +26,23 @@ from dra.daemon.bootstrap import (
     serve_until_stopped,
     warn_about_stranded_claims,
 )
+from dra.daemon.healthctl import HealthControl, socket_path
 from dra.daemon.rediscovery import Rediscovery
 from dra.daemon.sockets import SocketPathError
-from dra.kubeletplugin import features
+from dra.kubeletplugin.features import detect_features
+from dra.kubeletplugin.mps import MpsDaemons
+from dra.kubeletplugin.podresources import DevicePluginHoldback
 from dra.kubeletplugin.publisher import SlicePublisher
 from dra.kubeletplugin.server import PluginServer
 from dra.kubeletplugin.service import DraService, HealthService
 from dra.kubeletplugin.state import DeviceState
+from dra.kubeletplugin.timeslice import TimeSlicer
 from dra.model.devices import Inventory
 
 log = logging.getLogger(__name__)
+
+#: The file in the state directory whose flock says which instance publishes the node's slices.
+PUBLISHER_TURN = "publisher.lock"
 
 
 @dataclass(frozen=True)
@@ -41,14 +50,29 @@ class PluginSettings(DaemonSettings):
     """Everything the kubelet-plugin command is told."""
 
     kubeconfig: str | None = None
+    #: What the taint of an unhealthy device does (where the API server keeps device taints).
+    unhealthy_taint_effect: Effect = Effect.NO_SCHEDULE
+    #: Full GPUs published for several claims at once (consumable shares); None: all exclusive.
+    shareable_gpus: Selector | None = None
+    #: The MPS control binary; None: nvidia-cuda-mps-control on PATH, or the fake one with fake GPUs.
+    mps_control: str | None = None
+
+    @property
+    def mps_command(self) -> list[str]:
+        """How to run nvidia-cuda-mps-control (dra.gpu.fakemps with fake GPUs, unless told otherwise)."""
+        if self.mps_control:
+            return [self.mps_control]
+        if self.fake_gpus:
+            return [sys.executable, "-m", "dra.gpu.fakemps"]
+        return ["nvidia-cuda-mps-control"]
 
 
 async def check_server(kube: KubeClient) -> versions.ServerInfo | None:
-    """StartupError for an API server this driver cannot serve; a warning for one newer than tested.
+    """What the API server says about itself; StartupError for one this driver cannot serve.
 
-    An API server that does not answer is not a start-up error: the publisher
-    and prepare retry on their own, and the kubelet expects the plugin to come up.
-    Returns what the server said about itself, or None when it did not answer.
+    A server newer than tested is only a warning. An API server that does not
+    answer is not a start-up error (None): the publisher and prepare retry on
+    their own, and the kubelet expects the plugin to come up.
     """
     try:
         info = versions.server_info(await kube.server_version(), await kube.resource_api_group())
@@ -65,6 +89,22 @@ async def check_server(kube: KubeClient) -> versions.ServerInfo | None:
     return info
 
 
+async def check_kubelet(kube: KubeClient, node_name: str) -> None:
+    """StartupError when rolling updates are on and this node's kubelet cannot take two instances.
+
+    An unanswered question is not an error, as in check_server.
+    """
+    try:
+        node = await kube.get_node(node_name)
+    except KubeError as err:
+        log.warning("cannot read node %s for its kubelet version (%s); going on", node_name, err)
+        return
+    kubelet = str(((node.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion") or "")
+    refusal = versions.rolling_update_refusal(kubelet)
+    if refusal is not None:
+        raise StartupError(refusal)
+
+
 async def run_kubelet_plugin(settings: PluginSettings) -> None:
     """Run until SIGTERM or SIGINT."""
     async with open_node(settings, GpuPath.DRA) as node:
@@ -72,7 +112,12 @@ async def run_kubelet_plugin(settings: PluginSettings) -> None:
 
 
 async def _serve(settings: PluginSettings, node: Node) -> None:
-    inventory, tracker = node.inventory, node.tracker
+    tracker = node.tracker
+    holdback = DevicePluginHoldback(settings.kubelet_root)
+    rediscovery = Rediscovery(settings, node.inventory, await holdback.held(node.inventory))
+    inventory = rediscovery.current
+    if inventory != node.inventory and settings.rediscover_interval <= 0:
+        log.warning("--rediscover-interval is 0: GPUs held back stay unpublished until a restart")
     log.info("publishing %d allocatable devices on node %s", len(inventory), settings.node_name)
     try:
         kube = KubeClient(settings.kubeconfig)
@@ -80,9 +125,11 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
             settings.driver_name,
             settings.node_name,
             inventory,
-            CdiStore(settings.cdi_root, settings.driver_name),
+            CdiStore(settings.cdi_root, settings.driver_name, settings.host_root),
             CheckpointStore(settings.checkpoint_path),
             node.lib,
+            time_slicer=TimeSlicer(node.lib),
+            mps=MpsDaemons(settings.state_directory / "mps", settings.mps_command),
         )
         state.recover()
     except (KubeError, CheckpointError) as err:
@@ -92,17 +139,38 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
     metrics.PREPARED_CLAIMS.set(len(state.prepared))
     warn_about_stranded_claims(node.everything, inventory, state.prepared.values())
 
-    publisher = SlicePublisher(kube, settings.driver_name, settings.node_name, inventory)
+    if settings.shareable_gpus is not None:
+        _, unmatched = select(settings.shareable_gpus, inventory)
+        if unmatched:
+            log.warning("--shareable-gpus: no DRA GPU of this node matches %s", ", ".join(unmatched))
     dra = DraService(settings.driver_name, settings.node_name, state, kube)
+
+    def on_health_change(_: list[str]) -> None:
+        metrics.UNHEALTHY_DEVICES.set(sum(not h.healthy for h in tracker.snapshot().values()))
+        # A device's taint follows its health.
+        publisher.trigger()
+
     try:
         server = PluginServer(
-            settings.kubelet_root, settings.driver_name, dra, HealthService(settings.node_name, tracker)
+            settings.kubelet_root,
+            settings.driver_name,
+            dra,
+            HealthService(settings.node_name, tracker),
+            settings.instance_id,
+        )
+        control = HealthControl(
+            socket_path(settings.state_directory),
+            tracker,
+            node.lib,
+            settings.health_recovery_period,
+            on_health_change,
         )
     except SocketPathError as err:
         raise StartupError(str(err)) from None
 
     def ready() -> bool:
-        return server.registration.registered.is_set() and publisher.published.is_set()
+        # Standing by, the instance before this one still publishes the same pool: ready all the same.
+        return server.registration.registered.is_set() and publisher.settled.is_set()
 
     async def apply(changed: Inventory) -> None:
         # The state's lock may be held across fsyncs by a prepare: wait for it off the loop.
@@ -112,9 +180,10 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
 
     async def report_ready() -> None:
         await server.registration.registered.wait()
-        await publisher.published.wait()
+        await publisher.settled.wait()
         log.info(
-            "ready: registered with the kubelet and published %d devices in %.2fs",
+            "ready: registered with the kubelet and %s %d devices in %.2fs",
+            "published" if publisher.published.is_set() else "left to the previous instance to publish",
             len(inventory),
             time.monotonic() - node.started,
         )
@@ -122,21 +191,26 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
     def tasks(group: TaskGroup) -> None:
         group.start_soon(publisher.run)
         if settings.rediscover_interval > 0:
-            group.start_soon(Rediscovery(settings, inventory).run, apply)
+            group.start_soon(rediscovery.run, apply, holdback.held)
         group.start_soon(server.keep_registration_socket)
+        group.start_soon(control.run)
         group.start_soon(report_ready)
 
     try:
         info = await check_server(kube)
-        if info is not None:
-            publisher.set_features(
-                versions.ApiFeatures(
-                    minor=info.minor,
-                    partitionable_devices=await features.partitionable_devices(
-                        kube, settings.driver_name, settings.node_name, info.minor
-                    ),
-                )
-            )
+        if settings.instance_id is not None:
+            await check_kubelet(kube, settings.node_name)
+        features = await detect_features(kube, info, settings.driver_name, settings.node_name)
+        publisher = SlicePublisher(
+            kube,
+            settings.driver_name,
+            settings.node_name,
+            inventory,
+            features,
+            lambda: tracker.taints(settings.driver_name, settings.unhealthy_taint_effect),
+            settings.state_directory / PUBLISHER_TURN,
+            shareable=settings.shareable_gpus,
+        )
         try:
             await server.start()
         except (OSError, RuntimeError) as err:
@@ -147,9 +221,7 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
             registry=metrics.REGISTRY,
             unwatched=metrics.UNWATCHED_GPUS,
             tasks=tasks,
-            on_health_change=lambda _: metrics.UNHEALTHY_DEVICES.set(
-                sum(not h.healthy for h in tracker.snapshot().values())
-            ),
+            on_health_change=on_health_change,
         )
     finally:
         with anyio.CancelScope(shield=True):

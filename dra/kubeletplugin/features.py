@@ -1,42 +1,54 @@
-"""Which gated resource.k8s.io fields the API server keeps, found out once at start."""
+"""Which gated ResourceSlice features the API server keeps, asked once at start.
+
+The version alone does not say: on 1.34 an alpha gate may be on or off, and a
+server with a gate off drops that feature's fields without an error. So the
+driver dry-run creates throwaway slices for its node that use every gated field
+(dra.core.versions.probe_slices) and reads which fields came back. Nothing is
+stored; a dry run passes through validation and admission like a real create.
+"""
 
 from __future__ import annotations
 
 import logging
 
-from dra.adapters.kube import KubeClient, KubeError
-from dra.core import slices
+from dra.adapters.kube import KubeClient, KubeError, Obj
+from dra.core import versions
 
 log = logging.getLogger(__name__)
 
-#: PartitionableDevices is beta, so on by default, from 1.36.
-PARTITIONABLE_DEVICES_ON_BY_DEFAULT = 36
 
+async def detect_features(
+    kube: KubeClient, info: versions.ServerInfo | None, driver: str, node_name: str
+) -> versions.ApiFeatures:
+    """ApiFeatures of this server; each feature it lacks is logged once, naming its gate.
 
-async def partitionable_devices(kube: KubeClient, driver: str, node_name: str, minor: int) -> bool:
-    """Whether the server keeps shared counters: on by default from 1.36, else a dry-run create says.
-
-    A server whose gate is off drops the field silently, so the probe checks
-    that the answer still carries it.
+    `info` None (the server did not say its version) or a failed probe leaves
+    on only what no gate can turn off at that version, with a warning.
     """
-    if minor >= PARTITIONABLE_DEVICES_ON_BY_DEFAULT:
-        return True
-    probe = {
-        "apiVersion": slices.API_VERSION,
-        "kind": "ResourceSlice",
-        "metadata": {"name": slices.slice_name(node_name, driver, 0) + "-probe"},
-        "spec": {
-            "driver": driver,
-            "nodeName": node_name,
-            "pool": {"name": node_name, "generation": 0, "resourceSliceCount": 1},
-            "sharedCounters": [{"name": "probe", "counters": {slices.COMPUTE_COUNTER: {"value": "1"}}}],
-        },
-    }
+    if info is None:
+        found = versions.assumed_features(versions.ServerInfo("", 0, ()))
+        log.warning("API server version unknown: publishing no gated ResourceSlice fields")
+        return found
+    answers: list[Obj] = []
     try:
-        answer = await kube.create_resource_slice(probe, dry_run=True)
+        for batch in versions.probe_slices(driver, node_name, info.minor):
+            for obj in batch:
+                answers.append(await kube.dry_run_create_resource_slice(obj))
     except KubeError as err:
-        log.warning("cannot find out whether the API server accepts shared counters (%s): assuming not", err)
-        return False
-    kept = bool((answer.get("spec") or {}).get("sharedCounters"))
-    log.info("the API server %s shared counters (DRAPartitionableDevices)", "keeps" if kept else "drops")
-    return kept
+        found = versions.assumed_features(info)
+        log.warning(
+            "cannot ask the API server which ResourceSlice fields it keeps (%s); assuming %s",
+            err,
+            _describe(found),
+        )
+        return found
+    found = versions.features(info, versions.kept_fields(answers))
+    for line in versions.missing(found):
+        log.warning("%s", line)
+    log.info("API server %s keeps %s", info.git_version, _describe(found))
+    return found
+
+
+def _describe(found: versions.ApiFeatures) -> str:
+    on = [what for name, (_, what, _) in versions.GATES.items() if getattr(found, name)]
+    return ", ".join(on) or "no gated ResourceSlice fields"

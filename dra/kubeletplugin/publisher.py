@@ -1,37 +1,96 @@
 """Keeps the node's ResourceSlices equal to the inventory, with the fewest writes.
 
-Reconciles on start, when the inventory changes, and whenever a slice of
-this driver and node changes on the server (someone edited or deleted one).
+Reconciles on start, when the inventory or a device's health (its taint)
+changes, and whenever a slice of this driver and node changes on the server
+(someone edited or deleted one).
 The watch runs as a task beside the reconcile loop; it only signals that
 something changed, and the reconcile lists and compares.
+
+One instance per node publishes: the one holding the flock on `turn` (a file
+in the state directory). During a rolling update the newer instance waits,
+ready, until the older one ends (and its lock with it), then reconciles
+the slices to what it sees. Two instances never write the same pool in turn,
+so a changed configuration cannot make them undo each other's writes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import anyio
 
+from dra.adapters.filelock import try_lock
 from dra.adapters.kube import ConflictError, KubeClient, KubeError
 from dra.core import slices
+from dra.core.assignment import Selector, select
+from dra.core.taints import DeviceTaint
 from dra.core.versions import ApiFeatures
 from dra.daemon import metrics
 from dra.model.devices import Inventory
 
 log = logging.getLogger(__name__)
 
+
+def shareable_gpus(selector: Selector | None, inventory: Inventory) -> frozenset[str]:
+    """Names of the GPUs --shareable-gpus picks (none by default: GPUs are exclusive)."""
+    if selector is None:
+        return frozenset()
+    chosen, _ = select(selector, inventory)
+    return frozenset(gpu.name for gpu in chosen if not gpu.mig_enabled)
+
+
 _BACKOFF_START = 0.5
 _BACKOFF_MAX = 30.0
+#: Seconds between looks at whether the instance publishing before this one has ended.
+_TURN_POLL = 0.5
 
 
 class SlicePublisher:
-    """Publishes one pool (named after the node) for one driver."""
+    """Publishes one pool (named after the node) for one driver.
 
-    def __init__(self, kube: KubeClient, driver: str, node_name: str, inventory: Inventory) -> None:
+    `features` says which gated fields the API server keeps; `taints` gives the
+    devices' taints at each reconcile (call trigger() when they change);
+    `shareable` picks the GPUs published for several claims (consumable shares).
+    """
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        driver: str,
+        node_name: str,
+        inventory: Inventory,
+        features: ApiFeatures,
+        taints: Callable[[], Mapping[str, DeviceTaint]] = dict,
+        turn: Path | None = None,
+        shareable: Selector | None = None,
+    ) -> None:
         self._kube = kube
+        self._turn = turn
+        self._shareable = shareable
+        chosen = shareable_gpus(shareable, inventory)
+        if chosen and not features.consumable_capacity:
+            # Said once here; build_slices then publishes these GPUs exclusive at every reconcile.
+            log.warning(
+                "--shareable-gpus: the API server drops consumable capacity (feature gate "
+                "DRAConsumableCapacity off): publishing %s exclusive",
+                ", ".join(sorted(chosen)),
+            )
+        dynamic = set(inventory.dynamic_gpus)
+        partitioned = [g.name for g in select(shareable, inventory)[0] if g in dynamic] if shareable else []
+        if partitioned:
+            # Consumable capacity on a GPU whose partitions consume its counters: not known to be allowed.
+            log.warning(
+                "--shareable-gpus: %s are in dynamic MIG mode: publishing them exclusive, with their "
+                "MIG partitions",
+                ", ".join(partitioned),
+            )
         self.driver = driver
         self.node_name = node_name
+        self.features = features
+        self._taints = taints
         self._inventory = inventory
         # Bumped by set_inventory, so a reconcile that ran on an older inventory does not
         # record its generation as the one the new inventory was published under.
@@ -40,14 +99,11 @@ class SlicePublisher:
         self._generation: int | None = None
         self._send, self._receive = anyio.create_memory_object_stream[None](1)
         self.published = anyio.Event()
-        self._features = ApiFeatures()
         self._told_whole = False
-
-    def set_features(self, features: ApiFeatures) -> None:
-        """What the API server accepts (decided at start): the slice layout follows it."""
-        self._features = features
-        self._generation = None
-        self.trigger()
+        #: Set while another instance holds the turn to publish this pool.
+        self.standing_by = False
+        #: Set once this instance published, or found another one publishing the pool.
+        self.settled = anyio.Event()
 
     def trigger(self) -> None:
         """Ask for a reconcile soon; several triggers before it runs count once."""
@@ -68,7 +124,7 @@ class SlicePublisher:
             self._node_uid = str(node["metadata"]["uid"])
         version, inventory = self._inventory_version, self._inventory
         existing, _ = await self._kube.list_resource_slices(self.driver, self.node_name)
-        if inventory.partitions and not self._features.partitionable_devices and not self._told_whole:
+        if inventory.partitions and not self.features.partitionable_devices and not self._told_whole:
             self._told_whole = True
             log.warning(
                 "the API server does not accept shared counters (DRAPartitionableDevices is off before "
@@ -76,7 +132,14 @@ class SlicePublisher:
                 ", ".join(g.name for g in inventory.dynamic_gpus),
             )
         desired = slices.build_slices(
-            inventory, self.driver, self.node_name, self._node_uid, generation=0, features=self._features
+            inventory,
+            self.driver,
+            self.node_name,
+            self._node_uid,
+            generation=0,
+            features=self.features,
+            taints=self._taints(),
+            shareable=shareable_gpus(self._shareable, inventory),
         )
         plan = slices.plan(desired, existing, self._generation)
         for obj in plan.create:
@@ -129,11 +192,29 @@ class SlicePublisher:
             self.trigger()
 
     async def run(self) -> None:
-        """Reconcile until cancelled, retrying failures with exponential backoff."""
-        async with anyio.create_task_group() as group:
-            group.start_soon(self._watch)
-            self.trigger()
-            await self._reconcile_on_trigger()
+        """Wait for the turn to publish, then reconcile until cancelled, retrying failures with backoff."""
+        with contextlib.ExitStack() as stack:
+            if self._turn is not None:
+                self._turn.parent.mkdir(parents=True, exist_ok=True)
+                # Held until this process ends; closing the file lets the next instance publish.
+                turn = stack.enter_context(open(self._turn, "ab"))  # noqa: ASYNC230 (a lock file: no I/O)
+                while not try_lock(turn):
+                    if not self.standing_by:
+                        log.info(
+                            "another instance publishes pool %s (it holds %s); publishing when it ends",
+                            self.node_name,
+                            self._turn,
+                        )
+                        self.standing_by = True
+                        self.settled.set()
+                    await anyio.sleep(_TURN_POLL)
+                if self.standing_by:
+                    log.info("the previous instance ended; publishing pool %s", self.node_name)
+                    self.standing_by = False
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._watch)
+                self.trigger()
+                await self._reconcile_on_trigger()
 
     async def _reconcile_on_trigger(self) -> None:
         backoff = _BACKOFF_START
@@ -141,6 +222,7 @@ class SlicePublisher:
             try:
                 await self.reconcile()
                 self.published.set()
+                self.settled.set()
                 backoff = _BACKOFF_START
             except Exception as err:
                 # Publishing must go on whatever one attempt ran into.

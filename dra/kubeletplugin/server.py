@@ -3,6 +3,11 @@
 <kubelet root>/plugins/<driver>/dra.sock        DRA v1, v1beta1 and health v1, v1alpha1 services
 <kubelet root>/plugins_registry/<driver>-reg.sock  registration, created last
 
+With rolling updates each instance has its own pair, dra-<instance>.sock and
+<driver>-<instance>-reg.sock (the names the Go helper's RollingUpdate option
+uses), so that the kubelet keeps the old and the new instance registered
+side by side and calls the newer one (docs/operations.md, "Upgrades").
+
 The registration socket appears only once the service socket serves, because
 the kubelet connects to the service as soon as it registers the plugin. If
 the registration socket disappears (someone cleaned the directory), it is
@@ -17,7 +22,7 @@ from pathlib import Path
 import anyio
 import grpc
 
-from dra.daemon.sockets import check_socket_path
+from dra.daemon.sockets import check_socket_path, instance_tag, is_abandoned
 from dra.kubeletplugin.registration import RegistrationService
 from dra.kubeletplugin.service import DraService, HealthService
 from dra.pb.dra.v1 import dra_pb2_grpc as v1_grpc
@@ -29,22 +34,42 @@ from dra.pb.pluginregistration.v1 import registration_pb2_grpc
 log = logging.getLogger(__name__)
 
 
-def plugin_socket(kubelet_root: Path, driver: str) -> Path:
-    """Path of the DRA service socket."""
-    return kubelet_root / "plugins" / driver / "dra.sock"
+def plugin_socket(kubelet_root: Path, driver: str, instance: str | None = None) -> Path:
+    """Path of the DRA service socket (of one instance, with rolling updates)."""
+    return kubelet_root / "plugins" / driver / (f"dra-{instance}.sock" if instance else "dra.sock")
 
 
-def registration_socket(kubelet_root: Path, driver: str) -> Path:
-    """Path of the registration socket the kubelet watches for."""
-    return kubelet_root / "plugins_registry" / f"{driver}-reg.sock"
+def registration_socket(kubelet_root: Path, driver: str, instance: str | None = None) -> Path:
+    """Path of the registration socket the kubelet watches for (of one instance, with rolling updates)."""
+    name = f"{driver}-{instance}-reg.sock" if instance else f"{driver}-reg.sock"
+    return kubelet_root / "plugins_registry" / name
+
+
+def sockets(kubelet_root: Path, driver: str, instance_id: str | None) -> tuple[Path, Path]:
+    """The DRA service socket and the registration socket of an instance (None: the one instance)."""
+    tag = None
+    if instance_id:
+        tag = instance_tag(
+            instance_id,
+            lambda t: plugin_socket(kubelet_root, driver, t),
+            lambda t: registration_socket(kubelet_root, driver, t),
+        )
+    return plugin_socket(kubelet_root, driver, tag), registration_socket(kubelet_root, driver, tag)
 
 
 class PluginServer:
     """Starts, keeps and stops the plugin's sockets."""
 
-    def __init__(self, kubelet_root: Path, driver: str, dra: DraService, health: HealthService) -> None:
-        self.dra_socket = plugin_socket(kubelet_root, driver)
-        self.registration_socket = registration_socket(kubelet_root, driver)
+    def __init__(
+        self,
+        kubelet_root: Path,
+        driver: str,
+        dra: DraService,
+        health: HealthService,
+        instance_id: str | None = None,
+    ) -> None:
+        self.dra_socket, self.registration_socket = sockets(kubelet_root, driver, instance_id)
+        self._driver = driver
         for path in (self.dra_socket, self.registration_socket):
             check_socket_path(path, "--kubelet-root")
         self.registration = RegistrationService(driver, str(self.dra_socket))
@@ -62,8 +87,20 @@ class PluginServer:
         await server.start()
         self._registration_server = server
 
+    def remove_abandoned(self) -> None:
+        """Remove sockets that killed instances left behind, so that the kubelet drops them."""
+        leftovers = [
+            *self.registration_socket.parent.glob(f"{self._driver}-*reg.sock"),
+            *self.dra_socket.parent.glob("dra*.sock"),
+        ]
+        for path in leftovers:
+            if path not in (self.dra_socket, self.registration_socket) and is_abandoned(path):
+                log.info("removing %s: no instance serves it any more", path)
+                path.unlink(missing_ok=True)
+
     async def start(self) -> None:
         """Serve the DRA services, then offer the plugin to the kubelet."""
+        self.remove_abandoned()
         self.dra_socket.parent.mkdir(parents=True, exist_ok=True)
         self.dra_socket.unlink(missing_ok=True)
         server = grpc.aio.server()
@@ -87,8 +124,15 @@ class PluginServer:
                     await self._registration_server.stop(None)
                 await self._serve_registration()
 
-    async def stop(self, grace: float = 2.0) -> None:
-        """Withdraw the registration first, let calls in flight finish, remove both sockets."""
+    async def stop(self, drain: float = 20.0, grace: float = 2.0) -> None:
+        """Finish the calls in flight, withdraw the registration, then remove both sockets.
+
+        The kubelet closes its connection when it sees the registration socket go,
+        which would cut a call in flight; so calls are drained first, for at most
+        `drain` seconds. A newer instance registered meanwhile gets the new calls.
+        """
+        with anyio.move_on_after(drain):
+            await self._dra.idle()
         if self._registration_server is not None:
             self.registration_socket.unlink(missing_ok=True)
             await self._registration_server.stop(None)

@@ -71,6 +71,9 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         self._state = state
         self._kube = kube
         self._events_allowed = True
+        #: Prepare and unprepare requests being answered now.
+        self._in_flight = 0
+        self._drained: anyio.Event | None = None
 
     async def _record_event(self, claim: dict[str, Any], message: str) -> None:
         if not self._events_allowed:
@@ -123,7 +126,8 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
             allocation = read_allocation(claim, ref.uid, self.driver)
             # The API server is asked about holders outside the state's lock; prepare decides
             # again under it, and a holder that appeared meanwhile counts as live.
-            stale = await self._stale_holders(self._state.conflicts(allocation))
+            holders = await anyio.to_thread.run_sync(self._state.conflicts, allocation)
+            stale = await self._stale_holders(holders)
             prepared = await anyio.to_thread.run_sync(self._state.prepare, allocation, stale)
             result = "success"
             return _response(prepared)
@@ -165,13 +169,34 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         self, request: dra_pb2.NodePrepareResourcesRequest, context: Context
     ) -> dra_pb2.NodePrepareResourcesResponse:
         """Prepare every claim of the request, each on its own."""
-        return dra_pb2.NodePrepareResourcesResponse(claims=await _each(request.claims, self._prepare))
+        self._in_flight += 1
+        try:
+            return dra_pb2.NodePrepareResourcesResponse(claims=await _each(request.claims, self._prepare))
+        finally:
+            self._done()
 
     async def NodeUnprepareResources(  # noqa: N802
         self, request: dra_pb2.NodeUnprepareResourcesRequest, context: Context
     ) -> dra_pb2.NodeUnprepareResourcesResponse:
         """Unprepare every claim of the request; unknown claims succeed."""
-        return dra_pb2.NodeUnprepareResourcesResponse(claims=await _each(request.claims, self._unprepare))
+        self._in_flight += 1
+        try:
+            return dra_pb2.NodeUnprepareResourcesResponse(claims=await _each(request.claims, self._unprepare))
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        self._in_flight -= 1
+        if not self._in_flight and self._drained is not None:
+            self._drained.set()
+            self._drained = None
+
+    async def idle(self) -> None:
+        """Return once no prepare or unprepare is being answered."""
+        if self._in_flight:
+            if self._drained is None:
+                self._drained = anyio.Event()
+            await self._drained.wait()
 
 
 async def _each(

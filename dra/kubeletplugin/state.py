@@ -17,23 +17,39 @@ removing the spec and before dropping the claim and its actions. At start-up
 an action done for a prepared claim is adopted, and every other MIG instance
 on a dynamic-MIG GPU (a crash's leftover, or one made by hand) is destroyed.
 `dra.adapters.faults` points between the steps let tests kill the process there.
+
+GPU settings a claim asks (the time-slice interval, dra.kubeletplugin.timeslice;
+its MPS control daemon, dra.kubeletplugin.mps) are applied after the checkpoint
+records the claim and before the answer, and again at start-up for every
+recorded claim (setting an interval is idempotent, a running daemon is
+adopted); they are undone before the checkpoint entry goes, so a crash never
+loses track of one. At start-up, daemons of claims not recorded are stopped.
+A prepare whose spec or checkpoint write fails (ENOSPC, EIO) removes the spec
+it wrote and answers that claim's error, so no spec is left without its entry.
 Calls are serialised by a lock; they block on file I/O and run in worker threads.
+The lock is also held across processes (the checkpoint's flock), and the state
+re-read under it when another instance saved it: during a rolling update two
+instances prepare and unprepare on the same checkpoint and CDI directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 
 from dra.adapters import faults
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.core import prepare as plans
+from dra.core import sharing
 from dra.core.allocation import ClaimAllocation, ClaimError
 from dra.gpu import dynamic
 from dra.gpu.nvml import ERROR_INSUFFICIENT_RESOURCES, GpuLibrary, GpuLibraryError, Placement
+from dra.kubeletplugin.mps import MpsDaemons, MpsError
+from dra.kubeletplugin.timeslice import TimeSliceError, TimeSlicer
 from dra.model.devices import Gpu, Inventory, MigDevice
 from dra.model.prepared import MIG_CREATE, DeviceAction, PreparedClaim
 
@@ -56,8 +72,13 @@ class DeviceState:
         cdi_store: CdiStore,
         checkpoint: CheckpointStore,
         lib: GpuLibrary | None = None,
+        time_slicer: TimeSlicer | None = None,
+        mps: MpsDaemons | None = None,
     ) -> None:
         self.driver = driver
+        self._time_slicer = time_slicer
+        self._mps = mps
+        self._mps_root = str(mps.root) if mps is not None else ""
         self.pool = node_name
         self.inventory = inventory
         self._cdi = cdi_store
@@ -76,6 +97,37 @@ class DeviceState:
         self._checkpoint.save(prepared, actions)
         self._prepared, self._actions = prepared, actions
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the state against threads and other processes, with what another instance saved."""
+        with self._lock, self._checkpoint.exclusive() as saved_elsewhere:
+            if saved_elsewhere is not None:
+                self._prepared, self._actions = saved_elsewhere
+                self._adopt_instances()
+            yield
+
+    def _adopt_instances(self) -> None:
+        """Know the MIG devices another instance made for its claims, and forget those it destroyed."""
+        made = {str(a.result["uuid"]): a for a in self._actions if a.done}
+        known = [m for m in self.inventory.instances if m.uuid in made]
+        found = {m.uuid for m in known}
+        for uuid, action in made.items():
+            gpu = next((g for g in self.inventory.gpus if g.uuid == action.params["gpu"]), None)
+            if uuid in found or gpu is None or self._lib is None:
+                continue
+            try:
+                known.append(
+                    dynamic.find_mig_device(
+                        self._lib,
+                        gpu,
+                        int(action.result["gpuInstance"]),
+                        int(action.result["computeInstance"]),
+                    )
+                )
+            except GpuLibraryError as err:
+                log.warning("claim %s: cannot find MIG device %s: %s", action.claim_uid, uuid, err)
+        self.inventory = replace(self.inventory, instances=tuple(known))
+
     def set_inventory(self, inventory: Inventory) -> None:
         """Devices changed: new prepares see the new inventory; prepared claims stay as they are."""
         with self._lock:
@@ -89,26 +141,46 @@ class DeviceState:
     def conflicts(self, allocation: ClaimAllocation) -> list[PreparedClaim]:
         """Prepared claims that hold devices of `allocation` now; the caller finds out which are stale.
 
-        No lock: the inventory and the prepared map are replaced whole, never changed
-        in place, and `prepare` decides again under the lock on the state it then sees.
+        Under the lock only to see what another instance prepared meanwhile: `prepare`
+        decides again under it on the state it then sees.
         """
-        return plans.conflicts(allocation, self.inventory, self._prepared, pool=self.pool)
+        with self._locked():
+            return plans.conflicts(allocation, self.inventory, self._prepared, pool=self.pool)
 
     def recover(self) -> None:
         """After a restart: drop specs of claims not prepared, (re)write the specs of prepared ones."""
-        with self._lock:
+        with self._locked():
             self._checkpoint.remove_leftovers()
             self._cdi.remove_leftovers()
+            faults.point("recover.leftovers-removed")
             self._recover_mig()
             plan = plans.decide_recover(
-                self._prepared, self.inventory, self._cdi.claim_uids(), driver=self.driver
+                self._prepared,
+                self.inventory,
+                self._cdi.claim_uids(),
+                driver=self.driver,
+                mps_root=self._mps_root,
             )
             for uid in plan.remove:
                 log.info("removing CDI spec of claim %s, which is not prepared", uid)
                 self._cdi.remove(uid)
+                faults.point("recover.spec-removed")
             _warn_missing(plan.missing)
             for uid, spec in plan.write:
                 self._cdi.write(uid, spec)
+                faults.point("recover.spec-written")
+            if self._time_slicer is not None:
+                try:
+                    self._time_slicer.apply(sharing.wanted_time_slices(self._prepared))
+                except TimeSliceError as err:
+                    log.error("%s", err)
+            if self._mps is not None:
+                self._mps.stop_others(self._prepared)
+                for claim in self._prepared.values():
+                    try:
+                        self._mps.start(claim)
+                    except MpsError as err:
+                        log.error("claim %s/%s: %s", claim.namespace, claim.name, err)
 
     def _held(self) -> set[tuple[str, int]]:
         """(GPU UUID, GPU instance ID) of every MIG device made for a prepared claim."""
@@ -167,7 +239,7 @@ class DeviceState:
 
         ClaimError when it cannot be prepared; then nothing changes.
         """
-        with self._lock:
+        with self._locked():
             plan = plans.decide_prepare(
                 allocation,
                 self.inventory,
@@ -176,6 +248,7 @@ class DeviceState:
                 pool=self.pool,
                 stale=stale or {},
                 has_spec=self._cdi.exists(allocation.uid),
+                mps_root=self._mps_root,
             )
             if isinstance(plan, plans.Refusal):
                 raise ClaimError(plan.message)
@@ -186,7 +259,17 @@ class DeviceState:
                 self._destroy_mig_devices(uid)
             if plan.create:
                 plan = self._make_mig_devices(plan, allocation)
+            gone = self._missing_host_paths(plan)
+            if gone:
+                # The runtime would fail every container of the claim on a path that is gone.
+                self._destroy_mig_devices(allocation.uid)
+                raise ClaimError(
+                    f"cannot prepare ResourceClaim {allocation.ref}: its CDI spec would name "
+                    f"{', '.join(gone)}, not on this node (a GPU or the driver changed since discovery)"
+                )
             self._apply(plan, allocation)
+            faults.point("sharing-before-gpu-settings")
+            self._apply_gpu_settings(plan, allocation)
             return plan.claim
 
     def _make_mig_devices(self, plan: plans.PreparePlan, allocation: ClaimAllocation) -> plans.PreparePlan:
@@ -230,7 +313,7 @@ class DeviceState:
             self._save(self._prepared, [done if a.key == intent.key else a for a in self._actions])
             faults.point("mig-recorded")
             self.inventory = replace(self.inventory, instances=(*self.inventory.instances, device))
-        return plan.made(made, self.inventory, self.driver)
+        return plan.made(made, self.inventory, self.driver, self._mps_root)
 
     def _creation_failed(
         self, allocation: ClaimAllocation, create: plans.CreateMig, err: GpuLibraryError
@@ -295,6 +378,37 @@ class DeviceState:
         )
         self._save(self._prepared, [a for a in self._actions if a not in mine])
 
+    def _missing_host_paths(self, plan: plans.PreparePlan) -> list[str]:
+        """Host paths the plan's spec names that are not on this node, but for those the prepare makes.
+
+        The claim's MPS directories come with its daemon, which starts after the spec is written.
+        """
+        if plan.spec is None:
+            return []
+        gone = self._cdi.missing_host_paths(plan.spec)
+        if self._mps is None:
+            return gone
+        own = sharing.mps_dirs(self._mps_root, plan.claim.uid).root + "/"
+        return [path for path in gone if not path.startswith(own)]
+
+    def _apply_gpu_settings(self, plan: plans.PreparePlan, allocation: ClaimAllocation) -> None:
+        """Set the claim's time slices and start its MPS daemon (again, on a retry).
+
+        On failure the prepare is undone and ClaimError says why.
+        """
+        wanted = sharing.wanted_time_slices({plan.claim.uid: plan.claim})
+        try:
+            if self._time_slicer is not None and wanted:
+                self._time_slicer.apply(wanted)
+            if self._mps is not None:
+                if plan.replaces is not None:
+                    # Its daemon serves the devices of the old allocation.
+                    self._mps.stop(plan.claim.uid)
+                self._mps.start(plan.claim)
+        except (TimeSliceError, MpsError) as err:
+            self._unprepare_locked(plan.claim.uid)
+            raise ClaimError(f"cannot prepare ResourceClaim {allocation.ref}: {err}") from None
+
     def _apply(self, plan: plans.PreparePlan, allocation: ClaimAllocation) -> None:
         """Effects of a prepare plan in crash-safe order; the caller holds the lock."""
         if plan.replaces is not None:
@@ -317,17 +431,32 @@ class DeviceState:
                 release.reason,
             )
             self._cdi.remove(holder.uid)
+            faults.point("prepare.stale-spec-removed")
         _warn_missing(plan.missing)
         if plan.spec is not None:
-            self._cdi.write(plan.claim.uid, plan.spec)
-            faults.point("spec-written")
+            faults.point("prepare.before-cdi-write")
+            try:
+                self._cdi.write(plan.claim.uid, plan.spec)
+            except OSError as err:
+                self._drop_unrecorded_spec(plan.claim.uid)
+                raise ClaimError(f"cannot write the CDI spec of claim {allocation.ref}: {err}") from err
+            faults.point("prepare.cdi-written")
         if not plan.record:
             return
         released = {r.holder.uid for r in plan.release}
         updated = {uid: c for uid, c in self._prepared.items() if uid not in released}
         updated[plan.claim.uid] = plan.claim
-        self._save(updated, [a for a in self._actions if a.claim_uid not in released])
-        faults.point("claim-recorded")
+        try:
+            self._save(updated, [a for a in self._actions if a.claim_uid not in released])
+        except OSError as err:
+            # A failed directory fsync comes after the rename: put back the record the kubelet is told of.
+            with contextlib.suppress(OSError):
+                self._save(self._prepared, self._actions)
+            self._drop_unrecorded_spec(plan.claim.uid)
+            raise ClaimError(
+                f"cannot record claim {allocation.ref} in the checkpoint {self._checkpoint.path}: {err}"
+            ) from err
+        faults.point("prepare.checkpoint-saved")
         log.info(
             "prepared claim %s (%s): %s",
             allocation.ref,
@@ -335,21 +464,40 @@ class DeviceState:
             ", ".join(d.device for d in plan.claim.devices),
         )
 
+    def _drop_unrecorded_spec(self, uid: str) -> None:
+        """After a failed write: remove the claim's spec unless the checkpoint records the claim."""
+        if uid in self._prepared:
+            return
+        # Best effort on a failing disk: a spec that stays is removed at the next start-up.
+        with contextlib.suppress(OSError):
+            self._cdi.remove(uid)
+
     def unprepare(self, uid: str) -> PreparedClaim | None:
         """Undo a prepare; an unknown claim is fine (its stray spec, if any, goes too)."""
-        with self._lock:
-            plan = plans.decide_unprepare(uid, self._prepared)
-            self._cdi.remove(plan.uid)
-            if plan.claim is None:
-                return None
-            try:
-                self._destroy_mig_devices(plan.uid)
-            except GpuLibraryError as err:
-                raise ClaimError(
-                    f"cannot unprepare claim {plan.claim.namespace}/{plan.claim.name}: destroying its MIG "
-                    f"device failed (NVML error {err.code}: {err}); the kubelet retries"
-                ) from None
-            updated = {k: v for k, v in self._prepared.items() if k != plan.uid}
-            self._save(updated, self._actions)
-            log.info("unprepared claim %s/%s (%s)", plan.claim.namespace, plan.claim.name, uid)
-            return plan.claim
+        with self._locked():
+            return self._unprepare_locked(uid)
+
+    def _unprepare_locked(self, uid: str) -> PreparedClaim | None:
+        """Undo a prepare; the caller holds the lock."""
+        plan = plans.decide_unprepare(uid, self._prepared)
+        self._cdi.remove(plan.uid)
+        if plan.claim is None:
+            return None
+        faults.point("unprepare.spec-removed")
+        if self._time_slicer is not None:
+            self._time_slicer.restore(sharing.time_slices_to_restore(uid, self._prepared))
+        if self._mps is not None:
+            self._mps.stop(uid)
+        faults.point("sharing-before-unrecord")
+        try:
+            self._destroy_mig_devices(plan.uid)
+        except GpuLibraryError as err:
+            raise ClaimError(
+                f"cannot unprepare claim {plan.claim.namespace}/{plan.claim.name}: destroying its MIG "
+                f"device failed (NVML error {err.code}: {err}); the kubelet retries"
+            ) from None
+        updated = {k: v for k, v in self._prepared.items() if k != plan.uid}
+        self._save(updated, self._actions)
+        faults.point("unprepare.checkpoint-saved")
+        log.info("unprepared claim %s/%s (%s)", plan.claim.namespace, plan.claim.name, uid)
+        return plan.claim

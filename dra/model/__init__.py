@@ -1,5 +1,7 @@
 """Plain data the rest of the driver passes around: devices, the node's inventory, prepared claims.
 
-Rule: frozen dataclasses and their small derived properties only. Nothing here
+Rule: frozen dataclasses and their small derived properties only, plus the value
+types they are made of (``quantity``: Kubernetes resource quantities, exact, which
+the CEL evaluator and the configuration API share). Nothing here
 does I/O or imports another part of dra, so every layer may use it.
 """

@@ -96,6 +96,21 @@ class MigPartition:
 
 
 @dataclass(frozen=True)
+class DriverFile:
+    """One of the NVIDIA driver's user-space files a GPU container gets, read-only.
+
+    ``host_path`` is where the container runtime finds it (the host's view);
+    ``container_path`` where the container sees it: the same path below the
+    driver root, e.g. /run/nvidia/driver/usr/bin/nvidia-smi -> /usr/bin/nvidia-smi.
+    """
+
+    host_path: str
+    container_path: str
+    #: "library", "binary", "firmware" or "ipc" (what NVIDIA's CDI generator calls them).
+    kind: str
+
+
+@dataclass(frozen=True)
 class Inventory:
     """Every allocatable device of the node, plus node-wide facts."""
 
@@ -111,6 +126,11 @@ class Inventory:
     partitions: tuple[MigPartition, ...] = ()
     #: MIG devices that exist on dynamic-MIG GPUs (made for claims; not offered themselves).
     instances: tuple[MigDevice, ...] = ()
+    #: The driver's user-space files the CDI specs mount (empty: the node's runtime hook brings them).
+    driver_files: tuple[DriverFile, ...] = ()
+    #: Where, on the runtime's host, the device nodes named in ``device_nodes`` live: "/" on a real
+    #: node; a private directory for fake GPUs made visible to real containers.
+    dev_root: str = "/"
     _by_name: Mapping[str, Device] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

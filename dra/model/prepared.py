@@ -17,6 +17,18 @@ class PreparedDevice:
     admin_access: bool = False
     #: The physical device: names follow NVML indexes, which shift when a GPU leaves the bus.
     uuid: str = ""
+    #: The time-slice interval this claim set on the GPU (Short, Medium, Long); "" for none.
+    time_slice: str = ""
+    #: The allocation's share of a device allocated to several claims (KEP-5075); "" when exclusive.
+    share_id: str = ""
+    #: The memory the share consumes, as the claim status states it ("20Gi"); "" when exclusive.
+    share_memory: str = ""
+    #: Whether the claim's MPS control daemon serves this device (GpuConfig strategy MPS).
+    mps: bool = False
+    #: The daemon's default active thread percentage; 0 for MPS's own default.
+    mps_thread_percentage: int = 0
+    #: The daemon's pinned device memory limit for this device, as MPS takes it ("20480M"); "" for none.
+    mps_pinned_limit: str = ""
 
     def is_device(self, name: str, uuid: str) -> bool:
         """Whether this entry is that device (by UUID when recorded, else by name)."""
@@ -32,9 +44,17 @@ class PreparedClaim:
     name: str
     devices: tuple[PreparedDevice, ...]
 
-    def holds(self, name: str, uuid: str) -> bool:
-        """Whether this claim holds that device exclusively (admin access shares)."""
-        return any(d.is_device(name, uuid) for d in self.devices if not d.admin_access)
+    def holds(self, name: str, uuid: str, share_id: str = "") -> bool:
+        """Whether this claim holds that device (or that share of it) so that another cannot have it.
+
+        Admin access shares; two different shares of one device do not clash, but a
+        share and a whole-device allocation do.
+        """
+        return any(
+            d.is_device(name, uuid) and (not share_id or not d.share_id or d.share_id == share_id)
+            for d in self.devices
+            if not d.admin_access
+        )
 
 
 #: DeviceAction kind: make a MIG device (GPU instance and compute instance) for a claim.

@@ -91,7 +91,7 @@ def main() -> None:
         devices = [d["name"] for s in slices for d in s["spec"]["devices"]]
         claims = _claims(kube, namespace, cluster.node_name, devices, args.claims)
 
-        socket = Path(cluster.plugins_dir) / DRIVER / "dra.sock"
+        socket = driver.dra_socket
         prepare: list[float] = []
         unprepare: list[float] = []
         with grpc.insecure_channel(f"unix://{socket}") as channel:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from localcluster.cluster import ClusterInfo
+from localcluster.cluster import ClusterInfo, LocalCluster
 from localcluster.devicepluginprocess import DevicePluginProcess
 from localcluster.driverprocess import DriverProcess, free_port
 from localcluster.kube import Kube, wait_for
@@ -246,3 +246,37 @@ def test_a_gpu_moved_from_dra_to_the_device_plugin_waits_for_its_prepared_claim(
         assert dra.stop() == 0, dra.log_path.read_text()
         node.dra.start()
         node.device_plugin.start()
+
+
+def test_a_kubelet_restart_makes_both_paths_register_again(
+    node: Node, local_cluster: LocalCluster, kube: Kube, cluster: ClusterInfo, namespace: str
+) -> None:
+    registered = "registered with the kubelet as DRA driver"
+    dra_before = node.dra.log_path.read_text().count(registered)
+    device_plugin_before = len(node.device_plugin.calls("Register"))
+    assert node.dra.proc is not None
+    assert node.device_plugin.proc is not None
+    pids = (node.dra.proc.pid, node.device_plugin.proc.pid)
+
+    local_cluster.restart_kubelet()
+
+    wait_for(
+        "the DRA kubelet-plugin to register again",
+        lambda: node.dra.log_path.read_text().count(registered) > dra_before,
+        timeout=60,
+    )
+    wait_for(
+        "the device plugin to register again",
+        lambda: len(node.device_plugin.calls("Register")) > device_plugin_before,
+        timeout=30,
+    )
+    assert (node.dra.proc.pid, node.device_plugin.proc.pid) == pids, "neither process was restarted"
+    assert node.dra.proc.poll() is None
+    assert node.device_plugin.proc.poll() is None
+
+    claim_template(kube, namespace, "after-restart", [])
+    gpu_pod(kube, namespace, "dra-after-restart", "after-restart")
+    gpu_limits_pod(kube, namespace, "legacy-after-restart", {GPU: 1})
+    kube.wait_pod_phase("dra-after-restart", namespace)
+    kube.wait_pod_phase("legacy-after-restart", namespace)
+    delete_pods_and_wait(kube, cluster, namespace, [pod_claim(kube, namespace, "dra-after-restart")])

@@ -37,13 +37,20 @@ CAP = f'device.capacity["{DRIVER}"]'
 def driver(
     cluster: ClusterInfo, kube: Kube, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[DriverProcess]:
-    """The driver on profile `mixed`, registered with the kubelet."""
+    """The driver on profile `mixed`, registered with the kubelet.
+
+    A short quiet period, so that the GPU the XID test makes unhealthy (and taints) is back
+    before the module's other tests want it.
+    """
     ensure_device_classes(kube)
     workdir = tmp_path_factory.mktemp("driver")
     events = workdir / "xid-events"
     events.touch()
     process = DriverProcess(
-        cluster, "mixed", workdir / "driver.log", extra_args=(f"--fake-gpu-events={events}",)
+        cluster,
+        "mixed",
+        workdir / "driver.log",
+        extra_args=(f"--fake-gpu-events={events}", "--health-recovery-period=20"),
     ).start()
     yield process
     assert process.stop() == 0, process.log_path.read_text()
@@ -200,7 +207,8 @@ def test_restart_after_sigkill_keeps_prepared_claims(
     assert driver.proc.poll() is None
     os.kill(driver.proc.pid, signal.SIGTERM)
     assert driver.proc.wait(15) == 0
-    assert not (Path(cluster.plugins_registry) / f"{DRIVER}-reg.sock").exists()
+    assert not driver.registration_socket.exists()
+    assert not driver.dra_socket.exists()
     driver.start()
 
 
@@ -256,3 +264,11 @@ def test_xid_error_shows_in_the_pod_status(
     wait_for("the kubelet to report the device Unhealthy", lambda: health() == ["Unhealthy"] or None)
     assert "dra_gpu_unhealthy_devices 1.0" in driver.metrics()
     delete_pods_and_wait(kube, cluster, namespace, [claim])
+    wait_for(
+        "the device to be healthy and untainted again",
+        lambda: (
+            "dra_gpu_unhealthy_devices 0.0" in driver.metrics()
+            and not _slice_devices(kube, cluster)[device].get("taints")
+        ),
+        timeout=60,
+    )

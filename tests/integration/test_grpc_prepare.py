@@ -187,7 +187,7 @@ async def test_prioritized_list_result_is_reported_under_its_request(
         ("other driver", f"has no device allocated by driver {DRIVER} (allocated by: other.example.com)"),
         ("missing device", "device gpu-9 does not exist on node"),
         ("other pool", "is in pool 'another-node', not this node's pool"),
-        ("bad config", "MPS sharing is not supported"),
+        ("bad config", 'GpuConfig.sharing.timeSlicingConfig.interval: "VeryLong" is not one of'),
     ],
 )
 async def test_bad_claims_get_their_own_error(
@@ -209,7 +209,7 @@ async def test_bad_claims_get_their_own_error(
         mps = {
             "apiVersion": "resource.nvidia.com/v1beta1",
             "kind": "GpuConfig",
-            "sharing": {"strategy": "MPS"},
+            "sharing": {"timeSlicingConfig": {"interval": "VeryLong"}},
         }
         bad = _ref(
             allocated_claim(

@@ -14,7 +14,7 @@ from localcluster.cluster import ClusterInfo
 from localcluster.driverprocess import free_port
 from localcluster.kube import Kube, Obj
 
-from dra.adapters.kube import ConflictError, KubeClient, NotFoundError, UnreachableError
+from dra.adapters.kube import ConflictError, KubeClient, KubeError, NotFoundError, UnreachableError
 from dra.core import versions
 from dra.kubeletplugin.daemon import check_server
 
@@ -52,6 +52,16 @@ def _slice(cluster: ClusterInfo) -> Obj:
 async def test_a_missing_claim_is_not_found(client: KubeClient, namespace: str) -> None:
     with pytest.raises(NotFoundError, match=rf"/namespaces/{namespace}/resourceclaims/nope: 404 .*not found"):
         await client.get_resource_claim(namespace, "nope")
+
+
+@pytest.mark.parametrize("name", ["?watch=true", "../../../../../../api/v1/namespaces/default", "a/b", "%2F"])
+async def test_an_odd_claim_name_is_one_missing_name_not_another_request(
+    client: KubeClient, namespace: str, name: str
+) -> None:
+    # Unquoted, the first is a watch of every claim (cut by the timeout), the second a GET of a Namespace.
+    with pytest.raises(KubeError) as raised:
+        await client.get_resource_claim(namespace, name)
+    assert raised.value.status in (400, 404), raised.value
 
 
 async def test_a_create_of_an_existing_slice_and_a_stale_replace_conflict(

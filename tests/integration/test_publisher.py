@@ -10,6 +10,7 @@ from localcluster.cluster import ClusterInfo
 from localcluster.kube import Kube, Obj
 
 from dra.adapters.kube import KubeClient
+from dra.core.versions import ApiFeatures
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.profiles import load_profile, parse_profile
@@ -52,7 +53,9 @@ async def client(cluster: ClusterInfo, kube: Kube) -> AsyncIterator[KubeClient]:
 async def test_publish_then_reconcile_again_writes_nothing(
     cluster: ClusterInfo, kube: Kube, client: KubeClient
 ) -> None:
-    publisher = SlicePublisher(client, DRIVER, cluster.node_name, _inventory(cluster, "h100x8-mig"))
+    publisher = SlicePublisher(
+        client, DRIVER, cluster.node_name, _inventory(cluster, "h100x8-mig"), ApiFeatures()
+    )
     first = await publisher.reconcile()
     assert (len(first.create), first.generation) == (1, 1)
     [published] = _slices(kube, cluster)
@@ -62,7 +65,9 @@ async def test_publish_then_reconcile_again_writes_nothing(
 
     assert (await publisher.reconcile()).writes == 0
     # A restarted driver adopts what it finds instead of rewriting it.
-    restarted = SlicePublisher(client, DRIVER, cluster.node_name, _inventory(cluster, "h100x8-mig"))
+    restarted = SlicePublisher(
+        client, DRIVER, cluster.node_name, _inventory(cluster, "h100x8-mig"), ApiFeatures()
+    )
     plan = await restarted.reconcile()
     assert (plan.writes, plan.generation) == (0, 1)
     assert (
@@ -73,7 +78,7 @@ async def test_publish_then_reconcile_again_writes_nothing(
 async def test_pool_is_split_and_regrouped_under_new_generations(
     cluster: ClusterInfo, kube: Kube, client: KubeClient
 ) -> None:
-    publisher = SlicePublisher(client, DRIVER, cluster.node_name, _inventory(cluster, 300))
+    publisher = SlicePublisher(client, DRIVER, cluster.node_name, _inventory(cluster, 300), ApiFeatures())
     await publisher.reconcile()
     slices = _slices(kube, cluster)
     assert [len(s["spec"]["devices"]) for s in slices] == [128, 128, 44]
@@ -99,7 +104,7 @@ async def _wait_until(what: str, check: Callable[[], bool]) -> None:
 @pytest.fixture
 async def running(cluster: ClusterInfo, client: KubeClient) -> AsyncIterator[SlicePublisher]:
     """A publisher running its watch and reconcile loop."""
-    publisher = SlicePublisher(client, DRIVER, cluster.node_name, _inventory(cluster, "mixed"))
+    publisher = SlicePublisher(client, DRIVER, cluster.node_name, _inventory(cluster, "mixed"), ApiFeatures())
     async with anyio.create_task_group() as group:
         group.start_soon(publisher.run)
         await publisher.published.wait()

@@ -13,6 +13,7 @@ from dra.core.assignment import (
     SelectorError,
     assign,
     conflict,
+    gpus_behind,
     held_gpus,
     held_refusal,
     parse_recorded,
@@ -323,3 +324,20 @@ def test_stranded_claims_get_one_warning_each(mixed: Inventory) -> None:
         "the claim stays prepared until its pods end, and the device plugin refuses to start with the GPU "
         "until then",
     ]
+
+
+def test_device_plugin_ids_name_their_gpus_mig_parents_included() -> None:
+    node = inventory("h100x8-mig")
+    gpu0, gpu5 = node.gpus[0], node.gpus[5]
+    mig = next(d for d in node if isinstance(d, MigDevice) and d.parent == gpu5)
+    named = gpus_behind(
+        [
+            ("nvidia.com/gpu", f"{gpu0.uuid}::3"),
+            ("nvidia.com/mig-1g.10gb", mig.uuid),
+            ("nvidia.com/gpu", "2"),
+            ("example.com/nic", "1"),
+            ("nvidia.com/gpu", "GPU-not-on-this-node"),
+        ],
+        node,
+    )
+    assert [g.index for g in named] == [0, 2, 5]

@@ -115,15 +115,22 @@ def test_daemonset_runs_the_kubelet_plugin_on_the_host_paths() -> None:
     assert host_paths == {
         "plugin-dir": "/var/lib/kubelet/plugins/gpu.nvidia.com",
         "plugins-registry": "/var/lib/kubelet/plugins_registry",
+        # Read-only: which GPUs device-plugin pods still hold (docs/migration.md).
+        "pod-resources": "/var/lib/kubelet/pod-resources",
         "cdi": "/var/run/cdi",
         "host-dev": "/dev",
+        # Read-only: the driver's files for CDI specs, found under --host-root.
+        "driver-root": "/",
     }
-    assert all(mounts[name] == path for name, path in host_paths.items() if name != "host-dev")
+    assert all(
+        mounts[name] == path for name, path in host_paths.items() if name not in ("host-dev", "driver-root")
+    )
     # The host's /dev, read-only, tells which device nodes to put in CDI specs.
     assert mounts["host-dev"] == "/host/dev"
     assert env["DRA_GPU_HOST_ROOT"] == "/host"
     [dev_mount] = [m for m in container["volumeMounts"] if m["name"] == "host-dev"]
     assert dev_mount["readOnly"] is True
+    assert (mounts["driver-root"], env["DRA_GPU_DRIVER_ROOT"]) == ("/host", "/")
     assert env["DRA_GPU_KUBELET_ROOT"] == "/var/lib/kubelet"
     assert env["DRA_GPU_CDI_ROOT"] == "/var/run/cdi"
 
@@ -139,6 +146,8 @@ def test_daemonset_probes_resources_priority_and_tolerations() -> None:
     assert container["resources"]["limits"] == {"memory": "256Mi"}
     assert pod["priorityClassName"] == "system-node-critical"
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    dedicated = {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}
+    assert dedicated in pod["tolerations"]
     assert "nodeSelector" not in pod
     assert "affinity" not in pod
     placed = _only(
@@ -226,6 +235,14 @@ def test_device_plugin_alone_takes_every_gpu() -> None:
     [
         ({"devicePlugin": {"enabled": True}}, "set gpuAssignment.dra or gpuAssignment.devicePlugin"),
         ({"kubeletPlugin": {"enabled": False}}, "enable kubeletPlugin, devicePlugin or both"),
+        (
+            {
+                "kubeletPlugin": {"enabled": False},
+                "devicePlugin": {"enabled": True},
+                "deviceClasses": {"gpu": {"extendedResourceName": "nvidia.com/gpu"}},
+            },
+            "deviceClasses.gpu.extendedResourceName and devicePlugin.resourceName are both nvidia.com/gpu",
+        ),
     ],
 )
 def test_impossible_container_choices_fail_the_render(values: dict[str, Any], complaint: str) -> None:
@@ -233,6 +250,19 @@ def test_impossible_container_choices_fail_the_render(values: dict[str, Any], co
         result = chart.helm("template", "dra-gpu", str(chart.CHART), *flags, check=False)
     assert result.returncode != 0
     assert complaint in result.stderr
+
+
+def test_driver_files_come_from_the_driver_root_or_are_left_to_the_hook() -> None:
+    def mounts_and_env(values: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+        container = _container(chart.template(values))
+        return {m["name"]: m["mountPath"] for m in container["volumeMounts"]}, _env(container)
+
+    mounts, env = mounts_and_env({"driverFiles": {"root": "/run/nvidia/driver"}})
+    assert mounts["driver-root"] == "/host/run/nvidia/driver"
+    assert (env["DRA_GPU_DRIVER_ROOT"], env["DRA_GPU_CDI_DRIVER_FILES"]) == ("/run/nvidia/driver", "true")
+    mounts, env = mounts_and_env({"driverFiles": {"enabled": False}})
+    assert "driver-root" not in mounts
+    assert env["DRA_GPU_CDI_DRIVER_FILES"] == "false"
 
 
 def test_real_gpus_get_nvml_through_the_toolkit_or_a_runtime_class() -> None:
@@ -296,6 +326,23 @@ def test_device_classes_follow_the_driver_name() -> None:
     ]
 
 
+def test_device_classes_serve_an_extended_resource_only_when_asked() -> None:
+    def names(values: dict[str, Any] | None = None) -> dict[str, str | None]:
+        return {
+            c["metadata"]["name"]: c["spec"].get("extendedResourceName")
+            for c in chart.template(values)
+            if c["kind"] == "DeviceClass"
+        }
+
+    assert names() == {"gpu.nvidia.com": None, "mig.nvidia.com": None}
+    values: dict[str, Any] = {"deviceClasses": {"gpu": {"extendedResourceName": "nvidia.com/gpu"}}}
+    assert names(values) == {"gpu.nvidia.com": "nvidia.com/gpu", "mig.nvidia.com": None}
+    # Beside a device plugin serving another name, the mapping is fine.
+    values |= {"devicePlugin": {"enabled": True, "resourceName": "nvidia.com/legacy-gpu"}}
+    values |= {"gpuAssignment": {"devicePlugin": "7"}}
+    assert names(values)["gpu.nvidia.com"] == "nvidia.com/gpu"
+
+
 def test_admission_policy_applies_to_the_drivers_account_only() -> None:
     objects = chart.template(release="gpu", namespace="kube-gpu")
     policy = _only(objects, "ValidatingAdmissionPolicy")
@@ -335,11 +382,22 @@ def test_another_kubelet_root_moves_sockets_and_mounts() -> None:
         pytest.param({"fakeGpu": {"enabled": True}}, "fakeGpu", id="misspelt-key"),
         pytest.param({"driverName": "GPU_Nvidia"}, "driverName", id="bad-driver-name"),
         pytest.param({"logLevel": "verbose"}, "logLevel", id="bad-log-level"),
+        pytest.param(
+            {"deviceClasses": {"gpu": {"extendedResourceName": "gpu"}}},
+            "extendedResourceName",
+            id="extended-resource-without-domain",
+        ),
+        pytest.param({"unhealthyTaintEffect": "Evict"}, "unhealthyTaintEffect", id="bad-taint-effect"),
     ],
 )
 def test_values_schema_rejects_mistakes(values: dict[str, Any], complaint: str) -> None:
     with pytest.raises(chart.HelmError, match=complaint):
         chart.template(values)
+
+
+def test_the_unhealthy_taint_effect_reaches_the_kubelet_plugin() -> None:
+    container = _container(chart.template({"unhealthyTaintEffect": "NoExecute"}))
+    assert _env(container)["DRA_GPU_UNHEALTHY_TAINT_EFFECT"] == "NoExecute"
 
 
 def test_committed_manifests_equal_a_fresh_render() -> None:
@@ -544,3 +602,43 @@ def test_dynamic_mig_is_turned_on_per_node_through_the_mig_mode_variable() -> No
     assert modes.for_node("gpu-node-3").default == "dynamic"
     assert modes.for_node("gpu-node-1").default == "static"
     assert "DRA_GPU_MIG_MODE" not in _env(_container(chart.template(FAKE)))
+
+
+def test_rolling_updates_overlap_old_and_new_pod_on_their_own_sockets() -> None:
+    objects = chart.template()
+    daemonset = _only(objects, "DaemonSet")
+    assert daemonset["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    env = _env(_container(objects))
+    assert env["DRA_GPU_ROLLING_UPDATE"] == "true"
+    assert env["DRA_GPU_INSTANCE_ID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    # Two pods on one node: nothing of the host's network may be claimed by either.
+    pod = daemonset["spec"]["template"]["spec"]
+    assert not pod.get("hostNetwork")
+    assert not [p for c in pod["containers"] for p in c.get("ports", []) if "hostPort" in p]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param({"kubeletPlugin": {"rollingUpdate": False}}, id="off"),
+        pytest.param(
+            {"devicePlugin": {"enabled": True}, "gpuAssignment": {"devicePlugin": "3"}}, id="device-plugin"
+        ),
+    ],
+)
+def test_without_rolling_updates_pods_are_replaced_one_after_the_other(values: dict[str, Any]) -> None:
+    objects = chart.template(values)
+    daemonset = _only(objects, "DaemonSet")
+    assert daemonset["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 1},
+    }
+    [plugin] = [
+        c for c in daemonset["spec"]["template"]["spec"]["containers"] if c["name"] == "kubelet-plugin"
+    ]
+    env = _env(plugin)
+    assert env["DRA_GPU_ROLLING_UPDATE"] == "false"
+    assert "DRA_GPU_INSTANCE_ID" not in env

@@ -1,4 +1,4 @@
-"""Opaque GpuConfig / MigDeviceConfig parameters: what is accepted, and what is refused with a reason."""
+"""Opaque configs at prepare: each checked against the devices it configures; what is not implemented yet."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ from typing import Any
 
 import pytest
 
-from dra.core.config import ConfigError, DeviceConfig, Sharing, effective, parse
+from dra.api.v1beta1 import GpuConfig, GpuSharing, Interval, MigDeviceConfig, TimeSlicingConfig
+from dra.core.allocation import AllocatedDevice, ClaimAllocation, OpaqueConfig
+from dra.core.config import ConfigError, effective, not_implemented, parse, problems
 from dra.model.devices import Device
 from tests.unit.helpers import inventory
 
@@ -21,135 +23,118 @@ def _mig_config(**fields: Any) -> dict[str, Any]:
     return {"apiVersion": API, "kind": "MigDeviceConfig", **fields}
 
 
-@pytest.mark.parametrize(
-    ("parameters", "expected"),
-    [
-        (_gpu_config(), DeviceConfig("GpuConfig", Sharing())),
-        (_gpu_config(sharing=None), DeviceConfig("GpuConfig", Sharing())),
-        (_gpu_config(sharing={}), DeviceConfig("GpuConfig", Sharing())),
-        (
-            _gpu_config(sharing={"strategy": "TimeSlicing"}),
-            DeviceConfig("GpuConfig", Sharing("TimeSlicing", "Default")),
-        ),
-        (
-            _gpu_config(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Default"}}),
-            DeviceConfig("GpuConfig", Sharing()),
-        ),
-        (_gpu_config(sharing={"timeSlicingConfig": {}}), DeviceConfig("GpuConfig", Sharing())),
-        (_mig_config(), DeviceConfig("MigDeviceConfig", Sharing())),
-        (_mig_config(sharing={"strategy": "TimeSlicing"}), DeviceConfig("MigDeviceConfig", Sharing())),
-    ],
-)
-def test_valid_configs(parameters: dict[str, Any], expected: DeviceConfig) -> None:
-    assert parse(parameters) == expected
-
-
-@pytest.mark.parametrize(
-    ("parameters", "message"),
-    [
-        ({"kind": "GpuConfig"}, "apiVersion None is not supported; use resource.nvidia.com/v1beta1"),
-        (
-            {"apiVersion": "resource.nvidia.com/v1", "kind": "GpuConfig"},
-            "apiVersion 'resource.nvidia.com/v1' is not supported",
-        ),
-        ({"apiVersion": API}, "kind None is not supported; use GpuConfig or MigDeviceConfig"),
-        ({"apiVersion": API, "kind": "ComputeDomainConfig"}, "kind 'ComputeDomainConfig' is not supported"),
-        (
-            _gpu_config(replicas=2),
-            "GpuConfig: unknown field(s) ['replicas']; allowed: ['apiVersion', 'kind', 'sharing']",
-        ),
-        (_gpu_config(sharing="TimeSlicing"), "GpuConfig.sharing: expected an object"),
-        (
-            _gpu_config(sharing={"strategy": "TimeSlicing", "priority": 1}),
-            "GpuConfig.sharing: unknown field(s) ['priority']",
-        ),
-        (
-            _gpu_config(sharing={"strategy": "Exclusive"}),
-            "GpuConfig.sharing.strategy: 'Exclusive' is not one of ['TimeSlicing', 'MPS']",
-        ),
-        (
-            _gpu_config(sharing={"timeSlicingConfig": {"interval": "Default", "replicas": 4}}),
-            "GpuConfig.sharing.timeSlicingConfig: unknown field(s) ['replicas']",
-        ),
-        (
-            _gpu_config(sharing={"timeSlicingConfig": "Short"}),
-            "GpuConfig.sharing.timeSlicingConfig: expected an object",
-        ),
-        (
-            _gpu_config(sharing={"timeSlicingConfig": {"interval": "Fast"}}),
-            "GpuConfig.sharing.timeSlicingConfig.interval: 'Fast' is not one of "
-            "['Default', 'Short', 'Medium', 'Long']",
-        ),
-        (
-            _mig_config(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Default"}}),
-            "MigDeviceConfig.sharing: unknown field(s) ['timeSlicingConfig']; "
-            "allowed: ['mpsConfig', 'strategy']",
-        ),
-        (_mig_config(extra=True), "MigDeviceConfig: unknown field(s) ['extra']"),
-    ],
-)
-def test_invalid_configs_name_the_field(parameters: dict[str, Any], message: str) -> None:
-    with pytest.raises(ConfigError) as err:
-        parse(parameters)
-    assert message in str(err.value)
-
-
-@pytest.mark.parametrize(
-    "parameters",
-    [
-        _gpu_config(sharing={"strategy": "MPS"}),
-        _gpu_config(sharing={"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}),
-        _gpu_config(sharing={"strategy": "TimeSlicing", "mpsConfig": {}}),
-        _mig_config(sharing={"strategy": "MPS"}),
-    ],
-)
-def test_mps_is_refused_with_a_reason(parameters: dict[str, Any]) -> None:
-    with pytest.raises(ConfigError) as err:
-        parse(parameters)
-    assert "MPS sharing is not supported by this driver" in str(err.value)
-    assert "use strategy TimeSlicing" in str(err.value)
-
-
-@pytest.mark.parametrize("interval", ["Short", "Medium", "Long"])
-def test_only_the_default_time_slice_is_supported(interval: str) -> None:
-    with pytest.raises(ConfigError) as err:
-        parse(_gpu_config(sharing={"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}}))
-    assert f"interval: {interval} is not supported by this driver; only Default" in str(err.value)
-
-
-# -- the configuration of one device -----------------------------------------------------------
-
-
 def _device(name: str) -> Device:
     device = inventory("h100x8-mig").get(name)
     assert device is not None
     return device
 
 
+def test_mps_on_mig_devices_is_refused_by_name_as_not_implemented_yet() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse(_mig_config(sharing={"strategy": "MPS"}))
+    assert (
+        str(err.value)
+        == "MigDeviceConfig.sharing.strategy: MPS on MIG devices is not implemented yet by this driver"
+    )
+
+
+@pytest.mark.parametrize("interval", ["Default", "Short", "Medium", "Long"])
+def test_every_time_slice_interval_is_implemented(interval: Interval) -> None:
+    config = parse(_gpu_config(sharing={"timeSlicingConfig": {"interval": interval}}))
+    assert config == GpuConfig(GpuSharing("TimeSlicing", TimeSlicingConfig(interval)))
+    assert not_implemented(config) is None
+    assert not_implemented(MigDeviceConfig()) is None
+
+
+def test_mps_on_full_gpus_is_implemented() -> None:
+    limits = {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}
+    config = parse(_gpu_config(sharing={"strategy": "MPS", "mpsConfig": limits}))
+    assert not_implemented(config) is None
+
+
 def test_no_config_means_defaults_of_the_right_kind() -> None:
-    assert effective([], _device("gpu-0")) == DeviceConfig("GpuConfig", Sharing())
-    assert effective([], _device("gpu-4-mig-1g10gb-3-0")) == DeviceConfig("MigDeviceConfig", Sharing())
+    assert effective([], _device("gpu-0")) == GpuConfig()
+    assert effective([], _device("gpu-4-mig-1g10gb-3-0")) == MigDeviceConfig()
 
 
 def test_a_gpu_config_cannot_configure_a_mig_device() -> None:
     with pytest.raises(ConfigError) as err:
         effective([_gpu_config()], _device("gpu-4-mig-1g10gb-3-0"))
     assert str(err.value) == (
-        "GpuConfig cannot configure gpu-4-mig-1g10gb-3-0, which is a MIG device: use MigDeviceConfig"
+        "GpuConfig: GpuConfig cannot configure gpu-4-mig-1g10gb-3-0, which is a MIG device: "
+        "use MigDeviceConfig"
     )
 
 
-def test_a_mig_config_cannot_configure_a_full_gpu() -> None:
-    with pytest.raises(
-        ConfigError, match="MigDeviceConfig cannot configure gpu-1, which is a full GPU: use GpuConfig"
-    ):
-        effective([_mig_config()], _device("gpu-1"))
-
-
-def test_every_applicable_config_is_validated_and_the_last_wins() -> None:
+def test_every_applicable_config_is_checked_and_the_last_wins() -> None:
     configs = [_gpu_config(), _gpu_config(sharing={"strategy": "TimeSlicing"})]
-    assert effective(configs, _device("gpu-0")) == DeviceConfig(
-        "GpuConfig", Sharing("TimeSlicing", "Default")
+    assert effective(configs, _device("gpu-0")) == GpuConfig()
+    with pytest.raises(ConfigError, match="Exclusive"):
+        effective([_gpu_config(sharing={"strategy": "Exclusive"}), _gpu_config()], _device("gpu-0"))
+
+
+def _claim(*configs: OpaqueConfig) -> ClaimAllocation:
+    devices = (
+        AllocatedDevice("gpus", "node-a", "gpu-0"),
+        AllocatedDevice("gpus", "node-a", "gpu-1"),
+        AllocatedDevice("mig", "node-a", "gpu-4-mig-1g10gb-3-0"),
     )
-    with pytest.raises(ConfigError, match="MPS"):
-        effective([_gpu_config(sharing={"strategy": "MPS"}), _gpu_config()], _device("gpu-0"))
+    return ClaimAllocation("uid-1", "team-a", "claim-a", devices, configs)
+
+
+def _problems(*configs: OpaqueConfig) -> list[str]:
+    claim = _claim(*configs)
+    return problems(claim, {d.device: _device(d.device) for d in claim.devices})
+
+
+def test_each_config_is_checked_against_the_devices_of_its_requests() -> None:
+    assert (
+        _problems(
+            OpaqueConfig("FromClass", ("gpus",), _gpu_config()),
+            OpaqueConfig("FromClaim", ("mig",), _mig_config(sharing={"strategy": "TimeSlicing"})),
+        )
+        == []
+    )
+    assert _problems(OpaqueConfig("FromClaim", (), _gpu_config())) == [
+        "invalid configuration for devices gpu-0, gpu-1, gpu-4-mig-1g10gb-3-0: GpuConfig: GpuConfig cannot "
+        "configure gpu-4-mig-1g10gb-3-0, which is a MIG device: use MigDeviceConfig"
+    ]
+
+
+def test_every_bad_config_of_a_claim_is_reported() -> None:
+    found = _problems(
+        OpaqueConfig(
+            "FromClaim", ("gpus",), _gpu_config(sharing={"timeSlicingConfig": {"interval": "Sometimes"}})
+        ),
+        OpaqueConfig("FromClaim", ("mig",), _mig_config(sharing={"strategy": "MPS", "mpsConfig": {"x": 1}})),
+    )
+    assert found == [
+        "invalid configuration for devices gpu-0, gpu-1: GpuConfig.sharing.timeSlicingConfig.interval: "
+        '"Sometimes" '
+        'is not one of ["Default", "Short", "Medium", "Long"]',
+        "invalid configuration for device gpu-4-mig-1g10gb-3-0: MigDeviceConfig.sharing.mpsConfig.x: "
+        "unknown field; known: defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit, "
+        "defaultPerDevicePinnedMemoryLimit",
+    ]
+
+
+def test_device_checks_come_before_the_not_implemented_refusal() -> None:
+    limits = {"defaultPerDevicePinnedMemoryLimit": {"2": "1Gi"}}
+    found = _problems(
+        OpaqueConfig("FromClaim", ("gpus",), _gpu_config(sharing={"strategy": "MPS", "mpsConfig": limits}))
+    )
+    assert found == [
+        "invalid configuration for devices gpu-0, gpu-1: "
+        "GpuConfig.sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[2]: names no device of this config; "
+        f"it has 0 or {_device('gpu-0').uuid} (gpu-0), 1 or {_device('gpu-1').uuid} (gpu-1)"
+    ]
+    found = _problems(OpaqueConfig("FromClaim", ("mig",), _mig_config(sharing={"strategy": "MPS"})))
+    assert found == [
+        "invalid configuration for device gpu-4-mig-1g10gb-3-0: "
+        "MigDeviceConfig.sharing.strategy: MPS on MIG devices is not implemented yet by this driver"
+    ]
+
+
+def test_a_config_for_requests_not_on_this_node_checks_nothing() -> None:
+    claim = _claim(OpaqueConfig("FromClaim", ("other",), _gpu_config(sharing="bad")))
+    assert problems(claim, {d.device: _device(d.device) for d in claim.devices}) == []

@@ -157,8 +157,8 @@ PREPARE_POINTS = [
     "mig-gpu-instance-created",
     "mig-compute-instance-created",
     "mig-recorded",
-    "spec-written",
-    "claim-recorded",
+    "prepare.cdi-written",
+    "prepare.checkpoint-saved",
 ]
 
 
@@ -180,7 +180,7 @@ def test_kill_at_each_prepare_step_leaks_nothing_and_the_retry_converges(tmp_pat
     _crash(tmp_path, point, "prepare(_allocation(THREE_G_AT_4))")
     restarted = _state(tmp_path)
     restarted.recover()
-    if point == "claim-recorded":
+    if point == "prepare.checkpoint-saved":
         # Recorded before the crash: the instance is the claim's, adopted with its spec.
         assert _instances(tmp_path) == [(0, "3g.40gb", 4, 4)]
         assert _specs(tmp_path) == [UID]

@@ -368,6 +368,8 @@ async def test_a_lost_gpu_makes_its_devices_unhealthy_and_the_wait_goes_on(healt
     assert reported == [*gpu5, "gpu-1"]
     assert _unhealthy(tracker) == sorted(["gpu-1", *gpu5])
     assert tracker.snapshot()[gpu5[0]].reason == "waiting for XID events failed: NVML error 15"
+    assert tracker.snapshot()[gpu5[0]].short == "GPU-lost", "the value of its taint"
+    assert tracker.snapshot()["gpu-1"].short == "XID-79"
     assert health_log.at(logging.ERROR) == [
         "waiting for XID events failed (NVML error 15: nvmlEventSetWait_v2: GPU is lost): devices of "
         f"{inv.gpus[5].uuid} marked unhealthy; retrying with backoff up to 0.02s"

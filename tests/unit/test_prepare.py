@@ -280,12 +280,13 @@ def test_admin_access_claims_share_with_everyone() -> None:
                         {
                             "apiVersion": "resource.nvidia.com/v1beta1",
                             "kind": "GpuConfig",
-                            "sharing": {"strategy": "MPS"},
+                            "sharing": {"timeSlicingConfig": {"interval": "VeryLong"}},
                         },
                     ),
                 ),
             ),
-            "invalid configuration for device gpu-0: GpuConfig.sharing: MPS sharing is not supported",
+            "invalid configuration for device gpu-0: GpuConfig.sharing.timeSlicingConfig.interval: "
+            '"VeryLong" is not one of',
         ),
     ],
     ids=["missing device", "mig-mode gpu", "other pool", "bad config"],

@@ -10,6 +10,7 @@ import anyio
 import pytest
 
 from dra.adapters.kube import KubeError
+from dra.core.versions import ApiFeatures
 from dra.kubeletplugin.publisher import SlicePublisher
 from dra.model.devices import Inventory
 from tests.unit.helpers import DRIVER, NODE, inventory
@@ -58,7 +59,7 @@ class FakeKube:
 
 
 def _publisher(kube: FakeKube, inv: Inventory) -> SlicePublisher:
-    return SlicePublisher(kube, DRIVER, NODE, inv)  # type: ignore[arg-type]
+    return SlicePublisher(kube, DRIVER, NODE, inv, ApiFeatures())  # type: ignore[arg-type]
 
 
 async def test_an_inventory_changed_during_a_reconcile_gets_a_new_generation() -> None:

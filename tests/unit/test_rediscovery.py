@@ -86,3 +86,17 @@ def test_renumbered_gpus_are_not_followed(caplog: pytest.LogCaptureFixture) -> N
     assert follow.follow(shifted) is None
     assert "GPU indexes changed" in caplog.text
     assert follow.current == three
+
+
+def test_a_held_gpu_joins_when_released_and_leaves_when_held_again() -> None:
+    start = _inventory(SMALL, T4)
+    t4 = start.gpus[1].uuid
+    follow = Rediscovery(SETTINGS, start, held={t4})
+    assert [g.uuid for g in follow.current.gpus] == [start.gpus[0].uuid]
+    assert follow.follow(_inventory(SMALL, T4), held={t4}) is None
+    joined = follow.follow(_inventory(SMALL, T4))
+    assert joined is not None
+    assert "gpu-1" in {d.name for d in joined}
+    left = follow.follow(_inventory(SMALL, T4), held={t4})
+    assert left is not None
+    assert "gpu-1" not in {d.name for d in left}

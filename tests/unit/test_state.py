@@ -139,20 +139,21 @@ class FailingCheckpoint(CheckpointStore):
         raise OSError("no space left on device")
 
 
-def test_a_crash_between_spec_and_checkpoint_is_repaired_at_the_next_start(paths: Paths) -> None:
+def test_a_failed_checkpoint_save_leaves_no_spec_and_the_retry_prepares(paths: Paths) -> None:
+    """A crash at this step (not an error) is the crash-point matrix's: tests/e2e/test_crash_points.py."""
     state = DeviceState(
         DRIVER, NODE, inventory("h100x8"), CdiStore(paths.cdi, DRIVER), FailingCheckpoint(paths.checkpoint)
     )
-    with pytest.raises(OSError, match="no space"):
+    with pytest.raises(
+        ClaimError, match=r"cannot record claim team-a/claim-a in the checkpoint .*: no space"
+    ):
         state.prepare(_allocation(UID_A, "gpu-0"))
     assert state.prepared == {}
-    assert paths.specs() == [paths.spec(UID_A).name]
-    restarted = paths.state(inventory("h100x8"))
-    restarted.recover()
     assert paths.specs() == []
-    # The kubelet retries, and the claim is prepared.
-    restarted.prepare(_allocation(UID_A, "gpu-0"))
+    # The kubelet retries once the disk has room, and the claim is prepared.
+    paths.state(inventory("h100x8")).prepare(_allocation(UID_A, "gpu-0"))
     assert list(paths.checkpointed()) == [UID_A]
+    assert paths.specs() == [paths.spec(UID_A).name]
 
 
 def test_request_names_of_one_device_are_reported_once_per_request(paths: Paths) -> None:
@@ -240,14 +241,19 @@ def test_every_problem_of_a_claim_is_reported_at_once(paths: Paths) -> None:
 
 
 def test_an_invalid_config_is_refused(paths: Paths) -> None:
-    mps = OpaqueConfig(
+    bad = OpaqueConfig(
         "FromClaim",
         (),
-        {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS"}},
+        {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "GpuConfig",
+            "sharing": {"timeSlicingConfig": {"interval": "VeryLong"}},
+        },
     )
-    message = _refused(paths.state(), _allocation(UID_A, "gpu-0", configs=(mps,)))
+    message = _refused(paths.state(), _allocation(UID_A, "gpu-0", configs=(bad,)))
     assert (
-        "invalid configuration for device gpu-0: GpuConfig.sharing: MPS sharing is not supported" in message
+        "invalid configuration for device gpu-0: GpuConfig.sharing.timeSlicingConfig.interval: "
+        '"VeryLong" is not one of' in message
     )
     assert paths.specs() == []
 
@@ -476,7 +482,7 @@ def test_a_holder_not_named_stale_is_kept_and_refuses_the_claim(paths: Paths) ->
     assert paths.specs() == sorted([paths.spec(UID_A).name, paths.spec(UID_C).name])
 
 
-def test_a_crash_while_releasing_a_stale_holder_is_repaired_by_the_restart_and_the_retry(
+def test_a_failed_save_while_releasing_a_stale_holder_is_repaired_by_the_restart_and_the_retry(
     paths: Paths,
 ) -> None:
     paths.state().prepare(_allocation(UID_A, "gpu-0"))
@@ -487,10 +493,10 @@ def test_a_crash_while_releasing_a_stale_holder_is_repaired_by_the_restart_and_t
         CdiStore(paths.cdi, DRIVER),
         FailingCheckpoint(paths.checkpoint),
     )
-    with pytest.raises(OSError, match="no space"):
+    with pytest.raises(ClaimError, match="no space"):
         crashing.prepare(_allocation(UID_B, "gpu-0"), {UID_A: "the claim was re-created"})
-    # The holder's spec is gone and the new one written, but the checkpoint still names the holder.
-    assert paths.specs() == [paths.spec(UID_B).name]
+    # The holder's spec is gone and the new one withdrawn, but the checkpoint still names the holder.
+    assert paths.specs() == []
     assert list(paths.checkpointed()) == [UID_A]
     restarted = paths.state()
     restarted.recover()

@@ -8,7 +8,8 @@
 `up` leaves the cluster running after it returns; its processes and files live
 in one directory (DRA_GPU_CLUSTER_DIR, default /tmp/dra-gpu-cluster). A SIGINT,
 SIGTERM or SIGHUP before it returns stops what it started. KUBERNETES_VERSION
-picks the release (default: the one deploy/local/k8sbin/go.mod pins).
+picks the release (default: the one deploy/local/k8sbin/go.mod pins),
+CONTAINER_RUNTIME the runtime (fake, the default, or containerd).
 """
 
 from __future__ import annotations
@@ -108,8 +109,8 @@ def _up(feature_gates: dict[str, bool]) -> None:
         raise
     print(info.kubeconfig)
     print(
-        f"Kubernetes {info.kubernetes_version}: node {info.node_name} Ready; kubelet root "
-        f"{info.kubelet_root}; CDI dir {info.cdi_dir}\n"
+        f"Kubernetes {info.kubernetes_version} on the {info.container_runtime} runtime: node "
+        f"{info.node_name} Ready; kubelet root {info.kubelet_root}; CDI dir {info.cdi_dir}\n"
         f"try: {kubectl} --kubeconfig {info.kubeconfig} get nodes",
         file=sys.stderr,
     )

@@ -8,7 +8,10 @@ the one place that version is set:
   the default release, and ``versions/<version>.mod`` (with its ``.sum``) pins each other
   supported release, built with ``go build -modfile``; ``KUBERNETES_VERSION`` picks one;
 - ``deploy/local/helmbin`` pins ``helm.sh/helm/v3`` (for rendering and linting the chart
-  in ``deploy/helm``).
+  in ``deploy/helm``);
+- ``deploy/local/ctrbin`` pins containerd 2.x (``containerd``, ``ctr``, the runc shim) and
+  runc, as ``tool`` lines of its go.mod, for clusters on a real runtime
+  (``CONTAINER_RUNTIME=containerd``); built only when such a cluster starts.
 
 Binaries land in a per-user cache, one directory per module and version keyed by that
 version and a hash of the module's sources (``<cache>/k8s/v1.34.12-<hash>/``,
@@ -56,6 +59,10 @@ class GoModule:
     ldflags: Callable[[str], str]
     #: A go.mod for another version beside the module's own (`go build -modfile`); None: go.mod.
     modfile: Path | None = None
+    #: `go build -tags`; part of the cache key.
+    tags: tuple[str, ...] = ()
+    #: Extra environment of the build (e.g. where cgo finds a library), prepared on first build.
+    build_env: Callable[[], dict[str, str]] | None = None
 
     @property
     def commands(self) -> tuple[str, ...]:
@@ -91,7 +98,9 @@ class GoModule:
             if path.is_file() and (path.suffix == ".go" or path.name in ("go.mod", "go.sum")):
                 digest.update(path.relative_to(self.directory).as_posix().encode())
                 digest.update(path.read_bytes())
-        # Only a modfile build hashes more, so the default build keeps the key it always had.
+        # Only a modfile or tagged build hashes more, so the default build keeps the key it always had.
+        if self.tags:
+            digest.update(("tags:" + ",".join(self.tags)).encode())
         if self.modfile is not None:
             for path in (self.modfile, self.modfile.with_suffix(".sum")):
                 digest.update(path.name.encode())
@@ -163,6 +172,81 @@ HELM = GoModule(
     pinned="helm.sh/helm/v3",
     packages=("helm.sh/helm/v3/cmd/helm",),
     ldflags=_helm_ldflags,
+)
+
+
+def _containerd_ldflags(version: str) -> str:
+    # containerd reports this in `containerd --version` and the CRI Version call (the kubelet
+    # logs it); runc and the CNI plugins take theirs from the module's build info.
+    return f"-s -w -X github.com/containerd/containerd/v2/version.Version={version}"
+
+
+#: Debian's package of libseccomp's headers and static library, for runc's seccomp support.
+LIBSECCOMP_PACKAGE = "libseccomp-dev"
+
+
+def _libseccomp_env() -> dict[str, str]:
+    """cgo flags for a runc with seccomp, from libseccomp-dev downloaded (not installed) once.
+
+    The kubelet asks for the RuntimeDefault seccomp profile for every pod sandbox, which a
+    runc without seccomp refuses; this machine has no libseccomp headers, and installing
+    packages is not the harness's business. The package is unpacked into the cache and
+    linked statically (its .so link points into another package, so it is removed), so
+    runc needs nothing of it at run time.
+    """
+    target = cache_root() / "libseccomp"
+    lib_dir = target / "usr/lib/x86_64-linux-gnu"
+    if not (lib_dir / "libseccomp.a").is_file():
+        if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
+            raise BuildError(
+                f"apt-get and dpkg-deb are needed to fetch {LIBSECCOMP_PACKAGE} for runc's seccomp"
+            )
+        with tempfile.TemporaryDirectory() as tmp:
+            fetched = subprocess.run(
+                ["apt-get", "download", LIBSECCOMP_PACKAGE],
+                cwd=tmp,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            debs = sorted(Path(tmp).glob(f"{LIBSECCOMP_PACKAGE}_*.deb"))
+            if fetched.returncode != 0 or not debs:
+                raise BuildError(f"apt-get download {LIBSECCOMP_PACKAGE} failed:\n{fetched.stderr}")
+            staging = Path(tempfile.mkdtemp(prefix=".libseccomp-", dir=cache_root()))
+            subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(staging)], check=True)
+            (staging / "usr/lib/x86_64-linux-gnu/libseccomp.so").unlink(missing_ok=True)
+            shutil.rmtree(target, ignore_errors=True)
+            staging.rename(target)
+    return {
+        "CGO_ENABLED": "1",
+        "CGO_CFLAGS": f"-I{target / 'usr/include'}",
+        "CGO_LDFLAGS": f"-L{lib_dir}",
+        "PKG_CONFIG_PATH": str(lib_dir / "pkgconfig"),
+        "PKG_CONFIG_SYSROOT_DIR": str(target),
+    }
+
+
+#: What a cluster on containerd runs beside the Kubernetes binaries: containerd, its runc shim,
+#: runc, ctr (to import the local images), and the CNI plugins of the pod network (ptp,
+#: host-local, loopback), without which containerd reports the network not ready and the
+#: kubelet keeps the node NotReady.
+CONTAINERD = GoModule(
+    name="containerd",
+    directory=_LOCAL_DIR / "ctrbin",
+    pinned="github.com/containerd/containerd/v2",
+    packages=(
+        "github.com/containerd/containerd/v2/cmd/containerd",
+        "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2",
+        "github.com/containerd/containerd/v2/cmd/ctr",
+        "github.com/opencontainers/runc",
+        "github.com/containernetworking/plugins/plugins/main/ptp",
+        "github.com/containernetworking/plugins/plugins/ipam/host-local",
+        "github.com/containernetworking/plugins/plugins/main/loopback",
+    ),
+    ldflags=_containerd_ldflags,
+    # runc's seccomp support (libseccomp through cgo); containerd has none of its own to enable.
+    tags=("seccomp",),
+    build_env=_libseccomp_env,
 )
 
 MODULE_DIR = KUBERNETES.directory
@@ -286,7 +370,10 @@ def _build(module: GoModule, commands: tuple[str, ...], log: bool) -> None:
         version = module.version()
         staging = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
         env = dict(os.environ, GOFLAGS=(os.environ.get("GOFLAGS", "") + " -mod=readonly").strip())
+        if module.build_env is not None:
+            env.update(module.build_env())
         modfile = [f"-modfile={module.modfile}"] if module.modfile else []
+        tags = ["-tags", ",".join(module.tags)] if module.tags else []
         if log:
             print(
                 f"building {', '.join(commands)} ({version}) into {target}; the first build downloads "
@@ -302,6 +389,7 @@ def _build(module: GoModule, commands: tuple[str, ...], log: bool) -> None:
                 "build",
                 "-v",
                 *modfile,
+                *tags,
                 "-trimpath",
                 "-ldflags",
                 module.ldflags(version),
@@ -370,6 +458,18 @@ def ensure_cluster_binaries(version: str | None = None, log: bool = True) -> Pat
         _need_go(module, f"Kubernetes {module.version()}")
         _build(module, missing, log)
     return module.bin_dir()
+
+
+def ensure_containerd_binaries(log: bool = True) -> Path:
+    """Build containerd, ctr, the runc shim, runc and the CNI plugins on first use; return their directory.
+
+    About 5 minutes on two cores with empty Go caches; later calls return at once.
+    """
+    missing = CONTAINERD.missing()
+    if missing:
+        _need_go(CONTAINERD, f"containerd {CONTAINERD.version()}")
+        _build(CONTAINERD, missing, log)
+    return CONTAINERD.bin_dir()
 
 
 def ensure_binaries(log: bool = True) -> Path:

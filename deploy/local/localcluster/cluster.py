@@ -3,7 +3,8 @@
 etcd, kube-apiserver (TLS, service-account tokens, Node+RBAC authorization,
 NodeRestriction), kube-controller-manager (resourceclaim controller and the
 rest of the defaults, minus node lifecycle and taint eviction), kube-scheduler,
-and one real kubelet on a fake CRI runtime. The kubelet runs in a private mount
+and one real kubelet on a fake CRI runtime (or, with CONTAINER_RUNTIME=containerd,
+on containerd and runc: localcluster.containerd). The kubelet runs in a private mount
 namespace with tmpfs over /var/lib and /var/log, so its mounts and hard-coded
 paths never touch the host; its device-plugin directory (hard-coded to
 /var/lib/kubelet/device-plugins) is a bind of a directory of the run, so device
@@ -44,8 +45,8 @@ from pathlib import Path
 import yaml
 
 from dra.adapters.atomicfile import write_atomic
-from localcluster import pki
-from localcluster.binaries import ensure_cluster_binaries, kubernetes_version
+from localcluster import containerd, images, pki
+from localcluster.binaries import ensure_cluster_binaries, ensure_containerd_binaries, kubernetes_version
 
 NODE_NAME = "gpu-node-1"
 
@@ -122,6 +123,18 @@ class ClusterError(RuntimeError):
     """The cluster did not come up; the message names the component and its log."""
 
 
+#: The container runtimes a cluster can run on; the first is the default.
+RUNTIMES = ("fake", "containerd")
+
+
+def container_runtime() -> str:
+    """The runtime to run: $CONTAINER_RUNTIME (fake or containerd), else the fast fake one."""
+    wanted = os.environ.get("CONTAINER_RUNTIME", "").strip() or RUNTIMES[0]
+    if wanted not in RUNTIMES:
+        raise ClusterError(f"CONTAINER_RUNTIME={wanted}: expected one of {', '.join(RUNTIMES)}")
+    return wanted
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -164,6 +177,13 @@ class ClusterInfo:
     pids: dict[str, int] = field(default_factory=dict)
     #: The Kubernetes release the cluster runs, e.g. v1.37.2.
     kubernetes_version: str = ""
+    #: "fake" (records what it resolved in runtime_records) or "containerd" (real containers).
+    container_runtime: str = "fake"
+    #: On containerd: where the driver makes the fake GPUs' device nodes and driver (--fake-gpu-root).
+    fake_gpu_root: str = ""
+    #: On containerd: the image test pods run (a static busybox) and the sandbox image.
+    test_image: str = ""
+    pause_image: str = "registry.k8s.io/pause:3.10"
 
     @property
     def plugins_registry(self) -> str:
@@ -199,16 +219,25 @@ class LocalCluster:
         feature_gates: Mapping[str, bool] | None = None,
         node_name: str = NODE_NAME,
         version: str | None = None,
+        kubelet: bool = True,
+        runtime: str | None = None,
     ) -> None:
+        """`kubelet=False` starts the control plane only (benchmarks with Node objects but no kubelets)."""
         self.version = version or kubernetes_version()
+        self.runtime = runtime or container_runtime()
+        if self.runtime not in RUNTIMES:
+            raise ClusterError(f"container runtime {self.runtime!r}: expected one of {', '.join(RUNTIMES)}")
         release(self.version)  # an unknown minor fails here, before anything starts
         # Unix socket paths are capped at 107 bytes: keep the run directory short.
         self.run_dir = run_dir or Path(tempfile.mkdtemp(prefix="dra-gpu-", dir="/tmp"))
         self.gates = default_feature_gates(self.version) if feature_gates is None else dict(feature_gates)
         self.node_name = node_name
+        self.kubelet = kubelet
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._kubelet_command: list[str] = []
         self._kubelet_healthz = ""
+        #: Shell steps run in the kubelet's namespace before it starts (containerd's start).
+        self._runtime_setup: list[str] = []
         self.info: ClusterInfo | None = None
 
     def __enter__(self) -> ClusterInfo:
@@ -228,6 +257,9 @@ class LocalCluster:
         if shutil.which("unshare") is None:
             raise ClusterError("unshare (util-linux) is needed to run the kubelet in its own mount namespace")
         bins = ensure_cluster_binaries(self.version)
+        real = self.runtime == "containerd"
+        ctr_bins = ensure_containerd_binaries() if real else bins
+        sandbox, test_image = (images.pause_image(), images.busybox_image()) if real else (None, None)
         deadline = time.monotonic() + timeout
         run = self.run_dir
         for sub in ("logs", "pki", "etcd", "kubelet", "kubelet-work", "device-plugins", "cdi", "records"):
@@ -245,19 +277,29 @@ class LocalCluster:
             api_server=api,
             feature_gates=self.gates,
             kubernetes_version=self.version,
+            container_runtime=self.runtime,
         )
+        if sandbox is not None and test_image is not None:
+            info.fake_gpu_root = str(run / "fakegpus")
+            info.test_image, info.pause_image = test_image.name, sandbox.name
         try:
             creds = self._write_pki_and_kubeconfigs(api)
             runtime_sock = run / "runtime.sock"
-            self._spawn(
-                "fakeruntime",
-                [
-                    str(bins / "fakeruntime"),
-                    f"--listen={runtime_sock}",
-                    f"--cdi-dirs={info.cdi_dir}",
-                    f"--record-dir={info.runtime_records}",
-                ],
-            )
+            self._runtime_setup = []
+            if sandbox is not None and test_image is not None:
+                containerd.write_config(run, ctr_bins, info.cdi_dir, sandbox)
+                runtime_sock = containerd.layout(run)["socket"]
+                self._runtime_setup = containerd.start_commands(ctr_bins, run, [sandbox, test_image])
+            else:
+                self._spawn(
+                    "fakeruntime",
+                    [
+                        str(bins / "fakeruntime"),
+                        f"--listen={runtime_sock}",
+                        f"--cdi-dirs={info.cdi_dir}",
+                        f"--record-dir={info.runtime_records}",
+                    ],
+                )
             self._spawn(
                 "etcd",
                 [
@@ -298,7 +340,8 @@ class LocalCluster:
                     "--v=2",
                 ],
             )
-            self._start_kubelet(bins, ports, creds, runtime_sock)
+            if self.kubelet:
+                self._start_kubelet(bins, ports, creds, runtime_sock)
             self._wait_node_ready(deadline)
         except BaseException:
             self.stop()
@@ -443,6 +486,10 @@ class LocalCluster:
                 "mount -t tmpfs tmpfs /var/log",
                 "mkdir -p /var/lib/kubelet/device-plugins",
                 f"mount --bind {self.info.device_plugin_dir} /var/lib/kubelet/device-plugins",
+                # containerd's shims put their sockets here whatever its state directory.
+                "mkdir -p /run/containerd",
+                "mount -t tmpfs tmpfs /run/containerd",
+                *self._runtime_setup,
                 'exec "$@"',
             ]
         )
@@ -466,6 +513,7 @@ class LocalCluster:
         Returns once the new kubelet answers /healthz, has re-created its device-plugin
         registration socket (kubelet.sock) and reports the node Ready. Pods keep running
         on the fake runtime meanwhile; device plugins are expected to notice and register again.
+        On containerd, which lives in the kubelet's namespace, the runtime restarts too.
         """
         assert self.info is not None, "start() the cluster first"
         deadline = time.monotonic() + timeout
@@ -540,7 +588,9 @@ class LocalCluster:
         try:
             while True:
                 self._check_alive()
-                node = kube.get_or_none("v1", "Node", self.node_name)
+                node = kube.get_or_none("v1", "Node", self.node_name) if self.kubelet else None
+                if not self.kubelet and kube.get_or_none("v1", "ServiceAccount", "default", "default"):
+                    return
                 ready = node is not None and any(
                     c["type"] == "Ready" and c["status"] == "True"
                     for c in node["status"].get("conditions") or []
@@ -570,6 +620,7 @@ class LocalCluster:
         pids = {name: proc.pid for name, proc in self._procs.items()}
         stop_processes(pids)
         self._procs.clear()
+        containerd.stop_leftovers(self.run_dir)
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
@@ -597,6 +648,7 @@ def stop_run_dir(run_dir: Path) -> bool:
         shutil.rmtree(run_dir, ignore_errors=True)
         return False
     stop_processes({name: pid for name, pid in info.pids.items() if _runs_in(pid, run_dir)})
+    containerd.stop_leftovers(run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
     return True
 

@@ -5,7 +5,10 @@ profile h100x8-mig (DEMO_PROFILE overrides), applies the DeviceClasses and the
 workloads of docs/examples/demo.yaml, and prints, for each container, the
 devices of the claims (or requests) it references and the devices it sees as
 the container runtime resolved them from the driver's CDI specs; the exit
-status says whether every container saw exactly its own. With DEMO_KEEP=1
+status says whether every container saw exactly its own. On the fake runtime
+(the default) that is what the runtime recorded; with CONTAINER_RUNTIME=containerd
+the pods are real containers of a busybox image that run `nvidia-smi -L`,
+`ls /dev/nvidia*` and `env` themselves, and the table shows what they printed. With DEMO_KEEP=1
 everything stays up until Ctrl-C (or SIGTERM, or SIGHUP: a closed terminal),
 for exploring with kubectl. Whatever ends it, it stops everything it started;
 if it is killed outright, `make cluster-down` does (the cluster lives in
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -37,7 +41,9 @@ from localcluster.workloads import (
     committed_device_classes,
     container_record,
     ensure_device_classes,
+    observed,
     pod_claims,
+    seen,
     visible_devices,
 )
 
@@ -63,6 +69,27 @@ def _container_row(kube: Kube, info: ClusterInfo, pod: str, container: Obj, uuid
     return f"{label:<16} {', '.join(got) or '-':<38} {', '.join(sees) or '-':<38} {visible}"
 
 
+def _seen_rows(kube: Kube, info: ClusterInfo, pod: str, container: Obj, uuids: dict[str, str]) -> list[str]:
+    """On a real runtime: the table line from what the container printed, and the prints."""
+    refs = container.get("resources", {}).get("claims", [])
+    claims = pod_claims(kube, "default", pod) if refs else {}
+    got = sorted({d for ref in refs for d in allocated_devices(claims[ref["name"]], ref.get("request"))})
+    saw = seen(info, "default", pod, container["name"])
+    by_uuid = {uuid: name for name, uuid in uuids.items()}
+    # A MIG device's parent GPU is listed too; it is no device of its own here.
+    sees = sorted(by_uuid[u] for u in re.findall(r"\(UUID: (\S+)\)", "\n".join(saw.smi)) if u in by_uuid)
+    mark = "" if sees == got else "!"
+    visible = saw.env.get("NVIDIA_VISIBLE_DEVICES", "(not set)")
+    label = f"{mark}{pod}/{container['name']}"
+    claim_env = sorted(k for k in saw.env if k.startswith("DRA_GPU_CLAIM_"))
+    return [
+        f"{label:<16} {', '.join(got) or '-':<38} {', '.join(sees) or '-':<38} {visible}",
+        *(f"    $ nvidia-smi -L   {line}" for line in saw.smi),
+        f"    $ ls /dev/nvidia*  {' '.join(saw.dev) or '(none)'}",
+        f"    $ env             NVIDIA_VISIBLE_DEVICES={visible}, {len(claim_env)} DRA_GPU_CLAIM_* set",
+    ]
+
+
 def main() -> int:
     """Run the demo; the exit status says whether every pod got what it asked for."""
     try:
@@ -84,9 +111,11 @@ def _run() -> int:
         _say(f"stopped the previous demo's cluster in {run_dir}")
     run_dir.mkdir(parents=True)
     cluster = LocalCluster(run_dir=run_dir)
+    real = cluster.runtime == "containerd"
+    runtime = "containerd and runc (real containers)" if real else "the fake CRI runtime"
     _say(
         f"starting a local Kubernetes {cluster.version} cluster (etcd, API server, scheduler, "
-        "controller manager, kubelet) ..."
+        f"controller manager, kubelet) on {runtime} ..."
     )
     driver: DriverProcess | None = None
     try:
@@ -109,7 +138,9 @@ def _run() -> int:
             _say(f"    {name:<24} {kind:<4} {detail:<24} memory {device['capacity']['memory']['value']}")
 
         workloads = load_manifests(EXAMPLES.read_text())
-        _say("applying docs/examples/demo.yaml")
+        if real:
+            workloads = [observed(info, w) if w["kind"] == "Pod" else w for w in workloads]
+        _say(f"applying docs/examples/demo.yaml{' (each container reports what it sees)' if real else ''}")
         kube.create_all(workloads, namespace="default")
         pods = [w for w in workloads if w["kind"] == "Pod"]
         uuids = {name: d["attributes"]["uuid"]["string"] for name, d in devices.items()}
@@ -125,13 +156,23 @@ def _run() -> int:
                 _say(f"{name:<16} did not start: {err}")
                 continue
             for container in pod["spec"]["containers"]:
-                row = _container_row(kube, info, name, container, uuids)
-                failed |= row.startswith("!")
-                _say(row)
+                rows = (
+                    _seen_rows(kube, info, name, container, uuids)
+                    if real
+                    else [_container_row(kube, info, name, container, uuids)]
+                )
+                failed |= rows[0].startswith("!")
+                for row in rows:
+                    _say(row)
         _say("")
-        _say("IT SEES: the devices the container's CDI edits name, plus any that NVIDIA's runtime hook")
-        _say("would add from NVIDIA_VISIBLE_DEVICES (none and void add no GPU). A leading ! marks a")
-        _say("container that sees more or fewer devices than its claims got.")
+        if real:
+            _say(f"Runtime: {runtime}. IT SEES: the devices whose UUID the container's own `nvidia-smi -L`")
+            _say("listed (the fake driver's nvidia-smi, mounted by the CDI spec, lists the GPUs whose")
+            _say("device nodes the container has).")
+        else:
+            _say(f"Runtime: {runtime}. IT SEES: the devices the container's CDI edits name, plus any that")
+            _say("NVIDIA's runtime hook would add from NVIDIA_VISIBLE_DEVICES (none and void add no GPU).")
+        _say("A leading ! marks a container that sees more or fewer devices than its claims got.")
         _say("")
         specs = len(list(Path(info.cdi_dir).glob("*.json")))
         _say(f"CDI specs written by the driver: {specs} in {info.cdi_dir}")

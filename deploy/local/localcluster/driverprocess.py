@@ -11,10 +11,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Self
 
+from dra.kubeletplugin.server import sockets
 from localcluster.cluster import ClusterInfo
 
 
@@ -52,6 +54,8 @@ class DaemonProcess(abc.ABC):
             f"--node-name={cluster.node_name}",
             f"--fake-gpus={profile}",
             f"--http-address=127.0.0.1:{self.port}",
+            # On containerd real containers see the fake GPUs: device nodes and nvidia-smi.
+            *([f"--fake-gpu-root={cluster.fake_gpu_root}"] if cluster.fake_gpu_root else []),
             *flags,
         ]
 
@@ -122,12 +126,15 @@ class DriverProcess(DaemonProcess):
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
         kubeconfig: str | None = None,
+        instance_id: str | None = None,
     ) -> None:
+        """`instance_id`: the driver's --instance-id (rolling updates, the default); None: a fresh one."""
         super().__init__(log_path, env)
         self.cluster = cluster
         self.profile = profile
         self.driver_name = driver_name
         self.extra_args = extra_args
+        self.instance_id = instance_id or uuid.uuid4().hex[:12]
         #: The driver's credentials: the cluster admin's unless a test gives it its own.
         self.kubeconfig = kubeconfig or cluster.kubeconfig
 
@@ -135,6 +142,26 @@ class DriverProcess(DaemonProcess):
     def checkpoint(self) -> Path:
         """The checkpoint file the driver keeps."""
         return Path(self.cluster.kubelet_root) / "plugins" / self.driver_name / "checkpoint.json"
+
+    @property
+    def rolling_update(self) -> bool:
+        """Whether this driver runs with its own instance sockets (unless the test turned them off)."""
+        return "--rolling-update=false" not in self.extra_args
+
+    @property
+    def dra_socket(self) -> Path:
+        """The DRA service socket this driver serves."""
+        return self._sockets[0]
+
+    @property
+    def registration_socket(self) -> Path:
+        """The registration socket the kubelet finds this driver by."""
+        return self._sockets[1]
+
+    @property
+    def _sockets(self) -> tuple[Path, Path]:
+        instance = self.instance_id if self.rolling_update else None
+        return sockets(Path(self.cluster.kubelet_root), self.driver_name, instance)
 
     def args(self) -> list[str]:
         """dra-gpu kubelet-plugin on the cluster, fake GPUs, an HTTP port of its own."""
@@ -146,5 +173,6 @@ class DriverProcess(DaemonProcess):
             f"--kubeconfig={self.kubeconfig}",
             f"--kubelet-root={self.cluster.kubelet_root}",
             f"--cdi-root={self.cluster.cdi_dir}",
+            f"--instance-id={self.instance_id}",
             *self.extra_args,
         )

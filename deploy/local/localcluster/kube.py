@@ -80,9 +80,19 @@ class Kube:
         """Create several objects in order."""
         return [self.create(doc, namespace) for doc in docs]
 
-    def patch(self, api_version: str, kind: str, name: str, patch: Obj, namespace: str | None = None) -> Obj:
-        """A strategic-merge patch (merge patch for custom kinds)."""
+    def patch(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        patch: Obj,
+        namespace: str | None = None,
+        status: bool = False,
+    ) -> Obj:
+        """A JSON merge patch (`None` removes a key), of the status subresource when `status`."""
         resource = self._resource(api_version, kind)
+        if status:
+            resource = resource.status
         patched: Obj = resource.patch(
             name=name, namespace=namespace, body=patch, content_type="application/merge-patch+json"
         ).to_dict()

@@ -6,6 +6,7 @@ import copy
 import functools
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +154,67 @@ def visible_devices(record: Obj, uuids: Mapping[str, str]) -> list[str]:
         wanted = set(listed.split(","))
         seen |= {name for name, uuid in uuids.items() if uuid in wanted}
     return sorted(seen)
+
+
+# -- what real containers saw (clusters on containerd) -----------------------
+
+#: What each container of an observed pod records into /out, then it sleeps: its environment,
+#: its NVIDIA character devices, `nvidia-smi -L` and its exit status, the library directory.
+REPORT = (
+    'o=/out/"$C"; env > "$o.env"; '
+    'for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -c "$f" ] && echo "$f"; done > "$o.dev"; '
+    'nvidia-smi -L > "$o.smi" 2>&1; echo $? > "$o.smirc"; '
+    'ls /usr/lib/x86_64-linux-gnu/ > "$o.libs" 2>/dev/null; touch "$o.done"; exec sleep 3600'
+)
+
+
+@dataclass
+class Seen:
+    """What one real container saw of itself."""
+
+    env: dict[str, str]
+    #: Its /dev/nvidia* character devices.
+    dev: list[str]
+    #: The lines of `nvidia-smi -L`, and its exit status (127: there is no nvidia-smi).
+    smi: list[str]
+    smi_rc: int
+    #: The names in /usr/lib/x86_64-linux-gnu.
+    libs: list[str]
+
+
+def out_dir(cluster: ClusterInfo, namespace: str, pod: str) -> Path:
+    """The host directory an observed pod's containers write what they saw into."""
+    return Path(cluster.run_dir) / "out" / namespace / pod
+
+
+def observed(cluster: ClusterInfo, pod: Obj) -> Obj:
+    """The pod with every container running the test image and recording what it sees (REPORT)."""
+    pod = copy.deepcopy(pod)
+    meta = pod["metadata"]
+    out = out_dir(cluster, meta.get("namespace", "default"), meta["name"])
+    out.mkdir(parents=True, exist_ok=True)
+    spec = pod["spec"]
+    spec.setdefault("volumes", []).append({"name": "out", "hostPath": {"path": str(out)}})
+    for container in spec["containers"]:
+        container["image"] = cluster.test_image
+        container["command"] = ["sh", "-c", REPORT]
+        container.setdefault("env", []).append({"name": "C", "value": container["name"]})
+        container.setdefault("volumeMounts", []).append({"name": "out", "mountPath": "/out"})
+    return pod
+
+
+def seen(cluster: ClusterInfo, namespace: str, pod: str, container: str, timeout: float = 90) -> Seen:
+    """What a container of an observed pod recorded, once it has."""
+    out = out_dir(cluster, namespace, pod)
+    wait_for(f"{pod}/{container} to record what it sees", (out / f"{container}.done").exists, timeout=timeout)
+    lines = (out / f"{container}.env").read_text().splitlines()
+    return Seen(
+        env=dict(line.split("=", 1) for line in lines if "=" in line),
+        dev=sorted((out / f"{container}.dev").read_text().split()),
+        smi=(out / f"{container}.smi").read_text().splitlines(),
+        smi_rc=int((out / f"{container}.smirc").read_text()),
+        libs=(out / f"{container}.libs").read_text().split(),
+    )
 
 
 def delete_pods_and_wait(kube: Kube, cluster: ClusterInfo, namespace: str, claims: list[Obj]) -> None:

@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from dra.cel.quantity import ERR_FORMAT_WRONG, ERR_NUMERIC, ERR_SUFFIX, Quantity, QuantityError
+from dra.model.quantity import ERR_FORMAT_WRONG, ERR_NUMERIC, ERR_SUFFIX, Quantity, QuantityError
 
 
 @pytest.mark.parametrize(

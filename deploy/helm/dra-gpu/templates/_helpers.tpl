@@ -79,6 +79,10 @@ device.driver == "{{ $driver }}" && device.attributes["{{ $driver }}"].type == "
 # them into this container (no nvidia-uvm, no MIG capability nodes with "utility").
 - name: DRA_GPU_HOST_ROOT
   value: /host
+- name: DRA_GPU_CDI_DRIVER_FILES
+  value: {{ .Values.driverFiles.enabled | quote }}
+- name: DRA_GPU_DRIVER_ROOT
+  value: {{ .Values.driverFiles.root | quote }}
 {{- end }}
 {{- if and (not .Values.fakeGpus.enabled) .Values.nvml.toolkitEnv }}
 # The NVIDIA Container Toolkit injects every GPU and NVML (the "utility" libraries).
@@ -115,6 +119,11 @@ capabilities:
 - name: host-dev
   mountPath: /host/dev
   readOnly: true
+{{- if .Values.driverFiles.enabled }}
+- name: driver-root
+  mountPath: {{ include "dra-gpu.driverRootMount" . }}
+  readOnly: true
+{{- end }}
 {{- end }}
 {{- with .Values.extraVolumeMounts }}
 {{ toYaml . }}
@@ -146,4 +155,19 @@ capabilities:
 {{/* The --mig-mode value: the default mode, then one @<node>=<mode> per entry of mig.nodes. */}}
 {{- define "dra-gpu.migMode" -}}
 {{ .Values.mig.mode }}{{ range $node, $mode := .Values.mig.nodes }},@{{ $node }}={{ $mode }}{{ end }}
+{{- end }}
+
+{{/* The webhook's match condition: the object carries an opaque config for this driver,
+wherever its kind keeps configs (claim, template, DeviceClass). */}}
+{{- define "dra-gpu.webhookMatch" -}}
+{{- $has := printf "exists(c, has(c.opaque) && c.opaque.driver == '%s')" .Values.driverName -}}
+has(object.spec) && (
+(has(object.spec.config) && object.spec.config.{{ $has }}) ||
+(has(object.spec.devices) && has(object.spec.devices.config) && object.spec.devices.config.{{ $has }}) ||
+(has(object.spec.spec) && has(object.spec.spec.devices) && has(object.spec.spec.devices.config) && object.spec.spec.devices.config.{{ $has }}))
+{{- end }}
+
+{{/* Where the host's driver root appears in the containers: under --host-root (/host). */}}
+{{- define "dra-gpu.driverRootMount" -}}
+{{- printf "/host%s" (trimSuffix "/" .Values.driverFiles.root) -}}
 {{- end }}

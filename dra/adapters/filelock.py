@@ -1,0 +1,52 @@
+"""flock(2) on files in a host directory: how processes that share the directory take turns.
+
+Two processes in different containers (or two pods of one DaemonSet during a
+rolling update) see the same inodes, so their flocks exclude each other. A
+lock goes with the process that held it, whatever way it ends, so a killed
+process never leaves a lock behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+#: Seconds between tries while someone else holds a lock.
+POLL = 0.01
+
+
+class LockTimeoutError(Exception):
+    """A lock stayed held by another process for longer than the caller waits."""
+
+    def __init__(self, path: Path, timeout: float) -> None:
+        super().__init__(f"{path} stayed locked by another process for {timeout:g}s")
+        self.path = path
+
+
+def try_lock(f: IO[bytes], shared: bool = False) -> bool:
+    """Take the lock on an open file without waiting; False when another process holds it."""
+    try:
+        fcntl.flock(f.fileno(), (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def exclusive(path: Path, timeout: float) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (created if missing); LockTimeoutError after `timeout` seconds."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab") as f:
+        deadline = time.monotonic() + timeout
+        while not try_lock(f):
+            if time.monotonic() > deadline:
+                raise LockTimeoutError(path, timeout)
+            time.sleep(POLL)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)

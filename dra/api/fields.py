@@ -1,0 +1,190 @@
+"""Strict decoding of JSON objects into the API's dataclasses, and their JSON Schema, from one description.
+
+A type's dataclass fields are the API: the JSON name is the field name in
+camelCase, the annotation says what may appear, and `spec(...)` metadata adds a
+description and integer bounds. `decode` and `schema_of` both read that, so the
+decoder and the published schema cannot disagree.
+
+Decoding is as strict as Kubernetes' strict JSON decoding of NVIDIA's types:
+unknown or mis-cased fields and wrong types are errors, each naming its path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+from dra.model.quantity import ERR_FORMAT_WRONG, Quantity, QuantityError
+
+T = TypeVar("T")
+
+#: The pattern every quantity string must match (Kubernetes' resource.ParseQuantity's first check).
+QUANTITY_PATTERN = ERR_FORMAT_WRONG.split("'")[1]
+
+
+class FieldError(ValueError):
+    """A field of the parameters is wrong; `path` leads to it from the parameters object."""
+
+    def __init__(self, path: tuple[str, ...], detail: str) -> None:
+        super().__init__(detail)
+        self.path = path
+        self.detail = detail
+
+    def at(self, root: str) -> str:
+        """The message with the path spelled from `root` (e.g. "GpuConfig" or "spec.config[0]...")."""
+        return f"{join(root, self.path)}: {self.detail}"
+
+    def __str__(self) -> str:
+        return self.at("parameters")
+
+
+def join(root: str, path: tuple[str, ...]) -> str:
+    """root.a.b[key]: map keys are kept as "[key]" segments."""
+    text = root
+    for segment in path:
+        text += segment if segment.startswith("[") else f".{segment}"
+    return text
+
+
+def spec(doc: str, *, minimum: int | None = None, maximum: int | None = None) -> dict[str, Any]:
+    """Field metadata: its description and, for integers, inclusive bounds."""
+    return {"doc": doc, "minimum": minimum, "maximum": maximum}
+
+
+def json_name(name: str) -> str:
+    """default_active_thread_percentage -> defaultActiveThreadPercentage."""
+    first, *rest = name.split("_")
+    return first + "".join(word.capitalize() for word in rest)
+
+
+def show(value: object) -> str:
+    """A JSON value as the user wrote it, for messages."""
+    return json.dumps(value) if isinstance(value, str | int | float | bool) or value is None else kind(value)
+
+
+def kind(value: object) -> str:
+    """The JSON type of a decoded value, for "expected ..., got ..." messages."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, Mapping):
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    return "null"
+
+
+def _optional(annotation: Any) -> Any:
+    """X for X | None, else None."""
+    if get_origin(annotation) in (typing.Union, types.UnionType):
+        rest = [a for a in get_args(annotation) if a is not type(None)]
+        if len(rest) == 1:
+            return rest[0]
+    return None
+
+
+#: Each type's fields with their resolved annotations: resolving them was most of a decode's time.
+_FIELDS: dict[type, list[tuple[dataclasses.Field[Any], Any]]] = {}
+
+
+def _fields(cls: type) -> list[tuple[dataclasses.Field[Any], Any]]:
+    found = _FIELDS.get(cls)
+    if found is None:
+        hints = typing.get_type_hints(cls)
+        found = _FIELDS[cls] = [(f, hints[f.name]) for f in dataclasses.fields(cls)]
+    return found
+
+
+def decode(cls: type[T], raw: object, path: tuple[str, ...] = ()) -> T:
+    """An instance of the dataclass `cls` from a JSON object; FieldError naming the first bad field."""
+    if not isinstance(raw, Mapping):
+        raise FieldError(path, f"expected an object, got {kind(raw)}")
+    fields = _fields(cls)
+    known = {json_name(f.name): (f, annotation) for f, annotation in fields}
+    for key in raw:
+        if key not in known:
+            raise FieldError((*path, str(key)), f"unknown field; known: {', '.join(known)}")
+    values: dict[str, Any] = {}
+    for name, (f, annotation) in known.items():
+        if name in raw and raw[name] is not None:
+            values[f.name] = _value(annotation, raw[name], (*path, name), f.metadata)
+    return cls(**values)
+
+
+def _value(annotation: Any, raw: object, path: tuple[str, ...], meta: Mapping[str, Any]) -> Any:
+    inner = _optional(annotation)
+    if inner is not None:
+        return _value(inner, raw, path, meta)
+    if get_origin(annotation) is Literal:
+        choices = get_args(annotation)
+        if raw not in choices or not isinstance(raw, str):
+            raise FieldError(path, f"{show(raw)} is not one of {json.dumps(list(choices))}")
+        return raw
+    if annotation is int:
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise FieldError(path, f"expected an integer, got {kind(raw)} {show(raw)}")
+        low, high = meta.get("minimum"), meta.get("maximum")
+        if (low is not None and raw < low) or (high is not None and raw > high):
+            raise FieldError(path, f"{raw} is outside {low}-{high}")
+        return raw
+    if annotation is Quantity:
+        return _quantity(raw, path)
+    if get_origin(annotation) is Mapping:
+        if not isinstance(raw, Mapping):
+            raise FieldError(path, f"expected an object, got {kind(raw)}")
+        _, item = get_args(annotation)
+        return {str(k): _value(item, v, (*path, f"[{k}]"), meta) for k, v in raw.items()}
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+        return decode(annotation, raw, path)
+    raise TypeError(f"{annotation!r} has no JSON form")  # a programming error in a type of dra.api
+
+
+def _quantity(raw: object, path: tuple[str, ...]) -> Quantity:
+    # Kubernetes' Quantity also unmarshals from a bare JSON number.
+    if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+        raise FieldError(path, f'expected a quantity (such as "4Gi"), got {kind(raw)}')
+    try:
+        quantity = Quantity.parse(str(raw))
+    except QuantityError as err:
+        raise FieldError(path, f"{show(raw)} is not a quantity: {err}") from None
+    if quantity.sign() <= 0:
+        raise FieldError(path, f"{show(raw)} must be positive")
+    return quantity
+
+
+def schema_of(cls: type) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of a dataclass, from its fields."""
+    properties: dict[str, Any] = {}
+    for f, annotation in _fields(cls):
+        node = _schema(annotation, f.metadata)
+        if f.metadata.get("doc"):
+            node = {"description": f.metadata["doc"], **node}
+        if f.default is not dataclasses.MISSING and f.default is not None:
+            node["default"] = f.default
+        properties[json_name(f.name)] = node
+    return {"type": "object", "additionalProperties": False, "properties": properties}
+
+
+def _schema(annotation: Any, meta: Mapping[str, Any]) -> dict[str, Any]:
+    inner = _optional(annotation)
+    if inner is not None:
+        return _schema(inner, meta)
+    if get_origin(annotation) is Literal:
+        return {"type": "string", "enum": list(get_args(annotation))}
+    if annotation is int:
+        bounds = {k: meta[k] for k in ("minimum", "maximum") if meta.get(k) is not None}
+        return {"type": "integer", **bounds}
+    if annotation is Quantity:
+        return {"type": ["string", "number"], "pattern": QUANTITY_PATTERN}
+    if get_origin(annotation) is Mapping:
+        return {"type": "object", "additionalProperties": _schema(get_args(annotation)[1], {})}
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+        return schema_of(annotation)
+    raise TypeError(f"{annotation!r} has no JSON form")

@@ -1,0 +1,193 @@
+"""GPU sharing decisions: time-slice intervals and consumable shares, over plain data. Pure.
+
+Time-slicing: a claim whose GpuConfig asks a non-Default interval sets it on
+each of its GPUs (`nvidia-smi compute-policy --set-timeslice`). The interval
+is a property of the whole GPU, so two prepared claims on one GPU (admin
+access, or shares of a shareable GPU) must agree on it; the GPU goes back to
+Default when the last claim that set an interval on it is unprepared. A claim
+asking Default leaves the GPU as it is: Default is "no preference", not a
+setting that competes with another claim's.
+
+Consumable shares (KEP-5075): a shareable GPU is allocated to several claims,
+each result carrying a share ID and the capacity it consumes; the container
+learns its share from environment variables.
+
+MPS: a claim whose devices use strategy MPS gets its own MPS control daemon
+(dra.kubeletplugin.mps); its containers reach it through the claim's pipe
+directory mounted at /tmp/nvidia-mps and share its /dev/shm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dra.api.v1beta1 import MpsConfig, device_for_key
+from dra.model.devices import Device
+from dra.model.prepared import PreparedClaim, PreparedDevice
+from dra.model.quantity import Quantity
+
+#: nvidia-smi's time-slice levels, by the interval names of GpuConfig.
+INTERVAL_LEVELS = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
+DEFAULT_INTERVAL = "Default"
+
+#: The environment variables that tell a container its share of a shared GPU.
+SHARE_ID_ENV = "DRA_GPU_SHARE_ID"
+SHARE_MEMORY_ENV = "DRA_GPU_SHARE_MEMORY"
+
+
+def level(interval: str) -> int:
+    """nvidia-smi's level of an interval name (validated by dra.api)."""
+    return INTERVAL_LEVELS[interval]
+
+
+def _timed(claims: Iterable[PreparedClaim]) -> Iterable[tuple[PreparedClaim, PreparedDevice]]:
+    return ((c, d) for c in claims for d in c.devices if d.time_slice and d.uuid)
+
+
+def wanted_time_slices(prepared: Mapping[str, PreparedClaim]) -> dict[str, str]:
+    """GPU UUID -> the interval its prepared claims set (only GPUs with one)."""
+    return {d.uuid: d.time_slice for _, d in _timed(prepared.values())}
+
+
+def time_slice_conflict(
+    uuid: str, interval: str, uid: str, prepared: Mapping[str, PreparedClaim]
+) -> tuple[PreparedClaim, str] | None:
+    """Another prepared claim that runs GPU `uuid` at a different interval, and that interval."""
+    if interval == DEFAULT_INTERVAL:
+        return None
+    for claim, device in _timed(prepared.values()):
+        if claim.uid != uid and device.uuid == uuid and device.time_slice != interval:
+            return claim, device.time_slice
+    return None
+
+
+def time_slices_to_restore(uid: str, prepared: Mapping[str, PreparedClaim]) -> list[str]:
+    """GPUs that go back to Default when claim `uid` is unprepared: no other claim sets their interval."""
+    claim = prepared.get(uid)
+    if claim is None:
+        return []
+    others = wanted_time_slices({k: v for k, v in prepared.items() if k != uid})
+    return sorted({d.uuid for _, d in _timed([claim]) if d.uuid not in others})
+
+
+def share_env(device: PreparedDevice) -> list[str]:
+    """KEY=value lines that tell a container its share of a shared device; none for an exclusive one."""
+    if not device.share_id:
+        return []
+    env = [f"{SHARE_ID_ENV}={device.share_id}"]
+    if device.share_memory:
+        env.append(f"{SHARE_MEMORY_ENV}={device.share_memory}")
+    return env
+
+
+# -- MPS -----------------------------------------------------------------------------------------
+
+#: Where containers find the claim's MPS pipe directory (NVIDIA's choice, kept for portability).
+MPS_CONTAINER_PIPE = "/tmp/nvidia-mps"
+
+
+@dataclass(frozen=True)
+class MpsDirs:
+    """A claim's MPS directories on the host: the daemon's pipes, its logs, the clients' /dev/shm."""
+
+    root: str
+    pipe: str
+    log: str
+    shm: str
+
+
+def mps_dirs(mps_root: str, uid: str) -> MpsDirs:
+    """The directories of claim `uid`'s MPS daemon under the driver's MPS root."""
+    root = f"{mps_root.rstrip('/')}/{uid}"
+    return MpsDirs(root=root, pipe=f"{root}/pipe", log=f"{root}/log", shm=f"{root}/shm")
+
+
+def mps_limit(value: int) -> str:
+    """A byte count as MPS's pinned memory limit value, in whole MiB rounded down ("20480M")."""
+    return f"{value // 1024**2}M"
+
+
+def mps_devices(claim: PreparedClaim) -> list[PreparedDevice]:
+    """The claim's devices its MPS daemon serves, in CUDA_VISIBLE_DEVICES order (one per device)."""
+    return list({d.device: d for d in claim.devices if d.mps}.values())
+
+
+def mps_edits(claim: PreparedClaim, mps_root: str) -> dict[str, Any] | None:
+    """CDI edits that connect a container to its claim's MPS daemon; None when the claim uses none."""
+    devices = mps_devices(claim)
+    if not devices:
+        return None
+    dirs = mps_dirs(mps_root, claim.uid)
+    env = [f"CUDA_MPS_PIPE_DIRECTORY={MPS_CONTAINER_PIPE}"]
+    if devices[0].mps_thread_percentage:
+        env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={devices[0].mps_thread_percentage}")
+    limits = [f"{i}={d.mps_pinned_limit}" for i, d in enumerate(devices) if d.mps_pinned_limit]
+    if limits:
+        env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={','.join(limits)}")
+    options = ["rbind", "rw", "nosuid", "nodev"]
+    return {
+        "env": env,
+        "mounts": [
+            {"hostPath": dirs.pipe, "containerPath": MPS_CONTAINER_PIPE, "options": options},
+            {"hostPath": dirs.shm, "containerPath": "/dev/shm", "options": options},
+        ],
+    }
+
+
+@dataclass(frozen=True)
+class MpsSetting:
+    """What the claim's MPS daemon is told about one device."""
+
+    thread_percentage: int
+    pinned_limit: str
+
+
+@dataclass(frozen=True)
+class MpsRequest:
+    """One device of a claim that asks MPS.
+
+    `config` is the device's mpsConfig, already valid for `configured` (dra.api.v1beta1.validate):
+    the devices that config applies to, whose indexes its per-device limits use. `share_memory`
+    is the memory of the device's share ("" when exclusive).
+    """
+
+    device: Device
+    config: MpsConfig
+    configured: tuple[Device, ...]
+    share_memory: str = ""
+
+
+def _pinned_limit(request: MpsRequest) -> Quantity | None:
+    """The pinned limit the claim sets for the device: its per-device limit, else the default one."""
+    for key, limit in request.config.default_per_device_pinned_memory_limit.items():
+        named = device_for_key(key, request.configured)
+        if named is not None and named.name == request.device.name:
+            return limit
+    return request.config.default_pinned_device_memory_limit
+
+
+def decide_mps(requests: Sequence[MpsRequest]) -> tuple[dict[str, MpsSetting], list[str]]:
+    """The MPS setting of each device (by name) of one claim, or the problems that refuse the claim.
+
+    The config's own checks (percentage, limits within the device's memory, per-device keys,
+    compute capability) are dra.api.v1beta1.validate's, made before. What only a share adds:
+    a device's pinned limit is the claim's limit for it, else the memory of its share; never
+    above its share.
+    """
+    problems: list[str] = []
+    settings: dict[str, MpsSetting] = {}
+    for request in requests:
+        device = request.device
+        share = Quantity.parse(request.share_memory) if request.share_memory else None
+        limit = _pinned_limit(request)
+        if limit is not None and share is not None and limit > share:
+            problems.append(f"device {device.name}: pinned memory limit {limit} is above its share ({share})")
+            continue
+        pinned = limit if limit is not None else share
+        settings[device.name] = MpsSetting(
+            thread_percentage=request.config.default_active_thread_percentage or 0,
+            pinned_limit=mps_limit(int(pinned.exact())) if pinned is not None else "",
+        )
+    return settings, problems

@@ -1,0 +1,167 @@
+"""Fake GPUs a real container can see: device nodes and a stand-in driver under one root.
+
+With --fake-gpus and --fake-gpu-root=ROOT the daemon makes, before it
+discovers the GPUs (as the kernel module would have):
+
+- ``ROOT/dev``: a character device node per GPU (``nvidia<minor>``, NVIDIA's
+  major 195, as the real driver), ``nvidiactl`` (195:255), ``nvidia-uvm`` and
+  ``nvidia-uvm-tools``, and ``nvidia-caps/nvidia-cap<N>`` for every MIG
+  device's GPU and compute instance. The real nvidia-uvm and nvidia-caps
+  majors are allocated dynamically by the kernel; the stand-ins here are
+  120 and 121, from the range Linux reserves for local use
+  (Documentation/admin-guide/devices.txt), so they can never name another
+  driver's device. Without NVIDIA's kernel module every one of them is
+  inert: opening one fails with ENXIO.
+- ``ROOT/driver-root``: what dra.gpu.driverfiles looks for on a real node, so
+  the CDI specs mount it like the real thing: ``usr/bin/nvidia-smi`` (a
+  POSIX shell script) and stand-ins for ``libcuda.so.<version>`` and
+  ``libnvidia-ml.so.<version>`` with their ``.so.1`` links (text files: no
+  program can load them, which is all a fake driver can honestly offer).
+
+The fake nvidia-smi answers ``-L`` (``--list-gpus``) the way the real one does
+inside a container: it numbers from 0 the GPUs whose device node the container
+has, prints ``GPU <i>: <product> (UUID: <uuid>)``, and under a GPU in MIG mode
+a ``MIG <profile> Device <j>: (UUID: <uuid>)`` line for each MIG device whose
+two capability nodes the container has. The table of minors and UUIDs it reads
+is written into the script, as the real one reads them from the kernel module.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from dra.adapters.atomicfile import write_atomic
+from dra.gpu.fake import FakeGpuLibrary, mig_cap_minor
+from dra.gpu.nvml import ERROR_NOT_FOUND, ERROR_NOT_SUPPORTED, GpuHandle, GpuLibraryError
+
+#: NVIDIA's registered character major (/dev/nvidia0, /dev/nvidiactl).
+NVIDIA_MAJOR = 195
+NVIDIACTL_MINOR = 255
+#: Stand-ins for the dynamic majors, from the local/experimental range 120-127.
+UVM_MAJOR = 120
+CAPS_MAJOR = 121
+DRIVER_ROOT = "driver-root"
+LIBRARY_DIR = "usr/lib/x86_64-linux-gnu"
+STAND_IN_LIBRARIES = ("libcuda", "libnvidia-ml")
+
+_SCRIPT = """#!/bin/sh
+# nvidia-smi of dra-gpu's fake GPUs (dra/daemon/fakegpus.py): only -L, from the device nodes
+# this container has. Table: G <minor> <uuid> <product> / M <parent minor> <gi cap> <ci cap> <uuid> <profile>
+case "$1" in
+  -L|--list-gpus) ;;
+  *) echo "fake nvidia-smi: only -L (--list-gpus) is implemented" >&2; exit 2 ;;
+esac
+TABLE='{table}'
+if [ ! -e /dev/nvidiactl ]; then
+  echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver." >&2
+  exit 9
+fi
+i=0
+echo "$TABLE" | while read -r kind minor uuid product; do
+  [ "$kind" = G ] && [ -e "/dev/nvidia$minor" ] || continue
+  echo "GPU $i: $product (UUID: $uuid)"
+  i=$((i + 1))
+  j=0
+  echo "$TABLE" | while read -r mkind parent gicap cicap muuid profile; do
+    [ "$mkind" = M ] && [ "$parent" = "$minor" ] || continue
+    [ -e "/dev/nvidia-caps/nvidia-cap$gicap" ] && [ -e "/dev/nvidia-caps/nvidia-cap$cicap" ] || continue
+    printf '  MIG %-11s Device %2d: (UUID: %s)\\n' "$profile" "$j" "$muuid"
+    j=$((j + 1))
+  done
+done
+"""
+
+
+class FakeRootError(RuntimeError):
+    """The fake device nodes or driver root could not be made (the message says where and why)."""
+
+
+def materialise(lib: FakeGpuLibrary, root: Path) -> None:
+    """Make (or refresh) the device nodes and the driver root of lib's fake GPUs under root."""
+    dev = root / "dev"
+    table: list[str] = []
+    try:
+        _node(dev / "nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR)
+        _node(dev / "nvidia-uvm", UVM_MAJOR, 0)
+        _node(dev / "nvidia-uvm-tools", UVM_MAJOR, 1)
+        for index in range(lib.device_count()):
+            handle = lib.device_by_index(index)
+            minor = lib.minor_number(handle)
+            _node(dev / f"nvidia{minor}", NVIDIA_MAJOR, minor)
+            table.append(f"G {minor} {lib.uuid(handle)} {lib.name(handle)}")
+            table.extend(_mig_lines(lib, handle, minor, dev))
+        _driver_root(root / DRIVER_ROOT, lib.driver_version(), "\n".join(table))
+    except OSError as err:
+        raise FakeRootError(f"--fake-gpu-root={root}: cannot make the fake GPUs' files: {err}") from None
+
+
+def _mig_lines(lib: FakeGpuLibrary, handle: GpuHandle, minor: int, dev: Path) -> list[str]:
+    try:
+        if lib.mig_mode(handle)[0] != 1:
+            return []
+    except GpuLibraryError as err:
+        if err.code == ERROR_NOT_SUPPORTED:
+            return []
+        raise
+    lines = []
+    for slot in range(lib.max_mig_device_count(handle)):
+        try:
+            mig = lib.mig_device_by_index(handle, slot)
+        except GpuLibraryError as err:
+            if err.code == ERROR_NOT_FOUND:
+                continue
+            raise
+        gi, ci = lib.gpu_instance_id(mig), lib.compute_instance_id(mig)
+        caps = mig_cap_minor(minor, gi), mig_cap_minor(minor, gi, ci)
+        for cap in caps:
+            _node(dev / "nvidia-caps" / f"nvidia-cap{cap}", CAPS_MAJOR, cap)
+        profile = lib.name(mig).rsplit(" MIG ", 1)[-1]
+        lines.append(f"M {minor} {caps[0]} {caps[1]} {lib.uuid(mig)} {profile}")
+    return lines
+
+
+def _node(path: Path, major: int, minor: int) -> None:
+    wanted = os.makedev(major, minor)
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        pass
+    else:
+        if stat.S_ISCHR(st.st_mode) and st.st_rdev == wanted:
+            return
+        path.unlink()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, wanted)
+    except FileExistsError:
+        # The kubelet plugin and the device plugin of one node make the same nodes.
+        if path.lstat().st_rdev == wanted:
+            return
+        raise
+    # mknod honours the umask; containers run as any user, as with the real nodes.
+    path.chmod(0o666)
+
+
+def _driver_root(driver_root: Path, version: str, table: str) -> None:
+    script = _SCRIPT.format(table=table).encode()
+    _write_if_changed(driver_root / "usr/bin/nvidia-smi", script, 0o755)
+    libs = driver_root / LIBRARY_DIR
+    for stem in STAND_IN_LIBRARIES:
+        name = f"{stem}.so.{version}"
+        _write_if_changed(libs / name, f"dra-gpu fake GPUs: stand-in for {name}\n".encode(), 0o644)
+        link = libs / f"{stem}.so.1"
+        if not link.is_symlink() or os.readlink(link) != name:
+            link.unlink(missing_ok=True)
+            link.symlink_to(name)
+
+
+def _write_if_changed(path: Path, data: bytes, mode: int) -> None:
+    # Rediscovery calls this every minute: leave a file that is already right alone.
+    try:
+        if path.read_bytes() == data and stat.S_IMODE(path.stat().st_mode) == mode:
+            return
+    except FileNotFoundError:
+        pass
+    write_atomic(path, data, mode)

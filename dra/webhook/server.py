@@ -1,0 +1,158 @@
+"""`dra-gpu webhook`: AdmissionReviews over HTTPS (POST /validate), probes and metrics beside it.
+
+The serving certificate comes from files (a mounted Secret) and is reloaded when their
+contents change, so a rotated Secret is picked up without a restart; a pair that does not
+load (a half-written rotation) is logged and the old one kept. The decisions are
+dra.webhook.admission's; this module only carries them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+from aiohttp import web
+
+from dra.daemon import metrics
+from dra.daemon.bootstrap import StartupError, serve_http
+from dra.daemon.lifecycle import Heartbeat, until_stopped
+from dra.webhook.admission import CONFIG_PATHS, ReviewError, review
+
+log = logging.getLogger(__name__)
+
+#: Bodies larger than this are refused: an AdmissionReview of the largest object etcd stores fits.
+MAX_BODY_BYTES = 8 * 2**20
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    """What `dra-gpu webhook` is told."""
+
+    driver_name: str
+    #: host:port of the HTTPS listener (":8443": every address).
+    bind_address: str
+    tls_cert_file: Path
+    tls_key_file: Path
+    #: host:port for /metrics, /healthz and /readyz; None disables.
+    http_address: str | None = None
+    #: Seconds between looks at the certificate files; 0 never looks again.
+    tls_reload_interval: float = 10.0
+
+
+class Certificates:
+    """One server SSLContext whose certificate and key are replaced in place when the files change.
+
+    Connections accepted after a reload get the new pair; open ones keep theirs.
+    """
+
+    def __init__(self, cert: Path, key: Path) -> None:
+        self._cert, self._key = cert, key
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self._seen = self._contents()
+        error = self._load()
+        if error is not None:
+            raise StartupError(f"cannot load --tls-cert-file {cert} and --tls-key-file {key}: {error}")
+
+    def _contents(self) -> tuple[bytes, bytes] | None:
+        try:
+            return self._cert.read_bytes(), self._key.read_bytes()
+        except OSError:
+            return None
+
+    def _load(self) -> str | None:
+        """Load the files into the live context, after a trial load into a scratch one; the error or None."""
+        try:
+            # A pair that does not match must not leave the live context half-replaced.
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self._cert, self._key)
+            self.context.load_cert_chain(self._cert, self._key)
+        except (OSError, ssl.SSLError) as err:
+            return str(err)
+        return None
+
+    def reload_if_changed(self) -> bool | None:
+        """Reload when the files changed: True when reloaded, False when that failed, None when unchanged."""
+        contents = self._contents()
+        if contents is None or contents == self._seen:
+            return None
+        self._seen = contents
+        error = self._load()
+        if error is not None:
+            log.error("serving certificate changed but does not load, keeping the old one: %s", error)
+            metrics.WEBHOOK_CERT_RELOADS.labels("failed").inc()
+            return False
+        log.info("serving certificate reloaded from %s", self._cert)
+        metrics.WEBHOOK_CERT_RELOADS.labels("reloaded").inc()
+        return True
+
+    async def watch(self, interval: float) -> None:
+        """Reload on change every `interval` seconds, until cancelled; never with 0."""
+        while interval > 0:
+            await anyio.sleep(interval)
+            self.reload_if_changed()
+
+
+def application(driver: str) -> web.Application:
+    """The HTTP application: POST /validate."""
+
+    async def validate(request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        try:
+            body = await request.json()
+            answer, verdict = review(body, driver)
+        except (ReviewError, json.JSONDecodeError, UnicodeDecodeError) as err:
+            metrics.WEBHOOK_REVIEWS.labels("", "error").inc()
+            return web.json_response({"error": str(err)}, status=400)
+        metrics.WEBHOOK_REVIEW_SECONDS.observe(time.perf_counter() - started)
+        kind = verdict.kind if verdict.kind in CONFIG_PATHS else "other"
+        metrics.WEBHOOK_REVIEWS.labels(kind, "allowed" if verdict.allowed else "denied").inc()
+        if not verdict.allowed:
+            log.info("denied %s: %s", verdict.kind, "; ".join(verdict.problems))
+        return web.json_response(answer)
+
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app.router.add_post("/validate", validate)
+    return app
+
+
+async def run_webhook(settings: WebhookSettings) -> None:
+    """Serve until SIGTERM or SIGINT."""
+    certificates = Certificates(settings.tls_cert_file, settings.tls_key_file)
+    host, _, port = settings.bind_address.rpartition(":")
+    runner = web.AppRunner(application(settings.driver_name), access_log=None)
+    await runner.setup()
+    heartbeat = Heartbeat()
+    listening = False
+    http = None
+    try:
+        site = web.TCPSite(runner, host or None, int(port), ssl_context=certificates.context)
+        try:
+            await site.start()
+        except OSError as err:
+            raise StartupError(
+                f"cannot serve HTTPS on --bind-address {settings.bind_address!r}: {err}"
+            ) from None
+        listening = True
+        if settings.http_address:
+            http = serve_http(
+                settings.http_address, lambda: listening, heartbeat.alive, registry=metrics.WEBHOOK_REGISTRY
+            )
+        log.info(
+            "ready: validating %s configs on https://%s/validate", settings.driver_name, settings.bind_address
+        )
+        async with anyio.create_task_group() as group:
+            group.start_soon(heartbeat.run)
+            group.start_soon(certificates.watch, settings.tls_reload_interval)
+            await until_stopped()
+            group.cancel_scope.cancel()
+    finally:
+        listening = False
+        if http is not None:
+            http.shutdown()
+        with anyio.CancelScope(shield=True):
+            await runner.cleanup()

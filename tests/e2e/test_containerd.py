@@ -1,0 +1,339 @@
+"""Real containers: containerd 2.x and runc resolve the driver's CDI specs (CONTAINER_RUNTIME=containerd).
+
+A cluster of its own on containerd (localcluster.containerd), fake GPUs of profile
+`h100x8-mig` made visible to real containers (--fake-gpu-root: device nodes and a
+stand-in driver with nvidia-smi), the kubelet plugin on GPUs 0, 1 and 4-7 and the
+device plugin on GPUs 2 and 3. Every test pod runs the static busybox image and writes
+what its containers saw (environment, /dev/nvidia*, `nvidia-smi -L`, the driver
+library) to a hostPath directory, then sleeps. Skipped with the reason when
+containerd cannot be built or started here.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from localcluster.binaries import BuildError
+from localcluster.cluster import ClusterError, ClusterInfo, LocalCluster
+from localcluster.containerd import LEAKY_HANDLER
+from localcluster.devicepluginprocess import DevicePluginProcess
+from localcluster.driverprocess import DriverProcess
+from localcluster.kube import Kube, wait_for
+from localcluster.workloads import (
+    allocated_devices,
+    claim_template,
+    committed_device_classes,
+    ensure_device_classes,
+    observed,
+    pod_claim,
+    seen,
+)
+
+from dra.daemon import fakegpus
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.profiles import load_profile
+from dra.model.devices import Device, Inventory, MigDevice
+
+pytestmark = [pytest.mark.cluster, pytest.mark.containerd]
+
+PROFILE = "h100x8-mig"
+SPLIT = "--device-plugin-gpus=2,3"
+PRODUCT = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture(scope="module")
+def ctr_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterInfo]:
+    """A cluster on containerd for this module, with the driver and the device plugin on it."""
+    cluster = LocalCluster(runtime="containerd")
+    try:
+        info = cluster.start(timeout=180)
+    except (BuildError, ClusterError) as err:
+        cluster.stop()
+        pytest.skip(f"containerd cannot run here: {err}")
+    workdir = tmp_path_factory.mktemp("containerd")
+    try:
+        driver = DriverProcess(info, PROFILE, workdir / "driver.log", extra_args=(SPLIT,)).start()
+        device_plugin = DevicePluginProcess(info, PROFILE, workdir, extra_args=(SPLIT,)).start()
+        try:
+            yield info
+        finally:
+            device_plugin.stop()
+            driver.stop()
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def ckube(ctr_cluster: ClusterInfo) -> Iterator[Kube]:
+    """A cluster-admin client of the containerd cluster, with the chart's DeviceClasses."""
+    client = Kube(ctr_cluster.kubeconfig)
+    ensure_device_classes(client, committed_device_classes())
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def ns(ckube: Kube) -> Iterator[str]:
+    """A namespace per test, deleted with its pods afterwards."""
+    name = f"ctr-{int(time.monotonic() * 1000) % 10**9}"
+    ckube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    yield name
+    for pod in ckube.list_objects("v1", "Pod", namespace=name):
+        ckube.delete("v1", "Pod", pod["metadata"]["name"], name, grace_period=0)
+    wait_for("pods to be gone", lambda: not ckube.list_objects("v1", "Pod", namespace=name), timeout=60)
+    ckube.delete("v1", "Namespace", name)
+
+
+@pytest.fixture(scope="module")
+def inventory(ctr_cluster: ClusterInfo) -> Inventory:
+    """The fake GPUs as the driver discovers them (same node name: same UUIDs)."""
+    return discover(
+        FakeGpuLibrary(load_profile(PROFILE), ctr_cluster.node_name, root=Path(ctr_cluster.fake_gpu_root))
+    )
+
+
+def busybox_pod(
+    kube: Kube,
+    cluster: ClusterInfo,
+    namespace: str,
+    name: str,
+    containers: dict[str, dict[str, Any]],
+    claims: dict[str, str] | None = None,
+    runtime_class: str | None = None,
+) -> None:
+    """A pod of busybox containers that record what they see; `containers`: name -> resources."""
+    spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": 0,
+        "containers": [
+            {"name": container, "resources": resources} for container, resources in containers.items()
+        ],
+    }
+    if claims:
+        spec["resourceClaims"] = [{"name": c, "resourceClaimTemplateName": t} for c, t in claims.items()]
+    if runtime_class:
+        spec["runtimeClassName"] = runtime_class
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+    kube.create(observed(cluster, pod))
+
+
+CONTROL = ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"]
+
+
+def smi_lines(devices: list[Device]) -> list[str]:
+    """What the real nvidia-smi -L prints in a container given these devices (GPUs before MIG)."""
+    lines: list[str] = []
+    gpus = sorted({d.parent if isinstance(d, MigDevice) else d for d in devices}, key=lambda g: g.minor)
+    for index, gpu in enumerate(gpus):
+        lines.append(f"GPU {index}: {PRODUCT} (UUID: {gpu.uuid})")
+        migs = [d for d in devices if isinstance(d, MigDevice) and d.parent == gpu]
+        lines += [f"  MIG {m.profile:<11} Device {i:2d}: (UUID: {m.uuid})" for i, m in enumerate(migs)]
+    return lines
+
+
+def test_a_claim_gives_exactly_its_gpu_node_driver_and_nvidia_smi_line(
+    ckube: Kube, ctr_cluster: ClusterInfo, ns: str, inventory: Inventory
+) -> None:
+    claim_template(ckube, ns, "one-gpu")
+    busybox_pod(ckube, ctr_cluster, ns, "solo", {"main": {"claims": [{"name": "gpu"}]}}, {"gpu": "one-gpu"})
+    saw = seen(ctr_cluster, ns, "solo", "main")
+    (name,) = allocated_devices(pod_claim(ckube, ns, "solo"))
+    device = inventory.get(name)
+    assert device is not None
+    assert saw.dev == sorted([*device.device_nodes, *CONTROL])
+    assert saw.smi_rc == 0
+    assert saw.smi == smi_lines([device])
+    assert saw.env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    # The driver's files came with the spec, no runtime hook involved.
+    assert {"libcuda.so.1", "libnvidia-ml.so.1"} <= set(saw.libs)
+
+
+def test_a_mig_claim_shows_its_gpu_and_only_its_mig_device(
+    ckube: Kube, ctr_cluster: ClusterInfo, ns: str, inventory: Inventory
+) -> None:
+    claim_template(
+        ckube, ns, "mig", ['device.attributes["gpu.nvidia.com"].profile == "1g.10gb"'], 1, "mig.nvidia.com"
+    )
+    busybox_pod(ckube, ctr_cluster, ns, "mig", {"main": {"claims": [{"name": "gpu"}]}}, {"gpu": "mig"})
+    saw = seen(ctr_cluster, ns, "mig", "main")
+    (name,) = allocated_devices(pod_claim(ckube, ns, "mig"))
+    device = inventory.get(name)
+    assert isinstance(device, MigDevice)
+    assert saw.smi == smi_lines([device])
+    assert saw.dev == sorted([*device.device_nodes, *CONTROL])
+
+
+def test_two_containers_sharing_a_claim_see_the_same_gpu(
+    ckube: Kube, ctr_cluster: ClusterInfo, ns: str, inventory: Inventory
+) -> None:
+    claim_template(ckube, ns, "shared")
+    refs = {"claims": [{"name": "gpu"}]}
+    busybox_pod(ckube, ctr_cluster, ns, "pair", {"left": refs, "right": refs}, {"gpu": "shared"})
+    left, right = seen(ctr_cluster, ns, "pair", "left"), seen(ctr_cluster, ns, "pair", "right")
+    (name,) = allocated_devices(pod_claim(ckube, ns, "pair"))
+    device = inventory.get(name)
+    assert device is not None
+    assert left.smi == right.smi == smi_lines([device])
+    assert left.dev == right.dev
+
+
+def test_a_pod_without_a_claim_sees_no_gpu(ckube: Kube, ctr_cluster: ClusterInfo, ns: str) -> None:
+    busybox_pod(ckube, ctr_cluster, ns, "plain", {"main": {}})
+    saw = seen(ctr_cluster, ns, "plain", "main")
+    assert saw.dev == []
+    assert "NVIDIA_VISIBLE_DEVICES" not in saw.env
+    assert saw.smi_rc == 127, saw.smi  # no nvidia-smi at all: the driver's files came with no spec
+    assert "libcuda.so.1" not in saw.libs
+
+
+def test_a_runtime_that_defaults_to_all_gpus_leaks_but_a_claim_overrides_it(
+    ckube: Kube, ctr_cluster: ClusterInfo, ns: str, inventory: Inventory
+) -> None:
+    # The node's runtime starts every container with NVIDIA_VISIBLE_DEVICES=all, as NVIDIA's
+    # toolkit set as the default runtime (or a CUDA base image) does.
+    ckube.create(
+        {
+            "apiVersion": "node.k8s.io/v1",
+            "kind": "RuntimeClass",
+            "metadata": {"name": f"{LEAKY_HANDLER}-{ns}"},
+            "handler": LEAKY_HANDLER,
+        }
+    )
+    try:
+        claim_template(ckube, ns, "one-gpu")
+        leaky = f"{LEAKY_HANDLER}-{ns}"
+        busybox_pod(ckube, ctr_cluster, ns, "asks-none", {"main": {}}, runtime_class=leaky)
+        busybox_pod(
+            ckube,
+            ctr_cluster,
+            ns,
+            "asks-one",
+            {"main": {"claims": [{"name": "gpu"}]}},
+            {"gpu": "one-gpu"},
+            leaky,
+        )
+        nothing_asked = seen(ctr_cluster, ns, "asks-none", "main")
+        one_asked = seen(ctr_cluster, ns, "asks-one", "main")
+    finally:
+        ckube.delete("node.k8s.io/v1", "RuntimeClass", f"{LEAKY_HANDLER}-{ns}")
+    # The leak: NVIDIA's hook reads `all` and would inject every GPU of the node into this pod.
+    assert nothing_asked.env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    # The driver's path: the claim's spec sets `void` (the hook adds nothing) and the
+    # container has its GPU's nodes only.
+    (name,) = allocated_devices(pod_claim(ckube, ns, "asks-one"))
+    device = inventory.get(name)
+    assert device is not None
+    assert one_asked.env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert one_asked.smi == smi_lines([device])
+
+
+def test_the_device_plugins_cdi_devices_resolve_too(
+    ckube: Kube, ctr_cluster: ClusterInfo, ns: str, inventory: Inventory
+) -> None:
+    busybox_pod(ckube, ctr_cluster, ns, "legacy", {"main": {"limits": {"nvidia.com/gpu": "1"}}})
+    saw = seen(ctr_cluster, ns, "legacy", "main")
+    # The device edits of the plugin's spec name the device (DRA_GPU_<DEVICE>_UUID).
+    gpus = [d for d in inventory if d.uuid in saw.env.values()]
+    assert len(gpus) == 1, saw.env
+    assert gpus[0].name in ("gpu-2", "gpu-3")  # the device plugin's share
+    assert saw.smi == smi_lines(gpus)
+    assert saw.dev == sorted([*gpus[0].device_nodes, *CONTROL])
+
+
+def test_a_device_node_gone_after_prepare_fails_the_container_with_an_event_naming_the_node(
+    ckube: Kube, ctr_cluster: ClusterInfo, ns: str, inventory: Inventory
+) -> None:
+    claim_template(ckube, ns, "one-gpu", ['device.attributes["gpu.nvidia.com"].index == 1'])
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "late", "namespace": ns},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+            # The claim is prepared before the init container runs; the node goes meanwhile.
+            "initContainers": [{"name": "wait", "image": ctr_cluster.test_image, "command": ["sleep", "4"]}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": ctr_cluster.test_image,
+                    "command": ["sleep", "3600"],
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+        },
+    }
+    ckube.create(pod)
+    wait_for("the claim to be prepared", lambda: _spec_written(ckube, ctr_cluster, ns), timeout=60)
+    node = Path(ctr_cluster.fake_gpu_root) / "dev/nvidia1"
+    node.unlink()
+    try:
+        events = wait_for(
+            "a Failed event for the container",
+            lambda: [e for e in ckube.events_for("Pod", "late", ns) if e["reason"] == "Failed"] or None,
+            timeout=60,
+        )
+        # containerd names the missing node, not the CDI device (whose name holds the claim's
+        # UID): the event says which device is gone; the claim is the pod's only one.
+        assert f'failed to stat CDI host device "{node}"' in events[0]["message"], events[0]["message"]
+        assert pod_claim(ckube, ns, "late")["status"]["allocation"]
+    finally:
+        # Put the node back as the fake driver made it (dra.daemon.fakegpus), for later tests.
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(fakegpus.NVIDIA_MAJOR, 1))
+
+
+def _spec_written(kube: Kube, cluster: ClusterInfo, namespace: str) -> bool:
+    try:
+        uid = pod_claim(kube, namespace, "late")["metadata"]["uid"]
+    except AssertionError:
+        return False
+    return any(Path(cluster.cdi_dir).glob(f"*{uid}*.json"))
+
+
+def test_a_device_node_gone_before_prepare_fails_the_prepare_with_an_event_naming_the_claim(
+    ckube: Kube, ctr_cluster: ClusterInfo, ns: str
+) -> None:
+    node = Path(ctr_cluster.fake_gpu_root) / "dev/nvidia0"
+    node.unlink()  # gone after the driver discovered it: the driver's inventory still has gpu-0
+    try:
+        claim_template(ckube, ns, "gpu-zero", ['device.attributes["gpu.nvidia.com"].index == 0'])
+        busybox_pod(
+            ckube, ctr_cluster, ns, "early", {"main": {"claims": [{"name": "gpu"}]}}, {"gpu": "gpu-zero"}
+        )
+        claim = wait_for("the claim", lambda: _claim_or_none(ckube, ns, "early"), timeout=30)
+        events = wait_for(
+            "a FailedPrepareDynamicResources event",
+            lambda: (
+                [
+                    e
+                    for e in ckube.events_for("Pod", "early", ns)
+                    if e["reason"] == "FailedPrepareDynamicResources"
+                ]
+                or None
+            ),
+            timeout=60,
+        )
+        message = events[0]["message"]
+        assert f"cannot prepare ResourceClaim {ns}/{claim['metadata']['name']}" in message, message
+        assert f"{node}, not on this node" in message
+        assert not any(Path(ctr_cluster.cdi_dir).glob(f"*{claim['metadata']['uid']}*"))
+    finally:
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(fakegpus.NVIDIA_MAJOR, 0))
+
+
+def _claim_or_none(kube: Kube, namespace: str, pod: str) -> dict[str, Any] | None:
+    try:
+        return pod_claim(kube, namespace, pod)
+    except AssertionError:
+        return None

@@ -1,0 +1,230 @@
+"""MPS per claim: limits checked at prepare, a control daemon per claim, adopted on restart, never leaked.
+
+The daemons are the fake nvidia-cuda-mps-control (dra.gpu.fakemps), started for real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra.adapters.cdistore import CdiStore
+from dra.adapters.checkpoint import CheckpointStore
+from dra.api.v1beta1 import MpsConfig
+from dra.core import cdi, sharing
+from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
+from dra.kubeletplugin.mps import MpsDaemons
+from dra.kubeletplugin.state import DeviceState
+from dra.model.quantity import Quantity
+from tests.unit.helpers import DRIVER, NODE, inventory
+
+UID_A = "aaaaaaaa-0000-4000-8000-00000000000a"
+UID_B = "bbbbbbbb-0000-4000-8000-00000000000b"
+FAKE_MPS = [sys.executable, "-m", "dra.gpu.fakemps"]
+
+
+def _mps(**mps_config: Any) -> OpaqueConfig:
+    return OpaqueConfig(
+        "FromClaim",
+        (),
+        {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "GpuConfig",
+            "sharing": {"strategy": "MPS", "mpsConfig": mps_config},
+        },
+    )
+
+
+def _claim(uid: str, *devices: str, config: OpaqueConfig | None = None) -> ClaimAllocation:
+    return ClaimAllocation(
+        uid=uid,
+        namespace="team-a",
+        name=f"claim-{uid[0]}",
+        devices=tuple(AllocatedDevice("gpu", NODE, d) for d in devices),
+        configs=(config,) if config else (),
+    )
+
+
+class Node:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.daemons = MpsDaemons(root / "mps", FAKE_MPS)
+
+    def state(self, daemons: MpsDaemons | None = None) -> DeviceState:
+        state = DeviceState(
+            DRIVER,
+            NODE,
+            inventory("h100x8"),
+            CdiStore(self.root / "cdi", DRIVER),
+            CheckpointStore(self.root / "checkpoint.json"),
+            mps=daemons or self.daemons,
+        )
+        state.recover()
+        return state
+
+    def dirs(self, uid: str) -> sharing.MpsDirs:
+        return sharing.mps_dirs(str(self.root / "mps"), uid)
+
+    def control_log(self, uid: str) -> str:
+        return (Path(self.dirs(uid).log) / "control.log").read_text()
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    node = Node(tmp_path)
+    yield node
+    node.daemons.stop_others(())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and not stat.read_text().split(") ")[-1].startswith("Z")
+
+
+def test_a_claim_gets_its_own_daemon_with_its_limits_and_the_container_is_pointed_at_it(node: Node) -> None:
+    state = node.state()
+    state.prepare(
+        _claim(
+            UID_A,
+            "gpu-0",
+            "gpu-1",
+            config=_mps(defaultActiveThreadPercentage=50, defaultPerDevicePinnedMemoryLimit={"1": "8Gi"}),
+        )
+    )
+    pid = node.daemons.pid(UID_A)
+    assert pid is not None
+    assert _alive(pid)
+    dirs = node.dirs(UID_A)
+    assert sorted(os.listdir(dirs.pipe)) == ["control", "log", "nvidia-cuda-mps-control.pid"]
+    log = node.control_log(UID_A)
+    uuids = [state.inventory.get(n).uuid for n in ("gpu-0", "gpu-1")]  # type: ignore[union-attr]
+    assert f"devices {','.join(uuids)}" in log
+    assert "Command: set_default_active_thread_percentage 50" in log
+    assert "Command: set_default_device_pinned_mem_limit 1 8192M" in log
+
+    spec = json.loads((node.root / "cdi" / cdi.spec_file_name(DRIVER, UID_A)).read_text())
+    edits = spec["containerEdits"]
+    assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in edits["env"]
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=1=8192M" in edits["env"]
+    mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
+    assert mounts == {"/tmp/nvidia-mps": dirs.pipe, "/dev/shm": dirs.shm}
+
+    state.unprepare(UID_A)
+    assert not _alive(pid)
+    assert not Path(dirs.root).exists()
+
+
+def test_a_per_device_limit_names_a_device_among_those_its_config_applies_to(node: Node) -> None:
+    def config(request: str, limit: str) -> OpaqueConfig:
+        mps = _mps(defaultPerDevicePinnedMemoryLimit={"0": limit})
+        return OpaqueConfig("FromClaim", (request,), mps.parameters)
+
+    claim = ClaimAllocation(
+        uid=UID_A,
+        namespace="team-a",
+        name="claim-a",
+        devices=(AllocatedDevice("small", NODE, "gpu-0"), AllocatedDevice("large", NODE, "gpu-1")),
+        configs=(config("small", "4Gi"), config("large", "8Gi")),
+    )
+    node.state().prepare(claim)
+    # Each config's "0" is its own first device; the daemon numbers the claim's devices.
+    log = node.control_log(UID_A)
+    assert "Command: set_default_device_pinned_mem_limit 0 4096M" in log
+    assert "Command: set_default_device_pinned_mem_limit 1 8192M" in log
+
+
+def test_a_restarted_driver_adopts_the_daemon_instead_of_starting_another(node: Node) -> None:
+    node.state().prepare(_claim(UID_A, "gpu-0", config=_mps()))
+    pid = node.daemons.pid(UID_A)
+    restarted = node.state()
+    assert node.daemons.pid(UID_A) == pid
+    assert node.control_log(UID_A).count("Starting control daemon") == 1
+    restarted.unprepare(UID_A)
+    assert pid is not None
+    assert not _alive(pid)
+
+
+def test_daemons_of_claims_not_in_the_checkpoint_are_stopped_at_start(node: Node) -> None:
+    node.state().prepare(_claim(UID_A, "gpu-0", config=_mps()))
+    pid = node.daemons.pid(UID_A)
+    # A driver killed after starting the daemon whose checkpoint then lost the claim (or never had it).
+    CheckpointStore(node.root / "checkpoint.json").save({})
+    node.state()
+    assert pid is not None
+    assert not _alive(pid)
+    assert node.daemons.claims() == []
+
+
+def test_a_daemon_that_cannot_start_fails_the_claim_and_leaves_nothing(node: Node, tmp_path: Path) -> None:
+    broken = MpsDaemons(node.root / "mps", [str(tmp_path / "no-such-mps-control")])
+    state = node.state(broken)
+    with pytest.raises(ClaimError, match="no-such-mps-control"):
+        state.prepare(_claim(UID_A, "gpu-0", config=_mps()))
+    assert state.prepared == {}
+    assert not list((node.root / "cdi").glob("*.json"))
+    assert broken.claims() == []
+
+
+@pytest.mark.parametrize(
+    ("config", "problem"),
+    [
+        (_mps(defaultPinnedDeviceMemoryLimit="100Gi"), "defaultPinnedDeviceMemoryLimit: 100Gi is more than"),
+        (_mps(defaultPerDevicePinnedMemoryLimit={"3": "1Gi"}), "[3]: names no device of this config"),
+        (_mps(defaultPerDevicePinnedMemoryLimit={"GPU-x": "1Gi"}), "[GPU-x]: names no device of this config"),
+        (_mps(defaultPinnedDeviceMemoryLimit="10 GB"), '"10 GB" is not a quantity'),
+        (_mps(defaultActiveThreadPercentage=0), "defaultActiveThreadPercentage: 0 is outside 1-100"),
+    ],
+)
+def test_bad_limits_are_a_per_claim_error_and_start_nothing(
+    node: Node, config: OpaqueConfig, problem: str
+) -> None:
+    state = node.state()
+    with pytest.raises(ClaimError) as err:
+        state.prepare(_claim(UID_A, "gpu-0", config=config))
+    assert problem in str(err.value)
+    assert node.daemons.claims() == []
+    assert state.prepared == {}
+
+
+def test_a_share_caps_the_pinned_limit_and_is_its_default() -> None:
+    gpu = inventory("h100x8").get("gpu-0")
+    assert gpu is not None
+    settings, problems = sharing.decide_mps([sharing.MpsRequest(gpu, MpsConfig(), (gpu,), "20Gi")])
+    assert (settings["gpu-0"].pinned_limit, problems) == ("20480M", [])
+    larger = MpsConfig(default_pinned_device_memory_limit=Quantity.parse("30Gi"))
+    _, problems = sharing.decide_mps([sharing.MpsRequest(gpu, larger, (gpu,), "20Gi")])
+    assert problems == ["device gpu-0: pinned memory limit 30Gi is above its share (20Gi)"]
+    smaller = MpsConfig(default_per_device_pinned_memory_limit={gpu.uuid: Quantity.parse("1.5Gi")})
+    settings, problems = sharing.decide_mps([sharing.MpsRequest(gpu, smaller, (gpu,), "20Gi")])
+    assert (settings["gpu-0"].pinned_limit, problems) == ("1536M", [])
+
+
+def test_two_claims_get_two_daemons(node: Node) -> None:
+    state = node.state()
+    state.prepare(_claim(UID_A, "gpu-0", config=_mps()))
+    state.prepare(_claim(UID_B, "gpu-1", config=_mps()))
+    assert node.daemons.pid(UID_A) != node.daemons.pid(UID_B)
+    assert node.daemons.claims() == [UID_A, UID_B]
+
+
+def test_a_pid_file_naming_another_process_is_not_adopted(node: Node) -> None:
+    # After a reboot the pid in a leftover pid file may be any process's, e.g. this one's.
+    pipe = Path(node.dirs(UID_A).pipe)
+    pipe.mkdir(parents=True)
+    (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{os.getpid()}\n")
+    assert node.daemons.pid(UID_A) is None
+    node.state().prepare(_claim(UID_A, "gpu-0", config=_mps()))
+    pid = node.daemons.pid(UID_A)
+    assert pid is not None
+    assert pid != os.getpid()

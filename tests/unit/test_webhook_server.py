@@ -1,0 +1,160 @@
+"""The webhook over HTTPS: reviews answered, garbage refused, a rotated certificate served at once."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+import pytest
+from aiohttp import web
+from localcluster.pki import CertificateAuthority, KeyPair
+
+from dra.cli import main
+from dra.daemon.bootstrap import StartupError
+from dra.webhook.server import Certificates, application
+
+pytestmark = pytest.mark.anyio
+
+DRIVER = "gpu.nvidia.com"
+
+
+@dataclass
+class Served:
+    port: int
+    ca: CertificateAuthority
+    pair: KeyPair
+    certificates: Certificates
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[Served]:
+    ca = CertificateAuthority(tmp_path / "pki")
+    issued = ca.issue("first", "webhook", hosts=("127.0.0.1",), server=True)
+    # The files the webhook reads, as a mounted Secret gives them: rotated in place.
+    pair = KeyPair(tmp_path / "tls.crt", tmp_path / "tls.key")
+    shutil.copy(issued.cert, pair.cert)
+    shutil.copy(issued.key, pair.key)
+    certificates = Certificates(pair.cert, pair.key)
+    runner = web.AppRunner(application(DRIVER))
+    await runner.setup()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=certificates.context).start()
+    try:
+        yield Served(port, ca, pair, certificates)
+    finally:
+        await runner.cleanup()
+
+
+def _post(served: Served, body: bytes) -> tuple[int, Any, bytes]:
+    """POST /validate trusting only the test CA: (status, JSON answer, the server's certificate)."""
+    context = ssl.create_default_context(cafile=str(served.ca.cert_path))
+    with (
+        socket.create_connection(("127.0.0.1", served.port), timeout=5) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
+        peer = tls.getpeercert(binary_form=True) or b""
+        request = (
+            f"POST /validate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        ).encode()
+        tls.sendall(request + body)
+        data = b""
+        while chunk := tls.recv(65536):
+            data += chunk
+    head, _, payload = data.partition(b"\r\n\r\n")
+    status = int(head.split(b" ")[1])
+    return status, json.loads(payload), peer
+
+
+def _claim_review(interval: str) -> bytes:
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "spec": {
+            "devices": {
+                "config": [
+                    {
+                        "opaque": {
+                            "driver": DRIVER,
+                            "parameters": {
+                                "apiVersion": "resource.nvidia.com/v1beta1",
+                                "kind": "GpuConfig",
+                                "sharing": {"timeSlicingConfig": {"interval": interval}},
+                            },
+                        }
+                    }
+                ]
+            }
+        },
+    }
+    request = {"uid": "u-1", "kind": {"kind": "ResourceClaim"}, "operation": "CREATE", "object": claim}
+    return json.dumps(
+        {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+    ).encode()
+
+
+async def test_reviews_are_answered_over_https(served: Served) -> None:
+    status, answer, _ = await anyio.to_thread.run_sync(_post, served, _claim_review("Default"))
+    assert (status, answer["response"]) == (200, {"uid": "u-1", "allowed": True})
+    status, answer, _ = await anyio.to_thread.run_sync(_post, served, _claim_review("Never"))
+    assert status == 200
+    assert answer["response"]["allowed"] is False
+    assert (
+        "spec.devices.config[0].opaque.parameters.sharing.timeSlicingConfig.interval"
+        in (answer["response"]["status"]["message"])
+    )
+
+
+async def test_a_body_that_is_not_a_review_is_a_bad_request(served: Served) -> None:
+    status, answer, _ = await anyio.to_thread.run_sync(_post, served, b"{not json")
+    assert status == 400
+    assert "error" in answer
+    status, answer, _ = await anyio.to_thread.run_sync(_post, served, b'{"kind": "Pod"}')
+    assert (status, answer) == (400, {"error": "expected an AdmissionReview of admission.k8s.io/v1"})
+
+
+async def test_a_rotated_certificate_is_served_to_new_connections(served: Served) -> None:
+    _, _, before = await anyio.to_thread.run_sync(_post, served, _claim_review("Default"))
+    assert served.certificates.reload_if_changed() is None
+    rotated = served.ca.issue("second", "webhook", hosts=("127.0.0.1",), server=True)
+    shutil.copy(rotated.cert, served.pair.cert)
+    shutil.copy(rotated.key, served.pair.key)
+    assert served.certificates.reload_if_changed() is True
+    _, _, after = await anyio.to_thread.run_sync(_post, served, _claim_review("Default"))
+    assert after != before
+    assert after == ssl.PEM_cert_to_DER_cert(rotated.cert.read_text())
+
+
+async def test_a_half_written_rotation_keeps_the_old_certificate(served: Served) -> None:
+    _, _, before = await anyio.to_thread.run_sync(_post, served, _claim_review("Default"))
+    other = served.ca.issue("other", "webhook", hosts=("127.0.0.1",), server=True)
+    shutil.copy(other.cert, served.pair.cert)  # the key is still the old one: a mismatch
+    assert served.certificates.reload_if_changed() is False
+    status, _, after = await anyio.to_thread.run_sync(_post, served, _claim_review("Default"))
+    assert (status, after) == (200, before)
+    shutil.copy(other.key, served.pair.key)
+    assert served.certificates.reload_if_changed() is True
+
+
+def test_unloadable_files_stop_the_start(tmp_path: Path) -> None:
+    missing = tmp_path / "none.crt"
+    with pytest.raises(StartupError, match=f"cannot load --tls-cert-file {missing} and --tls-key-file"):
+        Certificates(missing, tmp_path / "none.key")
+
+
+def test_the_command_says_what_stops_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    assert main(["webhook", f"--tls-cert-file={cert}", f"--tls-key-file={key}", "--http-address="]) == 1
+    assert capsys.readouterr().err.startswith(f"dra-gpu: error: cannot load --tls-cert-file {cert} and")
+    with pytest.raises(SystemExit):
+        main(["webhook", f"--tls-cert-file={cert}", f"--tls-key-file={key}", "--bind-address=8443"])
+    assert "--bind-address: expected host:port, got '8443'" in capsys.readouterr().err

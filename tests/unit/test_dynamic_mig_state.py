@@ -143,6 +143,26 @@ def test_recover_adopts_known_instances_and_destroys_the_others(tmp_path: Path) 
     assert [d.uuid for d in restarted.inventory.instances] == [restarted.prepared[UID].devices[0].uuid]
 
 
+def test_two_overlapping_instances_see_each_others_mig_devices(tmp_path: Path) -> None:
+    # A rolling update: the old and the new plugin share the checkpoint, CDI directory and GPUs.
+    old, new = _state(tmp_path), _state(tmp_path)
+    claim = old.prepare(_allocation(THREE_G_AT_4))
+    next((tmp_path / "cdi").glob("*.json")).unlink()
+    # The kubelet's retry lands on the new instance: the recorded answer, its spec back with the device.
+    assert new.prepare(_allocation(THREE_G_AT_4)) == claim
+    assert claim.devices[0].uuid in next((tmp_path / "cdi").glob("*.json")).read_text()
+    assert [d.uuid for d in new.inventory.instances] == [claim.devices[0].uuid]
+    # The other placements stay taken: the old instance cannot hand the same slices out again.
+    with pytest.raises(ClaimError, match="holds the placement"):
+        old.prepare(_allocation("gpu-0-mig-1g10gb-at5", uid="uid-other"))
+    new.unprepare(UID)
+    assert _instances(tmp_path) == []
+    assert new.inventory.instances == ()
+    old.prepare(_allocation("gpu-0-mig-1g10gb-at5", uid="uid-other"))
+    assert _instances(tmp_path) == [(0, "1g.10gb", 5, 1)]
+    assert [d.uuid for d in old.inventory.instances] == [old.prepared["uid-other"].devices[0].uuid]
+
+
 _PREPARE = """
 import sys
 from pathlib import Path

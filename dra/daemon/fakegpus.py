@@ -33,8 +33,9 @@ import stat
 from pathlib import Path
 
 from dra.adapters.atomicfile import write_atomic
+from dra.gpu.discovery import mig_enabled, mig_handles
 from dra.gpu.fake import FakeGpuLibrary, mig_cap_minor
-from dra.gpu.nvml import ERROR_NOT_FOUND, ERROR_NOT_SUPPORTED, GpuHandle, GpuLibraryError
+from dra.gpu.nvml import GpuHandle
 
 #: NVIDIA's registered character major (/dev/nvidia0, /dev/nvidiactl).
 NVIDIA_MAJOR = 195
@@ -98,21 +99,10 @@ def materialise(lib: FakeGpuLibrary, root: Path) -> None:
 
 
 def _mig_lines(lib: FakeGpuLibrary, handle: GpuHandle, minor: int, dev: Path) -> list[str]:
-    try:
-        if lib.mig_mode(handle)[0] != 1:
-            return []
-    except GpuLibraryError as err:
-        if err.code == ERROR_NOT_SUPPORTED:
-            return []
-        raise
+    if not mig_enabled(lib, handle):
+        return []
     lines = []
-    for slot in range(lib.max_mig_device_count(handle)):
-        try:
-            mig = lib.mig_device_by_index(handle, slot)
-        except GpuLibraryError as err:
-            if err.code == ERROR_NOT_FOUND:
-                continue
-            raise
+    for mig in mig_handles(lib, handle):
         gi, ci = lib.gpu_instance_id(mig), lib.compute_instance_id(mig)
         caps = mig_cap_minor(minor, gi), mig_cap_minor(minor, gi, ci)
         for cap in caps:

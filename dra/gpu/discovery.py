@@ -23,6 +23,7 @@ from dra.gpu.nvml import (
     GpuHandle,
     GpuLibrary,
     GpuLibraryError,
+    MigHandle,
     sysfs_bus_id,
 )
 from dra.model import migmode
@@ -152,7 +153,8 @@ def _addressing_mode(lib: GpuLibrary, handle: GpuHandle, index: int) -> str | No
     return None if mode is None else ADDRESSING_MODES.get(mode)
 
 
-def _mig_enabled(lib: GpuLibrary, handle: GpuHandle) -> bool:
+def mig_enabled(lib: GpuLibrary, handle: GpuHandle) -> bool:
+    """Whether the GPU's current MIG mode is on (a GPU without MIG support: no)."""
     try:
         current, _pending = lib.mig_mode(handle)
     except GpuLibraryError as err:
@@ -182,20 +184,26 @@ def _gpu(lib: GpuLibrary, handle: GpuHandle, index: int) -> Gpu:
         pcie_root=lib.pcie_root(bus_id),
         numa_node=_unless_unknown(lambda: lib.numa_node(handle), ERROR_NOT_SUPPORTED, ERROR_NOT_FOUND),
         addressing_mode=_addressing_mode(lib, handle, index),
-        mig_enabled=_mig_enabled(lib, handle),
+        mig_enabled=mig_enabled(lib, handle),
         device_nodes=(node,) if lib.path_exists(node) else (),
     )
 
 
-def _mig_devices(lib: GpuLibrary, handle: GpuHandle, parent: Gpu, caps: dict[str, int]) -> list[MigDevice]:
+def mig_handles(lib: GpuLibrary, handle: GpuHandle) -> list[MigHandle]:
+    """The GPU's MIG devices that exist, in slot order (NVML's empty slots are NOT_FOUND)."""
     found = []
     for slot in range(lib.max_mig_device_count(handle)):
         try:
-            mig = lib.mig_device_by_index(handle, slot)
+            found.append(lib.mig_device_by_index(handle, slot))
         except GpuLibraryError as err:
-            if err.code == ERROR_NOT_FOUND:
-                continue
-            raise
+            if err.code != ERROR_NOT_FOUND:
+                raise
+    return found
+
+
+def _mig_devices(lib: GpuLibrary, handle: GpuHandle, parent: Gpu, caps: dict[str, int]) -> list[MigDevice]:
+    found = []
+    for mig in mig_handles(lib, handle):
         attrs = lib.mig_attributes(mig)
         gi = lib.gpu_instance_id(mig)
         ci = lib.compute_instance_id(mig)

@@ -32,9 +32,11 @@ from localcluster.cluster import LocalCluster
 from localcluster.kube import Kube
 
 from dra.core import slices
+from dra.core.versions import ApiFeatures
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.profiles import load_profile
+from dra.model.migmode import DYNAMIC, STATIC, MigModes
 
 DRIVER = "gpu.nvidia.com"
 NAMESPACE = "default"
@@ -49,6 +51,8 @@ class Layout:
     profile: str
     #: The device classes of the workload, in proportion: ("gpu", 0.5) is half the pods on whole GPUs.
     mix: tuple[tuple[str, float], ...]
+    #: How the node's GPUs publish MIG (dra.model.migmode): static, dynamic or whole.
+    mig_mode: str = STATIC
 
 
 WHOLE_ONLY = (("gpu", 1.0),)
@@ -56,6 +60,7 @@ MIXED = (("gpu", 0.5), ("1g.10gb", 0.35), ("2g.20gb", 0.15))
 LAYOUTS = {
     "whole": Layout("whole", "h100x8", WHOLE_ONLY),
     "static-mig": Layout("static-mig", "h100x8-mig", MIXED),
+    "dynamic-mig": Layout("dynamic-mig", "h100x8-dynamic-mig", MIXED, DYNAMIC),
 }
 
 
@@ -106,10 +111,11 @@ def _identity(node: Obj) -> dict[str, str]:
     return {"node": node["metadata"]["name"], "node_uid": node["metadata"]["uid"]}
 
 
-def node_slices(layout: Layout, node: str, node_uid: str) -> list[Obj]:
-    """The slices the driver would publish for one node of this layout."""
+def node_slices(layout: Layout, node: str, node_uid: str, features: ApiFeatures) -> list[Obj]:
+    """The slices the driver would publish for one node of this layout, on a server with `features`."""
     lib = FakeGpuLibrary(load_profile(layout.profile, node), node)
-    return slices.build_slices(discover(lib), DRIVER, node, node_uid, generation=1)
+    inventory = discover(lib, MigModes(default=layout.mig_mode))
+    return slices.build_slices(inventory, DRIVER, node, node_uid, generation=1, features=features)
 
 
 def _claim(index: int, kind: str) -> Obj:
@@ -190,7 +196,9 @@ def run(layout: Layout, nodes: int, pods_per_node: float, timeout: float) -> Res
             # The API server taints new Nodes not-ready; the node lifecycle controller that would
             # lift it is off in the harness, so the benchmark lifts it as the harness does.
             list(pool.map(lambda n: kube.patch("v1", "Node", n, {"spec": {"taints": None}}), names))
-            objs = [s for n in created for s in node_slices(layout, **_identity(n))]
+            # The harness turns on every gate the driver's features need.
+            features = ApiFeatures(minor=int(cluster.version.split(".")[1]), partitionable_devices=True)
+            objs = [s for n in created for s in node_slices(layout, **_identity(n), features=features)]
             _parallel(pool, kube.create, objs)
             devices = sum(len(s["spec"].get("devices") or []) for s in objs)
 

@@ -32,6 +32,7 @@ from localcluster.workloads import (
     gpu_pod,
     node_resources,
     pod_claim,
+    published_devices,
     visible_devices,
 )
 
@@ -73,12 +74,7 @@ def node(cluster: ClusterInfo, kube: Kube, tmp_path_factory: pytest.TempPathFact
 
 
 def _slice_devices(kube: Kube, cluster: ClusterInfo) -> list[str]:
-    slices = kube.list_objects(
-        "resource.k8s.io/v1",
-        "ResourceSlice",
-        field_selector=f"spec.driver={DRIVER},spec.nodeName={cluster.node_name}",
-    )
-    return sorted(d["name"] for s in slices for d in s["spec"]["devices"])
+    return sorted(d["name"] for d in published_devices(kube, cluster))
 
 
 def test_each_path_advertises_only_its_gpus(node: Node, kube: Kube, cluster: ClusterInfo) -> None:

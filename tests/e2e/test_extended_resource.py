@@ -24,13 +24,13 @@ from localcluster.cluster import ClusterInfo, LocalCluster
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, Obj, wait_for
 from localcluster.workloads import (
-    DRIVER,
     allocated_devices,
     container_record,
     delete_pods,
     ensure_device_classes,
     gpu_limits_pod,
     node_resources,
+    published_devices,
     visible_devices,
 )
 
@@ -76,12 +76,7 @@ def driver(cluster: ClusterInfo, kube: Kube, tmp_path_factory: pytest.TempPathFa
 @pytest.fixture
 def uuids(driver: None, kube: Kube, cluster: ClusterInfo) -> dict[str, str]:
     """Each published device's UUID, by device name."""
-    slices = kube.list_objects(
-        "resource.k8s.io/v1",
-        "ResourceSlice",
-        field_selector=f"spec.driver={DRIVER},spec.nodeName={cluster.node_name}",
-    )
-    return {d["name"]: d["attributes"]["uuid"]["string"] for s in slices for d in s["spec"]["devices"]}
+    return {d["name"]: d["attributes"]["uuid"]["string"] for d in published_devices(kube, cluster)}
 
 
 def _claim_of(kube: Kube, namespace: str, pod: str) -> Obj:

@@ -17,7 +17,12 @@ from localcluster.cluster import ClusterInfo
 from localcluster.devicepluginprocess import DevicePluginProcess
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, wait_for
-from localcluster.workloads import DRIVER, delete_pods, ensure_device_classes, gpu_limits_pod
+from localcluster.workloads import (
+    delete_pods,
+    ensure_device_classes,
+    gpu_limits_pod,
+    published_devices,
+)
 
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
@@ -30,12 +35,7 @@ PROFILE = "h100x8"
 
 
 def _published(kube: Kube, cluster: ClusterInfo) -> set[str]:
-    slices = kube.list_objects(
-        "resource.k8s.io/v1",
-        "ResourceSlice",
-        field_selector=f"spec.driver={DRIVER},spec.nodeName={cluster.node_name}",
-    )
-    return {d["attributes"]["uuid"]["string"] for s in slices for d in s["spec"]["devices"]}
+    return {d["attributes"]["uuid"]["string"] for d in published_devices(kube, cluster)}
 
 
 def test_a_gpu_a_device_plugin_pod_still_uses_joins_dra_when_the_pod_ends(

@@ -24,7 +24,14 @@ import pytest
 from localcluster.cluster import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, Obj, wait_for
-from localcluster.workloads import DRIVER, allocated_devices, claim_template, ensure_device_classes, gpu_pod
+from localcluster.workloads import (
+    DRIVER,
+    allocated_devices,
+    claim_template,
+    ensure_device_classes,
+    gpu_pod,
+    published_devices,
+)
 
 #: How many pods with a claim may live at once under the load.
 ALIVE = 4
@@ -54,12 +61,7 @@ def _spec(cluster: ClusterInfo, claim_uid: str) -> Path:
 
 
 def _slice_devices(kube: Kube, cluster: ClusterInfo) -> list[str]:
-    slices = kube.list_objects(
-        "resource.k8s.io/v1",
-        "ResourceSlice",
-        field_selector=f"spec.driver={DRIVER},spec.nodeName={cluster.node_name}",
-    )
-    return sorted(d["name"] for s in slices for d in s["spec"]["devices"])
+    return sorted(d["name"] for d in published_devices(kube, cluster))
 
 
 class Load:

@@ -29,6 +29,7 @@ from localcluster.workloads import (
     delete_pods_and_wait,
     ensure_device_classes,
     pod_claims,
+    published_devices,
     visible_devices,
 )
 
@@ -61,12 +62,7 @@ def driver(
 @pytest.fixture(scope="module")
 def uuids(driver: DriverProcess, kube: Kube, cluster: ClusterInfo) -> dict[str, str]:
     """Each published device's UUID, by device name."""
-    slices = kube.list_objects(
-        "resource.k8s.io/v1",
-        "ResourceSlice",
-        field_selector=f"spec.driver={DRIVER},spec.nodeName={cluster.node_name}",
-    )
-    return {d["name"]: d["attributes"]["uuid"]["string"] for s in slices for d in s["spec"]["devices"]}
+    return {d["name"]: d["attributes"]["uuid"]["string"] for d in published_devices(kube, cluster)}
 
 
 def _template(kube: Kube, namespace: str, name: str, requests: Sequence[Obj]) -> None:

@@ -21,6 +21,7 @@ from localcluster.workloads import (
     DRIVER,
     allocated_devices,
     claim_template,
+    delete_pods_and_wait,
     ensure_device_classes,
     gpu_pod,
     pod_claim,
@@ -158,8 +159,12 @@ def test_priority_orders_who_gets_a_freed_gpu_but_does_not_preempt_a_claim(
     kube.delete("v1", "Pod", "experiment", namespace, grace_period=0)
     wait_for("the experiment's claim to be unprepared", lambda: not spec.exists(), timeout=30)
     kube.wait_pod_phase("inference", namespace, timeout=60)
-    assert allocated_devices(pod_claim(kube, namespace, "inference")) == allocated_devices(held)
+    inference = pod_claim(kube, namespace, "inference")
+    assert allocated_devices(inference) == allocated_devices(held)
     assert kube.get("v1", "Pod", "trainer", namespace)["status"]["phase"] == "Pending"
+    # Leave the GPU free for the next test: the pending trainer first, or it takes the GPU.
+    kube.delete("v1", "Pod", "trainer", namespace, grace_period=0)
+    delete_pods_and_wait(kube, cluster, namespace, [inference])
 
 
 def test_tainted_gpu_nodes_take_only_pods_that_tolerate_them(
@@ -184,5 +189,6 @@ def test_tainted_gpu_nodes_take_only_pods_that_tolerate_them(
         [tolerating] = _example("tolerating-pod.yaml", namespace)
         kube.create(tolerating)
         kube.wait_pod_phase("trainer", namespace, timeout=60)
+        delete_pods_and_wait(kube, cluster, namespace, [pod_claim(kube, namespace, "trainer")])
     finally:
         kube.patch("v1", "Node", cluster.node_name, {"spec": {"taints": None}})

@@ -377,15 +377,19 @@ def gpus_behind(devices: Iterable[tuple[str, str]], inventory: Inventory) -> lis
     nvidia.com domain only, a GPU index under NVIDIA's `index` ID strategy (`3`,
     or `3:1` for a MIG device of GPU 3). A MIG device names its parent: MIG
     devices go with their GPU. Other IDs (another vendor's plugin) name nothing.
+    Resolved as a selector of those indexes and UUIDs would be (`select`).
     """
-    by_uuid = {device.uuid: gpu_of(device) for device in inventory}
-    by_index = {str(gpu.index): gpu for gpu in inventory.gpus}
-    named: set[str] = set()
+    indexes: set[int] = set()
+    uuids: set[str] = set()
     for resource, raw in devices:
         device_id = raw.split("::", 1)[0]
-        gpu = by_uuid.get(device_id)
-        if gpu is None and resource.startswith("nvidia.com/"):
-            gpu = by_index.get(device_id.split(":", 1)[0])
-        if gpu is not None:
-            named.add(gpu.uuid)
-    return [gpu for gpu in inventory.gpus if gpu.uuid in named]
+        index = device_id.split(":", 1)[0]
+        if index.isdigit():
+            if resource.startswith("nvidia.com/"):
+                indexes.add(int(index))
+        else:
+            uuids.add(device_id.lower())
+    chosen, _unmatched = select(
+        Selector(text="", indexes=frozenset(indexes), uuids=frozenset(uuids)), inventory
+    )
+    return chosen

@@ -107,10 +107,6 @@ def _ready_status(node: Obj) -> Obj:
     return node
 
 
-def _identity(node: Obj) -> dict[str, str]:
-    return {"node": node["metadata"]["name"], "node_uid": node["metadata"]["uid"]}
-
-
 def node_slices(layout: Layout, node: str, node_uid: str, features: ApiFeatures) -> list[Obj]:
     """The slices the driver would publish for one node of this layout, on a server with `features`."""
     lib = FakeGpuLibrary(load_profile(layout.profile, node), node)
@@ -198,7 +194,11 @@ def run(layout: Layout, nodes: int, pods_per_node: float, timeout: float) -> Res
             list(pool.map(lambda n: kube.patch("v1", "Node", n, {"spec": {"taints": None}}), names))
             # The harness turns on every gate the driver's features need.
             features = ApiFeatures(minor=int(cluster.version.split(".")[1]), partitionable_devices=True)
-            objs = [s for n in created for s in node_slices(layout, **_identity(n), features=features)]
+            objs = [
+                s
+                for n in created
+                for s in node_slices(layout, n["metadata"]["name"], n["metadata"]["uid"], features)
+            ]
             _parallel(pool, kube.create, objs)
             devices = sum(len(s["spec"].get("devices") or []) for s in objs)
 

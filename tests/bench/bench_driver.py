@@ -40,26 +40,38 @@ def _rss_kib(pid: int) -> tuple[int, int]:
     return rss, peak
 
 
-def _claims(kube: Kube, namespace: str, node: str, devices: list[str], count: int) -> list[dict[str, object]]:
+def _claims(
+    kube: Kube,
+    namespace: str,
+    node: str,
+    devices: list[str],
+    count: int,
+    driver: str = DRIVER,
+    prefix: str = "bench",
+    admin_access: bool = False,
+) -> list[dict[str, object]]:
+    """`count` 1-device claims allocated round-robin to `devices` of `driver` on the node's pool.
+
+    With `admin_access` (the namespace needs the admin-access label) a device may be
+    prepared for any number of them at once.
+    """
     claims = []
+    request: dict[str, object] = {"deviceClassName": driver}
+    result: dict[str, object] = {"request": "gpu", "driver": driver, "pool": node}
+    if admin_access:
+        request["adminAccess"] = True
+        result["adminAccess"] = True
     for i in range(count):
         claim = kube.create(
             {
                 "apiVersion": "resource.k8s.io/v1",
                 "kind": "ResourceClaim",
-                "metadata": {"name": f"bench-{i}", "namespace": namespace},
-                "spec": {
-                    "devices": {
-                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]
-                    }
-                },
+                "metadata": {"name": f"{prefix}-{i}", "namespace": namespace},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}},
             }
         )
-        device = devices[i % len(devices)]
         claim["status"] = {
-            "allocation": {
-                "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": device}]}
-            }
+            "allocation": {"devices": {"results": [{**result, "device": devices[i % len(devices)]}]}}
         }
         claims.append(kube.replace_status(claim))
     return claims

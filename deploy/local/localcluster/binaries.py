@@ -9,6 +9,9 @@ the one place that version is set:
   supported release, built with ``go build -modfile``; ``KUBERNETES_VERSION`` picks one;
 - ``deploy/local/helmbin`` pins ``helm.sh/helm/v3`` (for rendering and linting the chart
   in ``deploy/helm``);
+- ``deploy/local/gobench`` pins the same ``k8s.io/kubernetes`` release (``versions/`` as in
+  k8sbin) for Kubernetes' own DRA test driver, a reference for ``make bench`` only; built
+  only when the comparison benchmark runs;
 - ``deploy/local/ctrbin`` pins containerd 2.x (``containerd``, ``ctr``, the runc shim) and
   runc, as ``tool`` lines of its go.mod, for clusters on a real runtime
   (``CONTAINER_RUNTIME=containerd``); built only when such a cluster starts.
@@ -22,6 +25,7 @@ first use, so a cluster never waits for helm or kubectl.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import os
@@ -281,22 +285,54 @@ def kubernetes_version() -> str:
     return version
 
 
-def kubernetes_module(version: str | None = None) -> GoModule:
-    """The Kubernetes module building one release (default: kubernetes_version())."""
+def _at_release(module: GoModule, version: str | None) -> GoModule:
+    """A module pinning k8s.io/kubernetes, at one release (default: kubernetes_version()):
+    its go.mod for the default release, else its ``versions/<version>.mod``."""
     version = version or kubernetes_version()
     if version == default_kubernetes_version():
-        return KUBERNETES
-    module = GoModule(
-        name=KUBERNETES.name,
-        directory=KUBERNETES.directory,
-        pinned=KUBERNETES.pinned,
-        packages=KUBERNETES.packages,
-        ldflags=KUBERNETES.ldflags,
-        modfile=VERSIONS_DIR / f"{version}.mod",
-    )
-    if module.version() != version:
-        raise BuildError(f"{module.go_mod} pins {module.pinned} {module.version()}, not {version}")
-    return module
+        return module
+    modfile = module.directory / "versions" / f"{version}.mod"
+    if not modfile.is_file():
+        raise BuildError(f"{module.directory} has no versions/{version}.mod (and .sum) to build {version}")
+    released = dataclasses.replace(module, modfile=modfile)
+    if released.version() != version:
+        raise BuildError(f"{released.go_mod} pins {released.pinned} {released.version()}, not {version}")
+    return released
+
+
+def kubernetes_module(version: str | None = None) -> GoModule:
+    """The Kubernetes module building one release (default: kubernetes_version())."""
+    return _at_release(KUBERNETES, version)
+
+
+#: Kubernetes' own DRA test driver (k8s.io/kubernetes/test/e2e/dra/test-driver), the Go
+#: reference `make bench` compares the driver with; never part of a cluster.
+GO_DRA_DRIVER = "test-driver"
+GOBENCH = GoModule(
+    name="gobench",
+    directory=_LOCAL_DIR / "gobench",
+    pinned="k8s.io/kubernetes",
+    packages=(f"k8s.io/kubernetes/test/e2e/dra/{GO_DRA_DRIVER}",),
+    ldflags=_kube_ldflags,
+)
+
+
+def go_dra_driver_module(version: str | None = None) -> GoModule:
+    """The module building Kubernetes' DRA test driver of one release (default: kubernetes_version())."""
+    return _at_release(GOBENCH, version)
+
+
+def ensure_go_dra_driver(version: str | None = None, log: bool = True) -> Path:
+    """Build Kubernetes' DRA test driver of a release (default: the chosen one) on first use; its path.
+
+    It shares most packages with the kubelet, so with the Go build cache warm from the
+    cluster binaries this takes about a minute on two cores; later calls return at once.
+    """
+    module = go_dra_driver_module(version)
+    if module.missing():
+        _need_go(module, f"Kubernetes' DRA test driver {module.version()}")
+        _build(module, module.missing(), log)
+    return module.bin_dir() / GO_DRA_DRIVER
 
 
 def modules() -> tuple[GoModule, ...]:

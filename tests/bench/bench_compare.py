@@ -1,0 +1,432 @@
+"""Benchmark: the driver beside Kubernetes' own DRA test driver (Go), alternating runs on one cluster.
+
+    python -m tests.bench.bench_compare [--runs 3] [--devices 128] [--claims 200] [--pileup 0,64,1000]
+
+Kubernetes' DRA test driver (k8s.io/kubernetes/test/e2e/dra/test-driver at the cluster's
+release, built into the cache on first use from deploy/local/gobench) is the reference:
+a kubelet plugin on the same helper library as real Go drivers, writing one CDI file per
+claim. Both run in turns (dra-gpu, Go, dra-gpu, Go, ...) as real processes on the same
+local cluster, each with the same number of devices and the same claims (1-device claims
+allocated to its own driver name and devices), and the benchmark plays the kubelet:
+NodePrepareResources and NodeUnprepareResources over each driver's DRA socket. Every run
+starts its driver afresh (no checkpoint, no ResourceSlices left from the last run).
+
+Each figure is taken once per run; the report gives the median and range over the runs of
+each driver and the ratio of the medians (dra-gpu / Go: below 1x dra-gpu is ahead). Prints
+figures; asserts nothing about speed. When the Go driver cannot be built or started the
+benchmark says why and prints dra-gpu's figures alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import yaml
+from localcluster.binaries import BuildError, ensure_go_dra_driver, kubernetes_version
+from localcluster.cluster import ClusterInfo, running_cluster
+from localcluster.driverprocess import DriverProcess
+from localcluster.kube import Kube
+
+from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc
+from tests.bench.bench_driver import _claims, _percentile, _rss_kib
+
+#: The Go driver's name (its default) and how it names its devices (its --num-devices of them).
+GO_DRIVER = "test-driver.cdi.k8s.io"
+DRA_GPU = "dra-gpu"
+GO = "go reference"
+#: Fake GPU model of the dra-gpu profile that matches the Go driver's device count.
+FAKE_MODEL = "h100-sxm5-80gb"
+#: How often start-up is polled for: registered with the kubelet and every device published.
+POLL = 0.02
+#: Concurrent callers and claims of the burst figure.
+CALLERS, BURST = 8, 32
+#: Calls of the empty-request figure, and fresh claims measured at each pile-up level.
+EMPTY_CALLS, PILEUP_SAMPLES = 200, 20
+
+
+@dataclass(frozen=True)
+class Spread:
+    """One figure over several runs: the median of the runs and their range."""
+
+    median: float
+    low: float
+    high: float
+
+
+def spread(values: Sequence[float]) -> Spread:
+    """The median and range of one figure's per-run values."""
+    if not values:
+        raise ValueError("no runs to summarise")
+    return Spread(statistics.median(values), min(values), max(values))
+
+
+def _amount(value: float, unit: str) -> str:
+    # Three significant figures or so: 1.21 ms, 46.9 MiB, 158 ms.
+    decimals = 2 if value < 10 else 1 if value < 100 else 0
+    return f"{value:.{decimals}f} {unit}"
+
+
+def _described(what: Spread, unit: str) -> str:
+    if what.low == what.high:
+        return _amount(what.median, unit)
+    low, high = _amount(what.low, unit).split()[0], _amount(what.high, unit)
+    return f"{_amount(what.median, unit)} ({low}-{high})"
+
+
+def figure_line(name: str, unit: str, ours: Sequence[float], theirs: Sequence[float]) -> str:
+    """One figure on one line: each driver's median (and range over runs), then the ratio of medians.
+
+    figure_line("first prepare p50", "ms", [1.1, 1.3, 1.2], [1.6]) ->
+    "first prepare p50: dra-gpu 1.20 ms (1.10-1.30 ms), go reference 1.60 ms, ratio 0.75x"
+    """
+    line = f"{name}: {DRA_GPU} {_described(spread(ours), unit)}"
+    if not theirs:
+        return line
+    go = spread(theirs)
+    line += f", {GO} {_described(go, unit)}"
+    if go.median > 0:
+        line += f", ratio {spread(ours).median / go.median:.2f}x"
+    return line
+
+
+def parse_levels(text: str) -> tuple[int, ...]:
+    """Pile-up levels from "0,64,1000": distinct, non-negative, ascending."""
+    try:
+        levels = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"pile-up levels must be whole numbers, e.g. 0,64,1000: {text!r}"
+        ) from None
+    if not levels or levels[0] < 0:
+        raise argparse.ArgumentTypeError(f"pile-up levels must be 0 or more, e.g. 0,64,1000: {text!r}")
+    return tuple(levels)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process, all its threads (proc(5): stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # After the command name, field 3 (state) is fields[0]: utime and stime are fields[11:13].
+    ticks = int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Contender:
+    """One driver as the benchmark runs it: its command line, socket and driver name."""
+
+    label: str
+    driver: str
+    args: list[str]
+    dra_socket: Path
+    log: Path
+    #: Figure name -> one value per run.
+    figures: dict[str, list[float]] = field(default_factory=dict)
+    #: Left over from a run, removed before the next one (dra-gpu's checkpoint).
+    state: tuple[Path, ...] = ()
+
+    def record(self, name: str, value: float) -> None:
+        """Add one run's value of a figure."""
+        self.figures.setdefault(name, []).append(value)
+
+
+def _dra_gpu(cluster: ClusterInfo, devices: int) -> Contender:
+    profile = Path(cluster.run_dir) / "bench-profile.yaml"
+    profile.write_text(yaml.safe_dump({"gpus": [{"model": FAKE_MODEL, "count": devices}]}))
+    log = Path(cluster.log_path("bench-dra-gpu"))
+    process = DriverProcess(cluster, str(profile), log, instance_id="bench")
+    return Contender(
+        DRA_GPU, process.driver_name, process.args(), process.dra_socket, log, state=(process.checkpoint,)
+    )
+
+
+def _go(cluster: ClusterInfo, binary: Path, devices: int) -> Contender:
+    plugins = Path(cluster.plugins_dir)
+    cdi = Path(cluster.run_dir) / "cdi-go"
+    # It makes the parent of its socket directory, not the directory.
+    (plugins / GO_DRIVER).mkdir(parents=True, exist_ok=True)
+    args = [
+        str(binary),
+        f"--kubeconfig={cluster.kubeconfig}",
+        f"--drivername={GO_DRIVER}",
+        # Lifted: the issue's figures are the driver's own, not client-go's default 50 QPS.
+        "--kube-api-qps=100000",
+        "--kube-api-burst=100000",
+        "kubelet-plugin",
+        f"--node-name={cluster.node_name}",
+        f"--num-devices={devices}",
+        f"--datadir={plugins}",
+        f"--plugin-registration-path={cluster.plugins_registry}",
+        f"--cdi-dir={cdi}",
+    ]
+    log = Path(cluster.log_path("bench-go-driver"))
+    return Contender(GO, GO_DRIVER, args, plugins / GO_DRIVER / "dra.sock", log)
+
+
+def _devices(kube: Kube, driver: str, node: str) -> list[str]:
+    slices = kube.list_objects("resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.driver={driver}")
+    return sorted(
+        d["name"] for s in slices if s["spec"].get("nodeName") == node for d in s["spec"].get("devices") or []
+    )
+
+
+def _connected(kubelet_log: Path, driver: str) -> int:
+    """How often the kubelet has logged connecting to this driver's DRA socket after registering it."""
+    pattern = re.compile(rf'"Connection changed" .*driverName="{re.escape(driver)}" .*connected=true')
+    return sum(1 for line in kubelet_log.read_text(errors="replace").splitlines() if pattern.search(line))
+
+
+@contextmanager
+def _running(
+    contender: Contender, cluster: ClusterInfo, kube: Kube, devices: int
+) -> Iterator[tuple[int, float]]:
+    """The driver started afresh: its pid and seconds from spawn to registered and every device published."""
+    for leftover in contender.state:
+        leftover.unlink(missing_ok=True)
+    for stale in kube.list_objects(
+        "resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.driver={contender.driver}"
+    ):
+        kube.delete("resource.k8s.io/v1", "ResourceSlice", stale["metadata"]["name"])
+    kubelet_log = Path(cluster.log_path("kubelet"))
+    before = _connected(kubelet_log, contender.driver)
+    with open(contender.log, "ab") as log:
+        started = time.monotonic()
+        proc = subprocess.Popen(contender.args, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = started + 60
+        registered = published = False
+        while not (registered and published):
+            if proc.poll() is not None:
+                raise RuntimeError(f"{contender.label} exited with {proc.returncode}: see {contender.log}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{contender.label} not registered and published after 60s: see {contender.log}"
+                )
+            registered = registered or _connected(kubelet_log, contender.driver) > before
+            published = published or len(_devices(kube, contender.driver, cluster.node_name)) >= devices
+            if not (registered and published):
+                time.sleep(POLL)
+        yield proc.pid, time.monotonic() - started
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def _ref(claim: dict[str, object]) -> dra_pb2.Claim:
+    meta = claim["metadata"]
+    assert isinstance(meta, dict)
+    return dra_pb2.Claim(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+
+
+class _Kubelet:
+    """The kubelet's side of the DRA socket: timed prepare and unprepare calls, one claim each."""
+
+    def __init__(self, stub: dra_pb2_grpc.DRAPluginStub, label: str) -> None:
+        self.stub = stub
+        self.label = label
+
+    def prepare(self, ref: dra_pb2.Claim) -> float:
+        """Milliseconds of one NodePrepareResources; a per-claim error ends the benchmark."""
+        t0 = time.perf_counter()
+        answer = self.stub.NodePrepareResources(dra_pb2.NodePrepareResourcesRequest(claims=[ref]))
+        elapsed = (time.perf_counter() - t0) * 1000
+        error = answer.claims[ref.uid].error
+        if error:
+            raise RuntimeError(f"{self.label} failed to prepare {ref.namespace}/{ref.name}: {error}")
+        return elapsed
+
+    def unprepare(self, ref: dra_pb2.Claim) -> float:
+        """Milliseconds of one NodeUnprepareResources."""
+        t0 = time.perf_counter()
+        answer = self.stub.NodeUnprepareResources(dra_pb2.NodeUnprepareResourcesRequest(claims=[ref]))
+        elapsed = (time.perf_counter() - t0) * 1000
+        error = answer.claims[ref.uid].error
+        if error:
+            raise RuntimeError(f"{self.label} failed to unprepare {ref.namespace}/{ref.name}: {error}")
+        return elapsed
+
+    def empty(self) -> float:
+        """Milliseconds of a NodePrepareResources with no claims: the gRPC round trip and no work."""
+        t0 = time.perf_counter()
+        self.stub.NodePrepareResources(dra_pb2.NodePrepareResourcesRequest(claims=[]))
+        return (time.perf_counter() - t0) * 1000
+
+
+def _make_claims(
+    kube: Kube, namespace: str, node: str, contender: Contender, devices: list[str], batches: dict[str, int]
+) -> dict[str, list[dra_pb2.Claim]]:
+    """Claims for each batch (name -> count), made in parallel; "pileup" ones with admin access."""
+
+    def batch(name: str) -> list[dra_pb2.Claim]:
+        made = _claims(
+            kube,
+            namespace,
+            node,
+            devices,
+            batches[name],
+            contender.driver,
+            name,
+            admin_access=name == "pileup",
+        )
+        return [_ref(claim) for claim in made]
+
+    with ThreadPoolExecutor(len(batches)) as pool:
+        return dict(zip(batches, pool.map(batch, batches), strict=True))
+
+
+def _run(contender: Contender, cluster: ClusterInfo, kube: Kube, args: argparse.Namespace) -> None:
+    """One run of one driver: every figure once."""
+    namespace = f"bench-{uuid.uuid4().hex[:6]}"
+    # Admin access lets the pile-up claims share devices, so 1000 of them fit on 128 devices.
+    label = {"resource.kubernetes.io/admin-access": "true"}
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": label}})
+    levels: tuple[int, ...] = args.pileup
+    samples = PILEUP_SAMPLES * len(levels)
+    with _running(contender, cluster, kube, args.devices) as (pid, startup):
+        contender.record("start -> registered + slices published", startup)
+        devices = _devices(kube, contender.driver, cluster.node_name)
+        claims = _make_claims(
+            kube,
+            namespace,
+            cluster.node_name,
+            contender,
+            devices,
+            {"first": args.claims, "burst": BURST, "sample": samples, "pileup": max(levels)},
+        )
+        with grpc.insecure_channel(f"unix://{contender.dra_socket}") as channel:
+            kubelet = _Kubelet(dra_pb2_grpc.DRAPluginStub(channel), contender.label)
+            empty = [kubelet.empty() for _ in range(EMPTY_CALLS)]
+            contender.record("empty NodePrepareResources p50", _percentile(empty, 50))
+
+            cpu = cpu_seconds(pid)
+            first = [kubelet.prepare(ref) for ref in claims["first"]]
+            cpu = cpu_seconds(pid) - cpu
+            contender.record("first prepare p50", _percentile(first, 50))
+            contender.record("first prepare p99", _percentile(first, 99))
+            contender.record("CPU per first prepare", cpu * 1000 / len(first))
+            repeat = [kubelet.prepare(ref) for ref in claims["first"]]
+            contender.record("repeat prepare p50", _percentile(repeat, 50))
+            unprepare = [kubelet.unprepare(ref) for ref in claims["first"]]
+            contender.record("unprepare p50", _percentile(unprepare, 50))
+
+            burst = claims["burst"]
+            with ThreadPoolExecutor(CALLERS) as callers:
+                t0 = time.perf_counter()
+                timings = list(callers.map(kubelet.prepare, burst))
+                wall = (time.perf_counter() - t0) * 1000
+            contender.record(f"{BURST} fresh claims from {CALLERS} callers, wall", wall)
+            contender.record(f"{BURST} fresh claims from {CALLERS} callers, p99", _percentile(timings, 99))
+            for ref in burst:
+                kubelet.unprepare(ref)
+
+            piled = iter(claims["pileup"])
+            fresh = iter(claims["sample"])
+            held: list[dra_pb2.Claim] = []
+            for level in levels:
+                while len(held) < level:
+                    ref = next(piled)
+                    kubelet.prepare(ref)
+                    held.append(ref)
+                timed = []
+                for _ in range(PILEUP_SAMPLES):
+                    ref = next(fresh)
+                    timed.append(kubelet.prepare(ref))
+                    kubelet.unprepare(ref)
+                contender.record(f"prepare p50 with {level} claims prepared", _percentile(timed, 50))
+            for ref in held:
+                kubelet.unprepare(ref)
+        rss, _ = _rss_kib(pid)
+        contender.record("RSS after the run", rss / 1024)
+    kube.delete("v1", "Namespace", namespace)
+
+
+#: Figure name -> unit; any figure not listed is in milliseconds.
+UNITS = {"start -> registered + slices published": "s", "RSS after the run": "MiB"}
+
+
+def report(ours: Contender, theirs: Contender | None) -> list[str]:
+    """Every figure dra-gpu has, one line each, beside the Go driver's where it has it."""
+    lines = []
+    for name, values in ours.figures.items():
+        reference = theirs.figures.get(name, []) if theirs is not None else []
+        lines.append(figure_line(name, UNITS.get(name, "ms"), values, reference))
+    return lines
+
+
+def _go_contender(cluster: ClusterInfo, devices: int) -> Contender | None:
+    try:
+        binary = ensure_go_dra_driver()
+    except BuildError as err:
+        print(f"the Go reference driver could not be built, so dra-gpu's figures stand alone: {err}")
+        return None
+    return _go(cluster, binary, devices)
+
+
+def _alternate(contenders: list[Contender], runs: int, run: Callable[[Contender], None]) -> list[Contender]:
+    """Run each contender `runs` times in turns; a contender that fails is dropped with the reason."""
+    for number in range(1, runs + 1):
+        for contender in list(contenders):
+            print(f"run {number}/{runs}: {contender.label}", flush=True)
+            try:
+                run(contender)
+            except (RuntimeError, OSError, grpc.RpcError) as err:
+                if contender.label == DRA_GPU:
+                    raise
+                print(f"  {contender.label} dropped from the comparison: {err}", flush=True)
+                contenders.remove(contender)
+    return contenders
+
+
+def main() -> None:
+    """Run the comparison and print the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=int(os.environ.get("BENCH_RUNS", "3")),
+        help="runs of each driver ($BENCH_RUNS)",
+    )
+    parser.add_argument(
+        "--devices", type=int, default=128, help="devices of each driver (fake GPUs for dra-gpu)"
+    )
+    parser.add_argument("--claims", type=int, default=200, help="claims prepared one by one per run")
+    parser.add_argument(
+        "--pileup", type=parse_levels, default=(0, 64, 1000), help="prepared claims, e.g. 0,64,1000"
+    )
+    parser.add_argument("--no-go", action="store_true", help="dra-gpu alone")
+    args = parser.parse_args()
+
+    with running_cluster() as cluster:
+        kube = Kube(cluster.kubeconfig)
+        ours = _dra_gpu(cluster, args.devices)
+        theirs = None if args.no_go else _go_contender(cluster, args.devices)
+        contenders = _alternate(
+            [c for c in (ours, theirs) if c is not None], args.runs, lambda c: _run(c, cluster, kube, args)
+        )
+        kube.close()
+    theirs = theirs if theirs in contenders else None
+    print(
+        f"dra-gpu beside Kubernetes' DRA test driver ({kubernetes_version()}), {args.devices} devices each, "
+        f"{args.runs} alternating runs, median (range) of the per-run figures; ratio = dra-gpu / go"
+    )
+    for line in report(ours, theirs):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""The comparison benchmark's pure parts: how figures are summarised and printed, what it builds.
+
+No cluster and no build here: the module that builds the Go reference driver must pin the
+release the cluster runs, with the same staging modules, or the two would not be comparable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from pathlib import Path
+
+import pytest
+from localcluster.binaries import (
+    BuildError,
+    GoModule,
+    go_dra_driver_module,
+    kubernetes_module,
+    supported_kubernetes_versions,
+)
+
+from tests.bench.bench_compare import Contender, cpu_seconds, figure_line, parse_levels, report, spread
+
+
+def test_a_figure_is_the_median_of_the_runs_with_their_range() -> None:
+    assert spread([3.0, 1.0, 2.0]) == (spread([2.0, 1.0, 3.0]))
+    summary = spread([3.0, 1.0, 2.0, 10.0])
+    assert (summary.median, summary.low, summary.high) == (2.5, 1.0, 10.0)
+    with pytest.raises(ValueError, match="no runs"):
+        spread([])
+
+
+def test_a_figure_line_gives_both_drivers_and_the_ratio_of_medians() -> None:
+    line = figure_line("first prepare p50", "ms", [1.1, 1.3, 1.2], [1.6, 1.5, 1.7])
+    assert line == (
+        "first prepare p50: dra-gpu 1.20 ms (1.10-1.30 ms), go reference 1.60 ms (1.50-1.70 ms), ratio 0.75x"
+    )
+
+
+def test_one_run_prints_no_range_and_about_three_significant_figures() -> None:
+    assert figure_line("RSS after the run", "MiB", [98.42], [46.88]) == (
+        "RSS after the run: dra-gpu 98.4 MiB, go reference 46.9 MiB, ratio 2.10x"
+    )
+    assert figure_line("burst wall", "ms", [158.4], [22.0]) == (
+        "burst wall: dra-gpu 158 ms, go reference 22.0 ms, ratio 7.20x"
+    )
+
+
+def test_without_the_go_driver_the_line_has_dra_gpus_figure_alone() -> None:
+    assert figure_line("unprepare p50", "ms", [3.5], []) == "unprepare p50: dra-gpu 3.50 ms"
+
+
+def test_the_report_has_a_line_per_figure_of_dra_gpu_in_its_unit() -> None:
+    ours = Contender("dra-gpu", "gpu.nvidia.com", [], Path("dra.sock"), Path("dra-gpu.log"))
+    theirs = Contender("go reference", "test-driver.cdi.k8s.io", [], Path("dra.sock"), Path("go.log"))
+    ours.record("start -> registered + slices published", 0.8)
+    ours.record("first prepare p50", 2.0)
+    theirs.record("first prepare p50", 1.0)
+    assert report(ours, theirs) == [
+        "start -> registered + slices published: dra-gpu 0.80 s",
+        "first prepare p50: dra-gpu 2.00 ms, go reference 1.00 ms, ratio 2.00x",
+    ]
+    assert report(ours, None)[1] == "first prepare p50: dra-gpu 2.00 ms"
+
+
+def test_pileup_levels_are_parsed_sorted_and_checked() -> None:
+    assert parse_levels("1000, 0,64,64") == (0, 64, 1000)
+    with pytest.raises(argparse.ArgumentTypeError, match="whole numbers"):
+        parse_levels("0,many")
+    with pytest.raises(argparse.ArgumentTypeError, match="0 or more"):
+        parse_levels("-1,5")
+
+
+def test_cpu_time_of_this_process_is_read_from_proc() -> None:
+    used = os.times()
+    measured = cpu_seconds(os.getpid())
+    # Clock ticks: the kernel's figure rounds to 1/CLK_TCK of what os.times() reports.
+    assert abs(measured - (used.user + used.system)) < 0.1
+
+
+def _replaced(module: GoModule) -> set[tuple[str, str]]:
+    text = module.go_mod.read_text()
+    return set(re.findall(r"^\s*(k8s\.io/\S+) => k8s\.io/\S+ (v\S+)$", text, re.M))
+
+
+def test_the_go_reference_pins_each_release_the_cluster_runs_with_its_staging_modules() -> None:
+    for version in supported_kubernetes_versions():
+        ours, cluster = go_dra_driver_module(version), kubernetes_module(version)
+        assert ours.version() == cluster.version() == version
+        assert ours.go_mod.with_suffix(".sum").is_file(), f"{ours.go_mod}: commit its .sum"
+
+        assert _replaced(ours) == _replaced(cluster)
+        assert "k8s.io/kubernetes/test/e2e/dra/test-driver" in ours.go_mod.read_text()
+
+
+def test_a_release_without_a_go_reference_modfile_says_which_file_is_missing() -> None:
+    with pytest.raises(BuildError, match=r"has no versions/v1\.99\.0\.mod"):
+        go_dra_driver_module("v1.99.0")

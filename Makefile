@@ -91,6 +91,9 @@ clean:
 # Figures, not assertions: start-up time, NodePrepareResources latency, memory;
 # the device plugin's start-up, re-registration after kubelet restarts, call latency;
 # dra.cel against cel-expr-python (docs/architecture.md, "CEL: why our own evaluator").
+# bench_compare also runs Kubernetes' own DRA test driver (built into the cache on first use,
+# about 3 minutes with the kubelet's packages in the Go build cache) in BENCH_RUNS alternating runs.
+BENCH_RUNS ?= 3
 bench: binaries
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_driver
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_deviceplugin
@@ -98,6 +101,7 @@ bench: binaries
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_sharing
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_webhook
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_features
+	$(LOCAL) $(BIN)/python -m tests.bench.bench_compare --runs $(BENCH_RUNS)
 
 # The real scheduler placing GPU claims on 100 and 500 kubelet-less nodes, per slice layout
 # (docs/mig.md: what dynamic MIG costs the scheduler). Minutes; not part of `make bench`.

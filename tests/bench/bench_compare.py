@@ -1,6 +1,6 @@
 """Benchmark: the driver beside Kubernetes' own DRA test driver (Go), alternating runs on one cluster.
 
-    python -m tests.bench.bench_compare [--runs 3] [--devices 128] [--claims 200] [--pileup 0,64,1000]
+    python -m tests.bench.bench_compare [--runs 3] [--devices 128] [--claims 100] [--pileup 0,64,1000]
 
 Kubernetes' DRA test driver (k8s.io/kubernetes/test/e2e/dra/test-driver at the cluster's
 release, built into the cache on first use from deploy/local/gobench) is the reference:
@@ -9,7 +9,7 @@ claim. Both run in turns (dra-gpu, Go, dra-gpu, Go, ...) as real processes on th
 local cluster, each with the same number of devices and the same claims (1-device claims
 allocated to its own driver name and devices), and the benchmark plays the kubelet:
 NodePrepareResources and NodeUnprepareResources over each driver's DRA socket. Every run
-starts its driver afresh (no checkpoint, no ResourceSlices left from the last run).
+starts its driver afresh (no checkpoint, CDI specs or ResourceSlices left from the last run).
 
 Each figure is taken once per run; the report gives the median and range over the runs of
 each driver and the ratio of the medians (dra-gpu / Go: below 1x dra-gpu is ahead). Prints
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import time
@@ -133,7 +134,7 @@ class Contender:
     log: Path
     #: Figure name -> one value per run.
     figures: dict[str, list[float]] = field(default_factory=dict)
-    #: Left over from a run, removed before the next one (dra-gpu's checkpoint).
+    #: Directories whose contents a run leaves (checkpoint, CDI specs), emptied before the next one.
     state: tuple[Path, ...] = ()
 
     def record(self, name: str, value: float) -> None:
@@ -146,9 +147,8 @@ def _dra_gpu(cluster: ClusterInfo, devices: int) -> Contender:
     profile.write_text(yaml.safe_dump({"gpus": [{"model": FAKE_MODEL, "count": devices}]}))
     log = Path(cluster.log_path("bench-dra-gpu"))
     process = DriverProcess(cluster, str(profile), log, instance_id="bench")
-    return Contender(
-        DRA_GPU, process.driver_name, process.args(), process.dra_socket, log, state=(process.checkpoint,)
-    )
+    state = (process.checkpoint.parent, Path(cluster.cdi_dir))
+    return Contender(DRA_GPU, process.driver_name, process.args(), process.dra_socket, log, state=state)
 
 
 def _go(cluster: ClusterInfo, binary: Path, devices: int) -> Contender:
@@ -171,7 +171,7 @@ def _go(cluster: ClusterInfo, binary: Path, devices: int) -> Contender:
         f"--cdi-dir={cdi}",
     ]
     log = Path(cluster.log_path("bench-go-driver"))
-    return Contender(GO, GO_DRIVER, args, plugins / GO_DRIVER / "dra.sock", log)
+    return Contender(GO, GO_DRIVER, args, plugins / GO_DRIVER / "dra.sock", log, state=(cdi,))
 
 
 def _devices(kube: Kube, driver: str, node: str) -> list[str]:
@@ -192,8 +192,13 @@ def _running(
     contender: Contender, cluster: ClusterInfo, kube: Kube, devices: int
 ) -> Iterator[tuple[int, float]]:
     """The driver started afresh: its pid and seconds from spawn to registered and every device published."""
-    for leftover in contender.state:
-        leftover.unlink(missing_ok=True)
+    # What the last run left prepared is not unprepared (1000 claims take minutes): its files go.
+    for directory in contender.state:
+        for leftover in directory.glob("*"):
+            if leftover.is_dir():
+                shutil.rmtree(leftover)
+            else:
+                leftover.unlink()
     for stale in kube.list_objects(
         "resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.driver={contender.driver}"
     ):
@@ -348,8 +353,6 @@ def _run(contender: Contender, cluster: ClusterInfo, kube: Kube, args: argparse.
                     timed.append(kubelet.prepare(ref))
                     kubelet.unprepare(ref)
                 contender.record(f"prepare p50 with {level} claims prepared", _percentile(timed, 50))
-            for ref in held:
-                kubelet.unprepare(ref)
         rss, _ = _rss_kib(pid)
         contender.record("RSS after the run", rss / 1024)
     kube.delete("v1", "Namespace", namespace)
@@ -404,12 +407,17 @@ def main() -> None:
     parser.add_argument(
         "--devices", type=int, default=128, help="devices of each driver (fake GPUs for dra-gpu)"
     )
-    parser.add_argument("--claims", type=int, default=200, help="claims prepared one by one per run")
+    parser.add_argument(
+        "--claims", type=int, default=100, help="claims prepared one by one and held (at most --devices)"
+    )
     parser.add_argument(
         "--pileup", type=parse_levels, default=(0, 64, 1000), help="prepared claims, e.g. 0,64,1000"
     )
     parser.add_argument("--no-go", action="store_true", help="dra-gpu alone")
     args = parser.parse_args()
+    if not 0 < args.claims <= args.devices:
+        # They are held prepared together, one device each (dra-gpu refuses a device twice).
+        parser.error(f"--claims must be 1 to --devices ({args.devices}), not {args.claims}")
 
     with running_cluster() as cluster:
         kube = Kube(cluster.kubeconfig)
@@ -419,7 +427,7 @@ def main() -> None:
             [c for c in (ours, theirs) if c is not None], args.runs, lambda c: _run(c, cluster, kube, args)
         )
         kube.close()
-    theirs = theirs if theirs in contenders else None
+    theirs = theirs if any(c is theirs for c in contenders) else None
     print(
         f"dra-gpu beside Kubernetes' DRA test driver ({kubernetes_version()}), {args.devices} devices each, "
         f"{args.runs} alternating runs, median (range) of the per-run figures; ratio = dra-gpu / go"

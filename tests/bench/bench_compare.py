@@ -380,7 +380,7 @@ def _go_contender(cluster: ClusterInfo, devices: int) -> Contender | None:
     return _go(cluster, binary, devices)
 
 
-def _alternate(contenders: list[Contender], runs: int, run: Callable[[Contender], None]) -> list[Contender]:
+def alternate(contenders: list[Contender], runs: int, run: Callable[[Contender], None]) -> list[Contender]:
     """Run each contender `runs` times in turns; a contender that fails is dropped with the reason."""
     for number in range(1, runs + 1):
         for contender in list(contenders):
@@ -423,7 +423,7 @@ def main() -> None:
         kube = Kube(cluster.kubeconfig)
         ours = _dra_gpu(cluster, args.devices)
         theirs = None if args.no_go else _go_contender(cluster, args.devices)
-        contenders = _alternate(
+        contenders = alternate(
             [c for c in (ours, theirs) if c is not None], args.runs, lambda c: _run(c, cluster, kube, args)
         )
         kube.close()

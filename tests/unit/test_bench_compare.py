@@ -20,7 +20,15 @@ from localcluster.binaries import (
     supported_kubernetes_versions,
 )
 
-from tests.bench.bench_compare import Contender, cpu_seconds, figure_line, parse_levels, report, spread
+from tests.bench.bench_compare import (
+    Contender,
+    alternate,
+    cpu_seconds,
+    figure_line,
+    parse_levels,
+    report,
+    spread,
+)
 
 
 def test_a_figure_is_the_median_of_the_runs_with_their_range() -> None:
@@ -97,3 +105,31 @@ def test_the_go_reference_pins_each_release_the_cluster_runs_with_its_staging_mo
 def test_a_release_without_a_go_reference_modfile_says_which_file_is_missing() -> None:
     with pytest.raises(BuildError, match=r"has no versions/v1\.99\.0\.mod"):
         go_dra_driver_module("v1.99.0")
+
+
+def test_a_go_driver_that_fails_is_dropped_with_the_reason_and_dra_gpu_runs_on(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ours = Contender("dra-gpu", "gpu.nvidia.com", [], Path("dra.sock"), Path("dra-gpu.log"))
+    theirs = Contender("go reference", "test-driver.cdi.k8s.io", [], Path("dra.sock"), Path("go.log"))
+
+    def run(contender: Contender) -> None:
+        if contender is theirs:
+            raise RuntimeError("go reference exited with 1: see go.log")
+        contender.record("first prepare p50", 2.0)
+
+    left = alternate([ours, theirs], 2, run)
+    assert left == [ours]
+    assert ours.figures == {"first prepare p50": [2.0, 2.0]}
+    out = capsys.readouterr().out
+    assert "go reference dropped from the comparison: go reference exited with 1: see go.log" in out
+
+
+def test_a_failing_dra_gpu_run_ends_the_benchmark() -> None:
+    ours = Contender("dra-gpu", "gpu.nvidia.com", [], Path("dra.sock"), Path("dra-gpu.log"))
+
+    def run(contender: Contender) -> None:
+        raise RuntimeError("dra-gpu failed to prepare ns/first-0: no such device")
+
+    with pytest.raises(RuntimeError, match="no such device"):
+        alternate([ours], 1, run)

@@ -7,17 +7,20 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.kube import KubeError
 from dra.cli import main
-from dra.core.migconfig import MigConfigs, parse_mig_configs
-from dra.daemon.bootstrap import gpu_library
+from dra.core.migconfig import LAYOUT_LABEL, MigConfigs, parse_mig_configs
+from dra.daemon.bootstrap import DaemonSettings, gpu_library
 from dra.daemon.miglayout import (
     Applied,
     MigLayoutError,
+    apply_at_start,
     apply_layout,
     held_instances,
     load_configs,
@@ -331,3 +334,77 @@ def test_every_layout_of_the_documented_example_applies_to_its_gpus(tmp_path: Pa
         ("2g.20gb", 0),
         ("3g.40gb", 4),
     ]
+
+
+class FakeKube:
+    """The Node (with its labels) and the Events recorded on it, as KubeClient answers them."""
+
+    def __init__(self, labels: dict[str, str] | None, events_allowed: bool = True) -> None:
+        self.labels = labels
+        self.events_allowed = events_allowed
+        self.events: list[tuple[str, str, str]] = []
+
+    async def get_node(self, name: str) -> dict[str, Any]:
+        if self.labels is None:
+            raise KubeError("connection refused")
+        return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": self.labels}}
+
+    async def create_event(
+        self, involved: dict[str, Any], reason: str, message: str, *, host: str = ""
+    ) -> None:
+        if not self.events_allowed:
+            raise KubeError("events is forbidden", 403)
+        self.events.append((involved["metadata"]["name"], reason, message))
+
+
+def _settings(root: Path) -> DaemonSettings:
+    return DaemonSettings(
+        driver_name="gpu.nvidia.com",
+        node_name=NODE,
+        kubelet_root=root / "kubelet",
+        cdi_root=root / "cdi",
+        state_dir=root,
+        fake_gpus="h100x8",
+    )
+
+
+async def _start(root: Path, kube: FakeKube, fallback: str | None) -> MigModes:
+    layouts = root / "layouts.yaml"
+    layouts.write_text(yaml.safe_dump(LAYOUTS))
+    return await apply_at_start(_settings(root), kube, layouts, fallback)  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_the_node_label_names_the_layout_and_the_flag_serves_nodes_without_it(tmp_path: Path) -> None:
+    modes = await _start(tmp_path, FakeKube({LAYOUT_LABEL: "sevens"}), "mixed")
+    assert _layout(tmp_path) == {g: [("1g.10gb", s) for s in range(7)] for g in (0, 1)}
+    lib = _lib(tmp_path)
+    assert modes.of(0, lib.uuid(lib.device_by_index(0))) == "static"
+    await _start(tmp_path, FakeKube({}), "off")
+    assert _layout(tmp_path) == {}
+
+
+@pytest.mark.anyio
+async def test_without_a_label_or_a_flag_the_gpus_stay_as_they_are(tmp_path: Path) -> None:
+    _apply(tmp_path, "sevens")
+    assert await _start(tmp_path, FakeKube({}), None) == MigModes()
+    assert _layout(tmp_path) == {g: [("1g.10gb", s) for s in range(7)] for g in (0, 1)}
+    # An API server that does not answer: the flag's layout.
+    await _start(tmp_path, FakeKube(None), "off")
+    assert _layout(tmp_path) == {}
+
+
+@pytest.mark.anyio
+async def test_what_the_layout_cannot_do_yet_is_an_event_on_the_node(tmp_path: Path) -> None:
+    _apply(tmp_path, "mixed")
+    three_g = next(m for m in _migs(_lib(tmp_path)) if m.profile == "3g.40gb")
+    device = PreparedDevice(("r",), NODE, three_g.name, (), uuid=three_g.uuid)
+    CheckpointStore(tmp_path / "checkpoint.json").save({"u": PreparedClaim("u", "a", "b", (device,))})
+    kube = FakeKube({LAYOUT_LABEL: "off"})
+    await _start(tmp_path, kube, None)
+    [(node, reason, message)] = kube.events
+    assert (node, reason) == (NODE, "MigLayoutIncomplete")
+    assert message.startswith("GPU 0 (NVIDIA H100 80GB HBM3): 3g.40gb at 4")
+    assert "MIG stays on" in message
+    # Without RBAC for Events the warning is only logged.
+    await _start(tmp_path, FakeKube({LAYOUT_LABEL: "off"}, events_allowed=False), None)

@@ -212,8 +212,8 @@ def apply_layout(
             for plan in plans:
                 _execute(lib, plan, undo, applied)
     except (MigConfigError, GpuLibraryError) as err:
-        undo.run()
-        raise MigLayoutError(f"cannot apply MIG layout {name!r}: {err}; nothing of it was applied") from None
+        undone = "nothing of it was applied" if undo.run() else "undoing it failed in part (see the log)"
+        raise MigLayoutError(f"cannot apply MIG layout {name!r}: {err}; {undone}") from None
     return applied
 
 
@@ -431,15 +431,26 @@ class _Undo:
     destroyed: list[tuple[int, Existing]] = field(default_factory=list)
     modes: list[tuple[int, int]] = field(default_factory=list)
 
-    def run(self) -> None:
-        """Best effort: each step that fails is logged, and the rest still run."""
-        for index, gi in reversed(self.created):
+    def run(self) -> bool:
+        """Best effort: each step that fails is logged, and the rest still run; whether all went back."""
+        done = [
             self._try(f"destroy GPU instance {gi} made on GPU {index}", dynamic.destroy, self.lib, index, gi)
-        for index, e in reversed(self.destroyed):
+            for index, gi in reversed(self.created)
+        ]
+        done += [
             self._try(f"make {e.profile.name} at {e.start} on GPU {index} again", self._remake, index, e)
-        for index, mode in reversed(self.modes):
-            handle = self.lib.device_by_index(index)
-            self._try(f"set MIG mode {mode} on GPU {index} again", self.lib.set_mig_mode, handle, mode)
+            for index, e in reversed(self.destroyed)
+        ]
+        done += [
+            self._try(
+                f"set MIG mode {mode} on GPU {index} again",
+                self.lib.set_mig_mode,
+                self.lib.device_by_index(index),
+                mode,
+            )
+            for index, mode in reversed(self.modes)
+        ]
+        return all(done)
 
     def _remake(self, index: int, e: Existing) -> None:
         gi = dynamic.create_gpu_instance(
@@ -448,11 +459,13 @@ class _Undo:
         dynamic.create_compute_instance(self.lib, index, gi, e.profile.slices)
 
     @staticmethod
-    def _try(what: str, step: Callable[..., object], *args: object) -> None:
+    def _try(what: str, step: Callable[..., object], *args: object) -> bool:
         try:
             step(*args)
         except GpuLibraryError as err:
             log.error("undoing the MIG layout: cannot %s: %s", what, err)
+            return False
+        return True
 
 
 def static_modes(modes: MigModes, applied: Applied) -> MigModes:
@@ -518,7 +531,7 @@ async def apply_at_start(
         raise MigLayoutError(f"MIG layout {name!r}: cannot read the GPUs: {err}") from None
     finally:
         lib.shutdown()
-    log.info("MIG layout %r from %s applied to %d GPUs", name, path, len(applied.plans))
+    log.info("MIG layout %r from %s applied to %d GPUs", applied.layout, path, len(applied.plans))
     for plan in applied.plans:
         log.info("%s", plan.describe())
     for warning in applied.warnings:

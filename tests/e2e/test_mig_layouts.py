@@ -60,7 +60,8 @@ def driver(
     )
     _fake_state(process).unlink(missing_ok=True)
     try:
-        process.start()
+        # Partitioning comes before the plugin serves: on a busy machine start-up takes longer.
+        process.start(timeout=90)
         yield process
     finally:
         process.stop()
@@ -127,7 +128,7 @@ def test_the_label_s_layout_is_applied_at_start_and_a_claim_gets_one_of_its_devi
 
     # A second start finds the layout in place: nothing is made again, the claim's device stays.
     driver.stop()
-    driver.start()
+    driver.start(timeout=90)
     assert _published(kube, cluster) == published
     assert _instances(driver)[0] == [("1g.10gb", 2), ("1g.10gb", 3), ("2g.20gb", 0), ("3g.40gb", 4)]
     delete_pods_and_wait(kube, cluster, namespace, [claim])

@@ -27,7 +27,7 @@ from dra.core.assignment import Selector, SelectorError, parse_selector
 from dra.core.labels import AdminTemplate, LabelError, parse_template
 from dra.core.slices import SliceError, build_slices
 from dra.core.versions import ApiFeatures
-from dra.daemon import healthctl, logs
+from dra.daemon import healthctl, logs, miglayout
 from dra.daemon.bootstrap import DaemonSettings, StartupError, default_state_dir, gpu_library, load_inventory
 from dra.daemon.flags import UsageError, apply_environment, boolean, csv, nonempty, option, path, seconds
 from dra.daemon.health import APPLICATION_XIDS, parse_xids
@@ -36,7 +36,7 @@ from dra.deviceplugin import setup as dpsetup
 from dra.deviceplugin.allocate import Strategy, parse_strategies
 from dra.deviceplugin.daemon import DevicePluginSettings, run_device_plugin
 from dra.deviceplugin.resources import DEFAULT_RESOURCE
-from dra.gpu.nvml import GpuLibraryError
+from dra.gpu.nvml import GpuLibrary, GpuLibraryError
 from dra.kubeletplugin.daemon import PluginSettings, run_kubelet_plugin
 from dra.labeller.daemon import LabellerSettings, run_node_labeller
 from dra.model.migmode import MigModes, parse_mig_modes
@@ -108,6 +108,23 @@ def _gpu_source(parser: argparse.ArgumentParser) -> None:
         "with --fake-gpus: make the fake GPUs visible to real containers: device nodes under DIR/dev "
         "and a stand-in driver (nvidia-smi -L) under DIR/driver-root, which the CDI specs point at",
         type=path,
+    )
+
+
+def _mig_layout(parser: argparse.ArgumentParser) -> None:
+    option(
+        parser,
+        "--mig-config-file",
+        "static MIG layouts in NVIDIA mig-parted's format (version: v1, mig-configs: {name: [{devices, "
+        "mig-enabled, mig-devices}]}), applied to the GPUs at start; the layout is the one the Node's "
+        "nvidia.com/mig.config label names; see docs/mig.md",
+        type=path,
+    )
+    option(
+        parser,
+        "--mig-config",
+        "with --mig-config-file: the layout for a node without the nvidia.com/mig.config label",
+        type=nonempty,
     )
 
 
@@ -280,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the nvidia-cuda-mps-control binary that runs a claim's MPS control daemon; default: "
         "nvidia-cuda-mps-control on PATH (with --fake-gpus: the fake one, python -m dra.gpu.fakemps)",
     )
+    _mig_layout(plugin)
     option(
         plugin,
         "--rolling-update",
@@ -436,6 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=nonempty,
     )
     option(discover, "--output", "output format", "yaml", choices=("yaml", "json"))
+    _mig_layout(discover)
     option(
         discover,
         "--kubernetes-minor",
@@ -540,9 +559,11 @@ def _api_schema(args: argparse.Namespace) -> int:
 
 
 def _discover(args: argparse.Namespace) -> int:
-    inventory = load_inventory(
-        gpu_library(args.fake_gpus, args.node_name), args.mig_mode.for_node(args.node_name)
-    )
+    lib = gpu_library(args.fake_gpus, args.node_name)
+    modes = args.mig_mode.for_node(args.node_name)
+    if args.mig_config_file:
+        modes = _dry_run_layout(lib, args, modes)
+    inventory = load_inventory(lib, modes)
     features = ApiFeatures(minor=args.kubernetes_minor, partitionable_devices=True)
     try:
         items = build_slices(
@@ -556,6 +577,24 @@ def _discover(args: argparse.Namespace) -> int:
     else:
         print(yaml.safe_dump(document, sort_keys=False), end="")
     return 0
+
+
+def _dry_run_layout(lib: GpuLibrary, args: argparse.Namespace, modes: MigModes) -> MigModes:
+    """The layout's plan on stderr; fake GPUs (kept in memory here) are partitioned, real ones left alone."""
+    if not args.mig_config:
+        raise StartupError("--mig-config-file: name the layout to show with --mig-config")
+    configs = miglayout.load_configs(args.mig_config_file)
+    try:
+        lib.init()
+    except GpuLibraryError as err:
+        raise StartupError(f"cannot read GPUs through NVML: {err}") from None
+    applied = miglayout.apply_layout(lib, configs, args.mig_config, set(), modes, dry_run=not args.fake_gpus)
+    print(f"MIG layout {args.mig_config!r} of {args.mig_config_file}:", file=sys.stderr)
+    for plan in applied.plans:
+        print(f"  {plan.describe()}", file=sys.stderr)
+    for warning in applied.warnings:
+        print(f"  warning: {warning}", file=sys.stderr)
+    return miglayout.static_modes(modes, applied)
 
 
 def _time_slices(args: argparse.Namespace) -> int:
@@ -601,12 +640,16 @@ def _daemon_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _kubelet_plugin(args: argparse.Namespace) -> int:
+    if args.mig_config and not args.mig_config_file:
+        raise StartupError("--mig-config names a layout of --mig-config-file, which is not set")
     settings = PluginSettings(
         **_daemon_settings(args),
         kubeconfig=args.kubeconfig or None,
         unhealthy_taint_effect=args.unhealthy_taint_effect,
         shareable_gpus=args.shareable_gpus,
         mps_control=args.mps_control or None,
+        mig_config_file=args.mig_config_file,
+        mig_config=args.mig_config or None,
         instance_id=(args.instance_id or uuid.uuid4().hex) if args.rolling_update else None,
     )
     anyio.run(run_kubelet_plugin, settings, backend="asyncio")
@@ -698,7 +741,7 @@ def _first_startup_error(group: BaseExceptionGroup[BaseException]) -> StartupErr
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (1 with one line on stderr for any startup error)."""
+    """Entry point; the exit status (1 with one line on stderr for a startup error, 2 for a MIG layout)."""
     try:
         args = parse_args(argv)
     except UsageError as err:
@@ -713,7 +756,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if found is None:
             raise
         print(f"dra-gpu: error: {found}", file=sys.stderr)
-        return 1
+        return found.exit_code
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

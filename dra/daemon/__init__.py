@@ -4,7 +4,8 @@
 probes/metrics endpoint), ``flags`` (every flag also a DRA_GPU_* variable),
 ``logs``, ``metrics`` (the only importer of prometheus_client), ``lifecycle``
 (signals, heartbeat), ``health`` (device health from XID events),
-``rediscovery`` (following GPU changes after start-up), ``sockets``.
+``rediscovery`` (following GPU changes after start-up), ``sockets``,
+``miglayout`` (static MIG layouts applied at start, mig-parted's format).
 
 Rule: may import the layers below (model, core, gpu, adapters); never a
 program package (kubeletplugin, deviceplugin, explain).

@@ -46,7 +46,7 @@ from dra.daemon.lifecycle import Heartbeat, until_stopped
 from dra.gpu.discovery import discover
 from dra.gpu.driverfiles import find_driver_files
 from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.nvml import GpuLibrary, GpuLibraryError, NvmlLibrary
+from dra.gpu.nvml import ERROR_UNKNOWN, GpuLibrary, GpuLibraryError, NvmlLibrary
 from dra.gpu.profiles import ProfileError, load_profile
 from dra.model.devices import Inventory
 from dra.model.migmode import MigModes
@@ -63,6 +63,9 @@ FAKE_MIG_STATE = "fake-gpu-mig.json"
 
 class StartupError(Exception):
     """The daemon cannot start; the message says what to fix."""
+
+    #: The process's exit status.
+    exit_code = 1
 
 
 class GpuInitError(StartupError):
@@ -154,10 +157,20 @@ def gpu_library(
     mig_state = state_dir / FAKE_MIG_STATE if state_dir is not None else None
     lib = FakeGpuLibrary(profile, node_name, events, state_file, fake_gpu_root, mig_state)
     if fake_gpu_root is not None:
+        root = fake_gpu_root
         try:
-            fakegpus.materialise(lib, fake_gpu_root)
+            fakegpus.materialise(lib, root)
         except fakegpus.FakeRootError as err:
             raise StartupError(str(err)) from None
+
+        def made_mig_device() -> None:
+            # A MIG device made after start (a layout, dynamic MIG) needs its capability nodes now.
+            try:
+                fakegpus.materialise(lib, root)
+            except fakegpus.FakeRootError as err:
+                raise GpuLibraryError(ERROR_UNKNOWN, str(err)) from None
+
+        lib.on_mig_change = made_mig_device
     return lib
 
 

@@ -27,7 +27,11 @@ NOT_FOUND. The instances live in a small JSON file when one is given (as they
 live on the GPU, so that a restarted driver finds them), else in memory; the
 instances a profile lists under `mig` are there from the start, at the first
 placements where they all fit. A file written for another profile (another
-MIG layout) counts as absent, as a re-partitioned GPU would.
+MIG layout) counts as absent, as a re-partitioned GPU would. set_mig_mode
+turns MIG on or off at once (recorded in the same file), refused with IN_USE
+while the GPU has instances; a GPU the profile gives no `mig` starts with MIG
+off. With on_mig_change set, each new MIG device is announced (with a root,
+dra.daemon.fakegpus then makes its device nodes).
 
 The addressing mode is the model's (HMM for every catalog model: Turing and
 newer GPUs on an x86 host with NVIDIA's open kernel modules; see
@@ -46,6 +50,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -153,6 +158,10 @@ class FakeGpuLibrary:
         self._watched: set[int] = set()
         self._mig_state = mig_state
         self._memory: dict[int, list[FakeInstance]] | None = None
+        #: MIG modes set through set_mig_mode, by GPU index; the others are the profile's.
+        self._modes: dict[int, int] = {}
+        #: Called after MIG devices appear or go (outside the lock): with a root, their device nodes follow.
+        self.on_mig_change: Callable[[], None] | None = None
         self._lock = threading.Lock()
 
     def _uuid(self, prefix: str, key: str) -> str:
@@ -244,12 +253,41 @@ class FakeGpuLibrary:
         return gpu * 2 // max(len(self.profile.gpus), 2)
 
     def mig_mode(self, gpu: GpuHandle) -> tuple[int, int]:
-        """MIG on where the profile lists MIG devices; NOT_SUPPORTED on models without MIG."""
+        """MIG on where set_mig_mode turned it on or the profile lists MIG devices; NOT_SUPPORTED without MIG.
+
+        A change applies at once (current and pending agree), as on a GPU that needs no reset for it.
+        """
         fake = self._gpu(gpu)
         if not fake.model.mig_profiles:
             raise GpuLibraryError(ERROR_NOT_SUPPORTED, "MIG not supported")
-        mode = 1 if fake.mig is not None else 0
+        mode = 1 if self._mig_on(gpu) else 0
         return mode, mode
+
+    def _mig_on(self, gpu: GpuHandle) -> bool:
+        assert isinstance(gpu, int)
+        with self._lock:
+            self._load()
+            mode = self._modes.get(gpu)
+        return self.profile.gpus[gpu].mig is not None if mode is None else mode == 1
+
+    def set_mig_mode(self, gpu: GpuHandle, mode: int) -> None:
+        """Turn MIG on or off at once; IN_USE while the GPU has GPU instances, as NVML refuses then."""
+        assert isinstance(gpu, int)
+        fake = self._gpu(gpu)
+        if not fake.model.mig_profiles:
+            raise GpuLibraryError(ERROR_NOT_SUPPORTED, f"{fake.model.product_name} does not support MIG")
+        if mode not in (0, 1):
+            raise GpuLibraryError(ERROR_INVALID_ARGUMENT, f"no MIG mode {mode}")
+        with self._lock:
+            state = self._load()
+            if state.get(gpu):
+                raise GpuLibraryError(ERROR_IN_USE, f"GPU {gpu} has MIG instances: destroy them first")
+            self._modes[gpu] = mode
+            self._save(state)
+
+    def pci_device_id(self, gpu: GpuHandle) -> int:
+        """The model's PCI device ID, with NVIDIA's vendor ID in the low 16 bits."""
+        return self._gpu(gpu).model.pci_device_id
 
     def max_mig_device_count(self, gpu: GpuHandle) -> int:
         """Seven slots on MIG-capable GPUs."""
@@ -274,7 +312,7 @@ class FakeGpuLibrary:
         fake = self._gpu(gpu)
         if not fake.model.mig_table:
             raise GpuLibraryError(ERROR_NOT_SUPPORTED, f"{fake.model.product_name} does not support MIG")
-        if fake.mig is None:
+        if not self._mig_on(gpu):
             raise GpuLibraryError(ERROR_NOT_SUPPORTED, f"MIG mode is disabled on GPU {gpu}")
         return fake.model.mig_table
 
@@ -311,6 +349,7 @@ class FakeGpuLibrary:
         if self._mig_state is not None and self._mig_state.exists():
             data = json.loads(self._mig_state.read_text())
             if data.get("profile") == self._layout():
+                self._modes = {int(k): int(v) for k, v in data.get("migMode", {}).items()}
                 return {int(k): [FakeInstance(**i) for i in v] for k, v in data["gpus"].items()}
         if self._memory is None:
             self._memory = {i: self._premade(i) for i in range(len(self.profile.gpus))}
@@ -321,7 +360,8 @@ class FakeGpuLibrary:
         if self._mig_state is None:
             return
         gpus = {str(k): [asdict(i) for i in v] for k, v in sorted(state.items())}
-        text = json.dumps({"profile": self._layout(), "gpus": gpus})
+        modes = {str(k): v for k, v in sorted(self._modes.items())}
+        text = json.dumps({"profile": self._layout(), "gpus": gpus, "migMode": modes})
         # Atomically, as the real GPU changes: a reader never sees half a state.
         tmp = self._mig_state.with_name(f".{self._mig_state.name}.tmp")
         tmp.parent.mkdir(parents=True, exist_ok=True)
@@ -463,6 +503,8 @@ class FakeGpuLibrary:
             ci = next(n for n in range(64) if n not in instance.compute_instances)
             instance.compute_instances.append(ci)
             self._save(state)
+        if self.on_mig_change is not None:
+            self.on_mig_change()
         return ComputeInstanceHandle(_FakeCi(gi.gpu_index, gi.gpu_instance_id, ci))
 
     def compute_instances(self, gi: GpuInstanceHandle) -> list[ComputeInstanceHandle]:

@@ -186,6 +186,16 @@ class GpuLibrary(Protocol):
     def mig_mode(self, gpu: GpuHandle) -> tuple[int, int]:
         """(current, pending) MIG mode; GpuLibraryError(NOT_SUPPORTED) on GPUs without MIG."""
 
+    def set_mig_mode(self, gpu: GpuHandle, mode: int) -> None:
+        """Ask for MIG mode on (1) or off (0); it may stay pending until the GPU is reset (see mig_mode).
+
+        GpuLibraryError(NOT_SUPPORTED) on GPUs without MIG, (IN_USE) while processes or MIG
+        devices use the GPU.
+        """
+
+    def pci_device_id(self, gpu: GpuHandle) -> int:
+        """nvmlPciInfo_t.pciDeviceId: device ID << 16 | vendor ID (0x233010DE for an H100 SXM5)."""
+
     def max_mig_device_count(self, gpu: GpuHandle) -> int:
         """How many MIG device slots to probe."""
 
@@ -389,6 +399,18 @@ class NvmlLibrary:
         """nvmlDeviceGetMigMode."""
         current, pending = self._call("nvmlDeviceGetMigMode", gpu)
         return int(current), int(pending)
+
+    def set_mig_mode(self, gpu: GpuHandle, mode: int) -> None:
+        """nvmlDeviceSetMigMode; its activation status is the NVML code of applying the change now.
+
+        A status other than success leaves the mode pending (a GPU reset applies it), which
+        mig_mode then shows; the change itself failing raises.
+        """
+        self._call("nvmlDeviceSetMigMode", gpu, mode)
+
+    def pci_device_id(self, gpu: GpuHandle) -> int:
+        """nvmlDeviceGetPciInfo().pciDeviceId."""
+        return int(self._call("nvmlDeviceGetPciInfo", gpu).pciDeviceId)
 
     def max_mig_device_count(self, gpu: GpuHandle) -> int:
         """nvmlDeviceGetMaxMigDeviceCount."""

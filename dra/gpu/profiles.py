@@ -63,6 +63,8 @@ class GpuModel:
     mig_slices: int = migtables.COMPUTE_SLICES
     #: nvmlDeviceAddressingMode value; None: NVML answers NOT_SUPPORTED.
     addressing_mode: int | None = _HMM
+    #: nvmlPciInfo_t.pciDeviceId: the PCI device ID (pci.ids) << 16 | NVIDIA's vendor ID 0x10DE.
+    pci_device_id: int = 0x10DE
 
     @property
     def mig_profiles(self) -> dict[str, MigProfile]:
@@ -84,12 +86,20 @@ class GpuModel:
 
 #: Known products, keyed by a short model name (case-insensitive in profiles).
 MODELS: dict[str, GpuModel] = {
-    "h100-sxm5-80gb": GpuModel("NVIDIA H100 80GB HBM3", 14, 9, (9, 0), 81559, migtables.H100_80GB),
-    "h200-sxm5-141gb": GpuModel("NVIDIA H200", 14, 9, (9, 0), 143771, migtables.H200_141GB),
-    "a100-sxm4-40gb": GpuModel("NVIDIA A100-SXM4-40GB", 14, 7, (8, 0), 40960, migtables.A100_40GB),
-    "a100-sxm4-80gb": GpuModel("NVIDIA A100-SXM4-80GB", 14, 7, (8, 0), 81920, migtables.A100_80GB),
-    "l40s": GpuModel("NVIDIA L40S", 14, 8, (8, 9), 46068),
-    "t4": GpuModel("Tesla T4", 14, 6, (7, 5), 15360),
+    "h100-sxm5-80gb": GpuModel(
+        "NVIDIA H100 80GB HBM3", 14, 9, (9, 0), 81559, migtables.H100_80GB, pci_device_id=0x233010DE
+    ),
+    "h200-sxm5-141gb": GpuModel(
+        "NVIDIA H200", 14, 9, (9, 0), 143771, migtables.H200_141GB, pci_device_id=0x233510DE
+    ),
+    "a100-sxm4-40gb": GpuModel(
+        "NVIDIA A100-SXM4-40GB", 14, 7, (8, 0), 40960, migtables.A100_40GB, pci_device_id=0x20B010DE
+    ),
+    "a100-sxm4-80gb": GpuModel(
+        "NVIDIA A100-SXM4-80GB", 14, 7, (8, 0), 81920, migtables.A100_80GB, pci_device_id=0x20B210DE
+    ),
+    "l40s": GpuModel("NVIDIA L40S", 14, 8, (8, 9), 46068, pci_device_id=0x26B910DE),
+    "t4": GpuModel("Tesla T4", 14, 6, (7, 5), 15360, pci_device_id=0x1EB810DE),
 }
 
 #: Built-in profiles, in the profile file format.

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 import anyio
 import anyio.to_thread
@@ -17,7 +18,7 @@ from dra.adapters.kube import KubeClient, KubeError
 from dra.core import versions
 from dra.core.assignment import GpuPath, Selector, select
 from dra.core.taints import Effect
-from dra.daemon import metrics
+from dra.daemon import metrics, miglayout
 from dra.daemon.bootstrap import (
     DaemonSettings,
     Node,
@@ -56,6 +57,10 @@ class PluginSettings(DaemonSettings):
     shareable_gpus: Selector | None = None
     #: The MPS control binary; None: nvidia-cuda-mps-control on PATH, or the fake one with fake GPUs.
     mps_control: str | None = None
+    #: Static MIG layouts in mig-parted's format, applied at start; None: the GPUs stay as they are.
+    mig_config_file: Path | None = None
+    #: The layout for a node without the nvidia.com/mig.config label.
+    mig_config: str | None = None
 
     @property
     def mps_command(self) -> list[str]:
@@ -106,7 +111,19 @@ async def check_kubelet(kube: KubeClient, node_name: str) -> None:
 
 
 async def run_kubelet_plugin(settings: PluginSettings) -> None:
-    """Run until SIGTERM or SIGINT."""
+    """Run until SIGTERM or SIGINT; first, the node's static MIG layout when there is a layout file."""
+    if settings.mig_config_file is not None:
+        try:
+            kube = KubeClient(settings.kubeconfig)
+        except KubeError as err:
+            raise StartupError(str(err)) from None
+        try:
+            modes = await miglayout.apply_at_start(
+                settings, kube, settings.mig_config_file, settings.mig_config
+            )
+        finally:
+            await kube.aclose()
+        settings = replace(settings, mig_modes=modes)
     async with open_node(settings, GpuPath.DRA) as node:
         await _serve(settings, node)
 

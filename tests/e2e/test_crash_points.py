@@ -89,6 +89,10 @@ COVERED_ELSEWHERE = {
     "mig-compute-instance-created": "tests/unit/test_dynamic_mig_state.py",
     "mig-recorded": "tests/unit/test_dynamic_mig_state.py",
     "mig-destroyed": "tests/unit/test_dynamic_mig_state.py",
+    "miglayout.mode-set": "tests/unit/test_miglayout.py",
+    "miglayout.destroyed": "tests/unit/test_miglayout.py",
+    "miglayout.gpu-instance-created": "tests/unit/test_miglayout.py",
+    "miglayout.compute-instance-created": "tests/unit/test_miglayout.py",
 }
 
 

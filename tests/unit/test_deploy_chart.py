@@ -17,6 +17,7 @@ from localcluster.kube import Obj
 
 from dra.cli import build_parser
 from dra.daemon.flags import env_name
+from dra.daemon.miglayout import load_configs
 from dra.explain.report import standard_device_classes
 from dra.gpu.profiles import BUILTIN_PROFILES, load_profile
 
@@ -642,3 +643,25 @@ def test_without_rolling_updates_pods_are_replaced_one_after_the_other(values: d
     env = _env(plugin)
     assert env["DRA_GPU_ROLLING_UPDATE"] == "false"
     assert "DRA_GPU_INSTANCE_ID" not in env
+
+
+def test_static_mig_layouts_become_a_configmap_the_kubelet_plugin_applies(tmp_path: Path) -> None:
+    layouts = {"all-1g": [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.10gb": 7}}]}
+    objects = chart.template({**FAKE, "mig": {"configs": layouts, "config": "all-1g"}})
+    pod = _only(objects, "DaemonSet")["spec"]["template"]["spec"]
+    container = _container(objects)
+    env = _env(container)
+    assert env["DRA_GPU_MIG_CONFIG_FILE"] == "/etc/dra-gpu/mig/config.yaml"
+    assert env["DRA_GPU_MIG_CONFIG"] == "all-1g"
+    configmap = next(
+        o for o in objects if o["kind"] == "ConfigMap" and "mig-configs" in o["metadata"]["name"]
+    )
+    assert {v["name"]: v for v in pod["volumes"]}["mig-configs"]["configMap"] == {
+        "name": configmap["metadata"]["name"]
+    }
+    assert {m["name"]: m for m in container["volumeMounts"]}["mig-configs"]["mountPath"] == "/etc/dra-gpu/mig"
+    # The file is what the driver reads.
+    path = tmp_path / "config.yaml"
+    path.write_text(configmap["data"]["config.yaml"])
+    assert load_configs(path).layout("all-1g")[0].mig_devices == (("1g.10gb", 7),)
+    assert "DRA_GPU_MIG_CONFIG_FILE" not in _env(_container(chart.template(FAKE)))

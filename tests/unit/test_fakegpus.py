@@ -20,6 +20,7 @@ from dra.daemon.bootstrap import DaemonSettings, gpu_library, node_inventory
 from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Inventory, MigDevice
+from dra.model.migmode import parse_mig_modes
 from tests.unit.helpers import DRIVER, NODE
 
 UID = "0b4e2f7a-61c3-4a8e-9d55-2f0c1e9a7b10"
@@ -177,3 +178,27 @@ def test_prepare_refuses_a_spec_naming_a_node_that_is_gone(tmp_path: Path) -> No
         allocation, uid=UID.replace("0b4e", "1b4e"), devices=(AllocatedDevice("gpu", NODE, "gpu-1"),)
     )
     assert [d.device for d in state.prepare(other).devices] == ["gpu-1"]
+
+
+def test_a_dynamic_mig_device_made_after_start_gets_its_nodes_and_prepares(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, "h100x8-dynamic-mig", mig_modes=parse_mig_modes("dynamic"))
+    lib = gpu_library(
+        settings.fake_gpus, NODE, state_dir=tmp_path / "state", fake_gpu_root=settings.fake_gpu_root
+    )
+    inv = node_inventory(lib, settings)
+    state = DeviceState(
+        DRIVER, NODE, inv, CdiStore(tmp_path / "cdi", DRIVER), CheckpointStore(tmp_path / "cp.json"), lib
+    )
+    allocation = ClaimAllocation(
+        uid=UID,
+        namespace="team-a",
+        name="train",
+        devices=(AllocatedDevice("mig", NODE, "gpu-0-mig-3g40gb-at4"),),
+    )
+    # Before, the new instance's capability nodes appeared only when the driver restarted.
+    [device] = state.prepare(allocation).devices
+    [made] = state.inventory.instances
+    assert made.uuid == device.uuid
+    assert len(made.device_nodes) == 3
+    for node in made.device_nodes:
+        assert _char(tmp_path / "fake" / node.lstrip("/"))[0] in (195, fakegpus.CAPS_MAJOR)

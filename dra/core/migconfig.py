@@ -1,0 +1,334 @@
+"""Static MIG layouts in NVIDIA mig-parted's config format: parsing, GPU selection, placement. Pure.
+
+The format is mig-parted's v1 spec (NVIDIA/mig-parted, api/spec/v1/spec.go and
+the README's example), so one file serves this driver and NVIDIA's tools::
+
+    version: v1
+    mig-configs:
+      <layout name>:
+        - devices: all | [<GPU index>, ...]
+          device-filter: <PCI device ID> | [<PCI device ID>, ...]   # optional, e.g. 0x233010DE
+          mig-enabled: true | false
+          mig-devices: {<GPU-instance profile>: <count>, ...}       # required when mig-enabled
+
+As in mig-parted: `version` must be v1, every layout needs at least one entry,
+an entry needs `devices` and `mig-enabled`, `mig-devices` is required when MIG
+is enabled and must be empty when it is not. Stricter than mig-parted: unknown
+keys are errors everywhere, two entries of a layout must not be able to select
+the same GPU, and compute-instance profiles (`1c.3g.40gb`) are refused, since
+this driver's compute instances always span their GPU instance.
+
+A GPU's PCI device ID is nvmlPciInfo_t.pciDeviceId: the device ID in the upper
+16 bits and NVIDIA's vendor ID 0x10DE in the lower (0x233010DE, an H100 SXM5).
+
+`place` chooses where the instances go: largest profiles first, each at the
+lowest start that leaves room for the rest, around the instances kept; the
+first layout found in that order, so the same input always gives the same
+placements.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+VERSION = "v1"
+#: The node label that names the layout, as NVIDIA's MIG manager reads it.
+LAYOUT_LABEL = "nvidia.com/mig.config"
+
+_TOP_KEYS = ("version", "mig-configs")
+_ENTRY_KEYS = ("devices", "device-filter", "mig-enabled", "mig-devices")
+_PROFILE = re.compile(r"^(?:(\d+)c\.)?\d+g\.\d+gb(?:\+[a-z]+)*$")
+_DEVICE_ID = re.compile(r"^0[xX][0-9a-fA-F]{1,8}$")
+
+
+class MigConfigError(ValueError):
+    """The layout file or a layout is invalid, or cannot be applied; the message names the path."""
+
+
+@dataclass(frozen=True)
+class LayoutEntry:
+    """One entry of a layout: which GPUs, MIG on or off, and the MIG devices each gets."""
+
+    #: Where the entry is in the file, for messages: mig-configs.<name>[<i>].
+    where: str
+    #: GPU indexes; None: all.
+    devices: tuple[int, ...] | None
+    #: PCI device IDs (0x233010DE); empty: any.
+    device_filter: tuple[int, ...]
+    mig_enabled: bool
+    #: (profile, count), in the file's order.
+    mig_devices: tuple[tuple[str, int], ...] = ()
+
+    def selects(self, index: int, device_id: int) -> bool:
+        """Whether this entry is for the GPU of this index and PCI device ID."""
+        return (self.devices is None or index in self.devices) and (
+            not self.device_filter or device_id in self.device_filter
+        )
+
+    def overlaps(self, other: LayoutEntry) -> bool:
+        """Whether some GPU could be selected by both entries."""
+        indexes = (
+            self.devices is None or other.devices is None or bool(set(self.devices) & set(other.devices))
+        )
+        ids = (
+            not self.device_filter
+            or not other.device_filter
+            or bool(set(self.device_filter) & set(other.device_filter))
+        )
+        return indexes and ids
+
+
+@dataclass(frozen=True)
+class MigConfigs:
+    """A parsed layout file: layout name -> its entries."""
+
+    source: str
+    layouts: Mapping[str, tuple[LayoutEntry, ...]]
+
+    def layout(self, name: str) -> tuple[LayoutEntry, ...]:
+        """The entries of a layout; MigConfigError listing the file's layouts when there is none."""
+        found = self.layouts.get(name)
+        if found is None:
+            known = ", ".join(sorted(self.layouts))
+            raise MigConfigError(
+                f"{self.source}: no MIG layout named {name!r} under mig-configs; it has {known}"
+            )
+        return found
+
+
+def parse_mig_configs(data: object, source: str) -> MigConfigs:
+    """Validate a loaded layout file (YAML already parsed); MigConfigError naming the path of the fault."""
+    if not isinstance(data, dict):
+        raise MigConfigError(f"{source}: expected a mapping with `version: v1` and `mig-configs`")
+    _no_unknown(data, _TOP_KEYS, source)
+    if data.get("version") != VERSION:
+        raise MigConfigError(f"{source}: version: expected {VERSION!r}, got {data.get('version')!r}")
+    configs = data.get("mig-configs")
+    if not isinstance(configs, dict) or not configs:
+        raise MigConfigError(
+            f"{source}: mig-configs: expected a mapping of at least one layout name to entries"
+        )
+    layouts: dict[str, tuple[LayoutEntry, ...]] = {}
+    for name, entries in configs.items():
+        where = f"{source}: mig-configs.{name}"
+        if not isinstance(entries, list) or not entries:
+            raise MigConfigError(f"{where}: expected a list of at least one entry")
+        parsed = tuple(_entry(entry, f"{where}[{i}]") for i, entry in enumerate(entries))
+        for i, first in enumerate(parsed):
+            for second in parsed[i + 1 :]:
+                if first.overlaps(second):
+                    raise MigConfigError(
+                        f"{second.where}: selects GPUs that {first.where} selects too; "
+                        "give each GPU one entry (disjoint devices or device-filter)"
+                    )
+        layouts[str(name)] = parsed
+    return MigConfigs(source, layouts)
+
+
+def _no_unknown(data: Mapping[object, object], allowed: Sequence[str], where: str) -> None:
+    unknown = sorted(str(k) for k in data if k not in allowed)
+    if unknown:
+        raise MigConfigError(f"{where}: unknown key {', '.join(unknown)}; allowed: {', '.join(allowed)}")
+
+
+def _entry(data: object, where: str) -> LayoutEntry:
+    if not isinstance(data, dict):
+        raise MigConfigError(f"{where}: expected a mapping with devices, mig-enabled and mig-devices")
+    _no_unknown(data, _ENTRY_KEYS, where)
+    for required in ("devices", "mig-enabled"):
+        if required not in data:
+            raise MigConfigError(f"{where}: missing required key {required}")
+    enabled = data["mig-enabled"]
+    if not isinstance(enabled, bool):
+        raise MigConfigError(f"{where}.mig-enabled: expected true or false, got {enabled!r}")
+    if enabled and "mig-devices" not in data:
+        raise MigConfigError(f"{where}: mig-devices is required when mig-enabled is true ({{}} for none)")
+    mig_devices = _mig_devices(data.get("mig-devices") or {}, f"{where}.mig-devices")
+    if not enabled and mig_devices:
+        raise MigConfigError(f"{where}.mig-devices: must be empty when mig-enabled is false")
+    return LayoutEntry(
+        where,
+        _devices(data["devices"], f"{where}.devices"),
+        _device_filter(data.get("device-filter"), f"{where}.device-filter"),
+        enabled,
+        mig_devices,
+    )
+
+
+def _devices(value: object, where: str) -> tuple[int, ...] | None:
+    if value == "all":
+        return None
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
+    ):
+        raise MigConfigError(f"{where}: expected `all` or a non-empty list of GPU indexes, got {value!r}")
+    if len(set(value)) != len(value):
+        raise MigConfigError(f"{where}: GPU indexes listed twice in {value!r}")
+    return tuple(value)
+
+
+def _device_filter(value: object, where: str) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items:
+        raise MigConfigError(f"{where}: expected a PCI device ID such as 0x233010DE, or a list of them")
+    ids = []
+    for item in items:
+        if not isinstance(item, str) or not _DEVICE_ID.match(item):
+            raise MigConfigError(
+                f"{where}: {item!r} is not a PCI device ID; write it as mig-parted does, "
+                "device and vendor in hex, e.g. 0x233010DE"
+            )
+        ids.append(int(item, 16))
+    return tuple(ids)
+
+
+def _mig_devices(value: object, where: str) -> tuple[tuple[str, int], ...]:
+    if not isinstance(value, dict):
+        raise MigConfigError(f"{where}: expected a mapping of MIG profile to count, e.g. {{1g.10gb: 7}}")
+    found = []
+    for profile, count in value.items():
+        name = str(profile)
+        match = _PROFILE.match(name)
+        if match is None:
+            raise MigConfigError(f"{where}: {name!r} is not a MIG profile name such as 1g.10gb or 1g.10gb+me")
+        if match.group(1) is not None:
+            raise MigConfigError(
+                f"{where}: {name!r} is a compute-instance profile; this driver makes one compute "
+                "instance spanning each GPU instance, so name the GPU-instance profile only"
+            )
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise MigConfigError(f"{where}.{name}: expected a count >= 0, got {count!r}")
+        if count:
+            found.append((name, count))
+    return tuple(found)
+
+
+def select_gpus(entries: Sequence[LayoutEntry], gpus: Sequence[tuple[int, int]]) -> dict[int, LayoutEntry]:
+    """GPU index -> its entry, from (index, PCI device ID) of every GPU; GPUs no entry selects are left out.
+
+    MigConfigError for an entry that names a GPU index the node does not have.
+    """
+    indexes = {index for index, _ in gpus}
+    for entry in entries:
+        missing = sorted(set(entry.devices or ()) - indexes)
+        if missing:
+            raise MigConfigError(
+                f"{entry.where}.devices: no GPU {', '.join(map(str, missing))} on this node "
+                f"(it has {len(gpus)} GPUs)"
+            )
+    chosen: dict[int, LayoutEntry] = {}
+    for index, device_id in gpus:
+        first = next((e for e in entries if e.selects(index, device_id)), None)
+        if first is not None:
+            chosen[index] = first
+    return chosen
+
+
+class ProfileShape(Protocol):
+    """What placement needs of a GPU-instance profile (dra.gpu.migtables.GpuInstanceProfile has it)."""
+
+    @property
+    def name(self) -> str:
+        """nvidia-smi's name, 1g.10gb."""
+
+    @property
+    def slices(self) -> int:
+        """Compute slices."""
+
+    @property
+    def memory_slices(self) -> int:
+        """Memory slices of each placement."""
+
+    @property
+    def starts(self) -> tuple[int, ...]:
+        """Start memory slice of each possible placement."""
+
+    @property
+    def instance_count(self) -> int:
+        """How many instances of it one GPU can hold."""
+
+
+@dataclass(frozen=True, order=True)
+class Slot:
+    """A GPU instance of a profile at a placement start."""
+
+    profile: str
+    start: int
+
+
+def place(
+    table: Sequence[ProfileShape],
+    wanted: Sequence[tuple[str, int]],
+    kept: Sequence[Slot],
+    gpu: str,
+    where: str,
+    compute_slices: int = 7,
+) -> list[Slot]:
+    """Where to make what `wanted` asks beyond the `kept` instances; MigConfigError naming GPU and profile.
+
+    `gpu` names the GPU for messages ("GPU 2 (NVIDIA H100 80GB HBM3)"), `where`
+    the entry. Checks the profiles exist on the model, the per-profile
+    instance limits, the compute slices and that the memory placements fit.
+    """
+    by_name = {p.name: p for p in table}
+    for name, count in wanted:
+        profile = by_name.get(name)
+        if profile is None:
+            known = ", ".join(p.name for p in table) or "none: it has no MIG"
+            raise MigConfigError(
+                f"{where}.mig-devices: {gpu} has no MIG profile {name}; its profiles: {known}"
+            )
+        if count > profile.instance_count:
+            raise MigConfigError(
+                f"{where}.mig-devices: {gpu} cannot hold {count} {name}: at most {profile.instance_count}"
+            )
+    have = {name: sum(1 for k in kept if k.profile == name) for name, _ in wanted}
+    todo = [by_name[name] for name, count in wanted for _ in range(max(count - have[name], 0))]
+    need = sum(by_name[k.profile].slices for k in kept if k.profile in by_name) + sum(p.slices for p in todo)
+    if need > compute_slices:
+        around = f" beside the instances kept ({_slots(kept)})" if kept else ""
+        raise MigConfigError(
+            f"{where}.mig-devices: {gpu} cannot hold {_listing(wanted)}{around}: that needs {need} "
+            f"compute slices, it has {compute_slices}"
+        )
+    # Largest first: they have the fewest placements, the small ones fill the gaps.
+    todo.sort(key=lambda p: (-p.slices, -p.memory_slices, p.name))
+    taken = [(by_name[k.profile].memory_slices if k.profile in by_name else 1, k) for k in kept]
+    occupied = [(k.start, size) for size, k in taken]
+    found = _search(todo, occupied)
+    if found is None:
+        around = f" around the instances kept ({_slots(kept)})" if kept else ""
+        first = todo[0].name if todo else "?"
+        raise MigConfigError(
+            f"{where}.mig-devices: {gpu} has no memory placements for {_listing(wanted)}{around}: "
+            f"no placement left for {first} and the rest"
+        )
+    return found
+
+
+def _search(todo: Sequence[ProfileShape], occupied: list[tuple[int, int]]) -> list[Slot] | None:
+    if not todo:
+        return []
+    profile, rest = todo[0], todo[1:]
+    for start in profile.starts:
+        if any(s < start + profile.memory_slices and start < s + size for s, size in occupied):
+            continue
+        tail = _search(rest, [*occupied, (start, profile.memory_slices)])
+        if tail is not None:
+            return [Slot(profile.name, start), *tail]
+    return None
+
+
+def _listing(wanted: Sequence[tuple[str, int]]) -> str:
+    return ", ".join(f"{count}x {name}" for name, count in wanted)
+
+
+def _slots(slots: Sequence[Slot]) -> str:
+    return ", ".join(f"{s.profile} at {s.start}" for s in sorted(slots))

@@ -356,6 +356,8 @@ def _decide_sharing(
     if mps and not mps_root:
         problems.append("MPS is not available on this node (the driver runs no MPS control daemons)")
     mps_settings, mps_problems = sharing.decide_mps(list(mps.values()))
+    if mps:
+        mps_problems += sharing.mps_set_problems(allocation.uid, [r.device for r in mps.values()], prepared)
     return intervals, mps_settings, problems + mps_problems
 
 

@@ -58,6 +58,11 @@ def _check(result: int, what: str) -> None:
             f"; the MPS control daemon needs a mount namespace of its own, which takes CAP_SYS_ADMIN "
             f"in the kubelet plugin's container (Helm chart: {CHART_VALUE})"
         )
+    elif code == errno.EACCES:
+        reason += (
+            "; an AppArmor or SELinux policy forbids it to the kubelet plugin's container "
+            f"(the Helm chart runs it unconfined with {CHART_VALUE})"
+        )
     raise LaunchError(f"cannot {what}: {reason}")
 
 

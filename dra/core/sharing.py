@@ -145,7 +145,8 @@ def mps_set_problems(uid: str, devices: Sequence[Device], prepared: Mapping[str,
     serves some of them with others.
 
     A GPU or MIG device runs one MPS server, so claims using MPS on the same devices share
-    one daemon, which serves one set of devices.
+    one daemon, which serves one set of devices. A MIG device still to be made has no UUID
+    yet ("") and is in no daemon's set.
     """
     wanted = {d.uuid for d in devices}
     for claim in prepared.values():

@@ -59,15 +59,16 @@ def _claim(uid: str, *devices: str, config: OpaqueConfig | None = None) -> Claim
 
 
 class Node:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, profile: str = "h100x8") -> None:
         self.root = root
+        self.profile = profile
         self.daemons = MpsDaemons(root / "mps", FAKE_MPS)
 
     def state(self, daemons: MpsDaemons | None = None) -> DeviceState:
         state = DeviceState(
             DRIVER,
             NODE,
-            inventory("h100x8"),
+            inventory(self.profile),
             CdiStore(self.root / "cdi", DRIVER),
             CheckpointStore(self.root / "checkpoint.json"),
             mps=daemons or self.daemons,
@@ -401,3 +402,30 @@ def test_without_cap_sys_admin_the_claim_is_refused_naming_the_chart_value(node:
     )
     assert prepared == "[]"
     assert node.daemons.daemons() == []
+
+
+def test_a_mig_device_gets_its_own_daemon_which_sees_the_mig_device_by_uuid(tmp_path: Path) -> None:
+    node = Node(tmp_path, "h100x8-mig")
+    mig = inventory("h100x8-mig").get("gpu-4-mig-1g10gb-3-0")
+    assert mig is not None
+    config = OpaqueConfig(
+        "FromClaim",
+        (),
+        {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "MigDeviceConfig",
+            "sharing": {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "4Gi"}},
+        },
+    )
+    try:
+        node.state().prepare(_claim(UID_A, mig.name, config=config))
+        key = sharing.mps_key([mig.uuid])
+        pid = node.daemons.pid(key)
+        assert pid is not None
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert f"CUDA_VISIBLE_DEVICES={mig.uuid}".encode() in environ
+        log = node.control_log(key)
+        assert f"devices {mig.uuid}" in log
+        assert "Command: set_default_device_pinned_mem_limit 0 4096M" in log
+    finally:
+        node.daemons.stop_others({})

@@ -178,7 +178,9 @@ def test_daemonset_security_context_is_uid0_without_capabilities() -> None:
 
 def test_mps_adds_only_cap_sys_admin_and_no_apparmor_profile_to_the_kubelet_plugin() -> None:
     # Each MPS control daemon starts in a mount namespace of its own (dra.kubeletplugin.mpslaunch).
-    objects = chart.template({"kubeletPlugin": {"mps": {"enabled": True}}, "devicePlugin": {"enabled": False}})
+    objects = chart.template(
+        {"kubeletPlugin": {"mps": {"enabled": True}}, "devicePlugin": {"enabled": False}}
+    )
     assert _container(objects)["securityContext"] == {
         "privileged": False,
         "allowPrivilegeEscalation": True,

@@ -3,11 +3,10 @@
 Claims and DeviceClasses may carry parameters for this driver
 (`opaque.driver: gpu.nvidia.com`; allocation.read_allocation keeps only those).
 They decode to NVIDIA's `resource.nvidia.com/v1beta1` GpuConfig / MigDeviceConfig
-(dra.api.v1beta1), are validated against the devices each applies to, and are
-checked against what this driver implements (`not_implemented`). The admission
-webhook runs the same decoding and the same `not_implemented` check, so it refuses
-what prepare would; only the checks that need the devices wait for prepare. A
-setting this driver cannot honour is an error for that claim, never silently ignored.
+(dra.api.v1beta1) and are validated against the devices each applies to. The
+admission webhook runs the same decoding, so it refuses what prepare would; only
+the checks that need the devices wait for prepare. A setting this driver cannot
+honour is an error for that claim, never silently ignored.
 """
 
 from __future__ import annotations
@@ -32,19 +31,6 @@ def root(parameters: Mapping[str, Any]) -> str:
     return kind if isinstance(kind, str) and kind in KINDS else "parameters"
 
 
-def not_implemented(config: DeviceConfig) -> FieldError | None:
-    """What in a valid config this driver does not do yet, or None when it does all of it.
-
-    The one place that says so: the webhook and prepare both ask it. Lift a refusal here
-    when its feature lands.
-    """
-    if isinstance(config, MigDeviceConfig) and config.sharing.strategy == "MPS":
-        # The per-claim daemon (dra.kubeletplugin.mps) is built and tested for full GPUs only;
-        # MPS on MIG devices comes with the MIG work.
-        return FieldError(("sharing", "strategy"), "MPS on MIG devices is not implemented yet by this driver")
-    return None
-
-
 def decode(parameters: Mapping[str, Any]) -> DeviceConfig:
     """One opaque parameters object, decoded and normalized; ConfigError naming the field."""
     try:
@@ -53,26 +39,18 @@ def decode(parameters: Mapping[str, Any]) -> DeviceConfig:
         raise ConfigError(err.at(root(parameters))) from None
 
 
-def implemented(config: DeviceConfig) -> DeviceConfig:
-    """The config, when this driver does all it asks; ConfigError naming the field otherwise."""
-    missing = not_implemented(config)
-    if missing is not None:
-        raise ConfigError(missing.at(config.KIND))
-    return config
-
-
 def parse(parameters: Mapping[str, Any]) -> DeviceConfig:
-    """Decoded and implemented: everything that can be checked without the devices (the webhook's check)."""
-    return implemented(decode(parameters))
+    """Decoded: everything that can be checked without the devices (the webhook's check)."""
+    return decode(parameters)
 
 
 def checked(config: DeviceConfig, devices: Sequence[Device]) -> DeviceConfig:
-    """The config, valid for these devices and implemented; ConfigError naming the field otherwise."""
+    """The config, valid for these devices; ConfigError naming the field otherwise."""
     try:
         validate(config, devices)
     except FieldError as err:
         raise ConfigError(err.at(config.KIND)) from None
-    return implemented(config)
+    return config
 
 
 def default(device: Device) -> DeviceConfig:
@@ -83,13 +61,13 @@ def default(device: Device) -> DeviceConfig:
 def effective(configs: Sequence[Mapping[str, Any]], device: Device) -> DeviceConfig:
     """The configuration of one device: the last applicable config wins; defaults when there is none.
 
-    Each config is decoded, implemented and of the device's kind, or ConfigError; the checks
+    Each config is decoded and of the device's kind, or ConfigError; the checks
     against all the devices a config applies to (per-device limits) are `problems`', which
     prepare makes first.
     """
     result = default(device)
     for parameters in configs:
-        config = implemented(decode(parameters))
+        config = decode(parameters)
         try:
             check_kind(config, device)
         except FieldError as err:

@@ -239,11 +239,6 @@ def decide_prepare(
                 problems.append(
                     f"device {result.device} is a dynamic MIG device, which admin access cannot use"
                 )
-            if allocation.configs_for(result):
-                problems.append(
-                    f"device {result.device} is a dynamic MIG device, which takes no opaque configuration "
-                    "yet (drop the config from the claim or DeviceClass, or use a static MIG device)"
-                )
             creates[partition.name] = CreateMig(partition)
             continue
         if device is None:
@@ -260,10 +255,12 @@ def decide_prepare(
                         f"{holder.namespace}/{holder.name} ({holder.uid})"
                     )
         devices[device.name] = device
-    problems.extend(deviceconfig.problems(allocation, devices))
+    # Configs apply to the MIG devices to be made as to those that exist.
+    configured = {**devices, **{name: _to_be_made(c.partition) for name, c in creates.items()}}
+    problems.extend(deviceconfig.problems(allocation, configured))
     if problems:
         return _refusal(allocation, problems)
-    intervals, mps_settings, problems = _decide_sharing(allocation, devices, prepared, mps_root)
+    intervals, mps_settings, problems = _decide_sharing(allocation, configured, prepared, mps_root)
     if problems:
         return _refusal(allocation, problems)
 
@@ -297,6 +294,7 @@ def decide_prepare(
                 device=name,
                 cdi_device_ids=(cdi.qualified_name(driver, allocation.uid, name),),
                 admin_access=all(r.admin_access for r in results),
+                **_mps_fields(mps_settings.get(name)),
             )
         )
     claim = PreparedClaim(
@@ -310,6 +308,26 @@ def decide_prepare(
         replaces=prepared.get(allocation.uid),
         create=tuple(creates.values()),
         devices=tuple(devices.values()) if creates else (),
+    )
+
+
+def _to_be_made(partition: MigPartition) -> MigDevice:
+    """The MIG device a dynamic-MIG offer becomes, as far as it is known before it is made: no UUID yet."""
+    return MigDevice(
+        name=partition.name,
+        uuid="",
+        parent=partition.parent,
+        profile=partition.profile,
+        gpu_instance_id=0,
+        compute_instance_id=0,
+        memory_bytes=partition.memory_bytes,
+        multiprocessors=partition.multiprocessors,
+        copy_engines=partition.copy_engines,
+        decoders=partition.decoders,
+        encoders=partition.encoders,
+        jpeg_engines=partition.jpeg_engines,
+        ofa_engines=partition.ofa_engines,
+        device_nodes=(),
     )
 
 
@@ -344,7 +362,6 @@ def _decide_sharing(
     for result in allocation.devices:
         device = devices.get(result.device)
         if device is None:
-            # A dynamic MIG device to be made: it takes no configuration (decide_prepare says so).
             continue
         entries = allocation.configs_for(result)
         config = deviceconfig.effective([c.parameters for c in entries], device)
@@ -356,6 +373,8 @@ def _decide_sharing(
     if mps and not mps_root:
         problems.append("MPS is not available on this node (the driver runs no MPS control daemons)")
     mps_settings, mps_problems = sharing.decide_mps(list(mps.values()))
+    if mps:
+        mps_problems += sharing.mps_set_problems(allocation.uid, [r.device for r in mps.values()], prepared)
     return intervals, mps_settings, problems + mps_problems
 
 

@@ -12,13 +12,18 @@ Consumable shares (KEP-5075): a shareable GPU is allocated to several claims,
 each result carrying a share ID and the capacity it consumes; the container
 learns its share from environment variables.
 
-MPS: a claim whose devices use strategy MPS gets its own MPS control daemon
-(dra.kubeletplugin.mps); its containers reach it through the claim's pipe
-directory mounted at /tmp/nvidia-mps and share its /dev/shm.
+MPS: the devices of a claim that use strategy MPS are served by one MPS
+control daemon (dra.kubeletplugin.mps), one per set of devices: claims holding
+shares of the same GPUs (or admin access to them) join the daemon already
+serving that set, and the daemon goes when the last of them is unprepared. Its
+clients reach it through the daemon's pipe directory mounted at /tmp/nvidia-mps
+and share its /dev/shm. A claim whose MPS devices overlap another daemon's set
+without being that set is refused: a GPU runs one MPS server.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -90,7 +95,7 @@ MPS_CONTAINER_PIPE = "/tmp/nvidia-mps"
 
 @dataclass(frozen=True)
 class MpsDirs:
-    """A claim's MPS directories on the host: the daemon's pipes, its logs, the clients' /dev/shm."""
+    """A daemon's MPS directories on the host: its pipes, its logs, its and its clients' /dev/shm."""
 
     root: str
     pipe: str
@@ -98,10 +103,63 @@ class MpsDirs:
     shm: str
 
 
-def mps_dirs(mps_root: str, uid: str) -> MpsDirs:
-    """The directories of claim `uid`'s MPS daemon under the driver's MPS root."""
-    root = f"{mps_root.rstrip('/')}/{uid}"
+def mps_key(uuids: Iterable[str]) -> str:
+    """The name of the daemon that serves exactly these devices (by UUID), whatever their order.
+
+    A digest rather than the UUIDs: the pipe directory's path must stay short enough for the
+    Unix sockets MPS makes in it (108 bytes with the socket's name).
+    """
+    return "mps-" + hashlib.sha256(",".join(sorted(uuids)).encode()).hexdigest()[:16]
+
+
+def mps_dirs(mps_root: str, key: str) -> MpsDirs:
+    """The directories of daemon `key` (mps_key) under the driver's MPS root."""
+    root = f"{mps_root.rstrip('/')}/{key}"
     return MpsDirs(root=root, pipe=f"{root}/pipe", log=f"{root}/log", shm=f"{root}/shm")
+
+
+def claim_mps_key(claim: PreparedClaim) -> str:
+    """The key of the daemon serving the claim's MPS devices; "" when it uses none."""
+    devices = mps_devices(claim)
+    return mps_key(d.uuid for d in devices) if devices else ""
+
+
+def mps_users(key: str, prepared: Mapping[str, PreparedClaim]) -> list[PreparedClaim]:
+    """The claims of `prepared` that daemon `key` serves."""
+    return [c for c in prepared.values() if key and claim_mps_key(c) == key]
+
+
+def mps_isolated(claim: PreparedClaim) -> bool:
+    """Whether the claim's daemon serves it alone, so that its limits may be the daemon's defaults.
+
+    A daemon of shared devices serves every claim holding a share of them: its defaults
+    would be one claim's limits imposed on the others, so each claim's limits go to its
+    own clients only (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
+    in their environment, per client on MPS).
+    """
+    return not any(d.share_id or d.admin_access for d in mps_devices(claim))
+
+
+def mps_set_problems(uid: str, devices: Sequence[Device], prepared: Mapping[str, PreparedClaim]) -> list[str]:
+    """Why claim `uid` cannot have one daemon for `devices` (its MPS devices): another claim's daemon
+    serves some of them with others.
+
+    A GPU or MIG device runs one MPS server, so claims using MPS on the same devices share
+    one daemon, which serves one set of devices. A MIG device still to be made has no UUID
+    yet ("") and is in no daemon's set.
+    """
+    wanted = {d.uuid for d in devices}
+    for claim in prepared.values():
+        theirs = mps_devices(claim)
+        uuids = {d.uuid for d in theirs}
+        if claim.uid != uid and uuids & wanted and uuids != wanted:
+            return [
+                f"the MPS devices of this claim ({', '.join(d.name for d in devices)}) overlap those of "
+                f"claim {claim.namespace}/{claim.name} ({claim.uid}), whose MPS control daemon serves "
+                f"{', '.join(d.device for d in theirs)}: a device runs one MPS daemon, so claims using MPS "
+                "on the same devices must use the same set"
+            ]
+    return []
 
 
 def mps_limit(value: int) -> str:
@@ -119,7 +177,7 @@ def mps_edits(claim: PreparedClaim, mps_root: str) -> dict[str, Any] | None:
     devices = mps_devices(claim)
     if not devices:
         return None
-    dirs = mps_dirs(mps_root, claim.uid)
+    dirs = mps_dirs(mps_root, claim_mps_key(claim))
     env = [f"CUDA_MPS_PIPE_DIRECTORY={MPS_CONTAINER_PIPE}"]
     if devices[0].mps_thread_percentage:
         env.append(f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={devices[0].mps_thread_percentage}")

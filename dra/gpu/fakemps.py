@@ -11,6 +11,13 @@ describe the real one, on the paths the driver uses:
   `nvidia-cuda-mps-control.pid` there, and appends to `control.log` in the
   log directory. A second daemon on the same pipe directory refuses to start.
   CUDA_VISIBLE_DEVICES is the devices it manages (logged at start).
+- It keeps shared memory in the /dev/shm it sees, where its clients must find
+  it: the daemon, the MPS server and the clients talk through named pipes and
+  sockets in the pipe directory (NVIDIA's guide, CUDA_MPS_PIPE_DIRECTORY) and
+  through POSIX shared memory, the CUDA driver's `cuda.shm.*` files in
+  /dev/shm, which is why NVIDIA's DRA driver gives a claim's containers and
+  its daemon one /dev/shm. The fake writes one such file,
+  `cuda.shm.<daemon pid>.mps`, at start and removes it at `quit`.
 - Without arguments it is a client: it reads commands, one per line, from
   stdin, sends each to the daemon of CUDA_MPS_PIPE_DIRECTORY and prints the
   answer. `quit` stops the daemon (its pipe files go);
@@ -21,7 +28,10 @@ describe the real one, on the paths the driver uses:
   device ordinal (`<dev>` counts the daemon's CUDA_VISIBLE_DEVICES from 0;
   values such as 1024M or 2G).
 
-Where unsure (the real one's exact wording was not at hand): the answers'
+Where unsure (the real one's exact wording was not at hand): the shared-memory
+file's name and when it is made (the real server makes its files when it
+starts, at a client's first connection; the fake has no server and makes its
+file at once), the answers'
 text ("100.0", the stored limit as given, "No limit"), the error lines
 ("Unrecognized command", "Invalid device", "Cannot find MPS control daemon
 process") and the exit status 1 of a client that finds no daemon. The real
@@ -50,6 +60,11 @@ _LIMIT = re.compile(r"^[0-9]+[MG]$")
 def pipe_directory() -> Path:
     """The daemon's pipe directory from the environment, as the real one reads it."""
     return Path(os.environ.get(PIPE_DIRECTORY) or "/tmp/nvidia-mps")
+
+
+def shm_file(pid: int) -> Path:
+    """The shared-memory file the daemon with this pid keeps in the /dev/shm it sees."""
+    return Path("/dev/shm") / f"cuda.shm.{pid}.mps"
 
 
 def _log_directory() -> Path:
@@ -110,6 +125,8 @@ def _serve(pipe: Path, devices: Sequence[str]) -> None:
     server.listen(8)
     os.mkfifo(pipe / "log")
     (pipe / PID_FILE).write_text(f"{os.getpid()}\n")
+    shm = shm_file(os.getpid())
+    shm.write_bytes(bytes(4096))
     _log(f"Starting control daemon using socket {pipe / CONTROL}; devices {','.join(devices) or 'all'}")
     running = True
     while running:
@@ -118,9 +135,9 @@ def _serve(pipe: Path, devices: Sequence[str]) -> None:
             answer, running = daemon.handle(stream.readline())
             stream.write(answer + "\n")
     _log("Exit")
-    for name in (CONTROL, "log", PID_FILE):
+    for path in (pipe / CONTROL, pipe / "log", pipe / PID_FILE, shm):
         with contextlib.suppress(FileNotFoundError):
-            (pipe / name).unlink()
+            path.unlink()
 
 
 def _send(pipe: Path, line: str) -> str | None:

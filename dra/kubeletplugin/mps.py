@@ -1,18 +1,22 @@
-"""One MPS control daemon per claim that asks MPS, run as a process of the kubelet plugin.
+"""MPS control daemons, one per set of devices claims use with MPS, run as processes of the kubelet plugin.
 
-Each daemon gets its own directories under <state dir>/mps/<claim UID>/
-(dra.core.sharing.mps_dirs): `pipe` (CUDA_MPS_PIPE_DIRECTORY, bind-mounted
-into the claim's containers at /tmp/nvidia-mps), `log`
-(CUDA_MPS_LOG_DIRECTORY) and `shm` (the containers' /dev/shm), and
-CUDA_VISIBLE_DEVICES set to the claim's devices. It is started with
-`nvidia-cuda-mps-control -d` and told its limits by piping commands into
-the control binary; `quit` stops it.
+Each daemon gets its own directories under <state dir>/mps/<key>/, the key
+naming its devices (dra.core.sharing.mps_key, mps_dirs): `pipe`
+(CUDA_MPS_PIPE_DIRECTORY, bind-mounted into the claims' containers at
+/tmp/nvidia-mps), `log` (CUDA_MPS_LOG_DIRECTORY) and `shm`, the /dev/shm of
+the daemon (dra.kubeletplugin.mpslaunch starts it in a mount namespace with
+`shm` over its /dev/shm) and of the containers (CDI); CUDA_VISIBLE_DEVICES is
+set to the devices' UUIDs (a MIG device's UUID for a MIG device). It is
+started with `nvidia-cuda-mps-control -d`; a claim that is the daemon's only
+user has its limits set as the daemon's defaults by piping commands into the
+control binary; `quit` stops it.
 
-The daemon is started detached (-d), so it outlives the driver by design:
-a restarted driver adopts the daemon of each recorded claim (its pid file
-names a live process started with the claim's pipe directory) instead of
-starting it again, and stops every daemon whose claim the checkpoint does
-not hold.
+A second claim on the same devices (another share of a shareable GPU) joins
+the running daemon; the daemon stops when the last claim using it is
+unprepared. The daemon is started detached (-d), so it outlives the driver by
+design: a restarted driver adopts the daemon of each recorded claim (its pid
+file names a live process started with the daemon's pipe directory) instead
+of starting it again, and stops every daemon no recorded claim uses.
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from dra.adapters import faults
 from dra.core import sharing
+from dra.kubeletplugin import mpslaunch
 from dra.model.prepared import PreparedClaim
 
 log = logging.getLogger(__name__)
@@ -71,57 +77,71 @@ def _serves(pid: int, pipe: str) -> bool:
 
 
 class MpsDaemons:
-    """Starts, adopts and stops the MPS control daemons of claims."""
+    """Starts, joins, adopts and stops the MPS control daemons of claims: one per set of devices.
+
+    A daemon is named by its devices (dra.core.sharing.mps_key); the claims it serves are
+    those the checkpoint records with that set, so a kill -9 loses no count: the
+    checkpoint is the count.
+    """
 
     def __init__(self, root: Path, command: Sequence[str]) -> None:
-        #: <state dir>/mps: one directory per claim with a daemon.
+        #: <state dir>/mps: one directory per daemon.
         self.root = root
         self._command = list(command)
 
-    def _dirs(self, uid: str) -> sharing.MpsDirs:
-        return sharing.mps_dirs(str(self.root), uid)
+    def _dirs(self, key: str) -> sharing.MpsDirs:
+        return sharing.mps_dirs(str(self.root), key)
 
-    def _env(self, uid: str, uuids: Sequence[str] = ()) -> dict[str, str]:
-        dirs = self._dirs(uid)
+    def _env(self, key: str, uuids: Sequence[str] = ()) -> dict[str, str]:
+        dirs = self._dirs(key)
         env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=dirs.pipe, CUDA_MPS_LOG_DIRECTORY=dirs.log)
         if uuids:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
         return env
 
-    def pid(self, uid: str) -> int | None:
-        """The pid of claim `uid`'s daemon when it runs, else None.
+    def pid(self, key: str) -> int | None:
+        """The pid of daemon `key` when it runs, else None.
 
         The pid file outlives a reboot (the state directory is on the host), and its
         pid may then be another process's: only a live process started with this
-        claim's pipe directory in its environment counts.
+        daemon's pipe directory in its environment counts.
         """
-        pipe = self._dirs(uid).pipe
+        pipe = self._dirs(key).pipe
         try:
             pid = int((Path(pipe) / PID_FILE).read_text().strip())
         except (OSError, ValueError):
             return None
         return pid if _alive(pid) and _serves(pid, pipe) else None
 
-    def _run(self, uid: str, args: Sequence[str], stdin: str = "", uuids: Sequence[str] = ()) -> str:
+    def _run(
+        self, key: str, args: Sequence[str], stdin: str = "", uuids: Sequence[str] = (), shm: str = ""
+    ) -> str:
         command = [*self._command, *args]
+        # The daemon (and the server it spawns) must see its clients' /dev/shm.
+        launched = mpslaunch.command(shm, command) if shm else command
         try:
             done = subprocess.run(
-                command,
+                launched,
                 input=stdin,
                 capture_output=True,
                 text=True,
-                env=self._env(uid, uuids),
+                env=self._env(key, uuids),
                 timeout=COMMAND_TIMEOUT,
                 check=False,
             )
         except (OSError, subprocess.TimeoutExpired) as err:
             raise MpsError(f"{' '.join(command)}: {err}") from None
+        if done.returncode == mpslaunch.EXIT_NO_NAMESPACE and shm:
+            raise MpsError(f"cannot start the MPS control daemon: {done.stderr.strip()}")
         if done.returncode != 0:
             output = done.stderr.strip() or done.stdout.strip() or "no output"
             raise MpsError(f"{' '.join(command)} exited with {done.returncode}: {output}")
         return done.stdout
 
-    def _configure(self, claim: PreparedClaim) -> None:
+    def _configure(self, key: str, claim: PreparedClaim) -> None:
+        """Make the claim's limits the daemon's defaults; only for a daemon that serves it alone."""
+        if not sharing.mps_isolated(claim):
+            return
         devices = sharing.mps_devices(claim)
         commands = []
         if devices[0].mps_thread_percentage:
@@ -133,38 +153,49 @@ class MpsDaemons:
         ]
         for command in commands:
             # One command per call: each answer (or error line) then belongs to its command.
-            answer = self._run(claim.uid, [], command + "\n").strip()
+            answer = self._run(key, [], command + "\n").strip()
             if answer.startswith(("Invalid", "Unrecognized", "Error")):
-                raise MpsError(f"MPS control daemon of claim {claim.uid} refused {command!r}: {answer}")
+                raise MpsError(f"MPS control daemon {key} refused {command!r}: {answer}")
 
     def start(self, claim: PreparedClaim) -> None:
-        """Start (or adopt) the claim's daemon and set its limits; MpsError when that fails."""
-        devices = sharing.mps_devices(claim)
-        if not devices:
+        """Start the daemon of the claim's devices, or join (or adopt) the running one; MpsError if not."""
+        key = sharing.claim_mps_key(claim)
+        if not key:
             return
-        pid = self.pid(claim.uid)
+        pid = self.pid(key)
         if pid is None:
-            dirs = self._dirs(claim.uid)
+            dirs = self._dirs(key)
             for path in (dirs.pipe, dirs.log, dirs.shm):
                 Path(path).mkdir(parents=True, exist_ok=True)
-            self._run(claim.uid, ["-d"], uuids=[d.uuid for d in devices])
-            pid = self.pid(claim.uid)
+            uuids = [d.uuid for d in sharing.mps_devices(claim)]
+            self._run(key, ["-d"], uuids=uuids, shm=dirs.shm)
+            pid = self.pid(key)
             if pid is None:
-                raise MpsError(
-                    f"the MPS control daemon of claim {claim.uid} wrote no pid file in {dirs.pipe}"
-                )
-            log.info("started MPS control daemon %d for claim %s", pid, claim.uid)
+                raise MpsError(f"the MPS control daemon {key} wrote no pid file in {dirs.pipe}")
+            log.info("started MPS control daemon %d (%s) for claim %s", pid, key, claim.uid)
+            faults.point("mps-daemon-started")
         else:
-            log.info("adopted MPS control daemon %d of claim %s", pid, claim.uid)
+            log.info("claim %s uses MPS control daemon %d (%s)", claim.uid, pid, key)
         # Setting a limit again is harmless, and a crash may have come before the first time.
-        self._configure(claim)
+        self._configure(key, claim)
 
-    def stop(self, uid: str) -> None:
-        """Stop the claim's daemon (quit, else kill) and remove its directories; no daemon is fine."""
-        pid = self.pid(uid)
+    def release(self, claim: PreparedClaim, others: Mapping[str, PreparedClaim]) -> None:
+        """Stop the claim's daemon unless a claim of `others` (those staying prepared) still uses it."""
+        key = sharing.claim_mps_key(claim)
+        if not key:
+            return
+        users = [c.uid for c in sharing.mps_users(key, others)]
+        if users:
+            log.info("MPS control daemon %s stays for claims %s", key, ", ".join(users))
+            return
+        self.stop(key)
+
+    def stop(self, key: str) -> None:
+        """Stop daemon `key` (quit, else kill) and remove its directories; no daemon is fine."""
+        pid = self.pid(key)
         if pid is not None:
             try:
-                self._run(uid, [], "quit\n")
+                self._run(key, [], "quit\n")
             except MpsError as err:
                 log.warning("%s; killing it", err)
             deadline = time.monotonic() + STOP_TIMEOUT
@@ -173,19 +204,20 @@ class MpsDaemons:
             if _alive(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            log.info("stopped MPS control daemon %d of claim %s", pid, uid)
-        shutil.rmtree(self._dirs(uid).root, ignore_errors=True)
+            log.info("stopped MPS control daemon %d (%s)", pid, key)
+        shutil.rmtree(self._dirs(key).root, ignore_errors=True)
 
-    def claims(self) -> list[str]:
-        """UIDs of the claims with daemon directories."""
+    def daemons(self) -> list[str]:
+        """Keys of the daemons with directories."""
         try:
             return sorted(p.name for p in self.root.iterdir() if p.is_dir())
         except FileNotFoundError:
             return []
 
-    def stop_others(self, keep: Collection[str]) -> None:
-        """Stop the daemons of claims not in `keep` (the checkpoint's): none outlives its claim."""
-        for uid in self.claims():
-            if uid not in keep:
-                log.info("stopping the MPS control daemon of claim %s, which is not prepared", uid)
-                self.stop(uid)
+    def stop_others(self, prepared: Mapping[str, PreparedClaim]) -> None:
+        """Stop the daemons no claim of `prepared` (the checkpoint's) uses: none outlives its claims."""
+        keep = {sharing.claim_mps_key(c) for c in prepared.values()}
+        for key in self.daemons():
+            if key not in keep:
+                log.info("stopping MPS control daemon %s, which no prepared claim uses", key)
+                self.stop(key)

@@ -381,14 +381,15 @@ class DeviceState:
     def _missing_host_paths(self, plan: plans.PreparePlan) -> list[str]:
         """Host paths the plan's spec names that are not on this node, but for those the prepare makes.
 
-        The claim's MPS directories come with its daemon, which starts after the spec is written.
+        The MPS directories of the claim's devices come with their daemon, which starts after the spec
+        is written.
         """
         if plan.spec is None:
             return []
         gone = self._cdi.missing_host_paths(plan.spec)
         if self._mps is None:
             return gone
-        own = sharing.mps_dirs(self._mps_root, plan.claim.uid).root + "/"
+        own = sharing.mps_dirs(self._mps_root, sharing.claim_mps_key(plan.claim)).root + "/"
         return [path for path in gone if not path.startswith(own)]
 
     def _apply_gpu_settings(self, plan: plans.PreparePlan, allocation: ClaimAllocation) -> None:
@@ -402,8 +403,8 @@ class DeviceState:
                 self._time_slicer.apply(wanted)
             if self._mps is not None:
                 if plan.replaces is not None:
-                    # Its daemon serves the devices of the old allocation.
-                    self._mps.stop(plan.claim.uid)
+                    # The daemon of the old allocation's devices, unless the new one or another claim uses it.
+                    self._mps.release(plan.replaces, self._prepared)
                 self._mps.start(plan.claim)
         except (TimeSliceError, MpsError) as err:
             self._unprepare_locked(plan.claim.uid)
@@ -487,7 +488,7 @@ class DeviceState:
         if self._time_slicer is not None:
             self._time_slicer.restore(sharing.time_slices_to_restore(uid, self._prepared))
         if self._mps is not None:
-            self._mps.stop(uid)
+            self._mps.release(plan.claim, {k: v for k, v in self._prepared.items() if k != uid})
         faults.point("sharing-before-unrecord")
         try:
             self._destroy_mig_devices(plan.uid)

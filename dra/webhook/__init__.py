@@ -1,8 +1,8 @@
 """The validating admission webhook (`dra-gpu webhook`): bad opaque configs refused at admission.
 
 ``admission`` decides (pure: an AdmissionReview in, its response out) with the same decoding
-and the same "not implemented yet" check as prepare (dra.api, dra.core.config), so a claim it
-admits fails at prepare only for what needs the devices (memory, MPS capability, per-device keys).
+as prepare (dra.api), so a claim it admits fails at prepare only for what needs the devices
+(memory, MPS capability, per-device keys) or the other claims.
 ``server`` serves it over HTTPS (aiohttp, only there), with certificates reloaded when their files
 change, and probes and metrics through dra.daemon.
 """

@@ -15,7 +15,6 @@ from typing import Any
 
 from dra.api import opaque
 from dra.api.fields import FieldError
-from dra.core.config import not_implemented
 
 REVIEW_VERSION = "admission.k8s.io/v1"
 
@@ -47,11 +46,10 @@ class Verdict:
 
 def _config_problem(parameters: Mapping[str, Any], where: str) -> str | None:
     try:
-        config = opaque.decode(parameters)
+        opaque.decode(parameters)
     except FieldError as err:
         return err.at(where)
-    missing = not_implemented(config)
-    return None if missing is None else missing.at(where)
+    return None
 
 
 def problems(obj: Mapping[str, Any], kind: str, driver: str) -> list[str]:

@@ -5,8 +5,10 @@
 Prepare then unprepare one claim on gpu-0 of fake h100x8, through DeviceState (checkpoint,
 CDI spec and GPU settings on disk, fsyncs included; no gRPC), for: an exclusive GPU, a
 time-slice interval (set on the fake GPU, restored after), MPS (the fake control daemon
-started, configured, quit and its directories removed) and a consumable share. Prints the
-median and the slowest run; asserts nothing about speed.
+started in a mount namespace of its own, configured, quit and its directories removed), a
+consumable share, and an MPS share that joins the daemon another share's claim keeps running
+(nothing started or stopped). Prints the median and the slowest run; asserts nothing about
+speed. Needs root for the daemons' mount namespaces.
 """
 
 from __future__ import annotations
@@ -39,19 +41,30 @@ def _config(sharing: dict[str, Any]) -> tuple[OpaqueConfig, ...]:
     return (OpaqueConfig("FromClaim", (), parameters),)
 
 
-CASES: dict[str, tuple[tuple[OpaqueConfig, ...], str]] = {
-    "exclusive": ((), ""),
-    "time-slice Long": (_config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}), ""),
-    "MPS (fake daemon)": (
-        _config({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}}),
+MPS = _config({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}})
+SHARE = "11111111-0000-4000-8000-000000000001"
+#: name -> (configs, share ID, whether another share's claim keeps an MPS daemon on the GPU)
+CASES: dict[str, tuple[tuple[OpaqueConfig, ...], str, bool]] = {
+    "exclusive": ((), "", False),
+    "time-slice Long": (
+        _config({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}),
         "",
+        False,
     ),
-    "share of 20Gi": ((), "11111111-0000-4000-8000-000000000001"),
+    "MPS (fake daemon)": (MPS, "", False),
+    "share of 20Gi": ((), SHARE, False),
+    "MPS share, joins": (MPS, SHARE, True),
 }
 
 
+def _allocation(uid: str, name: str, configs: tuple[OpaqueConfig, ...], share: str) -> ClaimAllocation:
+    consumed = (("memory", "20Gi"),) if share else ()
+    device = AllocatedDevice("gpu", NODE, "gpu-0", share_id=share, consumed_capacity=consumed)
+    return ClaimAllocation(uid, "bench", name, (device,), configs)
+
+
 def _run(
-    root: Path, configs: tuple[OpaqueConfig, ...], share: str, runs: int
+    root: Path, configs: tuple[OpaqueConfig, ...], share: str, joins: bool, runs: int
 ) -> tuple[list[float], list[float]]:
     lib = FakeGpuLibrary(load_profile("h100x8"), NODE, state_file=root / "fake-gpu-state.json")
     state = DeviceState(
@@ -63,18 +76,21 @@ def _run(
         time_slicer=TimeSlicer(lib),
         mps=MpsDaemons(root / "mps", [sys.executable, "-m", "dra.gpu.fakemps"]),
     )
+    holder = "bbbbbbbb-0000-4000-8000-000000000000"
+    if joins:
+        state.prepare(_allocation(holder, "holder", configs, "22222222-0000-4000-8000-000000000002"))
     prepare, unprepare = [], []
     for i in range(runs):
         uid = f"aaaaaaaa-0000-4000-8000-{i:012d}"
-        consumed = (("memory", "20Gi"),) if share else ()
-        device = AllocatedDevice("gpu", NODE, "gpu-0", share_id=share, consumed_capacity=consumed)
-        allocation = ClaimAllocation(uid, "bench", f"claim-{i}", (device,), configs)
+        allocation = _allocation(uid, f"claim-{i}", configs, share)
         start = time.perf_counter()
         state.prepare(allocation)
         prepare.append(time.perf_counter() - start)
         start = time.perf_counter()
         state.unprepare(uid)
         unprepare.append(time.perf_counter() - start)
+    if joins:
+        state.unprepare(holder)
     return prepare, unprepare
 
 
@@ -88,9 +104,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args()
     print(f"python {platform.python_version()} on {platform.machine()}, {args.runs} runs per case")
-    for name, (configs, share) in CASES.items():
+    for name, (configs, share, joins) in CASES.items():
         with tempfile.TemporaryDirectory() as tmp:
-            prepare, unprepare = _run(Path(tmp), configs, share, args.runs)
+            prepare, unprepare = _run(Path(tmp), configs, share, joins, args.runs)
         print(f"{name:>20}: prepare {_ms(prepare)}; unprepare {_ms(unprepare)}")
 
 

@@ -84,6 +84,7 @@ CASES = [
 COVERED_ELSEWHERE = {
     "sharing-before-gpu-settings": "tests/e2e/test_sharing.py",
     "sharing-before-unrecord": "tests/e2e/test_sharing.py",
+    "mps-daemon-started": "tests/unit/test_mps.py",
     "mig-intent-recorded": "tests/unit/test_dynamic_mig_state.py",
     "mig-gpu-instance-created": "tests/unit/test_dynamic_mig_state.py",
     "mig-compute-instance-created": "tests/unit/test_dynamic_mig_state.py",

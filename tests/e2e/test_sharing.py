@@ -30,10 +30,13 @@ from localcluster.workloads import (
     pod_claims,
 )
 
+from dra.gpu import fakemps
+
 pytestmark = pytest.mark.cluster
 
 FIRST_TWO = f'device.attributes["{DRIVER}"].index <= 1'
 ONLY_FIRST = f'device.attributes["{DRIVER}"].index == 0'
+EXCLUSIVE = f'device.attributes["{DRIVER}"].index >= 2'
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +180,16 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _daemon_dir(record: Obj) -> Path:
+    """The directory of the MPS daemon a container is connected to (its pipe directory's parent)."""
+    mounts = {m["containerPath"]: m["hostPath"] for m in record["mounts"]}
+    return Path(mounts["/tmp/nvidia-mps"]).parent
+
+
+def _daemon_pid(daemon_dir: Path) -> int:
+    return int((daemon_dir / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
+
+
 def test_an_mps_daemon_serves_the_claim_survives_a_driver_crash_and_goes_with_the_pod(
     driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str
 ) -> None:
@@ -185,16 +198,20 @@ def test_an_mps_daemon_serves_the_claim_survives_a_driver_crash_and_goes_with_th
         "kind": "GpuConfig",
         "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 40}},
     }
-    _template(kube, namespace, "mps", config=config)
+    # An exclusive GPU: the daemon serves this claim alone, and its limits are the daemon's defaults.
+    _template(kube, namespace, "mps", config=config, selector=EXCLUSIVE)
     gpu_pod(kube, namespace, "worker", "mps")
     kube.wait_pod_phase("worker", namespace)
     claim = pod_claim(kube, namespace, "worker")
-    claim_dir = Path(cluster.kubelet_root) / "plugins" / DRIVER / "mps" / claim["metadata"]["uid"]
-    pid = int((claim_dir / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
+    record = container_record(cluster, namespace, "worker")
+    claim_dir = _daemon_dir(record)
+    pid = _daemon_pid(claim_dir)
     assert _alive(pid)
     assert "set_default_active_thread_percentage 40" in (claim_dir / "log" / "control.log").read_text()
+    # What the container has at /dev/shm is what the daemon has at its /dev/shm.
+    assert (claim_dir / "shm" / fakemps.shm_file(pid).name).exists()
+    assert not fakemps.shm_file(pid).exists()
 
-    record = container_record(cluster, namespace, "worker")
     assert record["env"]["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
     assert record["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"
     mounts = {m["containerPath"]: m["hostPath"] for m in record["mounts"]}
@@ -205,7 +222,7 @@ def test_an_mps_daemon_serves_the_claim_survives_a_driver_crash_and_goes_with_th
     driver.kill()
     assert _alive(pid)
     driver.start()
-    assert int((claim_dir / "pipe" / "nvidia-cuda-mps-control.pid").read_text()) == pid
+    assert _daemon_pid(claim_dir) == pid
     assert (claim_dir / "log" / "control.log").read_text().count("Starting control daemon") == 1
 
     delete_pods_and_wait(kube, cluster, namespace, [claim])
@@ -251,8 +268,8 @@ def test_a_driver_killed_between_recording_and_applying_settings_converges(
     uuid = container_record(cluster, namespace, "worker")["env"][
         f"DRA_GPU_{device.upper().replace('-', '_')}_UUID"
     ]
-    claim_dir = Path(cluster.kubelet_root) / "plugins" / DRIVER / "mps" / claims["mps"]["metadata"]["uid"]
-    pid = int((claim_dir / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
+    claim_dir = _daemon_dir(container_record(cluster, namespace, "worker"))
+    pid = _daemon_pid(claim_dir)
     assert _alive(pid)
     assert _level(driver, uuid) == 1
 
@@ -272,3 +289,34 @@ def test_a_driver_killed_between_recording_and_applying_settings_converges(
     assert not _alive(pid)
     assert not claim_dir.exists()
     assert _level(driver, uuid) == 0
+
+
+def test_mps_shares_of_one_gpu_use_one_daemon_which_goes_with_the_last_pod(
+    driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str
+) -> None:
+    config = {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "MPS"},
+    }
+    _template(kube, namespace, "mps-20", "20Gi", config=config, selector=ONLY_FIRST)
+    claims = _share_pods(kube, namespace, "mps-20", ("a", "b"))
+    records = {name: container_record(cluster, namespace, name) for name in claims}
+    [daemon_dir] = {_daemon_dir(r) for r in records.values()}
+    assert daemon_dir.parent == Path(cluster.kubelet_root) / "plugins" / DRIVER / "mps"
+    pid = _daemon_pid(daemon_dir)
+    assert (daemon_dir / "log" / "control.log").read_text().count("Starting control daemon") == 1
+    # The share is each client's pinned limit, in its own environment.
+    assert {r["env"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] for r in records.values()} == {"0=20480M"}
+
+    kube.delete("v1", "Pod", "a", namespace, grace_period=0)
+    wait_for(
+        "claim a to leave the checkpoint",
+        lambda: claims["a"]["metadata"]["uid"] not in json.loads(driver.checkpoint.read_text())["claims"],
+        timeout=60,
+    )
+    assert _daemon_pid(daemon_dir) == pid
+    assert _alive(pid)
+
+    delete_pods_and_wait(kube, cluster, namespace, [claims["b"]])
+    wait_for("the MPS daemon to stop", lambda: not _alive(pid) and not daemon_dir.exists(), timeout=30)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dra.api import opaque, schema
-from dra.api.v1beta1 import MigDeviceConfig, validate
+from dra.api import schema
+from dra.api.v1beta1 import MigDeviceConfig
 from dra.core import config as deviceconfig
 from dra.model.devices import Device
 from tests.unit.helpers import inventory
@@ -34,18 +34,11 @@ def test_example_verdict_matches_the_driver(path: Path) -> None:
     if first_line.startswith("# Accepted"):
         deviceconfig.checked(deviceconfig.decode(parameters), devices)
         return
-    assert quoted, f"{path.name}: the first line must say Accepted, or Refused/Valid with the quoted message"
-    if first_line.startswith("# Valid, not implemented yet"):
-        config = opaque.decode(parameters)
-        validate(config, devices)
-        missing = deviceconfig.not_implemented(config)
-        assert missing is not None
-        assert quoted.group(1) in missing.detail
-    else:
-        assert first_line.startswith("# Refused"), path.name
-        with pytest.raises(deviceconfig.ConfigError) as err:
-            deviceconfig.checked(deviceconfig.decode(parameters), devices)
-        assert quoted.group(1) in str(err.value)
+    assert quoted, f"{path.name}: the first line must say Accepted, or Refused with the quoted message"
+    assert first_line.startswith("# Refused"), path.name
+    with pytest.raises(deviceconfig.ConfigError) as err:
+        deviceconfig.checked(deviceconfig.decode(parameters), devices)
+    assert quoted.group(1) in str(err.value)
 
 
 def test_the_committed_schemas_are_generated_from_the_types() -> None:

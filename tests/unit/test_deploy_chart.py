@@ -47,6 +47,7 @@ def _env(container: Obj) -> dict[str, Any]:
         pytest.param(FAKE, [], id="fake-gpus"),
         pytest.param({}, [KIND_VALUES], id="kind"),
         pytest.param({"rbac": {"claimEvents": True}, "nvml": {"runtimeClassName": "nvidia"}}, [], id="real"),
+        pytest.param({"kubeletPlugin": {"mps": {"enabled": True}}}, [], id="mps"),
         pytest.param(
             {"nodeLabeller": {"enabled": True, "adminLabels": {"gpu-type": "{model}"}}},
             [],
@@ -176,6 +177,20 @@ def test_daemonset_security_context_is_uid0_without_capabilities() -> None:
         assert flag not in pod
 
 
+def test_mps_adds_only_cap_sys_admin_and_no_apparmor_profile_to_the_kubelet_plugin() -> None:
+    # Each MPS control daemon starts in a mount namespace of its own (dra.kubeletplugin.mpslaunch).
+    objects = chart.template(
+        {"kubeletPlugin": {"mps": {"enabled": True}}, "devicePlugin": {"enabled": False}}
+    )
+    assert _container(objects)["securityContext"] == {
+        "privileged": False,
+        "allowPrivilegeEscalation": True,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]},
+        "appArmorProfile": {"type": "Unconfined"},
+    }
+
+
 def _flags(command: str) -> set[str]:
     [commands] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     return {
@@ -270,7 +285,8 @@ def test_real_gpus_get_nvml_through_the_toolkit_or_a_runtime_class() -> None:
     default = _only(chart.template(), "DaemonSet")["spec"]["template"]["spec"]
     env = _env(default["containers"][0])
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
-    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    # compute brings nvidia-cuda-mps-control, which MPS claims need.
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
     assert "runtimeClassName" not in default
     nvidia = chart.template({"nvml": {"runtimeClassName": "nvidia", "toolkitEnv": False}})
     pod = _only(nvidia, "DaemonSet")["spec"]["template"]["spec"]

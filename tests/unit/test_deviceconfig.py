@@ -1,4 +1,4 @@
-"""Opaque configs at prepare: each checked against the devices it configures; what is not implemented yet."""
+"""Opaque configs at prepare: each checked against the devices it configures."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from dra.api.v1beta1 import GpuConfig, GpuSharing, Interval, MigDeviceConfig, TimeSlicingConfig
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, OpaqueConfig
-from dra.core.config import ConfigError, effective, not_implemented, parse, problems
+from dra.core.config import ConfigError, effective, parse, problems
 from dra.model.devices import Device
 from tests.unit.helpers import inventory
 
@@ -29,27 +29,18 @@ def _device(name: str) -> Device:
     return device
 
 
-def test_mps_on_mig_devices_is_refused_by_name_as_not_implemented_yet() -> None:
-    with pytest.raises(ConfigError) as err:
-        parse(_mig_config(sharing={"strategy": "MPS"}))
-    assert (
-        str(err.value)
-        == "MigDeviceConfig.sharing.strategy: MPS on MIG devices is not implemented yet by this driver"
-    )
-
-
 @pytest.mark.parametrize("interval", ["Default", "Short", "Medium", "Long"])
-def test_every_time_slice_interval_is_implemented(interval: Interval) -> None:
+def test_every_time_slice_interval_is_accepted(interval: Interval) -> None:
     config = parse(_gpu_config(sharing={"timeSlicingConfig": {"interval": interval}}))
     assert config == GpuConfig(GpuSharing("TimeSlicing", TimeSlicingConfig(interval)))
-    assert not_implemented(config) is None
-    assert not_implemented(MigDeviceConfig()) is None
 
 
-def test_mps_on_full_gpus_is_implemented() -> None:
-    limits = {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}
-    config = parse(_gpu_config(sharing={"strategy": "MPS", "mpsConfig": limits}))
-    assert not_implemented(config) is None
+def test_mps_with_limits_is_accepted_on_full_gpus_and_mig_devices() -> None:
+    limits = {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "4Gi"}
+    gpu = OpaqueConfig("FromClaim", ("gpus",), _gpu_config(sharing={"strategy": "MPS", "mpsConfig": limits}))
+    mig = OpaqueConfig("FromClaim", ("mig",), _mig_config(sharing={"strategy": "MPS", "mpsConfig": limits}))
+    assert _problems(gpu) == []
+    assert _problems(mig) == []
 
 
 def test_no_config_means_defaults_of_the_right_kind() -> None:
@@ -118,7 +109,7 @@ def test_every_bad_config_of_a_claim_is_reported() -> None:
     ]
 
 
-def test_device_checks_come_before_the_not_implemented_refusal() -> None:
+def test_a_per_device_limit_must_name_a_device_of_its_config() -> None:
     limits = {"defaultPerDevicePinnedMemoryLimit": {"2": "1Gi"}}
     found = _problems(
         OpaqueConfig("FromClaim", ("gpus",), _gpu_config(sharing={"strategy": "MPS", "mpsConfig": limits}))
@@ -128,11 +119,15 @@ def test_device_checks_come_before_the_not_implemented_refusal() -> None:
         "GpuConfig.sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[2]: names no device of this config; "
         f"it has 0 or {_device('gpu-0').uuid} (gpu-0), 1 or {_device('gpu-1').uuid} (gpu-1)"
     ]
-    found = _problems(OpaqueConfig("FromClaim", ("mig",), _mig_config(sharing={"strategy": "MPS"})))
-    assert found == [
+    mig_limit = {"defaultPinnedDeviceMemoryLimit": "20Gi"}
+    found = _problems(
+        OpaqueConfig("FromClaim", ("mig",), _mig_config(sharing={"strategy": "MPS", "mpsConfig": mig_limit}))
+    )
+    assert len(found) == 1
+    assert found[0].startswith(
         "invalid configuration for device gpu-4-mig-1g10gb-3-0: "
-        "MigDeviceConfig.sharing.strategy: MPS on MIG devices is not implemented yet by this driver"
-    ]
+        "MigDeviceConfig.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: 20Gi is more than the "
+    )
 
 
 def test_a_config_for_requests_not_on_this_node_checks_nothing() -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
+from dra.core import sharing
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.gpu import dynamic
 from dra.gpu.discovery import discover
@@ -24,6 +25,7 @@ from dra.gpu.nvml import (
     Placement,
 )
 from dra.gpu.profiles import load_profile
+from dra.kubeletplugin.mps import MpsDaemons
 from dra.kubeletplugin.state import DeviceState
 from dra.model.migmode import parse_mig_modes
 from tests.unit.helpers import DRIVER, NODE
@@ -232,20 +234,76 @@ def test_kill_during_unprepare_converges_on_the_retry(tmp_path: Path) -> None:
     assert dynamic.instances(_lib(tmp_path), 0) == []
 
 
-def test_admin_access_and_opaque_configs_are_refused_on_dynamic_mig_devices(tmp_path: Path) -> None:
+def test_admin_access_is_refused_on_dynamic_mig_devices(tmp_path: Path) -> None:
     state = _state(tmp_path)
     admin = ClaimAllocation(
         UID, "default", "claim", (AllocatedDevice("mig", NODE, THREE_G_AT_4, admin_access=True),)
     )
     with pytest.raises(ClaimError, match="which admin access cannot use"):
         state.prepare(admin)
-    config = OpaqueConfig(
-        "FromClaim", (), {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig"}
+    assert _instances(tmp_path) == []
+
+
+def _mps_on_mig(**mps_config: object) -> OpaqueConfig:
+    return OpaqueConfig(
+        "FromClaim",
+        (),
+        {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "MigDeviceConfig",
+            "sharing": {"strategy": "MPS", "mpsConfig": mps_config},
+        },
     )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace per MPS daemon needs root")
+def test_a_dynamic_mig_device_is_served_by_an_mps_daemon_once_it_is_made(tmp_path: Path) -> None:
+    daemons = MpsDaemons(tmp_path / "mps", [sys.executable, "-m", "dra.gpu.fakemps"])
+    lib = _lib(tmp_path)
+    state = DeviceState(
+        DRIVER,
+        NODE,
+        discover(lib, parse_mig_modes("dynamic")),
+        CdiStore(tmp_path / "cdi", DRIVER),
+        CheckpointStore(tmp_path / "checkpoint.json"),
+        lib,
+        mps=daemons,
+    )
+    try:
+        claim = state.prepare(
+            ClaimAllocation(
+                UID,
+                "default",
+                "claim",
+                (AllocatedDevice("mig", NODE, THREE_G_AT_4),),
+                (_mps_on_mig(defaultPinnedDeviceMemoryLimit="8Gi"),),
+            )
+        )
+        [device] = claim.devices
+        assert device.uuid.startswith("MIG-")
+        key = sharing.mps_key([device.uuid])
+        pid = daemons.pid(key)
+        assert pid is not None
+        assert f"CUDA_VISIBLE_DEVICES={device.uuid}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
+        log = (Path(sharing.mps_dirs(str(daemons.root), key).log) / "control.log").read_text()
+        assert "Command: set_default_device_pinned_mem_limit 0 8192M" in log
+        state.unprepare(UID)
+        assert daemons.pid(key) is None
+        assert _instances(tmp_path) == []
+    finally:
+        daemons.stop_others({})
+
+
+def test_a_config_too_big_for_the_dynamic_mig_device_is_refused_before_it_is_made(tmp_path: Path) -> None:
+    state = _state(tmp_path)
     configured = ClaimAllocation(
-        UID, "default", "claim", (AllocatedDevice("mig", NODE, THREE_G_AT_4),), (config,)
+        UID,
+        "default",
+        "claim",
+        (AllocatedDevice("mig", NODE, THREE_G_AT_4),),
+        (_mps_on_mig(defaultPinnedDeviceMemoryLimit="60Gi"),),
     )
-    with pytest.raises(ClaimError, match="takes no opaque configuration yet"):
+    with pytest.raises(ClaimError, match="defaultPinnedDeviceMemoryLimit: 60Gi is more than the"):
         state.prepare(configured)
     assert _instances(tmp_path) == []
 

@@ -1,12 +1,16 @@
-"""MPS per claim: limits checked at prepare, a control daemon per claim, adopted on restart, never leaked.
+"""MPS: limits checked at prepare, a control daemon per set of devices, adopted on restart, never leaked.
 
-The daemons are the fake nvidia-cuda-mps-control (dra.gpu.fakemps), started for real.
+The daemons are the fake nvidia-cuda-mps-control (dra.gpu.fakemps), started for real, each in
+a mount namespace of its own (dra.kubeletplugin.mpslaunch): that takes root, as it takes
+CAP_SYS_ADMIN in the plugin's container.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,10 +23,13 @@ from dra.adapters.checkpoint import CheckpointStore
 from dra.api.v1beta1 import MpsConfig
 from dra.core import cdi, sharing
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
+from dra.gpu import fakemps
 from dra.kubeletplugin.mps import MpsDaemons
 from dra.kubeletplugin.state import DeviceState
 from dra.model.quantity import Quantity
 from tests.unit.helpers import DRIVER, NODE, inventory
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace per daemon needs root")
 
 UID_A = "aaaaaaaa-0000-4000-8000-00000000000a"
 UID_B = "bbbbbbbb-0000-4000-8000-00000000000b"
@@ -52,15 +59,16 @@ def _claim(uid: str, *devices: str, config: OpaqueConfig | None = None) -> Claim
 
 
 class Node:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, profile: str = "h100x8") -> None:
         self.root = root
+        self.profile = profile
         self.daemons = MpsDaemons(root / "mps", FAKE_MPS)
 
     def state(self, daemons: MpsDaemons | None = None) -> DeviceState:
         state = DeviceState(
             DRIVER,
             NODE,
-            inventory("h100x8"),
+            inventory(self.profile),
             CdiStore(self.root / "cdi", DRIVER),
             CheckpointStore(self.root / "checkpoint.json"),
             mps=daemons or self.daemons,
@@ -68,18 +76,27 @@ class Node:
         state.recover()
         return state
 
-    def dirs(self, uid: str) -> sharing.MpsDirs:
-        return sharing.mps_dirs(str(self.root / "mps"), uid)
+    def key(self, *devices: str) -> str:
+        return sharing.mps_key(_uuid(d) for d in devices)
 
-    def control_log(self, uid: str) -> str:
-        return (Path(self.dirs(uid).log) / "control.log").read_text()
+    def dirs(self, key: str) -> sharing.MpsDirs:
+        return sharing.mps_dirs(str(self.root / "mps"), key)
+
+    def control_log(self, key: str) -> str:
+        return (Path(self.dirs(key).log) / "control.log").read_text()
+
+
+def _uuid(device: str) -> str:
+    found = inventory("h100x8").get(device)
+    assert found is not None
+    return found.uuid
 
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[Node]:
     node = Node(tmp_path)
     yield node
-    node.daemons.stop_others(())
+    node.daemons.stop_others({})
 
 
 def _alive(pid: int) -> bool:
@@ -101,12 +118,12 @@ def test_a_claim_gets_its_own_daemon_with_its_limits_and_the_container_is_pointe
             config=_mps(defaultActiveThreadPercentage=50, defaultPerDevicePinnedMemoryLimit={"1": "8Gi"}),
         )
     )
-    pid = node.daemons.pid(UID_A)
+    pid = node.daemons.pid(node.key("gpu-0", "gpu-1"))
     assert pid is not None
     assert _alive(pid)
-    dirs = node.dirs(UID_A)
+    dirs = node.dirs(node.key("gpu-0", "gpu-1"))
     assert sorted(os.listdir(dirs.pipe)) == ["control", "log", "nvidia-cuda-mps-control.pid"]
-    log = node.control_log(UID_A)
+    log = node.control_log(node.key("gpu-0", "gpu-1"))
     uuids = [state.inventory.get(n).uuid for n in ("gpu-0", "gpu-1")]  # type: ignore[union-attr]
     assert f"devices {','.join(uuids)}" in log
     assert "Command: set_default_active_thread_percentage 50" in log
@@ -139,17 +156,17 @@ def test_a_per_device_limit_names_a_device_among_those_its_config_applies_to(nod
     )
     node.state().prepare(claim)
     # Each config's "0" is its own first device; the daemon numbers the claim's devices.
-    log = node.control_log(UID_A)
+    log = node.control_log(node.key("gpu-0", "gpu-1"))
     assert "Command: set_default_device_pinned_mem_limit 0 4096M" in log
     assert "Command: set_default_device_pinned_mem_limit 1 8192M" in log
 
 
 def test_a_restarted_driver_adopts_the_daemon_instead_of_starting_another(node: Node) -> None:
     node.state().prepare(_claim(UID_A, "gpu-0", config=_mps()))
-    pid = node.daemons.pid(UID_A)
+    pid = node.daemons.pid(node.key("gpu-0"))
     restarted = node.state()
-    assert node.daemons.pid(UID_A) == pid
-    assert node.control_log(UID_A).count("Starting control daemon") == 1
+    assert node.daemons.pid(node.key("gpu-0")) == pid
+    assert node.control_log(node.key("gpu-0")).count("Starting control daemon") == 1
     restarted.unprepare(UID_A)
     assert pid is not None
     assert not _alive(pid)
@@ -157,13 +174,13 @@ def test_a_restarted_driver_adopts_the_daemon_instead_of_starting_another(node: 
 
 def test_daemons_of_claims_not_in_the_checkpoint_are_stopped_at_start(node: Node) -> None:
     node.state().prepare(_claim(UID_A, "gpu-0", config=_mps()))
-    pid = node.daemons.pid(UID_A)
+    pid = node.daemons.pid(node.key("gpu-0"))
     # A driver killed after starting the daemon whose checkpoint then lost the claim (or never had it).
     CheckpointStore(node.root / "checkpoint.json").save({})
     node.state()
     assert pid is not None
     assert not _alive(pid)
-    assert node.daemons.claims() == []
+    assert node.daemons.daemons() == []
 
 
 def test_a_daemon_that_cannot_start_fails_the_claim_and_leaves_nothing(node: Node, tmp_path: Path) -> None:
@@ -173,7 +190,7 @@ def test_a_daemon_that_cannot_start_fails_the_claim_and_leaves_nothing(node: Nod
         state.prepare(_claim(UID_A, "gpu-0", config=_mps()))
     assert state.prepared == {}
     assert not list((node.root / "cdi").glob("*.json"))
-    assert broken.claims() == []
+    assert broken.daemons() == []
 
 
 @pytest.mark.parametrize(
@@ -193,7 +210,7 @@ def test_bad_limits_are_a_per_claim_error_and_start_nothing(
     with pytest.raises(ClaimError) as err:
         state.prepare(_claim(UID_A, "gpu-0", config=config))
     assert problem in str(err.value)
-    assert node.daemons.claims() == []
+    assert node.daemons.daemons() == []
     assert state.prepared == {}
 
 
@@ -210,21 +227,205 @@ def test_a_share_caps_the_pinned_limit_and_is_its_default() -> None:
     assert (settings["gpu-0"].pinned_limit, problems) == ("1536M", [])
 
 
-def test_two_claims_get_two_daemons(node: Node) -> None:
+def test_two_claims_on_different_gpus_get_two_daemons(node: Node) -> None:
     state = node.state()
     state.prepare(_claim(UID_A, "gpu-0", config=_mps()))
     state.prepare(_claim(UID_B, "gpu-1", config=_mps()))
-    assert node.daemons.pid(UID_A) != node.daemons.pid(UID_B)
-    assert node.daemons.claims() == [UID_A, UID_B]
+    assert node.daemons.pid(node.key("gpu-0")) != node.daemons.pid(node.key("gpu-1"))
+    assert node.daemons.daemons() == sorted([node.key("gpu-0"), node.key("gpu-1")])
 
 
 def test_a_pid_file_naming_another_process_is_not_adopted(node: Node) -> None:
     # After a reboot the pid in a leftover pid file may be any process's, e.g. this one's.
-    pipe = Path(node.dirs(UID_A).pipe)
+    pipe = Path(node.dirs(node.key("gpu-0")).pipe)
     pipe.mkdir(parents=True)
     (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{os.getpid()}\n")
-    assert node.daemons.pid(UID_A) is None
+    assert node.daemons.pid(node.key("gpu-0")) is None
     node.state().prepare(_claim(UID_A, "gpu-0", config=_mps()))
-    pid = node.daemons.pid(UID_A)
+    pid = node.daemons.pid(node.key("gpu-0"))
     assert pid is not None
     assert pid != os.getpid()
+
+
+def _share(uid: str, device: str, share: str, memory: str = "20Gi", **mps_config: Any) -> ClaimAllocation:
+    return ClaimAllocation(
+        uid=uid,
+        namespace="team-a",
+        name=f"claim-{uid[0]}",
+        devices=(
+            AllocatedDevice("gpu", NODE, device, share_id=share, consumed_capacity=(("memory", memory),)),
+        ),
+        configs=(_mps(**mps_config),),
+    )
+
+
+SHARE_1 = "11111111-0000-4000-8000-000000000001"
+SHARE_2 = "22222222-0000-4000-8000-000000000002"
+
+
+def test_the_daemon_puts_its_shared_memory_in_the_claims_shm_directory_not_the_plugins(node: Node) -> None:
+    node.state().prepare(_claim(UID_A, "gpu-0", config=_mps()))
+    pid = node.daemons.pid(node.key("gpu-0"))
+    assert pid is not None
+    name = fakemps.shm_file(pid).name
+    # What the claim's containers get at /dev/shm (CDI) is what the daemon sees there.
+    assert (Path(node.dirs(node.key("gpu-0")).shm) / name).exists()
+    assert not (Path("/dev/shm") / name).exists()
+    # The daemon's mount namespace is its own: the bind mount is not the plugin's.
+    assert os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+
+
+def test_shares_of_one_gpu_join_one_daemon_with_limits_per_client_until_the_last_goes(node: Node) -> None:
+    state = node.state()
+    state.prepare(_share(UID_A, "gpu-0", SHARE_1, "20Gi", defaultActiveThreadPercentage=30))
+    key = node.key("gpu-0")
+    pid = node.daemons.pid(key)
+    state.prepare(_share(UID_B, "gpu-0", SHARE_2, "30Gi"))
+    assert node.daemons.pid(key) == pid
+    assert node.daemons.daemons() == [key]
+    log = node.control_log(key)
+    assert log.count("Starting control daemon") == 1
+    # One claim's limits are not the other's: none is a default of the shared daemon.
+    assert "set_default" not in log
+
+    def env(uid: str) -> list[str]:
+        spec = json.loads((node.root / "cdi" / cdi.spec_file_name(DRIVER, uid)).read_text())
+        return [e for e in spec["containerEdits"]["env"] if e.startswith("CUDA_MPS")]
+
+    assert env(UID_A) == [
+        "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M",
+    ]
+    assert env(UID_B) == [
+        "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=30720M",
+    ]
+
+    state.unprepare(UID_A)
+    assert node.daemons.pid(key) == pid
+    # A restart in between adopts it for the claim left.
+    restarted = node.state()
+    assert node.daemons.pid(key) == pid
+    restarted.unprepare(UID_B)
+    assert pid is not None
+    assert not _alive(pid)
+    assert node.daemons.daemons() == []
+
+
+def test_a_claim_whose_mps_devices_overlap_a_daemons_other_set_is_refused(node: Node) -> None:
+    state = node.state()
+    state.prepare(
+        ClaimAllocation(
+            uid=UID_A,
+            namespace="team-a",
+            name="claim-a",
+            devices=(
+                AllocatedDevice("gpu", NODE, "gpu-0", share_id=SHARE_1),
+                AllocatedDevice("gpu", NODE, "gpu-1", share_id=SHARE_1),
+            ),
+            configs=(_mps(),),
+        )
+    )
+    with pytest.raises(ClaimError) as err:
+        state.prepare(_share(UID_B, "gpu-0", SHARE_2))
+    assert str(err.value) == (
+        "cannot prepare ResourceClaim team-a/claim-b: the MPS devices of this claim (gpu-0) overlap those "
+        f"of claim team-a/claim-a ({UID_A}), whose MPS control daemon serves gpu-0, gpu-1: a device runs "
+        "one MPS daemon, so claims using MPS on the same devices must use the same set"
+    )
+    assert list(state.prepared) == [UID_A]
+    assert node.daemons.daemons() == [node.key("gpu-0", "gpu-1")]
+
+
+_PREPARE = """
+import sys
+from pathlib import Path
+from tests.unit.test_mps import Node, _share, UID_A, SHARE_1
+Node(Path(sys.argv[1])).state().prepare(_share(UID_A, "gpu-0", SHARE_1))
+"""
+
+
+def test_a_driver_killed_once_the_daemon_started_adopts_it_and_the_claim_converges(node: Node) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _PREPARE, str(node.root)],
+        env={**os.environ, "DRA_GPU_FAULT_POINT": "mps-daemon-started"},
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).parents[2],
+    )
+    assert done.returncode == 137, done.stderr
+    key = node.key("gpu-0")
+    pid = node.daemons.pid(key)
+    assert pid is not None
+    # Recorded before the daemon started: the restarted driver adopts it, the retry answers.
+    state = node.state()
+    assert node.daemons.pid(key) == pid
+    state.prepare(_share(UID_A, "gpu-0", SHARE_1))
+    assert node.daemons.pid(key) == pid
+    state.unprepare(UID_A)
+    assert not _alive(pid)
+
+
+_PREPARE_REFUSED = """
+import sys
+from pathlib import Path
+from dra.core.allocation import ClaimError
+from tests.unit.test_mps import Node, _claim, _mps, UID_A
+state = Node(Path(sys.argv[1])).state()
+try:
+    state.prepare(_claim(UID_A, "gpu-0", config=_mps()))
+except ClaimError as err:
+    print(err)
+print(sorted(state.prepared))
+"""
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux setpriv to drop a capability")
+def test_without_cap_sys_admin_the_claim_is_refused_naming_the_chart_value(node: Node) -> None:
+    # The chart's container without kubeletPlugin.mps.enabled: root, CAP_SYS_ADMIN dropped.
+    drop = ["setpriv", "--inh-caps=-sys_admin", "--bounding-set=-sys_admin"]
+    done = subprocess.run(
+        [*drop, sys.executable, "-c", _PREPARE_REFUSED, str(node.root)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parents[2],
+    )
+    error, prepared = done.stdout.splitlines()
+    assert error == (
+        "cannot prepare ResourceClaim team-a/claim-a: cannot start the MPS control daemon: cannot make a "
+        "mount namespace for the MPS control daemon: Operation not permitted; the MPS control daemon needs a "
+        "mount namespace of its own, which takes CAP_SYS_ADMIN in the kubelet plugin's container "
+        "(Helm chart: kubeletPlugin.mps.enabled=true)"
+    )
+    assert prepared == "[]"
+    assert node.daemons.daemons() == []
+
+
+def test_a_mig_device_gets_its_own_daemon_which_sees_the_mig_device_by_uuid(tmp_path: Path) -> None:
+    node = Node(tmp_path, "h100x8-mig")
+    mig = inventory("h100x8-mig").get("gpu-4-mig-1g10gb-3-0")
+    assert mig is not None
+    config = OpaqueConfig(
+        "FromClaim",
+        (),
+        {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "MigDeviceConfig",
+            "sharing": {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "4Gi"}},
+        },
+    )
+    try:
+        node.state().prepare(_claim(UID_A, mig.name, config=config))
+        key = sharing.mps_key([mig.uuid])
+        pid = node.daemons.pid(key)
+        assert pid is not None
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert f"CUDA_VISIBLE_DEVICES={mig.uuid}".encode() in environ
+        log = node.control_log(key)
+        assert f"devices {mig.uuid}" in log
+        assert "Command: set_default_device_pinned_mem_limit 0 4096M" in log
+    finally:
+        node.daemons.stop_others({})

@@ -84,10 +84,6 @@ def test_a_bad_config_is_denied_with_its_path_in_the_object(kind: str, path: str
             _gpu(strategy="MPS", mpsConfig={"defaultActiveThreadPercentage": 0}),
             "sharing.mpsConfig.defaultActiveThreadPercentage: 0 is outside 1-100",
         ),
-        (
-            {"apiVersion": API, "kind": "MigDeviceConfig", "sharing": {"strategy": "MPS"}},
-            "sharing.strategy: MPS on MIG devices is not implemented yet by this driver",
-        ),
         ({"apiVersion": API, "kind": "GpuConfig", "extra": 1}, "extra: unknown field; known: sharing"),
         ({"apiVersion": API, "kind": "Gpu"}, 'kind: "Gpu" is not one of ["GpuConfig", "MigDeviceConfig"]'),
         (

@@ -85,11 +85,12 @@ device.driver == "{{ $driver }}" && device.attributes["{{ $driver }}"].type == "
   value: {{ .Values.driverFiles.root | quote }}
 {{- end }}
 {{- if and (not .Values.fakeGpus.enabled) .Values.nvml.toolkitEnv }}
-# The NVIDIA Container Toolkit injects every GPU and NVML (the "utility" libraries).
+# The NVIDIA Container Toolkit injects every GPU, NVML and nvidia-smi ("utility"), and the CUDA
+# driver with nvidia-cuda-mps-control ("compute"), which runs the claims' MPS daemons.
 - name: NVIDIA_VISIBLE_DEVICES
   value: all
 - name: NVIDIA_DRIVER_CAPABILITIES
-  value: utility
+  value: compute,utility
 {{- end }}
 {{- with .Values.extraEnv }}
 {{ toYaml . }}

@@ -1,0 +1,102 @@
+"""Run a command with a directory over its /dev/shm: `python -m dra.kubeletplugin.mpslaunch DIR -- CMD...`.
+
+The MPS control daemon, the server it spawns and the clients must see the
+same /dev/shm. The clients are the claim's containers, which get the MPS
+directory's `shm` bind-mounted at /dev/shm through CDI; the daemon runs in
+the plugin container, whose /dev/shm is its own. So each daemon starts in a
+mount namespace of its own where DIR is bind-mounted over /dev/shm; it
+detaches (-d) and keeps that namespace, and so does the server it spawns.
+
+Why a launcher process, and not util-linux `unshare` or a call in the plugin:
+- unshare(CLONE_NEWNS) fails with EINVAL in a multithreaded process, and the
+  plugin runs its calls in worker threads; this launcher is single-threaded
+  when it makes the call, then execs the command in the new namespace;
+- the plugin's image needs nothing besides its own Python (no util-linux);
+- a missing CAP_SYS_ADMIN (EPERM) is told in words that name the chart value.
+
+Mount propagation is made `slave` first, recursively: mounts the host makes
+later still reach the daemon, and its bind mount never leaks back out.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import sys
+from collections.abc import Sequence
+
+# <sched.h> and <sys/mount.h> (Linux UAPI values, the same on every architecture).
+CLONE_NEWNS = 0x00020000
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_SLAVE = 0x80000
+
+#: Exit status when the namespace cannot be made; the driver reads the message on stderr.
+EXIT_NO_NAMESPACE = 3
+#: Where the daemon expects POSIX shared memory.
+SHM = "/dev/shm"
+#: The chart value that gives the plugin container CAP_SYS_ADMIN.
+CHART_VALUE = "kubeletPlugin.mps.enabled=true"
+
+
+class LaunchError(Exception):
+    """The namespace or the bind mount could not be made; the message says which and why."""
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result == 0:
+        return
+    code = ctypes.get_errno()
+    reason = os.strerror(code)
+    if code == errno.EPERM:
+        reason += (
+            f"; the MPS control daemon needs a mount namespace of its own, which takes CAP_SYS_ADMIN "
+            f"in the kubelet plugin's container (Helm chart: {CHART_VALUE})"
+        )
+    elif code == errno.EACCES:
+        reason += (
+            "; an AppArmor or SELinux policy forbids it to the kubelet plugin's container "
+            f"(the Helm chart runs it unconfined with {CHART_VALUE})"
+        )
+    raise LaunchError(f"cannot {what}: {reason}")
+
+
+def enter(shm: str) -> None:
+    """Move this (single-threaded) process into a new mount namespace with `shm` over /dev/shm."""
+    libc = _libc()
+    _check(libc.unshare(CLONE_NEWNS), "make a mount namespace for the MPS control daemon")
+    _check(libc.mount(None, b"/", None, MS_REC | MS_SLAVE, None), "make / a slave mount")
+    _check(libc.mount(shm.encode(), SHM.encode(), None, MS_BIND, None), f"bind-mount {shm} over {SHM}")
+
+
+def command(shm: str, argv: Sequence[str]) -> list[str]:
+    """The command line that runs `argv` with `shm` over its /dev/shm, with this Python."""
+    return [sys.executable, "-m", "dra.kubeletplugin.mpslaunch", shm, "--", *argv]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Enter the namespace and exec the command; a status and a message on stderr when that fails."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 3 or args[1] != "--":
+        print("usage: python -m dra.kubeletplugin.mpslaunch SHM-DIR -- COMMAND [ARG...]", file=sys.stderr)
+        return 2
+    shm, program = args[0], args[2:]
+    try:
+        enter(shm)
+    except LaunchError as err:
+        print(err, file=sys.stderr)
+        return EXIT_NO_NAMESPACE
+    try:
+        os.execvp(program[0], program)
+    except OSError as err:
+        print(f"cannot run {program[0]}: {err}", file=sys.stderr)
+        return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -44,6 +44,11 @@ class BuildError(RuntimeError):
     """The binaries could not be built; the message says why and what to install."""
 
 
+def _binary_name(package: str) -> str:
+    """The name `go build -o <dir>` gives a package's binary: the last element of its path."""
+    return package.rsplit("/", 1)[-1]
+
+
 @dataclass(frozen=True)
 class GoModule:
     """A Go module under tests/ and the commands built from it."""
@@ -63,11 +68,20 @@ class GoModule:
     tags: tuple[str, ...] = ()
     #: Extra environment of the build (e.g. where cgo finds a library), prepared on first build.
     build_env: Callable[[], dict[str, str]] | None = None
+    #: One package of `packages` that is a multi-call program, and the commands it serves: the
+    #: cache holds it once per command, as hard links named after them, and it runs the one it
+    #: is called as. The other packages yield one binary each.
+    multicall: tuple[str, tuple[str, ...]] | None = None
 
     @property
     def commands(self) -> tuple[str, ...]:
         """The binaries this module yields."""
-        return tuple(package.rsplit("/", 1)[-1] for package in self.packages)
+        served = self.multicall[1] if self.multicall else ()
+        return served + tuple(
+            _binary_name(package)
+            for package in self.packages
+            if self.multicall is None or package != self.multicall[0]
+        )
 
     @property
     def go_mod(self) -> Path:
@@ -76,7 +90,9 @@ class GoModule:
 
     def package_of(self, command: str) -> str:
         """The package that yields one command."""
-        return self.packages[self.commands.index(command)]
+        if self.multicall is not None and command in self.multicall[1]:
+            return self.multicall[0]
+        return next(package for package in self.packages if _binary_name(package) == command)
 
     def version(self) -> str:
         """The version go.mod requires of the pinned module, e.g. v1.34.12."""
@@ -152,19 +168,25 @@ def _helm_ldflags(version: str) -> str:
     return " ".join(flags)
 
 
-#: Commands built from k8s.io/kubernetes, then the module's own helper programs.
-KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl")
-LOCAL_COMMANDS = ("etcd", "fakeruntime")
-#: What a cluster starts; kubectl is built only for whoever asks for it.
-CLUSTER_COMMANDS = LOCAL_COMMANDS + tuple(name for name in KUBE_COMMANDS if name != "kubectl")
+#: What a cluster starts: the module's own helper programs, then commands of k8s.io/kubernetes,
+#: all served by one multi-call binary (deploy/local/k8sbin/hyperkube), so a first build
+#: links once instead of six times. kubectl is built on its own, only for whoever asks for it.
+CLUSTER_COMMANDS = (
+    "etcd",
+    "fakeruntime",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
+)
 
 KUBERNETES = GoModule(
     name="k8s",
     directory=_LOCAL_DIR / "k8sbin",
     pinned="k8s.io/kubernetes",
-    packages=tuple(f"./{name}" for name in LOCAL_COMMANDS)
-    + tuple(f"k8s.io/kubernetes/cmd/{name}" for name in KUBE_COMMANDS),
+    packages=("./hyperkube", "k8s.io/kubernetes/cmd/kubectl"),
     ldflags=_kube_ldflags,
+    multicall=("./hyperkube", CLUSTER_COMMANDS),
 )
 HELM = GoModule(
     name="helm",
@@ -250,7 +272,6 @@ CONTAINERD = GoModule(
 )
 
 MODULE_DIR = KUBERNETES.directory
-BINARIES = KUBE_COMMANDS + LOCAL_COMMANDS
 #: One <version>.mod (and .sum) per supported Kubernetes release besides the default.
 VERSIONS_DIR = KUBERNETES.directory / "versions"
 
@@ -293,6 +314,7 @@ def kubernetes_module(version: str | None = None) -> GoModule:
         packages=KUBERNETES.packages,
         ldflags=KUBERNETES.ldflags,
         modfile=VERSIONS_DIR / f"{version}.mod",
+        multicall=KUBERNETES.multicall,
     )
     if module.version() != version:
         raise BuildError(f"{module.go_mod} pins {module.pinned} {module.version()}, not {version}")
@@ -395,7 +417,7 @@ def _build(module: GoModule, commands: tuple[str, ...], log: bool) -> None:
                 module.ldflags(version),
                 "-o",
                 str(staging),
-                *(module.package_of(name) for name in commands),
+                *dict.fromkeys(module.package_of(name) for name in commands),
             ],
             cwd=module.directory,
             env=env,
@@ -423,8 +445,13 @@ def _build(module: GoModule, commands: tuple[str, ...], log: bool) -> None:
             shutil.rmtree(staging, ignore_errors=True)
             raise BuildError(f"go build failed in {module.directory}:\n{''.join(output.messages)}")
         target.mkdir(exist_ok=True)
-        # One rename per command: a reader sees each binary whole or not at all.
+        # One rename per command: a reader sees each binary whole or not at all. A command of
+        # the multi-call binary is a hard link to it (staged beside it, then renamed): unlike a
+        # symbolic link, /proc/<pid>/exe then names the command too.
         for name in commands:
+            built = staging / _binary_name(module.package_of(name))
+            if built.name != name:
+                os.link(built, staging / name)
             os.replace(staging / name, target / name)
         shutil.rmtree(staging, ignore_errors=True)
         if log:

@@ -4,7 +4,8 @@ Each small Go module under ``deploy/local`` pins what it builds, and its go.mod 
 the one place that version is set:
 
 - ``deploy/local/k8sbin`` pins ``k8s.io/kubernetes`` (and every staging module to the
-  matching v0.x), the etcd server Kubernetes pins, and the fake CRI runtime; its go.mod is
+  matching v0.x), the etcd server Kubernetes pins, and the fake CRI runtime, which its
+  ``hyperkube`` serves as one binary with the Kubernetes commands a cluster starts; its go.mod is
   the default release, and ``versions/<version>.mod`` (with its ``.sum``) pins each other
   supported release, built with ``go build -modfile``; ``KUBERNETES_VERSION`` picks one;
 - ``deploy/local/helmbin`` pins ``helm.sh/helm/v3`` (for rendering and linting the chart
@@ -476,8 +477,8 @@ def ensure_cluster_binaries(version: str | None = None, log: bool = True) -> Pat
     """Build what a cluster of a release (default: the chosen one) starts, on first use; return
     their directory.
 
-    One `go build` compiles them all with shared caches (about 4 to 6 minutes on two cores
-    with empty Go caches; no helm, no kubectl); later calls return at once.
+    One multi-call binary serves them all (about 14 CPU-minutes with empty Go caches, so about
+    7 minutes on two free cores; no helm, no kubectl); later calls return at once.
     """
     module = kubernetes_module(version)
     missing = module.missing(CLUSTER_COMMANDS)

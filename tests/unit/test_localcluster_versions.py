@@ -262,7 +262,10 @@ def test_a_cluster_build_compiles_only_what_a_cluster_starts_and_says_how_far_it
 ) -> None:
     target = binaries.ensure_cluster_binaries()
     assert sorted(path.name for path in target.iterdir()) == sorted(binaries.CLUSTER_COMMANDS)
+    # One multi-call binary, linked once, serves every command under its own name.
+    assert len({(target / name).stat().st_ino for name in binaries.CLUSTER_COMMANDS}) == 1
     (call,) = fake_go.read_text().splitlines()
+    assert call.endswith(" ./hyperkube")
     assert "-modfile" not in call
     assert "kubectl" not in call
     assert "helm" not in call
@@ -273,6 +276,7 @@ def test_a_cluster_build_compiles_only_what_a_cluster_starts_and_says_how_far_it
     # kubectl comes later, on its own, into the same directory.
     assert binaries.ensure_binary("kubectl", log=False) == target / "kubectl"
     assert fake_go.read_text().splitlines()[1].endswith("k8s.io/kubernetes/cmd/kubectl")
+    assert (target / "kubectl").stat().st_ino != (target / "kubelet").stat().st_ino
     binaries.ensure_cluster_binaries()
     assert len(fake_go.read_text().splitlines()) == 2
 

@@ -4,7 +4,8 @@ Each small Go module under ``deploy/local`` pins what it builds, and its go.mod 
 the one place that version is set:
 
 - ``deploy/local/k8sbin`` pins ``k8s.io/kubernetes`` (and every staging module to the
-  matching v0.x), the etcd server Kubernetes pins, and the fake CRI runtime; its go.mod is
+  matching v0.x), the etcd server Kubernetes pins, and the fake CRI runtime, which its
+  ``hyperkube`` serves as one binary with the Kubernetes commands a cluster starts; its go.mod is
   the default release, and ``versions/<version>.mod`` (with its ``.sum``) pins each other
   supported release, built with ``go build -modfile``; ``KUBERNETES_VERSION`` picks one;
 - ``deploy/local/helmbin`` pins ``helm.sh/helm/v3`` (for rendering and linting the chart
@@ -48,6 +49,11 @@ class BuildError(RuntimeError):
     """The binaries could not be built; the message says why and what to install."""
 
 
+def _binary_name(package: str) -> str:
+    """The name `go build -o <dir>` gives a package's binary: the last element of its path."""
+    return package.rsplit("/", 1)[-1]
+
+
 @dataclass(frozen=True)
 class GoModule:
     """A Go module under tests/ and the commands built from it."""
@@ -67,11 +73,20 @@ class GoModule:
     tags: tuple[str, ...] = ()
     #: Extra environment of the build (e.g. where cgo finds a library), prepared on first build.
     build_env: Callable[[], dict[str, str]] | None = None
+    #: One package of `packages` that is a multi-call program, and the commands it serves: the
+    #: cache holds it once per command, as hard links named after them, and it runs the one it
+    #: is called as. The other packages yield one binary each.
+    multicall: tuple[str, tuple[str, ...]] | None = None
 
     @property
     def commands(self) -> tuple[str, ...]:
         """The binaries this module yields."""
-        return tuple(package.rsplit("/", 1)[-1] for package in self.packages)
+        served = self.multicall[1] if self.multicall else ()
+        return served + tuple(
+            _binary_name(package)
+            for package in self.packages
+            if self.multicall is None or package != self.multicall[0]
+        )
 
     @property
     def go_mod(self) -> Path:
@@ -80,7 +95,9 @@ class GoModule:
 
     def package_of(self, command: str) -> str:
         """The package that yields one command."""
-        return self.packages[self.commands.index(command)]
+        if self.multicall is not None and command in self.multicall[1]:
+            return self.multicall[0]
+        return next(package for package in self.packages if _binary_name(package) == command)
 
     def version(self) -> str:
         """The version go.mod requires of the pinned module, e.g. v1.34.12."""
@@ -156,19 +173,25 @@ def _helm_ldflags(version: str) -> str:
     return " ".join(flags)
 
 
-#: Commands built from k8s.io/kubernetes, then the module's own helper programs.
-KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl")
-LOCAL_COMMANDS = ("etcd", "fakeruntime")
-#: What a cluster starts; kubectl is built only for whoever asks for it.
-CLUSTER_COMMANDS = LOCAL_COMMANDS + tuple(name for name in KUBE_COMMANDS if name != "kubectl")
+#: What a cluster starts: the module's own helper programs, then commands of k8s.io/kubernetes,
+#: all served by one multi-call binary (deploy/local/k8sbin/hyperkube), so a first build
+#: links once instead of six times. kubectl is built on its own, only for whoever asks for it.
+CLUSTER_COMMANDS = (
+    "etcd",
+    "fakeruntime",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
+)
 
 KUBERNETES = GoModule(
     name="k8s",
     directory=_LOCAL_DIR / "k8sbin",
     pinned="k8s.io/kubernetes",
-    packages=tuple(f"./{name}" for name in LOCAL_COMMANDS)
-    + tuple(f"k8s.io/kubernetes/cmd/{name}" for name in KUBE_COMMANDS),
+    packages=("./hyperkube", "k8s.io/kubernetes/cmd/kubectl"),
     ldflags=_kube_ldflags,
+    multicall=("./hyperkube", CLUSTER_COMMANDS),
 )
 HELM = GoModule(
     name="helm",
@@ -254,7 +277,6 @@ CONTAINERD = GoModule(
 )
 
 MODULE_DIR = KUBERNETES.directory
-BINARIES = KUBE_COMMANDS + LOCAL_COMMANDS
 #: One <version>.mod (and .sum) per supported Kubernetes release besides the default.
 VERSIONS_DIR = KUBERNETES.directory / "versions"
 
@@ -431,7 +453,7 @@ def _build(module: GoModule, commands: tuple[str, ...], log: bool) -> None:
                 module.ldflags(version),
                 "-o",
                 str(staging),
-                *(module.package_of(name) for name in commands),
+                *dict.fromkeys(module.package_of(name) for name in commands),
             ],
             cwd=module.directory,
             env=env,
@@ -459,8 +481,13 @@ def _build(module: GoModule, commands: tuple[str, ...], log: bool) -> None:
             shutil.rmtree(staging, ignore_errors=True)
             raise BuildError(f"go build failed in {module.directory}:\n{''.join(output.messages)}")
         target.mkdir(exist_ok=True)
-        # One rename per command: a reader sees each binary whole or not at all.
+        # One rename per command: a reader sees each binary whole or not at all. A command of
+        # the multi-call binary is a hard link to it (staged beside it, then renamed): unlike a
+        # symbolic link, /proc/<pid>/exe then names the command too.
         for name in commands:
+            built = staging / _binary_name(module.package_of(name))
+            if built.name != name:
+                os.link(built, staging / name)
             os.replace(staging / name, target / name)
         shutil.rmtree(staging, ignore_errors=True)
         if log:
@@ -485,8 +512,8 @@ def ensure_cluster_binaries(version: str | None = None, log: bool = True) -> Pat
     """Build what a cluster of a release (default: the chosen one) starts, on first use; return
     their directory.
 
-    One `go build` compiles them all with shared caches (about 4 to 6 minutes on two cores
-    with empty Go caches; no helm, no kubectl); later calls return at once.
+    One multi-call binary serves them all (about 14 CPU-minutes with empty Go caches, so about
+    7 minutes on two free cores; no helm, no kubectl); later calls return at once.
     """
     module = kubernetes_module(version)
     missing = module.missing(CLUSTER_COMMANDS)

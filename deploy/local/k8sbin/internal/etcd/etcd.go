@@ -1,7 +1,7 @@
-// Command etcd runs a single-member etcd server built from the etcd version that
+// Package etcd runs a single-member etcd server built from the etcd version that
 // Kubernetes pins, for the local test cluster. It exists because etcd's own main
 // package lives in a module whose dependencies conflict with k8s.io/kubernetes.
-package main
+package etcd
 
 import (
 	"flag"
@@ -22,11 +22,15 @@ func mustURL(raw string) url.URL {
 	return *u
 }
 
-func main() {
-	dataDir := flag.String("data-dir", "", "directory for etcd data (required)")
-	clientURL := flag.String("listen-client-url", "http://127.0.0.1:2379", "client URL to listen on")
-	peerURL := flag.String("listen-peer-url", "http://127.0.0.1:2380", "peer URL to listen on")
-	flag.Parse()
+// Main runs the server with the flags in os.Args[1:] until SIGTERM or SIGINT; the hyperkube
+// command calls it as "etcd". Its own flag set keeps out the flags other packages of that
+// binary register on the global one.
+func Main() int {
+	flags := flag.NewFlagSet("etcd", flag.ExitOnError)
+	dataDir := flags.String("data-dir", "", "directory for etcd data (required)")
+	clientURL := flags.String("listen-client-url", "http://127.0.0.1:2379", "client URL to listen on")
+	peerURL := flags.String("listen-peer-url", "http://127.0.0.1:2380", "peer URL to listen on")
+	_ = flags.Parse(os.Args[1:])
 	if *dataDir == "" {
 		log.Fatal("--data-dir is required")
 	}
@@ -58,4 +62,5 @@ func main() {
 		log.Printf("etcd failed: %v", err)
 	}
 	server.Close()
+	return 0
 }

@@ -1,11 +1,11 @@
-// Command fakeruntime serves the CRI on a unix socket with the upstream fake
+// Package fakeruntime serves the CRI on a unix socket with the upstream fake
 // runtime (k8s.io/cri-client/pkg/fake), so a real kubelet can run pods without a
 // container engine. On top of the fake it does what containerd does with CDI:
 // every CDI device the kubelet passes (from DRA or a device plugin) is resolved
 // against the spec files on disk when the container is created, an unresolvable
 // name fails the creation, and the resulting container edits are recorded as a
 // JSON file per container so tests can see what the container would have got.
-package main
+package fakeruntime
 
 import (
 	"context"
@@ -201,12 +201,16 @@ func (r *runtime) writeRecord(rec record) error {
 	return os.Rename(tmp, filepath.Join(r.recordDir, name))
 }
 
-func main() {
-	listen := flag.String("listen", "", "unix socket path to serve the CRI on (required)")
-	cdiDirs := flag.String("cdi-dirs", "/etc/cdi,/var/run/cdi", "comma-separated CDI spec directories")
-	recordDir := flag.String("record-dir", "", "directory for per-container records (required)")
-	imageSize := flag.Uint64("image-size", 1<<20, "size reported for every image; the kubelet rejects size 0")
-	flag.Parse()
+// Main runs the fake runtime with the flags in os.Args[1:] until SIGTERM or SIGINT; the
+// hyperkube command calls it as "fakeruntime". Its own flag set keeps out the flags other
+// packages of that binary register on the global one.
+func Main() int {
+	flags := flag.NewFlagSet("fakeruntime", flag.ExitOnError)
+	listen := flags.String("listen", "", "unix socket path to serve the CRI on (required)")
+	cdiDirs := flags.String("cdi-dirs", "/etc/cdi,/var/run/cdi", "comma-separated CDI spec directories")
+	recordDir := flags.String("record-dir", "", "directory for per-container records (required)")
+	imageSize := flags.Uint64("image-size", 1<<20, "size reported for every image; the kubelet rejects size 0")
+	_ = flags.Parse(os.Args[1:])
 	if *listen == "" || *recordDir == "" {
 		log.Fatal("--listen and --record-dir are required")
 	}
@@ -246,4 +250,5 @@ func main() {
 	if err := server.Serve(listener); err != nil {
 		log.Fatal(err)
 	}
+	return 0
 }

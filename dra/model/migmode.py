@@ -14,7 +14,9 @@ every node of a DaemonSet.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from dra.model.migoffer import MigOffer
 
 STATIC = "static"
 DYNAMIC = "dynamic"
@@ -30,10 +32,16 @@ class MigModes:
     overrides: tuple[tuple[str, str], ...] = ()
     #: Node name -> the default on that node.
     nodes: tuple[tuple[str, str], ...] = ()
+    #: Which profiles dynamic-MIG GPUs offer (--mig-profiles).
+    offer: MigOffer = field(default_factory=MigOffer)
 
     def for_node(self, node_name: str) -> MigModes:
-        """The modes on one node: its own default where the value names the node."""
-        return MigModes(dict(self.nodes).get(node_name, self.default), self.overrides)
+        """The modes on one node: its own default and offer where the values name the node."""
+        return MigModes(
+            dict(self.nodes).get(node_name, self.default),
+            self.overrides,
+            offer=self.offer.for_node(node_name),
+        )
 
     def of(self, index: int, uuid: str) -> str:
         """The mode of one GPU: its UUID's override, else its index's, else the default."""

@@ -642,3 +642,24 @@ def test_without_rolling_updates_pods_are_replaced_one_after_the_other(values: d
     env = _env(plugin)
     assert env["DRA_GPU_ROLLING_UPDATE"] == "false"
     assert "DRA_GPU_INSTANCE_ID" not in env
+
+
+def test_the_mig_profiles_offered_are_set_per_node_through_the_mig_profiles_variable() -> None:
+    objects = chart.template(
+        {
+            **FAKE,
+            "mig": {
+                "profiles": "common,4g.40gb",
+                "profileNodes": {"n3": "all", "n4": ["2g.20gb", "1g.10gb"]},
+            },
+        }
+    )
+    env = _env(_container(objects))
+    assert env["DRA_GPU_MIG_PROFILES"] == "common,4g.40gb,@n3=all,@n4=2g.20gb,@n4=1g.10gb"
+    offer = (
+        build_parser().parse_args(["discover", f"--mig-profiles={env['DRA_GPU_MIG_PROFILES']}"]).mig_profiles
+    )
+    assert offer.for_node("n3").items == {"all"}
+    assert offer.for_node("n4").items == {"2g.20gb", "1g.10gb"}
+    assert offer.for_node("n1").items == {"common", "4g.40gb"}
+    assert "DRA_GPU_MIG_PROFILES" not in _env(_container(chart.template(FAKE)))

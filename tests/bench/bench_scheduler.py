@@ -241,14 +241,17 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args()
     for nodes in args.nodes:
-        results = [run(LAYOUTS[name], nodes, args.pods_per_node, args.timeout) for name in args.layouts]
-        reference = results[0]
-        for r in results:
+        reference: Result | None = None
+        for name in args.layouts:
+            # Printed as each layout ends: a 500-node run is long, and an interrupted one keeps its figures.
+            r = run(LAYOUTS[name], nodes, args.pods_per_node, args.timeout)
+            reference = reference or r
             ratio = r.pods_per_second / reference.pods_per_second if reference.pods_per_second else 0.0
             print(
                 f"{r.nodes} nodes, {r.layout}: {r.devices} devices in {r.slices} slices; "
                 f"{r.bound}/{r.pods} pods bound in {r.seconds:.1f} s = {r.pods_per_second:.1f} pods/s "
-                f"({ratio:.2f}x of {reference.layout})"
+                f"({ratio:.2f}x of {reference.layout})",
+                flush=True,
             )
 
 

@@ -3,7 +3,8 @@
 The same code runs on real NVML and on fake GPUs; only the library differs.
 A GPU in MIG mode contributes its MIG devices instead of itself, unless the
 admin's MIG mode for it (dra.model.migmode) says `whole` (itself) or
-`dynamic` (itself, plus every MIG profile at every placement as partitions).
+`dynamic` (itself, plus the MIG profiles its offer keeps, at every placement,
+as partitions).
 """
 
 from __future__ import annotations

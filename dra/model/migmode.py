@@ -2,8 +2,9 @@
 
 - ``static``: the MIG devices someone made beforehand are published (today's behaviour);
   a GPU with MIG mode off is published whole.
-- ``dynamic``: the GPU is offered whole and as every MIG profile at every placement;
-  the driver makes the MIG device a claim gets when it prepares the claim.
+- ``dynamic``: the GPU is offered whole and as MIG profiles (which: ``offer``,
+  dra.model.migoffer) at every placement; the driver makes the MIG device a claim gets
+  when it prepares the claim.
 - ``whole``: the GPU is published whole, whatever MIG devices it has.
 
 The flag value is a default mode followed by overrides per node (``@<node name>``,

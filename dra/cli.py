@@ -8,6 +8,7 @@ a flag on the command line wins over the variable.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ from dra.deviceplugin.resources import DEFAULT_RESOURCE
 from dra.gpu.nvml import GpuLibrary, GpuLibraryError
 from dra.kubeletplugin.daemon import PluginSettings, run_kubelet_plugin
 from dra.labeller.daemon import LabellerSettings, run_node_labeller
+from dra.model import migoffer
 from dra.model.migmode import MigModes, parse_mig_modes
 from dra.webhook.server import WebhookSettings, run_webhook
 
@@ -51,6 +53,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse the command line, then the DRA_GPU_* values of the subcommand that runs (UsageError)."""
     parser = build_parser()
     args = apply_environment(parser.parse_args(argv))
+    if hasattr(args, "mig_profiles"):
+        # One value for discovery: the modes carry the offer, so every command that reads them has it.
+        args.mig_mode = dataclasses.replace(args.mig_mode, offer=args.mig_profiles)
     if args.command == "device-plugin" and args.node_name is None and not args.check_config:
         parser.error("the following arguments are required: --node-name (or env DRA_GPU_NODE_NAME)")
     return args
@@ -77,6 +82,15 @@ def _gpu_source(parser: argparse.ArgumentParser) -> None:
         "static,@node-a=dynamic,2=dynamic,GPU-...=whole (@node: that node's default); see docs/mig.md",
         "static",
         type=_mig_modes,
+    )
+    option(
+        parser,
+        "--mig-profiles",
+        "which MIG profiles dynamic-MIG GPUs offer, at all their placements: common (1g, 2g, 3g and 7g "
+        "without media extensions: fewer devices for the scheduler to walk), all, or profile names, "
+        "comma-separated (common,4g.40gb); @<node>=<item> replaces them on that node; see docs/mig.md",
+        migoffer.DEFAULT,
+        type=_mig_offer,
     )
     option(
         parser,
@@ -138,6 +152,13 @@ def _selector(text: str) -> Selector:
 def _mig_modes(text: str) -> MigModes:
     try:
         return parse_mig_modes(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _mig_offer(text: str) -> migoffer.MigOffer:
+    try:
+        return migoffer.parse_mig_offer(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
 

@@ -52,6 +52,11 @@ DEPRECATED_ATTRIBUTES = {
 MAX_COUNTER_SETS_PER_SLICE = 8
 MAX_COUNTERS_PER_SET = 32
 MAX_DEVICES_WITH_COUNTERS = 64
+#: 1.34 (counter sets beside devices) also caps a slice's counters in total, over all its sets
+#: (ResourceSliceMaxSharedCounters) and over all its devices' consumption
+#: (ResourceSliceMaxDeviceCountersPerSlice).
+MAX_SHARED_COUNTERS_PER_SLICE_V134 = 32
+MAX_DEVICE_COUNTERS_PER_SLICE_V134 = 1024
 #: Counter names (also DNS labels and C identifiers, which every release accepts).
 COMPUTE_COUNTER = "compute"
 MEMORY_COUNTER = "memory"
@@ -286,6 +291,14 @@ def _dynamic_groups(inventory: Inventory) -> list[_Group]:
     return groups
 
 
+def _shared_counters(counter_sets: Iterable[Obj]) -> int:
+    return sum(len(c["counters"]) for c in counter_sets)
+
+
+def _device_counters(devices: Iterable[Obj]) -> int:
+    return sum(len(c["counters"]) for d in devices for c in d["consumesCounters"])
+
+
 def _pack(groups: list[_Group]) -> list[tuple[list[Obj], list[Obj]]]:
     """1.34: each GPU's counter set in the slice of the devices consuming it, within the slice limits."""
     packed: list[tuple[list[Obj], list[Obj]]] = []
@@ -298,6 +311,8 @@ def _pack(groups: list[_Group]) -> list[tuple[list[Obj], list[Obj]]]:
             not packed
             or len(packed[-1][0]) >= MAX_COUNTER_SETS_PER_SLICE
             or len(packed[-1][1]) + len(group.devices) > MAX_DEVICES_WITH_COUNTERS
+            or _shared_counters([*packed[-1][0], group.counter_set]) > MAX_SHARED_COUNTERS_PER_SLICE_V134
+            or _device_counters([*packed[-1][1], *group.devices]) > MAX_DEVICE_COUNTERS_PER_SLICE_V134
         ):
             packed.append(([], []))
         packed[-1][0].append(group.counter_set)

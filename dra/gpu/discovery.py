@@ -3,7 +3,8 @@
 The same code runs on real NVML and on fake GPUs; only the library differs.
 A GPU in MIG mode contributes its MIG devices instead of itself, unless the
 admin's MIG mode for it (dra.model.migmode) says `whole` (itself) or
-`dynamic` (itself, plus every MIG profile at every placement as partitions).
+`dynamic` (itself, plus the MIG profiles its offer keeps, at every placement,
+as partitions).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dra.gpu.nvml import (
 )
 from dra.model import migmode
 from dra.model.devices import Device, Gpu, Inventory, MigDevice, MigPartition
+from dra.model.migoffer import MigOffer
 
 log = logging.getLogger(__name__)
 
@@ -284,6 +286,30 @@ def partitions(lib: GpuLibrary, handle: GpuHandle, parent: Gpu, profile_count: i
     return sorted(found, key=lambda p: (-p.slices, -p.placement_size, p.placement_start))
 
 
+def _offered(offer: MigOffer, gpu: Gpu, every: list[MigPartition]) -> list[MigPartition]:
+    """The placements `offer` keeps of a GPU's; says once which listed profiles the GPU lacks."""
+    kept = offer.select(every)
+    missing = offer.unmatched(every)
+    if missing:
+        _tell_once(
+            gpu,
+            "profiles",
+            "GPU %d (%s) has no MIG profile %s (--mig-profiles); it has %s",
+            gpu.index,
+            gpu.product_name,
+            ", ".join(missing),
+            ", ".join(dict.fromkeys(p.profile for p in every)),
+        )
+    if every and not kept:
+        _tell_once(
+            gpu,
+            "no-profiles",
+            "GPU %d: --mig-profiles keeps none of its profiles, so it is offered whole only",
+            gpu.index,
+        )
+    return kept
+
+
 def mig_devices(lib: GpuLibrary, parent: Gpu) -> list[MigDevice]:
     """The MIG devices that exist on a GPU now (after dynamic MIG made one, say)."""
     return _mig_devices(lib, lib.device_by_index(parent.index), parent, lib.mig_capability_minors())
@@ -328,7 +354,7 @@ def discover(lib: GpuLibrary, mig_modes: migmode.MigModes | None = None) -> Inve
                     index,
                 )
             elif mode == migmode.DYNAMIC and gpu.mig_enabled:
-                offers.extend(partitions(lib, handle, gpu, PROFILE_COUNT))
+                offers.extend(_offered(modes.offer, gpu, partitions(lib, handle, gpu, PROFILE_COUNT)))
                 instances.extend(_mig_devices(lib, handle, gpu, caps))
             elif mode == migmode.DYNAMIC:
                 _tell_once(

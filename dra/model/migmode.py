@@ -2,8 +2,9 @@
 
 - ``static``: the MIG devices someone made beforehand are published (today's behaviour);
   a GPU with MIG mode off is published whole.
-- ``dynamic``: the GPU is offered whole and as every MIG profile at every placement;
-  the driver makes the MIG device a claim gets when it prepares the claim.
+- ``dynamic``: the GPU is offered whole and as MIG profiles (which: ``offer``,
+  dra.model.migoffer) at every placement; the driver makes the MIG device a claim gets
+  when it prepares the claim.
 - ``whole``: the GPU is published whole, whatever MIG devices it has.
 
 The flag value is a default mode followed by overrides per node (``@<node name>``,
@@ -14,7 +15,9 @@ every node of a DaemonSet.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from dra.model.migoffer import MigOffer
 
 STATIC = "static"
 DYNAMIC = "dynamic"
@@ -30,10 +33,16 @@ class MigModes:
     overrides: tuple[tuple[str, str], ...] = ()
     #: Node name -> the default on that node.
     nodes: tuple[tuple[str, str], ...] = ()
+    #: Which profiles dynamic-MIG GPUs offer (--mig-profiles).
+    offer: MigOffer = field(default_factory=MigOffer)
 
     def for_node(self, node_name: str) -> MigModes:
-        """The modes on one node: its own default where the value names the node."""
-        return MigModes(dict(self.nodes).get(node_name, self.default), self.overrides)
+        """The modes on one node: its own default and offer where the values name the node."""
+        return MigModes(
+            dict(self.nodes).get(node_name, self.default),
+            self.overrides,
+            offer=self.offer.for_node(node_name),
+        )
 
     def of(self, index: int, uuid: str) -> str:
         """The mode of one GPU: its UUID's override, else its index's, else the default."""

@@ -1,7 +1,8 @@
 """Dynamic MIG on the local cluster: the scheduler picks profiles and placements through shared
 counters, the driver makes the MIG devices on the fake GPUs at prepare and destroys them at unprepare.
 
-Two fake H100s in MIG mode with no instance, --mig-mode=dynamic. Runs on 1.34 (the harness turns
+Two fake H100s in MIG mode with no instance, --mig-mode=dynamic, offering the common profiles
+(the default) and then all of them (--mig-profiles). Runs on 1.34 (the harness turns
 DRAPartitionableDevices on) and, with KUBERNETES_VERSION=v1.37.2, on 1.37 (counters in slices of
 their own).
 """
@@ -30,15 +31,17 @@ TWO_H100 = {"gpus": [{"model": "h100-sxm5-80gb", "count": 2, "mig": []}]}
 PARENT = f"{DRIVER}/parentUUID"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["common", "all"])
 def driver(
-    cluster: ClusterInfo, kube: Kube, tmp_path_factory: pytest.TempPathFactory
+    cluster: ClusterInfo, kube: Kube, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[DriverProcess]:
+    """The driver offering the default profiles (common), then every profile (all): same outcomes."""
     ensure_device_classes(kube)
     workdir = tmp_path_factory.mktemp("dynamic-mig")
     profile = workdir / "profile.yaml"
     profile.write_text(yaml.safe_dump(TWO_H100))
-    process = DriverProcess(cluster, str(profile), workdir / "driver.log", extra_args=("--mig-mode=dynamic",))
+    args = ("--mig-mode=dynamic", f"--mig-profiles={request.param}")
+    process = DriverProcess(cluster, str(profile), workdir / "driver.log", extra_args=args)
     _fake_state(process).unlink(missing_ok=True)
     process.start()
     yield process

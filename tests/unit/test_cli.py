@@ -356,7 +356,17 @@ def test_a_startup_error_inside_a_task_group_is_one_line(
 def test_discover_prints_dynamic_mig_counter_sets_and_every_placement(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    argv = ["discover", "--fake-gpus", "h100x8-dynamic-mig", "--mig-mode", "dynamic", "--node-name", "node-a"]
+    argv = [
+        "discover",
+        "--fake-gpus",
+        "h100x8-dynamic-mig",
+        "--mig-mode",
+        "dynamic",
+        "--mig-profiles",
+        "all",
+        "--node-name",
+        "node-a",
+    ]
     for minor, layout in ((34, [(2, 52)] * 4), (37, [(8, 0), (0, 64), (0, 64), (0, 64), (0, 16)])):
         code, out, _ = _run(capsys, *argv, "--output", "json", "--kubernetes-minor", str(minor))
         assert code == 0

@@ -681,3 +681,24 @@ def test_static_mig_layouts_become_a_configmap_the_kubelet_plugin_applies(tmp_pa
     path.write_text(configmap["data"]["config.yaml"])
     assert load_configs(path).layout("all-1g")[0].mig_devices == (("1g.10gb", 7),)
     assert "DRA_GPU_MIG_CONFIG_FILE" not in _env(_container(chart.template(FAKE)))
+
+
+def test_the_mig_profiles_offered_are_set_per_node_through_the_mig_profiles_variable() -> None:
+    objects = chart.template(
+        {
+            **FAKE,
+            "mig": {
+                "profiles": "common,4g.40gb",
+                "profileNodes": {"n3": "all", "n4": ["2g.20gb", "1g.10gb"]},
+            },
+        }
+    )
+    env = _env(_container(objects))
+    assert env["DRA_GPU_MIG_PROFILES"] == "common,4g.40gb,@n3=all,@n4=2g.20gb,@n4=1g.10gb"
+    offer = (
+        build_parser().parse_args(["discover", f"--mig-profiles={env['DRA_GPU_MIG_PROFILES']}"]).mig_profiles
+    )
+    assert offer.for_node("n3").items == {"all"}
+    assert offer.for_node("n4").items == {"2g.20gb", "1g.10gb"}
+    assert offer.for_node("n1").items == {"common", "4g.40gb"}
+    assert "DRA_GPU_MIG_PROFILES" not in _env(_container(chart.template(FAKE)))

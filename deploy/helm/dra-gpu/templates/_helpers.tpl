@@ -74,6 +74,11 @@ device.driver == "{{ $driver }}" && device.attributes["{{ $driver }}"].type == "
 - name: DRA_GPU_MIG_MODE
   value: {{ include "dra-gpu.migMode" . | quote }}
 {{- end }}
+{{- if or (ne .Values.mig.profiles "common") .Values.mig.profileNodes }}
+# Which MIG profiles dynamic-MIG GPUs offer (--mig-profiles): the default, then @<node>=<profile>.
+- name: DRA_GPU_MIG_PROFILES
+  value: {{ include "dra-gpu.migProfiles" . | quote }}
+{{- end }}
 {{- if not .Values.fakeGpus.enabled }}
 # Which /dev/nvidia* nodes exist is read from the host's /dev: the toolkit injects only some of
 # them into this container (no nvidia-uvm, no MIG capability nodes with "utility").
@@ -156,6 +161,11 @@ capabilities:
 {{/* The --mig-mode value: the default mode, then one @<node>=<mode> per entry of mig.nodes. */}}
 {{- define "dra-gpu.migMode" -}}
 {{ .Values.mig.mode }}{{ range $node, $mode := .Values.mig.nodes }},@{{ $node }}={{ $mode }}{{ end }}
+{{- end }}
+
+{{/* The --mig-profiles value: mig.profiles, then @<node>=<item> per item of mig.profileNodes. */}}
+{{- define "dra-gpu.migProfiles" -}}
+{{ .Values.mig.profiles }}{{ range $node, $items := .Values.mig.profileNodes }}{{ range (kindIs "slice" $items | ternary $items (list $items)) }},@{{ $node }}={{ . }}{{ end }}{{ end }}
 {{- end }}
 
 {{/* The webhook's match condition: the object carries an opaque config for this driver,

@@ -93,8 +93,10 @@ class DeviceState:
         """Device actions the checkpoint records (a snapshot)."""
         return list(self._actions)
 
-    def _save(self, prepared: dict[str, PreparedClaim], actions: list[DeviceAction]) -> None:
-        self._checkpoint.save(prepared, actions)
+    def _save(
+        self, prepared: dict[str, PreparedClaim], actions: list[DeviceAction], durable: bool = True
+    ) -> None:
+        self._checkpoint.save(prepared, actions, durable)
         self._prepared, self._actions = prepared, actions
 
     @contextlib.contextmanager
@@ -497,7 +499,8 @@ class DeviceState:
                 f"device failed (NVML error {err.code}: {err}); the kubelet retries"
             ) from None
         updated = {k: v for k, v in self._prepared.items() if k != plan.uid}
-        self._save(updated, self._actions)
+        # Not fsynced: an entry back after a power loss is a stale holder, released when needed.
+        self._save(updated, self._actions, durable=False)
         faults.point("unprepare.checkpoint-saved")
         log.info("unprepared claim %s/%s (%s)", plan.claim.namespace, plan.claim.name, uid)
         return plan.claim

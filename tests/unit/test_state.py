@@ -118,11 +118,13 @@ class OrderCheckingCheckpoint(CheckpointStore):
         self.specs = specs
         self.saves = 0
 
-    def save(self, claims: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction] = ()) -> None:
+    def save(
+        self, claims: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction] = (), durable: bool = True
+    ) -> None:
         missing = [uid for uid in claims if not self.specs.exists(uid)]
         assert not missing, f"checkpoint names claims whose spec is not written yet: {missing}"
         self.saves += 1
-        super().save(claims, actions)
+        super().save(claims, actions, durable)
 
 
 def test_the_spec_is_on_disk_before_the_checkpoint_names_the_claim(paths: Paths) -> None:
@@ -135,7 +137,9 @@ def test_the_spec_is_on_disk_before_the_checkpoint_names_the_claim(paths: Paths)
 
 
 class FailingCheckpoint(CheckpointStore):
-    def save(self, claims: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction] = ()) -> None:
+    def save(
+        self, claims: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction] = (), durable: bool = True
+    ) -> None:
         raise OSError("no space left on device")
 
 

@@ -34,6 +34,7 @@ import contextlib
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -257,6 +258,11 @@ class CheckpointStore:
         self._seen: _Signature | None = None
         #: The file as last read or written; a save appends what differs from it.
         self._journal: Journal | None = None
+        #: Saves numbered in order (tickets), and the last made durable.
+        self._appended = self._synced = 0
+        self._sync_lock = threading.Lock()
+        #: The last ticket a failed fsync covered, and its error.
+        self._failed: tuple[int, OSError] = (0, OSError())
 
     def _signature(self) -> _Signature | None:
         try:
@@ -310,30 +316,60 @@ class CheckpointStore:
         claims: Mapping[str, PreparedClaim],
         actions: Sequence[DeviceAction] = (),
         durable: bool = True,
-    ) -> None:
+    ) -> int:
         """Record these claims and device actions: append what changed, or write a fresh snapshot.
 
         Durable: fsynced before it returns. Otherwise the change survives the
-        process (kill -9) but may be lost with the machine; only for changes
-        whose loss the next start-up repairs (an unprepare: the claim's spec
-        comes back, and a claim that needs its device releases it as stale).
-        Nothing changed: nothing is written.
+        process (kill -9) but not necessarily the machine until `sync` with the
+        ticket it returns; unsynced only for changes whose loss the next start-up
+        repairs (an unprepare: the claim's spec comes back, and a claim that
+        needs its device releases it as stale). Nothing changed: nothing is written.
         """
         journal = self._journal
         if journal is None or journal.torn or journal.lines > 2 * len(claims) + COMPACT_SLACK:
             write_atomic(self.path, encode(claims, actions), mode=0o600)
             self._journal = Journal(dict(claims), list(actions))
             self._seen = self._signature()
-            return
+            self._appended += 1
+            self._synced = self._appended
+            return self._appended
         changes = encode_changes(journal.claims, claims, journal.actions, actions)
         if not changes:
-            return
-        self._append(changes, durable)
+            return 0
+        self._append(changes)
         journal.claims, journal.actions = dict(claims), list(actions)
         journal.lines += changes.count(b"\n")
+        self._appended += 1
+        ticket = self._appended
+        if durable:
+            self.sync(ticket)
+        return ticket
 
-    def _append(self, changes: bytes, durable: bool) -> None:
-        """Append lines to the file, fsynced when durable; on failure the file is cut back to before."""
+    def sync(self, ticket: int) -> None:
+        """Make the change `save` numbered `ticket` durable; one fsync covers every change appended before it.
+
+        Concurrent callers wait on one another's fsync instead of each doing
+        their own (group commit). OSError when the fsync fails, for every change it covered.
+        """
+        with self._sync_lock:
+            if ticket <= self._synced:
+                return
+            if ticket <= self._failed[0]:
+                raise self._failed[1]
+            upto = self._appended
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            except OSError as err:
+                # A failed fsync reports once: the changes it covered are failed for every waiter.
+                self._failed = (upto, err)
+                raise
+            finally:
+                os.close(fd)
+            self._synced = upto
+
+    def _append(self, changes: bytes) -> None:
+        """Append lines to the file; on failure the file is cut back to before."""
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         try:
             size = os.fstat(fd).st_size
@@ -342,8 +378,6 @@ class CheckpointStore:
                 while written < len(changes):
                     written += os.write(fd, changes[written:])
                 faults.point("checkpoint.appended")
-                if durable:
-                    os.fsync(fd)
             except OSError:
                 try:
                     os.ftruncate(fd, size)

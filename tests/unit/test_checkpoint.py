@@ -315,17 +315,57 @@ def test_a_failed_append_leaves_the_file_as_before(path: Path, monkeypatch: pyte
     store = CheckpointStore(path)
     store.save(CLAIMS)
     before = path.read_bytes()
+    real = os.write
+
+    def half_then_full(fd: int, data: bytes) -> int:
+        if len(data) > 20:
+            return real(fd, data[:20])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", half_then_full)
+    with pytest.raises(OSError, match="No space left on device"):
+        store.save({"uid-a": CLAIMS["uid-a"]})
+    assert path.read_bytes() == before
+    monkeypatch.undo()
+    store.save({"uid-a": CLAIMS["uid-a"]})
+    assert CheckpointStore(path).load() == {"uid-a": CLAIMS["uid-a"]}
+
+
+def test_one_fsync_makes_every_earlier_change_durable(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = CheckpointStore(path)
+    store.save({})
+    first = store.save({"uid-a": CLAIMS["uid-a"]}, durable=False)
+    second = store.save(CLAIMS, durable=False)
+    synced: list[int] = []
+    real = os.fsync
+
+    def counting(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", counting)
+    store.sync(second)
+    store.sync(first)
+    assert len(synced) == 1
+
+
+def test_a_failed_fsync_fails_every_change_it_covered(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = CheckpointStore(path)
+    store.save({})
+    first = store.save({"uid-a": CLAIMS["uid-a"]}, durable=False)
+    second = store.save(CLAIMS, durable=False)
 
     def failing(fd: int) -> None:
         raise OSError(errno.EIO, os.strerror(errno.EIO))
 
     monkeypatch.setattr(os, "fsync", failing)
     with pytest.raises(OSError, match="Input/output error"):
-        store.save({"uid-a": CLAIMS["uid-a"]})
-    assert path.read_bytes() == before
+        store.sync(second)
     monkeypatch.undo()
-    store.save({"uid-a": CLAIMS["uid-a"]})
-    assert CheckpointStore(path).load() == {"uid-a": CLAIMS["uid-a"]}
+    # The error is reported once by the kernel: the store reports it to the other waiter too.
+    with pytest.raises(OSError, match="Input/output error"):
+        store.sync(first)
+    store.sync(store.save({}, durable=False))
 
 
 def test_a_snapshot_cut_short_leaves_the_previous_file(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,7 +2,9 @@
 
 A write goes to a temporary file in the same directory, is flushed and
 fsynced, renamed over the target, and the directory is fsynced so the rename
-itself survives a crash.
+itself survives a crash. On tmpfs (/var/run/cdi on most nodes) nothing
+survives a reboot and nothing reaches a disk, so there the fsyncs are left out
+(`durable=False`): the rename alone keeps readers from a half-written file.
 """
 
 from __future__ import annotations
@@ -23,8 +25,31 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Replace `path` with `data` in one step; readers see the old or the new file, never a mix."""
+#: statfs(2)'s f_type of tmpfs (linux/magic.h).
+TMPFS_MAGIC = 0x01021994
+
+
+def is_tmpfs(directory: Path) -> bool:
+    """Whether `directory` lies on tmpfs, by statfs(2); False when statfs cannot say."""
+    # Imported here: only the CDI store asks, once.
+    import ctypes
+
+    class StatFs(ctypes.Structure):
+        # struct statfs of 64-bit Linux starts with its f_type (a long); the rest stays opaque.
+        _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 256)]
+
+    buf = StatFs()
+    # The interpreter's own symbols include the C library's statfs.
+    if ctypes.CDLL(None, use_errno=True).statfs(os.fsencode(directory), ctypes.byref(buf)) != 0:
+        return False
+    return bool(buf.f_type == TMPFS_MAGIC)
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
+    """Replace `path` with `data` in one step; readers see the old or the new file, never a mix.
+
+    Durable: the new file and its name are on disk when it returns.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     # A dot prefix and .tmp suffix keep half-written files out of CDI's *.json/*.yaml scan.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -33,7 +58,8 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
             f.write(data)
             f.flush()
             os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         faults.point("atomicfile.temp-written")
         os.replace(tmp, path)
     except BaseException:
@@ -41,17 +67,19 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
             os.unlink(tmp)
         raise
     faults.point("atomicfile.renamed")
-    _fsync_dir(path.parent)
+    if durable:
+        _fsync_dir(path.parent)
 
 
-def remove_durably(path: Path) -> bool:
-    """Delete `path` and make the deletion durable; False if it was already gone."""
+def remove_durably(path: Path, durable: bool = True) -> bool:
+    """Delete `path` and (durable) make the deletion durable; False if it was already gone."""
     try:
         path.unlink()
     except FileNotFoundError:
         return False
     faults.point("atomicfile.removed")
-    _fsync_dir(path.parent)
+    if durable:
+        _fsync_dir(path.parent)
     return True
 
 

@@ -1,6 +1,12 @@
 """This driver's CDI spec files in the CDI directory (/var/run/cdi by default).
 
 Claim specs (DRA) are named after their claim; the device plugin's spec has one fixed name.
+
+Claim specs are replaced atomically but need not be durable: start-up rewrites
+the spec of every claim the checkpoint records and removes every other one.
+On tmpfs (statfs) they are written without fsync, as nothing there reaches a
+disk; elsewhere the write is fsynced, and a claim's spec is removed without
+a directory fsync either way (a spec back after a power loss goes at start-up).
 """
 
 from __future__ import annotations
@@ -9,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dra.adapters.atomicfile import remove_durably, remove_leftovers, write_atomic
+from dra.adapters.atomicfile import is_tmpfs, remove_durably, remove_leftovers, write_atomic
 from dra.core import cdi
 
 #: The longest file name Linux file systems take, in bytes.
@@ -25,6 +31,8 @@ class CdiStore:
         #: Where this process sees the host's / (the paths in specs are the host's).
         self.host_root = host_root
         self._prefix = f"{cdi.vendor(driver)}-{cdi.CDI_CLASS}_"
+        #: Whether writes are fsynced: known at the first write, when the directory exists.
+        self._durable: bool | None = None
 
     def path(self, claim_uid: str) -> Path:
         """Where a claim's spec lives."""
@@ -57,7 +65,10 @@ class CdiStore:
                 return path
         except FileNotFoundError:
             pass
-        write_atomic(path, data)
+        if self._durable is None:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._durable = not is_tmpfs(self.root)
+        write_atomic(path, data, durable=self._durable)
         return path
 
     def exists(self, claim_uid: str) -> bool:
@@ -71,7 +82,7 @@ class CdiStore:
             # Specs are written only for UIDs the API server issued; the kubelet may still ask to
             # unprepare anything, and a UID with a slash, a NUL or too many bytes has no spec here.
             return
-        remove_durably(path)
+        remove_durably(path, durable=False)
 
     def claim_uids(self) -> list[str]:
         """UIDs of every claim spec of this driver in the directory."""

@@ -3,9 +3,11 @@
 Objects travel as plain JSON dicts, exactly as the API server sends them, so
 the pure modules (claims, slices) work on the documented wire format and tests
 can feed them literal manifests. Every call is a coroutine on the daemons' one
-event loop: the official `kubernetes` package only loads the kubeconfig or the
-in-cluster service account (and refreshes tokens), and one aiohttp session
-makes the calls (docs/architecture.md has the figures behind that choice).
+event loop: dra.adapters.kubeconfig loads the in-cluster service account or the
+kubeconfig, the official `kubernetes` package only those kubeconfigs that
+authenticate otherwise (exec plugins, auth providers; imported then, as it
+costs tens of MiB), and one aiohttp session makes the calls
+(docs/architecture.md has the figures behind that choice).
 Failures become KubeError subclasses that say which object and what the API
 server answered.
 """
@@ -22,7 +24,8 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import aiohttp
-import kubernetes
+
+from dra.adapters import kubeconfig as credentials
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +87,40 @@ def _tls(config: Any) -> ssl.SSLContext:
     return context
 
 
+def _from_kubernetes_package(kubeconfig: str) -> credentials.Credentials:
+    """A kubeconfig only the kubernetes package reads: it also refreshes the tokens it issues."""
+    import kubernetes
+
+    config = kubernetes.client.Configuration()
+    try:
+        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=config)
+    except kubernetes.config.ConfigException as err:
+        raise credentials.ConfigError(str(err)) from None
+    tls = _tls(config) if str(config.host).startswith("https:") else None
+
+    def authorization() -> str:
+        # Exec plugins and auth providers renew expiring tokens here.
+        return str(config.get_api_key_with_prefix("authorization") or "")
+
+    return credentials.Credentials(
+        str(config.host), tls, authorization, config.tls_server_name or "", config.proxy or ""
+    )
+
+
+def load_credentials(kubeconfig: str | None) -> credentials.Credentials:
+    """Credentials from a kubeconfig file, or the in-cluster service account; KubeError says why not."""
+    try:
+        if not kubeconfig:
+            return credentials.in_cluster()
+        try:
+            return credentials.from_kubeconfig(kubeconfig)
+        except credentials.UnsupportedConfigError:
+            return _from_kubernetes_package(kubeconfig)
+    except (credentials.ConfigError, OSError, ssl.SSLError) as err:
+        where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
+        raise KubeError(f"cannot load Kubernetes credentials from {where}: {err}") from None
+
+
 def _describe(err: BaseException) -> str:
     # A timeout says nothing by itself.
     return str(err) or f"no answer in time ({type(err).__name__})"
@@ -97,19 +134,9 @@ class KubeClient:
     """
 
     def __init__(self, kubeconfig: str | None = None, timeout: float = 10.0) -> None:
-        config = kubernetes.client.Configuration()
-        try:
-            if kubeconfig:
-                kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=config)
-            else:
-                kubernetes.config.load_incluster_config(client_configuration=config)
-            tls = _tls(config) if str(config.host).startswith("https:") else None
-        except (kubernetes.config.ConfigException, OSError, ssl.SSLError) as err:
-            where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
-            raise KubeError(f"cannot load Kubernetes credentials from {where}: {err}") from None
-        self.host = str(config.host)
-        self._config = config
-        self._tls = tls
+        self._credentials = load_credentials(kubeconfig)
+        self.host = self._credentials.host
+        self._tls = self._credentials.tls
         self._timeout = timeout
         self._session: aiohttp.ClientSession | None = None
 
@@ -138,8 +165,8 @@ class KubeClient:
         content_type: str = _JSON,
     ) -> Any:
         headers = {"Accept": _JSON, "Content-Type": content_type}
-        # The kubernetes package refreshes expiring tokens (projected service-account tokens) here.
-        token = self._config.get_api_key_with_prefix("authorization")
+        # Rotated tokens (projected service-account tokens, exec plugins) are picked up here.
+        token = self._credentials.authorization()
         if token:
             headers["Authorization"] = token
         return self._open().request(
@@ -151,8 +178,8 @@ class KubeClient:
             # Fail fast, never retry: the kubelet gives a prepare call about 45 s, and callers retry.
             timeout=aiohttp.ClientTimeout(total=timeout),
             allow_redirects=False,
-            server_hostname=self._config.tls_server_name or None,
-            proxy=self._config.proxy or None,
+            server_hostname=self._credentials.tls_server_name or None,
+            proxy=self._credentials.proxy or None,
         )
 
     async def _call(

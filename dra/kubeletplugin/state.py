@@ -8,7 +8,9 @@ plan in an order that a crash at any point leaves recoverable:
   start-up and the kubelet retries the prepare; a released holder still in the
   checkpoint gets its spec back at start-up and is released again on the retry;
 - unprepare removes the spec, then the checkpoint entry; a leftover entry is
-  unprepared again when the kubelet retries.
+  unprepared again when the kubelet retries. Neither step waits for the disk:
+  kill -9 keeps both, and what a power cut undoes start-up repairs (a spec
+  without an entry goes; an entry back from the dead is a stale holder).
 Dynamic MIG adds device actions (dra.model.prepared.DeviceAction) around them:
 prepare records each MIG device to make as intent in the checkpoint, makes
 the GPU instance and compute instance, records the action done, and only then
@@ -27,6 +29,9 @@ loses track of one. At start-up, daemons of claims not recorded are stopped.
 A prepare whose spec or checkpoint write fails (ENOSPC, EIO) removes the spec
 it wrote and answers that claim's error, so no spec is left without its entry.
 Calls are serialised by a lock; they block on file I/O and run in worker threads.
+A prepare waits for its checkpoint record's fsync after letting go of the lock,
+so prepares of other claims go on meanwhile and concurrent ones share one fsync
+(group commit); the kubelet is answered only once the record is durable.
 The lock is also held across processes (the checkpoint's flock), and the state
 re-read under it when another instance saved it: during a rolling update two
 instances prepare and unprepare on the same checkpoint and CDI directory.
@@ -93,9 +98,12 @@ class DeviceState:
         """Device actions the checkpoint records (a snapshot)."""
         return list(self._actions)
 
-    def _save(self, prepared: dict[str, PreparedClaim], actions: list[DeviceAction]) -> None:
-        self._checkpoint.save(prepared, actions)
+    def _save(
+        self, prepared: dict[str, PreparedClaim], actions: list[DeviceAction], durable: bool = True
+    ) -> int:
+        ticket = self._checkpoint.save(prepared, actions, durable)
         self._prepared, self._actions = prepared, actions
+        return ticket
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -267,10 +275,29 @@ class DeviceState:
                     f"cannot prepare ResourceClaim {allocation.ref}: its CDI spec would name "
                     f"{', '.join(gone)}, not on this node (a GPU or the driver changed since discovery)"
                 )
-            self._apply(plan, allocation)
+            ticket = self._apply(plan, allocation)
             faults.point("sharing-before-gpu-settings")
             self._apply_gpu_settings(plan, allocation)
-            return plan.claim
+        self._make_durable(ticket, plan.claim, allocation)
+        return plan.claim
+
+    def _make_durable(self, ticket: int, claim: PreparedClaim, allocation: ClaimAllocation) -> None:
+        """Wait for the prepare's checkpoint record to reach the disk; ClaimError undoes the prepare.
+
+        Outside the lock: prepares of other claims go on meanwhile, and concurrent
+        ones share one fsync (group commit).
+        """
+        try:
+            self._checkpoint.sync(ticket)
+        except OSError as err:
+            with self._locked():
+                if self._prepared.get(claim.uid) is claim:
+                    self._unprepare_locked(claim.uid)
+            raise ClaimError(
+                f"cannot record claim {allocation.ref} in the checkpoint {self._checkpoint.path}: {err}"
+            ) from err
+        if ticket:
+            faults.point("prepare.checkpoint-saved")
 
     def _make_mig_devices(self, plan: plans.PreparePlan, allocation: ClaimAllocation) -> plans.PreparePlan:
         """Make the plan's MIG devices, each recorded as intent, then done; ClaimError leaves none behind."""
@@ -410,8 +437,11 @@ class DeviceState:
             self._unprepare_locked(plan.claim.uid)
             raise ClaimError(f"cannot prepare ResourceClaim {allocation.ref}: {err}") from None
 
-    def _apply(self, plan: plans.PreparePlan, allocation: ClaimAllocation) -> None:
-        """Effects of a prepare plan in crash-safe order; the caller holds the lock."""
+    def _apply(self, plan: plans.PreparePlan, allocation: ClaimAllocation) -> int:
+        """Effects of a prepare plan in crash-safe order; the caller holds the lock.
+
+        Returns the ticket that makes the checkpoint record durable (0: nothing recorded).
+        """
         if plan.replaces is not None:
             # The kubelet unprepares before a claim is allocated anew; if it did not, the
             # claim's current allocation is the truth, not the record.
@@ -443,12 +473,14 @@ class DeviceState:
                 raise ClaimError(f"cannot write the CDI spec of claim {allocation.ref}: {err}") from err
             faults.point("prepare.cdi-written")
         if not plan.record:
-            return
+            return 0
         released = {r.holder.uid for r in plan.release}
         updated = {uid: c for uid, c in self._prepared.items() if uid not in released}
         updated[plan.claim.uid] = plan.claim
         try:
-            self._save(updated, [a for a in self._actions if a.claim_uid not in released])
+            ticket = self._save(
+                updated, [a for a in self._actions if a.claim_uid not in released], durable=False
+            )
         except OSError as err:
             # A failed directory fsync comes after the rename: put back the record the kubelet is told of.
             with contextlib.suppress(OSError):
@@ -457,13 +489,13 @@ class DeviceState:
             raise ClaimError(
                 f"cannot record claim {allocation.ref} in the checkpoint {self._checkpoint.path}: {err}"
             ) from err
-        faults.point("prepare.checkpoint-saved")
         log.info(
             "prepared claim %s (%s): %s",
             allocation.ref,
             plan.claim.uid,
             ", ".join(d.device for d in plan.claim.devices),
         )
+        return ticket
 
     def _drop_unrecorded_spec(self, uid: str) -> None:
         """After a failed write: remove the claim's spec unless the checkpoint records the claim."""
@@ -498,7 +530,8 @@ class DeviceState:
                 f"device failed (NVML error {err.code}: {err}); the kubelet retries"
             ) from None
         updated = {k: v for k, v in self._prepared.items() if k != plan.uid}
-        self._save(updated, self._actions)
+        # Not fsynced: an entry back after a power loss is a stale holder, released when needed.
+        self._save(updated, self._actions, durable=False)
         faults.point("unprepare.checkpoint-saved")
         log.info("unprepared claim %s/%s (%s)", plan.claim.namespace, plan.claim.name, uid)
         return plan.claim

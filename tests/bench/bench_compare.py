@@ -41,7 +41,7 @@ from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube
 
 from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc
-from tests.bench.bench_driver import _claims, _percentile, _rss_kib
+from tests.bench.bench_driver import _claims, _percentile, _rss_kib, cpu_seconds
 
 #: The Go driver's name (its default) and how it names its devices (its --num-devices of them).
 GO_DRIVER = "test-driver.cdi.k8s.io"
@@ -113,14 +113,6 @@ def parse_levels(text: str) -> tuple[int, ...]:
     if not levels or levels[0] < 0:
         raise argparse.ArgumentTypeError(f"pile-up levels must be 0 or more, e.g. 0,64,1000: {text!r}")
     return tuple(levels)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of a process, all its threads (proc(5): stat fields 14 and 15)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    # After the command name, field 3 (state) is fields[0]: utime and stime are fields[11:13].
-    ticks = int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass

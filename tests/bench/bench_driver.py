@@ -1,20 +1,25 @@
 """Benchmark: driver start-up, NodePrepareResources latency and resident memory.
 
-    python -m tests.bench.bench_driver [--claims 200] [--profile h100x8]
+    python -m tests.bench.bench_driver [--claims 200] [--profile h100x8] [--pile-up 1000]
 
 Starts the local cluster and the driver (a real process on fake GPUs), then,
 as the kubelet would, calls NodePrepareResources and NodeUnprepareResources
 over the driver's unix socket for 1-GPU claims whose allocations live on the
-local API server. Prints figures; asserts nothing about speed.
+local API server: one claim per call, sequential (first prepare, the same
+claim again, unprepare); 32 fresh claims from 8 concurrent callers; and
+prepares as prepared claims pile up (admin-access claims, which share
+devices). Prints one line per figure; asserts nothing about speed.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -38,6 +43,14 @@ def _rss_kib(pid: int) -> tuple[int, int]:
     rss = int(re.search(r"VmRSS:\s+(\d+)", status).group(1))  # type: ignore[union-attr]
     peak = int(re.search(r"VmHWM:\s+(\d+)", status).group(1))  # type: ignore[union-attr]
     return rss, peak
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process, all its threads (proc(5): stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # After the command name, field 3 (state) is fields[0]: utime and stime are fields[11:13].
+    ticks = int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _claims(
@@ -77,11 +90,45 @@ def _claims(
     return claims
 
 
+def _ref(claim: dict[str, object]) -> dra_pb2.Claim:
+    meta = claim["metadata"]
+    assert isinstance(meta, dict)
+    return dra_pb2.Claim(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+
+
+def _prepare(stub: dra_pb2_grpc.DRAPluginStub, ref: dra_pb2.Claim) -> float:
+    """One NodePrepareResources call for one claim; its milliseconds."""
+    t0 = time.perf_counter()
+    answer = stub.NodePrepareResources(dra_pb2.NodePrepareResourcesRequest(claims=[ref]))
+    elapsed = (time.perf_counter() - t0) * 1000
+    assert answer.claims[ref.uid].error == "", answer.claims[ref.uid].error
+    return elapsed
+
+
+def _unprepare(stub: dra_pb2_grpc.DRAPluginStub, ref: dra_pb2.Claim) -> float:
+    t0 = time.perf_counter()
+    answer = stub.NodeUnprepareResources(dra_pb2.NodeUnprepareResourcesRequest(claims=[ref]))
+    elapsed = (time.perf_counter() - t0) * 1000
+    assert answer.claims[ref.uid].error == "", answer.claims[ref.uid].error
+    return elapsed
+
+
+def _burst(
+    stub: dra_pb2_grpc.DRAPluginStub, refs: list[dra_pb2.Claim], callers: int
+) -> tuple[float, list[float]]:
+    """Prepare `refs` from `callers` concurrent callers, one claim per call: wall ms and each call's ms."""
+    started = time.perf_counter()
+    with ThreadPoolExecutor(callers) as pool:
+        each = list(pool.map(lambda ref: _prepare(stub, ref), refs))
+    return (time.perf_counter() - started) * 1000, each
+
+
 def main() -> None:
     """Run the benchmark and print the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--claims", type=int, default=200)
     parser.add_argument("--profile", default="h100x8")
+    parser.add_argument("--pile-up", type=int, default=1000, help="the most claims prepared at once")
     args = parser.parse_args()
 
     with running_cluster() as cluster:
@@ -95,6 +142,7 @@ def main() -> None:
         assert driver.proc is not None
         rss_idle, _ = _rss_kib(driver.proc.pid)
 
+        assert driver.proc is not None
         namespace = f"bench-{uuid.uuid4().hex[:6]}"
         kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
         slices = kube.list_objects(
@@ -102,24 +150,46 @@ def main() -> None:
         )
         devices = [d["name"] for s in slices for d in s["spec"]["devices"]]
         claims = _claims(kube, namespace, cluster.node_name, devices, args.claims)
+        kube.patch(
+            "v1",
+            "Namespace",
+            namespace,
+            {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}},
+        )
+        burst = _claims(kube, namespace, cluster.node_name, devices, 32, prefix="burst", admin_access=True)
+        levels = sorted({0, 64, args.pile_up})
+        probes = _claims(kube, namespace, cluster.node_name, devices, 20 * len(levels), prefix="probe")
+        pile = _claims(kube, namespace, cluster.node_name, devices, max(levels), prefix="pile", admin_access=True)
 
-        socket = driver.dra_socket
         prepare: list[float] = []
+        repeat: list[float] = []
         unprepare: list[float] = []
-        with grpc.insecure_channel(f"unix://{socket}") as channel:
+        piled: dict[int, list[float]] = {}
+        with grpc.insecure_channel(f"unix://{driver.dra_socket}") as channel:
             stub = dra_pb2_grpc.DRAPluginStub(channel)
             for claim in claims:
-                meta = claim["metadata"]
-                assert isinstance(meta, dict)
-                ref = dra_pb2.Claim(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
-                t0 = time.perf_counter()
-                answer = stub.NodePrepareResources(dra_pb2.NodePrepareResourcesRequest(claims=[ref]))
-                t1 = time.perf_counter()
-                assert answer.claims[ref.uid].error == "", answer.claims[ref.uid].error
-                stub.NodeUnprepareResources(dra_pb2.NodeUnprepareResourcesRequest(claims=[ref]))
-                t2 = time.perf_counter()
-                prepare.append((t1 - t0) * 1000)
-                unprepare.append((t2 - t1) * 1000)
+                ref = _ref(claim)
+                prepare.append(_prepare(stub, ref))
+                repeat.append(_prepare(stub, ref))
+                unprepare.append(_unprepare(stub, ref))
+            burst_refs = [_ref(c) for c in burst]
+            wall, burst_each = _burst(stub, burst_refs, 8)
+            for ref in burst_refs:
+                _unprepare(stub, ref)
+            prepared = 0
+            cpu_before = cpu_seconds(driver.proc.pid)
+            for level in levels:
+                for claim in pile[prepared:level]:
+                    _prepare(stub, _ref(claim))
+                if level == max(levels):
+                    cpu_per_prepare = (cpu_seconds(driver.proc.pid) - cpu_before) / max(1, level) * 1000
+                prepared = level
+                samples = piled.setdefault(level, [])
+                for claim in probes[:20]:
+                    ref = _ref(claim)
+                    samples.append(_prepare(stub, ref))
+                    _unprepare(stub, ref)
+                probes = probes[20:]
         rss, peak = _rss_kib(driver.proc.pid)
         driver.stop()
         kube.delete("v1", "Namespace", namespace)
@@ -128,13 +198,19 @@ def main() -> None:
     print(f"driver start-up to registered and published: {startup:.2f} s (process start to /readyz)")
     if own:
         print(f"  of which the driver's own start (after Python imports): {float(own.group(1)):.2f} s")
-    print(f"NodePrepareResources, 1-GPU claims, n={len(prepare)}:")
     p50, p99 = _percentile(prepare, 50), _percentile(prepare, 99)
-    p90 = _percentile(prepare, 90)
-    print(f"  p50 {p50:.2f} ms  p90 {p90:.2f} ms  p99 {p99:.2f} ms  (p99/p50 {p99 / p50:.1f}x)")
-    print(f"  mean {statistics.fmean(prepare):.2f} ms  max {max(prepare):.2f} ms")
+    print(f"first prepare, 1-GPU claim, sequential, n={len(prepare)}: p50 {p50:.2f} ms  p99 {p99:.2f} ms")
+    print(f"first prepare mean {statistics.fmean(prepare):.2f} ms  max {max(prepare):.2f} ms")
+    print(f"repeat prepare p50: {_percentile(repeat, 50):.2f} ms  p99 {_percentile(repeat, 99):.2f} ms")
     u50, u99 = _percentile(unprepare, 50), _percentile(unprepare, 99)
-    print(f"NodeUnprepareResources: p50 {u50:.2f} ms  p99 {u99:.2f} ms")
+    print(f"unprepare p50: {u50:.2f} ms  p99 {u99:.2f} ms")
+    print(
+        f"32 fresh claims from 8 concurrent callers: wall {wall:.1f} ms  "
+        f"p99 {_percentile(burst_each, 99):.2f} ms"
+    )
+    for level, samples in piled.items():
+        print(f"prepare p50 with {level} claims already prepared: {_percentile(samples, 50):.2f} ms")
+    print(f"driver CPU per first prepare: {cpu_per_prepare:.2f} ms (over {max(levels)} prepares)")
     print(
         f"resident memory: {rss_idle / 1024:.1f} MiB after start, {rss / 1024:.1f} MiB after the run, "
         f"peak {peak / 1024:.1f} MiB"

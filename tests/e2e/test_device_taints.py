@@ -10,7 +10,6 @@ L40S, gpu-2 and gpu-3 T4.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -68,7 +67,7 @@ class TaintedDriver:
         )
 
     def prepared(self) -> dict[str, Obj]:
-        claims: dict[str, Obj] = json.loads(self.process.checkpoint.read_text())["claims"]
+        claims: dict[str, Obj] = self.process.checkpointed()
         return claims
 
 

@@ -57,7 +57,7 @@ def driver(
 
 
 def _checkpointed(driver: DriverProcess) -> dict[str, Obj]:
-    claims: dict[str, Obj] = json.loads(driver.checkpoint.read_text())["claims"]
+    claims: dict[str, Obj] = driver.checkpointed()
     return claims
 
 
@@ -161,7 +161,7 @@ def test_two_pods_never_share_a_gpu(
         visible_devices(container_record(cluster, namespace, p["metadata"]["name"]), uuids) for p in running
     ]
     assert sorted(d for devices in seen for d in devices) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
-    prepared = json.loads(driver.checkpoint.read_text())["claims"]
+    prepared = driver.checkpointed()
     held = [d["device"] for c in prepared.values() for d in c["devices"]]
     assert sorted(held) == sorted(devices)
     [pending] = [
@@ -187,18 +187,14 @@ def test_restart_after_sigkill_keeps_prepared_claims(
     driver.start()
 
     assert not stray.exists(), "the restarted driver removes specs of claims it has not prepared"
-    prepared = json.loads(driver.checkpoint.read_text())["claims"]
+    prepared = driver.checkpointed()
     assert before["metadata"]["uid"] in prepared
 
     gpu_pod(kube, namespace, "after", "one")
     kube.wait_pod_phase("after", namespace)
     after = pod_claim(kube, namespace, "after")
     assert set(allocated_devices(before)) | set(allocated_devices(after)) == {"gpu-2", "gpu-3"}
-    held = [
-        d["device"]
-        for c in json.loads(driver.checkpoint.read_text())["claims"].values()
-        for d in c["devices"]
-    ]
+    held = [d["device"] for c in driver.checkpointed().values() for d in c["devices"]]
     assert len(held) == len(set(held)) == 2
 
     delete_pods_and_wait(kube, cluster, namespace, [before, after])

@@ -12,7 +12,6 @@ Profile h100x8: eight whole GPUs, gpu-0 .. gpu-7.
 from __future__ import annotations
 
 import itertools
-import json
 import re
 import threading
 import time
@@ -46,7 +45,7 @@ def _slice_writes(driver: DriverProcess) -> int:
 
 
 def _checkpointed(driver: DriverProcess) -> dict[str, Obj]:
-    claims: dict[str, Obj] = json.loads(driver.checkpoint.read_text())["claims"]
+    claims: dict[str, Obj] = driver.checkpointed()
     return claims
 
 

@@ -103,7 +103,7 @@ def test_shares_are_packed_on_one_gpu_told_their_share_and_freed_with_their_pod(
     record = container_record(cluster, namespace, "a")
     assert record["env"]["DRA_GPU_SHARE_MEMORY"] == "20Gi"
     assert record["env"]["DRA_GPU_SHARE_ID"] == _result(claims["a"])["shareID"]
-    checkpointed = json.loads(driver.checkpoint.read_text())["claims"]
+    checkpointed = driver.checkpointed()
     assert {
         checkpointed[c["metadata"]["uid"]]["devices"][0]["share_id"] for c in claims.values()
     } == share_ids
@@ -117,9 +117,7 @@ def test_shares_are_packed_on_one_gpu_told_their_share_and_freed_with_their_pod(
     assert allocated_devices(pod_claim(kube, namespace, "d")) == ["gpu-0"]
 
     delete_pods_and_wait(kube, cluster, namespace, [])
-    wait_for(
-        "the checkpoint to empty", lambda: not json.loads(driver.checkpoint.read_text())["claims"], timeout=30
-    )
+    wait_for("the checkpoint to empty", lambda: not driver.checkpointed(), timeout=30)
 
 
 @pytest.mark.xfail(
@@ -283,7 +281,7 @@ def test_a_driver_killed_between_recording_and_applying_settings_converges(
     uids = {c["metadata"]["uid"] for c in claims.values()}
     wait_for(
         "the claims to leave the checkpoint",
-        lambda: not uids & set(json.loads(driver.checkpoint.read_text())["claims"]),
+        lambda: not uids & set(driver.checkpointed()),
         timeout=60,
     )
     assert not _alive(pid)

@@ -84,7 +84,12 @@ FAULTS = [
 ]
 
 
-@pytest.mark.parametrize(("where", "code", "on_directory"), FAULTS)
+@pytest.mark.parametrize(
+    ("where", "code", "on_directory"),
+    # An append to the checkpoint fsyncs the file alone: the state directory's own fsync comes
+    # only with a fresh snapshot (tests/unit/test_checkpoint.py fails that one).
+    [f for f in FAULTS if f.values[::2] != ("state", True)],
+)
 def test_a_failed_write_is_a_per_claim_error_and_the_retry_works(
     node: Node, monkeypatch: pytest.MonkeyPatch, where: str, code: int, on_directory: bool
 ) -> None:
@@ -117,9 +122,11 @@ def test_a_failed_write_is_a_per_claim_error_and_the_retry_works(
 
 
 @pytest.mark.parametrize(("where", "code", "on_directory"), FAULTS)
-def test_a_failed_unprepare_is_retried_to_completion(
+def test_an_unprepare_waits_on_no_fsync(
     node: Node, monkeypatch: pytest.MonkeyPatch, where: str, code: int, on_directory: bool
 ) -> None:
+    """Unprepare removes the spec and appends to the checkpoint without fsync: what a power cut undoes,
+    start-up repairs (the spec goes again, or a claim that needs the device releases the stale entry)."""
     directory = node.cdi.root if where == "cdi" else node.checkpoint.path.parent
     fsync = FailingFsync(os.fsync, directory, code, on_directory)
     monkeypatch.setattr(os, "fsync", fsync)
@@ -127,22 +134,12 @@ def test_a_failed_unprepare_is_retried_to_completion(
     assert _prepare(node, ref).error == ""
 
     fsync.armed = True
-    error = _unprepare(node, ref)
-    if fsync.failures:
-        assert os.strerror(code) in error
-        assert "ns/c" in error
-    else:
-        # Removing a spec fsyncs only its directory: a file fault in the CDI directory never fires.
-        assert (where, on_directory) == ("cdi", False)
-        assert error == ""
-    for directory in (node.cdi.root, node.checkpoint.path.parent):
-        assert not list(directory.glob(".*.tmp"))
-
-    fsync.armed = False
     assert _unprepare(node, ref) == ""
+    assert fsync.failures == 0
     assert node.state.prepared == {}
     assert node.checkpoint.load() == {}
     assert node.cdi.claim_uids() == []
+    _assert_whole(node)
 
 
 @pytest.mark.skipif(

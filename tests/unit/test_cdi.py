@@ -7,6 +7,8 @@ import itertools
 import json
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -403,3 +405,35 @@ def test_remove_durably_says_whether_there_was_a_file(tmp_path: Path) -> None:
     path.write_text("x")
     assert atomicfile.remove_durably(path) is True
     assert atomicfile.remove_durably(path) is False
+
+
+def _tmpfs_mounts() -> set[str]:
+    mounts = [line.split() for line in Path("/proc/mounts").read_text().splitlines()]
+    return {fields[1] for fields in mounts if fields[2] == "tmpfs"}
+
+
+@pytest.mark.skipif("/dev/shm" not in _tmpfs_mounts(), reason="no tmpfs at /dev/shm")
+def test_specs_on_tmpfs_are_written_without_fsync_and_elsewhere_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert atomicfile.is_tmpfs(Path("/dev/shm"))
+    assert atomicfile.is_tmpfs(tmp_path) == (str(tmp_path) in _tmpfs_mounts())
+    synced: list[str] = []
+    real = os.fsync
+
+    def counting(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", counting)
+    spec = {"cdiVersion": "0.5.0", "kind": "k8s.gpu.nvidia.com/claim", "devices": []}
+    volatile = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        CdiStore(volatile / "cdi", "gpu.nvidia.com").write("uid-1", spec)
+        assert synced == []
+        assert [p.name for p in (volatile / "cdi").iterdir()] == ["k8s.gpu.nvidia.com-claim_uid-1.json"]
+    finally:
+        shutil.rmtree(volatile)
+    if not atomicfile.is_tmpfs(tmp_path):
+        CdiStore(tmp_path / "cdi", "gpu.nvidia.com").write("uid-1", spec)
+        assert len(synced) == 2  # the file, then its directory

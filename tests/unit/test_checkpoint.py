@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dra.adapters.checkpoint import CheckpointError, CheckpointStore, decode, encode
+from dra.adapters import faults
+from dra.adapters.checkpoint import COMPACT_SLACK, CheckpointError, CheckpointStore, decode, encode
 from dra.model.prepared import MIG_CREATE, DeviceAction, PreparedClaim, PreparedDevice
 
 CLAIMS = {
@@ -216,3 +219,176 @@ def test_an_edited_action_fails_the_checksum(path: Path) -> None:
     path.write_text(json.dumps(document))
     with pytest.raises(CheckpointError, match="fails its checksum"):
         CheckpointStore(path).load_state()
+
+
+def _claim(uid: str) -> PreparedClaim:
+    return replace(CLAIMS["uid-a"], uid=uid, name=f"claim-{uid}")
+
+
+def test_a_save_appends_only_what_changed(path: Path) -> None:
+    many = {f"uid-{i}": _claim(f"uid-{i}") for i in range(200)}
+    store = CheckpointStore(path)
+    store.save(many)
+    before = path.stat().st_size
+    store.save({**many, "uid-new": _claim("uid-new")})
+    grown = path.stat().st_size - before
+    # One claim's line, whatever the number of claims already recorded.
+    assert 0 < grown < before / 50
+    assert CheckpointStore(path).load() == {**many, "uid-new": _claim("uid-new")}
+    dropped = dict(many)
+    del dropped["uid-7"]
+    store.save(dropped)
+    assert CheckpointStore(path).load() == dropped
+
+
+def test_a_save_that_changes_nothing_writes_nothing(path: Path) -> None:
+    store = CheckpointStore(path)
+    store.save(CLAIMS, [ACTION])
+    stat = path.stat()
+    store.save(dict(CLAIMS), [ACTION])
+    after = path.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+def test_changed_actions_are_appended(path: Path) -> None:
+    store = CheckpointStore(path)
+    store.save(CLAIMS)
+    store.save(CLAIMS, [ACTION])
+    assert CheckpointStore(path).load_state() == (CLAIMS, [ACTION])
+    store.save(CLAIMS, [])
+    assert CheckpointStore(path).load_state() == (CLAIMS, [])
+
+
+def test_a_line_cut_short_by_a_crash_is_ignored_and_the_next_save_rewrites_the_file(path: Path) -> None:
+    store = CheckpointStore(path)
+    store.save({"uid-a": CLAIMS["uid-a"]})
+    store.save(CLAIMS)
+    whole = path.read_bytes()
+    # A crash mid-append: part of the line that would have dropped uid-b, no newline.
+    path.write_bytes(whole + b'{"gone":true,"uid":"uid-')
+    reader = CheckpointStore(path)
+    assert reader.load() == CLAIMS
+    reader.save({"uid-b": CLAIMS["uid-b"]})
+    assert json.loads(path.read_text())["claims"].keys() == {"uid-b"}
+
+
+def test_an_edited_appended_line_fails_its_checksum(path: Path) -> None:
+    store = CheckpointStore(path)
+    store.save({})
+    store.save({"uid-a": CLAIMS["uid-a"]})
+    path.write_text(path.read_text().replace('"gpu-1"', '"gpu-7"'))
+    with pytest.raises(CheckpointError, match="appended change 1 fails its checksum") as err:
+        CheckpointStore(path).load()
+    assert "move it away to start empty" in str(err.value)
+
+
+def test_text_after_the_document_that_is_no_line_of_its_own_is_refused(path: Path) -> None:
+    CheckpointStore(path).save({})
+    path.write_text(path.read_text().rstrip("\n") + "garbage\n")
+    with pytest.raises(CheckpointError, match="is not valid JSON"):
+        CheckpointStore(path).load()
+
+
+def test_lines_that_outgrow_the_claims_are_compacted_into_a_snapshot(path: Path) -> None:
+    store = CheckpointStore(path)
+    store.save({})
+    for i in range(COMPACT_SLACK + 5):
+        store.save({"uid-a": _claim(f"round-{i}")} if i % 2 else {})
+    # The last saves started over from a snapshot: the file is one document again, and small.
+    assert path.read_text().count("\n}\n") == 1
+    assert len(path.read_text().splitlines()) < 60
+    assert CheckpointStore(path).load() == {}
+
+
+def test_an_older_file_is_appended_to_and_still_read(path: Path) -> None:
+    path.parent.mkdir(parents=True)
+    path.write_bytes(encode(CLAIMS, [ACTION]))
+    store = CheckpointStore(path)
+    claims, actions = store.load_state()
+    claims["uid-c"] = _claim("uid-c")
+    store.save(claims, actions)
+    assert path.read_bytes().startswith(encode(CLAIMS, [ACTION]))
+    assert CheckpointStore(path).load_state() == (claims, [ACTION])
+
+
+def test_a_failed_append_leaves_the_file_as_before(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = CheckpointStore(path)
+    store.save(CLAIMS)
+    before = path.read_bytes()
+    real = os.write
+
+    def half_then_full(fd: int, data: bytes) -> int:
+        if len(data) > 20:
+            return real(fd, data[:20])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", half_then_full)
+    with pytest.raises(OSError, match="No space left on device"):
+        store.save({"uid-a": CLAIMS["uid-a"]})
+    assert path.read_bytes() == before
+    monkeypatch.undo()
+    store.save({"uid-a": CLAIMS["uid-a"]})
+    assert CheckpointStore(path).load() == {"uid-a": CLAIMS["uid-a"]}
+
+
+def test_one_fsync_makes_every_earlier_change_durable(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = CheckpointStore(path)
+    store.save({})
+    first = store.save({"uid-a": CLAIMS["uid-a"]}, durable=False)
+    second = store.save(CLAIMS, durable=False)
+    synced: list[int] = []
+    real = os.fsync
+
+    def counting(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", counting)
+    store.sync(second)
+    store.sync(first)
+    assert len(synced) == 1
+
+
+def test_a_failed_fsync_fails_every_change_it_covered(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = CheckpointStore(path)
+    store.save({})
+    first = store.save({"uid-a": CLAIMS["uid-a"]}, durable=False)
+    second = store.save(CLAIMS, durable=False)
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(OSError, match="Input/output error"):
+        store.sync(second)
+    monkeypatch.undo()
+    # The error is reported once by the kernel: the store reports it to the other waiter too.
+    with pytest.raises(OSError, match="Input/output error"):
+        store.sync(first)
+    store.sync(store.save({}, durable=False))
+
+
+def test_a_snapshot_cut_short_leaves_the_previous_file(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A crash before the snapshot's rename (atomicfile.temp-written) keeps what was recorded."""
+    CheckpointStore(path).save(CLAIMS)
+
+    def crash(name: str) -> None:
+        if name == "atomicfile.temp-written":
+            raise SystemExit(137)
+
+    monkeypatch.setattr(faults, "point", crash)
+    with pytest.raises(SystemExit):
+        CheckpointStore(path).save({})
+    assert CheckpointStore(path).load() == CLAIMS
+
+
+def test_a_save_by_another_process_is_seen_under_the_lock(path: Path) -> None:
+    mine, theirs = CheckpointStore(path), CheckpointStore(path)
+    mine.save({"uid-a": CLAIMS["uid-a"]})
+    assert theirs.load() == {"uid-a": CLAIMS["uid-a"]}
+    theirs.save(CLAIMS)
+    with mine.exclusive() as saved_elsewhere:
+        assert saved_elsewhere is not None
+        assert saved_elsewhere[0] == CLAIMS
+    with mine.exclusive() as unchanged:
+        assert unchanged is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -118,11 +119,13 @@ class OrderCheckingCheckpoint(CheckpointStore):
         self.specs = specs
         self.saves = 0
 
-    def save(self, claims: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction] = ()) -> None:
+    def save(
+        self, claims: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction] = (), durable: bool = True
+    ) -> int:
         missing = [uid for uid in claims if not self.specs.exists(uid)]
         assert not missing, f"checkpoint names claims whose spec is not written yet: {missing}"
         self.saves += 1
-        super().save(claims, actions)
+        return super().save(claims, actions, durable)
 
 
 def test_the_spec_is_on_disk_before_the_checkpoint_names_the_claim(paths: Paths) -> None:
@@ -135,7 +138,9 @@ def test_the_spec_is_on_disk_before_the_checkpoint_names_the_claim(paths: Paths)
 
 
 class FailingCheckpoint(CheckpointStore):
-    def save(self, claims: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction] = ()) -> None:
+    def save(
+        self, claims: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction] = (), durable: bool = True
+    ) -> int:
         raise OSError("no space left on device")
 
 
@@ -505,3 +510,36 @@ def test_a_failed_save_while_releasing_a_stale_holder_is_repaired_by_the_restart
     restarted.prepare(_allocation(UID_B, "gpu-0"), {UID_A: "the claim was re-created"})
     assert list(paths.checkpointed()) == [UID_B]
     assert paths.specs() == [paths.spec(UID_B).name]
+
+
+def test_a_prepare_waiting_for_its_fsync_holds_up_no_other_claim(
+    paths: Paths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = paths.state()
+    state.prepare(_allocation(UID_A, "gpu-0"))  # the checkpoint exists: prepares append to it
+    entered, release = threading.Event(), threading.Event()
+    real = os.fsync
+
+    def slow_for_the_checkpoint(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}") == str(paths.checkpoint) and not release.is_set():
+            entered.set()
+            assert release.wait(10)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_for_the_checkpoint)
+    first = threading.Thread(target=state.prepare, args=(_allocation(UID_B, "gpu-1"),))
+    first.start()
+    assert entered.wait(10)
+    # The first prepare's fsync has not returned; the second decides, writes its spec and records it.
+    second = threading.Thread(target=state.prepare, args=(_allocation(UID_C, "gpu-2"),))
+    second.start()
+    for _ in range(1000):
+        if UID_C in state.prepared:
+            break
+        threading.Event().wait(0.01)
+    assert paths.spec(UID_C).exists()
+    assert second.is_alive()  # answered only once its record is durable
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert paths.checkpointed().keys() == {UID_A, UID_B, UID_C}

@@ -13,9 +13,11 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
+from dra.adapters.checkpoint import CheckpointStore
 from dra.kubeletplugin.server import sockets
 from localcluster.cluster import ClusterInfo
 
@@ -142,6 +144,10 @@ class DriverProcess(DaemonProcess):
     def checkpoint(self) -> Path:
         """The checkpoint file the driver keeps."""
         return Path(self.cluster.kubelet_root) / "plugins" / self.driver_name / "checkpoint.json"
+
+    def checkpointed(self) -> dict[str, dict[str, Any]]:
+        """The claims the checkpoint records, by UID, each as its JSON fields (devices, namespace, ...)."""
+        return {uid: asdict(claim) for uid, claim in CheckpointStore(self.checkpoint).load().items()}
 
     @property
     def rolling_update(self) -> bool:

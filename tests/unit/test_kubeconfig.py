@@ -1,0 +1,157 @@
+"""Credentials read without the kubernetes package: in-cluster, token and client-certificate kubeconfigs."""
+
+from __future__ import annotations
+
+import base64
+import ssl
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dra.adapters import kubeconfig
+from dra.adapters.kube import KubeClient, KubeError
+
+
+@pytest.fixture(scope="module")
+def pem(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate and its key (serving as CA and as client certificate alike)."""
+    where = tmp_path_factory.mktemp("pki")
+    cert, key = where / "cert.pem", where / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test"),
+            *("-keyout", str(key), "-out", str(cert)),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+def _write(path: Path, cluster: dict[str, Any], user: dict[str, Any]) -> str:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "other", "cluster": {"server": "https://wrong"}},
+                    {"name": "c", "cluster": cluster},
+                ],
+                "users": [{"name": "u", "user": user}],
+                "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "ctx",
+            }
+        )
+    )
+    return str(path)
+
+
+def test_a_token_kubeconfig_with_inline_ca(tmp_path: Path, pem: tuple[Path, Path]) -> None:
+    ca = base64.b64encode(pem[0].read_bytes()).decode()
+    path = _write(
+        tmp_path / "config",
+        {"server": "https://10.0.0.1:6443/", "certificate-authority-data": ca, "tls-server-name": "api"},
+        {"token": "abc"},
+    )
+    creds = kubeconfig.from_kubeconfig(path)
+    assert creds.host == "https://10.0.0.1:6443"
+    assert creds.authorization() == "Bearer abc"
+    assert creds.tls_server_name == "api"
+    assert creds.tls is not None
+    assert creds.tls.verify_mode == ssl.CERT_REQUIRED
+
+
+def test_client_certificate_files_are_relative_to_the_kubeconfig(
+    tmp_path: Path, pem: tuple[Path, Path]
+) -> None:
+    for source in pem:
+        (tmp_path / source.name).write_bytes(source.read_bytes())
+    path = _write(
+        tmp_path / "config",
+        {"server": "https://127.0.0.1:6443", "certificate-authority": "cert.pem"},
+        {"client-certificate": "cert.pem", "client-key": "key.pem"},
+    )
+    creds = kubeconfig.from_kubeconfig(path)
+    assert creds.authorization() == ""
+    assert creds.tls is not None
+
+
+def test_skip_verify_and_plain_http(tmp_path: Path) -> None:
+    insecure = kubeconfig.from_kubeconfig(
+        _write(tmp_path / "a", {"server": "https://h:1", "insecure-skip-tls-verify": True}, {})
+    )
+    assert insecure.tls is not None
+    assert insecure.tls.verify_mode == ssl.CERT_NONE
+    assert kubeconfig.from_kubeconfig(_write(tmp_path / "b", {"server": "http://h:1"}, {})).tls is None
+
+
+def test_a_token_file_is_read_again_after_a_minute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    token = tmp_path / "token"
+    token.write_text("one\n")
+    creds = kubeconfig.from_kubeconfig(
+        _write(tmp_path / "config", {"server": "http://h:1"}, {"tokenFile": "token"})
+    )
+    token.write_text("two\n")
+    assert creds.authorization() == "Bearer one"
+    monkeypatch.setattr(kubeconfig, "TOKEN_REREAD", 0.0)
+    assert creds.authorization() == "Bearer two"
+
+
+def test_in_cluster(tmp_path: Path, pem: tuple[Path, Path]) -> None:
+    (tmp_path / "token").write_text("sa-token")
+    (tmp_path / "ca.crt").write_bytes(pem[0].read_bytes())
+    env = {"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"}
+    creds = kubeconfig.in_cluster(env, tmp_path)
+    assert creds.host == "https://[fd00::1]:443"
+    assert creds.authorization() == "Bearer sa-token"
+    with pytest.raises(kubeconfig.ConfigError, match="KUBERNETES_SERVICE_HOST"):
+        kubeconfig.in_cluster({}, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("user", "message"),
+    [
+        ({"exec": {"command": "aws"}}, "user fields \\['exec'\\]"),
+        ({"username": "a", "password": "b"}, "password"),
+    ],
+)
+def test_other_ways_to_authenticate_go_to_the_kubernetes_package(
+    tmp_path: Path, user: dict[str, Any], message: str
+) -> None:
+    path = _write(tmp_path / "config", {"server": "http://h:1"}, user)
+    with pytest.raises(kubeconfig.UnsupportedConfigError, match=message):
+        kubeconfig.from_kubeconfig(path)
+
+
+def test_a_basic_auth_kubeconfig_still_loads_through_the_kubernetes_package(tmp_path: Path) -> None:
+    client = KubeClient(
+        _write(tmp_path / "config", {"server": "http://h:1"}, {"username": "a", "password": "b"})
+    )
+    assert client.host == "http://h:1"
+    assert client._credentials.authorization().startswith("Basic ")
+
+
+def test_bad_kubeconfigs_say_what_is_wrong(tmp_path: Path) -> None:
+    (tmp_path / "empty").write_text("")
+    with pytest.raises(
+        KubeError, match=r"cannot load Kubernetes credentials from kubeconfig .*no current-context"
+    ):
+        KubeClient(str(tmp_path / "empty"))
+    path = tmp_path / "config"
+    _write(path, {"server": "http://h:1"}, {})
+    path.write_text(path.read_text().replace("name: c\n", "name: d\n"))
+    with pytest.raises(KubeError, match="has no cluster named 'c'"):
+        KubeClient(str(path))
+
+
+def test_the_daemons_do_not_import_the_kubernetes_package() -> None:
+    code = "import sys, dra.cli, dra.kubeletplugin.daemon; print('kubernetes' in sys.modules)"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        == "False\n"
+    )

@@ -159,7 +159,9 @@ def main() -> None:
         burst = _claims(kube, namespace, cluster.node_name, devices, 32, prefix="burst", admin_access=True)
         levels = sorted({0, 64, args.pile_up})
         probes = _claims(kube, namespace, cluster.node_name, devices, 20 * len(levels), prefix="probe")
-        pile = _claims(kube, namespace, cluster.node_name, devices, max(levels), prefix="pile", admin_access=True)
+        pile = _claims(
+            kube, namespace, cluster.node_name, devices, max(levels), prefix="pile", admin_access=True
+        )
 
         prepare: list[float] = []
         repeat: list[float] = []

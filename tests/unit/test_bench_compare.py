@@ -23,12 +23,12 @@ from localcluster.binaries import (
 from tests.bench.bench_compare import (
     Contender,
     alternate,
-    cpu_seconds,
     figure_line,
     parse_levels,
     report,
     spread,
 )
+from tests.bench.bench_driver import cpu_seconds
 
 
 def test_a_figure_is_the_median_of_the_runs_with_their_range() -> None:

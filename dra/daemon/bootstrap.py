@@ -116,6 +116,20 @@ class DaemonSettings:
         """The kubelet-plugin's checkpoint of prepared claims."""
         return self.state_directory / FILE_NAME
 
+    def library(self, *, with_events: bool = False) -> GpuLibrary:
+        """This node's GPU library (NVML, or the fake profile keeping its state in the state directory).
+
+        with_events: the fake's injected-event file too, for the one library that watches health.
+        """
+        return gpu_library(
+            self.fake_gpus,
+            self.node_name,
+            self.fake_gpu_events if with_events else None,
+            self.host_root,
+            self.state_directory,
+            self.fake_gpu_root,
+        )
+
 
 def default_state_dir(kubelet_root: Path, driver_name: str) -> Path:
     """Where both commands keep state by default: <kubelet root>/plugins/<driver>."""
@@ -279,13 +293,7 @@ def rediscover(settings: DaemonSettings) -> Inventory:
     """Discover the GPUs again, for a daemon that follows changes (MIG layout, lost GPUs)."""
     # A fresh library, so that a changed fake profile file is read again too; NVML's
     # init and shutdown are reference-counted, so this leaves the health watch alone.
-    lib = gpu_library(
-        settings.fake_gpus,
-        settings.node_name,
-        host_root=settings.host_root,
-        state_dir=settings.state_directory,
-        fake_gpu_root=settings.fake_gpu_root,
-    )
+    lib = settings.library()
     try:
         return node_inventory(lib, settings)
     finally:
@@ -301,14 +309,7 @@ async def open_node(settings: DaemonSettings, path: GpuPath | None) -> AsyncIter
     the GPU split is left to the two paths.
     """
     started = time.monotonic()
-    lib = gpu_library(
-        settings.fake_gpus,
-        settings.node_name,
-        settings.fake_gpu_events,
-        settings.host_root,
-        settings.state_directory,
-        settings.fake_gpu_root,
-    )
+    lib = settings.library(with_events=True)
     everything = node_inventory(lib, settings)
     lease: AssignmentLease | None = None
     inventory = everything

@@ -47,7 +47,7 @@ from dra.core.migconfig import (
     place,
 )
 from dra.core.migconfig import select_gpus as select_entries
-from dra.daemon.bootstrap import DaemonSettings, StartupError, gpu_library
+from dra.daemon.bootstrap import DaemonSettings, StartupError
 from dra.gpu import dynamic
 from dra.gpu.discovery import PROFILE_COUNT, discover
 from dra.gpu.nvml import (
@@ -511,13 +511,7 @@ async def apply_at_start(
             LAYOUT_LABEL,
         )
         return settings.mig_modes
-    lib = gpu_library(
-        settings.fake_gpus,
-        settings.node_name,
-        host_root=settings.host_root,
-        state_dir=settings.state_directory,
-        fake_gpu_root=settings.fake_gpu_root,
-    )
+    lib = settings.library()
     try:
         lib.init()
         claims, actions = CheckpointStore(settings.checkpoint_path).load_state()

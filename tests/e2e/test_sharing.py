@@ -310,7 +310,7 @@ def test_mps_shares_of_one_gpu_use_one_daemon_which_goes_with_the_last_pod(
     kube.delete("v1", "Pod", "a", namespace, grace_period=0)
     wait_for(
         "claim a to leave the checkpoint",
-        lambda: claims["a"]["metadata"]["uid"] not in json.loads(driver.checkpoint.read_text())["claims"],
+        lambda: claims["a"]["metadata"]["uid"] not in driver.checkpointed(),
         timeout=60,
     )
     assert _daemon_pid(daemon_dir) == pid

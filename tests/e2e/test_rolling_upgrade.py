@@ -149,15 +149,26 @@ def _no_claim_lost_or_shared(kube: Kube, cluster: ClusterInfo, driver: DriverPro
 
 
 def test_upgrade_under_load_fails_no_prepare_and_loses_no_claim(
-    old_driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str, tmp_path: Path
+    old_driver: DriverProcess,
+    kube: Kube,
+    cluster: ClusterInfo,
+    namespace: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     claim_template(kube, namespace, "one-gpu")
+    # Prepared by the old instance and ended only after it: its unprepare can only go to the
+    # new one. (Which instance ends the load's pods depends on when the kubelet switches.)
+    gpu_pod(kube, namespace, "held", "one-gpu")
+    kube.wait_pod_phase("held", namespace)
     load = Load(cluster, namespace, "one-gpu")
     load.start()
     load.wait_for_more(4)
 
     old_writes = _slice_writes(old_driver)
     new_driver = DriverProcess(cluster, "h100x8", tmp_path / "new.log").start()
+    # A failed assertion must not leave a second instance holding the node's publisher lock.
+    request.addfinalizer(new_driver.stop)
     overlap_started = time.monotonic()
     # Both registered, each on its own sockets: the kubelet holds both and calls the newer.
     assert old_driver.registration_socket.exists()
@@ -184,7 +195,7 @@ def test_upgrade_under_load_fails_no_prepare_and_loses_no_claim(
     assert failed == [], "\n".join(failed)
     _no_claim_lost_or_shared(kube, cluster, new_driver, namespace)
 
-    for name in [p for p in load.created if p not in load.deleted]:
+    for name in ["held", *(p for p in load.created if p not in load.deleted)]:
         kube.delete("v1", "Pod", name, namespace, grace_period=0)
     wait_for("every claim unprepared", lambda: _checkpointed(new_driver) == {}, timeout=60)
     # The kubelet sent the new instance the calls from its start: it prepared claims, and

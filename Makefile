@@ -29,7 +29,7 @@ proto: $(STAMP)
 	$(BIN)/python proto/generate.py
 
 # Build or reuse the Kubernetes binaries and helm (deploy/local/k8sbin, deploy/local/helmbin); the first
-# build takes about 7 to 12 minutes on two cores for Kubernetes and 2 to 4 more for helm. demo and cluster-up
+# build takes about 8 to 12 minutes on two cores for Kubernetes and 2 to 4 more for helm. demo and cluster-up
 # build only what a cluster starts, on first use.
 binaries: $(STAMP)
 	$(LOCAL) $(BIN)/python -m localcluster build

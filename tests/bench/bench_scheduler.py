@@ -56,8 +56,8 @@ class Layout:
     mix: tuple[tuple[str, float], ...]
     #: How the node's GPUs publish MIG (dra.model.migmode): static, dynamic or whole.
     mig_mode: str = STATIC
-    #: Which MIG profiles a dynamic-MIG GPU offers (--mig-profiles).
-    offer: str = ALL
+    #: Which MIG profiles a dynamic-MIG GPU offers (the items of --mig-profiles).
+    offer: frozenset[str] = frozenset({ALL})
 
 
 WHOLE_ONLY = (("gpu", 1.0),)
@@ -66,7 +66,11 @@ LAYOUTS = {
     "whole": Layout("whole", "h100x8", WHOLE_ONLY),
     "static-mig": Layout("static-mig", "h100x8-mig", MIXED),
     "dynamic-mig": Layout("dynamic-mig", "h100x8-dynamic-mig", MIXED, DYNAMIC),
-    "dynamic-common": Layout("dynamic-common", "h100x8-dynamic-mig", MIXED, DYNAMIC, COMMON),
+    "dynamic-common": Layout("dynamic-common", "h100x8-dynamic-mig", MIXED, DYNAMIC, frozenset({COMMON})),
+    # Only the profiles the workload asks for (--mig-profiles 1g.10gb,2g.20gb): 11 offers per H100.
+    "dynamic-used": Layout(
+        "dynamic-used", "h100x8-dynamic-mig", MIXED, DYNAMIC, frozenset({"1g.10gb", "2g.20gb"})
+    ),
 }
 
 
@@ -116,7 +120,7 @@ def _ready_status(node: Obj) -> Obj:
 def node_slices(layout: Layout, node: str, node_uid: str, features: ApiFeatures) -> list[Obj]:
     """The slices the driver would publish for one node of this layout, on a server with `features`."""
     lib = FakeGpuLibrary(load_profile(layout.profile, node), node)
-    inventory = discover(lib, MigModes(default=layout.mig_mode, offer=MigOffer(frozenset({layout.offer}))))
+    inventory = discover(lib, MigModes(default=layout.mig_mode, offer=MigOffer(layout.offer)))
     return slices.build_slices(inventory, DRIVER, node, node_uid, generation=1, features=features)
 
 

@@ -49,9 +49,8 @@ from dra.core.migconfig import (
 from dra.core.migconfig import select_gpus as select_entries
 from dra.daemon.bootstrap import DaemonSettings, StartupError
 from dra.gpu import dynamic
-from dra.gpu.discovery import PROFILE_COUNT, discover
+from dra.gpu.discovery import discover, profile_infos
 from dra.gpu.nvml import (
-    ERROR_INVALID_ARGUMENT,
     ERROR_NOT_SUPPORTED,
     GpuLibrary,
     GpuLibraryError,
@@ -262,13 +261,7 @@ def profiles(lib: GpuLibrary, index: int) -> dict[int, Profile]:
     """The GPU's GPU-instance profiles by profile ID, as NVML lists them (MIG mode must be on)."""
     handle = lib.device_by_index(index)
     found: dict[int, Profile] = {}
-    for number in range(PROFILE_COUNT):
-        try:
-            info = lib.gpu_instance_profile_info(handle, number)
-        except GpuLibraryError as err:
-            if err.code in (ERROR_NOT_SUPPORTED, ERROR_INVALID_ARGUMENT):
-                continue
-            raise
+    for info in profile_infos(lib, handle):
         placements = lib.gpu_instance_possible_placements(handle, info.id)
         found[info.id] = Profile(
             info.name.removeprefix("MIG ").strip(),

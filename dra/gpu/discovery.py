@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from dra.gpu.nvml import (
@@ -22,6 +22,7 @@ from dra.gpu.nvml import (
     ERROR_NOT_FOUND,
     ERROR_NOT_SUPPORTED,
     GpuHandle,
+    GpuInstanceProfileInfo,
     GpuLibrary,
     GpuLibraryError,
     MigHandle,
@@ -253,16 +254,25 @@ def _tell_once(gpu: Gpu, key: str, message: str, *args: object) -> None:
         log.warning(message, *args)
 
 
+def profile_infos(
+    lib: GpuLibrary, handle: GpuHandle, profile_count: int | None = None
+) -> Iterator[GpuInstanceProfileInfo]:
+    """The GPU-instance profiles the GPU has, in profile-number order (MIG mode must be on).
+
+    NVML answers NOT_SUPPORTED for a profile the GPU lacks and INVALID_ARGUMENT past the last.
+    """
+    for profile in range(PROFILE_COUNT if profile_count is None else profile_count):
+        try:
+            yield lib.gpu_instance_profile_info(handle, profile)
+        except GpuLibraryError as err:
+            if err.code not in (ERROR_NOT_SUPPORTED, ERROR_INVALID_ARGUMENT):
+                raise
+
+
 def partitions(lib: GpuLibrary, handle: GpuHandle, parent: Gpu, profile_count: int) -> list[MigPartition]:
     """Every GPU-instance profile of the GPU at every placement NVML offers for it."""
     found: list[MigPartition] = []
-    for profile in range(profile_count):
-        try:
-            info = lib.gpu_instance_profile_info(handle, profile)
-        except GpuLibraryError as err:
-            if err.code in (ERROR_NOT_SUPPORTED, ERROR_INVALID_ARGUMENT):
-                continue
-            raise
+    for info in profile_infos(lib, handle, profile_count):
         name = info.name.removeprefix("MIG ").strip()
         for placement in lib.gpu_instance_possible_placements(handle, info.id):
             found.append(

@@ -10,11 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dra.gpu import migtables
-from dra.gpu.discovery import PROFILE_COUNT, mig_devices
+from dra.gpu.discovery import mig_devices, profile_infos
 from dra.gpu.nvml import (
     ERROR_INVALID_ARGUMENT,
     ERROR_NOT_FOUND,
-    ERROR_NOT_SUPPORTED,
     GpuLibrary,
     GpuLibraryError,
     Placement,
@@ -63,13 +62,7 @@ def instances(lib: GpuLibrary, gpu_index: int) -> list[Instance]:
     """Every GPU instance on a GPU, of every profile it has."""
     gpu = lib.device_by_index(gpu_index)
     found: list[Instance] = []
-    for profile in range(PROFILE_COUNT):
-        try:
-            info = lib.gpu_instance_profile_info(gpu, profile)
-        except GpuLibraryError as err:
-            if err.code in (ERROR_NOT_SUPPORTED, ERROR_INVALID_ARGUMENT):
-                continue
-            raise
+    for info in profile_infos(lib, gpu):
         for gi in lib.gpu_instances(gpu, info.id):
             details = lib.gpu_instance_info(gi)
             found.append(Instance(details.id, details.profile_id, details.placement))

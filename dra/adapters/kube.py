@@ -78,13 +78,13 @@ def _status_error(what: str, status: int, body: bytes) -> KubeError:
 
 def _tls(config: Any) -> ssl.SSLContext:
     """The TLS settings the kubernetes package loaded (CA, client certificate, skip-verify)."""
-    context = ssl.create_default_context(cafile=config.ssl_ca_cert or None)
+    cert = None
     if config.cert_file:
-        context.load_cert_chain(config.cert_file, config.key_file)
-    if not config.verify_ssl:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    return context
+        # A kubeconfig may keep the key in the certificate's file.
+        key_file = config.key_file or config.cert_file
+        with open(config.cert_file, "rb") as certificate, open(key_file, "rb") as key:
+            cert = (certificate.read(), key.read())
+    return credentials.tls_context(config.ssl_ca_cert, None, cert, bool(config.verify_ssl))
 
 
 def _from_kubernetes_package(kubeconfig: str) -> credentials.Credentials:

@@ -76,9 +76,10 @@ def _anonymous() -> str:
     return ""
 
 
-def _tls(
+def tls_context(
     ca_file: str | None, ca_data: str | None, cert: tuple[bytes, bytes] | None, verify: bool
 ) -> ssl.SSLContext:
+    """TLS to an API server: its CA (file or PEM text), a client certificate and key (PEM), skip-verify."""
     context = ssl.create_default_context(cafile=ca_file or None, cadata=ca_data or None)
     if cert is not None:
         # load_cert_chain reads files only: the PEM goes through a private temporary directory.
@@ -101,7 +102,7 @@ def in_cluster(environ: Mapping[str, str] = os.environ, account: Path = SERVICE_
     token = _TokenFile(account / "token")
     try:
         token()
-        tls = _tls(str(account / "ca.crt"), None, None, verify=True)
+        tls = tls_context(str(account / "ca.crt"), None, None, verify=True)
     except (OSError, ssl.SSLError) as err:
         raise ConfigError(str(err)) from None
     address = f"[{host}]" if ":" in host else host
@@ -155,7 +156,7 @@ def from_kubeconfig(path: str) -> Credentials:
         if server.startswith("https:"):
             ca = _data(cluster, "certificate-authority", base)
             cert, key = _data(user, "client-certificate", base), _data(user, "client-key", base)
-            tls = _tls(
+            tls = tls_context(
                 None,
                 ca.decode() if ca is not None else None,
                 (cert, key) if cert is not None and key is not None else None,

@@ -15,13 +15,16 @@ Layouts: `whole` (8 whole GPUs; whole-GPU claims only, the reference),
 `dynamic-mig` (every GPU offers itself and every MIG profile at every
 placement through shared counters; the same mixed workload) and
 `dynamic-common` (the same with `--mig-profiles common`: 1g, 2g, 3g and 7g
-profiles only). Prints figures and the ratio of
+profiles only), `dynamic-used` (only the workload's profiles) and
+`dynamic-two` (common profiles on GPUs 0 and 1 only, the other six whole:
+`--mig-mode whole,0=dynamic,1=dynamic`). Prints figures and the ratio of
 each layout's throughput to the reference; asserts nothing about speed.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import time
@@ -38,7 +41,7 @@ from dra.core.versions import ApiFeatures
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.profiles import load_profile
-from dra.model.migmode import DYNAMIC, STATIC, MigModes
+from dra.model.migmode import DYNAMIC, STATIC, WHOLE, MigModes
 from dra.model.migoffer import ALL, COMMON, MigOffer
 
 DRIVER = "gpu.nvidia.com"
@@ -58,6 +61,8 @@ class Layout:
     mig_mode: str = STATIC
     #: Which MIG profiles a dynamic-MIG GPU offers (the items of --mig-profiles).
     offer: frozenset[str] = frozenset({ALL})
+    #: GPUs whose mode differs from mig_mode, as (index, mode): the per-GPU part of --mig-mode.
+    overrides: tuple[tuple[str, str], ...] = ()
 
 
 WHOLE_ONLY = (("gpu", 1.0),)
@@ -70,6 +75,15 @@ LAYOUTS = {
     # Only the profiles the workload asks for (--mig-profiles 1g.10gb,2g.20gb): 11 offers per H100.
     "dynamic-used": Layout(
         "dynamic-used", "h100x8-dynamic-mig", MIXED, DYNAMIC, frozenset({"1g.10gb", "2g.20gb"})
+    ),
+    # Dynamic MIG on two GPUs of each node (--mig-mode whole,0=dynamic,1=dynamic): 2 x 14 + 6 devices.
+    "dynamic-two": Layout(
+        "dynamic-two",
+        "h100x8-dynamic-mig",
+        MIXED,
+        WHOLE,
+        frozenset({COMMON}),
+        (("0", DYNAMIC), ("1", DYNAMIC)),
     ),
 }
 
@@ -120,7 +134,8 @@ def _ready_status(node: Obj) -> Obj:
 def node_slices(layout: Layout, node: str, node_uid: str, features: ApiFeatures) -> list[Obj]:
     """The slices the driver would publish for one node of this layout, on a server with `features`."""
     lib = FakeGpuLibrary(load_profile(layout.profile, node), node)
-    inventory = discover(lib, MigModes(default=layout.mig_mode, offer=MigOffer(layout.offer)))
+    modes = MigModes(default=layout.mig_mode, overrides=layout.overrides, offer=MigOffer(layout.offer))
+    inventory = discover(lib, modes)
     return slices.build_slices(inventory, DRIVER, node, node_uid, generation=1, features=features)
 
 
@@ -244,6 +259,9 @@ def main() -> None:
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args()
+    # dynamic-two's whole GPUs are in MIG mode in the fake profile, and discovery warns about each of
+    # them on every node; an admin would turn MIG off there, which publishes the same single device.
+    logging.getLogger("dra.gpu.discovery").setLevel(logging.ERROR)
     for nodes in args.nodes:
         reference: Result | None = None
         for name in args.layouts:

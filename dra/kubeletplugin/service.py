@@ -124,11 +124,12 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         try:
             claim = await self._kube.get_resource_claim(ref.namespace, ref.name)
             allocation = read_allocation(claim, ref.uid, self.driver)
-            # The API server is asked about holders outside the state's lock; prepare decides
-            # again under it, and a holder that appeared meanwhile counts as live.
-            holders = await anyio.to_thread.run_sync(self._state.conflicts, allocation)
-            stale = await self._stale_holders(holders)
-            prepared = await anyio.to_thread.run_sync(self._state.prepare, allocation, stale)
+            prepared = await anyio.to_thread.run_sync(self._state.prepare_unless_held, allocation)
+            if isinstance(prepared, list):
+                # The API server is asked about holders outside the state's lock; prepare decides
+                # again under it, and a holder that appeared meanwhile counts as live.
+                stale = await self._stale_holders(prepared)
+                prepared = await anyio.to_thread.run_sync(self._state.prepare, allocation, stale)
             result = "success"
             return _response(prepared)
         except NotFoundError:

@@ -146,15 +146,6 @@ class DeviceState:
         """Prepared claims by UID (a snapshot)."""
         return dict(self._prepared)
 
-    def conflicts(self, allocation: ClaimAllocation) -> list[PreparedClaim]:
-        """Prepared claims that hold devices of `allocation` now; the caller finds out which are stale.
-
-        Under the lock only to see what another instance prepared meanwhile: `prepare`
-        decides again under it on the state it then sees.
-        """
-        with self._locked():
-            return plans.conflicts(allocation, self.inventory, self._prepared, pool=self.pool)
-
     def recover(self) -> None:
         """After a restart: drop specs of claims not prepared, (re)write the specs of prepared ones."""
         with self._locked():
@@ -248,38 +239,59 @@ class DeviceState:
         ClaimError when it cannot be prepared; then nothing changes.
         """
         with self._locked():
-            plan = plans.decide_prepare(
-                allocation,
-                self.inventory,
-                self._prepared,
-                driver=self.driver,
-                pool=self.pool,
-                stale=stale or {},
-                has_spec=self._cdi.exists(allocation.uid),
-                mps_root=self._mps_root,
+            claim, ticket = self._prepare_locked(allocation, stale or {})
+        self._make_durable(ticket, claim, allocation)
+        return claim
+
+    def prepare_unless_held(self, allocation: ClaimAllocation) -> PreparedClaim | list[PreparedClaim]:
+        """`prepare` when no prepared claim holds a device the allocation needs; else those holders.
+
+        With holders nothing changes: the caller asks the API server which of them
+        are stale and calls `prepare` with the answer, which decides again on the
+        state it then sees. The common case, no holder, so costs one call (one trip
+        to a worker thread and one hold of the lock) instead of two.
+        """
+        with self._locked():
+            holders = plans.conflicts(allocation, self.inventory, self._prepared, pool=self.pool)
+            if holders:
+                return holders
+            claim, ticket = self._prepare_locked(allocation, {})
+        self._make_durable(ticket, claim, allocation)
+        return claim
+
+    def _prepare_locked(
+        self, allocation: ClaimAllocation, stale: Mapping[str, str]
+    ) -> tuple[PreparedClaim, int]:
+        """Decide and apply a prepare; the caller holds the lock and then makes the ticket durable."""
+        plan = plans.decide_prepare(
+            allocation,
+            self.inventory,
+            self._prepared,
+            driver=self.driver,
+            pool=self.pool,
+            stale=stale,
+            has_spec=self._cdi.exists(allocation.uid),
+            mps_root=self._mps_root,
+        )
+        if isinstance(plan, plans.Refusal):
+            raise ClaimError(plan.message)
+        # A claim allocated anew, or a stale holder released, gives its MIG devices back first.
+        for uid in {r.holder.uid for r in plan.release} | ({plan.replaces.uid} if plan.replaces else set()):
+            self._destroy_mig_devices(uid)
+        if plan.create:
+            plan = self._make_mig_devices(plan, allocation)
+        gone = self._missing_host_paths(plan)
+        if gone:
+            # The runtime would fail every container of the claim on a path that is gone.
+            self._destroy_mig_devices(allocation.uid)
+            raise ClaimError(
+                f"cannot prepare ResourceClaim {allocation.ref}: its CDI spec would name "
+                f"{', '.join(gone)}, not on this node (a GPU or the driver changed since discovery)"
             )
-            if isinstance(plan, plans.Refusal):
-                raise ClaimError(plan.message)
-            # A claim allocated anew, or a stale holder released, gives its MIG devices back first.
-            for uid in {r.holder.uid for r in plan.release} | (
-                {plan.replaces.uid} if plan.replaces else set()
-            ):
-                self._destroy_mig_devices(uid)
-            if plan.create:
-                plan = self._make_mig_devices(plan, allocation)
-            gone = self._missing_host_paths(plan)
-            if gone:
-                # The runtime would fail every container of the claim on a path that is gone.
-                self._destroy_mig_devices(allocation.uid)
-                raise ClaimError(
-                    f"cannot prepare ResourceClaim {allocation.ref}: its CDI spec would name "
-                    f"{', '.join(gone)}, not on this node (a GPU or the driver changed since discovery)"
-                )
-            ticket = self._apply(plan, allocation)
-            faults.point("sharing-before-gpu-settings")
-            self._apply_gpu_settings(plan, allocation)
-        self._make_durable(ticket, plan.claim, allocation)
-        return plan.claim
+        ticket = self._apply(plan, allocation)
+        faults.point("sharing-before-gpu-settings")
+        self._apply_gpu_settings(plan, allocation)
+        return plan.claim, ticket
 
     def _make_durable(self, ticket: int, claim: PreparedClaim, allocation: ClaimAllocation) -> None:
         """Wait for the prepare's checkpoint record to reach the disk; ClaimError undoes the prepare.

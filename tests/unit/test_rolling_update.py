@@ -68,8 +68,11 @@ def test_neither_instance_loses_the_others_claims(paths: Paths) -> None:
     old.prepare(_allocation(UID_A, "gpu-0"))
     new.prepare(_allocation(UID_B, "gpu-1"))
     assert set(paths.checkpointed()) == {UID_A, UID_B}
-    # The old instance sees the new one's claim as the holder of its device.
-    assert [c.uid for c in old.conflicts(_allocation(UID_C, "gpu-1"))] == [UID_B]
+    # The old instance sees the new one's claim as the holder of its device, and changes nothing.
+    held = old.prepare_unless_held(_allocation(UID_C, "gpu-1"))
+    assert isinstance(held, list)
+    assert [c.uid for c in held] == [UID_B]
+    assert set(paths.checkpointed()) == {UID_A, UID_B}
 
 
 def test_concurrent_prepares_of_one_device_by_two_instances_hand_it_out_once(paths: Paths) -> None:

@@ -441,7 +441,9 @@ def test_a_gpu_renamed_by_renumbering_is_still_held_by_its_claim(paths: Paths) -
     )
     state.set_inventory(shifted)
     blocked = _allocation(UID_B, "gpu-0")
-    assert [c.uid for c in state.conflicts(blocked)] == [UID_A]
+    holders = state.prepare_unless_held(blocked)
+    assert isinstance(holders, list)
+    assert [c.uid for c in holders] == [UID_A]
     assert f"device gpu-0 is already prepared for claim team-a/claim-a ({UID_A})" in _refused(state, blocked)
 
 

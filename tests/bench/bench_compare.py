@@ -8,7 +8,8 @@ a kubelet plugin on the same helper library as real Go drivers, writing one CDI 
 claim. Both run in turns (dra-gpu, Go, dra-gpu, Go, ...) as real processes on the same
 local cluster, each with the same number of devices and the same claims (1-device claims
 allocated to its own driver name and devices), and the benchmark plays the kubelet:
-NodePrepareResources and NodeUnprepareResources over each driver's DRA socket. Every run
+NodePrepareResources and NodeUnprepareResources over each driver's DRA socket. Both write
+their CDI specs to tmpfs (/dev/shm), as to /var/run/cdi on a node. Every run
 starts its driver afresh (no checkpoint, CDI specs or ResourceSlices left from the last run).
 
 Each figure is taken once per run; the report gives the median and range over the runs of
@@ -25,6 +26,7 @@ import re
 import shutil
 import statistics
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -40,6 +42,7 @@ from localcluster.cluster import ClusterInfo, running_cluster
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube
 
+from dra.adapters.atomicfile import is_tmpfs
 from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc
 from tests.bench.bench_driver import _claims, _percentile, _rss_kib, cpu_seconds
 
@@ -134,18 +137,17 @@ class Contender:
         self.figures.setdefault(name, []).append(value)
 
 
-def _dra_gpu(cluster: ClusterInfo, devices: int) -> Contender:
+def _dra_gpu(cluster: ClusterInfo, devices: int, cdi: Path) -> Contender:
     profile = Path(cluster.run_dir) / "bench-profile.yaml"
     profile.write_text(yaml.safe_dump({"gpus": [{"model": FAKE_MODEL, "count": devices}]}))
     log = Path(cluster.log_path("bench-dra-gpu"))
-    process = DriverProcess(cluster, str(profile), log, instance_id="bench")
-    state = (process.checkpoint.parent, Path(cluster.cdi_dir))
+    process = DriverProcess(cluster, str(profile), log, instance_id="bench", cdi_root=str(cdi))
+    state = (process.checkpoint.parent, cdi)
     return Contender(DRA_GPU, process.driver_name, process.args(), process.dra_socket, log, state=state)
 
 
-def _go(cluster: ClusterInfo, binary: Path, devices: int) -> Contender:
+def _go(cluster: ClusterInfo, binary: Path, devices: int, cdi: Path) -> Contender:
     plugins = Path(cluster.plugins_dir)
-    cdi = Path(cluster.run_dir) / "cdi-go"
     # It makes the parent of its socket directory, not the directory.
     (plugins / GO_DRIVER).mkdir(parents=True, exist_ok=True)
     args = [
@@ -363,13 +365,27 @@ def report(ours: Contender, theirs: Contender | None) -> list[str]:
     return lines
 
 
-def _go_contender(cluster: ClusterInfo, devices: int) -> Contender | None:
+def _go_contender(cluster: ClusterInfo, devices: int, cdi: Path) -> Contender | None:
     try:
         binary = ensure_go_dra_driver()
     except BuildError as err:
         print(f"the Go reference driver could not be built, so dra-gpu's figures stand alone: {err}")
         return None
-    return _go(cluster, binary, devices)
+    return _go(cluster, binary, devices, cdi)
+
+
+@contextmanager
+def _cdi_dirs() -> Iterator[tuple[Path, Path]]:
+    """Each driver's CDI directory on tmpfs, as /var/run/cdi is on a node (dra-gpu skips fsync there)."""
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and is_tmpfs(shm) else None
+    if base is None:
+        print("no tmpfs at /dev/shm: CDI specs go to the disk, and dra-gpu fsyncs them there")
+    with tempfile.TemporaryDirectory(prefix="dra-gpu-bench-", dir=base) as tmp:
+        ours, theirs = Path(tmp, "cdi"), Path(tmp, "cdi-go")
+        ours.mkdir()
+        theirs.mkdir()
+        yield ours, theirs
 
 
 def alternate(contenders: list[Contender], runs: int, run: Callable[[Contender], None]) -> list[Contender]:
@@ -411,10 +427,10 @@ def main() -> None:
         # They are held prepared together, one device each (dra-gpu refuses a device twice).
         parser.error(f"--claims must be 1 to --devices ({args.devices}), not {args.claims}")
 
-    with running_cluster() as cluster:
+    with running_cluster() as cluster, _cdi_dirs() as (cdi, cdi_go):
         kube = Kube(cluster.kubeconfig)
-        ours = _dra_gpu(cluster, args.devices)
-        theirs = None if args.no_go else _go_contender(cluster, args.devices)
+        ours = _dra_gpu(cluster, args.devices, cdi)
+        theirs = None if args.no_go else _go_contender(cluster, args.devices, cdi_go)
         contenders = alternate(
             [c for c in (ours, theirs) if c is not None], args.runs, lambda c: _run(c, cluster, kube, args)
         )

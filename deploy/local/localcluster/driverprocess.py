@@ -129,8 +129,12 @@ class DriverProcess(DaemonProcess):
         env: dict[str, str] | None = None,
         kubeconfig: str | None = None,
         instance_id: str | None = None,
+        cdi_root: str | None = None,
     ) -> None:
-        """`instance_id`: the driver's --instance-id (rolling updates, the default); None: a fresh one."""
+        """`instance_id`: the driver's --instance-id (rolling updates, the default); None: a fresh one.
+
+        `cdi_root`: where the driver writes CDI specs; by default the cluster's, which its runtime reads.
+        """
         super().__init__(log_path, env)
         self.cluster = cluster
         self.profile = profile
@@ -139,6 +143,7 @@ class DriverProcess(DaemonProcess):
         self.instance_id = instance_id or uuid.uuid4().hex[:12]
         #: The driver's credentials: the cluster admin's unless a test gives it its own.
         self.kubeconfig = kubeconfig or cluster.kubeconfig
+        self.cdi_root = cdi_root or cluster.cdi_dir
 
     @property
     def checkpoint(self) -> Path:
@@ -178,7 +183,7 @@ class DriverProcess(DaemonProcess):
             f"--driver-name={self.driver_name}",
             f"--kubeconfig={self.kubeconfig}",
             f"--kubelet-root={self.cluster.kubelet_root}",
-            f"--cdi-root={self.cluster.cdi_dir}",
+            f"--cdi-root={self.cdi_root}",
             f"--instance-id={self.instance_id}",
             *self.extra_args,
         )

@@ -22,29 +22,27 @@ from typing import Any
 import anyio
 import yaml
 
-from dra.api import schema
 from dra.core import sharing, taints, versions
 from dra.core.assignment import Selector, SelectorError, parse_selector
 from dra.core.labels import AdminTemplate, LabelError, parse_template
 from dra.core.slices import SliceError, build_slices
 from dra.core.versions import ApiFeatures
-from dra.daemon import healthctl, logs, miglayout
+from dra.daemon import logs
 from dra.daemon.bootstrap import DaemonSettings, StartupError, default_state_dir, gpu_library, load_inventory
 from dra.daemon.flags import UsageError, apply_environment, boolean, csv, nonempty, option, path, seconds
 from dra.daemon.health import APPLICATION_XIDS, parse_xids
 from dra.deviceplugin import config as dpconfig
-from dra.deviceplugin import setup as dpsetup
 from dra.deviceplugin.allocate import Strategy, parse_strategies
-from dra.deviceplugin.daemon import DevicePluginSettings, run_device_plugin
 from dra.deviceplugin.resources import DEFAULT_RESOURCE
 from dra.gpu.nvml import GpuLibrary, GpuLibraryError
-from dra.kubeletplugin.daemon import PluginSettings, run_kubelet_plugin
-from dra.labeller.daemon import LabellerSettings, run_node_labeller
 from dra.model import migoffer
 from dra.model.migmode import MigModes, parse_mig_modes
-from dra.webhook.server import WebhookSettings, run_webhook
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
+
+# Each command imports its program's modules when it runs (in its function below), not here: a
+# daemon then loads only its own code, which shortens the kubelet plugin's start and trims its
+# memory (docs/architecture.md has the figures).
 
 log = logging.getLogger("dra.cli")
 
@@ -558,6 +556,8 @@ def _host_port(text: str) -> str:
 
 
 def _webhook(args: argparse.Namespace) -> int:
+    from dra.webhook.server import WebhookSettings, run_webhook
+
     settings = WebhookSettings(
         driver_name=args.driver_name,
         bind_address=args.bind_address,
@@ -571,6 +571,8 @@ def _webhook(args: argparse.Namespace) -> int:
 
 
 def _api_schema(args: argparse.Namespace) -> int:
+    from dra.api import schema
+
     for name, text in schema.documents().items():
         target = args.output_dir / name
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -602,6 +604,8 @@ def _discover(args: argparse.Namespace) -> int:
 
 def _dry_run_layout(lib: GpuLibrary, args: argparse.Namespace, modes: MigModes) -> MigModes:
     """The layout's plan on stderr; fake GPUs (kept in memory here) are partitioned, real ones left alone."""
+    from dra.daemon import miglayout
+
     if not args.mig_config:
         raise StartupError("--mig-config-file: name the layout to show with --mig-config")
     configs = miglayout.load_configs(args.mig_config_file)
@@ -661,6 +665,8 @@ def _daemon_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _kubelet_plugin(args: argparse.Namespace) -> int:
+    from dra.kubeletplugin.daemon import PluginSettings, run_kubelet_plugin
+
     if args.mig_config and not args.mig_config_file:
         raise StartupError("--mig-config names a layout of --mig-config-file, which is not set")
     settings = PluginSettings(
@@ -678,6 +684,8 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
 
 
 def _taint(args: argparse.Namespace) -> int:
+    from dra.daemon import healthctl
+
     state_dir = args.state_dir or default_state_dir(args.kubelet_root, args.driver_name)
     try:
         print(anyio.run(healthctl.clear, healthctl.socket_path(state_dir), args.device))
@@ -688,6 +696,9 @@ def _taint(args: argparse.Namespace) -> int:
 
 
 def _device_plugin(args: argparse.Namespace) -> int:
+    from dra.deviceplugin import setup as dpsetup
+    from dra.deviceplugin.daemon import DevicePluginSettings, run_device_plugin
+
     overrides = dpconfig.Overrides(args.resource_name, args.mig_strategy, args.device_list_strategy)
     named = dpsetup.named_configs(args.config_dir, args.config_default, args.config_file, overrides)
     if named is not None and args.check_config:
@@ -714,6 +725,9 @@ def _device_plugin(args: argparse.Namespace) -> int:
 
 
 def _node_labeller(args: argparse.Namespace) -> int:
+    from dra.deviceplugin import setup as dpsetup
+    from dra.labeller.daemon import LabellerSettings, run_node_labeller
+
     plugin = dpsetup.load_config(args.config_file, dpconfig.Overrides(DEFAULT_RESOURCE, args.mig_strategy))
     # Without a config file the device plugin may not run at all: GFD's default then.
     mig_strategy = args.mig_strategy or (
@@ -731,7 +745,7 @@ def _node_labeller(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from dra.explain import command as explaincmd  # the CEL evaluator is only loaded for this command
+    from dra.explain import command as explaincmd
 
     if args.fake_gpus and not args.node_name:
         args.node_name = "fake-node"

@@ -37,6 +37,14 @@ from typing import Protocol
 VERSION = "v1"
 #: The node label that names the layout, as NVIDIA's MIG manager reads it.
 LAYOUT_LABEL = "nvidia.com/mig.config"
+#: The node label that says how applying it went, with the MIG manager's values, so that
+#: automation written for the GPU Operator (wait for "success") works unchanged.
+STATE_LABEL = "nvidia.com/mig.config.state"
+#: Being applied, or applied only in part until a GPU reset or a claim's end (an Event says which).
+STATE_PENDING = "pending"
+STATE_SUCCESS = "success"
+#: The layout cannot be applied; nothing of the attempt is left and the driver exits with status 2.
+STATE_FAILED = "failed"
 
 _TOP_KEYS = ("version", "mig-configs")
 _ENTRY_KEYS = ("devices", "device-filter", "mig-enabled", "mig-devices")

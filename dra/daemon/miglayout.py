@@ -39,6 +39,10 @@ from dra.adapters.checkpoint import CheckpointError, CheckpointStore
 from dra.adapters.kube import KubeClient, KubeError, Obj
 from dra.core.migconfig import (
     LAYOUT_LABEL,
+    STATE_FAILED,
+    STATE_LABEL,
+    STATE_PENDING,
+    STATE_SUCCESS,
     LayoutEntry,
     MigConfigError,
     MigConfigs,
@@ -487,6 +491,34 @@ async def layout_name(
     return str(labels.get(LAYOUT_LABEL) or "") or fallback, node
 
 
+class _StateLabel:
+    """The Node's nvidia.com/mig.config.state label, written where RBAC allows.
+
+    A refused or failed write is logged once and not tried again: the label
+    serves automation, and the layout is applied whether or not it can be set.
+    """
+
+    def __init__(self, kube: KubeClient, node: Obj | None, node_name: str) -> None:
+        self._kube = kube
+        self._node_name = node_name
+        self._enabled = node is not None
+
+    async def set(self, state: str) -> None:
+        if not self._enabled:
+            return
+        try:
+            await self._kube.patch_node_labels(self._node_name, {STATE_LABEL: state})
+        except KubeError as err:
+            self._enabled = False
+            log.warning(
+                "cannot set %s=%s on node %s (%s); the chart grants it when mig.configs is set",
+                STATE_LABEL,
+                state,
+                self._node_name,
+                err,
+            )
+
+
 async def apply_at_start(
     settings: DaemonSettings, kube: KubeClient, path: Path, fallback: str | None
 ) -> MigModes:
@@ -494,30 +526,26 @@ async def apply_at_start(
 
     MigLayoutError (exit status 2) when the file is invalid or the layout cannot be
     applied. Warnings (a pending MIG mode change, instances kept for claims) are
-    logged and, where RBAC allows, recorded as Events on the Node.
+    logged and, where RBAC allows, recorded as Events on the Node. The Node's
+    nvidia.com/mig.config.state label follows, as NVIDIA's MIG manager sets it:
+    pending while applying (and after, while warnings leave it incomplete),
+    then success, or failed before the exit.
     """
-    configs = load_configs(path)
     name, node = await layout_name(kube, settings.node_name, fallback)
-    if name is None:
-        log.info(
-            "no MIG layout for this node: no %s label and no --mig-config; the GPUs stay as they are",
-            LAYOUT_LABEL,
-        )
-        return settings.mig_modes
-    lib = settings.library()
+    state = _StateLabel(kube, node if name is not None else None, settings.node_name)
     try:
-        lib.init()
-        claims, actions = CheckpointStore(settings.checkpoint_path).load_state()
-        held = held_instances(lib, claims.values(), actions)
-        applied = await anyio.to_thread.run_sync(
-            lambda: apply_layout(lib, configs, name, held, settings.mig_modes)
-        )
-    except CheckpointError as err:
-        raise StartupError(str(err)) from None
-    except GpuLibraryError as err:
-        raise MigLayoutError(f"MIG layout {name!r}: cannot read the GPUs: {err}") from None
-    finally:
-        lib.shutdown()
+        configs = load_configs(path)
+        if name is None:
+            log.info(
+                "no MIG layout for this node: no %s label and no --mig-config; the GPUs stay as they are",
+                LAYOUT_LABEL,
+            )
+            return settings.mig_modes
+        await state.set(STATE_PENDING)
+        applied = await _apply(settings, configs, name)
+    except StartupError:
+        await state.set(STATE_FAILED)
+        raise
     log.info("MIG layout %r from %s applied to %d GPUs", applied.layout, path, len(applied.plans))
     for plan in applied.plans:
         log.info("%s", plan.describe())
@@ -529,4 +557,22 @@ async def apply_at_start(
             except KubeError as err:
                 log.info("cannot record an Event on node %s (%s)", settings.node_name, err)
                 node = None
+    await state.set(STATE_PENDING if applied.warnings else STATE_SUCCESS)
     return static_modes(settings.mig_modes, applied)
+
+
+async def _apply(settings: DaemonSettings, configs: MigConfigs, name: str) -> Applied:
+    lib = settings.library()
+    try:
+        lib.init()
+        claims, actions = CheckpointStore(settings.checkpoint_path).load_state()
+        held = held_instances(lib, claims.values(), actions)
+        return await anyio.to_thread.run_sync(
+            lambda: apply_layout(lib, configs, name, held, settings.mig_modes)
+        )
+    except CheckpointError as err:
+        raise StartupError(str(err)) from None
+    except GpuLibraryError as err:
+        raise MigLayoutError(f"MIG layout {name!r}: cannot read the GPUs: {err}") from None
+    finally:
+        lib.shutdown()

@@ -1,18 +1,24 @@
 """Static MIG layouts on the local cluster: the Node's nvidia.com/mig.config label picks a layout of
 --mig-config-file, the kubelet plugin partitions the fake GPUs at start and publishes the MIG devices,
-a claim gets one, and a restart keeps the claim's instance.
+a claim gets one, and a restart keeps the claim's instance. The Node's nvidia.com/mig.config.state
+label says how it went; under the chart's identity and policy the driver may set that label on its
+own Node and no other label, nor on another Node.
 
 Two fake H100s with MIG mode off; the layout turns MIG on for GPU 0 only.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
+from localcluster import chart
 from localcluster.cluster import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, wait_for
@@ -26,8 +32,12 @@ from localcluster.workloads import (
     published_devices,
 )
 
+from tests.e2e.test_deploy import _kubeconfig, _token
+from tests.e2e.test_node_labels import _refusal, _refused
+
 TWO_H100 = {"gpus": [{"model": "h100-sxm5-80gb", "count": 2}]}
 LABEL = "nvidia.com/mig.config"
+STATE = "nvidia.com/mig.config.state"
 LAYOUTS = {
     "version": "v1",
     "mig-configs": {
@@ -65,7 +75,7 @@ def driver(
         yield process
     finally:
         process.stop()
-        kube.patch("v1", "Node", cluster.node_name, {"metadata": {"labels": {LABEL: None}}})
+        kube.patch("v1", "Node", cluster.node_name, {"metadata": {"labels": {LABEL: None, STATE: None}}})
         _fake_state(process).unlink(missing_ok=True)
 
 
@@ -82,6 +92,10 @@ def _instances(driver: DriverProcess) -> dict[int, list[tuple[str, int]]]:
     }
 
 
+def _labels(kube: Kube, node: str) -> dict[str, str]:
+    return dict(kube.get("v1", "Node", node)["metadata"].get("labels") or {})
+
+
 def _published(kube: Kube, cluster: ClusterInfo) -> dict[str, str]:
     """Published device name -> its uuid attribute."""
     return {
@@ -94,6 +108,7 @@ def test_the_label_s_layout_is_applied_at_start_and_a_claim_gets_one_of_its_devi
     driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str
 ) -> None:
     assert _instances(driver) == {0: [("1g.10gb", 2), ("1g.10gb", 3), ("2g.20gb", 0), ("3g.40gb", 4)]}
+    assert _labels(kube, cluster.node_name)[STATE] == "success"
     wait_for(
         "the layout's MIG devices to be published",
         lambda: any(n.startswith("gpu-0-mig-3g40gb-") for n in _published(kube, cluster)),
@@ -132,3 +147,94 @@ def test_the_label_s_layout_is_applied_at_start_and_a_claim_gets_one_of_its_devi
     assert _published(kube, cluster) == published
     assert _instances(driver)[0] == [("1g.10gb", 2), ("1g.10gb", 3), ("2g.20gb", 0), ("3g.40gb", 4)]
     delete_pods_and_wait(kube, cluster, namespace, [claim])
+
+
+STATE_DRIVER = "gpu.mig-state-test.dra-gpu.test"
+OTHER_NODE = "gpu-node-mig-state-elsewhere"
+
+
+def _set(key: str, value: str | None) -> dict[str, Any]:
+    return {"metadata": {"labels": {key: value}}}
+
+
+def test_the_chart_s_identity_sets_the_state_label_of_its_own_node_and_nothing_else(
+    cluster: ClusterInfo, kube: Kube, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """mig.configs without the node labeller: RBAC's patch of Nodes, narrowed by the policy to one label."""
+    work = tmp_path_factory.mktemp("mig-state")
+    namespace = f"t-mig-state-{uuid.uuid4().hex[:6]}"
+    values = {
+        "driverName": STATE_DRIVER,
+        "deviceClasses": {"enabled": False},
+        "mig": {"configs": LAYOUTS["mig-configs"]},
+    }
+    objects = chart.template(values, release="mig-state-test", namespace=namespace)
+    keep = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy")
+    created = [o for o in objects if o["kind"].startswith(keep)]
+    [account] = [o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount"]
+    profile = work / "profile.yaml"
+    profile.write_text(yaml.safe_dump(TWO_H100))
+    layouts = work / "layouts.yaml"
+    layouts.write_text(yaml.safe_dump(LAYOUTS))
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    kube.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": OTHER_NODE}})
+    driver: DriverProcess | None = None
+    client: Kube | None = None
+    try:
+        kube.create_all(copy.deepcopy(created))
+        pod = kube.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "driver-identity", "namespace": namespace},
+                "spec": {
+                    "nodeName": cluster.node_name,
+                    "serviceAccountName": account,
+                    "tolerations": [{"operator": "Exists"}],
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+                },
+            }
+        )
+        path = _kubeconfig(cluster, _token(kube, namespace, account, pod), work / "driver.kubeconfig")
+        client = Kube(str(path))
+        wait_for(
+            "the admission policy to refuse another node's state label",
+            lambda: _refused(lambda: client.patch("v1", "Node", OTHER_NODE, _set(STATE, "success"))),
+            timeout=30,
+        )
+        kube.patch("v1", "Node", cluster.node_name, _set(LABEL, "e2e-mixed"))
+        driver = DriverProcess(
+            cluster,
+            str(profile),
+            work / "driver.log",
+            driver_name=STATE_DRIVER,
+            kubeconfig=str(path),
+            extra_args=(f"--mig-config-file={layouts}",),
+        )
+        _fake_state(driver).unlink(missing_ok=True)
+        driver.start(timeout=90)
+        assert _labels(kube, cluster.node_name)[STATE] == "success"
+        assert "cannot set" not in driver.log_path.read_text()
+
+        message = _refusal(
+            lambda: client.patch("v1", "Node", cluster.node_name, _set("nvidia.com/gpu.count", "9"))
+        )
+        assert "may change only the label nvidia.com/mig.config.state" in message
+        assert _refused(lambda: client.patch("v1", "Node", cluster.node_name, _set(LABEL, "e2e-unused")))
+        assert _refused(lambda: client.patch("v1", "Node", OTHER_NODE, _set(STATE, "failed")))
+    finally:
+        if driver is not None:
+            driver.stop()
+            _fake_state(driver).unlink(missing_ok=True)
+        if client is not None:
+            client.close()
+        kube.patch("v1", "Node", cluster.node_name, {"metadata": {"labels": {LABEL: None, STATE: None}}})
+        for item in kube.list_objects(
+            "resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.driver={STATE_DRIVER}"
+        ):
+            kube.delete("resource.k8s.io/v1", "ResourceSlice", item["metadata"]["name"])
+        kube.delete("v1", "Node", OTHER_NODE)
+        for obj in reversed([o for o in created if "namespace" not in o["metadata"]]):
+            kube.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
+        kube.delete("v1", "Namespace", namespace)

@@ -683,6 +683,28 @@ def test_static_mig_layouts_become_a_configmap_the_kubelet_plugin_applies(tmp_pa
     assert "DRA_GPU_MIG_CONFIG_FILE" not in _env(_container(chart.template(FAKE)))
 
 
+def test_mig_layouts_may_set_only_the_state_label_of_their_own_node() -> None:
+    layouts = {"all-1g": [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.10gb": 7}}]}
+    objects = chart.template({**FAKE, "mig": {"configs": layouts}}, release="gpu", namespace="kube-gpu")
+    [nodes] = [r for r in _only(objects, "ClusterRole")["rules"] if r["resources"] == ["nodes"]]
+    assert nodes["verbs"] == ["get", "patch"]
+    [policy] = [
+        o
+        for o in objects
+        if o["metadata"]["name"].endswith("own-node-labels") and o["kind"] == "ValidatingAdmissionPolicy"
+    ]
+    assert {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["adminKeys"] == "[]"
+    labels = next(v for v in policy["spec"]["validations"] if "newLabels.all" in v["expression"])
+    assert "k == 'nvidia.com/mig.config.state'" in labels["expression"]
+    assert "startsWith" not in labels["expression"]
+    assert labels["message"].endswith("may change only the label nvidia.com/mig.config.state")
+    # Neither layouts nor the labeller: no patch, no policy on Nodes.
+    plain = chart.template(FAKE)
+    [nodes] = [r for r in _only(plain, "ClusterRole")["rules"] if r["resources"] == ["nodes"]]
+    assert nodes["verbs"] == ["get"]
+    assert not [o for o in plain if o["metadata"]["name"].endswith("own-node-labels")]
+
+
 def test_the_mig_profiles_offered_are_set_per_node_through_the_mig_profiles_variable() -> None:
     objects = chart.template(
         {

@@ -15,7 +15,7 @@ import yaml
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.kube import KubeError
 from dra.cli import main
-from dra.core.migconfig import LAYOUT_LABEL, MigConfigs, parse_mig_configs
+from dra.core.migconfig import LAYOUT_LABEL, STATE_LABEL, MigConfigs, parse_mig_configs
 from dra.daemon.bootstrap import DaemonSettings, gpu_library
 from dra.daemon.miglayout import (
     Applied,
@@ -339,10 +339,25 @@ def test_every_layout_of_the_documented_example_applies_to_its_gpus(tmp_path: Pa
 class FakeKube:
     """The Node (with its labels) and the Events recorded on it, as KubeClient answers them."""
 
-    def __init__(self, labels: dict[str, str] | None, events_allowed: bool = True) -> None:
+    def __init__(
+        self, labels: dict[str, str] | None, events_allowed: bool = True, patch_allowed: bool = True
+    ) -> None:
         self.labels = labels
         self.events_allowed = events_allowed
+        self.patch_allowed = patch_allowed
         self.events: list[tuple[str, str, str]] = []
+        #: Every value the state label was given, in order.
+        self.states: list[str] = []
+
+    async def patch_node_labels(self, name: str, labels: dict[str, str]) -> dict[str, Any]:
+        if not self.patch_allowed:
+            raise KubeError("nodes is forbidden", 403)
+        assert self.labels is not None
+        assert name == NODE
+        assert set(labels) == {STATE_LABEL}
+        self.labels = {**self.labels, **labels}
+        self.states.append(labels[STATE_LABEL])
+        return {"metadata": {"name": name, "labels": self.labels}}
 
     async def get_node(self, name: str) -> dict[str, Any]:
         if self.labels is None:
@@ -408,3 +423,35 @@ async def test_what_the_layout_cannot_do_yet_is_an_event_on_the_node(tmp_path: P
     assert "MIG stays on" in message
     # Without RBAC for Events the warning is only logged.
     await _start(tmp_path, FakeKube({LAYOUT_LABEL: "off"}, events_allowed=False), None)
+
+
+@pytest.mark.anyio
+async def test_the_state_label_says_how_applying_went_as_the_mig_manager_sets_it(tmp_path: Path) -> None:
+    kube = FakeKube({LAYOUT_LABEL: "sevens"})
+    await _start(tmp_path, kube, None)
+    assert kube.states == ["pending", "success"]
+    assert kube.labels is not None
+    assert kube.labels[STATE_LABEL] == "success"
+    # Applied in part (a claim holds an instance the layout drops): pending, with the Event.
+    _apply(tmp_path, "mixed")
+    three_g = next(m for m in _migs(_lib(tmp_path)) if m.profile == "3g.40gb")
+    device = PreparedDevice(("r",), NODE, three_g.name, (), uuid=three_g.uuid)
+    CheckpointStore(tmp_path / "checkpoint.json").save({"u": PreparedClaim("u", "a", "b", (device,))})
+    kube = FakeKube({LAYOUT_LABEL: "sevens"})
+    await _start(tmp_path, kube, None)
+    assert kube.states == ["pending", "pending"]
+    assert kube.events
+    # A layout the file does not have: failed, then the exit.
+    kube = FakeKube({LAYOUT_LABEL: "no-such-layout"})
+    with pytest.raises(MigLayoutError):
+        await _start(tmp_path, kube, None)
+    assert kube.states == ["pending", "failed"]
+    # No layout named: the label is left alone. RBAC without patch: the layout still applies.
+    (tmp_path / "checkpoint.json").unlink()
+    kube = FakeKube({})
+    await _start(tmp_path, kube, None)
+    assert kube.states == []
+    kube = FakeKube({LAYOUT_LABEL: "off"}, patch_allowed=False)
+    await _start(tmp_path, kube, None)
+    assert kube.states == []
+    assert _layout(tmp_path) == {}

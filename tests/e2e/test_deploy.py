@@ -244,6 +244,34 @@ def _kubeconfig(cluster: ClusterInfo, token: str, path: Path) -> Path:
     return path
 
 
+def _identity_kubeconfig(
+    kube: Kube,
+    cluster: ClusterInfo,
+    namespace: str,
+    account: str,
+    path: Path,
+    name: str = "driver-identity",
+    tolerations: list[Obj] | None = None,
+) -> Path:
+    """A kubeconfig with the account's token bound to a pause pod on the node, as the kubelet gives it
+    to the chart's pod: the API server then sees the node name the admission policy checks."""
+    pod = kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "nodeName": cluster.node_name,
+                "serviceAccountName": account,
+                "tolerations": tolerations or [{"operator": "Exists"}],
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
+            },
+        }
+    )
+    return _kubeconfig(cluster, _token(kube, namespace, account, pod), path)
+
+
 def _slice(name: str, node: str | None) -> Obj:
     spec: Obj = {
         "driver": DRIVER,
@@ -285,21 +313,9 @@ def installed(
         # A pod of the chart's account on the node: what the token is bound to. The fake runtime
         # runs it; the driver itself runs outside as a process with this pod's identity.
         template = daemonset["spec"]["template"]["spec"]
-        pod = kube.create(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": "driver-identity", "namespace": namespace},
-                "spec": {
-                    "nodeName": cluster.node_name,
-                    "serviceAccountName": account,
-                    "tolerations": template["tolerations"],
-                    "terminationGracePeriodSeconds": 0,
-                    "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
-                },
-            }
+        path = _identity_kubeconfig(
+            kube, cluster, namespace, account, work / "driver.kubeconfig", tolerations=template["tolerations"]
         )
-        path = _kubeconfig(cluster, _token(kube, namespace, account, pod), work / "driver.kubeconfig")
         client = Kube(str(path))
         # The policy takes effect once the API server has compiled it: probe with dry runs.
         wait_for(

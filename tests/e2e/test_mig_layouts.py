@@ -32,7 +32,7 @@ from localcluster.workloads import (
     published_devices,
 )
 
-from tests.e2e.test_deploy import _kubeconfig, _token
+from tests.e2e.test_deploy import _identity_kubeconfig
 from tests.e2e.test_node_labels import _refusal, _refused
 
 TWO_H100 = {"gpus": [{"model": "h100-sxm5-80gb", "count": 2}]}
@@ -182,21 +182,7 @@ def test_the_chart_s_identity_sets_the_state_label_of_its_own_node_and_nothing_e
     client: Kube | None = None
     try:
         kube.create_all(copy.deepcopy(created))
-        pod = kube.create(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": "driver-identity", "namespace": namespace},
-                "spec": {
-                    "nodeName": cluster.node_name,
-                    "serviceAccountName": account,
-                    "tolerations": [{"operator": "Exists"}],
-                    "terminationGracePeriodSeconds": 0,
-                    "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
-                },
-            }
-        )
-        path = _kubeconfig(cluster, _token(kube, namespace, account, pod), work / "driver.kubeconfig")
+        path = _identity_kubeconfig(kube, cluster, namespace, account, work / "driver.kubeconfig")
         client = Kube(str(path))
         wait_for(
             "the admission policy to refuse another node's state label",

@@ -29,7 +29,7 @@ from localcluster.labellerprocess import LabellerProcess
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.profiles import load_profile
-from tests.e2e.test_deploy import _kubeconfig, _token
+from tests.e2e.test_deploy import _identity_kubeconfig
 
 pytestmark = pytest.mark.cluster
 
@@ -73,21 +73,9 @@ def labelled(
     client: Kube | None = None
     try:
         kube.create_all(copy.deepcopy(created))
-        pod = kube.create(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": "labeller-identity", "namespace": namespace},
-                "spec": {
-                    "nodeName": cluster.node_name,
-                    "serviceAccountName": account,
-                    "tolerations": [{"operator": "Exists"}],
-                    "terminationGracePeriodSeconds": 0,
-                    "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}],
-                },
-            }
+        path = _identity_kubeconfig(
+            kube, cluster, namespace, account, work / "labeller.kubeconfig", name="labeller-identity"
         )
-        path = _kubeconfig(cluster, _token(kube, namespace, account, pod), work / "labeller.kubeconfig")
         client = Kube(str(path))
         wait_for(
             "the admission policy to refuse another node's labels",

@@ -17,6 +17,7 @@ from pathlib import Path
 import anyio
 
 from dra.adapters.kube import KubeClient, KubeError, Obj
+from dra.daemon.nodewatch import follow_node, labels_of
 from dra.deviceplugin import config as dpconfig
 from dra.deviceplugin.named import LABEL, choose, config_names
 
@@ -24,7 +25,6 @@ log = logging.getLogger(__name__)
 
 #: The reason of the Event recorded on the Node for a refused config.
 REFUSED = "DevicePluginConfigRefused"
-_RETRY_MAX = 30.0
 
 
 @dataclass(frozen=True)
@@ -72,11 +72,6 @@ class NamedConfigs:
         for item in settings.ignored:
             log.info("config %s: ignored %s", name, item)
         return settings
-
-
-def labels_of(node: Obj) -> dict[str, str]:
-    """A Node's labels."""
-    return dict(node.get("metadata", {}).get("labels") or {})
 
 
 class ConfigFollower:
@@ -152,17 +147,4 @@ class ConfigFollower:
                 await self.consider(self._node)
 
     async def _watch(self) -> None:
-        backoff = 1.0
-        while True:
-            try:
-                node = await self._kube.get_node(self._node_name)
-                await self.consider(node)
-                version = str(node["metadata"].get("resourceVersion", ""))
-                async for kind, obj in self._kube.watch_node(self._node_name, version):
-                    if kind in ("ADDED", "MODIFIED"):
-                        await self.consider(obj)
-                backoff = 1.0
-            except KubeError as err:
-                log.warning("watching Node %s failed, again in %.0fs: %s", self._node_name, backoff, err)
-                await anyio.sleep(backoff)
-                backoff = min(backoff * 2, _RETRY_MAX)
+        await follow_node(self._kube, self._node_name, self.consider)

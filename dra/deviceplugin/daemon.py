@@ -31,12 +31,13 @@ from dra.daemon.bootstrap import (
 )
 from dra.daemon.health import HealthTracker
 from dra.daemon.lifecycle import until_stopped
+from dra.daemon.nodewatch import labels_of
 from dra.daemon.rediscovery import Rediscovery
 from dra.daemon.sockets import SocketPathError
 from dra.deviceplugin import config as dpconfig
 from dra.deviceplugin.allocate import Strategy, uses_cdi
 from dra.deviceplugin.config import DEFAULT_MIG_STRATEGY, DEFAULT_STRATEGIES, MigStrategy, TimeSlicing
-from dra.deviceplugin.configwatch import ConfigFollower, NamedConfigs, labels_of
+from dra.deviceplugin.configwatch import ConfigFollower, NamedConfigs
 from dra.deviceplugin.named import LABEL
 from dra.deviceplugin.resources import (
     DEFAULT_RESOURCE,

@@ -128,8 +128,8 @@ def _mig_layout(parser: argparse.ArgumentParser) -> None:
         parser,
         "--mig-config-file",
         "static MIG layouts in NVIDIA mig-parted's format (version: v1, mig-configs: {name: [{devices, "
-        "mig-enabled, mig-devices}]}), applied to the GPUs at start; the layout is the one the Node's "
-        "nvidia.com/mig.config label names; see docs/mig.md",
+        "mig-enabled, mig-devices}]}), applied to the GPUs at start and whenever the label changes; the "
+        "layout is the one the Node's nvidia.com/mig.config label names; see docs/mig.md",
         type=path,
     )
     option(

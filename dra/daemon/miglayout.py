@@ -1,4 +1,5 @@
-"""Static MIG layouts (NVIDIA mig-parted's format) applied to the GPUs at start, before discovery publishes.
+"""Static MIG layouts (NVIDIA mig-parted's format) applied to the GPUs at start, before discovery
+publishes, and again whenever the Node's label names another layout (LayoutFollower).
 
 The layout file is parsed by dra.core.migconfig; the layout is the one the
 Node's ``nvidia.com/mig.config`` label names, else ``--mig-config``. For each
@@ -27,7 +28,7 @@ published as static MIG.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +53,7 @@ from dra.core.migconfig import (
 )
 from dra.core.migconfig import select_gpus as select_entries
 from dra.daemon.bootstrap import DaemonSettings, StartupError
+from dra.daemon.nodewatch import follow_node, labels_of
 from dra.gpu import dynamic
 from dra.gpu.discovery import discover, profile_infos
 from dra.gpu.nvml import (
@@ -487,29 +489,30 @@ async def layout_name(
             fallback or "(none)",
         )
         return fallback, None
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    return str(labels.get(LAYOUT_LABEL) or "") or fallback, node
+    return labels_of(node).get(LAYOUT_LABEL) or fallback, node
 
 
-class _StateLabel:
-    """The Node's nvidia.com/mig.config.state label, written where RBAC allows.
+class _NodeReport:
+    """What the admin sees of a layout on the Node: the state label and Events, each where RBAC allows.
 
-    A refused or failed write is logged once and not tried again: the label
-    serves automation, and the layout is applied whether or not it can be set.
+    A refused or failed write is logged once and not tried again: both serve
+    people and automation, and the layout is applied whether or not they can be written.
     """
 
     def __init__(self, kube: KubeClient, node: Obj | None, node_name: str) -> None:
         self._kube = kube
+        self._node = node
         self._node_name = node_name
-        self._enabled = node is not None
+        self._labels = self._events = node is not None
 
-    async def set(self, state: str) -> None:
-        if not self._enabled:
+    async def state(self, state: str) -> None:
+        """Set nvidia.com/mig.config.state."""
+        if not self._labels:
             return
         try:
             await self._kube.patch_node_labels(self._node_name, {STATE_LABEL: state})
         except KubeError as err:
-            self._enabled = False
+            self._labels = False
             log.warning(
                 "cannot set %s=%s on node %s (%s); the chart grants it when mig.configs is set",
                 STATE_LABEL,
@@ -518,11 +521,51 @@ class _StateLabel:
                 err,
             )
 
+    async def event(self, reason: str, message: str) -> None:
+        """A Warning Event on the Node."""
+        if not self._events or self._node is None:
+            return
+        try:
+            await self._kube.create_event(self._node, reason, message, host=self._node_name)
+        except KubeError as err:
+            self._events = False
+            log.info("cannot record an Event on node %s (%s)", self._node_name, err)
+
+    async def applied(self, applied: Applied, path: Path) -> None:
+        """Log what a layout did, its warnings as Events; the state: success, or pending while incomplete."""
+        log.info("MIG layout %r from %s applied to %d GPUs", applied.layout, path, len(applied.plans))
+        for plan in applied.plans:
+            log.info("%s", plan.describe())
+        for warning in applied.warnings:
+            log.warning("%s", warning)
+            await self.event("MigLayoutIncomplete", warning)
+        await self.state(STATE_PENDING if applied.warnings else STATE_SUCCESS)
+
+
+def apply_with_own_library(
+    settings: DaemonSettings,
+    configs: MigConfigs,
+    name: str,
+    modes: MigModes,
+    claims: Iterable[PreparedClaim],
+    actions: Sequence[DeviceAction],
+) -> Applied:
+    """apply_layout through a GPU library of its own, keeping what these claims hold; MigLayoutError."""
+    lib = settings.library()
+    try:
+        lib.init()
+        return apply_layout(lib, configs, name, held_instances(lib, claims, actions), modes)
+    except GpuLibraryError as err:
+        raise MigLayoutError(f"MIG layout {name!r}: cannot read the GPUs: {err}") from None
+    finally:
+        lib.shutdown()
+
 
 async def apply_at_start(
     settings: DaemonSettings, kube: KubeClient, path: Path, fallback: str | None
-) -> MigModes:
-    """Apply the node's layout from the file (before discovery); the MIG modes to publish with.
+) -> tuple[MigModes, str | None]:
+    """Apply the node's layout from the file (before discovery); the MIG modes to publish with, and
+    the layout's name (None: no layout named, the GPUs left as they are).
 
     MigLayoutError (exit status 2) when the file is invalid or the layout cannot be
     applied. Warnings (a pending MIG mode change, instances kept for claims) are
@@ -532,7 +575,7 @@ async def apply_at_start(
     then success, or failed before the exit.
     """
     name, node = await layout_name(kube, settings.node_name, fallback)
-    state = _StateLabel(kube, node if name is not None else None, settings.node_name)
+    report = _NodeReport(kube, node if name is not None else None, settings.node_name)
     try:
         configs = load_configs(path)
         if name is None:
@@ -540,39 +583,69 @@ async def apply_at_start(
                 "no MIG layout for this node: no %s label and no --mig-config; the GPUs stay as they are",
                 LAYOUT_LABEL,
             )
-            return settings.mig_modes
-        await state.set(STATE_PENDING)
-        applied = await _apply(settings, configs, name)
-    except StartupError:
-        await state.set(STATE_FAILED)
-        raise
-    log.info("MIG layout %r from %s applied to %d GPUs", applied.layout, path, len(applied.plans))
-    for plan in applied.plans:
-        log.info("%s", plan.describe())
-    for warning in applied.warnings:
-        log.warning("%s", warning)
-        if node is not None:
-            try:
-                await kube.create_event(node, "MigLayoutIncomplete", warning, host=settings.node_name)
-            except KubeError as err:
-                log.info("cannot record an Event on node %s (%s)", settings.node_name, err)
-                node = None
-    await state.set(STATE_PENDING if applied.warnings else STATE_SUCCESS)
-    return static_modes(settings.mig_modes, applied)
-
-
-async def _apply(settings: DaemonSettings, configs: MigConfigs, name: str) -> Applied:
-    lib = settings.library()
-    try:
-        lib.init()
-        claims, actions = CheckpointStore(settings.checkpoint_path).load_state()
-        held = held_instances(lib, claims.values(), actions)
-        return await anyio.to_thread.run_sync(
-            lambda: apply_layout(lib, configs, name, held, settings.mig_modes)
+            return settings.mig_modes, None
+        await report.state(STATE_PENDING)
+        try:
+            claims, actions = CheckpointStore(settings.checkpoint_path).load_state()
+        except CheckpointError as err:
+            raise StartupError(str(err)) from None
+        modes = settings.mig_modes
+        applied = await anyio.to_thread.run_sync(
+            lambda: apply_with_own_library(settings, configs, name, modes, claims.values(), actions)
         )
-    except CheckpointError as err:
-        raise StartupError(str(err)) from None
-    except GpuLibraryError as err:
-        raise MigLayoutError(f"MIG layout {name!r}: cannot read the GPUs: {err}") from None
-    finally:
-        lib.shutdown()
+    except StartupError:
+        await report.state(STATE_FAILED)
+        raise
+    await report.applied(applied, path)
+    return static_modes(settings.mig_modes, applied), name
+
+
+class LayoutFollower:
+    """Applies the layout the Node's label names again whenever that name changes, while the plugin runs.
+
+    `relayout` applies a layout (MigLayoutError when it cannot; nothing of the
+    attempt is left) and publishes what it made. A layout that fails is not
+    tried again until the label names another one or the plugin restarts; the
+    GPUs stay as they were and the plugin goes on serving them.
+    """
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        node_name: str,
+        path: Path,
+        fallback: str | None,
+        current: str | None,
+        relayout: Callable[[MigConfigs, str], Awaitable[Applied]],
+    ) -> None:
+        self._kube = kube
+        self._node_name = node_name
+        self._path = path
+        self._fallback = fallback
+        #: The layout last applied or tried.
+        self.current = current
+        self._relayout = relayout
+
+    async def run(self) -> None:
+        """Watch the Node until cancelled."""
+        await follow_node(self._kube, self._node_name, self.consider)
+
+    async def consider(self, node: Obj) -> None:
+        """Apply the layout this Node state names, if it is not the one applied last."""
+        name = labels_of(node).get(LAYOUT_LABEL) or self._fallback
+        # Without a name the GPUs stay as they are, as at start.
+        if not name or name == self.current:
+            return
+        log.info("%s changed from %s to %s: applying the layout", LAYOUT_LABEL, self.current or "none", name)
+        self.current = name
+        report = _NodeReport(self._kube, node, self._node_name)
+        await report.state(STATE_PENDING)
+        try:
+            applied = await self._relayout(load_configs(self._path), name)
+        except MigLayoutError as err:
+            message = f"{err}; the GPUs stay as they were"
+            log.error("%s", message)
+            await report.event("MigLayoutFailed", message)
+            await report.state(STATE_FAILED)
+            return
+        await report.applied(applied, self._path)

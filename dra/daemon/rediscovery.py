@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Collection
+from dataclasses import replace
 
 import anyio
 import anyio.to_thread
@@ -17,6 +18,7 @@ import anyio.to_thread
 from dra.core.assignment import restrict
 from dra.daemon.bootstrap import DaemonSettings, StartupError, rediscover
 from dra.model.devices import Inventory
+from dra.model.migmode import MigModes
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +33,18 @@ class Rediscovery:
     def __init__(self, settings: DaemonSettings, inventory: Inventory, held: Collection[str] = ()) -> None:
         """`inventory` is what the path was given; the GPUs with UUIDs in `held` are not published yet."""
         self._settings = settings
+        #: Held while discovering and applying, so that a MIG layout applied in between (which
+        #: changes the MIG modes discovery uses) is never undone by a discovery started before it.
+        self.lock = anyio.Lock()
         self._assigned = {gpu.uuid for gpu in inventory.gpus}
         self.current = restrict(inventory, [gpu for gpu in inventory.gpus if gpu.uuid not in held])
         self._reported: set[str] = set()
+
+    def discover(self, mig_modes: MigModes | None = None) -> Inventory:
+        """Discover the GPUs now (blocking), from now on with `mig_modes` when given; StartupError."""
+        if mig_modes is not None:
+            self._settings = replace(self._settings, mig_modes=mig_modes)
+        return rediscover(self._settings)
 
     def follow(self, fresh: Inventory, held: Collection[str] = ()) -> Inventory | None:
         """This path's part of a fresh discovery, less the `held` GPUs; None when nothing changed."""
@@ -82,11 +93,12 @@ class Rediscovery:
         """
         while True:
             await anyio.sleep(self._settings.rediscover_interval)
-            try:
-                fresh = await anyio.to_thread.run_sync(rediscover, self._settings)
-            except StartupError as err:
-                log.warning("re-discovering GPUs failed, keeping the last inventory: %s", err)
-                continue
-            changed = self.follow(fresh, await held(fresh) if held is not None else ())
-            if changed is not None:
-                await apply(changed)
+            async with self.lock:
+                try:
+                    fresh = await anyio.to_thread.run_sync(self.discover)
+                except StartupError as err:
+                    log.warning("re-discovering GPUs failed, keeping the last inventory: %s", err)
+                    continue
+                changed = self.follow(fresh, await held(fresh) if held is not None else ())
+                if changed is not None:
+                    await apply(changed)

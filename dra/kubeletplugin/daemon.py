@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from dra.adapters.checkpoint import CheckpointError, CheckpointStore
 from dra.adapters.kube import KubeClient, KubeError
 from dra.core import versions
 from dra.core.assignment import GpuPath, Selector, select
+from dra.core.migconfig import MigConfigs
 from dra.core.taints import Effect
 from dra.daemon import metrics, miglayout
 from dra.daemon.bootstrap import (
@@ -39,6 +41,8 @@ from dra.kubeletplugin.service import DraService, HealthService
 from dra.kubeletplugin.state import DeviceState
 from dra.kubeletplugin.timeslice import TimeSlicer
 from dra.model.devices import Inventory
+from dra.model.migmode import MigModes
+from dra.model.prepared import DeviceAction, PreparedClaim
 
 log = logging.getLogger(__name__)
 
@@ -112,23 +116,34 @@ async def check_kubelet(kube: KubeClient, node_name: str) -> None:
 
 async def run_kubelet_plugin(settings: PluginSettings) -> None:
     """Run until SIGTERM or SIGINT; first, the node's static MIG layout when there is a layout file."""
+    layout: _Layout | None = None
     if settings.mig_config_file is not None:
         try:
             kube = KubeClient(settings.kubeconfig)
         except KubeError as err:
             raise StartupError(str(err)) from None
         try:
-            modes = await miglayout.apply_at_start(
+            modes, name = await miglayout.apply_at_start(
                 settings, kube, settings.mig_config_file, settings.mig_config
             )
         finally:
             await kube.aclose()
+        layout = _Layout(settings.mig_config_file, settings.mig_modes, name)
         settings = replace(settings, mig_modes=modes)
     async with open_node(settings, GpuPath.DRA) as node:
-        await _serve(settings, node)
+        await _serve(settings, node, layout)
 
 
-async def _serve(settings: PluginSettings, node: Node) -> None:
+@dataclass(frozen=True)
+class _Layout:
+    """The static MIG layouts file, the MIG modes before any layout, and the layout applied at start."""
+
+    path: Path
+    base_modes: MigModes
+    applied: str | None
+
+
+async def _serve(settings: PluginSettings, node: Node, layout: _Layout | None = None) -> None:
     tracker = node.tracker
     holdback = DevicePluginHoldback(settings.kubelet_root)
     rediscovery = Rediscovery(settings, node.inventory, await holdback.held(node.inventory))
@@ -195,6 +210,31 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
         tracker.set_inventory(changed)
         publisher.set_inventory(changed)
 
+    async def relayout(configs: MigConfigs, name: str) -> miglayout.Applied:
+        """Apply a MIG layout while serving: layout and inventory change under the state's lock."""
+        assert layout is not None
+        held = await holdback.held(node.inventory)
+
+        def change(
+            claims: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction]
+        ) -> tuple[miglayout.Applied, Inventory | None]:
+            applied = miglayout.apply_with_own_library(
+                settings, configs, name, layout.base_modes, claims.values(), actions
+            )
+            try:
+                fresh = rediscovery.discover(miglayout.static_modes(layout.base_modes, applied))
+            except StartupError as err:
+                log.warning("re-discovering GPUs after the MIG layout failed, again in a while: %s", err)
+                return applied, None
+            return applied, rediscovery.follow(fresh, held)
+
+        async with rediscovery.lock:
+            done, changed = await anyio.to_thread.run_sync(state.relayout, change)
+            if changed is not None:
+                tracker.set_inventory(changed)
+                publisher.set_inventory(changed)
+        return done
+
     async def report_ready() -> None:
         await server.registration.registered.wait()
         await publisher.settled.wait()
@@ -212,6 +252,11 @@ async def _serve(settings: PluginSettings, node: Node) -> None:
         group.start_soon(server.keep_registration_socket)
         group.start_soon(control.run)
         group.start_soon(report_ready)
+        if layout is not None:
+            follower = miglayout.LayoutFollower(
+                kube, settings.node_name, layout.path, settings.mig_config, layout.applied, relayout
+            )
+            group.start_soon(follower.run)
 
     try:
         info = await check_server(kube)

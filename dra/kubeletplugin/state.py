@@ -42,8 +42,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 from dra.adapters import faults
 from dra.adapters.cdistore import CdiStore
@@ -59,6 +60,8 @@ from dra.model.devices import Gpu, Inventory, MigDevice
 from dra.model.prepared import MIG_CREATE, DeviceAction, PreparedClaim
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def _warn_missing(missing: Iterable[plans.MissingDevice]) -> None:
@@ -140,6 +143,21 @@ class DeviceState:
         """Devices changed: new prepares see the new inventory; prepared claims stay as they are."""
         with self._lock:
             self.inventory = inventory
+
+    def relayout(
+        self,
+        change: Callable[[Mapping[str, PreparedClaim], Sequence[DeviceAction]], tuple[T, Inventory | None]],
+    ) -> tuple[T, Inventory | None]:
+        """Change the GPUs' MIG layout and this inventory in one lock hold: no prepare runs between the two,
+        so none is given a MIG device the change destroyed. `change` gets the prepared claims and the
+        device actions (what it must keep) and returns its result and the new inventory (None: as it
+        is); so does this.
+        """
+        with self._locked():
+            result, inventory = change(dict(self._prepared), list(self._actions))
+            if inventory is not None:
+                self.inventory = inventory
+            return result, inventory
 
     @property
     def prepared(self) -> Mapping[str, PreparedClaim]:

@@ -1,6 +1,7 @@
 """Static MIG layouts on the local cluster: the Node's nvidia.com/mig.config label picks a layout of
 --mig-config-file, the kubelet plugin partitions the fake GPUs at start and publishes the MIG devices,
-a claim gets one, and a restart keeps the claim's instance. The Node's nvidia.com/mig.config.state
+a claim gets one, and a restart keeps the claim's instance; a new label value is applied while the
+driver runs. The Node's nvidia.com/mig.config.state
 label says how it went; under the chart's identity and policy the driver may set that label on its
 own Node and no other label, nor on another Node.
 
@@ -46,6 +47,10 @@ LAYOUTS = {
             {"devices": [1], "mig-enabled": False},
         ],
         "e2e-unused": [{"devices": "all", "mig-enabled": True, "mig-devices": {"7g.80gb": 1}}],
+        "e2e-sevens": [
+            {"devices": [0], "mig-enabled": True, "mig-devices": {"1g.10gb": 7}},
+            {"devices": [1], "mig-enabled": False},
+        ],
     },
 }
 
@@ -149,6 +154,33 @@ def test_the_label_s_layout_is_applied_at_start_and_a_claim_gets_one_of_its_devi
     delete_pods_and_wait(kube, cluster, namespace, [claim])
 
 
+def test_a_new_label_value_is_applied_while_the_driver_runs(
+    driver: DriverProcess, kube: Kube, cluster: ClusterInfo
+) -> None:
+    assert driver.proc is not None
+    pid = driver.proc.pid
+    kube.patch("v1", "Node", cluster.node_name, _set(LABEL, "e2e-sevens"))
+    wait_for(
+        "the new layout's devices to be published",
+        lambda: (
+            sorted(n.rsplit("-", 2)[0] for n in _published(kube, cluster) if n.startswith("gpu-0-"))
+            == ["gpu-0-mig-1g10gb"] * 7
+        ),
+        timeout=30,
+    )
+    assert _instances(driver) == {0: [("1g.10gb", s) for s in range(7)]}
+    wait_for("the state label to say success", lambda: _labels(kube, cluster.node_name)[STATE] == "success")
+
+    # A name the file does not have: failed; the GPUs and what is published stay; the driver serves on.
+    published = _published(kube, cluster)
+    kube.patch("v1", "Node", cluster.node_name, _set(LABEL, "e2e-missing"))
+    wait_for("the state label to say failed", lambda: _labels(kube, cluster.node_name)[STATE] == "failed")
+    assert _instances(driver) == {0: [("1g.10gb", s) for s in range(7)]}
+    assert _published(kube, cluster) == published
+    assert driver.ready()
+    assert driver.proc.pid == pid
+
+
 STATE_DRIVER = "gpu.mig-state-test.dra-gpu.test"
 OTHER_NODE = "gpu-node-mig-state-elsewhere"
 
@@ -201,7 +233,17 @@ def test_the_chart_s_identity_sets_the_state_label_of_its_own_node_and_nothing_e
         _fake_state(driver).unlink(missing_ok=True)
         driver.start(timeout=90)
         assert _labels(kube, cluster.node_name)[STATE] == "success"
+        # It watches its Node too: a new label value is applied.
+        kube.patch("v1", "Node", cluster.node_name, _set(LABEL, "e2e-sevens"))
+        wait_for(
+            "the new layout to be applied",
+            lambda: (
+                _instances(driver) == {0: [("1g.10gb", s) for s in range(7)]}
+                and _labels(kube, cluster.node_name)[STATE] == "success"
+            ),
+        )
         assert "cannot set" not in driver.log_path.read_text()
+        assert "watching Node" not in driver.log_path.read_text()
 
         message = _refusal(
             lambda: client.patch("v1", "Node", cluster.node_name, _set("nvidia.com/gpu.count", "9"))

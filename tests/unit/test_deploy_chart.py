@@ -683,11 +683,12 @@ def test_static_mig_layouts_become_a_configmap_the_kubelet_plugin_applies(tmp_pa
     assert "DRA_GPU_MIG_CONFIG_FILE" not in _env(_container(chart.template(FAKE)))
 
 
-def test_mig_layouts_may_set_only_the_state_label_of_their_own_node() -> None:
+def test_mig_layouts_may_watch_their_node_and_set_only_its_state_label() -> None:
     layouts = {"all-1g": [{"devices": "all", "mig-enabled": True, "mig-devices": {"1g.10gb": 7}}]}
     objects = chart.template({**FAKE, "mig": {"configs": layouts}}, release="gpu", namespace="kube-gpu")
     [nodes] = [r for r in _only(objects, "ClusterRole")["rules"] if r["resources"] == ["nodes"]]
-    assert nodes["verbs"] == ["get", "patch"]
+    # watch: the plugin follows its Node's nvidia.com/mig.config label.
+    assert nodes["verbs"] == ["get", "watch", "patch"]
     [policy] = [
         o
         for o in objects

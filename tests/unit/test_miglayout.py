@@ -19,9 +19,11 @@ from dra.core.migconfig import LAYOUT_LABEL, STATE_LABEL, MigConfigs, parse_mig_
 from dra.daemon.bootstrap import DaemonSettings, gpu_library
 from dra.daemon.miglayout import (
     Applied,
+    LayoutFollower,
     MigLayoutError,
     apply_at_start,
     apply_layout,
+    apply_with_own_library,
     held_instances,
     load_configs,
     static_modes,
@@ -348,6 +350,8 @@ class FakeKube:
         self.events: list[tuple[str, str, str]] = []
         #: Every value the state label was given, in order.
         self.states: list[str] = []
+        #: The layouts a follower applied, in order.
+        self.relayouts: list[str] = []
 
     async def patch_node_labels(self, name: str, labels: dict[str, str]) -> dict[str, Any]:
         if not self.patch_allowed:
@@ -386,7 +390,8 @@ def _settings(root: Path) -> DaemonSettings:
 async def _start(root: Path, kube: FakeKube, fallback: str | None) -> MigModes:
     layouts = root / "layouts.yaml"
     layouts.write_text(yaml.safe_dump(LAYOUTS))
-    return await apply_at_start(_settings(root), kube, layouts, fallback)  # type: ignore[arg-type]
+    modes, _ = await apply_at_start(_settings(root), kube, layouts, fallback)  # type: ignore[arg-type]
+    return modes
 
 
 @pytest.mark.anyio
@@ -455,3 +460,59 @@ async def test_the_state_label_says_how_applying_went_as_the_mig_manager_sets_it
     await _start(tmp_path, kube, None)
     assert kube.states == []
     assert _layout(tmp_path) == {}
+
+
+def _follower(root: Path, kube: FakeKube, current: str | None, fallback: str | None = None) -> LayoutFollower:
+    """A follower whose relayout applies the layout to the fake GPUs as the plugin does (no claims)."""
+    layouts = root / "layouts.yaml"
+    layouts.write_text(yaml.safe_dump(LAYOUTS))
+
+    async def relayout(configs: MigConfigs, name: str) -> Applied:
+        kube.relayouts.append(name)
+        return apply_with_own_library(_settings(root), configs, name, MigModes(), [], [])
+
+    return LayoutFollower(kube, NODE, layouts, fallback, current, relayout)  # type: ignore[arg-type]
+
+
+def _node(labels: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": labels}}
+
+
+@pytest.mark.anyio
+async def test_a_new_label_value_is_applied_while_the_plugin_runs(tmp_path: Path) -> None:
+    kube = FakeKube({LAYOUT_LABEL: "sevens"})
+    await _start(tmp_path, kube, None)
+    follower = _follower(tmp_path, kube, "sevens")
+    # Other changes of the Node (its status, other labels) apply nothing.
+    await follower.consider(_node({LAYOUT_LABEL: "sevens", "other": "x"}))
+    assert kube.relayouts == []
+    await follower.consider(_node({LAYOUT_LABEL: "mixed"}))
+    assert kube.relayouts == ["mixed"]
+    # Two of the seven 1g.10gb stay where they are; the rest make room.
+    assert _layout(tmp_path)[0] == [("1g.10gb", 0), ("1g.10gb", 1), ("2g.20gb", 2), ("3g.40gb", 4)]
+    assert kube.states == ["pending", "success", "pending", "success"]
+    # The label removed and no --mig-config: the GPUs stay as they are, as at start.
+    await follower.consider(_node({}))
+    assert kube.relayouts == ["mixed"]
+    assert follower.current == "mixed"
+
+
+@pytest.mark.anyio
+async def test_a_layout_that_fails_while_running_leaves_the_gpus_and_says_so(tmp_path: Path) -> None:
+    kube = FakeKube({LAYOUT_LABEL: "sevens"})
+    await _start(tmp_path, kube, None)
+    before = _layout(tmp_path)
+    follower = _follower(tmp_path, kube, "sevens")
+    await follower.consider(_node({LAYOUT_LABEL: "no-such-layout"}))
+    assert _layout(tmp_path) == before
+    assert kube.states[-2:] == ["pending", "failed"]
+    [(node, reason, message)] = kube.events
+    assert (node, reason) == (NODE, "MigLayoutFailed")
+    assert "no-such-layout" in message
+    assert message.endswith("the GPUs stay as they were")
+    # Not tried again on the next Node event; a fixed label is.
+    await follower.consider(_node({LAYOUT_LABEL: "no-such-layout", "other": "x"}))
+    assert kube.relayouts == ["no-such-layout"]
+    await follower.consider(_node({LAYOUT_LABEL: "off"}))
+    assert _layout(tmp_path) == {}
+    assert kube.states[-1] == "success"

@@ -447,6 +447,44 @@ def test_a_gpu_renamed_by_renumbering_is_still_held_by_its_claim(paths: Paths) -
     assert f"device gpu-0 is already prepared for claim team-a/claim-a ({UID_A})" in _refused(state, blocked)
 
 
+def test_a_relayout_changes_the_inventory_before_any_other_prepare_runs(paths: Paths) -> None:
+    """A MIG layout applied while serving: no prepare between the change and the new inventory."""
+    state = paths.state(inventory("h100x8"))
+    state.prepare(_allocation(UID_A, "gpu-1"))
+    smaller = Inventory(
+        devices=state.inventory.devices[:1],
+        driver_version=state.inventory.driver_version,
+        cuda_driver_version=state.inventory.cuda_driver_version,
+        gpus=state.inventory.gpus[:1],
+    )
+    started, release = threading.Event(), threading.Event()
+    seen: list[str] = []
+
+    def change(claims: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction]) -> tuple[str, Inventory]:
+        seen.extend(claims)
+        started.set()
+        release.wait(5)
+        return "applied", smaller
+
+    worker = threading.Thread(target=lambda: state.relayout(change))
+    worker.start()
+    started.wait(5)
+    # A prepare of a device the change removes waits for it, then is refused.
+    refused: list[str] = []
+    other = threading.Thread(target=lambda: refused.append(_refused(state, _allocation(UID_B, "gpu-2"))))
+    other.start()
+    other.join(0.2)
+    assert other.is_alive()
+    release.set()
+    worker.join(5)
+    other.join(5)
+    assert seen == [UID_A]
+    assert state.inventory == smaller
+    assert "gpu-2" in refused[0]
+    assert state.relayout(lambda claims, actions: ("unchanged", None)) == ("unchanged", None)
+    assert state.inventory == smaller
+
+
 def test_recover_removes_half_written_files_of_a_crash(paths: Paths) -> None:
     state = paths.state()
     state.prepare(_allocation(UID_A, "gpu-0"))

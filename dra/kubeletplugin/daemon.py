@@ -229,7 +229,10 @@ async def _serve(settings: PluginSettings, node: Node, layout: _Layout | None = 
             return applied, rediscovery.follow(fresh, held)
 
         async with rediscovery.lock:
-            done, changed = await anyio.to_thread.run_sync(state.relayout, change)
+            try:
+                done, changed = await anyio.to_thread.run_sync(state.relayout, change)
+            except CheckpointError as err:
+                raise miglayout.MigLayoutError(f"MIG layout {name!r}: {err}") from None
             if changed is not None:
                 tracker.set_inventory(changed)
                 publisher.set_inventory(changed)

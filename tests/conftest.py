@@ -7,6 +7,7 @@ harness defaults. Every test that uses it is marked `cluster`.
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Iterator
@@ -42,6 +43,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         names = getattr(item, "fixturenames", ())
         if "cluster" in names or "local_cluster" in names:
             item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(autouse=True)
+def _no_stale_log_handler() -> Iterator[None]:
+    """A test that runs a command (dra.cli.main) sets the root logger up on that test's captured
+    stderr, which pytest closes afterwards: every later record would then print a logging error."""
+    level = logging.getLogger().level
+    yield
+    root = logging.getLogger()
+    # pytest's own handlers are subclasses; the command's is a plain StreamHandler.
+    for handler in [h for h in root.handlers if type(h) is logging.StreamHandler]:
+        root.removeHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")

@@ -63,7 +63,9 @@ class GpuModel:
     mig_slices: int = migtables.COMPUTE_SLICES
     #: nvmlDeviceAddressingMode value; None: NVML answers NOT_SUPPORTED.
     addressing_mode: int | None = _HMM
-    #: nvmlPciInfo_t.pciDeviceId: the PCI device ID (pci.ids) << 16 | NVIDIA's vendor ID 0x10DE.
+    #: nvmlPciInfo_t.pciDeviceId: the PCI device ID (pci.ids) << 16 | NVIDIA's vendor ID 0x10DE. The
+    #: models' values are the ones mig-parted's device filters use (its A100_SXM4_40GB constant and
+    #: the GPU Operator's default layouts: 0x20B010DE, 0x20B210DE, 0x233010DE), and pci.ids' for the rest.
     pci_device_id: int = 0x10DE
 
     @property

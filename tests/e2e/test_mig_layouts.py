@@ -1,9 +1,9 @@
 """Static MIG layouts on the local cluster: the Node's nvidia.com/mig.config label picks a layout of
 --mig-config-file, the kubelet plugin partitions the fake GPUs at start and publishes the MIG devices,
 a claim gets one, and a restart keeps the claim's instance; a new label value is applied while the
-driver runs. The Node's nvidia.com/mig.config.state
-label says how it went; under the chart's identity and policy the driver may set that label on its
-own Node and no other label, nor on another Node.
+driver runs, and a kill in the middle of that is repaired by the next start. The Node's
+nvidia.com/mig.config.state label says how it went; under the chart's identity and policy the driver
+may set that label on its own Node and no other label, nor on another Node.
 
 Two fake H100s with MIG mode off; the layout turns MIG on for GPU 0 only.
 """
@@ -179,6 +179,45 @@ def test_a_new_label_value_is_applied_while_the_driver_runs(
     assert _published(kube, cluster) == published
     assert driver.ready()
     assert driver.proc.pid == pid
+
+
+def _complete(driver: DriverProcess) -> bool:
+    """Whether every GPU instance on the fake GPUs has its compute instance."""
+    data = json.loads(_fake_state(driver).read_text())
+    return all(i["compute_instances"] for found in data["gpus"].values() for i in found)
+
+
+# Counted from the relabel e2e-mixed -> e2e-sevens on GPU 0 (two instances destroyed, five made):
+# after the first destroy, between a GPU instance and its compute instance, after the last one.
+@pytest.mark.parametrize(
+    "arm",
+    ["miglayout.destroyed:1", "miglayout.gpu-instance-created:2", "miglayout.compute-instance-created:5"],
+)
+def test_a_kill_during_a_relayout_is_repaired_at_the_next_start(
+    driver: DriverProcess, kube: Kube, cluster: ClusterInfo, arm: str
+) -> None:
+    # Restarted with the point armed: the start finds e2e-mixed in place and makes nothing.
+    driver.stop()
+    driver.env = {"DRA_GPU_FAULT_POINT": arm}
+    driver.start(timeout=90)
+    assert driver.proc is not None
+    kube.patch("v1", "Node", cluster.node_name, _set(LABEL, "e2e-sevens"))
+    assert driver.proc.wait(30) == 137, driver.log_path.read_text()[-3000:]
+    assert f"fault point {arm.split(':')[0]}: exiting" in driver.log_path.read_text()
+    assert _labels(kube, cluster.node_name)[STATE] == "pending"
+
+    driver.env = {}
+    driver.start(timeout=90)
+    assert _instances(driver) == {0: [("1g.10gb", s) for s in range(7)]}
+    assert _complete(driver)
+    assert _labels(kube, cluster.node_name)[STATE] == "success"
+    wait_for(
+        "the layout's devices to be published",
+        lambda: (
+            sorted(n.rsplit("-", 2)[0] for n in _published(kube, cluster) if n.startswith("gpu-0-"))
+            == ["gpu-0-mig-1g10gb"] * 7
+        ),
+    )
 
 
 STATE_DRIVER = "gpu.mig-state-test.dra-gpu.test"

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import anyio.to_thread
@@ -471,7 +471,7 @@ def static_modes(modes: MigModes, applied: Applied) -> MigModes:
     """The MIG modes with every GPU the layout manages static."""
     layout = dict.fromkeys(applied.uuids, STATIC)
     kept = tuple((key, mode) for key, mode in modes.overrides if key not in layout)
-    return MigModes(modes.default, (*kept, *layout.items()), modes.nodes)
+    return replace(modes, overrides=(*kept, *layout.items()))
 
 
 async def layout_name(

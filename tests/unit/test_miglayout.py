@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from dra.gpu.nvml import (
 )
 from dra.model.devices import MigDevice
 from dra.model.migmode import MigModes, parse_mig_modes
+from dra.model.migoffer import parse_mig_offer
 from dra.model.prepared import PreparedClaim, PreparedDevice
 from tests.unit.helpers import NODE
 
@@ -516,3 +518,17 @@ async def test_a_layout_that_fails_while_running_leaves_the_gpus_and_says_so(tmp
     await follower.consider(_node({LAYOUT_LABEL: "off"}))
     assert _layout(tmp_path) == {}
     assert kube.states[-1] == "success"
+
+
+def test_the_static_modes_keep_the_flags_other_settings(tmp_path: Path) -> None:
+    """--mig-profiles and the per-node defaults stay as they were for the GPUs a layout leaves alone."""
+    modes = parse_mig_modes("whole,@gpu-node-9=dynamic,3=dynamic")
+    modes = replace(modes, offer=parse_mig_offer("common"))
+    applied = _apply(tmp_path, "sevens")
+    static = static_modes(modes, applied)
+    assert static.offer == modes.offer
+    assert static.nodes == modes.nodes
+    assert static.default == "whole"
+    lib = _lib(tmp_path)
+    assert static.of(0, lib.uuid(lib.device_by_index(0))) == "static"
+    assert static.of(3, lib.uuid(lib.device_by_index(3))) == "dynamic"

@@ -689,6 +689,8 @@ def test_mig_layouts_may_watch_their_node_and_set_only_its_state_label() -> None
     [nodes] = [r for r in _only(objects, "ClusterRole")["rules"] if r["resources"] == ["nodes"]]
     # watch: the plugin follows its Node's nvidia.com/mig.config label.
     assert nodes["verbs"] == ["get", "watch", "patch"]
+    [events] = [r for r in _only(objects, "ClusterRole")["rules"] if r["resources"] == ["events"]]
+    assert events["verbs"] == ["create"], "MigLayoutIncomplete and MigLayoutFailed on the Node"
     [policy] = [
         o
         for o in objects
@@ -699,6 +701,17 @@ def test_mig_layouts_may_watch_their_node_and_set_only_its_state_label() -> None
     assert "k == 'nvidia.com/mig.config.state'" in labels["expression"]
     assert "startsWith" not in labels["expression"]
     assert labels["message"].endswith("may change only the label nvidia.com/mig.config.state")
+    # Layouts without the kubelet plugin apply nowhere: nothing granted for them.
+    unused = chart.template(
+        {
+            **FAKE,
+            "mig": {"configs": layouts},
+            "kubeletPlugin": {"enabled": False},
+            "devicePlugin": {"enabled": True},
+        }
+    )
+    [nodes] = [r for r in _only(unused, "ClusterRole")["rules"] if r["resources"] == ["nodes"]]
+    assert nodes["verbs"] == ["get"]
     # Neither layouts nor the labeller: no patch, no policy on Nodes.
     plain = chart.template(FAKE)
     [nodes] = [r for r in _only(plain, "ClusterRole")["rules"] if r["resources"] == ["nodes"]]

@@ -585,14 +585,21 @@ async def apply_at_start(
             )
             return settings.mig_modes, None
         await report.state(STATE_PENDING)
-        try:
-            claims, actions = CheckpointStore(settings.checkpoint_path).load_state()
-        except CheckpointError as err:
-            raise StartupError(str(err)) from None
-        modes = settings.mig_modes
-        applied = await anyio.to_thread.run_sync(
-            lambda: apply_with_own_library(settings, configs, name, modes, claims.values(), actions)
-        )
+        store = CheckpointStore(settings.checkpoint_path)
+
+        def apply() -> Applied:
+            # Under the checkpoint's lock: in a rolling update the running instance may be applying
+            # a layout too (LayoutFollower), to the same GPUs.
+            try:
+                with store.exclusive():
+                    claims, actions = store.load_state()
+                    return apply_with_own_library(
+                        settings, configs, name, settings.mig_modes, claims.values(), actions
+                    )
+            except CheckpointError as err:
+                raise StartupError(str(err)) from None
+
+        applied = await anyio.to_thread.run_sync(apply)
     except StartupError:
         await report.state(STATE_FAILED)
         raise

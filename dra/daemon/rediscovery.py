@@ -46,6 +46,12 @@ class Rediscovery:
             self._settings = replace(self._settings, mig_modes=mig_modes)
         return rediscover(self._settings)
 
+    def withhold(self, uuids: Collection[str]) -> Inventory:
+        """The current inventory without these GPUs (their devices changed and could not be read
+        again), from now on; the next discovery that succeeds brings them back."""
+        self.current = restrict(self.current, [gpu for gpu in self.current.gpus if gpu.uuid not in uuids])
+        return self.current
+
     def follow(self, fresh: Inventory, held: Collection[str] = ()) -> Inventory | None:
         """This path's part of a fresh discovery, less the `held` GPUs; None when nothing changed."""
         for gpu in fresh.gpus:

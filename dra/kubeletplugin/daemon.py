@@ -224,14 +224,21 @@ async def _serve(settings: PluginSettings, node: Node, layout: _Layout | None = 
             try:
                 fresh = rediscovery.discover(miglayout.static_modes(layout.base_modes, applied))
             except StartupError as err:
-                log.warning("re-discovering GPUs after the MIG layout failed, again in a while: %s", err)
-                return applied, None
+                # The old devices of these GPUs may be gone: offer none of them until a discovery
+                # reads them again (the next --rediscover-interval, else a restart).
+                applied.warnings.append(
+                    f"cannot read the GPUs after applying MIG layout {name!r} ({err}); the GPUs it "
+                    f"selects are not published until a re-discovery reads them"
+                )
+                return applied, rediscovery.withhold(applied.uuids)
             return applied, rediscovery.follow(fresh, held)
 
         async with rediscovery.lock:
             try:
                 done, changed = await anyio.to_thread.run_sync(state.relayout, change)
-            except CheckpointError as err:
+            except miglayout.MigLayoutError:
+                raise
+            except (CheckpointError, StartupError) as err:
                 raise miglayout.MigLayoutError(f"MIG layout {name!r}: {err}") from None
             if changed is not None:
                 tracker.set_inventory(changed)

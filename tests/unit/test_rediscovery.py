@@ -52,6 +52,16 @@ def test_a_new_mig_layout_replaces_the_devices() -> None:
     assert follow.follow(_inventory(LARGE, T4)) is None
 
 
+def test_withheld_gpus_come_back_with_the_next_discovery() -> None:
+    """A MIG layout changed a GPU and it could not be read again: none of its old devices is offered."""
+    follow = Rediscovery(SETTINGS, _inventory(SMALL, T4))
+    small = follow.current.gpus[0]
+    assert [d.name for d in follow.withhold([small.uuid])] == ["gpu-1"]
+    changed = follow.follow(_inventory(LARGE, T4))
+    assert changed is not None
+    assert [d.name for d in changed] == ["gpu-0-mig-7g40gb-1-0", "gpu-1"]
+
+
 def test_a_gpu_not_given_at_start_is_reported_once_and_not_taken(caplog: pytest.LogCaptureFixture) -> None:
     follow = Rediscovery(SETTINGS, _inventory(T4))
     caplog.set_level(logging.WARNING)

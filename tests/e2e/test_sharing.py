@@ -82,6 +82,16 @@ def _result(claim: Obj) -> Obj:
     return dict(result)
 
 
+def _shares_allocated(kube: Kube) -> list[str]:
+    """The claims, in any namespace, allocated a part of a shareable GPU of this driver."""
+    return [
+        f"{c['metadata']['namespace']}/{c['metadata']['name']}"
+        for c in kube.list_objects("resource.k8s.io/v1", "ResourceClaim")
+        for r in ((c.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
+        if r["driver"] == DRIVER and r["device"] in ("gpu-0", "gpu-1")
+    ]
+
+
 def _share_pods(kube: Kube, namespace: str, template: str, names: tuple[str, ...]) -> dict[str, Obj]:
     for name in names:
         gpu_pod(kube, namespace, name, template)
@@ -129,6 +139,9 @@ def test_shares_are_packed_on_one_gpu_told_their_share_and_freed_with_their_pod(
 def test_a_share_that_does_not_fit_goes_to_another_gpu(
     driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str
 ) -> None:
+    # The three shares must pack on one GPU: an earlier test's claim still allocated (its pod is
+    # gone, the claim not yet) would take part of one and spread them.
+    wait_for("earlier tests' shares to be released", lambda: not _shares_allocated(kube), timeout=60)
     _template(kube, namespace, "share-20", "20Gi")
     _template(kube, namespace, "share-30", "30Gi")
     claims = _share_pods(kube, namespace, "share-20", ("a", "b", "c"))

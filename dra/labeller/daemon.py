@@ -29,6 +29,7 @@ from dra.daemon.bootstrap import (
     serve_until_stopped,
 )
 from dra.daemon.health import HealthTracker
+from dra.daemon.nodewatch import labels_of
 from dra.model.devices import Inventory
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class Labeller:
         wanted = self.wanted()
         try:
             node = await self._kube.get_node(settings.node_name)
-            current = dict(node.get("metadata", {}).get("labels") or {})
+            current = labels_of(node)
             changed, stale = label_changes(current, wanted, settings.admin.keys)
             if changed or stale:
                 await self._kube.patch_node_labels(settings.node_name, changed, stale)

@@ -15,7 +15,6 @@ import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -34,7 +33,7 @@ from localcluster.workloads import (
 )
 
 from tests.e2e.test_deploy import _identity_kubeconfig
-from tests.e2e.test_node_labels import _refusal, _refused
+from tests.e2e.test_node_labels import _labels, _refusal, _refused, _set
 
 TWO_H100 = {"gpus": [{"model": "h100-sxm5-80gb", "count": 2}]}
 LABEL = "nvidia.com/mig.config"
@@ -95,10 +94,6 @@ def _instances(driver: DriverProcess) -> dict[int, list[tuple[str, int]]]:
         for g, found in data["gpus"].items()
         if found
     }
-
-
-def _labels(kube: Kube, node: str) -> dict[str, str]:
-    return dict(kube.get("v1", "Node", node)["metadata"].get("labels") or {})
 
 
 def _published(kube: Kube, cluster: ClusterInfo) -> dict[str, str]:
@@ -222,10 +217,6 @@ def test_a_kill_during_a_relayout_is_repaired_at_the_next_start(
 
 STATE_DRIVER = "gpu.mig-state-test.dra-gpu.test"
 OTHER_NODE = "gpu-node-mig-state-elsewhere"
-
-
-def _set(key: str, value: str | None) -> dict[str, Any]:
-    return {"metadata": {"labels": {key: value}}}
 
 
 def test_the_chart_s_identity_sets_the_state_label_of_its_own_node_and_nothing_else(

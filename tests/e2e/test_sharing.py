@@ -93,9 +93,16 @@ def _shares_allocated(kube: Kube) -> list[str]:
 
 
 def _share_pods(kube: Kube, namespace: str, template: str, names: tuple[str, ...]) -> dict[str, Obj]:
+    """Start pods sharing a GPU, each once the one before runs, and once no earlier claim holds a share.
+
+    An earlier test's claim still allocated (its pod is gone, its claim not yet) would take part of
+    a GPU: the shares would spread, or not fit. One at a time because the scheduler may, for a
+    moment, count a share it has just allocated twice (docs/sharing.md): a pod created in that
+    moment waits for a deallocation, or minutes, on a GPU that has room.
+    """
+    wait_for("earlier tests' shares to be released", lambda: not _shares_allocated(kube), timeout=60)
     for name in names:
         gpu_pod(kube, namespace, name, template)
-    for name in names:
         kube.wait_pod_phase(name, namespace)
     return {name: pod_claim(kube, namespace, name) for name in names}
 
@@ -139,9 +146,6 @@ def test_shares_are_packed_on_one_gpu_told_their_share_and_freed_with_their_pod(
 def test_a_share_that_does_not_fit_goes_to_another_gpu(
     driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str
 ) -> None:
-    # The three shares must pack on one GPU: an earlier test's claim still allocated (its pod is
-    # gone, the claim not yet) would take part of one and spread them.
-    wait_for("earlier tests' shares to be released", lambda: not _shares_allocated(kube), timeout=60)
     _template(kube, namespace, "share-20", "20Gi")
     _template(kube, namespace, "share-30", "30Gi")
     claims = _share_pods(kube, namespace, "share-20", ("a", "b", "c"))

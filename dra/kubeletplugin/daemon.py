@@ -20,7 +20,7 @@ from dra.core import versions
 from dra.core.assignment import GpuPath, Selector, select
 from dra.core.migconfig import MigConfigs
 from dra.core.taints import Effect
-from dra.daemon import metrics, miglayout
+from dra.daemon import metrics, miglabel, miglayout
 from dra.daemon.bootstrap import (
     DaemonSettings,
     Node,
@@ -123,7 +123,7 @@ async def run_kubelet_plugin(settings: PluginSettings) -> None:
         except KubeError as err:
             raise StartupError(str(err)) from None
         try:
-            modes, name = await miglayout.apply_at_start(
+            modes, name = await miglabel.apply_at_start(
                 settings, kube, settings.mig_config_file, settings.mig_config
             )
         finally:
@@ -263,7 +263,7 @@ async def _serve(settings: PluginSettings, node: Node, layout: _Layout | None = 
         group.start_soon(control.run)
         group.start_soon(report_ready)
         if layout is not None:
-            follower = miglayout.LayoutFollower(
+            follower = miglabel.LayoutFollower(
                 kube, settings.node_name, layout.path, settings.mig_config, layout.applied, relayout
             )
             group.start_soon(follower.run)

@@ -204,11 +204,15 @@ async def _serve(settings: PluginSettings, node: Node, layout: _Layout | None = 
         # Standing by, the instance before this one still publishes the same pool: ready all the same.
         return server.registration.registered.is_set() and publisher.settled.is_set()
 
+    def offer(changed: Inventory) -> None:
+        """Health and the ResourceSlices follow an inventory the state has taken."""
+        tracker.set_inventory(changed)
+        publisher.set_inventory(changed)
+
     async def apply(changed: Inventory) -> None:
         # The state's lock may be held across fsyncs by a prepare: wait for it off the loop.
         await anyio.to_thread.run_sync(state.set_inventory, changed)
-        tracker.set_inventory(changed)
-        publisher.set_inventory(changed)
+        offer(changed)
 
     async def relayout(configs: MigConfigs, name: str) -> miglayout.Applied:
         """Apply a MIG layout while serving: layout and inventory change under the state's lock."""
@@ -241,8 +245,7 @@ async def _serve(settings: PluginSettings, node: Node, layout: _Layout | None = 
             except (CheckpointError, StartupError) as err:
                 raise miglayout.MigLayoutError(f"MIG layout {name!r}: {err}") from None
             if changed is not None:
-                tracker.set_inventory(changed)
-                publisher.set_inventory(changed)
+                offer(changed)
         return done
 
     async def report_ready() -> None:

@@ -158,6 +158,12 @@ capabilities:
 {{- join "," $pairs }}
 {{- end }}
 
+{{/* "true" where the kubelet plugin applies static MIG layouts (mig.configs): their ConfigMap, and
+the rights to follow the Node's nvidia.com/mig.config label and set its state label, go with it. */}}
+{{- define "dra-gpu.migLayouts" -}}
+{{- if and .Values.kubeletPlugin.enabled .Values.mig.configs }}true{{ end }}
+{{- end }}
+
 {{/* The --mig-mode value: the default mode, then one @<node>=<mode> per entry of mig.nodes. */}}
 {{- define "dra-gpu.migMode" -}}
 {{ .Values.mig.mode }}{{ range $node, $mode := .Values.mig.nodes }},@{{ $node }}={{ $mode }}{{ end }}

@@ -17,6 +17,7 @@ from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointError, CheckpointStore
 from dra.core import cdi
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
+from dra.core.assignment import restrict
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Inventory
 from dra.model.prepared import DeviceAction, PreparedClaim, PreparedDevice
@@ -451,12 +452,7 @@ def test_a_relayout_changes_the_inventory_before_any_other_prepare_runs(paths: P
     """A MIG layout applied while serving: no prepare between the change and the new inventory."""
     state = paths.state(inventory("h100x8"))
     state.prepare(_allocation(UID_A, "gpu-1"))
-    smaller = Inventory(
-        devices=state.inventory.devices[:1],
-        driver_version=state.inventory.driver_version,
-        cuda_driver_version=state.inventory.cuda_driver_version,
-        gpus=state.inventory.gpus[:1],
-    )
+    smaller = restrict(state.inventory, state.inventory.gpus[:1])
     started, release = threading.Event(), threading.Event()
     seen: list[str] = []
 

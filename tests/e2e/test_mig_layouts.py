@@ -10,15 +10,12 @@ Two fake H100s with MIG mode off; the layout turns MIG on for GPU 0 only.
 
 from __future__ import annotations
 
-import copy
 import json
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from localcluster import chart
 from localcluster.cluster import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, wait_for
@@ -32,12 +29,13 @@ from localcluster.workloads import (
     published_devices,
 )
 
-from tests.e2e.test_deploy import _identity_kubeconfig
-from tests.e2e.test_node_labels import _labels, _refusal, _refused, _set
+from tests.e2e.test_node_labels import _labels, _refusal, _refused, _set, chart_identity
 
 TWO_H100 = {"gpus": [{"model": "h100-sxm5-80gb", "count": 2}]}
 LABEL = "nvidia.com/mig.config"
 STATE = "nvidia.com/mig.config.state"
+#: GPU 0's instances under e2e-sevens: (profile, start) of seven 1g.10gb.
+SEVENS = {0: [("1g.10gb", s) for s in range(7)]}
 LAYOUTS = {
     "version": "v1",
     "mig-configs": {
@@ -104,6 +102,14 @@ def _published(kube: Kube, cluster: ClusterInfo) -> dict[str, str]:
     }
 
 
+def _sevens_published(kube: Kube, cluster: ClusterInfo) -> bool:
+    """Whether GPU 0's published devices are e2e-sevens': seven 1g.10gb."""
+    return (
+        sorted(n.rsplit("-", 2)[0] for n in _published(kube, cluster) if n.startswith("gpu-0-"))
+        == ["gpu-0-mig-1g10gb"] * 7
+    )
+
+
 def test_the_label_s_layout_is_applied_at_start_and_a_claim_gets_one_of_its_devices(
     driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str
 ) -> None:
@@ -157,20 +163,17 @@ def test_a_new_label_value_is_applied_while_the_driver_runs(
     kube.patch("v1", "Node", cluster.node_name, _set(LABEL, "e2e-sevens"))
     wait_for(
         "the new layout's devices to be published",
-        lambda: (
-            sorted(n.rsplit("-", 2)[0] for n in _published(kube, cluster) if n.startswith("gpu-0-"))
-            == ["gpu-0-mig-1g10gb"] * 7
-        ),
+        lambda: _sevens_published(kube, cluster),
         timeout=30,
     )
-    assert _instances(driver) == {0: [("1g.10gb", s) for s in range(7)]}
+    assert _instances(driver) == SEVENS
     wait_for("the state label to say success", lambda: _labels(kube, cluster.node_name)[STATE] == "success")
 
     # A name the file does not have: failed; the GPUs and what is published stay; the driver serves on.
     published = _published(kube, cluster)
     kube.patch("v1", "Node", cluster.node_name, _set(LABEL, "e2e-missing"))
     wait_for("the state label to say failed", lambda: _labels(kube, cluster.node_name)[STATE] == "failed")
-    assert _instances(driver) == {0: [("1g.10gb", s) for s in range(7)]}
+    assert _instances(driver) == SEVENS
     assert _published(kube, cluster) == published
     assert driver.ready()
     assert driver.proc.pid == pid
@@ -203,15 +206,12 @@ def test_a_kill_during_a_relayout_is_repaired_at_the_next_start(
 
     driver.env = {}
     driver.start(timeout=90)
-    assert _instances(driver) == {0: [("1g.10gb", s) for s in range(7)]}
+    assert _instances(driver) == SEVENS
     assert _complete(driver)
     assert _labels(kube, cluster.node_name)[STATE] == "success"
     wait_for(
         "the layout's devices to be published",
-        lambda: (
-            sorted(n.rsplit("-", 2)[0] for n in _published(kube, cluster) if n.startswith("gpu-0-"))
-            == ["gpu-0-mig-1g10gb"] * 7
-        ),
+        lambda: _sevens_published(kube, cluster),
     )
 
 
@@ -224,75 +224,52 @@ def test_the_chart_s_identity_sets_the_state_label_of_its_own_node_and_nothing_e
 ) -> None:
     """mig.configs without the node labeller: RBAC's patch of Nodes, narrowed by the policy to one label."""
     work = tmp_path_factory.mktemp("mig-state")
-    namespace = f"t-mig-state-{uuid.uuid4().hex[:6]}"
     values = {
         "driverName": STATE_DRIVER,
         "deviceClasses": {"enabled": False},
         "mig": {"configs": LAYOUTS["mig-configs"]},
     }
-    objects = chart.template(values, release="mig-state-test", namespace=namespace)
-    keep = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy")
-    created = [o for o in objects if o["kind"].startswith(keep)]
-    [account] = [o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount"]
     profile = work / "profile.yaml"
     profile.write_text(yaml.safe_dump(TWO_H100))
     layouts = work / "layouts.yaml"
     layouts.write_text(yaml.safe_dump(LAYOUTS))
-    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-    kube.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": OTHER_NODE}})
-    driver: DriverProcess | None = None
-    client: Kube | None = None
-    try:
-        kube.create_all(copy.deepcopy(created))
-        path = _identity_kubeconfig(kube, cluster, namespace, account, work / "driver.kubeconfig")
-        client = Kube(str(path))
-        wait_for(
-            "the admission policy to refuse another node's state label",
-            lambda: _refused(lambda: client.patch("v1", "Node", OTHER_NODE, _set(STATE, "success"))),
-            timeout=30,
-        )
-        kube.patch("v1", "Node", cluster.node_name, _set(LABEL, "e2e-mixed"))
-        driver = DriverProcess(
-            cluster,
-            str(profile),
-            work / "driver.log",
-            driver_name=STATE_DRIVER,
-            kubeconfig=str(path),
-            extra_args=(f"--mig-config-file={layouts}",),
-        )
-        _fake_state(driver).unlink(missing_ok=True)
-        driver.start(timeout=90)
-        assert _labels(kube, cluster.node_name)[STATE] == "success"
-        # It watches its Node too: a new label value is applied.
-        kube.patch("v1", "Node", cluster.node_name, _set(LABEL, "e2e-sevens"))
-        wait_for(
-            "the new layout to be applied",
-            lambda: (
-                _instances(driver) == {0: [("1g.10gb", s) for s in range(7)]}
-                and _labels(kube, cluster.node_name)[STATE] == "success"
-            ),
-        )
-        assert "cannot set" not in driver.log_path.read_text()
-        assert "watching Node" not in driver.log_path.read_text()
-
-        message = _refusal(
-            lambda: client.patch("v1", "Node", cluster.node_name, _set("nvidia.com/gpu.count", "9"))
-        )
-        assert "may change only the label nvidia.com/mig.config.state" in message
-        assert _refused(lambda: client.patch("v1", "Node", cluster.node_name, _set(LABEL, "e2e-unused")))
-        assert _refused(lambda: client.patch("v1", "Node", OTHER_NODE, _set(STATE, "failed")))
-    finally:
-        if driver is not None:
-            driver.stop()
+    with chart_identity(kube, cluster, values, "mig-state-test", work, OTHER_NODE, STATE) as identity:
+        client = identity.client
+        driver: DriverProcess | None = None
+        try:
+            kube.patch("v1", "Node", cluster.node_name, _set(LABEL, "e2e-mixed"))
+            driver = DriverProcess(
+                cluster,
+                str(profile),
+                work / "driver.log",
+                driver_name=STATE_DRIVER,
+                kubeconfig=str(identity.kubeconfig),
+                extra_args=(f"--mig-config-file={layouts}",),
+            )
             _fake_state(driver).unlink(missing_ok=True)
-        if client is not None:
-            client.close()
-        kube.patch("v1", "Node", cluster.node_name, {"metadata": {"labels": {LABEL: None, STATE: None}}})
-        for item in kube.list_objects(
-            "resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.driver={STATE_DRIVER}"
-        ):
-            kube.delete("resource.k8s.io/v1", "ResourceSlice", item["metadata"]["name"])
-        kube.delete("v1", "Node", OTHER_NODE)
-        for obj in reversed([o for o in created if "namespace" not in o["metadata"]]):
-            kube.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
-        kube.delete("v1", "Namespace", namespace)
+            driver.start(timeout=90)
+            assert _labels(kube, cluster.node_name)[STATE] == "success"
+            # It watches its Node too: a new label value is applied.
+            kube.patch("v1", "Node", cluster.node_name, _set(LABEL, "e2e-sevens"))
+            wait_for(
+                "the new layout to be applied",
+                lambda: _instances(driver) == SEVENS and _labels(kube, cluster.node_name)[STATE] == "success",
+            )
+            assert "cannot set" not in driver.log_path.read_text()
+            assert "watching Node" not in driver.log_path.read_text()
+
+            message = _refusal(
+                lambda: client.patch("v1", "Node", cluster.node_name, _set("nvidia.com/gpu.count", "9"))
+            )
+            assert "may change only the label nvidia.com/mig.config.state" in message
+            assert _refused(lambda: client.patch("v1", "Node", cluster.node_name, _set(LABEL, "e2e-unused")))
+            assert _refused(lambda: client.patch("v1", "Node", OTHER_NODE, _set(STATE, "failed")))
+        finally:
+            if driver is not None:
+                driver.stop()
+                _fake_state(driver).unlink(missing_ok=True)
+            kube.patch("v1", "Node", cluster.node_name, {"metadata": {"labels": {LABEL: None, STATE: None}}})
+            for item in kube.list_objects(
+                "resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.driver={STATE_DRIVER}"
+            ):
+                kube.delete("resource.k8s.io/v1", "ResourceSlice", item["metadata"]["name"])

@@ -13,10 +13,12 @@ healthy again until the driver restarts, so the labels cannot follow a GPU
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -52,59 +54,90 @@ def _labels(kube: Kube, node: str) -> dict[str, str]:
     return dict(kube.get("v1", "Node", node)["metadata"].get("labels") or {})
 
 
+@dataclass
+class Identity:
+    """The chart's account in a namespace of its own: a kubeconfig with its pod-bound token, a client."""
+
+    namespace: str
+    kubeconfig: Path
+    client: Kube
+
+
+@contextlib.contextmanager
+def chart_identity(
+    kube: Kube,
+    cluster: ClusterInfo,
+    values: dict[str, Any],
+    release: str,
+    work: Path,
+    other_node: str,
+    probe_label: str,
+    name: str = "driver-identity",
+) -> Iterator[Identity]:
+    """The chart's ServiceAccount, RBAC and admission policies (rendered with `values`) in a new
+    namespace, and a client with the account's token bound to a pod on this node, once the policy
+    refuses `probe_label` on `other_node` (a Node made for that). All of it is removed after."""
+    namespace = f"t-{release}-{uuid.uuid4().hex[:6]}"
+    objects = chart.template(values, release=release, namespace=namespace)
+    keep = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy")
+    created = [o for o in objects if o["kind"].startswith(keep)]
+    [account] = [o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount"]
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    kube.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": other_node}})
+    client: Kube | None = None
+    try:
+        kube.create_all(copy.deepcopy(created))
+        path = _identity_kubeconfig(kube, cluster, namespace, account, work / f"{name}.kubeconfig", name=name)
+        client = Kube(str(path))
+        wait_for(
+            f"the admission policy to refuse {probe_label} on another node",
+            lambda: _refused(lambda: client.patch("v1", "Node", other_node, _set(probe_label, "x"))),
+            timeout=30,
+        )
+        yield Identity(namespace, path, client)
+    finally:
+        if client is not None:
+            client.close()
+        kube.delete("v1", "Node", other_node)
+        for obj in reversed([o for o in created if "namespace" not in o["metadata"]]):
+            kube.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
+        kube.delete("v1", "Namespace", namespace)
+
+
 @pytest.fixture(scope="module")
 def labelled(
     cluster: ClusterInfo, kube: Kube, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Labelled]:
     work = tmp_path_factory.mktemp("labels")
-    namespace = f"t-labels-{uuid.uuid4().hex[:6]}"
     values: dict[str, Any] = {
         "driverName": DRIVER,
         "deviceClasses": {"enabled": False},
         "nodeLabeller": {"enabled": True, "adminLabels": {"gpu-type": "{model}"}},
     }
-    objects = chart.template(values, release=RELEASE, namespace=namespace)
-    keep = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy")
-    created = [o for o in objects if o["kind"].startswith(keep)]
-    [account] = [o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount"]
-    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-    kube.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": OTHER_NODE}})
-    labeller: LabellerProcess | None = None
-    client: Kube | None = None
-    try:
-        kube.create_all(copy.deepcopy(created))
-        path = _identity_kubeconfig(
-            kube, cluster, namespace, account, work / "labeller.kubeconfig", name="labeller-identity"
-        )
-        client = Kube(str(path))
-        wait_for(
-            "the admission policy to refuse another node's labels",
-            lambda: _refused(lambda: client.patch("v1", "Node", OTHER_NODE, _set("nvidia.com/probe", "x"))),
-            timeout=30,
-        )
-        labeller = LabellerProcess(
-            cluster,
-            "mixed",
-            work,
-            str(path),
-            extra_args=(
-                "--interval=2",
-                "--label-template=gpu-type={model}",
-                "--health-recovery-period=6",
-            ),
-        ).start()
-        yield Labelled(namespace, labeller, client)
-    finally:
-        if labeller is not None:
-            labeller.stop()
-        if client is not None:
-            client.close()
-        mine = [k for k in _labels(kube, cluster.node_name) if k.startswith("nvidia.com/") or k == "gpu-type"]
-        kube.patch("v1", "Node", cluster.node_name, {"metadata": {"labels": dict.fromkeys(mine)}})
-        kube.delete("v1", "Node", OTHER_NODE)
-        for obj in reversed([o for o in created if "namespace" not in o["metadata"]]):
-            kube.delete(obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
-        kube.delete("v1", "Namespace", namespace)
+    with chart_identity(
+        kube, cluster, values, RELEASE, work, OTHER_NODE, "nvidia.com/probe", name="labeller-identity"
+    ) as identity:
+        labeller: LabellerProcess | None = None
+        try:
+            labeller = LabellerProcess(
+                cluster,
+                "mixed",
+                work,
+                str(identity.kubeconfig),
+                extra_args=(
+                    "--interval=2",
+                    "--label-template=gpu-type={model}",
+                    "--health-recovery-period=6",
+                ),
+            ).start()
+            yield Labelled(identity.namespace, labeller, identity.client)
+        finally:
+            if labeller is not None:
+                labeller.stop()
+            mine = [
+                k for k in _labels(kube, cluster.node_name) if k.startswith("nvidia.com/") or k == "gpu-type"
+            ]
+            kube.patch("v1", "Node", cluster.node_name, {"metadata": {"labels": dict.fromkeys(mine)}})
 
 
 def _set(key: str, value: str | None) -> Obj:

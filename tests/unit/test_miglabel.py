@@ -97,12 +97,17 @@ async def test_without_a_label_or_a_flag_the_gpus_stay_as_they_are(tmp_path: Pat
     assert _layout(tmp_path) == {}
 
 
+def _a_claim_holds_the_3g(root: Path) -> None:
+    """Layout `mixed` on the GPUs, and a prepared claim (checkpoint) holding its 3g.40gb instance."""
+    _apply(root, "mixed")
+    three_g = next(m for m in _migs(_lib(root)) if m.profile == "3g.40gb")
+    device = PreparedDevice(("r",), NODE, three_g.name, (), uuid=three_g.uuid)
+    CheckpointStore(root / "checkpoint.json").save({"u": PreparedClaim("u", "a", "b", (device,))})
+
+
 @pytest.mark.anyio
 async def test_what_the_layout_cannot_do_yet_is_an_event_on_the_node(tmp_path: Path) -> None:
-    _apply(tmp_path, "mixed")
-    three_g = next(m for m in _migs(_lib(tmp_path)) if m.profile == "3g.40gb")
-    device = PreparedDevice(("r",), NODE, three_g.name, (), uuid=three_g.uuid)
-    CheckpointStore(tmp_path / "checkpoint.json").save({"u": PreparedClaim("u", "a", "b", (device,))})
+    _a_claim_holds_the_3g(tmp_path)
     kube = FakeKube({LAYOUT_LABEL: "off"})
     await _start(tmp_path, kube, None)
     [(node, reason, message)] = kube.events
@@ -121,10 +126,7 @@ async def test_the_state_label_says_how_applying_went_as_the_mig_manager_sets_it
     assert kube.labels is not None
     assert kube.labels[STATE_LABEL] == "success"
     # Applied in part (a claim holds an instance the layout drops): pending, with the Event.
-    _apply(tmp_path, "mixed")
-    three_g = next(m for m in _migs(_lib(tmp_path)) if m.profile == "3g.40gb")
-    device = PreparedDevice(("r",), NODE, three_g.name, (), uuid=three_g.uuid)
-    CheckpointStore(tmp_path / "checkpoint.json").save({"u": PreparedClaim("u", "a", "b", (device,))})
+    _a_claim_holds_the_3g(tmp_path)
     kube = FakeKube({LAYOUT_LABEL: "sevens"})
     await _start(tmp_path, kube, None)
     assert kube.states == ["pending", "pending"]

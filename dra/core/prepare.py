@@ -1,22 +1,44 @@
-"""Preparing, unpreparing and recovering claims, decided as plans over plain data.
+"""Preparing and unpreparing a claim: what it gets, decided over plain data, and the steps that give it.
 
-Every decision takes what the node knows as input (its inventory, the claims it
-has prepared, which CDI specs are on disk, which holders the API server says
-are stale) and returns a plan: the effects to apply, in the order
-``dra.kubeletplugin.state`` applies them, or the per-claim error for the admin.
-Nothing here touches a file or the API server.
+`decide_prepare` says what a claim gets (its record, its CDI spec, the holders
+it releases, the MIG devices to make) or why it is refused; `prepare` and
+`unprepare` are the programs (dra.core.steps) the executor runs, in the order
+that a crash at any step leaves recoverable (docs/architecture.md, "Prepare,
+step by step"). Nothing here touches a file, a GPU or the API server.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dra.api.v1beta1 import DeviceConfig, GpuConfig
-from dra.core import cdi, sharing
+from dra.core import cdi, migdevices, sharing
 from dra.core import config as deviceconfig
-from dra.core.allocation import ClaimAllocation
+from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError
+from dra.core.migdevices import CreateMig
+from dra.core.steps import (
+    ApplyTimeSlices,
+    AskStale,
+    Facts,
+    HasSpec,
+    Log,
+    Mark,
+    MissingHostPaths,
+    Node,
+    Program,
+    ReadState,
+    ReleaseMps,
+    RemoveSpec,
+    RestoreTimeSlices,
+    Save,
+    StartMps,
+    StepError,
+    Sync,
+    WriteSpec,
+    ask,
+)
 from dra.model.devices import Device, Inventory, MigDevice, MigPartition
 from dra.model.prepared import PreparedClaim, PreparedDevice
 
@@ -48,31 +70,11 @@ class MissingDevice:
 
 
 @dataclass(frozen=True)
-class CreateMig:
-    """Device action: make the MIG device of a dynamic-MIG offer the claim was allocated."""
-
-    partition: MigPartition
-
-    @property
-    def device(self) -> str:
-        """The allocated device's name."""
-        return self.partition.name
-
-    @property
-    def placement(self) -> str:
-        """Where it goes, for messages: "3g.40gb at memory slices 4-7 of GPU 0 (GPU-...)"."""
-        p = self.partition
-        last = p.placement_start + p.placement_size - 1
-        gpu = f"GPU {p.parent.index} ({p.parent.uuid})"
-        return f"{p.profile} at memory slices {p.placement_start}-{last} of {gpu}"
-
-
-@dataclass(frozen=True)
 class PreparePlan:
     """Prepare one claim: release `release`, write `spec` if any, record `claim` if `record`, answer it.
 
-    With `create` (dynamic MIG), the executor makes those MIG devices first, recording each
-    as intent and then as done, and finishes the plan with `made` (which builds the spec).
+    With `create` (dynamic MIG), those MIG devices are made first (dra.core.migdevices), and
+    `made` finishes the plan once they exist (it builds the spec).
     """
 
     claim: PreparedClaim
@@ -119,15 +121,6 @@ class UnpreparePlan:
 
     uid: str
     claim: PreparedClaim | None
-
-
-@dataclass(frozen=True)
-class RecoverPlan:
-    """At start-up: remove specs of claims not prepared, (re)write the specs of prepared ones."""
-
-    remove: tuple[str, ...]
-    write: tuple[tuple[str, Obj], ...]
-    missing: tuple[MissingDevice, ...]
 
 
 def recorded(claim: PreparedClaim) -> set[tuple[str, str]]:
@@ -190,7 +183,7 @@ def _spec(
     return cdi.build_spec(driver, claim.uid, unique, inventory, device_env=share_env, claim_edits=mps)
 
 
-def _respec(
+def respec(
     claim: PreparedClaim, inventory: Inventory, driver: str, mps_root: str
 ) -> tuple[Obj | None, list[MissingDevice]]:
     """The spec a prepared claim's devices still present on the node give, or None when none is."""
@@ -219,7 +212,7 @@ def decide_prepare(
     """
     existing = _up_to_date(allocation, prepared)
     if existing is not None:
-        spec, missing = (None, []) if has_spec else _respec(existing, inventory, driver, mps_root)
+        spec, missing = (None, []) if has_spec else respec(existing, inventory, driver, mps_root)
         return PreparePlan(claim=existing, spec=spec, missing=tuple(missing))
 
     problems: list[str] = []
@@ -260,43 +253,27 @@ def decide_prepare(
     problems.extend(deviceconfig.problems(allocation, configured))
     if problems:
         return _refusal(allocation, problems)
-    intervals, mps_settings, problems = _decide_sharing(allocation, configured, prepared, mps_root)
+    intervals, mps_settings, problems = sharing.decide_sharing(allocation, configured, prepared, mps_root)
     if problems:
         return _refusal(allocation, problems)
 
-    entries = []
-    for device in devices.values():
-        results = [r for r in allocation.devices if r.device == device.name]
-        # A claim holds at most one share of a device in practice; each share gets its own entry.
-        for share_id in dict.fromkeys(r.share_id for r in results):
-            of_share = [r for r in results if r.share_id == share_id]
-            entries.append(
-                PreparedDevice(
-                    request_names=tuple(dict.fromkeys(r.request_name for r in of_share)),
-                    pool=pool,
-                    device=device.name,
-                    cdi_device_ids=(cdi.qualified_name(driver, allocation.uid, device.name),),
-                    admin_access=all(r.admin_access for r in of_share),
-                    uuid=device.uuid,
-                    time_slice=intervals.get(device.name, ""),
-                    share_id=share_id,
-                    share_memory=of_share[0].consumed("memory") if share_id else "",
-                    **_mps_fields(mps_settings.get(device.name)),
-                )
-            )
-    # The UUID of a MIG device still to be made is filled in once it exists (PreparePlan.made).
-    for name in creates:
-        results = [r for r in allocation.devices if r.device == name]
-        entries.append(
-            PreparedDevice(
-                request_names=tuple(dict.fromkeys(r.request_name for r in results)),
-                pool=pool,
-                device=name,
-                cdi_device_ids=(cdi.qualified_name(driver, allocation.uid, name),),
-                admin_access=all(r.admin_access for r in results),
-                **_mps_fields(mps_settings.get(name)),
-            )
+    # A MIG device still to be made has no UUID yet: it is filled in once it exists (PreparePlan.made).
+    entries = [
+        PreparedDevice(
+            request_names=tuple(dict.fromkeys(r.request_name for r in results)),
+            pool=pool,
+            device=device.name,
+            cdi_device_ids=(cdi.qualified_name(driver, allocation.uid, device.name),),
+            admin_access=all(r.admin_access for r in results),
+            uuid=device.uuid,
+            time_slice=intervals.get(device.name, ""),
+            share_id=results[0].share_id,
+            share_memory=results[0].consumed("memory") if results[0].share_id else "",
+            **sharing.mps_fields(mps_settings.get(device.name)),
         )
+        for device in configured.values()
+        for results in _by_share(allocation, device.name)
+    ]
     claim = PreparedClaim(
         uid=allocation.uid, namespace=allocation.namespace, name=allocation.name, devices=tuple(entries)
     )
@@ -309,6 +286,13 @@ def decide_prepare(
         create=tuple(creates.values()),
         devices=tuple(devices.values()) if creates else (),
     )
+
+
+def _by_share(allocation: ClaimAllocation, device: str) -> list[list[AllocatedDevice]]:
+    """The allocation's results for a device, one list per share (in practice a claim holds one at most)."""
+    results = [r for r in allocation.devices if r.device == device]
+    shares = dict.fromkeys(r.share_id for r in results)
+    return [[r for r in results if r.share_id == share] for share in shares]
 
 
 def _to_be_made(partition: MigPartition) -> MigDevice:
@@ -335,104 +319,182 @@ def _refusal(allocation: ClaimAllocation, problems: list[str]) -> Refusal:
     return Refusal(f"cannot prepare ResourceClaim {allocation.ref}: " + "; ".join(problems))
 
 
-def _mps_fields(setting: sharing.MpsSetting | None) -> dict[str, Any]:
-    if setting is None:
-        return {}
-    return {
-        "mps": True,
-        "mps_thread_percentage": setting.thread_percentage,
-        "mps_pinned_limit": setting.pinned_limit,
-    }
-
-
-def _decide_sharing(
-    allocation: ClaimAllocation,
-    devices: Mapping[str, Device],
-    prepared: Mapping[str, PreparedClaim],
-    mps_root: str,
-) -> tuple[dict[str, str], dict[str, sharing.MpsSetting], list[str]]:
-    """The intervals and MPS settings of the claim's devices (by name), or the problems refusing it.
-
-    Its configs are valid (deviceconfig.problems): what is left are the conflicts with
-    other claims and with the node, and what a share adds.
-    """
-    problems: list[str] = []
-    intervals: dict[str, str] = {}
-    mps: dict[str, sharing.MpsRequest] = {}
-    for result in allocation.devices:
-        device = devices.get(result.device)
-        if device is None:
-            continue
-        entries = allocation.configs_for(result)
-        config = deviceconfig.effective([c.parameters for c in entries], device)
-        problems.extend(_time_slice(config, device, allocation.uid, prepared, intervals))
-        mps_config = config.sharing.mps_config if config.sharing.strategy == "MPS" else None
-        if mps_config is not None and device.name not in mps:
-            configured = tuple(deviceconfig.targets(allocation, entries[-1], devices))
-            mps[device.name] = sharing.MpsRequest(device, mps_config, configured, result.consumed("memory"))
-    if mps and not mps_root:
-        problems.append("MPS is not available on this node (the driver runs no MPS control daemons)")
-    mps_settings, mps_problems = sharing.decide_mps(list(mps.values()))
-    if mps:
-        mps_problems += sharing.mps_set_problems(allocation.uid, [r.device for r in mps.values()], prepared)
-    return intervals, mps_settings, problems + mps_problems
-
-
-def _time_slice(
-    config: DeviceConfig,
-    device: Device,
-    uid: str,
-    prepared: Mapping[str, PreparedClaim],
-    intervals: dict[str, str],
-) -> list[str]:
-    """Record the interval a GPU of the claim is to run at; the problem when another claim runs another."""
-    slicing = config.sharing.time_slicing_config if isinstance(config, GpuConfig) else None
-    if slicing is None or slicing.interval == sharing.DEFAULT_INTERVAL:
-        return []
-    interval = slicing.interval
-    clash = sharing.time_slice_conflict(device.uuid, interval, uid, prepared)
-    if clash is not None:
-        other, theirs = clash
-        return [
-            f"device {device.name} cannot run time-slice interval {interval}: claim "
-            f"{other.namespace}/{other.name} ({other.uid}) runs it with interval {theirs}"
-        ]
-    intervals[device.name] = interval
-    return []
-
-
 def decide_unprepare(uid: str, prepared: Mapping[str, PreparedClaim]) -> UnpreparePlan:
     """Unpreparing a claim: an unknown one only loses its stray spec, if any."""
     return UnpreparePlan(uid=uid, claim=prepared.get(uid))
 
 
-def decide_recover(
-    prepared: Mapping[str, PreparedClaim],
-    inventory: Inventory,
-    specs: Collection[str],
-    *,
-    driver: str,
-    mps_root: str = "",
-) -> RecoverPlan:
-    """After a restart, given the UIDs of the claim specs on disk: which to remove, which to write again.
+def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[PreparedClaim]:
+    """Prepare a claim, or give its recorded answer; ClaimError when it cannot be, and then nothing changes.
 
-    A spec without a checkpoint entry is a prepare that crashed before recording
-    (the kubelet retries it); a prepared claim without its spec lost it in a crash
-    or by hand, and gets it back with the devices still on the node. A spec that
-    is there is written again too (the store leaves identical bytes alone), so
-    that one an older driver wrote gets the current layout before a container of
-    the claim restarts; but not when one of its devices vanished, since the old
-    spec still names it and its edits do no harm.
+    Prepared claims holding a device the allocation needs are asked about first (AskStale): those the
+    API server says are gone are released, the others refuse the claim.
     """
-    writes: list[tuple[str, Obj]] = []
-    missing: list[MissingDevice] = []
-    for uid, claim in prepared.items():
-        spec, gone = _respec(claim, inventory, driver, mps_root)
-        missing.extend(gone)
-        if spec is not None and (uid not in specs or not gone):
-            writes.append((uid, spec))
-    return RecoverPlan(
-        remove=tuple(sorted(uid for uid in specs if uid not in prepared)),
-        write=tuple(writes),
-        missing=tuple(missing),
+    holders = conflicts(allocation, facts.inventory, facts.prepared, pool=node.pool)
+    stale: Mapping[str, str] = {}
+    if holders:
+        stale = yield from ask(AskStale(tuple(holders)))
+        # Decided again on the state as it is now: a holder that appeared meanwhile counts as live.
+        facts = yield from ask(ReadState())
+    has_spec = yield from ask(HasSpec(allocation.uid))
+    plan = decide_prepare(
+        allocation,
+        facts.inventory,
+        facts.prepared,
+        driver=node.driver,
+        pool=node.pool,
+        stale=stale,
+        has_spec=has_spec,
+        mps_root=node.mps_root,
     )
+    if isinstance(plan, Refusal):
+        raise ClaimError(plan.message)
+    # A claim allocated anew, or a stale holder released, gives its MIG devices back first.
+    for uid in {r.holder.uid for r in plan.release} | ({plan.replaces.uid} if plan.replaces else set()):
+        facts = yield from migdevices.destroy_claim_devices(node, uid, facts)
+    if plan.create:
+        made, inventory = yield from migdevices.make(node, allocation, plan.create, facts)
+        plan = plan.made(made, inventory, node.driver, node.mps_root)
+        facts = yield from ask(ReadState())
+    if plan.spec is not None:
+        gone = yield from _missing_host_paths(node, plan)
+        if gone:
+            # The runtime would fail every container of the claim on a path that is gone.
+            yield from migdevices.destroy_claim_devices(node, allocation.uid, facts)
+            raise ClaimError(
+                f"cannot prepare ResourceClaim {allocation.ref}: its CDI spec would name "
+                f"{', '.join(gone)}, not on this node (a GPU or the driver changed since discovery)"
+            )
+    ticket, facts = yield from _write_and_record(node, allocation, plan, facts)
+    yield Mark(point="sharing-before-gpu-settings")
+    yield from _gpu_settings(node, allocation, plan, facts)
+    if ticket:
+        # Without the lock: prepares of other claims go on, and concurrent ones share one fsync.
+        try:
+            yield Sync(ticket, point="prepare.checkpoint-saved")
+        except StepError as err:
+            now = yield from ask(ReadState())
+            if now.prepared.get(plan.claim.uid) is plan.claim:
+                yield from unprepare(node, plan.claim.uid, now)
+            raise ClaimError(
+                f"cannot record claim {allocation.ref} in the checkpoint {node.checkpoint}: {err}"
+            ) from None
+    return plan.claim
+
+
+def _missing_host_paths(node: Node, plan: PreparePlan) -> Program[tuple[str, ...]]:
+    """Host paths the plan's spec names that are not on this node, but for those the prepare makes.
+
+    The MPS directories of the claim's devices come with their daemon, which starts after the spec is written.
+    """
+    assert plan.spec is not None
+    gone = yield from ask(MissingHostPaths(plan.spec))
+    if not node.mps:
+        return gone
+    own = sharing.mps_dirs(node.mps_root, sharing.claim_mps_key(plan.claim)).root + "/"
+    return tuple(path for path in gone if not path.startswith(own))
+
+
+def _write_and_record(
+    node: Node, allocation: ClaimAllocation, plan: PreparePlan, facts: Facts
+) -> Program[tuple[int, Facts]]:
+    """Release stale holders' specs, write the spec, record the claim; the ticket to sync (0: none)."""
+    if plan.replaces is not None:
+        # The kubelet unprepares before a claim is allocated anew; if it did not, the
+        # claim's current allocation is the truth, not the record.
+        yield Log(
+            "warning",
+            f"claim {allocation.ref} ({allocation.uid}) is prepared with {sorted(recorded(plan.replaces))} "
+            f"but now allocated {sorted(recorded(plan.claim))}: preparing it again",
+        )
+    for release in plan.release:
+        holder = release.holder
+        yield Log(
+            "warning",
+            f"releasing {holder.namespace}/{holder.name} ({holder.uid}), prepared but stale: "
+            + release.reason,
+        )
+        yield RemoveSpec(holder.uid, point="prepare.stale-spec-removed")
+    for gone in plan.missing:
+        yield Log("warning", gone.message)
+    if plan.spec is not None:
+        yield Mark(point="prepare.before-cdi-write")
+        try:
+            yield WriteSpec(plan.claim.uid, plan.spec, point="prepare.cdi-written")
+        except StepError as err:
+            yield from _drop_unrecorded_spec(plan.claim.uid, facts)
+            raise ClaimError(f"cannot write the CDI spec of claim {allocation.ref}: {err}") from None
+    if not plan.record:
+        return 0, facts
+    released = {r.holder.uid for r in plan.release}
+    updated = {uid: c for uid, c in facts.prepared.items() if uid not in released}
+    updated[plan.claim.uid] = plan.claim
+    actions = tuple(a for a in facts.actions if a.claim_uid not in released)
+    try:
+        ticket = yield from ask(Save(updated, actions, durable=False))
+    except StepError as err:
+        # A failed directory fsync comes after the rename: put back the record the kubelet is told of.
+        with contextlib.suppress(StepError):
+            yield Save(facts.prepared, facts.actions)
+        yield from _drop_unrecorded_spec(plan.claim.uid, facts)
+        raise ClaimError(
+            f"cannot record claim {allocation.ref} in the checkpoint {node.checkpoint}: {err}"
+        ) from None
+    yield Log(
+        "info",
+        f"prepared claim {allocation.ref} ({plan.claim.uid}): "
+        + ", ".join(d.device for d in plan.claim.devices),
+    )
+    return ticket, replace(facts, prepared=updated, actions=actions)
+
+
+def _drop_unrecorded_spec(uid: str, facts: Facts) -> Program[None]:
+    """After a failed write: remove the claim's spec unless the checkpoint records the claim."""
+    if uid in facts.prepared:
+        return
+    # Best effort on a failing disk: a spec that stays is removed at the next start-up.
+    with contextlib.suppress(StepError):
+        yield RemoveSpec(uid)
+
+
+def _gpu_settings(node: Node, allocation: ClaimAllocation, plan: PreparePlan, facts: Facts) -> Program[None]:
+    """Set the claim's time slices, start its MPS daemon (again, on a retry); a failure undoes the prepare."""
+    wanted = sharing.wanted_time_slices({plan.claim.uid: plan.claim})
+    try:
+        if node.time_slicing and wanted:
+            yield ApplyTimeSlices(wanted)
+        if node.mps:
+            if plan.replaces is not None:
+                # The daemon of the old allocation's devices, unless the new one or another claim uses it.
+                yield ReleaseMps(plan.replaces, facts.prepared)
+            yield StartMps(plan.claim)
+    except StepError as err:
+        yield from unprepare(node, plan.claim.uid, facts)
+        raise ClaimError(f"cannot prepare ResourceClaim {allocation.ref}: {err}") from None
+
+
+def unprepare(node: Node, uid: str, facts: Facts) -> Program[PreparedClaim | None]:
+    """Undo a prepare; an unknown claim is fine (its stray spec, if any, goes too)."""
+    plan = decide_unprepare(uid, facts.prepared)
+    if plan.claim is None:
+        yield RemoveSpec(uid)
+        return None
+    claim = plan.claim
+    yield RemoveSpec(uid, point="unprepare.spec-removed")
+    others = {k: v for k, v in facts.prepared.items() if k != uid}
+    if node.time_slicing:
+        yield RestoreTimeSlices(tuple(sharing.time_slices_to_restore(uid, facts.prepared)))
+    if node.mps:
+        yield ReleaseMps(claim, others)
+    yield Mark(point="sharing-before-unrecord")
+    try:
+        facts = yield from migdevices.destroy_claim_devices(node, uid, facts)
+    except StepError as err:
+        raise ClaimError(
+            f"cannot unprepare claim {claim.namespace}/{claim.name}: destroying its MIG "
+            f"device failed (NVML error {err.code}: {err}); the kubelet retries"
+        ) from None
+    # Not fsynced: an entry back after a power loss is a stale holder, released when needed.
+    yield Save(others, facts.actions, durable=False, point="unprepare.checkpoint-saved")
+    yield Log("info", f"unprepared claim {claim.namespace}/{claim.name} ({uid})")
+    return claim

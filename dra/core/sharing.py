@@ -28,7 +28,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dra.api.v1beta1 import MpsConfig, device_for_key
+from dra.api.v1beta1 import DeviceConfig, GpuConfig, MpsConfig, device_for_key
+from dra.core import config as deviceconfig
+from dra.core.allocation import ClaimAllocation
 from dra.model.devices import Device
 from dra.model.prepared import PreparedClaim, PreparedDevice
 from dra.model.quantity import Quantity
@@ -249,3 +251,70 @@ def decide_mps(requests: Sequence[MpsRequest]) -> tuple[dict[str, MpsSetting], l
             pinned_limit=mps_limit(int(pinned.exact())) if pinned is not None else "",
         )
     return settings, problems
+
+
+def mps_fields(setting: MpsSetting | None) -> dict[str, Any]:
+    """The PreparedDevice fields of a device's MPS setting (none without one)."""
+    if setting is None:
+        return {}
+    return {
+        "mps": True,
+        "mps_thread_percentage": setting.thread_percentage,
+        "mps_pinned_limit": setting.pinned_limit,
+    }
+
+
+def decide_sharing(
+    allocation: ClaimAllocation,
+    devices: Mapping[str, Device],
+    prepared: Mapping[str, PreparedClaim],
+    mps_root: str,
+) -> tuple[dict[str, str], dict[str, MpsSetting], list[str]]:
+    """The intervals and MPS settings of the claim's devices (by name), or the problems refusing it.
+
+    Its configs are valid (deviceconfig.problems): what is left are the conflicts with
+    other claims and with the node, and what a share adds.
+    """
+    problems: list[str] = []
+    intervals: dict[str, str] = {}
+    mps: dict[str, MpsRequest] = {}
+    for result in allocation.devices:
+        device = devices.get(result.device)
+        if device is None:
+            continue
+        entries = allocation.configs_for(result)
+        config = deviceconfig.effective([c.parameters for c in entries], device)
+        problems.extend(_time_slice(config, device, allocation.uid, prepared, intervals))
+        mps_config = config.sharing.mps_config if config.sharing.strategy == "MPS" else None
+        if mps_config is not None and device.name not in mps:
+            configured = tuple(deviceconfig.targets(allocation, entries[-1], devices))
+            mps[device.name] = MpsRequest(device, mps_config, configured, result.consumed("memory"))
+    if mps and not mps_root:
+        problems.append("MPS is not available on this node (the driver runs no MPS control daemons)")
+    mps_settings, mps_problems = decide_mps(list(mps.values()))
+    if mps:
+        mps_problems += mps_set_problems(allocation.uid, [r.device for r in mps.values()], prepared)
+    return intervals, mps_settings, problems + mps_problems
+
+
+def _time_slice(
+    config: DeviceConfig,
+    device: Device,
+    uid: str,
+    prepared: Mapping[str, PreparedClaim],
+    intervals: dict[str, str],
+) -> list[str]:
+    """Record the interval a GPU of the claim is to run at; the problem when another claim runs another."""
+    slicing = config.sharing.time_slicing_config if isinstance(config, GpuConfig) else None
+    if slicing is None or slicing.interval == DEFAULT_INTERVAL:
+        return []
+    interval = slicing.interval
+    clash = time_slice_conflict(device.uuid, interval, uid, prepared)
+    if clash is not None:
+        other, theirs = clash
+        return [
+            f"device {device.name} cannot run time-slice interval {interval}: claim "
+            f"{other.namespace}/{other.name} ({other.uid}) runs it with interval {theirs}"
+        ]
+    intervals[device.name] = interval
+    return []

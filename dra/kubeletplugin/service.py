@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 import anyio
@@ -107,7 +107,11 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
             return "the claim is no longer allocated"
         return None
 
-    async def _stale_holders(self, holders: list[PreparedClaim]) -> dict[str, str]:
+    def _ask_stale(self, holders: Sequence[PreparedClaim]) -> Mapping[str, str]:
+        """The prepare's AskStale step, answered from its worker thread on the event loop."""
+        return anyio.from_thread.run(self._stale_holders, holders)
+
+    async def _stale_holders(self, holders: Sequence[PreparedClaim]) -> dict[str, str]:
         """Holders whose claims are gone (the kubelet lost track of them), by UID, with why."""
         stale: dict[str, str] = {}
         for holder in holders:
@@ -124,12 +128,7 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         try:
             claim = await self._kube.get_resource_claim(ref.namespace, ref.name)
             allocation = read_allocation(claim, ref.uid, self.driver)
-            prepared = await anyio.to_thread.run_sync(self._state.prepare_unless_held, allocation)
-            if isinstance(prepared, list):
-                # The API server is asked about holders outside the state's lock; prepare decides
-                # again under it, and a holder that appeared meanwhile counts as live.
-                stale = await self._stale_holders(prepared)
-                prepared = await anyio.to_thread.run_sync(self._state.prepare, allocation, stale)
+            prepared = await anyio.to_thread.run_sync(self._state.prepare, allocation, self._ask_stale)
             result = "success"
             return _response(prepared)
         except NotFoundError:

@@ -1,40 +1,13 @@
-"""Prepared-claim state of the node: applies the plans of dra.core.prepare to CDI specs and the checkpoint.
+"""The node's prepared claims, and the executor that runs the programs of dra.core.prepare and .recovery.
 
-Each call decides under the lock, on the state as it is then, and applies the
-plan in an order that a crash at any point leaves recoverable:
-- prepare removes the specs of stale holders it releases, writes the claim's
-  CDI spec, then saves the checkpoint once (holders dropped, claim recorded),
-  then answers; a spec without a checkpoint entry is removed at the next
-  start-up and the kubelet retries the prepare; a released holder still in the
-  checkpoint gets its spec back at start-up and is released again on the retry;
-- unprepare removes the spec, then the checkpoint entry; a leftover entry is
-  unprepared again when the kubelet retries. Neither step waits for the disk:
-  kill -9 keeps both, and what a power cut undoes start-up repairs (a spec
-  without an entry goes; an entry back from the dead is a stale holder).
-Dynamic MIG adds device actions (dra.model.prepared.DeviceAction) around them:
-prepare records each MIG device to make as intent in the checkpoint, makes
-the GPU instance and compute instance, records the action done, and only then
-writes the spec and records the claim; unprepare destroys the instances after
-removing the spec and before dropping the claim and its actions. At start-up
-an action done for a prepared claim is adopted, and every other MIG instance
-on a dynamic-MIG GPU (a crash's leftover, or one made by hand) is destroyed.
-`dra.adapters.faults` points between the steps let tests kill the process there.
-
-GPU settings a claim asks (the time-slice interval, dra.kubeletplugin.timeslice;
-its MPS control daemon, dra.kubeletplugin.mps) are applied after the checkpoint
-records the claim and before the answer, and again at start-up for every
-recorded claim (setting an interval is idempotent, a running daemon is
-adopted); they are undone before the checkpoint entry goes, so a crash never
-loses track of one. At start-up, daemons of claims not recorded are stopped.
-A prepare whose spec or checkpoint write fails (ENOSPC, EIO) removes the spec
-it wrote and answers that claim's error, so no spec is left without its entry.
-Calls are serialised by a lock; they block on file I/O and run in worker threads.
-A prepare waits for its checkpoint record's fsync after letting go of the lock,
-so prepares of other claims go on meanwhile and concurrent ones share one fsync
-(group commit); the kubelet is answered only once the record is durable.
-The lock is also held across processes (the checkpoint's flock), and the state
-re-read under it when another instance saved it: during a rolling update two
-instances prepare and unprepare on the same checkpoint and CDI directory.
+The programs decide; `DeviceState` only holds the state (prepared claims,
+device actions, inventory) and runs each step they yield: one loop, one crash
+point per step (`faults.point`), no decisions. Steps run under a lock that is
+held across threads and processes (the checkpoint's flock: in a rolling update
+two instances share the checkpoint and the CDI directory); the two steps
+marked unlocked (asking the API server about holders, waiting for the fsync)
+run without it. Calls block on file I/O and run in worker threads.
+docs/architecture.md, "Prepare, step by step", has the order and why.
 """
 
 from __future__ import annotations
@@ -42,35 +15,42 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 from dra.adapters import faults
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
-from dra.core import prepare as plans
-from dra.core import sharing
-from dra.core.allocation import ClaimAllocation, ClaimError
+from dra.core import migdevices, recovery
+from dra.core import prepare as programs
+from dra.core import steps as s
+from dra.core.allocation import ClaimAllocation
 from dra.gpu import dynamic
 from dra.gpu.nvml import ERROR_INSUFFICIENT_RESOURCES, GpuLibrary, GpuLibraryError, Placement
 from dra.kubeletplugin.mps import MpsDaemons, MpsError
 from dra.kubeletplugin.timeslice import TimeSliceError, TimeSlicer
-from dra.model.devices import Gpu, Inventory, MigDevice
-from dra.model.prepared import MIG_CREATE, DeviceAction, PreparedClaim
+from dra.model.devices import Inventory
+from dra.model.prepared import DeviceAction, PreparedClaim
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+#: Answers AskStale: which of these prepared claims the API server says are gone, by UID, with why.
+StaleCheck = Callable[[Sequence[PreparedClaim]], Mapping[str, str]]
 
-def _warn_missing(missing: Iterable[plans.MissingDevice]) -> None:
-    for gone in missing:
-        log.warning("%s", gone.message)
+#: What a step may fail with; it is thrown into the program as StepError, which decides what follows.
+_STEP_ERRORS = (OSError, GpuLibraryError, TimeSliceError, MpsError)
+
+_LOG_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+def _every_holder_live(holders: Sequence[PreparedClaim]) -> Mapping[str, str]:
+    return {}
 
 
 class DeviceState:
-    """The node's prepared claims; decides and applies prepares, unprepares and the start-up repair."""
+    """The node's prepared claims; runs prepares, unprepares and the start-up repair."""
 
     def __init__(
         self,
@@ -84,60 +64,55 @@ class DeviceState:
         mps: MpsDaemons | None = None,
     ) -> None:
         self.driver = driver
-        self._time_slicer = time_slicer
-        self._mps = mps
-        self._mps_root = str(mps.root) if mps is not None else ""
         self.pool = node_name
         self.inventory = inventory
+        self._node = s.Node(
+            driver,
+            node_name,
+            mps_root=str(mps.root) if mps is not None else "",
+            mig=lib is not None,
+            time_slicing=time_slicer is not None,
+            checkpoint=str(checkpoint.path),
+        )
         self._cdi = cdi_store
         self._checkpoint = checkpoint
         #: The GPU library dynamic MIG makes and destroys MIG devices through.
         self._lib = lib
+        self._time_slicer = time_slicer
+        self._mps = mps
         self._lock = threading.Lock()
         self._prepared, self._actions = checkpoint.load_state()
+
+    @property
+    def prepared(self) -> Mapping[str, PreparedClaim]:
+        """Prepared claims by UID (a snapshot)."""
+        return dict(self._prepared)
 
     @property
     def actions(self) -> list[DeviceAction]:
         """Device actions the checkpoint records (a snapshot)."""
         return list(self._actions)
 
-    def _save(
-        self, prepared: dict[str, PreparedClaim], actions: list[DeviceAction], durable: bool = True
-    ) -> int:
-        ticket = self._checkpoint.save(prepared, actions, durable)
-        self._prepared, self._actions = prepared, actions
-        return ticket
+    def _facts(self) -> s.Facts:
+        return s.Facts(dict(self._prepared), tuple(self._actions), self.inventory)
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        """Hold the state against threads and other processes, with what another instance saved."""
-        with self._lock, self._checkpoint.exclusive() as saved_elsewhere:
-            if saved_elsewhere is not None:
-                self._prepared, self._actions = saved_elsewhere
-                self._adopt_instances()
-            yield
+    # -- the calls -------------------------------------------------------------------------------
 
-    def _adopt_instances(self) -> None:
-        """Know the MIG devices another instance made for its claims, and forget those it destroyed."""
-        made = {str(a.result["uuid"]): a for a in self._actions if a.done}
-        known = [m for m in self.inventory.instances if m.uuid in made]
-        found = {m.uuid for m in known}
-        for uuid, action in made.items():
-            gpu = next((g for g in self.inventory.gpus if g.uuid == action.params["gpu"]), None)
-            if uuid in found or gpu is None or self._lib is None:
-                continue
-            try:
-                known.append(
-                    dynamic.find_mig_device(
-                        self._lib,
-                        gpu,
-                        int(action.result["gpuInstance"]),
-                        int(action.result["computeInstance"]),
-                    )
-                )
-            except GpuLibraryError as err:
-                log.warning("claim %s: cannot find MIG device %s: %s", action.claim_uid, uuid, err)
-        self.inventory = replace(self.inventory, instances=tuple(known))
+    def prepare(self, allocation: ClaimAllocation, stale: StaleCheck = _every_holder_live) -> PreparedClaim:
+        """Prepare a claim, or return its recorded answer; ClaimError when it cannot be, and nothing changes.
+
+        `stale` is asked, without the lock, about prepared claims that hold a device the allocation
+        needs; by default every holder is live and refuses the claim.
+        """
+        return self._run(lambda facts: programs.prepare(self._node, allocation, facts), stale)
+
+    def unprepare(self, uid: str) -> PreparedClaim | None:
+        """Undo a prepare; an unknown claim is fine (its stray spec, if any, goes too)."""
+        return self._run(lambda facts: programs.unprepare(self._node, uid, facts))
+
+    def recover(self) -> None:
+        """After a restart: drop specs of claims not prepared, (re)write the specs of prepared ones."""
+        self._run(lambda facts: recovery.recover(self._node, facts))
 
     def set_inventory(self, inventory: Inventory) -> None:
         """Devices changed: new prepares see the new inventory; prepared claims stay as they are."""
@@ -153,415 +128,156 @@ class DeviceState:
         device actions (what it must keep) and returns its result and the new inventory (None: as it
         is); so does this.
         """
-        with self._locked():
+        with self._held():
             result, inventory = change(dict(self._prepared), list(self._actions))
             if inventory is not None:
                 self.inventory = inventory
             return result, inventory
 
-    @property
-    def prepared(self) -> Mapping[str, PreparedClaim]:
-        """Prepared claims by UID (a snapshot)."""
-        return dict(self._prepared)
+    # -- the executor ----------------------------------------------------------------------------
 
-    def recover(self) -> None:
-        """After a restart: drop specs of claims not prepared, (re)write the specs of prepared ones."""
-        with self._locked():
-            self._checkpoint.remove_leftovers()
-            self._cdi.remove_leftovers()
-            faults.point("recover.leftovers-removed")
-            self._recover_mig()
-            plan = plans.decide_recover(
-                self._prepared,
-                self.inventory,
-                self._cdi.claim_uids(),
-                driver=self.driver,
-                mps_root=self._mps_root,
-            )
-            for uid in plan.remove:
-                log.info("removing CDI spec of claim %s, which is not prepared", uid)
-                self._cdi.remove(uid)
-                faults.point("recover.spec-removed")
-            _warn_missing(plan.missing)
-            for uid, spec in plan.write:
+    @contextlib.contextmanager
+    def _held(self) -> Iterator[None]:
+        """Hold the state against threads and other processes, with what another instance saved."""
+        with self._lock, self._checkpoint.exclusive() as saved_elsewhere:
+            if saved_elsewhere is not None:
+                self._prepared, self._actions = saved_elsewhere
+                self._execute(migdevices.adopt(self._node, self._facts()), _every_holder_live)
+            yield
+
+    def _run(self, start: Callable[[s.Facts], s.Program[T]], stale: StaleCheck = _every_holder_live) -> T:
+        """Run a program from the state as it is under the lock; the lock is let go for unlocked steps."""
+        with _Hold(self._held) as hold:
+            return self._execute(start(self._facts()), stale, hold)
+
+    def _execute(self, program: s.Program[T], stale: StaleCheck, hold: _Hold | None = None) -> T:
+        """The loop: send each step's result back, or throw its failure in; the program's answer."""
+        result: object = None
+        failure: s.StepError | None = None
+        while True:
+            try:
+                step = program.send(result) if failure is None else program.throw(failure)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            except s.StepError as failed:
+                # The program did not handle it: the step's own error, as before there were steps.
+                raise failed.__cause__ or failed from None
+            if hold is not None:
+                hold.set(step.locked)
+            result, failure = None, None
+            try:
+                result = self._do(step, stale)
+            except _STEP_ERRORS as err:
+                failure = s.StepError(
+                    str(err),
+                    getattr(err, "code", 0),
+                    placement_taken=isinstance(err, GpuLibraryError)
+                    and err.code == ERROR_INSUFFICIENT_RESOURCES,
+                )
+                failure.__cause__ = err
+                continue
+            if step.point:
+                faults.point(step.point)
+
+    def _do(self, step: s.Step, stale: StaleCheck) -> object:
+        """Run one step; its result."""
+        match step:
+            case s.ReadState():
+                return self._facts()
+            case s.HasSpec(uid=uid):
+                return self._cdi.exists(uid)
+            case s.SpecUids():
+                return frozenset(self._cdi.claim_uids())
+            case s.AskStale(holders=holders):
+                return stale(holders)
+            case s.MissingHostPaths(spec=spec):
+                return tuple(self._cdi.missing_host_paths(spec))
+            case s.Save(prepared=prepared, actions=actions, durable=durable):
+                ticket = self._checkpoint.save(prepared, actions, durable)
+                self._prepared, self._actions = dict(prepared), list(actions)
+                return ticket
+            case s.Sync(ticket=ticket):
+                self._checkpoint.sync(ticket)
+            case s.Log(level=level, message=message):
+                log.log(_LOG_LEVELS[level], "%s", message)
+            case s.Mark():
+                pass
+            case s.RemoveLeftovers():
+                self._checkpoint.remove_leftovers()
+                self._cdi.remove_leftovers()
+            case s.WriteSpec(uid=uid, spec=spec):
                 self._cdi.write(uid, spec)
-                faults.point("recover.spec-written")
-            if self._time_slicer is not None:
-                try:
-                    self._time_slicer.apply(sharing.wanted_time_slices(self._prepared))
-                except TimeSliceError as err:
-                    log.error("%s", err)
-            if self._mps is not None:
-                self._mps.stop_others(self._prepared)
-                for claim in self._prepared.values():
-                    try:
-                        self._mps.start(claim)
-                    except MpsError as err:
-                        log.error("claim %s/%s: %s", claim.namespace, claim.name, err)
+            case s.RemoveSpec(uid=uid):
+                self._cdi.remove(uid)
+            case s.SetInventory(inventory=inventory):
+                self.inventory = inventory
+            case _:
+                return self._do_gpu(step)
+        return None
 
-    def _held(self) -> set[tuple[str, int]]:
-        """(GPU UUID, GPU instance ID) of every MIG device made for a prepared claim."""
-        return {
-            (str(a.params["gpu"]), int(a.result["gpuInstance"]))
-            for a in self._actions
-            if a.done and a.claim_uid in self._prepared
-        }
-
-    def _destroy_unheld(self, gpus: Iterable[Gpu]) -> int:
-        """Destroy the MIG instances on these GPUs that no prepared claim holds; how many there were."""
-        if self._lib is None:
-            return 0
-        held, destroyed = self._held(), 0
-        for gpu in gpus:
-            for instance in dynamic.instances(self._lib, gpu.index):
-                if (gpu.uuid, instance.gpu_instance_id) in held:
-                    continue
-                start, size = instance.placement.start, instance.placement.size
-                log.warning(
-                    "destroying MIG instance %d (memory slices %d-%d) on GPU %d: no prepared claim holds it "
-                    "(left by a crash, or made by hand on a GPU in dynamic MIG mode)",
-                    instance.gpu_instance_id,
-                    start,
-                    start + size - 1,
-                    gpu.index,
+    def _do_gpu(self, step: s.Step) -> object:
+        """Run a step that changes a GPU: MIG instances, time slices, MPS daemons."""
+        match step:
+            case s.ListGpuInstances(gpu_index=index):
+                return tuple(
+                    s.GpuInstanceAt(i.gpu_instance_id, i.placement.start, i.placement.size)
+                    for i in dynamic.instances(self._gpus(), index)
                 )
-                dynamic.destroy(self._lib, gpu.index, instance.gpu_instance_id)
-                destroyed += 1
-        return destroyed
+            case s.CreateGpuInstance(gpu_index=index, profile_id=profile, start=start, size=size):
+                return dynamic.create_gpu_instance(self._gpus(), index, profile, Placement(start, size))
+            case s.CreateComputeInstance(gpu_index=index, gpu_instance_id=gi, slices=slices):
+                return dynamic.create_compute_instance(self._gpus(), index, gi, slices)
+            case s.FindMigDevice(gpu=gpu, gpu_instance_id=gi, compute_instance_id=ci):
+                return dynamic.find_mig_device(self._gpus(), gpu, gi, ci)
+            case s.DestroyGpuInstance(gpu_index=index, gpu_instance_id=gi):
+                dynamic.destroy(self._gpus(), index, gi)
+            case s.ApplyTimeSlices(wanted=wanted):
+                self._slicer().apply(wanted)
+            case s.RestoreTimeSlices(uuids=uuids):
+                self._slicer().restore(uuids)
+            case s.StartMps(claim=claim):
+                self._daemons().start(claim)
+            case s.ReleaseMps(claim=claim, others=others):
+                self._daemons().release(claim, others)
+            case s.StopOtherMps(prepared=prepared):
+                self._daemons().stop_others(prepared)
+            case _:
+                raise TypeError(f"no executor for step {step!r}")
+        return None
 
-    def _recover_mig(self) -> None:
-        """Adopt the MIG devices made for prepared claims; destroy every other one on dynamic-MIG GPUs."""
-        kept = [a for a in self._actions if a.done and a.claim_uid in self._prepared]
-        known = self._held()
-        self._destroy_unheld(self.inventory.dynamic_gpus)
-        for action in self._actions:
-            if action not in kept:
-                log.info(
-                    "undid %s of %s for claim %s, which never completed",
-                    action.kind,
-                    action.device,
-                    action.claim_uid,
-                )
-        if kept != self._actions:
-            self._save(self._prepared, kept)
-        self.inventory = replace(
-            self.inventory,
-            instances=tuple(
-                m for m in self.inventory.instances if (m.parent.uuid, m.gpu_instance_id) in known
-            ),
-        )
-
-    def prepare(self, allocation: ClaimAllocation, stale: Mapping[str, str] | None = None) -> PreparedClaim:
-        """Prepare a claim, releasing the holders `stale` names (UID -> why), or return its recorded answer.
-
-        ClaimError when it cannot be prepared; then nothing changes.
-        """
-        with self._locked():
-            claim, ticket = self._prepare_locked(allocation, stale or {})
-        self._make_durable(ticket, claim, allocation)
-        return claim
-
-    def prepare_unless_held(self, allocation: ClaimAllocation) -> PreparedClaim | list[PreparedClaim]:
-        """`prepare` when no prepared claim holds a device the allocation needs; else those holders.
-
-        With holders nothing changes: the caller asks the API server which of them
-        are stale and calls `prepare` with the answer, which decides again on the
-        state it then sees. The common case, no holder, so costs one call (one trip
-        to a worker thread and one hold of the lock) instead of two.
-        """
-        with self._locked():
-            holders = plans.conflicts(allocation, self.inventory, self._prepared, pool=self.pool)
-            if holders:
-                return holders
-            claim, ticket = self._prepare_locked(allocation, {})
-        self._make_durable(ticket, claim, allocation)
-        return claim
-
-    def _prepare_locked(
-        self, allocation: ClaimAllocation, stale: Mapping[str, str]
-    ) -> tuple[PreparedClaim, int]:
-        """Decide and apply a prepare; the caller holds the lock and then makes the ticket durable."""
-        plan = plans.decide_prepare(
-            allocation,
-            self.inventory,
-            self._prepared,
-            driver=self.driver,
-            pool=self.pool,
-            stale=stale,
-            has_spec=self._cdi.exists(allocation.uid),
-            mps_root=self._mps_root,
-        )
-        if isinstance(plan, plans.Refusal):
-            raise ClaimError(plan.message)
-        # A claim allocated anew, or a stale holder released, gives its MIG devices back first.
-        for uid in {r.holder.uid for r in plan.release} | ({plan.replaces.uid} if plan.replaces else set()):
-            self._destroy_mig_devices(uid)
-        if plan.create:
-            plan = self._make_mig_devices(plan, allocation)
-        gone = self._missing_host_paths(plan)
-        if gone:
-            # The runtime would fail every container of the claim on a path that is gone.
-            self._destroy_mig_devices(allocation.uid)
-            raise ClaimError(
-                f"cannot prepare ResourceClaim {allocation.ref}: its CDI spec would name "
-                f"{', '.join(gone)}, not on this node (a GPU or the driver changed since discovery)"
-            )
-        ticket = self._apply(plan, allocation)
-        faults.point("sharing-before-gpu-settings")
-        self._apply_gpu_settings(plan, allocation)
-        return plan.claim, ticket
-
-    def _make_durable(self, ticket: int, claim: PreparedClaim, allocation: ClaimAllocation) -> None:
-        """Wait for the prepare's checkpoint record to reach the disk; ClaimError undoes the prepare.
-
-        Outside the lock: prepares of other claims go on meanwhile, and concurrent
-        ones share one fsync (group commit).
-        """
-        try:
-            self._checkpoint.sync(ticket)
-        except OSError as err:
-            with self._locked():
-                if self._prepared.get(claim.uid) is claim:
-                    self._unprepare_locked(claim.uid)
-            raise ClaimError(
-                f"cannot record claim {allocation.ref} in the checkpoint {self._checkpoint.path}: {err}"
-            ) from err
-        if ticket:
-            faults.point("prepare.checkpoint-saved")
-
-    def _make_mig_devices(self, plan: plans.PreparePlan, allocation: ClaimAllocation) -> plans.PreparePlan:
-        """Make the plan's MIG devices, each recorded as intent, then done; ClaimError leaves none behind."""
-        if self._lib is None:
-            raise ClaimError(f"cannot prepare ResourceClaim {allocation.ref}: this node does not manage MIG")
-        intents = [
-            DeviceAction(
-                allocation.uid,
-                c.device,
-                MIG_CREATE,
-                {
-                    "gpu": c.partition.parent.uuid,
-                    "profile": c.partition.profile,
-                    "profileId": c.partition.profile_id,
-                    "start": c.partition.placement_start,
-                    "size": c.partition.placement_size,
-                },
-            )
-            for c in plan.create
-        ]
-        self._save(self._prepared, [*self._actions, *intents])
-        faults.point("mig-intent-recorded")
-        made: dict[str, MigDevice] = {}
-        for create, intent in zip(plan.create, intents, strict=True):
-            try:
-                device = self._make_one(create)
-            except GpuLibraryError as err:
-                self._destroy_mig_devices(allocation.uid)
-                raise ClaimError(self._creation_failed(allocation, create, err)) from None
-            made[create.device] = device
-            done = replace(
-                intent,
-                done=True,
-                result={
-                    "gpuInstance": device.gpu_instance_id,
-                    "computeInstance": device.compute_instance_id,
-                    "uuid": device.uuid,
-                },
-            )
-            self._save(self._prepared, [done if a.key == intent.key else a for a in self._actions])
-            faults.point("mig-recorded")
-            self.inventory = replace(self.inventory, instances=(*self.inventory.instances, device))
-        return plan.made(made, self.inventory, self.driver, self._mps_root)
-
-    def _creation_failed(
-        self, allocation: ClaimAllocation, create: plans.CreateMig, err: GpuLibraryError
-    ) -> str:
-        """The per-claim error; a taken placement first reconciles the GPU with the checkpoint."""
-        message = (
-            f"cannot prepare ResourceClaim {allocation.ref}: cannot make MIG device {create.device}, "
-            f"{create.placement}: NVML error {err.code}: {err}"
-        )
-        if err.code != ERROR_INSUFFICIENT_RESOURCES:
-            return message
-        try:
-            reaped = self._destroy_unheld([create.partition.parent])
-        except GpuLibraryError as failed:
-            log.warning(
-                "cannot reconcile the MIG instances of GPU %d: %s", create.partition.parent.index, failed
-            )
-            reaped = 0
-        if reaped:
-            return (
-                f"{message}; the placement was taken by MIG instances no prepared claim held, "
-                "now destroyed: the retry can succeed"
-            )
-        return f"{message}; a claim still prepared on this node holds the placement (the allocation is stale)"
-
-    def _make_one(self, create: plans.CreateMig) -> MigDevice:
-        """GPU instance, then compute instance; the GPU instance goes again if the compute instance fails."""
+    # The programs yield these steps only where the node has the part (dra.core.steps.Node).
+    def _gpus(self) -> GpuLibrary:
         assert self._lib is not None
-        p = create.partition
-        gi = dynamic.create_gpu_instance(
-            self._lib, p.parent.index, p.profile_id, Placement(p.placement_start, p.placement_size)
-        )
-        faults.point("mig-gpu-instance-created")
-        try:
-            ci = dynamic.create_compute_instance(self._lib, p.parent.index, gi, p.slices)
-            faults.point("mig-compute-instance-created")
-            return dynamic.find_mig_device(self._lib, p.parent, gi, ci)
-        except GpuLibraryError:
-            dynamic.destroy(self._lib, p.parent.index, gi)
-            raise
+        return self._lib
 
-    def _destroy_mig_devices(self, uid: str) -> None:
-        """Destroy the MIG devices made for a claim and drop their actions (the claim's record stays)."""
-        mine = [a for a in self._actions if a.claim_uid == uid and a.kind == MIG_CREATE]
-        if not mine:
-            return
-        for action in mine:
-            gpu = next((g for g in self.inventory.gpus if g.uuid == action.params["gpu"]), None)
-            if self._lib is not None and gpu is not None and action.done:
-                dynamic.destroy(self._lib, gpu.index, int(action.result["gpuInstance"]))
-                faults.point("mig-destroyed")
-            elif self._lib is not None and gpu is not None:
-                # Never recorded as done: whatever sits at its placement was made for it.
-                for instance in dynamic.instances(self._lib, gpu.index):
-                    if instance.placement == Placement(
-                        int(action.params["start"]), int(action.params["size"])
-                    ):
-                        dynamic.destroy(self._lib, gpu.index, instance.gpu_instance_id)
-        gone = {m.uuid for m in self.inventory.instances if any(a.result.get("uuid") == m.uuid for a in mine)}
-        self.inventory = replace(
-            self.inventory, instances=tuple(m for m in self.inventory.instances if m.uuid not in gone)
-        )
-        self._save(self._prepared, [a for a in self._actions if a not in mine])
+    def _slicer(self) -> TimeSlicer:
+        assert self._time_slicer is not None
+        return self._time_slicer
 
-    def _missing_host_paths(self, plan: plans.PreparePlan) -> list[str]:
-        """Host paths the plan's spec names that are not on this node, but for those the prepare makes.
+    def _daemons(self) -> MpsDaemons:
+        assert self._mps is not None
+        return self._mps
 
-        The MPS directories of the claim's devices come with their daemon, which starts after the spec
-        is written.
-        """
-        if plan.spec is None:
-            return []
-        gone = self._cdi.missing_host_paths(plan.spec)
-        if self._mps is None:
-            return gone
-        own = sharing.mps_dirs(self._mps_root, sharing.claim_mps_key(plan.claim)).root + "/"
-        return [path for path in gone if not path.startswith(own)]
 
-    def _apply_gpu_settings(self, plan: plans.PreparePlan, allocation: ClaimAllocation) -> None:
-        """Set the claim's time slices and start its MPS daemon (again, on a retry).
+class _Hold:
+    """The state's lock, taken and let go as the steps of one program need it."""
 
-        On failure the prepare is undone and ClaimError says why.
-        """
-        wanted = sharing.wanted_time_slices({plan.claim.uid: plan.claim})
-        try:
-            if self._time_slicer is not None and wanted:
-                self._time_slicer.apply(wanted)
-            if self._mps is not None:
-                if plan.replaces is not None:
-                    # The daemon of the old allocation's devices, unless the new one or another claim uses it.
-                    self._mps.release(plan.replaces, self._prepared)
-                self._mps.start(plan.claim)
-        except (TimeSliceError, MpsError) as err:
-            self._unprepare_locked(plan.claim.uid)
-            raise ClaimError(f"cannot prepare ResourceClaim {allocation.ref}: {err}") from None
+    def __init__(self, take: Callable[[], contextlib.AbstractContextManager[None]]) -> None:
+        self._take = take
+        self._stack: contextlib.ExitStack | None = None
 
-    def _apply(self, plan: plans.PreparePlan, allocation: ClaimAllocation) -> int:
-        """Effects of a prepare plan in crash-safe order; the caller holds the lock.
+    def set(self, locked: bool) -> None:
+        """Hold the lock, or let it go."""
+        if locked and self._stack is None:
+            self._stack = contextlib.ExitStack()
+            self._stack.enter_context(self._take())
+        elif not locked and self._stack is not None:
+            self._stack.close()
+            self._stack = None
 
-        Returns the ticket that makes the checkpoint record durable (0: nothing recorded).
-        """
-        if plan.replaces is not None:
-            # The kubelet unprepares before a claim is allocated anew; if it did not, the
-            # claim's current allocation is the truth, not the record.
-            log.warning(
-                "claim %s (%s) is prepared with %s but now allocated %s: preparing it again",
-                allocation.ref,
-                allocation.uid,
-                sorted(plans.recorded(plan.replaces)),
-                sorted(plans.recorded(plan.claim)),
-            )
-        for release in plan.release:
-            holder = release.holder
-            log.warning(
-                "releasing %s/%s (%s), prepared but stale: %s",
-                holder.namespace,
-                holder.name,
-                holder.uid,
-                release.reason,
-            )
-            self._cdi.remove(holder.uid)
-            faults.point("prepare.stale-spec-removed")
-        _warn_missing(plan.missing)
-        if plan.spec is not None:
-            faults.point("prepare.before-cdi-write")
-            try:
-                self._cdi.write(plan.claim.uid, plan.spec)
-            except OSError as err:
-                self._drop_unrecorded_spec(plan.claim.uid)
-                raise ClaimError(f"cannot write the CDI spec of claim {allocation.ref}: {err}") from err
-            faults.point("prepare.cdi-written")
-        if not plan.record:
-            return 0
-        released = {r.holder.uid for r in plan.release}
-        updated = {uid: c for uid, c in self._prepared.items() if uid not in released}
-        updated[plan.claim.uid] = plan.claim
-        try:
-            ticket = self._save(
-                updated, [a for a in self._actions if a.claim_uid not in released], durable=False
-            )
-        except OSError as err:
-            # A failed directory fsync comes after the rename: put back the record the kubelet is told of.
-            with contextlib.suppress(OSError):
-                self._save(self._prepared, self._actions)
-            self._drop_unrecorded_spec(plan.claim.uid)
-            raise ClaimError(
-                f"cannot record claim {allocation.ref} in the checkpoint {self._checkpoint.path}: {err}"
-            ) from err
-        log.info(
-            "prepared claim %s (%s): %s",
-            allocation.ref,
-            plan.claim.uid,
-            ", ".join(d.device for d in plan.claim.devices),
-        )
-        return ticket
+    def __enter__(self) -> _Hold:
+        self.set(True)
+        return self
 
-    def _drop_unrecorded_spec(self, uid: str) -> None:
-        """After a failed write: remove the claim's spec unless the checkpoint records the claim."""
-        if uid in self._prepared:
-            return
-        # Best effort on a failing disk: a spec that stays is removed at the next start-up.
-        with contextlib.suppress(OSError):
-            self._cdi.remove(uid)
-
-    def unprepare(self, uid: str) -> PreparedClaim | None:
-        """Undo a prepare; an unknown claim is fine (its stray spec, if any, goes too)."""
-        with self._locked():
-            return self._unprepare_locked(uid)
-
-    def _unprepare_locked(self, uid: str) -> PreparedClaim | None:
-        """Undo a prepare; the caller holds the lock."""
-        plan = plans.decide_unprepare(uid, self._prepared)
-        self._cdi.remove(plan.uid)
-        if plan.claim is None:
-            return None
-        faults.point("unprepare.spec-removed")
-        if self._time_slicer is not None:
-            self._time_slicer.restore(sharing.time_slices_to_restore(uid, self._prepared))
-        if self._mps is not None:
-            self._mps.release(plan.claim, {k: v for k, v in self._prepared.items() if k != uid})
-        faults.point("sharing-before-unrecord")
-        try:
-            self._destroy_mig_devices(plan.uid)
-        except GpuLibraryError as err:
-            raise ClaimError(
-                f"cannot unprepare claim {plan.claim.namespace}/{plan.claim.name}: destroying its MIG "
-                f"device failed (NVML error {err.code}: {err}); the kubelet retries"
-            ) from None
-        updated = {k: v for k, v in self._prepared.items() if k != plan.uid}
-        # Not fsynced: an entry back after a power loss is a stale holder, released when needed.
-        self._save(updated, self._actions, durable=False)
-        faults.point("unprepare.checkpoint-saved")
-        log.info("unprepared claim %s/%s (%s)", plan.claim.namespace, plan.claim.name, uid)
-        return plan.claim
+    def __exit__(self, *exc: object) -> None:
+        self.set(False)

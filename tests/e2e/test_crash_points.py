@@ -97,23 +97,35 @@ COVERED_ELSEWHERE = {
 
 
 def _points_in_source() -> set[str]:
-    """Every name passed to faults.point in the package."""
-    names = set()
+    """Every name passed to faults.point in the package, and every step's `point=` (dra.core.steps).
+
+    The executor passes each step's point (`faults.point(step.point)`); a program names it where it
+    yields the step.
+    """
+    names: set[str] = set()
     for path in (REPO / "dra").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            names.update(n for k in node.keywords if k.arg == "point" and (n := _literal(k.value)))
             if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
+                isinstance(node.func, ast.Attribute)
                 and node.func.attr == "point"
                 and isinstance(node.func.value, ast.Name)
                 and node.func.value.id == "faults"
             ):
                 name = node.args[0] if len(node.args) == 1 else None
+                if ast.unparse(node) == "faults.point(step.point)":
+                    continue
                 assert isinstance(name, ast.Constant), (
                     f"{path}:{node.lineno}: a fault point needs a literal name, for this matrix to find it"
                 )
                 names.add(str(name.value))
     return names
+
+
+def _literal(node: ast.expr) -> str:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else ""
 
 
 def test_every_fault_point_has_a_case() -> None:

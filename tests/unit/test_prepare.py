@@ -12,15 +12,14 @@ from dra.core.allocation import AllocatedDevice, ClaimAllocation, OpaqueConfig
 from dra.core.prepare import (
     MissingDevice,
     PreparePlan,
-    RecoverPlan,
     Refusal,
     Release,
     UnpreparePlan,
     conflicts,
     decide_prepare,
-    decide_recover,
     decide_unprepare,
 )
+from dra.core.recovery import RecoverPlan, decide_recover
 from dra.model.devices import Inventory
 from dra.model.prepared import PreparedClaim, PreparedDevice
 from tests.unit.helpers import DRIVER, NODE, inventory

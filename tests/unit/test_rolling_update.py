@@ -11,6 +11,7 @@ import shutil
 import socket
 import tempfile
 import threading
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from dra.daemon.sockets import MAX_SOCKET_PATH, is_abandoned
 from dra.kubeletplugin.publisher import SlicePublisher
 from dra.kubeletplugin.server import PluginServer, sockets
 from dra.kubeletplugin.service import DraService, HealthService
+from dra.model.prepared import PreparedClaim
 from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc
 from tests.unit.helpers import DRIVER, NODE, inventory
 from tests.unit.test_publisher import FakeKube
@@ -69,9 +71,15 @@ def test_neither_instance_loses_the_others_claims(paths: Paths) -> None:
     new.prepare(_allocation(UID_B, "gpu-1"))
     assert set(paths.checkpointed()) == {UID_A, UID_B}
     # The old instance sees the new one's claim as the holder of its device, and changes nothing.
-    held = old.prepare_unless_held(_allocation(UID_C, "gpu-1"))
-    assert isinstance(held, list)
-    assert [c.uid for c in held] == [UID_B]
+    asked: list[str] = []
+
+    def live(holders: Sequence[PreparedClaim]) -> Mapping[str, str]:
+        asked.extend(c.uid for c in holders)
+        return {}
+
+    with pytest.raises(ClaimError):
+        old.prepare(_allocation(UID_C, "gpu-1"), live)
+    assert asked == [UID_B]
     assert set(paths.checkpointed()) == {UID_A, UID_B}
 
 

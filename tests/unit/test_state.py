@@ -198,9 +198,21 @@ def test_repeated_prepare_recreates_a_missing_spec(paths: Paths) -> None:
     assert paths.spec(UID_A).read_bytes() == original
 
 
+def _refused_asking(state: DeviceState, allocation: ClaimAllocation, asked: list[str]) -> str:
+    """Refused, every holder live; the UIDs of the holders the prepare asked about go to `asked`."""
+
+    def live(holders: Sequence[PreparedClaim]) -> Mapping[str, str]:
+        asked.extend(c.uid for c in holders)
+        return {}
+
+    with pytest.raises(ClaimError) as err:
+        state.prepare(allocation, live)
+    return str(err.value)
+
+
 def _refused(state: DeviceState, allocation: ClaimAllocation, stale: Mapping[str, str] | None = None) -> str:
     with pytest.raises(ClaimError) as err:
-        state.prepare(allocation, stale)
+        state.prepare(allocation, lambda holders: stale or {})
     return str(err.value)
 
 
@@ -442,9 +454,9 @@ def test_a_gpu_renamed_by_renumbering_is_still_held_by_its_claim(paths: Paths) -
     )
     state.set_inventory(shifted)
     blocked = _allocation(UID_B, "gpu-0")
-    holders = state.prepare_unless_held(blocked)
-    assert isinstance(holders, list)
-    assert [c.uid for c in holders] == [UID_A]
+    asked: list[str] = []
+    _refused_asking(state, blocked, asked)
+    assert asked == [UID_A]
     assert f"device gpu-0 is already prepared for claim team-a/claim-a ({UID_A})" in _refused(state, blocked)
 
 
@@ -505,7 +517,7 @@ def test_a_stale_holder_is_released_with_one_checkpoint_save(paths: Paths) -> No
     state = DeviceState(DRIVER, NODE, inventory("h100x8"), specs, checkpoint)
     state.prepare(_allocation(UID_A, "gpu-0", "gpu-1"))
     state.prepare(_allocation(UID_C, "gpu-2"))
-    claim = state.prepare(_allocation(UID_B, "gpu-1"), {UID_A: "the claim no longer exists"})
+    claim = state.prepare(_allocation(UID_B, "gpu-1"), lambda _: {UID_A: "the claim no longer exists"})
     assert checkpoint.saves == 3
     assert paths.checkpointed() == {UID_C: state.prepared[UID_C], UID_B: claim}
     assert paths.specs() == sorted([paths.spec(UID_B).name, paths.spec(UID_C).name])
@@ -535,7 +547,7 @@ def test_a_failed_save_while_releasing_a_stale_holder_is_repaired_by_the_restart
         FailingCheckpoint(paths.checkpoint),
     )
     with pytest.raises(ClaimError, match="no space"):
-        crashing.prepare(_allocation(UID_B, "gpu-0"), {UID_A: "the claim was re-created"})
+        crashing.prepare(_allocation(UID_B, "gpu-0"), lambda _: {UID_A: "the claim was re-created"})
     # The holder's spec is gone and the new one withdrawn, but the checkpoint still names the holder.
     assert paths.specs() == []
     assert list(paths.checkpointed()) == [UID_A]
@@ -543,7 +555,7 @@ def test_a_failed_save_while_releasing_a_stale_holder_is_repaired_by_the_restart
     restarted.recover()
     assert paths.specs() == [paths.spec(UID_A).name]
     # The kubelet retries; the holder is found stale again and released.
-    restarted.prepare(_allocation(UID_B, "gpu-0"), {UID_A: "the claim was re-created"})
+    restarted.prepare(_allocation(UID_B, "gpu-0"), lambda _: {UID_A: "the claim was re-created"})
     assert list(paths.checkpointed()) == [UID_B]
     assert paths.specs() == [paths.spec(UID_B).name]
 

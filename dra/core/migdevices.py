@@ -1,0 +1,257 @@
+"""The MIG devices dynamic MIG makes for claims, as programs of steps: make, destroy, adopt, repair.
+
+Each device is recorded as intent in the checkpoint before it is made and as
+done once it exists, so that a crash at any step is repaired at start-up: a
+device done for a prepared claim is adopted, every other instance on a
+dynamic-MIG GPU is destroyed (docs/mig.md, "Crash safety").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from dra.core.allocation import ClaimAllocation, ClaimError
+from dra.core.steps import (
+    CreateComputeInstance,
+    CreateGpuInstance,
+    DestroyGpuInstance,
+    Facts,
+    FindMigDevice,
+    ListGpuInstances,
+    Log,
+    Node,
+    Program,
+    Save,
+    SetInventory,
+    StepError,
+    ask,
+)
+from dra.model.devices import Gpu, Inventory, MigDevice, MigPartition
+from dra.model.prepared import MIG_CREATE, DeviceAction
+
+
+@dataclass(frozen=True)
+class CreateMig:
+    """Make the MIG device of a dynamic-MIG offer the claim was allocated."""
+
+    partition: MigPartition
+
+    @property
+    def device(self) -> str:
+        """The allocated device's name."""
+        return self.partition.name
+
+    @property
+    def placement(self) -> str:
+        """Where it goes, for messages: "3g.40gb at memory slices 4-7 of GPU 0 (GPU-...)"."""
+        p = self.partition
+        last = p.placement_start + p.placement_size - 1
+        gpu = f"GPU {p.parent.index} ({p.parent.uuid})"
+        return f"{p.profile} at memory slices {p.placement_start}-{last} of {gpu}"
+
+
+def _gpu_of(inventory: Inventory, action: DeviceAction) -> Gpu | None:
+    return next((g for g in inventory.gpus if g.uuid == action.params["gpu"]), None)
+
+
+def held(facts: Facts) -> set[tuple[str, int]]:
+    """(GPU UUID, GPU instance ID) of every MIG device made for a prepared claim."""
+    return {
+        (str(a.params["gpu"]), int(a.result["gpuInstance"]))
+        for a in facts.actions
+        if a.done and a.claim_uid in facts.prepared
+    }
+
+
+def make(
+    node: Node, allocation: ClaimAllocation, creates: tuple[CreateMig, ...], facts: Facts
+) -> Program[tuple[dict[str, MigDevice], Inventory]]:
+    """Make these MIG devices, each recorded as intent, then done; them (by device name) and the inventory.
+
+    ClaimError when one cannot be made; then none of the claim's is left.
+    """
+    if not node.mig:
+        raise ClaimError(f"cannot prepare ResourceClaim {allocation.ref}: this node does not manage MIG")
+    intents = [
+        DeviceAction(
+            allocation.uid,
+            c.device,
+            MIG_CREATE,
+            {
+                "gpu": c.partition.parent.uuid,
+                "profile": c.partition.profile,
+                "profileId": c.partition.profile_id,
+                "start": c.partition.placement_start,
+                "size": c.partition.placement_size,
+            },
+        )
+        for c in creates
+    ]
+    actions = (*facts.actions, *intents)
+    yield Save(facts.prepared, actions, point="mig-intent-recorded")
+    inventory = facts.inventory
+    made: dict[str, MigDevice] = {}
+    for create, intent in zip(creates, intents, strict=True):
+        try:
+            device = yield from _make_one(create)
+        except StepError as err:
+            left = replace(facts, actions=actions, inventory=inventory)
+            left = yield from destroy_claim_devices(node, allocation.uid, left)
+            raise ClaimError((yield from _creation_failed(node, left, allocation, create, err))) from None
+        made[create.device] = device
+        done = replace(
+            intent,
+            done=True,
+            result={
+                "gpuInstance": device.gpu_instance_id,
+                "computeInstance": device.compute_instance_id,
+                "uuid": device.uuid,
+            },
+        )
+        actions = tuple(done if a.key == intent.key else a for a in actions)
+        yield Save(facts.prepared, actions, point="mig-recorded")
+        inventory = replace(inventory, instances=(*inventory.instances, device))
+        yield SetInventory(inventory)
+    return made, inventory
+
+
+def _make_one(create: CreateMig) -> Program[MigDevice]:
+    """GPU instance, then compute instance; the GPU instance goes again if the compute instance fails."""
+    p = create.partition
+    gi = yield from ask(
+        CreateGpuInstance(
+            p.parent.index,
+            p.profile_id,
+            p.placement_start,
+            p.placement_size,
+            point="mig-gpu-instance-created",
+        )
+    )
+    try:
+        ci = yield from ask(
+            CreateComputeInstance(p.parent.index, gi, p.slices, point="mig-compute-instance-created")
+        )
+        return (yield from ask(FindMigDevice(p.parent, gi, ci)))
+    except StepError:
+        yield DestroyGpuInstance(p.parent.index, gi)
+        raise
+
+
+def _creation_failed(
+    node: Node, facts: Facts, allocation: ClaimAllocation, create: CreateMig, err: StepError
+) -> Program[str]:
+    """The per-claim error; a taken placement first reconciles the GPU with the checkpoint."""
+    message = (
+        f"cannot prepare ResourceClaim {allocation.ref}: cannot make MIG device {create.device}, "
+        f"{create.placement}: NVML error {err.code}: {err}"
+    )
+    if not err.placement_taken:
+        return message
+    try:
+        reaped = yield from destroy_unheld(node, facts, [create.partition.parent])
+    except StepError as failed:
+        yield Log(
+            "warning",
+            f"cannot reconcile the MIG instances of GPU {create.partition.parent.index}: {failed}",
+        )
+        reaped = 0
+    if reaped:
+        return (
+            f"{message}; the placement was taken by MIG instances no prepared claim held, "
+            "now destroyed: the retry can succeed"
+        )
+    return f"{message}; a claim still prepared on this node holds the placement (the allocation is stale)"
+
+
+def destroy_claim_devices(node: Node, uid: str, facts: Facts) -> Program[Facts]:
+    """Destroy the MIG devices made for a claim and drop their actions (the claim's record stays)."""
+    mine = [a for a in facts.actions if a.claim_uid == uid and a.kind == MIG_CREATE]
+    if not mine:
+        return facts
+    for action in mine:
+        gpu = _gpu_of(facts.inventory, action)
+        if not node.mig or gpu is None:
+            continue
+        if action.done:
+            yield DestroyGpuInstance(gpu.index, int(action.result["gpuInstance"]), point="mig-destroyed")
+            continue
+        # Never recorded as done: whatever sits at its placement was made for it.
+        for instance in (yield from ask(ListGpuInstances(gpu.index))):
+            if (instance.start, instance.size) == (int(action.params["start"]), int(action.params["size"])):
+                yield DestroyGpuInstance(gpu.index, instance.gpu_instance_id)
+    gone = {str(a.result["uuid"]) for a in mine if "uuid" in a.result}
+    inventory = replace(
+        facts.inventory, instances=tuple(m for m in facts.inventory.instances if m.uuid not in gone)
+    )
+    yield SetInventory(inventory)
+    actions = tuple(a for a in facts.actions if a not in mine)
+    yield Save(facts.prepared, actions)
+    return replace(facts, actions=actions, inventory=inventory)
+
+
+def destroy_unheld(node: Node, facts: Facts, gpus: Iterable[Gpu]) -> Program[int]:
+    """Destroy the MIG instances on these GPUs that no prepared claim holds; how many there were."""
+    if not node.mig:
+        return 0
+    kept, destroyed = held(facts), 0
+    for gpu in gpus:
+        for instance in (yield from ask(ListGpuInstances(gpu.index))):
+            if (gpu.uuid, instance.gpu_instance_id) in kept:
+                continue
+            yield Log(
+                "warning",
+                f"destroying MIG instance {instance.gpu_instance_id} (memory slices {instance.start}-"
+                f"{instance.start + instance.size - 1}) on GPU {gpu.index}: no prepared claim holds it "
+                "(left by a crash, or made by hand on a GPU in dynamic MIG mode)",
+            )
+            yield DestroyGpuInstance(gpu.index, instance.gpu_instance_id)
+            destroyed += 1
+    return destroyed
+
+
+def recover(node: Node, facts: Facts) -> Program[Facts]:
+    """At start-up: adopt the MIG devices made for prepared claims, destroy the others on dynamic-MIG GPUs."""
+    kept = tuple(a for a in facts.actions if a.done and a.claim_uid in facts.prepared)
+    known = held(facts)
+    yield from destroy_unheld(node, facts, facts.inventory.dynamic_gpus)
+    for action in facts.actions:
+        if action not in kept:
+            yield Log(
+                "info",
+                f"undid {action.kind} of {action.device} for claim {action.claim_uid}, which never completed",
+            )
+    if kept != facts.actions:
+        yield Save(facts.prepared, kept)
+    inventory = replace(
+        facts.inventory,
+        instances=tuple(m for m in facts.inventory.instances if (m.parent.uuid, m.gpu_instance_id) in known),
+    )
+    yield SetInventory(inventory)
+    return Facts(facts.prepared, kept, inventory)
+
+
+def adopt(node: Node, facts: Facts) -> Program[Inventory]:
+    """The inventory with the MIG devices another instance made for its claims, without those it destroyed."""
+    made = {str(a.result["uuid"]): a for a in facts.actions if a.done}
+    known = [m for m in facts.inventory.instances if m.uuid in made]
+    found = {m.uuid for m in known}
+    for uuid, action in made.items():
+        gpu = _gpu_of(facts.inventory, action)
+        if uuid in found or gpu is None or not node.mig:
+            continue
+        try:
+            known.append(
+                (
+                    yield from ask(
+                        FindMigDevice(
+                            gpu, int(action.result["gpuInstance"]), int(action.result["computeInstance"])
+                        )
+                    )
+                )
+            )
+        except StepError as err:
+            yield Log("warning", f"claim {action.claim_uid}: cannot find MIG device {uuid}: {err}")
+    inventory = replace(facts.inventory, instances=tuple(known))
+    yield SetInventory(inventory)
+    return inventory

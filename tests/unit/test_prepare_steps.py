@@ -1,0 +1,291 @@
+"""Prepare, unprepare and start-up repair as steps: the order a program yields them, and a crash after each.
+
+The first half reads the programs of dra.core.prepare as data: which steps, in which order, with which
+crash points. The second half runs them through the real executor (DeviceState) on fake GPUs and ends
+it after every step in turn, as kill -9 would between two steps (the in-memory state is thrown away,
+what is on disk stays); a new instance's start-up repair and the kubelet's retry must then converge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from dra.adapters.cdistore import CdiStore
+from dra.adapters.checkpoint import CheckpointStore
+from dra.core import prepare as programs
+from dra.core import steps
+from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError
+from dra.gpu import dynamic
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.nvml import Placement
+from dra.gpu.profiles import load_profile
+from dra.kubeletplugin.state import DeviceState
+from dra.model.devices import Inventory
+from dra.model.migmode import parse_mig_modes
+from dra.model.prepared import PreparedClaim
+from tests.unit.helpers import DRIVER, NODE
+
+UID = "6b1f7e7c-0d3e-4d4b-9a0e-2f1c3b4a5d6e"
+OTHER = "0c2d9e8f-1a2b-4c3d-8e4f-5a6b7c8d9e0f"
+WHOLE = "gpu-1"
+MIG = "gpu-0-mig-3g40gb-at4"
+#: GPU 0 makes MIG devices on demand; the others are given whole.
+MODES = "whole,0=dynamic"
+NODE_FACTS = steps.Node(DRIVER, NODE, mig=True, checkpoint="checkpoint.json")
+
+
+def _lib(root: Path) -> FakeGpuLibrary:
+    return FakeGpuLibrary(load_profile("h100x8-dynamic-mig"), NODE, mig_state=root / "fake-gpu-mig.json")
+
+
+def _inventory(root: Path) -> Inventory:
+    return discover(_lib(root), parse_mig_modes(MODES))
+
+
+def _allocation(device: str, uid: str = UID) -> ClaimAllocation:
+    return ClaimAllocation(uid, "default", f"claim-{uid[:4]}", (AllocatedDevice("gpu", NODE, device),))
+
+
+# -- the programs, read as data -----------------------------------------------------------------
+
+
+def _trace(program: steps.Program[object], answers: Mapping[type[steps.Step], object]) -> list[str]:
+    """Run a program against fixed answers; each step as "Kind" or "Kind@point"."""
+    seen: list[str] = []
+    result: object = None
+    while True:
+        try:
+            step = program.send(result)
+        except StopIteration:
+            return seen
+        seen.append(type(step).__name__ + (f"@{step.point}" if step.point else ""))
+        result = answers.get(type(step))
+
+
+def _answers(
+    facts: steps.Facts, more: Mapping[type[steps.Step], object] | None = None
+) -> dict[type[steps.Step], object]:
+    fixed = {steps.ReadState: facts, steps.HasSpec: False, steps.MissingHostPaths: (), steps.Save: 1}
+    return {**fixed, **(more or {})}
+
+
+def test_a_new_claim_is_spec_then_record_then_settings_then_fsync(tmp_path: Path) -> None:
+    facts = steps.Facts({}, (), _inventory(tmp_path))
+    program = programs.prepare(NODE_FACTS, _allocation(WHOLE), facts)
+    assert _trace(program, _answers(facts)) == [
+        "HasSpec",
+        "MissingHostPaths",
+        "Mark@prepare.before-cdi-write",
+        "WriteSpec@prepare.cdi-written",
+        "Save",
+        "Log",
+        "Mark@sharing-before-gpu-settings",
+        "Sync@prepare.checkpoint-saved",
+    ]
+
+
+def test_a_holder_is_asked_about_without_the_lock_and_released_before_the_spec(tmp_path: Path) -> None:
+    prepared = _prepare_and_record(tmp_path, _allocation(WHOLE, OTHER))
+    facts = steps.Facts({OTHER: prepared}, (), _inventory(tmp_path))
+    program = programs.prepare(NODE_FACTS, _allocation(WHOLE), facts)
+    trace = _trace(program, _answers(facts, {steps.AskStale: {OTHER: "the claim no longer exists"}}))
+    assert trace[:4] == ["AskStale", "ReadState", "HasSpec", "MissingHostPaths"]
+    assert trace[4:7] == ["Log", "RemoveSpec@prepare.stale-spec-removed", "Mark@prepare.before-cdi-write"]
+    assert not steps.AskStale.locked
+    assert steps.ReadState.locked
+
+
+def test_a_mig_device_is_recorded_as_intent_made_in_two_steps_then_recorded_done(tmp_path: Path) -> None:
+    inventory = _inventory(tmp_path)
+    facts = steps.Facts({}, (), inventory)
+    scratch = _state(tmp_path / "scratch")
+    scratch.prepare(_allocation(MIG))
+    made = scratch.inventory.instances[0]
+    answers = _answers(
+        facts, {steps.CreateGpuInstance: 2, steps.CreateComputeInstance: 0, steps.FindMigDevice: made}
+    )
+    assert _trace(programs.prepare(NODE_FACTS, _allocation(MIG), facts), answers)[:8] == [
+        "HasSpec",
+        "Save@mig-intent-recorded",
+        "CreateGpuInstance@mig-gpu-instance-created",
+        "CreateComputeInstance@mig-compute-instance-created",
+        "FindMigDevice",
+        "Save@mig-recorded",
+        "SetInventory",
+        "ReadState",
+    ]
+
+
+def test_a_refused_claim_changes_nothing(tmp_path: Path) -> None:
+    facts = steps.Facts({}, (), _inventory(tmp_path))
+    program = programs.prepare(NODE_FACTS, _allocation("gpu-99"), facts)
+    assert type(next(program)) is steps.HasSpec
+    with pytest.raises(ClaimError, match="device gpu-99 does not exist"):
+        program.send(False)
+
+
+def test_unprepare_removes_the_spec_undoes_settings_then_drops_the_record(tmp_path: Path) -> None:
+    prepared = _prepare_and_record(tmp_path, _allocation(WHOLE))
+    facts = steps.Facts({UID: prepared}, (), _inventory(tmp_path))
+    node = steps.Node(DRIVER, NODE, mps_root="/run/mps", time_slicing=True)
+    assert _trace(programs.unprepare(node, UID, facts), {}) == [
+        "RemoveSpec@unprepare.spec-removed",
+        "RestoreTimeSlices",
+        "ReleaseMps",
+        "Mark@sharing-before-unrecord",
+        "Save@unprepare.checkpoint-saved",
+        "Log",
+    ]
+    assert _trace(programs.unprepare(node, OTHER, facts), {}) == ["RemoveSpec"]
+
+
+def _prepare_and_record(root: Path, allocation: ClaimAllocation) -> PreparedClaim:
+    """The record a prepare on a scratch node gives the claim."""
+    return _state(root / "scratch").prepare(allocation)
+
+
+# -- a crash after every step --------------------------------------------------------------------
+
+
+class _Killed(BaseException):
+    """The process ended between two steps (BaseException: no program or executor handles it)."""
+
+
+def _state(root: Path) -> DeviceState:
+    lib = _lib(root)
+    return DeviceState(
+        DRIVER,
+        NODE,
+        discover(lib, parse_mig_modes(MODES)),
+        CdiStore(root / "cdi", DRIVER),
+        CheckpointStore(root / "checkpoint.json"),
+        lib,
+    )
+
+
+def _killed_after(state: DeviceState, count: int, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make the executor end after its `count`-th step; the steps it ran, by kind."""
+    ran: list[str] = []
+    run = DeviceState._do
+
+    def once_more(self: DeviceState, step: steps.Step, stale: object) -> object:
+        if len(ran) == count:
+            raise _Killed
+        ran.append(type(step).__name__)
+        return run(self, step, stale)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DeviceState, "_do", once_more)
+    return ran
+
+
+def _gone(holders: Sequence[PreparedClaim]) -> Mapping[str, str]:
+    return {h.uid: "the claim no longer exists" for h in holders}
+
+
+def _instances(root: Path) -> list[tuple[int, str, int, int]]:
+    return [
+        (gpu, i.profile, i.start, i.size)
+        for gpu, found in sorted(_lib(root).instances().items())
+        for i in found
+    ]
+
+
+#: (name, what happens before, the call that is killed, the device it prepares or "" for an unprepare)
+Scenario = tuple[str, Callable[[DeviceState], object], Callable[[DeviceState], object], str]
+
+SCENARIOS: list[Scenario] = [
+    ("prepare a whole GPU", lambda s: None, lambda s: s.prepare(_allocation(WHOLE)), WHOLE),
+    ("prepare a dynamic MIG device", lambda s: None, lambda s: s.prepare(_allocation(MIG)), MIG),
+    (
+        "prepare over a stale holder",
+        lambda s: s.prepare(_allocation(WHOLE, OTHER)),
+        lambda s: s.prepare(_allocation(WHOLE), _gone),
+        WHOLE,
+    ),
+    ("unprepare a whole GPU", lambda s: s.prepare(_allocation(WHOLE)), lambda s: s.unprepare(UID), ""),
+    ("unprepare a dynamic MIG device", lambda s: s.prepare(_allocation(MIG)), lambda s: s.unprepare(UID), ""),
+]
+
+
+def _step_count(root: Path, scenario: Scenario) -> int:
+    _, before, call, _ = scenario
+    state = _state(root)
+    before(state)
+    ran: list[str] = []
+    run = state._do
+
+    def counting(step: steps.Step, stale: object) -> object:
+        ran.append(type(step).__name__)
+        return run(step, stale)  # type: ignore[arg-type]
+
+    state._do = counting  # type: ignore[method-assign]
+    call(state)
+    return len(ran)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s[0] for s in SCENARIOS])
+def test_a_crash_after_any_step_is_repaired_and_the_retry_converges(
+    tmp_path: Path, scenario: Scenario, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, before, call, device = scenario
+    total = _step_count(tmp_path / "count", scenario)
+    assert total > 3
+    for count in range(total):
+        root = tmp_path / str(count)
+        before(_state(root))
+        with monkeypatch.context() as patch:
+            ran = _killed_after(_state(root), count, patch)
+            crashing = _state(root)
+            with pytest.raises(_Killed):
+                call(crashing)
+        assert len(ran) == count
+        restarted = _state(root)
+        restarted.recover()
+        claim = call(restarted)
+        cdi = CdiStore(root / "cdi", DRIVER)
+        if device:
+            assert isinstance(claim, PreparedClaim), ran
+            assert set(restarted.prepared) == {UID}, ran
+            assert cdi.claim_uids() == [UID], ran
+            assert _instances(root) == ([(0, "3g.40gb", 4, 4)] if device == MIG else []), ran
+            # Held: no second claim gets it.
+            with pytest.raises(ClaimError):
+                restarted.prepare(_allocation(device, uid="ffffffff-0000-4000-8000-000000000000"))
+            restarted.unprepare(UID)
+        assert restarted.prepared == {}, ran
+        assert restarted.actions == [], ran
+        assert cdi.claim_uids() == [], ran
+        assert _instances(root) == [], ran
+        # What a fresh start reads from disk agrees.
+        assert CheckpointStore(root / "checkpoint.json").load() == {}, ran
+
+
+def test_a_crash_inside_the_start_up_repair_is_repaired_by_the_next_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def crashed_node(root: Path) -> None:
+        """A prepared MIG claim, a spec no claim records and a MIG instance no claim holds."""
+        state = _state(root)
+        state.prepare(_allocation(MIG))
+        CdiStore(root / "cdi", DRIVER).write(OTHER, {"cdiVersion": "0.6.0", "kind": "x/y", "devices": []})
+        # 1g.10gb (H100 profile ID 19) at memory slice 0, as if made by hand.
+        dynamic.create_gpu_instance(_lib(root), 0, 19, Placement(0, 1))
+
+    crashed_node(tmp_path / "count")
+    total = _step_count(tmp_path / "count", ("recover", lambda s: None, lambda s: s.recover(), ""))
+    for count in range(total):
+        root = tmp_path / str(count)
+        crashed_node(root)
+        with monkeypatch.context() as patch:
+            _killed_after(_state(root), count, patch)
+            with pytest.raises(_Killed):
+                _state(root).recover()
+        restarted = _state(root)
+        restarted.recover()
+        assert set(restarted.prepared) == {UID}, count
+        assert CdiStore(root / "cdi", DRIVER).claim_uids() == [UID], count
+        assert _instances(root) == [(0, "3g.40gb", 4, 4)], count

@@ -2,8 +2,9 @@
 
 ``daemon`` wires it together; ``server`` and ``registration`` own the unix
 sockets and the kubelet's plugin registration; ``service`` answers the DRA
-v1/v1beta1 and health gRPC services; ``state`` applies the pure prepare
-decisions of ``dra.core.prepare`` to the CDI directory and the checkpoint;
+v1/v1beta1 and health gRPC services; ``state`` runs the prepare, unprepare
+and start-up programs of ``dra.core`` (their steps) on the CDI directory, the
+checkpoint and the GPUs;
 ``publisher`` keeps the node's ResourceSlices in line with the inventory.
 
 Rule: a program package. It may import every layer below (model, core, gpu,

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from dra.adapters import faults
 from dra.adapters.cdistore import CdiStore
@@ -81,7 +81,11 @@ class DeviceState:
         self._time_slicer = time_slicer
         self._mps = mps
         self._lock = threading.Lock()
-        self._prepared, self._actions = checkpoint.load_state()
+        self._steps = self._step_table()
+        prepared, actions = checkpoint.load_state()
+        # Replaced by each save, never changed in place: a program's Facts can hold them without a copy.
+        self._prepared: Mapping[str, PreparedClaim] = prepared
+        self._actions = tuple(actions)
 
     @property
     def prepared(self) -> Mapping[str, PreparedClaim]:
@@ -94,7 +98,7 @@ class DeviceState:
         return list(self._actions)
 
     def _facts(self) -> s.Facts:
-        return s.Facts(dict(self._prepared), tuple(self._actions), self.inventory)
+        return s.Facts(self._prepared, self._actions, self.inventory)
 
     # -- the calls -------------------------------------------------------------------------------
 
@@ -141,7 +145,7 @@ class DeviceState:
         """Hold the state against threads and other processes, with what another instance saved."""
         with self._lock, self._checkpoint.exclusive() as saved_elsewhere:
             if saved_elsewhere is not None:
-                self._prepared, self._actions = saved_elsewhere
+                self._prepared, self._actions = saved_elsewhere[0], tuple(saved_elsewhere[1])
                 self._execute(migdevices.adopt(self._node, self._facts()), _every_holder_live)
             yield
 
@@ -181,69 +185,59 @@ class DeviceState:
 
     def _do(self, step: s.Step, stale: StaleCheck) -> object:
         """Run one step; its result."""
-        match step:
-            case s.ReadState():
-                return self._facts()
-            case s.HasSpec(uid=uid):
-                return self._cdi.exists(uid)
-            case s.SpecUids():
-                return frozenset(self._cdi.claim_uids())
-            case s.AskStale(holders=holders):
-                return stale(holders)
-            case s.MissingHostPaths(spec=spec):
-                return tuple(self._cdi.missing_host_paths(spec))
-            case s.Save(prepared=prepared, actions=actions, durable=durable):
-                ticket = self._checkpoint.save(prepared, actions, durable)
-                self._prepared, self._actions = dict(prepared), list(actions)
-                return ticket
-            case s.Sync(ticket=ticket):
-                self._checkpoint.sync(ticket)
-            case s.Log(level=level, message=message):
-                log.log(_LOG_LEVELS[level], "%s", message)
-            case s.Mark():
-                pass
-            case s.RemoveLeftovers():
-                self._checkpoint.remove_leftovers()
-                self._cdi.remove_leftovers()
-            case s.WriteSpec(uid=uid, spec=spec):
-                self._cdi.write(uid, spec)
-            case s.RemoveSpec(uid=uid):
-                self._cdi.remove(uid)
-            case s.SetInventory(inventory=inventory):
-                self.inventory = inventory
-            case _:
-                return self._do_gpu(step)
-        return None
+        if isinstance(step, s.AskStale):
+            return stale(step.holders)
+        return self._steps[type(step)](step)
 
-    def _do_gpu(self, step: s.Step) -> object:
-        """Run a step that changes a GPU: MIG instances, time slices, MPS daemons."""
-        match step:
-            case s.ListGpuInstances(gpu_index=index):
-                return tuple(
-                    s.GpuInstanceAt(i.gpu_instance_id, i.placement.start, i.placement.size)
-                    for i in dynamic.instances(self._gpus(), index)
-                )
-            case s.CreateGpuInstance(gpu_index=index, profile_id=profile, start=start, size=size):
-                return dynamic.create_gpu_instance(self._gpus(), index, profile, Placement(start, size))
-            case s.CreateComputeInstance(gpu_index=index, gpu_instance_id=gi, slices=slices):
-                return dynamic.create_compute_instance(self._gpus(), index, gi, slices)
-            case s.FindMigDevice(gpu=gpu, gpu_instance_id=gi, compute_instance_id=ci):
-                return dynamic.find_mig_device(self._gpus(), gpu, gi, ci)
-            case s.DestroyGpuInstance(gpu_index=index, gpu_instance_id=gi):
-                dynamic.destroy(self._gpus(), index, gi)
-            case s.ApplyTimeSlices(wanted=wanted):
-                self._slicer().apply(wanted)
-            case s.RestoreTimeSlices(uuids=uuids):
-                self._slicer().restore(uuids)
-            case s.StartMps(claim=claim):
-                self._daemons().start(claim)
-            case s.ReleaseMps(claim=claim, others=others):
-                self._daemons().release(claim, others)
-            case s.StopOtherMps(prepared=prepared):
-                self._daemons().stop_others(prepared)
-            case _:
-                raise TypeError(f"no executor for step {step!r}")
-        return None
+    def _step_table(self) -> dict[type[s.Step], Callable[[Any], object]]:
+        """How each kind of step is run: one line each (a table, since a match costs a test per case)."""
+        return {
+            s.ReadState: lambda _: self._facts(),
+            s.HasSpec: lambda step: self._cdi.exists(step.uid),
+            s.SpecUids: lambda _: frozenset(self._cdi.claim_uids()),
+            s.MissingHostPaths: lambda step: tuple(self._cdi.missing_host_paths(step.spec)),
+            s.Save: self._save,
+            s.Sync: lambda step: self._checkpoint.sync(step.ticket),
+            s.Log: lambda step: log.log(_LOG_LEVELS[step.level], "%s", step.message),
+            s.Mark: lambda _: None,
+            s.RemoveLeftovers: self._remove_leftovers,
+            s.WriteSpec: lambda step: self._cdi.write(step.uid, step.spec),
+            s.RemoveSpec: lambda step: self._cdi.remove(step.uid),
+            s.SetInventory: self._set_inventory,
+            s.ListGpuInstances: lambda step: tuple(
+                s.GpuInstanceAt(i.gpu_instance_id, i.placement.start, i.placement.size)
+                for i in dynamic.instances(self._gpus(), step.gpu_index)
+            ),
+            s.CreateGpuInstance: lambda step: dynamic.create_gpu_instance(
+                self._gpus(), step.gpu_index, step.profile_id, Placement(step.start, step.size)
+            ),
+            s.CreateComputeInstance: lambda step: dynamic.create_compute_instance(
+                self._gpus(), step.gpu_index, step.gpu_instance_id, step.slices
+            ),
+            s.FindMigDevice: lambda step: dynamic.find_mig_device(
+                self._gpus(), step.gpu, step.gpu_instance_id, step.compute_instance_id
+            ),
+            s.DestroyGpuInstance: lambda step: dynamic.destroy(
+                self._gpus(), step.gpu_index, step.gpu_instance_id
+            ),
+            s.ApplyTimeSlices: lambda step: self._slicer().apply(step.wanted),
+            s.RestoreTimeSlices: lambda step: self._slicer().restore(step.uuids),
+            s.StartMps: lambda step: self._daemons().start(step.claim),
+            s.ReleaseMps: lambda step: self._daemons().release(step.claim, step.others),
+            s.StopOtherMps: lambda step: self._daemons().stop_others(step.prepared),
+        }
+
+    def _save(self, step: s.Save) -> int:
+        ticket = self._checkpoint.save(step.prepared, step.actions, step.durable)
+        self._prepared, self._actions = step.prepared, step.actions
+        return ticket
+
+    def _remove_leftovers(self, step: s.RemoveLeftovers) -> None:
+        self._checkpoint.remove_leftovers()
+        self._cdi.remove_leftovers()
+
+    def _set_inventory(self, step: s.SetInventory) -> None:
+        self.inventory = step.inventory
 
     # The programs yield these steps only where the node has the part (dra.core.steps.Node).
     def _gpus(self) -> GpuLibrary:

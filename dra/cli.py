@@ -604,7 +604,7 @@ def _discover(args: argparse.Namespace) -> int:
 
 def _dry_run_layout(lib: GpuLibrary, args: argparse.Namespace, modes: MigModes) -> MigModes:
     """The layout's plan on stderr; fake GPUs (kept in memory here) are partitioned, real ones left alone."""
-    from dra.daemon import miglayout
+    from dra.kubeletplugin import miglayout
 
     if not args.mig_config:
         raise StartupError("--mig-config-file: name the layout to show with --mig-config")
@@ -684,7 +684,7 @@ def _kubelet_plugin(args: argparse.Namespace) -> int:
 
 
 def _taint(args: argparse.Namespace) -> int:
-    from dra.daemon import healthctl
+    from dra.kubeletplugin import healthctl
 
     state_dir = args.state_dir or default_state_dir(args.kubelet_root, args.driver_name)
     try:

@@ -1,7 +1,7 @@
 """Static MIG layouts (NVIDIA mig-parted's format) applied to the GPUs: the GPU side.
 
 The layout file is parsed by dra.core.migconfig; which layout, and when, is
-dra.daemon.miglabel's (the Node's ``nvidia.com/mig.config`` label, else
+dra.kubeletplugin.miglabel's (the Node's ``nvidia.com/mig.config`` label, else
 ``--mig-config``; at start and on a change). For each GPU an entry selects, in
 three phases:
 

@@ -17,6 +17,7 @@ fix; the command line prints it as one line and exits 1.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -129,6 +130,30 @@ class DaemonSettings:
             self.state_directory,
             self.fake_gpu_root,
         )
+
+
+def daemon_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The DaemonSettings fields, from the flags every daemon shares (dra.cli.options.daemon_flags)."""
+    return {
+        "driver_name": args.driver_name,
+        "node_name": args.node_name,
+        "kubelet_root": args.kubelet_root,
+        "cdi_root": args.cdi_root,
+        "state_dir": args.state_dir,
+        "fake_gpus": args.fake_gpus or None,
+        "fake_gpu_events": args.fake_gpu_events,
+        "http_address": args.http_address or None,
+        "dra_gpus": getattr(args, "dra_gpus", None),
+        "device_plugin_gpus": getattr(args, "device_plugin_gpus", None),
+        "host_root": args.host_root,
+        "driver_root": args.driver_root,
+        "cdi_driver_files": args.cdi_driver_files,
+        "fake_gpu_root": args.fake_gpu_root,
+        "health_recovery_period": args.health_recovery_period,
+        "ignored_xids": args.ignored_xids,
+        "rediscover_interval": getattr(args, "rediscover_interval", DaemonSettings.rediscover_interval),
+        "mig_modes": args.mig_mode.for_node(args.node_name or ""),
+    }
 
 
 def default_state_dir(kubelet_root: Path, driver_name: str) -> Path:

@@ -15,7 +15,7 @@ import yaml
 from localcluster import chart
 from localcluster.kube import Obj
 
-from dra.cli import build_parser
+from dra.cli.parser import build_parser
 from dra.daemon.flags import env_name
 from dra.explain.report import standard_device_classes
 from dra.gpu.profiles import BUILTIN_PROFILES, load_profile

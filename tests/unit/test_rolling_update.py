@@ -21,7 +21,7 @@ import pytest
 from dra.adapters.assignmentrecord import AssignmentConflictError, AssignmentRecord
 from dra.adapters.checkpoint import CheckpointError, CheckpointStore
 from dra.adapters.filelock import LockTimeoutError, exclusive
-from dra.cli import parse_args
+from dra.cli.parser import parse_args
 from dra.core import versions
 from dra.core.allocation import ClaimError
 from dra.core.assignment import GpuPath

@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from dra.cli import parse_args
+from dra.cli.parser import parse_args
 from dra.core import slices
 from dra.core.taints import DeviceTaint, Effect, parse_effect, taint_value, unhealthy_taint
 from dra.core.versions import ApiFeatures

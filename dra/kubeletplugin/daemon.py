@@ -14,10 +14,11 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from dra.adapters.cdistore import CdiStore
-from dra.adapters.checkpoint import CheckpointError, CheckpointStore
+from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.kube import KubeClient, KubeError
 from dra.core import versions
 from dra.core.assignment import GpuPath, Selector, select
+from dra.core.checkpointformat import CheckpointError
 from dra.core.migconfig import MigConfigs
 from dra.core.taints import Effect
 from dra.daemon import metrics

@@ -24,7 +24,7 @@ import anyio
 
 from dra.adapters.filelock import try_lock
 from dra.adapters.kube import ConflictError, KubeClient, KubeError
-from dra.core import slices
+from dra.core import sliceplan, slices
 from dra.core.assignment import Selector, select
 from dra.core.taints import DeviceTaint
 from dra.core.versions import ApiFeatures
@@ -117,7 +117,7 @@ class SlicePublisher:
         self._generation = None
         self.trigger()
 
-    async def reconcile(self) -> slices.Plan:
+    async def reconcile(self) -> sliceplan.Plan:
         """List, compare, write. Returns what was written."""
         if self._node_uid is None:
             node = await self._kube.get_node(self.node_name)
@@ -141,7 +141,7 @@ class SlicePublisher:
             taints=self._taints(),
             shareable=shareable_gpus(self._shareable, inventory),
         )
-        plan = slices.plan(desired, existing, self._generation)
+        plan = sliceplan.plan(desired, existing, self._generation)
         for obj in plan.create:
             await self._kube.create_resource_slice(obj)
             metrics.SLICE_WRITES.labels("create").inc()

@@ -1,18 +1,9 @@
 """One bootstrap for every daemon subcommand: settings, GPUs, the GPU split, probes, signals.
 
-`dra-gpu kubelet-plugin` and `dra-gpu device-plugin` (and any later daemon)
-start the same way and stop in the same order:
-
-1. open the GPU library (NVML, or a fake profile) and discover the inventory;
-2. take this path's share of the GPUs and record it on the host (a lease that
-   the other path honours); a daemon that advertises nothing takes none;
-3. serve /metrics, /healthz and /readyz, watch XID events, beat a heartbeat;
-4. run the daemon's own tasks until SIGTERM or SIGINT;
-5. stop in reverse: the endpoint, the XID watch, the lease, and NVML last (only
-   once the XID thread has left it, since NVML frees its event set at shutdown).
-
-Anything that stops a start-up is a StartupError whose message says what to
-fix; the command line prints it as one line and exits 1.
+Every daemon starts the same way (GPUs discovered, this path's share leased on the host,
+probes, metrics and the XID watch served, its own tasks run until SIGTERM or SIGINT) and stops
+in reverse, NVML last (docs/architecture.md, "One bootstrap"). Anything that stops a start-up
+is a StartupError whose message says what to fix; the command line prints it as one line.
 """
 
 from __future__ import annotations

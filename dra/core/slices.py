@@ -1,15 +1,10 @@
-"""From the inventory to resource.k8s.io/v1 ResourceSlices.
+"""From the inventory to resource.k8s.io/v1 ResourceSlices. Pure.
 
-Pure: no API calls. `device_entry` decides the attribute names and types that
-DeviceClass and claim CEL selectors rely on (a wrong type silently makes a
-selector unsatisfiable, so types are part of the contract). They are the names
-and types NVIDIA's own DRA driver publishes, so that selectors port between the
-two, plus DEPRECATED_ATTRIBUTES for one more release. `build_slices`
-splits the node's pool over slices within the API limits. Dynamic MIG
-(`counter_sets`, `partition_entry`): a counter set per GPU, which its whole
-device and every MIG profile at every placement consume, laid out as the
-server's release wants it (dra.core.versions.ApiFeatures). Converging on the
-server's slices is dra.core.sliceplan's.
+`device_entry` decides the attribute names and types selectors rely on (types are part of the
+contract: docs/attributes.md), NVIDIA's own driver's plus DEPRECATED_ATTRIBUTES for one more
+release; `build_slices` splits the node's pool over slices within the API limits, with each
+dynamic-MIG GPU's counter set laid out as the server's release wants it (docs/mig.md).
+Converging on the server's slices is dra.core.sliceplan's.
 """
 
 from __future__ import annotations

@@ -2,36 +2,32 @@
 
 The package is layered; each sub-package states its rule in its docstring, and
 the import contracts in pyproject.toml (``lint-imports``, run by ``make lint``)
-enforce them. From the bottom up:
+enforce them, whole packages at a time. From the bottom up:
 
-``model``
-    Plain data (devices, inventories, prepared claims). Imports nothing of dra.
+``model`` (and ``pb``)
+    Plain data (devices, inventories, prepared claims); imports nothing of dra.
+    ``pb`` is the generated gRPC code (from ``proto/``, never edited by hand),
+    which only the kubelet plugin and the device plugin may import.
 ``api``
-    The configuration API: typed, versioned opaque parameters (GpuConfig,
-    MigDeviceConfig), strict decoding, validation against devices, JSON Schemas.
-    Pure; imports only model.
-``core`` and ``cel``
-    Pure logic: slice planning, opaque-config validation, CDI rendering,
-    claim reading, GPU assignment, prepare/unprepare decisions; the CEL
-    evaluator. No I/O, no threads, no clocks: data in, data out.
-``gpu``
-    The GPU library: one ``GpuLibrary`` protocol, NVML behind it (the only
-    importer of pynvml) and a fake of the same shape, and discovery from it.
+    The configuration API: typed, versioned opaque parameters, strict decoding,
+    validation against devices, JSON Schemas. Pure; imports only model.
+``core``, ``cel`` and ``gpu``
+    ``core``: the driver's decisions, pure (data in, data out: no I/O, threads or
+    clocks); ``cel``: the CEL evaluator, pure; ``gpu``: the ``GpuLibrary``
+    protocol, NVML behind it (the only importer of pynvml), a fake of the same
+    shape, and discovery.
 ``adapters``
-    The outside world other than GPUs: the Kubernetes API (async; the only importer
-    of the kubernetes client and aiohttp), files written atomically, the checkpoint, the CDI
-    directory, the host's GPU assignment record.
+    The outside world other than GPUs: the Kubernetes API (the only importer of
+    the kubernetes client and aiohttp), files written atomically, the checkpoint
+    file, the CDI directory, the host's GPU assignment record.
 ``daemon``
-    What every long-running subcommand shares: one bootstrap (flags and
-    DRA_GPU_* variables, logging, metrics and probes, signals, start-up errors),
-    health tracking, socket helpers.
+    What every long-running program shares: one bootstrap (flags and DRA_GPU_*
+    variables, logging, metrics and probes, signals, start-up errors), health
+    tracking, rediscovery, following the own Node, socket helpers.
 ``kubeletplugin``, ``deviceplugin``, ``labeller``, ``explain``, ``webhook``
-    The programs: the DRA kubelet plugin, the legacy device plugin, the node
-    labeller, the offline ``explain`` report, the admission webhook. Siblings:
-    none imports another.
-``cli``
-    The ``dra-gpu`` command line, on top.
-
-Generated gRPC code lives in ``dra.pb`` (from ``proto/``, never edited by hand)
-and is imported only by the two daemon packages.
+    The programs, each with the ``command`` that starts it from the parsed flags.
+    Siblings: none imports another.
+``cli`` (and ``__main__``)
+    The ``dra-gpu`` command line on top: the parser, and the one place that may
+    join two programs (the labeller reads the device plugin's config file).
 """

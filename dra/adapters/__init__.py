@@ -1,10 +1,12 @@
 """Adapters to the outside world other than GPUs: the Kubernetes API and the node's files.
 
 ``kube`` is the only importer of the kubernetes client and aiohttp (its calls are
-coroutines); ``atomicfile`` writes
-every file the runtime or a restarted driver reads (temp file, fsync, rename);
-``cdistore`` owns the CDI directory, ``checkpoint`` the prepared-claim record,
-``assignmentrecord`` the host's record of which path owns which GPU.
+coroutines), with ``kubeconfig`` reading the credentials it can; ``atomicfile``
+writes every file the runtime or a restarted driver reads (temp file, fsync,
+rename); ``filelock`` holds flocks; ``cdistore`` owns the CDI directory,
+``checkpoint`` the prepared-claim file (its format is dra.core.checkpointformat),
+``assignmentrecord`` the host's record of which path owns which GPU; ``faults``
+marks the crash points the tests stop at.
 
 Rule: thin I/O around pure decisions; may import ``dra.model`` and ``dra.core``
 (to render or validate what it stores), never a daemon.

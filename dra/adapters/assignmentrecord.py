@@ -1,20 +1,10 @@
 """The host's GPU assignment record: which path advertises which GPU, shared by both commands.
 
-The kubelet-plugin (DRA) and the device plugin may run as two processes (two
-containers of one pod, separate PID namespaces). Both see the same state
-directory on the host, and in it:
-
-    gpu-assignment.json             {"paths": {"dra": {...gpus...}, "device-plugin": {...}}}
-    gpu-assignment.lock             flock'ed while the record is read and rewritten
-    gpu-assignment.<path>.lock      flock'ed by the running process of that path, for its lifetime
-
-At start-up a command takes the record lock, reads the record, and if the
-other path's process is alive (its lifetime lock is held) and lists one of
-this command's GPUs, refuses to start with a message naming the GPU.
-Otherwise it takes its own lifetime lock, writes its entry (atomically), and
-keeps the lock until it exits. A process that was killed leaves its entry
-behind, but its lock goes with it, so a stale entry never blocks anyone.
-flock works across containers because the files are the same inodes.
+``gpu-assignment.json`` in the state directory, rewritten under an flock on
+``gpu-assignment.lock``; each running path also holds ``gpu-assignment.<path>.lock`` for its
+lifetime. A command refuses to start while the other path's process is alive and lists one
+of its GPUs; a killed process's entry stays but its lock goes, so a stale entry never blocks.
+flock works across containers since the files are the same inodes (docs/device-plugin.md).
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """The Kubernetes API adapter: the only module that imports a Kubernetes or HTTP client library.
 
-Objects travel as plain JSON dicts, exactly as the API server sends them, so
-the pure modules (claims, slices) work on the documented wire format and tests
-can feed them literal manifests. Every call is a coroutine on the daemons' one
-event loop: dra.adapters.kubeconfig loads the in-cluster service account or the
-kubeconfig, the official `kubernetes` package only those kubeconfigs that
-authenticate otherwise (exec plugins, auth providers; imported then, as it
-costs tens of MiB), and one aiohttp session makes the calls
-(docs/architecture.md has the figures behind that choice).
-Failures become KubeError subclasses that say which object and what the API
-server answered.
+Objects travel as plain JSON dicts, exactly as the API server sends them, so the pure modules
+work on the documented wire format. Every call is a coroutine on one aiohttp session, with the
+credentials of dra.adapters.kubeconfig (the `kubernetes` package only for the kubeconfigs it
+cannot read); failures are KubeError subclasses naming the object and the server's answer.
+Why aiohttp, and the figures: docs/architecture.md ("Kubernetes client").
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Credentials for the API server: the in-cluster service account, or a kubeconfig file, read directly.
 
-The daemons only need a server address, its CA, and a bearer token or a
-client certificate. Reading those here keeps the official `kubernetes`
-package (about 64 MiB resident, most of a daemon's memory, and a large share
-of its start-up) out of the process. A kubeconfig whose user authenticates
-any other way (an exec plugin, an auth provider, a username and password) is
-UnsupportedConfigError, and dra.adapters.kube hands it to the kubernetes
-package instead.
-
-The fields and their meaning are those of the kubeconfig format (clientcmd's
-v1 Config: clusters, users, contexts, current-context; relative file paths
-are relative to the file) and of in-cluster configuration
-(KUBERNETES_SERVICE_HOST/PORT and the service-account directory, whose token
-the kubelet rotates: it is read again at most every minute, as client-go does).
+A server address, its CA, and a bearer token (the service account's read again every minute,
+as the kubelet rotates it) or a client certificate: reading those here keeps the `kubernetes`
+package out of the process. A kubeconfig whose user authenticates any other way is
+UnsupportedConfigError, and dra.adapters.kube hands it to the kubernetes package instead
+(docs/architecture.md, "Kubernetes client").
 """
 
 from __future__ import annotations

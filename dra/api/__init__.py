@@ -3,8 +3,8 @@
 ``opaque.decode`` turns parameters into typed, normalized configs of a served version
 (``v1beta1``: NVIDIA's GpuConfig and MigDeviceConfig); ``v1beta1.validate`` checks one against
 the devices it configures; ``fields`` is the strict decoder and the JSON Schema both derive
-from the dataclasses; ``python -m dra.api.schema`` writes api/<version>/*.schema.json.
+from the dataclasses; ``schema`` renders the schemas, which ``dra-gpu api-schema`` (``make
+api``) writes to api/<version>/*.schema.json.
 
-Pure: no I/O (the schema command aside, which only writes the files it is asked to). Imports
-only dra.model.
+Pure: no I/O. Imports only dra.model.
 """

@@ -1,16 +1,11 @@
 """Homogeneous aggregate literals: the one static type rule Kubernetes enforces on selectors.
 
-The API server compiles DRA selectors with cel-go's HomogeneousAggregateLiterals option:
-the elements of a list literal, and the keys and the values of a map literal, must all
-have the same static type, or the object is rejected at write time ("expected type
-'int' but found 'any'").  Attribute values are statically ``any``, so
-``[0, device.attributes["d"].index]`` is rejected although it would run.  ``dyn`` is
-a type of its own here: ``[1, dyn(2)]`` is rejected too.
-
-This evaluator has no type checker, so the static type of an expression is inferred
-only where it is certain (literals, attribute lookups, operators and functions with a
-single result type); an element whose type is unknown is never reported, so the check
-can miss a rejection but never invents one.
+The API server compiles selectors with cel-go's HomogeneousAggregateLiterals: the elements of a
+list literal, and the keys and values of a map literal, must have one static type, else the
+object is rejected at write time. Attribute values are statically ``any`` and ``dyn`` is a type
+of its own, so ``[0, device.attributes["d"].index]`` and ``[1, dyn(2)]`` are rejected. With no
+type checker here, a type is inferred only where it is certain: the check may miss a rejection,
+never invent one.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """RE2 patterns (what cel-go's ``matches`` takes) rewritten for Python's ``re``.
 
-Python's ``re`` in ASCII mode agrees with RE2 on the common syntax; where they part, the
-pattern is rewritten so that it means what it means to the scheduler (checked on a 1.34
-API server and scheduler):
-
-* RE2 refuses lookarounds, atomic groups, conditionals, backreferences and possessive
-  quantifiers, which ``re`` would run: they are errors here too;
-* ``$`` is the end of the text unless the ``m`` flag is on (``re``: also before a final
-  newline); ``\\z`` is the end of the text; ``\\Z`` does not exist;
-* a ``{`` that does not start a repetition is a literal (``a{,2}``);
-* ``\\Q...\\E`` quotes, ``\\x{e9}`` is a code point, ``(?<name>...)`` names a group,
-  ``[[:alpha:]]`` is a POSIX class, ``\\s`` is ``[\\t\\n\\f\\r ]`` (no ``\\v``);
-* flags set mid-pattern, ``a(?i)b``, last until the end of the enclosing group.
-
-Not rewritten (so they stay errors or differ): ``\\p{...}`` Unicode classes, ``(?U)``, and
-case-insensitive matching beyond ASCII.
+Where the two part, a pattern is rewritten so that it means what it means to the scheduler
+(checked on a 1.34 API server and scheduler): what RE2 refuses is an error here too, what only
+RE2 accepts is translated, and what neither rewrite covers stays an error or differs. The list:
+docs/architecture.md ("CEL: why our own evaluator").
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
-"""Which GPUs each path advertises: DRA (ResourceSlices) or the device plugin (nvidia.com/gpu).
+"""Which GPUs each path advertises: DRA (ResourceSlices) or the device plugin (nvidia.com/gpu). Pure.
 
-Pure: selectors are parsed from text, matched against the inventory, and the
-GPUs split between the two paths. A GPU is the unit of assignment; a MIG
-device always follows its parent GPU. A GPU may be advertised by one path at
-most: a configuration that gives one GPU to both is refused with a message
-that names the GPU.
-
-Selector syntax (the same for --dra-gpus and --device-plugin-gpus):
-
-    all | none | ITEM[,ITEM...]
-    ITEM: <index> | GPU-<uuid> | MIG-<uuid> (its parent GPU) | model=<product name>
-
-When only one selector is given, the other path gets every GPU it does not
-take. When neither is given, the path of the running command gets them all:
-a node that runs only the kubelet-plugin gives everything to DRA, one that
-runs only the device plugin gives everything to the device plugin.
-
-A GPU also stays with DRA while a claim prepared on it (in the DRA checkpoint)
-is not unprepared: `held_gpus` finds those, so that the device plugin refuses
-to start with such a GPU, and the kubelet-plugin warns about claims left on
-GPUs it no longer has.
+Selectors (``all | none | <index>,GPU-<uuid>,MIG-<uuid>,model=<product name>``, the same for
+--dra-gpus and --device-plugin-gpus) are parsed, matched against the inventory, and the GPUs
+split: a MIG device follows its GPU, and a GPU given to both paths is refused by name. A GPU
+also stays with DRA while a prepared claim holds it (`held_gpus`). The defaults and the rest:
+docs/device-plugin.md ("One inventory, two paths").
 """
 
 from __future__ import annotations

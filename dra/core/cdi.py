@@ -1,47 +1,10 @@
 """CDI specs: pure building, no files.
 
-DRA: one spec per claim, kind `k8s.<driver>/claim`, with one CDI device per
-allocated device named `<claim UID>-<device>`. The kubelet passes a container
-the CDI devices of the claims (or only of the requests) it references, and the
-runtime merges, in order, the edits of each device plus the spec-wide edits of
-every spec that contributed one; env entries of one name replace each other,
-device nodes and mounts accumulate. So the edits are laid out to compose:
-
-- a device's own edits carry everything that identifies it: its device nodes
-  (none for fake GPUs, which have no host paths) and `DRA_GPU_<DEVICE>_*` vars
-  whose values depend on the device alone, so that two claims holding the same
-  device (admin access) set them identically;
-- what belongs to the claim goes under a per-claim name
-  (`DRA_GPU_CLAIM_<UID>`), set by each of its devices, so claims never collide
-  and a container referencing one request of a claim still learns the claim;
-- the spec-wide edits are the same in every spec of the node: the control
-  device nodes, the driver's user-space files (libraries, binaries, firmware,
-  IPC sockets, read-only bind mounts, when the node's were discovered: see
-  dra/gpu/driverfiles.py) and NVIDIA_VISIBLE_DEVICES. The variable overrides
-  the `all` that CUDA images bake in. With driver files it is `void`, which
-  NVIDIA's runtime hook (legacy mode) reads as "not a GPU container": it adds
-  nothing, and the container has exactly the devices and files CDI gave it,
-  with no hook needed at all. Without them (--cdi-driver-files=false, for nodes
-  whose NVIDIA toolkit brings the files) it is `none`: the hook adds no GPU of
-  its own but still mounts the driver's libraries. Either way the container
-  sees exactly the devices CDI gave it. A list of UUIDs cannot work here: every spec would set its own and
-  the last one merged would win, narrowing a container of several claims, and
-  a claim's list would widen a container that references one of its requests.
-
-Device nodes are named by their path in the container; where the inventory's
-`dev_root` is not `/` (fake GPUs made visible to real containers) each also
-names its `hostPath` below that root.
-
-A container that asks for no claim gets nothing from this driver.
-
-Device plugin: one spec for every device the plugin advertises, kind
-`k8s.<driver>/device`, one CDI device per GPU or MIG device named by its
-UUID (stable across restarts and index changes, so an allocation the kubelet
-checkpointed still resolves). Each device has the same device edits as in a
-claim spec; the spec-wide edits carry only the control device nodes and the
-driver's files, since
-NVIDIA_VISIBLE_DEVICES comes with the Allocate answer (see
-dra/deviceplugin/allocate.py), which a spec-wide value would override.
+One spec per claim (kind `k8s.<driver>/claim`, a CDI device `<claim UID>-<device>` each) and one
+for the device plugin (kind `k8s.<driver>/device`, devices named by UUID), laid out to compose:
+what identifies a device is in its own edits, what belongs to a claim under a per-claim name,
+and the spec-wide edits are the same in every spec. Why, and NVIDIA_VISIBLE_DEVICES:
+docs/architecture.md ("CDI specs compose") and docs/configuration.md.
 """
 
 from __future__ import annotations

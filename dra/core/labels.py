@@ -1,23 +1,10 @@
 """Node labels in the form of NVIDIA's GPU Feature Discovery (GFD), and an optional short admin scheme.
 
-Pure: the inventory, the unhealthy devices and the sharing settings in, a
-label map out. The labeller daemon writes it to its own Node and removes the
-labels of `owned` keys that the map no longer holds; every other label is
-left alone.
-
-Choices where GFD's behaviour does not carry over (docs/node-labels.md):
-
-* A node with several GPU models is labelled after the model with the most
-  GPUs (on a tie, the one of the lowest GPU index); `gpu.count` still counts
-  every usable GPU, so a selector on `gpu.product` finds the node's main model.
-* Devices that are unhealthy are not counted, so `gpu.count` and
-  `mig-<profile>.count` say what can still be allocated; `gpu.present` stays
-  true while the node has any GPU at all.
-* A layout the MIG strategy `single` cannot serve (GPUs both in and out of MIG
-  mode, several profiles) is labelled as under `none`: the device plugin
-  refuses to start with it, and labels promising MIG devices would mislead.
-* MIG profile names with characters a label key cannot hold (`1g.5gb+me`) have
-  them replaced by `-` in the key.
+Pure: the inventory, the unhealthy devices and the sharing settings in, a label map out; the
+labeller writes it and removes the labels of `owned` keys the map no longer holds, leaving every
+other label alone. Where GFD's behaviour does not carry over (several models, unhealthy devices,
+strategy `single` on a layout it cannot serve, profile names a key cannot hold), the choices are
+docs/node-labels.md's.
 """
 
 from __future__ import annotations

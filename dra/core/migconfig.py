@@ -1,30 +1,9 @@
 """Static MIG layouts in NVIDIA mig-parted's config format: parsing, GPU selection, placement. Pure.
 
-The format is mig-parted's v1 spec (NVIDIA/mig-parted, api/spec/v1/spec.go and
-the README's example), so one file serves this driver and NVIDIA's tools::
-
-    version: v1
-    mig-configs:
-      <layout name>:
-        - devices: all | [<GPU index>, ...]
-          device-filter: <PCI device ID> | [<PCI device ID>, ...]   # optional, e.g. 0x233010DE
-          mig-enabled: true | false
-          mig-devices: {<GPU-instance profile>: <count>, ...}       # required when mig-enabled
-
-As in mig-parted: `version` must be v1, every layout needs at least one entry,
-an entry needs `devices` and `mig-enabled`, `mig-devices` is required when MIG
-is enabled and must be empty when it is not. Stricter than mig-parted: unknown
-keys are errors everywhere, two entries of a layout must not be able to select
-the same GPU, and compute-instance profiles (`1c.3g.40gb`) are refused, since
-this driver's compute instances always span their GPU instance.
-
-A GPU's PCI device ID is nvmlPciInfo_t.pciDeviceId: the device ID in the upper
-16 bits and NVIDIA's vendor ID 0x10DE in the lower (0x233010DE, an H100 SXM5).
-
-`place` chooses where the instances go: largest profiles first, each at the
-lowest start that leaves room for the rest, around the instances kept; the
-first layout found in that order, so the same input always gives the same
-placements.
+The format is mig-parted's v1 spec, so one file serves this driver and NVIDIA's tools; stricter
+where this driver needs it (unknown keys, overlapping entries, compute-instance profiles).
+`place` is deterministic: largest profiles first, each at the lowest start that leaves room for
+the rest. The format, the differences and the placement rule: docs/mig.md.
 """
 
 from __future__ import annotations
@@ -64,7 +43,8 @@ class LayoutEntry:
     where: str
     #: GPU indexes; None: all.
     devices: tuple[int, ...] | None
-    #: PCI device IDs (0x233010DE); empty: any.
+    #: PCI device IDs as NVML gives them (nvmlPciInfo_t.pciDeviceId: device ID in the upper 16 bits,
+    #: NVIDIA's vendor ID 0x10DE in the lower, 0x233010DE for an H100 SXM5); empty: any.
     device_filter: tuple[int, ...]
     mig_enabled: bool
     #: (profile, count), in the file's order.

@@ -1,24 +1,9 @@
-"""GPU sharing decisions: time-slice intervals and consumable shares, over plain data. Pure.
+"""GPU sharing decisions: time-slice intervals, consumable shares and MPS, over plain data. Pure.
 
-Time-slicing: a claim whose GpuConfig asks a non-Default interval sets it on
-each of its GPUs (`nvidia-smi compute-policy --set-timeslice`). The interval
-is a property of the whole GPU, so two prepared claims on one GPU (admin
-access, or shares of a shareable GPU) must agree on it; the GPU goes back to
-Default when the last claim that set an interval on it is unprepared. A claim
-asking Default leaves the GPU as it is: Default is "no preference", not a
-setting that competes with another claim's.
-
-Consumable shares (KEP-5075): a shareable GPU is allocated to several claims,
-each result carrying a share ID and the capacity it consumes; the container
-learns its share from environment variables.
-
-MPS: the devices of a claim that use strategy MPS are served by one MPS
-control daemon (dra.kubeletplugin.mps), one per set of devices: claims holding
-shares of the same GPUs (or admin access to them) join the daemon already
-serving that set, and the daemon goes when the last of them is unprepared. Its
-clients reach it through the daemon's pipe directory mounted at /tmp/nvidia-mps
-and share its /dev/shm. A claim whose MPS devices overlap another daemon's set
-without being that set is refused: a GPU runs one MPS server.
+A time-slice interval is a setting of the whole GPU, so the claims on one GPU must agree on it
+(Default is no preference); a shareable GPU's claims each carry a share ID and the capacity they
+consume; the MPS devices of claims on the same set of devices share one control daemon, and a
+set that overlaps another daemon's without being it is refused. The rules: docs/sharing.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""From the inventory to resource.k8s.io/v1 ResourceSlices, and how to converge on them.
+"""From the inventory to resource.k8s.io/v1 ResourceSlices. Pure.
 
-Pure: no API calls. `device_entry` decides the attribute names and types that
-DeviceClass and claim CEL selectors rely on (a wrong type silently makes a
-selector unsatisfiable, so types are part of the contract). They are the names
-and types NVIDIA's own DRA driver publishes, so that selectors port between the
-two, plus DEPRECATED_ATTRIBUTES for one more release. `build_slices`
-splits the node's pool over slices within the API limits. Dynamic MIG
-(`counter_sets`, `partition_entry`): a counter set per GPU, which its whole
-device and every MIG profile at every placement consume, laid out as the
-server's release wants it (dra.core.versions.ApiFeatures). `plan` compares
-the desired slices with the ones on the server and returns the fewest writes.
+`device_entry` decides the attribute names and types selectors rely on (types are part of the
+contract: docs/attributes.md), NVIDIA's own driver's plus DEPRECATED_ATTRIBUTES for one more
+release; `build_slices` splits the node's pool over slices within the API limits, with each
+dynamic-MIG GPU's counter set laid out as the server's release wants it (docs/mig.md).
+Converging on the server's slices is dra.core.sliceplan's.
 """
 
 from __future__ import annotations
@@ -17,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from dra.core.taints import DeviceTaint
@@ -413,99 +408,3 @@ def build_slices(
             }
         )
     return slices
-
-
-# -- reconciling -----------------------------------------------------------
-
-
-def _is_empty(value: object) -> bool:
-    return value is None or value is False or value == [] or value == {} or value == ""
-
-
-def _same(desired: object, actual: object) -> bool:
-    """Equal, except that a key the server added with an empty/default value does not count."""
-    if isinstance(desired, Mapping) and isinstance(actual, Mapping):
-        for key in desired.keys() | actual.keys():
-            if key in desired and key in actual:
-                if not _same(desired[key], actual[key]):
-                    return False
-            elif not _is_empty(desired.get(key, actual.get(key))):
-                return False
-        return True
-    if isinstance(desired, list) and isinstance(actual, list):
-        return len(desired) == len(actual) and all(_same(d, a) for d, a in zip(desired, actual, strict=True))
-    return desired == actual
-
-
-def _content(obj: Obj) -> Obj:
-    """What the driver owns in a slice, generation aside."""
-    spec = dict(obj.get("spec") or {})
-    pool = dict(spec.get("pool") or {})
-    pool.pop("generation", None)
-    spec["pool"] = pool
-    return {"spec": spec, "ownerReferences": (obj.get("metadata") or {}).get("ownerReferences")}
-
-
-def _generation(obj: Obj) -> int:
-    return int(((obj.get("spec") or {}).get("pool") or {}).get("generation") or 0)
-
-
-@dataclass
-class Plan:
-    """Writes that bring the server to the desired slices."""
-
-    generation: int
-    create: list[Obj] = field(default_factory=list)
-    update: list[Obj] = field(default_factory=list)
-    delete: list[Obj] = field(default_factory=list)
-
-    @property
-    def writes(self) -> int:
-        """How many API writes the plan makes."""
-        return len(self.create) + len(self.update) + len(self.delete)
-
-
-def _with_generation(obj: Obj, generation: int) -> Obj:
-    return {**obj, "spec": {**obj["spec"], "pool": {**obj["spec"]["pool"], "generation": generation}}}
-
-
-def plan(
-    desired: Sequence[Obj],
-    existing: Iterable[Obj],
-    published_generation: int | None,
-) -> Plan:
-    """Decide the writes. `desired` carries no meaningful generation; this chooses it.
-
-    published_generation is the generation under which this same desired
-    content was last published by this process (None after a device change or
-    at start-up). Then only drifted slices are repaired under that generation.
-    Otherwise, if the server already holds exactly the desired content at one
-    generation, it is adopted without a write; else the generation goes up and
-    every slice is rewritten, since consumers read only the newest generation.
-    """
-    current = {obj["metadata"]["name"]: obj for obj in existing}
-    wanted = {obj["metadata"]["name"]: obj for obj in desired}
-    extras = [obj for name, obj in sorted(current.items()) if name not in wanted]
-
-    if published_generation is None:
-        generations = {_generation(obj) for obj in current.values()}
-        matches = set(current) == set(wanted) and all(
-            _same(_content(wanted[name]), _content(current[name])) for name in wanted
-        )
-        if matches and len(generations) == 1:
-            return Plan(generation=generations.pop())
-        generation = max(generations, default=0) + 1
-    else:
-        generation = published_generation
-
-    result = Plan(generation=generation, delete=extras)
-    for name, obj in wanted.items():
-        target = _with_generation(obj, generation)
-        if name not in current:
-            result.create.append(target)
-        elif not (
-            _same(_content(target), _content(current[name])) and _generation(current[name]) == generation
-        ):
-            meta = {**target["metadata"], "resourceVersion": current[name]["metadata"].get("resourceVersion")}
-            result.update.append({**target, "metadata": meta})
-    return result

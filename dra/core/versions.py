@@ -1,17 +1,9 @@
-"""Which API servers the driver supports, decided from what the server reports. Pure.
+"""Which API servers the driver supports, and which gated ResourceSlice fields they keep. Pure.
 
-The driver writes `resource.k8s.io/v1` (GA in 1.34) and is tested on 1.34 and
-1.37. At start it reads the server's `/version` and the versions the
-`resource.k8s.io` group serves; a server older than 1.34, or one that does not
-serve `resource.k8s.io/v1`, is a start-up error naming the supported range. A
-server newer than the newest tested release is only worth a warning: the v1
-API it must keep serving is all the driver uses.
-
-Which gated ResourceSlice fields the server keeps is not told by its version
-(an alpha gate may be on or off), so the driver asks: it dry-run creates the
-`probe_slices` and reads, with `kept_fields`, which fields came back. An API
-server drops the fields of a disabled feature silently; `features` turns what
-it kept into ApiFeatures.
+A server older than 1.34 or without `resource.k8s.io/v1` is a start-up error; one newer than
+the newest tested is a warning. The version does not say which gated fields the server keeps,
+so the driver dry-run creates `probe_slices`, and `kept_fields` and `features` turn what came
+back into ApiFeatures (docs/kubernetes-versions.md, "Start-up check").
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """One bootstrap for every daemon subcommand: settings, GPUs, the GPU split, probes, signals.
 
-`dra-gpu kubelet-plugin` and `dra-gpu device-plugin` (and any later daemon)
-start the same way and stop in the same order:
-
-1. open the GPU library (NVML, or a fake profile) and discover the inventory;
-2. take this path's share of the GPUs and record it on the host (a lease that
-   the other path honours); a daemon that advertises nothing takes none;
-3. serve /metrics, /healthz and /readyz, watch XID events, beat a heartbeat;
-4. run the daemon's own tasks until SIGTERM or SIGINT;
-5. stop in reverse: the endpoint, the XID watch, the lease, and NVML last (only
-   once the XID thread has left it, since NVML frees its event set at shutdown).
-
-Anything that stops a start-up is a StartupError whose message says what to
-fix; the command line prints it as one line and exits 1.
+Every daemon starts the same way (GPUs discovered, this path's share leased on the host,
+probes, metrics and the XID watch served, its own tasks run until SIGTERM or SIGINT) and stops
+in reverse, NVML last (docs/architecture.md, "One bootstrap"). Anything that stops a start-up
+is a StartupError whose message says what to fix; the command line prints it as one line.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -129,6 +121,30 @@ class DaemonSettings:
             self.state_directory,
             self.fake_gpu_root,
         )
+
+
+def daemon_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The DaemonSettings fields, from the flags every daemon shares (dra.cli.options.daemon_flags)."""
+    return {
+        "driver_name": args.driver_name,
+        "node_name": args.node_name,
+        "kubelet_root": args.kubelet_root,
+        "cdi_root": args.cdi_root,
+        "state_dir": args.state_dir,
+        "fake_gpus": args.fake_gpus or None,
+        "fake_gpu_events": args.fake_gpu_events,
+        "http_address": args.http_address or None,
+        "dra_gpus": getattr(args, "dra_gpus", None),
+        "device_plugin_gpus": getattr(args, "device_plugin_gpus", None),
+        "host_root": args.host_root,
+        "driver_root": args.driver_root,
+        "cdi_driver_files": args.cdi_driver_files,
+        "fake_gpu_root": args.fake_gpu_root,
+        "health_recovery_period": args.health_recovery_period,
+        "ignored_xids": args.ignored_xids,
+        "rediscover_interval": getattr(args, "rediscover_interval", DaemonSettings.rediscover_interval),
+        "mig_modes": args.mig_mode.for_node(args.node_name or ""),
+    }
 
 
 def default_state_dir(kubelet_root: Path, driver_name: str) -> Path:

@@ -1,29 +1,10 @@
 """Fake GPUs a real container can see: device nodes and a stand-in driver under one root.
 
-With --fake-gpus and --fake-gpu-root=ROOT the daemon makes, before it
-discovers the GPUs (as the kernel module would have):
-
-- ``ROOT/dev``: a character device node per GPU (``nvidia<minor>``, NVIDIA's
-  major 195, as the real driver), ``nvidiactl`` (195:255), ``nvidia-uvm`` and
-  ``nvidia-uvm-tools``, and ``nvidia-caps/nvidia-cap<N>`` for every MIG
-  device's GPU and compute instance. The real nvidia-uvm and nvidia-caps
-  majors are allocated dynamically by the kernel; the stand-ins here are
-  120 and 121, from the range Linux reserves for local use
-  (Documentation/admin-guide/devices.txt), so they can never name another
-  driver's device. Without NVIDIA's kernel module every one of them is
-  inert: opening one fails with ENXIO.
-- ``ROOT/driver-root``: what dra.gpu.driverfiles looks for on a real node, so
-  the CDI specs mount it like the real thing: ``usr/bin/nvidia-smi`` (a
-  POSIX shell script) and stand-ins for ``libcuda.so.<version>`` and
-  ``libnvidia-ml.so.<version>`` with their ``.so.1`` links (text files: no
-  program can load them, which is all a fake driver can honestly offer).
-
-The fake nvidia-smi answers ``-L`` (``--list-gpus``) the way the real one does
-inside a container: it numbers from 0 the GPUs whose device node the container
-has, prints ``GPU <i>: <product> (UUID: <uuid>)``, and under a GPU in MIG mode
-a ``MIG <profile> Device <j>: (UUID: <uuid>)`` line for each MIG device whose
-two capability nodes the container has. The table of minors and UUIDs it reads
-is written into the script, as the real one reads them from the kernel module.
+With --fake-gpus and --fake-gpu-root=ROOT the daemon makes, before it discovers the GPUs,
+``ROOT/dev`` (inert character device nodes: opening one fails) and ``ROOT/driver-root`` (a
+shell-script nvidia-smi that answers ``-L`` as the real one does in a container, and text
+stand-ins for the libraries), which the CDI specs mount like the real thing. The node numbers
+and the nvidia-smi it imitates: docs/configuration.md ("Fake GPUs").
 """
 
 from __future__ import annotations

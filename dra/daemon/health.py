@@ -1,16 +1,9 @@
 """Device health from XID errors, for the kubelet (DRA health stream, device plugin) to see.
 
-NVML reports XID errors per GPU. Errors an application causes on its own
-context (XID 13, 31, 43, 45, 68, 109, the same set NVIDIA's device plugin
-ignores; --ignored-xids changes it) say nothing about the device; any other
-XID marks the device unhealthy. It is healthy again once a quiet period (`--health-recovery-period`)
-has passed without another critical XID or failed NVML wait for it, or, with a
-period of 0, only when the driver restarts (what NVIDIA's drivers do). On a GPU in MIG mode, an error NVML
-places in one GPU instance (and compute instance) marks the MIG devices there;
-an error on the GPU as a whole marks each of its MIG devices. When the wait for
-events itself fails, the devices of the GPUs that are lost (of every watched
-GPU when NVML cannot tell which) are marked unhealthy, as NVIDIA's device
-plugin does.
+An XID an application causes on its own context (--ignored-xids) says nothing about the device;
+any other marks it unhealthy (on a GPU in MIG mode, the MIG devices it concerns) until a quiet
+--health-recovery-period passes, and a failed wait for events marks the GPUs it lost. The
+rules: docs/operations.md ("Device health").
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """What a container gets from an Allocate call, per device-list strategy. Pure.
 
-Strategies (`--device-list-strategy`, one CDI strategy and/or `envvar`):
-
-- `cdi-cri` (default): the CDI device names in the response's `cdi_devices`;
-  the kubelet passes them to the runtime in the CRI request (containerd >= 1.7
-  with CDI enabled, CRI-O), which applies the edits of the plugin's spec.
-- `cdi-annotations`: the same names in a `cdi.k8s.io/<plugin>_<id>` container
-  annotation, for runtimes that read CDI requests from annotations.
-- `envvar`: NVIDIA_VISIBLE_DEVICES with the allocated UUIDs, for the NVIDIA
-  container runtime in legacy mode, which injects devices and driver
-  libraries from that variable.
-
-Every container the plugin answers for gets an explicit NVIDIA_VISIBLE_DEVICES,
-overriding the `all` that CUDA images bake in: the allocated UUIDs with
-`envvar`, `none` otherwise. With CDI strategies the devices reach the
-container through CDI, and `none` tells an NVIDIA runtime (legacy mode, the
-default runtime on many GPU nodes) to add no GPU of its own, only the driver's
-libraries, which the plugin's CDI spec does not carry. It is also the
-same value from every resource: when two device plugins set one variable for
-a container, the kubelet keeps one of the values (whichever resource it merges
-first) and logs a conflict, so a list could not describe a container that asks
-for a GPU and a MIG device.
+`cdi-cri`, `cdi-annotations` and/or `envvar` (`--device-list-strategy`). Every container gets an
+explicit NVIDIA_VISIBLE_DEVICES: the allocated UUIDs with `envvar`, `none` otherwise, the same
+from every resource so that two plugins' values never conflict. The strategies and why `none`:
+docs/device-plugin.md ("Allocation and CDI").
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """GetPreferredAllocation: which devices to give a container, when the kubelet asks. Pure.
 
-Each device has a placement: groups from the finest to the coarsest (parent
-GPU, PCIe root complex, NUMA node; None where unknown). The answer always
-keeps the kubelet's `must_include` devices, then adds one device at a time,
-choosing by, in order:
-
-1. most chosen devices sharing its group, finest level first (a MIG device
-   next to its sibling, a GPU behind the same PCIe root, then the same NUMA node);
-2. best fit: the finest level at which its free group can hold everything
-   still needed, and the smallest such group, so that whole groups stay free
-   for larger requests (a lone GPU is taken before one of an intact pair);
-   when no group can hold the rest, the largest groups first, to span few;
-3. the node's device order, so that equal choices are stable.
-
-Replicas of a time-sliced resource are spread instead (`spread_allocation`).
+The kubelet's `must_include` devices, then one device at a time: most chosen devices in its
+group (parent GPU, PCIe root, NUMA node, finest first), then the best fit that keeps whole
+groups free, then the node's order; replicas of a time-sliced resource are spread instead
+(`spread_allocation`). docs/device-plugin.md tells the rule with examples.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from dra.core.labels import Sharing
 from dra.daemon.bootstrap import StartupError, gpu_library, load_inventory
 from dra.deviceplugin import config as dpconfig
 from dra.deviceplugin.configwatch import NamedConfigs
-from dra.deviceplugin.resources import ResourceError, resources
+from dra.deviceplugin.resources import DEFAULT_RESOURCE, ResourceError, resources
 
 
 def load_config(config_file: Path | None, overrides: dpconfig.Overrides) -> dpconfig.Settings:
@@ -80,6 +80,14 @@ def check_config(plugin: dpconfig.Settings, fake_gpus: str | None, node_name: st
     for resource in offered:
         print(f"offers {resource.name}: {resource.advertised}")
     return 0
+
+
+def labeller_sharing(config_file: Path | None, mig_strategy: dpconfig.MigStrategy | None) -> Sharing:
+    """What the node labeller labels after: the device plugin's config file (if any) and its MIG strategy."""
+    plugin = load_config(config_file, dpconfig.Overrides(DEFAULT_RESOURCE, mig_strategy))
+    # Without a config file the device plugin may not run at all: GFD's default then.
+    strategy = mig_strategy or (plugin.mig_strategy if config_file is not None else dpconfig.MigStrategy.NONE)
+    return label_sharing(plugin, strategy)
 
 
 def label_sharing(plugin: dpconfig.Settings, mig_strategy: dpconfig.MigStrategy) -> Sharing:

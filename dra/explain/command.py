@@ -174,6 +174,8 @@ async def _reports(args: argparse.Namespace) -> list[explain.ClaimReport]:
 
 def run(args: argparse.Namespace) -> int:
     """Print the reports; exit 0 (the report itself says whether a claim can be allocated)."""
+    if args.fake_gpus and not args.node_name:
+        args.node_name = "fake-node"
     found = reports(args)
     if args.output == "json":
         print(json.dumps([explain.as_json(r) for r in found], indent=2))

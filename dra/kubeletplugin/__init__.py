@@ -1,12 +1,13 @@
-"""The DRA kubelet plugin: `dra-gpu kubelet-plugin`.
+"""The DRA kubelet plugin: `dra-gpu kubelet-plugin`, and `discover`, `time-slices` and `taint clear`.
 
-``daemon`` wires it together; ``server`` and ``registration`` own the unix
-sockets and the kubelet's plugin registration; ``service`` answers the DRA
-v1/v1beta1 and health gRPC services; ``state`` runs the prepare, unprepare
-and start-up programs of ``dra.core`` (their steps) on the CDI directory, the
-checkpoint and the GPUs;
-``publisher`` keeps the node's ResourceSlices in line with the inventory.
+From the top, as the layers in pyproject.toml have it: ``command`` runs the commands;
+``daemon`` wires the plugin; ``server`` owns its sockets; ``service`` (DRA and health
+gRPC), ``publisher`` (ResourceSlices, with ``features``: what the server keeps),
+``podresources``, ``healthctl`` and ``miglabel`` are what it serves and follows; ``state``
+runs the steps of dra.core's prepare, unprepare and start-up programs; ``miglayout``,
+``mps`` and ``timeslice`` act on the GPUs; ``mpslaunch`` and ``registration`` are what
+those stand on.
 
-Rule: a program package. It may import every layer below (model, core, gpu,
-adapters, daemon) and the generated gRPC code, never another program package.
+Rule: a program package. It may import every layer below (model, core, gpu, adapters,
+daemon) and the generated gRPC code, never another program package.
 """

@@ -14,13 +14,14 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from dra.adapters.cdistore import CdiStore
-from dra.adapters.checkpoint import CheckpointError, CheckpointStore
+from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.kube import KubeClient, KubeError
 from dra.core import versions
 from dra.core.assignment import GpuPath, Selector, select
+from dra.core.checkpointformat import CheckpointError
 from dra.core.migconfig import MigConfigs
 from dra.core.taints import Effect
-from dra.daemon import metrics, miglabel, miglayout
+from dra.daemon import metrics
 from dra.daemon.bootstrap import (
     DaemonSettings,
     Node,
@@ -29,10 +30,11 @@ from dra.daemon.bootstrap import (
     serve_until_stopped,
     warn_about_stranded_claims,
 )
-from dra.daemon.healthctl import HealthControl, socket_path
 from dra.daemon.rediscovery import Rediscovery
 from dra.daemon.sockets import SocketPathError
+from dra.kubeletplugin import miglabel, miglayout
 from dra.kubeletplugin.features import detect_features
+from dra.kubeletplugin.healthctl import HealthControl, socket_path
 from dra.kubeletplugin.mps import MpsDaemons
 from dra.kubeletplugin.podresources import DevicePluginHoldback
 from dra.kubeletplugin.publisher import SlicePublisher

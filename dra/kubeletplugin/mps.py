@@ -1,22 +1,10 @@
 """MPS control daemons, one per set of devices claims use with MPS, run as processes of the kubelet plugin.
 
-Each daemon gets its own directories under <state dir>/mps/<key>/, the key
-naming its devices (dra.core.sharing.mps_key, mps_dirs): `pipe`
-(CUDA_MPS_PIPE_DIRECTORY, bind-mounted into the claims' containers at
-/tmp/nvidia-mps), `log` (CUDA_MPS_LOG_DIRECTORY) and `shm`, the /dev/shm of
-the daemon (dra.kubeletplugin.mpslaunch starts it in a mount namespace with
-`shm` over its /dev/shm) and of the containers (CDI); CUDA_VISIBLE_DEVICES is
-set to the devices' UUIDs (a MIG device's UUID for a MIG device). It is
-started with `nvidia-cuda-mps-control -d`; a claim that is the daemon's only
-user has its limits set as the daemon's defaults by piping commands into the
-control binary; `quit` stops it.
-
-A second claim on the same devices (another share of a shareable GPU) joins
-the running daemon; the daemon stops when the last claim using it is
-unprepared. The daemon is started detached (-d), so it outlives the driver by
-design: a restarted driver adopts the daemon of each recorded claim (its pid
-file names a live process started with the daemon's pipe directory) instead
-of starting it again, and stops every daemon no recorded claim uses.
+Each daemon has its pipe, log and shm directories under <state dir>/mps/<key>/ and is started
+through dra.kubeletplugin.mpslaunch; claims on the same devices join it, and the last one to be
+unprepared stops it. A daemon outlives the driver by design: a restarted driver adopts the
+daemon of each recorded claim and stops every other. The layout and the life cycle:
+docs/sharing.md ("MPS").
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """Run a command with a directory over its /dev/shm: `python -m dra.kubeletplugin.mpslaunch DIR -- CMD...`.
 
-The MPS control daemon, the server it spawns and the clients must see the
-same /dev/shm. The clients are the claim's containers, which get the MPS
-directory's `shm` bind-mounted at /dev/shm through CDI; the daemon runs in
-the plugin container, whose /dev/shm is its own. So each daemon starts in a
-mount namespace of its own where DIR is bind-mounted over /dev/shm; it
-detaches (-d) and keeps that namespace, and so does the server it spawns.
-
-Why a launcher process, and not util-linux `unshare` or a call in the plugin:
-- unshare(CLONE_NEWNS) fails with EINVAL in a multithreaded process, and the
-  plugin runs its calls in worker threads; this launcher is single-threaded
-  when it makes the call, then execs the command in the new namespace;
-- the plugin's image needs nothing besides its own Python (no util-linux);
-- a missing CAP_SYS_ADMIN (EPERM) is told in words that name the chart value.
-
-Mount propagation is made `slave` first, recursively: mounts the host makes
-later still reach the daemon, and its bind mount never leaks back out.
+An MPS control daemon must share /dev/shm with its clients, the claim's containers: it starts
+in a mount namespace of its own (propagation made slave first) with DIR bind-mounted over
+/dev/shm, and keeps it when it detaches. A separate single-threaded process, since
+unshare(CLONE_NEWNS) fails in a multithreaded one. Why and how: docs/sharing.md ("Shared
+memory: a mount namespace per daemon").
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Keeps the node's ResourceSlices equal to the inventory, with the fewest writes.
 
-Reconciles on start, when the inventory or a device's health (its taint)
-changes, and whenever a slice of this driver and node changes on the server
-(someone edited or deleted one).
-The watch runs as a task beside the reconcile loop; it only signals that
-something changed, and the reconcile lists and compares.
-
-One instance per node publishes: the one holding the flock on `turn` (a file
-in the state directory). During a rolling update the newer instance waits,
-ready, until the older one ends (and its lock with it), then reconciles
-the slices to what it sees. Two instances never write the same pool in turn,
-so a changed configuration cannot make them undo each other's writes.
+Reconciles on start, on an inventory or health change and whenever a slice of this driver and
+node changes on the server (the watch only signals; the reconcile lists and compares). Only the
+instance holding the flock on ``publisher.lock`` publishes, so two instances of a rolling
+update never undo each other's writes (docs/architecture.md, "ResourceSlices").
 """
 
 from __future__ import annotations
@@ -24,7 +17,7 @@ import anyio
 
 from dra.adapters.filelock import try_lock
 from dra.adapters.kube import ConflictError, KubeClient, KubeError
-from dra.core import slices
+from dra.core import sliceplan, slices
 from dra.core.assignment import Selector, select
 from dra.core.taints import DeviceTaint
 from dra.core.versions import ApiFeatures
@@ -117,7 +110,7 @@ class SlicePublisher:
         self._generation = None
         self.trigger()
 
-    async def reconcile(self) -> slices.Plan:
+    async def reconcile(self) -> sliceplan.Plan:
         """List, compare, write. Returns what was written."""
         if self._node_uid is None:
             node = await self._kube.get_node(self.node_name)
@@ -141,7 +134,7 @@ class SlicePublisher:
             taints=self._taints(),
             shareable=shareable_gpus(self._shareable, inventory),
         )
-        plan = slices.plan(desired, existing, self._generation)
+        plan = sliceplan.plan(desired, existing, self._generation)
         for obj in plan.create:
             await self._kube.create_resource_slice(obj)
             metrics.SLICE_WRITES.labels("create").inc()

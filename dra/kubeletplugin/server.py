@@ -1,17 +1,10 @@
 """The plugin's two unix sockets and their gRPC servers.
 
-<kubelet root>/plugins/<driver>/dra.sock        DRA v1, v1beta1 and health v1, v1alpha1 services
-<kubelet root>/plugins_registry/<driver>-reg.sock  registration, created last
-
-With rolling updates each instance has its own pair, dra-<instance>.sock and
-<driver>-<instance>-reg.sock (the names the Go helper's RollingUpdate option
-uses), so that the kubelet keeps the old and the new instance registered
-side by side and calls the newer one (docs/operations.md, "Upgrades").
-
-The registration socket appears only once the service socket serves, because
-the kubelet connects to the service as soon as it registers the plugin. If
-the registration socket disappears (someone cleaned the directory), it is
-created again so the kubelet finds the plugin at its next scan.
+``plugins/<driver>/dra.sock`` (DRA v1, v1beta1, health v1, v1alpha1) and
+``plugins_registry/<driver>-reg.sock`` (registration), each with the instance ID in its name
+under rolling updates (docs/operations.md, "Upgrades"). The registration socket is made last,
+since the kubelet calls the service as soon as it registers the plugin, and made again if it
+disappears, so that the kubelet finds the plugin at its next scan.
 """
 
 from __future__ import annotations

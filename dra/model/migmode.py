@@ -1,16 +1,8 @@
 """How the admin wants each GPU's MIG handled: static, dynamic or whole. Plain data and its parsing.
 
-- ``static``: the MIG devices someone made beforehand are published (today's behaviour);
-  a GPU with MIG mode off is published whole.
-- ``dynamic``: the GPU is offered whole and as MIG profiles (which: ``offer``,
-  dra.model.migoffer) at every placement; the driver makes the MIG device a claim gets
-  when it prepares the claim.
-- ``whole``: the GPU is published whole, whatever MIG devices it has.
-
-The flag value is a default mode followed by overrides per node (``@<node name>``,
-which replaces the default on that node) and per GPU index or UUID: ``dynamic``, or
-``static,@gpu-node-3=dynamic,2=dynamic,GPU-4b0e...=whole``. One value can so serve
-every node of a DaemonSet.
+A default mode, then overrides per node (``@<node name>``) and per GPU index or UUID:
+``static,@gpu-node-3=dynamic,2=dynamic,GPU-4b0e...=whole``, so one value serves every node of
+a DaemonSet. What each mode publishes: docs/mig.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """Which MIG profiles a dynamic-MIG GPU offers (--mig-profiles). Plain data, its parsing and the selection.
 
-Every offer is a device the scheduler walks for every claim on every node, so
-offering fewer profiles buys scheduling throughput (docs/mig.md, "What dynamic
-MIG costs the scheduler"). A value is a comma-separated list of:
-
-- ``common``: per number of compute slices among 1, 2, 3 and 7, the profile with
-  the fewest memory slices, without media extensions: on an H100 80GB 1g.10gb,
-  2g.20gb, 3g.40gb and 7g.80gb at all their placements (13 offers, not 25).
-  These give every packing of 1g, 2g and 3g devices NVML allows (7x1g, 3x2g+1g,
-  2x3g, 3g+2x2g, 3g+4x1g...) and the 7g spanning the GPU.
-- ``all``: every profile at every placement NVML reports.
-- a profile name as nvidia-smi prints it (``4g.40gb``, ``1g.10gb+me``): offered on
-  the GPUs that have it.
-
-and ``@<node>=<item>`` entries, which replace the bare items on that node (several
-for one node add up): ``common,@gpu-node-3=all``. One value so serves every node of
-a DaemonSet, as --mig-mode does.
+A comma-separated list of ``common`` (per 1, 2, 3 and 7 compute slices the profile with the
+least memory, no media extensions), ``all``, or profile names as nvidia-smi prints them, with
+``@<node>=<item>`` entries that replace the bare items on that node, so one value serves every
+node of a DaemonSet. Fewer offers buy scheduling throughput: docs/mig.md ("Choosing the
+profiles offered").
 """
 
 from __future__ import annotations

@@ -4,5 +4,5 @@
 as prepare (dra.api), so a claim it admits fails at prepare only for what needs the devices
 (memory, MPS capability, per-device keys) or the other claims.
 ``server`` serves it over HTTPS (aiohttp, only there), with certificates reloaded when their files
-change, and probes and metrics through dra.daemon.
+change, and probes and metrics through dra.daemon; ``command`` starts it from the flags.
 """

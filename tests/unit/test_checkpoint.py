@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from dra.adapters import faults
-from dra.adapters.checkpoint import COMPACT_SLACK, CheckpointError, CheckpointStore, decode, encode
+from dra.adapters.checkpoint import COMPACT_SLACK, CheckpointStore
+from dra.core.checkpointformat import CheckpointError, decode, encode
 from dra.model.prepared import MIG_CREATE, DeviceAction, PreparedClaim, PreparedDevice
 
 CLAIMS = {

@@ -14,10 +14,12 @@ import pytest
 import yaml
 
 from dra import cli
+from dra.cli.parser import parse_args
 from dra.core.slices import SliceError
 from dra.daemon import bootstrap
 from dra.daemon import flags as envflags
 from dra.gpu.nvml import GpuLibraryError
+from dra.kubeletplugin import command as kubeletplugin_command
 from tests.unit.helpers import write_kubeconfig
 
 
@@ -66,7 +68,7 @@ def test_env_name(flag: str, env: str) -> None:
 
 
 def test_discover_defaults() -> None:
-    args = cli.parse_args(["discover"])
+    args = parse_args(["discover"])
     assert args.fake_gpus is None
     assert args.driver_name == "gpu.nvidia.com"
     assert args.node_name == socket.gethostname()
@@ -79,7 +81,7 @@ def test_environment_variables_set_the_defaults(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("DRA_GPU_OUTPUT", "json")
     monkeypatch.setenv("DRA_GPU_DRIVER_NAME", "gpu.example.com")
     monkeypatch.setenv("DRA_GPU_LOG_LEVEL", "debug")
-    args = cli.parse_args(["discover"])
+    args = parse_args(["discover"])
     assert (args.fake_gpus, args.node_name, args.output, args.driver_name, args.log_level) == (
         "mixed",
         "node-7",
@@ -92,12 +94,12 @@ def test_environment_variables_set_the_defaults(monkeypatch: pytest.MonkeyPatch)
 def test_a_flag_wins_over_its_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DRA_GPU_OUTPUT", "json")
     monkeypatch.setenv("DRA_GPU_FAKE_GPUS", "mixed")
-    args = cli.parse_args(["discover", "--output", "yaml", "--fake-gpus", "h100x8"])
+    args = parse_args(["discover", "--output", "yaml", "--fake-gpus", "h100x8"])
     assert (args.output, args.fake_gpus) == ("yaml", "h100x8")
 
 
 def test_kubelet_plugin_defaults_and_paths(monkeypatch: pytest.MonkeyPatch) -> None:
-    args = cli.parse_args(["kubelet-plugin", "--node-name", "node-a"])
+    args = parse_args(["kubelet-plugin", "--node-name", "node-a"])
     assert args.kubelet_root == Path("/var/lib/kubelet")
     assert args.cdi_root == Path("/var/run/cdi")
     assert (args.state_dir, args.kubeconfig, args.fake_gpus, args.fake_gpu_events) == (None, None, None, None)
@@ -105,7 +107,7 @@ def test_kubelet_plugin_defaults_and_paths(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("DRA_GPU_CDI_ROOT", "/etc/cdi")
     monkeypatch.setenv("DRA_GPU_STATE_DIR", "/var/lib/dra-gpu")
     monkeypatch.setenv("DRA_GPU_HTTP_ADDRESS", "")
-    args = cli.parse_args(["kubelet-plugin", "--node-name", "node-a"])
+    args = parse_args(["kubelet-plugin", "--node-name", "node-a"])
     assert (args.cdi_root, args.state_dir, args.http_address) == (
         Path("/etc/cdi"),
         Path("/var/lib/dra-gpu"),
@@ -117,16 +119,16 @@ def test_the_node_name_is_required_unless_the_environment_gives_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        cli.parse_args(["kubelet-plugin"])
+        parse_args(["kubelet-plugin"])
     assert exit_info.value.code == 2
     assert "--node-name" in capsys.readouterr().err
     monkeypatch.setenv("DRA_GPU_NODE_NAME", "node-from-env")
-    assert cli.parse_args(["kubelet-plugin"]).node_name == "node-from-env"
+    assert parse_args(["kubelet-plugin"]).node_name == "node-from-env"
 
 
 def test_help_names_the_environment_variables(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        cli.parse_args(["kubelet-plugin", "--help"])
+        parse_args(["kubelet-plugin", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     for env in ("DRA_GPU_NODE_NAME", "DRA_GPU_FAKE_GPUS", "DRA_GPU_CDI_ROOT", "DRA_GPU_KUBELET_ROOT"):
         assert f"env {env}" in text
@@ -276,7 +278,7 @@ def test_an_inventory_the_api_would_reject_exits_1_with_one_line(
     def reject(*args: object, **kwargs: object) -> list[dict[str, Any]]:
         raise SliceError("device names are not unique: ['gpu-0']")
 
-    monkeypatch.setattr(cli, "build_slices", reject)
+    monkeypatch.setattr(kubeletplugin_command, "build_slices", reject)
     code, out, err = _run(capsys, "discover", "--fake-gpus", "mixed")
     assert code == 1
     assert out == ""
@@ -302,15 +304,15 @@ def test_an_empty_variable_is_an_error_not_a_silent_default(
 
 def test_a_variable_of_another_subcommand_does_not_matter(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DRA_GPU_OUTPUT", "xml")
-    args = cli.parse_args(["kubelet-plugin", "--node-name", "node-a"])
+    args = parse_args(["kubelet-plugin", "--node-name", "node-a"])
     assert args.node_name == "node-a"
     with pytest.raises(envflags.UsageError, match="DRA_GPU_OUTPUT='xml': expected one of yaml, json"):
-        cli.parse_args(["discover"])
+        parse_args(["discover"])
 
 
 def test_the_command_line_wins_over_an_invalid_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DRA_GPU_OUTPUT", "xml")
-    assert cli.parse_args(["discover", "--output", "json"]).output == "json"
+    assert parse_args(["discover", "--output", "json"]).output == "json"
 
 
 def test_a_corrupt_checkpoint_stops_the_daemon_with_one_line_naming_it(
@@ -380,6 +382,6 @@ def test_discover_prints_dynamic_mig_counter_sets_and_every_placement(
 
 def test_a_bad_mig_mode_is_one_line_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        cli.parse_args(["discover", "--mig-mode", "dynamic,0=sliced"])
+        parse_args(["discover", "--mig-mode", "dynamic,0=sliced"])
     err = capsys.readouterr().err
     assert "argument --mig-mode: '0=sliced': the mode must be one of static, dynamic, whole" in err

@@ -11,7 +11,8 @@ import pytest
 
 from dra.adapters.assignmentrecord import AssignmentRecord
 from dra.adapters.checkpoint import CheckpointStore
-from dra.cli import main, parse_args
+from dra.cli import main
+from dra.cli.parser import parse_args
 from dra.core.assignment import GpuPath, restrict
 from dra.daemon import bootstrap
 from dra.daemon.bootstrap import GpuInitError, warn_about_stranded_claims

@@ -7,7 +7,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from dra.cli import main, parse_args
+from dra.cli import main
+from dra.cli.parser import parse_args
 from dra.daemon.bootstrap import open_node
 from dra.deviceplugin import config as dpconfig
 from dra.deviceplugin.setup import label_sharing

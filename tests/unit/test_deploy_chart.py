@@ -15,11 +15,11 @@ import yaml
 from localcluster import chart
 from localcluster.kube import Obj
 
-from dra.cli import build_parser
+from dra.cli.parser import build_parser
 from dra.daemon.flags import env_name
-from dra.daemon.miglayout import load_configs
 from dra.explain.report import standard_device_classes
 from dra.gpu.profiles import BUILTIN_PROFILES, load_profile
+from dra.kubeletplugin.miglayout import load_configs
 
 FAKE: dict[str, Any] = {"fakeGpus": {"enabled": True, "nodes": {"gpu-a": "mixed"}}}
 KIND_VALUES = chart.KIND / "values.yaml"

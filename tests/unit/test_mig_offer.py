@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import pytest
 
-from dra.cli import parse_args
+from dra.cli.parser import parse_args
 from dra.core.slices import (
     MAX_COUNTER_SETS_PER_SLICE,
     MAX_COUNTERS_PER_SET,

@@ -16,14 +16,6 @@ from dra.adapters.checkpoint import CheckpointStore
 from dra.cli import main
 from dra.core.migconfig import MigConfigs, parse_mig_configs
 from dra.daemon.bootstrap import gpu_library
-from dra.daemon.miglayout import (
-    Applied,
-    MigLayoutError,
-    apply_layout,
-    held_instances,
-    load_configs,
-    static_modes,
-)
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.nvml import (
@@ -32,6 +24,14 @@ from dra.gpu.nvml import (
     GpuInstanceHandle,
     GpuLibrary,
     GpuLibraryError,
+)
+from dra.kubeletplugin.miglayout import (
+    Applied,
+    MigLayoutError,
+    apply_layout,
+    held_instances,
+    load_configs,
+    static_modes,
 )
 from dra.model.devices import MigDevice
 from dra.model.migmode import MigModes, parse_mig_modes

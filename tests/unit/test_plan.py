@@ -1,4 +1,4 @@
-"""slices.plan: the fewest writes that bring the server's ResourceSlices to the desired pool."""
+"""sliceplan.plan: the fewest writes that bring the server's ResourceSlices to the desired pool."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from dra.core import slices
-from dra.core.slices import Plan, build_slices, plan
+from dra.core.sliceplan import Plan, plan
+from dra.core.slices import build_slices
 from dra.model.devices import Inventory
 from tests.unit.helpers import DRIVER, NODE, inventory, profile
 

@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 
 from dra.adapters.cdistore import CdiStore
-from dra.adapters.checkpoint import CheckpointError, CheckpointStore
+from dra.adapters.checkpoint import CheckpointStore
 from dra.core import cdi
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.core.assignment import restrict
+from dra.core.checkpointformat import CheckpointError
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Inventory
 from dra.model.prepared import DeviceAction, PreparedClaim, PreparedDevice

@@ -10,15 +10,15 @@ from pathlib import Path
 import anyio
 import pytest
 
-from dra.cli import parse_args
+from dra.cli.parser import parse_args
 from dra.core import slices
 from dra.core.taints import DeviceTaint, Effect, parse_effect, taint_value, unhealthy_taint
 from dra.core.versions import ApiFeatures
 from dra.daemon.health import APPLICATION_XIDS, ClearRefusedError, HealthTracker, gpu_failure, parse_xids
-from dra.daemon.healthctl import HealthControl, HealthControlError, clear
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.nvml import GpuLibraryError, XidEvent
 from dra.gpu.profiles import load_profile
+from dra.kubeletplugin.healthctl import HealthControl, HealthControlError, clear
 from dra.kubeletplugin.publisher import SlicePublisher
 from dra.model.devices import Device
 from tests.unit.helpers import DRIVER, NODE, inventory
@@ -208,7 +208,7 @@ def test_a_refused_clear_is_logged(caplog: pytest.LogCaptureFixture, tmp_path: P
     tracker.mark_unhealthy(["gpu-3"], "XID 79", "XID-79")
     lib = FakeGpuLibrary(load_profile("mixed"), NODE)
     control = HealthControl(tmp_path / "health.sock", tracker, lib, 300, lambda _: None)
-    with caplog.at_level(logging.WARNING, logger="dra.daemon.healthctl"):
+    with caplog.at_level(logging.WARNING, logger="dra.kubeletplugin.healthctl"):
         assert control.answer(b'{"clear": "gpu-3"}')["ok"] is False
     assert "clearing the unhealthy mark of gpu-3 refused: gpu-3 reported XID 79" in caplog.text
 

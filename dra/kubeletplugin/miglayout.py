@@ -1,28 +1,9 @@
 """Static MIG layouts (NVIDIA mig-parted's format) applied to the GPUs: the GPU side.
 
-The layout file is parsed by dra.core.migconfig; which layout, and when, is
-dra.daemon.miglabel's (the Node's ``nvidia.com/mig.config`` label, else
-``--mig-config``; at start and on a change). For each GPU an entry selects, in
-three phases:
-
-1. MIG mode: turned on where the entry enables MIG and it is off. A change NVML
-   leaves pending (the GPU needs a reset) is reported, and that GPU is left as
-   it is.
-2. Plan, without touching anything: instances that already match are kept
-   (complete ones: a GPU instance with its compute instance), instances used by
-   a prepared claim (checkpoint) are never destroyed, the rest go, and the
-   missing ones get placements (dra.core.migconfig.place). A layout that does
-   not fit fails here, after phase 1 is undone.
-3. Destroy, then create (GPU instance, then the compute instance spanning it,
-   as dynamic MIG does through dra.gpu.dynamic); an entry with MIG disabled
-   destroys every instance and turns MIG off. A failure undoes this attempt:
-   instances made are destroyed, instances destroyed are made again at their
-   placements, MIG modes go back.
-
-Every phase reads the GPU as it is, so a start after a kill at any point
-converges: it keeps what is done, destroys the half-made instance (a GPU
-instance without compute instance) and makes the rest. Those GPUs are then
-published as static MIG.
+Parsed by dra.core.migconfig; which layout, and when, is dra.kubeletplugin.miglabel's. Per GPU,
+three phases: MIG mode on, a plan made without touching anything (kept, never-destroyed and new
+instances), then destroy and create; a failure undoes the attempt. Every phase reads the GPU as
+it is, so a start after a kill at any point converges. The phases and the states: docs/mig.md.
 """
 
 from __future__ import annotations

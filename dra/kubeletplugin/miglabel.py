@@ -2,7 +2,7 @@
 applying it at start and again whenever the label names another one (LayoutFollower), and
 what the admin sees of it: the ``nvidia.com/mig.config.state`` label and Events.
 
-The GPU side (plan, destroy, create, undo) is dra.daemon.miglayout's.
+The GPU side (plan, destroy, create, undo) is dra.kubeletplugin.miglayout's.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import anyio.to_thread
 
-from dra.adapters.checkpoint import CheckpointError, CheckpointStore
+from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.kube import KubeClient, KubeError, Obj
+from dra.core.checkpointformat import CheckpointError
 from dra.core.migconfig import (
     LAYOUT_LABEL,
     STATE_FAILED,
@@ -24,8 +25,14 @@ from dra.core.migconfig import (
     MigConfigs,
 )
 from dra.daemon.bootstrap import DaemonSettings, StartupError
-from dra.daemon.miglayout import Applied, MigLayoutError, apply_with_own_library, load_configs, static_modes
 from dra.daemon.nodewatch import follow_node, labels_of
+from dra.kubeletplugin.miglayout import (
+    Applied,
+    MigLayoutError,
+    apply_with_own_library,
+    load_configs,
+    static_modes,
+)
 from dra.model.migmode import MigModes
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,114 @@
+"""The kubelet plugin's commands: `kubelet-plugin` (the daemon), and `discover`, `time-slices` and
+`taint clear`, which show or change on one node what the daemon publishes, sets and marks.
+
+Each turns the parsed flags (dra.cli.parser) into what its code takes, runs it and returns the
+exit status; what stops it is a StartupError, which the command line prints as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import uuid
+from pathlib import Path
+
+import anyio
+import yaml
+
+from dra.core import sharing
+from dra.core.slices import SliceError, build_slices
+from dra.core.versions import ApiFeatures
+from dra.daemon.bootstrap import StartupError, daemon_fields, default_state_dir, gpu_library, load_inventory
+from dra.gpu.nvml import GpuLibrary, GpuLibraryError
+from dra.kubeletplugin import healthctl, miglayout
+from dra.kubeletplugin.daemon import PluginSettings, run_kubelet_plugin
+from dra.model.migmode import MigModes
+
+
+def kubelet_plugin(args: argparse.Namespace) -> int:
+    """`dra-gpu kubelet-plugin`: run the DRA kubelet plugin until SIGTERM or SIGINT."""
+    if args.mig_config and not args.mig_config_file:
+        raise StartupError("--mig-config names a layout of --mig-config-file, which is not set")
+    settings = PluginSettings(
+        **daemon_fields(args),
+        kubeconfig=args.kubeconfig or None,
+        unhealthy_taint_effect=args.unhealthy_taint_effect,
+        shareable_gpus=args.shareable_gpus,
+        mps_control=args.mps_control or None,
+        mig_config_file=args.mig_config_file,
+        mig_config=args.mig_config or None,
+        instance_id=(args.instance_id or uuid.uuid4().hex) if args.rolling_update else None,
+    )
+    anyio.run(run_kubelet_plugin, settings, backend="asyncio")
+    return 0
+
+
+def discover(args: argparse.Namespace) -> int:
+    """`dra-gpu discover`: print the ResourceSlices this node would publish (after a MIG layout's dry run)."""
+    lib = gpu_library(args.fake_gpus, args.node_name)
+    modes = args.mig_mode.for_node(args.node_name)
+    if args.mig_config_file:
+        modes = _dry_run_layout(lib, args, modes)
+    inventory = load_inventory(lib, modes)
+    features = ApiFeatures(minor=args.kubernetes_minor, partitionable_devices=True)
+    try:
+        items = build_slices(
+            inventory, args.driver_name, args.node_name, None, generation=1, features=features
+        )
+    except SliceError as err:
+        raise StartupError(str(err)) from None
+    document = {"apiVersion": "v1", "kind": "List", "items": items}
+    if args.output == "json":
+        print(json.dumps(document, indent=2))
+    else:
+        print(yaml.safe_dump(document, sort_keys=False), end="")
+    return 0
+
+
+def _dry_run_layout(lib: GpuLibrary, args: argparse.Namespace, modes: MigModes) -> MigModes:
+    """The layout's plan on stderr; fake GPUs (kept in memory here) are partitioned, real ones left alone."""
+    if not args.mig_config:
+        raise StartupError("--mig-config-file: name the layout to show with --mig-config")
+    configs = miglayout.load_configs(args.mig_config_file)
+    try:
+        lib.init()
+    except GpuLibraryError as err:
+        raise StartupError(f"cannot read GPUs through NVML: {err}") from None
+    applied = miglayout.apply_layout(lib, configs, args.mig_config, set(), modes, dry_run=not args.fake_gpus)
+    print(f"MIG layout {args.mig_config!r} of {args.mig_config_file}:", file=sys.stderr)
+    for plan in applied.plans:
+        print(f"  {plan.describe()}", file=sys.stderr)
+    for warning in applied.warnings:
+        print(f"  warning: {warning}", file=sys.stderr)
+    return miglayout.static_modes(modes, applied)
+
+
+def time_slices(args: argparse.Namespace) -> int:
+    """`dra-gpu time-slices`: print each GPU's compute time-slice interval."""
+    state_dir = args.state_dir or default_state_dir(Path("/var/lib/kubelet"), args.driver_name)
+    lib = gpu_library(args.fake_gpus, args.node_name, host_root=args.host_root, state_dir=state_dir)
+    inventory = load_inventory(lib)
+    names = {level: name for name, level in sharing.INTERVAL_LEVELS.items()}
+    try:
+        for gpu in inventory.gpus:
+            try:
+                level = lib.time_slice(lib.device_by_index(gpu.index))
+                shown = names.get(level, str(level))
+            except GpuLibraryError as err:
+                shown = f"unknown ({err})"
+            print(f"{gpu.index}\t{gpu.uuid}\t{shown}")
+    finally:
+        lib.shutdown()
+    return 0
+
+
+def clear_taint(args: argparse.Namespace) -> int:
+    """`dra-gpu taint clear`: ask the running kubelet plugin to mark a device healthy again."""
+    state_dir = args.state_dir or default_state_dir(args.kubelet_root, args.driver_name)
+    try:
+        print(anyio.run(healthctl.clear, healthctl.socket_path(state_dir), args.device))
+    except healthctl.HealthControlError as err:
+        print(f"dra-gpu: {args.device} not cleared: {err}", file=sys.stderr)
+        return 1
+    return 0

@@ -34,7 +34,7 @@ from dra.daemon.health import APPLICATION_XIDS, parse_xids
 from dra.deviceplugin import config as dpconfig
 from dra.deviceplugin.allocate import Strategy, parse_strategies
 from dra.deviceplugin.resources import DEFAULT_RESOURCE
-from dra.gpu.nvml import GpuLibrary, GpuLibraryError
+from dra.gpu.library import GpuLibrary, GpuLibraryError
 from dra.model import migoffer
 from dra.model.migmode import MigModes, parse_mig_modes
 

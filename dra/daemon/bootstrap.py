@@ -46,7 +46,8 @@ from dra.daemon.lifecycle import Heartbeat, until_stopped
 from dra.gpu.discovery import discover
 from dra.gpu.driverfiles import find_driver_files
 from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.nvml import ERROR_UNKNOWN, GpuLibrary, GpuLibraryError, NvmlLibrary
+from dra.gpu.library import ERROR_UNKNOWN, GpuLibrary, GpuLibraryError
+from dra.gpu.nvml import NvmlLibrary
 from dra.gpu.profiles import ProfileError, load_profile
 from dra.model.devices import Inventory
 from dra.model.migmode import MigModes

@@ -1,9 +1,10 @@
 """The GPU library: what the driver knows about the node's GPUs and can do to them.
 
-``nvml`` defines the ``GpuLibrary`` protocol, one method per NVML call the
-driver uses, and implements it on pynvml (the only importer of pynvml).
-``fake`` implements the same protocol from a fake-GPU profile (``profiles``),
-failing the way NVML fails, with MIG placements from ``migtables``. ``discovery``
+``library`` defines the ``GpuLibrary`` protocol, one method per NVML call the
+driver uses, with NVML's value types and return codes; ``nvml`` implements it
+on pynvml (the only importer of pynvml). ``fake`` implements the same protocol
+from a fake-GPU profile (``profiles``), its MIG calls in ``fakemig``, failing
+the way NVML fails, with MIG placements from ``migtables``. ``discovery``
 maps a library's answers to an ``Inventory``, with no branch for fake GPUs;
 ``dynamic`` makes, finds and destroys the MIG devices of dynamic MIG, one NVML
 step at a time.

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from dra.gpu.nvml import (
+from dra.gpu.library import (
     ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_FUNCTION_NOT_FOUND,
     ERROR_INVALID_ARGUMENT,

@@ -11,13 +11,7 @@ from dataclasses import dataclass
 
 from dra.gpu import migtables
 from dra.gpu.discovery import mig_devices, profile_infos
-from dra.gpu.nvml import (
-    ERROR_INVALID_ARGUMENT,
-    ERROR_NOT_FOUND,
-    GpuLibrary,
-    GpuLibraryError,
-    Placement,
-)
+from dra.gpu.library import ERROR_INVALID_ARGUMENT, ERROR_NOT_FOUND, GpuLibrary, GpuLibraryError, Placement
 from dra.model.devices import Gpu, MigDevice
 
 

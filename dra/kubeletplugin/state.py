@@ -53,7 +53,7 @@ from dra.core import prepare as plans
 from dra.core import sharing
 from dra.core.allocation import ClaimAllocation, ClaimError
 from dra.gpu import dynamic
-from dra.gpu.nvml import ERROR_INSUFFICIENT_RESOURCES, GpuLibrary, GpuLibraryError, Placement
+from dra.gpu.library import ERROR_INSUFFICIENT_RESOURCES, GpuLibrary, GpuLibraryError, Placement
 from dra.kubeletplugin.mps import MpsDaemons, MpsError
 from dra.kubeletplugin.timeslice import TimeSliceError, TimeSlicer
 from dra.model.devices import Gpu, Inventory, MigDevice

@@ -17,7 +17,7 @@ from dra import cli
 from dra.core.slices import SliceError
 from dra.daemon import bootstrap
 from dra.daemon import flags as envflags
-from dra.gpu.nvml import GpuLibraryError
+from dra.gpu.library import GpuLibraryError
 from tests.unit.helpers import write_kubeconfig
 
 

@@ -16,7 +16,7 @@ from dra.gpu.discovery import (
     to_semver,
 )
 from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.nvml import (
+from dra.gpu.library import (
     ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_FUNCTION_NOT_FOUND,
     ERROR_GPU_IS_LOST,

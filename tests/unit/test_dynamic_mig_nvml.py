@@ -17,7 +17,8 @@ from dra.adapters.checkpoint import CheckpointStore
 from dra.core.allocation import AllocatedDevice, ClaimAllocation
 from dra.gpu import dynamic, migtables
 from dra.gpu.discovery import discover
-from dra.gpu.nvml import ERROR_INSUFFICIENT_RESOURCES, GpuLibraryError, NvmlLibrary, Placement
+from dra.gpu.library import ERROR_INSUFFICIENT_RESOURCES, GpuLibraryError, Placement
+from dra.gpu.nvml import NvmlLibrary
 from dra.gpu.profiles import MODELS
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Gpu, Inventory, MigPartition

@@ -11,7 +11,7 @@ import yaml
 
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary, parse_event_line
-from dra.gpu.nvml import ERROR_NOT_FOUND, ERROR_NOT_SUPPORTED, GpuHandle, GpuLibraryError, XidEvent
+from dra.gpu.library import ERROR_NOT_FOUND, ERROR_NOT_SUPPORTED, GpuHandle, GpuLibraryError, XidEvent
 from dra.gpu.profiles import BUILTIN_PROFILES, MODELS, ProfileError, load_profile, parse_profile
 from dra.model.devices import MigDevice
 from tests.unit.helpers import NODE, inventory

@@ -26,7 +26,7 @@ from dra.daemon.miglayout import (
 )
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.nvml import (
+from dra.gpu.library import (
     ERROR_INSUFFICIENT_RESOURCES,
     ComputeInstanceHandle,
     GpuInstanceHandle,

@@ -12,7 +12,7 @@ import pytest
 
 from dra.core.slices import build_slices
 from dra.gpu.discovery import ADDRESSING_MODES, discover
-from dra.gpu.nvml import (
+from dra.gpu.library import (
     ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_FUNCTION_NOT_FOUND,
     ERROR_GPU_IS_LOST,
@@ -22,10 +22,10 @@ from dra.gpu.nvml import (
     NO_INSTANCE,
     GpuHandle,
     GpuLibraryError,
-    NvmlLibrary,
     XidEvent,
     sysfs_bus_id,
 )
+from dra.gpu.nvml import NvmlLibrary
 from tests.unit.helpers import DRIVER
 
 # -- a fake /sys ------------------------------------------------------------------

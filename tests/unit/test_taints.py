@@ -17,7 +17,7 @@ from dra.core.versions import ApiFeatures
 from dra.daemon.health import APPLICATION_XIDS, ClearRefusedError, HealthTracker, gpu_failure, parse_xids
 from dra.daemon.healthctl import HealthControl, HealthControlError, clear
 from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.nvml import GpuLibraryError, XidEvent
+from dra.gpu.library import GpuLibraryError, XidEvent
 from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.publisher import SlicePublisher
 from dra.model.devices import Device

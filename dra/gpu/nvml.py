@@ -54,7 +54,10 @@ class NvmlLibrary:
         sysfs: Path = Path("/sys"),
         procfs: Path = Path("/proc"),
         dev: Path = Path("/"),
+        library: object | None = None,
     ) -> None:
+        #: What pynvml calls in place of libnvidia-ml.so.1 (dra.gpu.nvmlstandin); None: the driver's.
+        self.library = library
         #: The nvidia-smi binary that changes GPU settings (on PATH by default).
         self.nvidia_smi = "nvidia-smi"
         self._sysfs = sysfs
@@ -81,12 +84,27 @@ class NvmlLibrary:
         except ImportError as err:  # pragma: no cover - the dependency is always installed
             raise GpuLibraryError(-1, "pynvml (nvidia-ml-py) is not installed") from err
         self._nvml = pynvml
+        if self.library is not None:
+            self._load(self.library)
         self._call("nvmlInit")
+
+    def _load(self, library: object | None) -> None:
+        """Give pynvml `library` as the one it loaded, forgetting the functions it looked up before.
+
+        This is pynvml's C boundary: the handle its _LoadNvmlLibrary fills with
+        CDLL("libnvidia-ml.so.1") and its cache of the functions found there.
+        None lets the next nvmlInit load the driver's library again.
+        """
+        with self._nvml.libLoadLock:
+            self._nvml.nvmlLib = library
+            self._nvml._nvmlGetFunctionPointer_cache.clear()
 
     def shutdown(self) -> None:
         """Free the event set if still there and shut NVML down."""
         self.unwatch_xid_events()
         self._call("nvmlShutdown")
+        if self.library is not None:
+            self._load(None)
 
     def driver_version(self) -> str:
         """nvmlSystemGetDriverVersion."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from dra.daemon.miglayout import MigLayoutError, apply_layout
 from dra.gpu import dynamic, fakemig
 from dra.gpu.discovery import discover, profile_infos
 from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.library import GpuLibrary, GpuLibraryError, Placement
+from dra.gpu.library import GpuInstanceProfileInfo, GpuLibrary, GpuLibraryError, Placement
 from dra.gpu.nvml import NvmlLibrary
 from dra.gpu.nvmlstandin import NvmlStandIn, host_tree
 from dra.gpu.profiles import BUILTIN_PROFILES, load_profile
@@ -128,24 +129,29 @@ def _gpu_kinds(lib: FakeGpuLibrary) -> list[int]:
 def test_dynamic_mig_at_every_placement_of_every_profile(pair: Pair) -> None:
     tried = 0
     for index in _gpu_kinds(pair.fake):
-        infos = pair.same(lambda lib, i=index: list(profile_infos(lib, lib.device_by_index(i))))
+        infos = pair.same(partial(_profiles, index=index))
         if not isinstance(infos, list):
             continue  # NOT_SUPPORTED alike: MIG off or no MIG
         for info in infos:
-            placements = pair.same(
-                lambda lib, i=index, p=info.id: lib.gpu_instance_possible_placements(
-                    lib.device_by_index(i), p
-                )
-            )
-            for placement in placements:
-                pair.same(lambda lib, i=index, p=info, at=placement: _make_use_destroy(lib, i, p, at))
+            for placement in pair.same(partial(_placements, index=index, profile_id=info.id)):
+                pair.same(partial(_make_use_destroy, index=index, info=info, placement=placement))
                 tried += 1
     # Every placement of every profile of a MIG-capable GPU with MIG on (7 profiles, 25 placements).
     mig_on = [g for g in pair.fake.profile.gpus if g.mig is not None]
     assert tried == (25 * len({(g.model.product_name, g.mig) for g in mig_on}))
 
 
-def _make_use_destroy(lib: GpuLibrary, index: int, info: Any, placement: Placement) -> object:
+def _profiles(lib: GpuLibrary, index: int) -> list[GpuInstanceProfileInfo]:
+    return list(profile_infos(lib, lib.device_by_index(index)))
+
+
+def _placements(lib: GpuLibrary, index: int, profile_id: int) -> list[Placement]:
+    return lib.gpu_instance_possible_placements(lib.device_by_index(index), profile_id)
+
+
+def _make_use_destroy(
+    lib: GpuLibrary, index: int, info: GpuInstanceProfileInfo, placement: Placement
+) -> object:
     """Make the instance and its MIG device, try every placement beside it, destroy it; what each said."""
     gi = dynamic.create_gpu_instance(lib, index, info.id, placement)
     ci = dynamic.create_compute_instance(lib, index, gi, info.slice_count)

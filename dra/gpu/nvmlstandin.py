@@ -557,7 +557,14 @@ class NvmlStandIn:
         self._out(out, _ptr).value = self._handle(_GI, gi, device)
 
     def _gi(self, address: int | None) -> tuple[GpuInstanceHandle, int]:
+        """A GPU instance that still exists (a destroyed one's handle is invalid)."""
         gi, parent = self._lookup(address, _GI)
+        try:
+            self.fake.gpu_instance_info(GpuInstanceHandle(gi))
+        except GpuLibraryError as err:
+            if err.code == ERROR_NOT_FOUND:
+                raise GpuLibraryError(ERROR_INVALID_ARGUMENT, "this GPU instance is gone") from None
+            raise
         return GpuInstanceHandle(gi), parent
 
     def _ci(self, address: int | None) -> tuple[ComputeInstanceHandle, int]:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from dra.core.migconfig import parse_mig_configs
+from dra.daemon.bootstrap import NVML_STANDIN_ENV, gpu_library
 from dra.daemon.miglayout import apply_layout
 from dra.gpu import dynamic, nvmlstandin
 from dra.gpu.discovery import discover
@@ -298,3 +299,18 @@ def test_a_gpu_lost_while_listing_compute_instances_fails(
     with pytest.raises(GpuLibraryError) as err:
         lib.compute_instances(handle)
     assert err.value.code == ERROR_GPU_IS_LOST
+
+
+def test_the_daemon_reaches_fake_gpus_through_the_real_adapter_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    direct = gpu_library("h100x8-mig", NODE, state_dir=tmp_path / "direct")
+    monkeypatch.setenv(NVML_STANDIN_ENV, "1")
+    lib = gpu_library("h100x8-mig", NODE, state_dir=tmp_path / "standin")
+    assert isinstance(lib, NvmlLibrary)
+    assert isinstance(lib.library, NvmlStandIn)
+    lib.init()
+    try:
+        assert discover(lib) == discover(direct)
+    finally:
+        lib.shutdown()

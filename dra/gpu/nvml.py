@@ -84,7 +84,7 @@ class NvmlLibrary:
         except ImportError as err:  # pragma: no cover - the dependency is always installed
             raise GpuLibraryError(-1, "pynvml (nvidia-ml-py) is not installed") from err
         self._nvml = pynvml
-        if self.library is not None:
+        if self.library is not None and not pynvml._nvmlLib_refcount:
             self._load(self.library)
         self._call("nvmlInit")
 
@@ -92,8 +92,12 @@ class NvmlLibrary:
         """Give pynvml `library` as the one it loaded, forgetting the functions it looked up before.
 
         This is pynvml's C boundary: the handle its _LoadNvmlLibrary fills with
-        CDLL("libnvidia-ml.so.1") and its cache of the functions found there.
-        None lets the next nvmlInit load the driver's library again.
+        CDLL("libnvidia-ml.so.1"), its cache of the functions found there, and
+        its count of nvmlInit calls not yet shut down. A process has one NVML:
+        while that count is above 0 the library in use stays, whatever library
+        another NvmlLibrary was given (so a daemon's second library, as for a
+        re-discovery, shares the first one's handles and event set). None lets
+        the next nvmlInit load the driver's library again.
         """
         with self._nvml.libLoadLock:
             self._nvml.nvmlLib = library
@@ -103,7 +107,7 @@ class NvmlLibrary:
         """Free the event set if still there and shut NVML down."""
         self.unwatch_xid_events()
         self._call("nvmlShutdown")
-        if self.library is not None:
+        if self.library is not None and not self._nvml._nvmlLib_refcount:
             self._load(None)
 
     def driver_version(self) -> str:

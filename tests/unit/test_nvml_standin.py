@@ -314,3 +314,21 @@ def test_the_daemon_reaches_fake_gpus_through_the_real_adapter_when_asked(
         assert discover(lib) == discover(direct)
     finally:
         lib.shutdown()
+
+
+def test_a_second_library_in_the_process_shares_the_first_ones_nvml(tmp_path: Path) -> None:
+    # As a daemon re-discovers: a second NvmlLibrary inits and shuts down while the first watches.
+    first = NvmlLibrary(library=_standin("h100x8-mig"))
+    first.init()
+    gpu = first.device_by_index(4)
+    first.watch_xid_events(gpu)
+    second = NvmlLibrary(library=_standin("h100x8-mig"))
+    second.init()
+    assert second.uuid(second.device_by_index(4)) == first.uuid(gpu)
+    second.shutdown()
+    assert first.uuid(gpu).startswith("GPU-")
+    assert first.wait_xid_event(10) is None
+    first.shutdown()
+    assert pynvml.nvmlLib is None
+    assert _standin_of(first).calls.count("nvmlInitWithFlags") == 2
+    assert "nvmlInitWithFlags" not in _standin_of(second).calls

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from dra.gpu import migtables
+from dra.gpu.discovery import mig_handles
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import (
     ERROR_INVALID_ARGUMENT,
@@ -358,18 +359,9 @@ class NvmlStandIn:
     def _device(self, address: int | None) -> GpuHandle | MigHandle:
         """A GPU or a MIG device that still exists (a destroyed one's handle is invalid)."""
         handle, parent = self._lookup(address, _GPU, _MIG)
-        if parent and MigHandle(handle) not in self._mig_handles(self._gpu(parent)):
+        if parent and MigHandle(handle) not in mig_handles(self.fake, self._gpu(parent)):
             raise GpuLibraryError(ERROR_INVALID_ARGUMENT, "the MIG device of this handle is gone")
         return GpuHandle(handle) if not parent else MigHandle(handle)
-
-    def _mig_handles(self, gpu: GpuHandle) -> list[MigHandle]:
-        found = []
-        for slot in range(self.fake.max_mig_device_count(gpu)):
-            try:
-                found.append(self.fake.mig_device_by_index(gpu, slot))
-            except GpuLibraryError:
-                break
-        return found
 
     # -- writing through the caller's pointers ---------------------------------------------
 
@@ -672,7 +664,7 @@ class NvmlStandIn:
             gpu = self.fake.device_by_index(index)
             if self.fake.uuid(gpu) == uuid:
                 return self._handle(_GPU, gpu), None, None
-            for mig in self._mig_handles(gpu):
+            for mig in mig_handles(self.fake, gpu):
                 if self.fake.uuid(mig) == uuid:
                     ids = self.fake.gpu_instance_id(mig), self.fake.compute_instance_id(mig)
                     return self._handle(_GPU, gpu), ids[0], ids[1]

@@ -25,6 +25,7 @@ from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import (
     ERROR_FUNCTION_NOT_FOUND,
     ERROR_GPU_IS_LOST,
+    ERROR_IN_USE,
     ERROR_INVALID_ARGUMENT,
     ERROR_NOT_SUPPORTED,
     ERROR_UNKNOWN,
@@ -332,3 +333,24 @@ def test_a_second_library_in_the_process_shares_the_first_ones_nvml(tmp_path: Pa
     assert pynvml.nvmlLib is None
     assert _standin_of(first).calls.count("nvmlInitWithFlags") == 2
     assert "nvmlInitWithFlags" not in _standin_of(second).calls
+
+
+def test_what_is_in_use_cannot_be_destroyed_or_switched_off(adapter: Callable[..., NvmlLibrary]) -> None:
+    lib = adapter("h100x8-dynamic-mig")
+    gi = dynamic.create_gpu_instance(lib, 0, 9, Placement(0, 4))
+    dynamic.create_compute_instance(lib, 0, gi, 3)
+    gpu = lib.device_by_index(0)
+    refusals: list[Callable[[], None]] = [
+        lambda: lib.destroy_gpu_instance(lib.gpu_instance_by_id(gpu, gi)),  # it has a compute instance
+        lambda: lib.set_mig_mode(gpu, 0),  # the GPU has MIG devices
+    ]
+    for refused in refusals:
+        with pytest.raises(GpuLibraryError) as err:
+            refused()
+        assert err.value.code == ERROR_IN_USE
+    dynamic.destroy(lib, 0, gi)
+    lib.set_mig_mode(gpu, 0)
+    assert lib.mig_mode(gpu) == (0, 0)
+    with pytest.raises(GpuLibraryError) as err:
+        lib.gpu_instance_possible_placements(gpu, 9)
+    assert err.value.code == ERROR_NOT_SUPPORTED  # MIG mode off

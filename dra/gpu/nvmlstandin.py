@@ -37,6 +37,7 @@ import itertools
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -236,8 +237,8 @@ class NvmlStandIn:
         self.lacks = frozenset(lacks)
         self.reset_required = set(reset_required)
         self.faults: list[str] = []
-        #: Every function pynvml called, by name, in order (for tests to see what ran).
-        self.calls: list[str] = []
+        #: How often pynvml called each function (for tests to see what ran; a daemon's grow no list).
+        self.calls: Counter[str] = Counter()
         self._initialised = 0
         self._pending: dict[int, int] = {}
         self._functions: dict[str, Any] = {}
@@ -265,7 +266,7 @@ class NvmlStandIn:
             return ctypes.CFUNCTYPE(_ptr, ctypes.c_int)(self._error_string)
 
         def call(*args: Any) -> int:
-            self.calls.append(name)
+            self.calls[name] += 1
             if not self._initialised and name != "nvmlInitWithFlags":
                 return ERROR_UNINITIALIZED
             try:

@@ -232,12 +232,7 @@ def _mig_devices(lib: GpuLibrary, handle: GpuHandle, parent: Gpu, caps: dict[str
                 gpu_instance_id=gi,
                 compute_instance_id=ci,
                 memory_bytes=attrs.memory_mib * 1024 * 1024,
-                multiprocessors=attrs.multiprocessors,
-                copy_engines=attrs.copy_engines,
-                decoders=attrs.decoders,
-                encoders=attrs.encoders,
-                jpeg_engines=attrs.jpeg_engines,
-                ofa_engines=attrs.ofa_engines,
+                engines=attrs.engines,
                 device_nodes=nodes,
             )
         )
@@ -285,12 +280,7 @@ def partitions(lib: GpuLibrary, handle: GpuHandle, parent: Gpu, profile_count: i
                     placement_start=placement.start,
                     placement_size=placement.size,
                     memory_bytes=info.memory_mib * 1024 * 1024,
-                    multiprocessors=info.multiprocessors,
-                    copy_engines=info.copy_engines,
-                    decoders=info.decoders,
-                    encoders=info.encoders,
-                    jpeg_engines=info.jpeg_engines,
-                    ofa_engines=info.ofa_engines,
+                    engines=info.engines,
                 )
             )
     return sorted(found, key=lambda p: (-p.slices, -p.placement_size, p.placement_start))

@@ -240,12 +240,7 @@ class FakeMigPartitions:
             id=p.id,
             slice_count=p.slices,
             instance_count=p.instance_count,
-            multiprocessors=p.multiprocessors,
-            copy_engines=p.copy_engines,
-            decoders=p.decoders,
-            encoders=p.encoders,
-            jpeg_engines=p.jpeg_engines,
-            ofa_engines=p.ofa_engines,
+            engines=p.engines,
             memory_mib=p.memory_mib,
             name=f"MIG {p.name}",
         )
@@ -405,12 +400,7 @@ class FakeMigPartitions:
         fake = self._mig(mig)
         p = self._gpu(mig).model.mig_profiles[fake.profile]
         return MigAttributes(
-            multiprocessors=p.multiprocessors,
-            copy_engines=p.copy_engines,
-            decoders=p.decoders,
-            encoders=p.encoders,
-            jpeg_engines=p.jpeg_engines,
-            ofa_engines=p.ofa_engines,
+            engines=p.engines,
             gpu_instance_slices=p.gpu_instance_slices,
             compute_instance_slices=p.gpu_instance_slices,
             memory_mib=p.memory_mib,

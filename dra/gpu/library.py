@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NewType, Protocol
 
+from dra.model.devices import MigEngines
+
 GpuHandle = NewType("GpuHandle", object)
 MigHandle = NewType("MigHandle", object)
 GpuInstanceHandle = NewType("GpuInstanceHandle", object)
@@ -51,12 +53,7 @@ class GpuLibraryError(Exception):
 class MigAttributes:
     """nvmlDeviceGetAttributes for a MIG device."""
 
-    multiprocessors: int
-    copy_engines: int
-    decoders: int
-    encoders: int
-    jpeg_engines: int
-    ofa_engines: int
+    engines: MigEngines
     gpu_instance_slices: int
     compute_instance_slices: int
     memory_mib: int
@@ -83,12 +80,7 @@ class GpuInstanceProfileInfo:
     id: int
     slice_count: int
     instance_count: int
-    multiprocessors: int
-    copy_engines: int
-    decoders: int
-    encoders: int
-    jpeg_engines: int
-    ofa_engines: int
+    engines: MigEngines
     memory_mib: int
     #: "MIG 3g.40gb"
     name: str

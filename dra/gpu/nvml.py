@@ -33,6 +33,7 @@ from dra.gpu.library import (
     XidEvent,
     sysfs_bus_id,
 )
+from dra.model.devices import MigEngines
 
 #: NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED: a compute instance shares its GPU instance's engines.
 _ENGINE_PROFILE_SHARED = 0
@@ -207,12 +208,14 @@ class NvmlLibrary:
         """nvmlDeviceGetAttributes."""
         a = self._call("nvmlDeviceGetAttributes", mig)
         return MigAttributes(
-            multiprocessors=int(a.multiprocessorCount),
-            copy_engines=int(a.sharedCopyEngineCount),
-            decoders=int(a.sharedDecoderCount),
-            encoders=int(a.sharedEncoderCount),
-            jpeg_engines=int(a.sharedJpegCount),
-            ofa_engines=int(a.sharedOfaCount),
+            engines=MigEngines(
+                multiprocessors=int(a.multiprocessorCount),
+                copy_engines=int(a.sharedCopyEngineCount),
+                decoders=int(a.sharedDecoderCount),
+                encoders=int(a.sharedEncoderCount),
+                jpeg_engines=int(a.sharedJpegCount),
+                ofa_engines=int(a.sharedOfaCount),
+            ),
             gpu_instance_slices=int(a.gpuInstanceSliceCount),
             compute_instance_slices=int(a.computeInstanceSliceCount),
             memory_mib=int(a.memorySizeMB),
@@ -234,12 +237,14 @@ class NvmlLibrary:
             id=int(i.id),
             slice_count=int(i.sliceCount),
             instance_count=int(i.instanceCount),
-            multiprocessors=int(i.multiprocessorCount),
-            copy_engines=int(i.copyEngineCount),
-            decoders=int(i.decoderCount),
-            encoders=int(i.encoderCount),
-            jpeg_engines=int(i.jpegCount),
-            ofa_engines=int(i.ofaCount),
+            engines=MigEngines(
+                multiprocessors=int(i.multiprocessorCount),
+                copy_engines=int(i.copyEngineCount),
+                decoders=int(i.decoderCount),
+                encoders=int(i.encoderCount),
+                jpeg_engines=int(i.jpegCount),
+                ofa_engines=int(i.ofaCount),
+            ),
             memory_mib=int(i.memorySizeMB),
             name=name,
         )

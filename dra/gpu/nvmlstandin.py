@@ -499,13 +499,11 @@ class NvmlStandIn:
             # nvml.h: "NVML_ERROR_NOT_SUPPORTED if this query is not supported by the device" (a GPU).
             raise GpuLibraryError(ERROR_NOT_SUPPORTED, "attributes of a GPU, not of a MIG device")
         a = self.fake.mig_attributes(MigHandle(handle))
+        e = a.engines
         attributes = self._out(out, DeviceAttributes)
-        attributes.multiprocessorCount = a.multiprocessors
-        attributes.sharedCopyEngineCount = a.copy_engines
-        attributes.sharedDecoderCount = a.decoders
-        attributes.sharedEncoderCount = a.encoders
-        attributes.sharedJpegCount = a.jpeg_engines
-        attributes.sharedOfaCount = a.ofa_engines
+        attributes.multiprocessorCount, attributes.sharedCopyEngineCount = e.multiprocessors, e.copy_engines
+        attributes.sharedDecoderCount, attributes.sharedEncoderCount = e.decoders, e.encoders
+        attributes.sharedJpegCount, attributes.sharedOfaCount = e.jpeg_engines, e.ofa_engines
         attributes.gpuInstanceSliceCount = a.gpu_instance_slices
         attributes.computeInstanceSliceCount = a.compute_instance_slices
         attributes.memorySizeMB = a.memory_mib
@@ -517,9 +515,10 @@ class NvmlStandIn:
         p = self.fake.gpu_instance_profile_info(self._gpu(device), profile)
         info.id, info.isP2pSupported = p.id, 0
         info.sliceCount, info.instanceCount = p.slice_count, p.instance_count
-        info.multiprocessorCount, info.copyEngineCount = p.multiprocessors, p.copy_engines
-        info.decoderCount, info.encoderCount, info.jpegCount = p.decoders, p.encoders, p.jpeg_engines
-        info.ofaCount, info.memorySizeMB, info.name = p.ofa_engines, p.memory_mib, p.name.encode()
+        e = p.engines
+        info.multiprocessorCount, info.copyEngineCount = e.multiprocessors, e.copy_engines
+        info.decoderCount, info.encoderCount, info.jpegCount = e.decoders, e.encoders, e.jpeg_engines
+        info.ofaCount, info.memorySizeMB, info.name = e.ofa_engines, p.memory_mib, p.name.encode()
 
     def _placements(self, device: int, profile_id: int, placements: int | None, count: int) -> None:
         found = self.fake.gpu_instance_possible_placements(self._gpu(device), profile_id)

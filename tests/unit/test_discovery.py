@@ -151,12 +151,12 @@ def test_mig_device_capacities(
     assert (
         mig.profile,
         mig.memory_bytes // MIB,
-        mig.multiprocessors,
-        mig.copy_engines,
-        mig.decoders,
-        mig.encoders,
-        mig.jpeg_engines,
-        mig.ofa_engines,
+        mig.engines.multiprocessors,
+        mig.engines.copy_engines,
+        mig.engines.decoders,
+        mig.engines.encoders,
+        mig.engines.jpeg_engines,
+        mig.engines.ofa_engines,
     ) == expected
     assert mig.memory_bytes % MIB == 0
     assert mig.compute_instance_id == 0

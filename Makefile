@@ -94,7 +94,7 @@ cluster-down: $(STAMP)
 	@$(LOCAL) $(BIN)/python -m localcluster down
 
 clean:
-	rm -rf $(VENV) dra/pb build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) dra/pb build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .coverage
 
 # Figures, not assertions: start-up time, NodePrepareResources latency, memory;
 # the device plugin's start-up, re-registration after kubelet restarts, call latency;

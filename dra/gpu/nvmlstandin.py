@@ -456,7 +456,11 @@ class NvmlStandIn:
         info.pciSubSystemId = 0
 
     def _numa_node(self, device: int, out: int) -> None:
-        self._out(out, ctypes.c_int).value = self.fake.numa_node(self._gpu(device))
+        # nvml.h: "This only applies to platforms where the GPUs are NUMA nodes" (GPU memory onlined
+        # as a node, as on Grace Hopper); the catalog's GPUs sit on PCIe or SXM under x86, whose NUMA
+        # node the kernel gives (host_tree writes it), so NVML has none to say.
+        self._gpu(device)
+        raise GpuLibraryError(ERROR_NOT_SUPPORTED, "the GPU is not a NUMA node")
 
     def _addressing_mode(self, device: int, out: int) -> None:
         mode = self._versioned(out, AddressingMode, 1)
@@ -682,7 +686,8 @@ def host_tree(fake: FakeGpuLibrary, root: Path) -> tuple[Path, Path]:
     """The host facts NVML does not give, as the kernel shows them, for the fake's GPUs: (sysfs, procfs).
 
     Under root/sys each GPU's PCI device sits below its PCIe root complex
-    (devices/<root>/<bus id>, linked from bus/pci/devices) and under root/proc
+    (devices/<root>/<bus id>, linked from bus/pci/devices) with its numa_node,
+    and under root/proc
     the driver's MIG capability minors (driver/nvidia-caps/mig-minors), so that
     dra.gpu.nvml reads the same PCIe roots and minors the fake answers.
     """
@@ -696,6 +701,7 @@ def host_tree(fake: FakeGpuLibrary, root: Path) -> tuple[Path, Path]:
             continue
         device = sysfs / "devices" / complex_ / sysfs_bus_id(bus_id)
         device.mkdir(parents=True, exist_ok=True)
+        (device / "numa_node").write_text(f"{fake.numa_node(fake.device_by_index(index))}\n")
         link = links / device.name
         if not link.is_symlink():
             link.symlink_to(os.path.relpath(device, links))

@@ -342,6 +342,9 @@ def discover(lib: GpuLibrary, mig_modes: migmode.MigModes | None = None) -> Inve
             gpu = _gpu(lib, handle, index)
             mode = modes.of(index, gpu.uuid)
             members: list[Device] = [gpu]
+            # Kept only once every query of the GPU has answered: a GPU left out leaves no offer behind.
+            gpu_offers: list[MigPartition] = []
+            gpu_instances: list[MigDevice] = []
             if mode == migmode.STATIC and gpu.mig_enabled:
                 members = list(_mig_devices(lib, handle, gpu, caps))
             elif mode == migmode.WHOLE and gpu.mig_enabled:
@@ -354,8 +357,8 @@ def discover(lib: GpuLibrary, mig_modes: migmode.MigModes | None = None) -> Inve
                     index,
                 )
             elif mode == migmode.DYNAMIC and gpu.mig_enabled:
-                offers.extend(_offered(modes.offer, gpu, partitions(lib, handle, gpu, PROFILE_COUNT)))
-                instances.extend(_mig_devices(lib, handle, gpu, caps))
+                gpu_offers = _offered(modes.offer, gpu, partitions(lib, handle, gpu, PROFILE_COUNT))
+                gpu_instances = _mig_devices(lib, handle, gpu, caps)
             elif mode == migmode.DYNAMIC:
                 _tell_once(
                     gpu,
@@ -370,6 +373,8 @@ def discover(lib: GpuLibrary, mig_modes: migmode.MigModes | None = None) -> Inve
             continue
         gpus.append(gpu)
         devices.extend(members)
+        offers.extend(gpu_offers)
+        instances.extend(gpu_instances)
     return Inventory(
         devices=tuple(devices),
         driver_version=driver_version,

@@ -39,7 +39,7 @@ from dra.gpu.library import (
 from dra.gpu.nvml import NvmlLibrary
 from dra.gpu.nvmlstandin import NvmlStandIn, struct_version
 from dra.gpu.profiles import load_profile
-from dra.model.migmode import MigModes
+from dra.model.migmode import MigModes, parse_mig_modes
 from tests.unit.helpers import NODE
 
 pynvml = pytest.importorskip("pynvml")
@@ -354,3 +354,12 @@ def test_what_is_in_use_cannot_be_destroyed_or_switched_off(adapter: Callable[..
     with pytest.raises(GpuLibraryError) as err:
         lib.gpu_instance_possible_placements(gpu, 9)
     assert err.value.code == ERROR_NOT_SUPPORTED  # MIG mode off
+
+
+def test_a_gpu_that_fails_half_way_through_discovery_leaves_no_offer_behind(
+    adapter: Callable[..., NvmlLibrary],
+) -> None:
+    # Its offers are read before its MIG devices, which need the call this driver lacks.
+    lib = adapter("h100x8-dynamic-mig", lacks={"nvmlDeviceGetMaxMigDeviceCount"})
+    inventory = discover(lib, parse_mig_modes("dynamic"))
+    assert (inventory.gpus, inventory.partitions, inventory.instances) == ((), (), ())

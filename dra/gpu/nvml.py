@@ -105,11 +105,13 @@ class NvmlLibrary:
             self._nvml._nvmlGetFunctionPointer_cache.clear()
 
     def shutdown(self) -> None:
-        """Free the event set if still there and shut NVML down."""
-        self.unwatch_xid_events()
-        self._call("nvmlShutdown")
-        if self.library is not None and not self._nvml._nvmlLib_refcount:
-            self._load(None)
+        """Free the event set if still there and shut NVML down, even when freeing the set fails."""
+        try:
+            self.unwatch_xid_events()
+        finally:
+            self._call("nvmlShutdown")
+            if self.library is not None and not self._nvml._nvmlLib_refcount:
+                self._load(None)
 
     def driver_version(self) -> str:
         """nvmlSystemGetDriverVersion."""

@@ -363,3 +363,15 @@ def test_a_gpu_that_fails_half_way_through_discovery_leaves_no_offer_behind(
     lib = adapter("h100x8-dynamic-mig", lacks={"nvmlDeviceGetMaxMigDeviceCount"})
     inventory = discover(lib, parse_mig_modes("dynamic"))
     assert (inventory.gpus, inventory.partitions, inventory.instances) == ((), (), ())
+
+
+def test_nvml_is_shut_down_even_when_freeing_the_event_set_fails() -> None:
+    standin = _standin(lacks={"nvmlEventSetFree"})
+    lib = NvmlLibrary(library=standin)
+    lib.init()
+    lib.watch_xid_events(lib.device_by_index(0))
+    with pytest.raises(GpuLibraryError) as err:
+        lib.shutdown()
+    assert err.value.code == ERROR_FUNCTION_NOT_FOUND
+    assert standin.calls["nvmlShutdown"] == 1
+    assert pynvml.nvmlLib is None

@@ -87,7 +87,11 @@ class NvmlLibrary:
         self._nvml = pynvml
         if self.library is not None and not pynvml._nvmlLib_refcount:
             self._load(self.library)
-        self._call("nvmlInit")
+        try:
+            self._call("nvmlInit")
+        except GpuLibraryError:
+            self._unload()
+            raise
 
     def _load(self, library: object | None) -> None:
         """Give pynvml `library` as the one it loaded, forgetting the functions it looked up before.
@@ -109,9 +113,15 @@ class NvmlLibrary:
         try:
             self.unwatch_xid_events()
         finally:
-            self._call("nvmlShutdown")
-            if self.library is not None and not self._nvml._nvmlLib_refcount:
-                self._load(None)
+            try:
+                self._call("nvmlShutdown")
+            finally:
+                self._unload()
+
+    def _unload(self) -> None:
+        """Take back the library this one handed to pynvml once no NVML is open in the process."""
+        if self.library is not None and not self._nvml._nvmlLib_refcount:
+            self._load(None)
 
     def driver_version(self) -> str:
         """nvmlSystemGetDriverVersion."""

@@ -46,6 +46,10 @@ from dra.gpu import migtables
 from dra.gpu.discovery import mig_handles
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import (
+    ERROR_FUNCTION_NOT_FOUND,
+    ERROR_GPU_IS_LOST,
+    ERROR_IN_USE,
+    ERROR_INSUFFICIENT_RESOURCES,
     ERROR_INVALID_ARGUMENT,
     ERROR_NOT_FOUND,
     ERROR_NOT_SUPPORTED,
@@ -208,7 +212,11 @@ _ERROR_STRINGS = {
     ERROR_NOT_FOUND: b"Not Found",
     ERROR_INSUFFICIENT_SIZE: b"Insufficient Size",
     ERROR_TIMEOUT: b"Timeout",
+    ERROR_FUNCTION_NOT_FOUND: b"Function Not Found",
+    ERROR_GPU_IS_LOST: b"GPU is lost",
     ERROR_RESET_REQUIRED: b"GPU requires restart",
+    ERROR_IN_USE: b"In use",
+    ERROR_INSUFFICIENT_RESOURCES: b"Insufficient resources",
     ERROR_ARGUMENT_VERSION_MISMATCH: b"Argument version mismatch",
 }
 # nvmlErrorString returns pointers to static strings: these buffers live as long as the process.

@@ -39,6 +39,7 @@ from dra.gpu.library import (
 from dra.gpu.nvml import NvmlLibrary
 from dra.gpu.nvmlstandin import NvmlStandIn, struct_version
 from dra.gpu.profiles import load_profile
+from dra.model.devices import Gpu
 from dra.model.migmode import MigModes, parse_mig_modes
 from tests.unit.helpers import NODE
 
@@ -375,3 +376,49 @@ def test_nvml_is_shut_down_even_when_freeing_the_event_set_fails() -> None:
     assert err.value.code == ERROR_FUNCTION_NOT_FOUND
     assert standin.calls["nvmlShutdown"] == 1
     assert pynvml.nvmlLib is None
+
+
+def _driver_without(name: str, profile: str) -> list[str]:
+    """Discovery, a dynamic MIG device and an XID watch on a driver lacking one function; what failed."""
+    standin = _standin(profile, lacks={name})
+    lib = NvmlLibrary(library=standin)
+    failed: list[str] = []
+    try:
+        lib.init()
+    except GpuLibraryError as err:
+        failed.append(str(err))
+    else:
+        try:
+            _use(lib)
+        except GpuLibraryError as err:
+            failed.append(str(err))
+        finally:
+            try:
+                lib.shutdown()
+            except GpuLibraryError as err:
+                failed.append(str(err))
+    assert standin.faults == []
+    assert pynvml.nvmlLib is None  # taken back, whatever failed
+    return failed
+
+
+def _use(lib: NvmlLibrary) -> None:
+    inventory = discover(lib, parse_mig_modes("dynamic"))
+    parents = {g.uuid for g in inventory.gpus}
+    for device in (*inventory.devices, *inventory.partitions, *inventory.instances):
+        # Nothing of a GPU left out for an error stays behind.
+        assert (device.uuid if isinstance(device, Gpu) else device.parent.uuid) in parents
+    held = {i.parent for i in inventory.instances}
+    for gpu in [g for g in inventory.dynamic_gpus if g not in held][:1]:
+        gi = dynamic.create_gpu_instance(lib, gpu.index, 9, Placement(0, 4))
+        dynamic.find_mig_device(lib, gpu, gi, dynamic.create_compute_instance(lib, gpu.index, gi, 3))
+        dynamic.destroy(lib, gpu.index, gi)
+    lib.watch_xid_events(lib.device_by_index(0))
+    lib.wait_xid_event(1)
+
+
+@pytest.mark.parametrize("name", sorted(set(_standin()._table()) - {"nvmlShutdown", "nvmlErrorString"}))
+@pytest.mark.parametrize("profile", ["h100x8-mig", "h100x8-dynamic-mig"])
+def test_a_driver_without_one_function_fails_only_with_nvml_errors(name: str, profile: str) -> None:
+    failed = _driver_without(name, profile)
+    assert all("Function Not Found" in message for message in failed)

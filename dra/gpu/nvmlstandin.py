@@ -232,6 +232,8 @@ class NvmlStandIn:
 
     `lacks`: NVML functions to leave out, as a driver older than them has no such symbol.
     `reset_required`: GPU indexes whose MIG mode change waits for `reset_gpu`.
+    `lost`: GPU indexes fallen off the bus: every call on them, and a wait on a set holding one,
+    answers GPU_IS_LOST (a test may add to it while the library is in use).
     Exceptions inside a function (a stand-in bug) answer NVML_ERROR_UNKNOWN and are kept in `faults`.
     """
 
@@ -240,10 +242,12 @@ class NvmlStandIn:
         fake: FakeGpuLibrary,
         lacks: Collection[str] = (),
         reset_required: Collection[int] = (),
+        lost: Collection[int] = (),
     ) -> None:
         self.fake = fake
         self.lacks = frozenset(lacks)
         self.reset_required = set(reset_required)
+        self.lost = set(lost)
         self.faults: list[str] = []
         #: How often pynvml called each function (for tests to see what ran; a daemon's grow no list).
         self.calls: Counter[str] = Counter()
@@ -363,14 +367,19 @@ class NvmlStandIn:
         return entry[1], entry[2]
 
     def _gpu(self, address: int | None) -> GpuHandle:
-        return GpuHandle(self._lookup(address, _GPU)[0])
+        handle = self._lookup(address, _GPU)[0]
+        if handle in self.lost:
+            raise GpuLibraryError(ERROR_GPU_IS_LOST, f"GPU {handle} has fallen off the bus")
+        return GpuHandle(handle)
 
     def _device(self, address: int | None) -> GpuHandle | MigHandle:
         """A GPU or a MIG device that still exists (a destroyed one's handle is invalid)."""
         handle, parent = self._lookup(address, _GPU, _MIG)
-        if parent and MigHandle(handle) not in mig_handles(self.fake, self._gpu(parent)):
+        if not parent:
+            return self._gpu(address)
+        if MigHandle(handle) not in mig_handles(self.fake, self._gpu(parent)):
             raise GpuLibraryError(ERROR_INVALID_ARGUMENT, "the MIG device of this handle is gone")
-        return GpuHandle(handle) if not parent else MigHandle(handle)
+        return MigHandle(handle)
 
     # -- writing through the caller's pointers ---------------------------------------------
 
@@ -654,6 +663,8 @@ class NvmlStandIn:
 
     def _event_set_wait(self, event_set: int, out: int, timeout_ms: int) -> None:
         self._lookup(event_set, _EVENT_SET)
+        for device in self._event_sets[event_set]:
+            self._gpu(device)
         data = self._out(out, EventData)
         deadline = time.monotonic() + timeout_ms / 1000
         while True:

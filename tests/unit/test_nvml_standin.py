@@ -14,10 +14,12 @@ import ctypes
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 from dra.core.migconfig import parse_mig_configs
 from dra.daemon.bootstrap import NVML_STANDIN_ENV, gpu_library
+from dra.daemon.health import HealthMonitor, HealthTracker
 from dra.daemon.miglayout import apply_layout
 from dra.gpu import dynamic, nvmlstandin
 from dra.gpu.discovery import discover
@@ -39,7 +41,7 @@ from dra.gpu.library import (
 from dra.gpu.nvml import NvmlLibrary
 from dra.gpu.nvmlstandin import NvmlStandIn, struct_version
 from dra.gpu.profiles import load_profile
-from dra.model.devices import Gpu
+from dra.model.devices import Gpu, MigDevice
 from dra.model.migmode import MigModes, parse_mig_modes
 from tests.unit.helpers import NODE
 
@@ -422,3 +424,52 @@ def _use(lib: NvmlLibrary) -> None:
 def test_a_driver_without_one_function_fails_only_with_nvml_errors(name: str, profile: str) -> None:
     failed = _driver_without(name, profile)
     assert all("Function Not Found" in message for message in failed)
+
+
+@pytest.mark.anyio
+async def test_the_health_monitor_watches_through_the_adapter_and_sees_a_gpu_lost(tmp_path: Path) -> None:
+    events = tmp_path / "events"
+    standin = NvmlStandIn(FakeGpuLibrary(load_profile("h100x8-mig"), NODE, events_file=events))
+    lib = NvmlLibrary(library=standin)
+    lib.init()
+    inventory = discover(lib)
+    tracker = HealthTracker(inventory)
+    monitor = HealthMonitor(lib, tracker, inventory, retry=(0.01, 0.02))
+    reported: list[str] = []
+    changed = anyio.Event()
+
+    def on_change(names: list[str]) -> None:
+        nonlocal changed
+        reported.extend(names)
+        changed.set()
+        changed = anyio.Event()
+
+    assert monitor.start(on_change) == ()
+    try:
+        mig = next(d for d in inventory.devices if isinstance(d, MigDevice) and d.parent.index == 4)
+        events.write_text(f"{inventory.gpus[0].uuid} 79\n{mig.parent.uuid} 94 {mig.gpu_instance_id} 0\n")
+        with anyio.fail_after(10):
+            while len(reported) < 2:
+                await changed.wait()
+        standin.lost.add(5)
+        with anyio.fail_after(10):
+            while not any(name.startswith("gpu-5-") for name in reported):
+                await changed.wait()
+    finally:
+        assert await monitor.stop()
+        lib.shutdown()
+    assert reported[:2] == ["gpu-0", mig.name]
+    assert sorted(reported[2:]) == sorted(d.name for d in inventory.devices if d.name.startswith("gpu-5-"))
+    assert standin.faults == []
+
+
+def test_a_lost_gpu_is_left_out_of_discovery_and_the_others_are_published(
+    adapter: Callable[..., NvmlLibrary],
+) -> None:
+    lib = adapter("h100x8-mig", lost={4})
+    inventory = discover(lib)
+    assert [g.index for g in inventory.gpus] == [0, 1, 2, 3, 5, 6, 7]
+    assert not [d.name for d in inventory.devices if d.name.startswith("gpu-4")]
+    with pytest.raises(GpuLibraryError) as err:
+        lib.uuid(lib.device_by_index(4))
+    assert err.value.code == ERROR_GPU_IS_LOST

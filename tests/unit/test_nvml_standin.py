@@ -21,10 +21,11 @@ from dra.core.migconfig import parse_mig_configs
 from dra.daemon.bootstrap import NVML_STANDIN_ENV, gpu_library
 from dra.daemon.health import HealthMonitor, HealthTracker
 from dra.daemon.miglayout import apply_layout
-from dra.gpu import dynamic, nvmlstandin
+from dra.gpu import dynamic, nvmlabi
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import (
+    ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_FUNCTION_NOT_FOUND,
     ERROR_GPU_IS_LOST,
     ERROR_IN_USE,
@@ -39,7 +40,8 @@ from dra.gpu.library import (
     XidEvent,
 )
 from dra.gpu.nvml import NvmlLibrary
-from dra.gpu.nvmlstandin import NvmlStandIn, struct_version
+from dra.gpu.nvmlabi import struct_version
+from dra.gpu.nvmlstandin import NvmlStandIn
 from dra.gpu.profiles import load_profile
 from dra.model.devices import Gpu, MigDevice
 from dra.model.migmode import MigModes, parse_mig_modes
@@ -48,16 +50,16 @@ from tests.unit.helpers import NODE
 pynvml = pytest.importorskip("pynvml")
 
 LAYOUTS = [
-    (nvmlstandin.PciInfo, "nvmlPciInfo_t"),
-    (nvmlstandin.Memory, "c_nvmlMemory_t"),
-    (nvmlstandin.DeviceAttributes, "c_nvmlDeviceAttributes"),
-    (nvmlstandin.AddressingMode, "c_nvmlDeviceAddressingMode_t"),
-    (nvmlstandin.GpuInstancePlacement, "c_nvmlGpuInstancePlacement_t"),
-    (nvmlstandin.GpuInstanceProfileInfoV2, "c_nvmlGpuInstanceProfileInfo_v2_t"),
-    (nvmlstandin.GpuInstanceInfo, "c_nvmlGpuInstanceInfo_t"),
-    (nvmlstandin.ComputeInstanceProfileInfoV2, "c_nvmlComputeInstanceProfileInfo_v2_t"),
-    (nvmlstandin.ComputeInstanceInfo, "c_nvmlComputeInstanceInfo_t"),
-    (nvmlstandin.EventData, "c_nvmlEventData_t"),
+    (nvmlabi.PciInfo, "nvmlPciInfo_t"),
+    (nvmlabi.Memory, "c_nvmlMemory_t"),
+    (nvmlabi.DeviceAttributes, "c_nvmlDeviceAttributes"),
+    (nvmlabi.AddressingMode, "c_nvmlDeviceAddressingMode_t"),
+    (nvmlabi.GpuInstancePlacement, "c_nvmlGpuInstancePlacement_t"),
+    (nvmlabi.GpuInstanceProfileInfoV2, "c_nvmlGpuInstanceProfileInfo_v2_t"),
+    (nvmlabi.GpuInstanceInfo, "c_nvmlGpuInstanceInfo_t"),
+    (nvmlabi.ComputeInstanceProfileInfoV2, "c_nvmlComputeInstanceProfileInfo_v2_t"),
+    (nvmlabi.ComputeInstanceInfo, "c_nvmlComputeInstanceInfo_t"),
+    (nvmlabi.EventData, "c_nvmlEventData_t"),
 ]
 
 
@@ -76,12 +78,9 @@ def test_pynvml_lays_out_each_structure_as_nvml_h_does(ours: type[ctypes.Structu
 
 
 def test_struct_versions_are_nvml_h_s() -> None:
-    assert struct_version(nvmlstandin.GpuInstanceProfileInfoV2, 2) == pynvml.nvmlGpuInstanceProfileInfo_v2
-    assert (
-        struct_version(nvmlstandin.ComputeInstanceProfileInfoV2, 2)
-        == pynvml.nvmlComputeInstanceProfileInfo_v2
-    )
-    assert struct_version(nvmlstandin.AddressingMode, 1) == pynvml.nvmlDeviceAddressingMode_v1
+    assert struct_version(nvmlabi.GpuInstanceProfileInfoV2, 2) == pynvml.nvmlGpuInstanceProfileInfo_v2
+    assert struct_version(nvmlabi.ComputeInstanceProfileInfoV2, 2) == pynvml.nvmlComputeInstanceProfileInfo_v2
+    assert struct_version(nvmlabi.AddressingMode, 1) == pynvml.nvmlDeviceAddressingMode_v1
 
 
 def _standin(profile: str = "h100x8", **options: object) -> NvmlStandIn:
@@ -112,19 +111,19 @@ def _standin_of(lib: NvmlLibrary) -> NvmlStandIn:
 
 def _gpu0(standin: NvmlStandIn) -> ctypes.c_void_p:
     handle = ctypes.c_void_p()
-    assert standin.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle)) == nvmlstandin.SUCCESS
+    assert standin.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle)) == nvmlabi.SUCCESS
     return handle
 
 
 def test_every_call_before_init_and_after_shutdown_is_uninitialized() -> None:
     standin = _standin()
     count = ctypes.c_uint()
-    assert standin.nvmlDeviceGetCount_v2(ctypes.byref(count)) == nvmlstandin.ERROR_UNINITIALIZED
-    assert standin.nvmlInitWithFlags(0) == nvmlstandin.SUCCESS
-    assert standin.nvmlDeviceGetCount_v2(ctypes.byref(count)) == nvmlstandin.SUCCESS
+    assert standin.nvmlDeviceGetCount_v2(ctypes.byref(count)) == nvmlabi.ERROR_UNINITIALIZED
+    assert standin.nvmlInitWithFlags(0) == nvmlabi.SUCCESS
+    assert standin.nvmlDeviceGetCount_v2(ctypes.byref(count)) == nvmlabi.SUCCESS
     assert count.value == 8
-    assert standin.nvmlShutdown() == nvmlstandin.SUCCESS
-    assert standin.nvmlDeviceGetCount_v2(ctypes.byref(count)) == nvmlstandin.ERROR_UNINITIALIZED
+    assert standin.nvmlShutdown() == nvmlabi.SUCCESS
+    assert standin.nvmlDeviceGetCount_v2(ctypes.byref(count)) == nvmlabi.ERROR_UNINITIALIZED
 
 
 def test_null_pointers_and_unknown_handles_are_invalid_arguments() -> None:
@@ -134,7 +133,7 @@ def test_null_pointers_and_unknown_handles_are_invalid_arguments() -> None:
     brand = ctypes.c_uint()
     assert standin.nvmlDeviceGetBrand(ctypes.c_void_p(0xDEAD0), ctypes.byref(brand)) == ERROR_INVALID_ARGUMENT
     event_set = ctypes.c_void_p()
-    assert standin.nvmlEventSetCreate(ctypes.byref(event_set)) == nvmlstandin.SUCCESS
+    assert standin.nvmlEventSetCreate(ctypes.byref(event_set)) == nvmlabi.SUCCESS
     # A handle of another kind is no GPU.
     assert standin.nvmlDeviceGetBrand(event_set, ctypes.byref(brand)) == ERROR_INVALID_ARGUMENT
 
@@ -142,14 +141,14 @@ def test_null_pointers_and_unknown_handles_are_invalid_arguments() -> None:
 def test_a_versioned_structure_without_its_version_is_refused() -> None:
     standin = _standin("h100x8-dynamic-mig")
     standin.nvmlInitWithFlags(0)
-    info = nvmlstandin.GpuInstanceProfileInfoV2()
+    info = nvmlabi.GpuInstanceProfileInfoV2()
     gpu = _gpu0(standin)
     assert (
         standin.nvmlDeviceGetGpuInstanceProfileInfoV(gpu, 0, ctypes.byref(info))
-        == nvmlstandin.ERROR_ARGUMENT_VERSION_MISMATCH
+        == ERROR_ARGUMENT_VERSION_MISMATCH
     )
-    info.version = struct_version(nvmlstandin.GpuInstanceProfileInfoV2, 2)
-    assert standin.nvmlDeviceGetGpuInstanceProfileInfoV(gpu, 0, ctypes.byref(info)) == nvmlstandin.SUCCESS
+    info.version = struct_version(nvmlabi.GpuInstanceProfileInfoV2, 2)
+    assert standin.nvmlDeviceGetGpuInstanceProfileInfoV(gpu, 0, ctypes.byref(info)) == nvmlabi.SUCCESS
     assert (info.id, info.sliceCount, info.name) == (19, 1, b"MIG 1g.10gb")
 
 
@@ -157,9 +156,9 @@ def test_a_string_longer_than_the_buffer_is_insufficient_size() -> None:
     standin = _standin()
     standin.nvmlInitWithFlags(0)
     small = ctypes.create_string_buffer(10)
-    assert standin.nvmlDeviceGetName(_gpu0(standin), small, 10) == nvmlstandin.ERROR_INSUFFICIENT_SIZE
-    assert standin.nvmlSystemGetDriverVersion(small, 9) == nvmlstandin.ERROR_INSUFFICIENT_SIZE
-    assert standin.nvmlSystemGetDriverVersion(small, 10) == nvmlstandin.SUCCESS
+    assert standin.nvmlDeviceGetName(_gpu0(standin), small, 10) == nvmlabi.ERROR_INSUFFICIENT_SIZE
+    assert standin.nvmlSystemGetDriverVersion(small, 9) == nvmlabi.ERROR_INSUFFICIENT_SIZE
+    assert standin.nvmlSystemGetDriverVersion(small, 10) == nvmlabi.SUCCESS
     assert small.value == b"550.54.15"
 
 

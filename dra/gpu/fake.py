@@ -41,7 +41,6 @@ from pathlib import Path
 from dra.gpu.fakemig import FakeMigDevice, FakeMigPartitions
 from dra.gpu.library import (
     ERROR_INVALID_ARGUMENT,
-    ERROR_NOT_FOUND,
     ERROR_NOT_SUPPORTED,
     ERROR_UNKNOWN,
     NO_INSTANCE,
@@ -118,9 +117,9 @@ class FakeGpuLibrary(FakeMigPartitions):
         return len(self.profile.gpus)
 
     def device_by_index(self, index: int) -> GpuHandle:
-        """GPU handles are their indexes."""
+        """GPU handles are their indexes; INVALID_ARGUMENT past the count, as nvml.h documents."""
         if not 0 <= index < len(self.profile.gpus):
-            raise GpuLibraryError(ERROR_NOT_FOUND, f"no GPU {index}")
+            raise GpuLibraryError(ERROR_INVALID_ARGUMENT, f"no GPU {index}")
         return GpuHandle(index)
 
     def name(self, gpu: GpuHandle | MigHandle) -> str:

@@ -472,3 +472,12 @@ def test_a_lost_gpu_is_left_out_of_discovery_and_the_others_are_published(
     with pytest.raises(GpuLibraryError) as err:
         lib.uuid(lib.device_by_index(4))
     assert err.value.code == ERROR_GPU_IS_LOST
+
+
+def test_the_instances_of_a_gpu_that_is_gone_are_gone(adapter: Callable[..., NvmlLibrary]) -> None:
+    lib = adapter("h100x8-dynamic-mig")
+    with pytest.raises(GpuLibraryError) as err:
+        lib.device_by_index(8)
+    assert err.value.code == ERROR_INVALID_ARGUMENT  # nvml.h, for an index past the count
+    # An unprepare after the GPU went (a node restarted with one GPU fewer) has nothing to destroy.
+    dynamic.destroy(lib, 8, 1)

@@ -479,5 +479,5 @@ def test_the_instances_of_a_gpu_that_is_gone_are_gone(adapter: Callable[..., Nvm
     with pytest.raises(GpuLibraryError) as err:
         lib.device_by_index(8)
     assert err.value.code == ERROR_INVALID_ARGUMENT  # nvml.h, for an index past the count
-    # An unprepare after the GPU went (a node restarted with one GPU fewer) has nothing to destroy.
+    # A GPU past the count (an inventory older than NVML's GPUs) holds nothing to destroy.
     dynamic.destroy(lib, 8, 1)

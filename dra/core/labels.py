@@ -190,14 +190,14 @@ def _mig_shape(mig: MigDevice, key: str) -> dict[str, str]:
     ci = (slices.group(1) or gi) if slices else "0"
     return {
         f"{key}.memory": str(mig.memory_bytes // (1024 * 1024)),
-        f"{key}.multiprocessors": str(mig.multiprocessors),
+        f"{key}.multiprocessors": str(mig.engines.multiprocessors),
         f"{key}.slices.gi": gi,
         f"{key}.slices.ci": ci,
-        f"{key}.engines.copy": str(mig.copy_engines),
-        f"{key}.engines.decoder": str(mig.decoders),
-        f"{key}.engines.encoder": str(mig.encoders),
-        f"{key}.engines.jpeg": str(mig.jpeg_engines),
-        f"{key}.engines.ofa": str(mig.ofa_engines),
+        f"{key}.engines.copy": str(mig.engines.copy_engines),
+        f"{key}.engines.decoder": str(mig.engines.decoders),
+        f"{key}.engines.encoder": str(mig.engines.encoders),
+        f"{key}.engines.jpeg": str(mig.engines.jpeg_engines),
+        f"{key}.engines.ofa": str(mig.engines.ofa_engines),
     }
 
 

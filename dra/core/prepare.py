@@ -305,12 +305,7 @@ def _to_be_made(partition: MigPartition) -> MigDevice:
         gpu_instance_id=0,
         compute_instance_id=0,
         memory_bytes=partition.memory_bytes,
-        multiprocessors=partition.multiprocessors,
-        copy_engines=partition.copy_engines,
-        decoders=partition.decoders,
-        encoders=partition.encoders,
-        jpeg_engines=partition.jpeg_engines,
-        ofa_engines=partition.ofa_engines,
+        engines=partition.engines,
         device_nodes=(),
     )
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from dra.core.taints import DeviceTaint
 from dra.core.versions import ApiFeatures
-from dra.model.devices import Device, Gpu, Inventory, MigDevice, MigPartition
+from dra.model.devices import Device, Gpu, Inventory, MigDevice, MigEngines, MigPartition
 
 Obj = dict[str, Any]
 
@@ -153,15 +153,7 @@ def device_entry(device: Device, inventory: Inventory, shareable: bool = False) 
             "profile": _string(device.profile),
             **_shared_attributes(device.parent, inventory),
         }
-        capacity = {
-            "memory": binary_quantity(device.memory_bytes),
-            "multiprocessors": str(device.multiprocessors),
-            "copyEngines": str(device.copy_engines),
-            "decoders": str(device.decoders),
-            "encoders": str(device.encoders),
-            "jpegEngines": str(device.jpeg_engines),
-            "ofaEngines": str(device.ofa_engines),
-        }
+        capacity = {"memory": binary_quantity(device.memory_bytes), **_engine_capacity(device.engines)}
     else:
         attributes = {
             "type": _string("gpu"),
@@ -184,12 +176,25 @@ def device_entry(device: Device, inventory: Inventory, shareable: bool = False) 
     return entry
 
 
-def _engines(partition: MigPartition) -> dict[str, int]:
+def _engine_capacity(engines: MigEngines) -> dict[str, str]:
+    """A MIG device's (or offer's) capacity in multiprocessors and engines."""
     return {
-        "decoders": partition.decoders,
-        "encoders": partition.encoders,
-        "jpegengines": partition.jpeg_engines,
-        "ofaengines": partition.ofa_engines,
+        "multiprocessors": str(engines.multiprocessors),
+        "copyEngines": str(engines.copy_engines),
+        "decoders": str(engines.decoders),
+        "encoders": str(engines.encoders),
+        "jpegEngines": str(engines.jpeg_engines),
+        "ofaEngines": str(engines.ofa_engines),
+    }
+
+
+def _engines(partition: MigPartition) -> dict[str, int]:
+    engines = partition.engines
+    return {
+        "decoders": engines.decoders,
+        "encoders": engines.encoders,
+        "jpegengines": engines.jpeg_engines,
+        "ofaengines": engines.ofa_engines,
     }
 
 
@@ -239,15 +244,7 @@ def partition_entry(partition: MigPartition, inventory: Inventory) -> Obj:
         "placementSize": {"int": partition.placement_size},
         **_shared_attributes(gpu, inventory),
     }
-    capacity = {
-        "memory": binary_quantity(partition.memory_bytes),
-        "multiprocessors": str(partition.multiprocessors),
-        "copyEngines": str(partition.copy_engines),
-        "decoders": str(partition.decoders),
-        "encoders": str(partition.encoders),
-        "jpegEngines": str(partition.jpeg_engines),
-        "ofaEngines": str(partition.ofa_engines),
-    }
+    capacity = {"memory": binary_quantity(partition.memory_bytes), **_engine_capacity(partition.engines)}
     return {
         "name": partition.name,
         "attributes": dict(sorted(attributes.items())),

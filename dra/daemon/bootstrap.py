@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -38,7 +40,9 @@ from dra.daemon.lifecycle import Heartbeat, until_stopped
 from dra.gpu.discovery import discover
 from dra.gpu.driverfiles import find_driver_files
 from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.nvml import ERROR_UNKNOWN, GpuLibrary, GpuLibraryError, NvmlLibrary
+from dra.gpu.library import ERROR_UNKNOWN, GpuLibrary, GpuLibraryError
+from dra.gpu.nvml import NvmlLibrary
+from dra.gpu.nvmlstandin import NvmlStandIn, host_tree
 from dra.gpu.profiles import ProfileError, load_profile
 from dra.model.devices import Inventory
 from dra.model.migmode import MigModes
@@ -51,6 +55,11 @@ log = logging.getLogger(__name__)
 FAKE_GPU_STATE = "fake-gpu-state.json"
 #: The fake GPUs' MIG instances, in the state directory (on a real GPU, the GPU holds them).
 FAKE_MIG_STATE = "fake-gpu-mig.json"
+#: Set (to anything but empty), fake GPUs are reached through the real NVML adapter over the NVML
+#: stand-in (dra.gpu.nvmlstandin) rather than directly: a test switch, like DRA_GPU_FAULT_POINT.
+NVML_STANDIN_ENV = "DRA_GPU_NVML_STANDIN"
+#: Under the state directory: the stand-in host's sysfs and procfs, as the fake GPUs would show them.
+NVML_STANDIN_HOST = "nvml-standin-host"
 
 
 class StartupError(Exception):
@@ -175,7 +184,9 @@ def gpu_library(
     Fake GPUs keep the settings the driver changes and their MIG instances in
     `state_dir`, as real ones keep them across a driver restart, so that every
     process of the node (and a restarted one) sees the same. With fake_gpu_root
-    the fake GPUs' device nodes and stand-in driver are made there first.
+    the fake GPUs' device nodes and stand-in driver are made there first. With
+    DRA_GPU_NVML_STANDIN set, the fake GPUs are NVML's: the real adapter over
+    the NVML stand-in of them.
     """
     if not fake_gpus:
         return NvmlLibrary(dev=host_root)
@@ -201,7 +212,21 @@ def gpu_library(
                 raise GpuLibraryError(ERROR_UNKNOWN, str(err)) from None
 
         lib.on_mig_change = made_mig_device
+    if os.environ.get(NVML_STANDIN_ENV):
+        return _over_nvml_standin(lib, state_dir, fake_gpu_root)
     return lib
+
+
+def _over_nvml_standin(
+    fake: FakeGpuLibrary, state_dir: Path | None, fake_gpu_root: Path | None
+) -> GpuLibrary:
+    """The real NVML adapter over the NVML stand-in of `fake`, on a host that shows the fake's GPUs."""
+    host = (
+        Path(tempfile.mkdtemp(prefix="dra-gpu-nvml-")) if state_dir is None else state_dir / NVML_STANDIN_HOST
+    )
+    sysfs, procfs = host_tree(fake, host)
+    # Without a fake GPU root the fake GPUs have no device nodes: the stand-in host has no /dev either.
+    return NvmlLibrary(sysfs=sysfs, procfs=procfs, dev=fake_gpu_root or host, library=NvmlStandIn(fake))
 
 
 def node_inventory(lib: GpuLibrary, settings: DaemonSettings) -> Inventory:

@@ -16,7 +16,7 @@ from pathlib import Path
 from dra.adapters.atomicfile import write_atomic
 from dra.gpu.discovery import mig_enabled, mig_handles
 from dra.gpu.fake import FakeGpuLibrary, mig_cap_minor
-from dra.gpu.nvml import GpuHandle
+from dra.gpu.library import GpuHandle
 
 #: NVIDIA's registered character major (/dev/nvidia0, /dev/nvidiactl).
 NVIDIA_MAJOR = 195

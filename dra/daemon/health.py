@@ -21,7 +21,7 @@ import anyio.to_thread
 
 from dra.core.assignment import describe
 from dra.core.taints import DeviceTaint, Effect, unhealthy_taint
-from dra.gpu.nvml import ERROR_GPU_IS_LOST, GpuHandle, GpuLibrary, GpuLibraryError, XidEvent
+from dra.gpu.library import ERROR_GPU_IS_LOST, GpuHandle, GpuLibrary, GpuLibraryError, XidEvent
 from dra.model.devices import Device, Gpu, Inventory, MigDevice, device_uuids
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from dra.gpu.nvml import (
+from dra.gpu.library import (
     ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_FUNCTION_NOT_FOUND,
     ERROR_INVALID_ARGUMENT,
@@ -232,12 +232,7 @@ def _mig_devices(lib: GpuLibrary, handle: GpuHandle, parent: Gpu, caps: dict[str
                 gpu_instance_id=gi,
                 compute_instance_id=ci,
                 memory_bytes=attrs.memory_mib * 1024 * 1024,
-                multiprocessors=attrs.multiprocessors,
-                copy_engines=attrs.copy_engines,
-                decoders=attrs.decoders,
-                encoders=attrs.encoders,
-                jpeg_engines=attrs.jpeg_engines,
-                ofa_engines=attrs.ofa_engines,
+                engines=attrs.engines,
                 device_nodes=nodes,
             )
         )
@@ -285,12 +280,7 @@ def partitions(lib: GpuLibrary, handle: GpuHandle, parent: Gpu, profile_count: i
                     placement_start=placement.start,
                     placement_size=placement.size,
                     memory_bytes=info.memory_mib * 1024 * 1024,
-                    multiprocessors=info.multiprocessors,
-                    copy_engines=info.copy_engines,
-                    decoders=info.decoders,
-                    encoders=info.encoders,
-                    jpeg_engines=info.jpeg_engines,
-                    ofa_engines=info.ofa_engines,
+                    engines=info.engines,
                 )
             )
     return sorted(found, key=lambda p: (-p.slices, -p.placement_size, p.placement_start))
@@ -352,6 +342,9 @@ def discover(lib: GpuLibrary, mig_modes: migmode.MigModes | None = None) -> Inve
             gpu = _gpu(lib, handle, index)
             mode = modes.of(index, gpu.uuid)
             members: list[Device] = [gpu]
+            # Kept only once every query of the GPU has answered: a GPU left out leaves no offer behind.
+            gpu_offers: list[MigPartition] = []
+            gpu_instances: list[MigDevice] = []
             if mode == migmode.STATIC and gpu.mig_enabled:
                 members = list(_mig_devices(lib, handle, gpu, caps))
             elif mode == migmode.WHOLE and gpu.mig_enabled:
@@ -364,8 +357,8 @@ def discover(lib: GpuLibrary, mig_modes: migmode.MigModes | None = None) -> Inve
                     index,
                 )
             elif mode == migmode.DYNAMIC and gpu.mig_enabled:
-                offers.extend(_offered(modes.offer, gpu, partitions(lib, handle, gpu, PROFILE_COUNT)))
-                instances.extend(_mig_devices(lib, handle, gpu, caps))
+                gpu_offers = _offered(modes.offer, gpu, partitions(lib, handle, gpu, PROFILE_COUNT))
+                gpu_instances = _mig_devices(lib, handle, gpu, caps)
             elif mode == migmode.DYNAMIC:
                 _tell_once(
                     gpu,
@@ -380,6 +373,8 @@ def discover(lib: GpuLibrary, mig_modes: migmode.MigModes | None = None) -> Inve
             continue
         gpus.append(gpu)
         devices.extend(members)
+        offers.extend(gpu_offers)
+        instances.extend(gpu_instances)
     return Inventory(
         devices=tuple(devices),
         driver_version=driver_version,

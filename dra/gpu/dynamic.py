@@ -11,13 +11,7 @@ from dataclasses import dataclass
 
 from dra.gpu import migtables
 from dra.gpu.discovery import mig_devices, profile_infos
-from dra.gpu.nvml import (
-    ERROR_INVALID_ARGUMENT,
-    ERROR_NOT_FOUND,
-    GpuLibrary,
-    GpuLibraryError,
-    Placement,
-)
+from dra.gpu.library import ERROR_INVALID_ARGUMENT, ERROR_NOT_FOUND, GpuLibrary, GpuLibraryError, Placement
 from dra.model.devices import Gpu, MigDevice
 
 
@@ -46,7 +40,13 @@ def create_compute_instance(lib: GpuLibrary, gpu_index: int, gpu_instance_id: in
 
 
 def destroy(lib: GpuLibrary, gpu_index: int, gpu_instance_id: int) -> None:
-    """Destroy a GPU instance's compute instances, then the GPU instance; gone already is fine."""
+    """Destroy a GPU instance's compute instances, then the GPU instance; gone already is fine.
+
+    Gone is the GPU instance, or the GPU itself: a GPU past the count (NVML
+    calls its index an invalid argument) holds no instance any more.
+    """
+    if gpu_index >= lib.device_count():
+        return
     try:
         gi = lib.gpu_instance_by_id(lib.device_by_index(gpu_index), gpu_instance_id)
     except GpuLibraryError as err:

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dra.model.devices import MigEngines
+
 # nvmlGpuInstanceProfile enumeration (nvml.h, NVML_GPU_INSTANCE_PROFILE_*).
 PROFILE_1_SLICE = 0
 PROFILE_2_SLICE = 1
@@ -59,14 +61,10 @@ class GpuInstanceProfile:
     #: Memory slices: the size of each of its placements.
     memory_slices: int
     memory_mib: int
-    multiprocessors: int
-    copy_engines: int
-    decoders: int
-    jpeg_engines: int
-    ofa_engines: int
+    #: Multiprocessors and engines; these models' MIG profiles have no NVENC.
+    engines: MigEngines
     #: Start memory slice of each possible placement.
     starts: tuple[int, ...]
-    encoders: int = 0
 
     @property
     def media_extensions(self) -> bool:
@@ -99,11 +97,7 @@ def _p(
         slices,
         memory_slices,
         memory_mib,
-        sms,
-        ce,
-        decoders,
-        jpeg,
-        ofa,
+        MigEngines(sms, ce, decoders, 0, jpeg, ofa),
         starts,
     )
 

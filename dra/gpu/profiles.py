@@ -19,6 +19,7 @@ import yaml
 from dra.gpu import migtables
 from dra.gpu.discovery import ADDRESSING_MODES, ARCHITECTURES, BRANDS
 from dra.gpu.migtables import GpuInstanceProfile
+from dra.model.devices import MigEngines
 
 _K = TypeVar("_K")
 
@@ -32,13 +33,8 @@ class MigProfile:
     """Sizes of one MIG profile on one GPU model (as nvmlDeviceGetAttributes reports them)."""
 
     gpu_instance_slices: int
-    multiprocessors: int
     memory_mib: int
-    copy_engines: int
-    decoders: int = 0
-    encoders: int = 0
-    jpeg_engines: int = 0
-    ofa_engines: int = 0
+    engines: MigEngines
 
 
 #: nvmlDeviceAddressingMode of every catalog model: an x86 host with NVIDIA's open kernel modules
@@ -71,19 +67,7 @@ class GpuModel:
     @property
     def mig_profiles(self) -> dict[str, MigProfile]:
         """Sizes of each MIG profile, by name."""
-        return {
-            p.name: MigProfile(
-                p.slices,
-                p.multiprocessors,
-                p.memory_mib,
-                p.copy_engines,
-                decoders=p.decoders,
-                encoders=p.encoders,
-                jpeg_engines=p.jpeg_engines,
-                ofa_engines=p.ofa_engines,
-            )
-            for p in self.mig_table
-        }
+        return {p.name: MigProfile(p.slices, p.memory_mib, p.engines) for p in self.mig_table}
 
 
 #: Known products, keyed by a short model name (case-insensitive in profiles).

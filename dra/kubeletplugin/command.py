@@ -20,7 +20,7 @@ from dra.core import sharing
 from dra.core.slices import SliceError, build_slices
 from dra.core.versions import ApiFeatures
 from dra.daemon.bootstrap import StartupError, daemon_fields, default_state_dir, gpu_library, load_inventory
-from dra.gpu.nvml import GpuLibrary, GpuLibraryError
+from dra.gpu.library import GpuLibrary, GpuLibraryError
 from dra.kubeletplugin import healthctl, miglayout
 from dra.kubeletplugin.daemon import PluginSettings, run_kubelet_plugin
 from dra.model.migmode import MigModes

@@ -21,7 +21,7 @@ import anyio.abc
 
 from dra.daemon.health import ClearRefusedError, HealthTracker, gpu_failure
 from dra.daemon.sockets import check_socket_path
-from dra.gpu.nvml import GpuLibrary
+from dra.gpu.library import GpuLibrary
 
 log = logging.getLogger(__name__)
 

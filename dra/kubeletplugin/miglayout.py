@@ -28,12 +28,7 @@ from dra.core.migconfig import select_gpus as select_entries
 from dra.daemon.bootstrap import DaemonSettings, StartupError
 from dra.gpu import dynamic
 from dra.gpu.discovery import discover, profile_infos
-from dra.gpu.nvml import (
-    ERROR_NOT_SUPPORTED,
-    GpuLibrary,
-    GpuLibraryError,
-    Placement,
-)
+from dra.gpu.library import ERROR_NOT_SUPPORTED, GpuLibrary, GpuLibraryError, Placement
 from dra.model.devices import MigDevice
 from dra.model.migmode import DYNAMIC, STATIC, MigModes
 from dra.model.prepared import MIG_CREATE, DeviceAction, PreparedClaim

@@ -26,7 +26,7 @@ from dra.core import prepare as programs
 from dra.core import steps as s
 from dra.core.allocation import ClaimAllocation
 from dra.gpu import dynamic
-from dra.gpu.nvml import ERROR_INSUFFICIENT_RESOURCES, GpuLibrary, GpuLibraryError, Placement
+from dra.gpu.library import ERROR_INSUFFICIENT_RESOURCES, GpuLibrary, GpuLibraryError, Placement
 from dra.kubeletplugin.mps import MpsDaemons, MpsError
 from dra.kubeletplugin.timeslice import TimeSliceError, TimeSlicer
 from dra.model.devices import Inventory

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterable, Mapping
 
 from dra.core import sharing
-from dra.gpu.nvml import GpuHandle, GpuLibrary, GpuLibraryError
+from dra.gpu.library import GpuHandle, GpuLibrary, GpuLibraryError
 
 log = logging.getLogger(__name__)
 

@@ -36,6 +36,23 @@ class Gpu:
 
 
 @dataclass(frozen=True)
+class MigEngines:
+    """What a MIG profile gives a MIG device besides memory: multiprocessors and engines, as NVML counts them.
+
+    The same six counts come from nvmlDeviceGetAttributes (a MIG device),
+    nvmlDeviceGetGpuInstanceProfileInfo (a profile) and the fake's MIG tables,
+    and are published for MIG devices and dynamic-MIG offers alike.
+    """
+
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+
+
+@dataclass(frozen=True)
 class MigDevice:
     """A MIG partition (a GPU instance plus compute instance) of a parent GPU."""
 
@@ -46,12 +63,7 @@ class MigDevice:
     gpu_instance_id: int
     compute_instance_id: int
     memory_bytes: int
-    multiprocessors: int
-    copy_engines: int
-    decoders: int
-    encoders: int
-    jpeg_engines: int
-    ofa_engines: int
+    engines: MigEngines
     device_nodes: tuple[str, ...]
 
     @property
@@ -82,12 +94,7 @@ class MigPartition:
     placement_start: int
     placement_size: int
     memory_bytes: int
-    multiprocessors: int
-    copy_engines: int
-    decoders: int
-    encoders: int
-    jpeg_engines: int
-    ofa_engines: int
+    engines: MigEngines
 
     @property
     def memory_slices(self) -> range:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,9 @@ import yaml
 
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.library import GpuLibraryError
+from dra.gpu.nvml import NvmlLibrary
+from dra.gpu.nvmlstandin import NvmlStandIn, host_tree
 from dra.gpu.profiles import Profile, load_profile, parse_profile
 from dra.model.devices import Inventory
 
@@ -66,3 +70,28 @@ def write_kubeconfig(path: Path, server: str = "https://127.0.0.1:1") -> Path:
         )
     )
     return path
+
+
+@contextmanager
+def real_or_standin_nvml(host: Path, profile_name: str) -> Iterator[NvmlLibrary]:
+    """NVML on this machine's GPUs; where it has none, the real adapter over the NVML stand-in.
+
+    The stand-in serves the fake GPUs of `profile_name` on a fake host under
+    `host`: their sysfs and procfs facts (host_tree) and their device nodes
+    (empty files: the adapter only asks whether they exist).
+    """
+    lib = NvmlLibrary()
+    try:
+        lib.init()
+    except GpuLibraryError:
+        fake = FakeGpuLibrary(load_profile(profile_name), NODE, root=host)
+        (host / "dev").mkdir(parents=True, exist_ok=True)
+        for node in ("nvidiactl", *(f"nvidia{i}" for i in range(fake.device_count()))):
+            (host / "dev" / node).touch()
+        sysfs, procfs = host_tree(fake, host)
+        lib = NvmlLibrary(sysfs=sysfs, procfs=procfs, dev=host, library=NvmlStandIn(fake))
+        lib.init()
+    try:
+        yield lib
+    finally:
+        lib.shutdown()

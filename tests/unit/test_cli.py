@@ -18,7 +18,7 @@ from dra.cli.parser import parse_args
 from dra.core.slices import SliceError
 from dra.daemon import bootstrap
 from dra.daemon import flags as envflags
-from dra.gpu.nvml import GpuLibraryError
+from dra.gpu.library import GpuLibraryError
 from dra.kubeletplugin import command as kubeletplugin_command
 from tests.unit.helpers import write_kubeconfig
 

@@ -20,7 +20,7 @@ from dra.deviceplugin.allocate import Strategy
 from dra.deviceplugin.daemon import DevicePluginSettings, run_device_plugin
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.nvml import GpuLibraryError
+from dra.gpu.library import GpuLibraryError
 from dra.gpu.profiles import load_profile
 from dra.model.prepared import PreparedClaim, PreparedDevice
 

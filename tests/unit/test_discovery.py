@@ -16,7 +16,7 @@ from dra.gpu.discovery import (
     to_semver,
 )
 from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.nvml import (
+from dra.gpu.library import (
     ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_FUNCTION_NOT_FOUND,
     ERROR_GPU_IS_LOST,
@@ -151,12 +151,12 @@ def test_mig_device_capacities(
     assert (
         mig.profile,
         mig.memory_bytes // MIB,
-        mig.multiprocessors,
-        mig.copy_engines,
-        mig.decoders,
-        mig.encoders,
-        mig.jpeg_engines,
-        mig.ofa_engines,
+        mig.engines.multiprocessors,
+        mig.engines.copy_engines,
+        mig.engines.decoders,
+        mig.engines.encoders,
+        mig.engines.jpeg_engines,
+        mig.engines.ofa_engines,
     ) == expected
     assert mig.memory_bytes % MIB == 0
     assert mig.compute_instance_id == 0

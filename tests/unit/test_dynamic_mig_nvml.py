@@ -1,8 +1,10 @@
-"""Dynamic MIG on a real GPU through NVML (marked `gpu`): the same flow as on fake GPUs.
+"""Dynamic MIG through NVML (marked `gpu`): the same flow as on fake GPUs.
 
-Needs a MIG-capable GPU with MIG mode on (`nvidia-smi -i N -mig 1`) and no MIG device on it:
-the test makes and destroys MIG devices, and never touches a GPU that already has some.
-Skipped where there is none.
+On a machine with NVIDIA GPUs: needs a MIG-capable GPU with MIG mode on
+(`nvidia-smi -i N -mig 1`) and no MIG device on it; the test makes and
+destroys MIG devices and never touches a GPU that already has some (skipped
+where there is none). Without GPUs it runs the real adapter over the NVML
+stand-in of the h100x8-dynamic-mig profile.
 """
 
 from __future__ import annotations
@@ -17,25 +19,21 @@ from dra.adapters.checkpoint import CheckpointStore
 from dra.core.allocation import AllocatedDevice, ClaimAllocation
 from dra.gpu import dynamic, migtables
 from dra.gpu.discovery import discover
-from dra.gpu.nvml import ERROR_INSUFFICIENT_RESOURCES, GpuLibraryError, NvmlLibrary, Placement
+from dra.gpu.library import ERROR_INSUFFICIENT_RESOURCES, GpuLibraryError, Placement
+from dra.gpu.nvml import NvmlLibrary
 from dra.gpu.profiles import MODELS
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Gpu, Inventory, MigPartition
 from dra.model.migmode import parse_mig_modes
-from tests.unit.helpers import DRIVER, NODE
+from tests.unit.helpers import DRIVER, NODE, real_or_standin_nvml
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture
-def nvml() -> Iterator[NvmlLibrary]:
-    lib = NvmlLibrary()
-    try:
-        lib.init()
-    except GpuLibraryError as err:
-        pytest.skip(f"no NVIDIA driver/NVML on this machine ({err})")
-    yield lib
-    lib.shutdown()
+def nvml(tmp_path: Path) -> Iterator[NvmlLibrary]:
+    with real_or_standin_nvml(tmp_path / "host", "h100x8-dynamic-mig") as lib:
+        yield lib
 
 
 def _free_dynamic_gpu(lib: NvmlLibrary) -> tuple[Inventory, Gpu]:
@@ -44,6 +42,11 @@ def _free_dynamic_gpu(lib: NvmlLibrary) -> tuple[Inventory, Gpu]:
         if not dynamic.instances(lib, gpu.index):
             return inventory, gpu
     pytest.skip("no GPU in MIG mode without MIG devices (turn MIG on: nvidia-smi -i N -mig 1)")
+
+
+def _host(lib: NvmlLibrary, tmp_path: Path) -> Path:
+    """Where the GPUs' device nodes are: the machine's, or the stand-in's fake host."""
+    return Path("/") if lib.library is None else tmp_path / "host"
 
 
 def _offer(inventory: Inventory, gpu: Gpu, slices: int, start: int) -> MigPartition:
@@ -75,7 +78,7 @@ def test_prepare_makes_and_unprepare_destroys_mig_devices(nvml: NvmlLibrary, tmp
         DRIVER,
         NODE,
         inventory,
-        CdiStore(tmp_path / "cdi", DRIVER),
+        CdiStore(tmp_path / "cdi", DRIVER, host_root=_host(nvml, tmp_path)),
         CheckpointStore(tmp_path / "cp.json"),
         nvml,
     )

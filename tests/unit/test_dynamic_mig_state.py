@@ -17,7 +17,7 @@ from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, Op
 from dra.gpu import dynamic
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.nvml import (
+from dra.gpu.library import (
     ERROR_INSUFFICIENT_RESOURCES,
     ComputeInstanceHandle,
     GpuInstanceHandle,

@@ -8,7 +8,7 @@ import pytest
 
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.nvml import (
+from dra.gpu.library import (
     ERROR_IN_USE,
     ERROR_INSUFFICIENT_RESOURCES,
     ERROR_INVALID_ARGUMENT,

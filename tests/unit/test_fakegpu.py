@@ -11,7 +11,14 @@ import yaml
 
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary, parse_event_line
-from dra.gpu.nvml import ERROR_NOT_FOUND, ERROR_NOT_SUPPORTED, GpuHandle, GpuLibraryError, XidEvent
+from dra.gpu.library import (
+    ERROR_INVALID_ARGUMENT,
+    ERROR_NOT_FOUND,
+    ERROR_NOT_SUPPORTED,
+    GpuHandle,
+    GpuLibraryError,
+    XidEvent,
+)
 from dra.gpu.profiles import BUILTIN_PROFILES, MODELS, ProfileError, load_profile, parse_profile
 from dra.model.devices import MigDevice
 from tests.unit.helpers import NODE, inventory
@@ -342,12 +349,12 @@ def test_an_empty_mig_list_enables_mig_with_no_devices() -> None:
 # -- the fake library itself ----------------------------------------------------
 
 
-def test_handles_beyond_the_profile_are_not_found() -> None:
+def test_handles_beyond_the_profile_are_invalid_arguments() -> None:
     lib = FakeGpuLibrary(load_profile("mixed"), NODE)
     assert lib.device_count() == 4
     with pytest.raises(GpuLibraryError) as err:
         lib.device_by_index(4)
-    assert err.value.code == ERROR_NOT_FOUND
+    assert err.value.code == ERROR_INVALID_ARGUMENT
 
 
 def test_mig_mode_is_not_supported_on_gpus_without_mig() -> None:

@@ -15,7 +15,7 @@ import pytest
 from dra.daemon import health
 from dra.daemon.health import APPLICATION_XIDS, DeviceHealth, HealthMonitor, HealthTracker
 from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.nvml import (
+from dra.gpu.library import (
     ERROR_GPU_IS_LOST,
     ERROR_NOT_SUPPORTED,
     GpuHandle,

@@ -18,7 +18,7 @@ from dra.core.migconfig import MigConfigs, parse_mig_configs
 from dra.daemon.bootstrap import gpu_library
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.nvml import (
+from dra.gpu.library import (
     ERROR_INSUFFICIENT_RESOURCES,
     ComputeInstanceHandle,
     GpuInstanceHandle,

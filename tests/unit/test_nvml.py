@@ -12,7 +12,7 @@ import pytest
 
 from dra.core.slices import build_slices
 from dra.gpu.discovery import ADDRESSING_MODES, discover
-from dra.gpu.nvml import (
+from dra.gpu.library import (
     ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_FUNCTION_NOT_FOUND,
     ERROR_GPU_IS_LOST,
@@ -22,11 +22,11 @@ from dra.gpu.nvml import (
     NO_INSTANCE,
     GpuHandle,
     GpuLibraryError,
-    NvmlLibrary,
     XidEvent,
     sysfs_bus_id,
 )
-from tests.unit.helpers import DRIVER
+from dra.gpu.nvml import NvmlLibrary
+from tests.unit.helpers import DRIVER, real_or_standin_nvml
 
 # -- a fake /sys ------------------------------------------------------------------
 
@@ -324,20 +324,13 @@ def test_nvml_errors_become_gpu_library_errors_naming_the_call() -> None:
     assert str(err.value) == "nvmlEventSetWait_v2: NVML error 15"
 
 
-# -- the real thing -----------------------------------------------------------------------
+# -- real NVML, or the adapter over the NVML stand-in ------------------------------------
 
 
 @pytest.mark.gpu
-def test_real_nvml_discovery_publishes_valid_slices() -> None:
-    lib = NvmlLibrary()
-    try:
-        lib.init()
-    except GpuLibraryError as err:
-        pytest.skip(f"no NVIDIA driver/NVML on this machine ({err})")
-    try:
+def test_real_nvml_discovery_publishes_valid_slices(tmp_path: Path) -> None:
+    with real_or_standin_nvml(tmp_path, "h100x8-mig") as lib:
         inv = discover(lib)
-    finally:
-        lib.shutdown()
     assert inv.gpus, "NVML initialised but discovery found no GPU"
     assert inv.cuda_driver_version.count(".") == 2
     for gpu in inv.gpus:

@@ -21,7 +21,7 @@ from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError
 from dra.gpu import dynamic
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.nvml import Placement
+from dra.gpu.library import Placement
 from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Inventory

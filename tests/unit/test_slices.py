@@ -26,7 +26,7 @@ from dra.core.slices import (
 )
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.nvml import ERROR_NOT_SUPPORTED, GpuHandle, GpuLibraryError
+from dra.gpu.library import ERROR_NOT_SUPPORTED, GpuHandle, GpuLibraryError
 from dra.gpu.profiles import load_profile
 from dra.model.devices import Gpu, Inventory, MigDevice
 from tests.unit.helpers import DRIVER, NODE, inventory, profile

@@ -16,7 +16,7 @@ from dra.core.taints import DeviceTaint, Effect, parse_effect, taint_value, unhe
 from dra.core.versions import ApiFeatures
 from dra.daemon.health import APPLICATION_XIDS, ClearRefusedError, HealthTracker, gpu_failure, parse_xids
 from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.nvml import GpuLibraryError, XidEvent
+from dra.gpu.library import GpuLibraryError, XidEvent
 from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.healthctl import HealthControl, HealthControlError, clear
 from dra.kubeletplugin.publisher import SlicePublisher

@@ -13,7 +13,8 @@ from dra.adapters.checkpoint import CheckpointStore
 from dra.cli import main
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.nvml import GpuHandle, GpuLibraryError, NvmlLibrary
+from dra.gpu.library import GpuHandle, GpuLibraryError
+from dra.gpu.nvml import NvmlLibrary
 from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.state import DeviceState
 from dra.kubeletplugin.timeslice import TimeSlicer

@@ -1,0 +1,419 @@
+"""The MIG half of a fake GPU library: GPU and compute instances on fake GPUs, as NVML makes them.
+
+MIG instances are made and destroyed through the same calls as on NVML, with
+the placements of dra.gpu.migtables, and fail the way NVML fails (nvml.h):
+MIG mode off or a profile the model lacks -> NOT_SUPPORTED; a placement the
+profile cannot take -> INVALID_ARGUMENT; a placement overlapping an instance
+that exists, or one instance too many -> INSUFFICIENT_RESOURCES; destroying a
+GPU instance that still has compute instances -> IN_USE; an unknown ID ->
+NOT_FOUND. The instances live in a small JSON file when one is given (as they
+live on the GPU, so that a restarted driver finds them), else in memory; the
+instances a profile lists under `mig` are there from the start, at the first
+placements where they all fit. A file written for another profile (another
+MIG layout) counts as absent, as a re-partitioned GPU would. set_mig_mode
+turns MIG on or off at once (recorded in the same file), refused with IN_USE
+while the GPU has instances; a GPU the profile gives no `mig` starts with MIG
+off. With on_mig_change set, each new MIG device is announced (with a root,
+dra.daemon.fakegpus then makes its device nodes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from dra.gpu import migtables
+from dra.gpu.library import (
+    ERROR_IN_USE,
+    ERROR_INSUFFICIENT_RESOURCES,
+    ERROR_INVALID_ARGUMENT,
+    ERROR_NOT_FOUND,
+    ERROR_NOT_SUPPORTED,
+    ComputeInstanceHandle,
+    GpuHandle,
+    GpuInstanceHandle,
+    GpuInstanceInfo,
+    GpuInstanceProfileInfo,
+    GpuLibraryError,
+    MigAttributes,
+    MigHandle,
+    Placement,
+)
+from dra.gpu.migtables import GpuInstanceProfile
+from dra.gpu.profiles import FakeGpu, Profile
+
+
+@dataclass(frozen=True)
+class FakeMigDevice:
+    """A fake MIG device handle: which GPU, slot, profile and instances it is."""
+
+    gpu_index: int
+    slot: int
+    profile: str
+    gpu_instance_id: int
+    compute_instance_id: int = 0
+    #: 0 for the instances of the profile; a creation counter for those made later.
+    serial: int = 0
+
+
+@dataclass(frozen=True)
+class _FakeGi:
+    gpu_index: int
+    gpu_instance_id: int
+
+
+@dataclass(frozen=True)
+class _FakeCi:
+    gpu_index: int
+    gpu_instance_id: int
+    compute_instance_id: int
+
+
+@dataclass
+class FakeInstance:
+    """A GPU instance on a fake GPU, as the state file records it."""
+
+    gpu_instance_id: int
+    profile: str
+    start: int
+    size: int
+    compute_instances: list[int] = field(default_factory=list)
+    serial: int = 0
+
+
+class FakeMigPartitions:
+    """The MIG calls of GpuLibrary over a profile's GPUs; dra.gpu.fake.FakeGpuLibrary adds the rest."""
+
+    def __init__(self, profile: Profile, mig_state: Path | None = None) -> None:
+        self.profile = profile
+        self._mig_state = mig_state
+        self._memory: dict[int, list[FakeInstance]] | None = None
+        #: MIG modes set through set_mig_mode, by GPU index; the others are the profile's.
+        self._modes: dict[int, int] = {}
+        #: Called after MIG devices appear or go (outside the lock): with a root, their device nodes follow.
+        self.on_mig_change: Callable[[], None] | None = None
+        self._lock = threading.Lock()
+
+    def _gpu(self, handle: GpuHandle | MigHandle) -> FakeGpu:
+        index = handle.gpu_index if isinstance(handle, FakeMigDevice) else handle
+        assert isinstance(index, int)
+        return self.profile.gpus[index]
+
+    def mig_mode(self, gpu: GpuHandle) -> tuple[int, int]:
+        """MIG on where set_mig_mode turned it on or the profile lists MIG devices; NOT_SUPPORTED without MIG.
+
+        A change applies at once (current and pending agree), as on a GPU that needs no reset for it.
+        """
+        fake = self._gpu(gpu)
+        if not fake.model.mig_profiles:
+            raise GpuLibraryError(ERROR_NOT_SUPPORTED, "MIG not supported")
+        mode = 1 if self._mig_on(gpu) else 0
+        return mode, mode
+
+    def _mig_on(self, gpu: GpuHandle) -> bool:
+        assert isinstance(gpu, int)
+        with self._lock:
+            self._load()
+            mode = self._modes.get(gpu)
+        return self.profile.gpus[gpu].mig is not None if mode is None else mode == 1
+
+    def set_mig_mode(self, gpu: GpuHandle, mode: int) -> None:
+        """Turn MIG on or off at once; IN_USE while the GPU has GPU instances, as NVML refuses then."""
+        assert isinstance(gpu, int)
+        fake = self._gpu(gpu)
+        if not fake.model.mig_profiles:
+            raise GpuLibraryError(ERROR_NOT_SUPPORTED, f"{fake.model.product_name} does not support MIG")
+        if mode not in (0, 1):
+            raise GpuLibraryError(ERROR_INVALID_ARGUMENT, f"no MIG mode {mode}")
+        with self._lock:
+            state = self._load()
+            if state.get(gpu):
+                raise GpuLibraryError(ERROR_IN_USE, f"GPU {gpu} has MIG instances: destroy them first")
+            self._modes[gpu] = mode
+            self._save(state)
+
+    def max_mig_device_count(self, gpu: GpuHandle) -> int:
+        """Seven slots on MIG-capable GPUs."""
+        return self._gpu(gpu).model.mig_slices if self._gpu(gpu).model.mig_profiles else 0
+
+    def mig_device_by_index(self, gpu: GpuHandle, index: int) -> MigHandle:
+        """The index-th compute instance of the GPU, by GPU instance ID then compute instance ID."""
+        assert isinstance(gpu, int)
+        devices = [
+            (gi, ci)
+            for gi in sorted(self._instances(gpu), key=lambda i: i.gpu_instance_id)
+            for ci in sorted(gi.compute_instances)
+        ]
+        if index >= len(devices):
+            raise GpuLibraryError(ERROR_NOT_FOUND, "no MIG device in this slot")
+        gi, ci = devices[index]
+        return MigHandle(FakeMigDevice(gpu, index, gi.profile, gi.gpu_instance_id, ci, gi.serial))
+
+    # -- MIG management ----------------------------------------------------
+
+    def _table(self, gpu: GpuHandle) -> tuple[GpuInstanceProfile, ...]:
+        fake = self._gpu(gpu)
+        if not fake.model.mig_table:
+            raise GpuLibraryError(ERROR_NOT_SUPPORTED, f"{fake.model.product_name} does not support MIG")
+        if not self._mig_on(gpu):
+            raise GpuLibraryError(ERROR_NOT_SUPPORTED, f"MIG mode is disabled on GPU {gpu}")
+        return fake.model.mig_table
+
+    def _premade(self, index: int) -> list[FakeInstance]:
+        """The profile's MIG devices, at the first placements where all of them fit."""
+        fake = self.profile.gpus[index]
+        table = {p.name: p for p in fake.model.mig_table}
+        names = list(fake.mig or ())
+
+        def place(made: list[FakeInstance]) -> list[FakeInstance] | None:
+            if len(made) == len(names):
+                return made
+            p = table[names[len(made)]]
+            for start in p.starts:
+                if not _overlaps(made, start, p.memory_slices):
+                    found = place([*made, FakeInstance(len(made) + 1, p.name, start, p.memory_slices, [0])])
+                    if found is not None:
+                        return found
+            return None
+
+        # The profile's own check counts compute slices only; memory placements may still clash.
+        placed = place([])
+        if placed is None:
+            raise GpuLibraryError(
+                ERROR_INSUFFICIENT_RESOURCES, f"GPU {index}: the profile's MIG devices do not fit"
+            )
+        return placed
+
+    def _layout(self) -> list[list[object]]:
+        """What the profile says of each GPU's MIG: a state file written for another profile is void."""
+        return [[g.model.product_name, None if g.mig is None else list(g.mig)] for g in self.profile.gpus]
+
+    def _load(self) -> dict[int, list[FakeInstance]]:
+        if self._mig_state is not None and self._mig_state.exists():
+            data = json.loads(self._mig_state.read_text())
+            if data.get("profile") == self._layout():
+                self._modes = {int(k): int(v) for k, v in data.get("migMode", {}).items()}
+                return {int(k): [FakeInstance(**i) for i in v] for k, v in data["gpus"].items()}
+        if self._memory is None:
+            self._memory = {i: self._premade(i) for i in range(len(self.profile.gpus))}
+        return self._memory
+
+    def _save(self, state: dict[int, list[FakeInstance]]) -> None:
+        self._memory = state
+        if self._mig_state is None:
+            return
+        gpus = {str(k): [asdict(i) for i in v] for k, v in sorted(state.items())}
+        modes = {str(k): v for k, v in sorted(self._modes.items())}
+        text = json.dumps({"profile": self._layout(), "gpus": gpus, "migMode": modes})
+        # Atomically, as the real GPU changes: a reader never sees half a state.
+        tmp = self._mig_state.with_name(f".{self._mig_state.name}.tmp")
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        with tmp.open("w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._mig_state)
+
+    def _instances(self, gpu: GpuHandle) -> list[FakeInstance]:
+        assert isinstance(gpu, int)
+        with self._lock:
+            return self._load().get(gpu, [])
+
+    def instances(self) -> dict[int, list[FakeInstance]]:
+        """Every GPU instance on every GPU (for tests and the admin's eyes)."""
+        with self._lock:
+            return self._load()
+
+    def gpu_instance_profile_info(self, gpu: GpuHandle, profile: int) -> GpuInstanceProfileInfo:
+        """The migtables row of this profile enumerator."""
+        if not 0 <= profile < migtables.PROFILE_COUNT:
+            raise GpuLibraryError(ERROR_INVALID_ARGUMENT, f"no GPU instance profile {profile}")
+        p = migtables.by_nvml_profile(self._table(gpu), profile)
+        if p is None:
+            raise GpuLibraryError(ERROR_NOT_SUPPORTED, f"GPU {gpu} has no GPU instance profile {profile}")
+        return GpuInstanceProfileInfo(
+            id=p.id,
+            slice_count=p.slices,
+            instance_count=p.instance_count,
+            engines=p.engines,
+            memory_mib=p.memory_mib,
+            name=f"MIG {p.name}",
+        )
+
+    def _profile(self, gpu: GpuHandle, profile_id: int) -> GpuInstanceProfile:
+        p = migtables.by_id(self._table(gpu), profile_id)
+        if p is None:
+            raise GpuLibraryError(ERROR_INVALID_ARGUMENT, f"no GPU instance profile ID {profile_id}")
+        return p
+
+    def gpu_instance_possible_placements(self, gpu: GpuHandle, profile_id: int) -> list[Placement]:
+        """The table's placements of the profile."""
+        p = self._profile(gpu, profile_id)
+        return [Placement(start, p.memory_slices) for start in p.starts]
+
+    def create_gpu_instance_with_placement(
+        self, gpu: GpuHandle, profile_id: int, placement: Placement
+    ) -> GpuInstanceHandle:
+        """A new GPU instance at the placement, with the lowest free ID."""
+        assert isinstance(gpu, int)
+        p = self._profile(gpu, profile_id)
+        if placement.start not in p.starts or placement.size != p.memory_slices:
+            raise GpuLibraryError(
+                ERROR_INVALID_ARGUMENT, f"{p.name} cannot be placed at {placement.start}:{placement.size}"
+            )
+        with self._lock:
+            state = self._load()
+            existing = state.setdefault(gpu, [])
+            same = sum(1 for i in existing if i.profile == p.name)
+            used = sum(self._slices(gpu, i.profile) for i in existing)
+            if (
+                _overlaps(existing, placement.start, placement.size)
+                or same >= p.instance_count
+                or used + p.slices > migtables.COMPUTE_SLICES
+            ):
+                raise GpuLibraryError(
+                    ERROR_INSUFFICIENT_RESOURCES,
+                    f"GPU {gpu}: no room for {p.name} at {placement.start}:{placement.size}",
+                )
+            ids = {i.gpu_instance_id for i in existing}
+            gi = next(n for n in range(1, 64) if n not in ids)
+            # Never reused, even after every instance is gone: a re-made MIG device has a new UUID.
+            serial = time.time_ns()
+            existing.append(FakeInstance(gi, p.name, placement.start, placement.size, [], serial))
+            self._save(state)
+        return GpuInstanceHandle(_FakeGi(gpu, gi))
+
+    def _slices(self, gpu: GpuHandle, name: str) -> int:
+        return next(p.slices for p in self._gpu(gpu).model.mig_table if p.name == name)
+
+    def gpu_instances(self, gpu: GpuHandle, profile_id: int) -> list[GpuInstanceHandle]:
+        """The GPU instances of the profile."""
+        assert isinstance(gpu, int)
+        name = self._profile(gpu, profile_id).name
+        return [
+            GpuInstanceHandle(_FakeGi(gpu, i.gpu_instance_id))
+            for i in self._instances(gpu)
+            if i.profile == name
+        ]
+
+    def gpu_instance_by_id(self, gpu: GpuHandle, gpu_instance_id: int) -> GpuInstanceHandle:
+        """The GPU instance of this ID; NOT_FOUND when there is none."""
+        assert isinstance(gpu, int)
+        self._table(gpu)
+        if not any(i.gpu_instance_id == gpu_instance_id for i in self._instances(gpu)):
+            raise GpuLibraryError(ERROR_NOT_FOUND, f"GPU {gpu} has no GPU instance {gpu_instance_id}")
+        return GpuInstanceHandle(_FakeGi(gpu, gpu_instance_id))
+
+    def _gi(self, state: dict[int, list[FakeInstance]], gi: GpuInstanceHandle) -> FakeInstance:
+        assert isinstance(gi, _FakeGi)
+        found = next(
+            (i for i in state.get(gi.gpu_index, []) if i.gpu_instance_id == gi.gpu_instance_id), None
+        )
+        if found is None:
+            raise GpuLibraryError(ERROR_NOT_FOUND, f"GPU instance {gi.gpu_instance_id} does not exist")
+        return found
+
+    def gpu_instance_info(self, gi: GpuInstanceHandle) -> GpuInstanceInfo:
+        """ID, profile ID and placement."""
+        assert isinstance(gi, _FakeGi)
+        with self._lock:
+            instance = self._gi(self._load(), gi)
+        profile = next(
+            p for p in self._gpu(GpuHandle(gi.gpu_index)).model.mig_table if p.name == instance.profile
+        )
+        return GpuInstanceInfo(instance.gpu_instance_id, profile.id, Placement(instance.start, instance.size))
+
+    def create_compute_instance(self, gi: GpuInstanceHandle, profile: int) -> ComputeInstanceHandle:
+        """A compute instance with the lowest free ID, if the GPU instance has the slices left."""
+        assert isinstance(gi, _FakeGi)
+        slices = next((n for n, p in migtables.COMPUTE_PROFILE_BY_SLICES.items() if p == profile), None)
+        if slices is None:
+            raise GpuLibraryError(ERROR_INVALID_ARGUMENT, f"no compute instance profile {profile}")
+        with self._lock:
+            state = self._load()
+            instance = self._gi(state, gi)
+            own = self._slices(GpuHandle(gi.gpu_index), instance.profile)
+            if slices > own or (instance.compute_instances and slices == own):
+                raise GpuLibraryError(
+                    ERROR_INSUFFICIENT_RESOURCES,
+                    f"GPU instance {gi.gpu_instance_id} has no {slices} slices free",
+                )
+            ci = next(n for n in range(64) if n not in instance.compute_instances)
+            instance.compute_instances.append(ci)
+            self._save(state)
+        if self.on_mig_change is not None:
+            self.on_mig_change()
+        return ComputeInstanceHandle(_FakeCi(gi.gpu_index, gi.gpu_instance_id, ci))
+
+    def compute_instances(self, gi: GpuInstanceHandle) -> list[ComputeInstanceHandle]:
+        """The compute instances of the GPU instance."""
+        assert isinstance(gi, _FakeGi)
+        with self._lock:
+            instance = self._gi(self._load(), gi)
+        return [
+            ComputeInstanceHandle(_FakeCi(gi.gpu_index, gi.gpu_instance_id, ci))
+            for ci in sorted(instance.compute_instances)
+        ]
+
+    def compute_instance_info_id(self, ci: ComputeInstanceHandle) -> int:
+        """Its ID."""
+        assert isinstance(ci, _FakeCi)
+        return ci.compute_instance_id
+
+    def destroy_compute_instance(self, ci: ComputeInstanceHandle) -> None:
+        """Remove it from its GPU instance."""
+        assert isinstance(ci, _FakeCi)
+        with self._lock:
+            state = self._load()
+            instance = self._gi(state, GpuInstanceHandle(_FakeGi(ci.gpu_index, ci.gpu_instance_id)))
+            if ci.compute_instance_id not in instance.compute_instances:
+                raise GpuLibraryError(
+                    ERROR_NOT_FOUND, f"compute instance {ci.compute_instance_id} does not exist"
+                )
+            instance.compute_instances.remove(ci.compute_instance_id)
+            self._save(state)
+
+    def destroy_gpu_instance(self, gi: GpuInstanceHandle) -> None:
+        """Remove it; IN_USE while it has compute instances."""
+        assert isinstance(gi, _FakeGi)
+        with self._lock:
+            state = self._load()
+            instance = self._gi(state, gi)
+            if instance.compute_instances:
+                raise GpuLibraryError(
+                    ERROR_IN_USE, f"GPU instance {gi.gpu_instance_id} still has compute instances"
+                )
+            state[gi.gpu_index].remove(instance)
+            self._save(state)
+
+    def _mig(self, mig: MigHandle) -> FakeMigDevice:
+        assert isinstance(mig, FakeMigDevice)
+        return mig
+
+    def mig_attributes(self, mig: MigHandle) -> MigAttributes:
+        """Sizes from the model's MIG profile table."""
+        fake = self._mig(mig)
+        p = self._gpu(mig).model.mig_profiles[fake.profile]
+        return MigAttributes(
+            engines=p.engines,
+            gpu_instance_slices=p.gpu_instance_slices,
+            compute_instance_slices=p.gpu_instance_slices,
+            memory_mib=p.memory_mib,
+        )
+
+    def gpu_instance_id(self, mig: MigHandle) -> int:
+        """Assigned in profile order, from 1."""
+        return self._mig(mig).gpu_instance_id
+
+    def compute_instance_id(self, mig: MigHandle) -> int:
+        """The compute instance the MIG device is."""
+        return self._mig(mig).compute_instance_id
+
+
+def _overlaps(instances: list[FakeInstance], start: int, size: int) -> bool:
+    return any(i.start < start + size and start < i.start + i.size for i in instances)

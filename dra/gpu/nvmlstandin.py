@@ -1,0 +1,447 @@
+"""An NVML stand-in at pynvml's C boundary: the functions of libnvidia-ml.so.1 over fake GPUs.
+
+pynvml (nvidia-ml-py) loads libnvidia-ml.so.1 with ctypes and looks every
+NVML function up by name on it. `NvmlStandIn` is what it finds instead: each
+attribute is a ctypes.CFUNCTYPE callable with the C signature nvml.h gives
+the function (pointers as plain addresses, as the C ABI passes them), so
+pynvml's own wrappers marshal real ctypes values, pointers to their
+structures and arrays through libffi into it. It reads and writes through
+those pointers with dra.gpu.nvmlabi's structures, transcribed from nvml.h
+rather than from pynvml: a field pynvml lays out differently from the header
+shows up as a wrong value, and a versioned structure whose version field
+pynvml does not set is refused with ARGUMENT_VERSION_MISMATCH, as NVML
+refuses it. A function the stand-in lacks (or is told the driver lacks, with
+`lacks`) is no attribute, so pynvml answers FUNCTION_NOT_FOUND, as with a
+driver older than the call.
+
+What the functions answer is a FakeGpuLibrary's (dra.gpu.fake): the same
+profile, MIG state, refusals and XID events file drive both, so the real
+adapter (dra.gpu.nvml.NvmlLibrary) over the stand-in and the fake alone
+cannot drift apart (tests/unit/test_nvml_differential.py runs both). Only
+what the fake has no notion of is the stand-in's own, each from nvml.h:
+handles as opaque pointers that a destroyed instance invalidates, calls
+before nvmlInit answering UNINITIALIZED, strings that do not fit the caller's
+buffer answering INSUFFICIENT_SIZE, events only for the GPUs registered in
+the set waited on, a MIG mode change left pending until `reset_gpu` on GPUs
+named in `reset_required` (nvmlDeviceSetMigMode's activation status is then
+RESET_REQUIRED), GPUs fallen off the bus (`lost`), and compute-instance
+profile information. The GPU- and compute-instance functions are
+dra.gpu.nvmlstandinmig's. docs/testing.md says what the stand-in cannot
+vouch for without a GPU.
+
+dra.gpu.nvml is the only importer of pynvml; the stand-in does not import it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Any
+
+from dra.gpu.discovery import mig_handles
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.library import (
+    ERROR_GPU_IS_LOST,
+    ERROR_INVALID_ARGUMENT,
+    ERROR_NOT_SUPPORTED,
+    ERROR_TIMEOUT,
+    ERROR_UNKNOWN,
+    EVENT_XID_CRITICAL,
+    NO_INSTANCE,
+    GpuHandle,
+    GpuLibraryError,
+    MigHandle,
+    sysfs_bus_id,
+)
+from dra.gpu.nvmlabi import (
+    ERROR_RESET_REQUIRED,
+    ERROR_UNINITIALIZED,
+    EVENT_SET,
+    GPU,
+    MIG,
+    SUCCESS,
+    AddressingMode,
+    DeviceAttributes,
+    EventData,
+    Memory,
+    PciInfo,
+    at,
+    error_string,
+    ptr,
+    set_string,
+    set_uint,
+    uint,
+    ull,
+    versioned,
+)
+from dra.gpu.nvmlstandinmig import InstanceCalls
+
+
+class NvmlStandIn:
+    """libnvidia-ml.so.1 for pynvml, over a FakeGpuLibrary.
+
+    `lacks`: NVML functions to leave out, as a driver older than them has no such symbol.
+    `reset_required`: GPU indexes whose MIG mode change waits for `reset_gpu`.
+    `lost`: GPU indexes fallen off the bus: every call on them, and a wait on a set holding one,
+    answers GPU_IS_LOST (a test may add to it while the library is in use).
+    Exceptions inside a function (a stand-in bug) answer NVML_ERROR_UNKNOWN and are kept in `faults`.
+    """
+
+    def __init__(
+        self,
+        fake: FakeGpuLibrary,
+        lacks: Collection[str] = (),
+        reset_required: Collection[int] = (),
+        lost: Collection[int] = (),
+    ) -> None:
+        self.fake = fake
+        self.lacks = frozenset(lacks)
+        self.reset_required = set(reset_required)
+        self.lost = set(lost)
+        self.faults: list[str] = []
+        #: How often pynvml called each function (for tests to see what ran; a daemon's grow no list).
+        self.calls: Counter[str] = Counter()
+        self._initialised = 0
+        self._pending: dict[int, int] = {}
+        self._functions: dict[str, Any] = {}
+        self._addresses = itertools.count(0x1000, 0x10)
+        self._handles: dict[int, tuple[str, object, int]] = {}
+        self._by_key: dict[tuple[str, object], int] = {}
+        self._event_sets: dict[int, set[int]] = {}
+        self._lock = threading.Lock()
+        self._instances = InstanceCalls(self)
+        self._signatures = self._table()
+
+    # -- the library as pynvml sees it --------------------------------------------------
+
+    def __getattr__(self, name: str) -> Any:
+        """The C function `name`, as CDLL gives it; AttributeError where there is none."""
+        signatures = self.__dict__.get("_signatures", {})
+        if name not in signatures or name in self.lacks:
+            raise AttributeError(name)
+        function = self._functions.get(name)
+        if function is None:
+            function = self._functions[name] = self._c_function(name, *signatures[name])
+        return function
+
+    def _c_function(self, name: str, argtypes: tuple[Any, ...], impl: Callable[..., int | None]) -> Any:
+        if name == "nvmlErrorString":
+            return ctypes.CFUNCTYPE(ptr, ctypes.c_int)(error_string)
+
+        def call(*args: Any) -> int:
+            self.calls[name] += 1
+            if not self._initialised and name != "nvmlInitWithFlags":
+                return ERROR_UNINITIALIZED
+            try:
+                return impl(*args) or SUCCESS
+            except GpuLibraryError as err:
+                return err.code
+            except Exception as err:  # a bug here must not pass for NVML's success
+                self.faults.append(f"{name}: {err!r}")
+                return ERROR_UNKNOWN
+
+        return ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(call)
+
+    def _table(self) -> dict[str, tuple[tuple[Any, ...], Callable[..., int | None]]]:
+        p, u, i = ptr, uint, ctypes.c_int
+        mig = self._instances
+        return {
+            "nvmlErrorString": ((i,), error_string),
+            "nvmlInitWithFlags": ((u,), self._init),
+            "nvmlShutdown": ((), self._shutdown),
+            "nvmlSystemGetDriverVersion": ((p, u), self._driver_version),
+            "nvmlSystemGetCudaDriverVersion_v2": ((p,), self._cuda_version),
+            "nvmlDeviceGetCount_v2": ((p,), self._count),
+            "nvmlDeviceGetHandleByIndex_v2": ((u, p), self._by_index),
+            "nvmlDeviceGetName": ((p, p, u), self._name),
+            "nvmlDeviceGetUUID": ((p, p, u), self._uuid),
+            "nvmlDeviceGetBrand": ((p, p), self._gpu_uint(lambda g: self.fake.brand(g))),
+            "nvmlDeviceGetArchitecture": ((p, p), self._gpu_uint(lambda g: self.fake.architecture(g))),
+            "nvmlDeviceGetMinorNumber": ((p, p), self._gpu_uint(lambda g: self.fake.minor_number(g))),
+            "nvmlDeviceGetCudaComputeCapability": ((p, p, p), self._compute_capability),
+            "nvmlDeviceGetMemoryInfo": ((p, p), self._memory),
+            "nvmlDeviceGetPciInfo_v3": ((p, p), self._pci_info),
+            "nvmlDeviceGetNumaNodeId": ((p, p), self._numa_node),
+            "nvmlDeviceGetAddressingMode": ((p, p), self._addressing_mode),
+            "nvmlDeviceGetMigMode": ((p, p, p), self._mig_mode),
+            "nvmlDeviceSetMigMode": ((p, u, p), self._set_mig_mode),
+            "nvmlDeviceGetMaxMigDeviceCount": ((p, p), self._gpu_uint(self.fake.max_mig_device_count)),
+            "nvmlDeviceGetMigDeviceHandleByIndex": ((p, u, p), self._mig_by_index),
+            "nvmlDeviceGetAttributes_v2": ((p, p), self._attributes),
+            "nvmlDeviceGetGpuInstanceId": ((p, p), self._mig_uint(self.fake.gpu_instance_id)),
+            "nvmlDeviceGetComputeInstanceId": ((p, p), self._mig_uint(self.fake.compute_instance_id)),
+            "nvmlDeviceGetGpuInstanceProfileInfoV": ((p, u, p), mig.gpu_instance_profile_info),
+            "nvmlDeviceGetGpuInstancePossiblePlacements_v2": (
+                (p, u, p, p),
+                mig.possible_placements,
+            ),
+            "nvmlDeviceCreateGpuInstanceWithPlacement": ((p, u, p, p), mig.create_gpu_instance),
+            "nvmlDeviceGetGpuInstances": ((p, u, p, p), mig.gpu_instances),
+            "nvmlDeviceGetGpuInstanceById": ((p, u, p), mig.gpu_instance_by_id),
+            "nvmlGpuInstanceGetInfo": ((p, p), mig.gpu_instance_info),
+            "nvmlGpuInstanceDestroy": ((p,), mig.destroy_gpu_instance),
+            "nvmlGpuInstanceGetComputeInstanceProfileInfoV": (
+                (p, u, u, p),
+                mig.compute_instance_profile_info,
+            ),
+            "nvmlGpuInstanceCreateComputeInstance": ((p, u, p), mig.create_compute_instance),
+            "nvmlGpuInstanceGetComputeInstances": ((p, u, p, p), mig.compute_instances),
+            "nvmlComputeInstanceGetInfo_v2": ((p, p), mig.compute_instance_info),
+            "nvmlComputeInstanceDestroy": ((p,), mig.destroy_compute_instance),
+            "nvmlEventSetCreate": ((p,), self._event_set_create),
+            "nvmlDeviceRegisterEvents": ((p, ull, p), self._register_events),
+            "nvmlEventSetWait_v2": ((p, p, u), self._event_set_wait),
+            "nvmlEventSetFree": ((p,), self._event_set_free),
+        }
+
+    # -- what only the stand-in knows --------------------------------------------------------
+
+    def reset_gpu(self, index: int) -> None:
+        """A GPU reset: a pending MIG mode becomes the current one."""
+        mode = self._pending.pop(index, None)
+        if mode is not None:
+            self.fake.set_mig_mode(GpuHandle(index), mode)
+
+    # -- handles -------------------------------------------------------------------------------
+
+    def handle(self, kind: str, fake_handle: object, parent: int = 0) -> int:
+        """The opaque pointer NVML hands out for a device or instance: one per thing, stable."""
+        with self._lock:
+            key = (kind, fake_handle)
+            address = self._by_key.get(key)
+            if address is None:
+                address = self._by_key[key] = next(self._addresses)
+                self._handles[address] = (kind, fake_handle, parent)
+            return address
+
+    def lookup(self, address: int | None, *kinds: str) -> tuple[object, int]:
+        """What a handle names and its parent's handle (0 for a GPU); INVALID_ARGUMENT unless of `kinds`."""
+        entry = self._handles.get(address or 0)
+        if entry is None or entry[0] not in kinds:
+            raise GpuLibraryError(ERROR_INVALID_ARGUMENT, f"not a handle of a {' or '.join(kinds)}")
+        return entry[1], entry[2]
+
+    def gpu(self, address: int | None) -> GpuHandle:
+        """The fake's GPU of a GPU handle; GPU_IS_LOST for a GPU fallen off the bus."""
+        handle = self.lookup(address, GPU)[0]
+        if handle in self.lost:
+            raise GpuLibraryError(ERROR_GPU_IS_LOST, f"GPU {handle} has fallen off the bus")
+        return GpuHandle(handle)
+
+    def _device(self, address: int | None) -> GpuHandle | MigHandle:
+        """A GPU or a MIG device that still exists (a destroyed one's handle is invalid)."""
+        handle, parent = self.lookup(address, GPU, MIG)
+        if not parent:
+            return self.gpu(address)
+        if MigHandle(handle) not in mig_handles(self.fake, self.gpu(parent)):
+            raise GpuLibraryError(ERROR_INVALID_ARGUMENT, "the MIG device of this handle is gone")
+        return MigHandle(handle)
+
+    def _gpu_uint(self, query: Callable[[GpuHandle], int]) -> Callable[[int, int], None]:
+        return lambda device, out: set_uint(out, query(self.gpu(device)))
+
+    def _mig_uint(self, query: Callable[[MigHandle], int]) -> Callable[[int, int], None]:
+        def answer(device: int, out: int) -> None:
+            handle = self._device(device)
+            if not self._handles[device][2]:
+                raise GpuLibraryError(ERROR_INVALID_ARGUMENT, "not a MIG device handle")
+            set_uint(out, query(MigHandle(handle)))
+
+        return answer
+
+    # -- system -----------------------------------------------------------------------------
+
+    def _init(self, flags: int) -> None:
+        self._initialised += 1
+
+    def _shutdown(self) -> None:
+        self._initialised -= 1
+
+    def _driver_version(self, out: int, length: int) -> None:
+        set_string(out, length, self.fake.driver_version())
+
+    def _cuda_version(self, out: int) -> None:
+        at(out, ctypes.c_int).value = self.fake.cuda_driver_version()
+
+    def _count(self, out: int) -> None:
+        set_uint(out, self.fake.device_count())
+
+    def _by_index(self, index: int, out: int) -> None:
+        at(out, ptr).value = self.handle(GPU, self.fake.device_by_index(index))
+
+    # -- devices ----------------------------------------------------------------------------
+
+    def _name(self, device: int, out: int, length: int) -> None:
+        set_string(out, length, self.fake.name(self._device(device)))
+
+    def _uuid(self, device: int, out: int, length: int) -> None:
+        set_string(out, length, self.fake.uuid(self._device(device)))
+
+    def _compute_capability(self, device: int, major: int, minor: int) -> None:
+        cc = self.fake.cuda_compute_capability(self.gpu(device))
+        at(major, ctypes.c_int).value, at(minor, ctypes.c_int).value = cc
+
+    def _memory(self, device: int, out: int) -> None:
+        memory = at(out, Memory)
+        memory.total = memory.free = self.fake.memory_total(self.gpu(device))
+        memory.used = 0
+
+    def _pci_info(self, device: int, out: int) -> None:
+        gpu = self.gpu(device)
+        bus_id = self.fake.pci_bus_id(gpu)
+        domain, bus, rest = bus_id.split(":")
+        info = at(out, PciInfo)
+        info.busId = bus_id.encode()
+        # The legacy field holds the bus ID with a 4-digit domain (NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT).
+        info.busIdLegacy = f"{int(domain, 16):04X}:{bus}:{rest}".encode()
+        info.domain, info.bus = int(domain, 16), int(bus, 16)
+        info.device = int(rest.partition(".")[0], 16)
+        info.pciDeviceId = self.fake.pci_device_id(gpu)
+        info.pciSubSystemId = 0
+
+    def _numa_node(self, device: int, out: int) -> None:
+        # nvml.h: "This only applies to platforms where the GPUs are NUMA nodes" (GPU memory onlined
+        # as a node, as on Grace Hopper); the catalog's GPUs sit on PCIe or SXM under x86, whose NUMA
+        # node the kernel gives (host_tree writes it), so NVML has none to say.
+        self.gpu(device)
+        raise GpuLibraryError(ERROR_NOT_SUPPORTED, "the GPU is not a NUMA node")
+
+    def _addressing_mode(self, device: int, out: int) -> None:
+        mode = versioned(out, AddressingMode, 1)
+        mode.value = self.fake.addressing_mode(self.gpu(device))
+
+    # -- MIG mode and MIG devices -------------------------------------------------------------
+
+    def _mig_mode(self, device: int, current: int, pending: int) -> None:
+        gpu = self.gpu(device)
+        now, _ = self.fake.mig_mode(gpu)
+        set_uint(current, now)
+        assert isinstance(gpu, int)
+        set_uint(pending, self._pending.get(gpu, now))
+
+    def _set_mig_mode(self, device: int, mode: int, status: int) -> None:
+        gpu = self.gpu(device)
+        assert isinstance(gpu, int)
+        if gpu not in self.reset_required:
+            self.fake.set_mig_mode(gpu, mode)
+            set_uint(status, SUCCESS)
+            return
+        current, _ = self.fake.mig_mode(gpu)  # NOT_SUPPORTED without MIG, as the fake answers
+        if mode not in (0, 1):
+            raise GpuLibraryError(ERROR_INVALID_ARGUMENT, f"no MIG mode {mode}")
+        if mode == current:
+            self._pending.pop(gpu, None)
+        else:
+            self._pending[gpu] = mode
+        # The change is accepted (SUCCESS); applying it now failed, which the activation status says.
+        set_uint(status, SUCCESS if mode == current else ERROR_RESET_REQUIRED)
+
+    def _mig_by_index(self, device: int, index: int, out: int) -> None:
+        gpu = self.gpu(device)
+        mig = self.fake.mig_device_by_index(gpu, index)
+        at(out, ptr).value = self.handle(MIG, mig, device)
+
+    def _attributes(self, device: int, out: int) -> None:
+        handle = self._device(device)
+        if not self._handles[device][2]:
+            # nvml.h: "NVML_ERROR_NOT_SUPPORTED if this query is not supported by the device" (a GPU).
+            raise GpuLibraryError(ERROR_NOT_SUPPORTED, "attributes of a GPU, not of a MIG device")
+        a = self.fake.mig_attributes(MigHandle(handle))
+        e = a.engines
+        attributes = at(out, DeviceAttributes)
+        attributes.multiprocessorCount, attributes.sharedCopyEngineCount = e.multiprocessors, e.copy_engines
+        attributes.sharedDecoderCount, attributes.sharedEncoderCount = e.decoders, e.encoders
+        attributes.sharedJpegCount, attributes.sharedOfaCount = e.jpeg_engines, e.ofa_engines
+        attributes.gpuInstanceSliceCount = a.gpu_instance_slices
+        attributes.computeInstanceSliceCount = a.compute_instance_slices
+        attributes.memorySizeMB = a.memory_mib
+
+    # -- events -----------------------------------------------------------------------------
+
+    def _event_set_create(self, out: int) -> None:
+        address = self.handle(EVENT_SET, object())
+        self._event_sets[address] = set()
+        at(out, ptr).value = address
+
+    def _register_events(self, device: int, types: int, event_set: int) -> None:
+        gpu = self.gpu(device)
+        self.lookup(event_set, EVENT_SET)
+        if types & ~EVENT_XID_CRITICAL:
+            raise GpuLibraryError(ERROR_NOT_SUPPORTED, f"event types {types:#x}: only XID errors are kept")
+        self.fake.watch_xid_events(gpu)
+        self._event_sets[event_set].add(device)
+
+    def _event_set_wait(self, event_set: int, out: int, timeout_ms: int) -> None:
+        self.lookup(event_set, EVENT_SET)
+        for device in self._event_sets[event_set]:
+            self.gpu(device)
+        data = at(out, EventData)
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            left = max(int((deadline - time.monotonic()) * 1000), 0)
+            event = self.fake.wait_xid_event(left)
+            if event is None:
+                raise GpuLibraryError(ERROR_TIMEOUT, "no event")
+            device, gpu_instance, compute_instance = self._event_source(event.uuid)
+            if device in self._event_sets[event_set]:
+                break
+        data.device, data.eventType, data.eventData = device, EVENT_XID_CRITICAL, event.xid
+        if gpu_instance is None:
+            gpu_instance, compute_instance = event.gpu_instance_id, event.compute_instance_id
+        data.gpuInstanceId = NO_INSTANCE if gpu_instance is None else gpu_instance
+        data.computeInstanceId = NO_INSTANCE if compute_instance is None else compute_instance
+
+    def _event_source(self, uuid: str) -> tuple[int, int | None, int | None]:
+        """The GPU handle of an event's device; a MIG device's event is its GPU's, with its instances."""
+        for index in range(self.fake.device_count()):
+            gpu = self.fake.device_by_index(index)
+            if self.fake.uuid(gpu) == uuid:
+                return self.handle(GPU, gpu), None, None
+            for mig in mig_handles(self.fake, gpu):
+                if self.fake.uuid(mig) == uuid:
+                    ids = self.fake.gpu_instance_id(mig), self.fake.compute_instance_id(mig)
+                    return self.handle(GPU, gpu), ids[0], ids[1]
+        return 0, None, None
+
+    def _event_set_free(self, event_set: int) -> None:
+        self.lookup(event_set, EVENT_SET)
+        del self._event_sets[event_set]
+        self._handles.pop(event_set)
+        if not self._event_sets:
+            self.fake.unwatch_xid_events()
+
+
+def host_tree(fake: FakeGpuLibrary, root: Path) -> tuple[Path, Path]:
+    """The host facts NVML does not give, as the kernel shows them, for the fake's GPUs: (sysfs, procfs).
+
+    Under root/sys each GPU's PCI device sits below its PCIe root complex
+    (devices/<root>/<bus id>, linked from bus/pci/devices) with its numa_node,
+    and under root/proc
+    the driver's MIG capability minors (driver/nvidia-caps/mig-minors), so that
+    dra.gpu.nvml reads the same PCIe roots and minors the fake answers.
+    """
+    sysfs, procfs = root / "sys", root / "proc"
+    links = sysfs / "bus/pci/devices"
+    links.mkdir(parents=True, exist_ok=True)
+    for index in range(fake.device_count()):
+        bus_id = fake.pci_bus_id(fake.device_by_index(index))
+        complex_ = fake.pcie_root(bus_id)
+        if complex_ is None:
+            continue
+        device = sysfs / "devices" / complex_ / sysfs_bus_id(bus_id)
+        device.mkdir(parents=True, exist_ok=True)
+        (device / "numa_node").write_text(f"{fake.numa_node(fake.device_by_index(index))}\n")
+        link = links / device.name
+        if not link.is_symlink():
+            link.symlink_to(os.path.relpath(device, links))
+    caps = procfs / "driver/nvidia-caps"
+    caps.mkdir(parents=True, exist_ok=True)
+    minors = fake.mig_capability_minors()
+    (caps / "mig-minors").write_text("".join(f"{name} {minor}\n" for name, minor in minors.items()))
+    return sysfs, procfs

@@ -10,6 +10,9 @@ enforce them. From the bottom up:
     The configuration API: typed, versioned opaque parameters (GpuConfig,
     MigDeviceConfig), strict decoding, validation against devices, JSON Schemas.
     Pure; imports only model.
+``documents``
+    Bounded YAML and JSON reading (size, depth, alias expansion, integer length) for
+    every decoder of outside input. Imports only api (its quoting of values in messages).
 ``core`` and ``cel``
     Pure logic: slice planning, opaque-config validation, CDI rendering,
     claim reading, GPU assignment, prepare/unprepare decisions; the CEL

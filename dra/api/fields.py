@@ -61,9 +61,24 @@ def json_name(name: str) -> str:
     return first + "".join(word.capitalize() for word in rest)
 
 
+#: How much of a value a message quotes: enough to recognise it, never a whole hostile input.
+QUOTE_CHARS = 60
+
+
+def quote(value: object) -> str:
+    """repr(value), cut to QUOTE_CHARS characters: for messages that quote what the user wrote."""
+    return _cut(repr(value))
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= QUOTE_CHARS else text[: QUOTE_CHARS - 3] + "..."
+
+
 def show(value: object) -> str:
-    """A JSON value as the user wrote it, for messages."""
-    return json.dumps(value) if isinstance(value, str | int | float | bool) or value is None else kind(value)
+    """A JSON value as the user wrote it (cut to QUOTE_CHARS), for messages."""
+    if isinstance(value, str | int | float | bool) or value is None:
+        return _cut(json.dumps(value))
+    return kind(value)
 
 
 def kind(value: object) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from dra.api.fields import quote
+from dra.api.fields import nesting_depth, quote
 
 #: Config files, layouts and profiles are a few KB; a MiB leaves room and bounds the memory used.
 MAX_FILE_BYTES = 2**20
@@ -165,8 +165,12 @@ def load_yaml(data: bytes | str, source: str) -> object:
     return documents[0] if documents else None
 
 
-def _bounded_int(digits: str) -> int | float:
-    # Longer than Python converts: an infinite number, which every integer or quantity field refuses.
+def bounded_int(digits: str) -> int | float:
+    """json.loads' parse_int: an integer, or an infinity for one longer than Python converts.
+
+    Every integer or quantity field refuses an infinity with its path, where a ValueError
+    from int() would refuse the whole document.
+    """
     if len(digits.lstrip("-")) > MAX_INT_DIGITS:
         return float("-inf") if digits.startswith("-") else float("inf")
     return int(digits)
@@ -182,29 +186,13 @@ def load_json(data: bytes | str, source: str, limit: int = MAX_FILE_BYTES) -> ob
         raise DocumentError(f"{source}: larger than {limit} bytes")
     text = _text(data, source)
     try:
-        value = json.loads(text, parse_int=_bounded_int)
+        value = json.loads(text, parse_int=bounded_int)
     except json.JSONDecodeError as err:
         raise DocumentError(
             f"{source}: not valid JSON: line {err.lineno}, column {err.colno}: {err.msg}"
         ) from None
     except RecursionError:
         raise DocumentError(f"{source}: nested deeper than {MAX_DEPTH} levels") from None
-    if _depth(value) > MAX_DEPTH:
+    if nesting_depth(value, MAX_DEPTH) > MAX_DEPTH:
         raise DocumentError(f"{source}: nested deeper than {MAX_DEPTH} levels")
     return value
-
-
-def _depth(value: object) -> int:
-    """The nesting depth of decoded JSON, without recursion."""
-    deepest = 0
-    stack: list[tuple[object, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if depth > MAX_DEPTH:
-            break
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
-    return deepest

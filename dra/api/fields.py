@@ -81,6 +81,20 @@ def show(value: object) -> str:
     return kind(value)
 
 
+def nesting_depth(value: object, limit: int) -> int:
+    """How deep decoded JSON nests (a scalar is 1), counted without recursion up to limit + 1."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack and deepest <= limit:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, Mapping):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return deepest
+
+
 def kind(value: object) -> str:
     """The JSON type of a decoded value, for "expected ..., got ..." messages."""
     if isinstance(value, bool):
@@ -167,7 +181,7 @@ def _quantity(raw: object, path: tuple[str, ...]) -> Quantity:
         raise FieldError(path, f'expected a quantity (such as "4Gi"), got {kind(raw)}')
     try:
         quantity = Quantity.parse(str(raw))
-    except QuantityError as err:
+    except (QuantityError, ValueError, OverflowError) as err:
         raise FieldError(path, f"{show(raw)} is not a quantity: {err}") from None
     if quantity.sign() <= 0:
         raise FieldError(path, f"{show(raw)} must be positive")

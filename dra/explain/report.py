@@ -140,6 +140,76 @@ class ExplainError(ValueError):
     """The inputs cannot be explained (missing class, invalid CEL); the message says which."""
 
 
+class Required:
+    """A field that must be present, of the shape it wraps."""
+
+    def __init__(self, shape: object) -> None:
+        self.shape = shape
+
+
+_SELECTORS = [{"cel": {"expression": Required(str)}}]
+_SUBREQUEST = {
+    "deviceClassName": str,
+    "allocationMode": str,
+    "count": int,
+    "adminAccess": bool,
+    "selectors": _SELECTORS,
+}
+_DEVICES = {
+    "requests": [
+        {
+            "name": Required(str),
+            "exactly": _SUBREQUEST,
+            "firstAvailable": [{**_SUBREQUEST, "name": Required(str)}],
+        }
+    ],
+    "constraints": [{"requests": [str], "matchAttribute": str}],
+}
+_METADATA = {"name": str, "namespace": str, "uid": str}
+#: The fields of each kind that the report reads, with their types; the others are not looked at.
+SHAPES: dict[str, object] = {
+    "ResourceClaim": {"metadata": _METADATA, "spec": {"devices": _DEVICES}},
+    "ResourceClaimTemplate": {"metadata": _METADATA, "spec": {"spec": {"devices": _DEVICES}}},
+    "DeviceClass": {"metadata": Required({"name": Required(str)}), "spec": {"selectors": _SELECTORS}},
+}
+_NAMES: dict[type, str] = {
+    str: "a string",
+    int: "an integer",
+    bool: "true or false",
+    dict: "a mapping",
+    list: "a list",
+}
+
+
+def check_shape(obj: object, kind: str) -> None:
+    """ExplainError naming the first field the report reads whose type is wrong (or that is missing).
+
+    Objects from files are checked before the report reads them, so a wrong type is a message
+    with the field's path (``spec.devices.requests[0].exactly.count: expected an integer, got
+    a string``) and never a crash inside the report.
+    """
+    pending: list[tuple[object, object, str]] = [(obj, SHAPES[kind], "")]
+    while pending:
+        value, shape, path = pending.pop()
+        if isinstance(shape, Required):
+            if value is None:
+                raise ExplainError(f"{path}: required")
+            shape = shape.shape
+        if value is None:
+            continue
+        expected = dict if isinstance(shape, dict) else list if isinstance(shape, list) else shape
+        assert isinstance(expected, type)
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            got = _NAMES.get(type(value), type(value).__name__)
+            raise ExplainError(f"{path or kind}: expected {_NAMES[expected]}, got {got}")
+        # Pushed in reverse, so that the first wrong field in the file's order is the one reported.
+        if isinstance(shape, dict) and isinstance(value, dict):
+            fields = [(value.get(k), v, f"{path}.{k}" if path else k) for k, v in shape.items()]
+            pending.extend(reversed(fields))
+        elif isinstance(shape, list) and isinstance(value, list):
+            pending.extend(reversed([(item, shape[0], f"{path}[{i}]") for i, item in enumerate(value)]))
+
+
 def _newest(slices: Iterable[Obj]) -> list[Obj]:
     """The slices of the newest generation of each pool (consumers read no other)."""
     slices = list(slices)

@@ -29,7 +29,17 @@ from dra.core.slices import SliceError, build_slices
 from dra.core.versions import ApiFeatures
 from dra.daemon import logs
 from dra.daemon.bootstrap import DaemonSettings, StartupError, default_state_dir, gpu_library, load_inventory
-from dra.daemon.flags import UsageError, apply_environment, boolean, csv, nonempty, option, path, seconds
+from dra.daemon.flags import (
+    UsageError,
+    apply_environment,
+    boolean,
+    csv,
+    dns_subdomain,
+    nonempty,
+    option,
+    path,
+    seconds,
+)
 from dra.daemon.health import APPLICATION_XIDS, parse_xids
 from dra.deviceplugin import config as dpconfig
 from dra.deviceplugin.allocate import Strategy, parse_strategies
@@ -65,7 +75,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _gpu_source(parser: argparse.ArgumentParser) -> None:
-    option(parser, "--driver-name", "DRA driver name (and attribute domain)", DEFAULT_DRIVER)
+    option(parser, "--driver-name", "DRA driver name (and attribute domain)", DEFAULT_DRIVER, dns_subdomain)
     option(
         parser,
         "--fake-gpus",
@@ -458,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=nonempty,
         required=True,
     )
-    option(clear, "--driver-name", "DRA driver name", DEFAULT_DRIVER)
+    option(clear, "--driver-name", "DRA driver name", DEFAULT_DRIVER, dns_subdomain)
     option(clear, "--kubelet-root", "the kubelet's root directory", Path("/var/lib/kubelet"), type=path)
     option(clear, "--state-dir", "the kubelet-plugin's --state-dir", type=path)
 
@@ -521,7 +531,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the validating admission webhook for this driver's opaque configs (HTTPS POST /validate)",
     )
     _common(webhook)
-    option(webhook, "--driver-name", "the DRA driver whose configs to check", DEFAULT_DRIVER)
+    option(webhook, "--driver-name", "the DRA driver whose configs to check", DEFAULT_DRIVER, dns_subdomain)
     option(webhook, "--bind-address", "host:port of the HTTPS listener", ":8443", type=_host_port)
     option(
         webhook,

@@ -123,7 +123,10 @@ def application(driver: str, body_timeout: float = BODY_TIMEOUT_SECONDS) -> web.
             with anyio.fail_after(body_timeout):
                 data = await request.read()
         except TimeoutError:
-            return _bad_request(408, f"the body did not arrive within {body_timeout:g} s")
+            refusal = _bad_request(408, f"the body did not arrive within {body_timeout:g} s")
+            # The rest of the body may never come: keeping the connection would keep the client.
+            refusal.force_close()
+            return refusal
         except ConnectionError as err:
             # The client went away (or timed out on its side) mid-body: nobody reads an answer.
             log.info("client %s closed the connection before sending its body: %s", request.remote, err)

@@ -102,8 +102,12 @@ _Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 
 
 def _expanded_nodes(root: yaml.Node) -> int:
-    """How many nodes the document holds with every alias expanded, counted without expanding them."""
+    """How many nodes the document holds with every alias expanded, counted without expanding them.
+
+    An alias inside its own anchor (`a: &a [*a]`) expands forever: counted as too many.
+    """
     sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
     # Children before parents, iteratively: the composer already bounded the depth, not the width.
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
@@ -116,10 +120,14 @@ def _expanded_nodes(root: yaml.Node) -> int:
         elif isinstance(node, yaml.MappingNode):
             children = [n for pair in node.value for n in pair]
         if ready:
+            open_nodes.discard(id(node))
             sizes[id(node)] = min(MAX_NODES + 1, 1 + sum(sizes[id(c)] for c in children))
-        else:
-            stack.append((node, True))
-            stack.extend((c, False) for c in children if id(c) not in sizes)
+            continue
+        if any(id(c) in open_nodes for c in children):
+            return MAX_NODES + 1
+        open_nodes.add(id(node))
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in sizes)
     return sizes[id(root)]
 
 
@@ -137,8 +145,12 @@ def load_yaml_all(data: bytes | str, source: str) -> list[object]:
     text = _text(data, source)
     if len(text) > MAX_FILE_BYTES:
         raise DocumentError(f"{source}: larger than {MAX_FILE_BYTES} bytes")
-    loader = _Loader(text)
     documents: list[object] = []
+    try:
+        # The reader checks the characters as it is made: a control character fails here.
+        loader = _Loader(text)
+    except yaml.YAMLError as err:
+        raise _yaml_error(err, source) from None
     try:
         while loader.check_node():
             node = loader.get_node()

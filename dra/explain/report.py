@@ -207,7 +207,9 @@ def check_shape(obj: object, kind: str) -> None:
             fields = [(value.get(k), v, f"{path}.{k}" if path else k) for k, v in shape.items()]
             pending.extend(reversed(fields))
         elif isinstance(shape, list) and isinstance(value, list):
-            pending.extend(reversed([(item, shape[0], f"{path}[{i}]") for i, item in enumerate(value)]))
+            # A list's items are never optional: a null among them is as wrong as a number.
+            items = [(item, Required(shape[0]), f"{path}[{i}]") for i, item in enumerate(value)]
+            pending.extend(reversed(items))
 
 
 def _newest(slices: Iterable[Obj]) -> list[Obj]:
@@ -473,13 +475,14 @@ def explain_claim(
     constraints: dict[str, list[str]] = {}
     all_requests = [r["name"] for r in device_spec.get("requests") or []]
     for constraint in device_spec.get("constraints") or []:
-        if "matchAttribute" in constraint:
+        # A null field is an absent one, as the API server reads it.
+        if constraint.get("matchAttribute") is not None:
             for request in constraint.get("requests") or all_requests:
                 constraints.setdefault(request, []).append(constraint["matchAttribute"])
     reports = []
     for request in device_spec.get("requests") or []:
         name = request["name"]
-        if "firstAvailable" in request:
+        if request.get("firstAvailable") is not None:
             for sub in request["firstAvailable"]:
                 reports.append(
                     _evaluate(
@@ -505,7 +508,7 @@ def explain_claim(
                 )
             )
     notes: tuple[str, ...] = ()
-    if any("firstAvailable" in r for r in device_spec.get("requests") or []):
+    if any(r.get("firstAvailable") is not None for r in device_spec.get("requests") or []):
         notes = ("a prioritized list takes the first subrequest that can be allocated",)
     return ClaimReport(f"{meta.get('namespace') or '-'}/{meta.get('name')}", tuple(reports), notes)
 

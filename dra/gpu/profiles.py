@@ -181,6 +181,11 @@ def _int(value: object, where: str, minimum: int = 0, maximum: int = 2**31 - 1) 
     return value
 
 
+def _keys(unknown: set[Any]) -> str:
+    """Unknown keys for a message: YAML keys need not be strings (`null:`, `1:`), nor short."""
+    return "[" + ", ".join(sorted(quote(str(k)) for k in unknown)) + "]"
+
+
 def _digits(text: str) -> bool:
     """Decimal digits that int() takes: str.isdigit() also passes superscripts and other scripts' digits."""
     return text.isascii() and text.isdigit() and len(text) <= 9
@@ -257,9 +262,7 @@ def parse_profile(data: object, name: str) -> Profile:
         raise ProfileError(f"profile {name}: expected a mapping with a `gpus` list")
     unknown = set(data) - _PROFILE_KEYS
     if unknown:
-        raise ProfileError(
-            f"profile {name}: unknown keys {sorted(unknown)}; allowed: {sorted(_PROFILE_KEYS)}"
-        )
+        raise ProfileError(f"profile {name}: unknown keys {_keys(unknown)}; allowed: {sorted(_PROFILE_KEYS)}")
     entries = data.get("gpus")
     if not isinstance(entries, list) or not entries:
         raise ProfileError(f"profile {name}: `gpus` must be a non-empty list")
@@ -270,7 +273,7 @@ def parse_profile(data: object, name: str) -> Profile:
             raise ProfileError(f"{where}: expected a mapping")
         unknown = set(entry) - _GPU_KEYS
         if unknown:
-            raise ProfileError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_GPU_KEYS)}")
+            raise ProfileError(f"{where}: unknown keys {_keys(unknown)}; allowed: {sorted(_GPU_KEYS)}")
         model = _model(entry, where)
         mig = _mig(entry, model, where)
         numa = _int(entry["numaNode"], f"{where}.numaNode") if "numaNode" in entry else None
@@ -303,7 +306,7 @@ def _select_for_node(data: dict[str, Any], path: Path, node_name: str | None) ->
         choice = data.get("default")
         where = f"{path}: default"
     if choice is None:
-        listed = ", ".join(sorted(nodes)) or "none"
+        listed = ", ".join(sorted(map(str, nodes))) or "none"
         raise ProfileError(
             f"{path}: no profile for node {quote(node_name)} (listed: {listed}) and no `default`"
         )

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from dra.api.fields import quote
 from dra.cel import CelSyntaxError, Program, Quantity, QuantityError, compile_expression, explain_program
 from dra.core.slices import DEPRECATED_ATTRIBUTES, DEPRECATED_ATTRIBUTES_REMOVED_IN
 
@@ -355,12 +356,11 @@ def _evaluate(
     mode = str(spec.get("allocationMode", "ExactCount"))
     raw_count = spec.get("count", 1)
     if isinstance(raw_count, bool) or not isinstance(raw_count, int) or raw_count < 1:
-        raise ExplainError(f"request {name!r}: count must be a positive integer, got {raw_count!r}")
+        raise ExplainError(f"request {quote(name)}: count must be a positive integer, got {quote(raw_count)}")
     count = raw_count
     if device_class is None:
-        return RequestReport(
-            name, class_name, mode, count, (), constraints, (f"DeviceClass {class_name!r} does not exist",)
-        )
+        missing = f"DeviceClass {quote(class_name)} does not exist"
+        return RequestReport(name, class_name, mode, count, (), constraints, (missing,))
     selectors = _selectors(f"class {class_name}", device_class.get("spec", {}).get("selectors"))
     selectors += _selectors("request", spec.get("selectors"))
     programs = []
@@ -368,7 +368,7 @@ def _evaluate(
         try:
             programs.append((source, expression, compile_expression(expression)))
         except CelSyntaxError as err:
-            raise ExplainError(f"{source} of request {name!r} does not compile: {err}") from None
+            raise ExplainError(f"{source} of request {quote(name)} does not compile: {err}") from None
     verdicts = []
     for driver, pool, device in devices:
         results = []

@@ -23,7 +23,7 @@ CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 def _documents(path: Path) -> list[Obj]:
     """The claims and classes of a manifest file, each checked for the types the report reads."""
     try:
-        loaded = documents.load_yaml_all(documents.read_file(path, str(path)), str(path))
+        loaded = documents.load_yaml_all(documents.read_file(path, "manifest"), str(path))
     except documents.DocumentError as err:
         raise StartupError(str(err)) from None
     found = []

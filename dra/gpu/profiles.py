@@ -329,7 +329,7 @@ def load_profile(spec: str, node_name: str | None = None) -> Profile:
             f"fake GPU profile {quote(spec)} is neither a built-in ({', '.join(BUILTIN_PROFILES)}) nor a file"
         )
     try:
-        data = documents.load_yaml(documents.read_file(path, str(path)), str(path))
+        data = documents.load_yaml(documents.read_file(path, "fake GPU profile"), str(path))
     except documents.DocumentError as err:
         raise ProfileError(str(err)) from None
     if isinstance(data, dict) and "nodes" in data:

@@ -67,9 +67,16 @@ def refusal(call: str, setup: str, error: str) -> str:
     return output
 
 
+#: The modules the commands import when they run: imported before the limits, which are the decoding's.
+COMMANDS = (
+    "from dra import cli\n"
+    "import dra.deviceplugin.daemon, dra.deviceplugin.setup, dra.explain.command, dra.kubeletplugin.daemon"
+)
+
+
 def one_line_error(argv: list[str]) -> str:
     """The one error line `dra-gpu ARGV` exits with, non-zero, under the limits (after argparse's usage)."""
-    code, output = bounded(f"sys.exit(cli.main({argv!r}))")
+    code, output = bounded(f"sys.exit(cli.main({argv!r}))", COMMANDS)
     assert code != 0
     *usage, line = output.splitlines()
     assert all(u.startswith(("usage:", " ")) for u in usage), output

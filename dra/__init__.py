@@ -11,6 +11,9 @@ enforce them, whole packages at a time. From the bottom up:
 ``api``
     The configuration API: typed, versioned opaque parameters, strict decoding,
     validation against devices, JSON Schemas. Pure; imports only model.
+``documents``
+    Bounded YAML and JSON reading (size, depth, alias expansion, integer length) for
+    every decoder of outside input. Imports only api (its quoting of values in messages).
 ``core``, ``cel`` and ``gpu``
     ``core``: the driver's decisions, pure (data in, data out: no I/O, threads or
     clocks); ``cel``: the CEL evaluator, pure; ``gpu``: the ``GpuLibrary``

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from dra.adapters.atomicfile import write_atomic
-from dra.adapters.filelock import LockTimeoutError, exclusive, try_lock
+from dra.adapters.filelock import LockTimeoutError, exclusive, open_lock, try_lock
 from dra.core.assignment import GpuPath, conflict, parse_recorded, recorded
 from dra.model.devices import Gpu
 
@@ -116,7 +116,7 @@ class AssignmentRecord:
                     raise AssignmentConflictError(message)
             elif entry is not None:
                 log.info("%s's entry in %s is stale (no process holds its lock)", other.title, self.path)
-            holder = open(self._holder_path(path), "ab")  # noqa: SIM115 (held for the process lifetime)
+            holder = open_lock(self._holder_path(path))  # held for the process lifetime
             deadline = time.monotonic() + wait
             while not try_lock(holder, shared=shared):
                 if time.monotonic() > deadline:

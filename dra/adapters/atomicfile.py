@@ -45,12 +45,27 @@ def is_tmpfs(directory: Path) -> bool:
     return bool(buf.f_type == TMPFS_MAGIC)
 
 
+def ensure_dir(path: Path, mode: int = 0o755) -> None:
+    """`path` and its missing parents, made with `mode` whatever the umask; existing ones are left alone."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, mode)
+        except FileExistsError:
+            continue
+        # mkdir's mode passes through the umask (umask 000 would leave 0777 where 0755 was meant).
+        os.chmod(directory, mode)
+
+
 def write_atomic(path: Path, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
     """Replace `path` with `data` in one step; readers see the old or the new file, never a mix.
 
     Durable: the new file and its name are on disk when it returns.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    ensure_dir(path.parent)
     # A dot prefix and .tmp suffix keep half-written files out of CDI's *.json/*.yaml scan.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dra.adapters.atomicfile import is_tmpfs, remove_durably, remove_leftovers, write_atomic
+from dra.adapters.atomicfile import ensure_dir, is_tmpfs, remove_durably, remove_leftovers, write_atomic
 from dra.core import cdi
 
 #: The longest file name Linux file systems take, in bytes.
@@ -66,7 +66,7 @@ class CdiStore:
         except FileNotFoundError:
             pass
         if self._durable is None:
-            self.root.mkdir(parents=True, exist_ok=True)
+            ensure_dir(self.root)
             self._durable = not is_tmpfs(self.root)
         write_atomic(path, data, durable=self._durable)
         return path

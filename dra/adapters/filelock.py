@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
+
+from dra.adapters.atomicfile import ensure_dir
 
 #: Seconds between tries while someone else holds a lock.
 POLL = 0.01
@@ -25,6 +28,17 @@ class LockTimeoutError(Exception):
     def __init__(self, path: Path, timeout: float) -> None:
         super().__init__(f"{path} stayed locked by another process for {timeout:g}s")
         self.path = path
+
+
+def open_lock(path: Path) -> IO[bytes]:
+    """The lock file at `path`, created (with its directory) readable and writable by its owner only.
+
+    Explicit modes: created through open(), the file would take whatever the umask leaves.
+    """
+    ensure_dir(path.parent)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "ab")
 
 
 def try_lock(f: IO[bytes], shared: bool = False) -> bool:
@@ -39,8 +53,7 @@ def try_lock(f: IO[bytes], shared: bool = False) -> bool:
 @contextlib.contextmanager
 def exclusive(path: Path, timeout: float) -> Iterator[None]:
     """Hold an exclusive lock on `path` (created if missing); LockTimeoutError after `timeout` seconds."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "ab") as f:
+    with open_lock(path) as f:
         deadline = time.monotonic() + timeout
         while not try_lock(f):
             if time.monotonic() > deadline:

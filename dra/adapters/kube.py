@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 
 from dra.adapters import kubeconfig as credentials
+from dra.documents import bounded_int
 
 log = logging.getLogger(__name__)
 
@@ -193,10 +194,11 @@ class KubeClient:
                 data = await response.read()
                 if response.status >= 400:
                     raise _status_error(what, response.status, data)
-                return json.loads(data or b"{}")
+                # Integers too long for int() become infinities that the field's decoder refuses.
+                return json.loads(data or b"{}", parse_int=bounded_int)
         except (TimeoutError, aiohttp.ClientError, OSError) as err:
             raise UnreachableError(f"API server {self.host} unreachable ({what}): {_describe(err)}") from None
-        except ValueError as err:
+        except (ValueError, RecursionError) as err:
             raise KubeError(f"{what}: the API server's answer is not JSON ({err})") from None
 
     # -- reads ---------------------------------------------------------------

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+from dra import documents
 
 #: Where the kubelet mounts a pod's service-account token and the cluster's CA.
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -121,8 +121,8 @@ def _data(section: Mapping[str, Any], key: str, base: Path) -> bytes | None:
 def from_kubeconfig(path: str) -> Credentials:
     """The current context's cluster and user; UnsupportedConfigError for other ways to authenticate."""
     try:
-        document = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as err:
+        document = documents.load_yaml(documents.read_file(Path(path), "kubeconfig"), f"kubeconfig {path}")
+    except documents.DocumentError as err:
         raise ConfigError(str(err)) from None
     if not isinstance(document, dict) or not document.get("current-context"):
         raise ConfigError(f"kubeconfig {path} names no current-context")

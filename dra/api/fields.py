@@ -61,9 +61,38 @@ def json_name(name: str) -> str:
     return first + "".join(word.capitalize() for word in rest)
 
 
+#: How much of a value a message quotes: enough to recognise it, never a whole hostile input.
+QUOTE_CHARS = 60
+
+
+def quote(value: object) -> str:
+    """repr(value), cut to QUOTE_CHARS characters: for messages that quote what the user wrote."""
+    return _cut(repr(value))
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= QUOTE_CHARS else text[: QUOTE_CHARS - 3] + "..."
+
+
 def show(value: object) -> str:
-    """A JSON value as the user wrote it, for messages."""
-    return json.dumps(value) if isinstance(value, str | int | float | bool) or value is None else kind(value)
+    """A JSON value as the user wrote it (cut to QUOTE_CHARS), for messages."""
+    if isinstance(value, str | int | float | bool) or value is None:
+        return _cut(json.dumps(value))
+    return kind(value)
+
+
+def nesting_depth(value: object, limit: int) -> int:
+    """How deep decoded JSON nests (a scalar is 1), counted without recursion up to limit + 1."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack and deepest <= limit:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, Mapping):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return deepest
 
 
 def kind(value: object) -> str:
@@ -152,7 +181,7 @@ def _quantity(raw: object, path: tuple[str, ...]) -> Quantity:
         raise FieldError(path, f'expected a quantity (such as "4Gi"), got {kind(raw)}')
     try:
         quantity = Quantity.parse(str(raw))
-    except QuantityError as err:
+    except (QuantityError, ValueError, OverflowError) as err:
         raise FieldError(path, f"{show(raw)} is not a quantity: {err}") from None
     if quantity.sign() <= 0:
         raise FieldError(path, f"{show(raw)} must be positive")

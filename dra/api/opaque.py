@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra.api import v1beta1
-from dra.api.fields import FieldError
+from dra.api.fields import FieldError, nesting_depth
 
 #: Kubernetes' limit on opaque parameters (resource.k8s.io OpaqueParametersMaxLength), in bytes.
 MAX_PARAMETERS_BYTES = 10 * 1024
+#: The API's types nest a few levels; deeper parameters are refused before anything walks them.
+MAX_PARAMETERS_DEPTH = 32
 
 DeviceConfig = v1beta1.DeviceConfig
 
@@ -34,6 +36,8 @@ VERSIONS = {v1beta1.API_VERSION: Version(v1beta1.KINDS, v1beta1.decode_config)}
 
 def decode(parameters: Mapping[str, Any]) -> DeviceConfig:
     """The normalized config of one opaque parameters object; FieldError naming the bad field."""
+    if nesting_depth(parameters, MAX_PARAMETERS_DEPTH) > MAX_PARAMETERS_DEPTH:
+        raise FieldError((), f"nested deeper than {MAX_PARAMETERS_DEPTH} levels")
     size = len(json.dumps(parameters, separators=(",", ":"), ensure_ascii=False).encode())
     if size > MAX_PARAMETERS_BYTES:
         raise FieldError((), f"{size} bytes of JSON, more than the {MAX_PARAMETERS_BYTES} bytes allowed")

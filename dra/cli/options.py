@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from dra.core.assignment import parse_selector
-from dra.daemon.flags import boolean, nonempty, option, path, seconds
+from dra.daemon.flags import boolean, dns_subdomain, nonempty, option, path, seconds
 from dra.daemon.health import APPLICATION_XIDS, parse_xids
 from dra.model import migoffer
 from dra.model.migmode import parse_mig_modes
@@ -42,7 +42,7 @@ def logging_flags(parser: argparse.ArgumentParser) -> None:
 
 def gpu_source_flags(parser: argparse.ArgumentParser) -> None:
     """Where the GPUs come from (NVML or a fake profile, host and driver roots) and how MIG is published."""
-    option(parser, "--driver-name", "DRA driver name (and attribute domain)", DEFAULT_DRIVER)
+    option(parser, "--driver-name", "DRA driver name (and attribute domain)", DEFAULT_DRIVER, dns_subdomain)
     option(
         parser,
         "--fake-gpus",

@@ -18,7 +18,7 @@ from dra.cli.options import DEFAULT_DRIVER
 from dra.core import taints, versions
 from dra.core.assignment import parse_selector
 from dra.core.labels import parse_template
-from dra.daemon.flags import apply_environment, boolean, csv, nonempty, option, path, seconds
+from dra.daemon.flags import apply_environment, boolean, csv, dns_subdomain, nonempty, option, path, seconds
 from dra.deviceplugin import config as dpconfig
 from dra.deviceplugin.allocate import parse_strategies
 from dra.deviceplugin.resources import DEFAULT_RESOURCE
@@ -216,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=nonempty,
         required=True,
     )
-    option(clear, "--driver-name", "DRA driver name", DEFAULT_DRIVER)
+    option(clear, "--driver-name", "DRA driver name", DEFAULT_DRIVER, dns_subdomain)
     option(clear, "--kubelet-root", "the kubelet's root directory", Path("/var/lib/kubelet"), type=path)
     option(clear, "--state-dir", "the kubelet-plugin's --state-dir", type=path)
 
@@ -279,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the validating admission webhook for this driver's opaque configs (HTTPS POST /validate)",
     )
     options.logging_flags(webhook)
-    option(webhook, "--driver-name", "the DRA driver whose configs to check", DEFAULT_DRIVER)
+    option(webhook, "--driver-name", "the DRA driver whose configs to check", DEFAULT_DRIVER, dns_subdomain)
     option(webhook, "--bind-address", "host:port of the HTTPS listener", ":8443", type=_host_port)
     option(
         webhook,

@@ -64,7 +64,8 @@ _MIG_SUFFIXES = (
     "engines.jpeg",
     "engines.ofa",
 )
-_MIG_KEY = re.compile(
+#: The keys of each MIG profile's labels (the chart's node policy allows exactly these and STATIC_KEYS).
+MIG_KEY = re.compile(
     "^"
     + re.escape(PREFIX)
     + r"mig-[A-Za-z0-9][-A-Za-z0-9_.]*\.("
@@ -144,7 +145,7 @@ def check_key(key: str) -> str:
 
 def owned(key: str, admin_keys: Collection[str] = ()) -> bool:
     """Whether the labeller writes label `key` (and so may remove it): GFD's keys and the admin scheme's."""
-    return key in STATIC_KEYS or bool(_MIG_KEY.match(key)) or key in admin_keys
+    return key in STATIC_KEYS or bool(MIG_KEY.match(key)) or key in admin_keys
 
 
 def main_model(gpus: Iterable[Gpu]) -> Gpu | None:

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from dra.api.fields import quote
+
 VERSION = "v1"
 #: The node label that names the layout, as NVIDIA's MIG manager reads it.
 LAYOUT_LABEL = "nvidia.com/mig.config"
@@ -29,6 +31,10 @@ _TOP_KEYS = ("version", "mig-configs")
 _ENTRY_KEYS = ("devices", "device-filter", "mig-enabled", "mig-devices")
 _PROFILE = re.compile(r"^(?:(\d+)c\.)?\d+g\.\d+gb(?:\+[a-z]+)*$")
 _DEVICE_ID = re.compile(r"^0[xX][0-9a-fA-F]{1,8}$")
+#: Far more than a node has GPUs or models: bounds the work a file can ask for.
+MAX_ENTRIES = 1024
+MAX_GPU_INDEX = 1023
+MAX_DEVICE_FILTERS = 64
 
 
 class MigConfigError(ValueError):
@@ -56,18 +62,6 @@ class LayoutEntry:
             not self.device_filter or device_id in self.device_filter
         )
 
-    def overlaps(self, other: LayoutEntry) -> bool:
-        """Whether some GPU could be selected by both entries."""
-        indexes = (
-            self.devices is None or other.devices is None or bool(set(self.devices) & set(other.devices))
-        )
-        ids = (
-            not self.device_filter
-            or not other.device_filter
-            or bool(set(self.device_filter) & set(other.device_filter))
-        )
-        return indexes and ids
-
 
 @dataclass(frozen=True)
 class MigConfigs:
@@ -82,7 +76,7 @@ class MigConfigs:
         if found is None:
             known = ", ".join(sorted(self.layouts))
             raise MigConfigError(
-                f"{self.source}: no MIG layout named {name!r} under mig-configs; it has {known}"
+                f"{self.source}: no MIG layout named {quote(name)} under mig-configs; it has {known}"
             )
         return found
 
@@ -93,7 +87,7 @@ def parse_mig_configs(data: object, source: str) -> MigConfigs:
         raise MigConfigError(f"{source}: expected a mapping with `version: v1` and `mig-configs`")
     _no_unknown(data, _TOP_KEYS, source)
     if data.get("version") != VERSION:
-        raise MigConfigError(f"{source}: version: expected {VERSION!r}, got {data.get('version')!r}")
+        raise MigConfigError(f"{source}: version: expected {VERSION!r}, got {quote(data.get('version'))}")
     configs = data.get("mig-configs")
     if not isinstance(configs, dict) or not configs:
         raise MigConfigError(
@@ -102,18 +96,60 @@ def parse_mig_configs(data: object, source: str) -> MigConfigs:
     layouts: dict[str, tuple[LayoutEntry, ...]] = {}
     for name, entries in configs.items():
         where = f"{source}: mig-configs.{name}"
-        if not isinstance(entries, list) or not entries:
-            raise MigConfigError(f"{where}: expected a list of at least one entry")
+        if not isinstance(entries, list) or not 1 <= len(entries) <= MAX_ENTRIES:
+            raise MigConfigError(f"{where}: expected a list of 1 to {MAX_ENTRIES} entries")
         parsed = tuple(_entry(entry, f"{where}[{i}]") for i, entry in enumerate(entries))
-        for i, first in enumerate(parsed):
-            for second in parsed[i + 1 :]:
-                if first.overlaps(second):
-                    raise MigConfigError(
-                        f"{second.where}: selects GPUs that {first.where} selects too; "
-                        "give each GPU one entry (disjoint devices or device-filter)"
-                    )
+        overlap = _first_overlap(parsed)
+        if overlap is not None:
+            first, second = overlap
+            raise MigConfigError(
+                f"{second.where}: selects GPUs that {first.where} selects too; "
+                "give each GPU one entry (disjoint devices or device-filter)"
+            )
         layouts[str(name)] = parsed
     return MigConfigs(source, layouts)
+
+
+def _first_overlap(entries: Sequence[LayoutEntry]) -> tuple[LayoutEntry, LayoutEntry] | None:
+    """Two entries (in file order) that could select the same GPU, if any.
+
+    Linear in the (GPU index, device ID) pairs the entries name, not in pairs of entries:
+    entries for every index (`devices: all`) are met by each index through one lookup.
+    """
+    order = {id(e): i for i, e in enumerate(entries)}
+
+    def pair(a: LayoutEntry, b: LayoutEntry) -> tuple[LayoutEntry, LayoutEntry]:
+        return (a, b) if order[id(a)] < order[id(b)] else (b, a)
+
+    def meet(
+        group: Sequence[LayoutEntry], seen: dict[int | None, LayoutEntry]
+    ) -> tuple[LayoutEntry, LayoutEntry] | None:
+        # `seen`: device ID (None: any) -> an entry already selecting it at this index.
+        for entry in group:
+            if entry.device_filter:
+                other = seen.get(None) or next((seen[i] for i in entry.device_filter if i in seen), None)
+            else:
+                other = next(iter(seen.values()), None)
+            if other is not None:
+                return pair(other, entry)
+            for device_id in entry.device_filter or (None,):
+                seen[device_id] = entry
+        return None
+
+    everywhere = [e for e in entries if e.devices is None]
+    all_seen: dict[int | None, LayoutEntry] = {}
+    found = meet(everywhere, all_seen)
+    if found is not None:
+        return found
+    by_index: dict[int, list[LayoutEntry]] = {}
+    for entry in entries:
+        for index in entry.devices or ():
+            by_index.setdefault(index, []).append(entry)
+    for group in by_index.values():
+        found = meet(group, dict(all_seen))
+        if found is not None:
+            return found
+    return None
 
 
 def _no_unknown(data: Mapping[object, object], allowed: Sequence[str], where: str) -> None:
@@ -131,7 +167,7 @@ def _entry(data: object, where: str) -> LayoutEntry:
             raise MigConfigError(f"{where}: missing required key {required}")
     enabled = data["mig-enabled"]
     if not isinstance(enabled, bool):
-        raise MigConfigError(f"{where}.mig-enabled: expected true or false, got {enabled!r}")
+        raise MigConfigError(f"{where}.mig-enabled: expected true or false, got {quote(enabled)}")
     if enabled and "mig-devices" not in data:
         raise MigConfigError(f"{where}: mig-devices is required when mig-enabled is true ({{}} for none)")
     mig_devices = _mig_devices(data.get("mig-devices") or {}, f"{where}.mig-devices")
@@ -152,11 +188,14 @@ def _devices(value: object, where: str) -> tuple[int, ...] | None:
     if (
         not isinstance(value, list)
         or not value
-        or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
+        or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= MAX_GPU_INDEX for i in value)
     ):
-        raise MigConfigError(f"{where}: expected `all` or a non-empty list of GPU indexes, got {value!r}")
+        raise MigConfigError(
+            f"{where}: expected `all` or a non-empty list of GPU indexes 0-{MAX_GPU_INDEX}, "
+            f"got {quote(value)}"
+        )
     if len(set(value)) != len(value):
-        raise MigConfigError(f"{where}: GPU indexes listed twice in {value!r}")
+        raise MigConfigError(f"{where}: GPU indexes listed twice in {quote(value)}")
     return tuple(value)
 
 
@@ -164,13 +203,15 @@ def _device_filter(value: object, where: str) -> tuple[int, ...]:
     if value is None:
         return ()
     items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list) or not items:
-        raise MigConfigError(f"{where}: expected a PCI device ID such as 0x233010DE, or a list of them")
+    if not isinstance(items, list) or not 1 <= len(items) <= MAX_DEVICE_FILTERS:
+        raise MigConfigError(
+            f"{where}: expected a PCI device ID such as 0x233010DE, or a list of 1 to {MAX_DEVICE_FILTERS}"
+        )
     ids = []
     for item in items:
         if not isinstance(item, str) or not _DEVICE_ID.match(item):
             raise MigConfigError(
-                f"{where}: {item!r} is not a PCI device ID; write it as mig-parted does, "
+                f"{where}: {quote(item)} is not a PCI device ID; write it as mig-parted does, "
                 "device and vendor in hex, e.g. 0x233010DE"
             )
         ids.append(int(item, 16))
@@ -185,14 +226,16 @@ def _mig_devices(value: object, where: str) -> tuple[tuple[str, int], ...]:
         name = str(profile)
         match = _PROFILE.match(name)
         if match is None:
-            raise MigConfigError(f"{where}: {name!r} is not a MIG profile name such as 1g.10gb or 1g.10gb+me")
+            raise MigConfigError(
+                f"{where}: {quote(name)} is not a MIG profile name such as 1g.10gb or 1g.10gb+me"
+            )
         if match.group(1) is not None:
             raise MigConfigError(
-                f"{where}: {name!r} is a compute-instance profile; this driver makes one compute "
+                f"{where}: {quote(name)} is a compute-instance profile; this driver makes one compute "
                 "instance spanning each GPU instance, so name the GPU-instance profile only"
             )
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise MigConfigError(f"{where}.{name}: expected a count >= 0, got {count!r}")
+            raise MigConfigError(f"{where}.{name}: expected a count >= 0, got {quote(count)}")
         if count:
             found.append((name, count))
     return tuple(found)

@@ -9,7 +9,9 @@ bad value is a one-line UsageError naming the variable.
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,12 +67,39 @@ def boolean(text: str) -> bool:
     raise ValueError(f"expected true or false, not {text!r}")
 
 
+#: A year: longer waits are mistakes, and sleeping that long overflows some clocks.
+MAX_SECONDS = 365 * 24 * 3600.0
+
+
 def seconds(text: str) -> float:
-    """A non-negative number of seconds."""
+    """A finite, non-negative number of seconds, at most MAX_SECONDS (0 disables where a flag says so)."""
     value = float(text)
+    if not math.isfinite(value):
+        # ArgumentTypeError: argparse prints its message (for a ValueError, only "invalid value").
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds")
     if value < 0:
         raise ValueError("must not be negative")
+    if value > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_SECONDS:g} seconds (a year)")
     return value
+
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def dns_subdomain(text: str) -> str:
+    """A DNS subdomain (RFC 1123, as Kubernetes names DRA drivers): checked before it names any file.
+
+    The driver name becomes part of paths (the plugin directory, socket names), so ``..`` or a
+    slash in it would put files elsewhere.
+    """
+    if len(text) > 253 or not all(_DNS_LABEL.match(label) for label in text.split(".")):
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        raise argparse.ArgumentTypeError(
+            f"{shown!r} is not a DNS subdomain: lowercase letters, digits, '-' and '.', "
+            "at most 253 characters, each dot-separated part 1-63 characters"
+        )
+    return text
 
 
 def option(

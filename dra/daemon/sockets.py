@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +37,15 @@ def instance_tag(instance_id: str, *sockets: Callable[[str], Path]) -> str:
         return instance_id
     digest = hashlib.sha256(instance_id.encode()).digest()
     return base64.urlsafe_b64encode(digest).decode()[:16]
+
+
+def owner_only(path: Path) -> None:
+    """Make a bound socket connectable by its owner only (the kubelet is root), whatever the umask.
+
+    Called after the bind and before the server accepts: bind(2) gives the socket file the
+    umask's mode, and under umask 000 any local user could connect.
+    """
+    os.chmod(path, 0o600)
 
 
 def is_abandoned(path: Path) -> bool:

@@ -18,14 +18,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
+from dra import documents
+from dra.api.fields import quote
 from dra.deviceplugin.allocate import Strategy, parse_strategies
 
 VERSION = "v1"
 #: The domain NVIDIA's plugin puts before a resource name written without one (`gpu.shared`).
 NVIDIA_DOMAIN = "nvidia.com"
 SHARED_SUFFIX = ".shared"
+#: Each replica is a device ID per GPU that the kubelet lists and checkpoints: 8 GPUs x 1000 is 8000.
+MAX_REPLICAS = 1000
 
 
 class ConfigError(ValueError):
@@ -161,7 +163,7 @@ class _Reader:
 
 
 def _kind(value: object) -> str:
-    return "a list" if isinstance(value, list) else "a mapping" if isinstance(value, dict) else repr(value)
+    return "a list" if isinstance(value, list) else "a mapping" if isinstance(value, dict) else quote(value)
 
 
 _FLAGS = {
@@ -204,19 +206,15 @@ _IGNORED: dict[str, str] = {
 _LIST_STRATEGIES = {"envvar": "envvar", "cdi-cri": "cdi-cri", "cdi-annotations": "cdi-annotations"}
 
 
-def load_document(text: str, source: str) -> object:
-    """The file's YAML or JSON (JSON is YAML) document; ConfigError with the line of a syntax error."""
+def load_document(text: str | bytes, source: str) -> object:
+    """The file's YAML or JSON (JSON is YAML) document, within dra.documents' limits; ConfigError if not."""
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        detail = " ".join(str(err).split())
-        if isinstance(err, yaml.MarkedYAMLError) and err.problem_mark is not None:
-            mark = err.problem_mark
-            detail = f"line {mark.line + 1}, column {mark.column + 1}: {err.problem}"
-        raise ConfigError(f"{source}: not valid YAML or JSON: {detail}") from None
+        return documents.load_yaml(text, source)
+    except documents.DocumentError as err:
+        raise ConfigError(str(err)) from None
 
 
-def parse_config(text: str, source: str) -> ConfigFile:
+def parse_config(text: str | bytes, source: str) -> ConfigFile:
     """Parse one config file's text (`source` names it in messages)."""
     return config_from(load_document(text, source), source)
 
@@ -226,7 +224,7 @@ def config_from(document: object, source: str) -> ConfigFile:
     top = _Reader(source, "", document, {"version", "flags", "resources", "sharing"})
     version = top.text("version")
     if version is not None and version != VERSION:
-        raise top.error(f"unsupported version {version!r}; dra-gpu reads version {VERSION}", "version")
+        raise top.error(f"unsupported version {quote(version)}; dra-gpu reads version {VERSION}", "version")
     if top.get("resources") is not None:
         raise top.error(
             "renaming resources by GPU model is not supported; --resource-name names the GPU resource "
@@ -247,7 +245,7 @@ def config_from(document: object, source: str) -> ConfigFile:
         discovery = flags.text("deviceDiscoveryStrategy")
         if discovery not in (None, "auto", "nvml"):
             raise flags.error(
-                f"{discovery!r} is not supported; dra-gpu discovers GPUs through NVML",
+                f"{quote(discovery)} is not supported; dra-gpu discovers GPUs through NVML",
                 "deviceDiscoveryStrategy",
             )
         flags.mapping("gfd", _GFD)
@@ -257,7 +255,8 @@ def config_from(document: object, source: str) -> ConfigFile:
             id_strategy = plugin.text("deviceIDStrategy")
             if id_strategy not in (None, "uuid"):
                 raise plugin.error(
-                    f"{id_strategy!r} is not supported: device IDs are UUIDs, which survive index changes",
+                    f"{quote(id_strategy)} is not supported: device IDs are UUIDs, "
+                    "which survive index changes",
                     "deviceIDStrategy",
                 )
         for name, why in _IGNORED.items():
@@ -283,7 +282,7 @@ def parse_mig_strategy(text: str) -> MigStrategy:
     try:
         return MigStrategy(text)
     except ValueError:
-        raise ValueError(f"MIG strategy {text!r}: expected none, single or mixed") from None
+        raise ValueError(f"MIG strategy {quote(text)}: expected none, single or mixed") from None
 
 
 def _mig_strategy(flags: _Reader) -> MigStrategy | None:
@@ -309,7 +308,7 @@ def _list_strategies(plugin: _Reader) -> frozenset[Strategy] | None:
     unsupported = [n for n in names if n not in _LIST_STRATEGIES]
     if unsupported:
         raise plugin.error(
-            f"{', '.join(map(repr, unsupported))} not supported; dra-gpu offers envvar, cdi-cri "
+            f"{', '.join(map(quote, unsupported))} not supported; dra-gpu offers envvar, cdi-cri "
             "and cdi-annotations",
             "deviceListStrategy",
         )
@@ -335,11 +334,13 @@ def _time_slicing(shared: _Reader) -> TimeSlicing:
             raise entry.error("required: the resource to share, such as nvidia.com/gpu", "name")
         replicas = entry.get("replicas")
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-            raise entry.error(f"must be a whole number of at least 1, got {replicas!r}", "replicas")
+            raise entry.error(f"must be a whole number of at least 1, got {quote(replicas)}", "replicas")
+        if replicas > MAX_REPLICAS:
+            raise entry.error(f"at most {MAX_REPLICAS}, got {replicas}", "replicas")
         devices = entry.get("devices")
         if devices not in (None, "all"):
             raise entry.error(
-                f"{devices!r} is not supported: every device of the resource is shared (devices: all)",
+                f"{quote(devices)} is not supported: every device of the resource is shared (devices: all)",
                 "devices",
             )
         rename = entry.text("rename")
@@ -370,7 +371,8 @@ def effective(config: ConfigFile | None, overrides: Overrides) -> Settings:
     for i, entry in enumerate(config.time_slicing.resources):
         if entry.name != overrides.resource_name and not entry.name.startswith(prefix):
             raise ConfigError(
-                f"{config.source}: sharing.timeSlicing.resources[{i}].name: unknown resource {entry.name!r}; "
+                f"{config.source}: sharing.timeSlicing.resources[{i}].name: "
+                f"unknown resource {quote(entry.name)}; "
                 f"this plugin serves {overrides.resource_name} and {prefix}<profile>"
             )
     return Settings(

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import anyio
 
+from dra import documents
 from dra.adapters.kube import KubeClient, KubeError, Obj
 from dra.daemon.nodewatch import follow_node, labels_of
 from dra.deviceplugin import config as dpconfig
@@ -51,9 +52,13 @@ class NamedConfigs:
         """One config's text; ConfigError naming it when it cannot be read."""
         path = self.directory / name
         try:
-            return path.read_text()
-        except (OSError, UnicodeDecodeError) as err:
-            raise dpconfig.ConfigError(f"config {name}: cannot read {path}: {err}") from None
+            return documents.read_file(path, f"config {name}").decode()
+        except documents.DocumentError as err:
+            raise dpconfig.ConfigError(str(err)) from None
+        except UnicodeDecodeError as err:
+            raise dpconfig.ConfigError(
+                f"config {name}: {path} is not UTF-8 text (byte {err.start})"
+            ) from None
 
     def read(self, name: str) -> tuple[str, dpconfig.Settings]:
         """The text and effective settings of one config; ConfigError naming it and the problem."""

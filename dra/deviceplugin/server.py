@@ -23,7 +23,7 @@ import anyio
 import grpc
 
 from dra.daemon import metrics
-from dra.daemon.sockets import check_socket_path
+from dra.daemon.sockets import check_socket_path, owner_only
 from dra.deviceplugin.allocate import Strategy
 from dra.deviceplugin.resources import Resource
 from dra.deviceplugin.service import OPTIONS, CallLog, DevicePluginService
@@ -92,6 +92,7 @@ class ResourceServer:
         server = grpc.aio.server()
         pb_grpc.add_DevicePluginServicer_to_server(self._service, server)
         server.add_insecure_port(f"unix://{self.socket}")  # raises RuntimeError when it cannot bind
+        owner_only(self.socket)
         await server.start()
         self._server = server
         self._serving = _identity(self.socket)

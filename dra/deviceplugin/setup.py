@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dra import documents
 from dra.core.labels import Sharing
 from dra.daemon.bootstrap import StartupError, gpu_library, load_inventory
 from dra.deviceplugin import config as dpconfig
@@ -23,12 +24,8 @@ def load_config(config_file: Path | None, overrides: dpconfig.Overrides) -> dpco
     if config_file is not None:
         source = str(config_file)
         try:
-            text = config_file.read_text()
-        except (OSError, UnicodeDecodeError) as err:
-            raise StartupError(f"--config-file: cannot read {source}: {err}") from None
-        try:
-            parsed = dpconfig.parse_config(text, source)
-        except dpconfig.ConfigError as err:
+            parsed = dpconfig.parse_config(documents.read_file(config_file, "--config-file"), source)
+        except (documents.DocumentError, dpconfig.ConfigError) as err:
             raise StartupError(str(err)) from None
     try:
         return dpconfig.effective(parsed, overrides)

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import yaml
 
+from dra import documents
 from dra.adapters.kube import KubeClient, KubeError, NotFoundError
 from dra.core.slices import build_slices
 from dra.core.versions import ApiFeatures
@@ -21,10 +21,21 @@ CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 
 
 def _documents(path: Path) -> list[Obj]:
+    """The claims and classes of a manifest file, each checked for the types the report reads."""
     try:
-        return [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
-    except (OSError, yaml.YAMLError) as err:
-        raise StartupError(f"cannot read {path}: {' '.join(str(err).split())}") from None
+        loaded = documents.load_yaml_all(documents.read_file(path, "manifest"), str(path))
+    except documents.DocumentError as err:
+        raise StartupError(str(err)) from None
+    found = []
+    for i, doc in enumerate(loaded):
+        if not isinstance(doc, dict) or doc.get("kind") not in explain.SHAPES:
+            continue
+        try:
+            explain.check_shape(doc, doc["kind"])
+        except explain.ExplainError as err:
+            raise StartupError(f"{path}: document {i + 1} ({doc['kind']}): {err}") from None
+        found.append(doc)
+    return found
 
 
 class _Inputs:

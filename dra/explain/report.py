@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from dra.api.fields import quote
 from dra.cel import CelSyntaxError, Program, Quantity, QuantityError, compile_expression, explain_program
 from dra.core.slices import DEPRECATED_ATTRIBUTES, DEPRECATED_ATTRIBUTES_REMOVED_IN
 
@@ -138,6 +139,78 @@ class ClaimReport:
 
 class ExplainError(ValueError):
     """The inputs cannot be explained (missing class, invalid CEL); the message says which."""
+
+
+class Required:
+    """A field that must be present, of the shape it wraps."""
+
+    def __init__(self, shape: object) -> None:
+        self.shape = shape
+
+
+_SELECTORS = [{"cel": {"expression": Required(str)}}]
+_SUBREQUEST = {
+    "deviceClassName": str,
+    "allocationMode": str,
+    "count": int,
+    "adminAccess": bool,
+    "selectors": _SELECTORS,
+}
+_DEVICES = {
+    "requests": [
+        {
+            "name": Required(str),
+            "exactly": _SUBREQUEST,
+            "firstAvailable": [{**_SUBREQUEST, "name": Required(str)}],
+        }
+    ],
+    "constraints": [{"requests": [str], "matchAttribute": str}],
+}
+_METADATA = {"name": str, "namespace": str, "uid": str}
+#: The fields of each kind that the report reads, with their types; the others are not looked at.
+SHAPES: dict[str, object] = {
+    "ResourceClaim": {"metadata": _METADATA, "spec": {"devices": _DEVICES}},
+    "ResourceClaimTemplate": {"metadata": _METADATA, "spec": {"spec": {"devices": _DEVICES}}},
+    "DeviceClass": {"metadata": Required({"name": Required(str)}), "spec": {"selectors": _SELECTORS}},
+}
+_NAMES: dict[type, str] = {
+    str: "a string",
+    int: "an integer",
+    bool: "true or false",
+    dict: "a mapping",
+    list: "a list",
+}
+
+
+def check_shape(obj: object, kind: str) -> None:
+    """ExplainError naming the first field the report reads whose type is wrong (or that is missing).
+
+    Objects from files are checked before the report reads them, so a wrong type is a message
+    with the field's path (``spec.devices.requests[0].exactly.count: expected an integer, got
+    a string``) and never a crash inside the report.
+    """
+    pending: list[tuple[object, object, str]] = [(obj, SHAPES[kind], "")]
+    while pending:
+        value, shape, path = pending.pop()
+        if isinstance(shape, Required):
+            if value is None:
+                raise ExplainError(f"{path}: required")
+            shape = shape.shape
+        if value is None:
+            continue
+        expected = dict if isinstance(shape, dict) else list if isinstance(shape, list) else shape
+        assert isinstance(expected, type)
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            got = _NAMES.get(type(value), type(value).__name__)
+            raise ExplainError(f"{path or kind}: expected {_NAMES[expected]}, got {got}")
+        # Pushed in reverse, so that the first wrong field in the file's order is the one reported.
+        if isinstance(shape, dict) and isinstance(value, dict):
+            fields = [(value.get(k), v, f"{path}.{k}" if path else k) for k, v in shape.items()]
+            pending.extend(reversed(fields))
+        elif isinstance(shape, list) and isinstance(value, list):
+            # A list's items are never optional: a null among them is as wrong as a number.
+            items = [(item, Required(shape[0]), f"{path}[{i}]") for i, item in enumerate(value)]
+            pending.extend(reversed(items))
 
 
 def _newest(slices: Iterable[Obj]) -> list[Obj]:
@@ -283,12 +356,11 @@ def _evaluate(
     mode = str(spec.get("allocationMode", "ExactCount"))
     raw_count = spec.get("count", 1)
     if isinstance(raw_count, bool) or not isinstance(raw_count, int) or raw_count < 1:
-        raise ExplainError(f"request {name!r}: count must be a positive integer, got {raw_count!r}")
+        raise ExplainError(f"request {quote(name)}: count must be a positive integer, got {quote(raw_count)}")
     count = raw_count
     if device_class is None:
-        return RequestReport(
-            name, class_name, mode, count, (), constraints, (f"DeviceClass {class_name!r} does not exist",)
-        )
+        missing = f"DeviceClass {quote(class_name)} does not exist"
+        return RequestReport(name, class_name, mode, count, (), constraints, (missing,))
     selectors = _selectors(f"class {class_name}", device_class.get("spec", {}).get("selectors"))
     selectors += _selectors("request", spec.get("selectors"))
     programs = []
@@ -296,7 +368,7 @@ def _evaluate(
         try:
             programs.append((source, expression, compile_expression(expression)))
         except CelSyntaxError as err:
-            raise ExplainError(f"{source} of request {name!r} does not compile: {err}") from None
+            raise ExplainError(f"{source} of request {quote(name)} does not compile: {err}") from None
     verdicts = []
     for driver, pool, device in devices:
         results = []
@@ -403,13 +475,14 @@ def explain_claim(
     constraints: dict[str, list[str]] = {}
     all_requests = [r["name"] for r in device_spec.get("requests") or []]
     for constraint in device_spec.get("constraints") or []:
-        if "matchAttribute" in constraint:
+        # A null field is an absent one, as the API server reads it.
+        if constraint.get("matchAttribute") is not None:
             for request in constraint.get("requests") or all_requests:
                 constraints.setdefault(request, []).append(constraint["matchAttribute"])
     reports = []
     for request in device_spec.get("requests") or []:
         name = request["name"]
-        if "firstAvailable" in request:
+        if request.get("firstAvailable") is not None:
             for sub in request["firstAvailable"]:
                 reports.append(
                     _evaluate(
@@ -435,7 +508,7 @@ def explain_claim(
                 )
             )
     notes: tuple[str, ...] = ()
-    if any("firstAvailable" in r for r in device_spec.get("requests") or []):
+    if any(r.get("firstAvailable") is not None for r in device_spec.get("requests") or []):
         notes = ("a prioritized list takes the first subrequest that can be allocated",)
     return ClaimReport(f"{meta.get('namespace') or '-'}/{meta.get('name')}", tuple(reports), notes)
 

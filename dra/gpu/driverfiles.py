@@ -49,7 +49,6 @@ LIBRARY_DIRS = (
     "usr/lib64",
     "usr/lib",
     "lib/x86_64-linux-gnu",
-    "lib64",
 )
 BINARIES = (
     "nvidia-smi",
@@ -59,12 +58,17 @@ BINARIES = (
     "nvidia-cuda-mps-server",
 )
 BINARY_DIRS = ("usr/bin", "usr/sbin", "bin", "sbin")
+#: Where the GSP firmware of each driver version is (a directory named after the version).
+FIRMWARE_DIRS = ("lib/firmware/nvidia", "usr/lib/firmware/nvidia")
+#: The directories of the daemons' sockets and the MPS pipe directory.
+IPC_DIRS = ("var/run/nvidia-persistenced", "var/run/nvidia-fabricmanager", "tmp/nvidia-mps")
 #: The daemons' sockets and the MPS pipe directory, as NVIDIA's generator lists them.
-IPC_PATHS = (
-    "var/run/nvidia-persistenced/socket",
-    "var/run/nvidia-fabricmanager/socket",
-    "tmp/nvidia-mps",
-)
+IPC_PATHS = (f"{IPC_DIRS[0]}/socket", f"{IPC_DIRS[1]}/socket", IPC_DIRS[2])
+#: Every directory under the driver root that the lookups above read, and so all the chart mounts
+#: of it: the whole root (the host's /) would show the plugin the kubelet's credentials and every
+#: pod's volumes. Libraries, binaries and firmware live under these four on every distribution
+#: (merged /usr or not); IPC_DIRS are mounted one by one.
+FILE_DIRS = ("usr", "lib", "bin", "sbin")
 
 
 def find_driver_files(
@@ -76,7 +80,7 @@ def find_driver_files(
         seen.library(stem, driver_version)
     for name in BINARIES:
         seen.first(name, BINARY_DIRS, "binary")
-    seen.first(driver_version, ("lib/firmware/nvidia", "usr/lib/firmware/nvidia"), "firmware")
+    seen.first(driver_version, FIRMWARE_DIRS, "firmware")
     for ipc in IPC_PATHS:
         seen.add(ipc, "ipc")
     return tuple(seen.files)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
+from dra import documents
+from dra.api.fields import quote
 from dra.gpu import migtables
 from dra.gpu.discovery import ADDRESSING_MODES, ARCHITECTURES, BRANDS
 from dra.gpu.migtables import GpuInstanceProfile
@@ -111,6 +111,9 @@ BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
     "mixed": {"gpus": [{"model": "l40s", "count": 2}, {"model": "t4", "count": 2}]},
 }
 
+#: GPUs one profile may list in all: far more than a node holds, few enough to build quickly.
+MAX_GPUS = 1024
+
 _PROFILE_KEYS = {"driverVersion", "cudaDriverVersion", "gpus"}
 _GPU_KEYS = {
     "model",
@@ -151,13 +154,25 @@ def _reverse(table: Mapping[_K, str], value: object, where: str) -> _K:
     for code, label in table.items():
         if str(value).lower() == label.lower():
             return code
-    raise ProfileError(f"{where}: unknown value {value!r}; one of: {', '.join(sorted(table.values()))}")
+    raise ProfileError(f"{where}: unknown value {quote(value)}; one of: {', '.join(sorted(table.values()))}")
 
 
-def _int(value: object, where: str, minimum: int = 0) -> int:
+def _int(value: object, where: str, minimum: int = 0, maximum: int = 2**31 - 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ProfileError(f"{where}: expected an integer >= {minimum}, got {value!r}")
+        raise ProfileError(f"{where}: expected an integer >= {minimum}, got {quote(value)}")
+    if value > maximum:
+        raise ProfileError(f"{where}: at most {maximum}, got {value}")
     return value
+
+
+def _keys(unknown: set[Any]) -> str:
+    """Unknown keys for a message: YAML keys need not be strings (`null:`, `1:`), nor short."""
+    return "[" + ", ".join(sorted(quote(str(k)) for k in unknown)) + "]"
+
+
+def _digits(text: str) -> bool:
+    """Decimal digits that int() takes: str.isdigit() also passes superscripts and other scripts' digits."""
+    return text.isascii() and text.isdigit() and len(text) <= 9
 
 
 def _model(entry: dict[str, Any], where: str) -> GpuModel:
@@ -165,7 +180,9 @@ def _model(entry: dict[str, Any], where: str) -> GpuModel:
     if key is not None:
         model = MODELS.get(str(key).lower())
         if model is None:
-            raise ProfileError(f"{where}.model: unknown model {key!r}; known: {', '.join(sorted(MODELS))}")
+            raise ProfileError(
+                f"{where}.model: unknown model {quote(key)}; known: {', '.join(sorted(MODELS))}"
+            )
     elif "productName" in entry and "memoryMiB" in entry:
         model = GpuModel(str(entry["productName"]), 14, 9, (9, 0), 0)
     else:
@@ -179,7 +196,7 @@ def _model(entry: dict[str, Any], where: str) -> GpuModel:
         overrides["architecture"] = _reverse(ARCHITECTURES, entry["architecture"], f"{where}.architecture")
     if "computeCapability" in entry:
         major, _, minor = str(entry["computeCapability"]).partition(".")
-        if not (major.isdigit() and minor.isdigit()):
+        if not (_digits(major) and _digits(minor)):
             raise ProfileError(f"{where}.computeCapability: expected MAJOR.MINOR such as 9.0")
         overrides["compute_capability"] = (int(major), int(minor))
     if "memoryMiB" in entry:
@@ -195,7 +212,7 @@ def _addressing_mode(value: object, where: str) -> int | None:
     if not isinstance(value, str):
         # YAML reads a bare `null` as None, which must not pass for the mode "None".
         known = ", ".join(sorted(choices.values()))
-        raise ProfileError(f"{where}: expected one of {known} as a string, got {value!r}")
+        raise ProfileError(f"{where}: expected one of {known} as a string, got {quote(value)}")
     return _reverse(choices, value, where)
 
 
@@ -211,7 +228,8 @@ def _mig(entry: dict[str, Any], model: GpuModel, where: str) -> tuple[str, ...] 
         if name not in model.mig_profiles:
             known = ", ".join(model.mig_profiles)
             raise ProfileError(
-                f"{where}.mig[{i}]: {name!r} is not a MIG profile of {model.product_name}; known: {known}"
+                f"{where}.mig[{i}]: {quote(name)} is not a MIG profile of {model.product_name}; "
+                f"known: {known}"
             )
     slices = sum(model.mig_profiles[p].gpu_instance_slices for p in profiles)
     if slices > model.mig_slices:
@@ -228,9 +246,7 @@ def parse_profile(data: object, name: str) -> Profile:
         raise ProfileError(f"profile {name}: expected a mapping with a `gpus` list")
     unknown = set(data) - _PROFILE_KEYS
     if unknown:
-        raise ProfileError(
-            f"profile {name}: unknown keys {sorted(unknown)}; allowed: {sorted(_PROFILE_KEYS)}"
-        )
+        raise ProfileError(f"profile {name}: unknown keys {_keys(unknown)}; allowed: {sorted(_PROFILE_KEYS)}")
     entries = data.get("gpus")
     if not isinstance(entries, list) or not entries:
         raise ProfileError(f"profile {name}: `gpus` must be a non-empty list")
@@ -241,17 +257,18 @@ def parse_profile(data: object, name: str) -> Profile:
             raise ProfileError(f"{where}: expected a mapping")
         unknown = set(entry) - _GPU_KEYS
         if unknown:
-            raise ProfileError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(_GPU_KEYS)}")
+            raise ProfileError(f"{where}: unknown keys {_keys(unknown)}; allowed: {sorted(_GPU_KEYS)}")
         model = _model(entry, where)
         mig = _mig(entry, model, where)
         numa = _int(entry["numaNode"], f"{where}.numaNode") if "numaNode" in entry else None
         root = str(entry["pcieRoot"]) if "pcieRoot" in entry else None
-        count = _int(entry.get("count", 1), f"{where}.count", 1)
+        # The bound is what the profile has room left for, so that the total stays within MAX_GPUS.
+        count = _int(entry.get("count", 1), f"{where}.count", 1, MAX_GPUS - len(gpus))
         gpus.extend(FakeGpu(model, mig, numa, root) for _ in range(count))
     cuda = str(data.get("cudaDriverVersion", "12.4"))
     major, _, minor = cuda.partition(".")
-    if not (major.isdigit() and (minor.isdigit() or minor == "")):
-        raise ProfileError(f"profile {name}: cudaDriverVersion must look like 12.4, got {cuda!r}")
+    if not (_digits(major) and (_digits(minor) or minor == "")):
+        raise ProfileError(f"profile {name}: cudaDriverVersion must look like 12.4, got {quote(cuda)}")
     return Profile(
         name=name,
         gpus=tuple(gpus),
@@ -273,8 +290,10 @@ def _select_for_node(data: dict[str, Any], path: Path, node_name: str | None) ->
         choice = data.get("default")
         where = f"{path}: default"
     if choice is None:
-        listed = ", ".join(sorted(nodes)) or "none"
-        raise ProfileError(f"{path}: no profile for node {node_name!r} (listed: {listed}) and no `default`")
+        listed = ", ".join(sorted(map(str, nodes))) or "none"
+        raise ProfileError(
+            f"{path}: no profile for node {quote(node_name)} (listed: {listed}) and no `default`"
+        )
     if isinstance(choice, str) and choice in BUILTIN_PROFILES:
         return parse_profile(BUILTIN_PROFILES[choice], choice)
     return parse_profile(choice, where)
@@ -291,19 +310,12 @@ def load_profile(spec: str, node_name: str | None = None) -> Profile:
     path = Path(spec)
     if not path.is_file():
         raise ProfileError(
-            f"fake GPU profile {spec!r} is neither a built-in ({', '.join(BUILTIN_PROFILES)}) nor a file"
+            f"fake GPU profile {quote(spec)} is neither a built-in ({', '.join(BUILTIN_PROFILES)}) nor a file"
         )
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError) as err:
-        raise ProfileError(f"{path}: cannot read the profile: {err}") from err
-    except yaml.YAMLError as err:
-        # PyYAML's own message spans several lines (with a source excerpt); keep one.
-        detail = " ".join(str(err).split())
-        if isinstance(err, yaml.MarkedYAMLError) and err.problem_mark is not None:
-            mark = err.problem_mark
-            detail = f"line {mark.line + 1}, column {mark.column + 1}: {err.problem}"
-        raise ProfileError(f"{path}: not valid YAML: {detail}") from err
+        data = documents.load_yaml(documents.read_file(path, "fake GPU profile"), str(path))
+    except documents.DocumentError as err:
+        raise ProfileError(str(err)) from None
     if isinstance(data, dict) and "nodes" in data:
         return _select_for_node(data, path, node_name)
     return parse_profile(data, str(path))

@@ -32,7 +32,7 @@ from dra.daemon.bootstrap import (
 )
 from dra.daemon.rediscovery import Rediscovery
 from dra.daemon.sockets import SocketPathError
-from dra.kubeletplugin import miglabel, miglayout
+from dra.kubeletplugin import miglabel, miglayout, mpslaunch
 from dra.kubeletplugin.features import detect_features
 from dra.kubeletplugin.healthctl import HealthControl, socket_path
 from dra.kubeletplugin.mps import MpsDaemons
@@ -118,6 +118,10 @@ async def check_kubelet(kube: KubeClient, node_name: str) -> None:
 
 async def run_kubelet_plugin(settings: PluginSettings) -> None:
     """Run until SIGTERM or SIGINT; first, the node's static MIG layout when there is a layout file."""
+    # First, while this is the only thread: only the MPS launcher needs CAP_SYS_ADMIN (it regains
+    # it when exec'd); the process serving the kubelet keeps none.
+    if mpslaunch.give_up_sys_admin():
+        log.info("CAP_SYS_ADMIN dropped; only the MPS launcher takes it back")
     layout: _Layout | None = None
     if settings.mig_config_file is not None:
         try:

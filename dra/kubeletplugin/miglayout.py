@@ -13,8 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import yaml
-
+from dra import documents
 from dra.adapters import faults
 from dra.core.migconfig import (
     LayoutEntry,
@@ -112,12 +111,11 @@ class Applied:
 def load_configs(path: Path) -> MigConfigs:
     """Read and validate a layout file; MigLayoutError naming the file and the fault."""
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, UnicodeDecodeError) as err:
-        raise MigLayoutError(f"--mig-config-file: cannot read {path}: {err}") from None
-    except yaml.YAMLError as err:
-        detail = " ".join(str(err).split())
-        raise MigLayoutError(f"--mig-config-file: {path} is not valid YAML: {detail}") from None
+        data = documents.load_yaml(
+            documents.read_file(path, "--mig-config-file"), f"--mig-config-file {path}"
+        )
+    except documents.DocumentError as err:
+        raise MigLayoutError(str(err)) from None
     try:
         return parse_mig_configs(data, str(path))
     except MigConfigError as err:

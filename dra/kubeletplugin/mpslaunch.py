@@ -21,6 +21,10 @@ MS_BIND = 0x1000
 MS_REC = 0x4000
 MS_SLAVE = 0x80000
 
+#: <linux/capability.h>: the capability the namespace and the bind mount take, and capget/capset's ABI.
+CAP_SYS_ADMIN = 21
+_CAPABILITY_VERSION_3 = 0x20080522
+
 #: Exit status when the namespace cannot be made; the driver reads the message on stderr.
 EXIT_NO_NAMESPACE = 3
 #: Where the daemon expects POSIX shared memory.
@@ -53,6 +57,40 @@ def _check(result: int, what: str) -> None:
             f"(the Helm chart runs it unconfined with {CHART_VALUE})"
         )
     raise LaunchError(f"cannot {what}: {reason}")
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = (("version", ctypes.c_uint32), ("pid", ctypes.c_int))
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = (
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    )
+
+
+def give_up_sys_admin() -> bool:
+    """Drop CAP_SYS_ADMIN from this thread's effective, permitted and inheritable sets; whether it had it.
+
+    The plugin calls this before it starts any thread (threads inherit the caller's sets), so
+    the process that serves the kubelet holds no CAP_SYS_ADMIN. The launcher gets it back: it
+    is exec'd as uid 0, which takes the bounding set (the container's capabilities) as permitted.
+    """
+    libc = _libc()
+    header = _CapHeader(_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if libc.capget(ctypes.byref(header), data) != 0:
+        return False
+    word, bit = divmod(CAP_SYS_ADMIN, 32)
+    held = bool(data[word].permitted & (1 << bit))
+    keep = ~(1 << bit) & 0xFFFFFFFF
+    data[word].effective &= keep
+    data[word].permitted &= keep
+    data[word].inheritable &= keep
+    _check(libc.capset(ctypes.byref(header), data), "drop CAP_SYS_ADMIN")
+    return held
 
 
 def enter(shm: str) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import anyio
 
-from dra.adapters.filelock import try_lock
+from dra.adapters.filelock import open_lock, try_lock
 from dra.adapters.kube import ConflictError, KubeClient, KubeError
 from dra.core import sliceplan, slices
 from dra.core.assignment import Selector, select
@@ -188,9 +188,8 @@ class SlicePublisher:
         """Wait for the turn to publish, then reconcile until cancelled, retrying failures with backoff."""
         with contextlib.ExitStack() as stack:
             if self._turn is not None:
-                self._turn.parent.mkdir(parents=True, exist_ok=True)
                 # Held until this process ends; closing the file lets the next instance publish.
-                turn = stack.enter_context(open(self._turn, "ab"))  # noqa: ASYNC230 (a lock file: no I/O)
+                turn = stack.enter_context(open_lock(self._turn))
                 while not try_lock(turn):
                     if not self.standing_by:
                         log.info(

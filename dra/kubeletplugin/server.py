@@ -15,7 +15,8 @@ from pathlib import Path
 import anyio
 import grpc
 
-from dra.daemon.sockets import check_socket_path, instance_tag, is_abandoned
+from dra.adapters.atomicfile import ensure_dir
+from dra.daemon.sockets import check_socket_path, instance_tag, is_abandoned, owner_only
 from dra.kubeletplugin.registration import RegistrationService
 from dra.kubeletplugin.service import DraService, HealthService
 from dra.pb.dra.v1 import dra_pb2_grpc as v1_grpc
@@ -72,11 +73,12 @@ class PluginServer:
         self._registration_server: grpc.aio.Server | None = None
 
     async def _serve_registration(self) -> None:
-        self.registration_socket.parent.mkdir(parents=True, exist_ok=True)
+        ensure_dir(self.registration_socket.parent)
         self.registration_socket.unlink(missing_ok=True)
         server = grpc.aio.server()
         registration_pb2_grpc.add_RegistrationServicer_to_server(self.registration, server)
         server.add_insecure_port(f"unix://{self.registration_socket}")
+        owner_only(self.registration_socket)
         await server.start()
         self._registration_server = server
 
@@ -94,7 +96,7 @@ class PluginServer:
     async def start(self) -> None:
         """Serve the DRA services, then offer the plugin to the kubelet."""
         self.remove_abandoned()
-        self.dra_socket.parent.mkdir(parents=True, exist_ok=True)
+        ensure_dir(self.dra_socket.parent, 0o750)
         self.dra_socket.unlink(missing_ok=True)
         server = grpc.aio.server()
         v1_grpc.add_DRAPluginServicer_to_server(self._dra, server)
@@ -102,6 +104,7 @@ class PluginServer:
         health_v1_grpc.add_DRAResourceHealthServicer_to_server(self._health, server)
         health_pb2_grpc.add_DRAResourceHealthServicer_to_server(self._health.alpha, server)
         server.add_insecure_port(f"unix://{self.dra_socket}")
+        owner_only(self.dra_socket)
         await server.start()
         self._service_server = server
         await self._serve_registration()

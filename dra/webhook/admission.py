@@ -75,8 +75,11 @@ def problems(obj: Mapping[str, Any], kind: str, driver: str) -> list[str]:
 
 
 def judge(request: Mapping[str, Any], driver: str) -> Verdict:
-    """The verdict on one AdmissionRequest."""
-    kind = str((request.get("kind") or {}).get("kind", ""))
+    """The verdict on one AdmissionRequest; ReviewError when a field it reads has the wrong type."""
+    group_kind = request.get("kind") or {}
+    if not isinstance(group_kind, Mapping) or not isinstance(group_kind.get("kind", ""), str):
+        raise ReviewError("request.kind: expected an object with a string kind, as {group, version, kind}")
+    kind = str(group_kind.get("kind", ""))
     obj = request.get("object")
     if not isinstance(obj, Mapping):
         # DELETE carries no object; nothing to check.
@@ -91,8 +94,8 @@ def review(body: object, driver: str) -> tuple[dict[str, Any], Verdict]:
     if not isinstance(body, Mapping) or body.get("apiVersion") != REVIEW_VERSION:
         raise ReviewError(f"expected an AdmissionReview of {REVIEW_VERSION}")
     request = body.get("request")
-    if not isinstance(request, Mapping) or not request.get("uid"):
-        raise ReviewError("the AdmissionReview has no request with a uid")
+    if not isinstance(request, Mapping) or not request.get("uid") or not isinstance(request["uid"], str):
+        raise ReviewError("the AdmissionReview has no request with a string uid")
     verdict = judge(request, driver)
     response: dict[str, Any] = {"uid": request["uid"], "allowed": verdict.allowed}
     if not verdict.allowed:

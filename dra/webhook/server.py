@@ -8,7 +8,6 @@ dra.webhook.admission's; this module only carries them.
 
 from __future__ import annotations
 
-import json
 import logging
 import ssl
 import time
@@ -18,6 +17,8 @@ from pathlib import Path
 import anyio
 from aiohttp import web
 
+from dra import documents
+from dra.api.fields import quote
 from dra.daemon import metrics
 from dra.daemon.bootstrap import StartupError, serve_http
 from dra.daemon.lifecycle import Heartbeat, until_stopped
@@ -27,6 +28,9 @@ log = logging.getLogger(__name__)
 
 #: Bodies larger than this are refused: an AdmissionReview of the largest object etcd stores fits.
 MAX_BODY_BYTES = 8 * 2**20
+#: Seconds a client has to send its body once the headers are in. The API server sends a review
+#: at once; without a limit, clients that stop half-way would hold connections and memory forever.
+BODY_TIMEOUT_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -97,17 +101,40 @@ class Certificates:
             self.reload_if_changed()
 
 
-def application(driver: str) -> web.Application:
-    """The HTTP application: POST /validate."""
+def _bad_request(status: int, reason: str) -> web.Response:
+    metrics.WEBHOOK_REVIEWS.labels("", "error").inc()
+    return web.json_response({"error": reason}, status=status)
+
+
+def application(driver: str, body_timeout: float = BODY_TIMEOUT_SECONDS) -> web.Application:
+    """The HTTP application: POST /validate.
+
+    Every request that is not a well-formed AdmissionReview gets a 4xx with the reason
+    (wrong Content-Type 415, a body not sent in time 408, anything else 400), never a 500.
+    """
 
     async def validate(request: web.Request) -> web.Response:
         started = time.perf_counter()
+        if request.content_type != "application/json":
+            return _bad_request(
+                415, f"expected Content-Type application/json, got {quote(request.content_type)}"
+            )
         try:
-            body = await request.json()
-            answer, verdict = review(body, driver)
-        except (ReviewError, json.JSONDecodeError, UnicodeDecodeError) as err:
-            metrics.WEBHOOK_REVIEWS.labels("", "error").inc()
-            return web.json_response({"error": str(err)}, status=400)
+            with anyio.fail_after(body_timeout):
+                data = await request.read()
+        except TimeoutError:
+            refusal = _bad_request(408, f"the body did not arrive within {body_timeout:g} s")
+            # The rest of the body may never come: keeping the connection would keep the client.
+            refusal.force_close()
+            return refusal
+        except ConnectionError as err:
+            # The client went away (or timed out on its side) mid-body: nobody reads an answer.
+            log.info("client %s closed the connection before sending its body: %s", request.remote, err)
+            return _bad_request(400, "connection closed mid-body")
+        try:
+            answer, verdict = review(documents.load_json(data, "the request body", MAX_BODY_BYTES), driver)
+        except (ReviewError, documents.DocumentError) as err:
+            return _bad_request(400, str(err))
         metrics.WEBHOOK_REVIEW_SECONDS.observe(time.perf_counter() - started)
         kind = verdict.kind if verdict.kind in CONFIG_PATHS else "other"
         metrics.WEBHOOK_REVIEWS.labels(kind, "allowed" if verdict.allowed else "denied").inc()

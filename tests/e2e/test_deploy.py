@@ -385,6 +385,21 @@ def test_same_identity_may_not_create_another_nodes_slice(installed: Installed, 
     assert "may not modify resourceslices without spec.nodeName" in message
 
 
+def test_same_identity_may_not_publish_another_driver_or_pool_on_its_node(
+    installed: Installed, cluster: ClusterInfo
+) -> None:
+    other_driver = _slice("deploy-test-driver", cluster.node_name)
+    other_driver["spec"]["driver"] = "other.example.com"
+    status, message = _refusal(lambda: installed.client.create(other_driver))
+    assert status == 403
+    assert f"may write resourceslices of driver {DRIVER} only, not other.example.com" in message
+    other_pool = _slice("deploy-test-pool", cluster.node_name)
+    other_pool["spec"]["pool"]["name"] = OTHER_NODE
+    status, message = _refusal(lambda: installed.client.create(other_pool))
+    assert status == 403
+    assert f"may write only the pool named {cluster.node_name}, not {OTHER_NODE}" in message
+
+
 def test_same_identity_may_not_update_or_delete_another_nodes_slice(
     installed: Installed, kube: Kube, cluster: ClusterInfo
 ) -> None:

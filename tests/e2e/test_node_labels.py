@@ -4,7 +4,7 @@ The labeller runs as a process with nothing but the chart's identity (the
 service account's token bound to a pod on the node), as in test_deploy.py.
 It labels its own Node; a pod selecting `nvidia.com/gpu.product` schedules
 there; an XID error lowers `nvidia.com/gpu.count` until the GPU is quiet again. The same token may change
-only labels under nvidia.com/ and the admin keys, of its own Node only.
+only the nvidia.com/ labels it writes and the admin keys, of its own Node only.
 
 Health recovery is not covered: the health tracker never marks a device
 healthy again until the driver restarts, so the labels cannot follow a GPU
@@ -231,10 +231,12 @@ def test_an_unhealthy_gpu_lowers_the_count_until_it_is_healthy_again(
 
 
 def test_the_identity_may_set_its_labels_on_its_own_node(labelled: Labelled, cluster: ClusterInfo) -> None:
-    node = labelled.client.patch("v1", "Node", cluster.node_name, _set("nvidia.com/e2e-probe", "1"))
-    assert node["metadata"]["labels"]["nvidia.com/e2e-probe"] == "1"
-    node = labelled.client.patch("v1", "Node", cluster.node_name, _set("nvidia.com/e2e-probe", None))
-    assert "nvidia.com/e2e-probe" not in node["metadata"]["labels"]
+    # A key of the shape the labeller writes (a MIG profile's count), of no profile the node has.
+    probe = "nvidia.com/mig-e2e-probe.count"
+    node = labelled.client.patch("v1", "Node", cluster.node_name, _set(probe, "1"))
+    assert node["metadata"]["labels"][probe] == "1"
+    node = labelled.client.patch("v1", "Node", cluster.node_name, _set(probe, None))
+    assert probe not in node["metadata"]["labels"]
 
 
 def test_the_identity_is_refused_another_node(labelled: Labelled, cluster: ClusterInfo) -> None:
@@ -245,13 +247,14 @@ def test_the_identity_is_refused_another_node(labelled: Labelled, cluster: Clust
 
 
 @pytest.mark.parametrize(
-    ("key", "value"), [("team", "a"), ("kubernetes.io/hostname", None), ("gpu-class", "x")]
+    ("key", "value"),
+    [("team", "a"), ("kubernetes.io/hostname", None), ("gpu-class", "x"), ("nvidia.com/e2e-probe", "1")],
 )
 def test_the_identity_is_refused_labels_outside_its_prefixes(
     labelled: Labelled, cluster: ClusterInfo, key: str, value: str | None
 ) -> None:
     message = _refusal(lambda: labelled.client.patch("v1", "Node", cluster.node_name, _set(key, value)))
-    assert "may change only labels under nvidia.com/ and gpu-type" in message
+    assert "may change only the labels it writes (GFD's nvidia.com/ keys) and gpu-type" in message
 
 
 @pytest.mark.parametrize(

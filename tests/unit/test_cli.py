@@ -234,7 +234,7 @@ def test_an_unknown_profile_exits_1_with_one_line(capsys: pytest.CaptureFixture[
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
-        ("gpus: [model: t4\n", "not valid YAML: line 2, column 1"),
+        ("gpus: [model: t4\n", "not valid YAML or JSON: line 2, column 1"),
         ("gpus: [{model: v100}]\n", "gpus[0].model: unknown model 'v100'"),
         ("gpus: [{model: l40s, mig: [1g.5gb]}]\n", "gpus[0].mig: NVIDIA L40S does not support MIG"),
     ],

@@ -7,6 +7,7 @@ cluster here: tests/e2e/test_deploy.py sends the same renders to an API server.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,10 @@ from localcluster import chart
 from localcluster.kube import Obj
 
 from dra.cli.parser import build_parser
+from dra.core import labels
 from dra.daemon.flags import env_name
 from dra.explain.report import standard_device_classes
+from dra.gpu import driverfiles
 from dra.gpu.profiles import BUILTIN_PROFILES, load_profile
 from dra.kubeletplugin.miglayout import load_configs
 
@@ -121,18 +124,21 @@ def test_daemonset_runs_the_kubelet_plugin_on_the_host_paths() -> None:
         "pod-resources": "/var/lib/kubelet/pod-resources",
         "cdi": "/var/run/cdi",
         "host-dev": "/dev",
-        # Read-only: the driver's files for CDI specs, found under --host-root.
-        "driver-root": "/",
+        # Read-only: the driver's files for CDI specs, found under --host-root; never the host's /.
+        **{f"driver-{d.replace('/', '-')}": f"/{d}" for d in (*driverfiles.FILE_DIRS, *driverfiles.IPC_DIRS)},
     }
     assert all(
-        mounts[name] == path for name, path in host_paths.items() if name not in ("host-dev", "driver-root")
+        mounts[name] == path
+        for name, path in host_paths.items()
+        if name != "host-dev" and not name.startswith("driver-")
     )
     # The host's /dev, read-only, tells which device nodes to put in CDI specs.
     assert mounts["host-dev"] == "/host/dev"
     assert env["DRA_GPU_HOST_ROOT"] == "/host"
     [dev_mount] = [m for m in container["volumeMounts"] if m["name"] == "host-dev"]
     assert dev_mount["readOnly"] is True
-    assert (mounts["driver-root"], env["DRA_GPU_DRIVER_ROOT"]) == ("/host", "/")
+    assert (mounts["driver-usr"], env["DRA_GPU_DRIVER_ROOT"]) == ("/host/usr", "/")
+    assert all(m["readOnly"] for m in container["volumeMounts"] if m["name"].startswith("driver-"))
     assert env["DRA_GPU_KUBELET_ROOT"] == "/var/lib/kubelet"
     assert env["DRA_GPU_CDI_ROOT"] == "/var/run/cdi"
 
@@ -274,10 +280,11 @@ def test_driver_files_come_from_the_driver_root_or_are_left_to_the_hook() -> Non
         return {m["name"]: m["mountPath"] for m in container["volumeMounts"]}, _env(container)
 
     mounts, env = mounts_and_env({"driverFiles": {"root": "/run/nvidia/driver"}})
-    assert mounts["driver-root"] == "/host/run/nvidia/driver"
+    assert mounts["driver-usr"] == "/host/run/nvidia/driver/usr"
+    assert mounts["driver-tmp-nvidia-mps"] == "/host/run/nvidia/driver/tmp/nvidia-mps"
     assert (env["DRA_GPU_DRIVER_ROOT"], env["DRA_GPU_CDI_DRIVER_FILES"]) == ("/run/nvidia/driver", "true")
     mounts, env = mounts_and_env({"driverFiles": {"enabled": False}})
-    assert "driver-root" not in mounts
+    assert not [name for name in mounts if name.startswith("driver-")]
     assert env["DRA_GPU_CDI_DRIVER_FILES"] == "false"
 
 
@@ -738,3 +745,44 @@ def test_the_mig_profiles_offered_are_set_per_node_through_the_mig_profiles_vari
     assert offer.for_node("n4").items == {"2g.20gb", "1g.10gb"}
     assert offer.for_node("n1").items == {"common", "4g.40gb"}
     assert "DRA_GPU_MIG_PROFILES" not in _env(_container(chart.template(FAKE)))
+
+
+def test_the_plugin_mounts_only_the_driver_directories_it_reads() -> None:
+    # Each mount is a directory of driverfiles' lookups, and every lookup is inside one: the
+    # driver root itself (on a host install, the host's / with the kubelet's key) is never mounted.
+    pod = _only(chart.template(), "DaemonSet")["spec"]["template"]["spec"]
+    host_paths = {v["hostPath"]["path"] for v in pod["volumes"] if v["name"].startswith("driver-")}
+    assert host_paths == {f"/{d}" for d in (*driverfiles.FILE_DIRS, *driverfiles.IPC_DIRS)}
+    assert "/" not in {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    looked_up = [
+        *driverfiles.LIBRARY_DIRS,
+        *driverfiles.BINARY_DIRS,
+        *driverfiles.FIRMWARE_DIRS,
+        *driverfiles.IPC_PATHS,
+    ]
+    mounted = (*driverfiles.FILE_DIRS, *driverfiles.IPC_DIRS)
+    assert all(any(f"{p}/".startswith(f"{d}/") for d in mounted) for p in looked_up)
+
+
+def test_the_slice_policy_pins_the_driver_and_the_nodes_pool() -> None:
+    [policy] = [
+        o
+        for o in chart.template({"driverName": "gpu.example.com"})
+        if o["kind"] == "ValidatingAdmissionPolicy" and o["metadata"]["name"].endswith("own-node-slices")
+    ]
+    expressions = [v["expression"] for v in policy["spec"]["validations"]]
+    assert 'variables.slice.spec.driver == "gpu.example.com"' in expressions
+    assert "variables.requesterNode == '' || variables.slicePool == variables.requesterNode" in expressions
+
+
+def test_the_labeller_may_change_only_the_keys_it_writes() -> None:
+    [policy] = [
+        o
+        for o in chart.template(LABELLER)
+        if o["kind"] == "ValidatingAdmissionPolicy" and o["metadata"]["name"].endswith("own-node-labels")
+    ]
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert set(json.loads(variables["gfdKeys"])) == labels.STATIC_KEYS
+    text = " ".join(v["expression"] for v in policy["spec"]["validations"])
+    assert f"k.matches(r'{labels.MIG_KEY.pattern}')" in text
+    assert "startsWith('nvidia.com/')" not in text

@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 
 from dra.core import cdi
+from dra.gpu import driverfiles
 from dra.gpu.driverfiles import find_driver_files
 from dra.model.devices import DriverFile
 from tests.unit.helpers import DRIVER, inventory
@@ -101,3 +102,27 @@ def test_device_nodes_under_a_private_root_name_their_host_path() -> None:
     assert spec["containerEdits"]["deviceNodes"] == [
         {"path": "/dev/nvidiactl", "hostPath": "/tmp/cluster/fakegpus/dev/nvidiactl"}
     ]
+
+
+def test_the_charts_mount_set_finds_every_file_and_shows_nothing_else(tmp_path: Path) -> None:
+    # The host, with the driver installed and the kubelet's secrets beside it; the container's
+    # view holds only what the chart mounts of it (FILE_DIRS and IPC_DIRS, bound at /host).
+    host = tmp_path / "host"
+    _driver_install(host)
+    secrets = [host / "var/lib/kubelet/pki/kubelet-client-current.pem", host / "etc/shadow"]
+    secrets.append(host / "var/lib/kubelet/pods/uid/volumes/kubernetes.io~secret/token/token")
+    for secret in secrets:
+        secret.parent.mkdir(parents=True, exist_ok=True)
+        secret.write_text("secret")
+    view = tmp_path / "container/host"
+    for directory in (*driverfiles.FILE_DIRS, *driverfiles.IPC_DIRS):
+        if (host / directory).exists():
+            (view / directory).parent.mkdir(parents=True, exist_ok=True)
+            (view / directory).symlink_to(host / directory)
+
+    def seen(root: Path) -> list[tuple[str, str]]:
+        return [(f.container_path, f.kind) for f in find_driver_files(VERSION, Path("/"), root)]
+
+    assert seen(view) == seen(host)
+    for secret in secrets:
+        assert not (view / secret.relative_to(host)).exists()

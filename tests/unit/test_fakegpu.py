@@ -171,7 +171,7 @@ def test_invalid_yaml_is_one_line_naming_the_file_and_the_place(
     path = _write(tmp_path, text)
     with pytest.raises(ProfileError) as err:
         load_profile(str(path))
-    assert str(err.value).startswith(f"{path}: not valid YAML: {detail}")
+    assert str(err.value).startswith(f"{path}: not valid YAML or JSON: {detail}")
     assert "\n" not in str(err.value)
 
 
@@ -180,7 +180,7 @@ def test_a_binary_file_is_a_profile_error(tmp_path: Path) -> None:
     path.write_bytes(b"\x7fELF\x02\x01\x01\x00\xd0\xff\xfe")
     with pytest.raises(ProfileError) as err:
         load_profile(str(path))
-    assert str(err.value).startswith(f"{path}: cannot read the profile:")
+    assert str(err.value) == f"{path}: not UTF-8 text (byte 8)"
 
 
 _T4 = {"model": "t4"}

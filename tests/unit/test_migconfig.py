@@ -64,7 +64,7 @@ def test_the_readme_style_file_parses() -> None:
         ({"version": "v1"}, "mig-configs: expected a mapping of at least one layout"),
         (
             {"version": "v1", "mig-configs": {"a": []}},
-            r"mig-configs.a: expected a list of at least one entry",
+            r"mig-configs.a: expected a list of 1 to 1024 entries",
         ),
         (_file("all"), r"mig-configs.mine\[0\]: expected a mapping with devices"),
         (

@@ -312,7 +312,7 @@ def test_a_layout_that_cannot_be_applied_exits_with_status_2(
 def test_a_file_that_is_not_yaml_is_refused_with_its_name(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: v1\nmig-configs: [\n")
-    with pytest.raises(MigLayoutError, match=f"--mig-config-file: {bad} is not valid YAML"):
+    with pytest.raises(MigLayoutError, match=f"--mig-config-file {bad}: not valid YAML or JSON: line 3"):
         load_configs(bad)
 
 

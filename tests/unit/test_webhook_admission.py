@@ -142,7 +142,10 @@ def test_a_delete_and_other_kinds_are_admitted() -> None:
     [
         ([], "expected an AdmissionReview of admission.k8s.io/v1"),
         ({"apiVersion": "admission.k8s.io/v1beta1", "request": {"uid": "1"}}, "expected an AdmissionReview"),
-        ({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}, "has no request with a uid"),
+        (
+            {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"},
+            "has no request with a string uid",
+        ),
     ],
 )
 def test_what_is_not_a_review_is_an_error(body: object, error: str) -> None:

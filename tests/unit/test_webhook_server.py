@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import socket
 import ssl
@@ -23,6 +24,8 @@ from dra.webhook.server import Certificates, application
 pytestmark = pytest.mark.anyio
 
 DRIVER = "gpu.nvidia.com"
+#: The served application's body timeout: short, so that the slow-client tests are quick.
+BODY_TIMEOUT = 0.5
 
 
 @dataclass
@@ -42,7 +45,7 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
     shutil.copy(issued.cert, pair.cert)
     shutil.copy(issued.key, pair.key)
     certificates = Certificates(pair.cert, pair.key)
-    runner = web.AppRunner(application(DRIVER))
+    runner = web.AppRunner(application(DRIVER, body_timeout=BODY_TIMEOUT))
     await runner.setup()
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -54,23 +57,42 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
         await runner.cleanup()
 
 
-def _post(served: Served, body: bytes) -> tuple[int, Any, bytes]:
-    """POST /validate trusting only the test CA: (status, JSON answer, the server's certificate)."""
+def _connect(served: Served) -> ssl.SSLSocket:
     context = ssl.create_default_context(cafile=str(served.ca.cert_path))
-    with (
-        socket.create_connection(("127.0.0.1", served.port), timeout=5) as raw,
-        context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
-    ):
+    raw = socket.create_connection(("127.0.0.1", served.port), timeout=5)
+    return context.wrap_socket(raw, server_hostname="127.0.0.1")
+
+
+def _head(length: int, content_type: str = "application/json") -> bytes:
+    return (
+        f"POST /validate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {length}\r\nConnection: close\r\n\r\n"
+    ).encode()
+
+
+def _post(
+    served: Served, body: bytes, content_type: str = "application/json", sent: int | None = None
+) -> tuple[int, Any, bytes]:
+    """POST /validate trusting only the test CA: (status, JSON answer, the server's certificate).
+
+    `sent`: send only that many bytes of the body, then wait for the answer.
+    """
+    with _connect(served) as tls:
         peer = tls.getpeercert(binary_form=True) or b""
-        request = (
-            f"POST /validate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-        ).encode()
-        tls.sendall(request + body)
+        tls.sendall(_head(len(body), content_type) + body[:sent])
+        # Read the answer by its Content-Length, not to the end: a server that closes a TLS
+        # connection waits for the client's close_notify, which comes only once this returns.
         data = b""
-        while chunk := tls.recv(65536):
+        while b"\r\n\r\n" not in data and (chunk := tls.recv(65536)):
             data += chunk
-    head, _, payload = data.partition(b"\r\n\r\n")
+        head, _, payload = data.partition(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+        while len(payload) < length and (chunk := tls.recv(65536)):
+            payload += chunk
     status = int(head.split(b" ")[1])
     return status, json.loads(payload), peer
 
@@ -158,3 +180,43 @@ def test_the_command_says_what_stops_it(tmp_path: Path, capsys: pytest.CaptureFi
     with pytest.raises(SystemExit):
         main(["webhook", f"--tls-cert-file={cert}", f"--tls-key-file={key}", "--bind-address=8443"])
     assert "--bind-address: expected host:port, got '8443'" in capsys.readouterr().err
+
+
+async def test_malformed_reviews_are_4xx_with_the_reason_never_500(served: Served) -> None:
+    deep = b"[" * 3000 + b"]" * 3000
+    status, answer, _ = await anyio.to_thread.run_sync(_post, served, deep)
+    assert (status, answer) == (400, {"error": "the request body: nested deeper than 100 levels"})
+    review = json.loads(_claim_review("Default"))
+    review["request"]["kind"] = "ResourceClaim"
+    status, answer, _ = await anyio.to_thread.run_sync(_post, served, json.dumps(review).encode())
+    assert status == 400
+    assert answer["error"].startswith("request.kind: expected an object")
+    status, answer, _ = await anyio.to_thread.run_sync(
+        lambda: _post(served, _claim_review("Default"), content_type="text/plain")
+    )
+    assert (status, answer) == (415, {"error": "expected Content-Type application/json, got 'text/plain'"})
+
+
+async def test_a_body_that_stops_half_way_is_answered_408_after_the_timeout(served: Served) -> None:
+    body = _claim_review("Default")
+    with anyio.fail_after(BODY_TIMEOUT + 5):
+        status, answer, _ = await anyio.to_thread.run_sync(lambda: _post(served, body, sent=len(body) // 2))
+    assert (status, answer) == (408, {"error": f"the body did not arrive within {BODY_TIMEOUT:g} s"})
+
+
+async def test_a_client_that_goes_away_mid_body_is_one_log_line(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+
+    def abort() -> None:
+        with _connect(served) as tls:
+            tls.sendall(_head(1000) + b'{"apiVersion": ')
+
+    await anyio.to_thread.run_sync(abort)
+    await anyio.sleep(0.2)
+    records = [r for r in caplog.records if r.levelno >= logging.INFO and "aiohttp.access" not in r.name]
+    assert [r.getMessage().split(":")[0] for r in records] == [
+        "client 127.0.0.1 closed the connection before sending its body"
+    ]
+    assert not [r for r in records if r.exc_info]

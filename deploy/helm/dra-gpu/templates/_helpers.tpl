@@ -126,9 +126,11 @@ capabilities:
   mountPath: /host/dev
   readOnly: true
 {{- if .Values.driverFiles.enabled }}
-- name: driver-root
-  mountPath: {{ include "dra-gpu.driverRootMount" . }}
+{{- range $dir := concat (include "dra-gpu.driverFileDirs" . | fromJsonArray) (include "dra-gpu.driverIpcDirs" . | fromJsonArray) }}
+- name: {{ include "dra-gpu.driverVolume" $dir }}
+  mountPath: {{ printf "%s/%s" (include "dra-gpu.driverRootMount" $) $dir }}
   readOnly: true
+{{- end }}
 {{- end }}
 {{- end }}
 {{- with .Values.extraVolumeMounts }}
@@ -182,6 +184,29 @@ has(object.spec) && (
 (has(object.spec.config) && object.spec.config.{{ $has }}) ||
 (has(object.spec.devices) && has(object.spec.devices.config) && object.spec.devices.config.{{ $has }}) ||
 (has(object.spec.spec) && has(object.spec.spec.devices) && has(object.spec.spec.devices.config) && object.spec.spec.devices.config.{{ $has }}))
+{{- end }}
+
+{{/* The label keys the node labeller writes (dra.core.labels.STATIC_KEYS, and MIG_KEY for each
+MIG profile's; a test compares): its policy lets it change these and no other nvidia.com/ key. */}}
+{{- define "dra-gpu.labellerKeys" -}}
+["nvidia.com/cuda.driver-version.full", "nvidia.com/cuda.driver-version.major", "nvidia.com/cuda.driver-version.minor", "nvidia.com/cuda.driver-version.revision", "nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor", "nvidia.com/cuda.driver.rev", "nvidia.com/cuda.runtime-version.full", "nvidia.com/cuda.runtime-version.major", "nvidia.com/cuda.runtime-version.minor", "nvidia.com/cuda.runtime.major", "nvidia.com/cuda.runtime.minor", "nvidia.com/gpu.compute.major", "nvidia.com/gpu.compute.minor", "nvidia.com/gpu.count", "nvidia.com/gpu.engines.copy", "nvidia.com/gpu.engines.decoder", "nvidia.com/gpu.engines.encoder", "nvidia.com/gpu.engines.jpeg", "nvidia.com/gpu.engines.ofa", "nvidia.com/gpu.family", "nvidia.com/gpu.memory", "nvidia.com/gpu.multiprocessors", "nvidia.com/gpu.present", "nvidia.com/gpu.product", "nvidia.com/gpu.replicas", "nvidia.com/gpu.sharing-strategy", "nvidia.com/gpu.slices.ci", "nvidia.com/gpu.slices.gi", "nvidia.com/mig.strategy"]
+{{- end }}
+{{- define "dra-gpu.labellerMigKey" -}}
+^nvidia\.com/mig-[A-Za-z0-9][-A-Za-z0-9_.]*\.(count|memory|multiprocessors|slices\.gi|slices\.ci|engines\.copy|engines\.decoder|engines\.encoder|engines\.jpeg|engines\.ofa)$
+{{- end }}
+
+{{/* What of the driver root the driver reads (dra.gpu.driverfiles.FILE_DIRS and IPC_DIRS; a test
+compares): mounted one by one, never the root itself, which on a host install is the host's /. */}}
+{{- define "dra-gpu.driverFileDirs" -}}
+["usr", "lib", "bin", "sbin"]
+{{- end }}
+{{- define "dra-gpu.driverIpcDirs" -}}
+["var/run/nvidia-persistenced", "var/run/nvidia-fabricmanager", "tmp/nvidia-mps"]
+{{- end }}
+
+{{/* The volume of one driver directory: driver-usr, driver-var-run-nvidia-persistenced. */}}
+{{- define "dra-gpu.driverVolume" -}}
+{{- printf "driver-%s" (. | replace "/" "-") -}}
 {{- end }}
 
 {{/* Where the host's driver root appears in the containers: under --host-root (/host). */}}

@@ -1,0 +1,210 @@
+"""Bounded reading of YAML and JSON documents from files and request bodies.
+
+Every decoder of outside input (config files, MIG layouts, fake profiles, explain's
+manifests, webhook bodies) reads through here, so each has the same limits: a size
+cap, a nesting depth, a cap on the nodes YAML aliases may expand to, and integers no
+longer than Python converts. A document past a limit is a DocumentError with one short
+line; nothing here recurses without a bound or allocates past the size cap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dra.api.fields import nesting_depth, quote
+
+#: Config files, layouts and profiles are a few KB; a MiB leaves room and bounds the memory used.
+MAX_FILE_BYTES = 2**20
+#: Deeper than any Kubernetes object or config file needs; well below Python's recursion limit.
+MAX_DEPTH = 100
+#: Scalars, sequences and mappings a YAML document may hold once its aliases are expanded.
+MAX_NODES = 100_000
+#: Python refuses to convert longer integers (sys.get_int_max_str_digits); JSON and YAML allow them.
+MAX_INT_DIGITS = 4300
+
+
+class DocumentError(ValueError):
+    """A document cannot be read within the limits; the message is one line naming its source."""
+
+
+def read_file(path: Path, source: str, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes; DocumentError otherwise.
+
+    The file is opened without blocking and checked after opening, so a FIFO, a device
+    (/dev/zero) or a file swapped in after a check is refused rather than read forever.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        raise DocumentError(f"{source}: cannot read {path}: {err.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DocumentError(f"{source}: {path} is not a regular file")
+        try:
+            data = f.read(limit + 1)
+        except OSError as err:
+            raise DocumentError(f"{source}: cannot read {path}: {err.strerror}") from None
+    if len(data) > limit:
+        raise DocumentError(f"{source}: {path} is larger than {limit} bytes")
+    return data
+
+
+def _text(data: bytes | str, source: str) -> str:
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode()
+    except UnicodeDecodeError as err:
+        raise DocumentError(f"{source}: not UTF-8 text (byte {err.start})") from None
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with a depth limit on the (recursive) composer and bounded integers."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def fetch_flow_collection_start(self, token_class: Any) -> None:
+        # The scanner keeps state per flow level; bound it before the composer is reached.
+        if self.flow_level >= MAX_DEPTH:
+            raise yaml.MarkedYAMLError(
+                problem=f"nested deeper than {MAX_DEPTH} levels", problem_mark=self.get_mark()
+            )
+        super().fetch_flow_collection_start(token_class)
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise yaml.MarkedYAMLError(
+                problem=f"nested deeper than {MAX_DEPTH} levels", problem_mark=self.get_mark()
+            )
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_yaml_int(self, node: Any) -> Any:
+        if len(str(node.value)) > MAX_INT_DIGITS:
+            raise yaml.MarkedYAMLError(
+                problem=f"an integer of more than {MAX_INT_DIGITS} digits", problem_mark=node.start_mark
+            )
+        return super().construct_yaml_int(node)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+
+
+def _expanded_nodes(root: yaml.Node) -> int:
+    """How many nodes the document holds with every alias expanded, counted without expanding them.
+
+    An alias inside its own anchor (`a: &a [*a]`) expands forever: counted as too many.
+    """
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    # Children before parents, iteratively: the composer already bounded the depth, not the width.
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, ready = stack.pop()
+        if id(node) in sizes:
+            continue
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        if ready:
+            open_nodes.discard(id(node))
+            sizes[id(node)] = min(MAX_NODES + 1, 1 + sum(sizes[id(c)] for c in children))
+            continue
+        if any(id(c) in open_nodes for c in children):
+            return MAX_NODES + 1
+        open_nodes.add(id(node))
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in sizes)
+    return sizes[id(root)]
+
+
+def _yaml_error(err: yaml.YAMLError, source: str) -> DocumentError:
+    # PyYAML's own message spans several lines (with a source excerpt); keep one.
+    detail = " ".join(str(err).split())
+    if isinstance(err, yaml.MarkedYAMLError) and err.problem_mark is not None:
+        mark = err.problem_mark
+        detail = f"line {mark.line + 1}, column {mark.column + 1}: {err.problem}"
+    return DocumentError(f"{source}: not valid YAML or JSON: {detail}")
+
+
+def load_yaml_all(data: bytes | str, source: str) -> list[object]:
+    """Every document of a YAML (or JSON) stream, within the limits; DocumentError naming `source`."""
+    text = _text(data, source)
+    if len(text) > MAX_FILE_BYTES:
+        raise DocumentError(f"{source}: larger than {MAX_FILE_BYTES} bytes")
+    documents: list[object] = []
+    try:
+        # The reader checks the characters as it is made: a control character fails here.
+        loader = _Loader(text)
+    except yaml.YAMLError as err:
+        raise _yaml_error(err, source) from None
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is not None and _expanded_nodes(node) > MAX_NODES:
+                raise DocumentError(f"{source}: expands (through aliases) to more than {MAX_NODES} values")
+            documents.append(loader.construct_document(node))
+    except yaml.YAMLError as err:
+        raise _yaml_error(err, source) from None
+    except DocumentError:
+        raise
+    except ValueError as err:
+        # The constructors' own conversions (a timestamp out of range, say).
+        raise DocumentError(f"{source}: not valid YAML: {quote(str(err))}") from None
+    finally:
+        loader.dispose()
+    return documents
+
+
+def load_yaml(data: bytes | str, source: str) -> object:
+    """The one YAML (or JSON) document of `data` (None when empty), within the limits."""
+    documents = load_yaml_all(data, source)
+    if len(documents) > 1:
+        raise DocumentError(f"{source}: expected one YAML document, found {len(documents)}")
+    return documents[0] if documents else None
+
+
+def bounded_int(digits: str) -> int | float:
+    """json.loads' parse_int: an integer, or an infinity for one longer than Python converts.
+
+    Every integer or quantity field refuses an infinity with its path, where a ValueError
+    from int() would refuse the whole document.
+    """
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        return float("-inf") if digits.startswith("-") else float("inf")
+    return int(digits)
+
+
+def load_json(data: bytes | str, source: str, limit: int = MAX_FILE_BYTES) -> object:
+    """One JSON value, within the size and depth limits; DocumentError naming `source`.
+
+    Integers too long to convert become infinities, so that the field holding one is
+    reported by whoever checks that field rather than the whole document refused.
+    """
+    if len(data) > limit:
+        raise DocumentError(f"{source}: larger than {limit} bytes")
+    text = _text(data, source)
+    try:
+        value = json.loads(text, parse_int=bounded_int)
+    except json.JSONDecodeError as err:
+        raise DocumentError(
+            f"{source}: not valid JSON: line {err.lineno}, column {err.colno}: {err.msg}"
+        ) from None
+    except RecursionError:
+        raise DocumentError(f"{source}: nested deeper than {MAX_DEPTH} levels") from None
+    if nesting_depth(value, MAX_DEPTH) > MAX_DEPTH:
+        raise DocumentError(f"{source}: nested deeper than {MAX_DEPTH} levels")
+    return value

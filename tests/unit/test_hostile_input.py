@@ -1,0 +1,376 @@
+"""Hostile input (issue 26): every reproducer is a clear one-line error within 2 s and 200 MB.
+
+Each decoder runs in a child process under RLIMIT_AS and a 2 s timer that start after the
+imports, so a hang is a killed child and a memory blow-up a MemoryError, both failures here,
+never a stuck test run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra import documents
+from dra.adapters.atomicfile import ensure_dir
+from dra.adapters.filelock import open_lock
+from dra.core import config as coreconfig
+from dra.daemon.sockets import owner_only
+from dra.webhook import admission
+
+LIMIT_BYTES = 200 * 2**20
+LIMIT_SECONDS = 2.0
+DRIVER = "gpu.nvidia.com"
+
+#: Nine levels of nine aliases: 9**9 (387 million) values once expanded.
+LAUGHS = "a0: &a0 [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 10)
+)
+DEEP_YAML = "[" * 20_000
+DEEP_JSON = "[" * 3_000 + "]" * 3_000
+
+
+def bounded(call: str, setup: str = "from dra import cli") -> tuple[int, str]:
+    """Run `call` in a child under the limits (after `setup`'s imports): (exit status, its stderr).
+
+    What it prints (--check-config's settings before the error, say) is only checked for tracebacks.
+    """
+    limits = (
+        "import resource, signal, sys",
+        setup,
+        f"resource.setrlimit(resource.RLIMIT_AS, ({LIMIT_BYTES}, {LIMIT_BYTES}))",
+        f"signal.setitimer(signal.ITIMER_REAL, {LIMIT_SECONDS})",
+    )
+    with tempfile.NamedTemporaryFile("w", suffix=".py") as program:
+        # A file, not -c: the hostile documents are longer than an argument may be.
+        program.write("\n".join(limits) + "\n" + textwrap.dedent(call))
+        program.flush()
+        done = subprocess.run([sys.executable, program.name], capture_output=True, text=True, timeout=120)
+    output = done.stderr.strip()
+    assert done.returncode != -14, f"still running after {LIMIT_SECONDS} s"
+    assert "MemoryError" not in output, f"over {LIMIT_BYTES} bytes: {output[-500:]}"
+    assert "Traceback" not in output + done.stdout, output[-2000:]
+    return done.returncode, output or done.stdout.strip()
+
+
+def refusal(call: str, setup: str, error: str) -> str:
+    """The message of the `error` that `call` raises under the limits."""
+    code, output = bounded(f"try:\n    {call}\nexcept {error} as err:\n    sys.exit(str(err))", setup)
+    assert code == 1
+    return output
+
+
+#: The modules the commands import when they run: imported before the limits, which are the decoding's.
+COMMANDS = (
+    "from dra import cli\n"
+    "import dra.deviceplugin.daemon, dra.deviceplugin.setup, dra.explain.command, dra.kubeletplugin.daemon"
+)
+
+
+def one_line_error(argv: list[str]) -> str:
+    """The one error line `dra-gpu ARGV` exits with, non-zero, under the limits (after argparse's usage)."""
+    code, output = bounded(f"sys.exit(cli.main({argv!r}))", COMMANDS)
+    assert code != 0
+    *usage, line = output.splitlines()
+    assert all(u.startswith(("usage:", " ")) for u in usage), output
+    assert len(line) < 600, line
+    return line
+
+
+def _file(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+# -- every YAML loader: aliases, depth, devices, size ----------------------------------------
+
+
+def _loaders(path: str) -> dict[str, list[str]]:
+    return {
+        "explain": ["explain", "--claim", path, "--fake-gpus", "h100x8"],
+        "device-plugin config": ["device-plugin", f"--config-file={path}", "--check-config"],
+        "fake profile": ["device-plugin", "--check-config", f"--fake-gpus={path}"],
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "complaint"),
+    [
+        pytest.param(LAUGHS, "expands (through aliases) to more than", id="billion-laughs"),
+        pytest.param(DEEP_YAML, "nested deeper than 100 levels", id="20000-brackets"),
+        pytest.param("a: " + "1" * 5000, "an integer of more than 4300 digits", id="long-integer"),
+    ],
+)
+def test_every_yaml_loader_refuses_hostile_documents(tmp_path: Path, text: str, complaint: str) -> None:
+    path = _file(tmp_path, "hostile.yaml", text)
+    for what, argv in _loaders(path).items():
+        assert complaint in one_line_error(argv), what
+    setup = "from pathlib import Path\nfrom dra.kubeletplugin.miglayout import MigLayoutError, load_configs"
+    assert complaint in refusal(f"load_configs(Path({path!r}))", setup, "MigLayoutError")
+
+
+def test_an_alias_rendered_in_a_message_is_refused_before_the_message(tmp_path: Path) -> None:
+    # The aliased value is what the message would quote: a profile whose gpus are the laughs.
+    profile = _file(tmp_path, "profile.yaml", LAUGHS + "gpus: *a9\n")
+    assert "expands (through aliases)" in one_line_error(
+        ["device-plugin", "--check-config", f"--fake-gpus={profile}"]
+    )
+
+
+def test_devices_and_huge_files_are_not_config_files(tmp_path: Path) -> None:
+    for argv in _loaders("/dev/zero").values():
+        if argv[0] != "explain":  # explain takes what is not a file for a cluster name
+            line = one_line_error(argv)
+            assert "/dev/zero is not a regular file" in line or "'/dev/zero' is neither" in line
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"#" * (documents.MAX_FILE_BYTES + 1))
+    assert "larger than" in one_line_error(["device-plugin", f"--config-file={big}", "--check-config"])
+
+
+# -- upper bounds --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("replicas", [1_000_000, 1_000_000_000])
+def test_replicas_have_an_upper_bound(tmp_path: Path, replicas: int) -> None:
+    config = _file(
+        tmp_path,
+        "config.yaml",
+        "version: v1\nsharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: "
+        + f"{replicas}}}]}}}}",
+    )
+    line = one_line_error(
+        ["device-plugin", f"--config-file={config}", "--check-config", "--fake-gpus=h100x8"]
+    )
+    assert line.endswith(f"sharing.timeSlicing.resources[0].replicas: at most 1000, got {replicas}")
+
+
+def test_a_fake_profile_cannot_ask_for_a_hundred_million_gpus(tmp_path: Path) -> None:
+    profile = _file(tmp_path, "p.yaml", "gpus: [{model: t4, count: 100000000}]")
+    assert "gpus[0].count: at most 1024, got 100000000" in one_line_error(
+        ["device-plugin", "--check-config", f"--fake-gpus={profile}"]
+    )
+
+
+@pytest.mark.parametrize("version", ["1².4", "12.⁴", "1" * 5000 + ".4"])
+def test_profile_numbers_are_ascii_digits_int_takes(tmp_path: Path, version: str) -> None:
+    profile = _file(tmp_path, "p.yaml", json.dumps({"cudaDriverVersion": version, "gpus": [{"model": "t4"}]}))
+    assert "cudaDriverVersion must look like 12.4" in one_line_error(
+        ["device-plugin", "--check-config", f"--fake-gpus={profile}"]
+    )
+
+
+def _layout(entries: list[dict[str, Any]]) -> str:
+    return json.dumps({"version": "v1", "mig-configs": {"big": entries}})
+
+
+def test_mig_layouts_are_bounded_and_checked_for_overlaps_in_linear_time(tmp_path: Path) -> None:
+    setup = "from dra.core.migconfig import MigConfigError, parse_mig_configs\nimport json"
+    twenty_thousand = [{"devices": [i % 1000], "mig-enabled": False} for i in range(20_000)]
+    output = refusal(
+        f"parse_mig_configs(json.loads({_layout(twenty_thousand)!r}), 'f')", setup, "MigConfigError"
+    )
+    assert "mig-configs.big: expected a list of 1 to 1024 entries" in output
+    # The most entries allowed, each with the most filters, all disjoint but the last: quick.
+    filters = [[f"0x{(i * 64 + j):08X}" for j in range(64)] for i in range(1024)]
+    entries = [{"devices": "all", "device-filter": f, "mig-enabled": False} for f in filters]
+    entries[-1]["device-filter"] = filters[3][-1]
+    output = refusal(f"parse_mig_configs(json.loads({_layout(entries)!r}), 'f')", setup, "MigConfigError")
+    assert "mig-configs.big[1023]: selects GPUs that f: mig-configs.big[3] selects too" in output
+
+
+# -- explain: wrong types are field errors ------------------------------------------------
+
+_CLAIM: dict[str, Any] = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "ResourceClaim",
+    "metadata": {"name": "c", "namespace": "ns", "uid": "u"},
+    "spec": {
+        "devices": {
+            "requests": [
+                {
+                    "name": "a",
+                    "exactly": {"deviceClassName": DRIVER, "count": 1, "allocationMode": "ExactCount"},
+                },
+                {
+                    "name": "b",
+                    "firstAvailable": [
+                        {
+                            "name": "s",
+                            "deviceClassName": DRIVER,
+                            "selectors": [{"cel": {"expression": "true"}}],
+                        }
+                    ],
+                },
+            ],
+            "constraints": [{"requests": ["a"], "matchAttribute": f"{DRIVER}/uuid"}],
+        }
+    },
+}
+_CLASS: dict[str, Any] = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": "k"},
+    "spec": {"selectors": [{"cel": {"expression": "true"}}]},
+}
+
+
+def _paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    found = [path] if path else []
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else []
+    for key, item in items:
+        found += _paths(item, (*path, key))
+    return found
+
+
+def _replaced(doc: Any, path: tuple[Any, ...], new: Any) -> Any:
+    copy = json.loads(json.dumps(doc))
+    node = copy
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = new
+    return copy
+
+
+def _wrong(value: Any) -> Any:
+    return 7 if isinstance(value, str | dict | list) else "seven"
+
+
+def test_explain_names_the_field_of_every_wrong_type(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dra import cli
+
+    cases = [(_CLAIM, p) for p in _paths(_CLAIM) if p[0] not in ("apiVersion", "kind")]
+    cases += [(_CLASS, p) for p in _paths(_CLASS) if p[0] not in ("apiVersion", "kind")]
+    assert len(cases) >= 29
+    for doc, path in cases:
+        value: Any = doc
+        for key in path:
+            value = value[key]
+        target = tmp_path / "input.yaml"
+        target.write_text(json.dumps(_replaced(doc, path, _wrong(value))))
+        flag = "--claim" if doc is _CLAIM else "--device-class"
+        code = cli.main(["explain", flag, str(target), "--fake-gpus", "h100x8"])
+        err = capsys.readouterr().err
+        if code != 0:
+            assert len(err.strip().splitlines()) == 1, (path, err)
+            assert "expected" in err or "does not compile" in err or "count must be" in err, (path, err)
+
+
+# -- the webhook and prepare ----------------------------------------------------------------
+
+
+def _review(request: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "1", **request},
+    }
+
+
+def test_a_review_whose_kind_is_not_an_object_is_a_review_error() -> None:
+    for kind in ("ResourceClaim", 7, ["x"], {"kind": 7}):
+        with pytest.raises(admission.ReviewError, match=r"request\.kind: expected an object"):
+            admission.review(_review({"kind": kind, "object": {}}), DRIVER)
+
+
+def _claim_with(parameters_json: str) -> str:
+    """A review body of a claim with these opaque parameters, spliced in as text (they need not parse)."""
+    config = {"opaque": {"driver": DRIVER, "parameters": "PARAMETERS"}}
+    claim = {"spec": {"devices": {"config": [config]}}}
+    body = json.dumps(_review({"kind": {"kind": "ResourceClaim"}, "operation": "CREATE", "object": claim}))
+    return body.replace('"PARAMETERS"', parameters_json)
+
+
+def test_a_4301_digit_number_in_an_opaque_config_is_a_field_error() -> None:
+    digits = "9" * 4301
+    parameters = (
+        '{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": '
+        '{"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": ' + digits + "}}}"
+    )
+    _, verdict = admission.review(documents.load_json(_claim_with(parameters), "body"), DRIVER)
+    [problem] = verdict.problems
+    assert problem.startswith(
+        "spec.devices.config[0].opaque.parameters.sharing.mpsConfig.defaultActiveThreadPercentage: "
+    )
+    assert len(problem) < 300
+    # Prepare decodes the same parameters (the claim read from the API server) the same way.
+    loaded = json.loads(parameters, parse_int=documents.bounded_int)
+    with pytest.raises(coreconfig.ConfigError, match="defaultActiveThreadPercentage: expected an integer"):
+        coreconfig.decode(loaded)
+
+
+def test_deep_opaque_parameters_are_a_field_error() -> None:
+    deep = "[" * 500 + "]" * 500
+    loaded = json.loads(
+        '{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "x": ' + deep + "}"
+    )
+    with pytest.raises(coreconfig.ConfigError, match="nested deeper than 32 levels"):
+        coreconfig.decode(loaded)
+
+
+def test_a_deep_body_is_a_document_error_not_a_recursion_error() -> None:
+    output = refusal(
+        f"documents.load_json({DEEP_JSON!r}, 'the request body')",
+        "from dra import documents",
+        "documents.DocumentError",
+    )
+    assert output == "the request body: nested deeper than 100 levels"
+
+
+# -- the node -------------------------------------------------------------------------------
+
+
+def test_a_driver_name_that_is_a_path_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    line = one_line_error(
+        [
+            "kubelet-plugin",
+            "--driver-name",
+            "../../x",
+            "--fake-gpus",
+            "h100x8",
+            "--node-name",
+            "n",
+            "--kubelet-root",
+            str(tmp_path / "kubelet"),
+        ]
+    )
+    assert "'../../x' is not a DNS subdomain" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e400", "-1"])
+def test_durations_are_finite_and_not_negative(value: str) -> None:
+    line = one_line_error(["kubelet-plugin", "--health-recovery-period", value, "--fake-gpus", "h100x8"])
+    assert "--health-recovery-period" in line
+
+
+def test_directories_locks_and_sockets_do_not_follow_the_umask(tmp_path: Path) -> None:
+    import socket
+    import stat
+
+    old = os.umask(0)
+    try:
+        ensure_dir(tmp_path / "a/b")
+        with open_lock(tmp_path / "c/lock"):
+            pass
+        path = tmp_path / "s.sock"
+        with socket.socket(socket.AF_UNIX) as server:
+            server.bind(str(path))
+            owner_only(path)
+    finally:
+        os.umask(old)
+
+    def mode(p: Path) -> int:
+        return stat.S_IMODE(p.stat().st_mode)
+
+    assert (mode(tmp_path / "a"), mode(tmp_path / "a/b"), mode(tmp_path / "c")) == (0o755, 0o755, 0o755)
+    assert (mode(tmp_path / "c/lock"), mode(path)) == (0o600, 0o600)

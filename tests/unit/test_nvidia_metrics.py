@@ -44,7 +44,7 @@ def test_the_set_is_nvidias() -> None:
         if family.name.startswith("nvidia_dra_")
     }
     assert found == {name: (kind, sorted(labels)) for name, (kind, labels) in NVIDIA.items()}
-    assert metrics.NVIDIA_REQUEST_SECONDS._upper_bounds[:-1] == pytest.approx(  # type: ignore[attr-defined]
+    assert metrics.NVIDIA_REQUEST_SECONDS._upper_bounds[:-1] == pytest.approx(
         [0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8]
     )
 
@@ -81,7 +81,7 @@ async def test_prepare_and_unprepare_count_as_nvidias_driver_counts_them(tmp_pat
         CheckpointStore(tmp_path / "checkpoint.json"),
     )
     state.recover()
-    dra = DraService(DRIVER, NODE, state, Claims())  # type: ignore[arg-type]
+    dra = DraService(DRIVER, NODE, state, Claims())
     ops = {"driver": DRIVER, "operation": "prepare"}
     before = _value("nvidia_dra_requests_total", **ops)
     errors = _value("nvidia_dra_node_prepare_errors_total", driver=DRIVER, error_type="get_claim")

@@ -28,6 +28,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse the command line, then the DRA_GPU_* values of the subcommand that runs (UsageError)."""
     parser = build_parser()
     args = apply_environment(parser.parse_args(argv))
+    options.default_mig_mode(args)
     if hasattr(args, "mig_profiles"):
         # One value for discovery: the modes carry the offer, so every command that reads them has it.
         args.mig_mode = dataclasses.replace(args.mig_mode, offer=args.mig_profiles)

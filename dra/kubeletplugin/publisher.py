@@ -41,6 +41,11 @@ _BACKOFF_MAX = 30.0
 _TURN_POLL = 0.5
 
 
+#: The first release whose scheduler checks a shared device's capacity on that device
+#: (kubernetes/kubernetes#133706).
+FIXED_SHARES_MINOR = 35
+
+
 class SlicePublisher:
     """Publishes one pool (named after the node) for one driver.
 
@@ -70,6 +75,18 @@ class SlicePublisher:
                 "--shareable-gpus: the API server drops consumable capacity (feature gate "
                 "DRAConsumableCapacity off): publishing %s exclusive",
                 ", ".join(sorted(chosen)),
+            )
+        elif chosen and features.minor < FIXED_SHARES_MINOR:
+            log.warning(
+                "--shareable-gpus: Kubernetes 1.%d's scheduler checks a request against the capacity "
+                "left on the device at the request's own index in the candidate's ResourceSlice, not on "
+                "the candidate (kubernetes/kubernetes#133705, fixed in 1.%d): once %s are allocated, "
+                "claims for other devices of this node may stay pending. Run 1.%d or later to share GPUs; "
+                "see docs/sharing.md (Consumable shares)",
+                features.minor,
+                FIXED_SHARES_MINOR,
+                ", ".join(sorted(chosen)),
+                FIXED_SHARES_MINOR,
             )
         dynamic = set(inventory.dynamic_gpus)
         partitioned = [g.name for g in select(shareable, inventory)[0] if g in dynamic] if shareable else []

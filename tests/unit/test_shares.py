@@ -74,6 +74,31 @@ async def test_where_the_server_drops_consumable_capacity_shareable_gpus_go_out_
     ]
 
 
+@pytest.mark.parametrize(("minor", "warned"), [(34, True), (35, False), (37, False)])
+def test_before_1_35_shareable_gpus_are_published_with_a_warning_naming_the_scheduler_bug(
+    caplog: pytest.LogCaptureFixture, minor: int, warned: bool
+) -> None:
+    features = ApiFeatures(minor, partitionable_devices=True, consumable_capacity=True)
+    with caplog.at_level(logging.WARNING, "dra.kubeletplugin.publisher"):
+        SlicePublisher(
+            FakeKube(),  # type: ignore[arg-type]
+            DRIVER,
+            NODE,
+            inventory("h100x8"),
+            features,
+            shareable=parse_selector("all"),
+        )
+    messages = [r.getMessage() for r in caplog.records]
+    assert bool(messages) == warned
+    if warned:
+        [message] = messages
+        assert message.startswith(
+            "--shareable-gpus: Kubernetes 1.34's scheduler checks a request against the capacity left on "
+            "the device at the request's own index in the candidate's ResourceSlice, not on the candidate "
+            "(kubernetes/kubernetes#133705, fixed in 1.35)"
+        )
+
+
 def test_shareable_gpus_allow_several_allocations_by_whole_gib_of_memory() -> None:
     devices = _devices("0,2")
     assert sorted(n for n, d in devices.items() if d.get("allowMultipleAllocations")) == ["gpu-0", "gpu-2"]

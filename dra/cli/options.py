@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from dra.core.assignment import parse_selector
+from dra.core.slices import ShareMode, parse_share_mode
 from dra.daemon.flags import boolean, nonempty, option, path, seconds
 from dra.daemon.health import APPLICATION_XIDS, parse_xids
 from dra.gpu.profiles import DYNAMIC_MIG_PROFILES
@@ -39,6 +40,11 @@ def logging_flags(parser: argparse.ArgumentParser) -> None:
     """--log-level and --log-format, which every command takes."""
     option(parser, "--log-level", "log level", "info", choices=("debug", "info", "warning", "error"))
     option(parser, "--log-format", "log format", "text", choices=("text", "json"))
+
+
+def parse_consumable_shares(text: str) -> ShareMode | None:
+    """--consumable-shares: disabled (None), memory, unlimited or a number of shares."""
+    return None if text == "disabled" else parse_share_mode(text)
 
 
 def default_mig_mode(args: argparse.Namespace) -> None:

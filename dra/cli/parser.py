@@ -71,6 +71,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     option(
         plugin,
+        "--consumable-shares",
+        "how a shareable GPU is divided, as NVIDIA's driver's flag of this name: memory (claims ask "
+        "capacity.requests.memory; none asked: the whole GPU), unlimited (any number of claims), or N "
+        "(N equal shares, capacity.requests.shares, 1 by default); disabled. Given without "
+        "--shareable-gpus it makes every GPU shareable, as NVIDIA's does; default: memory",
+        type=options.argument_type(options.parse_consumable_shares),
+    )
+    option(
+        plugin,
         "--mps-control",
         "the nvidia-cuda-mps-control binary that runs a claim's MPS control daemon; default: "
         "nvidia-cuda-mps-control on PATH (with --fake-gpus: the fake one, python -m dra.gpu.fakemps)",

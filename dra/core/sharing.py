@@ -258,6 +258,9 @@ def decide_mps(requests: Sequence[MpsRequest]) -> tuple[dict[str, MpsSetting], l
     for request in requests:
         device = request.device
         share = Quantity.parse(request.share_memory) if request.share_memory else None
+        if share is not None and share.sign() <= 0:
+            # An unlimited or counted share that asked no memory reserves none: no limit follows.
+            share = None
         limit = _pinned_limit(request)
         if limit is not None and share is not None and limit > share:
             problems.append(f"device {device.name}: pinned memory limit {limit} is above its share ({share})")

@@ -17,6 +17,7 @@ import anyio
 import yaml
 
 from dra.core import sharing
+from dra.core.assignment import parse_selector
 from dra.core.slices import SliceError, build_slices
 from dra.core.versions import ApiFeatures
 from dra.daemon.bootstrap import StartupError, daemon_fields, default_state_dir, gpu_library, load_inventory
@@ -35,7 +36,10 @@ def kubelet_plugin(args: argparse.Namespace) -> int:
         **daemon_fields(args),
         kubeconfig=args.kubeconfig or None,
         unhealthy_taint_effect=args.unhealthy_taint_effect,
-        shareable_gpus=args.shareable_gpus,
+        # NVIDIA's --consumable-shares shares every GPU; --shareable-gpus narrows it.
+        shareable_gpus=args.shareable_gpus
+        or (parse_selector("all") if args.consumable_shares is not None else None),
+        share_mode=args.consumable_shares or "memory",
         mps_control=args.mps_control or None,
         mig_config_file=args.mig_config_file,
         mig_config=args.mig_config or None,

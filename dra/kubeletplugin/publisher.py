@@ -19,6 +19,7 @@ from dra.adapters.filelock import try_lock
 from dra.adapters.kube import ConflictError, KubeClient, KubeError
 from dra.core import sliceplan, slices
 from dra.core.assignment import Selector, select
+from dra.core.slices import ShareMode
 from dra.core.taints import DeviceTaint
 from dra.core.versions import ApiFeatures
 from dra.daemon import metrics
@@ -64,10 +65,12 @@ class SlicePublisher:
         taints: Callable[[], Mapping[str, DeviceTaint]] = dict,
         turn: Path | None = None,
         shareable: Selector | None = None,
+        share_mode: ShareMode = "memory",
     ) -> None:
         self._kube = kube
         self._turn = turn
         self._shareable = shareable
+        self._share_mode = share_mode
         chosen = shareable_gpus(shareable, inventory)
         if chosen and not features.consumable_capacity:
             # Said once here; build_slices then publishes these GPUs exclusive at every reconcile.
@@ -150,6 +153,7 @@ class SlicePublisher:
             features=self.features,
             taints=self._taints(),
             shareable=shareable_gpus(self._shareable, inventory),
+            share_mode=self._share_mode,
         )
         plan = sliceplan.plan(desired, existing, self._generation)
         for obj in plan.create:

@@ -118,6 +118,21 @@ def _device_lines(devices: dict[str, Obj]) -> list[str]:
     return lines
 
 
+#: The device type each DeviceClass of the demo's claims selects.
+CLASS_TYPES = {"gpu.nvidia.com": "gpu", "mig.nvidia.com": "mig"}
+
+
+def _unserved(pod: Obj, workloads: list[Obj], types: set[str]) -> list[str]:
+    """The device classes the pod's claims ask that no published device is of (empty: it can run)."""
+    templates = {w["metadata"]["name"]: w for w in workloads if w["kind"] == "ResourceClaimTemplate"}
+    classes = {
+        request["exactly"]["deviceClassName"]
+        for claim in pod["spec"].get("resourceClaims", [])
+        for request in templates[claim["resourceClaimTemplateName"]]["spec"]["spec"]["devices"]["requests"]
+    }
+    return sorted(c for c in classes if CLASS_TYPES.get(c) not in types)
+
+
 def main() -> int:
     """Run the demo; the exit status says whether every pod got what it asked for."""
     try:
@@ -164,6 +179,13 @@ def _run() -> int:
             _say(line)
 
         workloads = load_manifests(EXAMPLES.read_text())
+        types = {d["attributes"]["type"]["string"] for d in devices.values()}
+        for pod in [w for w in workloads if w["kind"] == "Pod"]:
+            missing = _unserved(pod, workloads, types)
+            if missing:
+                workloads.remove(pod)
+                name = pod["metadata"]["name"]
+                _say(f"  leaving out pod {name}: {profile} has no device of class {', '.join(missing)}")
         if real:
             workloads = [observed(info, w) if w["kind"] == "Pod" else w for w in workloads]
         _say(f"applying docs/examples/demo.yaml{' (each container reports what it sees)' if real else ''}")

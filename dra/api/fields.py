@@ -50,9 +50,14 @@ def join(root: str, path: tuple[str, ...]) -> str:
     return text
 
 
-def spec(doc: str, *, minimum: int | None = None, maximum: int | None = None) -> dict[str, Any]:
-    """Field metadata: its description and, for integers, inclusive bounds."""
-    return {"doc": doc, "minimum": minimum, "maximum": maximum}
+def spec(
+    doc: str, *, minimum: int | None = None, maximum: int | None = None, name: str = ""
+) -> dict[str, Any]:
+    """Field metadata: its description, for integers inclusive bounds, and a JSON name json_name cannot spell.
+
+    `name` is for NVIDIA's names with an acronym in them (enableAPIDevice), which camelCase misses.
+    """
+    return {"doc": doc, "minimum": minimum, "maximum": maximum, "name": name}
 
 
 def json_name(name: str) -> str:
@@ -72,6 +77,11 @@ def quote(value: object) -> str:
 
 def _cut(text: str) -> str:
     return text if len(text) <= QUOTE_CHARS else text[: QUOTE_CHARS - 3] + "..."
+
+
+def field_name(f: dataclasses.Field[Any]) -> str:
+    """The JSON name of a dataclass field: its spec's `name`, else its name in camelCase."""
+    return f.metadata.get("name") or json_name(f.name)
 
 
 def show(value: object) -> str:
@@ -136,7 +146,7 @@ def decode(cls: type[T], raw: object, path: tuple[str, ...] = ()) -> T:
     if not isinstance(raw, Mapping):
         raise FieldError(path, f"expected an object, got {kind(raw)}")
     fields = _fields(cls)
-    known = {json_name(f.name): (f, annotation) for f, annotation in fields}
+    known = {field_name(f): (f, annotation) for f, annotation in fields}
     for key in raw:
         if key not in known:
             raise FieldError((*path, str(key)), f"unknown field; known: {', '.join(known)}")
@@ -155,6 +165,10 @@ def _value(annotation: Any, raw: object, path: tuple[str, ...], meta: Mapping[st
         choices = get_args(annotation)
         if raw not in choices or not isinstance(raw, str):
             raise FieldError(path, f"{show(raw)} is not one of {json.dumps(list(choices))}")
+        return raw
+    if annotation is bool:
+        if not isinstance(raw, bool):
+            raise FieldError(path, f"expected true or false, got {kind(raw)} {show(raw)}")
         return raw
     if annotation is int:
         if isinstance(raw, bool) or not isinstance(raw, int):
@@ -197,7 +211,7 @@ def schema_of(cls: type) -> dict[str, Any]:
             node = {"description": f.metadata["doc"], **node}
         if f.default is not dataclasses.MISSING and f.default is not None:
             node["default"] = f.default
-        properties[json_name(f.name)] = node
+        properties[field_name(f)] = node
     return {"type": "object", "additionalProperties": False, "properties": properties}
 
 
@@ -207,6 +221,8 @@ def _schema(annotation: Any, meta: Mapping[str, Any]) -> dict[str, Any]:
         return _schema(inner, meta)
     if get_origin(annotation) is Literal:
         return {"type": "string", "enum": list(get_args(annotation))}
+    if annotation is bool:
+        return {"type": "boolean"}
     if annotation is int:
         bounds = {k: meta[k] for k in ("minimum", "maximum") if meta.get(k) is not None}
         return {"type": "integer", **bounds}

@@ -49,6 +49,12 @@ def decode(parameters: Mapping[str, Any]) -> DeviceConfig:
             f"{json.dumps(api_version)} is not served; use one of {json.dumps(list(VERSIONS))}",
         )
     kind = parameters.get("kind")
+    if kind in v1beta1.COMPUTE_DOMAIN_KINDS and api_version == v1beta1.API_VERSION:
+        raise FieldError(
+            ("kind",),
+            f"{kind} configures NVIDIA's ComputeDomain driver (compute-domain.nvidia.com), not GPUs; "
+            "this driver has no ComputeDomains",
+        )
     if not isinstance(kind, str) or kind not in version.kinds:
         raise FieldError(("kind",), f"{json.dumps(kind)} is not one of {json.dumps(list(version.kinds))}")
     body = {k: v for k, v in parameters.items() if k not in ("apiVersion", "kind")}

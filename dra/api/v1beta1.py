@@ -1,4 +1,4 @@
-"""`resource.nvidia.com/v1beta1`: GpuConfig and MigDeviceConfig, field-compatible with NVIDIA's DRA driver.
+"""`resource.nvidia.com/v1beta1`: GpuConfig, MigDeviceConfig and VfioDeviceConfig, as NVIDIA has them.
 
 The field names, enums and defaults are NVIDIA's (docs/sharing.md, api/README.md), so parameters
 written for their driver decode unchanged. `decode_gpu_config` / `decode_mig_device_config`
@@ -20,10 +20,12 @@ API_VERSION = "resource.nvidia.com/v1beta1"
 
 Strategy = Literal["TimeSlicing", "MPS"]
 Interval = Literal["Default", "Short", "Medium", "Long"]
+IommuBackendPolicy = Literal["LegacyOnly", "PreferIommuFD"]
 
 # NVIDIA's MPS documentation, "System Requirements": MPS needs compute capability 3.5 or later;
 # the per-client limits (active thread percentage, pinned device memory) are Volta MPS features,
-# compute capability 7.0 or later. MPS runs on MIG devices too (one server per MIG device).
+# compute capability 7.0 or later, and so is multi-user MPS (NVIDIA's driver checks for Volta before
+# it starts a daemon with -M). MPS runs on MIG devices too (one server per MIG device).
 MPS_MIN_COMPUTE_CAPABILITY = (3, 5)
 MPS_LIMITS_MIN_COMPUTE_CAPABILITY = (7, 0)
 
@@ -60,6 +62,13 @@ class MpsConfig:
             "Device memory each client may pin, per device: keyed by the device's index among the "
             "devices this config applies to (as the container numbers them) or by its UUID; "
             "overrides defaultPinnedDeviceMemoryLimit for that device."
+        ),
+    )
+    multi_user: bool | None = field(
+        default=None,
+        metadata=spec(
+            "Start the control daemon in multi-user mode (-M), so that clients running as different "
+            "users share it; default false. Needs compute capability 7.0 or later."
         ),
     )
 
@@ -130,14 +139,60 @@ class MigDeviceConfig:
     )
 
 
-DeviceConfig = GpuConfig | MigDeviceConfig
-KINDS: dict[str, type[GpuConfig] | type[MigDeviceConfig]] = {c.KIND: c for c in (GpuConfig, MigDeviceConfig)}
+@dataclass(frozen=True)
+class IommuConfig:
+    """How a GPU passed through with vfio-pci reaches the IOMMU."""
+
+    backend_policy: IommuBackendPolicy = field(
+        default="LegacyOnly",
+        metadata=spec(
+            "LegacyOnly (the VFIO container, /dev/vfio/vfio) or PreferIommuFD (/dev/iommu where the "
+            "host has it)."
+        ),
+    )
+    enable_api_device: bool | None = field(
+        default=None,
+        metadata=spec(
+            "Give the container the IOMMU API device of the chosen backend; default false.",
+            name="enableAPIDevice",
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class VfioDeviceConfig:
+    """Opaque configuration of GPUs a claim takes for passthrough (vfio-pci), as NVIDIA's driver has it.
+
+    Decoded so that the webhook and prepare read it as NVIDIA's driver does; this driver does not
+    serve passthrough yet, so prepare refuses a claim it applies to (dra.core.config).
+    """
+
+    KIND: ClassVar[str] = "VfioDeviceConfig"
+    iommu: IommuConfig = field(
+        default_factory=IommuConfig,
+        metadata=spec("The IOMMU backend; default LegacyOnly without the API device."),
+    )
+
+
+#: The kinds of NVIDIA's API group that configure its other driver (compute-domain.nvidia.com):
+#: NVIDIA's GPU driver decodes and then refuses them as well.
+COMPUTE_DOMAIN_KINDS = ("ComputeDomainChannelConfig", "ComputeDomainDaemonConfig")
+
+#: The kinds this driver serves: they say how containers share a device.
+SharingConfig = GpuConfig | MigDeviceConfig
+DeviceConfig = SharingConfig | VfioDeviceConfig
+KINDS: dict[str, type[GpuConfig] | type[MigDeviceConfig] | type[VfioDeviceConfig]] = {
+    c.KIND: c for c in (GpuConfig, MigDeviceConfig, VfioDeviceConfig)
+}
 
 
 def decode_config(kind: str, body: Mapping[str, object]) -> DeviceConfig:
     """Decode and normalize the parameters (less apiVersion and kind) of one of KINDS."""
     cls = KINDS[kind]
     config = decode(cls, body)
+    if isinstance(config, VfioDeviceConfig):
+        iommu = config.iommu
+        return VfioDeviceConfig(iommu=replace(iommu, enable_api_device=bool(iommu.enable_api_device)))
     if isinstance(config, GpuConfig):
         return GpuConfig(sharing=config.sharing.normalized(("sharing",)))
     return MigDeviceConfig(sharing=config.sharing.normalized(("sharing",)))
@@ -158,6 +213,8 @@ def validate(config: DeviceConfig, devices: Sequence[Device]) -> None:
     """
     for device in devices:
         check_kind(config, device)
+    if isinstance(config, VfioDeviceConfig):
+        return
     mps = config.sharing.mps_config
     if config.sharing.strategy != "MPS" or mps is None:
         return
@@ -166,13 +223,14 @@ def validate(config: DeviceConfig, devices: Sequence[Device]) -> None:
         or mps.default_pinned_device_memory_limit is not None
         or bool(mps.default_per_device_pinned_memory_limit)
     )
-    need = MPS_LIMITS_MIN_COMPUTE_CAPABILITY if limited else MPS_MIN_COMPUTE_CAPABILITY
+    what = "MPS with multiUser" if mps.multi_user else "MPS with limits" if limited else "MPS"
+    need = MPS_LIMITS_MIN_COMPUTE_CAPABILITY if limited or mps.multi_user else MPS_MIN_COMPUTE_CAPABILITY
     for device in devices:
         have = _capability(device)
         if have < need:
             raise FieldError(
                 ("sharing", "strategy"),
-                f"MPS{' with limits' if limited else ''} needs compute capability {need[0]}.{need[1]} "
+                f"{what} needs compute capability {need[0]}.{need[1]} "
                 f"or later; {device.name} ({gpu_of(device).product_name}) has {have[0]}.{have[1]}",
             )
     path = ("sharing", "mpsConfig")
@@ -188,12 +246,19 @@ def validate(config: DeviceConfig, devices: Sequence[Device]) -> None:
         _fits(limit, named, (*per_device, f"[{key}]"))
 
 
-def check_kind(config: DeviceConfig, device: Device) -> None:
-    """FieldError unless the config's kind configures this kind of device (GpuConfig: full GPUs)."""
+def check_kind(config: DeviceConfig, device: Device) -> SharingConfig:
+    """The config, when its kind configures this kind of device (GpuConfig: full GPUs); FieldError if not."""
+    if isinstance(config, VfioDeviceConfig):
+        raise FieldError(
+            (),
+            f"cannot configure {device.name}: this driver does not serve GPU passthrough (vfio-pci) "
+            "yet, and publishes no device for it; use a DeviceClass of NVIDIA's driver for passthrough",
+        )
     mig = isinstance(device, MigDevice)
     if not isinstance(config, MigDeviceConfig if mig else GpuConfig):
         what, use = ("a MIG device", "MigDeviceConfig") if mig else ("a full GPU", "GpuConfig")
         raise FieldError((), f"{config.KIND} cannot configure {device.name}, which is {what}: use {use}")
+    return config
 
 
 def device_for_key(key: str, devices: Sequence[Device]) -> Device | None:

@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from dra.core.assignment import parse_selector
+from dra.core.slices import ShareMode, parse_share_mode
 from dra.daemon.flags import boolean, dns_subdomain, nonempty, option, path, seconds
 from dra.daemon.health import APPLICATION_XIDS, parse_xids
+from dra.gpu.profiles import DYNAMIC_MIG_PROFILES
 from dra.model import migoffer
-from dra.model.migmode import parse_mig_modes
+from dra.model.migmode import DYNAMIC, STATIC, parse_mig_modes
 
 DEFAULT_DRIVER = "gpu.nvidia.com"
 
@@ -40,6 +42,23 @@ def logging_flags(parser: argparse.ArgumentParser) -> None:
     option(parser, "--log-format", "log format", "text", choices=("text", "json"))
 
 
+def parse_consumable_shares(text: str) -> ShareMode | None:
+    """--consumable-shares: disabled (None), memory, unlimited or a number of shares."""
+    return None if text == "disabled" else parse_share_mode(text)
+
+
+def default_mig_mode(args: argparse.Namespace) -> None:
+    """Fill in --mig-mode when neither the flag nor its variable gave it.
+
+    A fake profile made for dynamic MIG (GPUs in MIG mode, no MIG device made) publishes nothing
+    under static MIG, so its name selects dynamic MIG: the profile works on its own.
+    """
+    if getattr(args, "mig_mode", "") is None:
+        args.mig_mode = parse_mig_modes(
+            DYNAMIC if getattr(args, "fake_gpus", None) in DYNAMIC_MIG_PROFILES else STATIC
+        )
+
+
 def gpu_source_flags(parser: argparse.ArgumentParser) -> None:
     """Where the GPUs come from (NVML or a fake profile, host and driver roots) and how MIG is published."""
     option(parser, "--driver-name", "DRA driver name (and attribute domain)", DEFAULT_DRIVER, dns_subdomain)
@@ -54,8 +73,8 @@ def gpu_source_flags(parser: argparse.ArgumentParser) -> None:
         "--mig-mode",
         "how GPUs' MIG is published: static (MIG devices made beforehand), dynamic (made per claim "
         "from every profile and placement), whole; then per-GPU overrides by index or UUID, e.g. "
-        "static,@node-a=dynamic,2=dynamic,GPU-...=whole (@node: that node's default); see docs/mig.md",
-        "static",
+        "static,@node-a=dynamic,2=dynamic,GPU-...=whole (@node: that node's default); see docs/mig.md; "
+        "default static, or dynamic with --fake-gpus naming a profile made for dynamic MIG",
         type=argument_type(parse_mig_modes),
     )
     option(

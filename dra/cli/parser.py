@@ -28,6 +28,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse the command line, then the DRA_GPU_* values of the subcommand that runs (UsageError)."""
     parser = build_parser()
     args = apply_environment(parser.parse_args(argv))
+    options.default_mig_mode(args)
     if hasattr(args, "mig_profiles"):
         # One value for discovery: the modes carry the offer, so every command that reads them has it.
         args.mig_mode = dataclasses.replace(args.mig_mode, offer=args.mig_profiles)
@@ -67,6 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
         "(capacity.requests.memory; needs DRAConsumableCapacity): all, or a list as for --dra-gpus; "
         "default: none (every GPU exclusive)",
         type=options.argument_type(parse_selector),
+    )
+    option(
+        plugin,
+        "--consumable-shares",
+        "how a shareable GPU is divided, as NVIDIA's driver's flag of this name: memory (claims ask "
+        "capacity.requests.memory; none asked: the whole GPU), unlimited (any number of claims), or N "
+        "(N equal shares, capacity.requests.shares, 1 by default); disabled. Given without "
+        "--shareable-gpus it makes every GPU shareable, as NVIDIA's does; default: memory",
+        type=options.argument_type(options.parse_consumable_shares),
     )
     option(
         plugin,

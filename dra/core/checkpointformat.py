@@ -51,6 +51,7 @@ def _claim_from_json(uid: str, data: Mapping[str, Any]) -> PreparedClaim:
                 mps=bool(d.get("mps", False)),
                 mps_thread_percentage=int(d.get("mps_thread_percentage", 0)),
                 mps_pinned_limit=str(d.get("mps_pinned_limit", "")),
+                mps_multi_user=bool(d.get("mps_multi_user", False)),
             )
             for d in data["devices"]
         ),

@@ -2,8 +2,8 @@
 
 Claims and DeviceClasses may carry parameters for this driver
 (`opaque.driver: gpu.nvidia.com`; allocation.read_allocation keeps only those).
-They decode to NVIDIA's `resource.nvidia.com/v1beta1` GpuConfig / MigDeviceConfig
-(dra.api.v1beta1) and are validated against the devices each applies to. The
+They decode to NVIDIA's `resource.nvidia.com/v1beta1` GpuConfig / MigDeviceConfig /
+VfioDeviceConfig (dra.api.v1beta1) and are validated against the devices each applies to. The
 admission webhook runs the same decoding, so it refuses what prepare would; only
 the checks that need the devices wait for prepare. A setting this driver cannot
 honour is an error for that claim, never silently ignored.
@@ -16,7 +16,15 @@ from typing import Any
 
 from dra.api import opaque
 from dra.api.fields import FieldError
-from dra.api.v1beta1 import KINDS, DeviceConfig, GpuConfig, MigDeviceConfig, check_kind, validate
+from dra.api.v1beta1 import (
+    KINDS,
+    DeviceConfig,
+    GpuConfig,
+    MigDeviceConfig,
+    SharingConfig,
+    check_kind,
+    validate,
+)
 from dra.core.allocation import ClaimAllocation, OpaqueConfig
 from dra.model.devices import Device, MigDevice
 
@@ -53,12 +61,12 @@ def checked(config: DeviceConfig, devices: Sequence[Device]) -> DeviceConfig:
     return config
 
 
-def default(device: Device) -> DeviceConfig:
+def default(device: Device) -> SharingConfig:
     """The configuration of a device no config applies to: NVIDIA's defaults (time-sliced)."""
     return MigDeviceConfig() if isinstance(device, MigDevice) else GpuConfig()
 
 
-def effective(configs: Sequence[Mapping[str, Any]], device: Device) -> DeviceConfig:
+def effective(configs: Sequence[Mapping[str, Any]], device: Device) -> SharingConfig:
     """The configuration of one device: the last applicable config wins; defaults when there is none.
 
     Each config is decoded and of the device's kind, or ConfigError; the checks
@@ -69,10 +77,9 @@ def effective(configs: Sequence[Mapping[str, Any]], device: Device) -> DeviceCon
     for parameters in configs:
         config = decode(parameters)
         try:
-            check_kind(config, device)
+            result = check_kind(config, device)
         except FieldError as err:
             raise ConfigError(err.at(config.KIND)) from None
-        result = config
     return result
 
 

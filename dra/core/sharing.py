@@ -149,6 +149,37 @@ def mps_set_problems(uid: str, devices: Sequence[Device], prepared: Mapping[str,
     return []
 
 
+def mps_mode_problems(
+    uid: str,
+    devices: Sequence[Device],
+    settings: Mapping[str, MpsSetting],
+    prepared: Mapping[str, PreparedClaim],
+) -> list[str]:
+    """Why claim `uid` cannot join the daemon of its devices: it runs in the other user mode.
+
+    Multi-user mode is the daemon's start flag (-M), so claims sharing a daemon must agree on it;
+    within a claim, its devices' configs must too, for the same reason.
+    """
+    modes = {s.multi_user for s in settings.values()}
+    if len(modes) > 1:
+        return [
+            "the MPS devices of this claim disagree on mpsConfig.multiUser; their one daemon runs in one mode"
+        ]
+    if not modes:
+        return []
+    wanted, key = modes.pop(), mps_key(d.uuid for d in devices)
+    for claim in mps_users(key, prepared):
+        theirs = mps_devices(claim)[0].mps_multi_user
+        if claim.uid != uid and theirs != wanted:
+            return [
+                f"the MPS control daemon of {', '.join(d.name for d in devices)} runs "
+                f"{'multi-user' if theirs else 'single-user'} for claim {claim.namespace}/{claim.name} "
+                f"({claim.uid}); this claim asks multiUser: {str(wanted).lower()}, and one daemon runs "
+                "in one mode"
+            ]
+    return []
+
+
 def mps_limit(value: int) -> str:
     """A byte count as MPS's pinned memory limit value, in whole MiB rounded down ("20480M")."""
     return f"{value // 1024**2}M"
@@ -187,6 +218,7 @@ class MpsSetting:
 
     thread_percentage: int
     pinned_limit: str
+    multi_user: bool = False
 
 
 @dataclass(frozen=True)
@@ -226,6 +258,9 @@ def decide_mps(requests: Sequence[MpsRequest]) -> tuple[dict[str, MpsSetting], l
     for request in requests:
         device = request.device
         share = Quantity.parse(request.share_memory) if request.share_memory else None
+        if share is not None and share.sign() <= 0:
+            # An unlimited or counted share that asked no memory reserves none: no limit follows.
+            share = None
         limit = _pinned_limit(request)
         if limit is not None and share is not None and limit > share:
             problems.append(f"device {device.name}: pinned memory limit {limit} is above its share ({share})")
@@ -234,6 +269,7 @@ def decide_mps(requests: Sequence[MpsRequest]) -> tuple[dict[str, MpsSetting], l
         settings[device.name] = MpsSetting(
             thread_percentage=request.config.default_active_thread_percentage or 0,
             pinned_limit=mps_limit(int(pinned.exact())) if pinned is not None else "",
+            multi_user=bool(request.config.multi_user),
         )
     return settings, problems
 
@@ -246,6 +282,7 @@ def mps_fields(setting: MpsSetting | None) -> dict[str, Any]:
         "mps": True,
         "mps_thread_percentage": setting.thread_percentage,
         "mps_pinned_limit": setting.pinned_limit,
+        "mps_multi_user": setting.multi_user,
     }
 
 
@@ -279,6 +316,9 @@ def decide_sharing(
     mps_settings, mps_problems = decide_mps(list(mps.values()))
     if mps:
         mps_problems += mps_set_problems(allocation.uid, [r.device for r in mps.values()], prepared)
+        mps_problems += mps_mode_problems(
+            allocation.uid, [r.device for r in mps.values()], mps_settings, prepared
+        )
     return intervals, mps_settings, problems + mps_problems
 
 

@@ -13,7 +13,7 @@ import hashlib
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from dra.core.taints import DeviceTaint
 from dra.core.versions import ApiFeatures
@@ -123,24 +123,49 @@ def _shared_attributes(gpu: Gpu, inventory: Inventory) -> dict[str, Obj]:
 #: Shareable GPUs are allocated in whole multiples of this much memory (KEP-5075 validRange step).
 SHARE_MEMORY_STEP = 1024**3
 
+#: How a shareable GPU is divided, as NVIDIA's --consumable-shares names it: by memory, without a
+#: limit (memory asked is only recorded), or into this many equal shares (capacity `shares`).
+ShareMode = Literal["memory", "unlimited"] | int
 
-def _share_policy(memory_bytes: int) -> Obj:
-    """The memory request policy of a shareable GPU: whole GiB, from 1 GiB to all of it.
 
-    The API wants default and max on the step grid, so both are the memory rounded down to
-    a GiB (the remainder, under 1 GiB, is never handed out); a claim that asks no memory
-    gets that default, which is the whole GPU.
+def parse_share_mode(text: str) -> ShareMode:
+    """memory, unlimited or a positive number of shares; ValueError naming the choices."""
+    if text in ("memory", "unlimited"):
+        return "memory" if text == "memory" else "unlimited"
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    raise ValueError(f"{text!r}: expected memory, unlimited or a positive number of shares")
+
+
+def _share_capacity(memory_bytes: int, mode: ShareMode) -> dict[str, Obj]:
+    """The request policies of a shareable GPU's capacities.
+
+    Memory is in whole GiB: the API wants default and max on the step grid, so the max is the
+    memory rounded down to a GiB (the remainder, under 1 GiB, is never handed out). By memory,
+    a claim that asks none gets the whole GPU; unlimited and counted, it gets none (any number
+    of claims fit) and may ask some, which is recorded, not reserved. Counted, each claim takes
+    one of the GPU's shares unless it asks more (capacity.requests.shares).
     """
     usable = binary_quantity(memory_bytes // SHARE_MEMORY_STEP * SHARE_MEMORY_STEP)
     step = binary_quantity(SHARE_MEMORY_STEP)
-    return {"default": usable, "validRange": {"min": step, "max": usable, "step": step}}
+    if mode == "memory":
+        return {"memory": {"default": usable, "validRange": {"min": step, "max": usable, "step": step}}}
+    memory = {"default": "0", "validRange": {"min": "0", "max": usable, "step": step}}
+    if mode == "unlimited":
+        return {"memory": memory}
+    return {
+        "memory": memory,
+        "shares": {"default": "1", "validRange": {"min": "1", "max": str(mode), "step": "1"}},
+    }
 
 
-def device_entry(device: Device, inventory: Inventory, shareable: bool = False) -> Obj:
+def device_entry(
+    device: Device, inventory: Inventory, shareable: bool = False, share_mode: ShareMode = "memory"
+) -> Obj:
     """One device of a slice: name, typed attributes, quantity capacities.
 
     A shareable full GPU may be allocated to several claims at once, each consuming part of
-    its `memory` capacity (allowMultipleAllocations, DRAConsumableCapacity).
+    its capacity as `share_mode` divides it (allowMultipleAllocations, DRAConsumableCapacity).
     """
     if not _DNS_LABEL.match(device.name):
         raise SliceError(f"device name {device.name!r} is not a DNS label")
@@ -172,7 +197,8 @@ def device_entry(device: Device, inventory: Inventory, shareable: bool = False) 
     }
     if shareable and not isinstance(device, MigDevice):
         entry["allowMultipleAllocations"] = True
-        entry["capacity"]["memory"]["requestPolicy"] = _share_policy(device.memory_bytes)
+        for name, policy in _share_capacity(device.memory_bytes, share_mode).items():
+            entry["capacity"].setdefault(name, {"value": str(share_mode)})["requestPolicy"] = policy
     return entry
 
 
@@ -335,6 +361,7 @@ def build_slices(
     features: ApiFeatures | None = None,
     taints: Mapping[str, DeviceTaint] | None = None,
     shareable: Collection[str] = (),
+    share_mode: ShareMode = "memory",
 ) -> list[Obj]:
     """The node's pool as ResourceSlices: at most 128 devices each, one generation, owned by the Node.
 
@@ -345,15 +372,15 @@ def build_slices(
     them (`features.device_taints`; no features: the oldest supported server's,
     no gated fields); elsewhere the devices go out untainted. `shareable` names
     the full GPUs published for several claims at once, where the server keeps
-    consumable capacity (`features.consumable_capacity`); elsewhere they go out
-    exclusive.
+    consumable capacity (`features.consumable_capacity`), divided as `share_mode`
+    says; elsewhere they go out exclusive.
     """
     features = features or ApiFeatures()
     groups = _dynamic_groups(inventory) if features.partitionable_devices else []
     dynamic = {gpu.name for gpu in inventory.dynamic_gpus} if groups else set()
     shared = shareable if features.consumable_capacity else ()
     entries = [
-        device_entry(device, inventory, device.name in shared)
+        device_entry(device, inventory, device.name in shared, share_mode)
         for device in inventory
         if device.name not in dynamic
     ]

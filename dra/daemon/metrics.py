@@ -4,6 +4,10 @@ GET /metrics   Prometheus text format
 GET /healthz   200 while the daemon's event loop runs (liveness)
 GET /readyz    200 once registered with the kubelet and the slices are published (readiness)
 
+The kubelet plugin also serves NVIDIA's DRA driver's metrics (nvidia_dra_*, pkg/metrics of
+kubernetes-sigs/dra-driver-nvidia-gpu) under its names, labels, buckets and meaning, so that
+dashboards and alerts written for that driver work here (docs/operations.md).
+
 The device plugin, the node labeller and the webhook serve the same paths with their own
 registries (DEVICE_PLUGIN_REGISTRY, LABELLER_REGISTRY, WEBHOOK_REGISTRY),
 so no process shows another's metrics as zeros.
@@ -13,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -58,6 +62,61 @@ SLICE_WRITES = Counter(
 RECONCILE_ERRORS = Counter(
     "dra_gpu_resourceslice_reconcile_errors", "Failed ResourceSlice reconciliations.", registry=REGISTRY
 )
+
+# NVIDIA's: ExponentialBuckets(0.05, 2, 9), 50 ms to 12.8 s.
+NVIDIA_REQUEST_SECONDS = Histogram(
+    "nvidia_dra_request_duration_seconds",
+    "Duration of DRA prepare and unprepare requests.",
+    ["driver", "operation"],
+    buckets=tuple(0.05 * 2**i for i in range(9)),
+    registry=REGISTRY,
+)
+NVIDIA_REQUESTS = Counter(
+    "nvidia_dra_requests_total",
+    "Total number of DRA prepare and unprepare requests.",
+    ["driver", "operation"],
+    registry=REGISTRY,
+)
+NVIDIA_REQUESTS_INFLIGHT = Gauge(
+    "nvidia_dra_requests_inflight",
+    "Number of in-flight DRA prepare and unprepare requests.",
+    ["driver", "operation"],
+    registry=REGISTRY,
+)
+NVIDIA_PREPARED_DEVICES = Gauge(
+    "nvidia_dra_prepared_devices",
+    "Current number of prepared devices by device type.",
+    ["node", "driver", "device_type"],
+    registry=REGISTRY,
+)
+NVIDIA_PREPARE_ERRORS = Counter(
+    "nvidia_dra_node_prepare_errors_total",
+    "Total number of failures during DRA node prepare for kubelet plugins.",
+    ["driver", "error_type"],
+    registry=REGISTRY,
+)
+NVIDIA_UNPREPARE_ERRORS = Counter(
+    "nvidia_dra_node_unprepare_errors_total",
+    "Total number of failures during DRA node unprepare for kubelet plugins.",
+    ["driver", "error_type"],
+    registry=REGISTRY,
+)
+#: NVIDIA's device_type values; each is set, 0 included, so that a type gone from the node reads 0.
+NVIDIA_DEVICE_TYPES = ("gpu", "mig", "vfio", "unknown")
+
+
+def start_nvidia_requests(driver: str) -> None:
+    """Create NVIDIA's request series at zero, as its driver does, so the first scrape has them."""
+    for operation in ("prepare", "unprepare"):
+        NVIDIA_REQUESTS.labels(driver, operation)
+        NVIDIA_REQUEST_SECONDS.labels(driver, operation)
+        NVIDIA_REQUESTS_INFLIGHT.labels(driver, operation)
+
+
+def set_prepared_devices(node: str, driver: str, counts: Mapping[str, int]) -> None:
+    """NVIDIA's prepared_devices from counts by device type (NVIDIA_DEVICE_TYPES; absent ones are 0)."""
+    for device_type in NVIDIA_DEVICE_TYPES:
+        NVIDIA_PREPARED_DEVICES.labels(node, driver, device_type).set(counts.get(device_type, 0))
 
 
 DEVICE_PLUGIN_REGISTRY = CollectorRegistry()

@@ -1,10 +1,12 @@
-"""A fake `nvidia-cuda-mps-control`, for fake GPUs: `python -m dra.gpu.fakemps [-d]`.
+"""A fake `nvidia-cuda-mps-control`, for fake GPUs: `python -m dra.gpu.fakemps [-d [-M]]`.
 
 It behaves as NVIDIA's MPS documentation ("Multi-Process Service", section
 "Tools and Interface Reference") and the nvidia-cuda-mps-control(1) man page
 describe the real one, on the paths the driver uses:
 
-- `-d` starts the control daemon in the background and returns: the daemon
+- `-d` starts the control daemon in the background and returns (`-d -M` in
+  multi-user mode, as NVIDIA's DRA driver starts it; the log's start line
+  then ends in "; multi-user"): the daemon
   reads CUDA_MPS_PIPE_DIRECTORY (default /tmp/nvidia-mps) and
   CUDA_MPS_LOG_DIRECTORY (default /var/log/nvidia-mps), creates its pipe
   files `control` and `log` in the pipe directory, writes
@@ -116,7 +118,7 @@ class _Daemon:
         return "Unrecognized command", True
 
 
-def _serve(pipe: Path, devices: Sequence[str]) -> None:
+def _serve(pipe: Path, devices: Sequence[str], multi_user: bool) -> None:
     daemon = _Daemon(devices)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     # Relative to the pipe directory: socket paths are limited to 107 bytes, state directories are not.
@@ -127,7 +129,8 @@ def _serve(pipe: Path, devices: Sequence[str]) -> None:
     (pipe / PID_FILE).write_text(f"{os.getpid()}\n")
     shm = shm_file(os.getpid())
     shm.write_bytes(bytes(4096))
-    _log(f"Starting control daemon using socket {pipe / CONTROL}; devices {','.join(devices) or 'all'}")
+    mode = "; multi-user" if multi_user else ""
+    _log(f"Starting control daemon using socket {pipe / CONTROL}; devices {','.join(devices) or 'all'}{mode}")
     running = True
     while running:
         connection, _ = server.accept()
@@ -153,7 +156,7 @@ def _send(pipe: Path, line: str) -> str | None:
         return None
 
 
-def _start_daemon() -> int:
+def _start_daemon(multi_user: bool) -> int:
     pipe = pipe_directory()
     pipe.mkdir(parents=True, exist_ok=True)
     _log_directory().mkdir(parents=True, exist_ok=True)
@@ -180,7 +183,7 @@ def _start_daemon() -> int:
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     try:
-        _serve(pipe, devices)
+        _serve(pipe, devices, multi_user)
     finally:
         os._exit(0)
 
@@ -200,11 +203,11 @@ def _client() -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """`-d`: start the daemon; no argument: send stdin's commands to it."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args == ["-d"]:
-        return _start_daemon()
+    if args in (["-d"], ["-d", "-M"]):
+        return _start_daemon(multi_user=args == ["-d", "-M"])
     if not args:
         return _client()
-    print(f"Usage: nvidia-cuda-mps-control [-d]; unknown option {' '.join(args)}", file=sys.stderr)
+    print(f"Usage: nvidia-cuda-mps-control [-d [-M]]; unknown option {' '.join(args)}", file=sys.stderr)
     return 1
 
 

@@ -110,6 +110,8 @@ BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
     "a100x4-dynamic-mig": {"gpus": [{"model": "a100-sxm4-80gb", "count": 4, "mig": []}]},
     "mixed": {"gpus": [{"model": "l40s", "count": 2}, {"model": "t4", "count": 2}]},
 }
+#: The built-in profiles made for dynamic MIG: their name selects it when no MIG mode is given.
+DYNAMIC_MIG_PROFILES = ("h100x8-dynamic-mig", "a100x4-dynamic-mig")
 
 #: GPUs one profile may list in all: far more than a node holds, few enough to build quickly.
 MAX_GPUS = 1024

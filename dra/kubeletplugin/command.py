@@ -17,13 +17,15 @@ import anyio
 import yaml
 
 from dra.core import sharing
+from dra.core.assignment import parse_selector
 from dra.core.slices import SliceError, build_slices
 from dra.core.versions import ApiFeatures
 from dra.daemon.bootstrap import StartupError, daemon_fields, default_state_dir, gpu_library, load_inventory
 from dra.gpu.library import GpuLibrary, GpuLibraryError
 from dra.kubeletplugin import healthctl, miglayout
 from dra.kubeletplugin.daemon import PluginSettings, run_kubelet_plugin
-from dra.model.migmode import MigModes
+from dra.model.devices import Inventory
+from dra.model.migmode import STATIC, MigModes
 
 
 def kubelet_plugin(args: argparse.Namespace) -> int:
@@ -34,7 +36,10 @@ def kubelet_plugin(args: argparse.Namespace) -> int:
         **daemon_fields(args),
         kubeconfig=args.kubeconfig or None,
         unhealthy_taint_effect=args.unhealthy_taint_effect,
-        shareable_gpus=args.shareable_gpus,
+        # NVIDIA's --consumable-shares shares every GPU; --shareable-gpus narrows it.
+        shareable_gpus=args.shareable_gpus
+        or (parse_selector("all") if args.consumable_shares is not None else None),
+        share_mode=args.consumable_shares or "memory",
         mps_control=args.mps_control or None,
         mig_config_file=args.mig_config_file,
         mig_config=args.mig_config or None,
@@ -58,12 +63,33 @@ def discover(args: argparse.Namespace) -> int:
         )
     except SliceError as err:
         raise StartupError(str(err)) from None
+    if not any(item["spec"].get("devices") for item in items):
+        for line in why_no_device(inventory, modes):
+            print(f"no device published: {line}", file=sys.stderr)
     document = {"apiVersion": "v1", "kind": "List", "items": items}
     if args.output == "json":
         print(json.dumps(document, indent=2))
     else:
         print(yaml.safe_dump(document, sort_keys=False), end="")
     return 0
+
+
+def why_no_device(inventory: Inventory, modes: MigModes) -> list[str]:
+    """Why a node publishes no device, one line per GPU (or one for none)."""
+    if not inventory.gpus:
+        return ["NVML lists no GPU on this node"]
+    lines = []
+    for gpu in inventory.gpus:
+        mode = modes.of(gpu.index, gpu.uuid)
+        if gpu.mig_enabled and mode == STATIC:
+            why = (
+                "MIG mode is on and it has no MIG device; static MIG publishes only the MIG devices made "
+                "beforehand: make some (--mig-config), or offer them per claim with --mig-mode dynamic"
+            )
+        else:
+            why = f"in MIG mode {mode} it offers no device (--mig-profiles may leave none)"
+        lines.append(f"GPU {gpu.index} ({gpu.uuid}): {why}")
+    return lines
 
 
 def _dry_run_layout(lib: GpuLibrary, args: argparse.Namespace, modes: MigModes) -> MigModes:

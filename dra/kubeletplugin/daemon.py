@@ -20,6 +20,7 @@ from dra.core import versions
 from dra.core.assignment import GpuPath, Selector, select
 from dra.core.checkpointformat import CheckpointError
 from dra.core.migconfig import MigConfigs
+from dra.core.slices import ShareMode
 from dra.core.taints import Effect
 from dra.daemon import metrics
 from dra.daemon.bootstrap import (
@@ -39,7 +40,7 @@ from dra.kubeletplugin.mps import MpsDaemons
 from dra.kubeletplugin.podresources import DevicePluginHoldback
 from dra.kubeletplugin.publisher import SlicePublisher
 from dra.kubeletplugin.server import PluginServer
-from dra.kubeletplugin.service import DraService, HealthService
+from dra.kubeletplugin.service import DraService, HealthService, record_prepared
 from dra.kubeletplugin.state import DeviceState
 from dra.kubeletplugin.timeslice import TimeSlicer
 from dra.model.devices import Inventory
@@ -61,6 +62,8 @@ class PluginSettings(DaemonSettings):
     unhealthy_taint_effect: Effect = Effect.NO_SCHEDULE
     #: Full GPUs published for several claims at once (consumable shares); None: all exclusive.
     shareable_gpus: Selector | None = None
+    #: How a shareable GPU is divided (--consumable-shares).
+    share_mode: ShareMode = "memory"
     #: The MPS control binary; None: nvidia-cuda-mps-control on PATH, or the fake one with fake GPUs.
     mps_control: str | None = None
     #: Static MIG layouts in mig-parted's format, applied at start; None: the GPUs stay as they are.
@@ -174,7 +177,7 @@ async def _serve(settings: PluginSettings, node: Node, layout: _Layout | None = 
         raise StartupError(str(err)) from None
     except OSError as err:
         raise StartupError(f"cannot restore the CDI specs in {settings.cdi_root}: {err}") from None
-    metrics.PREPARED_CLAIMS.set(len(state.prepared))
+    record_prepared(settings.node_name, settings.driver_name, state.prepared)
     warn_about_stranded_claims(node.everything, inventory, state.prepared.values())
 
     if settings.shareable_gpus is not None:
@@ -291,6 +294,7 @@ async def _serve(settings: PluginSettings, node: Node, layout: _Layout | None = 
             lambda: tracker.taints(settings.driver_name, settings.unhealthy_taint_effect),
             settings.state_directory / PUBLISHER_TURN,
             shareable=settings.shareable_gpus,
+            share_mode=settings.share_mode,
         )
         try:
             await server.start()

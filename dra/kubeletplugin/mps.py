@@ -155,8 +155,10 @@ class MpsDaemons:
             dirs = self._dirs(key)
             for path in (dirs.pipe, dirs.log, dirs.shm):
                 Path(path).mkdir(parents=True, exist_ok=True)
-            uuids = [d.uuid for d in sharing.mps_devices(claim)]
-            self._run(key, ["-d"], uuids=uuids, shm=dirs.shm)
+            devices = sharing.mps_devices(claim)
+            # -M: clients running as other users than the daemon's may connect (mpsConfig.multiUser).
+            flags = ["-d", "-M"] if devices[0].mps_multi_user else ["-d"]
+            self._run(key, flags, uuids=[d.uuid for d in devices], shm=dirs.shm)
             pid = self.pid(key)
             if pid is None:
                 raise MpsError(f"the MPS control daemon {key} wrote no pid file in {dirs.pipe}")

@@ -19,6 +19,7 @@ from dra.adapters.filelock import open_lock, try_lock
 from dra.adapters.kube import ConflictError, KubeClient, KubeError
 from dra.core import sliceplan, slices
 from dra.core.assignment import Selector, select
+from dra.core.slices import ShareMode
 from dra.core.taints import DeviceTaint
 from dra.core.versions import ApiFeatures
 from dra.daemon import metrics
@@ -41,6 +42,11 @@ _BACKOFF_MAX = 30.0
 _TURN_POLL = 0.5
 
 
+#: The first release whose scheduler checks a shared device's capacity on that device
+#: (kubernetes/kubernetes#133706).
+FIXED_SHARES_MINOR = 35
+
+
 class SlicePublisher:
     """Publishes one pool (named after the node) for one driver.
 
@@ -59,10 +65,12 @@ class SlicePublisher:
         taints: Callable[[], Mapping[str, DeviceTaint]] = dict,
         turn: Path | None = None,
         shareable: Selector | None = None,
+        share_mode: ShareMode = "memory",
     ) -> None:
         self._kube = kube
         self._turn = turn
         self._shareable = shareable
+        self._share_mode = share_mode
         chosen = shareable_gpus(shareable, inventory)
         if chosen and not features.consumable_capacity:
             # Said once here; build_slices then publishes these GPUs exclusive at every reconcile.
@@ -70,6 +78,18 @@ class SlicePublisher:
                 "--shareable-gpus: the API server drops consumable capacity (feature gate "
                 "DRAConsumableCapacity off): publishing %s exclusive",
                 ", ".join(sorted(chosen)),
+            )
+        elif chosen and features.minor < FIXED_SHARES_MINOR:
+            log.warning(
+                "--shareable-gpus: Kubernetes 1.%d's scheduler checks a request against the capacity "
+                "left on the device at the request's own index in the candidate's ResourceSlice, not on "
+                "the candidate (kubernetes/kubernetes#133705, fixed in 1.%d): once %s are allocated, "
+                "claims for other devices of this node may stay pending. Run 1.%d or later to share GPUs; "
+                "see docs/sharing.md (Consumable shares)",
+                features.minor,
+                FIXED_SHARES_MINOR,
+                ", ".join(sorted(chosen)),
+                FIXED_SHARES_MINOR,
             )
         dynamic = set(inventory.dynamic_gpus)
         partitioned = [g.name for g in select(shareable, inventory)[0] if g in dynamic] if shareable else []
@@ -133,6 +153,7 @@ class SlicePublisher:
             features=self.features,
             taints=self._taints(),
             shareable=shareable_gpus(self._shareable, inventory),
+            share_mode=self._share_mode,
         )
         plan = sliceplan.plan(desired, existing, self._generation)
         for obj in plan.create:

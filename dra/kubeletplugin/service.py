@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -48,6 +49,18 @@ class ClaimSource(Protocol):
         """Record a Warning event about an object."""
 
 
+def record_prepared(node: str, driver: str, prepared: Mapping[str, PreparedClaim]) -> None:
+    """The gauges of what the node has prepared: claims (ours), devices by type (NVIDIA's)."""
+    metrics.PREPARED_CLAIMS.set(len(prepared))
+    # A MIG device's UUID says what it is (NVML's MIG-...); a device not made yet has none.
+    counts = Counter(
+        ("mig" if d.uuid.startswith("MIG-") else "gpu") if d.uuid else "unknown"
+        for claim in prepared.values()
+        for d in claim.devices
+    )
+    metrics.set_prepared_devices(node, driver, counts)
+
+
 def _response(claim: PreparedClaim) -> dra_pb2.NodePrepareResourceResponse:
     return dra_pb2.NodePrepareResourceResponse(
         devices=[
@@ -74,6 +87,7 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         #: Prepare and unprepare requests being answered now.
         self._in_flight = 0
         self._drained: anyio.Event | None = None
+        metrics.start_nvidia_requests(driver)
 
     async def _record_event(self, claim: dict[str, Any], message: str) -> None:
         if not self._events_allowed:
@@ -125,11 +139,22 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         name = f"{ref.namespace}/{ref.name}"
         claim: dict[str, Any] | None = None
         result = "error"
+        # NVIDIA's error_type: its prepare_devices covers all of prepare; reading the claim is our own
+        # step (NVIDIA's framework reads it before its driver's code runs).
+        error_type = "get_claim"
+        inflight = metrics.NVIDIA_REQUESTS_INFLIGHT.labels(self.driver, "prepare")
+        inflight.inc()
         try:
             claim = await self._kube.get_resource_claim(ref.namespace, ref.name)
+            error_type = "prepare_devices"
             allocation = read_allocation(claim, ref.uid, self.driver)
             prepared = await anyio.to_thread.run_sync(self._state.prepare, allocation, self._ask_stale)
             result = "success"
+            # As NVIDIA's driver counts them: only the requests that succeed.
+            metrics.NVIDIA_REQUESTS.labels(self.driver, "prepare").inc()
+            metrics.NVIDIA_REQUEST_SECONDS.labels(self.driver, "prepare").observe(
+                time.perf_counter() - started
+            )
             return _response(prepared)
         except NotFoundError:
             return dra_pb2.NodePrepareResourceResponse(
@@ -146,15 +171,24 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
             log.exception("internal error preparing %s (%s)", name, ref.uid)
             return dra_pb2.NodePrepareResourceResponse(error=f"internal error preparing {name}: {err!r}")
         finally:
+            inflight.dec()
+            if result != "success":
+                metrics.NVIDIA_PREPARE_ERRORS.labels(self.driver, error_type).inc()
             metrics.PREPARE_SECONDS.labels(result).observe(time.perf_counter() - started)
-            metrics.PREPARED_CLAIMS.set(len(self._state.prepared))
+            record_prepared(self.node_name, self.driver, self._state.prepared)
 
     async def _unprepare(self, ref: dra_pb2.Claim) -> dra_pb2.NodeUnprepareResourceResponse:
         started = time.perf_counter()
         result = "error"
+        inflight = metrics.NVIDIA_REQUESTS_INFLIGHT.labels(self.driver, "unprepare")
+        inflight.inc()
         try:
             await anyio.to_thread.run_sync(self._state.unprepare, ref.uid)
             result = "success"
+            metrics.NVIDIA_REQUESTS.labels(self.driver, "unprepare").inc()
+            metrics.NVIDIA_REQUEST_SECONDS.labels(self.driver, "unprepare").observe(
+                time.perf_counter() - started
+            )
             return dra_pb2.NodeUnprepareResourceResponse()
         except Exception as err:
             log.exception("internal error unpreparing %s/%s (%s)", ref.namespace, ref.name, ref.uid)
@@ -162,8 +196,11 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
                 error=f"cannot unprepare {ref.namespace}/{ref.name}: {err!r}"
             )
         finally:
+            inflight.dec()
+            if result != "success":
+                metrics.NVIDIA_UNPREPARE_ERRORS.labels(self.driver, "unprepare_devices").inc()
             metrics.UNPREPARE_SECONDS.labels(result).observe(time.perf_counter() - started)
-            metrics.PREPARED_CLAIMS.set(len(self._state.prepared))
+            record_prepared(self.node_name, self.driver, self._state.prepared)
 
     async def NodePrepareResources(  # noqa: N802 (gRPC method name)
         self, request: dra_pb2.NodePrepareResourcesRequest, context: Context

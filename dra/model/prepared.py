@@ -29,6 +29,8 @@ class PreparedDevice:
     mps_thread_percentage: int = 0
     #: The daemon's pinned device memory limit for this device, as MPS takes it ("20480M"); "" for none.
     mps_pinned_limit: str = ""
+    #: Whether the daemon runs in multi-user mode (-M: clients of several users); mpsConfig.multiUser.
+    mps_multi_user: bool = False
 
     def is_device(self, name: str, uuid: str) -> bool:
         """Whether this entry is that device (by UUID when recorded, else by name)."""

@@ -139,8 +139,8 @@ def test_shares_are_packed_on_one_gpu_told_their_share_and_freed_with_their_pod(
 
 @pytest.mark.xfail(
     kubernetes_version().startswith("v1.34."),
-    reason="the 1.34 allocator does not try the next device once a shared one is short of capacity "
-    "(kubernetes/kubernetes#133705, fixed in 1.35)",
+    reason="the 1.34 allocator checks gpu-1's request against the capacity left on gpu-0, the slice's "
+    "first device (kubernetes/kubernetes#133705, fixed in 1.35; tests/e2e/test_shares_scheduler.py)",
     strict=True,
 )
 def test_a_share_that_does_not_fit_goes_to_another_gpu(

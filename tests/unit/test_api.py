@@ -12,10 +12,12 @@ from dra.api.fields import FieldError
 from dra.api.v1beta1 import (
     GpuConfig,
     GpuSharing,
+    IommuConfig,
     MigDeviceConfig,
     MigDeviceSharing,
     MpsConfig,
     TimeSlicingConfig,
+    VfioDeviceConfig,
     validate,
 )
 from dra.model.devices import Device, Gpu, MigDevice
@@ -73,7 +75,20 @@ def message(parameters: dict[str, Any]) -> str:
                 )
             ),
         ),
+        (mps(multiUser=True), GpuConfig(GpuSharing("MPS", mps_config=MpsConfig(multi_user=True)))),
         ({"apiVersion": API, "kind": "MigDeviceConfig"}, MigDeviceConfig(MigDeviceSharing("TimeSlicing"))),
+        (
+            {"apiVersion": API, "kind": "VfioDeviceConfig"},
+            VfioDeviceConfig(IommuConfig("LegacyOnly", enable_api_device=False)),
+        ),
+        (
+            {
+                "apiVersion": API,
+                "kind": "VfioDeviceConfig",
+                "iommu": {"backendPolicy": "PreferIommuFD", "enableAPIDevice": True},
+            },
+            VfioDeviceConfig(IommuConfig("PreferIommuFD", enable_api_device=True)),
+        ),
         (
             {"apiVersion": API, "kind": "MigDeviceConfig", "sharing": {"strategy": "MPS"}},
             MigDeviceConfig(MigDeviceSharing("MPS", MpsConfig())),
@@ -97,7 +112,25 @@ def test_decoding_fills_in_the_defaults(parameters: dict[str, Any], expected: ob
         ),
         (
             {"apiVersion": API, "kind": "ComputeDomainConfig"},
-            'ComputeDomainConfig.kind: "ComputeDomainConfig" is not one of ["GpuConfig", "MigDeviceConfig"]',
+            'ComputeDomainConfig.kind: "ComputeDomainConfig" is not one of ["GpuConfig", "MigDeviceConfig", '
+            '"VfioDeviceConfig"]',
+        ),
+        (
+            {"apiVersion": API, "kind": "ComputeDomainChannelConfig", "domainID": "x"},
+            "ComputeDomainChannelConfig.kind: ComputeDomainChannelConfig configures NVIDIA's ComputeDomain "
+            "driver (compute-domain.nvidia.com), not GPUs; this driver has no ComputeDomains",
+        ),
+        (
+            mps(multiUser="yes"),
+            'GpuConfig.sharing.mpsConfig.multiUser: expected true or false, got string "yes"',
+        ),
+        (
+            {"apiVersion": API, "kind": "VfioDeviceConfig", "iommu": {"backendPolicy": "IommuFD"}},
+            'VfioDeviceConfig.iommu.backendPolicy: "IommuFD" is not one of ["LegacyOnly", "PreferIommuFD"]',
+        ),
+        (
+            {"apiVersion": API, "kind": "VfioDeviceConfig", "iommu": {"enableApiDevice": True}},
+            "VfioDeviceConfig.iommu.enableApiDevice: unknown field; known: backendPolicy, enableAPIDevice",
         ),
         (
             {"apiVersion": API, "kind": "GpuConfig", "replicas": 2},
@@ -256,6 +289,11 @@ def test_mps_where_the_gpu_cannot_run_it_is_refused() -> None:
     assert invalid(mps(defaultActiveThreadPercentage=50), kepler).endswith(
         "MPS with limits needs compute capability 7.0 or later; gpu-0 (Tesla K10) has 3.7"
     )
+    # NVIDIA's driver checks for Volta before it starts a multi-user daemon.
+    assert invalid(mps(multiUser=True), kepler).endswith(
+        "MPS with multiUser needs compute capability 7.0 or later; gpu-0 (Tesla K10) has 3.7"
+    )
+    validate(opaque.decode(mps(multiUser=True)), [h100])
 
 
 def test_a_config_of_the_wrong_kind_is_refused() -> None:
@@ -269,4 +307,11 @@ def test_a_config_of_the_wrong_kind_is_refused() -> None:
     assert isinstance(gpu, Gpu)
     assert "which is a full GPU: use GpuConfig" in invalid(
         {"apiVersion": API, "kind": "MigDeviceConfig"}, gpu
+    )
+
+
+def test_a_vfio_config_is_decoded_but_configures_no_device_here_naming_why() -> None:
+    assert invalid({"apiVersion": API, "kind": "VfioDeviceConfig"}, device("gpu-1")) == (
+        "VfioDeviceConfig: cannot configure gpu-1: this driver does not serve GPU passthrough (vfio-pci) "
+        "yet, and publishes no device for it; use a DeviceClass of NVIDIA's driver for passthrough"
     )

@@ -380,6 +380,28 @@ def test_discover_prints_dynamic_mig_counter_sets_and_every_placement(
         assert {f"gpu-7-mig-1g10gb-at{s}" for s in range(7)} <= names
 
 
+def test_a_profile_made_for_dynamic_mig_selects_it_and_static_mig_says_why_nothing_is_published(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert parse_args(["discover", "--fake-gpus", "a100x4-dynamic-mig"]).mig_mode.default == "dynamic"
+    assert parse_args(["discover", "--fake-gpus", "h100x8-mig"]).mig_mode.default == "static"
+    base = ["discover", "--fake-gpus", "h100x8-dynamic-mig", "--node-name", "node-a", "--output", "json"]
+    code, out, err = _run(capsys, *base)
+    assert code == 0
+    assert any(i["spec"].get("devices") for i in _slices(json.loads(out)))
+    assert err == ""
+    code, out, err = _run(capsys, *base, "--mig-mode", "static")
+    assert code == 0
+    assert not any(i["spec"].get("devices") for i in _slices(json.loads(out)))
+    lines = err.splitlines()
+    assert len(lines) == 8
+    assert lines[0].startswith("no device published: GPU 0 (GPU-")
+    assert lines[0].endswith(
+        "MIG mode is on and it has no MIG device; static MIG publishes only the MIG devices made "
+        "beforehand: make some (--mig-config), or offer them per claim with --mig-mode dynamic"
+    )
+
+
 def test_a_bad_mig_mode_is_one_line_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         parse_args(["discover", "--mig-mode", "dynamic,0=sliced"])

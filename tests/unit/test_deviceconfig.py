@@ -105,7 +105,7 @@ def test_every_bad_config_of_a_claim_is_reported() -> None:
         'is not one of ["Default", "Short", "Medium", "Long"]',
         "invalid configuration for device gpu-4-mig-1g10gb-3-0: MigDeviceConfig.sharing.mpsConfig.x: "
         "unknown field; known: defaultActiveThreadPercentage, defaultPinnedDeviceMemoryLimit, "
-        "defaultPerDevicePinnedMemoryLimit",
+        "defaultPerDevicePinnedMemoryLimit, multiUser",
     ]
 
 

@@ -339,6 +339,27 @@ def test_a_claim_whose_mps_devices_overlap_a_daemons_other_set_is_refused(node: 
     assert node.daemons.daemons() == [node.key("gpu-0", "gpu-1")]
 
 
+def test_multi_user_starts_the_daemon_with_dash_m_and_a_claim_of_the_other_mode_cannot_join(
+    node: Node,
+) -> None:
+    state = node.state()
+    state.prepare(_share(UID_A, "gpu-0", SHARE_1, multiUser=True))
+    key = node.key("gpu-0")
+    assert node.control_log(key).splitlines()[0].endswith("; multi-user")
+    assert state.prepared[UID_A].devices[0].mps_multi_user
+    with pytest.raises(ClaimError) as err:
+        state.prepare(_share(UID_B, "gpu-0", SHARE_2))
+    assert str(err.value) == (
+        "cannot prepare ResourceClaim team-a/claim-b: the MPS control daemon of gpu-0 runs multi-user "
+        f"for claim team-a/claim-a ({UID_A}); this claim asks multiUser: false, and one daemon runs in "
+        "one mode"
+    )
+    state.prepare(_share(UID_B, "gpu-0", SHARE_2, multiUser=True))
+    assert node.control_log(key).count("Starting control daemon") == 1
+    # The mode survives a restart: the checkpoint records it.
+    assert node.state().prepared[UID_B].devices[0].mps_multi_user
+
+
 _PREPARE = """
 import sys
 from pathlib import Path

@@ -11,10 +11,12 @@ import pytest
 
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
+from dra.cli.parser import parse_args
 from dra.core import cdi
 from dra.core.allocation import ClaimError, read_allocation
 from dra.core.assignment import parse_selector
-from dra.core.slices import build_slices
+from dra.core.sharing import decide_sharing
+from dra.core.slices import ShareMode, build_slices
 from dra.core.versions import ApiFeatures
 from dra.kubeletplugin.publisher import SlicePublisher, shareable_gpus
 from dra.kubeletplugin.state import DeviceState
@@ -74,6 +76,31 @@ async def test_where_the_server_drops_consumable_capacity_shareable_gpus_go_out_
     ]
 
 
+@pytest.mark.parametrize(("minor", "warned"), [(34, True), (35, False), (37, False)])
+def test_before_1_35_shareable_gpus_are_published_with_a_warning_naming_the_scheduler_bug(
+    caplog: pytest.LogCaptureFixture, minor: int, warned: bool
+) -> None:
+    features = ApiFeatures(minor, partitionable_devices=True, consumable_capacity=True)
+    with caplog.at_level(logging.WARNING, "dra.kubeletplugin.publisher"):
+        SlicePublisher(
+            FakeKube(),  # type: ignore[arg-type]
+            DRIVER,
+            NODE,
+            inventory("h100x8"),
+            features,
+            shareable=parse_selector("all"),
+        )
+    messages = [r.getMessage() for r in caplog.records]
+    assert bool(messages) == warned
+    if warned:
+        [message] = messages
+        assert message.startswith(
+            "--shareable-gpus: Kubernetes 1.34's scheduler checks a request against the capacity left on "
+            "the device at the request's own index in the candidate's ResourceSlice, not on the candidate "
+            "(kubernetes/kubernetes#133705, fixed in 1.35)"
+        )
+
+
 def test_shareable_gpus_allow_several_allocations_by_whole_gib_of_memory() -> None:
     devices = _devices("0,2")
     assert sorted(n for n, d in devices.items() if d.get("allowMultipleAllocations")) == ["gpu-0", "gpu-2"]
@@ -87,6 +114,58 @@ def test_shareable_gpus_allow_several_allocations_by_whole_gib_of_memory() -> No
             },
         }
     }
+
+
+def test_nvidias_other_share_modes_unlimited_and_n_equal_shares() -> None:
+    inv = inventory("h100x8")
+    shareable = shareable_gpus(parse_selector("0"), inv)
+
+    def gpu0(mode: ShareMode) -> dict[str, Any]:
+        items = build_slices(
+            inv, DRIVER, NODE, None, generation=1, features=CONSUMABLE, shareable=shareable, share_mode=mode
+        )
+        [device] = [d for s in items for d in s["spec"]["devices"] if d["name"] == "gpu-0"]
+        return dict(device["capacity"])
+
+    unlimited = {
+        "value": "81559Mi",
+        "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "79Gi", "step": "1Gi"}},
+    }
+    assert gpu0("unlimited") == {"memory": unlimited}
+    # --consumable-shares=4: four equal shares, one by default, as the device plugin's replicas: 4.
+    assert gpu0(4) == {
+        "memory": unlimited,
+        "shares": {
+            "value": "4",
+            "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": "4", "step": "1"}},
+        },
+    }
+
+
+def test_consumable_shares_takes_nvidias_values() -> None:
+    assert [
+        parse_args(["kubelet-plugin", "--node-name=n", f"--consumable-shares={v}"]).consumable_shares
+        for v in (
+            "disabled",
+            "memory",
+            "unlimited",
+            "4",
+        )
+    ] == [None, "memory", "unlimited", 4]
+    with pytest.raises(SystemExit):
+        parse_args(["kubelet-plugin", "--node-name=n", "--consumable-shares=0"])
+
+
+def test_an_unlimited_share_that_asks_no_memory_gets_no_pinned_limit_with_mps(state: DeviceState) -> None:
+    claim = _claim(UID_A, "gpu-0", SHARE_1, "0")
+    mps = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
+    claim["status"]["allocation"]["devices"]["config"] = [  # type: ignore[index]
+        {"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": mps}}
+    ]
+    allocation = read_allocation(claim, UID_A, DRIVER)
+    _, settings, problems = decide_sharing(allocation, {"gpu-0": state.inventory.get("gpu-0")}, {}, "/mps")  # type: ignore[dict-item]
+    assert problems == []
+    assert settings["gpu-0"].pinned_limit == ""
 
 
 def test_mig_devices_and_gpus_in_mig_mode_are_never_shareable() -> None:

@@ -85,7 +85,10 @@ def test_a_bad_config_is_denied_with_its_path_in_the_object(kind: str, path: str
             "sharing.mpsConfig.defaultActiveThreadPercentage: 0 is outside 1-100",
         ),
         ({"apiVersion": API, "kind": "GpuConfig", "extra": 1}, "extra: unknown field; known: sharing"),
-        ({"apiVersion": API, "kind": "Gpu"}, 'kind: "Gpu" is not one of ["GpuConfig", "MigDeviceConfig"]'),
+        (
+            {"apiVersion": API, "kind": "Gpu"},
+            'kind: "Gpu" is not one of ["GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"]',
+        ),
         (
             _gpu(
                 strategy="MPS",

@@ -56,8 +56,11 @@ def _say(text: str) -> None:
         print(text, flush=True)
 
 
-def _container_row(kube: Kube, info: ClusterInfo, pod: str, container: Obj, uuids: dict[str, str]) -> str:
-    """One line of the table: what the container's claims (or requests) got, and what it sees."""
+def _container_row(
+    kube: Kube, info: ClusterInfo, pod: str, container: Obj, uuids: dict[str, str]
+) -> list[str]:
+    """The table's line: what the container's claims (or requests) got, and what it sees; then the MIG
+    devices dynamic MIG made for it, with their UUIDs (the offers it was allocated have none)."""
     refs = container.get("resources", {}).get("claims", [])
     claims = pod_claims(kube, "default", pod) if refs else {}
     got = sorted({d for ref in refs for d in allocated_devices(claims[ref["name"]], ref.get("request"))})
@@ -66,7 +69,13 @@ def _container_row(kube: Kube, info: ClusterInfo, pod: str, container: Obj, uuid
     mark = "" if sees == got else "!"
     visible = record["env"].get("NVIDIA_VISIBLE_DEVICES", "(not set)")
     label = f"{mark}{pod}/{container['name']}"
-    return f"{label:<16} {', '.join(got) or '-':<38} {', '.join(sees) or '-':<38} {visible}"
+    env = record["env"]
+    made = [
+        f"    made for it: {name} = {env.get(key.removesuffix('_NAME') + '_UUID', '?')}"
+        for key, name in sorted(env.items())
+        if key.startswith("DRA_GPU_") and key.endswith("_NAME") and name in got and name not in uuids
+    ]
+    return [f"{label:<16} {', '.join(got) or '-':<38} {', '.join(sees) or '-':<38} {visible}", *made]
 
 
 def _seen_rows(kube: Kube, info: ClusterInfo, pod: str, container: Obj, uuids: dict[str, str]) -> list[str]:
@@ -88,6 +97,40 @@ def _seen_rows(kube: Kube, info: ClusterInfo, pod: str, container: Obj, uuids: d
         f"    $ ls /dev/nvidia*  {' '.join(saw.dev) or '(none)'}",
         f"    $ env             NVIDIA_VISIBLE_DEVICES={visible}, {len(claim_env)} DRA_GPU_CLAIM_* set",
     ]
+
+
+def _device_lines(devices: dict[str, Obj]) -> list[str]:
+    """The published devices: one line each, but one line per GPU for its dynamic-MIG offers."""
+    lines: list[str] = []
+    offers: dict[str, dict[str, int]] = {}
+    for name, device in devices.items():
+        attrs = device["attributes"]
+        kind = attrs["type"]["string"]
+        detail = (attrs.get("profile") or attrs["productName"])["string"]
+        if kind == "mig" and "uuid" not in attrs:
+            by_profile = offers.setdefault(name.split("-mig-")[0], {})
+            by_profile[detail] = by_profile.get(detail, 0) + 1
+            continue
+        lines.append(f"    {name:<24} {kind:<4} {detail:<24} memory {device['capacity']['memory']['value']}")
+    for gpu, by_profile in offers.items():
+        counts = ", ".join(f"{profile} x{n}" for profile, n in sorted(by_profile.items()))
+        lines.append(f"    {gpu:<24} offers MIG devices, made per claim: {counts}")
+    return lines
+
+
+#: The device type each DeviceClass of the demo's claims selects.
+CLASS_TYPES = {"gpu.nvidia.com": "gpu", "mig.nvidia.com": "mig"}
+
+
+def _unserved(pod: Obj, workloads: list[Obj], types: set[str]) -> list[str]:
+    """The device classes the pod's claims ask that no published device is of (empty: it can run)."""
+    templates = {w["metadata"]["name"]: w for w in workloads if w["kind"] == "ResourceClaimTemplate"}
+    classes = {
+        request["exactly"]["deviceClassName"]
+        for claim in pod["spec"].get("resourceClaims", [])
+        for request in templates[claim["resourceClaimTemplateName"]]["spec"]["spec"]["devices"]["requests"]
+    }
+    return sorted(c for c in classes if CLASS_TYPES.get(c) not in types)
 
 
 def main() -> int:
@@ -129,21 +172,31 @@ def _run() -> int:
         # The committed render, so that a first demo does not wait for helm to build.
         ensure_device_classes(kube, committed_device_classes())
         slices = kube.list_objects("resource.k8s.io/v1", "ResourceSlice")
-        devices = {d["name"]: d for s in slices for d in s["spec"]["devices"]}
+        # From 1.35 counter sets are published in slices of their own, without devices.
+        devices = {d["name"]: d for s in slices for d in s["spec"].get("devices", [])}
         _say(f"  registered with the kubelet; published {len(devices)} devices in {len(slices)} slice(s)")
-        for name, device in devices.items():
-            attrs = device["attributes"]
-            kind = attrs["type"]["string"]
-            detail = attrs.get("profile", attrs["productName"])["string"]
-            _say(f"    {name:<24} {kind:<4} {detail:<24} memory {device['capacity']['memory']['value']}")
+        for line in _device_lines(devices):
+            _say(line)
 
         workloads = load_manifests(EXAMPLES.read_text())
+        types = {d["attributes"]["type"]["string"] for d in devices.values()}
+        for pod in [w for w in workloads if w["kind"] == "Pod"]:
+            missing = _unserved(pod, workloads, types)
+            if missing:
+                workloads.remove(pod)
+                name = pod["metadata"]["name"]
+                _say(f"  leaving out pod {name}: {profile} has no device of class {', '.join(missing)}")
         if real:
             workloads = [observed(info, w) if w["kind"] == "Pod" else w for w in workloads]
         _say(f"applying docs/examples/demo.yaml{' (each container reports what it sees)' if real else ''}")
         kube.create_all(workloads, namespace="default")
         pods = [w for w in workloads if w["kind"] == "Pod"]
-        uuids = {name: d["attributes"]["uuid"]["string"] for name, d in devices.items()}
+        # A dynamic-MIG offer has no UUID: the MIG device a claim gets is made at prepare.
+        uuids = {
+            name: d["attributes"]["uuid"]["string"]
+            for name, d in devices.items()
+            if "uuid" in d["attributes"]
+        }
         failed = False
         _say("")
         _say(f"{'CONTAINER':<16} {'ITS CLAIMS GOT':<38} {'IT SEES':<38} NVIDIA_VISIBLE_DEVICES")
@@ -159,7 +212,7 @@ def _run() -> int:
                 rows = (
                     _seen_rows(kube, info, name, container, uuids)
                     if real
-                    else [_container_row(kube, info, name, container, uuids)]
+                    else _container_row(kube, info, name, container, uuids)
                 )
                 failed |= rows[0].startswith("!")
                 for row in rows:

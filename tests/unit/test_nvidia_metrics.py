@@ -1,0 +1,104 @@
+"""NVIDIA's DRA driver's metrics (nvidia_dra_*), beside ours: its names, labels, buckets and meaning.
+
+The expected set is that of pkg/metrics/dra_requests.go in kubernetes-sigs/dra-driver-nvidia-gpu
+at 95932046683719c43b6a0dd9613c2e5aad5d6703 (its main on 2026-08-07).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra.adapters.cdistore import CdiStore
+from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.kube import NotFoundError
+from dra.daemon import metrics
+from dra.kubeletplugin.service import DraService
+from dra.kubeletplugin.state import DeviceState
+from dra.pb.dra.v1 import dra_pb2
+from tests.unit.helpers import DRIVER, NODE, inventory
+
+NVIDIA = {
+    "nvidia_dra_requests": ("counter", ["driver", "operation"]),
+    "nvidia_dra_request_duration_seconds": ("histogram", ["driver", "operation"]),
+    "nvidia_dra_requests_inflight": ("gauge", ["driver", "operation"]),
+    "nvidia_dra_prepared_devices": ("gauge", ["node", "driver", "device_type"]),
+    "nvidia_dra_node_prepare_errors": ("counter", ["driver", "error_type"]),
+    "nvidia_dra_node_unprepare_errors": ("counter", ["driver", "error_type"]),
+}
+UID = "aaaaaaaa-0000-4000-8000-00000000000a"
+
+
+def test_the_set_is_nvidias() -> None:
+    # A family is listed once it has a series: make one of each (NVIDIA's error series, too, start
+    # at their first error).
+    metrics.start_nvidia_requests("example.com")
+    metrics.set_prepared_devices(NODE, "example.com", {})
+    metrics.NVIDIA_PREPARE_ERRORS.labels("example.com", "prepare_devices")
+    metrics.NVIDIA_UNPREPARE_ERRORS.labels("example.com", "unprepare_devices")
+    found = {
+        family.name: (family.type, sorted({k for s in family.samples for k in s.labels} - {"le"}))
+        for family in metrics.REGISTRY.collect()
+        if family.name.startswith("nvidia_dra_")
+    }
+    assert found == {name: (kind, sorted(labels)) for name, (kind, labels) in NVIDIA.items()}
+    assert metrics.NVIDIA_REQUEST_SECONDS._upper_bounds[:-1] == pytest.approx(
+        [0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8]
+    )
+
+
+class Claims:
+    """The API server's claims: one allocated GPU for claim-a; claim-gone is not there."""
+
+    async def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        if name == "claim-gone":
+            raise NotFoundError("not found", 404)
+        result = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-0"}
+        return {
+            "metadata": {"namespace": namespace, "name": name, "uid": UID},
+            "status": {"allocation": {"devices": {"results": [result]}}},
+        }
+
+    async def create_event(
+        self, involved: dict[str, Any], reason: str, message: str, *, host: str = ""
+    ) -> None:
+        """No events are asked for here."""
+
+
+def _value(name: str, **labels: str) -> float:
+    return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+@pytest.mark.anyio
+async def test_prepare_and_unprepare_count_as_nvidias_driver_counts_them(tmp_path: Path) -> None:
+    state = DeviceState(
+        DRIVER,
+        NODE,
+        inventory("h100x8"),
+        CdiStore(tmp_path / "cdi", DRIVER),
+        CheckpointStore(tmp_path / "checkpoint.json"),
+    )
+    state.recover()
+    dra = DraService(DRIVER, NODE, state, Claims())
+    ops = {"driver": DRIVER, "operation": "prepare"}
+    before = _value("nvidia_dra_requests_total", **ops)
+    errors = _value("nvidia_dra_node_prepare_errors_total", driver=DRIVER, error_type="get_claim")
+
+    ok = dra_pb2.Claim(namespace="team-a", name="claim-a", uid=UID)
+    gone = dra_pb2.Claim(namespace="team-a", name="claim-gone", uid=UID)
+    await dra.NodePrepareResources(dra_pb2.NodePrepareResourcesRequest(claims=[ok, gone]), None)  # type: ignore[arg-type]
+
+    assert _value("nvidia_dra_requests_total", **ops) == before + 1
+    assert _value("nvidia_dra_node_prepare_errors_total", driver=DRIVER, error_type="get_claim") == errors + 1
+    assert _value("nvidia_dra_requests_inflight", **ops) == 0
+    assert _value("nvidia_dra_request_duration_seconds_count", **ops) >= 1
+    devices = {"node": NODE, "driver": DRIVER}
+    assert _value("nvidia_dra_prepared_devices", **devices, device_type="gpu") == 1
+    assert _value("nvidia_dra_prepared_devices", **devices, device_type="mig") == 0
+
+    request = dra_pb2.NodeUnprepareResourcesRequest(claims=[ok])
+    await dra.NodeUnprepareResources(request, None)  # type: ignore[arg-type]
+    assert _value("nvidia_dra_requests_total", driver=DRIVER, operation="unprepare") >= 1
+    assert _value("nvidia_dra_prepared_devices", **devices, device_type="gpu") == 0

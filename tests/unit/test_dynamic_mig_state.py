@@ -315,4 +315,7 @@ def test_a_claim_allocated_anew_gives_its_mig_device_back(tmp_path: Path) -> Non
     claim = state.prepare(_allocation("gpu-1"))
     assert [d.device for d in claim.devices] == ["gpu-1"]
     assert _instances(tmp_path) == []
-    assert state.actions == []
+    # What is left is the MIG mode the whole GPU was given, recorded for the claim.
+    assert [(a.device, a.kind, a.params["mode"], a.done) for a in state.actions] == [
+        ("gpu-1", "mig-mode", 0, True)
+    ]

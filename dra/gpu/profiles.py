@@ -124,6 +124,7 @@ _GPU_KEYS = {
     "numaNode",
     "pcieRoot",
     "addressingMode",
+    "migResetBlocked",
 }
 
 
@@ -135,6 +136,9 @@ class FakeGpu:
     mig: tuple[str, ...] | None
     numa_node: int | None = None
     pcie_root: str | None = None
+    #: NVML cannot reset the GPU (passthrough to a VM, another client holding it): a MIG mode change
+    #: on a model that needs a reset for it stays pending (dra.gpu.fakemig).
+    mig_reset_blocked: bool = False
 
 
 @dataclass(frozen=True)
@@ -247,7 +251,10 @@ def parse_profile(data: object, name: str) -> Profile:
         numa = _int(entry["numaNode"], f"{where}.numaNode") if "numaNode" in entry else None
         root = str(entry["pcieRoot"]) if "pcieRoot" in entry else None
         count = _int(entry.get("count", 1), f"{where}.count", 1)
-        gpus.extend(FakeGpu(model, mig, numa, root) for _ in range(count))
+        blocked = entry.get("migResetBlocked", False)
+        if not isinstance(blocked, bool):
+            raise ProfileError(f"{where}.migResetBlocked: expected true or false, got {blocked!r}")
+        gpus.extend(FakeGpu(model, mig, numa, root, blocked) for _ in range(count))
     cuda = str(data.get("cudaDriverVersion", "12.4"))
     major, _, minor = cuda.partition(".")
     if not (major.isdigit() and (minor.isdigit() or minor == "")):

@@ -18,7 +18,7 @@ from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import GpuHandle, GpuLibrary
 from dra.gpu.nvml import NvmlLibrary
 from dra.gpu.nvmlstandin import NvmlStandIn, host_tree
-from dra.gpu.profiles import load_profile
+from dra.gpu.profiles import load_profile, parse_profile
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Inventory, MigPartition
 from dra.model.migmode import parse_mig_modes
@@ -132,3 +132,49 @@ def test_a_mig_mode_change_that_waits_for_a_reset_is_a_claim_error_and_the_gpu_i
         assert _mode(lib) == (1, 1)
     finally:
         lib.shutdown()
+
+
+def _blocked(root: Path) -> FakeGpuLibrary:
+    """An A100 and an H100 with MIG off whose reset NVML cannot do (passthrough to a VM, say)."""
+    profile = parse_profile(
+        {
+            "gpus": [
+                {"model": "a100-sxm4-80gb", "migResetBlocked": True},
+                {"model": "h100-sxm5-80gb", "migResetBlocked": True},
+            ]
+        },
+        "blocked",
+    )
+    return FakeGpuLibrary(profile, NODE, mig_state=root / "fake-gpu-mig.json")
+
+
+def test_the_fake_leaves_a_mig_mode_change_pending_on_ampere_only_where_the_gpu_cannot_be_reset(
+    tmp_path: Path,
+) -> None:
+    lib = _blocked(tmp_path)
+    lib.set_mig_mode(GpuHandle(0), 1)
+    lib.set_mig_mode(GpuHandle(1), 1)
+    assert _mode(lib, 0) == (0, 1), "Ampere needs the reset NVML cannot do here"
+    assert _mode(lib, 1) == (1, 1), "Hopper needs no reset"
+    assert _mode(_blocked(tmp_path), 0) == (0, 1), "kept with the GPU's state"
+    lib.set_mig_mode(GpuHandle(0), 0)  # asked back before a reset: nothing waits any more
+    assert _mode(lib, 0) == (0, 0)
+    lib.set_mig_mode(GpuHandle(0), 1)
+    lib.reset_gpu(0)
+    assert _mode(lib, 0) == (1, 1)
+
+
+def test_a_claim_on_an_ampere_gpu_that_cannot_be_reset_gets_the_pending_error_then_works_after_a_reset(
+    tmp_path: Path,
+) -> None:
+    lib = _blocked(tmp_path)
+    state = _state(tmp_path, lib)
+    offer = "gpu-0-mig-3g40gb-at4"
+    assert state.inventory.partition(offer) is not None
+    with pytest.raises(ClaimError, match="pending until the GPU is reset"):
+        state.prepare(_allocation(offer))
+    assert state.actions == []
+    assert _offers(discover(lib, parse_mig_modes("dynamic"))) == []
+    lib.reset_gpu(0)
+    state.set_inventory(discover(lib, parse_mig_modes("dynamic")))
+    assert state.prepare(_allocation(offer)).devices[0].uuid.startswith("MIG-")

@@ -13,6 +13,8 @@ import pytest
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError
+from dra.core.slices import build_slices
+from dra.core.versions import ApiFeatures
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import GpuHandle, GpuLibrary
@@ -91,6 +93,10 @@ def test_the_offers_with_mig_off_are_those_nvml_gives_with_mig_on(tmp_path: Path
     assert not off.gpus[0].mig_enabled
     assert _offers(off) == _offers(on)
     assert _offers(off)
+    # Switching MIG mode changes nothing the scheduler sees: no slice is rewritten for it.
+    features = ApiFeatures(minor=37, partitionable_devices=True)
+    published = [build_slices(i, DRIVER, NODE, None, 1, features) for i in (off, on)]
+    assert published[0] == published[1]
 
 
 def _standin_nvml(host: Path, reset_required: set[int]) -> tuple[NvmlLibrary, NvmlStandIn]:

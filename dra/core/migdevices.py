@@ -219,9 +219,9 @@ def destroy_claim_devices(node: Node, uid: str, facts: Facts) -> Program[Facts]:
     if not mine:
         return facts
     for action in mine:
-        gpu = _gpu_of(facts.inventory, action)
         if action.kind != MIG_CREATE:
             continue
+        gpu = _gpu_of(facts.inventory, action)
         if not node.mig or gpu is None:
             continue
         if action.done:

@@ -322,7 +322,12 @@ def _dynamic_offers(lib: GpuLibrary, handle: GpuHandle, gpu: Gpu, offer: MigOffe
     A GPU whose MIG mode waits for a reset to turn on offers nothing more: no MIG device can be made
     on it until then.
     """
-    current, pending = lib.mig_mode(handle)
+    try:
+        current, pending = lib.mig_mode(handle)
+    except GpuLibraryError as err:
+        if err.code == ERROR_NOT_SUPPORTED:
+            return []
+        raise
     if (current, pending) == (0, 1):
         _tell_once(
             gpu,

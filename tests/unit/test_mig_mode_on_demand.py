@@ -184,3 +184,11 @@ def test_a_claim_on_an_ampere_gpu_that_cannot_be_reset_gets_the_pending_error_th
     lib.reset_gpu(0)
     state.set_inventory(discover(lib, parse_mig_modes("dynamic")))
     assert state.prepare(_allocation(offer)).devices[0].uuid.startswith("MIG-")
+
+
+def test_a_gpu_without_mig_in_dynamic_mode_is_published_whole(tmp_path: Path) -> None:
+    lib = FakeGpuLibrary(load_profile("mixed"), NODE)
+    inventory = discover(lib, parse_mig_modes("dynamic"))
+    assert [g.name for g in inventory.gpus] == [d.name for d in inventory.devices]
+    assert len(inventory.gpus) == lib.device_count()
+    assert inventory.partitions == ()

@@ -356,6 +356,21 @@ def _dynamic_offers(lib: GpuLibrary, handle: GpuHandle, gpu: Gpu, offer: MigOffe
     return _offered(offer, gpu, table_partitions(gpu, table))
 
 
+def _mig_off_pending(lib: GpuLibrary, handle: GpuHandle, gpu: Gpu) -> bool:
+    """Whether MIG mode waits for a reset to turn off: the GPU is not offered whole until then."""
+    if lib.mig_mode(handle) != (1, 0):
+        return False
+    _tell_once(
+        gpu,
+        "pending-off",
+        "GPU %d: MIG mode waits for a GPU reset to turn off (nvidia-smi -i %d -r), so dynamic MIG "
+        "offers it as MIG devices only until then",
+        gpu.index,
+        gpu.index,
+    )
+    return True
+
+
 def table_partitions(gpu: Gpu, table: tuple[migtables.GpuInstanceProfile, ...]) -> list[MigPartition]:
     """The partitions `partitions` would read from NVML once MIG mode is on, from the model's table."""
     found = [
@@ -421,6 +436,8 @@ def discover(lib: GpuLibrary, mig_modes: migmode.MigModes | None = None) -> Inve
                 gpu_offers = _dynamic_offers(lib, handle, gpu, modes.offer)
                 if gpu.mig_enabled:
                     gpu_instances = _mig_devices(lib, handle, gpu, caps)
+                    if gpu_offers and _mig_off_pending(lib, handle, gpu):
+                        members = []
         except GpuLibraryError as err:
             log.warning("skipping GPU %d: NVML error %d: %s", index, err.code, err)
             continue

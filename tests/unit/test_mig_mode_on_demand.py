@@ -192,3 +192,28 @@ def test_a_gpu_without_mig_in_dynamic_mode_is_published_whole(tmp_path: Path) ->
     assert [g.name for g in inventory.gpus] == [d.name for d in inventory.devices]
     assert len(inventory.gpus) == lib.device_count()
     assert inventory.partitions == ()
+
+
+def test_a_gpu_whose_mig_mode_waits_to_turn_off_is_offered_as_mig_devices_only(tmp_path: Path) -> None:
+    lib, standin = _standin_nvml(tmp_path / "host", {0})
+    try:
+        lib.set_mig_mode(lib.device_by_index(0), 1)
+        standin.reset_gpu(0)
+        state = _state(tmp_path, lib, tmp_path / "host")
+        with pytest.raises(ClaimError, match=r"needs MIG mode off on GPU 0 .* MIG on"):
+            state.prepare(_allocation("gpu-0"))
+        assert _mode(lib) == (1, 0)
+        waiting = discover(lib, parse_mig_modes("dynamic"))
+        assert waiting.get("gpu-0") is None
+        assert _offers(waiting)
+        features = ApiFeatures(minor=37, partitionable_devices=True)
+        names = [
+            d["name"]
+            for s in build_slices(waiting, DRIVER, NODE, None, 1, features)
+            for d in s["spec"].get("devices", [])
+        ]
+        assert "gpu-0" not in names
+        assert "gpu-0-mig-3g40gb-at4" in names
+        assert "gpu-1" in names
+    finally:
+        lib.shutdown()

@@ -22,13 +22,15 @@ from dra.core.steps import (
     Log,
     Node,
     Program,
+    ReadMigMode,
     Save,
     SetInventory,
+    SetMigMode,
     StepError,
     ask,
 )
 from dra.model.devices import Gpu, Inventory, MigDevice, MigPartition
-from dra.model.prepared import MIG_CREATE, DeviceAction
+from dra.model.prepared import MIG_CREATE, MIG_MODE, DeviceAction
 
 
 @dataclass(frozen=True)
@@ -60,8 +62,52 @@ def held(facts: Facts) -> set[tuple[str, int]]:
     return {
         (str(a.params["gpu"]), int(a.result["gpuInstance"]))
         for a in facts.actions
-        if a.done and a.claim_uid in facts.prepared
+        if a.done and a.kind == MIG_CREATE and a.claim_uid in facts.prepared
     }
+
+
+def _mode_word(mode: int) -> str:
+    return "on" if mode else "off"
+
+
+def switch_mig_mode(
+    node: Node, allocation: ClaimAllocation, gpu: Gpu, mode: int, facts: Facts
+) -> Program[Facts]:
+    """Put a dynamic-MIG GPU in MIG mode `mode` for a claim: recorded as intent, switched, recorded as done.
+
+    ClaimError where NVML leaves the change pending until a GPU reset: it stays pending (a reset
+    applies it), its record goes, and discovery offers the GPU as it is meanwhile.
+    """
+    if not node.mig:
+        raise ClaimError(f"cannot prepare ResourceClaim {allocation.ref}: this node does not manage MIG")
+    current, pending = yield from ask(ReadMigMode(gpu.index))
+    if current == mode:
+        return facts
+    waits = (
+        f"cannot prepare ResourceClaim {allocation.ref}: it needs MIG mode {_mode_word(mode)} on GPU "
+        f"{gpu.index} ({gpu.uuid}), and NVML leaves that change pending until the GPU is reset "
+        f"(nvidia-smi -i {gpu.index} -r, with no process on it); until then the GPU is offered as it is, "
+        f"MIG {_mode_word(current)}"
+    )
+    if pending == mode:
+        raise ClaimError(waits)
+    params: dict[str, str | int] = {"gpu": gpu.uuid, "index": gpu.index, "mode": mode, "was": current}
+    intent = DeviceAction(allocation.uid, gpu.name, MIG_MODE, params)
+    yield Save(facts.prepared, (*facts.actions, intent), point="mig-mode-intent-recorded")
+    try:
+        now = yield from ask(SetMigMode(gpu.index, mode, point="mig-mode-set"))
+    except StepError as err:
+        yield Save(facts.prepared, facts.actions)
+        raise ClaimError(
+            f"cannot prepare ResourceClaim {allocation.ref}: cannot turn MIG mode {_mode_word(mode)} on "
+            f"GPU {gpu.index} ({gpu.uuid}): NVML error {err.code}: {err}"
+        ) from None
+    if not now:
+        yield Save(facts.prepared, facts.actions)
+        raise ClaimError(waits)
+    actions = (*facts.actions, replace(intent, done=True))
+    yield Save(facts.prepared, actions, point="mig-mode-recorded")
+    return replace(facts, actions=actions)
 
 
 def make(
@@ -165,11 +211,16 @@ def _creation_failed(
 
 
 def destroy_claim_devices(node: Node, uid: str, facts: Facts) -> Program[Facts]:
-    """Destroy the MIG devices made for a claim and drop their actions (the claim's record stays)."""
-    mine = [a for a in facts.actions if a.claim_uid == uid and a.kind == MIG_CREATE]
+    """Destroy the MIG devices made for a claim and drop its actions (the claim's record stays).
+
+    A MIG mode it switched stays as it is: the next claim that needs the other mode switches it back.
+    """
+    mine = [a for a in facts.actions if a.claim_uid == uid]
     if not mine:
         return facts
     for action in mine:
+        if action.kind != MIG_CREATE:
+            continue
         gpu = _gpu_of(facts.inventory, action)
         if not node.mig or gpu is None:
             continue
@@ -215,6 +266,10 @@ def recover(node: Node, facts: Facts) -> Program[Facts]:
     kept = tuple(a for a in facts.actions if a.done and a.claim_uid in facts.prepared)
     known = held(facts)
     yield from destroy_unheld(node, facts, facts.inventory.dynamic_gpus)
+    # Latest first, so that a GPU switched twice ends as it was before the first.
+    for action in reversed(facts.actions):
+        if action not in kept and action.kind == MIG_MODE:
+            yield from _undo_mig_mode(node, action, known)
     for action in facts.actions:
         if action not in kept:
             yield Log(
@@ -231,9 +286,22 @@ def recover(node: Node, facts: Facts) -> Program[Facts]:
     return Facts(facts.prepared, kept, inventory)
 
 
+def _undo_mig_mode(node: Node, action: DeviceAction, held: set[tuple[str, int]]) -> Program[None]:
+    """Put back the MIG mode an unfinished prepare switched, unless MIG devices of claims need it on."""
+    index, was, gpu = int(action.params["index"]), int(action.params["was"]), str(action.params["gpu"])
+    if not node.mig or (was == 0 and any(uuid == gpu for uuid, _ in held)):
+        return
+    try:
+        current, _pending = yield from ask(ReadMigMode(index))
+        if current != was:
+            yield SetMigMode(index, was, point="mig-mode-undone")
+    except StepError as err:
+        yield Log("warning", f"cannot put MIG mode {_mode_word(was)} back on GPU {index} ({gpu}): {err}")
+
+
 def adopt(node: Node, facts: Facts) -> Program[Inventory]:
     """The inventory with the MIG devices another instance made for its claims, without those it destroyed."""
-    made = {str(a.result["uuid"]): a for a in facts.actions if a.done}
+    made = {str(a.result["uuid"]): a for a in facts.actions if a.done and a.kind == MIG_CREATE}
     known = [m for m in facts.inventory.instances if m.uuid in made]
     found = {m.uuid for m in known}
     for uuid, action in made.items():

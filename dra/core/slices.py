@@ -296,14 +296,16 @@ def _dynamic_groups(inventory: Inventory) -> list[_Group]:
         counters = gpu_counters(gpu, offers)
         if len(counters) > MAX_COUNTERS_PER_SET:
             raise SliceError(f"{gpu.name} needs {len(counters)} counters, more than {MAX_COUNTERS_PER_SET}")
-        whole = device_entry(gpu, inventory)
-        whole["consumesCounters"] = [
-            {"counterSet": counter_set_name(gpu), "counters": _counter_values(counters)}
-        ]
+        # Not offered whole while its MIG mode waits for a reset to turn off (dra.gpu.discovery).
+        wholes = [device_entry(gpu, inventory)] if inventory.get(gpu.name) is not None else []
+        for whole in wholes:
+            whole["consumesCounters"] = [
+                {"counterSet": counter_set_name(gpu), "counters": _counter_values(counters)}
+            ]
         groups.append(
             _Group(
                 {"name": counter_set_name(gpu), "counters": _counter_values(counters)},
-                [whole, *(partition_entry(p, inventory) for p in offers)],
+                [*wholes, *(partition_entry(p, inventory) for p in offers)],
             )
         )
     return groups

@@ -158,6 +158,21 @@ class CreateComputeInstance(Query[int]):
 
 
 @dataclass(frozen=True)
+class ReadMigMode(Query[tuple[int, int]]):
+    """The GPU's (current, pending) MIG mode, 1 on and 0 off; they differ while a change awaits a reset."""
+
+    gpu_index: int
+
+
+@dataclass(frozen=True)
+class SetMigMode(Query[bool]):
+    """Ask for MIG mode on (1) or off (0); whether it is current now (False: pending until a GPU reset)."""
+
+    gpu_index: int
+    mode: int
+
+
+@dataclass(frozen=True)
 class FindMigDevice(Query[MigDevice]):
     """The MIG device a GPU instance and compute instance make, as discovery reads it."""
 

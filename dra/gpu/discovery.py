@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
+from dra.gpu import migtables
 from dra.gpu.library import (
     ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_FUNCTION_NOT_FOUND,
@@ -315,6 +316,81 @@ def mig_devices(lib: GpuLibrary, parent: Gpu) -> list[MigDevice]:
     return _mig_devices(lib, lib.device_by_index(parent.index), parent, lib.mig_capability_minors())
 
 
+def _dynamic_offers(lib: GpuLibrary, handle: GpuHandle, gpu: Gpu, offer: MigOffer) -> list[MigPartition]:
+    """What a dynamic-MIG GPU offers besides itself, whatever its MIG mode: the first MIG claim turns it on.
+
+    A GPU whose MIG mode waits for a reset to turn on offers nothing more: no MIG device can be made
+    on it until then.
+    """
+    try:
+        current, pending = lib.mig_mode(handle)
+    except GpuLibraryError as err:
+        if err.code == ERROR_NOT_SUPPORTED:
+            return []
+        raise
+    if (current, pending) == (0, 1):
+        _tell_once(
+            gpu,
+            "pending",
+            "GPU %d: MIG mode waits for a GPU reset to turn on (nvidia-smi -i %d -r), so dynamic MIG "
+            "offers it whole only until then",
+            gpu.index,
+            gpu.index,
+        )
+        return []
+    if current:
+        return _offered(offer, gpu, partitions(lib, handle, gpu, PROFILE_COUNT))
+    table = migtables.BY_PRODUCT.get(gpu.product_name)
+    if table is None:
+        _tell_once(
+            gpu,
+            "off",
+            "GPU %d (%s): MIG mode is off and this driver does not know the model's MIG profiles, so "
+            "dynamic MIG offers it whole only; turn MIG on with nvidia-smi -i %d -mig 1 "
+            "(no process may use the GPU)",
+            gpu.index,
+            gpu.product_name,
+            gpu.index,
+        )
+        return []
+    return _offered(offer, gpu, table_partitions(gpu, table))
+
+
+def _mig_off_pending(lib: GpuLibrary, handle: GpuHandle, gpu: Gpu) -> bool:
+    """Whether MIG mode waits for a reset to turn off: the GPU is not offered whole until then."""
+    if lib.mig_mode(handle) != (1, 0):
+        return False
+    _tell_once(
+        gpu,
+        "pending-off",
+        "GPU %d: MIG mode waits for a GPU reset to turn off (nvidia-smi -i %d -r), so dynamic MIG "
+        "offers it as MIG devices only until then",
+        gpu.index,
+        gpu.index,
+    )
+    return True
+
+
+def table_partitions(gpu: Gpu, table: tuple[migtables.GpuInstanceProfile, ...]) -> list[MigPartition]:
+    """The partitions `partitions` would read from NVML once MIG mode is on, from the model's table."""
+    found = [
+        MigPartition(
+            name=partition_name(gpu.index, p.name, start),
+            parent=gpu,
+            profile=p.name,
+            profile_id=p.id,
+            slices=p.slices,
+            placement_start=start,
+            placement_size=p.memory_slices,
+            memory_bytes=p.memory_mib * 1024 * 1024,
+            engines=p.engines,
+        )
+        for p in sorted(table, key=lambda p: p.nvml_profile)
+        for start in p.starts
+    ]
+    return sorted(found, key=lambda p: (-p.slices, -p.placement_size, p.placement_start))
+
+
 #: How many NVML_GPU_INSTANCE_PROFILE_* enumerators discovery probes (nvml.h: ..._COUNT).
 PROFILE_COUNT = 10
 
@@ -356,18 +432,12 @@ def discover(lib: GpuLibrary, mig_modes: migmode.MigModes | None = None) -> Inve
                     index,
                     index,
                 )
-            elif mode == migmode.DYNAMIC and gpu.mig_enabled:
-                gpu_offers = _offered(modes.offer, gpu, partitions(lib, handle, gpu, PROFILE_COUNT))
-                gpu_instances = _mig_devices(lib, handle, gpu, caps)
             elif mode == migmode.DYNAMIC:
-                _tell_once(
-                    gpu,
-                    mode,
-                    "GPU %d: MIG mode is off, so dynamic MIG offers it whole only; "
-                    "turn MIG on with nvidia-smi -i %d -mig 1 (no process may use the GPU)",
-                    index,
-                    index,
-                )
+                gpu_offers = _dynamic_offers(lib, handle, gpu, modes.offer)
+                if gpu.mig_enabled:
+                    gpu_instances = _mig_devices(lib, handle, gpu, caps)
+                    if gpu_offers and _mig_off_pending(lib, handle, gpu):
+                        members = []
         except GpuLibraryError as err:
             log.warning("skipping GPU %d: NVML error %d: %s", index, err.code, err)
             continue

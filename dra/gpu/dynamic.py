@@ -58,6 +58,19 @@ def destroy(lib: GpuLibrary, gpu_index: int, gpu_instance_id: int) -> None:
     lib.destroy_gpu_instance(gi)
 
 
+def mig_mode(lib: GpuLibrary, gpu_index: int) -> tuple[int, int]:
+    """The GPU's (current, pending) MIG mode."""
+    return lib.mig_mode(lib.device_by_index(gpu_index))
+
+
+def set_mig_mode(lib: GpuLibrary, gpu_index: int, mode: int) -> bool:
+    """Ask for a MIG mode; whether it is current now. NVML leaves it pending where the GPU needs a reset."""
+    handle = lib.device_by_index(gpu_index)
+    lib.set_mig_mode(handle, mode)
+    current, _pending = lib.mig_mode(handle)
+    return current == mode
+
+
 def instances(lib: GpuLibrary, gpu_index: int) -> list[Instance]:
     """Every GPU instance on a GPU, of every profile it has."""
     gpu = lib.device_by_index(gpu_index)

@@ -11,9 +11,15 @@ live on the GPU, so that a restarted driver finds them), else in memory; the
 instances a profile lists under `mig` are there from the start, at the first
 placements where they all fit. A file written for another profile (another
 MIG layout) counts as absent, as a re-partitioned GPU would. set_mig_mode
-turns MIG on or off at once (recorded in the same file), refused with IN_USE
-while the GPU has instances; a GPU the profile gives no `mig` starts with MIG
-off. With on_mig_change set, each new MIG device is announced (with a root,
+turns MIG on or off (recorded in the same file), refused with IN_USE while
+the GPU has instances; a GPU the profile gives no `mig` starts with MIG off.
+Per architecture, after NVIDIA's MIG User Guide ("Deployment Considerations":
+setting MIG mode on the A100/A30 requires a GPU reset) and nvml.h
+(nvmlDeviceSetMigMode resets the GPU itself where it can, else its activation
+status is RESET_REQUIRED): on Hopper and later the change is current at once;
+on Ampere too, since NVML resets the GPU, unless the profile marks the GPU
+`migResetBlocked`, where it stays pending until `reset_gpu`. With
+on_mig_change set, each new MIG device is announced (with a root,
 dra.daemon.fakegpus then makes its device nodes).
 """
 
@@ -46,6 +52,9 @@ from dra.gpu.library import (
 )
 from dra.gpu.migtables import GpuInstanceProfile
 from dra.gpu.profiles import FakeGpu, Profile
+
+#: nvmlDeviceArchitecture_t of Ampere: the one that needs a GPU reset to change MIG mode.
+AMPERE = 7
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,8 @@ class FakeMigPartitions:
         self._memory: dict[int, list[FakeInstance]] | None = None
         #: MIG modes set through set_mig_mode, by GPU index; the others are the profile's.
         self._modes: dict[int, int] = {}
+        #: MIG modes asked for that wait for a GPU reset, by GPU index.
+        self._pending: dict[int, int] = {}
         #: Called after MIG devices appear or go (outside the lock): with a root, their device nodes follow.
         self.on_mig_change: Callable[[], None] | None = None
         self._lock = threading.Lock()
@@ -107,13 +118,24 @@ class FakeMigPartitions:
     def mig_mode(self, gpu: GpuHandle) -> tuple[int, int]:
         """MIG on where set_mig_mode turned it on or the profile lists MIG devices; NOT_SUPPORTED without MIG.
 
-        A change applies at once (current and pending agree), as on a GPU that needs no reset for it.
+        They differ while a change waits for a GPU reset (an Ampere GPU NVML cannot reset).
         """
         fake = self._gpu(gpu)
         if not fake.model.mig_profiles:
             raise GpuLibraryError(ERROR_NOT_SUPPORTED, "MIG not supported")
         mode = 1 if self._mig_on(gpu) else 0
-        return mode, mode
+        assert isinstance(gpu, int)
+        with self._lock:
+            return mode, self._pending.get(gpu, mode)
+
+    def reset_gpu(self, index: int) -> None:
+        """A GPU reset: a MIG mode change that waited for it becomes current."""
+        with self._lock:
+            state = self._load()
+            mode = self._pending.pop(index, None)
+            if mode is not None:
+                self._modes[index] = mode
+                self._save(state)
 
     def _mig_on(self, gpu: GpuHandle) -> bool:
         assert isinstance(gpu, int)
@@ -123,7 +145,7 @@ class FakeMigPartitions:
         return self.profile.gpus[gpu].mig is not None if mode is None else mode == 1
 
     def set_mig_mode(self, gpu: GpuHandle, mode: int) -> None:
-        """Turn MIG on or off at once; IN_USE while the GPU has GPU instances, as NVML refuses then."""
+        """Turn MIG on or off (pending where an Ampere GPU cannot be reset); IN_USE while it has instances."""
         assert isinstance(gpu, int)
         fake = self._gpu(gpu)
         if not fake.model.mig_profiles:
@@ -134,7 +156,12 @@ class FakeMigPartitions:
             state = self._load()
             if state.get(gpu):
                 raise GpuLibraryError(ERROR_IN_USE, f"GPU {gpu} has MIG instances: destroy them first")
-            self._modes[gpu] = mode
+            current = self._modes.get(gpu, 1 if fake.mig is not None else 0)
+            self._pending.pop(gpu, None)
+            if fake.mig_reset_blocked and fake.model.architecture == AMPERE and mode != current:
+                self._pending[gpu] = mode
+            else:
+                self._modes[gpu] = mode
             self._save(state)
 
     def max_mig_device_count(self, gpu: GpuHandle) -> int:
@@ -198,6 +225,7 @@ class FakeMigPartitions:
             data = json.loads(self._mig_state.read_text())
             if data.get("profile") == self._layout():
                 self._modes = {int(k): int(v) for k, v in data.get("migMode", {}).items()}
+                self._pending = {int(k): int(v) for k, v in data.get("migPending", {}).items()}
                 return {int(k): [FakeInstance(**i) for i in v] for k, v in data["gpus"].items()}
         if self._memory is None:
             self._memory = {i: self._premade(i) for i in range(len(self.profile.gpus))}
@@ -209,7 +237,8 @@ class FakeMigPartitions:
             return
         gpus = {str(k): [asdict(i) for i in v] for k, v in sorted(state.items())}
         modes = {str(k): v for k, v in sorted(self._modes.items())}
-        text = json.dumps({"profile": self._layout(), "gpus": gpus, "migMode": modes})
+        pending = {str(k): v for k, v in sorted(self._pending.items())}
+        text = json.dumps({"profile": self._layout(), "gpus": gpus, "migMode": modes, "migPending": pending})
         # Atomically, as the real GPU changes: a reader never sees half a state.
         tmp = self._mig_state.with_name(f".{self._mig_state.name}.tmp")
         tmp.parent.mkdir(parents=True, exist_ok=True)

@@ -153,6 +153,16 @@ H200_141GB = (
 )
 
 
+#: The tables by product name, as nvmlDeviceGetName gives it: what a GPU in MIG mode would offer, known
+#: while MIG mode is off (NVML answers no profile query then).
+BY_PRODUCT = {
+    "NVIDIA A100-SXM4-40GB": A100_40GB,
+    "NVIDIA A100-SXM4-80GB": A100_80GB,
+    "NVIDIA H100 80GB HBM3": H100_80GB,
+    "NVIDIA H200": H200_141GB,
+}
+
+
 def by_nvml_profile(table: tuple[GpuInstanceProfile, ...], nvml_profile: int) -> GpuInstanceProfile | None:
     """The row answering to an NVML_GPU_INSTANCE_PROFILE_* enumerator, or None (NOT_SUPPORTED in NVML)."""
     return next((p for p in table if p.nvml_profile == nvml_profile), None)

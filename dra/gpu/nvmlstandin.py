@@ -203,10 +203,11 @@ class NvmlStandIn:
     # -- what only the stand-in knows --------------------------------------------------------
 
     def reset_gpu(self, index: int) -> None:
-        """A GPU reset: a pending MIG mode becomes the current one."""
+        """A GPU reset: a pending MIG mode becomes the current one (the fake's own pending one too)."""
         mode = self._pending.pop(index, None)
         if mode is not None:
             self.fake.set_mig_mode(GpuHandle(index), mode)
+        self.fake.reset_gpu(index)
 
     # -- handles -------------------------------------------------------------------------------
 
@@ -320,17 +321,19 @@ class NvmlStandIn:
 
     def _mig_mode(self, device: int, current: int, pending: int) -> None:
         gpu = self.gpu(device)
-        now, _ = self.fake.mig_mode(gpu)
+        now, waiting = self.fake.mig_mode(gpu)
         set_uint(current, now)
         assert isinstance(gpu, int)
-        set_uint(pending, self._pending.get(gpu, now))
+        set_uint(pending, self._pending.get(gpu, waiting))
 
     def _set_mig_mode(self, device: int, mode: int, status: int) -> None:
         gpu = self.gpu(device)
         assert isinstance(gpu, int)
         if gpu not in self.reset_required:
             self.fake.set_mig_mode(gpu, mode)
-            set_uint(status, SUCCESS)
+            # An Ampere GPU the fake cannot reset leaves the change pending, as NVML says in the status.
+            now, _ = self.fake.mig_mode(gpu)
+            set_uint(status, SUCCESS if now == mode else ERROR_RESET_REQUIRED)
             return
         current, _ = self.fake.mig_mode(gpu)  # NOT_SUPPORTED without MIG, as the fake answers
         if mode not in (0, 1):

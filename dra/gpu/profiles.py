@@ -129,6 +129,7 @@ _GPU_KEYS = {
     "numaNode",
     "pcieRoot",
     "addressingMode",
+    "migResetBlocked",
 }
 
 
@@ -140,6 +141,9 @@ class FakeGpu:
     mig: tuple[str, ...] | None
     numa_node: int | None = None
     pcie_root: str | None = None
+    #: NVML cannot reset the GPU (passthrough to a VM, another client holding it): a MIG mode change
+    #: on a model that needs a reset for it stays pending (dra.gpu.fakemig).
+    mig_reset_blocked: bool = False
 
 
 @dataclass(frozen=True)
@@ -266,7 +270,10 @@ def parse_profile(data: object, name: str) -> Profile:
         root = str(entry["pcieRoot"]) if "pcieRoot" in entry else None
         # The bound is what the profile has room left for, so that the total stays within MAX_GPUS.
         count = _int(entry.get("count", 1), f"{where}.count", 1, MAX_GPUS - len(gpus))
-        gpus.extend(FakeGpu(model, mig, numa, root) for _ in range(count))
+        blocked = entry.get("migResetBlocked", False)
+        if not isinstance(blocked, bool):
+            raise ProfileError(f"{where}.migResetBlocked: expected true or false, got {quote(blocked)}")
+        gpus.extend(FakeGpu(model, mig, numa, root, blocked) for _ in range(count))
     cuda = str(data.get("cudaDriverVersion", "12.4"))
     major, _, minor = cuda.partition(".")
     if not (_digits(major) and (_digits(minor) or minor == "")):

@@ -217,6 +217,8 @@ class DeviceState:
             s.FindMigDevice: lambda step: dynamic.find_mig_device(
                 self._gpus(), step.gpu, step.gpu_instance_id, step.compute_instance_id
             ),
+            s.ReadMigMode: lambda step: dynamic.mig_mode(self._gpus(), step.gpu_index),
+            s.SetMigMode: lambda step: dynamic.set_mig_mode(self._gpus(), step.gpu_index, step.mode),
             s.DestroyGpuInstance: lambda step: dynamic.destroy(
                 self._gpus(), step.gpu_index, step.gpu_instance_id
             ),

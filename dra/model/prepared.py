@@ -61,6 +61,8 @@ class PreparedClaim:
 
 #: DeviceAction kind: make a MIG device (GPU instance and compute instance) for a claim.
 MIG_CREATE = "mig-create"
+#: DeviceAction kind: switch a dynamic-MIG GPU's MIG mode for a claim (params: gpu, index, mode, was).
+MIG_MODE = "mig-mode"
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,8 @@ class DeviceAction:
     #: The allocated device the action is for.
     device: str
     kind: str
-    #: What the action needs (for MIG_CREATE: gpu, profile, profileId, start, size).
+    #: What the action needs (for MIG_CREATE: gpu, profile, profileId, start, size; for MIG_MODE: gpu,
+    #: index, mode, was).
     params: Mapping[str, str | int]
     done: bool = False
     #: What it made (for MIG_CREATE: gpuInstance, computeInstance, uuid).

@@ -2,7 +2,8 @@
 
 A cluster of its own on containerd (localcluster.containerd), fake GPUs of profile
 `h100x8-mig` made visible to real containers (--fake-gpu-root: device nodes and a
-stand-in driver with nvidia-smi), the kubelet plugin on GPUs 0, 1 and 4-7 and the
+stand-in driver with nvidia-smi), the kubelet plugin on GPUs 0, 1 and 4-7 (GPU 1 in
+dynamic MIG mode, offering 3g.40gb only, which no other test asks for) and the
 device plugin on GPUs 2 and 3. Every test pod runs the static busybox image and writes
 what its containers saw (environment, /dev/nvidia*, `nvidia-smi -L`, the driver
 library) to a hostPath directory, then sleeps. Skipped with the reason when
@@ -11,6 +12,7 @@ containerd cannot be built or started here.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import time
@@ -26,6 +28,7 @@ from localcluster.devicepluginprocess import DevicePluginProcess
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, wait_for
 from localcluster.workloads import (
+    DRIVER,
     allocated_devices,
     claim_template,
     committed_device_classes,
@@ -35,6 +38,7 @@ from localcluster.workloads import (
     seen,
 )
 
+from dra.adapters.checkpoint import CheckpointStore
 from dra.daemon import fakegpus
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
@@ -45,6 +49,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.containerd]
 
 PROFILE = "h100x8-mig"
 SPLIT = "--device-plugin-gpus=2,3"
+DYNAMIC = ("--mig-mode=static,1=dynamic", "--mig-profiles=3g.40gb")
 PRODUCT = "NVIDIA H100 80GB HBM3"
 
 
@@ -59,7 +64,7 @@ def ctr_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterInf
         pytest.skip(f"containerd cannot run here: {err}")
     workdir = tmp_path_factory.mktemp("containerd")
     try:
-        driver = DriverProcess(info, PROFILE, workdir / "driver.log", extra_args=(SPLIT,)).start()
+        driver = DriverProcess(info, PROFILE, workdir / "driver.log", extra_args=(SPLIT, *DYNAMIC)).start()
         device_plugin = DevicePluginProcess(info, PROFILE, workdir, extra_args=(SPLIT,)).start()
         try:
             yield info
@@ -172,6 +177,52 @@ def test_a_mig_claim_shows_its_gpu_and_only_its_mig_device(
     assert isinstance(device, MigDevice)
     assert saw.smi == smi_lines([device])
     assert saw.dev == sorted([*device.device_nodes, *CONTROL])
+
+
+def _gpu1_mig_mode(cluster: ClusterInfo) -> int:
+    """GPU 1's MIG mode as the fake GPUs record it (absent: the profile's, off)."""
+    state = Path(cluster.kubelet_root) / "plugins" / DRIVER / "fake-gpu-mig.json"
+    return int(json.loads(state.read_text()).get("migMode", {}).get("1", 0)) if state.exists() else 0
+
+
+def test_a_whole_claim_on_a_dynamic_mig_gpu_gets_it_with_mig_off_and_nvidia_smi_lists_it(
+    ckube: Kube, ctr_cluster: ClusterInfo, ns: str, inventory: Inventory
+) -> None:
+    gpu = inventory.get("gpu-1")
+    assert gpu is not None
+    # A MIG device first, which turns MIG mode on.
+    on_gpu1 = [
+        'device.attributes["gpu.nvidia.com"].profile == "3g.40gb"',
+        f'device.attributes["gpu.nvidia.com"].parentUUID == "{gpu.uuid}"',
+    ]
+    claim_template(ckube, ns, "part", on_gpu1, 1, "mig.nvidia.com")
+    busybox_pod(ckube, ctr_cluster, ns, "part", {"main": {"claims": [{"name": "gpu"}]}}, {"gpu": "part"})
+    saw = seen(ctr_cluster, ns, "part", "main")
+    (name,) = allocated_devices(pod_claim(ckube, ns, "part"))
+    assert name.startswith("gpu-1-mig-3g40gb-at")
+    assert _gpu1_mig_mode(ctr_cluster) == 1
+    assert saw.smi[0] == f"GPU 0: {PRODUCT} (UUID: {gpu.uuid})"
+    assert [line.split()[:2] for line in saw.smi[1:]] == [["MIG", "3g.40gb"]]
+    ckube.delete("v1", "Pod", "part", ns, grace_period=0)
+    wait_for("the MIG device's claim to be unprepared", lambda: not _prepared_in(ctr_cluster, ns), timeout=60)
+
+    # Then the whole GPU: MIG off, so that CUDA sees it; nvidia-smi lists it alone.
+    claim_template(ckube, ns, "whole", ['device.attributes["gpu.nvidia.com"].index == 1'])
+    busybox_pod(ckube, ctr_cluster, ns, "whole", {"main": {"claims": [{"name": "gpu"}]}}, {"gpu": "whole"})
+    saw = seen(ctr_cluster, ns, "whole", "main")
+    assert allocated_devices(pod_claim(ckube, ns, "whole")) == ["gpu-1"]
+    assert _gpu1_mig_mode(ctr_cluster) == 0
+    assert saw.smi_rc == 0
+    assert saw.smi == smi_lines([gpu])
+
+
+def _prepared_in(cluster: ClusterInfo, namespace: str) -> bool:
+    return any(
+        claim.namespace == namespace
+        for claim in CheckpointStore(Path(cluster.kubelet_root) / "plugins" / DRIVER / "checkpoint.json")
+        .load()
+        .values()
+    )
 
 
 def test_two_containers_sharing_a_claim_see_the_same_gpu(

@@ -162,3 +162,30 @@ def test_seven_small_fill_a_gpu_and_the_eighth_goes_to_the_other(
 
     delete_pods_and_wait(kube, cluster, namespace, [seven, eighth])
     wait_for("the MIG devices to be destroyed", lambda: _instances(driver) == {}, timeout=30)
+
+
+def _mig_modes(driver: DriverProcess) -> dict[int, int]:
+    """The MIG mode the fake GPUs were switched to, by GPU (absent: still the profile's, on)."""
+    path = _fake_state(driver)
+    data = json.loads(path.read_text()) if path.exists() else {}
+    return {int(gpu): int(mode) for gpu, mode in data.get("migMode", {}).items()}
+
+
+def test_whole_gpus_get_mig_mode_off_and_a_mig_claim_turns_it_on_again(
+    driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str
+) -> None:
+    _template(kube, namespace, "both", {"gpus": ("gpu.nvidia.com", "", 2)})
+    both = _run(kube, namespace, "both", "both")
+    assert sorted(_gpu(d) for d in allocated_devices(both)) == [0, 1]
+    # CUDA sees a whole GPU only with MIG off.
+    assert _mig_modes(driver) == {0: 0, 1: 0}
+    delete_pods_and_wait(kube, cluster, namespace, [both])
+
+    # Still offered as MIG devices with MIG off: the first one turns it on.
+    _template(kube, namespace, "part", {"big": ("mig.nvidia.com", "3g.40gb", 1)})
+    part = _run(kube, namespace, "part", "part")
+    [gpu] = {_gpu(d) for d in allocated_devices(part)}
+    assert _mig_modes(driver)[gpu] == 1
+    assert [p for p, _, _ in _instances(driver)[gpu]] == ["3g.40gb"]
+    delete_pods_and_wait(kube, cluster, namespace, [part])
+    wait_for("the MIG device to be destroyed", lambda: _instances(driver) == {}, timeout=30)

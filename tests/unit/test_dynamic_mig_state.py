@@ -20,6 +20,7 @@ from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import (
     ERROR_INSUFFICIENT_RESOURCES,
     ComputeInstanceHandle,
+    GpuHandle,
     GpuInstanceHandle,
     GpuLibraryError,
     Placement,
@@ -234,6 +235,42 @@ def test_kill_during_unprepare_converges_on_the_retry(tmp_path: Path) -> None:
     assert dynamic.instances(_lib(tmp_path), 0) == []
 
 
+MIG_MODE_POINTS = ["mig-mode-intent-recorded", "mig-mode-set", "mig-mode-recorded"]
+
+
+def _mig_mode(root: Path) -> tuple[int, int]:
+    return _lib(root).mig_mode(GpuHandle(0))
+
+
+@pytest.mark.parametrize("point", MIG_MODE_POINTS)
+def test_kill_at_each_mig_mode_step_of_a_whole_gpu_claim_is_undone_at_start_and_the_retry_converges(
+    tmp_path: Path, point: str
+) -> None:
+    _crash(tmp_path, point, "prepare(_allocation('gpu-0'))")
+    restarted = _state(tmp_path)
+    restarted.recover()
+    # The prepare never completed: MIG mode is as it was, and nothing is recorded.
+    assert _mig_mode(tmp_path) == (1, 1)
+    assert restarted.actions == []
+    assert restarted.prepared == {}
+    restarted.prepare(_allocation("gpu-0"))
+    assert _mig_mode(tmp_path) == (0, 0)
+    restarted.unprepare(UID)
+    assert restarted.actions == []
+
+
+def test_a_kill_while_the_start_up_repair_puts_mig_mode_back_is_repaired_by_the_next_start(
+    tmp_path: Path,
+) -> None:
+    _crash(tmp_path, "mig-mode-set", "prepare(_allocation('gpu-0'))")
+    _crash(tmp_path, "mig-mode-undone", "unprepare('none')")
+    assert _mig_mode(tmp_path) == (1, 1)
+    restarted = _state(tmp_path)
+    restarted.recover()
+    assert restarted.actions == []
+    assert _mig_mode(tmp_path) == (1, 1)
+
+
 def test_admin_access_is_refused_on_dynamic_mig_devices(tmp_path: Path) -> None:
     state = _state(tmp_path)
     admin = ClaimAllocation(
@@ -315,4 +352,7 @@ def test_a_claim_allocated_anew_gives_its_mig_device_back(tmp_path: Path) -> Non
     claim = state.prepare(_allocation("gpu-1"))
     assert [d.device for d in claim.devices] == ["gpu-1"]
     assert _instances(tmp_path) == []
-    assert state.actions == []
+    # What is left is the MIG mode the whole GPU was given, recorded for the claim.
+    assert [(a.device, a.kind, a.params["mode"], a.done) for a in state.actions] == [
+        ("gpu-1", "mig-mode", 0, True)
+    ]

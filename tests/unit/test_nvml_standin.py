@@ -410,7 +410,8 @@ def _use(lib: NvmlLibrary) -> None:
         # Nothing of a GPU left out for an error stays behind.
         assert (device.uuid if isinstance(device, Gpu) else device.parent.uuid) in parents
     held = {i.parent for i in inventory.instances}
-    for gpu in [g for g in inventory.dynamic_gpus if g not in held][:1]:
+    # A dynamic-MIG GPU with MIG off is offered too; instances need it on.
+    for gpu in [g for g in inventory.dynamic_gpus if g not in held and g.mig_enabled][:1]:
         gi = dynamic.create_gpu_instance(lib, gpu.index, 9, Placement(0, 4))
         dynamic.find_mig_device(lib, gpu, gi, dynamic.create_compute_instance(lib, gpu.index, gi, 3))
         dynamic.destroy(lib, gpu.index, gi)

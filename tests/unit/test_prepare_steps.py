@@ -21,7 +21,7 @@ from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError
 from dra.gpu import dynamic
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.library import Placement
+from dra.gpu.library import GpuHandle, Placement
 from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Inventory
@@ -32,6 +32,8 @@ from tests.unit.helpers import DRIVER, NODE
 UID = "6b1f7e7c-0d3e-4d4b-9a0e-2f1c3b4a5d6e"
 OTHER = "0c2d9e8f-1a2b-4c3d-8e4f-5a6b7c8d9e0f"
 WHOLE = "gpu-1"
+#: The whole of the GPU that makes MIG devices on demand.
+DYNAMIC_WHOLE = "gpu-0"
 MIG = "gpu-0-mig-3g40gb-at4"
 #: GPU 0 makes MIG devices on demand; the others are given whole.
 MODES = "whole,0=dynamic"
@@ -106,10 +108,17 @@ def test_a_mig_device_is_recorded_as_intent_made_in_two_steps_then_recorded_done
     scratch.prepare(_allocation(MIG))
     made = scratch.inventory.instances[0]
     answers = _answers(
-        facts, {steps.CreateGpuInstance: 2, steps.CreateComputeInstance: 0, steps.FindMigDevice: made}
+        facts,
+        {
+            steps.ReadMigMode: (1, 1),
+            steps.CreateGpuInstance: 2,
+            steps.CreateComputeInstance: 0,
+            steps.FindMigDevice: made,
+        },
     )
-    assert _trace(programs.prepare(NODE_FACTS, _allocation(MIG), facts), answers)[:8] == [
+    assert _trace(programs.prepare(NODE_FACTS, _allocation(MIG), facts), answers)[:9] == [
         "HasSpec",
+        "ReadMigMode",
         "Save@mig-intent-recorded",
         "CreateGpuInstance@mig-gpu-instance-created",
         "CreateComputeInstance@mig-compute-instance-created",
@@ -118,6 +127,70 @@ def test_a_mig_device_is_recorded_as_intent_made_in_two_steps_then_recorded_done
         "SetInventory",
         "ReadState",
     ]
+
+
+def test_mig_mode_is_recorded_as_intent_switched_then_recorded_done_before_any_mig_device(
+    tmp_path: Path,
+) -> None:
+    facts = steps.Facts({}, (), _inventory(tmp_path))
+    scratch = _state(tmp_path / "scratch")
+    scratch.prepare(_allocation(MIG))
+    answers = _answers(
+        facts,
+        {
+            steps.ReadMigMode: (0, 0),
+            steps.SetMigMode: True,
+            steps.FindMigDevice: scratch.inventory.instances[0],
+        },
+    )
+    assert _trace(programs.prepare(NODE_FACTS, _allocation(MIG), facts), answers)[:6] == [
+        "HasSpec",
+        "ReadMigMode",
+        "Save@mig-mode-intent-recorded",
+        "SetMigMode@mig-mode-set",
+        "Save@mig-mode-recorded",
+        "Save@mig-intent-recorded",
+    ]
+
+
+def test_the_whole_of_a_dynamic_mig_gpu_gets_leftovers_destroyed_then_mig_mode_off_before_its_spec(
+    tmp_path: Path,
+) -> None:
+    facts = steps.Facts({}, (), _inventory(tmp_path))
+    answers = _answers(facts, {steps.ReadMigMode: (1, 1), steps.SetMigMode: True, steps.ListGpuInstances: ()})
+    assert _trace(programs.prepare(NODE_FACTS, _allocation(DYNAMIC_WHOLE), facts), answers)[:7] == [
+        "HasSpec",
+        "ListGpuInstances",
+        "ReadMigMode",
+        "Save@mig-mode-intent-recorded",
+        "SetMigMode@mig-mode-set",
+        "Save@mig-mode-recorded",
+        "MissingHostPaths",
+    ]
+
+
+@pytest.mark.parametrize(("modes", "switched"), [((0, 1), False), ((0, 0), True)])
+def test_a_mig_mode_change_left_pending_is_a_claim_error_and_leaves_no_record(
+    tmp_path: Path, modes: tuple[int, int], switched: bool
+) -> None:
+    facts = steps.Facts({}, (), _inventory(tmp_path))
+    program = programs.prepare(NODE_FACTS, _allocation(MIG), facts)
+    answers = _answers(facts, {steps.ReadMigMode: modes, steps.SetMigMode: False})
+    saved: list[tuple[str, ...]] = []
+
+    def run() -> None:
+        result: object = None
+        while True:
+            step = program.send(result)
+            assert not isinstance(step, steps.CreateGpuInstance)
+            if isinstance(step, steps.Save):
+                saved.append(tuple(f"{a.kind}={a.params['mode']}" for a in step.actions))
+            result = answers.get(type(step))
+
+    with pytest.raises(ClaimError, match=r"pending until the GPU is reset .* offered as it is, MIG off"):
+        run()
+    # Asked only when no change waits already; its intent goes again.
+    assert saved == ([("mig-mode=1",), ()] if switched else [])
 
 
 def test_a_refused_claim_changes_nothing(tmp_path: Path) -> None:
@@ -206,7 +279,25 @@ SCENARIOS: list[Scenario] = [
         lambda s: s.prepare(_allocation(WHOLE), _gone),
         WHOLE,
     ),
+    (
+        "prepare the whole of a dynamic-MIG GPU in MIG mode",
+        lambda s: None,
+        lambda s: s.prepare(_allocation(DYNAMIC_WHOLE)),
+        DYNAMIC_WHOLE,
+    ),
+    (
+        "prepare a dynamic MIG device with MIG mode off",
+        lambda s: (s.prepare(_allocation(DYNAMIC_WHOLE, OTHER)), s.unprepare(OTHER)),
+        lambda s: s.prepare(_allocation(MIG)),
+        MIG,
+    ),
     ("unprepare a whole GPU", lambda s: s.prepare(_allocation(WHOLE)), lambda s: s.unprepare(UID), ""),
+    (
+        "unprepare the whole of a dynamic-MIG GPU",
+        lambda s: s.prepare(_allocation(DYNAMIC_WHOLE)),
+        lambda s: s.unprepare(UID),
+        "",
+    ),
     ("unprepare a dynamic MIG device", lambda s: s.prepare(_allocation(MIG)), lambda s: s.unprepare(UID), ""),
 ]
 
@@ -252,6 +343,9 @@ def test_a_crash_after_any_step_is_repaired_and_the_retry_converges(
             assert set(restarted.prepared) == {UID}, ran
             assert cdi.claim_uids() == [UID], ran
             assert _instances(root) == ([(0, "3g.40gb", 4, 4)] if device == MIG else []), ran
+            # CUDA sees the whole GPU only with MIG off; MIG devices need it on.
+            if device in (MIG, DYNAMIC_WHOLE):
+                assert _lib(root).mig_mode(GpuHandle(0)) == ((1, 1) if device == MIG else (0, 0)), ran
             # Held: no second claim gets it.
             with pytest.raises(ClaimError):
                 restarted.prepare(_allocation(device, uid="ffffffff-0000-4000-8000-000000000000"))

@@ -30,7 +30,7 @@ from dra.core.steps import (
     ask,
 )
 from dra.model.devices import Gpu, Inventory, MigDevice, MigPartition
-from dra.model.prepared import MIG_CREATE, MIG_MODE, DeviceAction
+from dra.model.prepared import MIG_CREATE, MIG_MODE, DeviceAction, PreparedClaim
 
 
 @dataclass(frozen=True)
@@ -323,3 +323,24 @@ def adopt(node: Node, facts: Facts) -> Program[Inventory]:
     inventory = replace(facts.inventory, instances=tuple(known))
     yield SetInventory(inventory)
     return inventory
+
+
+def switch_for_claim(
+    node: Node,
+    allocation: ClaimAllocation,
+    claim: PreparedClaim,
+    creates: tuple[CreateMig, ...],
+    facts: Facts,
+) -> Program[Facts]:
+    """MIG mode off on the dynamic-MIG GPUs the claim gets whole (CUDA sees no GPU in MIG mode without
+    MIG devices), on where it gets MIG devices made. Leftover MIG instances go before MIG turns off.
+    """
+    dynamic = set(facts.inventory.dynamic_gpus)
+    for entry in claim.devices:
+        gpu = facts.inventory.get(entry.device)
+        if isinstance(gpu, Gpu) and gpu in dynamic and not entry.admin_access:
+            yield from destroy_unheld(node, facts, [gpu])
+            facts = yield from switch_mig_mode(node, allocation, gpu, 0, facts)
+    for parent in dict.fromkeys(c.partition.parent for c in creates):
+        facts = yield from switch_mig_mode(node, allocation, parent, 1, facts)
+    return facts

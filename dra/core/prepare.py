@@ -39,7 +39,7 @@ from dra.core.steps import (
     WriteSpec,
     ask,
 )
-from dra.model.devices import Device, Gpu, Inventory, MigDevice, MigPartition
+from dra.model.devices import Device, Inventory, MigDevice, MigPartition
 from dra.model.prepared import PreparedClaim, PreparedDevice
 
 Obj = dict[str, Any]
@@ -348,7 +348,7 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
     for uid in {r.holder.uid for r in plan.release} | ({plan.replaces.uid} if plan.replaces else set()):
         facts = yield from migdevices.destroy_claim_devices(node, uid, facts)
     if plan.record and node.mig:
-        facts = yield from _mig_modes(node, allocation, plan, facts)
+        facts = yield from migdevices.switch_for_claim(node, allocation, plan.claim, plan.create, facts)
     if plan.create:
         made, inventory = yield from migdevices.make(node, allocation, plan.create, facts)
         plan = plan.made(made, inventory, node.driver, node.mps_root)
@@ -377,21 +377,6 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
                 f"cannot record claim {allocation.ref} in the checkpoint {node.checkpoint}: {err}"
             ) from None
     return plan.claim
-
-
-def _mig_modes(node: Node, allocation: ClaimAllocation, plan: PreparePlan, facts: Facts) -> Program[Facts]:
-    """MIG mode off on the dynamic-MIG GPUs the claim gets whole (CUDA sees no GPU in MIG mode without
-    MIG devices), on where it gets MIG devices made. Leftover MIG instances go before MIG turns off.
-    """
-    dynamic = set(facts.inventory.dynamic_gpus)
-    for entry in plan.claim.devices:
-        gpu = facts.inventory.get(entry.device)
-        if isinstance(gpu, Gpu) and gpu in dynamic and not entry.admin_access:
-            yield from migdevices.destroy_unheld(node, facts, [gpu])
-            facts = yield from migdevices.switch_mig_mode(node, allocation, gpu, 0, facts)
-    for parent in dict.fromkeys(c.partition.parent for c in plan.create):
-        facts = yield from migdevices.switch_mig_mode(node, allocation, parent, 1, facts)
-    return facts
 
 
 def _missing_host_paths(node: Node, plan: PreparePlan) -> Program[tuple[str, ...]]:

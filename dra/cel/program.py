@@ -10,12 +10,11 @@ checking; type mismatches surface at runtime as ``no such overload`` errors.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dra.cel import ast, k8slib, literals, stdlib
+from dra.cel import ast, k8slib, literals, regex, stdlib
 from dra.cel.device import DEVICE_FIELDS, DEVICE_FIELDS_CONSUMABLE_CAPACITY, device_variable
 from dra.cel.errors import CelEvaluationError, CelSyntaxError
 from dra.cel.evaluator import CostLimitExceededError, Evaluator, Scope
@@ -194,6 +193,6 @@ class _Checker:
             pattern = node.args[0] if member else node.args[1]
             if isinstance(pattern, ast.Literal) and isinstance(pattern.value, str):
                 try:
-                    stdlib.compile_regex(pattern.value)
-                except re.error as exc:
+                    regex.compile_regex(pattern.value)
+                except regex.RegexError as exc:
                     raise self.error(f"invalid {name} argument: {exc}", pattern.start) from exc

@@ -1,22 +1,21 @@
 """CEL standard functions and the string extensions Kubernetes enables (cel-go ext.Strings v2).
 
-Regular expressions use Python's ``re`` in ASCII mode as a stand-in for RE2, on patterns
-rewritten where the two differ (``re2``); ``matches`` is an unanchored search like RE2's.
+Regular expressions run on RE2 (``regex``); ``matches`` is an unanchored search, as in cel-go.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 
-from dra.cel import re2
+from dra.cel import regex
 from dra.cel.functions import Registry, error
 from dra.cel.values import (
     INT64_MAX,
     INT64_MIN,
     UINT64_MAX,
     CelMap,
+    ErrorValue,
     Result,
     Uint,
     Value,
@@ -35,16 +34,10 @@ _TRUE_TEXT = frozenset(("1", "t", "T", "TRUE", "true", "True"))
 _FALSE_TEXT = frozenset(("0", "f", "F", "FALSE", "false", "False"))
 
 
-@functools.lru_cache(maxsize=256)
-def compile_regex(pattern: str) -> re.Pattern[str]:
-    """Compile an RE2 pattern (see ``re2``); raises re.error."""
-    return re.compile(re2.translate(pattern), re.ASCII)
-
-
-def _regex(pattern: str) -> re.Pattern[str] | Result:
+def _regex(pattern: str) -> regex.Pattern | ErrorValue:
     try:
-        return compile_regex(pattern)
-    except re.error as exc:
+        return regex.compile_regex(pattern)
+    except regex.RegexError as exc:
         return error(f"invalid regular expression {pattern!r}: {exc}")
 
 
@@ -55,8 +48,10 @@ def _size(value: Value) -> Result:
 
 
 def _matches(text: str, pattern: str) -> Result:
-    regex = _regex(pattern)
-    return regex.search(text) is not None if isinstance(regex, re.Pattern) else regex
+    compiled = _regex(pattern)
+    if isinstance(compiled, ErrorValue):
+        return compiled
+    return regex.search(compiled, text) is not None
 
 
 # -- conversions ---------------------------------------------------------------------------
@@ -233,21 +228,21 @@ def _join(items: tuple[Value, ...], separator: str = "") -> Result:
 
 
 def _find_all(text: str, pattern: str, limit: int = -1) -> Result:
-    regex = _regex(pattern)
-    if not isinstance(regex, re.Pattern):
-        return regex
+    compiled = _regex(pattern)
+    if isinstance(compiled, ErrorValue):
+        return compiled
     found: list[Value] = []
     pos, previous_end = 0, -1
     while pos <= len(text) and (limit < 0 or len(found) < limit):
-        match = regex.search(text, pos)
-        if match is None:
+        span = regex.search(compiled, text, pos)
+        if span is None:
             break
-        start, end = match.span()
+        start, end = span
         if start == end == previous_end:
             # Go ignores an empty match right after the previous match.
             pos = start + 1
             continue
-        found.append(match.group())
+        found.append(text[start:end])
         previous_end = end
         pos = end if end > start else end + 1
     return tuple(found)

@@ -191,7 +191,7 @@ def test_errors(expression: str, message: str) -> None:
             "device.driver.startsWith()",
             "found no matching overload for 'startsWith' as a method with 0 argument(s)",
         ),
-        ('"x".matches("[")', "invalid matches argument: missing closing ] at position 0"),
+        ('"x".matches("[")', "invalid matches argument: error parsing regexp: missing closing ]: `[`"),
         # Kubernetes compiles with homogeneous aggregate literals; attribute values are `any`
         # (messages as a 1.34 API server gave them)
         ("[1, 2.0].size() == 2", "expected type 'int' but found 'double'"),

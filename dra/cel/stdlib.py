@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import re
 
-from dra.cel import regex
+from dra.cel import cost, regex
 from dra.cel.functions import Registry, error
 from dra.cel.values import (
     INT64_MAX,
@@ -255,14 +255,53 @@ def _find(text: str, pattern: str) -> Result:
     return found[0] if found else ""
 
 
+# -- costs (cel-go's runtimecost.go and Kubernetes' library/cost.go; see ``cost``) ------------
+
+
+def _traverse(value: Value, *_rest: Value) -> int:
+    return cost.traversal(cost.size(value))
+
+
+def _regex_cost(text: str, pattern: str, *_limit: int) -> int:
+    return cost.regex(text, pattern)
+
+
+def _contains_cost(text: str, sub: str) -> int:
+    return cost.traversal(len(text)) * cost.traversal(len(sub))
+
+
+def _replace_cost(text: str, old: str, new: str, limit: int = -1) -> int:
+    # Kubernetes charges 0.2 per input character; the result is charged too, so that
+    # "x".replace("", long) cannot build more than the budget pays for.
+    count = len(text) + 1 if old == "" else text.count(old)
+    if limit >= 0:
+        count = min(count, limit)
+    result = len(text) + count * (len(new) - len(old))
+    return cost.traversal(len(text), 2 * cost.STRING_TRAVERSAL) + cost.traversal(result)
+
+
+def _split_cost(text: str, separator: str, limit: int = -1) -> int:
+    parts = len(text) + 1 if separator == "" else text.count(separator) + 1
+    if limit >= 0:
+        parts = min(parts, limit)
+    return cost.traversal(len(text), 2 * cost.STRING_TRAVERSAL) + parts
+
+
+def _join_cost(items: tuple[Value, ...], separator: str = "") -> int:
+    result = sum(cost.size(item) for item in items) + len(separator) * max(0, len(items) - 1)
+    return cost.traversal(result, 2 * cost.STRING_TRAVERSAL)
+
+
 def register(registry: Registry) -> None:
-    """Add the standard and string-extension functions to ``registry``."""
+    """Add the standard and string-extension functions to ``registry``, with their costs."""
     for member in (False, True):
         registry.add("size", (None,), _size, member=member)
-        registry.add("matches", (str, str), _matches, member=member)
-    registry.add("contains", (str, str), lambda s, sub: sub in s, member=True)
-    registry.add("startsWith", (str, str), lambda s, prefix: s.startswith(prefix), member=True)
-    registry.add("endsWith", (str, str), lambda s, suffix: s.endswith(suffix), member=True)
+        registry.add("matches", (str, str), _matches, member=member, cost=_regex_cost)
+    registry.add("contains", (str, str), lambda s, sub: sub in s, member=True, cost=_contains_cost)
+    registry.add(
+        "startsWith", (str, str), lambda s, prefix: s.startswith(prefix), member=True, cost=_traverse
+    )
+    registry.add("endsWith", (str, str), lambda s, suffix: s.endswith(suffix), member=True, cost=_traverse)
     for name, convert in (
         ("int", _to_int),
         ("uint", _to_uint),
@@ -271,25 +310,25 @@ def register(registry: Registry) -> None:
         ("bool", _to_bool),
         ("bytes", _to_bytes),
     ):
-        registry.add(name, (None,), convert, member=False)
+        registry.add(name, (None,), convert, member=False, cost=_traverse)
     registry.add("dyn", (None,), lambda value: value, member=False)
 
     registry.add("charAt", (str, int), _char_at, member=True)
-    registry.add("indexOf", (str, str), _index_of, member=True)
-    registry.add("indexOf", (str, str, int), _index_of, member=True)
-    registry.add("lastIndexOf", (str, str), _last_index_of, member=True)
-    registry.add("lastIndexOf", (str, str, int), _last_index_of, member=True)
-    registry.add("lowerAscii", (str,), lambda s: s.translate(_LOWER), member=True)
-    registry.add("upperAscii", (str,), lambda s: s.translate(_UPPER), member=True)
-    registry.add("replace", (str, str, str), _replace, member=True)
-    registry.add("replace", (str, str, str, int), _replace, member=True)
-    registry.add("split", (str, str), _split, member=True)
-    registry.add("split", (str, str, int), _split, member=True)
-    registry.add("substring", (str, int), _substring, member=True)
-    registry.add("substring", (str, int, int), _substring, member=True)
-    registry.add("trim", (str,), lambda s: s.strip(_GO_SPACE), member=True)
-    registry.add("join", (tuple,), _join, member=True)
-    registry.add("join", (tuple, str), _join, member=True)
-    registry.add("find", (str, str), _find, member=True)
-    registry.add("findAll", (str, str), _find_all, member=True)
-    registry.add("findAll", (str, str, int), _find_all, member=True)
+    registry.add("indexOf", (str, str), _index_of, member=True, cost=_traverse)
+    registry.add("indexOf", (str, str, int), _index_of, member=True, cost=_traverse)
+    registry.add("lastIndexOf", (str, str), _last_index_of, member=True, cost=_traverse)
+    registry.add("lastIndexOf", (str, str, int), _last_index_of, member=True, cost=_traverse)
+    registry.add("lowerAscii", (str,), lambda s: s.translate(_LOWER), member=True, cost=_traverse)
+    registry.add("upperAscii", (str,), lambda s: s.translate(_UPPER), member=True, cost=_traverse)
+    registry.add("replace", (str, str, str), _replace, member=True, cost=_replace_cost)
+    registry.add("replace", (str, str, str, int), _replace, member=True, cost=_replace_cost)
+    registry.add("split", (str, str), _split, member=True, cost=_split_cost)
+    registry.add("split", (str, str, int), _split, member=True, cost=_split_cost)
+    registry.add("substring", (str, int), _substring, member=True, cost=_traverse)
+    registry.add("substring", (str, int, int), _substring, member=True, cost=_traverse)
+    registry.add("trim", (str,), lambda s: s.strip(_GO_SPACE), member=True, cost=_traverse)
+    registry.add("join", (tuple,), _join, member=True, cost=_join_cost)
+    registry.add("join", (tuple, str), _join, member=True, cost=_join_cost)
+    registry.add("find", (str, str), _find, member=True, cost=_regex_cost)
+    registry.add("findAll", (str, str), _find_all, member=True, cost=_regex_cost)
+    registry.add("findAll", (str, str, int), _find_all, member=True, cost=_regex_cost)

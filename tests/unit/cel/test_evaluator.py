@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from dra.cel import CelEvaluationError, CelSyntaxError, compile_expression, evaluator
+from dra.cel import CelEvaluationError, CelSyntaxError, compile_expression, cost
 from dra.cel.values import CelMap, Uint, Value
 
 
@@ -238,7 +238,7 @@ def test_homogeneous_literals_compile(expression: str) -> None:
 
 def test_cost_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     # Runaway nested comprehensions stop like at cel-go's cost limit, and `||` cannot absorb that.
-    monkeypatch.setattr(evaluator, "MAX_STEPS", 1000)
+    monkeypatch.setattr(cost, "COST_LIMIT", 1000)
     ten = "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]"
     nested = f"{ten}.all(a, {ten}.all(b, {ten}.all(c, c > 0)))"
     with pytest.raises(CelEvaluationError, match=r"^operation cancelled: actual cost limit exceeded$"):

@@ -57,6 +57,12 @@ def _matches(text: str, pattern: str) -> Result:
 # -- conversions ---------------------------------------------------------------------------
 
 
+def _fits(text: str) -> bool:
+    # At most a uint64's 20 digits after the sign and leading zeros; longer text is out of
+    # range and is not converted (Python refuses more than 4,300 digits).
+    return len(text.lstrip("+-").lstrip("0")) <= 20
+
+
 def _to_int(value: Value) -> Result:
     match value:
         case bool():
@@ -70,7 +76,7 @@ def _to_int(value: Value) -> Result:
                 return error("integer overflow")
             return int(value)
         case str():
-            if _INT_TEXT.fullmatch(value) and INT64_MIN <= int(value) <= INT64_MAX:
+            if _INT_TEXT.fullmatch(value) and _fits(value) and INT64_MIN <= int(value) <= INT64_MAX:
                 return int(value)
             return error("type conversion error from 'string' to 'int'")
     return no_such_overload("int", value)
@@ -89,7 +95,7 @@ def _to_uint(value: Value) -> Result:
                 return error("unsigned integer overflow")
             return Uint(int(value))
         case str():
-            if value.isascii() and value.isdigit() and int(value) <= UINT64_MAX:
+            if value.isascii() and value.isdigit() and _fits(value) and int(value) <= UINT64_MAX:
                 return Uint(int(value))
             return error("type conversion error from 'string' to 'uint'")
     return no_such_overload("uint", value)

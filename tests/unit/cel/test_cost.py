@@ -81,3 +81,33 @@ def test_a_shared_budget_stops_the_run_that_spends_it() -> None:
     assert program.run({}, Evaluator(FUNCTIONS, budget=budget)) is True
     with pytest.raises(BudgetSpentError):
         program.run({}, Evaluator(FUNCTIONS, budget=budget))
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("9" * 4301 + " > 0", "invalid int literal"),
+        ("0x" + "f" * 4301 + " > 0", "invalid int literal"),
+        ("9" * 4301 + "u > 0u", "invalid uint literal"),
+    ],
+)
+def test_a_literal_of_thousands_of_digits_is_out_of_range(expression: str, message: str) -> None:
+    with pytest.raises(CelSyntaxError) as raised:
+        compile_expression(expression)
+    assert raised.value.message == message
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        (f'int("{"9" * 4301}") > 0', "type conversion error from 'string' to 'int'"),
+        (f'uint("{"9" * 4301}") > 0u', "type conversion error from 'string' to 'uint'"),
+        (f'semver("1.2.{"9" * 4301}").major() > 0', "strconv.ParseUint: parsing"),
+        (f'sign(quantity("{"9" * 4301}")) > 0', "quantity is 4301 characters long, more than 1000"),
+    ],
+)
+def test_thousands_of_digits_at_runtime_are_a_cel_error(expression: str, message: str) -> None:
+    with pytest.raises(CelEvaluationError, match=message):
+        compile_expression(expression).evaluate()
+    # Leading zeros do not count: Go parses them.
+    assert compile_expression(f"{'0' * 100}1 == 1").evaluate() is True

@@ -31,6 +31,7 @@ STRING_TRAVERSAL = 0.1
 REGEX_LENGTH = 0.25
 LIST_CREATE = 10
 MAP_CREATE = 30
+_SCALARS = frozenset((bool, int, float))
 
 
 def size(value: Value) -> int:
@@ -52,6 +53,8 @@ def regex(text: str, pattern: str) -> int:
 
 def binary(op: str, left: Value, right: Value) -> int:
     """The cost of ``left op right`` (both already evaluated), charged before it runs."""
+    if type(left) in _SCALARS and type(right) in _SCALARS:
+        return 1
     if op in ("==", "!=", "<", "<=", ">", ">="):
         if isinstance(left, str | bytes) or op in ("==", "!="):
             return traversal(min(size(left), size(right)))

@@ -11,6 +11,7 @@ import anyio
 import yaml
 
 from dra.adapters.kube import KubeClient, KubeError, NotFoundError
+from dra.cel import Budget
 from dra.core.slices import build_slices
 from dra.core.versions import ApiFeatures
 from dra.daemon.bootstrap import StartupError, gpu_library, load_inventory
@@ -164,7 +165,8 @@ async def _reports(args: argparse.Namespace) -> list[explain.ClaimReport]:
         claims = inputs.claims or [_class_only_claim(name) for name in inputs.classes]
         slices = await inputs.slices()
         others = await inputs.other_claims()
-        return [explain.explain_claim(claim, classes, slices, others) for claim in claims]
+        budget = Budget(explain.EXPLAIN_COST_BUDGET)
+        return [explain.explain_claim(claim, classes, slices, others, budget) for claim in claims]
     except explain.ExplainError as err:
         raise StartupError(str(err)) from None
     finally:

@@ -14,8 +14,23 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from dra.cel import CelSyntaxError, Program, Quantity, QuantityError, compile_expression, explain_program
+from dra.cel import (
+    Budget,
+    BudgetSpentError,
+    CelSyntaxError,
+    Explanation,
+    Program,
+    Quantity,
+    QuantityError,
+    compile_expression,
+    explain_program,
+)
 from dra.core.slices import DEPRECATED_ATTRIBUTES, DEPRECATED_ATTRIBUTES_REMOVED_IN
+
+# What one explain run may spend, across its selectors and devices: half of what the
+# scheduler allows one selector on one device (CELSelectorExpressionMaxCost), which this
+# evaluator spends in under a second (docs/architecture.md has the measurement).
+EXPLAIN_COST_BUDGET = 500_000
 
 Obj = Mapping[str, Any]
 
@@ -269,6 +284,31 @@ def _selectors(source: str, selectors: Sequence[Obj] | None) -> list[tuple[str, 
     ]
 
 
+@dataclass
+class _Spending:
+    """One explain run's CEL budget and what each selector has spent of it."""
+
+    budget: Budget
+    by_selector: dict[str, int] = field(default_factory=dict)
+
+    def explain(self, request: str, source: str, program: Program, device: Obj, driver: str) -> Explanation:
+        before = self.budget.spent
+        key = f"{source} of request {request!r}"
+        try:
+            return explain_program(program, device, driver, self.budget)
+        except BudgetSpentError:
+            raise ExplainError(self.spent_message(key, str(device.get("name")))) from None
+        finally:
+            self.by_selector[key] = self.by_selector.get(key, 0) + self.budget.spent - before
+
+    def spent_message(self, key: str, device: str) -> str:
+        spent = ", ".join(f"{name} {units:,}" for name, units in self.by_selector.items() if units)
+        return (
+            f"explain's CEL budget of {self.budget.limit:,} cost units per run is spent, by {key} "
+            f"on device {device}; spent so far: {spent}"
+        )
+
+
 def _evaluate(
     name: str,
     spec: Obj,
@@ -277,6 +317,7 @@ def _evaluate(
     held: Mapping[tuple[str, str, str], str],
     constraints: tuple[str, ...],
     left: Mapping[CounterKey, Mapping[str, _Counter]],
+    spending: _Spending,
 ) -> RequestReport:
     class_name = str(spec.get("deviceClassName", ""))
     device_class = classes.get(class_name)
@@ -301,7 +342,7 @@ def _evaluate(
     for driver, pool, device in devices:
         results = []
         for source, expression, program in programs:
-            outcome = explain_program(program, device, driver)
+            outcome = spending.explain(name, source, program, device, driver)
             # A reason about the whole selector needs no quote of it: the report prints the selector.
             reasons = tuple(
                 r.message.removeprefix("is ") if r.expression == expression else str(r)
@@ -388,8 +429,14 @@ def explain_claim(
     classes: Iterable[Obj],
     slices: Iterable[Obj],
     other_claims: Iterable[Obj] = (),
+    budget: Budget | None = None,
 ) -> ClaimReport:
-    """Report every request of a ResourceClaim or ResourceClaimTemplate on the devices of `slices`."""
+    """Report every request of a ResourceClaim or ResourceClaimTemplate on the devices of `slices`.
+
+    Every selector on every device spends from ``budget`` (default: a new one of
+    EXPLAIN_COST_BUDGET); raises ExplainError, with what each selector spent, where it runs out.
+    """
+    spending = _Spending(budget or Budget(EXPLAIN_COST_BUDGET))
     meta = claim.get("metadata") or {}
     spec = claim.get("spec") or {}
     if claim.get("kind") == "ResourceClaimTemplate":
@@ -420,6 +467,7 @@ def explain_claim(
                         held,
                         tuple(constraints.get(name, ())),
                         left,
+                        spending,
                     )
                 )
         else:
@@ -432,6 +480,7 @@ def explain_claim(
                     held,
                     tuple(constraints.get(name, ())),
                     left,
+                    spending,
                 )
             )
     notes: tuple[str, ...] = ()

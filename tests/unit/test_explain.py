@@ -314,3 +314,17 @@ def test_explain_without_cluster_credentials_is_one_line(
     assert err.startswith("dra-gpu: error: cannot load Kubernetes credentials from kubeconfig /nonexistent")
     assert err.strip().endswith("(or explain offline with --fake-gpus)")
     assert len(err.strip().splitlines()) == 1
+
+
+def test_one_budget_per_run_stops_explain_and_names_what_each_selector_spent() -> None:
+    # 3 selectors of ~60,000 units each on 8 devices is 1.4 million units: past the run's budget.
+    hundred = "[" + ", ".join(str(i) for i in range(100)) + "]"
+    heavy = [f"{hundred}.all(x, {hundred}.all(y, y + {i} >= 0))" for i in range(3)]
+    request = _exactly("gpu")
+    request["exactly"]["selectors"] = [{"cel": {"expression": e}} for e in heavy]
+    with pytest.raises(explain.ExplainError) as raised:
+        explain.explain_claim(_claim(request), CLASSES, _slices("h100x8"))
+    message = str(raised.value)
+    assert message.startswith("explain's CEL budget of 500,000 cost units per run is spent, by request ")
+    assert "spent so far: class gpu.nvidia.com selector 1 of request 'gpu' " in message
+    assert "\n" not in message

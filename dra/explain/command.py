@@ -23,9 +23,35 @@ CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 
 def _documents(path: Path) -> list[Obj]:
     try:
-        return [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict)]
-    except (OSError, yaml.YAMLError) as err:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
         raise StartupError(f"cannot read {path}: {' '.join(str(err).split())}") from None
+    return parse_documents(text, str(path))
+
+
+def parse_documents(text: str, source: str) -> list[Obj]:
+    """The mappings among the YAML documents of ``text``; raises StartupError naming ``source``."""
+    try:
+        return [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
+    except (yaml.YAMLError, ValueError) as err:
+        # PyYAML raises ValueError for an integer of more than 4,300 digits.
+        raise StartupError(f"cannot read {source}: {' '.join(str(err).split())}") from None
+    except RecursionError:
+        raise StartupError(f"cannot read {source}: nested too deeply") from None
+
+
+def split_documents(documents: list[Obj]) -> tuple[dict[str, Obj], list[Obj]]:
+    """DeviceClasses by name and the claims (or claim templates) among ``documents``."""
+    classes: dict[str, Obj] = {}
+    claims: list[Obj] = []
+    for doc in documents:
+        if doc.get("kind") == "DeviceClass":
+            explain.check_device_class(doc)
+            classes[explain.object_name(doc, "DeviceClass")] = doc
+        elif doc.get("kind") in CLAIM_KINDS:
+            explain.check_claim(doc)
+            claims.append(doc)
+    return classes, claims
 
 
 class _Inputs:
@@ -54,11 +80,9 @@ class _Inputs:
                 self.claims.append(await self._cluster_claim(self.args.claim))
 
     def _take(self, documents: list[Obj]) -> None:
-        for doc in documents:
-            if doc.get("kind") == "DeviceClass":
-                self.classes[doc["metadata"]["name"]] = doc
-            elif doc.get("kind") in CLAIM_KINDS:
-                self.claims.append(doc)
+        classes, claims = split_documents(documents)
+        self.classes.update(classes)
+        self.claims.extend(claims)
 
     async def _cluster_claim(self, ref: str) -> Obj:
         namespace, sep, name = ref.partition("/")

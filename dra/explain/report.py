@@ -155,6 +155,87 @@ class ExplainError(ValueError):
     """The inputs cannot be explained (missing class, invalid CEL); the message says which."""
 
 
+# -- the shape of what explain reads, checked before it reads it ------------------------------
+
+_TYPE_NAMES = {dict: "a mapping", list: "a list", str: "a string", int: "an integer"}
+
+
+def _expect(value: object, kind: type, path: str) -> None:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ExplainError(f"{path}: must be {_TYPE_NAMES[kind]}, not {type(value).__name__}")
+
+
+def _optional(obj: Obj, key: str, kind: type, path: str) -> Any:
+    """``obj[key]`` checked to be a ``kind`` (None when absent or null)."""
+    value = obj.get(key)
+    if value is not None:
+        _expect(value, kind, f"{path}.{key}")
+    return value
+
+
+def _check_selectors(spec: Obj, path: str) -> None:
+    for i, selector in enumerate(_optional(spec, "selectors", list, path) or []):
+        _expect(selector, dict, f"{path}.selectors[{i}]")
+        if "cel" in selector:
+            _expect(selector["cel"], dict, f"{path}.selectors[{i}].cel")
+            _expect(selector["cel"].get("expression"), str, f"{path}.selectors[{i}].cel.expression")
+
+
+def _check_request(request: Obj, path: str) -> None:
+    _expect(request.get("name"), str, f"{path}.name")
+    _optional(request, "deviceClassName", str, path)
+    _optional(request, "allocationMode", str, path)
+    _check_selectors(request, path)
+
+
+def object_name(doc: Obj, kind: str) -> str:
+    """``metadata.name`` of a DeviceClass or claim; raises ExplainError where it is not a string."""
+    metadata = _optional(doc, "metadata", dict, kind) or {}
+    _expect(metadata.get("name"), str, f"{kind}.metadata.name")
+    return str(metadata["name"])
+
+
+def check_device_class(device_class: Obj) -> None:
+    """Raise ExplainError, with the field's path, where a DeviceClass is not shaped as explain reads it."""
+    name = object_name(device_class, "DeviceClass")
+    spec = _optional(device_class, "spec", dict, f"DeviceClass {name}") or {}
+    _check_selectors(spec, f"DeviceClass {name}: spec")
+
+
+def check_claim(claim: Obj) -> None:
+    """Raise ExplainError, with the field's path, where a claim is not shaped as explain reads it."""
+    kind = str(claim.get("kind") or "ResourceClaim")
+    metadata = _optional(claim, "metadata", dict, kind) or {}
+    for key in ("name", "namespace", "uid"):
+        _optional(metadata, key, str, f"{kind}.metadata")
+    spec = _optional(claim, "spec", dict, kind) or {}
+    path = f"{kind}.spec"
+    if kind == "ResourceClaimTemplate":
+        spec = _optional(spec, "spec", dict, path) or {}
+        path += ".spec"
+    devices = _optional(spec, "devices", dict, path) or {}
+    path += ".devices"
+    for i, request in enumerate(_optional(devices, "requests", list, path) or []):
+        where = f"{path}.requests[{i}]"
+        _expect(request, dict, where)
+        _expect(request.get("name"), str, f"{where}.name")
+        alternatives = _optional(request, "firstAvailable", list, where)
+        if alternatives is None:
+            _check_request(
+                {"name": "", **(_optional(request, "exactly", dict, where) or {})}, f"{where}.exactly"
+            )
+        for j, sub in enumerate(alternatives or []):
+            _expect(sub, dict, f"{where}.firstAvailable[{j}]")
+            _check_request(sub, f"{where}.firstAvailable[{j}]")
+    for i, constraint in enumerate(_optional(devices, "constraints", list, path) or []):
+        where = f"{path}.constraints[{i}]"
+        _expect(constraint, dict, where)
+        if "matchAttribute" in constraint:
+            _expect(constraint["matchAttribute"], str, f"{where}.matchAttribute")
+        for j, name in enumerate(_optional(constraint, "requests", list, where) or []):
+            _expect(name, str, f"{where}.requests[{j}]")
+
+
 def _newest(slices: Iterable[Obj]) -> list[Obj]:
     """The slices of the newest generation of each pool (consumers read no other)."""
     slices = list(slices)
@@ -437,6 +518,7 @@ def explain_claim(
     EXPLAIN_COST_BUDGET); raises ExplainError, with what each selector spent, where it runs out.
     """
     spending = _Spending(budget or Budget(EXPLAIN_COST_BUDGET))
+    check_claim(claim)
     meta = claim.get("metadata") or {}
     spec = claim.get("spec") or {}
     if claim.get("kind") == "ResourceClaimTemplate":

@@ -2,12 +2,14 @@
 
 The input is an expression (UTF-8, invalid bytes replaced). It must compile or raise
 CelSyntaxError; a compiled selector must give a bool or a CEL error on each device, never
-raise, and its explanation must render.
+raise, and its explanation (exhaustive ``&&``/``||``, every node traced) must render and
+agree with the plain run, unless only the exhaustive run reached the cost limit.
 """
 
 from __future__ import annotations
 
 from dra.cel import CelEvaluationError, CelSyntaxError, compile_expression, explain_program, render_text
+from dra.cel.evaluator import COST_LIMIT_MESSAGE
 from dra.cel.values import ErrorValue
 from tests.celgen import devices
 
@@ -32,4 +34,11 @@ def TestOneInput(data: bytes) -> None:  # noqa: N802  (the name atheris and libF
             assert program.matches(device, DRIVER) is result
         except CelEvaluationError:
             assert isinstance(result, ErrorValue)
-    render_text(explain_program(program, DEVICES[0], DRIVER))
+        explanation = explain_program(program, device, DRIVER)
+        render_text(explanation)
+        error = result.message if isinstance(result, ErrorValue) else None
+        if explanation.error != COST_LIMIT_MESSAGE and (explanation.matched, explanation.error) != (
+            result is True,
+            error,
+        ):
+            raise AssertionError(f"{expression!r}: explain says {explanation}, the run {result!r}")

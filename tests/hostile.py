@@ -174,6 +174,14 @@ def cases(directory: Path) -> dict[str, list[str]]:
         "long-int-literal": _evaluate("'9' * 4301 + ' > 0'"),
         "long-semver": _parse("Semver.parse('1.2.' + '9' * 4301)", "SemverError"),
         "long-quantity": _parse("Quantity.parse('9' * 4301)", "QuantityError"),
+        # The opaque-config path, where the ValueError became a webhook 500 and a prepare "internal error".
+        "long-quantity-config": _python(
+            "from dra.api.fields import FieldError\nfrom dra.api.opaque import decode\n"
+            "mps = {'defaultPinnedDeviceMemoryLimit': '9' * 4301}\n"
+            "config = {'apiVersion': 'resource.nvidia.com/v1beta1', 'kind': 'GpuConfig',\n"
+            "          'sharing': {'strategy': 'MPS', 'mpsConfig': mps}}\n"
+            "try:\n    decode(config)\nexcept FieldError as err:\n    print('error:', err)"
+        ),
     }
 
 

@@ -16,11 +16,12 @@ EXPECTED = {
     "regex-explain": "0 device(s) match, 1 needed: cannot be allocated",
     "regex-literal": "result: False",
     "nested-binds": "error: operation cancelled: actual cost limit exceeded",
-    "twenty-selectors": "dra-gpu: error: explain's CEL budget of 500,000 cost units per run is spent, by ",
+    "twenty-selectors": "dra-gpu: error: explain's CEL budget of 250,000 cost units per run is spent, by ",
     "ten-megabytes": "expression is 10485764 bytes long; the API server accepts at most 10240 bytes",
     "long-int-literal": "error: ERROR: <input>:1:1: invalid int literal",
     "long-semver": ": value out of range",
     "long-quantity": "error: quantity is 4301 characters long, more than 1000",
+    "long-quantity-config": "is not a quantity: quantity is 4301 characters long, more than 1000",
 }
 
 

@@ -411,7 +411,7 @@ def _evaluate(
         return RequestReport(
             name, class_name, mode, count, (), constraints, (f"DeviceClass {class_name!r} does not exist",)
         )
-    selectors = _selectors(f"class {class_name}", device_class.get("spec", {}).get("selectors"))
+    selectors = _selectors(f"class {class_name}", (device_class.get("spec") or {}).get("selectors"))
     selectors += _selectors("request", spec.get("selectors"))
     programs = []
     for source, expression in selectors:

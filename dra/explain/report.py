@@ -158,6 +158,13 @@ class ExplainError(ValueError):
 # -- the shape of what explain reads, checked before it reads it ------------------------------
 
 _TYPE_NAMES = {dict: "a mapping", list: "a list", str: "a string", int: "an integer"}
+# The API server's list limits (k8s.io/api resource/v1 types.go: DeviceRequestsMaxSize,
+# DeviceConstraintsMaxSize, DeviceSelectorsMaxSize, FirstAvailableDeviceRequestMaxSize): a
+# file may hold more (YAML aliases make that cheap), and each one costs a pass over the devices.
+MAX_REQUESTS = 32
+MAX_CONSTRAINTS = 32
+MAX_SELECTORS = 32
+MAX_SUBREQUESTS = 8
 
 
 def _expect(value: object, kind: type, path: str) -> None:
@@ -173,8 +180,16 @@ def _optional(obj: Obj, key: str, kind: type, path: str) -> Any:
     return value
 
 
+def _items(obj: Obj, key: str, limit: int, path: str) -> list[Any]:
+    """The list ``obj[key]`` (empty when absent), at most ``limit`` long as the API server allows."""
+    items: list[Any] = _optional(obj, key, list, path) or []
+    if len(items) > limit:
+        raise ExplainError(f"{path}.{key}: must have at most {limit} items, has {len(items)}")
+    return items
+
+
 def _check_selectors(spec: Obj, path: str) -> None:
-    for i, selector in enumerate(_optional(spec, "selectors", list, path) or []):
+    for i, selector in enumerate(_items(spec, "selectors", MAX_SELECTORS, path)):
         _expect(selector, dict, f"{path}.selectors[{i}]")
         if "cel" in selector:
             _expect(selector["cel"], dict, f"{path}.selectors[{i}].cel")
@@ -215,19 +230,19 @@ def check_claim(claim: Obj) -> None:
         path += ".spec"
     devices = _optional(spec, "devices", dict, path) or {}
     path += ".devices"
-    for i, request in enumerate(_optional(devices, "requests", list, path) or []):
+    for i, request in enumerate(_items(devices, "requests", MAX_REQUESTS, path)):
         where = f"{path}.requests[{i}]"
         _expect(request, dict, where)
         _expect(request.get("name"), str, f"{where}.name")
-        alternatives = _optional(request, "firstAvailable", list, where)
-        if alternatives is None:
+        alternatives = _items(request, "firstAvailable", MAX_SUBREQUESTS, where)
+        if "firstAvailable" not in request:
             _check_request(
                 {"name": "", **(_optional(request, "exactly", dict, where) or {})}, f"{where}.exactly"
             )
-        for j, sub in enumerate(alternatives or []):
+        for j, sub in enumerate(alternatives):
             _expect(sub, dict, f"{where}.firstAvailable[{j}]")
             _check_request(sub, f"{where}.firstAvailable[{j}]")
-    for i, constraint in enumerate(_optional(devices, "constraints", list, path) or []):
+    for i, constraint in enumerate(_items(devices, "constraints", MAX_CONSTRAINTS, path)):
         where = f"{path}.constraints[{i}]"
         _expect(constraint, dict, where)
         if "matchAttribute" in constraint:

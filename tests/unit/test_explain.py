@@ -328,3 +328,34 @@ def test_one_budget_per_run_stops_explain_and_names_what_each_selector_spent() -
     assert message.startswith("explain's CEL budget of 250,000 cost units per run is spent, by request ")
     assert "spent so far: class gpu.nvidia.com selector 1 of request 'gpu' " in message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("devices", "message"),
+    [
+        (
+            {
+                "requests": [
+                    {"name": "gpu", "exactly": {"deviceClassName": DRIVER, "selectors": [{"cel": None}]}}
+                ]
+            },
+            "ResourceClaim.spec.devices.requests[0].exactly.selectors[0].cel: must be a mapping",
+        ),
+        (
+            {"requests": [_exactly("gpu")], "constraints": [{"matchAttribute": None}]},
+            "ResourceClaim.spec.devices.constraints[0].matchAttribute: must be a string, not NoneType",
+        ),
+        (
+            {"requests": [_exactly(f"r{i}") for i in range(33)]},
+            "ResourceClaim.spec.devices.requests: must have at most 32 items, has 33",
+        ),
+        ({"requests": [{"name": ["gpu"]}]}, "ResourceClaim.spec.devices.requests[0].name: must be a string"),
+    ],
+)
+def test_a_claim_explain_cannot_read_is_one_line_with_the_field_path(
+    devices: dict[str, Any], message: str
+) -> None:
+    claim = {"kind": "ResourceClaim", "metadata": {"name": "c"}, "spec": {"devices": devices}}
+    with pytest.raises(explain.ExplainError) as raised:
+        explain.explain_claim(claim, CLASSES, _slices("h100x8"))
+    assert str(raised.value).startswith(message)

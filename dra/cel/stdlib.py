@@ -51,7 +51,7 @@ def _matches(text: str, pattern: str) -> Result:
     compiled = _regex(pattern)
     if isinstance(compiled, ErrorValue):
         return compiled
-    return regex.search(compiled, text) is not None
+    return regex.contains(compiled, text)
 
 
 # -- conversions ---------------------------------------------------------------------------

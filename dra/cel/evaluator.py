@@ -51,7 +51,7 @@ class BudgetSpentError(Exception):
 
 @dataclass
 class Budget:
-    """Cost units that several runs share (explain: one per report, across selectors and devices)."""
+    """Cost units that several runs share (explain: one per run, across claims, selectors and devices)."""
 
     limit: int
     spent: int = 0

@@ -433,7 +433,11 @@ def _evaluate(
         try:
             programs.append((source, expression, compile_expression(expression)))
         except CelSyntaxError as err:
-            raise ExplainError(f"{source} of request {name!r} does not compile: {err}") from None
+            # One line: cel-go's position, without the source line and caret under it.
+            where = f"<input>:{err.line}:{err.column}"
+            raise ExplainError(
+                f"{source} of request {name!r} does not compile: {where}: {err.message}"
+            ) from None
     verdicts = []
     for driver, pool, device in devices:
         results = []

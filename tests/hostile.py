@@ -11,7 +11,6 @@ A child that runs past its limits is killed, so a regression fails instead of ha
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import subprocess
 import sys
@@ -217,5 +216,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONHASHSEED", "0")
     main()

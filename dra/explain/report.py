@@ -235,7 +235,10 @@ def check_claim(claim: Obj) -> None:
         _expect(request, dict, where)
         _expect(request.get("name"), str, f"{where}.name")
         alternatives = _items(request, "firstAvailable", MAX_SUBREQUESTS, where)
-        if "firstAvailable" not in request:
+        if "firstAvailable" in request:
+            # explain_claim reads the key's presence as a prioritized list, so null is no list
+            _expect(request["firstAvailable"], list, f"{where}.firstAvailable")
+        else:
             _check_request(
                 {"name": "", **(_optional(request, "exactly", dict, where) or {})}, f"{where}.exactly"
             )

@@ -421,7 +421,8 @@ def _evaluate(
     class_name = str(spec.get("deviceClassName", ""))
     device_class = classes.get(class_name)
     mode = str(spec.get("allocationMode", "ExactCount"))
-    raw_count = spec.get("count", 1)
+    # null is the default, as an absent field is
+    raw_count = 1 if spec.get("count") is None else spec["count"]
     if isinstance(raw_count, bool) or not isinstance(raw_count, int) or raw_count < 1:
         raise ExplainError(f"request {name!r}: count must be a positive integer, got {raw_count!r}")
     count = raw_count

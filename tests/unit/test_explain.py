@@ -359,3 +359,9 @@ def test_a_claim_explain_cannot_read_is_one_line_with_the_field_path(
     with pytest.raises(explain.ExplainError) as raised:
         explain.explain_claim(claim, CLASSES, _slices("h100x8"))
     assert str(raised.value).startswith(message)
+
+
+def test_a_null_count_is_the_default_one() -> None:
+    request = _exactly("gpu", count=None)
+    (report,) = explain.explain_claim(_claim(request), CLASSES, _slices("h100x8")).requests
+    assert report.count == 1

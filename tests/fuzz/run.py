@@ -2,9 +2,8 @@
 
 A target is a module ``tests/fuzz/fuzz_<name>.py`` that defines ``TestOneInput(data: bytes)``:
 it must return for every input, raising only on a bug. Its seed corpus, if any, is
-``tests/fuzz/corpus/<name>/`` (one input per file); a module may name another directory
-in ``CORPUS``. Each target runs in a child process of its own (libFuzzer exits when it
-is done), with the ``dra`` package instrumented for coverage::
+``tests/fuzz/corpus/<name>/`` (one input per file). Each target runs in a child process of
+its own (libFuzzer exits when it is done), with the ``dra`` package instrumented for coverage::
 
     .venv/bin/python -m tests.fuzz.run [--seconds 60] [--keep] [TARGET ...]
 

@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 LOCAL := PYTHONPATH=deploy/local
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv proto binaries cluster-binaries manifests api lint nvml-coverage test test-fast test-matrix demo cluster-up cluster-down bench bench-scheduler soak clean
+.PHONY: all venv proto binaries cluster-binaries manifests api lint nvml-coverage test test-fast test-matrix fuzz demo cluster-up cluster-down bench bench-scheduler soak clean
 
 all: test
 
@@ -70,6 +70,13 @@ test: lint nvml-coverage binaries
 # Only the tests that need no cluster.
 test-fast: $(STAMP)
 	$(BIN)/pytest -m 'not cluster'
+
+# Coverage-guided fuzzing (atheris) of every tests/fuzz/fuzz_*.py target, FUZZ_SECONDS each,
+# going on from the inputs earlier runs kept in .fuzz/; a finding fails it (docs/testing.md).
+# `make test` runs each target for a few seconds.
+FUZZ_SECONDS ?= 60
+fuzz: $(STAMP)
+	$(BIN)/python -m tests.fuzz.run --seconds $(FUZZ_SECONDS) --keep
 
 # `make test` on the default release, then the cluster tests on each other supported one
 # (docs/testing.md: what runs where and how long it takes).

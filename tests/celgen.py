@@ -46,6 +46,9 @@ _REGEXES = (
     "\\x{4e}V",
     "(?i)nvidia h",
     "a(?i)DA",
+    # exponential for a backtracking engine, linear for RE2 (issue 26): same verdicts, in time
+    "^(.*)*(.*)*(.*)*(.*)*(.*)*$x",
+    "^([A-Za-z0-9 ]+)+$",
 )
 _COMPARISONS = ("==", "!=", "<", "<=", ">", ">=")
 

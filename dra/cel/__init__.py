@@ -10,12 +10,15 @@ of a ResourceSlice, or explain why a device does not match::
 
 from dra.cel.device import device_variable
 from dra.cel.errors import CelError, CelEvaluationError, CelSyntaxError
+from dra.cel.evaluator import Budget, BudgetSpentError
 from dra.cel.program import Program, compile_expression, evaluate_selector
 from dra.cel.semver import Semver, SemverError
 from dra.cel.trace import Explanation, Reason, explain, explain_program, render_text
 from dra.model.quantity import Quantity, QuantityError
 
 __all__ = [
+    "Budget",
+    "BudgetSpentError",
     "CelError",
     "CelEvaluationError",
     "CelSyntaxError",

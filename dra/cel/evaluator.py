@@ -4,6 +4,10 @@
 is true, whichever side the error is on; otherwise the first error wins.  ``cel.bind``
 initializers run lazily, at most once, like cel-go's.
 
+Every node is charged before it does its work (``cost``): a run that would pass
+COST_LIMIT, or the ``Budget`` it shares with other runs, stops there, so a selector cannot
+build a gigabyte string or run for minutes on its way to the limit.
+
 For explanations the evaluator can record the value of every node (``trace``; inside
 comprehension loops the last iteration's), what each top-level comprehension's predicate
 gave per element, and evaluate ``&&``/``||`` exhaustively, which changes no result, only
@@ -14,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dra.cel import ast
+from dra.cel import ast, cost
 from dra.cel.functions import Registry
 from dra.cel.operators import arithmetic, has_field, index, logical_not, membership, negate, select
 from dra.cel.values import (
@@ -29,16 +33,33 @@ from dra.cel.values import (
     type_name,
 )
 
-# Node evaluations allowed per run; a stand-in for cel-go's cost limit that stops
-# runaway nested comprehensions.
-MAX_STEPS = 1_000_000
 COST_LIMIT_MESSAGE = "operation cancelled: actual cost limit exceeded"
 
 _COMPARISONS = {"<": (-1,), "<=": (-1, 0), ">": (1,), ">=": (1, 0)}
+# cel-go charges nothing for constants and for the operators that only choose a branch;
+# the work under them is charged where it happens. Other nodes cost 1 (see _eval).
+_FREE = (ast.Literal, ast.Logical, ast.Conditional, ast.Bind, ast.Comprehension)
 
 
 class CostLimitExceededError(Exception):
-    """Evaluation took more than MAX_STEPS node evaluations; not absorbable by ``||``."""
+    """A run would cost more than COST_LIMIT; not absorbable by ``||``."""
+
+
+class BudgetSpentError(Exception):
+    """The Budget shared by several runs is spent; the run stops where it was."""
+
+
+@dataclass
+class Budget:
+    """Cost units that several runs share (explain: one per run, across claims, selectors and devices)."""
+
+    limit: int
+    spent: int = 0
+
+    @property
+    def left(self) -> int:
+        """Units still to spend."""
+        return max(0, self.limit - self.spent)
 
 
 @dataclass
@@ -76,14 +97,35 @@ class Evaluator:
     # For comprehensions outside loops: (element, predicate result) per iteration run.
     iterations: dict[int, list[tuple[Value, Result]]] = field(default_factory=dict)
     exhaustive: bool = False
+    budget: Budget | None = None
+    #: Cost charged so far by this evaluator.
+    cost: int = field(default=0, init=False)
+    _allowed: int = field(default=0, init=False)
     _loop_depth: int = field(default=0, init=False)
-    _steps: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self._allowed = cost.COST_LIMIT if self.budget is None else min(cost.COST_LIMIT, self.budget.left)
+
+    def charge(self, units: int) -> None:
+        """Add ``units`` before the work they pay for; raises when the limit or the budget is passed."""
+        self.cost += units
+        if self.cost > self._allowed:
+            if self.cost > cost.COST_LIMIT:
+                raise CostLimitExceededError(COST_LIMIT_MESSAGE)
+            raise BudgetSpentError(f"the budget of {self.budget.limit if self.budget else 0} is spent")
+
+    def settle(self) -> None:
+        """Take what this evaluator spent from its budget (once, after the run)."""
+        if self.budget is not None:
+            self.budget.spent += self.cost
 
     def eval(self, node: ast.Expr, scope: Scope) -> Result:
         """Evaluate ``node``; errors come back as ErrorValue labelled with their origin node."""
-        self._steps += 1
-        if self._steps > MAX_STEPS:
-            raise CostLimitExceededError(COST_LIMIT_MESSAGE)
+        if not isinstance(node, _FREE):
+            # charge(1), inlined: this runs for nearly every node.
+            self.cost += 1
+            if self.cost > self._allowed:
+                self.charge(0)
         result = self._eval(node, scope)
         if isinstance(result, ErrorValue) and result.node_id is None:
             result = ErrorValue(result.message, node.id)
@@ -119,7 +161,14 @@ class Evaluator:
                 values = self._eval_all(ast.children(node), scope)
                 if isinstance(values, ErrorValue):
                     return values
-                return self.registry.call(node.function, values, member=node.target is not None)
+                overload = self.registry.resolve(node.function, values, member=node.target is not None)
+                if overload is None:
+                    return no_such_overload(node.function, *values)
+                # The node's own 1 is charged already; the overload's cost replaces it.
+                extra = overload.cost(*values) - 1
+                if extra:
+                    self.charge(extra)
+                return overload.impl(*values)
             case ast.Unary():
                 operand = self.eval(node.operand, scope)
                 if isinstance(operand, ErrorValue):
@@ -127,7 +176,12 @@ class Evaluator:
                 return logical_not(operand) if node.op == "!" else negate(operand)
             case ast.Binary():
                 values = self._eval_all((node.left, node.right), scope)
-                return values if isinstance(values, ErrorValue) else _binary(node.op, *values)
+                if isinstance(values, ErrorValue):
+                    return values
+                extra = cost.binary(node.op, *values) - 1
+                if extra:
+                    self.charge(extra)
+                return _binary(node.op, *values)
             case ast.Logical():
                 return self._logical(node, scope)
             case ast.Conditional():
@@ -138,6 +192,7 @@ class Evaluator:
                     return no_such_overload("_?_:_", condition)
                 return self.eval(node.then if condition else node.otherwise, scope)
             case ast.ListExpr():
+                self.charge(cost.LIST_CREATE - 1)
                 values = self._eval_all(node.elements, scope)
                 return values if isinstance(values, ErrorValue) else tuple(values)
             case ast.MapExpr():
@@ -175,6 +230,7 @@ class Evaluator:
         return error if error is not None else not deciding
 
     def _map_literal(self, node: ast.MapExpr, scope: Scope) -> Result:
+        self.charge(cost.MAP_CREATE - 1)
         values = self._eval_all(ast.children(node), scope)
         if isinstance(values, ErrorValue):
             return values
@@ -213,6 +269,10 @@ class Evaluator:
         count = 0
         collected: list[Value] = []
         for item in items:
+            # cel-go's loop condition and step: 1 per iteration, even for a constant predicate.
+            self.cost += 1
+            if self.cost > self._allowed:
+                self.charge(0)
             inner = Scope({node.variable: item}, scope)
             predicate = self.eval(node.predicate, inner) if node.predicate is not None else True
             if record is not None:

@@ -2,7 +2,8 @@
 
 Arity and call style (``f(x)`` versus ``x.f()``) are checked when an expression compiles;
 argument types are only known at runtime, where a call that matches no overload yields a
-``no such overload`` error value, as in cel-go with dynamically typed values.
+``no such overload`` error value, as in cel-go with dynamically typed values. Each overload
+says what a call costs (``cost``); the default is cel-go's 1.
 """
 
 from __future__ import annotations
@@ -10,11 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from dra.cel.values import ErrorValue, Result, Value, no_such_overload
+from dra.cel.values import ErrorValue, Result, Value
 
 # A parameter's CEL type as the Python class of its values (int, str, tuple, CelMap, ...),
 # or None for any value.
 ParamType = type | None
+# What a call costs given its arguments (receiver first), known before it runs.
+CostFunction = Callable[..., int]
+
+
+def _unit(*_args: Value) -> int:
+    return 1
 
 
 @dataclass(frozen=True)
@@ -24,6 +31,7 @@ class Overload:
     member: bool
     params: tuple[ParamType, ...]
     impl: Callable[..., Result]
+    cost: CostFunction = _unit
 
     def accepts(self, args: Sequence[Value]) -> bool:
         """Whether the runtime argument types fit (bool is not an int here)."""
@@ -39,10 +47,16 @@ class Registry:
         self._overloads: dict[str, list[Overload]] = {}
 
     def add(
-        self, name: str, params: tuple[ParamType, ...], impl: Callable[..., Result], *, member: bool
+        self,
+        name: str,
+        params: tuple[ParamType, ...],
+        impl: Callable[..., Result],
+        *,
+        member: bool,
+        cost: CostFunction = _unit,
     ) -> None:
-        """Declare ``name(params)`` (``member``: called as ``params[0].name(rest)``)."""
-        self._overloads.setdefault(name, []).append(Overload(member, params, impl))
+        """Declare ``name(params)``, costing ``cost(*args)``; ``member``: ``params[0].name(rest)``."""
+        self._overloads.setdefault(name, []).append(Overload(member, params, impl, cost))
 
     def __contains__(self, name: str) -> bool:
         return name in self._overloads
@@ -55,12 +69,12 @@ class Registry:
         """Whether some overload has this call style and argument count (receiver included)."""
         return any(o.member == member and len(o.params) == argc for o in self._overloads.get(name, ()))
 
-    def call(self, name: str, args: Sequence[Value], *, member: bool) -> Result:
-        """Run the first overload whose types fit; arguments are already error-free."""
+    def resolve(self, name: str, args: Sequence[Value], *, member: bool) -> Overload | None:
+        """The first overload whose types fit the (error-free) arguments."""
         for overload in self._overloads.get(name, ()):
             if overload.member == member and overload.accepts(args):
-                return overload.impl(*args)
-        return no_such_overload(name, *args)
+                return overload
+        return None
 
 
 def error(message: str) -> ErrorValue:

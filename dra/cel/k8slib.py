@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
+from dra.cel import cost
 from dra.cel.functions import Registry, error
 from dra.cel.semver import Semver, SemverError
 from dra.cel.values import Result, Uint, Value, compare, equals, list_contains, no_such_overload
@@ -113,10 +114,23 @@ def _sets_contains(items: tuple[Value, ...], subset: tuple[Value, ...]) -> Resul
     return all(list_contains(items, item) for item in subset)
 
 
+def _parse_cost(text: str, *_flags: bool) -> int:
+    return cost.traversal(len(text))
+
+
+def _list_cost(items: tuple[Value, ...], *_needle: Value) -> int:
+    return len(items)
+
+
+def _pairs_cost(a: tuple[Value, ...], b: tuple[Value, ...]) -> int:
+    # cel-go's sets extension compares every element of one list with every one of the other.
+    return len(a) * len(b)
+
+
 def register(registry: Registry) -> None:
-    """Add the Kubernetes library functions to ``registry``."""
-    registry.add("quantity", (str,), _quantity, member=False)
-    registry.add("isQuantity", (str,), _is_quantity, member=False)
+    """Add the Kubernetes library functions to ``registry``, with their costs (library/cost.go)."""
+    registry.add("quantity", (str,), _quantity, member=False, cost=_parse_cost)
+    registry.add("isQuantity", (str,), _is_quantity, member=False, cost=_parse_cost)
     registry.add("sign", (Quantity,), lambda q: q.sign(), member=False)
     registry.add("asApproximateFloat", (Quantity,), lambda q: q.as_approximate_float(), member=True)
     registry.add("asInteger", (Quantity,), _as_integer, member=True)
@@ -125,10 +139,10 @@ def register(registry: Registry) -> None:
         for operand in (Quantity, int):
             registry.add(name, (Quantity, operand), _quantity_arithmetic(operation), member=True)
 
-    registry.add("semver", (str,), _semver, member=False)
-    registry.add("semver", (str, bool), _semver, member=False)
-    registry.add("isSemver", (str,), _is_semver, member=False)
-    registry.add("isSemver", (str, bool), _is_semver, member=False)
+    registry.add("semver", (str,), _semver, member=False, cost=_parse_cost)
+    registry.add("semver", (str, bool), _semver, member=False, cost=_parse_cost)
+    registry.add("isSemver", (str,), _is_semver, member=False, cost=_parse_cost)
+    registry.add("isSemver", (str, bool), _is_semver, member=False, cost=_parse_cost)
     registry.add("major", (Semver,), lambda v: _wrap_int64(v.major), member=True)
     registry.add("minor", (Semver,), lambda v: _wrap_int64(v.minor), member=True)
     registry.add("patch", (Semver,), lambda v: _wrap_int64(v.patch), member=True)
@@ -138,20 +152,25 @@ def register(registry: Registry) -> None:
         registry.add("isGreaterThan", (kind, kind), lambda a, b: a.compare(b) == 1, member=True)
         registry.add("isLessThan", (kind, kind), lambda a, b: a.compare(b) == -1, member=True)
 
-    registry.add("isSorted", (tuple,), _is_sorted, member=True)
-    registry.add("sum", (tuple,), _sum, member=True)
-    registry.add("min", (tuple,), _extreme("min", 1), member=True)
-    registry.add("max", (tuple,), _extreme("max", -1), member=True)
-    registry.add("indexOf", (tuple, None), _index_of, member=True)
-    registry.add("lastIndexOf", (tuple, None), _last_index_of, member=True)
+    registry.add("isSorted", (tuple,), _is_sorted, member=True, cost=_list_cost)
+    registry.add("sum", (tuple,), _sum, member=True, cost=_list_cost)
+    registry.add("min", (tuple,), _extreme("min", 1), member=True, cost=_list_cost)
+    registry.add("max", (tuple,), _extreme("max", -1), member=True, cost=_list_cost)
+    registry.add("indexOf", (tuple, None), _index_of, member=True, cost=_list_cost)
+    registry.add("lastIndexOf", (tuple, None), _last_index_of, member=True, cost=_list_cost)
 
-    registry.add("sets.contains", (tuple, tuple), _sets_contains, member=False)
+    registry.add("sets.contains", (tuple, tuple), _sets_contains, member=False, cost=_pairs_cost)
     registry.add(
-        "sets.intersects", (tuple, tuple), lambda a, b: any(list_contains(b, x) for x in a), member=False
+        "sets.intersects",
+        (tuple, tuple),
+        lambda a, b: any(list_contains(b, x) for x in a),
+        member=False,
+        cost=_pairs_cost,
     )
     registry.add(
         "sets.equivalent",
         (tuple, tuple),
         lambda a, b: _sets_contains(a, b) and _sets_contains(b, a),
         member=False,
+        cost=_pairs_cost,
     )

@@ -10,12 +10,11 @@ checking; type mismatches surface at runtime as ``no such overload`` errors.
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dra.cel import ast, k8slib, literals, stdlib
+from dra.cel import ast, cost, k8slib, literals, regex, stdlib
 from dra.cel.device import DEVICE_FIELDS, DEVICE_FIELDS_CONSUMABLE_CAPACITY, device_variable
 from dra.cel.errors import CelEvaluationError, CelSyntaxError
 from dra.cel.evaluator import CostLimitExceededError, Evaluator, Scope
@@ -47,6 +46,8 @@ class Program:
             return ErrorValue(str(exc), self.tree.id)
         except RecursionError:
             return ErrorValue("expression is nested too deeply to evaluate", self.tree.id)
+        finally:
+            evaluator.settle()
 
     def evaluate(self, variables: Mapping[str, Value] | None = None) -> Value:
         """Evaluate with the given variables; raises CelEvaluationError on a runtime error."""
@@ -119,8 +120,17 @@ def compile_expression(expression: str, *, consumable_capacity: bool = False) ->
     """Compile a CEL expression for the DRA environment (the ``device`` variable).
 
     ``consumable_capacity`` mirrors the DRAConsumableCapacity feature gate, which adds
-    ``device.allowMultipleAllocations``.  Raises CelSyntaxError.
+    ``device.allowMultipleAllocations``.  Raises CelSyntaxError, also for an expression
+    longer than the API server accepts (10 KiB), which is not parsed at all.
     """
+    length = len(expression.encode("utf-8", "surrogatepass"))
+    if length > cost.MAX_EXPRESSION_BYTES:
+        raise CelSyntaxError(
+            f"expression is {length} bytes long; "
+            f"the API server accepts at most {cost.MAX_EXPRESSION_BYTES} bytes",
+            "",
+            0,
+        )
     return _compile(expression, consumable_capacity)
 
 
@@ -194,6 +204,6 @@ class _Checker:
             pattern = node.args[0] if member else node.args[1]
             if isinstance(pattern, ast.Literal) and isinstance(pattern.value, str):
                 try:
-                    stdlib.compile_regex(pattern.value)
-                except re.error as exc:
+                    regex.compile_regex(pattern.value)
+                except regex.RegexError as exc:
                     raise self.error(f"invalid {name} argument: {exc}", pattern.start) from exc

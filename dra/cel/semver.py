@@ -27,7 +27,9 @@ def _parse_uint(text: str) -> int:
     # strconv.ParseUint(text, 10, 64), with Go's error texts.
     if not text or not _only(text, _DIGITS):
         raise SemverError(f'strconv.ParseUint: parsing "{text}": invalid syntax')
-    value = int(text)
+    # A uint64 has at most 20 digits; longer ones are out of range without converting them
+    # (Python refuses to convert more than 4,300 digits).
+    value = int(text) if len(text.lstrip("0")) <= 20 else _UINT64_MAX + 1
     if value > _UINT64_MAX:
         raise SemverError(f'strconv.ParseUint: parsing "{text}": value out of range')
     return value

@@ -1,22 +1,21 @@
 """CEL standard functions and the string extensions Kubernetes enables (cel-go ext.Strings v2).
 
-Regular expressions use Python's ``re`` in ASCII mode as a stand-in for RE2, on patterns
-rewritten where the two differ (``re2``); ``matches`` is an unanchored search like RE2's.
+Regular expressions run on RE2 (``regex``); ``matches`` is an unanchored search, as in cel-go.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 
-from dra.cel import re2
+from dra.cel import cost, regex
 from dra.cel.functions import Registry, error
 from dra.cel.values import (
     INT64_MAX,
     INT64_MIN,
     UINT64_MAX,
     CelMap,
+    ErrorValue,
     Result,
     Uint,
     Value,
@@ -35,16 +34,10 @@ _TRUE_TEXT = frozenset(("1", "t", "T", "TRUE", "true", "True"))
 _FALSE_TEXT = frozenset(("0", "f", "F", "FALSE", "false", "False"))
 
 
-@functools.lru_cache(maxsize=256)
-def compile_regex(pattern: str) -> re.Pattern[str]:
-    """Compile an RE2 pattern (see ``re2``); raises re.error."""
-    return re.compile(re2.translate(pattern), re.ASCII)
-
-
-def _regex(pattern: str) -> re.Pattern[str] | Result:
+def _regex(pattern: str) -> regex.Pattern | ErrorValue:
     try:
-        return compile_regex(pattern)
-    except re.error as exc:
+        return regex.compile_regex(pattern)
+    except regex.RegexError as exc:
         return error(f"invalid regular expression {pattern!r}: {exc}")
 
 
@@ -55,11 +48,19 @@ def _size(value: Value) -> Result:
 
 
 def _matches(text: str, pattern: str) -> Result:
-    regex = _regex(pattern)
-    return regex.search(text) is not None if isinstance(regex, re.Pattern) else regex
+    compiled = _regex(pattern)
+    if isinstance(compiled, ErrorValue):
+        return compiled
+    return regex.contains(compiled, text)
 
 
 # -- conversions ---------------------------------------------------------------------------
+
+
+def _fits(text: str) -> bool:
+    # At most a uint64's 20 digits after the sign and leading zeros; longer text is out of
+    # range and is not converted (Python refuses more than 4,300 digits).
+    return len(text.lstrip("+-").lstrip("0")) <= 20
 
 
 def _to_int(value: Value) -> Result:
@@ -75,7 +76,7 @@ def _to_int(value: Value) -> Result:
                 return error("integer overflow")
             return int(value)
         case str():
-            if _INT_TEXT.fullmatch(value) and INT64_MIN <= int(value) <= INT64_MAX:
+            if _INT_TEXT.fullmatch(value) and _fits(value) and INT64_MIN <= int(value) <= INT64_MAX:
                 return int(value)
             return error("type conversion error from 'string' to 'int'")
     return no_such_overload("int", value)
@@ -94,7 +95,7 @@ def _to_uint(value: Value) -> Result:
                 return error("unsigned integer overflow")
             return Uint(int(value))
         case str():
-            if value.isascii() and value.isdigit() and int(value) <= UINT64_MAX:
+            if value.isascii() and value.isdigit() and _fits(value) and int(value) <= UINT64_MAX:
                 return Uint(int(value))
             return error("type conversion error from 'string' to 'uint'")
     return no_such_overload("uint", value)
@@ -233,21 +234,21 @@ def _join(items: tuple[Value, ...], separator: str = "") -> Result:
 
 
 def _find_all(text: str, pattern: str, limit: int = -1) -> Result:
-    regex = _regex(pattern)
-    if not isinstance(regex, re.Pattern):
-        return regex
+    compiled = _regex(pattern)
+    if isinstance(compiled, ErrorValue):
+        return compiled
     found: list[Value] = []
     pos, previous_end = 0, -1
     while pos <= len(text) and (limit < 0 or len(found) < limit):
-        match = regex.search(text, pos)
-        if match is None:
+        span = regex.search(compiled, text, pos)
+        if span is None:
             break
-        start, end = match.span()
+        start, end = span
         if start == end == previous_end:
             # Go ignores an empty match right after the previous match.
             pos = start + 1
             continue
-        found.append(match.group())
+        found.append(text[start:end])
         previous_end = end
         pos = end if end > start else end + 1
     return tuple(found)
@@ -260,14 +261,53 @@ def _find(text: str, pattern: str) -> Result:
     return found[0] if found else ""
 
 
+# -- costs (cel-go's runtimecost.go and Kubernetes' library/cost.go; see ``cost``) ------------
+
+
+def _traverse(value: Value, *_rest: Value) -> int:
+    return cost.traversal(cost.size(value))
+
+
+def _regex_cost(text: str, pattern: str, *_limit: int) -> int:
+    return cost.regex(text, pattern)
+
+
+def _contains_cost(text: str, sub: str) -> int:
+    return cost.traversal(len(text)) * cost.traversal(len(sub))
+
+
+def _replace_cost(text: str, old: str, new: str, limit: int = -1) -> int:
+    # Kubernetes charges 0.2 per input character; the result is charged too, so that
+    # "x".replace("", long) cannot build more than the budget pays for.
+    count = len(text) + 1 if old == "" else text.count(old)
+    if limit >= 0:
+        count = min(count, limit)
+    result = len(text) + count * (len(new) - len(old))
+    return cost.traversal(len(text), 2 * cost.STRING_TRAVERSAL) + cost.traversal(result)
+
+
+def _split_cost(text: str, separator: str, limit: int = -1) -> int:
+    parts = len(text) + 1 if separator == "" else text.count(separator) + 1
+    if limit >= 0:
+        parts = min(parts, limit)
+    return cost.traversal(len(text), 2 * cost.STRING_TRAVERSAL) + parts
+
+
+def _join_cost(items: tuple[Value, ...], separator: str = "") -> int:
+    result = sum(cost.size(item) for item in items) + len(separator) * max(0, len(items) - 1)
+    return cost.traversal(result, 2 * cost.STRING_TRAVERSAL)
+
+
 def register(registry: Registry) -> None:
-    """Add the standard and string-extension functions to ``registry``."""
+    """Add the standard and string-extension functions to ``registry``, with their costs."""
     for member in (False, True):
         registry.add("size", (None,), _size, member=member)
-        registry.add("matches", (str, str), _matches, member=member)
-    registry.add("contains", (str, str), lambda s, sub: sub in s, member=True)
-    registry.add("startsWith", (str, str), lambda s, prefix: s.startswith(prefix), member=True)
-    registry.add("endsWith", (str, str), lambda s, suffix: s.endswith(suffix), member=True)
+        registry.add("matches", (str, str), _matches, member=member, cost=_regex_cost)
+    registry.add("contains", (str, str), lambda s, sub: sub in s, member=True, cost=_contains_cost)
+    registry.add(
+        "startsWith", (str, str), lambda s, prefix: s.startswith(prefix), member=True, cost=_traverse
+    )
+    registry.add("endsWith", (str, str), lambda s, suffix: s.endswith(suffix), member=True, cost=_traverse)
     for name, convert in (
         ("int", _to_int),
         ("uint", _to_uint),
@@ -276,25 +316,25 @@ def register(registry: Registry) -> None:
         ("bool", _to_bool),
         ("bytes", _to_bytes),
     ):
-        registry.add(name, (None,), convert, member=False)
+        registry.add(name, (None,), convert, member=False, cost=_traverse)
     registry.add("dyn", (None,), lambda value: value, member=False)
 
     registry.add("charAt", (str, int), _char_at, member=True)
-    registry.add("indexOf", (str, str), _index_of, member=True)
-    registry.add("indexOf", (str, str, int), _index_of, member=True)
-    registry.add("lastIndexOf", (str, str), _last_index_of, member=True)
-    registry.add("lastIndexOf", (str, str, int), _last_index_of, member=True)
-    registry.add("lowerAscii", (str,), lambda s: s.translate(_LOWER), member=True)
-    registry.add("upperAscii", (str,), lambda s: s.translate(_UPPER), member=True)
-    registry.add("replace", (str, str, str), _replace, member=True)
-    registry.add("replace", (str, str, str, int), _replace, member=True)
-    registry.add("split", (str, str), _split, member=True)
-    registry.add("split", (str, str, int), _split, member=True)
-    registry.add("substring", (str, int), _substring, member=True)
-    registry.add("substring", (str, int, int), _substring, member=True)
-    registry.add("trim", (str,), lambda s: s.strip(_GO_SPACE), member=True)
-    registry.add("join", (tuple,), _join, member=True)
-    registry.add("join", (tuple, str), _join, member=True)
-    registry.add("find", (str, str), _find, member=True)
-    registry.add("findAll", (str, str), _find_all, member=True)
-    registry.add("findAll", (str, str, int), _find_all, member=True)
+    registry.add("indexOf", (str, str), _index_of, member=True, cost=_traverse)
+    registry.add("indexOf", (str, str, int), _index_of, member=True, cost=_traverse)
+    registry.add("lastIndexOf", (str, str), _last_index_of, member=True, cost=_traverse)
+    registry.add("lastIndexOf", (str, str, int), _last_index_of, member=True, cost=_traverse)
+    registry.add("lowerAscii", (str,), lambda s: s.translate(_LOWER), member=True, cost=_traverse)
+    registry.add("upperAscii", (str,), lambda s: s.translate(_UPPER), member=True, cost=_traverse)
+    registry.add("replace", (str, str, str), _replace, member=True, cost=_replace_cost)
+    registry.add("replace", (str, str, str, int), _replace, member=True, cost=_replace_cost)
+    registry.add("split", (str, str), _split, member=True, cost=_split_cost)
+    registry.add("split", (str, str, int), _split, member=True, cost=_split_cost)
+    registry.add("substring", (str, int), _substring, member=True, cost=_traverse)
+    registry.add("substring", (str, int, int), _substring, member=True, cost=_traverse)
+    registry.add("trim", (str,), lambda s: s.strip(_GO_SPACE), member=True, cost=_traverse)
+    registry.add("join", (tuple,), _join, member=True, cost=_join_cost)
+    registry.add("join", (tuple, str), _join, member=True, cost=_join_cost)
+    registry.add("find", (str, str), _find, member=True, cost=_regex_cost)
+    registry.add("findAll", (str, str), _find_all, member=True, cost=_regex_cost)
+    registry.add("findAll", (str, str, int), _find_all, member=True, cost=_regex_cost)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra.cel import ast
-from dra.cel.evaluator import Evaluator
+from dra.cel.evaluator import Budget, Evaluator
 from dra.cel.program import FUNCTIONS, Program, compile_expression
 from dra.cel.semver import Semver
 from dra.cel.values import CelMap, ErrorValue, Result, display, type_name
@@ -79,9 +79,14 @@ def explain(
     )
 
 
-def explain_program(program: Program, device: Mapping[str, Any], driver: str) -> Explanation:
-    """Explain a compiled selector's result for one ResourceSlice device of ``driver``."""
-    evaluator = Evaluator(FUNCTIONS, trace={}, exhaustive=True)
+def explain_program(
+    program: Program, device: Mapping[str, Any], driver: str, budget: Budget | None = None
+) -> Explanation:
+    """Explain a compiled selector's result for one ResourceSlice device of ``driver``.
+
+    With a ``budget`` the run also spends from it, and raises BudgetSpentError where it runs out.
+    """
+    evaluator = Evaluator(FUNCTIONS, trace={}, exhaustive=True, budget=budget)
     result = program.run_selector(device, driver, evaluator)
     context = _Context(program, evaluator, driver)
     if isinstance(result, ErrorValue):

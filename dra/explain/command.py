@@ -11,6 +11,7 @@ import anyio
 
 from dra import documents
 from dra.adapters.kube import KubeClient, KubeError, NotFoundError
+from dra.cel import Budget
 from dra.core.slices import build_slices
 from dra.core.versions import ApiFeatures
 from dra.daemon.bootstrap import StartupError, gpu_library, load_inventory
@@ -23,7 +24,18 @@ CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
 def _documents(path: Path) -> list[Obj]:
     """The claims and classes of a manifest file, each checked for the types the report reads."""
     try:
-        loaded = documents.load_yaml_all(documents.read_file(path, "manifest"), str(path))
+        text = documents.read_file(path, "manifest")
+    except documents.DocumentError as err:
+        raise StartupError(str(err)) from None
+    return parse_documents(text, str(path))
+
+
+def parse_documents(text: bytes | str, source: str) -> list[Obj]:
+    """The claims and classes among the YAML documents of ``text``, each checked for the types the
+    report reads; StartupError naming ``source`` and the field.
+    """
+    try:
+        loaded = documents.load_yaml_all(text, source)
     except documents.DocumentError as err:
         raise StartupError(str(err)) from None
     found = []
@@ -33,9 +45,15 @@ def _documents(path: Path) -> list[Obj]:
         try:
             explain.check_shape(doc, doc["kind"])
         except explain.ExplainError as err:
-            raise StartupError(f"{path}: document {i + 1} ({doc['kind']}): {err}") from None
+            raise StartupError(f"{source}: document {i + 1} ({doc['kind']}): {err}") from None
         found.append(doc)
     return found
+
+
+def split_documents(found: list[Obj]) -> tuple[dict[str, Obj], list[Obj]]:
+    """DeviceClasses by name and the claims (or claim templates) among checked documents."""
+    classes = {doc["metadata"]["name"]: doc for doc in found if doc.get("kind") == "DeviceClass"}
+    return classes, [doc for doc in found if doc.get("kind") in CLAIM_KINDS]
 
 
 class _Inputs:
@@ -64,11 +82,9 @@ class _Inputs:
                 self.claims.append(await self._cluster_claim(self.args.claim))
 
     def _take(self, documents: list[Obj]) -> None:
-        for doc in documents:
-            if doc.get("kind") == "DeviceClass":
-                self.classes[doc["metadata"]["name"]] = doc
-            elif doc.get("kind") in CLAIM_KINDS:
-                self.claims.append(doc)
+        classes, claims = split_documents(documents)
+        self.classes.update(classes)
+        self.claims.extend(claims)
 
     async def _cluster_claim(self, ref: str) -> Obj:
         namespace, sep, name = ref.partition("/")
@@ -175,7 +191,8 @@ async def _reports(args: argparse.Namespace) -> list[explain.ClaimReport]:
         claims = inputs.claims or [_class_only_claim(name) for name in inputs.classes]
         slices = await inputs.slices()
         others = await inputs.other_claims()
-        return [explain.explain_claim(claim, classes, slices, others) for claim in claims]
+        budget = Budget(explain.EXPLAIN_COST_BUDGET)
+        return [explain.explain_claim(claim, classes, slices, others, budget) for claim in claims]
     except explain.ExplainError as err:
         raise StartupError(str(err)) from None
     finally:

@@ -15,8 +15,23 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from dra.api.fields import quote
-from dra.cel import CelSyntaxError, Program, Quantity, QuantityError, compile_expression, explain_program
+from dra.cel import (
+    Budget,
+    BudgetSpentError,
+    CelSyntaxError,
+    Explanation,
+    Program,
+    Quantity,
+    QuantityError,
+    compile_expression,
+    explain_program,
+)
 from dra.core.slices import DEPRECATED_ATTRIBUTES, DEPRECATED_ATTRIBUTES_REMOVED_IN
+
+# What one explain run may spend, across its selectors and devices: a quarter of what the
+# scheduler allows one selector on one device (CELSelectorExpressionMaxCost), which this
+# evaluator spends in about half a second (docs/architecture.md has the measurement).
+EXPLAIN_COST_BUDGET = 250_000
 
 Obj = Mapping[str, Any]
 
@@ -148,23 +163,45 @@ class Required:
         self.shape = shape
 
 
-_SELECTORS = [{"cel": {"expression": Required(str)}}]
+class Most:
+    """A list of at most `limit` items of the shape it wraps, as the API server allows.
+
+    A file may hold more (YAML aliases make that cheap), and each one costs a pass over the devices.
+    """
+
+    def __init__(self, shape: list[object], limit: int) -> None:
+        self.shape = shape
+        self.limit = limit
+
+
+# The API server's list limits (k8s.io/api resource/v1 types.go: DeviceRequestsMaxSize,
+# DeviceConstraintsMaxSize, DeviceSelectorsMaxSize, FirstAvailableDeviceRequestMaxSize).
+MAX_REQUESTS = 32
+MAX_CONSTRAINTS = 32
+MAX_SELECTORS = 32
+MAX_SUBREQUESTS = 8
+
+
+# A selector's one field is required, as the API server requires it.
+_SELECTORS = Most([{"cel": Required({"expression": Required(str)})}], MAX_SELECTORS)
 _SUBREQUEST = {
     "deviceClassName": str,
     "allocationMode": str,
-    "count": int,
     "adminAccess": bool,
     "selectors": _SELECTORS,
 }
 _DEVICES = {
-    "requests": [
-        {
-            "name": Required(str),
-            "exactly": _SUBREQUEST,
-            "firstAvailable": [{**_SUBREQUEST, "name": Required(str)}],
-        }
-    ],
-    "constraints": [{"requests": [str], "matchAttribute": str}],
+    "requests": Most(
+        [
+            {
+                "name": Required(str),
+                "exactly": _SUBREQUEST,
+                "firstAvailable": Most([{**_SUBREQUEST, "name": Required(str)}], MAX_SUBREQUESTS),
+            }
+        ],
+        MAX_REQUESTS,
+    ),
+    "constraints": Most([{"requests": [str], "matchAttribute": str}], MAX_CONSTRAINTS),
 }
 _METADATA = {"name": str, "namespace": str, "uid": str}
 #: The fields of each kind that the report reads, with their types; the others are not looked at.
@@ -198,6 +235,10 @@ def check_shape(obj: object, kind: str) -> None:
             shape = shape.shape
         if value is None:
             continue
+        if isinstance(shape, Most):
+            if isinstance(value, list) and len(value) > shape.limit:
+                raise ExplainError(f"{path}: must have at most {shape.limit} items, has {len(value)}")
+            shape = shape.shape
         expected = dict if isinstance(shape, dict) else list if isinstance(shape, list) else shape
         assert isinstance(expected, type)
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
@@ -342,6 +383,31 @@ def _selectors(source: str, selectors: Sequence[Obj] | None) -> list[tuple[str, 
     ]
 
 
+@dataclass
+class _Spending:
+    """One explain run's CEL budget and what each selector has spent of it."""
+
+    budget: Budget
+    by_selector: dict[str, int] = field(default_factory=dict)
+
+    def explain(self, request: str, source: str, program: Program, device: Obj, driver: str) -> Explanation:
+        before = self.budget.spent
+        key = f"{source} of request {request!r}"
+        try:
+            return explain_program(program, device, driver, self.budget)
+        except BudgetSpentError:
+            raise ExplainError(self.spent_message(key, str(device.get("name")))) from None
+        finally:
+            self.by_selector[key] = self.by_selector.get(key, 0) + self.budget.spent - before
+
+    def spent_message(self, key: str, device: str) -> str:
+        spent = ", ".join(f"{name} {units:,}" for name, units in self.by_selector.items() if units)
+        return (
+            f"explain's CEL budget of {self.budget.limit:,} cost units per run is spent, by {key} "
+            f"on device {device}; spent so far: {spent}"
+        )
+
+
 def _evaluate(
     name: str,
     spec: Obj,
@@ -350,30 +416,36 @@ def _evaluate(
     held: Mapping[tuple[str, str, str], str],
     constraints: tuple[str, ...],
     left: Mapping[CounterKey, Mapping[str, _Counter]],
+    spending: _Spending,
 ) -> RequestReport:
     class_name = str(spec.get("deviceClassName", ""))
     device_class = classes.get(class_name)
     mode = str(spec.get("allocationMode", "ExactCount"))
-    raw_count = spec.get("count", 1)
+    # null is the default, as an absent field is
+    raw_count = 1 if spec.get("count") is None else spec["count"]
     if isinstance(raw_count, bool) or not isinstance(raw_count, int) or raw_count < 1:
         raise ExplainError(f"request {quote(name)}: count must be a positive integer, got {quote(raw_count)}")
     count = raw_count
     if device_class is None:
         missing = f"DeviceClass {quote(class_name)} does not exist"
         return RequestReport(name, class_name, mode, count, (), constraints, (missing,))
-    selectors = _selectors(f"class {class_name}", device_class.get("spec", {}).get("selectors"))
+    selectors = _selectors(f"class {class_name}", (device_class.get("spec") or {}).get("selectors"))
     selectors += _selectors("request", spec.get("selectors"))
     programs = []
     for source, expression in selectors:
         try:
             programs.append((source, expression, compile_expression(expression)))
         except CelSyntaxError as err:
-            raise ExplainError(f"{source} of request {quote(name)} does not compile: {err}") from None
+            # One line: cel-go's position, without the source line and caret under it.
+            where = f"<input>:{err.line}:{err.column}"
+            raise ExplainError(
+                f"{source} of request {quote(name)} does not compile: {where}: {err.message}"
+            ) from None
     verdicts = []
     for driver, pool, device in devices:
         results = []
         for source, expression, program in programs:
-            outcome = explain_program(program, device, driver)
+            outcome = spending.explain(name, source, program, device, driver)
             # A reason about the whole selector needs no quote of it: the report prints the selector.
             reasons = tuple(
                 r.message.removeprefix("is ") if r.expression == expression else str(r)
@@ -460,8 +532,17 @@ def explain_claim(
     classes: Iterable[Obj],
     slices: Iterable[Obj],
     other_claims: Iterable[Obj] = (),
+    budget: Budget | None = None,
 ) -> ClaimReport:
-    """Report every request of a ResourceClaim or ResourceClaimTemplate on the devices of `slices`."""
+    """Report every request of a ResourceClaim or ResourceClaimTemplate on the devices of `slices`.
+
+    Every selector on every device spends from ``budget`` (default: a new one of
+    EXPLAIN_COST_BUDGET); raises ExplainError, with what each selector spent, where it runs out.
+    """
+    spending = _Spending(budget or Budget(EXPLAIN_COST_BUDGET))
+    check_shape(
+        claim, "ResourceClaimTemplate" if claim.get("kind") == "ResourceClaimTemplate" else "ResourceClaim"
+    )
     meta = claim.get("metadata") or {}
     spec = claim.get("spec") or {}
     if claim.get("kind") == "ResourceClaimTemplate":
@@ -493,6 +574,7 @@ def explain_claim(
                         held,
                         tuple(constraints.get(name, ())),
                         left,
+                        spending,
                     )
                 )
         else:
@@ -505,6 +587,7 @@ def explain_claim(
                     held,
                     tuple(constraints.get(name, ())),
                     left,
+                    spending,
                 )
             )
     notes: tuple[str, ...] = ()

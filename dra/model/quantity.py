@@ -30,6 +30,8 @@ DECIMAL_SI = "DecimalSI"
 _SPLIT_PATTERN = "^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
 ERR_FORMAT_WRONG = f"quantities must match the regular expression '{_SPLIT_PATTERN}'"
 ERR_NUMERIC = "unable to parse numeric part of quantity"
+#: The longest quantity text parsed: far beyond any real amount (int64 has 19 digits).
+MAX_LENGTH = 1000
 ERR_SUFFIX = "unable to parse quantity's suffix"
 
 # sign, leading zeros, digits, fraction, suffix: the same split the Kubernetes scanner makes.
@@ -135,6 +137,10 @@ class Quantity:
     def _parse_uncached(cls, text: str) -> Quantity:
         if not text:
             raise QuantityError(ERR_FORMAT_WRONG)
+        if len(text) > MAX_LENGTH:
+            # Go parses any length; Python refuses to convert more than 4,300 digits and
+            # grows quadratically before that, so a bound keeps every parse cheap.
+            raise QuantityError(f"quantity is {len(text)} characters long, more than {MAX_LENGTH}")
         if text == "0":
             return cls._int64(0, 0, DECIMAL_SI, text)
         match = _SPLIT.fullmatch(text)

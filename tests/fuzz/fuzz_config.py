@@ -9,7 +9,6 @@ A refusal with a message (each parser's own error type) is not a bug; anything e
 from __future__ import annotations
 
 import contextlib
-import sys
 
 from dra import documents
 from dra.core.migconfig import MigConfigError, parse_mig_configs
@@ -49,10 +48,3 @@ def TestOneInput(data: bytes) -> None:  # noqa: N802 (atheris' name)
                     explain.explain_claim({**document, "kind": kind}, CLASSES, SLICES)
             except explain.ExplainError:
                 pass
-
-
-if __name__ == "__main__":
-    import atheris  # type: ignore[import-untyped]  # only where the fuzzing runner installs it
-
-    atheris.Setup(sys.argv, TestOneInput)
-    atheris.Fuzz()

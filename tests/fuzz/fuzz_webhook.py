@@ -9,7 +9,6 @@ as the opaque parameters of a claim, where prepare's decoding runs.
 from __future__ import annotations
 
 import json
-import sys
 
 from dra import documents
 from dra.webhook.admission import ReviewError, review
@@ -37,10 +36,3 @@ def TestOneInput(data: bytes) -> None:  # noqa: N802 (atheris' name)
             continue
         # The answer goes back as JSON: it must serialise, and say something short enough to log.
         json.dumps(answer)
-
-
-if __name__ == "__main__":
-    import atheris  # type: ignore[import-untyped]  # only where the fuzzing runner installs it
-
-    atheris.Setup(sys.argv, TestOneInput)
-    atheris.Fuzz()

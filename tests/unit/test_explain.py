@@ -314,3 +314,57 @@ def test_explain_without_cluster_credentials_is_one_line(
     assert err.startswith("dra-gpu: error: cannot load Kubernetes credentials from kubeconfig /nonexistent")
     assert err.strip().endswith("(or explain offline with --fake-gpus)")
     assert len(err.strip().splitlines()) == 1
+
+
+def test_one_budget_per_run_stops_explain_and_names_what_each_selector_spent() -> None:
+    # 3 selectors of ~60,000 units each on 8 devices is 1.4 million units: past the run's budget.
+    hundred = "[" + ", ".join(str(i) for i in range(100)) + "]"
+    heavy = [f"{hundred}.all(x, {hundred}.all(y, y + {i} >= 0))" for i in range(3)]
+    request = _exactly("gpu")
+    request["exactly"]["selectors"] = [{"cel": {"expression": e}} for e in heavy]
+    with pytest.raises(explain.ExplainError) as raised:
+        explain.explain_claim(_claim(request), CLASSES, _slices("h100x8"))
+    message = str(raised.value)
+    assert message.startswith("explain's CEL budget of 250,000 cost units per run is spent, by request ")
+    assert "spent so far: class gpu.nvidia.com selector 1 of request 'gpu' " in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("devices", "message"),
+    [
+        (
+            {
+                "requests": [
+                    {"name": "gpu", "exactly": {"deviceClassName": DRIVER, "selectors": [{"cel": None}]}}
+                ]
+            },
+            "spec.devices.requests[0].exactly.selectors[0].cel: required",
+        ),
+        (
+            {"requests": [_exactly(f"r{i}") for i in range(33)]},
+            "spec.devices.requests: must have at most 32 items, has 33",
+        ),
+        ({"requests": [{"name": ["gpu"]}]}, "spec.devices.requests[0].name: expected a string, got a list"),
+    ],
+)
+def test_a_claim_explain_cannot_read_is_one_line_with_the_field_path(
+    devices: dict[str, Any], message: str
+) -> None:
+    claim = {"kind": "ResourceClaim", "metadata": {"name": "c"}, "spec": {"devices": devices}}
+    with pytest.raises(explain.ExplainError) as raised:
+        explain.explain_claim(claim, CLASSES, _slices("h100x8"))
+    assert str(raised.value) == message
+
+
+def test_a_null_match_attribute_is_no_constraint_as_the_api_server_reads_it() -> None:
+    devices = {"requests": [_exactly("gpu")], "constraints": [{"matchAttribute": None}]}
+    claim = {"kind": "ResourceClaim", "metadata": {"name": "c"}, "spec": {"devices": devices}}
+    (report,) = explain.explain_claim(claim, CLASSES, _slices("h100x8")).requests
+    assert report.name == "gpu"
+
+
+def test_a_null_count_is_the_default_one() -> None:
+    request = _exactly("gpu", count=None)
+    (report,) = explain.explain_claim(_claim(request), CLASSES, _slices("h100x8")).requests
+    assert report.count == 1

@@ -173,7 +173,7 @@ def test_functions(expression: str, expected: Value) -> None:
         ),
         (
             '"abc".matches(dyn("["))',
-            "invalid regular expression '[': missing closing ] at position 0",
+            "invalid regular expression '[': error parsing regexp: missing closing ]: `[`",
         ),
     ],
 )

@@ -77,6 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
     options.mig_layout_flags(plugin)
     option(
         plugin,
+        "--claim-metrics-interval",
+        "seconds between samples of dra_gpu_claim_device_info (prepared claims' devices with the pods "
+        "and containers using them, labelled to join DCGM's series); 0 disables",
+        10.0,
+        type=seconds,
+    )
+    option(
+        plugin,
         "--rolling-update",
         "let a new instance start beside the running one (sockets of its own; kubelet 1.33 or newer), "
         "for a DaemonSet update with maxSurge: true or false",

@@ -38,6 +38,7 @@ def kubelet_plugin(args: argparse.Namespace) -> int:
         mps_control=args.mps_control or None,
         mig_config_file=args.mig_config_file,
         mig_config=args.mig_config or None,
+        claim_metrics_interval=args.claim_metrics_interval,
         instance_id=(args.instance_id or uuid.uuid4().hex) if args.rolling_update else None,
     )
     anyio.run(run_kubelet_plugin, settings, backend="asyncio")

@@ -46,6 +46,7 @@ RELEASE = "deploy-test"
 OTHER_NODE = "gpu-node-elsewhere"
 NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
 RESOURCE_API = "resource.k8s.io/v1"
+POLICY_API = "admissionregistration.k8s.io/v1"
 
 
 def _values(node: str) -> dict[str, Any]:
@@ -196,14 +197,14 @@ def test_cluster_scoped_objects_are_created_and_the_policy_type_checks(kube: Kub
     try:
         kube.create_all(copy.deepcopy(objects))
         for policy in [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]:
-            checked = wait_for(
-                f"the type checking of {policy['metadata']['name']}",
-                lambda policy=policy: (
-                    kube.get(policy["apiVersion"], policy["kind"], policy["metadata"]["name"]).get("status")
-                    or {}
-                ).get("typeChecking"),
-                timeout=30,
-            )
+            name = policy["metadata"]["name"]
+
+            def type_checking(name: str = name) -> Obj | None:
+                stored = kube.get(POLICY_API, "ValidatingAdmissionPolicy", name)
+                checking: Obj | None = (stored.get("status") or {}).get("typeChecking")
+                return checking
+
+            checked = wait_for(f"the type checking of {name}", type_checking, timeout=30)
             assert checked.get("expressionWarnings") in (None, []), checked
     finally:
         _delete_all(kube, objects)

@@ -162,6 +162,8 @@ def test_plain_manifests_pass_kubectl_apply_k_dry_run(cluster: ClusterInfo, char
             "deviceclass.resource.k8s.io",
             "deviceclass.resource.k8s.io",
             "validatingadmissionpolicy.admissionregistration.k8s.io",
+            "validatingadmissionpolicy.admissionregistration.k8s.io",
+            "validatingadmissionpolicybinding.admissionregistration.k8s.io",
             "validatingadmissionpolicybinding.admissionregistration.k8s.io",
         ]
     )

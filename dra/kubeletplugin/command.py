@@ -113,3 +113,20 @@ def clear_taint(args: argparse.Namespace) -> int:
         print(f"dra-gpu: {args.device} not cleared: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def top(args: argparse.Namespace) -> int:
+    """`dra-gpu top`: the node's claims and what the driver says of their devices, refreshed."""
+    from dra.kubeletplugin import top as view
+
+    try:
+        return anyio.run(
+            view.run,
+            args.kubeconfig or None,
+            args.driver_name,
+            args.node_name or "",
+            args.interval,
+            args.once,
+        )
+    except KeyboardInterrupt:
+        return 0

@@ -6,6 +6,7 @@ Profile `mixed`: gpu-0 and gpu-1 are L40S (46068 MiB), gpu-2 and gpu-3 are T4
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 from localcluster.cluster import ClusterInfo
 from localcluster.driverprocess import DriverProcess
@@ -29,6 +31,8 @@ from localcluster.workloads import (
     visible_devices,
 )
 from prometheus_client.parser import text_string_to_metric_families
+
+from dra.kubeletplugin import top
 
 ATTR = f'device.attributes["{DRIVER}"]'
 CAP = f'device.capacity["{DRIVER}"]'
@@ -182,6 +186,10 @@ def test_claim_status_and_join_metric_name_the_device_until_unprepare(
         lambda: expected in claim_device_info(driver),
         timeout=10,
     )
+    shown = io.StringIO()
+    assert anyio.run(top.run, cluster.kubeconfig, DRIVER, cluster.node_name, 1.0, True, shown) == 0
+    row = [namespace, "named", name, device, published["uuid"]["string"], "-", "Exclusive", "device"]
+    assert row in [line.split() for line in shown.getvalue().splitlines()], shown.getvalue()
 
     kube.delete("v1", "Pod", "named", namespace)
     wait_for("unprepare to remove the claim's entries", lambda: not entries(), timeout=60)

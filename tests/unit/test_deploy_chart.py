@@ -87,12 +87,15 @@ def test_rbac_grants_exactly_what_the_driver_calls() -> None:
     assert rules == {
         (("resource.k8s.io",), ("resourceclaims",)): ["get"],
         (("resource.k8s.io",), ("resourceclaims/status",)): ["patch"],
+        (("resource.k8s.io",), ("resourceclaims/driver",)): ["associated-node:patch"],
         (("resource.k8s.io",), ("resourceslices",)): ["create", "delete", "list", "update", "watch"],
         (("",), ("nodes",)): ["get"],
     }
     with_events = _only(chart.template({"rbac": {"claimEvents": True}}), "ClusterRole")
-    assert with_events["rules"][:4] == role["rules"]
-    assert with_events["rules"][4:] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    [driver] = [r for r in role["rules"] if r["resources"] == ["resourceclaims/driver"]]
+    assert driver["resourceNames"] == ["gpu.nvidia.com"], "its own driver's entries only"
+    assert with_events["rules"][:5] == role["rules"]
+    assert with_events["rules"][5:] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
 
 
 def test_binding_names_the_daemonsets_service_account() -> None:

@@ -154,7 +154,8 @@ def test_claim_status_and_join_metric_name_the_device_until_unprepare(
     published = _slice_devices(kube, cluster)[device]["attributes"]
 
     def entries() -> list[Obj]:
-        stored = kube.get("resource.k8s.io/v1", "ResourceClaim", name, namespace)
+        # The claim made from the pod's template goes with the pod: then its entries went too.
+        stored = kube.get_or_none("resource.k8s.io/v1", "ResourceClaim", name, namespace) or {}
         found: list[Obj] = (stored.get("status") or {}).get("devices") or []
         return found
 
@@ -193,6 +194,11 @@ def test_claim_status_and_join_metric_name_the_device_until_unprepare(
 
     kube.delete("v1", "Pod", "named", namespace)
     wait_for("unprepare to remove the claim's entries", lambda: not entries(), timeout=60)
+    wait_for(
+        "the driver to remove its entries (or find the claim gone)",
+        lambda: 'dra_gpu_claim_status_writes_total{operation="remove"' in driver.metrics(),
+        timeout=10,
+    )
     wait_for(
         "the join metric to drop the claim",
         lambda: all(s["dra_claim_name"] != name for s in claim_device_info(driver)),

@@ -247,8 +247,9 @@ def test_an_mps_daemon_serves_the_claim_survives_a_driver_crash_and_goes_with_th
     assert "set_default_active_thread_percentage 40" in (claim_dir / "log" / "control.log").read_text()
     # No status for it: the test's client sent the opaque configuration as spaced JSON, and any
     # status write of such a claim re-encodes its allocation, which the server then refuses as
-    # changed ("field is immutable"); the driver says so and the pod runs as before.
-    refusal = "field is immutable"
+    # changed (1.34: "field is immutable", 1.37: "field cannot be modified once set"); the driver
+    # says so and the pod runs as before.
+    refusal = "is invalid: status.allocation: Invalid value"
     wait_for("the driver to say why", lambda: refusal in driver.log_path.read_text(), timeout=10)
     # What the container has at /dev/shm is what the daemon has at its /dev/shm.
     assert (claim_dir / "shm" / fakemps.shm_file(pid).name).exists()

@@ -30,6 +30,8 @@ Obj = dict[str, Any]
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 _JSON = "application/json"
 _MERGE_PATCH = "application/merge-patch+json"
+# JSON is YAML: a server-side apply body goes as JSON.
+_APPLY_PATCH = "application/apply-patch+yaml"
 
 
 class KubeError(Exception):
@@ -169,7 +171,9 @@ class KubeClient:
             method,
             self.host + path,
             params=query,
-            data=None if body is None else json.dumps(body),
+            # Compact: the server keeps a status entry's data as the bytes it was sent, and 1.37 counts
+            # an entry whose bytes another write re-encodes as changed by that writer.
+            data=None if body is None else json.dumps(body, separators=(",", ":")),
             headers=headers,
             # Fail fast, never retry: the kubelet gives a prepare call about 45 s, and callers retry.
             timeout=aiohttp.ClientTimeout(total=timeout),
@@ -221,6 +225,32 @@ class KubeClient:
         # The kubelet's names go into the path: quoted, `a?watch=1` or `../..` stays one (absent) name.
         ns, claim = urllib.parse.quote(namespace, safe=""), urllib.parse.quote(name, safe="")
         result: Obj = await self._call("GET", f"{RESOURCE_API}/namespaces/{ns}/resourceclaims/{claim}")
+        return result
+
+    async def apply_resource_claim_devices(
+        self, namespace: str, name: str, uid: str, devices: list[Obj], field_manager: str
+    ) -> Obj:
+        """Server-side apply a ResourceClaim's status.devices entries as `field_manager`; the claim as stored.
+
+        status.devices is a map keyed by driver, pool, device (and share): an apply changes only
+        the entries this manager owns, so other drivers' entries stay, and applying an empty
+        list removes this manager's. The UID in the body makes an apply to a claim re-created
+        under the same name fail (metadata.uid is immutable) instead of writing to it.
+        """
+        ns, claim = urllib.parse.quote(namespace, safe=""), urllib.parse.quote(name, safe="")
+        body: Obj = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "status": {"devices": devices},
+        }
+        result: Obj = await self._call(
+            "PATCH",
+            f"{RESOURCE_API}/namespaces/{ns}/resourceclaims/{claim}/status",
+            body=body,
+            query={"fieldManager": field_manager, "force": "true"},
+            content_type=_APPLY_PATCH,
+        )
         return result
 
     async def get_node(self, name: str) -> Obj:

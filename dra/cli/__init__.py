@@ -43,6 +43,12 @@ def _taint(args: argparse.Namespace) -> int:
     return command.clear_taint(args)
 
 
+def _top(args: argparse.Namespace) -> int:
+    from dra.kubeletplugin import command
+
+    return command.top(args)
+
+
 def _device_plugin(args: argparse.Namespace) -> int:
     from dra.deviceplugin import command
 
@@ -91,6 +97,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "taint": _taint,
     "time-slices": _time_slices,
     "explain": _explain,
+    "top": _top,
 }
 
 

@@ -87,6 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     options.mig_layout_flags(plugin)
     option(
         plugin,
+        "--claim-metrics-interval",
+        "seconds between samples of dra_gpu_claim_device_info (prepared claims' devices with the pods "
+        "and containers using them, labelled to join DCGM's series); 0 disables",
+        10.0,
+        type=seconds,
+    )
+    option(
+        plugin,
         "--rolling-update",
         "let a new instance start beside the running one (sockets of its own; kubelet 1.33 or newer), "
         "for a DaemonSet update with maxSurge: true or false",
@@ -229,6 +237,16 @@ def build_parser() -> argparse.ArgumentParser:
     option(clear, "--driver-name", "DRA driver name", DEFAULT_DRIVER, dns_subdomain)
     option(clear, "--kubelet-root", "the kubelet's root directory", Path("/var/lib/kubelet"), type=path)
     option(clear, "--state-dir", "the kubelet-plugin's --state-dir", type=path)
+
+    top = sub.add_parser(
+        "top", help="a live view of a node's claims: pods, devices (MIG UUIDs), sharing, memory limits"
+    )
+    options.logging_flags(top)
+    option(top, "--kubeconfig", "kubeconfig file; default: the in-cluster service account")
+    option(top, "--driver-name", "DRA driver name", DEFAULT_DRIVER)
+    option(top, "--node-name", "the node whose claims to show; default: every node's", "")
+    option(top, "--interval", "seconds between refreshes", 2.0, type=seconds)
+    option(top, "--once", "print the table once and exit", False, type=boolean)
 
     discover = sub.add_parser("discover", help="print the ResourceSlices this node would publish")
     options.logging_flags(discover)

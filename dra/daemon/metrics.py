@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -25,6 +25,10 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry as CollectorRegistry
 from prometheus_client import Counter, Histogram, make_wsgi_app
 from prometheus_client import Gauge as Gauge
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from dra.core.devicestatus import JOIN_LABELS
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,53 @@ SLICE_WRITES = Counter(
 )
 RECONCILE_ERRORS = Counter(
     "dra_gpu_resourceslice_reconcile_errors", "Failed ResourceSlice reconciliations.", registry=REGISTRY
+)
+CLAIM_STATUS_WRITES = Counter(
+    "dra_gpu_claim_status_writes",
+    "Writes of prepared claims' status.devices, by operation (set, remove) and result.",
+    ["operation", "result"],
+    registry=REGISTRY,
+)
+CLAIM_INFO_SAMPLES = Counter(
+    "dra_gpu_claim_device_info_samples",
+    "Samples of dra_gpu_claim_device_info, by result (error: the kubelet's pod-resources did not answer).",
+    ["result"],
+    registry=REGISTRY,
+)
+
+
+class InfoSeries(Collector):
+    """A gauge of value 1 per label set, the whole set replaced at once.
+
+    A scrape sees the series of one sample or the next, never a mix: Gauge.clear() followed by
+    setting each series again would show a scrape in between an empty or partial set.
+    """
+
+    def __init__(self, name: str, documentation: str, labels: Sequence[str], registry: CollectorRegistry):
+        self._name = name
+        self._documentation = documentation
+        self._labels = list(labels)
+        self._series: tuple[tuple[str, ...], ...] = ()
+        registry.register(self)
+
+    def set(self, series: Iterable[tuple[str, ...]]) -> None:
+        """Replace every series by these label values (in the order of the labels)."""
+        self._series = tuple(series)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """The series as the last set() left them."""
+        family = GaugeMetricFamily(self._name, self._documentation, labels=self._labels)
+        for values in self._series:
+            family.add_metric(values, 1)
+        yield family
+
+
+CLAIM_DEVICE_INFO = InfoSeries(
+    "dra_gpu_claim_device_info",
+    "1 per prepared claim's device and container using it; UUID, GPU_I_ID and GPU_I_PROFILE as "
+    "dcgm-exporter labels its series, to join them with the claim, pod and container.",
+    JOIN_LABELS,
+    REGISTRY,
 )
 
 # NVIDIA's: ExponentialBuckets(0.05, 2, 9), 50 ms to 12.8 s.

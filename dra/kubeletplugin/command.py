@@ -43,6 +43,7 @@ def kubelet_plugin(args: argparse.Namespace) -> int:
         mps_control=args.mps_control or None,
         mig_config_file=args.mig_config_file,
         mig_config=args.mig_config or None,
+        claim_metrics_interval=args.claim_metrics_interval,
         instance_id=(args.instance_id or uuid.uuid4().hex) if args.rolling_update else None,
     )
     anyio.run(run_kubelet_plugin, settings, backend="asyncio")
@@ -138,3 +139,20 @@ def clear_taint(args: argparse.Namespace) -> int:
         print(f"dra-gpu: {args.device} not cleared: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def top(args: argparse.Namespace) -> int:
+    """`dra-gpu top`: the node's claims and what the driver says of their devices, refreshed."""
+    from dra.kubeletplugin import top as view
+
+    try:
+        return anyio.run(
+            view.run,
+            args.kubeconfig or None,
+            args.driver_name,
+            args.node_name or "",
+            args.interval,
+            args.once,
+        )
+    except KeyboardInterrupt:
+        return 0

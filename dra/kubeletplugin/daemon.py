@@ -34,6 +34,8 @@ from dra.daemon.bootstrap import (
 from dra.daemon.rediscovery import Rediscovery
 from dra.daemon.sockets import SocketPathError
 from dra.kubeletplugin import miglabel, miglayout, mpslaunch
+from dra.kubeletplugin.claimmetrics import ClaimDeviceInfo
+from dra.kubeletplugin.claimstatus import ClaimStatusWriter
 from dra.kubeletplugin.features import detect_features
 from dra.kubeletplugin.healthctl import HealthControl, socket_path
 from dra.kubeletplugin.mps import MpsDaemons
@@ -70,6 +72,8 @@ class PluginSettings(DaemonSettings):
     mig_config_file: Path | None = None
     #: The layout for a node without the nvidia.com/mig.config label.
     mig_config: str | None = None
+    #: Seconds between samples of dra_gpu_claim_device_info; 0: not sampled.
+    claim_metrics_interval: float = 10.0
 
     @property
     def mps_command(self) -> list[str]:
@@ -184,7 +188,12 @@ async def _serve(settings: PluginSettings, node: Node, layout: _Layout | None = 
         _, unmatched = select(settings.shareable_gpus, inventory)
         if unmatched:
             log.warning("--shareable-gpus: no DRA GPU of this node matches %s", ", ".join(unmatched))
-    dra = DraService(settings.driver_name, settings.node_name, state, kube)
+    status = ClaimStatusWriter(kube, settings.driver_name, settings.node_name)
+    status.resync(state.prepared.values(), state.inventory)
+    dra = DraService(settings.driver_name, settings.node_name, state, kube, status)
+    claim_info = ClaimDeviceInfo(
+        state, settings.driver_name, settings.kubelet_root, settings.claim_metrics_interval
+    )
 
     def on_health_change(_: list[str]) -> None:
         metrics.UNHEALTHY_DEVICES.set(sum(not h.healthy for h in tracker.snapshot().values()))
@@ -274,6 +283,9 @@ async def _serve(settings: PluginSettings, node: Node, layout: _Layout | None = 
         group.start_soon(server.keep_registration_socket)
         group.start_soon(control.run)
         group.start_soon(report_ready)
+        group.start_soon(status.run)
+        if settings.claim_metrics_interval > 0:
+            group.start_soon(claim_info.run)
         if layout is not None:
             follower = miglabel.LayoutFollower(
                 kube, settings.node_name, layout.path, settings.mig_config, layout.applied, relayout

@@ -8,6 +8,10 @@ second time. The kubelet records which device IDs each container was given and
 serves them on `<kubelet root>/pod-resources/kubelet.sock` (List, GA since 1.28);
 the driver asks at start and at each re-discovery, and publishes a held-back GPU
 once no container holds it.
+
+The same List also says which containers use which DRA claim's devices
+(DynamicResources): `claim_consumers` gives the pod and container labels of
+dra_gpu_claim_device_info.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import grpc
 import grpc.aio
 
 from dra.core.assignment import describe, gpus_behind
+from dra.core.devicestatus import Consumer
 from dra.model.devices import Inventory
 from dra.pb.podresources.v1 import podresources_pb2, podresources_pb2_grpc
 
@@ -55,6 +60,29 @@ async def list_devices(socket: Path) -> list[tuple[Holder, str]]:
         for container in pod.containers
         for devices in container.devices
         for device_id in devices.device_ids
+    ]
+
+
+async def claim_consumers(socket: Path, driver: str) -> list[Consumer]:
+    """Every running container that uses a device of this driver's claims, once per device."""
+    async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+        stub = podresources_pb2_grpc.PodResourcesListerStub(channel)
+        response = await stub.List(podresources_pb2.ListPodResourcesRequest(), timeout=_TIMEOUT)
+    return [
+        Consumer(
+            pod.namespace,
+            pod.name,
+            container.name,
+            claim.claim_namespace,
+            claim.claim_name,
+            device.device_name,
+        )
+        for pod in response.pod_resources
+        for container in pod.containers
+        for claim in container.dynamic_resources
+        for device in claim.claim_resources
+        # A kubelet before 1.31 names no driver: the claim's name still finds it among ours.
+        if device.driver_name in ("", driver)
     ]
 
 

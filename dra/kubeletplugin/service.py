@@ -3,7 +3,8 @@
 Every claim of a request is handled on its own, concurrently: one bad claim
 gets its own error string and never fails the others. Errors the admin can act
 on (wrong UID, another node's device, bad configuration) are also recorded as
-Warning events on the ResourceClaim.
+Warning events on the ResourceClaim. What a prepared claim's devices are goes
+into its status.devices after the kubelet is answered (dra.kubeletplugin.claimstatus).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dra.adapters.kube import KubeError, NotFoundError
 from dra.core.allocation import ClaimError, read_allocation
 from dra.daemon import metrics
 from dra.daemon.health import HealthTracker
+from dra.kubeletplugin.claimstatus import ClaimStatusWriter
 from dra.kubeletplugin.state import DeviceState
 from dra.model.prepared import PreparedClaim
 from dra.pb.dra.v1 import dra_pb2
@@ -78,11 +80,19 @@ def _response(claim: PreparedClaim) -> dra_pb2.NodePrepareResourceResponse:
 class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
     """Serves both API versions: their messages are the same on the wire."""
 
-    def __init__(self, driver: str, node_name: str, state: DeviceState, kube: ClaimSource) -> None:
+    def __init__(
+        self,
+        driver: str,
+        node_name: str,
+        state: DeviceState,
+        kube: ClaimSource,
+        status: ClaimStatusWriter | None = None,
+    ) -> None:
         self.driver = driver
         self.node_name = node_name
         self._state = state
         self._kube = kube
+        self._status = status
         self._events_allowed = True
         #: Prepare and unprepare requests being answered now.
         self._in_flight = 0
@@ -155,6 +165,9 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
             metrics.NVIDIA_REQUEST_SECONDS.labels(self.driver, "prepare").observe(
                 time.perf_counter() - started
             )
+            if self._status is not None:
+                # The inventory has the MIG devices this prepare made.
+                self._status.prepared(prepared, self._state.inventory)
             return _response(prepared)
         except NotFoundError:
             return dra_pb2.NodePrepareResourceResponse(
@@ -189,6 +202,8 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
             metrics.NVIDIA_REQUEST_SECONDS.labels(self.driver, "unprepare").observe(
                 time.perf_counter() - started
             )
+            if self._status is not None:
+                self._status.unprepared(ref.namespace, ref.name, ref.uid)
             return dra_pb2.NodeUnprepareResourceResponse()
         except Exception as err:
             log.exception("internal error unpreparing %s/%s (%s)", ref.namespace, ref.name, ref.uid)

@@ -8,6 +8,9 @@
   mounts it into the DaemonSet's pods), under the chart's RBAC and admission
   policy. It publishes its slices and becomes ready; the same token is refused
   another node's slices by the policy, and anything outside the role by RBAC.
+- With that token the driver writes its entries of status.devices in a claim
+  allocated on its node; the policy refuses them in a claim allocated elsewhere,
+  and any change to another driver's entries or to the allocation.
 
 The node name in the token comes from ServiceAccountTokenPodNodeInfo, GA and
 locked on since Kubernetes 1.32: the harness needs no feature gate for it.
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import kubernetes
 import pytest
 import yaml
@@ -35,11 +39,14 @@ from localcluster.cluster import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, Obj, wait_for
 
+from dra.adapters.kube import KubeClient, KubeError
+
 DRIVER = "gpu.deploy-test.dra-gpu.test"
 RELEASE = "deploy-test"
 OTHER_NODE = "gpu-node-elsewhere"
 NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
 RESOURCE_API = "resource.k8s.io/v1"
+POLICY_API = "admissionregistration.k8s.io/v1"
 
 
 def _values(node: str) -> dict[str, Any]:
@@ -155,6 +162,8 @@ def test_plain_manifests_pass_kubectl_apply_k_dry_run(cluster: ClusterInfo, char
             "deviceclass.resource.k8s.io",
             "deviceclass.resource.k8s.io",
             "validatingadmissionpolicy.admissionregistration.k8s.io",
+            "validatingadmissionpolicy.admissionregistration.k8s.io",
+            "validatingadmissionpolicybinding.admissionregistration.k8s.io",
             "validatingadmissionpolicybinding.admissionregistration.k8s.io",
         ]
     )
@@ -183,19 +192,22 @@ def test_cluster_scoped_objects_are_created_and_the_policy_type_checks(kube: Kub
         "DeviceClass",
         "DeviceClass",
         "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
     ]
     try:
         kube.create_all(copy.deepcopy(objects))
-        [policy] = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
-        checked = wait_for(
-            "the policy's type checking",
-            lambda: (
-                kube.get(policy["apiVersion"], policy["kind"], policy["metadata"]["name"]).get("status") or {}
-            ).get("typeChecking"),
-            timeout=30,
-        )
-        assert checked.get("expressionWarnings") in (None, []), checked
+        for policy in [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]:
+            name = policy["metadata"]["name"]
+
+            def type_checking(name: str = name) -> Obj | None:
+                stored = kube.get(POLICY_API, "ValidatingAdmissionPolicy", name)
+                checking: Obj | None = (stored.get("status") or {}).get("typeChecking")
+                return checking
+
+            checked = wait_for(f"the type checking of {name}", type_checking, timeout=30)
+            assert checked.get("expressionWarnings") in (None, []), checked
     finally:
         _delete_all(kube, objects)
 
@@ -432,6 +444,133 @@ def test_token_without_a_node_is_refused(
         client.close()
     assert status == 403
     assert "has no node association" in message
+
+
+OTHER_DRIVER = "other.deploy-test.dra-gpu.test"
+
+
+def _allocated_claim(kube: Kube, cluster_kubeconfig: str, namespace: str, node: str, pool: str) -> Obj:
+    """A claim allocated as the scheduler would: gpu-0 of `pool` and another driver's device, on `node`."""
+    claim = kube.create(
+        {
+            "apiVersion": RESOURCE_API,
+            "kind": "ResourceClaim",
+            "metadata": {"generateName": "status-", "namespace": namespace},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "any"}}]}},
+        }
+    )
+    results = [
+        {"request": "gpu", "driver": DRIVER, "pool": pool, "device": "gpu-0"},
+        {"request": "gpu", "driver": OTHER_DRIVER, "pool": node, "device": "nic-0"},
+    ]
+    selector = {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
+    }
+    claim["status"] = {"allocation": {"devices": {"results": results}, "nodeSelector": selector}}
+    claim = kube.replace_status(claim)
+    # Another driver's entry, which the driver must leave as it is, applied as that driver would.
+    theirs = {"driver": OTHER_DRIVER, "pool": node, "device": "nic-0", "data": {"mac": "x"}}
+    _apply(cluster_kubeconfig, claim, [theirs], OTHER_DRIVER)
+    return claim
+
+
+def _apply(kubeconfig: str, claim: Obj, devices: list[Obj], manager: str) -> Obj:
+    """The driver's own call (dra.adapters.kube)."""
+
+    async def apply() -> Obj:
+        client = KubeClient(kubeconfig)
+        try:
+            meta = claim["metadata"]
+            return await client.apply_resource_claim_devices(
+                meta["namespace"], meta["name"], meta["uid"], devices, manager
+            )
+        finally:
+            await client.aclose()
+
+    return anyio.run(apply)
+
+
+def _apply_as_driver(installed: Installed, claim: Obj, devices: list[Obj]) -> Obj:
+    """The driver's own call, with the token bound to its pod."""
+    return _apply(str(installed.kubeconfig), claim, devices, f"{DRIVER}/test")
+
+
+#: How 1.37 refuses a change to a driver's entries itself (DRA's granular status authorization),
+#: before any admission policy: the role may patch its own driver's entries on its own node only.
+BUILT_IN_REFUSAL = 'changing status.devices requires resource="resourceclaims/driver"'
+
+
+def _refused_as_driver(installed: Installed, claim: Obj, devices: list[Obj], policy: str) -> None:
+    """Refused by the chart's policy (with `policy` in its message), or on 1.37 by the server itself."""
+    with pytest.raises(KubeError) as caught:
+        _apply_as_driver(installed, claim, devices)
+    message = str(caught.value)
+    if caught.value.status == 422:
+        assert BUILT_IN_REFUSAL in message
+    else:
+        assert caught.value.status == 403, message
+        assert policy in message
+
+
+def _mine(pool: str, device: str = "gpu-0") -> Obj:
+    return {"driver": DRIVER, "pool": pool, "device": device, "data": {"uuid": "GPU-test"}}
+
+
+def test_driver_writes_its_entries_of_a_claim_allocated_on_its_node(
+    installed: Installed, kube: Kube, cluster: ClusterInfo
+) -> None:
+    node = cluster.node_name
+    claim = _allocated_claim(kube, cluster.kubeconfig, installed.namespace, node, node)
+    stored = _apply_as_driver(installed, claim, [_mine(node)])
+    entries = {e["driver"]: e for e in stored["status"]["devices"]}
+    assert entries[DRIVER]["data"] == {"uuid": "GPU-test"}
+    assert entries[OTHER_DRIVER]["data"] == {"mac": "x"}, "the other driver's entry stays"
+    stored = _apply_as_driver(installed, claim, [])
+    assert [e["driver"] for e in stored["status"]["devices"]] == [OTHER_DRIVER], "removal removes only ours"
+
+
+def test_driver_may_not_write_the_status_of_a_claim_on_another_node(
+    installed: Installed, kube: Kube, cluster: ClusterInfo
+) -> None:
+    elsewhere = _allocated_claim(kube, cluster.kubeconfig, installed.namespace, OTHER_NODE, OTHER_NODE)
+    mine_only = f"may change only the status.devices entries of driver {DRIVER} in pool {cluster.node_name}"
+    _refused_as_driver(installed, elsewhere, [_mine(OTHER_NODE)], mine_only)
+    # Even under its own pool's name, a claim allocated on another node is not the driver's.
+    node = cluster.node_name
+    pinned_elsewhere = _allocated_claim(kube, cluster.kubeconfig, installed.namespace, OTHER_NODE, node)
+    _refused_as_driver(installed, pinned_elsewhere, [_mine(node)], f"not allocated on node {node}")
+
+
+def test_driver_may_not_change_another_drivers_entry_or_the_allocation(
+    installed: Installed, kube: Kube, cluster: ClusterInfo
+) -> None:
+    node = cluster.node_name
+    claim = _allocated_claim(kube, cluster.kubeconfig, installed.namespace, node, node)
+    theirs = {"driver": OTHER_DRIVER, "pool": node, "device": "nic-0", "data": {"mac": "forged"}}
+    _refused_as_driver(
+        installed, claim, [_mine(node), theirs], "may change only the status.devices entries of driver"
+    )
+    reserve = {"reservedFor": [{"resource": "pods", "name": "intruder", "uid": str(uuid.uuid4())}]}
+    status, message = _refusal(
+        lambda: installed.client.patch(
+            RESOURCE_API,
+            "ResourceClaim",
+            claim["metadata"]["name"],
+            {"status": reserve},
+            installed.namespace,
+            status=True,
+        )
+    )
+    if status == 422:
+        # 1.37 refuses it itself: reservations need resourceclaims/binding, which the role lacks.
+        assert 'requires resource="resourceclaims/binding"' in message
+    else:
+        assert status == 403, message
+        assert "may change only status.devices" in message
+    # A PUT of the status is not even granted: the role has patch only.
+    status, message = _refusal(lambda: installed.client.replace_status(claim))
+    assert status == 403
+    assert 'cannot update resource "resourceclaims/status"' in message
 
 
 def test_rbac_refuses_what_the_role_does_not_grant(installed: Installed) -> None:

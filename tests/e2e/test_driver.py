@@ -6,6 +6,7 @@ Profile `mixed`: gpu-0 and gpu-1 are L40S (46068 MiB), gpu-2 and gpu-3 are T4
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 from localcluster.cluster import ClusterInfo
 from localcluster.driverprocess import DriverProcess
@@ -28,6 +30,9 @@ from localcluster.workloads import (
     pod_claim,
     visible_devices,
 )
+from prometheus_client.parser import text_string_to_metric_families
+
+from dra.kubeletplugin import top
 
 ATTR = f'device.attributes["{DRIVER}"]'
 CAP = f'device.capacity["{DRIVER}"]'
@@ -50,7 +55,11 @@ def driver(
         cluster,
         "mixed",
         workdir / "driver.log",
-        extra_args=(f"--fake-gpu-events={events}", "--health-recovery-period=20"),
+        extra_args=(
+            f"--fake-gpu-events={events}",
+            "--health-recovery-period=20",
+            "--claim-metrics-interval=1",
+        ),
     ).start()
     yield process
     assert process.stop() == 0, process.log_path.read_text()
@@ -121,6 +130,80 @@ def test_pod_gets_the_selected_gpu(
     delete_pods_and_wait(kube, cluster, namespace, [claim])
     # Unprepare removes the spec first, then the checkpoint entry.
     wait_for("the claim to leave the checkpoint", lambda: uid not in _checkpointed(driver), timeout=10)
+
+
+def claim_device_info(driver: DriverProcess) -> list[dict[str, str]]:
+    """The label sets of dra_gpu_claim_device_info the driver serves now."""
+    return [
+        sample.labels
+        for family in text_string_to_metric_families(driver.metrics())
+        if family.name == "dra_gpu_claim_device_info"
+        for sample in family.samples
+    ]
+
+
+def test_claim_status_and_join_metric_name_the_device_until_unprepare(
+    driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str
+) -> None:
+    claim_template(kube, namespace, "named", [])
+    gpu_pod(kube, namespace, "named", "named")
+    kube.wait_pod_phase("named", namespace)
+    claim = pod_claim(kube, namespace, "named")
+    name = claim["metadata"]["name"]
+    [device] = allocated_devices(claim)
+    published = _slice_devices(kube, cluster)[device]["attributes"]
+
+    def entries() -> list[Obj]:
+        # The claim made from the pod's template goes with the pod: then its entries went too.
+        stored = kube.get_or_none("resource.k8s.io/v1", "ResourceClaim", name, namespace) or {}
+        found: list[Obj] = (stored.get("status") or {}).get("devices") or []
+        return found
+
+    [entry] = wait_for("the claim's status to name its device", entries, timeout=10)
+    # The test's client shows the fields the driver left out as None.
+    assert {k: v for k, v in entry.items() if v is not None} == {
+        "driver": DRIVER,
+        "pool": cluster.node_name,
+        "device": device,
+        "data": {
+            "uuid": published["uuid"]["string"],
+            "pciBusID": published["resource.kubernetes.io/pciBusID"]["string"],
+            "sharing": {"strategy": "Exclusive"},
+        },
+    }
+    expected = {
+        "UUID": published["uuid"]["string"],
+        "GPU_I_ID": "",
+        "GPU_I_PROFILE": "",
+        "dra_claim_namespace": namespace,
+        "dra_claim_name": name,
+        "dra_device_name": device,
+        "namespace": namespace,
+        "pod": "named",
+        "container": "main",
+    }
+    wait_for(
+        "the join metric to name the pod (sampled every second)",
+        lambda: expected in claim_device_info(driver),
+        timeout=10,
+    )
+    shown = io.StringIO()
+    assert anyio.run(top.run, cluster.kubeconfig, DRIVER, cluster.node_name, 1.0, True, shown) == 0
+    row = [namespace, "named", name, device, published["uuid"]["string"], "-", "Exclusive", "device"]
+    assert row in [line.split() for line in shown.getvalue().splitlines()], shown.getvalue()
+
+    kube.delete("v1", "Pod", "named", namespace)
+    wait_for("unprepare to remove the claim's entries", lambda: not entries(), timeout=60)
+    wait_for(
+        "the driver to remove its entries (or find the claim gone)",
+        lambda: 'dra_gpu_claim_status_writes_total{operation="remove"' in driver.metrics(),
+        timeout=10,
+    )
+    wait_for(
+        "the join metric to drop the claim",
+        lambda: all(s["dra_claim_name"] != name for s in claim_device_info(driver)),
+        timeout=10,
+    )
 
 
 def test_unsatisfiable_driver_version_stays_pending(

@@ -10,6 +10,7 @@ their own).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from localcluster.workloads import (
     ensure_device_classes,
     pod_claims,
 )
+from prometheus_client.parser import text_string_to_metric_families
 
 TWO_H100 = {"gpus": [{"model": "h100-sxm5-80gb", "count": 2, "mig": []}]}
 PARENT = f"{DRIVER}/parentUUID"
@@ -40,7 +42,7 @@ def driver(
     workdir = tmp_path_factory.mktemp("dynamic-mig")
     profile = workdir / "profile.yaml"
     profile.write_text(yaml.safe_dump(TWO_H100))
-    args = ("--mig-mode=dynamic", f"--mig-profiles={request.param}")
+    args = ("--mig-mode=dynamic", f"--mig-profiles={request.param}", "--claim-metrics-interval=1")
     process = DriverProcess(cluster, str(profile), workdir / "driver.log", extra_args=args)
     _fake_state(process).unlink(missing_ok=True)
     process.start()
@@ -113,6 +115,49 @@ def _gpu(device: str) -> int:
     return int(device.split("-")[1])
 
 
+def _status_names_the_mig_devices_made(
+    driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str, claim: Obj, spec: str
+) -> None:
+    """The claim's status.devices and the join metric name the MIG devices made at prepare."""
+    name = claim["metadata"]["name"]
+
+    def entries() -> list[Obj] | None:
+        stored = kube.get("resource.k8s.io/v1", "ResourceClaim", name, namespace)
+        found: list[Obj] = (stored.get("status") or {}).get("devices") or []
+        return found if len(found) == 3 else None
+
+    status = wait_for("the claim's status to name its MIG devices", entries, timeout=10)
+    slices = kube.list_objects(
+        "resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.nodeName={cluster.node_name}"
+    )
+    offers = {d["name"]: d["attributes"] for s in slices for d in s["spec"].get("devices") or []}
+    made = set(re.findall(r"_UUID=(MIG-[0-9a-f-]+)", spec))
+    assert {e["data"]["uuid"] for e in status} == made, "the MIG UUIDs the container got"
+    for entry in status:
+        data, offer = entry["data"], offers[entry["device"]]
+        assert data["parentUUID"] == offer["parentUUID"]["string"]
+        assert data["profile"] == offer["profile"]["string"]
+        assert isinstance(data["gpuInstanceID"], int)
+        assert isinstance(data["computeInstanceID"], int)
+        assert data["sharing"] == {"strategy": "Exclusive"}
+
+    def joined() -> set[tuple[str, str, str]] | None:
+        series = {
+            (s.labels["UUID"], s.labels["GPU_I_ID"], s.labels["GPU_I_PROFILE"])
+            for family in text_string_to_metric_families(driver.metrics())
+            if family.name == "dra_gpu_claim_device_info"
+            for s in family.samples
+            if s.labels["dra_claim_name"] == name and s.labels["pod"] == "mixed"
+        }
+        return series if len(series) == 3 else None
+
+    series = wait_for("the join metric to name the MIG devices", joined, timeout=10)
+    expected = {
+        (e["data"]["parentUUID"], str(e["data"]["gpuInstanceID"]), e["data"]["profile"]) for e in status
+    }
+    assert series == expected
+
+
 def test_mixed_profiles_share_one_gpu_and_a_whole_gpu_takes_the_other(
     driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str
 ) -> None:
@@ -138,6 +183,7 @@ def test_mixed_profiles_share_one_gpu_and_a_whole_gpu_takes_the_other(
     assert len(slices_used) == len(set(slices_used))
     spec = (Path(cluster.cdi_dir) / f"k8s.{DRIVER}-claim_{mixed['metadata']['uid']}.json").read_text()
     assert spec.count("_UUID=MIG-") == 3
+    _status_names_the_mig_devices_made(driver, kube, cluster, namespace, mixed, spec)
 
     _template(kube, namespace, "whole", {"gpu": ("gpu.nvidia.com", "", 1)})
     whole = _run(kube, namespace, "whole", "whole")

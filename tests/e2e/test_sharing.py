@@ -107,6 +107,21 @@ def _share_pods(kube: Kube, namespace: str, template: str, names: tuple[str, ...
     return {name: pod_claim(kube, namespace, name) for name in names}
 
 
+def _status_sharing(kube: Kube, claim: Obj) -> Obj:
+    """What the driver wrote into the claim's status about how its one device is shared."""
+    meta = claim["metadata"]
+
+    def entry() -> Obj | None:
+        stored = kube.get("resource.k8s.io/v1", "ResourceClaim", meta["name"], meta["namespace"])
+        found: list[Obj] = (stored.get("status") or {}).get("devices") or []
+        return found[0] if found else None
+
+    found = wait_for(f"the status of claim {meta['name']}", entry, timeout=10)
+    assert found.get("shareID") == _result(claim).get("shareID")
+    sharing: Obj = found["data"]["sharing"]
+    return sharing
+
+
 def test_shares_are_packed_on_one_gpu_told_their_share_and_freed_with_their_pod(
     driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str
 ) -> None:
@@ -116,6 +131,13 @@ def test_shares_are_packed_on_one_gpu_told_their_share_and_freed_with_their_pod(
     share_ids = {_result(c)["shareID"] for c in claims.values()}
     assert len(share_ids) == 3
     assert {_result(c)["consumedCapacity"]["memory"] for c in claims.values()} == {"20Gi"}
+    for claim in claims.values():
+        assert _status_sharing(kube, claim) == {
+            "strategy": "TimeSlicing",
+            "interval": "Default",
+            "shareID": _result(claim)["shareID"],
+            "shareMemory": "20Gi",
+        }
 
     record = container_record(cluster, namespace, "a")
     assert record["env"]["DRA_GPU_SHARE_MEMORY"] == "20Gi"
@@ -223,6 +245,12 @@ def test_an_mps_daemon_serves_the_claim_survives_a_driver_crash_and_goes_with_th
     pid = _daemon_pid(claim_dir)
     assert _alive(pid)
     assert "set_default_active_thread_percentage 40" in (claim_dir / "log" / "control.log").read_text()
+    # No status for it: the test's client sent the opaque configuration as spaced JSON, and any
+    # status write of such a claim re-encodes its allocation, which the server then refuses as
+    # changed (1.34: "field is immutable", 1.37: "field cannot be modified once set"); the driver
+    # says so and the pod runs as before.
+    refusal = "is invalid: status.allocation: Invalid value"
+    wait_for("the driver to say why", lambda: refusal in driver.log_path.read_text(), timeout=10)
     # What the container has at /dev/shm is what the daemon has at its /dev/shm.
     assert (claim_dir / "shm" / fakemps.shm_file(pid).name).exists()
     assert not fakemps.shm_file(pid).exists()

@@ -74,6 +74,8 @@ def test_defaults_render_the_driver_and_nothing_else() -> None:
         "DeviceClass",
         "ServiceAccount",
         "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
     ]
     namespaced = [o for o in objects if o["kind"] in ("ServiceAccount", "DaemonSet")]
@@ -81,17 +83,22 @@ def test_defaults_render_the_driver_and_nothing_else() -> None:
 
 
 def test_rbac_grants_exactly_what_the_driver_calls() -> None:
-    """dra/kube.py: GET claims and nodes; list/watch/create/PUT/DELETE slices; events only when asked."""
+    """dra/kube.py: GET claims, apply their status, GET nodes; list/watch/create/PUT/DELETE slices;
+    events only when asked."""
     role = _only(chart.template(), "ClusterRole")
     rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): sorted(r["verbs"]) for r in role["rules"]}
     assert rules == {
         (("resource.k8s.io",), ("resourceclaims",)): ["get"],
+        (("resource.k8s.io",), ("resourceclaims/status",)): ["patch"],
+        (("resource.k8s.io",), ("resourceclaims/driver",)): ["associated-node:patch"],
         (("resource.k8s.io",), ("resourceslices",)): ["create", "delete", "list", "update", "watch"],
         (("",), ("nodes",)): ["get"],
     }
     with_events = _only(chart.template({"rbac": {"claimEvents": True}}), "ClusterRole")
-    assert with_events["rules"][:3] == role["rules"]
-    assert with_events["rules"][3:] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    [driver] = [r for r in role["rules"] if r["resources"] == ["resourceclaims/driver"]]
+    assert driver["resourceNames"] == ["gpu.nvidia.com"], "its own driver's entries only"
+    assert with_events["rules"][:5] == role["rules"]
+    assert with_events["rules"][5:] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
 
 
 def test_binding_names_the_daemonsets_service_account() -> None:
@@ -369,17 +376,23 @@ def test_device_classes_serve_an_extended_resource_only_when_asked() -> None:
 
 def test_admission_policy_applies_to_the_drivers_account_only() -> None:
     objects = chart.template(release="gpu", namespace="kube-gpu")
-    policy = _only(objects, "ValidatingAdmissionPolicy")
-    binding = _only(objects, "ValidatingAdmissionPolicyBinding")
     account = _only(objects, "ServiceAccount")["metadata"]["name"]
-    [condition] = policy["spec"]["matchConditions"]
-    assert (
-        condition["expression"] == f'request.userInfo.username == "system:serviceaccount:kube-gpu:{account}"'
-    )
-    [rule] = policy["spec"]["matchConstraints"]["resourceRules"]
+    policies = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
+    bindings = [o["spec"] for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert sorted(b["policyName"] for b in bindings) == sorted(policies)
+    assert all(b["validationActions"] == ["Deny"] for b in bindings)
+    for policy in policies.values():
+        [condition] = policy["spec"]["matchConditions"]
+        assert (
+            condition["expression"]
+            == f'request.userInfo.username == "system:serviceaccount:kube-gpu:{account}"'
+        )
+    [rule] = policies["gpu-dra-gpu-own-node-slices"]["spec"]["matchConstraints"]["resourceRules"]
     assert rule["resources"] == ["resourceslices"]
     assert sorted(rule["operations"]) == ["CREATE", "DELETE", "UPDATE"]
-    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    [rule] = policies["gpu-dra-gpu-own-claim-status"]["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["resourceclaims/status"]
+    assert rule["operations"] == ["UPDATE"]
     disabled = chart.template({"admissionPolicy": {"enabled": False}})
     assert not [o for o in disabled if o["kind"].startswith("ValidatingAdmissionPolicy")]
 
@@ -571,6 +584,7 @@ def test_node_labeller_may_patch_nodes_only_under_its_policy() -> None:
     bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
     assert {b["spec"]["policyName"] for b in bindings} == {
         "gpu-dra-gpu-own-node-slices",
+        "gpu-dra-gpu-own-claim-status",
         "gpu-dra-gpu-own-node-labels",
     }
     without = chart.template({**LABELLER, "admissionPolicy": {"enabled": False}})

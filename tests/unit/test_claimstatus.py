@@ -1,0 +1,131 @@
+"""dra.kubeletplugin.claimstatus: status.devices written off the request path, once, or given up on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from dra.adapters.kube import KubeError, NotFoundError, UnreachableError
+from dra.kubeletplugin import claimstatus
+from dra.kubeletplugin.claimstatus import ClaimStatusWriter
+from dra.model.prepared import PreparedClaim, PreparedDevice
+from tests.unit.helpers import DRIVER, NODE, inventory
+
+pytestmark = pytest.mark.anyio
+
+INVENTORY = inventory("mixed")
+GPU = INVENTORY.gpus[0]
+CLAIM = PreparedClaim(
+    "uid-1", "team", "train", (PreparedDevice(("gpu",), NODE, GPU.name, ("cdi",), uuid=GPU.uuid),)
+)
+
+
+class FakeServer:
+    """Answers applies as told; keeps this driver's entries per claim as a server would."""
+
+    def __init__(self, keeps: bool = True) -> None:
+        self.keeps = keeps
+        self.calls: list[tuple[str, list[dict[str, Any]], str]] = []
+        self.failures: list[KubeError] = []
+        self.stored: dict[str, list[dict[str, Any]]] = {}
+
+    async def apply_resource_claim_devices(
+        self, namespace: str, name: str, uid: str, devices: list[dict[str, Any]], field_manager: str
+    ) -> dict[str, Any]:
+        self.calls.append((uid, devices, field_manager))
+        if self.failures:
+            raise self.failures.pop(0)
+        self.stored[uid] = devices if self.keeps else []
+        return {"status": {"devices": self.stored[uid]}}
+
+
+async def _drain(writer: ClaimStatusWriter) -> None:
+    """Run the writer until what is queued is written."""
+    async with anyio.create_task_group() as group:
+        group.start_soon(writer.run)
+        for _ in range(100):
+            await anyio.lowlevel.checkpoint()
+            if not writer._pending:
+                break
+        await anyio.lowlevel.checkpoint()
+        group.cancel_scope.cancel()
+
+
+async def test_prepare_writes_the_entries_once_and_unprepare_removes_them() -> None:
+    server = FakeServer()
+    writer = ClaimStatusWriter(server, DRIVER, NODE)
+    writer.prepared(CLAIM, INVENTORY)
+    await _drain(writer)
+    [(uid, devices, manager)] = server.calls
+    assert (uid, manager) == ("uid-1", f"{DRIVER}/{NODE}")
+    assert devices[0]["data"]["uuid"] == GPU.uuid
+    # The kubelet's retry of the same prepare: nothing new to write.
+    writer.prepared(CLAIM, INVENTORY)
+    await _drain(writer)
+    assert len(server.calls) == 1
+    writer.unprepared("team", "train", "uid-1")
+    await _drain(writer)
+    assert server.calls[-1][1] == []
+
+
+async def test_the_newest_change_of_a_claim_replaces_one_not_yet_written() -> None:
+    server = FakeServer()
+    writer = ClaimStatusWriter(server, DRIVER, NODE)
+    writer.prepared(CLAIM, INVENTORY)
+    writer.unprepared("team", "train", "uid-1")
+    await _drain(writer)
+    assert [devices for _, devices, _ in server.calls] == [[]]
+
+
+async def test_an_unreachable_server_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(claimstatus, "_RETRY_SECONDS", (0.0,))
+    server = FakeServer()
+    server.failures = [UnreachableError("no answer")]
+    writer = ClaimStatusWriter(server, DRIVER, NODE)
+    writer.prepared(CLAIM, INVENTORY)
+    await _drain(writer)
+    assert len(server.calls) == 2
+    assert server.stored["uid-1"]
+
+
+async def test_a_deleted_claim_is_dropped() -> None:
+    server = FakeServer()
+    server.failures = [NotFoundError("gone", 404)]
+    writer = ClaimStatusWriter(server, DRIVER, NODE)
+    writer.unprepared("team", "train", "uid-1")
+    await _drain(writer)
+    assert len(server.calls) == 1
+    assert writer.enabled
+
+
+async def test_a_role_without_claim_status_ends_the_writing(caplog: pytest.LogCaptureFixture) -> None:
+    server = FakeServer()
+    server.failures = [KubeError('cannot patch resource "resourceclaims/status"', 403)]
+    writer = ClaimStatusWriter(server, DRIVER, NODE)
+    writer.prepared(CLAIM, INVENTORY)
+    await _drain(writer)
+    assert not writer.enabled
+    assert "no permission to write ResourceClaim status" in caplog.text
+    writer.unprepared("team", "train", "uid-1")
+    assert not writer._pending
+
+
+async def test_a_server_that_drops_status_devices_ends_the_writing(caplog: pytest.LogCaptureFixture) -> None:
+    writer = ClaimStatusWriter(FakeServer(keeps=False), DRIVER, NODE)
+    writer.prepared(CLAIM, INVENTORY)
+    await _drain(writer)
+    assert not writer.enabled
+    assert "DRAResourceClaimDeviceStatus off" in caplog.text
+
+
+async def test_a_refused_claim_is_said_and_the_others_still_written(caplog: pytest.LogCaptureFixture) -> None:
+    server = FakeServer()
+    server.failures = [KubeError("status.devices: Invalid value: not allocated", 422)]
+    writer = ClaimStatusWriter(server, DRIVER, NODE)
+    writer.prepared(CLAIM, INVENTORY)
+    await _drain(writer)
+    assert writer.enabled
+    assert "cannot write the status of ResourceClaim team/train" in caplog.text

@@ -121,7 +121,12 @@ def drop_sys_admin() -> None:
         data[word].inheritable &= keep
     _plain(libc.capset(ctypes.byref(header), data), "drop CAP_SYS_ADMIN and CAP_SETPCAP")
     _plain(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear the ambient capabilities")
-    _plain(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "set no_new_privs")
+    set_no_new_privs()
+
+
+def set_no_new_privs() -> None:
+    """Set no_new_privs: nothing this process execs gains a capability or uid it does not hold."""
+    _plain(_libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "set no_new_privs")
 
 
 def enter(shm: str) -> None:

@@ -133,6 +133,11 @@ def separate(root: Path, control: Sequence[str], timeout: float) -> Launcher | N
     """
     if not mpslaunch.holds_sys_admin():
         return None
+    try:
+        # For both sides: the launcher keeps its capabilities across its execs, and gains none.
+        mpslaunch.set_no_new_privs()
+    except mpslaunch.LaunchError as err:
+        raise StartupError(str(err)) from None
     plugin, launcher = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:

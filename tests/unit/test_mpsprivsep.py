@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -111,6 +112,7 @@ def test_only_the_launcher_keeps_cap_sys_admin_and_daemons_start_and_stop_throug
     assert _caps(out["child"])["CapBnd"] == 0
     # The launcher keeps it, and the plugin, without CAP_SYS_PTRACE, cannot read it (ptrace access check).
     assert _caps(out["launcher"])["CapEff"] & SYS_ADMIN
+    assert _caps(out["launcher"])["NoNewPrivs"] == 1
     assert "Permission denied" in out["reads_launcher"]
     # The daemon it starts keeps nothing either, so the plugin can still find and stop it.
     assert _caps(out["daemon"])["CapBnd"] == 0
@@ -163,6 +165,8 @@ def test_the_real_kubelet_plugin_serves_without_cap_sys_admin_and_its_children_g
     pid_file = Path(sharing.mps_dirs(str(mps_root), key).pipe) / "nvidia-cuda-mps-control.pid"
     leftover = int(pid_file.read_text())
     (tmp_path / "kubeconfig").write_text(_KUBECONFIG)
+    # Short: the plugin's socket paths must fit in 107 bytes.
+    kubelet = Path(tempfile.mkdtemp(prefix="kubelet-"))
     plugin = subprocess.Popen(
         [
             *CHART_CAPS,
@@ -172,7 +176,7 @@ def test_the_real_kubelet_plugin_serves_without_cap_sys_admin_and_its_children_g
             "kubelet-plugin",
             "--fake-gpus=h100x8",
             "--node-name=node-a",
-            f"--kubelet-root={tmp_path / 'kubelet'}",
+            f"--kubelet-root={kubelet}",
             f"--cdi-root={tmp_path / 'cdi'}",
             f"--state-dir={state}",
             "--http-address=",
@@ -185,12 +189,14 @@ def test_the_real_kubelet_plugin_serves_without_cap_sys_admin_and_its_children_g
     )
     try:
         _wait_for("the leftover daemon to be stopped", lambda: not mps_root.joinpath(key).exists())
+        assert plugin.poll() is None, (tmp_path / "plugin.log").read_text()
         serving = _caps(Path(f"/proc/{plugin.pid}/status").read_text())
         children = Path(f"/proc/{plugin.pid}/task/{plugin.pid}/children").read_text().split()
         launcher = _caps(Path(f"/proc/{children[0]}/status").read_text())
     finally:
         plugin.terminate()
         plugin.wait(timeout=30)
+        shutil.rmtree(kubelet)
     log = (tmp_path / "plugin.log").read_text()
     assert "CAP_SYS_ADMIN dropped for good" in log, log
     assert serving == dict.fromkeys(("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"), 0) | {"NoNewPrivs": 1}

@@ -3,8 +3,10 @@
 An MPS control daemon must share /dev/shm with its clients, the claim's containers: it starts
 in a mount namespace of its own (propagation made slave first) with DIR bind-mounted over
 /dev/shm, and keeps it when it detaches. A separate single-threaded process, since
-unshare(CLONE_NEWNS) fails in a multithreaded one. Why and how: docs/sharing.md ("Shared
-memory: a mount namespace per daemon").
+unshare(CLONE_NEWNS) fails in a multithreaded one. It gives up CAP_SYS_ADMIN before the exec,
+so the daemon and the MPS server it spawns hold none. start_daemon runs it for the daemon of a
+set of devices; in the kubelet plugin, only its launcher process does (dra.kubeletplugin.mpsprivsep).
+Why and how: docs/sharing.md ("Shared memory: a mount namespace per daemon").
 """
 
 from __future__ import annotations

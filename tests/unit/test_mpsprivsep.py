@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -193,12 +194,16 @@ def test_the_real_kubelet_plugin_serves_without_cap_sys_admin_and_its_children_g
         serving = _caps(Path(f"/proc/{plugin.pid}/status").read_text())
         children = Path(f"/proc/{plugin.pid}/task/{plugin.pid}/children").read_text().split()
         launcher = _caps(Path(f"/proc/{children[0]}/status").read_text())
+        # A launcher that dies takes the plugin down, for the kubelet to restart it with a new one.
+        os.kill(int(children[0]), signal.SIGKILL)
+        assert plugin.wait(timeout=30) == 1
     finally:
         plugin.terminate()
         plugin.wait(timeout=30)
         shutil.rmtree(kubelet)
     log = (tmp_path / "plugin.log").read_text()
     assert "CAP_SYS_ADMIN dropped for good" in log, log
+    assert "exited (killed by signal 9); exiting for the kubelet to restart the plugin" in log, log
     assert serving == dict.fromkeys(("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"), 0) | {"NoNewPrivs": 1}
     assert launcher["CapEff"] & SYS_ADMIN
     # `quit`, run by the serving plugin: its exec'd child has no capability in any set.
@@ -207,3 +212,32 @@ def test_the_real_kubelet_plugin_serves_without_cap_sys_admin_and_its_children_g
     assert all(r["CapEff"] == r["CapPrm"] == r["CapBnd"] == 0 for r in runs)
     stat = Path(f"/proc/{leftover}/stat")
     assert not stat.exists() or ") Z" in stat.read_text()
+
+
+def test_cap_sys_admin_without_cap_setpcap_refuses_to_start_rather_than_keep_it_bounded(
+    tmp_path: Path,
+) -> None:
+    program = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from dra.daemon.bootstrap import StartupError\n"
+        "from dra.kubeletplugin import mpsprivsep\n"
+        "try:\n"
+        f"    mpsprivsep.separate(Path({str(tmp_path)!r}), ['true'], 10.0)\n"
+        "except StartupError as err:\n"
+        "    print(err)\n"
+    )
+    only_sys_admin = ["setpriv", "--inh-caps=-all", "--bounding-set=-all,+sys_admin"]
+    done = subprocess.run(
+        [*only_sys_admin, sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert done.stdout.strip() == (
+        "cannot drop capability 21 from the bounding set: Operation not permitted: with CAP_SYS_ADMIN the "
+        "kubelet plugin needs CAP_SETPCAP as well, to give it up for good (Helm chart: "
+        "kubeletPlugin.mps.enabled=true adds both)"
+    )

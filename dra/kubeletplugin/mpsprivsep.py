@@ -133,6 +133,10 @@ def separate(root: Path, control: Sequence[str], timeout: float) -> Launcher | N
     """
     if not mpslaunch.holds_sys_admin():
         return None
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:
+        # Capabilities are per thread: the others would keep CAP_SYS_ADMIN.
+        raise StartupError(f"the MPS launcher must be forked while single-threaded; {threads} threads run")
     try:
         # For both sides: the launcher keeps its capabilities across its execs, and gains none.
         mpslaunch.set_no_new_privs()

@@ -190,6 +190,8 @@ def test_the_real_kubelet_plugin_serves_without_cap_sys_admin_and_its_children_g
     )
     try:
         _wait_for("the leftover daemon to be stopped", lambda: not mps_root.joinpath(key).exists())
+        # Serving: its gRPC server's threads run.
+        _wait_for("the registration socket", lambda: any((kubelet / "plugins_registry").glob("*.sock")))
         assert plugin.poll() is None, (tmp_path / "plugin.log").read_text()
         # Every thread of it: capabilities are per thread.
         threads = [

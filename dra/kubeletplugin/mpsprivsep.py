@@ -115,7 +115,7 @@ class Launcher:
             await anyio.sleep(WATCH_INTERVAL)
         raise StartupError(
             f"the MPS launcher (pid {self.pid}) exited ({_how(status)}); exiting for the kubelet to "
-            f"restart the plugin, which alone may fork a launcher with CAP_SYS_ADMIN"
+            f"restart the plugin: only a plugin just started holds CAP_SYS_ADMIN to fork another"
         )
 
 

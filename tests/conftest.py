@@ -17,6 +17,8 @@ from hypothesis import HealthCheck, settings
 from localcluster.cluster import ClusterInfo, LocalCluster, parse_gates
 from localcluster.kube import Kube, wait_for
 
+from dra.kubeletplugin import mpsprivsep
+
 # Bounded for the default suite (a few seconds per test); HYPOTHESIS_PROFILE=fuzz-long searches longer.
 # No example database: a failing example is printed, and nothing is written into the checkout.
 settings.register_profile(
@@ -43,6 +45,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         names = getattr(item, "fixturenames", ())
         if "cluster" in names or "local_cluster" in names:
             item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(autouse=True)
+def _keep_the_test_runners_capabilities(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test that runs `kubelet-plugin` in this process (dra.cli.main) would fork an MPS launcher
+    and drop CAP_SYS_ADMIN from the runner for good, and every later MPS test would fail; the
+    separation itself is tested on real plugin processes (tests/unit/test_mpsprivsep.py)."""
+    monkeypatch.setattr(mpsprivsep, "separate", lambda *_: None)
 
 
 @pytest.fixture(autouse=True)

@@ -22,7 +22,7 @@ from dra.core.slices import SliceError, build_slices
 from dra.core.versions import ApiFeatures
 from dra.daemon.bootstrap import StartupError, daemon_fields, default_state_dir, gpu_library, load_inventory
 from dra.gpu.library import GpuLibrary, GpuLibraryError
-from dra.kubeletplugin import healthctl, miglayout
+from dra.kubeletplugin import healthctl, miglayout, mps, mpsprivsep
 from dra.kubeletplugin.daemon import PluginSettings, run_kubelet_plugin
 from dra.model.devices import Inventory
 from dra.model.migmode import STATIC, MigModes
@@ -46,7 +46,11 @@ def kubelet_plugin(args: argparse.Namespace) -> int:
         claim_metrics_interval=args.claim_metrics_interval,
         instance_id=(args.instance_id or uuid.uuid4().hex) if args.rolling_update else None,
     )
-    anyio.run(run_kubelet_plugin, settings, backend="asyncio")
+    # Before anything else, while this is the only thread: only the launcher keeps CAP_SYS_ADMIN.
+    launcher = mpsprivsep.separate(
+        settings.state_directory / "mps", settings.mps_command, mps.COMMAND_TIMEOUT
+    )
+    anyio.run(run_kubelet_plugin, settings, launcher, backend="asyncio")
     return 0
 
 

@@ -33,12 +33,13 @@ from dra.daemon.bootstrap import (
 )
 from dra.daemon.rediscovery import Rediscovery
 from dra.daemon.sockets import SocketPathError
-from dra.kubeletplugin import miglabel, miglayout, mpslaunch
+from dra.kubeletplugin import miglabel, miglayout
 from dra.kubeletplugin.claimmetrics import ClaimDeviceInfo
 from dra.kubeletplugin.claimstatus import ClaimStatusWriter
 from dra.kubeletplugin.features import detect_features
 from dra.kubeletplugin.healthctl import HealthControl, socket_path
 from dra.kubeletplugin.mps import MpsDaemons
+from dra.kubeletplugin.mpsprivsep import Launcher
 from dra.kubeletplugin.podresources import DevicePluginHoldback
 from dra.kubeletplugin.publisher import SlicePublisher
 from dra.kubeletplugin.server import PluginServer
@@ -123,12 +124,14 @@ async def check_kubelet(kube: KubeClient, node_name: str) -> None:
         raise StartupError(refusal)
 
 
-async def run_kubelet_plugin(settings: PluginSettings) -> None:
-    """Run until SIGTERM or SIGINT; first, the node's static MIG layout when there is a layout file."""
-    # First, while this is the only thread: only the MPS launcher needs CAP_SYS_ADMIN (it regains
-    # it when exec'd); the process serving the kubelet keeps none.
-    if mpslaunch.give_up_sys_admin():
-        log.info("CAP_SYS_ADMIN dropped; only the MPS launcher takes it back")
+async def run_kubelet_plugin(settings: PluginSettings, launcher: Launcher | None = None) -> None:
+    """Run until SIGTERM or SIGINT; first, the node's static MIG layout when there is a layout file.
+
+    `launcher`: the process that starts MPS control daemons (mpsprivsep.separate), else they
+    are started from this one.
+    """
+    if launcher is not None:
+        log.info("CAP_SYS_ADMIN dropped for good; MPS control daemons start from launcher %d", launcher.pid)
     layout: _Layout | None = None
     if settings.mig_config_file is not None:
         try:
@@ -144,7 +147,7 @@ async def run_kubelet_plugin(settings: PluginSettings) -> None:
         layout = _Layout(settings.mig_config_file, settings.mig_modes, name)
         settings = replace(settings, mig_modes=modes)
     async with open_node(settings, GpuPath.DRA) as node:
-        await _serve(settings, node, layout)
+        await _serve(settings, node, layout, launcher)
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,9 @@ class _Layout:
     applied: str | None
 
 
-async def _serve(settings: PluginSettings, node: Node, layout: _Layout | None = None) -> None:
+async def _serve(
+    settings: PluginSettings, node: Node, layout: _Layout | None = None, launcher: Launcher | None = None
+) -> None:
     tracker = node.tracker
     holdback = DevicePluginHoldback(settings.kubelet_root)
     rediscovery = Rediscovery(settings, node.inventory, await holdback.held(node.inventory))
@@ -174,7 +179,9 @@ async def _serve(settings: PluginSettings, node: Node, layout: _Layout | None = 
             CheckpointStore(settings.checkpoint_path),
             node.lib,
             time_slicer=TimeSlicer(node.lib),
-            mps=MpsDaemons(settings.state_directory / "mps", settings.mps_command),
+            mps=MpsDaemons(
+                settings.state_directory / "mps", settings.mps_command, launcher.start if launcher else None
+            ),
         )
         state.recover()
     except (KubeError, CheckpointError) as err:
@@ -286,6 +293,8 @@ async def _serve(settings: PluginSettings, node: Node, layout: _Layout | None = 
         group.start_soon(status.run)
         if settings.claim_metrics_interval > 0:
             group.start_soon(claim_info.run)
+        if launcher is not None:
+            group.start_soon(launcher.watch)
         if layout is not None:
             follower = miglabel.LayoutFollower(
                 kube, settings.node_name, layout.path, settings.mig_config, layout.applied, relayout

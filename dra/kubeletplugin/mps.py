@@ -10,13 +10,14 @@ docs/sharing.md ("MPS").
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from dra.adapters import faults
@@ -72,20 +73,20 @@ class MpsDaemons:
     checkpoint is the count.
     """
 
-    def __init__(self, root: Path, command: Sequence[str]) -> None:
+    def __init__(
+        self, root: Path, command: Sequence[str], launch: Callable[[Sequence[str], bool], None] | None = None
+    ) -> None:
         #: <state dir>/mps: one directory per daemon.
         self.root = root
         self._command = list(command)
+        #: Starts the daemon of these device UUIDs, multi-user or not (mpslaunch.start_daemon's contract);
+        #: by default from this process, in the plugin from the privileged launcher (mpsprivsep).
+        self._launch = launch or functools.partial(
+            mpslaunch.start_daemon, str(root), self._command, timeout=COMMAND_TIMEOUT
+        )
 
     def _dirs(self, key: str) -> sharing.MpsDirs:
         return sharing.mps_dirs(str(self.root), key)
-
-    def _env(self, key: str, uuids: Sequence[str] = ()) -> dict[str, str]:
-        dirs = self._dirs(key)
-        env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=dirs.pipe, CUDA_MPS_LOG_DIRECTORY=dirs.log)
-        if uuids:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
-        return env
 
     def pid(self, key: str) -> int | None:
         """The pid of daemon `key` when it runs, else None.
@@ -101,26 +102,20 @@ class MpsDaemons:
             return None
         return pid if _alive(pid) and _serves(pid, pipe) else None
 
-    def _run(
-        self, key: str, args: Sequence[str], stdin: str = "", uuids: Sequence[str] = (), shm: str = ""
-    ) -> str:
+    def _run(self, key: str, args: Sequence[str], stdin: str = "") -> str:
         command = [*self._command, *args]
-        # The daemon (and the server it spawns) must see its clients' /dev/shm.
-        launched = mpslaunch.command(shm, command) if shm else command
         try:
             done = subprocess.run(
-                launched,
+                command,
                 input=stdin,
                 capture_output=True,
                 text=True,
-                env=self._env(key, uuids),
+                env=mpslaunch.environment(self._dirs(key)),
                 timeout=COMMAND_TIMEOUT,
                 check=False,
             )
         except (OSError, subprocess.TimeoutExpired) as err:
             raise MpsError(f"{' '.join(command)}: {err}") from None
-        if done.returncode == mpslaunch.EXIT_NO_NAMESPACE and shm:
-            raise MpsError(f"cannot start the MPS control daemon: {done.stderr.strip()}")
         if done.returncode != 0:
             output = done.stderr.strip() or done.stdout.strip() or "no output"
             raise MpsError(f"{' '.join(command)} exited with {done.returncode}: {output}")
@@ -152,16 +147,15 @@ class MpsDaemons:
             return
         pid = self.pid(key)
         if pid is None:
-            dirs = self._dirs(key)
-            for path in (dirs.pipe, dirs.log, dirs.shm):
-                Path(path).mkdir(parents=True, exist_ok=True)
             devices = sharing.mps_devices(claim)
-            # -M: clients running as other users than the daemon's may connect (mpsConfig.multiUser).
-            flags = ["-d", "-M"] if devices[0].mps_multi_user else ["-d"]
-            self._run(key, flags, uuids=[d.uuid for d in devices], shm=dirs.shm)
+            try:
+                # multiUser: clients running as other users than the daemon's may connect (-M).
+                self._launch([d.uuid for d in devices], devices[0].mps_multi_user)
+            except mpslaunch.LaunchError as err:
+                raise MpsError(str(err)) from None
             pid = self.pid(key)
             if pid is None:
-                raise MpsError(f"the MPS control daemon {key} wrote no pid file in {dirs.pipe}")
+                raise MpsError(f"the MPS control daemon {key} wrote no pid file in {self._dirs(key).pipe}")
             log.info("started MPS control daemon %d (%s) for claim %s", pid, key, claim.uid)
             faults.point("mps-daemon-started")
         else:

@@ -3,8 +3,10 @@
 An MPS control daemon must share /dev/shm with its clients, the claim's containers: it starts
 in a mount namespace of its own (propagation made slave first) with DIR bind-mounted over
 /dev/shm, and keeps it when it detaches. A separate single-threaded process, since
-unshare(CLONE_NEWNS) fails in a multithreaded one. Why and how: docs/sharing.md ("Shared
-memory: a mount namespace per daemon").
+unshare(CLONE_NEWNS) fails in a multithreaded one. It gives up CAP_SYS_ADMIN before the exec,
+so the daemon and the MPS server it spawns hold none. start_daemon runs it for the daemon of a
+set of devices; in the kubelet plugin, only its launcher process does (dra.kubeletplugin.mpsprivsep).
+Why and how: docs/sharing.md ("Shared memory: a mount namespace per daemon").
 """
 
 from __future__ import annotations
@@ -12,8 +14,12 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+
+from dra.core import sharing
 
 # <sched.h> and <sys/mount.h> (Linux UAPI values, the same on every architecture).
 CLONE_NEWNS = 0x00020000
@@ -21,9 +27,17 @@ MS_BIND = 0x1000
 MS_REC = 0x4000
 MS_SLAVE = 0x80000
 
-#: <linux/capability.h>: the capability the namespace and the bind mount take, and capget/capset's ABI.
+#: <linux/capability.h>: the capability the namespace and the bind mount take, the one that
+#: shrinks the bounding set, and capget/capset's ABI.
 CAP_SYS_ADMIN = 21
+CAP_SETPCAP = 8
 _CAPABILITY_VERSION_3 = 0x20080522
+#: <linux/prctl.h>
+PR_CAPBSET_READ = 23
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
 
 #: Exit status when the namespace cannot be made; the driver reads the message on stderr.
 EXIT_NO_NAMESPACE = 3
@@ -59,6 +73,11 @@ def _check(result: int, what: str) -> None:
     raise LaunchError(f"cannot {what}: {reason}")
 
 
+def _plain(result: int, what: str) -> None:
+    if result != 0:
+        raise LaunchError(f"cannot {what}: {os.strerror(ctypes.get_errno())}")
+
+
 class _CapHeader(ctypes.Structure):
     _fields_ = (("version", ctypes.c_uint32), ("pid", ctypes.c_int))
 
@@ -71,26 +90,45 @@ class _CapData(ctypes.Structure):
     )
 
 
-def give_up_sys_admin() -> bool:
-    """Drop CAP_SYS_ADMIN from this thread's effective, permitted and inheritable sets; whether it had it.
-
-    The plugin calls this before it starts any thread (threads inherit the caller's sets), so
-    the process that serves the kubelet holds no CAP_SYS_ADMIN. The launcher gets it back: it
-    is exec'd as uid 0, which takes the bounding set (the container's capabilities) as permitted.
-    """
-    libc = _libc()
+def holds_sys_admin() -> bool:
+    """Whether this process has CAP_SYS_ADMIN in its permitted set."""
     header = _CapHeader(_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()
-    if libc.capget(ctypes.byref(header), data) != 0:
+    if _libc().capget(ctypes.byref(header), data) != 0:
         return False
     word, bit = divmod(CAP_SYS_ADMIN, 32)
-    held = bool(data[word].permitted & (1 << bit))
-    keep = ~(1 << bit) & 0xFFFFFFFF
-    data[word].effective &= keep
-    data[word].permitted &= keep
-    data[word].inheritable &= keep
-    _check(libc.capset(ctypes.byref(header), data), "drop CAP_SYS_ADMIN")
-    return held
+    return bool(data[word].permitted & (1 << bit))
+
+
+def drop_sys_admin() -> None:
+    """Lose CAP_SYS_ADMIN and CAP_SETPCAP for good: from every set, the bounding set included.
+
+    With no_new_privs on as well, nothing this process execs gets either back, not even as
+    uid 0 from a file capability. Takes CAP_SETPCAP (to shrink the bounding set), which goes
+    last; a process that does not hold CAP_SYS_ADMIN loses nothing it had.
+    """
+    libc = _libc()
+    for cap in (CAP_SYS_ADMIN, CAP_SETPCAP):
+        # EINVAL would be a kernel without the capability; it has been there since 2.6.
+        if libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0) == 1:
+            _plain(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), f"drop capability {cap} from the bounding set")
+    header = _CapHeader(_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _plain(libc.capget(ctypes.byref(header), data), "read this process's capabilities")
+    for cap in (CAP_SYS_ADMIN, CAP_SETPCAP):
+        word, bit = divmod(cap, 32)
+        keep = ~(1 << bit) & 0xFFFFFFFF
+        data[word].effective &= keep
+        data[word].permitted &= keep
+        data[word].inheritable &= keep
+    _plain(libc.capset(ctypes.byref(header), data), "drop CAP_SYS_ADMIN and CAP_SETPCAP")
+    _plain(libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "clear the ambient capabilities")
+    set_no_new_privs()
+
+
+def set_no_new_privs() -> None:
+    """Set no_new_privs: nothing this process execs gains a capability or uid it does not hold."""
+    _plain(_libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "set no_new_privs")
 
 
 def enter(shm: str) -> None:
@@ -106,6 +144,45 @@ def command(shm: str, argv: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "dra.kubeletplugin.mpslaunch", shm, "--", *argv]
 
 
+def environment(dirs: sharing.MpsDirs, uuids: Sequence[str] = ()) -> dict[str, str]:
+    """The environment of the control binary for the daemon of `dirs`; `uuids`: the devices it starts on."""
+    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=dirs.pipe, CUDA_MPS_LOG_DIRECTORY=dirs.log)
+    if uuids:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(uuids)
+    return env
+
+
+def start_daemon(
+    root: str, control: Sequence[str], uuids: Sequence[str], multi_user: bool, timeout: float
+) -> None:
+    """Start the control daemon of devices `uuids` under MPS root `root` (`control` -d, with -M for
+    clients of several users); LaunchError if not.
+
+    Everything else follows from the UUIDs: the daemon's directories (dra.core.sharing.mps_dirs
+    of their key), its environment and its /dev/shm.
+    """
+    dirs = sharing.mps_dirs(root, sharing.mps_key(uuids))
+    argv = [*control, "-d", "-M"] if multi_user else [*control, "-d"]
+    try:
+        for path in (dirs.pipe, dirs.log, dirs.shm):
+            Path(path).mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            command(dirs.shm, argv),
+            capture_output=True,
+            text=True,
+            env=environment(dirs, uuids),
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise LaunchError(f"{' '.join(argv)}: {err}") from None
+    if done.returncode == EXIT_NO_NAMESPACE:
+        raise LaunchError(f"cannot start the MPS control daemon: {done.stderr.strip()}")
+    if done.returncode != 0:
+        output = done.stderr.strip() or done.stdout.strip() or "no output"
+        raise LaunchError(f"{' '.join(argv)} exited with {done.returncode}: {output}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Enter the namespace and exec the command; a status and a message on stderr when that fails."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -115,6 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     shm, program = args[0], args[2:]
     try:
         enter(shm)
+        # The daemon and the MPS server it spawns serve the claims' containers: they keep neither.
+        drop_sys_admin()
     except LaunchError as err:
         print(err, file=sys.stderr)
         return EXIT_NO_NAMESPACE

@@ -128,6 +128,8 @@ def _applied(output: str) -> list[str]:
             },
             id="node-labeller",
         ),
+        # CAP_SYS_ADMIN and CAP_SETPCAP with escalation allowed: what the API accepts with them.
+        pytest.param({"kubeletPlugin": {"mps": {"enabled": True}}}, id="mps"),
     ],
 )
 def test_chart_render_passes_server_side_dry_run(

@@ -190,8 +190,10 @@ def test_daemonset_security_context_is_uid0_without_capabilities() -> None:
         assert flag not in pod
 
 
-def test_mps_adds_only_cap_sys_admin_and_no_apparmor_profile_to_the_kubelet_plugin() -> None:
-    # Each MPS control daemon starts in a mount namespace of its own (dra.kubeletplugin.mpslaunch).
+def test_mps_adds_only_cap_sys_admin_and_setpcap_and_no_apparmor_profile_to_the_kubelet_plugin() -> None:
+    # Each MPS control daemon starts in a mount namespace of its own (dra.kubeletplugin.mpslaunch),
+    # from the launcher that alone keeps CAP_SYS_ADMIN; CAP_SETPCAP lets the plugin remove it
+    # from its bounding set (dra.kubeletplugin.mpsprivsep, tests/unit/test_mpsprivsep.py).
     objects = chart.template(
         {"kubeletPlugin": {"mps": {"enabled": True}}, "devicePlugin": {"enabled": False}}
     )
@@ -199,7 +201,7 @@ def test_mps_adds_only_cap_sys_admin_and_no_apparmor_profile_to_the_kubelet_plug
         "privileged": False,
         "allowPrivilegeEscalation": True,
         "readOnlyRootFilesystem": True,
-        "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]},
+        "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN", "SETPCAP"]},
         "appArmorProfile": {"type": "Unconfined"},
     }
 

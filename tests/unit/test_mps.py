@@ -24,7 +24,6 @@ from dra.api.v1beta1 import MpsConfig
 from dra.core import cdi, sharing
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.gpu import fakemps
-from dra.kubeletplugin import mpslaunch
 from dra.kubeletplugin.mps import MpsDaemons
 from dra.kubeletplugin.state import DeviceState
 from dra.model.quantity import Quantity
@@ -451,27 +450,3 @@ def test_a_mig_device_gets_its_own_daemon_which_sees_the_mig_device_by_uuid(tmp_
         assert "Command: set_default_device_pinned_mem_limit 0 4096M" in log
     finally:
         node.daemons.stop_others({})
-
-
-def test_the_serving_process_gives_up_cap_sys_admin_and_the_launcher_takes_it_back() -> None:
-    def effective(status: str) -> bool:
-        line = next(x for x in status.splitlines() if x.startswith("CapEff:"))
-        return bool(int(line.split()[1], 16) & (1 << mpslaunch.CAP_SYS_ADMIN))
-
-    bounding = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("CapBnd:"))
-    if os.geteuid() != 0 or not int(bounding.split()[1], 16) & (1 << mpslaunch.CAP_SYS_ADMIN):
-        pytest.skip("needs uid 0 with CAP_SYS_ADMIN in the bounding set, as the chart's MPS container")
-    # In a child, as the plugin does it: single-threaded, before serving.
-    program = (
-        "import subprocess, sys\n"
-        "from pathlib import Path\n"
-        "from dra.kubeletplugin import mpslaunch\n"
-        "assert mpslaunch.give_up_sys_admin()\n"
-        "print(Path('/proc/self/status').read_text())\n"
-        "print('--- launched')\n"
-        "print(subprocess.run(['cat', '/proc/self/status'], capture_output=True, text=True).stdout)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True).stdout
-    serving, launched = out.split("--- launched")
-    assert not effective(serving)
-    assert effective(launched)

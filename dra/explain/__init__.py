@@ -1,8 +1,9 @@
 """`dra-gpu explain`: why a claim does or does not get devices, offline.
 
 ``report`` is pure (claim, classes and slices in; a report out), on the CEL
-evaluator ``dra.cel``; ``command`` gathers its inputs from files, the cluster
-or fake GPUs.
+evaluator ``dra.cel``, with ``devices`` (the slices' devices, held ones and
+shared counters) and ``shapes`` (the fields it reads, checked first);
+``command`` gathers its inputs from files, the cluster or fake GPUs.
 
 Rule: a program package; may import the layers below, never another program.
 """

@@ -16,6 +16,7 @@ from dra.core.slices import build_slices
 from dra.core.versions import ApiFeatures
 from dra.daemon.bootstrap import StartupError, gpu_library, load_inventory
 from dra.explain import report as explain
+from dra.explain import shapes
 
 Obj = dict[str, Any]
 CLAIM_KINDS = ("ResourceClaim", "ResourceClaimTemplate")
@@ -40,11 +41,11 @@ def parse_documents(text: bytes | str, source: str) -> list[Obj]:
         raise StartupError(str(err)) from None
     found = []
     for i, doc in enumerate(loaded):
-        if not isinstance(doc, dict) or doc.get("kind") not in explain.SHAPES:
+        if not isinstance(doc, dict) or doc.get("kind") not in shapes.SHAPES:
             continue
         try:
-            explain.check_shape(doc, doc["kind"])
-        except explain.ExplainError as err:
+            shapes.check_shape(doc, doc["kind"])
+        except shapes.ExplainError as err:
             raise StartupError(f"{source}: document {i + 1} ({doc['kind']}): {err}") from None
         found.append(doc)
     return found
@@ -193,7 +194,7 @@ async def _reports(args: argparse.Namespace) -> list[explain.ClaimReport]:
         others = await inputs.other_claims()
         budget = Budget(explain.EXPLAIN_COST_BUDGET)
         return [explain.explain_claim(claim, classes, slices, others, budget) for claim in claims]
-    except explain.ExplainError as err:
+    except shapes.ExplainError as err:
         raise StartupError(str(err)) from None
     finally:
         if inputs.kube is not None:

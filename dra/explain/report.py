@@ -21,12 +21,19 @@ from dra.cel import (
     CelSyntaxError,
     Explanation,
     Program,
-    Quantity,
-    QuantityError,
     compile_expression,
     explain_program,
 )
 from dra.core.slices import DEPRECATED_ATTRIBUTES, DEPRECATED_ATTRIBUTES_REMOVED_IN
+from dra.explain.devices import (
+    Counter,
+    CounterKey,
+    allocated_devices,
+    counter_shortage,
+    counters_left,
+    slice_devices,
+)
+from dra.explain.shapes import ExplainError, check_shape
 
 # What one explain run may spend, across its selectors and devices: a quarter of what the
 # scheduler allows one selector on one device (CELSelectorExpressionMaxCost), which this
@@ -152,229 +159,6 @@ class ClaimReport:
     notes: tuple[str, ...] = field(default=())
 
 
-class ExplainError(ValueError):
-    """The inputs cannot be explained (missing class, invalid CEL); the message says which."""
-
-
-class Required:
-    """A field that must be present, of the shape it wraps."""
-
-    def __init__(self, shape: object) -> None:
-        self.shape = shape
-
-
-class Most:
-    """A list of at most `limit` items of the shape it wraps, as the API server allows.
-
-    A file may hold more (YAML aliases make that cheap), and each one costs a pass over the devices.
-    """
-
-    def __init__(self, shape: list[object], limit: int) -> None:
-        self.shape = shape
-        self.limit = limit
-
-
-# The API server's list limits (k8s.io/api resource/v1 types.go: DeviceRequestsMaxSize,
-# DeviceConstraintsMaxSize, DeviceSelectorsMaxSize, FirstAvailableDeviceRequestMaxSize).
-MAX_REQUESTS = 32
-MAX_CONSTRAINTS = 32
-MAX_SELECTORS = 32
-MAX_SUBREQUESTS = 8
-
-
-# A selector's one field is required, as the API server requires it.
-_SELECTORS = Most([{"cel": Required({"expression": Required(str)})}], MAX_SELECTORS)
-_SUBREQUEST = {
-    "deviceClassName": str,
-    "allocationMode": str,
-    "adminAccess": bool,
-    "selectors": _SELECTORS,
-}
-_DEVICES = {
-    "requests": Most(
-        [
-            {
-                "name": Required(str),
-                "exactly": _SUBREQUEST,
-                "firstAvailable": Most([{**_SUBREQUEST, "name": Required(str)}], MAX_SUBREQUESTS),
-            }
-        ],
-        MAX_REQUESTS,
-    ),
-    "constraints": Most([{"requests": [str], "matchAttribute": str}], MAX_CONSTRAINTS),
-}
-_METADATA = {"name": str, "namespace": str, "uid": str}
-#: The fields of each kind that the report reads, with their types; the others are not looked at.
-SHAPES: dict[str, object] = {
-    "ResourceClaim": {"metadata": _METADATA, "spec": {"devices": _DEVICES}},
-    "ResourceClaimTemplate": {"metadata": _METADATA, "spec": {"spec": {"devices": _DEVICES}}},
-    "DeviceClass": {"metadata": Required({"name": Required(str)}), "spec": {"selectors": _SELECTORS}},
-}
-_NAMES: dict[type, str] = {
-    str: "a string",
-    int: "an integer",
-    bool: "true or false",
-    dict: "a mapping",
-    list: "a list",
-}
-
-
-def check_shape(obj: object, kind: str) -> None:
-    """ExplainError naming the first field the report reads whose type is wrong (or that is missing).
-
-    Objects from files are checked before the report reads them, so a wrong type is a message
-    with the field's path (``spec.devices.requests[0].exactly.count: expected an integer, got
-    a string``) and never a crash inside the report.
-    """
-    pending: list[tuple[object, object, str]] = [(obj, SHAPES[kind], "")]
-    while pending:
-        value, shape, path = pending.pop()
-        if isinstance(shape, Required):
-            if value is None:
-                raise ExplainError(f"{path}: required")
-            shape = shape.shape
-        if value is None:
-            continue
-        if isinstance(shape, Most):
-            if isinstance(value, list) and len(value) > shape.limit:
-                raise ExplainError(f"{path}: must have at most {shape.limit} items, has {len(value)}")
-            shape = shape.shape
-        expected = dict if isinstance(shape, dict) else list if isinstance(shape, list) else shape
-        assert isinstance(expected, type)
-        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-            got = _NAMES.get(type(value), type(value).__name__)
-            raise ExplainError(f"{path or kind}: expected {_NAMES[expected]}, got {got}")
-        # Pushed in reverse, so that the first wrong field in the file's order is the one reported.
-        if isinstance(shape, dict) and isinstance(value, dict):
-            fields = [(value.get(k), v, f"{path}.{k}" if path else k) for k, v in shape.items()]
-            pending.extend(reversed(fields))
-        elif isinstance(shape, list) and isinstance(value, list):
-            # A list's items are never optional: a null among them is as wrong as a number.
-            items = [(item, Required(shape[0]), f"{path}[{i}]") for i, item in enumerate(value)]
-            pending.extend(reversed(items))
-
-
-def _newest(slices: Iterable[Obj]) -> list[Obj]:
-    """The slices of the newest generation of each pool (consumers read no other)."""
-    slices = list(slices)
-    newest: dict[tuple[str, str], int] = {}
-    for s in slices:
-        key = (s["spec"]["driver"], s["spec"]["pool"]["name"])
-        newest[key] = max(newest.get(key, 0), int(s["spec"]["pool"].get("generation", 0)))
-    return [
-        s
-        for s in slices
-        if int(s["spec"]["pool"].get("generation", 0))
-        == newest[(s["spec"]["driver"], s["spec"]["pool"]["name"])]
-    ]
-
-
-def slice_devices(slices: Iterable[Obj]) -> list[tuple[str, str, Obj]]:
-    """(driver, pool, device) of every device of the newest generation of each pool."""
-    found = [
-        (s["spec"]["driver"], s["spec"]["pool"]["name"], d)
-        for s in _newest(slices)
-        for d in s["spec"].get("devices") or []
-    ]
-    return sorted(found, key=lambda entry: (entry[0], entry[1], _natural(entry[2]["name"])))
-
-
-CounterKey = tuple[str, str, str]
-
-
-@dataclass
-class _Counter:
-    total: int
-    free: int
-
-
-def _amount(counter: Obj) -> int:
-    try:
-        return Quantity.parse(str(counter.get("value", "0"))).as_int64() or 0
-    except QuantityError:
-        return 0
-
-
-def counters_left(
-    slices: Iterable[Obj], held: Iterable[tuple[str, str, str]]
-) -> dict[CounterKey, dict[str, _Counter]]:
-    """(driver, pool, counter set) -> counter -> its total and what the devices other claims hold leave."""
-    newest = _newest(slices)
-    left: dict[CounterKey, dict[str, _Counter]] = {}
-    for s in newest:
-        spec = s["spec"]
-        for counter_set in spec.get("sharedCounters") or []:
-            key = (spec["driver"], spec["pool"]["name"], counter_set["name"])
-            left[key] = {
-                name: _Counter(_amount(c), _amount(c))
-                for name, c in (counter_set.get("counters") or {}).items()
-            }
-    by_device = {(driver, pool, d["name"]): d for driver, pool, d in slice_devices(newest)}
-    for entry in held:
-        for consumed in (by_device.get(entry) or {}).get("consumesCounters") or []:
-            remaining = left.get((entry[0], entry[1], consumed["counterSet"]), {})
-            for name, c in (consumed.get("counters") or {}).items():
-                if name in remaining:
-                    remaining[name].free -= _amount(c)
-    return left
-
-
-def _gpu_label(counter_set: str) -> str:
-    # This driver names a GPU's counter set gpu<N> after the GPU's device gpu-<N>.
-    number = counter_set.removeprefix("gpu")
-    return f"gpu-{number}" if number.isdigit() else counter_set
-
-
-def counter_shortage(
-    device: Obj, driver: str, pool: str, left: Mapping[CounterKey, Mapping[str, _Counter]]
-) -> str | None:
-    """Why a device's counters have too little left: "gpu-3: 2 of 7 compute slices free; 3g.40gb needs 3"."""
-    profile = ((device.get("attributes") or {}).get("profile") or {}).get("string") or device["name"]
-    for consumed in device.get("consumesCounters") or []:
-        remaining = left.get((driver, pool, consumed["counterSet"]), {})
-        gpu = _gpu_label(consumed["counterSet"])
-        # Compute first: it is the shortage people reason about; then memory, then memory slices.
-        for name, c in sorted(
-            (consumed.get("counters") or {}).items(), key=lambda i: (i[0] != "compute", i[0])
-        ):
-            counter = remaining.get(name)
-            need = _amount(c)
-            if counter is None or need <= counter.free:
-                continue
-            if name.startswith("memslice"):
-                return (
-                    f"{gpu}: memory slice {name.removeprefix('memslice')} is in use; {profile} here needs it"
-                )
-            what = "compute slices" if name == "compute" else name
-            return f"{gpu}: {max(counter.free, 0)} of {counter.total} {what} free; {profile} needs {need}"
-    return None
-
-
-def _natural(name: str) -> list[Any]:
-    parts: list[Any] = []
-    for chunk in name.replace("-", " - ").split():
-        parts.append((0, int(chunk)) if chunk.isdigit() else (1, chunk))
-    return parts
-
-
-def allocated_devices(
-    claims: Iterable[Obj], except_uid: str | None = None
-) -> dict[tuple[str, str, str], str]:
-    """(driver, pool, device) -> "namespace/name" of the claim that holds it (admin access aside)."""
-    held: dict[tuple[str, str, str], str] = {}
-    for claim in claims:
-        meta = claim.get("metadata") or {}
-        if except_uid and meta.get("uid") == except_uid:
-            continue
-        allocation = (claim.get("status") or {}).get("allocation") or {}
-        for result in (allocation.get("devices") or {}).get("results") or []:
-            if not result.get("adminAccess"):
-                held[(result["driver"], result["pool"], result["device"])] = (
-                    f"{meta.get('namespace')}/{meta.get('name')}"
-                )
-    return held
-
-
 def _selectors(source: str, selectors: Sequence[Obj] | None) -> list[tuple[str, str]]:
     return [
         (f"{source} selector {i + 1}", s["cel"]["expression"])
@@ -415,7 +199,7 @@ def _evaluate(
     devices: Sequence[tuple[str, str, Obj]],
     held: Mapping[tuple[str, str, str], str],
     constraints: tuple[str, ...],
-    left: Mapping[CounterKey, Mapping[str, _Counter]],
+    left: Mapping[CounterKey, Mapping[str, Counter]],
     spending: _Spending,
 ) -> RequestReport:
     class_name = str(spec.get("deviceClassName", ""))

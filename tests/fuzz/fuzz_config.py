@@ -15,6 +15,7 @@ from dra.core.migconfig import MigConfigError, parse_mig_configs
 from dra.core.slices import build_slices
 from dra.deviceplugin import config as dpconfig
 from dra.explain import report as explain
+from dra.explain import shapes
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.profiles import ProfileError, load_profile, parse_profile
@@ -41,10 +42,10 @@ def TestOneInput(data: bytes) -> None:  # noqa: N802 (atheris' name)
         ):
             with contextlib.suppress(refusal):
                 parse(document)
-        for kind in explain.SHAPES:
+        for kind in shapes.SHAPES:
             try:
-                explain.check_shape(document, kind)
+                shapes.check_shape(document, kind)
                 if kind != "DeviceClass" and isinstance(document, dict):
                     explain.explain_claim({**document, "kind": kind}, CLASSES, SLICES)
-            except explain.ExplainError:
+            except shapes.ExplainError:
                 pass

@@ -11,7 +11,7 @@ import json
 
 from dra.core.slices import build_slices
 from dra.daemon.bootstrap import StartupError
-from dra.explain import command
+from dra.explain import command, shapes
 from dra.explain import report as explain
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
@@ -31,7 +31,7 @@ def TestOneInput(data: bytes) -> None:  # noqa: N802  (the name atheris and libF
             found = explain.explain_claim(claim, [*STANDARD, *classes.values()], SLICES)
             explain.render(found)
             json.dumps(explain.as_json(found))
-    except (StartupError, explain.ExplainError) as err:
+    except (StartupError, shapes.ExplainError) as err:
         message = str(err).strip()
         if not message or "\n" in message:
             raise AssertionError(f"not a one-line error: {message!r}") from err

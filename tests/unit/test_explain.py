@@ -11,6 +11,7 @@ import yaml
 
 from dra import cli
 from dra.core.slices import build_slices
+from dra.explain import devices, shapes
 from dra.explain import report as explain
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
@@ -61,12 +62,12 @@ def test_standard_classes_follow_the_driver_name() -> None:
 def test_only_the_newest_generation_of_a_pool_counts() -> None:
     old = _slices("mixed", generation=1)
     new = _slices("h100x8", generation=2)
-    names = [d["name"] for _, _, d in explain.slice_devices(old + new)]
+    names = [d["name"] for _, _, d in devices.slice_devices(old + new)]
     assert names == [f"gpu-{i}" for i in range(8)]
 
 
 def test_devices_are_listed_in_natural_order() -> None:
-    names = [d["name"] for _, _, d in explain.slice_devices(_slices("h100x8") * 1)]
+    names = [d["name"] for _, _, d in devices.slice_devices(_slices("h100x8") * 1)]
     assert names[:3] == ["gpu-0", "gpu-1", "gpu-2"]
 
 
@@ -182,7 +183,7 @@ def test_a_missing_class_is_reported() -> None:
 
 
 def test_a_selector_that_does_not_compile_is_an_error() -> None:
-    with pytest.raises(explain.ExplainError, match="request selector 1 of request 'gpu' does not compile"):
+    with pytest.raises(shapes.ExplainError, match="request selector 1 of request 'gpu' does not compile"):
         explain.explain_claim(_claim(_exactly("gpu", f"{ATTR}.uuid ==")), CLASSES, _slices())
 
 
@@ -298,7 +299,7 @@ def test_explain_offline_refuses_cluster_names(capsys: pytest.CaptureFixture[str
 
 def test_a_count_that_is_not_a_number_is_an_error() -> None:
     with pytest.raises(
-        explain.ExplainError, match="request 'gpu': count must be a positive integer, got 'two'"
+        shapes.ExplainError, match="request 'gpu': count must be a positive integer, got 'two'"
     ):
         explain.explain_claim(_claim(_exactly("gpu", count="two")), CLASSES, _slices())
 
@@ -322,7 +323,7 @@ def test_one_budget_per_run_stops_explain_and_names_what_each_selector_spent() -
     heavy = [f"{hundred}.all(x, {hundred}.all(y, y + {i} >= 0))" for i in range(3)]
     request = _exactly("gpu")
     request["exactly"]["selectors"] = [{"cel": {"expression": e}} for e in heavy]
-    with pytest.raises(explain.ExplainError) as raised:
+    with pytest.raises(shapes.ExplainError) as raised:
         explain.explain_claim(_claim(request), CLASSES, _slices("h100x8"))
     message = str(raised.value)
     assert message.startswith("explain's CEL budget of 250,000 cost units per run is spent, by request ")
@@ -352,7 +353,7 @@ def test_a_claim_explain_cannot_read_is_one_line_with_the_field_path(
     devices: dict[str, Any], message: str
 ) -> None:
     claim = {"kind": "ResourceClaim", "metadata": {"name": "c"}, "spec": {"devices": devices}}
-    with pytest.raises(explain.ExplainError) as raised:
+    with pytest.raises(shapes.ExplainError) as raised:
         explain.explain_claim(claim, CLASSES, _slices("h100x8"))
     assert str(raised.value) == message
 

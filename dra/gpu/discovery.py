@@ -157,15 +157,20 @@ def _addressing_mode(lib: GpuLibrary, handle: GpuHandle, index: int) -> str | No
     return None if mode is None else ADDRESSING_MODES.get(mode)
 
 
-def mig_enabled(lib: GpuLibrary, handle: GpuHandle) -> bool:
-    """Whether the GPU's current MIG mode is on (a GPU without MIG support: no)."""
+def _mig_mode(lib: GpuLibrary, handle: GpuHandle) -> tuple[int, int] | None:
+    """The GPU's (current, pending) MIG mode; None for a GPU without MIG support."""
     try:
-        current, _pending = lib.mig_mode(handle)
+        return lib.mig_mode(handle)
     except GpuLibraryError as err:
         if err.code == ERROR_NOT_SUPPORTED:
-            return False
+            return None
         raise
-    return current == 1
+
+
+def mig_enabled(lib: GpuLibrary, handle: GpuHandle) -> bool:
+    """Whether the GPU's current MIG mode is on (a GPU without MIG support: no)."""
+    mode = _mig_mode(lib, handle)
+    return mode is not None and mode[0] == 1
 
 
 def _gpu(lib: GpuLibrary, handle: GpuHandle, index: int) -> Gpu:
@@ -265,6 +270,11 @@ def profile_infos(
                 raise
 
 
+def _largest_first(p: MigPartition) -> tuple[int, int, int]:
+    """The order partitions are listed in: most compute slices, then memory slices, then placement."""
+    return (-p.slices, -p.placement_size, p.placement_start)
+
+
 def partitions(lib: GpuLibrary, handle: GpuHandle, parent: Gpu, profile_count: int) -> list[MigPartition]:
     """Every GPU-instance profile of the GPU at every placement NVML offers for it."""
     found: list[MigPartition] = []
@@ -284,7 +294,7 @@ def partitions(lib: GpuLibrary, handle: GpuHandle, parent: Gpu, profile_count: i
                     engines=info.engines,
                 )
             )
-    return sorted(found, key=lambda p: (-p.slices, -p.placement_size, p.placement_start))
+    return sorted(found, key=_largest_first)
 
 
 def _offered(offer: MigOffer, gpu: Gpu, every: list[MigPartition]) -> list[MigPartition]:
@@ -316,18 +326,17 @@ def mig_devices(lib: GpuLibrary, parent: Gpu) -> list[MigDevice]:
     return _mig_devices(lib, lib.device_by_index(parent.index), parent, lib.mig_capability_minors())
 
 
-def _dynamic_offers(lib: GpuLibrary, handle: GpuHandle, gpu: Gpu, offer: MigOffer) -> list[MigPartition]:
+def _dynamic_offers(
+    lib: GpuLibrary, handle: GpuHandle, gpu: Gpu, offer: MigOffer, mig: tuple[int, int] | None
+) -> list[MigPartition]:
     """What a dynamic-MIG GPU offers besides itself, whatever its MIG mode: the first MIG claim turns it on.
 
-    A GPU whose MIG mode waits for a reset to turn on offers nothing more: no MIG device can be made
-    on it until then.
+    `mig` is the GPU's MIG mode as _mig_mode reads it. A GPU whose MIG mode waits for a reset to
+    turn on offers nothing more: no MIG device can be made on it until then.
     """
-    try:
-        current, pending = lib.mig_mode(handle)
-    except GpuLibraryError as err:
-        if err.code == ERROR_NOT_SUPPORTED:
-            return []
-        raise
+    if mig is None:
+        return []
+    current, pending = mig
     if (current, pending) == (0, 1):
         _tell_once(
             gpu,
@@ -356,9 +365,9 @@ def _dynamic_offers(lib: GpuLibrary, handle: GpuHandle, gpu: Gpu, offer: MigOffe
     return _offered(offer, gpu, table_partitions(gpu, table))
 
 
-def _mig_off_pending(lib: GpuLibrary, handle: GpuHandle, gpu: Gpu) -> bool:
-    """Whether MIG mode waits for a reset to turn off: the GPU is not offered whole until then."""
-    if lib.mig_mode(handle) != (1, 0):
+def _mig_off_pending(gpu: Gpu, mig: tuple[int, int] | None) -> bool:
+    """Whether MIG mode (`mig`) waits for a reset to turn off: the GPU is not offered whole until then."""
+    if mig != (1, 0):
         return False
     _tell_once(
         gpu,
@@ -388,7 +397,7 @@ def table_partitions(gpu: Gpu, table: tuple[migtables.GpuInstanceProfile, ...]) 
         for p in sorted(table, key=lambda p: p.nvml_profile)
         for start in p.starts
     ]
-    return sorted(found, key=lambda p: (-p.slices, -p.placement_size, p.placement_start))
+    return sorted(found, key=_largest_first)
 
 
 #: How many NVML_GPU_INSTANCE_PROFILE_* enumerators discovery probes (nvml.h: ..._COUNT).
@@ -433,10 +442,11 @@ def discover(lib: GpuLibrary, mig_modes: migmode.MigModes | None = None) -> Inve
                     index,
                 )
             elif mode == migmode.DYNAMIC:
-                gpu_offers = _dynamic_offers(lib, handle, gpu, modes.offer)
+                mig = _mig_mode(lib, handle)
+                gpu_offers = _dynamic_offers(lib, handle, gpu, modes.offer, mig)
                 if gpu.mig_enabled:
                     gpu_instances = _mig_devices(lib, handle, gpu, caps)
-                    if gpu_offers and _mig_off_pending(lib, handle, gpu):
+                    if gpu_offers and _mig_off_pending(gpu, mig):
                         members = []
         except GpuLibraryError as err:
             log.warning("skipping GPU %d: NVML error %d: %s", index, err.code, err)

@@ -360,7 +360,7 @@ class FakeMigPartitions:
     def create_compute_instance(self, gi: GpuInstanceHandle, profile: int) -> ComputeInstanceHandle:
         """A compute instance with the lowest free ID, if the GPU instance has the slices left."""
         assert isinstance(gi, _FakeGi)
-        slices = next((n for n, p in migtables.COMPUTE_PROFILE_BY_SLICES.items() if p == profile), None)
+        slices = migtables.SLICES_BY_COMPUTE_PROFILE.get(profile)
         if slices is None:
             raise GpuLibraryError(ERROR_INVALID_ARGUMENT, f"no compute instance profile {profile}")
         with self._lock:

@@ -42,6 +42,8 @@ PROFILE_COUNT = 10
 
 #: nvmlComputeInstanceProfile enumeration: the compute-instance profile spanning N slices.
 COMPUTE_PROFILE_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
+#: The slices each compute-instance profile spans: COMPUTE_PROFILE_BY_SLICES the other way round.
+SLICES_BY_COMPUTE_PROFILE = {p: n for n, p in COMPUTE_PROFILE_BY_SLICES.items()}
 
 COMPUTE_SLICES = 7
 MEMORY_SLICES = 8

@@ -123,7 +123,7 @@ class InstanceCalls:
         """nvmlGpuInstanceGetComputeInstanceProfileInfoV."""
         info = versioned(out, ComputeInstanceProfileInfoV2, 2)
         _, own = self._gi_slices(address)
-        slices = next((n for n, p in migtables.COMPUTE_PROFILE_BY_SLICES.items() if p == profile), None)
+        slices = migtables.SLICES_BY_COMPUTE_PROFILE.get(profile)
         if profile >= 9 or engines != 0:  # NVML_COMPUTE_INSTANCE_PROFILE_COUNT, ..._ENGINE_PROFILE_COUNT
             raise GpuLibraryError(ERROR_INVALID_ARGUMENT, f"no compute instance profile {profile}/{engines}")
         if slices is None or slices > own:

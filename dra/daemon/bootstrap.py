@@ -42,7 +42,6 @@ from dra.gpu.driverfiles import find_driver_files
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import ERROR_UNKNOWN, GpuLibrary, GpuLibraryError
 from dra.gpu.nvml import NvmlLibrary
-from dra.gpu.nvmlstandin import NvmlStandIn, host_tree
 from dra.gpu.profiles import ProfileError, load_profile
 from dra.model.devices import Inventory
 from dra.model.migmode import MigModes
@@ -221,6 +220,9 @@ def _over_nvml_standin(
     fake: FakeGpuLibrary, state_dir: Path | None, fake_gpu_root: Path | None
 ) -> GpuLibrary:
     """The real NVML adapter over the NVML stand-in of `fake`, on a host that shows the fake's GPUs."""
+    # A test switch: a daemon without it never loads the stand-in (ctypes structures, its tables).
+    from dra.gpu.nvmlstandin import NvmlStandIn, host_tree
+
     host = (
         Path(tempfile.mkdtemp(prefix="dra-gpu-nvml-")) if state_dir is None else state_dir / NVML_STANDIN_HOST
     )

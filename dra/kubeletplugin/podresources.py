@@ -49,11 +49,16 @@ class Holder:
         return f"{self.namespace}/{self.pod}/{self.container} ({self.resource})"
 
 
-async def list_devices(socket: Path) -> list[tuple[Holder, str]]:
-    """Every device-plugin device ID the kubelet has given to a running container, with the container."""
+async def _list_pod_resources(socket: Path) -> podresources_pb2.ListPodResourcesResponse:
+    """The kubelet's List: every running pod's containers and the devices they were given."""
     async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
         stub = podresources_pb2_grpc.PodResourcesListerStub(channel)
-        response = await stub.List(podresources_pb2.ListPodResourcesRequest(), timeout=_TIMEOUT)
+        return await stub.List(podresources_pb2.ListPodResourcesRequest(), timeout=_TIMEOUT)
+
+
+async def list_devices(socket: Path) -> list[tuple[Holder, str]]:
+    """Every device-plugin device ID the kubelet has given to a running container, with the container."""
+    response = await _list_pod_resources(socket)
     return [
         (Holder(pod.namespace, pod.name, container.name, devices.resource_name), device_id)
         for pod in response.pod_resources
@@ -65,9 +70,7 @@ async def list_devices(socket: Path) -> list[tuple[Holder, str]]:
 
 async def claim_consumers(socket: Path, driver: str) -> list[Consumer]:
     """Every running container that uses a device of this driver's claims, once per device."""
-    async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
-        stub = podresources_pb2_grpc.PodResourcesListerStub(channel)
-        response = await stub.List(podresources_pb2.ListPodResourcesRequest(), timeout=_TIMEOUT)
+    response = await _list_pod_resources(socket)
     return [
         Consumer(
             pod.namespace,

@@ -46,6 +46,11 @@ def traversal(length: int, factor: float = STRING_TRAVERSAL) -> int:
     return math.ceil(length * factor)
 
 
+def first_traversal(value: Value, *_rest: Value) -> int:
+    """The traversal of the first argument (receiver or parsed text), whatever the others are."""
+    return traversal(size(value))
+
+
 def regex(text: str, pattern: str) -> int:
     """``matches``, ``find``, ``findAll``: the text's traversal times the pattern's length."""
     return traversal(1 + len(text)) * traversal(len(pattern), REGEX_LENGTH)

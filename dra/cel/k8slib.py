@@ -114,10 +114,6 @@ def _sets_contains(items: tuple[Value, ...], subset: tuple[Value, ...]) -> Resul
     return all(list_contains(items, item) for item in subset)
 
 
-def _parse_cost(text: str, *_flags: bool) -> int:
-    return cost.traversal(len(text))
-
-
 def _list_cost(items: tuple[Value, ...], *_needle: Value) -> int:
     return len(items)
 
@@ -129,8 +125,8 @@ def _pairs_cost(a: tuple[Value, ...], b: tuple[Value, ...]) -> int:
 
 def register(registry: Registry) -> None:
     """Add the Kubernetes library functions to ``registry``, with their costs (library/cost.go)."""
-    registry.add("quantity", (str,), _quantity, member=False, cost=_parse_cost)
-    registry.add("isQuantity", (str,), _is_quantity, member=False, cost=_parse_cost)
+    registry.add("quantity", (str,), _quantity, member=False, cost=cost.first_traversal)
+    registry.add("isQuantity", (str,), _is_quantity, member=False, cost=cost.first_traversal)
     registry.add("sign", (Quantity,), lambda q: q.sign(), member=False)
     registry.add("asApproximateFloat", (Quantity,), lambda q: q.as_approximate_float(), member=True)
     registry.add("asInteger", (Quantity,), _as_integer, member=True)
@@ -139,10 +135,10 @@ def register(registry: Registry) -> None:
         for operand in (Quantity, int):
             registry.add(name, (Quantity, operand), _quantity_arithmetic(operation), member=True)
 
-    registry.add("semver", (str,), _semver, member=False, cost=_parse_cost)
-    registry.add("semver", (str, bool), _semver, member=False, cost=_parse_cost)
-    registry.add("isSemver", (str,), _is_semver, member=False, cost=_parse_cost)
-    registry.add("isSemver", (str, bool), _is_semver, member=False, cost=_parse_cost)
+    registry.add("semver", (str,), _semver, member=False, cost=cost.first_traversal)
+    registry.add("semver", (str, bool), _semver, member=False, cost=cost.first_traversal)
+    registry.add("isSemver", (str,), _is_semver, member=False, cost=cost.first_traversal)
+    registry.add("isSemver", (str, bool), _is_semver, member=False, cost=cost.first_traversal)
     registry.add("major", (Semver,), lambda v: _wrap_int64(v.major), member=True)
     registry.add("minor", (Semver,), lambda v: _wrap_int64(v.minor), member=True)
     registry.add("patch", (Semver,), lambda v: _wrap_int64(v.patch), member=True)

@@ -264,10 +264,6 @@ def _find(text: str, pattern: str) -> Result:
 # -- costs (cel-go's runtimecost.go and Kubernetes' library/cost.go; see ``cost``) ------------
 
 
-def _traverse(value: Value, *_rest: Value) -> int:
-    return cost.traversal(cost.size(value))
-
-
 def _regex_cost(text: str, pattern: str, *_limit: int) -> int:
     return cost.regex(text, pattern)
 
@@ -305,9 +301,15 @@ def register(registry: Registry) -> None:
         registry.add("matches", (str, str), _matches, member=member, cost=_regex_cost)
     registry.add("contains", (str, str), lambda s, sub: sub in s, member=True, cost=_contains_cost)
     registry.add(
-        "startsWith", (str, str), lambda s, prefix: s.startswith(prefix), member=True, cost=_traverse
+        "startsWith",
+        (str, str),
+        lambda s, prefix: s.startswith(prefix),
+        member=True,
+        cost=cost.first_traversal,
     )
-    registry.add("endsWith", (str, str), lambda s, suffix: s.endswith(suffix), member=True, cost=_traverse)
+    registry.add(
+        "endsWith", (str, str), lambda s, suffix: s.endswith(suffix), member=True, cost=cost.first_traversal
+    )
     for name, convert in (
         ("int", _to_int),
         ("uint", _to_uint),
@@ -316,23 +318,23 @@ def register(registry: Registry) -> None:
         ("bool", _to_bool),
         ("bytes", _to_bytes),
     ):
-        registry.add(name, (None,), convert, member=False, cost=_traverse)
+        registry.add(name, (None,), convert, member=False, cost=cost.first_traversal)
     registry.add("dyn", (None,), lambda value: value, member=False)
 
     registry.add("charAt", (str, int), _char_at, member=True)
-    registry.add("indexOf", (str, str), _index_of, member=True, cost=_traverse)
-    registry.add("indexOf", (str, str, int), _index_of, member=True, cost=_traverse)
-    registry.add("lastIndexOf", (str, str), _last_index_of, member=True, cost=_traverse)
-    registry.add("lastIndexOf", (str, str, int), _last_index_of, member=True, cost=_traverse)
-    registry.add("lowerAscii", (str,), lambda s: s.translate(_LOWER), member=True, cost=_traverse)
-    registry.add("upperAscii", (str,), lambda s: s.translate(_UPPER), member=True, cost=_traverse)
+    registry.add("indexOf", (str, str), _index_of, member=True, cost=cost.first_traversal)
+    registry.add("indexOf", (str, str, int), _index_of, member=True, cost=cost.first_traversal)
+    registry.add("lastIndexOf", (str, str), _last_index_of, member=True, cost=cost.first_traversal)
+    registry.add("lastIndexOf", (str, str, int), _last_index_of, member=True, cost=cost.first_traversal)
+    registry.add("lowerAscii", (str,), lambda s: s.translate(_LOWER), member=True, cost=cost.first_traversal)
+    registry.add("upperAscii", (str,), lambda s: s.translate(_UPPER), member=True, cost=cost.first_traversal)
     registry.add("replace", (str, str, str), _replace, member=True, cost=_replace_cost)
     registry.add("replace", (str, str, str, int), _replace, member=True, cost=_replace_cost)
     registry.add("split", (str, str), _split, member=True, cost=_split_cost)
     registry.add("split", (str, str, int), _split, member=True, cost=_split_cost)
-    registry.add("substring", (str, int), _substring, member=True, cost=_traverse)
-    registry.add("substring", (str, int, int), _substring, member=True, cost=_traverse)
-    registry.add("trim", (str,), lambda s: s.strip(_GO_SPACE), member=True, cost=_traverse)
+    registry.add("substring", (str, int), _substring, member=True, cost=cost.first_traversal)
+    registry.add("substring", (str, int, int), _substring, member=True, cost=cost.first_traversal)
+    registry.add("trim", (str,), lambda s: s.strip(_GO_SPACE), member=True, cost=cost.first_traversal)
     registry.add("join", (tuple,), _join, member=True, cost=_join_cost)
     registry.add("join", (tuple, str), _join, member=True, cost=_join_cost)
     registry.add("find", (str, str), _find, member=True, cost=_regex_cost)

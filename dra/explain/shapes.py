@@ -77,9 +77,8 @@ _NAMES: dict[type, str] = {
 def check_shape(obj: object, kind: str) -> None:
     """ExplainError naming the first field the report reads whose type is wrong (or that is missing).
 
-    Objects from files are checked before the report reads them, so a wrong type is a message
-    with the field's path (``spec.devices.requests[0].exactly.count: expected an integer, got
-    a string``) and never a crash inside the report.
+    For example ``spec.devices.requests[0].exactly.adminAccess: expected true or false, got a
+    string``. (``count`` is not here: the report checks it, with its own message.)
     """
     pending: list[tuple[object, object, str]] = [(obj, SHAPES[kind], "")]
     while pending:

@@ -77,9 +77,9 @@ def problems(obj: Mapping[str, Any], kind: str, driver: str) -> list[str]:
 def judge(request: Mapping[str, Any], driver: str) -> Verdict:
     """The verdict on one AdmissionRequest; ReviewError when a field it reads has the wrong type."""
     group_kind = request.get("kind") or {}
-    if not isinstance(group_kind, Mapping) or not isinstance(group_kind.get("kind", ""), str):
+    kind = group_kind.get("kind", "") if isinstance(group_kind, Mapping) else None
+    if not isinstance(kind, str):
         raise ReviewError("request.kind: expected an object with a string kind, as {group, version, kind}")
-    kind = str(group_kind.get("kind", ""))
     obj = request.get("object")
     if not isinstance(obj, Mapping):
         # DELETE carries no object; nothing to check.

@@ -343,7 +343,7 @@ def test_a_driver_name_that_is_a_path_is_refused_before_anything_is_written(tmp_
             str(tmp_path / "kubelet"),
         ]
     )
-    assert "'../../x' is not a DNS subdomain" in line
+    assert "'../../x' is not a DRA driver name" in line
     assert list(tmp_path.iterdir()) == []
 
 

@@ -1,15 +1,16 @@
 """Every query of the Grafana dashboard, run by Prometheus' engine over the driver's own series.
 
 The driver (profile h100x8-mig) prepares a whole GPU for a pod of two containers and a MIG
-device for another; that second pod is deleted while the test scrapes, so prepare and
-unprepare both happen inside the scraped window. Its /metrics is scraped every two seconds
-the whole time, as Prometheus would scrape it (job and instance labels, honor_labels). The
-DCGM series the join panels need are synthesized, as dcgm-exporter names and labels them, from
-the fake GPUs' UUIDs and MIG instances: no dcgm-exporter runs here. Each query is
-interpolated as Grafana does (the test's node and namespace, then "All") and run as a range
-query by promeval (Prometheus' parser, text parser, TSDB and engine). It must parse, evaluate
-without error, and name only metrics the project exports (or DCGM's); a query whose metrics all
-have series in the scrapes must show data: a series with at least one finite point.
+device for another, and refuses a third claim's configuration; the MIG pod is deleted while the
+test scrapes, so prepare, unprepare and a prepare error all happen inside the scraped window.
+Its /metrics is scraped every two seconds the whole time, as Prometheus would scrape it (job and
+instance labels, honor_labels). The DCGM series the join panels need are synthesized, as
+dcgm-exporter names and labels them, from the fake GPUs' UUIDs and MIG instances: no
+dcgm-exporter runs here. Each query is interpolated as Grafana does (the test's node and
+namespace, then "All") and run as a range query by promeval (Prometheus' parser, text parser,
+TSDB and engine). It must parse, evaluate without error, and name only metrics the project
+exports (or DCGM's); a query whose metrics all have series in the scrapes must show data: a
+series with at least one finite point.
 """
 
 from __future__ import annotations

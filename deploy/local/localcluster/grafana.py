@@ -38,7 +38,8 @@ ALL = "$__all"
 DCGM_PREFIX = "DCGM_"
 
 #: The usage series of issue 27 item 3, named there and added beside this dashboard: panels may
-#: name them before the driver exports them; while it does not, they are only parsed.
+#: name them while the project exports none of them (they are then only parsed). Once it exports
+#: one, each must be real: a panel naming a usage series by a wrong name fails.
 USAGE_SERIES = frozenset(
     {
         "dra_gpu_claim_memory_used_bytes",
@@ -135,7 +136,9 @@ def exposition_names(text: str) -> frozenset[str]:
 
 def unknown_metrics(answer: Answer, exposed: frozenset[str] = frozenset()) -> list[str]:
     """The metric names a query names that neither the project (nor `exposed`) nor DCGM has."""
-    known = exported_names() | exposed | USAGE_SERIES
+    known = exported_names() | exposed
+    if not known & USAGE_SERIES:
+        known |= USAGE_SERIES
     return [m for m in answer.metrics if m not in known and not m.startswith(DCGM_PREFIX)]
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dra.api.v1beta1 import DeviceConfig, GpuConfig, MpsConfig, device_for_key
+from dra.api.v1beta1 import DeviceConfig, GpuConfig, MpsConfig, VfioDeviceConfig, device_for_key
 from dra.core import config as deviceconfig
 from dra.core.allocation import ClaimAllocation
 from dra.model.devices import Device
@@ -306,6 +306,9 @@ def decide_sharing(
             continue
         entries = allocation.configs_for(result)
         config = deviceconfig.effective([c.parameters for c in entries], device)
+        if isinstance(config, VfioDeviceConfig):
+            # A GPU passed through is the virtual machine's: no time slices, no MPS.
+            continue
         problems.extend(_time_slice(config, device, allocation.uid, prepared, intervals))
         mps_config = config.sharing.mps_config if config.sharing.strategy == "MPS" else None
         if mps_config is not None and device.name not in mps:

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from dra.adapters import faults
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.pcisysfs import PciSysfs
 from dra.core import migdevices, recovery
 from dra.core import prepare as programs
 from dra.core import steps as s
@@ -62,7 +63,10 @@ class DeviceState:
         lib: GpuLibrary | None = None,
         time_slicer: TimeSlicer | None = None,
         mps: MpsDaemons | None = None,
+        pci: PciSysfs | None = None,
+        vfio: bool = False,
     ) -> None:
+        """`pci` is the sysfs GPUs are passed through by ("/" when None); `vfio` lets claims do so."""
         self.driver = driver
         self.pool = node_name
         self.inventory = inventory
@@ -73,6 +77,7 @@ class DeviceState:
             mig=lib is not None,
             time_slicing=time_slicer is not None,
             checkpoint=str(checkpoint.path),
+            vfio=vfio,
         )
         self._cdi = cdi_store
         self._checkpoint = checkpoint
@@ -80,6 +85,8 @@ class DeviceState:
         self._lib = lib
         self._time_slicer = time_slicer
         self._mps = mps
+        # Also without `vfio`: start-up gives back GPUs a run with passthrough on left bound.
+        self._pci = pci or PciSysfs()
         self._lock = threading.Lock()
         self._steps = self._step_table()
         prepared, actions = checkpoint.load_state()
@@ -227,6 +234,10 @@ class DeviceState:
             s.StartMps: lambda step: self._daemons().start(step.claim),
             s.ReleaseMps: lambda step: self._daemons().release(step.claim, step.others),
             s.StopOtherMps: lambda step: self._daemons().stop_others(step.prepared),
+            s.ReadVfioHost: lambda _: self._pci.host(),
+            s.ReadIommuGroup: lambda step: self._pci.iommu_group(step.address),
+            s.BindVfio: lambda step: self._pci.bind_vfio(step.address),
+            s.RestorePci: lambda step: self._pci.restore(step.address, step.driver),
         }
 
     def _save(self, step: s.Save) -> int:

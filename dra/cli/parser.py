@@ -84,6 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
         "the nvidia-cuda-mps-control binary that runs a claim's MPS control daemon; default: "
         "nvidia-cuda-mps-control on PATH (with --fake-gpus: the fake one, python -m dra.gpu.fakemps)",
     )
+    option(
+        plugin,
+        "--vfio",
+        "let claims pass whole GPUs through to virtual machines (VfioDeviceConfig): prepare binds "
+        "the GPU to vfio-pci through the sysfs under --host-root and unprepare gives it back to nvidia; "
+        "off, such claims are refused. Needs an IOMMU and vfio-pci loaded (docs/configuration.md)",
+        False,
+        type=boolean,
+    )
     options.mig_layout_flags(plugin)
     option(
         plugin,

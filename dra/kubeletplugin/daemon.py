@@ -16,13 +16,14 @@ from anyio.abc import TaskGroup
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.kube import KubeClient, KubeError
+from dra.adapters.pcisysfs import PciSysfs
 from dra.core import versions
 from dra.core.assignment import GpuPath, Selector, select
 from dra.core.checkpointformat import CheckpointError
 from dra.core.migconfig import MigConfigs
 from dra.core.slices import ShareMode
 from dra.core.taints import Effect
-from dra.daemon import metrics
+from dra.daemon import fakegpus, metrics
 from dra.daemon.bootstrap import (
     DaemonSettings,
     Node,
@@ -75,6 +76,8 @@ class PluginSettings(DaemonSettings):
     mig_config: str | None = None
     #: Seconds between samples of dra_gpu_claim_device_info; 0: not sampled.
     claim_metrics_interval: float = 10.0
+    #: Claims may pass whole GPUs through (VfioDeviceConfig; --vfio).
+    vfio: bool = False
 
     @property
     def mps_command(self) -> list[str]:
@@ -159,6 +162,24 @@ class _Layout:
     applied: str | None
 
 
+def _pci_sysfs(settings: PluginSettings, inventory: Inventory) -> PciSysfs:
+    """The sysfs GPUs are passed through by: the host's, or with fake GPUs a fake tree under their root."""
+    if not settings.fake_gpus:
+        return PciSysfs(settings.host_root)
+    if settings.fake_gpu_root is None:
+        if settings.vfio:
+            raise StartupError(
+                "--vfio with --fake-gpus needs --fake-gpu-root (the fake sysfs and /dev/vfio are made there)"
+            )
+        return PciSysfs(settings.host_root)
+    try:
+        return fakegpus.pci_tree(inventory, settings.fake_gpu_root)
+    except OSError as err:
+        raise StartupError(
+            f"--fake-gpu-root={settings.fake_gpu_root}: cannot make the fake sysfs tree: {err}"
+        ) from None
+
+
 async def _serve(
     settings: PluginSettings, node: Node, layout: _Layout | None = None, launcher: Launcher | None = None
 ) -> None:
@@ -182,6 +203,8 @@ async def _serve(
             mps=MpsDaemons(
                 settings.state_directory / "mps", settings.mps_command, launcher.start if launcher else None
             ),
+            pci=_pci_sysfs(settings, node.inventory),
+            vfio=settings.vfio,
         )
         state.recover()
     except (KubeError, CheckpointError) as err:

@@ -51,6 +51,7 @@ def _env(container: Obj) -> dict[str, Any]:
         pytest.param({}, [KIND_VALUES], id="kind"),
         pytest.param({"rbac": {"claimEvents": True}, "nvml": {"runtimeClassName": "nvidia"}}, [], id="real"),
         pytest.param({"kubeletPlugin": {"mps": {"enabled": True}}}, [], id="mps"),
+        pytest.param({"kubeletPlugin": {"vfio": {"enabled": True}}}, [], id="vfio"),
         pytest.param(
             {"nodeLabeller": {"enabled": True, "adminLabels": {"gpu-type": "{model}"}}},
             [],
@@ -204,6 +205,22 @@ def test_mps_adds_only_cap_sys_admin_and_setpcap_and_no_apparmor_profile_to_the_
         "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN", "SETPCAP"]},
         "appArmorProfile": {"type": "Unconfined"},
     }
+
+
+def test_vfio_is_off_by_default_and_when_on_mounts_the_hosts_sys_writable() -> None:
+    off = _container(chart.template())
+    assert "DRA_GPU_VFIO" not in _env(off)
+    assert "host-sys" not in {m["name"] for m in off["volumeMounts"]}
+    objects = chart.template({"kubeletPlugin": {"vfio": {"enabled": True}}})
+    container = _container(objects)
+    assert _env(container)["DRA_GPU_VFIO"] == "true"
+    # The plugin writes driver_override, unbind and bind there (dra.adapters.pcisysfs under --host-root).
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "host-sys"]
+    assert mount == {"name": "host-sys", "mountPath": "/host/sys"}
+    volumes = {v["name"]: v for v in _only(objects, "DaemonSet")["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["host-sys"]["hostPath"] == {"path": "/sys", "type": "Directory"}
+    # No capability is added: sysfs's store methods check the file mode (root's), not capabilities.
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 
 def _flags(command: str) -> set[str]:

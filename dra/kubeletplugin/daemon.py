@@ -206,6 +206,8 @@ async def _serve(
             pci=_pci_sysfs(settings, node.inventory),
             vfio=settings.vfio,
         )
+        # A GPU on vfio-pci is lost to NVML on purpose: not a health problem.
+        tracker.passed_through = state.passed_through
         state.recover()
     except (KubeError, CheckpointError) as err:
         raise StartupError(str(err)) from None
@@ -283,7 +285,7 @@ async def _serve(
                     f"selects are not published until a re-discovery reads them"
                 )
                 return applied, rediscovery.withhold(applied.uuids)
-            return applied, rediscovery.follow(fresh, held)
+            return applied, rediscovery.follow(fresh, held, state.passed_through())
 
         async with rediscovery.lock:
             try:
@@ -309,7 +311,7 @@ async def _serve(
     def tasks(group: TaskGroup) -> None:
         group.start_soon(publisher.run)
         if settings.rediscover_interval > 0:
-            group.start_soon(rediscovery.run, apply, holdback.held)
+            group.start_soon(rediscovery.run, apply, holdback.held, state.passed_through)
         group.start_soon(server.keep_registration_socket)
         group.start_soon(control.run)
         group.start_soon(report_ready)

@@ -31,7 +31,7 @@ from dra.gpu.library import ERROR_INSUFFICIENT_RESOURCES, GpuLibrary, GpuLibrary
 from dra.kubeletplugin.mps import MpsDaemons, MpsError
 from dra.kubeletplugin.timeslice import TimeSliceError, TimeSlicer
 from dra.model.devices import Inventory
-from dra.model.prepared import DeviceAction, PreparedClaim
+from dra.model.prepared import VFIO_BIND, DeviceAction, PreparedClaim
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,10 @@ class DeviceState:
     def actions(self) -> list[DeviceAction]:
         """Device actions the checkpoint records (a snapshot)."""
         return list(self._actions)
+
+    def passed_through(self) -> frozenset[str]:
+        """The UUIDs of the GPUs claims pass through (bound to vfio-pci, or being bound or given back)."""
+        return frozenset(str(a.params["gpu"]) for a in self._actions if a.kind == VFIO_BIND)
 
     def _facts(self) -> s.Facts:
         return s.Facts(self._prepared, self._actions, self.inventory)

@@ -44,7 +44,7 @@ NVIDIA = "nvidia"
 #: pcieport) or are vfio-pci itself, so the group stays viable.
 GROUP_SAFE_DRIVERS = frozenset({VFIO_PCI, "pci-stub", "pcieport"})
 #: How a prepare that binds is turned on, for the refusal when it is off.
-HOW_TO_ENABLE = "start the kubelet plugin with --vfio (chart value kubeletPlugin.vfio.enabled=true)"
+HOW_TO_ENABLE = "start the kubelet plugin with --vfio=true (chart value kubeletPlugin.vfio.enabled=true)"
 
 
 def passthrough(allocation: ClaimAllocation, devices: Mapping[str, Device]) -> dict[str, bool]:

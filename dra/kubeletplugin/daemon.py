@@ -169,7 +169,7 @@ def _pci_sysfs(settings: PluginSettings, inventory: Inventory) -> PciSysfs:
     if settings.fake_gpu_root is None:
         if settings.vfio:
             raise StartupError(
-                "--vfio with --fake-gpus needs --fake-gpu-root (the fake sysfs and /dev/vfio are made there)"
+                "--vfio=true with --fake-gpus needs --fake-gpu-root (the fake sysfs and /dev/vfio go there)"
             )
         return PciSysfs(settings.host_root)
     try:

@@ -67,7 +67,7 @@ def ctr_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterInf
     workdir = tmp_path_factory.mktemp("containerd")
     try:
         driver = DriverProcess(
-            info, PROFILE, workdir / "driver.log", extra_args=(SPLIT, *DYNAMIC, "--vfio")
+            info, PROFILE, workdir / "driver.log", extra_args=(SPLIT, *DYNAMIC, "--vfio=true")
         ).start()
         device_plugin = DevicePluginProcess(info, PROFILE, workdir, extra_args=(SPLIT,)).start()
         try:

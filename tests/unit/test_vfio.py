@@ -94,7 +94,7 @@ def test_passthrough_off_refuses_the_claim_saying_how_to_turn_it_on(tmp_path: Pa
     message = _refused(_state(tmp_path, fake, vfio=False), _claim(_gpu()))
     assert message == (
         "cannot prepare ResourceClaim vms/vm-gpu: GPU passthrough (VfioDeviceConfig) is off on this node: "
-        "start the kubelet plugin with --vfio (chart value kubeletPlugin.vfio.enabled=true)"
+        "start the kubelet plugin with --vfio=true (chart value kubeletPlugin.vfio.enabled=true)"
     )
     assert fake.driver_of(GPU0) == "nvidia"
 

@@ -492,6 +492,7 @@ def _drop_unrecorded_spec(uid: str, facts: Facts) -> Program[None]:
     # Best effort on a failing disk: a spec that stays is removed, a GPU given back, at the next start-up.
     with contextlib.suppress(StepError):
         yield RemoveSpec(uid)
+    with contextlib.suppress(StepError):
         yield from vfio.release(uid, facts)
 
 

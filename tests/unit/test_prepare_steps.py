@@ -29,6 +29,7 @@ from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Inventory
 from dra.model.migmode import parse_mig_modes
+from dra.model.pci import IommuGroup, PciFunction, VfioHost
 from dra.model.prepared import PreparedClaim
 from tests.unit.helpers import DRIVER, NODE
 
@@ -228,6 +229,38 @@ def test_a_mig_mode_change_left_pending_is_a_claim_error_and_leaves_no_record(
         run()
     # Asked only when no change waits already; its intent goes again.
     assert saved == ([("mig-mode=1",), ()] if switched else [])
+
+
+def test_a_gpu_passed_through_is_recorded_as_intent_bound_then_recorded_done_before_its_spec(
+    tmp_path: Path,
+) -> None:
+    inventory = _inventory(tmp_path)
+    facts = steps.Facts({}, (), inventory)
+    gpu = inventory.gpus[0]
+    group = IommuGroup(0, (PciFunction(gpu.pci_bus_id, "nvidia"), PciFunction(AUDIO, "snd_hda_intel")))
+    answers = _answers(
+        facts,
+        {
+            # MIG mode is off already: the whole of the dynamic-MIG GPU needs no switch.
+            steps.ListGpuInstances: (),
+            steps.ReadMigMode: (0, 0),
+            steps.ReadVfioHost: VfioHost(iommu=True, vfio_pci=True),
+            steps.ReadIommuGroup: group,
+        },
+    )
+    node = replace(NODE_FACTS, vfio=True)
+    assert _trace(programs.prepare(node, _vfio_allocation(DYNAMIC_WHOLE), facts), answers)[:10] == [
+        "HasSpec",
+        "ListGpuInstances",
+        "ReadMigMode",
+        "ReadVfioHost",
+        "ReadIommuGroup",
+        "Save@vfio-intent-recorded",
+        "RestorePci@vfio-sibling-unbound",
+        "BindVfio@vfio-bound",
+        "Save@vfio-recorded",
+        "MissingHostPaths",
+    ]
 
 
 def test_a_refused_claim_changes_nothing(tmp_path: Path) -> None:

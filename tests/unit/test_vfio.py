@@ -245,3 +245,17 @@ def test_the_checkpoint_keeps_the_group_and_a_restart_keeps_the_gpu_bound(tmp_pa
     off.recover()
     off.unprepare(UID)
     assert fake.driver_of(GPU0) == "nvidia"
+
+
+def test_a_spec_that_cannot_be_written_gives_the_gpu_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = _node(tmp_path)
+    state = _state(tmp_path, fake)
+
+    def full(uid: str, spec: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(state._cdi, "write", full)
+    assert "cannot write the CDI spec of claim vms/vm-gpu: [Errno 28]" in _refused(state, _claim(_gpu()))
+    assert (fake.driver_of(GPU0), fake.override_of(GPU0)) == ("nvidia", "")

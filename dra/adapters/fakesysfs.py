@@ -19,7 +19,8 @@ kernel's side of a write to one of its attributes. What it follows, from Linux 6
   the ID tables decide, and vfio-pci's table is override-only
   (PCI_DRIVER_OVERRIDE_DEVICE_VFIO), so it never matches by ID.
 - `drivers_probe` (bus.c drivers_probe_store): ENODEV for an unknown device; an unbound
-  one is given the first matching driver, if any; success either way.
+  one is given the first matching driver, if any (registration order on a node, name
+  order here); success either way.
 - A file without a store method (vendor, class, ...): EACCES, as kernfs gives at open.
 - /dev/vfio/<group> appears when the first function of the group binds vfio-pci and goes
   with the last (drivers/vfio/group.c); /dev/vfio/vfio is there while vfio is loaded.
@@ -37,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dra.adapters.pcisysfs import VFIO_PCI
+from dra.core.vfio import NVIDIA, VFIO_PCI
 
 #: VFIO's misc device, /dev/vfio/vfio (include/linux/miscdevice.h VFIO_MINOR).
 MISC_MAJOR = 10
@@ -45,7 +46,6 @@ VFIO_MINOR = 196
 #: The groups' major is dynamic on a real node; a stand-in from the local/experimental range 120-127.
 VFIO_GROUP_MAJOR = 122
 PAGE_SIZE = 4096
-NVIDIA = "nvidia"
 NVIDIA_VENDOR = "0x10de"
 
 

@@ -13,10 +13,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from dra.core.vfio import VFIO_PCI
 from dra.model.pci import IommuGroup, PciFunction, VfioHost
-
-#: The driver passthrough binds GPUs to, as /sys/bus/pci/drivers names it.
-VFIO_PCI = "vfio-pci"
 
 #: Writes text to a sysfs attribute; OSError with the kernel's errno when the kernel refuses it.
 Writer = Callable[[Path, str], None]
@@ -57,10 +55,7 @@ class PciSysfs:
         if not device.exists():
             raise FileNotFoundError(f"no PCI device {address} in {device.parent}")
         link = device / "driver"
-        driver = os.path.basename(os.readlink(link)) if link.is_symlink() else ""
-        class_file = device / "class"
-        class_code = class_file.read_text().strip() if class_file.exists() else ""
-        return PciFunction(address, driver, class_code)
+        return PciFunction(address, os.path.basename(os.readlink(link)) if link.is_symlink() else "")
 
     def iommu_group(self, address: str) -> IommuGroup:
         """The IOMMU group of the function at `address`, every member with its driver.

@@ -38,6 +38,7 @@ from dra.model.devices import Device, Gpu, Inventory
 from dra.model.pci import IommuGroup, PciFunction
 from dra.model.prepared import VFIO_BIND, DeviceAction, PreparedClaim
 
+#: The driver passthrough binds GPUs to, and the one they come from, as /sys/bus/pci/drivers names them.
 VFIO_PCI = "vfio-pci"
 NVIDIA = "nvidia"
 #: Drivers that may keep other functions of the group: they set driver_managed_dma (pci-stub,

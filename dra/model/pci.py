@@ -12,8 +12,6 @@ class PciFunction:
     address: str
     #: The bound driver's name as /sys/bus/pci/drivers spells it ("vfio-pci"); "" when none is bound.
     driver: str
-    #: The class code as sysfs writes it ("0x030200"): base class, subclass, programming interface.
-    class_code: str = ""
 
     @property
     def slot(self) -> str:

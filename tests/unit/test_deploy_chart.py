@@ -291,6 +291,10 @@ def test_device_plugin_alone_takes_every_gpu() -> None:
             },
             "deviceClasses.gpu.extendedResourceName and devicePlugin.resourceName are both nvidia.com/gpu",
         ),
+        (
+            {**FAKE, "kubeletPlugin": {"vfio": {"enabled": True}}},
+            "kubeletPlugin.vfio.enabled needs real GPUs",
+        ),
     ],
 )
 def test_impossible_container_choices_fail_the_render(values: dict[str, Any], complaint: str) -> None:

@@ -120,8 +120,9 @@ def _shared_attributes(gpu: Gpu, inventory: Inventory) -> dict[str, Obj]:
     return attributes
 
 
-#: Shareable GPUs are allocated in whole multiples of this much memory (KEP-5075 validRange step).
-SHARE_MEMORY_STEP = 1024**3
+#: Shareable devices are allocated in whole multiples of this much memory (KEP-5075 validRange
+#: step): 1 MiB, as NVIDIA's driver publishes it.
+SHARE_MEMORY_STEP = 1024**2
 
 #: How a shareable GPU is divided, as NVIDIA's --consumable-shares names it: by memory, without a
 #: limit (memory asked is only recorded), or into this many equal shares (capacity `shares`).
@@ -138,10 +139,10 @@ def parse_share_mode(text: str) -> ShareMode:
 
 
 def _share_capacity(memory_bytes: int, mode: ShareMode) -> dict[str, Obj]:
-    """The request policies of a shareable GPU's capacities.
+    """The request policies of a shareable device's capacities.
 
-    Memory is in whole GiB: the API wants default and max on the step grid, so the max is the
-    memory rounded down to a GiB (the remainder, under 1 GiB, is never handed out). By memory,
+    Memory is in whole MiB: the API wants default and max on the step grid, so the max is the
+    memory rounded down to a MiB (the remainder, under 1 MiB, is never handed out). By memory,
     a claim that asks none gets the whole GPU; unlimited and counted, it gets none (any number
     of claims fit) and may ask some, which is recorded, not reserved. Counted, each claim takes
     one of the GPU's shares unless it asks more (capacity.requests.shares).
@@ -164,8 +165,9 @@ def device_entry(
 ) -> Obj:
     """One device of a slice: name, typed attributes, quantity capacities.
 
-    A shareable full GPU may be allocated to several claims at once, each consuming part of
-    its capacity as `share_mode` divides it (allowMultipleAllocations, DRAConsumableCapacity).
+    A shareable device (a full GPU or a MIG device) may be allocated to several claims at once,
+    each consuming part of its capacity as `share_mode` divides it (allowMultipleAllocations,
+    DRAConsumableCapacity).
     """
     if not _DNS_LABEL.match(device.name):
         raise SliceError(f"device name {device.name!r} is not a DNS label")
@@ -195,10 +197,16 @@ def device_entry(
         "attributes": dict(sorted(attributes.items())),
         "capacity": {key: {"value": value} for key, value in sorted(capacity.items())},
     }
-    if shareable and not isinstance(device, MigDevice):
+    if shareable:
         entry["allowMultipleAllocations"] = True
-        for name, policy in _share_capacity(device.memory_bytes, share_mode).items():
+        policies = _share_capacity(device.memory_bytes, share_mode)
+        for name, policy in policies.items():
             entry["capacity"].setdefault(name, {"value": str(share_mode)})["requestPolicy"] = policy
+        for name, value in entry["capacity"].items():
+            if name not in policies:
+                # Without a policy the scheduler charges each allocation the whole value, so a MIG
+                # device's second share would not fit: its engines serve every share, none reserves any.
+                value["requestPolicy"] = {"default": "0", "validValues": ["0"]}
     return entry
 
 
@@ -373,7 +381,7 @@ def build_slices(
     `taints` (device name to taint) are published only where the server keeps
     them (`features.device_taints`; no features: the oldest supported server's,
     no gated fields); elsewhere the devices go out untainted. `shareable` names
-    the full GPUs published for several claims at once, where the server keeps
+    the devices (full GPUs, MIG devices) published for several claims at once, where the server keeps
     consumable capacity (`features.consumable_capacity`), divided as `share_mode`
     says; elsewhere they go out exclusive.
     """

@@ -23,17 +23,25 @@ from dra.core.slices import ShareMode
 from dra.core.taints import DeviceTaint
 from dra.core.versions import ApiFeatures
 from dra.daemon import metrics
-from dra.model.devices import Inventory
+from dra.model.devices import Inventory, MigDevice, gpu_of
 
 log = logging.getLogger(__name__)
 
 
-def shareable_gpus(selector: Selector | None, inventory: Inventory) -> frozenset[str]:
-    """Names of the GPUs --shareable-gpus picks (none by default: GPUs are exclusive)."""
+def shareable_devices(selector: Selector | None, inventory: Inventory) -> frozenset[str]:
+    """Names of the devices --shareable-gpus picks (none by default: devices are exclusive).
+
+    A picked GPU is shared whole, or, in MIG mode, as its MIG devices, as NVIDIA's driver
+    shares its GPUs and static MIG devices. Dynamic-MIG offers stay exclusive (docs/sharing.md).
+    """
     if selector is None:
         return frozenset()
-    chosen, _ = select(selector, inventory)
-    return frozenset(gpu.name for gpu in chosen if not gpu.mig_enabled)
+    chosen = {gpu.uuid for gpu in select(selector, inventory)[0]}
+    return frozenset(
+        d.name
+        for d in inventory
+        if gpu_of(d).uuid in chosen and (isinstance(d, MigDevice) or not d.mig_enabled)
+    )
 
 
 _BACKOFF_START = 0.5
@@ -71,7 +79,7 @@ class SlicePublisher:
         self._turn = turn
         self._shareable = shareable
         self._share_mode = share_mode
-        chosen = shareable_gpus(shareable, inventory)
+        chosen = shareable_devices(shareable, inventory)
         if chosen and not features.consumable_capacity:
             # Said once here; build_slices then publishes these GPUs exclusive at every reconcile.
             log.warning(
@@ -152,7 +160,7 @@ class SlicePublisher:
             generation=0,
             features=self.features,
             taints=self._taints(),
-            shareable=shareable_gpus(self._shareable, inventory),
+            shareable=shareable_devices(self._shareable, inventory),
             share_mode=self._share_mode,
         )
         plan = sliceplan.plan(desired, existing, self._generation)

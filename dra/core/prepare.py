@@ -201,6 +201,7 @@ def decide_prepare(
     stale: Mapping[str, str],
     has_spec: bool,
     mps_root: str = "",
+    equal_shares: int = 0,
 ) -> PreparePlan | Refusal:
     """What preparing `allocation` takes, given the facts about its holders.
 
@@ -208,7 +209,8 @@ def decide_prepare(
     gone (see `conflicts`); a holder not in it is live and refuses the claim.
     `has_spec` says whether the claim's spec is on disk. A claim already prepared
     with the same devices gets its recorded answer, and its spec back if missing.
-    `mps_root` is where claims' MPS daemons keep their directories ("": no MPS here).
+    `mps_root` is where claims' MPS daemons keep their directories ("": no MPS here);
+    `equal_shares` is N where shareable devices are divided into N equal shares (0: not so).
     """
     existing = _up_to_date(allocation, prepared)
     if existing is not None:
@@ -253,7 +255,9 @@ def decide_prepare(
     problems.extend(deviceconfig.problems(allocation, configured))
     if problems:
         return _refusal(allocation, problems)
-    intervals, mps_settings, problems = sharing.decide_sharing(allocation, configured, prepared, mps_root)
+    intervals, mps_settings, problems = sharing.decide_sharing(
+        allocation, configured, prepared, mps_root, equal_shares
+    )
     if problems:
         return _refusal(allocation, problems)
 
@@ -341,6 +345,7 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
         stale=stale,
         has_spec=has_spec,
         mps_root=node.mps_root,
+        equal_shares=node.equal_shares,
     )
     if isinstance(plan, Refusal):
         raise ClaimError(plan.message)

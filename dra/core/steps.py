@@ -71,6 +71,8 @@ class Node:
     time_slicing: bool = False
     #: The checkpoint's path, for messages.
     checkpoint: str = ""
+    #: N where shareable devices are divided into N equal shares (--consumable-shares=N), else 0.
+    equal_shares: int = 0
 
     @property
     def mps(self) -> bool:

@@ -182,6 +182,8 @@ async def _serve(
             mps=MpsDaemons(
                 settings.state_directory / "mps", settings.mps_command, launcher.start if launcher else None
             ),
+            # MPS limits follow a counted share (docs/sharing.md, NVIDIA's share modes).
+            equal_shares=settings.share_mode if isinstance(settings.share_mode, int) else 0,
         )
         state.recover()
     except (KubeError, CheckpointError) as err:

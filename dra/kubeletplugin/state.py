@@ -62,6 +62,7 @@ class DeviceState:
         lib: GpuLibrary | None = None,
         time_slicer: TimeSlicer | None = None,
         mps: MpsDaemons | None = None,
+        equal_shares: int = 0,
     ) -> None:
         self.driver = driver
         self.pool = node_name
@@ -73,6 +74,7 @@ class DeviceState:
             mig=lib is not None,
             time_slicing=time_slicer is not None,
             checkpoint=str(checkpoint.path),
+            equal_shares=equal_shares,
         )
         self._cdi = cdi_store
         self._checkpoint = checkpoint

@@ -154,6 +154,9 @@ def conflicts(
     found: dict[str, PreparedClaim] = {}
     for result in allocation.devices:
         device = inventory.get(result.device) if result.pool == pool else None
+        partition = inventory.partition(result.device) if device is None and result.pool == pool else None
+        if partition is not None:
+            device = _made_for_offer(partition, allocation.uid, prepared, inventory, {})
         if device is not None and not result.admin_access:
             found.update((h.uid, h) for h in _holders(device, allocation.uid, prepared, result.share_id))
     return list(found.values())
@@ -234,8 +237,10 @@ def decide_prepare(
                 problems.append(
                     f"device {result.device} is a dynamic MIG device, which admin access cannot use"
                 )
-            creates[partition.name] = CreateMig(partition)
-            continue
+            device = _made_for_offer(partition, allocation.uid, prepared, inventory, stale)
+            if device is None:
+                creates[partition.name] = CreateMig(partition)
+                continue
         if device is None:
             problems.append(f"device {result.device} does not exist on node {pool}")
             continue
@@ -290,6 +295,28 @@ def decide_prepare(
         create=tuple(creates.values()),
         devices=tuple(devices.values()) if creates else (),
     )
+
+
+def _made_for_offer(
+    partition: MigPartition,
+    uid: str,
+    prepared: Mapping[str, PreparedClaim],
+    inventory: Inventory,
+    stale: Mapping[str, str],
+) -> MigDevice | None:
+    """The MIG device made for this offer for a live claim other than `uid`, known by the offer's name.
+
+    A share of a shared offer uses the device the first share made (the holder checks then say
+    whether the two may share it); a stale holder's device goes with its release, so a new one is made.
+    """
+    for claim in prepared.values():
+        if claim.uid == uid or claim.uid in stale:
+            continue
+        for entry in claim.devices:
+            made = inventory.by_uuid(entry.uuid) if entry.device == partition.name and entry.uuid else None
+            if isinstance(made, MigDevice):
+                return replace(made, name=partition.name)
+    return None
 
 
 def _by_share(allocation: ClaimAllocation, device: str) -> list[list[AllocatedDevice]]:

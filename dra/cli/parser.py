@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         "capacity.requests.memory in MiB; none asked: the whole device), unlimited (any number of "
         "claims), or N (N equal shares, capacity.requests.shares, 1 by default; with MPS a claim gets "
         "its part of the SMs and memory); disabled. Given without --shareable-gpus it makes every GPU "
-        "and static MIG device shareable, as NVIDIA's does; default: memory",
+        "and MIG device shareable, as NVIDIA's does; default: memory",
         type=options.argument_type(options.parse_consumable_shares),
     )
     option(

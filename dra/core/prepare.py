@@ -157,6 +157,9 @@ def conflicts(
     found: dict[str, PreparedClaim] = {}
     for result in allocation.devices:
         device = inventory.get(result.device) if result.pool == pool else None
+        partition = inventory.partition(result.device) if device is None and result.pool == pool else None
+        if partition is not None:
+            device = _made_for_offer(partition, allocation.uid, prepared, inventory, {})
         if device is not None and not result.admin_access:
             found.update((h.uid, h) for h in _holders(device, allocation.uid, prepared, result.share_id))
     return list(found.values())
@@ -215,6 +218,7 @@ def decide_prepare(
     has_spec: bool,
     mps_root: str = "",
     vfio_enabled: bool = False,
+    equal_shares: int = 0,
 ) -> PreparePlan | Refusal:
     """What preparing `allocation` takes, given the facts about its holders.
 
@@ -224,6 +228,7 @@ def decide_prepare(
     with the same devices gets its recorded answer, and its spec back if missing.
     `mps_root` is where claims' MPS daemons keep their directories ("": no MPS here);
     `vfio_enabled` whether GPUs may be passed through here.
+    `equal_shares` is N where shareable devices are divided into N equal shares (0: not so).
     """
     existing = _up_to_date(allocation, prepared)
     if existing is not None:
@@ -247,8 +252,10 @@ def decide_prepare(
                 problems.append(
                     f"device {result.device} is a dynamic MIG device, which admin access cannot use"
                 )
-            creates[partition.name] = CreateMig(partition)
-            continue
+            device = _made_for_offer(partition, allocation.uid, prepared, inventory, stale)
+            if device is None:
+                creates[partition.name] = CreateMig(partition)
+                continue
         if device is None:
             problems.append(f"device {result.device} does not exist on node {pool}")
             continue
@@ -272,7 +279,9 @@ def decide_prepare(
     problems = vfio.problems(allocation, configured, passthrough, inventory, enabled=vfio_enabled)
     if problems:
         return _refusal(allocation, problems)
-    intervals, mps_settings, problems = sharing.decide_sharing(allocation, configured, prepared, mps_root)
+    intervals, mps_settings, problems = sharing.decide_sharing(
+        allocation, configured, prepared, mps_root, equal_shares
+    )
     if problems:
         return _refusal(allocation, problems)
 
@@ -308,6 +317,28 @@ def decide_prepare(
         devices=tuple(devices.values()) if creates else (),
         vfio=passthrough,
     )
+
+
+def _made_for_offer(
+    partition: MigPartition,
+    uid: str,
+    prepared: Mapping[str, PreparedClaim],
+    inventory: Inventory,
+    stale: Mapping[str, str],
+) -> MigDevice | None:
+    """The MIG device made for this offer for a live claim other than `uid`, known by the offer's name.
+
+    A share of a shared offer uses the device the first share made (the holder checks then say
+    whether the two may share it); a stale holder's device goes with its release, so a new one is made.
+    """
+    for claim in prepared.values():
+        if claim.uid == uid or claim.uid in stale:
+            continue
+        for entry in claim.devices:
+            made = inventory.by_uuid(entry.uuid) if entry.device == partition.name and entry.uuid else None
+            if isinstance(made, MigDevice):
+                return replace(made, name=partition.name)
+    return None
 
 
 def _by_share(allocation: ClaimAllocation, device: str) -> list[list[AllocatedDevice]]:
@@ -364,6 +395,7 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
         has_spec=has_spec,
         mps_root=node.mps_root,
         vfio_enabled=node.vfio,
+        equal_shares=node.equal_shares,
     )
     if isinstance(plan, Refusal):
         raise ClaimError(plan.message)

@@ -74,6 +74,8 @@ class Node:
     checkpoint: str = ""
     #: Whether claims may pass GPUs through (VfioDeviceConfig binds them to vfio-pci).
     vfio: bool = False
+    #: N where shareable devices are divided into N equal shares (--consumable-shares=N), else 0.
+    equal_shares: int = 0
 
     @property
     def mps(self) -> bool:

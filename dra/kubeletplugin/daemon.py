@@ -205,6 +205,8 @@ async def _serve(
             ),
             pci=_pci_sysfs(settings, node.inventory),
             vfio=settings.vfio,
+            # MPS limits follow a counted share (docs/sharing.md, NVIDIA's share modes).
+            equal_shares=settings.share_mode if isinstance(settings.share_mode, int) else 0,
         )
         # A GPU on vfio-pci is lost to NVML on purpose: not a health problem.
         tracker.passed_through = state.passed_through

@@ -65,6 +65,7 @@ class DeviceState:
         mps: MpsDaemons | None = None,
         pci: PciSysfs | None = None,
         vfio: bool = False,
+        equal_shares: int = 0,
     ) -> None:
         """`pci` is the sysfs GPUs are passed through by ("/" when None); `vfio` lets claims do so."""
         self.driver = driver
@@ -78,6 +79,7 @@ class DeviceState:
             time_slicing=time_slicer is not None,
             checkpoint=str(checkpoint.path),
             vfio=vfio,
+            equal_shares=equal_shares,
         )
         self._cdi = cdi_store
         self._checkpoint = checkpoint

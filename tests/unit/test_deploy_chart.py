@@ -452,11 +452,20 @@ def test_another_kubelet_root_moves_sockets_and_mounts() -> None:
             {"kubeletPlugin": {"claimMetricsInterval": -1}}, "claimMetricsInterval", id="negative-interval"
         ),
         pytest.param({"grafanaDashboard": {"label": {"a": "b"}}}, "label", id="misspelt-dashboard-key"),
+        pytest.param({"kubeletPlugin": {"consumableShares": "0"}}, "consumableShares", id="zero-shares"),
+        pytest.param({"kubeletPlugin": {"consumableShares": "gpu"}}, "consumableShares", id="bad-share-mode"),
     ],
 )
 def test_values_schema_rejects_mistakes(values: dict[str, Any], complaint: str) -> None:
     with pytest.raises(chart.HelmError, match=complaint):
         chart.template(values)
+
+
+@pytest.mark.parametrize("value", ["memory", "unlimited", "disabled", "4", 4])
+def test_consumable_shares_reaches_the_kubelet_plugin_as_nvidias_flag(value: str | int) -> None:
+    container = _container(chart.template({"kubeletPlugin": {"consumableShares": value}}))
+    # The variable sets the flag of that name (test_every_driver_env_var_is_a_kubelet_plugin_flag).
+    assert _env(container)["DRA_GPU_CONSUMABLE_SHARES"] == str(value)
 
 
 def test_the_unhealthy_taint_effect_reaches_the_kubelet_plugin() -> None:

@@ -35,7 +35,7 @@ def test_the_set_is_nvidias() -> None:
     # A family is listed once it has a series: make one of each (NVIDIA's error series, too, start
     # at their first error).
     metrics.start_nvidia_requests("example.com")
-    metrics.set_prepared_devices(NODE, "example.com", {})
+    metrics.PREPARED.follow(NODE, "example.com", lambda: (0, {}))
     metrics.NVIDIA_PREPARE_ERRORS.labels("example.com", "prepare_devices")
     metrics.NVIDIA_UNPREPARE_ERRORS.labels("example.com", "unprepare_devices")
     found = {

@@ -98,16 +98,18 @@ async def test_after_a_restart_the_removal_replaces_a_resync_not_yet_written() -
 
 
 async def test_a_removal_queued_while_the_entries_are_being_written_follows_them() -> None:
-    server = FakeServer()
+    class UnpreparedMeanwhile(FakeServer):
+        """The kubelet unprepares the claim while its first apply is on the way."""
+
+        async def apply_resource_claim_devices(
+            self, namespace: str, name: str, uid: str, devices: list[dict[str, Any]], field_manager: str
+        ) -> dict[str, Any]:
+            if not self.calls:
+                writer.unprepared(namespace, name, uid)
+            return await super().apply_resource_claim_devices(namespace, name, uid, devices, field_manager)
+
+    server = UnpreparedMeanwhile()
     writer = ClaimStatusWriter(server, DRIVER, NODE)
-    answer = server.apply_resource_claim_devices
-
-    async def unprepared_meanwhile(*args: Any) -> dict[str, Any]:
-        if not server.calls:
-            writer.unprepared("team", "train", "uid-1")
-        return await answer(*args)
-
-    server.apply_resource_claim_devices = unprepared_meanwhile  # type: ignore[method-assign]
     writer.prepared(CLAIM, INVENTORY)
     await _drain(writer)
     assert [bool(devices) for _, devices, _ in server.calls] == [True, False]

@@ -44,7 +44,7 @@ from dra.kubeletplugin.mpsprivsep import Launcher
 from dra.kubeletplugin.podresources import DevicePluginHoldback
 from dra.kubeletplugin.publisher import SlicePublisher
 from dra.kubeletplugin.server import PluginServer
-from dra.kubeletplugin.service import DraService, HealthService, record_prepared
+from dra.kubeletplugin.service import DraService, HealthService
 from dra.kubeletplugin.state import DeviceState
 from dra.kubeletplugin.timeslice import TimeSlicer
 from dra.model.devices import Inventory
@@ -215,7 +215,6 @@ async def _serve(
         raise StartupError(str(err)) from None
     except OSError as err:
         raise StartupError(f"cannot restore the CDI specs in {settings.cdi_root}: {err}") from None
-    record_prepared(settings.node_name, settings.driver_name, state.prepared)
     warn_about_stranded_claims(node.everything, inventory, state.prepared.values())
 
     if settings.shareable_gpus is not None:

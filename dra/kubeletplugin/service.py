@@ -51,11 +51,10 @@ class ClaimSource(Protocol):
         """Record a Warning event about an object."""
 
 
-def record_prepared(node: str, driver: str, prepared: Mapping[str, PreparedClaim]) -> None:
-    """The gauges of what the node has prepared: claims (ours), devices by type (NVIDIA's)."""
-    metrics.PREPARED_CLAIMS.set(len(prepared))
+def prepared_counts(prepared: Mapping[str, PreparedClaim]) -> tuple[int, Counter[str]]:
+    """What the node has prepared: claims (ours), and devices by NVIDIA's device_type."""
     counts = Counter(_device_type(d) for claim in prepared.values() for d in claim.devices)
-    metrics.set_prepared_devices(node, driver, counts)
+    return len(prepared), counts
 
 
 def _device_type(device: PreparedDevice) -> str:
@@ -101,6 +100,7 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         self._in_flight = 0
         self._drained: anyio.Event | None = None
         metrics.start_request_series(driver)
+        metrics.PREPARED.follow(node_name, driver, lambda: prepared_counts(state.prepared))
 
     async def _record_event(self, claim: dict[str, Any], message: str) -> None:
         if not self._events_allowed:
@@ -191,7 +191,6 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
             if result != "success":
                 metrics.NVIDIA_PREPARE_ERRORS.labels(self.driver, error_type).inc()
             metrics.PREPARE_SECONDS.labels(result).observe(time.perf_counter() - started)
-            record_prepared(self.node_name, self.driver, self._state.prepared)
 
     async def _unprepare(self, ref: dra_pb2.Claim) -> dra_pb2.NodeUnprepareResourceResponse:
         started = time.perf_counter()
@@ -218,7 +217,6 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
             if result != "success":
                 metrics.NVIDIA_UNPREPARE_ERRORS.labels(self.driver, "unprepare_devices").inc()
             metrics.UNPREPARE_SECONDS.labels(result).observe(time.perf_counter() - started)
-            record_prepared(self.node_name, self.driver, self._state.prepared)
 
     async def NodePrepareResources(  # noqa: N802 (gRPC method name)
         self, request: dra_pb2.NodePrepareResourcesRequest, context: Context

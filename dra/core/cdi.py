@@ -127,6 +127,7 @@ def build_spec(
     *,
     device_env: Mapping[str, Sequence[str]] | None = None,
     claim_edits: Obj | None = None,
+    extra_devices: Sequence[Obj] = (),
 ) -> Obj:
     """The CDI spec of one claim's devices on this node; it composes with any other claim's spec.
 
@@ -135,6 +136,7 @@ def build_spec(
     `claim_edits` (env, mounts) go to the spec-wide edits, which the runtime
     applies once for a container that uses any device of the claim, so a
     container referencing two requests of it does not get a mount twice.
+    `extra_devices` are CDI devices that are no GPU (a request's device metadata file).
     """
     claim_env = f"{claim_env_key(claim_uid)}={claim_uid}"
     extra = device_env or {}
@@ -147,7 +149,8 @@ def build_spec(
                 "containerEdits": _device_edits(d, inventory.dev_root, [claim_env, *extra.get(d.name, ())]),
             }
             for d in devices
-        ],
+        ]
+        + list(extra_devices),
         "containerEdits": _with_claim_edits(
             _common_edits(inventory, [f"{VISIBLE_DEVICES}={visible_devices_default(inventory)}"]),
             claim_edits or {},

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from dra.core import cdi, migdevices, sharing
+from dra.core import cdi, devicemetadata, migdevices, sharing
 from dra.core import config as deviceconfig
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError
 from dra.core.migdevices import CreateMig
@@ -30,12 +30,14 @@ from dra.core.steps import (
     Program,
     ReadState,
     ReleaseMps,
+    RemoveMetadata,
     RemoveSpec,
     RestoreTimeSlices,
     Save,
     StartMps,
     StepError,
     Sync,
+    WriteMetadata,
     WriteSpec,
     ask,
 )
@@ -89,9 +91,16 @@ class PreparePlan:
     create: tuple[CreateMig, ...] = ()
     #: With `create`: the claim's devices that exist already, for the spec `made` builds.
     devices: tuple[Device, ...] = ()
+    #: The claim's device metadata files, written with `spec` (the claim records `metadata`).
+    metadata: devicemetadata.ClaimMetadata | None = None
 
     def made(
-        self, created: Mapping[str, MigDevice], inventory: Inventory, driver: str, mps_root: str = ""
+        self,
+        created: Mapping[str, MigDevice],
+        inventory: Inventory,
+        driver: str,
+        mps_root: str = "",
+        metadata_root: str = "",
     ) -> PreparePlan:
         """The plan once the MIG devices of `create` exist (by allocated device name): answer and spec."""
         entries = tuple(
@@ -99,13 +108,9 @@ class PreparePlan:
         )
         # Named as the offer the claim was allocated, which the CDI IDs in the answer name.
         devices = [*self.devices, *(replace(created[c.device], name=c.device) for c in self.create)]
-        return replace(
-            self,
-            claim=replace(self.claim, devices=entries),
-            spec=_spec(replace(self.claim, devices=entries), devices, inventory, driver, mps_root),
-            create=(),
-            devices=(),
-        )
+        claim = replace(self.claim, devices=entries)
+        spec, metadata = _outputs(claim, devices, inventory, driver, mps_root, metadata_root)
+        return replace(self, claim=claim, spec=spec, metadata=metadata, create=(), devices=())
 
 
 @dataclass(frozen=True)
@@ -174,21 +179,52 @@ def _devices_of(claim: PreparedClaim, inventory: Inventory) -> tuple[list[Device
     return found, missing
 
 
-def _spec(
-    claim: PreparedClaim, devices: list[Device], inventory: Inventory, driver: str, mps_root: str
-) -> Obj:
+def _outputs(
+    claim: PreparedClaim,
+    devices: list[Device],
+    inventory: Inventory,
+    driver: str,
+    mps_root: str,
+    metadata_root: str,
+) -> tuple[Obj, devicemetadata.ClaimMetadata | None]:
+    """The claim's CDI spec, and its metadata files if it records having them (mounted by the spec)."""
     share_env = {d.device: sharing.share_env(d) for d in claim.devices}
     unique = list({d.name: d for d in devices}.values())
     mps = sharing.mps_edits(claim, mps_root)
-    return cdi.build_spec(driver, claim.uid, unique, inventory, device_env=share_env, claim_edits=mps)
+    metadata = (
+        devicemetadata.for_claim(driver, metadata_root, claim, unique, inventory) if claim.metadata else None
+    )
+    spec = cdi.build_spec(
+        driver,
+        claim.uid,
+        unique,
+        inventory,
+        device_env=share_env,
+        claim_edits=mps,
+        extra_devices=metadata.cdi_devices if metadata else (),
+    )
+    return spec, metadata
+
+
+@dataclass(frozen=True)
+class Respec:
+    """What a prepared claim's devices still present on the node give: its spec and metadata files."""
+
+    #: None when no device of the claim is left.
+    spec: Obj | None
+    metadata: devicemetadata.ClaimMetadata | None
+    missing: tuple[MissingDevice, ...]
 
 
 def respec(
-    claim: PreparedClaim, inventory: Inventory, driver: str, mps_root: str
-) -> tuple[Obj | None, list[MissingDevice]]:
-    """The spec a prepared claim's devices still present on the node give, or None when none is."""
+    claim: PreparedClaim, inventory: Inventory, driver: str, mps_root: str, metadata_root: str = ""
+) -> Respec:
+    """The spec (and metadata files) a prepared claim's devices still present on the node give."""
     devices, missing = _devices_of(claim, inventory)
-    return (_spec(claim, devices, inventory, driver, mps_root) if devices else None), missing
+    if not devices:
+        return Respec(None, None, tuple(missing))
+    spec, metadata = _outputs(claim, devices, inventory, driver, mps_root, metadata_root)
+    return Respec(spec, metadata, tuple(missing))
 
 
 def decide_prepare(
@@ -201,6 +237,8 @@ def decide_prepare(
     stale: Mapping[str, str],
     has_spec: bool,
     mps_root: str = "",
+    metadata_root: str = "",
+    device_metadata: bool = False,
 ) -> PreparePlan | Refusal:
     """What preparing `allocation` takes, given the facts about its holders.
 
@@ -209,11 +247,14 @@ def decide_prepare(
     `has_spec` says whether the claim's spec is on disk. A claim already prepared
     with the same devices gets its recorded answer, and its spec back if missing.
     `mps_root` is where claims' MPS daemons keep their directories ("": no MPS here).
+    `device_metadata`: the claim gets device metadata files (KEP-5304) under `metadata_root`.
     """
     existing = _up_to_date(allocation, prepared)
     if existing is not None:
-        spec, missing = (None, []) if has_spec else respec(existing, inventory, driver, mps_root)
-        return PreparePlan(claim=existing, spec=spec, missing=tuple(missing))
+        if has_spec:
+            return PreparePlan(claim=existing)
+        again = respec(existing, inventory, driver, mps_root, metadata_root)
+        return PreparePlan(claim=existing, spec=again.spec, metadata=again.metadata, missing=again.missing)
 
     problems: list[str] = []
     releases: dict[str, Release] = {}
@@ -275,17 +316,43 @@ def decide_prepare(
         for results in _by_share(allocation, device.name)
     ]
     claim = PreparedClaim(
-        uid=allocation.uid, namespace=allocation.namespace, name=allocation.name, devices=tuple(entries)
+        uid=allocation.uid,
+        namespace=allocation.namespace,
+        name=allocation.name,
+        devices=tuple(_with_metadata_ids(entries, driver, allocation.uid) if device_metadata else entries),
+        pod_claim_name=allocation.pod_claim_name,
+        metadata=device_metadata,
+    )
+    spec, metadata = (
+        (None, None)
+        if creates
+        else _outputs(claim, list(devices.values()), inventory, driver, mps_root, metadata_root)
     )
     return PreparePlan(
         claim=claim,
-        spec=None if creates else _spec(claim, list(devices.values()), inventory, driver, mps_root),
+        spec=spec,
+        metadata=metadata,
         record=True,
         release=tuple(releases.values()),
         replaces=prepared.get(allocation.uid),
         create=tuple(creates.values()),
         devices=tuple(devices.values()) if creates else (),
     )
+
+
+def _with_metadata_ids(entries: list[PreparedDevice], driver: str, uid: str) -> list[PreparedDevice]:
+    """The first device of each request also names the CDI device of the request's metadata file.
+
+    Once per request, as the Go helper does: a container gets each request's file mounted once.
+    """
+    seen: set[str] = set()
+    result = []
+    for entry in entries:
+        new = [r for r in entry.request_names if r not in seen]
+        seen.update(new)
+        ids = tuple(devicemetadata.cdi_device_id(driver, uid, r) for r in new)
+        result.append(replace(entry, cdi_device_ids=entry.cdi_device_ids + ids))
+    return result
 
 
 def _by_share(allocation: ClaimAllocation, device: str) -> list[list[AllocatedDevice]]:
@@ -341,6 +408,8 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
         stale=stale,
         has_spec=has_spec,
         mps_root=node.mps_root,
+        metadata_root=node.metadata_root,
+        device_metadata=node.device_metadata,
     )
     if isinstance(plan, Refusal):
         raise ClaimError(plan.message)
@@ -351,7 +420,7 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
         facts = yield from migdevices.switch_for_claim(node, allocation, plan.claim, plan.create, facts)
     if plan.create:
         made, inventory = yield from migdevices.make(node, allocation, plan.create, facts)
-        plan = plan.made(made, inventory, node.driver, node.mps_root)
+        plan = plan.made(made, inventory, node.driver, node.mps_root, node.metadata_root)
         facts = yield from ask(ReadState())
     if plan.spec is not None:
         gone = yield from _missing_host_paths(node, plan)
@@ -382,14 +451,17 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
 def _missing_host_paths(node: Node, plan: PreparePlan) -> Program[tuple[str, ...]]:
     """Host paths the plan's spec names that are not on this node, but for those the prepare makes.
 
-    The MPS directories of the claim's devices come with their daemon, which starts after the spec is written.
+    The MPS directories of the claim's devices come with their daemon, which starts after the spec is
+    written; its metadata files are written just before the spec.
     """
     assert plan.spec is not None
     gone = yield from ask(MissingHostPaths(plan.spec))
-    if not node.mps:
-        return gone
-    own = sharing.mps_dirs(node.mps_root, sharing.claim_mps_key(plan.claim)).root + "/"
-    return tuple(path for path in gone if not path.startswith(own))
+    own: list[str] = []
+    if node.mps:
+        own.append(sharing.mps_dirs(node.mps_root, sharing.claim_mps_key(plan.claim)).root + "/")
+    if plan.metadata is not None:
+        own.append(f"{node.metadata_root.rstrip('/')}/{plan.metadata.directory}/")
+    return tuple(path for path in gone if not path.startswith(tuple(own)))
 
 
 def _write_and_record(
@@ -412,14 +484,27 @@ def _write_and_record(
             + release.reason,
         )
         yield RemoveSpec(holder.uid, point="prepare.stale-spec-removed")
+        if holder.metadata and (holder.namespace, holder.name) != (plan.claim.namespace, plan.claim.name):
+            yield RemoveMetadata(devicemetadata.claim_dir(holder.namespace, holder.name))
     for gone in plan.missing:
         yield Log("warning", gone.message)
+    if plan.metadata is not None:
+        try:
+            yield WriteMetadata(
+                plan.metadata.directory, plan.metadata.files, point="prepare.metadata-written"
+            )
+        except StepError as err:
+            yield from _drop_unrecorded_metadata(plan.claim, facts)
+            raise ClaimError(
+                f"cannot write the device metadata files of claim {allocation.ref}: {err}"
+            ) from None
     if plan.spec is not None:
         yield Mark(point="prepare.before-cdi-write")
         try:
             yield WriteSpec(plan.claim.uid, plan.spec, point="prepare.cdi-written")
         except StepError as err:
             yield from _drop_unrecorded_spec(plan.claim.uid, facts)
+            yield from _drop_unrecorded_metadata(plan.claim, facts)
             raise ClaimError(f"cannot write the CDI spec of claim {allocation.ref}: {err}") from None
     if not plan.record:
         return 0, facts
@@ -434,6 +519,7 @@ def _write_and_record(
         with contextlib.suppress(StepError):
             yield Save(facts.prepared, facts.actions)
         yield from _drop_unrecorded_spec(plan.claim.uid, facts)
+        yield from _drop_unrecorded_metadata(plan.claim, facts)
         raise ClaimError(
             f"cannot record claim {allocation.ref} in the checkpoint {node.checkpoint}: {err}"
         ) from None
@@ -452,6 +538,16 @@ def _drop_unrecorded_spec(uid: str, facts: Facts) -> Program[None]:
     # Best effort on a failing disk: a spec that stays is removed at the next start-up.
     with contextlib.suppress(StepError):
         yield RemoveSpec(uid)
+
+
+def _drop_unrecorded_metadata(claim: PreparedClaim, facts: Facts) -> Program[None]:
+    """After a failed write: remove the claim's metadata files unless the checkpoint records them."""
+    recorded_claim = facts.prepared.get(claim.uid)
+    if not claim.metadata or (recorded_claim is not None and recorded_claim.metadata):
+        return
+    # Best effort, as for the spec: start-up removes what stays.
+    with contextlib.suppress(StepError):
+        yield RemoveMetadata(devicemetadata.claim_dir(claim.namespace, claim.name))
 
 
 def _gpu_settings(node: Node, allocation: ClaimAllocation, plan: PreparePlan, facts: Facts) -> Program[None]:
@@ -478,6 +574,11 @@ def unprepare(node: Node, uid: str, facts: Facts) -> Program[PreparedClaim | Non
         return None
     claim = plan.claim
     yield RemoveSpec(uid, point="unprepare.spec-removed")
+    if claim.metadata:
+        # After the spec: no container can start with a mount of a file that is gone.
+        yield RemoveMetadata(
+            devicemetadata.claim_dir(claim.namespace, claim.name), point="unprepare.metadata-removed"
+        )
     others = {k: v for k, v in facts.prepared.items() if k != uid}
     if node.time_slicing:
         yield RestoreTimeSlices(tuple(sharing.time_slices_to_restore(uid, facts.prepared)))

@@ -16,7 +16,8 @@ from anyio.abc import TaskGroup
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.kube import KubeClient, KubeError
-from dra.core import versions
+from dra.adapters.metadatastore import MetadataStore
+from dra.core import devicemetadata, versions
 from dra.core.assignment import GpuPath, Selector, select
 from dra.core.checkpointformat import CheckpointError
 from dra.core.migconfig import MigConfigs
@@ -75,6 +76,8 @@ class PluginSettings(DaemonSettings):
     mig_config: str | None = None
     #: Seconds between samples of dra_gpu_claim_device_info; 0: not sampled.
     claim_metrics_interval: float = 10.0
+    #: Whether claims prepared get device metadata files (KEP-5304, --device-metadata).
+    device_metadata: bool = False
 
     @property
     def mps_command(self) -> list[str]:
@@ -182,6 +185,8 @@ async def _serve(
             mps=MpsDaemons(
                 settings.state_directory / "mps", settings.mps_command, launcher.start if launcher else None
             ),
+            metadata=MetadataStore(settings.state_directory / devicemetadata.HOST_SUBDIR),
+            device_metadata=settings.device_metadata,
         )
         state.recover()
     except (KubeError, CheckpointError) as err:

@@ -1,4 +1,4 @@
-"""numaNode as a list (KEP-5491): sysfs read as 1.37's deviceattribute does, the fake, the stand-in, the slice.
+"""numaNode as a list (KEP-5491): sysfs read as 1.37's deviceattribute does, the fake, the stand-in, slices.
 
 Expected lists follow k8s.io/dynamic-resource-allocation/deviceattribute/numa_linux.go at v0.37.2:
 the device's node first, then the same-socket nodes at the minimum SLIT distance, ascending.

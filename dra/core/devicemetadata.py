@@ -7,7 +7,7 @@ writes one file per request under its plugin directory and bind-mounts it read-o
 the claim's CDI spec, as Kubernetes 1.37's Go kubelet-plugin helper does
 (k8s.io/dynamic-resource-allocation/kubeletplugin/metadata.go and api/metadata). The kubelet
 takes no part: the runtime mounts what the CDI device names. Layout, format and why:
-docs/architecture.md ("Device metadata").
+docs/configuration.md ("Device metadata") and docs/architecture.md (the steps).
 """
 
 from __future__ import annotations

@@ -17,13 +17,14 @@ from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.kube import KubeClient, KubeError
 from dra.adapters.metadatastore import MetadataStore
+from dra.adapters.pcisysfs import PciSysfs
 from dra.core import devicemetadata, versions
 from dra.core.assignment import GpuPath, Selector, select
 from dra.core.checkpointformat import CheckpointError
 from dra.core.migconfig import MigConfigs
 from dra.core.slices import ShareMode
 from dra.core.taints import Effect
-from dra.daemon import metrics
+from dra.daemon import fakegpus, metrics
 from dra.daemon.bootstrap import (
     DaemonSettings,
     Node,
@@ -78,6 +79,8 @@ class PluginSettings(DaemonSettings):
     claim_metrics_interval: float = 10.0
     #: Whether claims prepared get device metadata files (KEP-5304, --device-metadata).
     device_metadata: bool = False
+    #: Claims may pass whole GPUs through (VfioDeviceConfig; --vfio).
+    vfio: bool = False
 
     @property
     def mps_command(self) -> list[str]:
@@ -162,6 +165,24 @@ class _Layout:
     applied: str | None
 
 
+def _pci_sysfs(settings: PluginSettings, inventory: Inventory) -> PciSysfs:
+    """The sysfs GPUs are passed through by: the host's, or with fake GPUs a fake tree under their root."""
+    if not settings.fake_gpus:
+        return PciSysfs(settings.host_root)
+    if settings.fake_gpu_root is None:
+        if settings.vfio:
+            raise StartupError(
+                "--vfio=true with --fake-gpus needs --fake-gpu-root (the fake sysfs and /dev/vfio go there)"
+            )
+        return PciSysfs(settings.host_root)
+    try:
+        return fakegpus.pci_tree(inventory, settings.fake_gpu_root)
+    except OSError as err:
+        raise StartupError(
+            f"--fake-gpu-root={settings.fake_gpu_root}: cannot make the fake sysfs tree: {err}"
+        ) from None
+
+
 async def _serve(
     settings: PluginSettings, node: Node, layout: _Layout | None = None, launcher: Launcher | None = None
 ) -> None:
@@ -185,9 +206,15 @@ async def _serve(
             mps=MpsDaemons(
                 settings.state_directory / "mps", settings.mps_command, launcher.start if launcher else None
             ),
+            pci=_pci_sysfs(settings, node.inventory),
+            vfio=settings.vfio,
+            # MPS limits follow a counted share (docs/sharing.md, NVIDIA's share modes).
+            equal_shares=settings.share_mode if isinstance(settings.share_mode, int) else 0,
             metadata=MetadataStore(settings.state_directory / devicemetadata.HOST_SUBDIR),
             device_metadata=settings.device_metadata,
         )
+        # A GPU on vfio-pci is lost to NVML on purpose: not a health problem.
+        tracker.passed_through = state.passed_through
         state.recover()
     except (KubeError, CheckpointError) as err:
         raise StartupError(str(err)) from None
@@ -265,7 +292,7 @@ async def _serve(
                     f"selects are not published until a re-discovery reads them"
                 )
                 return applied, rediscovery.withhold(applied.uuids)
-            return applied, rediscovery.follow(fresh, held)
+            return applied, rediscovery.follow(fresh, held, state.passed_through())
 
         async with rediscovery.lock:
             try:
@@ -291,7 +318,7 @@ async def _serve(
     def tasks(group: TaskGroup) -> None:
         group.start_soon(publisher.run)
         if settings.rediscover_interval > 0:
-            group.start_soon(rediscovery.run, apply, holdback.held)
+            group.start_soon(rediscovery.run, apply, holdback.held, state.passed_through)
         group.start_soon(server.keep_registration_socket)
         group.start_soon(control.run)
         group.start_soon(report_ready)

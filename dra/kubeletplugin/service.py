@@ -25,7 +25,7 @@ from dra.daemon import metrics
 from dra.daemon.health import HealthTracker
 from dra.kubeletplugin.claimstatus import ClaimStatusWriter
 from dra.kubeletplugin.state import DeviceState
-from dra.model.prepared import PreparedClaim
+from dra.model.prepared import PreparedClaim, PreparedDevice
 from dra.pb.dra.v1 import dra_pb2
 from dra.pb.dra.v1 import dra_pb2_grpc as v1_grpc
 from dra.pb.dra.v1beta1 import dra_pb2_grpc as v1beta1_grpc
@@ -54,13 +54,16 @@ class ClaimSource(Protocol):
 def record_prepared(node: str, driver: str, prepared: Mapping[str, PreparedClaim]) -> None:
     """The gauges of what the node has prepared: claims (ours), devices by type (NVIDIA's)."""
     metrics.PREPARED_CLAIMS.set(len(prepared))
-    # A MIG device's UUID says what it is (NVML's MIG-...); a device not made yet has none.
-    counts = Counter(
-        ("mig" if d.uuid.startswith("MIG-") else "gpu") if d.uuid else "unknown"
-        for claim in prepared.values()
-        for d in claim.devices
-    )
+    counts = Counter(_device_type(d) for claim in prepared.values() for d in claim.devices)
     metrics.set_prepared_devices(node, driver, counts)
+
+
+def _device_type(device: PreparedDevice) -> str:
+    """NVIDIA's device_type of a prepared device: a GPU passed through is `vfio`, as its driver counts it."""
+    if device.vfio_group >= 0:
+        return "vfio"
+    # A MIG device's UUID says what it is (NVML's MIG-...); a device not made yet has none.
+    return ("mig" if device.uuid.startswith("MIG-") else "gpu") if device.uuid else "unknown"
 
 
 def _response(claim: PreparedClaim) -> dra_pb2.NodePrepareResourceResponse:
@@ -97,7 +100,7 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         #: Prepare and unprepare requests being answered now.
         self._in_flight = 0
         self._drained: anyio.Event | None = None
-        metrics.start_nvidia_requests(driver)
+        metrics.start_request_series(driver)
 
     async def _record_event(self, claim: dict[str, Any], message: str) -> None:
         if not self._events_allowed:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from localcluster import chart
+from localcluster import chart, grafana
 from localcluster.kube import Obj
 
 from dra.cli.parser import build_parser
@@ -51,6 +51,7 @@ def _env(container: Obj) -> dict[str, Any]:
         pytest.param({}, [KIND_VALUES], id="kind"),
         pytest.param({"rbac": {"claimEvents": True}, "nvml": {"runtimeClassName": "nvidia"}}, [], id="real"),
         pytest.param({"kubeletPlugin": {"mps": {"enabled": True}}}, [], id="mps"),
+        pytest.param({"kubeletPlugin": {"vfio": {"enabled": True}}}, [], id="vfio"),
         pytest.param(
             {"nodeLabeller": {"enabled": True, "adminLabels": {"gpu-type": "{model}"}}},
             [],
@@ -206,6 +207,22 @@ def test_mps_adds_only_cap_sys_admin_and_setpcap_and_no_apparmor_profile_to_the_
     }
 
 
+def test_vfio_is_off_by_default_and_when_on_mounts_the_hosts_sys_writable() -> None:
+    off = _container(chart.template())
+    assert "DRA_GPU_VFIO" not in _env(off)
+    assert "host-sys" not in {m["name"] for m in off["volumeMounts"]}
+    objects = chart.template({"kubeletPlugin": {"vfio": {"enabled": True}}})
+    container = _container(objects)
+    assert _env(container)["DRA_GPU_VFIO"] == "true"
+    # The plugin writes driver_override, unbind and bind there (dra.adapters.pcisysfs under --host-root).
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "host-sys"]
+    assert mount == {"name": "host-sys", "mountPath": "/host/sys"}
+    volumes = {v["name"]: v for v in _only(objects, "DaemonSet")["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["host-sys"]["hostPath"] == {"path": "/sys", "type": "Directory"}
+    # No capability is added: sysfs's store methods check the file mode (root's), not capabilities.
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
 def _flags(command: str) -> set[str]:
     [commands] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     return {
@@ -273,6 +290,10 @@ def test_device_plugin_alone_takes_every_gpu() -> None:
                 "deviceClasses": {"gpu": {"extendedResourceName": "nvidia.com/gpu"}},
             },
             "deviceClasses.gpu.extendedResourceName and devicePlugin.resourceName are both nvidia.com/gpu",
+        ),
+        (
+            {**FAKE, "kubeletPlugin": {"vfio": {"enabled": True}}},
+            "kubeletPlugin.vfio.enabled needs real GPUs",
         ),
     ],
 )
@@ -427,6 +448,12 @@ def test_another_kubelet_root_moves_sockets_and_mounts() -> None:
             id="extended-resource-without-domain",
         ),
         pytest.param({"unhealthyTaintEffect": "Evict"}, "unhealthyTaintEffect", id="bad-taint-effect"),
+        pytest.param(
+            {"kubeletPlugin": {"claimMetricsInterval": -1}}, "claimMetricsInterval", id="negative-interval"
+        ),
+        pytest.param({"grafanaDashboard": {"label": {"a": "b"}}}, "label", id="misspelt-dashboard-key"),
+        pytest.param({"kubeletPlugin": {"consumableShares": "0"}}, "consumableShares", id="zero-shares"),
+        pytest.param({"kubeletPlugin": {"consumableShares": "gpu"}}, "consumableShares", id="bad-share-mode"),
     ],
 )
 def test_values_schema_rejects_mistakes(values: dict[str, Any], complaint: str) -> None:
@@ -434,9 +461,47 @@ def test_values_schema_rejects_mistakes(values: dict[str, Any], complaint: str) 
         chart.template(values)
 
 
+@pytest.mark.parametrize("value", ["memory", "unlimited", "disabled", "4", 4])
+def test_consumable_shares_reaches_the_kubelet_plugin_as_nvidias_flag(value: str | int) -> None:
+    container = _container(chart.template({"kubeletPlugin": {"consumableShares": value}}))
+    # The variable sets the flag of that name (test_every_driver_env_var_is_a_kubelet_plugin_flag).
+    assert _env(container)["DRA_GPU_CONSUMABLE_SHARES"] == str(value)
+
+
 def test_the_unhealthy_taint_effect_reaches_the_kubelet_plugin() -> None:
     container = _container(chart.template({"unhealthyTaintEffect": "NoExecute"}))
     assert _env(container)["DRA_GPU_UNHEALTHY_TAINT_EFFECT"] == "NoExecute"
+
+
+def test_the_claim_metrics_interval_reaches_the_kubelet_plugin() -> None:
+    assert _env(_container(chart.template()))["DRA_GPU_CLAIM_METRICS_INTERVAL"] == "10"
+    container = _container(chart.template({"kubeletPlugin": {"claimMetricsInterval": 2.5}}))
+    assert _env(container)["DRA_GPU_CLAIM_METRICS_INTERVAL"] == "2.5"
+
+
+def test_the_grafana_dashboard_is_a_configmap_for_the_sidecar_only_when_asked() -> None:
+    assert not [o for o in chart.template() if o["kind"] == "ConfigMap"]
+    [configmap] = [
+        o
+        for o in chart.template({"grafanaDashboard": {"enabled": True}}, namespace="gpus")
+        if o["kind"] == "ConfigMap"
+    ]
+    assert configmap["metadata"]["namespace"] == "gpus"
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert "annotations" not in configmap["metadata"]
+    assert json.loads(configmap["data"]["dra-gpu.json"]) == grafana.load()
+    values = {
+        "grafanaDashboard": {
+            "enabled": True,
+            "namespace": "monitoring",
+            "labels": {"grafana_dashboard": "dra"},
+            "annotations": {"grafana_folder": "GPUs"},
+        }
+    }
+    [moved] = [o for o in chart.template(values) if o["kind"] == "ConfigMap"]
+    assert moved["metadata"]["namespace"] == "monitoring"
+    assert moved["metadata"]["labels"]["grafana_dashboard"] == "dra"
+    assert moved["metadata"]["annotations"] == {"grafana_folder": "GPUs"}
 
 
 def test_committed_manifests_equal_a_fresh_render() -> None:

@@ -15,8 +15,9 @@ from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.kube import NotFoundError
 from dra.daemon import metrics
-from dra.kubeletplugin.service import DraService
+from dra.kubeletplugin.service import DraService, record_prepared
 from dra.kubeletplugin.state import DeviceState
+from dra.model.prepared import PreparedClaim, PreparedDevice
 from dra.pb.dra.v1 import dra_pb2
 from tests.unit.helpers import DRIVER, NODE, inventory
 
@@ -34,7 +35,7 @@ UID = "aaaaaaaa-0000-4000-8000-00000000000a"
 def test_the_set_is_nvidias() -> None:
     # A family is listed once it has a series: make one of each (NVIDIA's error series, too, start
     # at their first error).
-    metrics.start_nvidia_requests("example.com")
+    metrics.start_request_series("example.com")
     metrics.set_prepared_devices(NODE, "example.com", {})
     metrics.NVIDIA_PREPARE_ERRORS.labels("example.com", "prepare_devices")
     metrics.NVIDIA_UNPREPARE_ERRORS.labels("example.com", "unprepare_devices")
@@ -102,3 +103,29 @@ async def test_prepare_and_unprepare_count_as_nvidias_driver_counts_them(tmp_pat
     await dra.NodeUnprepareResources(request, None)  # type: ignore[arg-type]
     assert _value("nvidia_dra_requests_total", driver=DRIVER, operation="unprepare") >= 1
     assert _value("nvidia_dra_prepared_devices", **devices, device_type="gpu") == 0
+
+
+def test_prepare_and_unprepare_histograms_start_at_zero_for_each_result() -> None:
+    # Born at zero, a first prepare (or failure) counts in rate(); born with it, it would not.
+    metrics.start_request_series("example.com")
+    counts = {
+        (family.name, sample.labels["result"]): sample.value
+        for family in metrics.REGISTRY.collect()
+        if family.name in ("dra_gpu_node_prepare_seconds", "dra_gpu_node_unprepare_seconds")
+        for sample in family.samples
+        if sample.name.endswith("_count")
+    }
+    assert set(counts) == {
+        (name, result)
+        for name in ("dra_gpu_node_prepare_seconds", "dra_gpu_node_unprepare_seconds")
+        for result in metrics.RESULTS
+    }
+
+
+def test_a_gpu_passed_through_counts_as_vfio() -> None:
+    passed = PreparedDevice(("gpu",), NODE, "gpu-0", (), uuid="GPU-0", vfio_group=12)
+    whole = PreparedDevice(("gpu",), NODE, "gpu-1", (), uuid="GPU-1")
+    record_prepared(NODE, "vfio.example.com", {UID: PreparedClaim(UID, "vms", "vm", (passed, whole))})
+    devices = {"node": NODE, "driver": "vfio.example.com"}
+    assert _value("nvidia_dra_prepared_devices", **devices, device_type="vfio") == 1
+    assert _value("nvidia_dra_prepared_devices", **devices, device_type="gpu") == 1

@@ -53,8 +53,12 @@ _REGEXES = (
 _COMPARISONS = ("==", "!=", "<", "<=", ">", ">=")
 
 
-def devices(driver: str, tags: tuple[str, ...] = tuple(PROFILES)) -> list[Obj]:
-    """The devices of the profiles (by tag) as one pool's slice entries, named ``<tag>-<device>``."""
+def devices(driver: str, tags: tuple[str, ...] = tuple(PROFILES), *, lists: bool = False) -> list[Obj]:
+    """The devices of the profiles (by tag) as one pool's slice entries, named ``<tag>-<device>``.
+
+    ``lists``: full GPUs also carry list-valued attributes (KEP-5491) in the foreign domain,
+    ints and strings of one to three elements.
+    """
     found: list[Obj] = []
     for tag in tags:
         profile = PROFILES[tag]
@@ -63,7 +67,13 @@ def devices(driver: str, tags: tuple[str, ...] = tuple(PROFILES)) -> list[Obj]:
             entry["name"] = f"{tag}-{entry['name']}"
             attributes = entry["attributes"]
             if "index" in attributes:
-                attributes[f"{FOREIGN_DOMAIN}/fast"] = {"bool": attributes["index"]["int"] % 2 == 0}
+                index = attributes["index"]["int"]
+                attributes[f"{FOREIGN_DOMAIN}/fast"] = {"bool": index % 2 == 0}
+                if lists:
+                    attributes[f"{FOREIGN_DOMAIN}/links"] = {
+                        "ints": list(range(index, index + 1 + index % 3))
+                    }
+                    attributes[f"{FOREIGN_DOMAIN}/zones"] = {"strings": ["a", "b", "c"][: 1 + index % 3]}
             found.append(entry)
     return found
 
@@ -72,7 +82,7 @@ def devices(driver: str, tags: tuple[str, ...] = tuple(PROFILES)) -> list[Obj]:
 class _Attribute:
     domain: str
     name: str
-    kind: str  # "string", "int" or "bool"
+    kind: str  # "string", "int", "bool", or a list of them: "ints", "strings"
     values: tuple[Any, ...]
 
     @property
@@ -85,9 +95,11 @@ def _catalog(published: list[Obj], driver: str) -> list[_Attribute]:
     for device in published:
         for qualified, attribute in device["attributes"].items():
             kind, value = next(iter(attribute.items()))
+            domain, name = split_qualified_name(qualified, driver)
             if kind in ("string", "int", "bool"):
-                domain, name = split_qualified_name(qualified, driver)
                 values.setdefault((domain, name, kind), set()).add(value)
+            elif kind in ("ints", "strings"):
+                values.setdefault((domain, name, kind), set()).update(value)
     return [
         _Attribute(domain, name, kind, tuple(sorted(seen)))
         for (domain, name, kind), seen in sorted(values.items())
@@ -139,7 +151,14 @@ class SelectorGenerator:
             macro = self.random.choice(["exists", "all", "exists_one"])
             return f'device.attributes["{domain}"].{macro}(k, k.startsWith({prefix}))'
         attribute = self.random.choice(self.attributes)
-        test = {"string": self._string, "int": self._int, "bool": self._bool}[attribute.kind](attribute)
+        kinds = {
+            "string": self._string,
+            "int": self._int,
+            "bool": self._bool,
+            "ints": self._list,
+            "strings": self._list,
+        }
+        test = kinds[attribute.kind](attribute)
         guard = self.random.random()
         if guard < 0.2:
             return f"has({attribute.path})"
@@ -192,6 +211,26 @@ class SelectorGenerator:
             lambda: f'string({path}) + "x" == "{value}x"',
             lambda: f"{path} - {value} + 9223372036854775807 > 0",  # overflows where path > value
             lambda: f"{path} / ({path} - {value}) >= 0",  # divides by zero where path == value
+        ]
+        return self.random.choice(forms)()
+
+    def _list(self, attribute: _Attribute) -> str:
+        path = attribute.path
+        miss: Any = -1 if attribute.kind == "ints" else "nope"
+        value = self._value(attribute, miss)
+        literal = _quote(value) if isinstance(value, str) else str(value)
+        forms: list[Callable[[], str]] = [
+            lambda: f"{literal} in {path}",
+            lambda: f"{path}.exists(x, x == {literal})",
+            lambda: f"{path}.all(x, x != {literal})",
+            lambda: f"{path}.exists_one(x, x == {literal})",
+            lambda: f"size({path}) {self.random.choice(_COMPARISONS)} {self.random.randint(1, 3)}",
+            lambda: f"{path}[0] == {literal}",
+            lambda: f"{path}[{self.random.randint(1, 3)}] == {literal}",  # past the end: a runtime error
+            lambda: f"{path} == [{literal}]",
+            lambda: f"{path} == {literal}",  # a list against a scalar: simply unequal
+            lambda: f"{path}.filter(x, x != {literal}).size() > 0",
+            lambda: f"{path}.map(x, x == {literal}).exists(b, b)",
         ]
         return self.random.choice(forms)()
 

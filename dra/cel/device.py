@@ -9,7 +9,9 @@ Mirrors k8s.io/dynamic-resource-allocation/cel (compile.go, ``DeviceMatches``):
 * looking up a domain nobody published gives an empty map (so ``.x`` on it is a
   ``no such key`` error and ``has()`` is false), but ``"d" in device.attributes`` and
   iteration only see published domains;
-* ``device.allowMultipleAllocations`` (DRAConsumableCapacity feature gate) defaults to false.
+* ``device.allowMultipleAllocations`` (DRAConsumableCapacity feature gate) defaults to false;
+* a list-valued attribute (``ints``, ``bools``, ``strings``, ``versions``; DRAListTypeAttributes,
+  1.37) is a CEL list of its values, taken before any scalar, as getAttributeValue does.
 """
 
 from __future__ import annotations
@@ -35,8 +37,26 @@ def split_qualified_name(name: str, driver: str) -> tuple[str, str]:
     return (domain, ident) if sep else (driver, name)
 
 
+#: List-valued attributes (KEP-5491, DRAListTypeAttributes): field and element type.
+_LIST_KINDS = (("ints", int), ("bools", bool), ("strings", str), ("versions", str))
+
+
+def _list_value(name: str, kind: str, python_type: type, values: Any) -> Value:
+    if not isinstance(values, list) or any(type(v) is not python_type for v in values):
+        raise CelEvaluationError(f"attribute {name}: {kind} value {values!r} has the wrong type")
+    if kind != "versions":
+        return tuple(values)
+    try:
+        return tuple(Semver.parse(v) for v in values)
+    except SemverError as exc:
+        raise CelEvaluationError(f"attribute {name}: parse semantic version: {exc}") from exc
+
+
 def _attribute_value(name: str, attribute: Mapping[str, Any]) -> Value:
-    # Kubernetes takes the first value that is set, in this order.
+    # Kubernetes takes the first value that is set: the lists, then the scalars, each in this order.
+    for kind, python_type in _LIST_KINDS:
+        if attribute.get(kind) is not None:
+            return _list_value(name, kind, python_type, attribute[kind])
     for kind, python_type in (("int", int), ("bool", bool), ("string", str), ("version", str)):
         value = attribute.get(kind)
         if value is None:

@@ -110,6 +110,17 @@ def _last_index_of(items: tuple[Value, ...], needle: Value) -> Result:
     return next((i for i in range(len(items) - 1, -1, -1) if equals(items[i], needle) is True), -1)
 
 
+def _includes(target: Value, needle: Value) -> Result:
+    # The list library's includes (v1, Kubernetes 1.37): a list holding it, or a value equal to it.
+    if isinstance(target, tuple):
+        return list_contains(target, needle)
+    return equals(target, needle) is True
+
+
+def _includes_cost(target: Value, _needle: Value) -> int:
+    return len(target) if isinstance(target, tuple) else 1
+
+
 def _sets_contains(items: tuple[Value, ...], subset: tuple[Value, ...]) -> Result:
     return all(list_contains(items, item) for item in subset)
 
@@ -154,6 +165,8 @@ def register(registry: Registry) -> None:
     registry.add("max", (tuple,), _extreme("max", -1), member=True, cost=_list_cost)
     registry.add("indexOf", (tuple, None), _index_of, member=True, cost=_list_cost)
     registry.add("lastIndexOf", (tuple, None), _last_index_of, member=True, cost=_list_cost)
+    # Declared for a selector only with DRAListTypeAttributes on (dra.cel.program.LIST_FUNCTIONS).
+    registry.add("includes", (None, None), _includes, member=True, cost=_includes_cost)
 
     registry.add("sets.contains", (tuple, tuple), _sets_contains, member=False, cost=_pairs_cost)
     registry.add(

@@ -25,6 +25,7 @@ _BOOL_FUNCTIONS = frozenset(
         "isSemver",
         "isInteger",
         "isSorted",
+        "includes",
         "sets.contains",
         "sets.equivalent",
         "sets.intersects",

@@ -116,11 +116,14 @@ def _attribute_domain(node: ast.Expr) -> str | None:
     return None
 
 
-def compile_expression(expression: str, *, consumable_capacity: bool = False) -> Program:
+def compile_expression(
+    expression: str, *, consumable_capacity: bool = False, list_attributes: bool = False
+) -> Program:
     """Compile a CEL expression for the DRA environment (the ``device`` variable).
 
     ``consumable_capacity`` mirrors the DRAConsumableCapacity feature gate, which adds
-    ``device.allowMultipleAllocations``.  Raises CelSyntaxError, also for an expression
+    ``device.allowMultipleAllocations``; ``list_attributes`` the DRAListTypeAttributes gate,
+    which adds ``includes``.  Raises CelSyntaxError, also for an expression
     longer than the API server accepts (10 KiB), which is not parsed at all.
     """
     length = len(expression.encode("utf-8", "surrogatepass"))
@@ -131,22 +134,37 @@ def compile_expression(expression: str, *, consumable_capacity: bool = False) ->
             "",
             0,
         )
-    return _compile(expression, consumable_capacity)
+    return _compile(expression, consumable_capacity, list_attributes)
 
 
 def evaluate_selector(
-    expression: str, device: Mapping[str, Any], driver: str, *, consumable_capacity: bool = False
+    expression: str,
+    device: Mapping[str, Any],
+    driver: str,
+    *,
+    consumable_capacity: bool = False,
+    list_attributes: bool = False,
 ) -> bool:
     """Compile (cached) and run a selector against one device; raises CelSyntaxError or CelEvaluationError."""
-    return compile_expression(expression, consumable_capacity=consumable_capacity).matches(device, driver)
+    program = compile_expression(
+        expression, consumable_capacity=consumable_capacity, list_attributes=list_attributes
+    )
+    return program.matches(device, driver)
+
+
+#: Functions a new selector may call only with DRAListTypeAttributes on. At 1.37 the scheduler and the
+#: API server check new expressions against 1.36's environment, which has `includes` only through the
+#: gate (k8s.io/dynamic-resource-allocation/cel compile.go, IncludesOption).
+LIST_FUNCTIONS = frozenset({"includes"})
 
 
 @functools.lru_cache(maxsize=512)
-def _compile(expression: str, consumable_capacity: bool) -> Program:
+def _compile(expression: str, consumable_capacity: bool, list_attributes: bool) -> Program:
     # A selector is compiled once and evaluated for every device of every slice.
     tree = parse(expression, frozenset(name for name in FUNCTIONS.names() if "." in name))
     fields = DEVICE_FIELDS_CONSUMABLE_CAPACITY if consumable_capacity else DEVICE_FIELDS
-    _Checker(expression, fields).visit(tree, frozenset())
+    hidden = frozenset() if list_attributes else LIST_FUNCTIONS
+    _Checker(expression, fields, hidden).visit(tree, frozenset())
     mixed = literals.mixed_literal(tree)
     if mixed is not None:
         message, offset = mixed
@@ -158,6 +176,8 @@ def _compile(expression: str, consumable_capacity: bool) -> Program:
 class _Checker:
     source: str
     device_fields: frozenset[str]
+    #: Declared functions this environment leaves out.
+    hidden: frozenset[str] = frozenset()
 
     def error(self, message: str, offset: int) -> CelSyntaxError:
         return CelSyntaxError(message, self.source, offset)
@@ -191,7 +211,7 @@ class _Checker:
 
     def check_call(self, node: ast.Call) -> None:
         name, member = node.function, node.target is not None
-        if name not in FUNCTIONS:
+        if name not in FUNCTIONS or name in self.hidden:
             raise self.error(f"undeclared reference to '{name}' (in container '')", node.start)
         argc = len(node.args) + member
         if not FUNCTIONS.has_signature(name, member=member, argc=argc):

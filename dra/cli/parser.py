@@ -105,6 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     option(
         plugin,
+        "--device-metadata",
+        "give each claim's containers their devices' attributes in files (KEP-5304): "
+        "/var/run/kubernetes.io/dra-device-attributes/.../<driver>-metadata.json, mounted through CDI; "
+        "true or false",
+        False,
+        type=boolean,
+    )
+    option(
+        plugin,
         "--rolling-update",
         "let a new instance start beside the running one (sockets of its own; kubelet 1.33 or newer), "
         "for a DaemonSet update with maxSurge: true or false",

@@ -14,6 +14,9 @@ from typing import Any
 
 Obj = Mapping[str, Any]
 
+#: Set by the ResourceClaim controller on a claim made from a template: the pod's name for the claim.
+POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+
 
 class ClaimError(Exception):
     """A claim cannot be prepared; the message is what the admin sees in the pod's events."""
@@ -64,6 +67,8 @@ class ClaimAllocation:
     name: str
     devices: tuple[AllocatedDevice, ...]
     configs: tuple[OpaqueConfig, ...] = ()
+    #: The pod's name for a claim made from a template (resource.kubernetes.io/pod-claim-name); "" if none.
+    pod_claim_name: str = ""
 
     @property
     def ref(self) -> str:
@@ -125,4 +130,5 @@ def read_allocation(claim: Obj, expected_uid: str, driver: str) -> ClaimAllocati
         name=str(meta.get("name")),
         devices=tuple(mine),
         configs=configs,
+        pod_claim_name=str((meta.get("annotations") or {}).get(POD_CLAIM_NAME_ANNOTATION) or ""),
     )

@@ -136,6 +136,7 @@ def build_spec(
     claim_edits: Obj | None = None,
     passthrough: Mapping[str, int] | None = None,
     vfio_api_device: bool = False,
+    extra_devices: Sequence[Obj] = (),
 ) -> Obj:
     """The CDI spec of one claim's devices on this node; it composes with any other claim's spec.
 
@@ -148,6 +149,7 @@ def build_spec(
     brings /dev/vfio/<group> instead of its NVIDIA device nodes, and a claim of nothing
     but those gets none of the driver's files (`void`, as NVIDIA's driver sets it);
     `vfio_api_device` adds /dev/vfio/vfio to the claim's edits.
+    `extra_devices` are CDI devices that are no GPU (a request's device metadata file).
     """
     claim_env = f"{claim_env_key(claim_uid)}={claim_uid}"
     extra = device_env or {}
@@ -171,7 +173,8 @@ def build_spec(
                 ),
             }
             for d in devices
-        ],
+        ]
+        + list(extra_devices),
         "containerEdits": _with_claim_edits(common, claim_edits or {}),
     }
 

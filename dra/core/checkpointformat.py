@@ -57,6 +57,8 @@ def _claim_from_json(uid: str, data: Mapping[str, Any]) -> PreparedClaim:
             )
             for d in data["devices"]
         ),
+        pod_claim_name=str(data.get("pod_claim_name", "")),
+        metadata=bool(data.get("metadata", False)),
     )
 
 

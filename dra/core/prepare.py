@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dra.core import cdi, migdevices, sharing, vfio
+from dra.core import cdi, devicemetadata, migdevices, sharing, vfio
 from dra.core import config as deviceconfig
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError
 from dra.core.migdevices import CreateMig
@@ -30,12 +30,14 @@ from dra.core.steps import (
     Program,
     ReadState,
     ReleaseMps,
+    RemoveMetadata,
     RemoveSpec,
     RestoreTimeSlices,
     Save,
     StartMps,
     StepError,
     Sync,
+    WriteMetadata,
     WriteSpec,
     ask,
 )
@@ -92,9 +94,16 @@ class PreparePlan:
     #: The GPUs passed through (VfioDeviceConfig), by name: whether each gets the IOMMU API device.
     #: They are bound to vfio-pci (dra.core.vfio) before the spec, which names their groups, is built.
     vfio: Mapping[str, bool] = field(default_factory=dict)
+    #: The claim's device metadata files, written with `spec` (the claim records `metadata`).
+    metadata: devicemetadata.ClaimMetadata | None = None
 
     def made(
-        self, created: Mapping[str, MigDevice], inventory: Inventory, driver: str, mps_root: str = ""
+        self,
+        created: Mapping[str, MigDevice],
+        inventory: Inventory,
+        driver: str,
+        mps_root: str = "",
+        metadata_root: str = "",
     ) -> PreparePlan:
         """The plan once the MIG devices of `create` exist (by allocated device name): answer and spec."""
         entries = tuple(
@@ -102,13 +111,9 @@ class PreparePlan:
         )
         # Named as the offer the claim was allocated, which the CDI IDs in the answer name.
         devices = [*self.devices, *(replace(created[c.device], name=c.device) for c in self.create)]
-        return replace(
-            self,
-            claim=replace(self.claim, devices=entries),
-            spec=_spec(replace(self.claim, devices=entries), devices, inventory, driver, mps_root),
-            create=(),
-            devices=(),
-        )
+        claim = replace(self.claim, devices=entries)
+        spec, metadata = _outputs(claim, devices, inventory, driver, mps_root, metadata_root)
+        return replace(self, claim=claim, spec=spec, metadata=metadata, create=(), devices=())
 
 
 @dataclass(frozen=True)
@@ -180,14 +185,23 @@ def _devices_of(claim: PreparedClaim, inventory: Inventory) -> tuple[list[Device
     return found, missing
 
 
-def _spec(
-    claim: PreparedClaim, devices: list[Device], inventory: Inventory, driver: str, mps_root: str
-) -> Obj:
+def _outputs(
+    claim: PreparedClaim,
+    devices: list[Device],
+    inventory: Inventory,
+    driver: str,
+    mps_root: str,
+    metadata_root: str,
+) -> tuple[Obj, devicemetadata.ClaimMetadata | None]:
+    """The claim's CDI spec, and its metadata files if it records having them (mounted by the spec)."""
     share_env = {d.device: sharing.share_env(d) for d in claim.devices}
     unique = list({d.name: d for d in devices}.values())
     mps = sharing.mps_edits(claim, mps_root)
+    metadata = (
+        devicemetadata.for_claim(driver, metadata_root, claim, unique, inventory) if claim.metadata else None
+    )
     passthrough = {d.device: d.vfio_group for d in claim.devices if d.vfio_group >= 0}
-    return cdi.build_spec(
+    spec = cdi.build_spec(
         driver,
         claim.uid,
         unique,
@@ -196,15 +210,30 @@ def _spec(
         claim_edits=mps,
         passthrough=passthrough,
         vfio_api_device=any(d.vfio_api_device for d in claim.devices),
+        extra_devices=metadata.cdi_devices if metadata else (),
     )
+    return spec, metadata
+
+
+@dataclass(frozen=True)
+class Respec:
+    """What a prepared claim's devices still present on the node give: its spec and metadata files."""
+
+    #: None when no device of the claim is left.
+    spec: Obj | None
+    metadata: devicemetadata.ClaimMetadata | None
+    missing: tuple[MissingDevice, ...]
 
 
 def respec(
-    claim: PreparedClaim, inventory: Inventory, driver: str, mps_root: str
-) -> tuple[Obj | None, list[MissingDevice]]:
-    """The spec a prepared claim's devices still present on the node give, or None when none is."""
+    claim: PreparedClaim, inventory: Inventory, driver: str, mps_root: str, metadata_root: str = ""
+) -> Respec:
+    """The spec (and metadata files) a prepared claim's devices still present on the node give."""
     devices, missing = _devices_of(claim, inventory)
-    return (_spec(claim, devices, inventory, driver, mps_root) if devices else None), missing
+    if not devices:
+        return Respec(None, None, tuple(missing))
+    spec, metadata = _outputs(claim, devices, inventory, driver, mps_root, metadata_root)
+    return Respec(spec, metadata, tuple(missing))
 
 
 def decide_prepare(
@@ -219,6 +248,8 @@ def decide_prepare(
     mps_root: str = "",
     vfio_enabled: bool = False,
     equal_shares: int = 0,
+    metadata_root: str = "",
+    device_metadata: bool = False,
 ) -> PreparePlan | Refusal:
     """What preparing `allocation` takes, given the facts about its holders.
 
@@ -229,11 +260,14 @@ def decide_prepare(
     `mps_root` is where claims' MPS daemons keep their directories ("": no MPS here);
     `vfio_enabled` whether GPUs may be passed through here.
     `equal_shares` is N where shareable devices are divided into N equal shares (0: not so).
+    `device_metadata`: the claim gets device metadata files (KEP-5304) under `metadata_root`.
     """
     existing = _up_to_date(allocation, prepared)
     if existing is not None:
-        spec, missing = (None, []) if has_spec else respec(existing, inventory, driver, mps_root)
-        return PreparePlan(claim=existing, spec=spec, missing=tuple(missing))
+        if has_spec:
+            return PreparePlan(claim=existing)
+        again = respec(existing, inventory, driver, mps_root, metadata_root)
+        return PreparePlan(claim=existing, spec=again.spec, metadata=again.metadata, missing=again.missing)
 
     problems: list[str] = []
     releases: dict[str, Release] = {}
@@ -303,13 +337,22 @@ def decide_prepare(
         for results in _by_share(allocation, device.name)
     ]
     claim = PreparedClaim(
-        uid=allocation.uid, namespace=allocation.namespace, name=allocation.name, devices=tuple(entries)
+        uid=allocation.uid,
+        namespace=allocation.namespace,
+        name=allocation.name,
+        devices=tuple(_with_metadata_ids(entries, driver, allocation.uid) if device_metadata else entries),
+        pod_claim_name=allocation.pod_claim_name,
+        metadata=device_metadata,
+    )
+    spec, metadata = (
+        (None, None)
+        if creates or passthrough
+        else _outputs(claim, list(devices.values()), inventory, driver, mps_root, metadata_root)
     )
     return PreparePlan(
         claim=claim,
-        spec=None
-        if creates or passthrough
-        else _spec(claim, list(devices.values()), inventory, driver, mps_root),
+        spec=spec,
+        metadata=metadata,
         record=True,
         release=tuple(releases.values()),
         replaces=prepared.get(allocation.uid),
@@ -317,6 +360,21 @@ def decide_prepare(
         devices=tuple(devices.values()) if creates else (),
         vfio=passthrough,
     )
+
+
+def _with_metadata_ids(entries: list[PreparedDevice], driver: str, uid: str) -> list[PreparedDevice]:
+    """The first device of each request also names the CDI device of the request's metadata file.
+
+    Once per request, as the Go helper does: a container gets each request's file mounted once.
+    """
+    seen: set[str] = set()
+    result = []
+    for entry in entries:
+        new = [r for r in entry.request_names if r not in seen]
+        seen.update(new)
+        ids = tuple(devicemetadata.cdi_device_id(driver, uid, r) for r in new)
+        result.append(replace(entry, cdi_device_ids=entry.cdi_device_ids + ids))
+    return result
 
 
 def _made_for_offer(
@@ -396,6 +454,8 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
         mps_root=node.mps_root,
         vfio_enabled=node.vfio,
         equal_shares=node.equal_shares,
+        metadata_root=node.metadata_root,
+        device_metadata=node.device_metadata,
     )
     if isinstance(plan, Refusal):
         raise ClaimError(plan.message)
@@ -407,12 +467,12 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
         facts = yield from migdevices.switch_for_claim(node, allocation, plan.claim, plan.create, facts)
     if plan.create:
         made, inventory = yield from migdevices.make(node, allocation, plan.create, facts)
-        plan = plan.made(made, inventory, node.driver, node.mps_root)
+        plan = plan.made(made, inventory, node.driver, node.mps_root, node.metadata_root)
         facts = yield from ask(ReadState())
     if plan.vfio:
         bound, facts = yield from vfio.bind(allocation, plan.claim, plan.vfio, facts)
-        spec, _missing = respec(bound, facts.inventory, node.driver, node.mps_root)
-        plan = replace(plan, claim=bound, spec=spec)
+        again = respec(bound, facts.inventory, node.driver, node.mps_root, node.metadata_root)
+        plan = replace(plan, claim=bound, spec=again.spec, metadata=again.metadata)
     if plan.spec is not None:
         gone = yield from _missing_host_paths(node, plan)
         if gone:
@@ -454,14 +514,17 @@ def _give_back_gpus(allocation: ClaimAllocation, uid: str, facts: Facts) -> Prog
 def _missing_host_paths(node: Node, plan: PreparePlan) -> Program[tuple[str, ...]]:
     """Host paths the plan's spec names that are not on this node, but for those the prepare makes.
 
-    The MPS directories of the claim's devices come with their daemon, which starts after the spec is written.
+    The MPS directories of the claim's devices come with their daemon, which starts after the spec is
+    written; its metadata files are written just before the spec.
     """
     assert plan.spec is not None
     gone = yield from ask(MissingHostPaths(plan.spec))
-    if not node.mps:
-        return gone
-    own = sharing.mps_dirs(node.mps_root, sharing.claim_mps_key(plan.claim)).root + "/"
-    return tuple(path for path in gone if not path.startswith(own))
+    own: list[str] = []
+    if node.mps:
+        own.append(sharing.mps_dirs(node.mps_root, sharing.claim_mps_key(plan.claim)).root + "/")
+    if plan.metadata is not None:
+        own.append(f"{node.metadata_root.rstrip('/')}/{plan.metadata.directory}/")
+    return tuple(path for path in gone if not path.startswith(tuple(own)))
 
 
 def _write_and_record(
@@ -484,14 +547,27 @@ def _write_and_record(
             + release.reason,
         )
         yield RemoveSpec(holder.uid, point="prepare.stale-spec-removed")
+        if holder.metadata and (holder.namespace, holder.name) != (plan.claim.namespace, plan.claim.name):
+            yield RemoveMetadata(devicemetadata.claim_dir(holder.namespace, holder.name))
     for gone in plan.missing:
         yield Log("warning", gone.message)
+    if plan.metadata is not None:
+        try:
+            yield WriteMetadata(
+                plan.metadata.directory, plan.metadata.files, point="prepare.metadata-written"
+            )
+        except StepError as err:
+            yield from _drop_unrecorded_metadata(plan.claim, facts)
+            raise ClaimError(
+                f"cannot write the device metadata files of claim {allocation.ref}: {err}"
+            ) from None
     if plan.spec is not None:
         yield Mark(point="prepare.before-cdi-write")
         try:
             yield WriteSpec(plan.claim.uid, plan.spec, point="prepare.cdi-written")
         except StepError as err:
             yield from _drop_unrecorded_spec(plan.claim.uid, facts)
+            yield from _drop_unrecorded_metadata(plan.claim, facts)
             raise ClaimError(f"cannot write the CDI spec of claim {allocation.ref}: {err}") from None
     if not plan.record:
         return 0, facts
@@ -506,6 +582,7 @@ def _write_and_record(
         with contextlib.suppress(StepError):
             yield Save(facts.prepared, facts.actions)
         yield from _drop_unrecorded_spec(plan.claim.uid, facts)
+        yield from _drop_unrecorded_metadata(plan.claim, facts)
         raise ClaimError(
             f"cannot record claim {allocation.ref} in the checkpoint {node.checkpoint}: {err}"
         ) from None
@@ -526,6 +603,16 @@ def _drop_unrecorded_spec(uid: str, facts: Facts) -> Program[None]:
         yield RemoveSpec(uid)
     with contextlib.suppress(StepError):
         yield from vfio.release(uid, facts)
+
+
+def _drop_unrecorded_metadata(claim: PreparedClaim, facts: Facts) -> Program[None]:
+    """After a failed write: remove the claim's metadata files unless the checkpoint records them."""
+    recorded_claim = facts.prepared.get(claim.uid)
+    if not claim.metadata or (recorded_claim is not None and recorded_claim.metadata):
+        return
+    # Best effort, as for the spec: start-up removes what stays.
+    with contextlib.suppress(StepError):
+        yield RemoveMetadata(devicemetadata.claim_dir(claim.namespace, claim.name))
 
 
 def _gpu_settings(node: Node, allocation: ClaimAllocation, plan: PreparePlan, facts: Facts) -> Program[None]:
@@ -552,6 +639,11 @@ def unprepare(node: Node, uid: str, facts: Facts) -> Program[PreparedClaim | Non
         return None
     claim = plan.claim
     yield RemoveSpec(uid, point="unprepare.spec-removed")
+    if claim.metadata:
+        # After the spec: no container can start with a mount of a file that is gone.
+        yield RemoveMetadata(
+            devicemetadata.claim_dir(claim.namespace, claim.name), point="unprepare.metadata-removed"
+        )
     others = {k: v for k, v in facts.prepared.items() if k != uid}
     if node.time_slicing:
         yield RestoreTimeSlices(tuple(sharing.time_slices_to_restore(uid, facts.prepared)))

@@ -12,20 +12,23 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dra.core import migdevices, sharing, vfio
+from dra.core import devicemetadata, migdevices, sharing, vfio
 from dra.core.prepare import MissingDevice, respec
 from dra.core.steps import (
     ApplyTimeSlices,
     Facts,
     Log,
+    MetadataDirs,
     Node,
     Program,
     RemoveLeftovers,
+    RemoveMetadata,
     RemoveSpec,
     SpecUids,
     StartMps,
     StepError,
     StopOtherMps,
+    WriteMetadata,
     WriteSpec,
     ask,
 )
@@ -42,6 +45,10 @@ class RecoverPlan:
     remove: tuple[str, ...]
     write: tuple[tuple[str, Obj], ...]
     missing: tuple[MissingDevice, ...]
+    #: Claims' metadata directories (KEP-5304) no prepared claim has: a crash between write and record.
+    remove_metadata: tuple[str, ...] = ()
+    #: The metadata files of prepared claims that have them, written again like their specs.
+    write_metadata: tuple[devicemetadata.ClaimMetadata, ...] = ()
 
 
 def decide_recover(
@@ -51,6 +58,8 @@ def decide_recover(
     *,
     driver: str,
     mps_root: str = "",
+    metadata_dirs: Collection[str] = (),
+    metadata_root: str = "",
 ) -> RecoverPlan:
     """After a restart, given the UIDs of the claim specs on disk: which to remove, which to write again.
 
@@ -60,19 +69,26 @@ def decide_recover(
     is there is written again too (the store leaves identical bytes alone), so
     that one an older driver wrote gets the current layout before a container of
     the claim restarts; but not when one of its devices vanished, since the old
-    spec still names it and its edits do no harm.
+    spec still names it and its edits do no harm. `metadata_dirs` (the claim directories
+    under `metadata_root`) go the same way: those of prepared claims are written again.
     """
     writes: list[tuple[str, Obj]] = []
     missing: list[MissingDevice] = []
+    metadata: list[devicemetadata.ClaimMetadata] = []
     for uid, claim in prepared.items():
-        spec, gone = respec(claim, inventory, driver, mps_root)
-        missing.extend(gone)
-        if spec is not None and (uid not in specs or not gone):
-            writes.append((uid, spec))
+        again = respec(claim, inventory, driver, mps_root, metadata_root)
+        missing.extend(again.missing)
+        if again.spec is not None and (uid not in specs or not again.missing):
+            writes.append((uid, again.spec))
+            if again.metadata is not None:
+                metadata.append(again.metadata)
+    kept = {devicemetadata.claim_dir(c.namespace, c.name) for c in prepared.values() if c.metadata}
     return RecoverPlan(
         remove=tuple(sorted(uid for uid in specs if uid not in prepared)),
         write=tuple(writes),
         missing=tuple(missing),
+        remove_metadata=tuple(sorted(d for d in metadata_dirs if d not in kept)),
+        write_metadata=tuple(metadata),
     )
 
 
@@ -87,12 +103,20 @@ def recover(node: Node, facts: Facts) -> Program[None]:
         (yield from ask(SpecUids())),
         driver=node.driver,
         mps_root=node.mps_root,
+        metadata_dirs=(yield from ask(MetadataDirs())),
+        metadata_root=node.metadata_root,
     )
     for uid in plan.remove:
         yield Log("info", f"removing CDI spec of claim {uid}, which is not prepared")
         yield RemoveSpec(uid, point="recover.spec-removed")
+    for directory in plan.remove_metadata:
+        yield Log("info", f"removing device metadata {directory} of a claim that is not prepared")
+        yield RemoveMetadata(directory, point="recover.metadata-removed")
     for gone in plan.missing:
         yield Log("warning", gone.message)
+    for files in plan.write_metadata:
+        # Before the spec that mounts them, as in a prepare.
+        yield WriteMetadata(files.directory, files.files, point="recover.metadata-written")
     for uid, spec in plan.write:
         yield WriteSpec(uid, spec, point="recover.spec-written")
     if node.time_slicing:

@@ -99,7 +99,7 @@ def _string(value: str) -> Obj:
     return {"string": value[:MAX_STRING_ATTRIBUTE]}
 
 
-def _shared_attributes(gpu: Gpu, inventory: Inventory) -> dict[str, Obj]:
+def _shared_attributes(gpu: Gpu, inventory: Inventory, lists: bool) -> dict[str, Obj]:
     attributes: dict[str, Obj] = {
         "productName": _string(gpu.product_name),
         "brand": _string(gpu.brand),
@@ -113,7 +113,12 @@ def _shared_attributes(gpu: Gpu, inventory: Inventory) -> dict[str, Obj]:
         attributes["driverVersion"] = {"version": inventory.driver_version}
     if gpu.pcie_root is not None:
         attributes[PCIE_ROOT_ATTRIBUTE] = _string(gpu.pcie_root)
-    if gpu.numa_node is not None:
+    if lists and len(gpu.numa_nodes) > 1:
+        # KEP-5491's list form: the GPU's node first, then the nodes of its socket as close to it.
+        # One node stays an int, so that `numaNode == 0` selectors keep working; matchAttribute
+        # takes a scalar as a list of one.
+        attributes[NUMA_NODE_ATTRIBUTE] = {"ints": list(gpu.numa_nodes)}
+    elif gpu.numa_node is not None:
         attributes[NUMA_NODE_ATTRIBUTE] = {"int": gpu.numa_node}
     if gpu.addressing_mode is not None:
         attributes["addressingMode"] = _string(gpu.addressing_mode)
@@ -166,13 +171,18 @@ def _share_capacity(memory_bytes: int, mode: ShareMode) -> dict[str, Obj]:
 
 
 def device_entry(
-    device: Device, inventory: Inventory, shareable: bool = False, share_mode: ShareMode = "memory"
+    device: Device,
+    inventory: Inventory,
+    shareable: bool = False,
+    share_mode: ShareMode = "memory",
+    *,
+    lists: bool = False,
 ) -> Obj:
     """One device of a slice: name, typed attributes, quantity capacities.
 
     A shareable device (a full GPU or a MIG device) may be allocated to several claims at once,
     each consuming part of its capacity as `share_mode` divides it (allowMultipleAllocations,
-    DRAConsumableCapacity).
+    DRAConsumableCapacity). `lists`: the server keeps list-typed attributes (DRAListTypeAttributes).
     """
     if not _DNS_LABEL.match(device.name):
         raise SliceError(f"device name {device.name!r} is not a DNS label")
@@ -183,7 +193,7 @@ def device_entry(
             "parentUUID": _string(device.parent.uuid),
             "parentIndex": {"int": device.parent.index},
             "profile": _string(device.profile),
-            **_shared_attributes(device.parent, inventory),
+            **_shared_attributes(device.parent, inventory, lists),
         }
         capacity = {"memory": binary_quantity(device.memory_bytes), **_engine_capacity(device.engines)}
     else:
@@ -192,7 +202,7 @@ def device_entry(
             "uuid": _string(device.uuid),
             "index": {"int": device.index},
             "minor": {"int": device.minor},
-            **_shared_attributes(device, inventory),
+            **_shared_attributes(device, inventory, lists),
         }
         capacity = {"memory": binary_quantity(device.memory_bytes)}
     if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
@@ -275,7 +285,12 @@ def _counter_values(counters: Mapping[str, int]) -> Obj:
 
 
 def partition_entry(
-    partition: MigPartition, inventory: Inventory, shareable: bool = False, share_mode: ShareMode = "memory"
+    partition: MigPartition,
+    inventory: Inventory,
+    shareable: bool = False,
+    share_mode: ShareMode = "memory",
+    *,
+    lists: bool = False,
 ) -> Obj:
     """One dynamic-MIG offer as a device: NVIDIA's MIG attributes without a uuid, plus its placement.
 
@@ -292,7 +307,7 @@ def partition_entry(
         "profile": _string(partition.profile),
         "placementStart": {"int": partition.placement_start},
         "placementSize": {"int": partition.placement_size},
-        **_shared_attributes(gpu, inventory),
+        **_shared_attributes(gpu, inventory, lists),
     }
     capacity = {"memory": binary_quantity(partition.memory_bytes), **_engine_capacity(partition.engines)}
     entry: Obj = {
@@ -317,7 +332,7 @@ class _Group:
 
 
 def _dynamic_groups(
-    inventory: Inventory, shared: Collection[str] = (), share_mode: ShareMode = "memory"
+    inventory: Inventory, shared: Collection[str] = (), share_mode: ShareMode = "memory", lists: bool = False
 ) -> list[_Group]:
     groups = []
     for gpu in inventory.dynamic_gpus:
@@ -326,7 +341,7 @@ def _dynamic_groups(
         if len(counters) > MAX_COUNTERS_PER_SET:
             raise SliceError(f"{gpu.name} needs {len(counters)} counters, more than {MAX_COUNTERS_PER_SET}")
         # Not offered whole while its MIG mode waits for a reset to turn off (dra.gpu.discovery).
-        wholes = [device_entry(gpu, inventory)] if inventory.get(gpu.name) is not None else []
+        wholes = [device_entry(gpu, inventory, lists=lists)] if inventory.get(gpu.name) is not None else []
         for whole in wholes:
             whole["consumesCounters"] = [
                 {"counterSet": counter_set_name(gpu), "counters": _counter_values(counters)}
@@ -334,7 +349,13 @@ def _dynamic_groups(
         groups.append(
             _Group(
                 {"name": counter_set_name(gpu), "counters": _counter_values(counters)},
-                [*wholes, *(partition_entry(p, inventory, p.name in shared, share_mode) for p in offers)],
+                [
+                    *wholes,
+                    *(
+                        partition_entry(p, inventory, p.name in shared, share_mode, lists=lists)
+                        for p in offers
+                    ),
+                ],
             )
         )
     return groups
@@ -405,15 +426,18 @@ def build_slices(
     the devices (full GPUs, MIG devices, dynamic-MIG offers) published for several
     claims at once, where the server keeps consumable capacity
     (`features.consumable_capacity`), divided as `share_mode` says; elsewhere they
-    go out exclusive. Offers are shared only from SHARED_OFFERS_MINOR.
+    go out exclusive. Offers are shared only from SHARED_OFFERS_MINOR. A GPU as close
+    to several NUMA nodes gets them all in `numaNode` where the server keeps lists
+    (`features.list_attributes`).
     """
     features = features or ApiFeatures()
+    lists = features.list_attributes
     shared = shareable if features.consumable_capacity else ()
     offers = shared if features.minor >= SHARED_OFFERS_MINOR else ()
-    groups = _dynamic_groups(inventory, offers, share_mode) if features.partitionable_devices else []
+    groups = _dynamic_groups(inventory, offers, share_mode, lists) if features.partitionable_devices else []
     dynamic = {gpu.name for gpu in inventory.dynamic_gpus} if groups else set()
     entries = [
-        device_entry(device, inventory, device.name in shared, share_mode)
+        device_entry(device, inventory, device.name in shared, share_mode, lists=lists)
         for device in inventory
         if device.name not in dynamic
     ]

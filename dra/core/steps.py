@@ -72,6 +72,10 @@ class Node:
     time_slicing: bool = False
     #: The checkpoint's path, for messages.
     checkpoint: str = ""
+    #: Where claims' device metadata files go (KEP-5304), a host path.
+    metadata_root: str = ""
+    #: Whether claims prepared from now on get device metadata files (those that have them keep them).
+    device_metadata: bool = False
     #: Whether claims may pass GPUs through (VfioDeviceConfig binds them to vfio-pci).
     vfio: bool = False
     #: N where shareable devices are divided into N equal shares (--consumable-shares=N), else 0.
@@ -110,6 +114,11 @@ class HasSpec(Query[bool]):
 @dataclass(frozen=True)
 class SpecUids(Query[frozenset[str]]):
     """The UIDs of the claims whose CDI specs are on disk."""
+
+
+@dataclass(frozen=True)
+class MetadataDirs(Query[frozenset[str]]):
+    """The claim directories (dra.core.devicemetadata.claim_dir) under the metadata root."""
 
 
 @dataclass(frozen=True)
@@ -241,6 +250,21 @@ class RemoveSpec(Step):
     """Remove the claim's CDI spec; none is fine."""
 
     uid: str
+
+
+@dataclass(frozen=True)
+class WriteMetadata(Step):
+    """Write a claim's device metadata files, one per request, atomically; other requests' files go."""
+
+    directory: str
+    files: Mapping[str, bytes]
+
+
+@dataclass(frozen=True)
+class RemoveMetadata(Step):
+    """Remove a claim's device metadata directory; none is fine."""
+
+    directory: str
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,8 @@ class ApiFeatures:
     device_taints: bool = False
     #: allowMultipleAllocations and capacity request policies (DRAConsumableCapacity).
     consumable_capacity: bool = False
+    #: List-valued device attributes, `ints` and the like (DRAListTypeAttributes, KEP-5491).
+    list_attributes: bool = False
 
     @property
     def counters_in_own_slice(self) -> bool:
@@ -60,6 +62,8 @@ TAINTS: Final = "taints"
 ALLOW_MULTIPLE_ALLOCATIONS: Final = "allowMultipleAllocations"
 SHARED_COUNTERS: Final = "sharedCounters"
 CONSUMES_COUNTERS: Final = "consumesCounters"
+#: The attribute field the list probe uses (DeviceAttribute.IntValues).
+INT_VALUES: Final = "ints"
 
 #: The gate an admin turns on for each feature (on the API server, scheduler, controller manager
 #: and kubelet), and the release from which it is on whatever the gates say (GA).
@@ -67,7 +71,12 @@ GATES: Final = {
     "partitionable_devices": ("DRAPartitionableDevices", "shared counters (partitionable devices)", None),
     "device_taints": ("DRADeviceTaints", "device taints", 37),
     "consumable_capacity": ("DRAConsumableCapacity", "consumable capacity", None),
+    "list_attributes": ("DRAListTypeAttributes", "list-typed attributes", None),
 }
+#: The components each gate must be on in, where not all four: list-typed attributes are validated
+#: by the API server and matched by the scheduler (KEP-5491's kep.yaml).
+GATE_COMPONENTS: Final = {"DRAListTypeAttributes": "API server, scheduler"}
+_ALL_COMPONENTS = "API server, scheduler, controller manager, kubelet"
 
 _PROBE_COUNTER_SET = "probe"
 
@@ -107,6 +116,26 @@ def probe_slices(driver: str, node_name: str, minor: int) -> list[list[dict[str,
     return [[slice_({SHARED_COUNTERS: counters, "devices": devices})]]
 
 
+def list_probe_slice(driver: str, node_name: str) -> dict[str, Any]:
+    """A throwaway ResourceSlice with one list-valued attribute, created on its own.
+
+    A server that drops the field (gate off, or a release without it) is left with an attribute
+    that has no value and refuses the whole slice as invalid, so this one cannot share a create
+    with the other probes: `kept_fields` reads its answer, and a refusal means dropped.
+    """
+    return {
+        "apiVersion": f"resource.k8s.io/{RESOURCE_VERSION}",
+        "kind": "ResourceSlice",
+        "metadata": {"generateName": "dra-gpu-feature-probe-"},
+        "spec": {
+            "driver": driver,
+            "nodeName": node_name,
+            "pool": {"name": f"{node_name}-feature-probe", "generation": 0, "resourceSliceCount": 1},
+            "devices": [{"name": "list", "attributes": {"probe": {INT_VALUES: [0, 1]}}}],
+        },
+    }
+
+
 def kept_fields(answers: Sequence[Mapping[str, Any]]) -> frozenset[str]:
     """The gated fields that the server's answers to the probe creates still carry."""
     kept: set[str] = set()
@@ -118,6 +147,8 @@ def kept_fields(answers: Sequence[Mapping[str, Any]]) -> frozenset[str]:
             kept.update(
                 name for name in (TAINTS, ALLOW_MULTIPLE_ALLOCATIONS, CONSUMES_COUNTERS) if device.get(name)
             )
+            if any(INT_VALUES in (a or {}) for a in (device.get("attributes") or {}).values()):
+                kept.add(INT_VALUES)
     return frozenset(kept)
 
 
@@ -128,6 +159,7 @@ def features(server: ServerInfo, kept: frozenset[str]) -> ApiFeatures:
         partitionable_devices=SHARED_COUNTERS in kept and CONSUMES_COUNTERS in kept,
         device_taints=TAINTS in kept,
         consumable_capacity=ALLOW_MULTIPLE_ALLOCATIONS in kept,
+        list_attributes=INT_VALUES in kept,
     )
 
 
@@ -144,7 +176,7 @@ def missing(found: ApiFeatures) -> list[str]:
     """One line for each feature the server lacks, naming the gate that turns it on."""
     return [
         f"the API server drops {what} from ResourceSlices (feature gate {gate} off): the driver does "
-        f"without them; turn {gate} on (API server, scheduler, controller manager, kubelet) to use them"
+        f"without them; turn {gate} on ({GATE_COMPONENTS.get(gate, _ALL_COMPONENTS)}) to use them"
         for name, (gate, what, _) in GATES.items()
         if not getattr(found, name)
     ]

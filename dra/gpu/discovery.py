@@ -195,6 +195,7 @@ def _gpu(lib: GpuLibrary, handle: GpuHandle, index: int) -> Gpu:
         addressing_mode=_addressing_mode(lib, handle, index),
         mig_enabled=mig_enabled(lib, handle),
         device_nodes=(node,) if lib.path_exists(node) else (),
+        numa_nodes=lib.numa_nodes(handle),
     )
 
 

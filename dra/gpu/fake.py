@@ -173,10 +173,32 @@ class FakeGpuLibrary(FakeMigPartitions):
     def numa_node(self, gpu: GpuHandle) -> int:
         """The profile's NUMA node, else the first half of the GPUs on node 0 and the rest on 1."""
         assert isinstance(gpu, int)
-        explicit = self._gpu(gpu).numa_node
+        return self._numa_node(gpu)
+
+    def _numa_node(self, index: int) -> int:
+        explicit = self.profile.gpus[index].numa_node
         if explicit is not None:
             return explicit
-        return gpu * 2 // max(len(self.profile.gpus), 2)
+        return index * 2 // max(len(self.profile.gpus), 2)
+
+    def numa_nodes(self, gpu: GpuHandle) -> tuple[int, ...]:
+        """The GPU's node, then the other nodes of its socket (numa_sockets), as dra.gpu.numa reads sysfs."""
+        assert isinstance(gpu, int)
+        node = self._numa_node(gpu)
+        return (node, *sorted(self.numa_sockets()[node] - {node}))
+
+    def numa_sockets(self) -> dict[int, frozenset[int]]:
+        """Each NUMA node of the GPUs with the nodes of its socket, all as close to each other.
+
+        A profile's `numaNode` list names nodes of one socket; nodes listed by no GPU together
+        are sockets of their own (the stand-in host's SLIT table says so: dra.gpu.nvmlstandin).
+        """
+        sockets: list[set[int]] = []
+        for index, gpu in enumerate(self.profile.gpus):
+            nodes = {self._numa_node(index), *gpu.same_socket_numa_nodes}
+            joined = [s for s in sockets if s & nodes]
+            sockets = [s for s in sockets if not s & nodes] + [nodes.union(*joined)]
+        return {node: frozenset(s) for s in sockets for node in s}
 
     def pci_device_id(self, gpu: GpuHandle) -> int:
         """The model's PCI device ID, with NVIDIA's vendor ID in the low 16 bits."""

@@ -158,6 +158,9 @@ class GpuLibrary(Protocol):
     def numa_node(self, gpu: GpuHandle) -> int:
         """NUMA node of the GPU; GpuLibraryError(NOT_SUPPORTED) where there is none."""
 
+    def numa_nodes(self, gpu: GpuHandle) -> tuple[int, ...]:
+        """The GPU's PCI device's NUMA node, then its socket's as close (dra.gpu.numa); () if none."""
+
     def mig_mode(self, gpu: GpuHandle) -> tuple[int, int]:
         """(current, pending) MIG mode; GpuLibraryError(NOT_SUPPORTED) on GPUs without MIG."""
 

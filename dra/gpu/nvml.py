@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from dra.gpu import numa
 from dra.gpu.library import (
     ERROR_FUNCTION_NOT_FOUND,
     ERROR_INVALID_ARGUMENT,
@@ -182,14 +183,25 @@ class NvmlLibrary:
         try:
             return int(self._call("nvmlDeviceGetNumaNodeId", gpu))
         except GpuLibraryError:
-            path = self._sysfs / "bus/pci/devices" / sysfs_bus_id(self.pci_bus_id(gpu)) / "numa_node"
-            try:
-                node = int(path.read_text().strip())
-            except (OSError, ValueError) as err:
-                raise GpuLibraryError(ERROR_NOT_SUPPORTED, f"no NUMA node for {path}") from err
-            if node < 0:
-                raise GpuLibraryError(ERROR_NOT_SUPPORTED, "the GPU is not attached to a NUMA node") from None
-            return node
+            return self._pci_numa_node(gpu)
+
+    def _pci_numa_node(self, gpu: GpuHandle) -> int:
+        path = self._sysfs / "bus/pci/devices" / sysfs_bus_id(self.pci_bus_id(gpu)) / "numa_node"
+        try:
+            node = int(path.read_text().strip())
+        except (OSError, ValueError) as err:
+            raise GpuLibraryError(ERROR_NOT_SUPPORTED, f"no NUMA node for {path}") from err
+        if node < 0:
+            raise GpuLibraryError(ERROR_NOT_SUPPORTED, "the GPU is not attached to a NUMA node") from None
+        return node
+
+    def numa_nodes(self, gpu: GpuHandle) -> tuple[int, ...]:
+        """From sysfs as Kubernetes' deviceattribute reads them: the PCI device's node, then its socket's."""
+        try:
+            node = self._pci_numa_node(gpu)
+        except GpuLibraryError:
+            return ()
+        return numa.same_socket_nodes(self._sysfs, node)
 
     def mig_mode(self, gpu: GpuHandle) -> tuple[int, int]:
         """nvmlDeviceGetMigMode."""

@@ -141,6 +141,9 @@ class FakeGpu:
     mig: tuple[str, ...] | None
     numa_node: int | None = None
     pcie_root: str | None = None
+    #: Other NUMA nodes of the GPU's socket as close to it as its own (sub-NUMA clustering), ascending:
+    #: the rest of the profile's `numaNode` list.
+    same_socket_numa_nodes: tuple[int, ...] = ()
     #: NVML cannot reset the GPU (passthrough to a VM, another client holding it): a MIG mode change
     #: on a model that needs a reset for it stays pending (dra.gpu.fakemig).
     mig_reset_blocked: bool = False
@@ -163,12 +166,28 @@ def _reverse(table: Mapping[_K, str], value: object, where: str) -> _K:
     raise ProfileError(f"{where}: unknown value {quote(value)}; one of: {', '.join(sorted(table.values()))}")
 
 
+#: Linux's highest NUMA node (MAX_NUMNODES is at most 1 << 10), as Kubernetes' deviceattribute bounds it.
+MAX_NUMA_NODE = 1023
+
+
 def _int(value: object, where: str, minimum: int = 0, maximum: int = 2**31 - 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ProfileError(f"{where}: expected an integer >= {minimum}, got {quote(value)}")
     if value > maximum:
         raise ProfileError(f"{where}: at most {maximum}, got {value}")
     return value
+
+
+def _numa(value: object, where: str) -> tuple[int, tuple[int, ...]]:
+    """A node, or a list: the GPU's node, then the other nodes of its socket as close to it."""
+    if not isinstance(value, list):
+        return _int(value, where, maximum=MAX_NUMA_NODE), ()
+    nodes = [_int(v, f"{where}[{i}]", maximum=MAX_NUMA_NODE) for i, v in enumerate(value)]
+    if not nodes or len(set(nodes)) != len(nodes):
+        raise ProfileError(
+            f"{where}: expected a NUMA node or a non-empty list of distinct ones, got {quote(value)}"
+        )
+    return nodes[0], tuple(sorted(nodes[1:]))
 
 
 def _keys(unknown: set[Any]) -> str:
@@ -266,14 +285,14 @@ def parse_profile(data: object, name: str) -> Profile:
             raise ProfileError(f"{where}: unknown keys {_keys(unknown)}; allowed: {sorted(_GPU_KEYS)}")
         model = _model(entry, where)
         mig = _mig(entry, model, where)
-        numa = _int(entry["numaNode"], f"{where}.numaNode") if "numaNode" in entry else None
+        numa, siblings = _numa(entry["numaNode"], f"{where}.numaNode") if "numaNode" in entry else (None, ())
         root = str(entry["pcieRoot"]) if "pcieRoot" in entry else None
         # The bound is what the profile has room left for, so that the total stays within MAX_GPUS.
         count = _int(entry.get("count", 1), f"{where}.count", 1, MAX_GPUS - len(gpus))
         blocked = entry.get("migResetBlocked", False)
         if not isinstance(blocked, bool):
             raise ProfileError(f"{where}.migResetBlocked: expected true or false, got {quote(blocked)}")
-        gpus.extend(FakeGpu(model, mig, numa, root, blocked) for _ in range(count))
+        gpus.extend(FakeGpu(model, mig, numa, root, siblings, blocked) for _ in range(count))
     cuda = str(data.get("cudaDriverVersion", "12.4"))
     major, _, minor = cuda.partition(".")
     if not (_digits(major) and (_digits(minor) or minor == "")):

@@ -44,6 +44,7 @@ def kubelet_plugin(args: argparse.Namespace) -> int:
         mig_config_file=args.mig_config_file,
         mig_config=args.mig_config or None,
         claim_metrics_interval=args.claim_metrics_interval,
+        device_metadata=args.device_metadata,
         vfio=args.vfio,
         instance_id=(args.instance_id or uuid.uuid4().hex) if args.rolling_update else None,
     )

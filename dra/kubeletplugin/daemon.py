@@ -16,8 +16,9 @@ from anyio.abc import TaskGroup
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.kube import KubeClient, KubeError
+from dra.adapters.metadatastore import MetadataStore
 from dra.adapters.pcisysfs import PciSysfs
-from dra.core import versions
+from dra.core import devicemetadata, versions
 from dra.core.assignment import GpuPath, Selector, select
 from dra.core.checkpointformat import CheckpointError
 from dra.core.migconfig import MigConfigs
@@ -76,6 +77,8 @@ class PluginSettings(DaemonSettings):
     mig_config: str | None = None
     #: Seconds between samples of dra_gpu_claim_device_info; 0: not sampled.
     claim_metrics_interval: float = 10.0
+    #: Whether claims prepared get device metadata files (KEP-5304, --device-metadata).
+    device_metadata: bool = False
     #: Claims may pass whole GPUs through (VfioDeviceConfig; --vfio).
     vfio: bool = False
 
@@ -207,6 +210,8 @@ async def _serve(
             vfio=settings.vfio,
             # MPS limits follow a counted share (docs/sharing.md, NVIDIA's share modes).
             equal_shares=settings.share_mode if isinstance(settings.share_mode, int) else 0,
+            metadata=MetadataStore(settings.state_directory / devicemetadata.HOST_SUBDIR),
+            device_metadata=settings.device_metadata,
         )
         # A GPU on vfio-pci is lost to NVML on purpose: not a health problem.
         tracker.passed_through = state.passed_through

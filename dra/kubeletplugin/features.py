@@ -16,6 +16,9 @@ from dra.core import versions
 
 log = logging.getLogger(__name__)
 
+#: The status of a create the server refuses as invalid.
+UNPROCESSABLE = 422
+
 
 async def detect_features(
     kube: KubeClient, info: versions.ServerInfo | None, driver: str, node_name: str
@@ -34,6 +37,7 @@ async def detect_features(
         for batch in versions.probe_slices(driver, node_name, info.minor):
             for obj in batch:
                 answers.append(await kube.dry_run_create_resource_slice(obj))
+        answers.extend(await _list_probe(kube, driver, node_name))
     except KubeError as err:
         found = versions.assumed_features(info)
         log.warning(
@@ -47,6 +51,16 @@ async def detect_features(
         log.warning("%s", line)
     log.info("API server %s keeps %s", info.git_version, _describe(found))
     return found
+
+
+async def _list_probe(kube: KubeClient, driver: str, node_name: str) -> list[Obj]:
+    """The answer to the list-typed attribute probe; none when the server refused it as invalid (dropped)."""
+    try:
+        return [await kube.dry_run_create_resource_slice(versions.list_probe_slice(driver, node_name))]
+    except KubeError as err:
+        if err.status == UNPROCESSABLE:
+            return []
+        raise
 
 
 def _describe(found: versions.ApiFeatures) -> str:

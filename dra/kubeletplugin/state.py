@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from dra.adapters import faults
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.metadatastore import MetadataStore
 from dra.adapters.pcisysfs import PciSysfs
 from dra.core import migdevices, recovery
 from dra.core import prepare as programs
@@ -66,8 +67,13 @@ class DeviceState:
         pci: PciSysfs | None = None,
         vfio: bool = False,
         equal_shares: int = 0,
+        metadata: MetadataStore | None = None,
+        device_metadata: bool = False,
     ) -> None:
-        """`pci` is the sysfs GPUs are passed through by ("/" when None); `vfio` lets claims do so."""
+        """`pci` is the sysfs GPUs are passed through by ("/" when None); `vfio` lets claims do so.
+
+        `metadata` keeps claims' metadata files (KEP-5304); with `device_metadata` new claims get them.
+        """
         self.driver = driver
         self.pool = node_name
         self.inventory = inventory
@@ -80,8 +86,11 @@ class DeviceState:
             checkpoint=str(checkpoint.path),
             vfio=vfio,
             equal_shares=equal_shares,
+            metadata_root=str(metadata.root) if metadata is not None else "",
+            device_metadata=device_metadata and metadata is not None,
         )
         self._cdi = cdi_store
+        self._metadata = metadata
         self._checkpoint = checkpoint
         #: The GPU library dynamic MIG makes and destroys MIG devices through.
         self._lib = lib
@@ -208,6 +217,7 @@ class DeviceState:
             s.ReadState: lambda _: self._facts(),
             s.HasSpec: lambda step: self._cdi.exists(step.uid),
             s.SpecUids: lambda _: frozenset(self._cdi.claim_uids()),
+            s.MetadataDirs: lambda _: self._metadata.directories() if self._metadata else frozenset(),
             s.MissingHostPaths: lambda step: tuple(self._cdi.missing_host_paths(step.spec)),
             s.Save: self._save,
             s.Sync: lambda step: self._checkpoint.sync(step.ticket),
@@ -216,6 +226,8 @@ class DeviceState:
             s.RemoveLeftovers: self._remove_leftovers,
             s.WriteSpec: lambda step: self._cdi.write(step.uid, step.spec),
             s.RemoveSpec: lambda step: self._cdi.remove(step.uid),
+            s.WriteMetadata: lambda step: self._metadata_store().write(step.directory, step.files),
+            s.RemoveMetadata: lambda step: self._metadata_store().remove(step.directory),
             s.SetInventory: self._set_inventory,
             s.ListGpuInstances: lambda step: tuple(
                 s.GpuInstanceAt(i.gpu_instance_id, i.placement.start, i.placement.size)
@@ -254,6 +266,8 @@ class DeviceState:
     def _remove_leftovers(self, step: s.RemoveLeftovers) -> None:
         self._checkpoint.remove_leftovers()
         self._cdi.remove_leftovers()
+        if self._metadata is not None:
+            self._metadata.remove_leftovers()
 
     def _set_inventory(self, step: s.SetInventory) -> None:
         self.inventory = step.inventory
@@ -266,6 +280,10 @@ class DeviceState:
     def _slicer(self) -> TimeSlicer:
         assert self._time_slicer is not None
         return self._time_slicer
+
+    def _metadata_store(self) -> MetadataStore:
+        assert self._metadata is not None
+        return self._metadata
 
     def _daemons(self) -> MpsDaemons:
         assert self._mps is not None

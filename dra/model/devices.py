@@ -33,6 +33,9 @@ class Gpu:
     addressing_mode: str | None
     mig_enabled: bool
     device_nodes: tuple[str, ...]
+    #: The NUMA nodes the GPU is as close to as its own, its own first (KEP-5491's list form of
+    #: numaNode, dra.gpu.numa); () where unknown.
+    numa_nodes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

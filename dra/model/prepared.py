@@ -49,6 +49,11 @@ class PreparedClaim:
     namespace: str
     name: str
     devices: tuple[PreparedDevice, ...]
+    #: The pod's name for a claim made from a template (annotation resource.kubernetes.io/pod-claim-name);
+    #: "" for a claim the pod names itself.
+    pod_claim_name: str = ""
+    #: Whether the claim's requests have device metadata files (KEP-5304), mounted through its CDI spec.
+    metadata: bool = False
 
     def holds(self, name: str, uuid: str, share_id: str = "") -> bool:
         """Whether this claim holds that device (or that share of it) so that another cannot have it.

@@ -35,6 +35,7 @@ from localcluster.workloads import (
     committed_device_classes,
     ensure_device_classes,
     observed,
+    out_dir,
     pod_claim,
     seen,
 )
@@ -52,6 +53,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.containerd]
 PROFILE = "h100x8-mig"
 SPLIT = "--device-plugin-gpus=2,3"
 DYNAMIC = ("--mig-mode=static,1=dynamic", "--mig-profiles=3g.40gb")
+#: KEP-5304: each claim's containers get their devices' attributes in files.
+METADATA = "--device-metadata=true"
 PRODUCT = "NVIDIA H100 80GB HBM3"
 
 
@@ -67,7 +70,7 @@ def ctr_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterInf
     workdir = tmp_path_factory.mktemp("containerd")
     try:
         driver = DriverProcess(
-            info, PROFILE, workdir / "driver.log", extra_args=(SPLIT, *DYNAMIC, "--vfio=true")
+            info, PROFILE, workdir / "driver.log", extra_args=(SPLIT, *DYNAMIC, "--vfio=true", METADATA)
         ).start()
         device_plugin = DevicePluginProcess(info, PROFILE, workdir, extra_args=(SPLIT,)).start()
         try:
@@ -294,6 +297,85 @@ def test_two_containers_sharing_a_claim_see_the_same_gpu(
     assert device is not None
     assert left.smi == right.smi == smi_lines([device])
     assert left.dev == right.dev
+
+
+ATTRIBUTES = "/var/run/kubernetes.io/dra-device-attributes"
+
+
+def test_each_container_reads_the_attributes_of_its_requests_devices_from_files(
+    ckube: Kube, ctr_cluster: ClusterInfo, ns: str, inventory: Inventory
+) -> None:
+    exactly = {"deviceClassName": "gpu.nvidia.com", "count": 1}
+    ckube.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "two", "namespace": ns},
+            "spec": {
+                "spec": {
+                    "devices": {"requests": [{"name": n, "exactly": exactly} for n in ("train", "serve")]}
+                }
+            },
+        }
+    )
+    refs = {"left": "train", "right": "serve"}
+    pod = observed(
+        ctr_cluster,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "meta", "namespace": ns},
+            "spec": {
+                "terminationGracePeriodSeconds": 0,
+                "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "two"}],
+                "containers": [
+                    {"name": c, "resources": {"claims": [{"name": "gpus", "request": r}]}}
+                    for c, r in refs.items()
+                ],
+            },
+        },
+    )
+    # What each container finds under the well-known directory, and its one file's contents.
+    for container in pod["spec"]["containers"]:
+        container["command"] = [
+            "sh",
+            "-c",
+            f'o=/out/"$C"; find {ATTRIBUTES} -type f > "$o.files"; '
+            f'cat {ATTRIBUTES}/*/*/*/*-metadata.json > "$o.json"; touch "$o.done"; exec sleep 3600',
+        ]
+    ckube.create(pod)
+    out = out_dir(ctr_cluster, ns, "meta")
+    for container in refs:
+        wait_for(f"{container} to read its files", (out / f"{container}.done").exists, timeout=90)
+    claim = pod_claim(ckube, ns, "meta")
+    devices = {r["request"]: r["device"] for r in claim["status"]["allocation"]["devices"]["results"]}
+    for container, request in refs.items():
+        path = f"{ATTRIBUTES}/resourceclaimtemplates/gpus/{request}/{DRIVER}-metadata.json"
+        # Only its own request's file: the other request's device is not its business.
+        assert (out / f"{container}.files").read_text().split() == [path]
+        newest = json.JSONDecoder().raw_decode((out / f"{container}.json").read_text())[0]
+        assert newest["apiVersion"] == "metadata.resource.k8s.io/v1beta1"
+        assert newest["metadata"]["name"] == claim["metadata"]["name"]
+        assert newest["podClaimName"] == "gpus"
+        [entry] = newest["requests"]
+        [device] = entry["devices"]
+        assert (entry["name"], device["name"], device["pool"]) == (
+            request,
+            devices[request],
+            ctr_cluster.node_name,
+        )
+        found = inventory.get(devices[request])
+        assert found is not None
+        assert device["attributes"]["uuid"] == {"string": found.uuid}
+    host = Path(ctr_cluster.kubelet_root) / "plugins" / DRIVER / "dra-device-metadata"
+    assert sorted(p.name for p in (host / f"{ns}_{claim['metadata']['name']}").iterdir()) == [
+        "serve",
+        "train",
+    ]
+    ckube.delete("v1", "Pod", "meta", ns, grace_period=0)
+    wait_for(
+        "the claim's files to be removed", lambda: not (host / f"{ns}_{claim['metadata']['name']}").exists()
+    )
 
 
 def test_a_pod_without_a_claim_sees_no_gpu(ckube: Kube, ctr_cluster: ClusterInfo, ns: str) -> None:

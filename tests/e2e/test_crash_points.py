@@ -53,6 +53,8 @@ class Case:
     restart_arm: str | None = None
     #: The directory ("cdi" or "state") where the crash leaves a temporary file.
     leftover: str | None = None
+    #: The driver runs with --device-metadata (KEP-5304): the claim's files are steps too.
+    metadata: bool = False
 
     @property
     def point(self) -> str:
@@ -76,6 +78,10 @@ CASES = [
     Case("atomicfile.temp-written:2", "prepare", restart_arm="recover.leftovers-removed", leftover="cdi"),
     Case("prepare.cdi-written", "prepare", restart_arm="recover.spec-removed"),
     Case("unprepare.spec-removed", "unprepare", restart_arm="recover.spec-written"),
+    Case("prepare.metadata-written", "prepare", metadata=True),
+    Case("unprepare.metadata-removed", "unprepare", metadata=True),
+    Case("prepare.metadata-written", "prepare", restart_arm="recover.metadata-removed", metadata=True),
+    Case("unprepare.spec-removed", "unprepare", restart_arm="recover.metadata-written", metadata=True),
 ]
 
 #: Points whose crash case lives in another test, which needs a set-up this matrix lacks
@@ -97,6 +103,13 @@ COVERED_ELSEWHERE = {
     "miglayout.destroyed": "tests/unit/test_miglayout.py",
     "miglayout.gpu-instance-created": "tests/unit/test_miglayout.py",
     "miglayout.compute-instance-created": "tests/unit/test_miglayout.py",
+    # Passthrough needs a fake sysfs with an IOMMU; the executor is ended after each of its steps there.
+    "vfio-intent-recorded": "tests/unit/test_prepare_steps.py",
+    "vfio-sibling-unbound": "tests/unit/test_prepare_steps.py",
+    "vfio-bound": "tests/unit/test_prepare_steps.py",
+    "vfio-recorded": "tests/unit/test_prepare_steps.py",
+    "vfio-released": "tests/unit/test_prepare_steps.py",
+    "vfio-sibling-restored": "tests/unit/test_prepare_steps.py",
 }
 
 
@@ -186,9 +199,17 @@ def _call(driver: DriverProcess, method: str, claim: Obj) -> str:
         return unprepared.claims[claim["metadata"]["uid"]].error
 
 
-def _start(driver: DriverProcess, arm: str | None = None) -> None:
+def _start(driver: DriverProcess, arm: str | None = None, metadata: bool = False) -> None:
     driver.env = {"DRA_GPU_FAULT_POINT": arm} if arm else {}
+    if metadata:
+        driver.env["DRA_GPU_DEVICE_METADATA"] = "true"
     driver.start()
+
+
+def _metadata_files(driver: DriverProcess) -> list[str]:
+    """Every file under the driver's device metadata directory, temporary ones too."""
+    root = driver.checkpoint.parent / "dra-device-metadata"
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
 
 
 def _assert_crashed_at(driver: DriverProcess, point: str) -> None:
@@ -218,7 +239,7 @@ def test_crash_converges(
     claim = _claim(kube, namespace, cluster.node_name)
     uid = claim["metadata"]["uid"]
 
-    _start(driver)
+    _start(driver, metadata=case.metadata)
     if case.call == "release":
         # A claim prepared, then deleted without an unprepare: the next claim of its device releases it.
         holder = _claim(kube, namespace, cluster.node_name)
@@ -232,7 +253,7 @@ def test_crash_converges(
         CheckpointStore(driver.checkpoint).save({})
 
     method = "unprepare" if case.call == "unprepare" else "prepare"
-    _start(driver, case.arm)
+    _start(driver, case.arm, case.metadata)
     with pytest.raises(grpc.RpcError) as dropped:
         _call(driver, method, claim)
     assert dropped.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -242,15 +263,17 @@ def test_crash_converges(
 
     if case.restart_arm is not None:
         with pytest.raises(RuntimeError, match="exited with 137"):
-            _start(driver, case.restart_arm)
+            _start(driver, case.restart_arm, case.metadata)
         _assert_crashed_at(driver, case.restart_arm)
-    _start(driver)
+    _start(driver, metadata=case.metadata)
     assert _call(driver, method, claim) == ""
 
     assert _leftovers(cdi.root, driver.checkpoint.parent) == {"cdi": [], "state": []}
     if method == "prepare":
         assert _prepared(driver) == {uid}
         assert cdi.claim_uids() == [uid]
+        if case.metadata:
+            assert _metadata_files(driver) == [f"{namespace}_{claim['metadata']['name']}/gpu/metadata.json"]
         rival = _claim(kube, namespace, cluster.node_name)
         refused = _call(driver, "prepare", rival)
         assert f"device {DEVICE} is already prepared for claim {namespace}/{claim['metadata']['name']}" in (
@@ -260,4 +283,5 @@ def test_crash_converges(
         assert _call(driver, "unprepare", claim) == ""
     assert _prepared(driver) == set()
     assert cdi.claim_uids() == []
+    assert _metadata_files(driver) == []
     assert driver.stop() == 0, driver.log_path.read_text()[-3000:]

@@ -280,6 +280,9 @@ class BrokenGpus(FakeGpuLibrary):
             raise GpuLibraryError(ERROR_NOT_SUPPORTED, "not supported")
         return super().numa_node(gpu)
 
+    def numa_nodes(self, gpu: GpuHandle) -> tuple[int, ...]:
+        return () if self.no_numa else super().numa_nodes(gpu)
+
     def mig_attributes(self, mig: MigHandle) -> MigAttributes:
         if getattr(mig, "gpu_index", None) in self.lost_mig:
             raise GpuLibraryError(ERROR_GPU_IS_LOST, "GPU is lost")
@@ -307,7 +310,7 @@ def test_a_mig_gpu_whose_mig_queries_fail_is_skipped_whole() -> None:
 def test_a_gpu_without_numa_node_is_still_published() -> None:
     inv = discover(BrokenGpus("h100x8", no_numa=True))
     assert len(inv) == 8
-    assert all(g.numa_node is None for g in inv.gpus)
+    assert all(g.numa_node is None and g.numa_nodes == () for g in inv.gpus)
 
 
 class FailingCall(FakeGpuLibrary):

@@ -1,7 +1,10 @@
 """Which gated ResourceSlice fields the API server keeps: the probe, the decision, the start-up log.
 
 The answers below are what real API servers sent to the probe's dry-run creates
-(kube-apiserver v1.34.12 with the harness's gates on and with them off, v1.37.2).
+(kube-apiserver v1.34.12 with the harness's gates on and with them off, v1.37.2). The list-typed
+attribute probe: 1.34.12 drops `ints` (an unknown field there, with a warning) and 1.37.2 with
+DRAListTypeAttributes off drops it too, and both then refuse the attribute left without a value
+(422); 1.37.2 with the gate on keeps it.
 """
 
 from __future__ import annotations
@@ -44,6 +47,11 @@ def _created(answer: dict[str, Any]) -> bytes:
     )
 
 
+def _refused() -> bytes:
+    body = b'{"kind": "Status", "reason": "Invalid", "code": 422}'
+    return _response(422, body).replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1)
+
+
 def _answer(**spec: Any) -> dict[str, Any]:
     return {"kind": "ResourceSlice", "spec": {"driver": "gpu.nvidia.com", "nodeName": "n", **spec}}
 
@@ -51,6 +59,7 @@ def _answer(**spec: Any) -> dict[str, Any]:
 KEPT_134 = _answer(devices=DEVICES, sharedCounters=COUNTERS)
 DROPPED_134 = _answer(devices=[{"name": "taint"}, {"name": "shared"}, {"name": "counters"}])
 KEPT_137 = [_answer(sharedCounters=COUNTERS), _answer(devices=DEVICES)]
+LIST_KEPT = _answer(devices=[{"name": "list", "attributes": {"probe": {"ints": [0, 1]}}}])
 
 
 def test_on_134_one_slice_carries_counters_and_devices_together() -> None:
@@ -85,6 +94,14 @@ def test_a_137_server_keeps_every_feature_across_its_two_slices() -> None:
     assert found.counters_in_own_slice
 
 
+def test_list_typed_attributes_are_probed_in_a_slice_of_their_own() -> None:
+    probe = versions.list_probe_slice("gpu.nvidia.com", "n")
+    assert probe["spec"]["pool"]["name"] == "n-feature-probe"
+    assert probe["spec"]["devices"] == [{"name": "list", "attributes": {"probe": {"ints": [0, 1]}}}]
+    assert features(V137, kept_fields([*KEPT_137, LIST_KEPT])).list_attributes
+    assert not features(V137, kept_fields(KEPT_137)).list_attributes
+
+
 def test_counters_need_both_the_sets_and_the_devices_consuming_them() -> None:
     assert not features(V137, kept_fields([KEPT_137[1]])).partitionable_devices
 
@@ -99,7 +116,10 @@ def test_each_missing_feature_names_its_gate() -> None:
     assert lines == [
         "the API server drops device taints from ResourceSlices (feature gate DRADeviceTaints off): the "
         "driver does without them; turn DRADeviceTaints on (API server, scheduler, controller manager, "
-        "kubelet) to use them"
+        "kubelet) to use them",
+        "the API server drops list-typed attributes from ResourceSlices (feature gate "
+        "DRAListTypeAttributes off): the driver does without them; turn DRAListTypeAttributes on "
+        "(API server, scheduler) to use them",
     ]
 
 
@@ -107,27 +127,38 @@ def test_each_missing_feature_names_its_gate() -> None:
 async def test_the_plugin_logs_once_per_missing_feature_at_start(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    server = Server([_created(DROPPED_134)])
+    server = Server([_created(DROPPED_134)], [_refused()])
     async with _client(tmp_path, server) as client:
         with caplog.at_level(logging.INFO, logger="dra.kubeletplugin.features"):
             found = await detect_features(client, V134, "gpu.nvidia.com", "n")
     assert found == ApiFeatures(34, False, False, False)
-    [request] = server.requests
-    assert request.startswith(b"POST /apis/resource.k8s.io/v1/resourceslices?dryRun=All ")
+    assert all(
+        r.startswith(b"POST /apis/resource.k8s.io/v1/resourceslices?dryRun=All ") for r in server.requests
+    )
+    assert len(server.requests) == 2
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert [w.split(" (feature gate ")[1].split(" ")[0] for w in warnings] == [
         "DRAPartitionableDevices",
         "DRADeviceTaints",
         "DRAConsumableCapacity",
+        "DRAListTypeAttributes",
     ]
 
 
 @pytest.mark.anyio
-async def test_a_137_server_is_asked_twice_and_everything_is_on(tmp_path: Path) -> None:
-    server = Server(*([_created(answer)] for answer in KEPT_137))
+async def test_a_137_server_is_asked_three_times(tmp_path: Path) -> None:
+    server = Server(*([_created(answer)] for answer in KEPT_137), [_refused()])
     async with _client(tmp_path, server) as client:
         assert await detect_features(client, V137, "gpu.nvidia.com", "n") == ApiFeatures(37, True, True, True)
-    assert len(server.requests) == 2
+    assert len(server.requests) == 3
+
+
+@pytest.mark.anyio
+async def test_a_137_server_with_list_typed_attributes_on_keeps_them(tmp_path: Path) -> None:
+    server = Server(*([_created(answer)] for answer in [*KEPT_137, LIST_KEPT]))
+    async with _client(tmp_path, server) as client:
+        found = await detect_features(client, V137, "gpu.nvidia.com", "n")
+    assert found == ApiFeatures(37, True, True, True, list_attributes=True)
 
 
 @pytest.mark.anyio

@@ -17,9 +17,10 @@ import pytest
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.fakesysfs import FakeFunction, FakeSysfs
+from dra.adapters.metadatastore import MetadataStore
 from dra.adapters.pcisysfs import PciSysfs
+from dra.core import devicemetadata, steps
 from dra.core import prepare as programs
-from dra.core import steps
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.gpu import dynamic
 from dra.gpu.discovery import discover
@@ -128,13 +129,39 @@ def test_a_new_claim_is_spec_then_record_then_settings_then_fsync(tmp_path: Path
     ]
 
 
+def test_device_metadata_files_are_written_before_the_spec_that_mounts_them(tmp_path: Path) -> None:
+    facts = steps.Facts({}, (), _inventory(tmp_path))
+    node = steps.Node(DRIVER, NODE, metadata_root="/plugin/dra-device-metadata", device_metadata=True)
+    trace = _trace(programs.prepare(node, _allocation(WHOLE), facts), _answers(facts))
+    assert trace[2:5] == [
+        "WriteMetadata@prepare.metadata-written",
+        "Mark@prepare.before-cdi-write",
+        "WriteSpec@prepare.cdi-written",
+    ]
+
+
+def test_a_failed_metadata_write_refuses_the_claim_and_leaves_nothing(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    (tmp_path / "metadata").write_text("not a directory")
+    with pytest.raises(ClaimError, match="cannot write the device metadata files of claim"):
+        state.prepare(_allocation(WHOLE))
+    assert state.prepared == {}
+    assert CdiStore(tmp_path / "cdi", DRIVER).claim_uids() == []
+
+
 def test_a_holder_is_asked_about_without_the_lock_and_released_before_the_spec(tmp_path: Path) -> None:
     prepared = _prepare_and_record(tmp_path, _allocation(WHOLE, OTHER))
     facts = steps.Facts({OTHER: prepared}, (), _inventory(tmp_path))
     program = programs.prepare(NODE_FACTS, _allocation(WHOLE), facts)
     trace = _trace(program, _answers(facts, {steps.AskStale: {OTHER: "the claim no longer exists"}}))
     assert trace[:4] == ["AskStale", "ReadState", "HasSpec", "MissingHostPaths"]
-    assert trace[4:7] == ["Log", "RemoveSpec@prepare.stale-spec-removed", "Mark@prepare.before-cdi-write"]
+    # The holder (prepared with device metadata) loses its files with its spec.
+    assert trace[4:8] == [
+        "Log",
+        "RemoveSpec@prepare.stale-spec-removed",
+        "RemoveMetadata",
+        "Mark@prepare.before-cdi-write",
+    ]
     assert not steps.AskStale.locked
     assert steps.ReadState.locked
 
@@ -277,6 +304,8 @@ def test_unprepare_removes_the_spec_undoes_settings_then_drops_the_record(tmp_pa
     node = steps.Node(DRIVER, NODE, mps_root="/run/mps", time_slicing=True)
     assert _trace(programs.unprepare(node, UID, facts), {}) == [
         "RemoveSpec@unprepare.spec-removed",
+        # The claim was prepared with device metadata files: they go once no container can mount them.
+        "RemoveMetadata@unprepare.metadata-removed",
         "RestoreTimeSlices",
         "ReleaseMps",
         "Mark@sharing-before-unrecord",
@@ -311,6 +340,8 @@ def _state(root: Path) -> DeviceState:
         lib,
         pci=PciSysfs(pci.root, write=pci.write),
         vfio=True,
+        metadata=MetadataStore(root / "metadata"),
+        device_metadata=True,
     )
 
 
@@ -339,6 +370,12 @@ def _instances(root: Path) -> list[tuple[int, str, int, int]]:
         for gpu, found in sorted(_lib(root).instances().items())
         for i in found
     ]
+
+
+def _metadata(root: Path) -> set[str]:
+    """Every file under the metadata root (temporary ones too), relative to it."""
+    base = root / "metadata"
+    return {str(p.relative_to(base)) for p in base.rglob("*") if p.is_file()} if base.is_dir() else set()
 
 
 #: (name, what happens before, the call that is killed, the device it prepares or "" for an unprepare)
@@ -436,6 +473,7 @@ def test_a_crash_after_any_step_is_repaired_and_the_retry_converges(
             assert isinstance(claim, PreparedClaim), ran
             assert set(restarted.prepared) == {UID}, ran
             assert cdi.claim_uids() == [UID], ran
+            assert _metadata(root) == {f"default_claim-{UID[:4]}/gpu/{devicemetadata.HOST_FILE}"}, ran
             assert _instances(root) == ([(0, "3g.40gb", 4, 4)] if device == MIG else []), ran
             # CUDA sees the whole GPU only with MIG off; MIG devices need it on.
             if device in (MIG, DYNAMIC_WHOLE):
@@ -452,6 +490,7 @@ def test_a_crash_after_any_step_is_repaired_and_the_retry_converges(
         assert restarted.prepared == {}, ran
         assert restarted.actions == [], ran
         assert cdi.claim_uids() == [], ran
+        assert _metadata(root) == set(), ran
         assert _instances(root) == [], ran
         assert _drivers(root) == {**untouched, AUDIO: ("snd_hda_intel", "")}, ran
         # What a fresh start reads from disk agrees.

@@ -129,3 +129,26 @@ def test_the_oracle_compiles_unchecked_because_its_checker_rejects_dyn_ranges(or
     device = {"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}}
     assert oracle.verdict(expression, oracle_device(device, DRIVER)) == "true"
     assert dra_verdict(expression, device, DRIVER) == "true"
+
+
+def test_both_evaluators_agree_on_list_valued_attributes(oracle: Oracle) -> None:
+    """KEP-5491: list attributes are CEL lists (membership, macros, indexing, equality)."""
+    published = devices(DRIVER, lists=True)
+    data = [oracle_device(device, DRIVER, DOMAINS) for device in published]
+    selectors = [
+        s
+        for s in SelectorGenerator(published, DRIVER, SEED + 1).selectors(SELECTORS)
+        # As above, those Kubernetes rejects at write time are the cluster test's.
+        if ("links" in s or "zones" in s) and compiles(s)
+    ]
+    assert len(selectors) > 40
+    verdicts: collections.Counter[str] = collections.Counter()
+    disagreements = []
+    for expression in selectors:
+        for device, device_data in zip(published, data, strict=True):
+            ours, theirs = dra_verdict(expression, device, DRIVER), oracle.verdict(expression, device_data)
+            verdicts[ours] += 1
+            if ours != theirs:
+                disagreements.append(f"on {device['name']}: dra.cel {ours}, oracle {theirs}: {expression}")
+    assert not disagreements, f"{len(disagreements)} disagreements:\n" + "\n".join(disagreements[:20])
+    assert all(verdicts[v] for v in ("true", "false", "error")), verdicts

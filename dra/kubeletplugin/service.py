@@ -73,6 +73,7 @@ def _response(claim: PreparedClaim) -> dra_pb2.NodePrepareResourceResponse:
                 pool_name=d.pool,
                 device_name=d.device,
                 cdi_device_ids=list(d.cdi_device_ids),
+                share_id=d.share_id or None,
             )
             for d in claim.devices
         ]

@@ -362,3 +362,19 @@ def test_a_counted_share_of_a_mig_device_with_mps_gets_its_part_at_prepare() -> 
         50,
         f"{memory // 2 // 1024**2}M",
     )
+
+
+def test_the_kubelet_is_told_which_share_each_device_is() -> None:
+    # 1.37's DRA proto carries the share (Device.share_id), and the kubelet lists it in its
+    # pod-resources API; a whole device has none, and the field stays unset for older kubelets.
+    from dra.kubeletplugin.service import _response
+    from dra.model.prepared import PreparedClaim, PreparedDevice
+
+    share = "7a0b7f4e-7c1c-4a4b-9f3e-3c8b9d0a1e22"
+    shared = PreparedDevice(("gpu",), NODE, "gpu-0", (), uuid="GPU-0", share_id=share)
+    whole = PreparedDevice(("gpu",), NODE, "gpu-1", (), uuid="GPU-1")
+    response = _response(PreparedClaim("uid", "ns", "claim", (shared, whole)))
+    first, second = response.devices
+    assert first.HasField("share_id")
+    assert first.share_id == share
+    assert not second.HasField("share_id")

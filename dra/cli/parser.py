@@ -18,7 +18,18 @@ from dra.cli.options import DEFAULT_DRIVER
 from dra.core import taints, versions
 from dra.core.assignment import parse_selector
 from dra.core.labels import parse_template
-from dra.daemon.flags import apply_environment, boolean, csv, dns_subdomain, nonempty, option, path, seconds
+from dra.core.usage import DEFAULT_MAX_SERIES
+from dra.daemon.flags import (
+    apply_environment,
+    boolean,
+    csv,
+    dns_subdomain,
+    nonempty,
+    option,
+    path,
+    positive_int,
+    seconds,
+)
 from dra.deviceplugin import config as dpconfig
 from dra.deviceplugin.allocate import parse_strategies
 from dra.deviceplugin.resources import DEFAULT_RESOURCE
@@ -92,6 +103,30 @@ def build_parser() -> argparse.ArgumentParser:
         "and containers using them, labelled to join DCGM's series); 0 disables",
         10.0,
         type=seconds,
+    )
+    option(
+        plugin,
+        "--usage-processes",
+        "attribute the use of shared GPUs per process: each process NVML lists is mapped to its pod and "
+        "container through /proc/<pid>/cgroup (needs the host's PIDs: hostPID) and the node's pods "
+        "(needs list on pods); true or false",
+        False,
+        type=boolean,
+    )
+    option(
+        plugin,
+        "--usage-procfs",
+        "where the host's /proc is seen, for --usage-processes",
+        Path("/proc"),
+        type=path,
+    )
+    option(
+        plugin,
+        "--usage-max-series",
+        "claim usage series kept at most per sample (the rest are counted in "
+        "dra_gpu_usage_series_dropped_total)",
+        DEFAULT_MAX_SERIES,
+        type=positive_int,
     )
     option(
         plugin,

@@ -338,7 +338,9 @@ class FakeGpuLibrary(FakeMigPartitions):
         if gpu_instance_id is None:
             devices = [self.uuid(gpu), *(self.uuid(MigHandle(m)) for m in self._migs(gpu))]
         else:
-            devices = [self.uuid(MigHandle(m)) for m in self._migs(gpu) if m.gpu_instance_id == gpu_instance_id]
+            devices = [
+                self.uuid(MigHandle(m)) for m in self._migs(gpu) if m.gpu_instance_id == gpu_instance_id
+            ]
             if not devices:
                 raise GpuLibraryError(ERROR_NOT_FOUND, f"no GPU instance {gpu_instance_id}")
         now, busy = self.processes.busy_seconds(devices)

@@ -44,6 +44,9 @@ def kubelet_plugin(args: argparse.Namespace) -> int:
         mig_config_file=args.mig_config_file,
         mig_config=args.mig_config or None,
         claim_metrics_interval=args.claim_metrics_interval,
+        usage_processes=args.usage_processes,
+        usage_procfs=args.usage_procfs,
+        usage_max_series=args.usage_max_series,
         instance_id=(args.instance_id or uuid.uuid4().hex) if args.rolling_update else None,
     )
     # Before anything else, while this is the only thread: only the launcher keeps CAP_SYS_ADMIN.

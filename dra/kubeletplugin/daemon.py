@@ -22,6 +22,7 @@ from dra.core.checkpointformat import CheckpointError
 from dra.core.migconfig import MigConfigs
 from dra.core.slices import ShareMode
 from dra.core.taints import Effect
+from dra.core.usage import DEFAULT_MAX_SERIES
 from dra.daemon import metrics
 from dra.daemon.bootstrap import (
     DaemonSettings,
@@ -46,6 +47,7 @@ from dra.kubeletplugin.server import PluginServer
 from dra.kubeletplugin.service import DraService, HealthService, record_prepared
 from dra.kubeletplugin.state import DeviceState
 from dra.kubeletplugin.timeslice import TimeSlicer
+from dra.kubeletplugin.usage import ProcessOwners, UsageSampler
 from dra.model.devices import Inventory
 from dra.model.migmode import MigModes
 from dra.model.prepared import DeviceAction, PreparedClaim
@@ -75,6 +77,12 @@ class PluginSettings(DaemonSettings):
     mig_config: str | None = None
     #: Seconds between samples of dra_gpu_claim_device_info; 0: not sampled.
     claim_metrics_interval: float = 10.0
+    #: Attribute shared GPUs' use per process (/proc/<pid>/cgroup and the node's pods).
+    usage_processes: bool = False
+    #: The host's /proc, for usage_processes.
+    usage_procfs: Path = Path("/proc")
+    #: Claim usage series kept at most.
+    usage_max_series: int = DEFAULT_MAX_SERIES
 
     @property
     def mps_command(self) -> list[str]:
@@ -198,8 +206,15 @@ async def _serve(
     status = ClaimStatusWriter(kube, settings.driver_name, settings.node_name)
     status.resync(state.prepared.values(), state.inventory)
     dra = DraService(settings.driver_name, settings.node_name, state, kube, status)
+    owners = None
+    if settings.usage_processes:
+        owners = ProcessOwners(settings.usage_procfs, lambda: kube.list_node_pods(settings.node_name))
     claim_info = ClaimDeviceInfo(
-        state, settings.driver_name, settings.kubelet_root, settings.claim_metrics_interval
+        state,
+        settings.driver_name,
+        settings.kubelet_root,
+        settings.claim_metrics_interval,
+        UsageSampler(node.lib, owners, settings.usage_max_series),
     )
 
     def on_health_change(_: list[str]) -> None:

@@ -282,6 +282,14 @@ def build_parser() -> argparse.ArgumentParser:
     option(top, "--node-name", "the node whose claims to show; default: every node's", "")
     option(top, "--interval", "seconds between refreshes", 2.0, type=seconds)
     option(top, "--once", "print the table once and exit", False, type=boolean)
+    option(
+        top,
+        "--metrics-url",
+        "the kubelet plugins' /metrics URLs, comma-separated (e.g. http://NODE-IP:8080/metrics): fill the "
+        "USED and UTIL columns from the usage they measure; default: those columns show -",
+        [],
+        type=csv,
+    )
 
     discover = sub.add_parser("discover", help="print the ResourceSlices this node would publish")
     options.logging_flags(discover)

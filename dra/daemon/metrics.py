@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry as CollectorRegistry
 from prometheus_client import Counter, Histogram, make_wsgi_app
 from prometheus_client import Gauge as Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from dra.core.devicestatus import JOIN_LABELS
@@ -180,6 +181,33 @@ class UsageSeries(Collector):
             if value.utilization is not None:
                 free_utilization.add_metric(values, value.utilization)
         yield from (memory, utilization, seconds, free_memory, free_utilization)
+
+
+def claim_usage(text: str) -> dict[tuple[str, str, str], tuple[float, float | None]]:
+    """From a scrape of the kubelet plugin: (claim namespace, claim name, device) -> (memory, utilisation).
+
+    Summed over the claim's containers; the utilisation is None where the scrape has none.
+    """
+    found: dict[tuple[str, str, str], tuple[float, float | None]] = {}
+    wanted = {"dra_gpu_claim_memory_used_bytes": 0, "dra_gpu_claim_utilization_ratio": 1}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            column = wanted.get(sample.name)
+            if column is None:
+                continue
+            labels = sample.labels
+            key = (
+                labels.get("dra_claim_namespace", ""),
+                labels.get("dra_claim_name", ""),
+                labels.get("dra_device_name", ""),
+            )
+            memory, utilization = found.get(key, (0.0, None))
+            if column == 0:
+                memory += sample.value
+            else:
+                utilization = (utilization or 0.0) + sample.value
+            found[key] = (memory, utilization)
+    return found
 
 
 USAGE = UsageSeries(REGISTRY)

@@ -160,6 +160,8 @@ def top(args: argparse.Namespace) -> int:
             args.node_name or "",
             args.interval,
             args.once,
+            sys.stdout,
+            args.metrics_url,
         )
     except KeyboardInterrupt:
         return 0

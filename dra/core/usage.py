@@ -197,21 +197,23 @@ def _by_process(reading: Reading, mine: list[_Holder], usage: Usage) -> None:
     usage.unattributed[reading.key] = Value(max(reading.memory - credited, 0), rest)
 
 
-#: A container's cgroup as kubelet and containerd (or CRI-O, Docker) name it, cgroup v1 or v2,
-#: systemd driver (kubepods-burstable-pod<uid with _>.slice/cri-containerd-<id>.scope) or cgroupfs
-#: (kubepods/burstable/pod<uid>/<id>).
-_CONTAINER_CGROUP = re.compile(
-    r"pod(?P<uid>[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})(?:\.slice)?/"
-    r"(?:[a-z0-9]+(?:-[a-z0-9]+)*-)?(?P<id>[0-9a-f]{64})(?:\.scope)?$"
-)
+#: A container's cgroup, whose last part is the CRI container ID as the kubelet and the runtime name
+#: it, cgroup v1 or v2: systemd driver (kubepods-burstable-pod<uid>.slice/cri-containerd-<id>.scope,
+#: crio-<id>.scope), cgroupfs driver (kubepods/burstable/pod<uid>/<id>), or containerd's own
+#: namespace path when the kubelet makes no pod cgroups (/k8s.io/<id>).
+_CONTAINER_CGROUP = re.compile(r"/(?:[a-z0-9]+(?:-[a-z0-9]+)*-)?(?P<id>[0-9a-f]{64})(?:\.scope)?$")
 
 
-def container_of(cgroup: str) -> tuple[str, str] | None:
-    """(pod UID, container ID) from the text of /proc/<pid>/cgroup; None for a process in no pod."""
+def container_of(cgroup: str) -> str | None:
+    """The container ID from the text of /proc/<pid>/cgroup; None for a process in no container.
+
+    The ID alone names the container (the pods' status lists each container's); the pod UID some
+    layouts carry is not needed, and not all have it.
+    """
     for line in cgroup.splitlines():
         _, _, path = line.partition(":")
         _, _, path = path.partition(":")
         match = _CONTAINER_CGROUP.search(path.strip())
         if match:
-            return match["uid"].replace("_", "-"), match["id"]
+            return match["id"]
     return None

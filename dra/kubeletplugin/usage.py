@@ -182,32 +182,39 @@ PodLister = Callable[[], Awaitable[list[dict[str, Any]]]]
 
 
 class ProcessOwners:
-    """Which pod and container each process runs in: /proc/<pid>/cgroup, then the node's pods."""
+    """Which pod and container each process runs in: its container ID from /proc/<pid>/cgroup, then
+    the node's pods, whose status names each container's ID."""
 
     def __init__(self, procfs: Path, list_pods: PodLister) -> None:
         self._procfs = procfs
         self._list_pods = list_pods
-        #: Pod UID -> (namespace, name, container ID -> container name).
-        self._pods: dict[str, tuple[str, str, dict[str, str]]] = {}
+        #: Container ID -> its pod and container, as the node's pods said last.
+        self._owners: dict[str, Owner] = {}
+        #: The container ID of each PID of the last sample (None: in no container).
+        self._containers: dict[int, str | None] = {}
+        #: Container IDs no pod had at the last listing (not a pod's, or gone): not listed again for them.
+        self._strangers: set[str] = set()
 
     async def owners(self, pids: Iterable[int]) -> dict[int, Owner]:
-        """The owner of each PID that runs in a container of a pod; others are left out."""
-        containers = {pid: found for pid in set(pids) if (found := self._container(pid)) is not None}
-        if any(self._lookup(*c) is None for c in containers.values()):
-            await self._refresh()
-        return {pid: owner for pid, c in containers.items() if (owner := self._lookup(*c)) is not None}
+        """The owner of each PID that runs in a container of a pod; others are left out.
 
-    def _container(self, pid: int) -> tuple[str, str] | None:
+        A PID's cgroup is read once while the PID stays on a GPU from one sample to the next: a
+        process does not leave its pod, and a PID gone from one sample is read again if it returns.
+        """
+        known = self._containers
+        self._containers = {pid: known[pid] if pid in known else self._container(pid) for pid in set(pids)}
+        containers = {pid: found for pid, found in self._containers.items() if found is not None}
+        unknown = {c for c in containers.values() if c not in self._owners}
+        if unknown - self._strangers:
+            await self._refresh()
+            self._strangers = {c for c in unknown if c not in self._owners}
+        return {pid: self._owners[c] for pid, c in containers.items() if c in self._owners}
+
+    def _container(self, pid: int) -> str | None:
         try:
             return container_of((self._procfs / str(pid) / "cgroup").read_text())
         except OSError:
             return None  # gone, or not visible from this PID namespace
-
-    def _lookup(self, pod_uid: str, container_id: str) -> Owner | None:
-        pod = self._pods.get(pod_uid)
-        if pod is None or container_id not in pod[2]:
-            return None
-        return Owner(pod[0], pod[1], pod[2][container_id])
 
     async def _refresh(self) -> None:
         try:
@@ -215,20 +222,16 @@ class ProcessOwners:
         except Exception as err:
             log.warning("cannot list the node's pods to attribute GPU processes: %s", err)
             return
-        self._pods = {}
+        self._owners = {}
         for pod in pods:
             meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-            ids = {}
+            namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
             for kind in ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses"):
                 for container in status.get(kind) or []:
+                    # "containerd://<id>": the ID the runtime gives the container's cgroup.
                     _, _, cid = str(container.get("containerID") or "").partition("://")
                     if cid:
-                        ids[cid] = str(container.get("name", ""))
-            self._pods[str(meta.get("uid", ""))] = (
-                str(meta.get("namespace", "")),
-                str(meta.get("name", "")),
-                ids,
-            )
+                        self._owners[cid] = Owner(namespace, name, str(container.get("name", "")))
 
 
 class UsageSampler:

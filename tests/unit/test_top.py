@@ -78,7 +78,9 @@ def test_usage_columns_come_from_the_driver_s_scrape_summed_over_containers() ->
         ]
     )
     usage = claim_usage(scrape)
-    assert usage == {("team", "a", "gpu-1"): (1.5 * 2**30, pytest.approx(0.6))}
+    [(key, (memory, utilization))] = usage.items()
+    assert (key, memory) == (("team", "a", "gpu-1"), 1.5 * 2**30)
+    assert utilization == pytest.approx(0.6)
     shared = {"uuid": "GPU-2", "sharing": {"strategy": "Exclusive"}}
     claims = [
         _claim("a", "node-a", {"device": "gpu-1", "data": shared}),

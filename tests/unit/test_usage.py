@@ -45,10 +45,12 @@ class Node:
         self.running: list[FakeProcess] = []
         self.claims: dict[str, tuple[PreparedClaim, tuple[DeviceIdentity, ...]]] = {}
         self.consumers: list[Consumer] = []
+        self.listings = 0
         owners = ProcessOwners(self.proc, self._list_pods) if processes else None
         self.sampler = UsageSampler(self.lib, owners, cap, clock=lambda: self.now)
 
     async def _list_pods(self) -> list[dict[str, Any]]:
+        self.listings += 1
         return self.pods
 
     def pod(self, name: str, *containers: str, namespace: str = "team-a") -> dict[str, str]:
@@ -233,6 +235,29 @@ def test_claims_and_unattributed_use_add_up_to_the_device(node: Node) -> None:
         node.run(500, gpu, 1000 * MiB, 0.5, in_pod(owner, "main"))
 
 
+def test_the_node_s_pods_are_listed_again_only_for_a_container_not_seen_before(node: Node) -> None:
+    gpu = node.inventory.gpus[7]
+    first = node.pod("first", "main")
+    node.claim("first", gpu, ("first", "main"))
+    node.run(550, gpu, 10 * MiB, 0.1, in_pod(first, "main"))
+    node.sample()
+    # A container no pod has (a runtime's own, docker run on the node): never anyone's, listed once.
+    node.run(551, gpu, 20 * MiB, 0.1, f"0::/system.slice/docker-{'b' * 64}.scope\n")
+    for _ in range(3):
+        node.sample()
+    assert node.listings == 2
+    assert value("dra_gpu_unattributed_memory_used_bytes", UUID=gpu.uuid, GPU_I_ID="") == 20 * MiB
+    late = node.pod("late", "main")
+    node.claim("late", gpu, ("late", "main"))
+    node.run(552, gpu, 30 * MiB, 0.1, in_pod(late, "main"))
+    node.sample()
+    assert node.listings == 3
+    assert (
+        value("dra_gpu_claim_memory_used_bytes", **claim_labels(node, "late", gpu, "late", "main"))
+        == 30 * MiB
+    )
+
+
 def test_without_per_process_attribution_a_shared_gpu_is_credited_to_no_claim(tmp_path: Path) -> None:
     node = Node(tmp_path, processes=False)
     shared, alone = node.inventory.gpus[5], node.inventory.gpus[6]
@@ -375,12 +400,14 @@ CID = "a" * 64
         # kind: the kubelet's cgroups under the node container's kubelet.slice
         f"0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod{SLICE_UID}.slice/"
         f"cri-containerd-{CID}.scope\n",
+        # containerd's namespace path, the kubelet making no pod cgroups (the local cluster's)
+        f"9:name=systemd:/k8s.io/{CID}\n0::/k8s.io/{CID}\n",
         # CRI-O
         f"0::/kubepods.slice/kubepods-pod{SLICE_UID}.slice/crio-{CID}.scope\n",
     ],
 )
-def test_a_container_s_cgroup_names_its_pod_and_container(cgroup: str) -> None:
-    assert container_of(cgroup) == (POD_UID, CID)
+def test_a_container_s_cgroup_names_its_container(cgroup: str) -> None:
+    assert container_of(cgroup) == CID
 
 
 @pytest.mark.parametrize(

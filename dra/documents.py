@@ -55,6 +55,11 @@ def read_file(path: Path, source: str, limit: int = MAX_FILE_BYTES) -> bytes:
     return data
 
 
+def read_text(path: Path, source: str, limit: int = MAX_FILE_BYTES) -> str:
+    """`read_file`'s bytes as UTF-8 text; DocumentError naming the path when they are not."""
+    return _text(read_file(path, source, limit), f"{source}: {path}")
+
+
 def _text(data: bytes | str, source: str) -> str:
     if isinstance(data, str):
         return data

@@ -12,6 +12,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dra.cel.digits import bounded_int
 from dra.cel.errors import CelSyntaxError
 
 
@@ -135,7 +136,7 @@ class _Lexer:
         if self.peek() == "0" and self.peek(1) in ("x", "X") and self.peek(2) in _HEX:
             self.pos += 2
             self.take_while(_HEX)
-            value = _bounded_int(self.src[start + 2 : self.pos], 16)
+            value = bounded_int(self.src[start + 2 : self.pos], 16)
             if self.peek() in ("u", "U"):
                 self.pos += 1
                 self.add(Kind.UINT, start, value)
@@ -159,9 +160,9 @@ class _Lexer:
             self.add(Kind.DOUBLE, start, float(text))
         elif self.peek() in ("u", "U"):
             self.pos += 1
-            self.add(Kind.UINT, start, _bounded_int(text, 10))
+            self.add(Kind.UINT, start, bounded_int(text, 10))
         else:
-            self.add(Kind.INT, start, _bounded_int(text, 10))
+            self.add(Kind.INT, start, bounded_int(text, 10))
 
     def identifier(self) -> None:
         start = self.pos
@@ -223,18 +224,6 @@ class _Lexer:
             self.add(Kind.BYTES, start, text.encode("utf-8", "surrogateescape"))
         else:
             self.add(Kind.STRING, start, text)
-
-
-# More significant digits than any uint64 has: the parser reports the literal out of range.
-_MAX_DIGITS = {10: 20, 16: 16}
-_TOO_LARGE = 2**64
-
-
-def _bounded_int(digits: str, base: int) -> int:
-    """The literal's value, or 2**64 for one too long to be an int64/uint64 (never converted)."""
-    if len(digits.lstrip("0")) > _MAX_DIGITS[base]:
-        return _TOO_LARGE
-    return int(digits, base)
 
 
 def _unescape(body: str, is_bytes: bool, error: _ErrorFactory) -> str:

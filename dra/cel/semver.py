@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from dra.cel.digits import bounded_int
+
 _DIGITS = frozenset("0123456789")
 _ALPHANUM = _DIGITS | frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-")
 _UINT64_MAX = 2**64 - 1
@@ -27,9 +29,7 @@ def _parse_uint(text: str) -> int:
     # strconv.ParseUint(text, 10, 64), with Go's error texts.
     if not text or not _only(text, _DIGITS):
         raise SemverError(f'strconv.ParseUint: parsing "{text}": invalid syntax')
-    # A uint64 has at most 20 digits; longer ones are out of range without converting them
-    # (Python refuses to convert more than 4,300 digits).
-    value = int(text) if len(text.lstrip("0")) <= 20 else _UINT64_MAX + 1
+    value = bounded_int(text)
     if value > _UINT64_MAX:
         raise SemverError(f'strconv.ParseUint: parsing "{text}": value out of range')
     return value

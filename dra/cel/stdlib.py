@@ -9,6 +9,7 @@ import math
 import re
 
 from dra.cel import cost, regex
+from dra.cel.digits import bounded_int
 from dra.cel.functions import Registry, error
 from dra.cel.values import (
     INT64_MAX,
@@ -57,12 +58,6 @@ def _matches(text: str, pattern: str) -> Result:
 # -- conversions ---------------------------------------------------------------------------
 
 
-def _fits(text: str) -> bool:
-    # At most a uint64's 20 digits after the sign and leading zeros; longer text is out of
-    # range and is not converted (Python refuses more than 4,300 digits).
-    return len(text.lstrip("+-").lstrip("0")) <= 20
-
-
 def _to_int(value: Value) -> Result:
     match value:
         case bool():
@@ -76,8 +71,11 @@ def _to_int(value: Value) -> Result:
                 return error("integer overflow")
             return int(value)
         case str():
-            if _INT_TEXT.fullmatch(value) and _fits(value) and INT64_MIN <= int(value) <= INT64_MAX:
-                return int(value)
+            if _INT_TEXT.fullmatch(value):
+                magnitude = bounded_int(value.lstrip("+-"))
+                number = -magnitude if value.startswith("-") else magnitude
+                if INT64_MIN <= number <= INT64_MAX:
+                    return number
             return error("type conversion error from 'string' to 'int'")
     return no_such_overload("int", value)
 
@@ -95,8 +93,8 @@ def _to_uint(value: Value) -> Result:
                 return error("unsigned integer overflow")
             return Uint(int(value))
         case str():
-            if value.isascii() and value.isdigit() and _fits(value) and int(value) <= UINT64_MAX:
-                return Uint(int(value))
+            if value.isascii() and value.isdigit() and (number := bounded_int(value)) <= UINT64_MAX:
+                return Uint(number)
             return error("type conversion error from 'string' to 'uint'")
     return no_such_overload("uint", value)
 

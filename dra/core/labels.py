@@ -75,6 +75,10 @@ MIG_KEY = re.compile(
 _VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 _NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+#: Kubernetes' limit on a DNS subdomain (RFC 1123), and the shorter one on a DRA driver's name
+#: (resource.k8s.io's DriverNameMaxLength, the same as CSI's).
+MAX_SUBDOMAIN = 253
+MAX_DRIVER_NAME = 63
 _NOT_IN_LABEL = re.compile(r"[^A-Za-z0-9_.-]+")
 #: "3g.40gb" and "1c.3g.40gb": the compute-instance and GPU-instance slices.
 _PROFILE_SLICES = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.")
@@ -84,6 +88,11 @@ MAX_VALUE = 63
 
 SHARING_STRATEGIES = ("none", "time-slicing", "mps")
 MIG_STRATEGIES = ("none", "single", "mixed")
+
+
+def is_dns_subdomain(text: str, limit: int = MAX_SUBDOMAIN) -> bool:
+    """Whether `text` is a DNS subdomain as Kubernetes checks one (RFC 1123, at most `limit` long)."""
+    return len(text) <= limit and _DNS_SUBDOMAIN.match(text) is not None
 
 
 class LabelError(ValueError):
@@ -133,7 +142,7 @@ def check_value(key: str, value: str) -> str:
 def check_key(key: str) -> str:
     """`key` if Kubernetes accepts it as a label key ([prefix/]name), else LabelError."""
     prefix, sep, name = key.rpartition("/")
-    if sep and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+    if sep and not is_dns_subdomain(prefix):
         raise LabelError(f"label key {key!r}: the prefix {prefix!r} is not a DNS subdomain")
     if len(name) > MAX_VALUE or not _NAME.match(name):
         raise LabelError(

@@ -11,11 +11,12 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from dra.core.labels import MAX_DRIVER_NAME, is_dns_subdomain
 
 
 class UsageError(Exception):
@@ -92,20 +93,17 @@ def seconds(text: str) -> float:
     return value
 
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-
-
 def dns_subdomain(text: str) -> str:
-    """A DNS subdomain (RFC 1123, as Kubernetes names DRA drivers): checked before it names any file.
+    """A DRA driver name (a DNS subdomain of at most 63 characters, as the API server checks it).
 
-    The driver name becomes part of paths (the plugin directory, socket names), so ``..`` or a
-    slash in it would put files elsewhere.
+    Checked before it names any file: the driver name becomes part of paths (the plugin directory,
+    socket names), so ``..`` or a slash in it would put files elsewhere.
     """
-    if len(text) > 253 or not all(_DNS_LABEL.match(label) for label in text.split(".")):
+    if not is_dns_subdomain(text, MAX_DRIVER_NAME):
         shown = text if len(text) <= 60 else text[:57] + "..."
         raise argparse.ArgumentTypeError(
-            f"{shown!r} is not a DNS subdomain: lowercase letters, digits, '-' and '.', "
-            "at most 253 characters, each dot-separated part 1-63 characters"
+            f"{shown!r} is not a DRA driver name: a DNS subdomain (lowercase letters, digits, '-' and '.', "
+            f"each part starting and ending with a letter or digit) of at most {MAX_DRIVER_NAME} characters"
         )
     return text
 

@@ -265,12 +265,23 @@ NVIDIA_UNPREPARE_ERRORS = Counter(
 NVIDIA_DEVICE_TYPES = ("gpu", "mig", "vfio", "unknown")
 
 
-def start_nvidia_requests(driver: str) -> None:
-    """Create NVIDIA's request series at zero, as its driver does, so the first scrape has them."""
+#: The results of dra_gpu_node_prepare_seconds and dra_gpu_node_unprepare_seconds.
+RESULTS = ("success", "error")
+
+
+def start_request_series(driver: str) -> None:
+    """Create the request series at zero, NVIDIA's as its driver does and ours for each result.
+
+    The first scrape has them, and the first prepare (or error) counts in rate() and increase():
+    a series that is born with its first event shows no increase for that event.
+    """
     for operation in ("prepare", "unprepare"):
         NVIDIA_REQUESTS.labels(driver, operation)
         NVIDIA_REQUEST_SECONDS.labels(driver, operation)
         NVIDIA_REQUESTS_INFLIGHT.labels(driver, operation)
+    for result in RESULTS:
+        PREPARE_SECONDS.labels(result)
+        UNPREPARE_SECONDS.labels(result)
 
 
 def set_prepared_devices(node: str, driver: str, counts: Mapping[str, int]) -> None:

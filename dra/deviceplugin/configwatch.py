@@ -52,13 +52,9 @@ class NamedConfigs:
         """One config's text; ConfigError naming it when it cannot be read."""
         path = self.directory / name
         try:
-            return documents.read_file(path, f"config {name}").decode()
+            return documents.read_text(path, f"config {name}")
         except documents.DocumentError as err:
             raise dpconfig.ConfigError(str(err)) from None
-        except UnicodeDecodeError as err:
-            raise dpconfig.ConfigError(
-                f"config {name}: {path} is not UTF-8 text (byte {err.start})"
-            ) from None
 
     def read(self, name: str) -> tuple[str, dpconfig.Settings]:
         """The text and effective settings of one config; ConfigError naming it and the problem."""

@@ -16,6 +16,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dra.core.labels import is_dns_subdomain
 from dra.deviceplugin.config import DEFAULT_MIG_STRATEGY, MigStrategy, TimeSlicing, mig_resource_prefix
 from dra.deviceplugin.preferred import Placement
 from dra.model.devices import Device, Gpu, Inventory, MigDevice, gpu_of
@@ -26,7 +27,6 @@ REPLICA_SEPARATOR = "::"
 #: Device IDs longer than this are refused.
 MAX_DEVICE_ID = 63
 
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
@@ -39,7 +39,7 @@ def check_resource_name(name: str) -> str:
     domain, sep, local = name.partition("/")
     if not sep or not domain or not local:
         raise ResourceError(f"resource name {name!r} must be <domain>/<name>, such as nvidia.com/gpu")
-    if len(domain) > 253 or not _DNS_SUBDOMAIN.match(domain):
+    if not is_dns_subdomain(domain):
         raise ResourceError(f"resource name {name!r}: {domain!r} is not a DNS subdomain")
     if domain == "kubernetes.io" or domain.endswith(".kubernetes.io") or domain.startswith("requests."):
         raise ResourceError(f"resource name {name!r}: the {domain} domain is reserved for Kubernetes")

@@ -97,7 +97,7 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         #: Prepare and unprepare requests being answered now.
         self._in_flight = 0
         self._drained: anyio.Event | None = None
-        metrics.start_nvidia_requests(driver)
+        metrics.start_request_series(driver)
 
     async def _record_event(self, claim: dict[str, Any], message: str) -> None:
         if not self._events_allowed:

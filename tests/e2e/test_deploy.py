@@ -130,6 +130,10 @@ def _applied(output: str) -> list[str]:
         ),
         # CAP_SYS_ADMIN and CAP_SETPCAP with escalation allowed: what the API accepts with them.
         pytest.param({"kubeletPlugin": {"mps": {"enabled": True}}}, id="mps"),
+        pytest.param(
+            {"grafanaDashboard": {"enabled": True}, "kubeletPlugin": {"claimMetricsInterval": 2.5}},
+            id="grafana-dashboard",
+        ),
     ],
 )
 def test_chart_render_passes_server_side_dry_run(

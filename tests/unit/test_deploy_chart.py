@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from localcluster import chart
+from localcluster import chart, grafana
 from localcluster.kube import Obj
 
 from dra.cli.parser import build_parser
@@ -427,6 +427,10 @@ def test_another_kubelet_root_moves_sockets_and_mounts() -> None:
             id="extended-resource-without-domain",
         ),
         pytest.param({"unhealthyTaintEffect": "Evict"}, "unhealthyTaintEffect", id="bad-taint-effect"),
+        pytest.param(
+            {"kubeletPlugin": {"claimMetricsInterval": -1}}, "claimMetricsInterval", id="negative-interval"
+        ),
+        pytest.param({"grafanaDashboard": {"label": {"a": "b"}}}, "label", id="misspelt-dashboard-key"),
     ],
 )
 def test_values_schema_rejects_mistakes(values: dict[str, Any], complaint: str) -> None:
@@ -437,6 +441,37 @@ def test_values_schema_rejects_mistakes(values: dict[str, Any], complaint: str) 
 def test_the_unhealthy_taint_effect_reaches_the_kubelet_plugin() -> None:
     container = _container(chart.template({"unhealthyTaintEffect": "NoExecute"}))
     assert _env(container)["DRA_GPU_UNHEALTHY_TAINT_EFFECT"] == "NoExecute"
+
+
+def test_the_claim_metrics_interval_reaches_the_kubelet_plugin() -> None:
+    assert _env(_container(chart.template()))["DRA_GPU_CLAIM_METRICS_INTERVAL"] == "10"
+    container = _container(chart.template({"kubeletPlugin": {"claimMetricsInterval": 2.5}}))
+    assert _env(container)["DRA_GPU_CLAIM_METRICS_INTERVAL"] == "2.5"
+
+
+def test_the_grafana_dashboard_is_a_configmap_for_the_sidecar_only_when_asked() -> None:
+    assert not [o for o in chart.template() if o["kind"] == "ConfigMap"]
+    [configmap] = [
+        o
+        for o in chart.template({"grafanaDashboard": {"enabled": True}}, namespace="gpus")
+        if o["kind"] == "ConfigMap"
+    ]
+    assert configmap["metadata"]["namespace"] == "gpus"
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert "annotations" not in configmap["metadata"]
+    assert json.loads(configmap["data"]["dra-gpu.json"]) == grafana.load()
+    values = {
+        "grafanaDashboard": {
+            "enabled": True,
+            "namespace": "monitoring",
+            "labels": {"grafana_dashboard": "dra"},
+            "annotations": {"grafana_folder": "GPUs"},
+        }
+    }
+    [moved] = [o for o in chart.template(values) if o["kind"] == "ConfigMap"]
+    assert moved["metadata"]["namespace"] == "monitoring"
+    assert moved["metadata"]["labels"]["grafana_dashboard"] == "dra"
+    assert moved["metadata"]["annotations"] == {"grafana_folder": "GPUs"}
 
 
 def test_committed_manifests_equal_a_fresh_render() -> None:

@@ -135,6 +135,13 @@ def test_devices_and_huge_files_are_not_config_files(tmp_path: Path) -> None:
     assert "larger than" in one_line_error(["device-plugin", f"--config-file={big}", "--check-config"])
 
 
+def test_text_that_is_not_utf8_names_its_file_and_byte(tmp_path: Path) -> None:
+    bad = tmp_path / "named.yaml"
+    bad.write_bytes(b"version: \xff")
+    with pytest.raises(documents.DocumentError, match=rf"^config x: {bad}: not UTF-8 text \(byte 9\)$"):
+        documents.read_text(bad, "config x")
+
+
 # -- upper bounds --------------------------------------------------------------------------
 
 
@@ -343,7 +350,7 @@ def test_a_driver_name_that_is_a_path_is_refused_before_anything_is_written(tmp_
             str(tmp_path / "kubelet"),
         ]
     )
-    assert "'../../x' is not a DNS subdomain" in line
+    assert "'../../x' is not a DRA driver name" in line
     assert list(tmp_path.iterdir()) == []
 
 

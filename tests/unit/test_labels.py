@@ -179,3 +179,34 @@ def test_a_template_rendering_an_illegal_value_is_an_error() -> None:
     inv = inventory("h100x8")
     with pytest.raises(LabelError, match="label gpu-type: value 'h100 gpu'"):
         admin_labels(AdminTemplate({"gpu-type": "{model} gpu"}), gfd_labels(inv), inv)
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [
+        ("gpu.nvidia.com", True),
+        ("a" * 63, True),
+        ("a" * 64, False),  # DriverNameMaxLength
+        ("gpu..nvidia.com", False),
+        ("-gpu.nvidia.com", False),
+        ("GPU.nvidia.com", False),
+        ("../../x", False),
+    ],
+)
+def test_driver_names_are_checked_as_the_api_server_checks_them(name: str, ok: bool) -> None:
+    import argparse
+
+    from dra.daemon.flags import dns_subdomain
+
+    if ok:
+        assert dns_subdomain(name) == name
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match="is not a DRA driver name"):
+            dns_subdomain(name)
+
+
+def test_a_dns_subdomain_may_be_longer_than_a_driver_name() -> None:
+    from dra.core.labels import is_dns_subdomain
+
+    assert is_dns_subdomain("a" * 200 + ".example.com")
+    assert not is_dns_subdomain("a" * 254)

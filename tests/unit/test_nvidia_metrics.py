@@ -34,7 +34,7 @@ UID = "aaaaaaaa-0000-4000-8000-00000000000a"
 def test_the_set_is_nvidias() -> None:
     # A family is listed once it has a series: make one of each (NVIDIA's error series, too, start
     # at their first error).
-    metrics.start_nvidia_requests("example.com")
+    metrics.start_request_series("example.com")
     metrics.set_prepared_devices(NODE, "example.com", {})
     metrics.NVIDIA_PREPARE_ERRORS.labels("example.com", "prepare_devices")
     metrics.NVIDIA_UNPREPARE_ERRORS.labels("example.com", "unprepare_devices")
@@ -102,3 +102,20 @@ async def test_prepare_and_unprepare_count_as_nvidias_driver_counts_them(tmp_pat
     await dra.NodeUnprepareResources(request, None)  # type: ignore[arg-type]
     assert _value("nvidia_dra_requests_total", driver=DRIVER, operation="unprepare") >= 1
     assert _value("nvidia_dra_prepared_devices", **devices, device_type="gpu") == 0
+
+
+def test_prepare_and_unprepare_histograms_start_at_zero_for_each_result() -> None:
+    # Born at zero, a first prepare (or failure) counts in rate(); born with it, it would not.
+    metrics.start_request_series("example.com")
+    counts = {
+        (family.name, sample.labels["result"]): sample.value
+        for family in metrics.REGISTRY.collect()
+        if family.name in ("dra_gpu_node_prepare_seconds", "dra_gpu_node_unprepare_seconds")
+        for sample in family.samples
+        if sample.name.endswith("_count")
+    }
+    assert set(counts) == {
+        (name, result)
+        for name in ("dra_gpu_node_prepare_seconds", "dra_gpu_node_unprepare_seconds")
+        for result in metrics.RESULTS
+    }

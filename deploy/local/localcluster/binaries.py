@@ -15,7 +15,10 @@ the one place that version is set:
   only when the comparison benchmark runs;
 - ``deploy/local/ctrbin`` pins containerd 2.x (``containerd``, ``ctr``, the runc shim) and
   runc, as ``tool`` lines of its go.mod, for clusters on a real runtime
-  (``CONTAINER_RUNTIME=containerd``); built only when such a cluster starts.
+  (``CONTAINER_RUNTIME=containerd``); built only when such a cluster starts;
+- ``deploy/local/promqlbin`` pins ``github.com/prometheus/prometheus`` for ``promeval``, a
+  small program of its own that evaluates PromQL with Prometheus' engine over scraped
+  exposition text (the dashboard test); built only when that test runs.
 
 Binaries land in a per-user cache, one directory per module and version keyed by that
 version and a hash of the module's sources (``<cache>/k8s/v1.34.12-<hash>/``,
@@ -355,6 +358,29 @@ def ensure_go_dra_driver(version: str | None = None, log: bool = True) -> Path:
         _need_go(module, f"Kubernetes' DRA test driver {module.version()}")
         _build(module, module.missing(), log)
     return module.bin_dir() / GO_DRA_DRIVER
+
+
+#: Prometheus' PromQL engine, text parser and TSDB behind a small program of the project's own
+#: (deploy/local/promqlbin/promeval), not the whole server.
+PROMEVAL = "promeval"
+PROMQL = GoModule(
+    name="promql",
+    directory=_LOCAL_DIR / "promqlbin",
+    pinned="github.com/prometheus/prometheus",
+    packages=(f"./{PROMEVAL}",),
+    ldflags=lambda _version: "-s -w",
+)
+
+
+def ensure_promeval(log: bool = True) -> Path:
+    """Build promeval (PromQL over scraped exposition text) on first use; its path.
+
+    About 80 s on two cores with the modules downloaded; later calls return at once.
+    """
+    if PROMQL.missing():
+        _need_go(PROMQL, f"promeval (Prometheus {PROMQL.version()})")
+        _build(PROMQL, PROMQL.missing(), log)
+    return PROMQL.bin_dir() / PROMEVAL
 
 
 def modules() -> tuple[GoModule, ...]:

@@ -104,7 +104,7 @@ class Usage:
 
 
 @dataclass(frozen=True)
-class _Holder:
+class Holder:
     """A claim's device on a GPU or MIG device, and the containers using it."""
 
     claim: tuple[str, str, str]
@@ -113,12 +113,12 @@ class _Holder:
 
 def holders(
     claims: Mapping[str, tuple[PreparedClaim, tuple[DeviceIdentity, ...]]], consumers: Iterable[Consumer]
-) -> dict[tuple[str, str], list[_Holder]]:
+) -> dict[tuple[str, str], list[Holder]]:
     """Which claims' devices sit on each (UUID, GPU_I_ID), with the containers the kubelet says use them."""
     users: dict[tuple[str, str], list[Consumer]] = {}
     for consumer in consumers:
         users.setdefault((consumer.claim_namespace, consumer.claim_name), []).append(consumer)
-    found: dict[tuple[str, str], list[_Holder]] = {}
+    found: dict[tuple[str, str], list[Holder]] = {}
     for claim, devices in claims.values():
         for identity in devices:
             device = identity.entry.device
@@ -130,13 +130,13 @@ def holders(
                 )
             )
             gi = "" if identity.gpu_instance_id is None else str(identity.gpu_instance_id)
-            holder = _Holder((claim.namespace, claim.name, device), mine)
+            holder = Holder((claim.namespace, claim.name, device), mine)
             if holder not in found.setdefault((identity.gpu_uuid, gi), []):
                 found[(identity.gpu_uuid, gi)].append(holder)
     return found
 
 
-def attribute(readings: Iterable[Reading], held: Mapping[tuple[str, str], list[_Holder]], cap: int) -> Usage:
+def attribute(readings: Iterable[Reading], held: Mapping[tuple[str, str], list[Holder]], cap: int) -> Usage:
     """Each reading split into claim series and unattributed use, by the rules of the module."""
     usage = Usage()
     for reading in readings:
@@ -157,12 +157,12 @@ def attribute(readings: Iterable[Reading], held: Mapping[tuple[str, str], list[_
     return usage
 
 
-def _labels(reading: Reading, holder: _Holder, user: Owner | None) -> tuple[str, ...]:
+def _labels(reading: Reading, holder: Holder, user: Owner | None) -> tuple[str, ...]:
     pod = ("", "", "") if user is None else (user.namespace, user.pod, user.container)
     return (*reading.key, *holder.claim, *pod)
 
 
-def _by_process(reading: Reading, mine: list[_Holder], usage: Usage) -> None:
+def _by_process(reading: Reading, mine: list[Holder], usage: Usage) -> None:
     assert reading.processes is not None
     memory: dict[tuple[str, ...], int] = {}
     busy: dict[tuple[str, ...], float] = {}
@@ -173,8 +173,12 @@ def _by_process(reading: Reading, mine: list[_Holder], usage: Usage) -> None:
             busy[_labels(reading, holder, user)] = 0.0
     per_process = all(p.utilization is not None for p in reading.processes)
     stray = False
+    by_user: dict[Owner, Holder] = {}
+    for holder in mine:
+        for user in holder.users:
+            by_user.setdefault(user, holder)
     for process in reading.processes:
-        found = next((h for h in mine if process.owner in h.users), None)
+        found = None if process.owner is None else by_user.get(process.owner)
         if found is None:
             stray = True
             continue

@@ -163,8 +163,9 @@ class IommuConfig:
 class VfioDeviceConfig:
     """Opaque configuration of GPUs a claim takes for passthrough (vfio-pci), as NVIDIA's driver has it.
 
-    Decoded so that the webhook and prepare read it as NVIDIA's driver does; this driver does not
-    serve passthrough yet, so prepare refuses a claim it applies to (dra.core.config).
+    Prepare binds the GPU to vfio-pci and back at unprepare (dra.core.vfio) where the node has
+    passthrough on; IOMMUFD is not served, so PreferIommuFD takes the legacy backend, as NVIDIA's
+    driver does on a node without /dev/iommu.
     """
 
     KIND: ClassVar[str] = "VfioDeviceConfig"
@@ -246,14 +247,19 @@ def validate(config: DeviceConfig, devices: Sequence[Device]) -> None:
         _fits(limit, named, (*per_device, f"[{key}]"))
 
 
-def check_kind(config: DeviceConfig, device: Device) -> SharingConfig:
-    """The config, when its kind configures this kind of device (GpuConfig: full GPUs); FieldError if not."""
+def check_kind(config: DeviceConfig, device: Device) -> DeviceConfig:
+    """The config, when its kind configures this kind of device (GpuConfig: full GPUs); FieldError if not.
+
+    VfioDeviceConfig passes a full GPU through; a MIG device cannot be (vfio-pci takes a PCI function).
+    """
     if isinstance(config, VfioDeviceConfig):
-        raise FieldError(
-            (),
-            f"cannot configure {device.name}: this driver does not serve GPU passthrough (vfio-pci) "
-            "yet, and publishes no device for it; use a DeviceClass of NVIDIA's driver for passthrough",
-        )
+        if isinstance(device, MigDevice):
+            raise FieldError(
+                (),
+                f"cannot configure {device.name}, which is a MIG device: passthrough (vfio-pci) takes "
+                "a whole GPU",
+            )
+        return config
     mig = isinstance(device, MigDevice)
     if not isinstance(config, MigDeviceConfig if mig else GpuConfig):
         what, use = ("a MIG device", "MigDeviceConfig") if mig else ("a full GPU", "GpuConfig")

@@ -75,18 +75,19 @@ def build_parser() -> argparse.ArgumentParser:
     option(
         plugin,
         "--shareable-gpus",
-        "full GPUs published for several claims at once, each consuming part of the memory "
-        "(capacity.requests.memory; needs DRAConsumableCapacity): all, or a list as for --dra-gpus; "
-        "default: none (every GPU exclusive)",
+        "GPUs published for several claims at once, whole or, in MIG mode, as their MIG devices, "
+        "each claim consuming a part (capacity.requests.memory; needs DRAConsumableCapacity): all, "
+        "or a list as for --dra-gpus; default: none (every device exclusive)",
         type=options.argument_type(parse_selector),
     )
     option(
         plugin,
         "--consumable-shares",
-        "how a shareable GPU is divided, as NVIDIA's driver's flag of this name: memory (claims ask "
-        "capacity.requests.memory; none asked: the whole GPU), unlimited (any number of claims), or N "
-        "(N equal shares, capacity.requests.shares, 1 by default); disabled. Given without "
-        "--shareable-gpus it makes every GPU shareable, as NVIDIA's does; default: memory",
+        "how a shareable device is divided, as NVIDIA's driver's flag of this name: memory (claims ask "
+        "capacity.requests.memory in MiB; none asked: the whole device), unlimited (any number of "
+        "claims), or N (N equal shares, capacity.requests.shares, 1 by default; with MPS a claim gets "
+        "its part of the SMs and memory); disabled. Given without --shareable-gpus it makes every GPU "
+        "and MIG device shareable, as NVIDIA's does; default: memory",
         type=options.argument_type(options.parse_consumable_shares),
     )
     option(
@@ -94,6 +95,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--mps-control",
         "the nvidia-cuda-mps-control binary that runs a claim's MPS control daemon; default: "
         "nvidia-cuda-mps-control on PATH (with --fake-gpus: the fake one, python -m dra.gpu.fakemps)",
+    )
+    option(
+        plugin,
+        "--vfio",
+        "let claims pass whole GPUs through to virtual machines (VfioDeviceConfig): prepare binds "
+        "the GPU to vfio-pci through the sysfs under --host-root and unprepare gives it back to nvidia; "
+        "off, such claims are refused. Needs an IOMMU and vfio-pci loaded (docs/configuration.md)",
+        False,
+        type=boolean,
     )
     options.mig_layout_flags(plugin)
     option(

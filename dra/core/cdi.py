@@ -33,6 +33,9 @@ DRIVER_FILE_OPTIONS = ("ro", "nosuid", "nodev", "bind")
 #: Prefix of CDI annotation keys (the device plugin's cdi-annotations strategy).
 ANNOTATION_PREFIX = "cdi.k8s.io/"
 _ANNOTATION_NAME_MAX = 63
+#: Where the kernel puts the VFIO group devices and the legacy IOMMU API device (the VFIO container).
+VFIO_DIR = "/dev/vfio"
+VFIO_API_DEVICE = VFIO_DIR + "/vfio"
 
 Obj = dict[str, Any]
 
@@ -95,7 +98,9 @@ def visible_devices_default(inventory: Inventory) -> str:
     return NOT_A_GPU_CONTAINER if inventory.driver_files else NO_GPUS
 
 
-def _device_edits(device: Device, dev_root: str, extra_env: Sequence[str] = ()) -> Obj:
+def _device_edits(
+    device: Device, dev_root: str, extra_env: Sequence[str] = (), vfio_group: int | None = None
+) -> Obj:
     stem = env_key(device.name)
     edits: Obj = {
         "env": [
@@ -105,8 +110,10 @@ def _device_edits(device: Device, dev_root: str, extra_env: Sequence[str] = ()) 
             *extra_env,
         ]
     }
-    if device.device_nodes:
-        edits["deviceNodes"] = _device_nodes(device.device_nodes, dev_root)
+    # A GPU bound to vfio-pci has no NVIDIA device node a container could use: its VFIO group instead.
+    nodes = device.device_nodes if vfio_group is None else (f"{VFIO_DIR}/{vfio_group}",)
+    if nodes:
+        edits["deviceNodes"] = _device_nodes(nodes, dev_root)
     return edits
 
 
@@ -127,6 +134,8 @@ def build_spec(
     *,
     device_env: Mapping[str, Sequence[str]] | None = None,
     claim_edits: Obj | None = None,
+    passthrough: Mapping[str, int] | None = None,
+    vfio_api_device: bool = False,
 ) -> Obj:
     """The CDI spec of one claim's devices on this node; it composes with any other claim's spec.
 
@@ -135,23 +144,35 @@ def build_spec(
     `claim_edits` (env, mounts) go to the spec-wide edits, which the runtime
     applies once for a container that uses any device of the claim, so a
     container referencing two requests of it does not get a mount twice.
+    `passthrough` maps the devices bound to vfio-pci to their IOMMU groups: such a device
+    brings /dev/vfio/<group> instead of its NVIDIA device nodes, and a claim of nothing
+    but those gets none of the driver's files (`void`, as NVIDIA's driver sets it);
+    `vfio_api_device` adds /dev/vfio/vfio to the claim's edits.
     """
     claim_env = f"{claim_env_key(claim_uid)}={claim_uid}"
     extra = device_env or {}
+    groups = passthrough or {}
+    if devices and all(d.name in groups for d in devices):
+        common: Obj = {"env": [f"{VISIBLE_DEVICES}={NOT_A_GPU_CONTAINER}"]}
+    else:
+        common = _common_edits(inventory, [f"{VISIBLE_DEVICES}={visible_devices_default(inventory)}"])
+    if vfio_api_device:
+        common = _with_claim_edits(
+            common, {"deviceNodes": _device_nodes([VFIO_API_DEVICE], inventory.dev_root)}
+        )
     return {
         "cdiVersion": CDI_VERSION,
         "kind": kind(driver),
         "devices": [
             {
                 "name": device_name(claim_uid, d.name),
-                "containerEdits": _device_edits(d, inventory.dev_root, [claim_env, *extra.get(d.name, ())]),
+                "containerEdits": _device_edits(
+                    d, inventory.dev_root, [claim_env, *extra.get(d.name, ())], groups.get(d.name)
+                ),
             }
             for d in devices
         ],
-        "containerEdits": _with_claim_edits(
-            _common_edits(inventory, [f"{VISIBLE_DEVICES}={visible_devices_default(inventory)}"]),
-            claim_edits or {},
-        ),
+        "containerEdits": _with_claim_edits(common, claim_edits or {}),
     }
 
 

@@ -52,6 +52,8 @@ def _claim_from_json(uid: str, data: Mapping[str, Any]) -> PreparedClaim:
                 mps_thread_percentage=int(d.get("mps_thread_percentage", 0)),
                 mps_pinned_limit=str(d.get("mps_pinned_limit", "")),
                 mps_multi_user=bool(d.get("mps_multi_user", False)),
+                vfio_group=int(d.get("vfio_group", -1)),
+                vfio_api_device=bool(d.get("vfio_api_device", False)),
             )
             for d in data["devices"]
         ),

@@ -66,14 +66,14 @@ def default(device: Device) -> SharingConfig:
     return MigDeviceConfig() if isinstance(device, MigDevice) else GpuConfig()
 
 
-def effective(configs: Sequence[Mapping[str, Any]], device: Device) -> SharingConfig:
+def effective(configs: Sequence[Mapping[str, Any]], device: Device) -> DeviceConfig:
     """The configuration of one device: the last applicable config wins; defaults when there is none.
 
     Each config is decoded and of the device's kind, or ConfigError; the checks
     against all the devices a config applies to (per-device limits) are `problems`', which
     prepare makes first.
     """
-    result = default(device)
+    result: DeviceConfig = default(device)
     for parameters in configs:
         config = decode(parameters)
         try:

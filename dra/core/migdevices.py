@@ -210,16 +210,32 @@ def _creation_failed(
     return f"{message}; a claim still prepared on this node holds the placement (the allocation is stale)"
 
 
+def _heir(action: DeviceAction, uid: str, facts: Facts) -> str:
+    """Another prepared claim holding (a share of) the MIG device `action` made for `uid`; "" if none."""
+    made = str(action.result.get("uuid", "")) if action.kind == MIG_CREATE and action.done else ""
+    return next(
+        (
+            c.uid
+            for c in facts.prepared.values()
+            if made and c.uid != uid and any(d.uuid == made for d in c.devices)
+        ),
+        "",
+    )
+
+
 def destroy_claim_devices(node: Node, uid: str, facts: Facts) -> Program[Facts]:
     """Destroy the MIG devices made for a claim and drop its actions (the claim's record stays).
 
-    A MIG mode it switched stays as it is: the next claim that needs the other mode switches it back.
+    A MIG device that another claim holds a share of is handed to that claim instead (its action
+    rewritten in the same checkpoint save), so the last share destroys it. A MIG mode it switched
+    stays as it is: the next claim that needs the other mode switches it back.
     """
     mine = [a for a in facts.actions if a.claim_uid == uid]
     if not mine:
         return facts
-    for action in mine:
-        if action.kind != MIG_CREATE:
+    heirs = [_heir(a, uid, facts) for a in mine]
+    for action, heir in zip(mine, heirs, strict=True):
+        if action.kind != MIG_CREATE or heir:
             continue
         gpu = _gpu_of(facts.inventory, action)
         if not node.mig or gpu is None:
@@ -231,12 +247,15 @@ def destroy_claim_devices(node: Node, uid: str, facts: Facts) -> Program[Facts]:
         for instance in (yield from ask(ListGpuInstances(gpu.index))):
             if (instance.start, instance.size) == (int(action.params["start"]), int(action.params["size"])):
                 yield DestroyGpuInstance(gpu.index, instance.gpu_instance_id)
-    gone = {str(a.result["uuid"]) for a in mine if "uuid" in a.result}
+    gone = {
+        str(a.result["uuid"]) for a, heir in zip(mine, heirs, strict=True) if "uuid" in a.result and not heir
+    }
     inventory = replace(
         facts.inventory, instances=tuple(m for m in facts.inventory.instances if m.uuid not in gone)
     )
     yield SetInventory(inventory)
-    actions = tuple(a for a in facts.actions if a not in mine)
+    handed = tuple(replace(a, claim_uid=heir) for a, heir in zip(mine, heirs, strict=True) if heir)
+    actions = tuple(a for a in facts.actions if a not in mine) + handed
     yield Save(facts.prepared, actions)
     return replace(facts, actions=actions, inventory=inventory)
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dra.core import cdi, migdevices, sharing
+from dra.core import cdi, migdevices, sharing, vfio
 from dra.core import config as deviceconfig
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError
 from dra.core.migdevices import CreateMig
@@ -89,6 +89,9 @@ class PreparePlan:
     create: tuple[CreateMig, ...] = ()
     #: With `create`: the claim's devices that exist already, for the spec `made` builds.
     devices: tuple[Device, ...] = ()
+    #: The GPUs passed through (VfioDeviceConfig), by name: whether each gets the IOMMU API device.
+    #: They are bound to vfio-pci (dra.core.vfio) before the spec, which names their groups, is built.
+    vfio: Mapping[str, bool] = field(default_factory=dict)
 
     def made(
         self, created: Mapping[str, MigDevice], inventory: Inventory, driver: str, mps_root: str = ""
@@ -154,6 +157,9 @@ def conflicts(
     found: dict[str, PreparedClaim] = {}
     for result in allocation.devices:
         device = inventory.get(result.device) if result.pool == pool else None
+        partition = inventory.partition(result.device) if device is None and result.pool == pool else None
+        if partition is not None:
+            device = _made_for_offer(partition, allocation.uid, prepared, inventory, {})
         if device is not None and not result.admin_access:
             found.update((h.uid, h) for h in _holders(device, allocation.uid, prepared, result.share_id))
     return list(found.values())
@@ -180,7 +186,17 @@ def _spec(
     share_env = {d.device: sharing.share_env(d) for d in claim.devices}
     unique = list({d.name: d for d in devices}.values())
     mps = sharing.mps_edits(claim, mps_root)
-    return cdi.build_spec(driver, claim.uid, unique, inventory, device_env=share_env, claim_edits=mps)
+    passthrough = {d.device: d.vfio_group for d in claim.devices if d.vfio_group >= 0}
+    return cdi.build_spec(
+        driver,
+        claim.uid,
+        unique,
+        inventory,
+        device_env=share_env,
+        claim_edits=mps,
+        passthrough=passthrough,
+        vfio_api_device=any(d.vfio_api_device for d in claim.devices),
+    )
 
 
 def respec(
@@ -201,6 +217,8 @@ def decide_prepare(
     stale: Mapping[str, str],
     has_spec: bool,
     mps_root: str = "",
+    vfio_enabled: bool = False,
+    equal_shares: int = 0,
 ) -> PreparePlan | Refusal:
     """What preparing `allocation` takes, given the facts about its holders.
 
@@ -208,7 +226,9 @@ def decide_prepare(
     gone (see `conflicts`); a holder not in it is live and refuses the claim.
     `has_spec` says whether the claim's spec is on disk. A claim already prepared
     with the same devices gets its recorded answer, and its spec back if missing.
-    `mps_root` is where claims' MPS daemons keep their directories ("": no MPS here).
+    `mps_root` is where claims' MPS daemons keep their directories ("": no MPS here);
+    `vfio_enabled` whether GPUs may be passed through here.
+    `equal_shares` is N where shareable devices are divided into N equal shares (0: not so).
     """
     existing = _up_to_date(allocation, prepared)
     if existing is not None:
@@ -232,8 +252,10 @@ def decide_prepare(
                 problems.append(
                     f"device {result.device} is a dynamic MIG device, which admin access cannot use"
                 )
-            creates[partition.name] = CreateMig(partition)
-            continue
+            device = _made_for_offer(partition, allocation.uid, prepared, inventory, stale)
+            if device is None:
+                creates[partition.name] = CreateMig(partition)
+                continue
         if device is None:
             problems.append(f"device {result.device} does not exist on node {pool}")
             continue
@@ -253,7 +275,13 @@ def decide_prepare(
     problems.extend(deviceconfig.problems(allocation, configured))
     if problems:
         return _refusal(allocation, problems)
-    intervals, mps_settings, problems = sharing.decide_sharing(allocation, configured, prepared, mps_root)
+    passthrough = vfio.passthrough(allocation, configured)
+    problems = vfio.problems(allocation, configured, passthrough, inventory, enabled=vfio_enabled)
+    if problems:
+        return _refusal(allocation, problems)
+    intervals, mps_settings, problems = sharing.decide_sharing(
+        allocation, configured, prepared, mps_root, equal_shares
+    )
     if problems:
         return _refusal(allocation, problems)
 
@@ -279,13 +307,38 @@ def decide_prepare(
     )
     return PreparePlan(
         claim=claim,
-        spec=None if creates else _spec(claim, list(devices.values()), inventory, driver, mps_root),
+        spec=None
+        if creates or passthrough
+        else _spec(claim, list(devices.values()), inventory, driver, mps_root),
         record=True,
         release=tuple(releases.values()),
         replaces=prepared.get(allocation.uid),
         create=tuple(creates.values()),
         devices=tuple(devices.values()) if creates else (),
+        vfio=passthrough,
     )
+
+
+def _made_for_offer(
+    partition: MigPartition,
+    uid: str,
+    prepared: Mapping[str, PreparedClaim],
+    inventory: Inventory,
+    stale: Mapping[str, str],
+) -> MigDevice | None:
+    """The MIG device made for this offer for a live claim other than `uid`, known by the offer's name.
+
+    A share of a shared offer uses the device the first share made (the holder checks then say
+    whether the two may share it); a stale holder's device goes with its release, so a new one is made.
+    """
+    for claim in prepared.values():
+        if claim.uid == uid or claim.uid in stale:
+            continue
+        for entry in claim.devices:
+            made = inventory.by_uuid(entry.uuid) if entry.device == partition.name and entry.uuid else None
+            if isinstance(made, MigDevice):
+                return replace(made, name=partition.name)
+    return None
 
 
 def _by_share(allocation: ClaimAllocation, device: str) -> list[list[AllocatedDevice]]:
@@ -341,11 +394,14 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
         stale=stale,
         has_spec=has_spec,
         mps_root=node.mps_root,
+        vfio_enabled=node.vfio,
+        equal_shares=node.equal_shares,
     )
     if isinstance(plan, Refusal):
         raise ClaimError(plan.message)
     # A claim allocated anew, or a stale holder released, gives its MIG devices back first.
     for uid in {r.holder.uid for r in plan.release} | ({plan.replaces.uid} if plan.replaces else set()):
+        facts = yield from _give_back_gpus(allocation, uid, facts)
         facts = yield from migdevices.destroy_claim_devices(node, uid, facts)
     if plan.record and node.mig:
         facts = yield from migdevices.switch_for_claim(node, allocation, plan.claim, plan.create, facts)
@@ -353,10 +409,15 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
         made, inventory = yield from migdevices.make(node, allocation, plan.create, facts)
         plan = plan.made(made, inventory, node.driver, node.mps_root)
         facts = yield from ask(ReadState())
+    if plan.vfio:
+        bound, facts = yield from vfio.bind(allocation, plan.claim, plan.vfio, facts)
+        spec, _missing = respec(bound, facts.inventory, node.driver, node.mps_root)
+        plan = replace(plan, claim=bound, spec=spec)
     if plan.spec is not None:
         gone = yield from _missing_host_paths(node, plan)
         if gone:
             # The runtime would fail every container of the claim on a path that is gone.
+            facts = yield from _give_back_gpus(allocation, allocation.uid, facts)
             yield from migdevices.destroy_claim_devices(node, allocation.uid, facts)
             raise ClaimError(
                 f"cannot prepare ResourceClaim {allocation.ref}: its CDI spec would name "
@@ -377,6 +438,17 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
                 f"cannot record claim {allocation.ref} in the checkpoint {node.checkpoint}: {err}"
             ) from None
     return plan.claim
+
+
+def _give_back_gpus(allocation: ClaimAllocation, uid: str, facts: Facts) -> Program[Facts]:
+    """The GPUs claim `uid` passed through, back to nvidia before another claim or a failure moves on."""
+    try:
+        return (yield from vfio.release(uid, facts))
+    except StepError as err:
+        raise ClaimError(
+            f"cannot prepare ResourceClaim {allocation.ref}: cannot give the GPUs of claim {uid} back to "
+            f"the nvidia driver: {err}"
+        ) from None
 
 
 def _missing_host_paths(node: Node, plan: PreparePlan) -> Program[tuple[str, ...]]:
@@ -449,9 +521,11 @@ def _drop_unrecorded_spec(uid: str, facts: Facts) -> Program[None]:
     """After a failed write: remove the claim's spec unless the checkpoint records the claim."""
     if uid in facts.prepared:
         return
-    # Best effort on a failing disk: a spec that stays is removed at the next start-up.
+    # Best effort on a failing disk: a spec that stays is removed, a GPU given back, at the next start-up.
     with contextlib.suppress(StepError):
         yield RemoveSpec(uid)
+    with contextlib.suppress(StepError):
+        yield from vfio.release(uid, facts)
 
 
 def _gpu_settings(node: Node, allocation: ClaimAllocation, plan: PreparePlan, facts: Facts) -> Program[None]:
@@ -484,6 +558,13 @@ def unprepare(node: Node, uid: str, facts: Facts) -> Program[PreparedClaim | Non
     if node.mps:
         yield ReleaseMps(claim, others)
     yield Mark(point="sharing-before-unrecord")
+    try:
+        facts = yield from vfio.release(uid, facts)
+    except StepError as err:
+        raise ClaimError(
+            f"cannot unprepare claim {claim.namespace}/{claim.name}: giving its GPU back to the nvidia "
+            f"driver failed ({err}); the kubelet retries"
+        ) from None
     try:
         facts = yield from migdevices.destroy_claim_devices(node, uid, facts)
     except StepError as err:

@@ -1,7 +1,8 @@
 """The start-up repair after a restart or a crash, as a program of steps over plain data.
 
 Specs without a checkpoint entry go, prepared claims get their specs back,
-MIG devices are adopted or destroyed (dra.core.migdevices), and GPU settings
+MIG devices are adopted or destroyed (dra.core.migdevices), GPUs passed through
+bound again or given back (dra.core.vfio), and GPU settings
 are applied again (docs/architecture.md, "Crash safety").
 """
 
@@ -11,7 +12,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dra.core import migdevices, sharing
+from dra.core import migdevices, sharing, vfio
 from dra.core.prepare import MissingDevice, respec
 from dra.core.steps import (
     ApplyTimeSlices,
@@ -78,6 +79,7 @@ def decide_recover(
 def recover(node: Node, facts: Facts) -> Program[None]:
     """Drop specs of claims not prepared, (re)write prepared ones', settle MIG devices, apply GPU settings."""
     yield RemoveLeftovers(point="recover.leftovers-removed")
+    yield from vfio.recover(facts)
     facts = yield from migdevices.recover(node, facts)
     plan = decide_recover(
         facts.prepared,

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dra.api.v1beta1 import DeviceConfig, GpuConfig, MpsConfig, device_for_key
+from dra.api.v1beta1 import DeviceConfig, GpuConfig, MpsConfig, VfioDeviceConfig, device_for_key
 from dra.core import config as deviceconfig
 from dra.core.allocation import ClaimAllocation
 from dra.model.devices import Device
@@ -227,13 +227,33 @@ class MpsRequest:
 
     `config` is the device's mpsConfig, already valid for `configured` (dra.api.v1beta1.validate):
     the devices that config applies to, whose indexes its per-device limits use. `share_memory`
-    is the memory of the device's share ("" when exclusive).
+    is the memory of the device's share ("" when exclusive); `shares` is how many of the
+    device's `equal_shares` equal shares it holds (0: not divided so, --consumable-shares=N).
     """
 
     device: Device
     config: MpsConfig
     configured: tuple[Device, ...]
     share_memory: str = ""
+    shares: int = 0
+    equal_shares: int = 0
+
+    def share_limits(self) -> tuple[Quantity | None, int]:
+        """The pinned memory and SM percentage the share itself grants (None, 0: no limit).
+
+        Memory the share asked for; else, holding k of N equal shares, k/N of the device's
+        memory (rounded down to a MiB) and of its SMs (rounded down, at least 1 %).
+        """
+        share = Quantity.parse(self.share_memory) if self.share_memory else None
+        if share is not None and share.sign() <= 0:
+            # An unlimited or counted share that asked no memory reserves none.
+            share = None
+        if not (self.shares and self.equal_shares):
+            return share, 0
+        if share is None:
+            part = self.device.memory_bytes * self.shares // self.equal_shares
+            share = Quantity.parse(f"{part // 1024**2}Mi")
+        return share, max(1, 100 * self.shares // self.equal_shares)
 
 
 def _pinned_limit(request: MpsRequest) -> Quantity | None:
@@ -249,25 +269,29 @@ def decide_mps(requests: Sequence[MpsRequest]) -> tuple[dict[str, MpsSetting], l
     """The MPS setting of each device (by name) of one claim, or the problems that refuse the claim.
 
     The config's own checks (percentage, limits within the device's memory, per-device keys,
-    compute capability) are dra.api.v1beta1.validate's, made before. What only a share adds:
-    a device's pinned limit is the claim's limit for it, else the memory of its share; never
-    above its share.
+    compute capability) are dra.api.v1beta1.validate's, made before. What only a share adds
+    (MpsRequest.share_limits): a device's pinned limit and active thread percentage are the
+    claim's own, else its share's; never above its share.
     """
     problems: list[str] = []
     settings: dict[str, MpsSetting] = {}
     for request in requests:
         device = request.device
-        share = Quantity.parse(request.share_memory) if request.share_memory else None
-        if share is not None and share.sign() <= 0:
-            # An unlimited or counted share that asked no memory reserves none: no limit follows.
-            share = None
+        share, share_threads = request.share_limits()
         limit = _pinned_limit(request)
+        threads = request.config.default_active_thread_percentage
         if limit is not None and share is not None and limit > share:
             problems.append(f"device {device.name}: pinned memory limit {limit} is above its share ({share})")
             continue
+        if threads and share_threads and threads > share_threads:
+            problems.append(
+                f"device {device.name}: active thread percentage {threads} is above its share "
+                f"({share_threads}: {request.shares} of {request.equal_shares} shares)"
+            )
+            continue
         pinned = limit if limit is not None else share
         settings[device.name] = MpsSetting(
-            thread_percentage=request.config.default_active_thread_percentage or 0,
+            thread_percentage=threads or share_threads,
             pinned_limit=mps_limit(int(pinned.exact())) if pinned is not None else "",
             multi_user=bool(request.config.multi_user),
         )
@@ -291,11 +315,13 @@ def decide_sharing(
     devices: Mapping[str, Device],
     prepared: Mapping[str, PreparedClaim],
     mps_root: str,
+    equal_shares: int = 0,
 ) -> tuple[dict[str, str], dict[str, MpsSetting], list[str]]:
     """The intervals and MPS settings of the claim's devices (by name), or the problems refusing it.
 
     Its configs are valid (deviceconfig.problems): what is left are the conflicts with
-    other claims and with the node, and what a share adds.
+    other claims and with the node, and what a share adds. `equal_shares` is N where
+    shareable devices are divided into N equal shares (0 otherwise).
     """
     problems: list[str] = []
     intervals: dict[str, str] = {}
@@ -306,11 +332,22 @@ def decide_sharing(
             continue
         entries = allocation.configs_for(result)
         config = deviceconfig.effective([c.parameters for c in entries], device)
+        if isinstance(config, VfioDeviceConfig):
+            # A GPU passed through is the virtual machine's: no time slices, no MPS.
+            continue
         problems.extend(_time_slice(config, device, allocation.uid, prepared, intervals))
         mps_config = config.sharing.mps_config if config.sharing.strategy == "MPS" else None
         if mps_config is not None and device.name not in mps:
             configured = tuple(deviceconfig.targets(allocation, entries[-1], devices))
-            mps[device.name] = MpsRequest(device, mps_config, configured, result.consumed("memory"))
+            held = result.consumed("shares")
+            mps[device.name] = MpsRequest(
+                device,
+                mps_config,
+                configured,
+                result.consumed("memory"),
+                shares=int(Quantity.parse(held).exact()) if held else 0,
+                equal_shares=equal_shares,
+            )
     if mps and not mps_root:
         problems.append("MPS is not available on this node (the driver runs no MPS control daemons)")
     mps_settings, mps_problems = decide_mps(list(mps.values()))

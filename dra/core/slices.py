@@ -120,8 +120,14 @@ def _shared_attributes(gpu: Gpu, inventory: Inventory) -> dict[str, Obj]:
     return attributes
 
 
-#: Shareable GPUs are allocated in whole multiples of this much memory (KEP-5075 validRange step).
-SHARE_MEMORY_STEP = 1024**3
+#: Shareable devices are allocated in whole multiples of this much memory (KEP-5075 validRange
+#: step): 1 MiB, as NVIDIA's driver publishes it.
+SHARE_MEMORY_STEP = 1024**2
+
+#: The first release known to charge a shared device's counters once, whoever holds it (1.37.2:
+#: `skipCounterCheck` and `IsDeviceAllocated` in k8s.io/dynamic-resource-allocation's allocator;
+#: 1.34.12 charges them at each allocation in a scheduling cycle and not at all once allocated).
+SHARED_OFFERS_MINOR = 37
 
 #: How a shareable GPU is divided, as NVIDIA's --consumable-shares names it: by memory, without a
 #: limit (memory asked is only recorded), or into this many equal shares (capacity `shares`).
@@ -138,10 +144,10 @@ def parse_share_mode(text: str) -> ShareMode:
 
 
 def _share_capacity(memory_bytes: int, mode: ShareMode) -> dict[str, Obj]:
-    """The request policies of a shareable GPU's capacities.
+    """The request policies of a shareable device's capacities.
 
-    Memory is in whole GiB: the API wants default and max on the step grid, so the max is the
-    memory rounded down to a GiB (the remainder, under 1 GiB, is never handed out). By memory,
+    Memory is in whole MiB: the API wants default and max on the step grid, so the max is the
+    memory rounded down to a MiB (the remainder, under 1 MiB, is never handed out). By memory,
     a claim that asks none gets the whole GPU; unlimited and counted, it gets none (any number
     of claims fit) and may ask some, which is recorded, not reserved. Counted, each claim takes
     one of the GPU's shares unless it asks more (capacity.requests.shares).
@@ -164,8 +170,9 @@ def device_entry(
 ) -> Obj:
     """One device of a slice: name, typed attributes, quantity capacities.
 
-    A shareable full GPU may be allocated to several claims at once, each consuming part of
-    its capacity as `share_mode` divides it (allowMultipleAllocations, DRAConsumableCapacity).
+    A shareable device (a full GPU or a MIG device) may be allocated to several claims at once,
+    each consuming part of its capacity as `share_mode` divides it (allowMultipleAllocations,
+    DRAConsumableCapacity).
     """
     if not _DNS_LABEL.match(device.name):
         raise SliceError(f"device name {device.name!r} is not a DNS label")
@@ -195,11 +202,22 @@ def device_entry(
         "attributes": dict(sorted(attributes.items())),
         "capacity": {key: {"value": value} for key, value in sorted(capacity.items())},
     }
-    if shareable and not isinstance(device, MigDevice):
-        entry["allowMultipleAllocations"] = True
-        for name, policy in _share_capacity(device.memory_bytes, share_mode).items():
-            entry["capacity"].setdefault(name, {"value": str(share_mode)})["requestPolicy"] = policy
+    if shareable:
+        _share(entry, device.memory_bytes, share_mode)
     return entry
+
+
+def _share(entry: Obj, memory_bytes: int, share_mode: ShareMode) -> None:
+    """Publish a device entry for several claims at once, its capacity divided as `share_mode` says."""
+    entry["allowMultipleAllocations"] = True
+    policies = _share_capacity(memory_bytes, share_mode)
+    for name, policy in policies.items():
+        entry["capacity"].setdefault(name, {"value": str(share_mode)})["requestPolicy"] = policy
+    for name, value in entry["capacity"].items():
+        if name not in policies:
+            # Without a policy the scheduler charges each allocation the whole value, so a MIG
+            # device's second share would not fit: its engines serve every share, none reserves any.
+            value["requestPolicy"] = {"default": "0", "validValues": ["0"]}
 
 
 def _engine_capacity(engines: MigEngines) -> dict[str, str]:
@@ -256,8 +274,14 @@ def _counter_values(counters: Mapping[str, int]) -> Obj:
     }
 
 
-def partition_entry(partition: MigPartition, inventory: Inventory) -> Obj:
-    """One dynamic-MIG offer as a device: NVIDIA's MIG attributes without a uuid, plus its placement."""
+def partition_entry(
+    partition: MigPartition, inventory: Inventory, shareable: bool = False, share_mode: ShareMode = "memory"
+) -> Obj:
+    """One dynamic-MIG offer as a device: NVIDIA's MIG attributes without a uuid, plus its placement.
+
+    A shareable offer's MIG device is made once and shared by the claims given it, as `share_mode`
+    divides it; it consumes its GPU's counters once, however many claims hold it.
+    """
     if not _DNS_LABEL.match(partition.name):
         raise SliceError(f"device name {partition.name!r} is not a DNS label")
     gpu = partition.parent
@@ -271,7 +295,7 @@ def partition_entry(partition: MigPartition, inventory: Inventory) -> Obj:
         **_shared_attributes(gpu, inventory),
     }
     capacity = {"memory": binary_quantity(partition.memory_bytes), **_engine_capacity(partition.engines)}
-    return {
+    entry: Obj = {
         "name": partition.name,
         "attributes": dict(sorted(attributes.items())),
         "capacity": {key: {"value": value} for key, value in sorted(capacity.items())},
@@ -279,6 +303,9 @@ def partition_entry(partition: MigPartition, inventory: Inventory) -> Obj:
             {"counterSet": counter_set_name(gpu), "counters": _counter_values(partition_counters(partition))}
         ],
     }
+    if shareable:
+        _share(entry, partition.memory_bytes, share_mode)
+    return entry
 
 
 @dataclass(frozen=True)
@@ -289,7 +316,9 @@ class _Group:
     devices: list[Obj]
 
 
-def _dynamic_groups(inventory: Inventory) -> list[_Group]:
+def _dynamic_groups(
+    inventory: Inventory, shared: Collection[str] = (), share_mode: ShareMode = "memory"
+) -> list[_Group]:
     groups = []
     for gpu in inventory.dynamic_gpus:
         offers = [p for p in inventory.partitions if p.parent == gpu]
@@ -305,7 +334,7 @@ def _dynamic_groups(inventory: Inventory) -> list[_Group]:
         groups.append(
             _Group(
                 {"name": counter_set_name(gpu), "counters": _counter_values(counters)},
-                [*wholes, *(partition_entry(p, inventory) for p in offers)],
+                [*wholes, *(partition_entry(p, inventory, p.name in shared, share_mode) for p in offers)],
             )
         )
     return groups
@@ -373,14 +402,16 @@ def build_slices(
     `taints` (device name to taint) are published only where the server keeps
     them (`features.device_taints`; no features: the oldest supported server's,
     no gated fields); elsewhere the devices go out untainted. `shareable` names
-    the full GPUs published for several claims at once, where the server keeps
-    consumable capacity (`features.consumable_capacity`), divided as `share_mode`
-    says; elsewhere they go out exclusive.
+    the devices (full GPUs, MIG devices, dynamic-MIG offers) published for several
+    claims at once, where the server keeps consumable capacity
+    (`features.consumable_capacity`), divided as `share_mode` says; elsewhere they
+    go out exclusive. Offers are shared only from SHARED_OFFERS_MINOR.
     """
     features = features or ApiFeatures()
-    groups = _dynamic_groups(inventory) if features.partitionable_devices else []
-    dynamic = {gpu.name for gpu in inventory.dynamic_gpus} if groups else set()
     shared = shareable if features.consumable_capacity else ()
+    offers = shared if features.minor >= SHARED_OFFERS_MINOR else ()
+    groups = _dynamic_groups(inventory, offers, share_mode) if features.partitionable_devices else []
+    dynamic = {gpu.name for gpu in inventory.dynamic_gpus} if groups else set()
     entries = [
         device_entry(device, inventory, device.name in shared, share_mode)
         for device in inventory

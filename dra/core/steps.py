@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, TypeVar, cast
 
 from dra.model.devices import Gpu, Inventory, MigDevice
+from dra.model.pci import IommuGroup, VfioHost
 from dra.model.prepared import DeviceAction, PreparedClaim
 
 T = TypeVar("T")
@@ -71,6 +72,10 @@ class Node:
     time_slicing: bool = False
     #: The checkpoint's path, for messages.
     checkpoint: str = ""
+    #: Whether claims may pass GPUs through (VfioDeviceConfig binds them to vfio-pci).
+    vfio: bool = False
+    #: N where shareable devices are divided into N equal shares (--consumable-shares=N), else 0.
+    equal_shares: int = 0
 
     @property
     def mps(self) -> bool:
@@ -182,6 +187,18 @@ class FindMigDevice(Query[MigDevice]):
 
 
 @dataclass(frozen=True)
+class ReadVfioHost(Query[VfioHost]):
+    """Whether the kernel runs with an IOMMU and has vfio-pci loaded."""
+
+
+@dataclass(frozen=True)
+class ReadIommuGroup(Query[IommuGroup]):
+    """The IOMMU group of the PCI function at `address`, each member with its driver."""
+
+    address: str
+
+
+@dataclass(frozen=True)
 class Save(Query[int]):
     """Record these claims and actions in the checkpoint; the ticket `Sync` makes durable (0: already)."""
 
@@ -239,6 +256,21 @@ class DestroyGpuInstance(Step):
 
     gpu_index: int
     gpu_instance_id: int
+
+
+@dataclass(frozen=True)
+class BindVfio(Step):
+    """Bind the PCI function at `address` to vfio-pci (override, unbind, bind); bound already is fine."""
+
+    address: str
+
+
+@dataclass(frozen=True)
+class RestorePci(Step):
+    """Clear its driver_override, bind the function to `driver` ("": none); bound there already is fine."""
+
+    address: str
+    driver: str
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,12 @@ import stat
 from pathlib import Path
 
 from dra.adapters.atomicfile import write_atomic
+from dra.adapters.fakesysfs import FakeFunction, FakeSysfs
+from dra.adapters.pcisysfs import PciSysfs
 from dra.gpu.discovery import mig_enabled, mig_handles
 from dra.gpu.fake import FakeGpuLibrary, mig_cap_minor
 from dra.gpu.library import GpuHandle
+from dra.model.devices import Inventory
 
 #: NVIDIA's registered character major (/dev/nvidia0, /dev/nvidiactl).
 NVIDIA_MAJOR = 195
@@ -77,6 +80,15 @@ def materialise(lib: FakeGpuLibrary, root: Path) -> None:
         _driver_root(root / DRIVER_ROOT, lib.driver_version(), "\n".join(table))
     except OSError as err:
         raise FakeRootError(f"--fake-gpu-root={root}: cannot make the fake GPUs' files: {err}") from None
+
+
+def pci_tree(inventory: Inventory, root: Path) -> PciSysfs:
+    """The fake GPUs' PCI functions in a fake sysfs under root (each GPU an IOMMU group of its own, numbered
+    by its index, bound to nvidia), kept as they are when there already; /dev/vfio beside the GPUs' nodes.
+    """
+    fake = FakeSysfs(root)
+    fake.build([FakeFunction(gpu.pci_bus_id, group=gpu.index) for gpu in inventory.gpus])
+    return PciSysfs(root, write=fake.write)
 
 
 def _mig_lines(lib: FakeGpuLibrary, handle: GpuHandle, minor: int, dev: Path) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 
 import anyio
@@ -85,6 +85,8 @@ class HealthTracker:
         self._clock = clock
         #: When each device was last reported bad (clock time), healthy or not at that moment.
         self._last_bad: dict[str, float] = {}
+        #: The UUIDs of GPUs passed through (bound to vfio-pci): NVML loses them on purpose.
+        self.passed_through: Callable[[], Collection[str]] = frozenset
 
     def set_inventory(self, inventory: Inventory) -> None:
         """Follow a changed inventory: new devices start healthy, gone ones are forgotten."""
@@ -124,7 +126,7 @@ class HealthTracker:
 
     def mark_gpus_unhealthy(self, gpu_uuids: list[str], reason: str, short: str = "") -> list[str]:
         """Mark the devices of these GPUs (the GPU or its MIG devices) unhealthy; return those changed."""
-        wanted = set(gpu_uuids)
+        wanted = set(gpu_uuids) - set(self.passed_through())
         return self.mark_unhealthy(
             [d.name for d in self._inventory if wanted.intersection(device_uuids(d))], reason, short
         )

@@ -50,7 +50,6 @@ UNPREPARE_SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
     registry=REGISTRY,
 )
-PREPARED_CLAIMS = Gauge("dra_gpu_prepared_claims", "Claims prepared on this node.", registry=REGISTRY)
 PUBLISHED_DEVICES = Gauge(
     "dra_gpu_published_devices", "Devices in this node's ResourceSlices.", registry=REGISTRY
 )
@@ -243,12 +242,6 @@ NVIDIA_REQUESTS_INFLIGHT = Gauge(
     ["driver", "operation"],
     registry=REGISTRY,
 )
-NVIDIA_PREPARED_DEVICES = Gauge(
-    "nvidia_dra_prepared_devices",
-    "Current number of prepared devices by device type.",
-    ["node", "driver", "device_type"],
-    registry=REGISTRY,
-)
 NVIDIA_PREPARE_ERRORS = Counter(
     "nvidia_dra_node_prepare_errors_total",
     "Total number of failures during DRA node prepare for kubelet plugins.",
@@ -284,10 +277,48 @@ def start_request_series(driver: str) -> None:
         UNPREPARE_SECONDS.labels(result)
 
 
-def set_prepared_devices(node: str, driver: str, counts: Mapping[str, int]) -> None:
-    """NVIDIA's prepared_devices from counts by device type (NVIDIA_DEVICE_TYPES; absent ones are 0)."""
-    for device_type in NVIDIA_DEVICE_TYPES:
-        NVIDIA_PREPARED_DEVICES.labels(node, driver, device_type).set(counts.get(device_type, 0))
+#: Claims prepared, and prepared devices by NVIDIA's device_type, as they are now.
+PreparedCounts = Callable[[], tuple[int, Mapping[str, int]]]
+
+
+class PreparedSeries(Collector):
+    """dra_gpu_prepared_claims and NVIDIA's prepared_devices, counted when scraped.
+
+    Counted by the scrape rather than set by each prepare and unprepare: counting walks every
+    prepared claim, a cost that grew with the node's claims on every kubelet call, while a
+    scrape comes every few seconds at most.
+    """
+
+    _CLAIMS = ("dra_gpu_prepared_claims", "Claims prepared on this node.")
+    _DEVICES = ("nvidia_dra_prepared_devices", "Current number of prepared devices by device type.")
+    _DEVICE_LABELS = ("node", "driver", "device_type")
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._node = self._driver = ""
+        self._count: PreparedCounts | None = None
+        registry.register(self)
+
+    def follow(self, node: str, driver: str, count: PreparedCounts) -> None:
+        """Count what `count` answers at each scrape (the last call wins)."""
+        self._node, self._driver, self._count = node, driver, count
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """Both families, so that the registry knows their names before anything is prepared."""
+        yield GaugeMetricFamily(*self._CLAIMS)
+        yield GaugeMetricFamily(*self._DEVICES, labels=self._DEVICE_LABELS)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """The claims, and a series per NVIDIA device type (0 included) once something is followed."""
+        claims, devices = self._count() if self._count is not None else (0, {})
+        yield GaugeMetricFamily(*self._CLAIMS, value=claims)
+        family = GaugeMetricFamily(*self._DEVICES, labels=self._DEVICE_LABELS)
+        if self._count is not None:
+            for device_type in NVIDIA_DEVICE_TYPES:
+                family.add_metric([self._node, self._driver, device_type], devices.get(device_type, 0))
+        yield family
+
+
+PREPARED = PreparedSeries(REGISTRY)
 
 
 DEVICE_PLUGIN_REGISTRY = CollectorRegistry()

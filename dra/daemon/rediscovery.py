@@ -17,7 +17,7 @@ import anyio.to_thread
 
 from dra.core.assignment import restrict
 from dra.daemon.bootstrap import DaemonSettings, StartupError, rediscover
-from dra.model.devices import Inventory
+from dra.model.devices import Inventory, gpu_of
 from dra.model.migmode import MigModes
 
 log = logging.getLogger(__name__)
@@ -52,8 +52,15 @@ class Rediscovery:
         self.current = restrict(self.current, [gpu for gpu in self.current.gpus if gpu.uuid not in uuids])
         return self.current
 
-    def follow(self, fresh: Inventory, held: Collection[str] = ()) -> Inventory | None:
-        """This path's part of a fresh discovery, less the `held` GPUs; None when nothing changed."""
+    def follow(
+        self, fresh: Inventory, held: Collection[str] = (), kept: Collection[str] = ()
+    ) -> Inventory | None:
+        """This path's part of a fresh discovery, less the `held` GPUs; None when nothing changed.
+
+        A GPU of `kept` (passed through to vfio-pci, which NVML cannot see) that the discovery
+        misses stays as it was: the claim holding it is served, and the slice keeps offering it.
+        """
+        fresh = _with_kept(fresh, self.current, kept)
         for gpu in fresh.gpus:
             if gpu.uuid not in self._assigned and gpu.uuid not in self._reported:
                 self._reported.add(gpu.uuid)
@@ -92,10 +99,12 @@ class Rediscovery:
         self,
         apply: Callable[[Inventory], Awaitable[None]],
         held: Callable[[Inventory], Awaitable[Collection[str]]] | None = None,
+        kept: Callable[[], Collection[str]] = frozenset,
     ) -> None:
         """Discover every --rediscover-interval and apply what changed, until cancelled.
 
-        `held`, when given, is asked each time which GPUs of the fresh inventory to hold back.
+        `held`, when given, is asked each time which GPUs of the fresh inventory to hold back;
+        `kept` which GPUs stay though the discovery misses them (see `follow`).
         """
         while True:
             await anyio.sleep(self._settings.rediscover_interval)
@@ -105,6 +114,22 @@ class Rediscovery:
                 except StartupError as err:
                     log.warning("re-discovering GPUs failed, keeping the last inventory: %s", err)
                     continue
-                changed = self.follow(fresh, await held(fresh) if held is not None else ())
+                changed = self.follow(fresh, await held(fresh) if held is not None else (), kept())
                 if changed is not None:
                     await apply(changed)
+
+
+def _with_kept(fresh: Inventory, current: Inventory, kept: Collection[str]) -> Inventory:
+    """`fresh` plus the GPUs of `kept` it lacks, with their devices, as `current` has them."""
+    present = {gpu.uuid for gpu in fresh.gpus}
+    away = restrict(current, [gpu for gpu in current.gpus if gpu.uuid in kept and gpu.uuid not in present])
+    if not away.gpus:
+        return fresh
+    # Ordered by GPU index, as a discovery that found them would list them.
+    return replace(
+        fresh,
+        devices=tuple(sorted((*fresh.devices, *away.devices), key=lambda d: gpu_of(d).index)),
+        gpus=tuple(sorted((*fresh.gpus, *away.gpus), key=lambda g: g.index)),
+        partitions=tuple(sorted((*fresh.partitions, *away.partitions), key=lambda p: p.parent.index)),
+        instances=tuple(sorted((*fresh.instances, *away.instances), key=lambda m: m.parent.index)),
+    )

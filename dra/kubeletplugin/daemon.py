@@ -16,6 +16,7 @@ from anyio.abc import TaskGroup
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.kube import KubeClient, KubeError
+from dra.adapters.pcisysfs import PciSysfs
 from dra.core import versions
 from dra.core.assignment import GpuPath, Selector, select
 from dra.core.checkpointformat import CheckpointError
@@ -23,7 +24,7 @@ from dra.core.migconfig import MigConfigs
 from dra.core.slices import ShareMode
 from dra.core.taints import Effect
 from dra.core.usage import DEFAULT_MAX_SERIES
-from dra.daemon import metrics
+from dra.daemon import fakegpus, metrics
 from dra.daemon.bootstrap import (
     DaemonSettings,
     Node,
@@ -44,7 +45,7 @@ from dra.kubeletplugin.mpsprivsep import Launcher
 from dra.kubeletplugin.podresources import DevicePluginHoldback
 from dra.kubeletplugin.publisher import SlicePublisher
 from dra.kubeletplugin.server import PluginServer
-from dra.kubeletplugin.service import DraService, HealthService, record_prepared
+from dra.kubeletplugin.service import DraService, HealthService
 from dra.kubeletplugin.state import DeviceState
 from dra.kubeletplugin.timeslice import TimeSlicer
 from dra.kubeletplugin.usage import ProcessOwners, UsageSampler
@@ -83,6 +84,8 @@ class PluginSettings(DaemonSettings):
     usage_procfs: Path = Path("/proc")
     #: Claim usage series kept at most.
     usage_max_series: int = DEFAULT_MAX_SERIES
+    #: Claims may pass whole GPUs through (VfioDeviceConfig; --vfio).
+    vfio: bool = False
 
     @property
     def mps_command(self) -> list[str]:
@@ -167,6 +170,24 @@ class _Layout:
     applied: str | None
 
 
+def _pci_sysfs(settings: PluginSettings, inventory: Inventory) -> PciSysfs:
+    """The sysfs GPUs are passed through by: the host's, or with fake GPUs a fake tree under their root."""
+    if not settings.fake_gpus:
+        return PciSysfs(settings.host_root)
+    if settings.fake_gpu_root is None:
+        if settings.vfio:
+            raise StartupError(
+                "--vfio=true with --fake-gpus needs --fake-gpu-root (the fake sysfs and /dev/vfio go there)"
+            )
+        return PciSysfs(settings.host_root)
+    try:
+        return fakegpus.pci_tree(inventory, settings.fake_gpu_root)
+    except OSError as err:
+        raise StartupError(
+            f"--fake-gpu-root={settings.fake_gpu_root}: cannot make the fake sysfs tree: {err}"
+        ) from None
+
+
 async def _serve(
     settings: PluginSettings, node: Node, layout: _Layout | None = None, launcher: Launcher | None = None
 ) -> None:
@@ -190,13 +211,18 @@ async def _serve(
             mps=MpsDaemons(
                 settings.state_directory / "mps", settings.mps_command, launcher.start if launcher else None
             ),
+            pci=_pci_sysfs(settings, node.inventory),
+            vfio=settings.vfio,
+            # MPS limits follow a counted share (docs/sharing.md, NVIDIA's share modes).
+            equal_shares=settings.share_mode if isinstance(settings.share_mode, int) else 0,
         )
+        # A GPU on vfio-pci is lost to NVML on purpose: not a health problem.
+        tracker.passed_through = state.passed_through
         state.recover()
     except (KubeError, CheckpointError) as err:
         raise StartupError(str(err)) from None
     except OSError as err:
         raise StartupError(f"cannot restore the CDI specs in {settings.cdi_root}: {err}") from None
-    record_prepared(settings.node_name, settings.driver_name, state.prepared)
     warn_about_stranded_claims(node.everything, inventory, state.prepared.values())
 
     if settings.shareable_gpus is not None:
@@ -275,7 +301,7 @@ async def _serve(
                     f"selects are not published until a re-discovery reads them"
                 )
                 return applied, rediscovery.withhold(applied.uuids)
-            return applied, rediscovery.follow(fresh, held)
+            return applied, rediscovery.follow(fresh, held, state.passed_through())
 
         async with rediscovery.lock:
             try:
@@ -301,7 +327,7 @@ async def _serve(
     def tasks(group: TaskGroup) -> None:
         group.start_soon(publisher.run)
         if settings.rediscover_interval > 0:
-            group.start_soon(rediscovery.run, apply, holdback.held)
+            group.start_soon(rediscovery.run, apply, holdback.held, state.passed_through)
         group.start_soon(server.keep_registration_socket)
         group.start_soon(control.run)
         group.start_soon(report_ready)

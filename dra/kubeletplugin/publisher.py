@@ -23,17 +23,27 @@ from dra.core.slices import ShareMode
 from dra.core.taints import DeviceTaint
 from dra.core.versions import ApiFeatures
 from dra.daemon import metrics
-from dra.model.devices import Inventory
+from dra.model.devices import Inventory, MigDevice, gpu_of
 
 log = logging.getLogger(__name__)
 
 
-def shareable_gpus(selector: Selector | None, inventory: Inventory) -> frozenset[str]:
-    """Names of the GPUs --shareable-gpus picks (none by default: GPUs are exclusive)."""
+def shareable_devices(selector: Selector | None, inventory: Inventory) -> frozenset[str]:
+    """Names of the devices --shareable-gpus picks (none by default: devices are exclusive).
+
+    A picked GPU is shared whole, or, in MIG mode, as its MIG devices or its dynamic-MIG
+    offers, as NVIDIA's driver shares its GPUs and MIG devices (docs/sharing.md).
+    """
     if selector is None:
         return frozenset()
-    chosen, _ = select(selector, inventory)
-    return frozenset(gpu.name for gpu in chosen if not gpu.mig_enabled)
+    chosen = {gpu.uuid for gpu in select(selector, inventory)[0]}
+    devices = (
+        d.name
+        for d in inventory
+        if gpu_of(d).uuid in chosen and (isinstance(d, MigDevice) or not d.mig_enabled)
+    )
+    offers = (p.name for p in inventory.partitions if p.parent.uuid in chosen)
+    return frozenset((*devices, *offers))
 
 
 _BACKOFF_START = 0.5
@@ -71,13 +81,18 @@ class SlicePublisher:
         self._turn = turn
         self._shareable = shareable
         self._share_mode = share_mode
-        chosen = shareable_gpus(shareable, inventory)
+        # Named by GPU in what is said: a GPU in dynamic MIG mode has hundreds of offers.
+        shared = shareable_devices(shareable, inventory)
+        chosen = sorted(
+            {gpu_of(d).name for d in inventory if d.name in shared}
+            | {p.parent.name for p in inventory.partitions if p.name in shared}
+        )
         if chosen and not features.consumable_capacity:
             # Said once here; build_slices then publishes these GPUs exclusive at every reconcile.
             log.warning(
                 "--shareable-gpus: the API server drops consumable capacity (feature gate "
                 "DRAConsumableCapacity off): publishing %s exclusive",
-                ", ".join(sorted(chosen)),
+                ", ".join(chosen),
             )
         elif chosen and features.minor < FIXED_SHARES_MINOR:
             log.warning(
@@ -88,17 +103,19 @@ class SlicePublisher:
                 "see docs/sharing.md (Consumable shares)",
                 features.minor,
                 FIXED_SHARES_MINOR,
-                ", ".join(sorted(chosen)),
+                ", ".join(chosen),
                 FIXED_SHARES_MINOR,
             )
         dynamic = set(inventory.dynamic_gpus)
         partitioned = [g.name for g in select(shareable, inventory)[0] if g in dynamic] if shareable else []
-        if partitioned:
-            # Consumable capacity on a GPU whose partitions consume its counters: not known to be allowed.
+        if partitioned and features.consumable_capacity and features.minor < slices.SHARED_OFFERS_MINOR:
             log.warning(
-                "--shareable-gpus: %s are in dynamic MIG mode: publishing them exclusive, with their "
-                "MIG partitions",
+                "--shareable-gpus: %s are in dynamic MIG mode: publishing their MIG offers exclusive, as "
+                "Kubernetes 1.%d's scheduler would charge a shared offer's GPU slices at each allocation "
+                "and forget them once allocated (1.%d charges them once); see docs/sharing.md",
                 ", ".join(partitioned),
+                features.minor,
+                slices.SHARED_OFFERS_MINOR,
             )
         self.driver = driver
         self.node_name = node_name
@@ -152,7 +169,7 @@ class SlicePublisher:
             generation=0,
             features=self.features,
             taints=self._taints(),
-            shareable=shareable_gpus(self._shareable, inventory),
+            shareable=shareable_devices(self._shareable, inventory),
             share_mode=self._share_mode,
         )
         plan = sliceplan.plan(desired, existing, self._generation)

@@ -25,7 +25,7 @@ from dra.daemon import metrics
 from dra.daemon.health import HealthTracker
 from dra.kubeletplugin.claimstatus import ClaimStatusWriter
 from dra.kubeletplugin.state import DeviceState
-from dra.model.prepared import PreparedClaim
+from dra.model.prepared import PreparedClaim, PreparedDevice
 from dra.pb.dra.v1 import dra_pb2
 from dra.pb.dra.v1 import dra_pb2_grpc as v1_grpc
 from dra.pb.dra.v1beta1 import dra_pb2_grpc as v1beta1_grpc
@@ -51,16 +51,18 @@ class ClaimSource(Protocol):
         """Record a Warning event about an object."""
 
 
-def record_prepared(node: str, driver: str, prepared: Mapping[str, PreparedClaim]) -> None:
-    """The gauges of what the node has prepared: claims (ours), devices by type (NVIDIA's)."""
-    metrics.PREPARED_CLAIMS.set(len(prepared))
+def prepared_counts(prepared: Mapping[str, PreparedClaim]) -> tuple[int, Counter[str]]:
+    """What the node has prepared: claims (ours), and devices by NVIDIA's device_type."""
+    counts = Counter(_device_type(d) for claim in prepared.values() for d in claim.devices)
+    return len(prepared), counts
+
+
+def _device_type(device: PreparedDevice) -> str:
+    """NVIDIA's device_type of a prepared device: a GPU passed through is `vfio`, as its driver counts it."""
+    if device.vfio_group >= 0:
+        return "vfio"
     # A MIG device's UUID says what it is (NVML's MIG-...); a device not made yet has none.
-    counts = Counter(
-        ("mig" if d.uuid.startswith("MIG-") else "gpu") if d.uuid else "unknown"
-        for claim in prepared.values()
-        for d in claim.devices
-    )
-    metrics.set_prepared_devices(node, driver, counts)
+    return ("mig" if device.uuid.startswith("MIG-") else "gpu") if device.uuid else "unknown"
 
 
 def _response(claim: PreparedClaim) -> dra_pb2.NodePrepareResourceResponse:
@@ -98,6 +100,7 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         self._in_flight = 0
         self._drained: anyio.Event | None = None
         metrics.start_request_series(driver)
+        metrics.PREPARED.follow(node_name, driver, lambda: prepared_counts(state.prepared))
 
     async def _record_event(self, claim: dict[str, Any], message: str) -> None:
         if not self._events_allowed:
@@ -188,7 +191,6 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
             if result != "success":
                 metrics.NVIDIA_PREPARE_ERRORS.labels(self.driver, error_type).inc()
             metrics.PREPARE_SECONDS.labels(result).observe(time.perf_counter() - started)
-            record_prepared(self.node_name, self.driver, self._state.prepared)
 
     async def _unprepare(self, ref: dra_pb2.Claim) -> dra_pb2.NodeUnprepareResourceResponse:
         started = time.perf_counter()
@@ -215,7 +217,6 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
             if result != "success":
                 metrics.NVIDIA_UNPREPARE_ERRORS.labels(self.driver, "unprepare_devices").inc()
             metrics.UNPREPARE_SECONDS.labels(result).observe(time.perf_counter() - started)
-            record_prepared(self.node_name, self.driver, self._state.prepared)
 
     async def NodePrepareResources(  # noqa: N802 (gRPC method name)
         self, request: dra_pb2.NodePrepareResourcesRequest, context: Context

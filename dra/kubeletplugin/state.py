@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from dra.adapters import faults
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.pcisysfs import PciSysfs
 from dra.core import migdevices, recovery
 from dra.core import prepare as programs
 from dra.core import steps as s
@@ -30,7 +31,7 @@ from dra.gpu.library import ERROR_INSUFFICIENT_RESOURCES, GpuLibrary, GpuLibrary
 from dra.kubeletplugin.mps import MpsDaemons, MpsError
 from dra.kubeletplugin.timeslice import TimeSliceError, TimeSlicer
 from dra.model.devices import Inventory
-from dra.model.prepared import DeviceAction, PreparedClaim
+from dra.model.prepared import VFIO_BIND, DeviceAction, PreparedClaim
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,11 @@ class DeviceState:
         lib: GpuLibrary | None = None,
         time_slicer: TimeSlicer | None = None,
         mps: MpsDaemons | None = None,
+        pci: PciSysfs | None = None,
+        vfio: bool = False,
+        equal_shares: int = 0,
     ) -> None:
+        """`pci` is the sysfs GPUs are passed through by ("/" when None); `vfio` lets claims do so."""
         self.driver = driver
         self.pool = node_name
         self.inventory = inventory
@@ -73,6 +78,8 @@ class DeviceState:
             mig=lib is not None,
             time_slicing=time_slicer is not None,
             checkpoint=str(checkpoint.path),
+            vfio=vfio,
+            equal_shares=equal_shares,
         )
         self._cdi = cdi_store
         self._checkpoint = checkpoint
@@ -80,6 +87,8 @@ class DeviceState:
         self._lib = lib
         self._time_slicer = time_slicer
         self._mps = mps
+        # Also without `vfio`: start-up gives back GPUs a run with passthrough on left bound.
+        self._pci = pci or PciSysfs()
         self._lock = threading.Lock()
         self._steps = self._step_table()
         prepared, actions = checkpoint.load_state()
@@ -96,6 +105,10 @@ class DeviceState:
     def actions(self) -> list[DeviceAction]:
         """Device actions the checkpoint records (a snapshot)."""
         return list(self._actions)
+
+    def passed_through(self) -> frozenset[str]:
+        """The UUIDs of the GPUs claims pass through (bound to vfio-pci, or being bound or given back)."""
+        return frozenset(str(a.params["gpu"]) for a in self._actions if a.kind == VFIO_BIND)
 
     def _facts(self) -> s.Facts:
         return s.Facts(self._prepared, self._actions, self.inventory)
@@ -227,6 +240,10 @@ class DeviceState:
             s.StartMps: lambda step: self._daemons().start(step.claim),
             s.ReleaseMps: lambda step: self._daemons().release(step.claim, step.others),
             s.StopOtherMps: lambda step: self._daemons().stop_others(step.prepared),
+            s.ReadVfioHost: lambda _: self._pci.host(),
+            s.ReadIommuGroup: lambda step: self._pci.iommu_group(step.address),
+            s.BindVfio: lambda step: self._pci.bind_vfio(step.address),
+            s.RestorePci: lambda step: self._pci.restore(step.address, step.driver),
         }
 
     def _save(self, step: s.Save) -> int:

@@ -31,6 +31,10 @@ class PreparedDevice:
     mps_pinned_limit: str = ""
     #: Whether the daemon runs in multi-user mode (-M: clients of several users); mpsConfig.multiUser.
     mps_multi_user: bool = False
+    #: The IOMMU group of a GPU passed through (bound to vfio-pci for this claim); -1 when it is not.
+    vfio_group: int = -1
+    #: Whether the container gets the IOMMU API device (/dev/vfio/vfio) with it: iommu.enableAPIDevice.
+    vfio_api_device: bool = False
 
     def is_device(self, name: str, uuid: str) -> bool:
         """Whether this entry is that device (by UUID when recorded, else by name)."""
@@ -63,6 +67,8 @@ class PreparedClaim:
 MIG_CREATE = "mig-create"
 #: DeviceAction kind: switch a dynamic-MIG GPU's MIG mode for a claim (params: gpu, index, mode, was).
 MIG_MODE = "mig-mode"
+#: DeviceAction kind: bind a GPU to vfio-pci for a claim (params: gpu, address, group, siblings).
+VFIO_BIND = "vfio-bind"
 
 
 @dataclass(frozen=True)
@@ -78,7 +84,7 @@ class DeviceAction:
     device: str
     kind: str
     #: What the action needs (for MIG_CREATE: gpu, profile, profileId, start, size; for MIG_MODE: gpu,
-    #: index, mode, was).
+    #: index, mode, was; for VFIO_BIND: gpu, address, group, siblings).
     params: Mapping[str, str | int]
     done: bool = False
     #: What it made (for MIG_CREATE: gpuInstance, computeInstance, uuid).

@@ -3,10 +3,11 @@
 A cluster of its own on containerd (localcluster.containerd), fake GPUs of profile
 `h100x8-mig` made visible to real containers (--fake-gpu-root: device nodes and a
 stand-in driver with nvidia-smi), the kubelet plugin on GPUs 0, 1 and 4-7 (GPU 1 in
-dynamic MIG mode, offering 3g.40gb only, which no other test asks for) and the
-device plugin on GPUs 2 and 3. Every test pod runs the static busybox image and writes
-what its containers saw (environment, /dev/nvidia*, `nvidia-smi -L`, the driver
-library) to a hostPath directory, then sleeps. Skipped with the reason when
+dynamic MIG mode, offering 3g.40gb only, which no other test asks for; passthrough on,
+over the fake sysfs tree it makes under the fake root) and the device plugin on GPUs 2
+and 3. Every test pod runs the static busybox image and writes what its containers saw
+(environment, /dev/nvidia* and /dev/vfio/*, `nvidia-smi -L`, the driver library) to a
+hostPath directory, then sleeps. Skipped with the reason when
 containerd cannot be built or started here.
 """
 
@@ -42,12 +43,13 @@ from localcluster.workloads import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.fakesysfs import FakeSysfs
 from dra.daemon import fakegpus
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.profiles import load_profile
 from dra.kubeletplugin import top
-from dra.model.devices import Device, Inventory, MigDevice
+from dra.model.devices import Device, Gpu, Inventory, MigDevice
 
 pytestmark = [pytest.mark.cluster, pytest.mark.containerd]
 
@@ -80,7 +82,7 @@ def ctr_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CtrNode]:
     try:
         usage = ("--claim-metrics-interval=1", "--usage-processes=true")
         driver = DriverProcess(
-            info, PROFILE, workdir / "driver.log", extra_args=(SPLIT, *DYNAMIC, *usage)
+            info, PROFILE, workdir / "driver.log", extra_args=(SPLIT, *DYNAMIC, "--vfio=true", *usage)
         ).start()
         device_plugin = DevicePluginProcess(info, PROFILE, workdir, extra_args=(SPLIT,)).start()
         try:
@@ -246,6 +248,59 @@ def _prepared_in(cluster: ClusterInfo, namespace: str) -> bool:
         .load()
         .values()
     )
+
+
+def test_a_vfio_claim_binds_its_gpu_to_vfio_pci_and_the_container_gets_its_group(
+    ckube: Kube, ctr_cluster: ClusterInfo, ns: str, inventory: Inventory
+) -> None:
+    """What this proves: prepare moves the GPU to vfio-pci in the (fake) sysfs, the claim's CDI spec
+    names /dev/vfio/<group> and /dev/vfio/vfio, containerd resolves it into a real container, and
+    unprepare gives the GPU back. The nodes are inert stand-ins: no VM can use them (docs/configuration.md).
+    """
+    gpu = inventory.get("gpu-0")
+    assert isinstance(gpu, Gpu)
+    vfio = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig"}
+    exactly = {
+        "deviceClassName": "gpu.nvidia.com",
+        "selectors": [{"cel": {"expression": 'device.attributes["gpu.nvidia.com"].index == 0'}}],
+    }
+    ckube.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "passthrough", "namespace": ns},
+            "spec": {
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "gpu", "exactly": exactly}],
+                        "config": [
+                            {
+                                "requests": ["gpu"],
+                                "opaque": {
+                                    "driver": DRIVER,
+                                    "parameters": {**vfio, "iommu": {"enableAPIDevice": True}},
+                                },
+                            }
+                        ],
+                    }
+                }
+            },
+        }
+    )
+    busybox_pod(ckube, ctr_cluster, ns, "vm", {"main": {"claims": [{"name": "gpu"}]}}, {"gpu": "passthrough"})
+    saw = seen(ctr_cluster, ns, "vm", "main")
+    assert allocated_devices(pod_claim(ckube, ns, "vm")) == ["gpu-0"]
+    sysfs = FakeSysfs(ctr_cluster.fake_gpu_root)
+    group = sysfs.group_of(gpu.pci_bus_id)
+    assert sysfs.driver_of(gpu.pci_bus_id) == "vfio-pci"
+    # Its group and the VFIO container, and nothing of the NVIDIA driver: no /dev/nvidia*, no nvidia-smi.
+    assert saw.dev == sorted([f"/dev/vfio/{group}", "/dev/vfio/vfio"])
+    assert saw.env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert saw.smi_rc == 127
+    ckube.delete("v1", "Pod", "vm", ns, grace_period=0)
+    wait_for("the passthrough claim to be unprepared", lambda: not _prepared_in(ctr_cluster, ns), timeout=60)
+    assert sysfs.driver_of(gpu.pci_bus_id) == "nvidia"
+    assert not sysfs.group_node(group).exists()
 
 
 def test_two_containers_sharing_a_claim_see_the_same_gpu(

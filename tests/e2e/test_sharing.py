@@ -1,6 +1,6 @@
 """GPU sharing end to end: consumable shares packed by the scheduler, time slices set while a pod runs.
 
-Profile `h100x8` (81559 MiB per GPU: shares of up to 79Gi); gpu-0 and gpu-1 are
+Profile `h100x8` (81559 MiB per GPU: shares of up to 81559Mi); gpu-0 and gpu-1 are
 shareable (--shareable-gpus=0,1), the others exclusive. The claims select gpu-0
 or gpu-1 only, so where each pod lands is decided by the shares alone.
 """
@@ -147,7 +147,7 @@ def test_shares_are_packed_on_one_gpu_told_their_share_and_freed_with_their_pod(
         checkpointed[c["metadata"]["uid"]]["devices"][0]["share_id"] for c in claims.values()
     } == share_ids
 
-    # 60Gi of the 79Gi are taken: a fourth 20Gi waits until a share is freed.
+    # 60Gi of the 81559Mi are taken: a fourth 20Gi waits until a share is freed.
     gpu_pod(kube, namespace, "d", "share-20")
     time.sleep(3)
     assert kube.get("v1", "Pod", "d", namespace)["status"]["phase"] == "Pending"

@@ -310,8 +310,9 @@ def test_a_config_of_the_wrong_kind_is_refused() -> None:
     )
 
 
-def test_a_vfio_config_is_decoded_but_configures_no_device_here_naming_why() -> None:
-    assert invalid({"apiVersion": API, "kind": "VfioDeviceConfig"}, device("gpu-1")) == (
-        "VfioDeviceConfig: cannot configure gpu-1: this driver does not serve GPU passthrough (vfio-pci) "
-        "yet, and publishes no device for it; use a DeviceClass of NVIDIA's driver for passthrough"
+def test_a_vfio_config_configures_a_full_gpu_and_refuses_a_mig_device() -> None:
+    validate(opaque.decode({"apiVersion": API, "kind": "VfioDeviceConfig"}), [device("gpu-1")])
+    assert invalid({"apiVersion": API, "kind": "VfioDeviceConfig"}, device("gpu-4-mig-1g10gb-3-0")) == (
+        "VfioDeviceConfig: cannot configure gpu-4-mig-1g10gb-3-0, which is a MIG device: passthrough "
+        "(vfio-pci) takes a whole GPU"
     )

@@ -22,6 +22,7 @@ from localcluster.binaries import (
 
 from tests.bench.bench_compare import (
     Contender,
+    _KubeletLog,
     alternate,
     figure_line,
     parse_levels,
@@ -133,3 +134,23 @@ def test_a_failing_dra_gpu_run_ends_the_benchmark() -> None:
 
     with pytest.raises(RuntimeError, match="no such device"):
         alternate([ours], 1, run)
+
+
+def test_the_kubelet_log_is_read_from_where_the_last_look_stopped(tmp_path: Path) -> None:
+    line = 'I1126 "Connection changed" driverName="gpu.example.com" connected=true\n'
+    log = tmp_path / "kubelet.log"
+    log.write_text("before " + line)
+    watch = _KubeletLog(log, "gpu.example.com")
+    try:
+        # The last run's connection is not this one's.
+        assert not watch.connected()
+        with log.open("a") as kubelet:
+            kubelet.write(line.replace("gpu.example.com", "other.example.com"))
+            kubelet.write(line[:20])
+            kubelet.flush()
+            # Half a line is read again whole at the next look.
+            assert not watch.connected()
+            kubelet.write(line[20:])
+        assert watch.connected()
+    finally:
+        watch.close()

@@ -42,6 +42,13 @@ class FakeServer:
         return {"status": {"devices": self.stored[uid]}}
 
 
+@pytest.fixture(autouse=True)
+def _no_lull(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writes start at once unless a test waits for the lull itself."""
+    monkeypatch.setattr(claimstatus, "QUIET", 0.0)
+    monkeypatch.setattr(claimstatus, "MOST_DELAY", 0.0)
+
+
 async def _drain(writer: ClaimStatusWriter) -> None:
     """Run the writer until what is queued is written."""
     async with anyio.create_task_group() as group:
@@ -71,13 +78,77 @@ async def test_prepare_writes_the_entries_once_and_unprepare_removes_them() -> N
     assert server.calls[-1][1] == []
 
 
-async def test_the_newest_change_of_a_claim_replaces_one_not_yet_written() -> None:
+async def test_a_claim_unprepared_before_its_entries_were_written_needs_no_write() -> None:
     server = FakeServer()
     writer = ClaimStatusWriter(server, DRIVER, NODE)
     writer.prepared(CLAIM, INVENTORY)
     writer.unprepared("team", "train", "uid-1")
     await _drain(writer)
+    assert server.calls == []
+
+
+async def test_after_a_restart_the_removal_replaces_a_resync_not_yet_written() -> None:
+    # The last instance may have written the entries: the removal must reach the server.
+    server = FakeServer()
+    writer = ClaimStatusWriter(server, DRIVER, NODE)
+    writer.resync([CLAIM], INVENTORY)
+    writer.unprepared("team", "train", "uid-1")
+    await _drain(writer)
     assert [devices for _, devices, _ in server.calls] == [[]]
+
+
+async def test_a_removal_queued_while_the_entries_are_being_written_follows_them() -> None:
+    class UnpreparedMeanwhile(FakeServer):
+        """The kubelet unprepares the claim while its first apply is on the way."""
+
+        async def apply_resource_claim_devices(
+            self, namespace: str, name: str, uid: str, devices: list[dict[str, Any]], field_manager: str
+        ) -> dict[str, Any]:
+            if not self.calls:
+                writer.unprepared(namespace, name, uid)
+            return await super().apply_resource_claim_devices(namespace, name, uid, devices, field_manager)
+
+    server = UnpreparedMeanwhile()
+    writer = ClaimStatusWriter(server, DRIVER, NODE)
+    writer.prepared(CLAIM, INVENTORY)
+    await _drain(writer)
+    assert [bool(devices) for _, devices, _ in server.calls] == [True, False]
+    assert server.stored["uid-1"] == []
+
+
+async def test_writes_wait_for_a_lull_in_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(claimstatus, "QUIET", 0.2)
+    monkeypatch.setattr(claimstatus, "MOST_DELAY", 10.0)
+    server = FakeServer()
+    writer = ClaimStatusWriter(server, DRIVER, NODE)
+    async with anyio.create_task_group() as group:
+        group.start_soon(writer.run)
+        writer.prepared(CLAIM, INVENTORY)
+        await anyio.sleep(0.05)
+        assert server.calls == []
+        await anyio.sleep(0.4)
+        assert len(server.calls) == 1
+        group.cancel_scope.cancel()
+
+
+async def test_a_change_waits_no_longer_than_the_most_delay(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(claimstatus, "QUIET", 0.05)
+    monkeypatch.setattr(claimstatus, "MOST_DELAY", 0.3)
+    server = FakeServer()
+    writer = ClaimStatusWriter(server, DRIVER, NODE)
+    other = PreparedClaim("uid-2", "team", "eval", CLAIM.devices)
+    async with anyio.create_task_group() as group:
+        group.start_soon(writer.run)
+        started = anyio.current_time()
+        writer.prepared(CLAIM, INVENTORY)
+        # A change every 20 ms never leaves the quiet gap.
+        with anyio.fail_after(2):
+            while not server.calls:
+                writer.unprepared("team", "eval", "uid-2")
+                writer.prepared(other, INVENTORY)
+                await anyio.sleep(0.02)
+        assert 0.25 <= anyio.current_time() - started < 1.5
+        group.cancel_scope.cancel()
 
 
 async def test_an_unreachable_server_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,11 +164,13 @@ async def test_an_unreachable_server_is_tried_again(monkeypatch: pytest.MonkeyPa
 
 async def test_a_deleted_claim_is_dropped() -> None:
     server = FakeServer()
-    server.failures = [NotFoundError("gone", 404)]
     writer = ClaimStatusWriter(server, DRIVER, NODE)
+    writer.prepared(CLAIM, INVENTORY)
+    await _drain(writer)
+    server.failures = [NotFoundError("gone", 404)]
     writer.unprepared("team", "train", "uid-1")
     await _drain(writer)
-    assert len(server.calls) == 1
+    assert len(server.calls) == 2
     assert writer.enabled
 
 

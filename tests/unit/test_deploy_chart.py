@@ -51,6 +51,7 @@ def _env(container: Obj) -> dict[str, Any]:
         pytest.param({}, [KIND_VALUES], id="kind"),
         pytest.param({"rbac": {"claimEvents": True}, "nvml": {"runtimeClassName": "nvidia"}}, [], id="real"),
         pytest.param({"kubeletPlugin": {"mps": {"enabled": True}}}, [], id="mps"),
+        pytest.param({"kubeletPlugin": {"vfio": {"enabled": True}}}, [], id="vfio"),
         pytest.param(
             {"nodeLabeller": {"enabled": True, "adminLabels": {"gpu-type": "{model}"}}},
             [],
@@ -206,6 +207,22 @@ def test_mps_adds_only_cap_sys_admin_and_setpcap_and_no_apparmor_profile_to_the_
     }
 
 
+def test_vfio_is_off_by_default_and_when_on_mounts_the_hosts_sys_writable() -> None:
+    off = _container(chart.template())
+    assert "DRA_GPU_VFIO" not in _env(off)
+    assert "host-sys" not in {m["name"] for m in off["volumeMounts"]}
+    objects = chart.template({"kubeletPlugin": {"vfio": {"enabled": True}}})
+    container = _container(objects)
+    assert _env(container)["DRA_GPU_VFIO"] == "true"
+    # The plugin writes driver_override, unbind and bind there (dra.adapters.pcisysfs under --host-root).
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "host-sys"]
+    assert mount == {"name": "host-sys", "mountPath": "/host/sys"}
+    volumes = {v["name"]: v for v in _only(objects, "DaemonSet")["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["host-sys"]["hostPath"] == {"path": "/sys", "type": "Directory"}
+    # No capability is added: sysfs's store methods check the file mode (root's), not capabilities.
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
 def _flags(command: str) -> set[str]:
     [commands] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     return {
@@ -273,6 +290,10 @@ def test_device_plugin_alone_takes_every_gpu() -> None:
                 "deviceClasses": {"gpu": {"extendedResourceName": "nvidia.com/gpu"}},
             },
             "deviceClasses.gpu.extendedResourceName and devicePlugin.resourceName are both nvidia.com/gpu",
+        ),
+        (
+            {**FAKE, "kubeletPlugin": {"vfio": {"enabled": True}}},
+            "kubeletPlugin.vfio.enabled needs real GPUs",
         ),
     ],
 )
@@ -431,11 +452,20 @@ def test_another_kubelet_root_moves_sockets_and_mounts() -> None:
             {"kubeletPlugin": {"claimMetricsInterval": -1}}, "claimMetricsInterval", id="negative-interval"
         ),
         pytest.param({"grafanaDashboard": {"label": {"a": "b"}}}, "label", id="misspelt-dashboard-key"),
+        pytest.param({"kubeletPlugin": {"consumableShares": "0"}}, "consumableShares", id="zero-shares"),
+        pytest.param({"kubeletPlugin": {"consumableShares": "gpu"}}, "consumableShares", id="bad-share-mode"),
     ],
 )
 def test_values_schema_rejects_mistakes(values: dict[str, Any], complaint: str) -> None:
     with pytest.raises(chart.HelmError, match=complaint):
         chart.template(values)
+
+
+@pytest.mark.parametrize("value", ["memory", "unlimited", "disabled", "4", 4])
+def test_consumable_shares_reaches_the_kubelet_plugin_as_nvidias_flag(value: str | int) -> None:
+    container = _container(chart.template({"kubeletPlugin": {"consumableShares": value}}))
+    # The variable sets the flag of that name (test_every_driver_env_var_is_a_kubelet_plugin_flag).
+    assert _env(container)["DRA_GPU_CONSUMABLE_SHARES"] == str(value)
 
 
 def test_the_unhealthy_taint_effect_reaches_the_kubelet_plugin() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 
@@ -45,12 +46,11 @@ async def test_without_counters_dynamic_gpus_are_published_whole_and_it_is_said_
     assert sum(len(s["spec"].get("devices", [])) for s in published) == 8 * 26
 
 
-async def test_a_shareable_dynamic_mig_gpu_is_published_exclusive_and_it_is_said(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+async def _shared_offers(minor: int, caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    """The devices published for shareable dynamic-MIG GPUs on a server of this release."""
     inventory = discover(FakeGpuLibrary(load_profile("h100x8-dynamic-mig"), NODE), parse_mig_modes("dynamic"))
     kube = FakeKube()
-    on = ApiFeatures(minor=37, partitionable_devices=True, consumable_capacity=True)
+    on = ApiFeatures(minor=minor, partitionable_devices=True, consumable_capacity=True)
     with caplog.at_level(logging.WARNING):
         publisher = SlicePublisher(
             kube,  # type: ignore[arg-type]
@@ -61,7 +61,31 @@ async def test_a_shareable_dynamic_mig_gpu_is_published_exclusive_and_it_is_said
             shareable=parse_selector("all"),
         )
     await publisher.reconcile()
-    assert any("dynamic MIG mode" in r.message and "exclusive" in r.message for r in caplog.records)
-    devices = [d for s in kube.server.list() for d in s["spec"].get("devices", [])]
+    return [d for s in kube.server.list() for d in s["spec"].get("devices", [])]
+
+
+async def test_before_1_37_a_shareable_dynamic_mig_gpu_offers_exclusive_partitions_and_it_is_said(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    devices = await _shared_offers(34, caplog)
+    assert any(
+        "dynamic MIG mode" in r.message and "exclusive" in r.message and "1.37" in r.message
+        for r in caplog.records
+    )
     assert devices
     assert not [d for d in devices if d.get("allowMultipleAllocations")]
+
+
+async def test_from_1_37_a_shareable_dynamic_mig_gpu_offers_shared_partitions(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    devices = await _shared_offers(37, caplog)
+    assert not any("dynamic MIG mode" in r.message for r in caplog.records)
+    shared = [d for d in devices if d.get("allowMultipleAllocations")]
+    offers = [d for d in devices if "placementStart" in d["attributes"]]
+    assert shared == offers
+    offer = offers[0]
+    # The counters are consumed as before: once, however many claims hold the offer (1.37's allocator).
+    assert offer["consumesCounters"]
+    assert offer["capacity"]["memory"]["requestPolicy"]["validRange"]["step"] == "1Mi"
+    assert offer["capacity"]["multiprocessors"]["requestPolicy"] == {"default": "0", "validValues": ["0"]}

@@ -356,3 +356,46 @@ def test_a_claim_allocated_anew_gives_its_mig_device_back(tmp_path: Path) -> Non
     assert [(a.device, a.kind, a.params["mode"], a.done) for a in state.actions] == [
         ("gpu-1", "mig-mode", 0, True)
     ]
+
+
+SHARE_UID = "7c2a8f8d-1e4f-4e5c-8b1f-3a2d4c5b6e7f"
+THIRD_UID = "8d3b9a9e-2f50-4f6d-9c20-4b3e5d6c7f80"
+
+
+def _share(share_id: str, uid: str) -> ClaimAllocation:
+    shared = AllocatedDevice(
+        "mig", NODE, THREE_G_AT_4, share_id=share_id, consumed_capacity=(("memory", "1Gi"),)
+    )
+    return ClaimAllocation(uid, "default", f"claim-{uid[0]}", (shared,))
+
+
+def test_shares_of_an_offer_use_one_mig_device_which_the_last_share_destroys(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    first = state.prepare(_share("11111111-0000-4000-8000-000000000001", UID))
+    second = state.prepare(_share("22222222-0000-4000-8000-000000000002", SHARE_UID))
+    assert _instances(tmp_path) == [(0, "3g.40gb", 4, 4)]
+    [made] = {d.uuid for c in (first, second) for d in c.devices}
+    assert made.startswith("MIG-")
+    assert [(a.claim_uid, a.done) for a in state.actions] == [(UID, True)]
+    # The first share goes: the device stays, handed to the second in the same checkpoint save.
+    state.unprepare(UID)
+    assert _instances(tmp_path) == [(0, "3g.40gb", 4, 4)]
+    assert [a.claim_uid for a in state.actions] == [SHARE_UID]
+    # A restart adopts it for the claim that holds it now.
+    restarted = _state(tmp_path)
+    restarted.recover()
+    assert _instances(tmp_path) == [(0, "3g.40gb", 4, 4)]
+    assert [d.uuid for d in restarted.inventory.instances] == [made]
+    restarted.unprepare(SHARE_UID)
+    assert _instances(tmp_path) == []
+    assert restarted.actions == []
+
+
+def test_the_same_share_of_an_offer_twice_is_refused(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    state.prepare(_share("11111111-0000-4000-8000-000000000001", UID))
+    with pytest.raises(
+        ClaimError, match=f"device {THREE_G_AT_4} is already prepared for claim default/claim-6"
+    ):
+        state.prepare(_share("11111111-0000-4000-8000-000000000001", THIRD_UID))
+    assert _instances(tmp_path) == [(0, "3g.40gb", 4, 4)]

@@ -15,8 +15,9 @@ from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.kube import NotFoundError
 from dra.daemon import metrics
-from dra.kubeletplugin.service import DraService
+from dra.kubeletplugin.service import DraService, prepared_counts
 from dra.kubeletplugin.state import DeviceState
+from dra.model.prepared import PreparedClaim, PreparedDevice
 from dra.pb.dra.v1 import dra_pb2
 from tests.unit.helpers import DRIVER, NODE, inventory
 
@@ -35,7 +36,7 @@ def test_the_set_is_nvidias() -> None:
     # A family is listed once it has a series: make one of each (NVIDIA's error series, too, start
     # at their first error).
     metrics.start_request_series("example.com")
-    metrics.set_prepared_devices(NODE, "example.com", {})
+    metrics.PREPARED.follow(NODE, "example.com", lambda: (0, {}))
     metrics.NVIDIA_PREPARE_ERRORS.labels("example.com", "prepare_devices")
     metrics.NVIDIA_UNPREPARE_ERRORS.labels("example.com", "unprepare_devices")
     found = {
@@ -119,3 +120,13 @@ def test_prepare_and_unprepare_histograms_start_at_zero_for_each_result() -> Non
         for name in ("dra_gpu_node_prepare_seconds", "dra_gpu_node_unprepare_seconds")
         for result in metrics.RESULTS
     }
+
+
+def test_a_gpu_passed_through_counts_as_vfio() -> None:
+    passed = PreparedDevice(("gpu",), NODE, "gpu-0", (), uuid="GPU-0", vfio_group=12)
+    whole = PreparedDevice(("gpu",), NODE, "gpu-1", (), uuid="GPU-1")
+    prepared = {UID: PreparedClaim(UID, "vms", "vm", (passed, whole))}
+    metrics.PREPARED.follow(NODE, "vfio.example.com", lambda: prepared_counts(prepared))
+    devices = {"node": NODE, "driver": "vfio.example.com"}
+    assert _value("nvidia_dra_prepared_devices", **devices, device_type="vfio") == 1
+    assert _value("nvidia_dra_prepared_devices", **devices, device_type="gpu") == 1

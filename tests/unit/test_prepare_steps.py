@@ -9,15 +9,18 @@ what is on disk stays); a new instance's start-up repair and the kubelet's retry
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.fakesysfs import FakeFunction, FakeSysfs
+from dra.adapters.pcisysfs import PciSysfs
 from dra.core import prepare as programs
 from dra.core import steps
-from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError
+from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.gpu import dynamic
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
@@ -26,6 +29,7 @@ from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Inventory
 from dra.model.migmode import parse_mig_modes
+from dra.model.pci import IommuGroup, PciFunction, VfioHost
 from dra.model.prepared import PreparedClaim
 from tests.unit.helpers import DRIVER, NODE
 
@@ -50,6 +54,40 @@ def _inventory(root: Path) -> Inventory:
 
 def _allocation(device: str, uid: str = UID) -> ClaimAllocation:
     return ClaimAllocation(uid, "default", f"claim-{uid[:4]}", (AllocatedDevice("gpu", NODE, device),))
+
+
+VFIO_CONFIG = OpaqueConfig(
+    "FromClaim",
+    (),
+    {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "VfioDeviceConfig",
+        "iommu": {"enableAPIDevice": True},
+    },
+)
+#: GPU 0's HDMI audio function, in its IOMMU group: passthrough unbinds it with the GPU.
+AUDIO = "0000:10:00.1"
+
+
+def _vfio_allocation(device: str, uid: str = UID) -> ClaimAllocation:
+    return replace(_allocation(device, uid), configs=(VFIO_CONFIG,))
+
+
+def _pci(root: Path) -> FakeSysfs:
+    """The node's PCI functions (each GPU in its own IOMMU group, GPU 0 with its audio function)."""
+    fake = FakeSysfs(root / "host")
+    gpus = [FakeFunction(g.pci_bus_id, group=g.index, class_code="0x030000") for g in _inventory(root).gpus]
+    fake.build([*gpus, FakeFunction(AUDIO, group=0, driver="snd_hda_intel", class_code="0x040300")])
+    return fake
+
+
+def _drivers(root: Path) -> dict[str, tuple[str, str]]:
+    """(driver, driver_override) of every PCI function."""
+    fake = FakeSysfs(root / "host")
+    return {
+        p.name: (fake.driver_of(p.name), fake.override_of(p.name))
+        for p in sorted((fake.sys / "bus/pci/devices").iterdir())
+    }
 
 
 # -- the programs, read as data -----------------------------------------------------------------
@@ -193,6 +231,38 @@ def test_a_mig_mode_change_left_pending_is_a_claim_error_and_leaves_no_record(
     assert saved == ([("mig-mode=1",), ()] if switched else [])
 
 
+def test_a_gpu_passed_through_is_recorded_as_intent_bound_then_recorded_done_before_its_spec(
+    tmp_path: Path,
+) -> None:
+    inventory = _inventory(tmp_path)
+    facts = steps.Facts({}, (), inventory)
+    gpu = inventory.gpus[0]
+    group = IommuGroup(0, (PciFunction(gpu.pci_bus_id, "nvidia"), PciFunction(AUDIO, "snd_hda_intel")))
+    answers = _answers(
+        facts,
+        {
+            # MIG mode is off already: the whole of the dynamic-MIG GPU needs no switch.
+            steps.ListGpuInstances: (),
+            steps.ReadMigMode: (0, 0),
+            steps.ReadVfioHost: VfioHost(iommu=True, vfio_pci=True),
+            steps.ReadIommuGroup: group,
+        },
+    )
+    node = replace(NODE_FACTS, vfio=True)
+    assert _trace(programs.prepare(node, _vfio_allocation(DYNAMIC_WHOLE), facts), answers)[:10] == [
+        "HasSpec",
+        "ListGpuInstances",
+        "ReadMigMode",
+        "ReadVfioHost",
+        "ReadIommuGroup",
+        "Save@vfio-intent-recorded",
+        "RestorePci@vfio-sibling-unbound",
+        "BindVfio@vfio-bound",
+        "Save@vfio-recorded",
+        "MissingHostPaths",
+    ]
+
+
 def test_a_refused_claim_changes_nothing(tmp_path: Path) -> None:
     facts = steps.Facts({}, (), _inventory(tmp_path))
     program = programs.prepare(NODE_FACTS, _allocation("gpu-99"), facts)
@@ -230,13 +300,17 @@ class _Killed(BaseException):
 
 def _state(root: Path) -> DeviceState:
     lib = _lib(root)
+    pci = _pci(root)
     return DeviceState(
         DRIVER,
         NODE,
-        discover(lib, parse_mig_modes(MODES)),
+        # The VFIO group nodes are under the fake host's /dev.
+        replace(discover(lib, parse_mig_modes(MODES)), dev_root=str(pci.root)),
         CdiStore(root / "cdi", DRIVER),
         CheckpointStore(root / "checkpoint.json"),
         lib,
+        pci=PciSysfs(pci.root, write=pci.write),
+        vfio=True,
     )
 
 
@@ -299,6 +373,24 @@ SCENARIOS: list[Scenario] = [
         "",
     ),
     ("unprepare a dynamic MIG device", lambda s: s.prepare(_allocation(MIG)), lambda s: s.unprepare(UID), ""),
+    (
+        "pass a GPU through (MIG mode off, audio unbound, vfio-pci)",
+        lambda s: None,
+        lambda s: s.prepare(_vfio_allocation(DYNAMIC_WHOLE)),
+        DYNAMIC_WHOLE,
+    ),
+    (
+        "pass a GPU through over a stale holder that passed it through",
+        lambda s: s.prepare(_vfio_allocation(DYNAMIC_WHOLE, OTHER)),
+        lambda s: s.prepare(_vfio_allocation(DYNAMIC_WHOLE), _gone),
+        DYNAMIC_WHOLE,
+    ),
+    (
+        "give a GPU passed through back",
+        lambda s: s.prepare(_vfio_allocation(DYNAMIC_WHOLE)),
+        lambda s: s.unprepare(UID),
+        "",
+    ),
 ]
 
 
@@ -325,6 +417,8 @@ def test_a_crash_after_any_step_is_repaired_and_the_retry_converges(
     _, before, call, device = scenario
     total = _step_count(tmp_path / "count", scenario)
     assert total > 3
+    _pci(tmp_path / "untouched")
+    untouched = _drivers(tmp_path / "untouched")
     for count in range(total):
         root = tmp_path / str(count)
         before(_state(root))
@@ -346,6 +440,11 @@ def test_a_crash_after_any_step_is_repaired_and_the_retry_converges(
             # CUDA sees the whole GPU only with MIG off; MIG devices need it on.
             if device in (MIG, DYNAMIC_WHOLE):
                 assert _lib(root).mig_mode(GpuHandle(0)) == ((1, 1) if device == MIG else (0, 0)), ran
+            if claim.devices[0].vfio_group >= 0:
+                gpu = restarted.inventory.gpus[0].pci_bus_id
+                bound = {**untouched, gpu: ("vfio-pci", "vfio-pci"), AUDIO: ("", "")}
+                assert _drivers(root) == bound, ran
+                assert FakeSysfs(root / "host").group_node(0).exists(), ran
             # Held: no second claim gets it.
             with pytest.raises(ClaimError):
                 restarted.prepare(_allocation(device, uid="ffffffff-0000-4000-8000-000000000000"))
@@ -354,6 +453,7 @@ def test_a_crash_after_any_step_is_repaired_and_the_retry_converges(
         assert restarted.actions == [], ran
         assert cdi.claim_uids() == [], ran
         assert _instances(root) == [], ran
+        assert _drivers(root) == {**untouched, AUDIO: ("snd_hda_intel", "")}, ran
         # What a fresh start reads from disk agrees.
         assert CheckpointStore(root / "checkpoint.json").load() == {}, ran
 

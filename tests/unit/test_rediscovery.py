@@ -110,3 +110,22 @@ def test_a_held_gpu_joins_when_released_and_leaves_when_held_again() -> None:
     left = follow.follow(_inventory(SMALL, T4), held={t4})
     assert left is not None
     assert "gpu-1" not in {d.name for d in left}
+
+
+def test_a_gpu_passed_through_stays_while_nvml_cannot_see_it() -> None:
+    """Bound to vfio-pci, the last GPU leaves NVML's view; the claim holding it keeps it published."""
+    follow = Rediscovery(SETTINGS, _inventory(T4, T4))
+    passed = follow.current.gpus[1].uuid
+    without = _inventory(T4)
+    assert without.gpus[0].uuid == follow.current.gpus[0].uuid
+    assert follow.follow(without, kept={passed}) is None
+    changed = follow.follow(without)
+    assert changed is not None
+    assert [d.name for d in changed] == ["gpu-0"]
+
+
+def test_nvml_losing_a_gpu_passed_through_is_not_a_health_problem() -> None:
+    inv = _inventory(T4, T4)
+    tracker = HealthTracker(inv)
+    tracker.passed_through = lambda: {inv.gpus[1].uuid}
+    assert tracker.mark_gpus_unhealthy([g.uuid for g in inv.gpus], "GPU is lost") == ["gpu-0"]

@@ -15,10 +15,11 @@ from dra.cli.parser import parse_args
 from dra.core import cdi
 from dra.core.allocation import ClaimError, read_allocation
 from dra.core.assignment import parse_selector
+from dra.core.prepare import PreparePlan, decide_prepare
 from dra.core.sharing import decide_sharing
 from dra.core.slices import ShareMode, build_slices
 from dra.core.versions import ApiFeatures
-from dra.kubeletplugin.publisher import SlicePublisher, shareable_gpus
+from dra.kubeletplugin.publisher import SlicePublisher, shareable_devices
 from dra.kubeletplugin.state import DeviceState
 from tests.unit.helpers import DRIVER, NODE, inventory
 from tests.unit.test_publisher import FakeKube
@@ -37,7 +38,7 @@ def _devices(
     selector: str | None, profile: str = "h100x8", features: ApiFeatures = CONSUMABLE
 ) -> dict[str, Any]:
     inv = inventory(profile)
-    shareable = shareable_gpus(parse_selector(selector) if selector else None, inv)
+    shareable = shareable_devices(parse_selector(selector) if selector else None, inv)
     items = build_slices(inv, DRIVER, NODE, None, generation=1, features=features, shareable=shareable)
     return {d["name"]: d for s in items for d in s["spec"]["devices"]}
 
@@ -51,7 +52,7 @@ def test_gpus_are_exclusive_by_default() -> None:
 
 
 @pytest.mark.anyio
-async def test_where_the_server_drops_consumable_capacity_shareable_gpus_go_out_exclusive_said_once(
+async def test_where_the_server_drops_consumable_capacity_shareable_devices_go_out_exclusive_said_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     assert all(_exclusive(device) for device in _devices("all", features=ApiFeatures(34)).values())
@@ -77,7 +78,7 @@ async def test_where_the_server_drops_consumable_capacity_shareable_gpus_go_out_
 
 
 @pytest.mark.parametrize(("minor", "warned"), [(34, True), (35, False), (37, False)])
-def test_before_1_35_shareable_gpus_are_published_with_a_warning_naming_the_scheduler_bug(
+def test_before_1_35_shareable_devices_are_published_with_a_warning_naming_the_scheduler_bug(
     caplog: pytest.LogCaptureFixture, minor: int, warned: bool
 ) -> None:
     features = ApiFeatures(minor, partitionable_devices=True, consumable_capacity=True)
@@ -101,16 +102,16 @@ def test_before_1_35_shareable_gpus_are_published_with_a_warning_naming_the_sche
         )
 
 
-def test_shareable_gpus_allow_several_allocations_by_whole_gib_of_memory() -> None:
+def test_shareable_gpus_allow_several_allocations_by_whole_mib_of_memory() -> None:
     devices = _devices("0,2")
     assert sorted(n for n, d in devices.items() if d.get("allowMultipleAllocations")) == ["gpu-0", "gpu-2"]
-    # An H100 80GB has 81559 MiB: shares are whole GiB up to 79Gi, the default takes all of them.
+    # An H100 80GB has 81559 MiB: shares are whole MiB (NVIDIA's step), the default takes all of them.
     assert devices["gpu-0"]["capacity"] == {
         "memory": {
             "value": "81559Mi",
             "requestPolicy": {
-                "default": "79Gi",
-                "validRange": {"min": "1Gi", "max": "79Gi", "step": "1Gi"},
+                "default": "81559Mi",
+                "validRange": {"min": "1Mi", "max": "81559Mi", "step": "1Mi"},
             },
         }
     }
@@ -118,7 +119,7 @@ def test_shareable_gpus_allow_several_allocations_by_whole_gib_of_memory() -> No
 
 def test_nvidias_other_share_modes_unlimited_and_n_equal_shares() -> None:
     inv = inventory("h100x8")
-    shareable = shareable_gpus(parse_selector("0"), inv)
+    shareable = shareable_devices(parse_selector("0"), inv)
 
     def gpu0(mode: ShareMode) -> dict[str, Any]:
         items = build_slices(
@@ -129,7 +130,7 @@ def test_nvidias_other_share_modes_unlimited_and_n_equal_shares() -> None:
 
     unlimited = {
         "value": "81559Mi",
-        "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "79Gi", "step": "1Gi"}},
+        "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "81559Mi", "step": "1Mi"}},
     }
     assert gpu0("unlimited") == {"memory": unlimited}
     # --consumable-shares=4: four equal shares, one by default, as the device plugin's replicas: 4.
@@ -168,12 +169,42 @@ def test_an_unlimited_share_that_asks_no_memory_gets_no_pinned_limit_with_mps(st
     assert settings["gpu-0"].pinned_limit == ""
 
 
-def test_mig_devices_and_gpus_in_mig_mode_are_never_shareable() -> None:
-    devices = _devices("all", "h100x8-mig")
-    shared = {n for n, d in devices.items() if d.get("allowMultipleAllocations")}
-    assert shared
-    assert not any("mig" in name for name in shared)
-    assert not any(devices[n]["attributes"].get("type") == {"string": "mig"} for n in shared)
+def test_a_shareable_gpu_in_mig_mode_shares_its_mig_devices() -> None:
+    devices = _devices("1,4", "h100x8-mig")
+    shared = sorted(n for n, d in devices.items() if d.get("allowMultipleAllocations"))
+    assert shared == ["gpu-1", *sorted(n for n in devices if n.startswith("gpu-4-mig-"))]
+    capacity = devices["gpu-4-mig-1g10gb-3-0"]["capacity"]
+    # A 1g.10gb has 9856 MiB; by memory, a share that asks none takes all of it.
+    assert capacity["memory"]["requestPolicy"] == {
+        "default": "9856Mi",
+        "validRange": {"min": "1Mi", "max": "9856Mi", "step": "1Mi"},
+    }
+    # Engines are not divided: each share sees them all and reserves none, else the scheduler
+    # would charge the first share the whole value and fit no second one.
+    assert capacity["multiprocessors"] == {
+        "value": "16",
+        "requestPolicy": {"default": "0", "validValues": ["0"]},
+    }
+
+
+def test_an_integer_share_of_a_mig_device_counts_shares_of_it() -> None:
+    inv = inventory("h100x8-mig")
+    items = build_slices(
+        inv,
+        DRIVER,
+        NODE,
+        None,
+        generation=1,
+        features=CONSUMABLE,
+        shareable=shareable_devices(parse_selector("all"), inv),
+        share_mode=3,
+    )
+    [device] = [d for s in items for d in s["spec"]["devices"] if d["name"] == "gpu-5-mig-3g40gb-1-0"]
+    assert device["capacity"]["shares"] == {
+        "value": "3",
+        "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": "3", "step": "1"}},
+    }
+    assert device["capacity"]["memory"]["requestPolicy"]["default"] == "0"
 
 
 def _claim(uid: str, device: str, share: str | None, memory: str = "20Gi") -> dict[str, object]:
@@ -235,3 +266,99 @@ def test_a_share_and_a_whole_gpu_allocation_conflict(state: DeviceState) -> None
     state.prepare(read_allocation(_claim(UID_B, "gpu-0", SHARE_1), UID_B, DRIVER))
     with pytest.raises(ClaimError, match="device gpu-0 is already prepared for claim"):
         state.prepare(read_allocation(_claim(UID_C, "gpu-0", None), UID_C, DRIVER))
+
+
+def _mps_share(
+    uid: str, device: str, share: str, consumed: dict[str, str], mps: dict[str, Any]
+) -> dict[str, Any]:
+    claim: dict[str, Any] = _claim(uid, device, share)
+    claim["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"] = consumed
+    parameters = {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "MPS", **mps},
+    }
+    claim["status"]["allocation"]["devices"]["config"] = [
+        {"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": parameters}}
+    ]
+    return claim
+
+
+def _mps_settings(claim: dict[str, Any], equal_shares: int) -> tuple[dict[str, Any], list[str]]:
+    allocation = read_allocation(claim, claim["metadata"]["uid"], DRIVER)
+    gpu = inventory("h100x8").get("gpu-0")
+    assert gpu is not None
+    _, settings, problems = decide_sharing(allocation, {"gpu-0": gpu}, {}, "/mps", equal_shares)
+    return {n: (s.thread_percentage, s.pinned_limit) for n, s in settings.items()}, problems
+
+
+def test_mps_limits_follow_a_counted_share() -> None:
+    # Two of four shares of an 81559 MiB H100: half its SMs and half its memory, to the MiB.
+    held = _mps_share(UID_A, "gpu-0", SHARE_1, {"memory": "0", "shares": "2"}, {})
+    assert _mps_settings(held, 4) == ({"gpu-0": (50, "40779M")}, [])
+    # One of three: the percentage rounds down; memory the share asked for is its pinned limit.
+    asked = _mps_share(UID_A, "gpu-0", SHARE_1, {"memory": "10Gi", "shares": "1"}, {})
+    assert _mps_settings(asked, 3) == ({"gpu-0": (33, "10240M")}, [])
+
+
+def test_a_counted_share_may_set_lower_mps_limits_but_not_higher() -> None:
+    lower = {"mpsConfig": {"defaultActiveThreadPercentage": 10, "defaultPinnedDeviceMemoryLimit": "5Gi"}}
+    assert _mps_settings(_mps_share(UID_A, "gpu-0", SHARE_1, {"shares": "1"}, lower), 4) == (
+        {"gpu-0": (10, "5120M")},
+        [],
+    )
+    higher = {"mpsConfig": {"defaultActiveThreadPercentage": 50}}
+    assert _mps_settings(_mps_share(UID_A, "gpu-0", SHARE_1, {"shares": "1"}, higher), 4) == (
+        {},
+        ["device gpu-0: active thread percentage 50 is above its share (25: 1 of 4 shares)"],
+    )
+
+
+def test_two_shares_of_a_mig_device_are_prepared_side_by_side(tmp_path: Path) -> None:
+    mig = "gpu-4-mig-2g20gb-2-0"
+    state = DeviceState(
+        DRIVER,
+        NODE,
+        inventory("h100x8-mig"),
+        CdiStore(tmp_path / "cdi", DRIVER),
+        CheckpointStore(tmp_path / "checkpoint.json"),
+    )
+    a = state.prepare(read_allocation(_claim(UID_A, mig, SHARE_1, "5Gi"), UID_A, DRIVER))
+    b = state.prepare(read_allocation(_claim(UID_B, mig, SHARE_2, "10Gi"), UID_B, DRIVER))
+    device = state.inventory.get(mig)
+    assert device is not None
+    assert [(c.devices[0].uuid, c.devices[0].share_memory) for c in (a, b)] == [
+        (device.uuid, "5Gi"),
+        (device.uuid, "10Gi"),
+    ]
+    spec = json.loads((tmp_path / "cdi" / cdi.spec_file_name(DRIVER, UID_B)).read_text())
+    assert "DRA_GPU_SHARE_MEMORY=10Gi" in spec["devices"][0]["containerEdits"]["env"]
+    with pytest.raises(ClaimError, match=f"device {mig} is already prepared for claim team-a/claim-a"):
+        state.prepare(read_allocation(_claim(UID_C, mig, None), UID_C, DRIVER))
+
+
+def test_a_counted_share_of_a_mig_device_with_mps_gets_its_part_at_prepare() -> None:
+    mig = "gpu-4-mig-2g20gb-2-0"
+    claim = _mps_share(UID_A, mig, SHARE_1, {"memory": "0", "shares": "1"}, {})
+    claim["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]["kind"] = "MigDeviceConfig"
+    allocation = read_allocation(claim, UID_A, DRIVER)
+    inv = inventory("h100x8-mig")
+    plan = decide_prepare(
+        allocation,
+        inv,
+        {},
+        driver=DRIVER,
+        pool=NODE,
+        stale={},
+        has_spec=False,
+        mps_root="/mps",
+        equal_shares=2,
+    )
+    assert isinstance(plan, PreparePlan)
+    [device] = plan.claim.devices
+    memory = inv.get(mig).memory_bytes  # type: ignore[union-attr]
+    assert (device.mps, device.mps_thread_percentage, device.mps_pinned_limit) == (
+        True,
+        50,
+        f"{memory // 2 // 1024**2}M",
+    )

@@ -172,7 +172,7 @@ def visible_devices(record: Obj, uuids: Mapping[str, str]) -> list[str]:
 #: its NVIDIA character devices, `nvidia-smi -L` and its exit status, the library directory.
 REPORT = (
     'o=/out/"$C"; env > "$o.env"; '
-    'for f in /dev/nvidia* /dev/nvidia-caps/*; do [ -c "$f" ] && echo "$f"; done > "$o.dev"; '
+    'for f in /dev/nvidia* /dev/nvidia-caps/* /dev/vfio/*; do [ -c "$f" ] && echo "$f"; done > "$o.dev"; '
     'nvidia-smi -L > "$o.smi" 2>&1; echo $? > "$o.smirc"; '
     'ls /usr/lib/x86_64-linux-gnu/ > "$o.libs" 2>/dev/null; touch "$o.done"; exec sleep 3600'
 )
@@ -183,7 +183,7 @@ class Seen:
     """What one real container saw of itself."""
 
     env: dict[str, str]
-    #: Its /dev/nvidia* character devices.
+    #: Its /dev/nvidia* and /dev/vfio/* character devices.
     dev: list[str]
     #: The lines of `nvidia-smi -L`, and its exit status (127: there is no nvidia-smi).
     smi: list[str]

@@ -283,6 +283,13 @@ class KubeClient:
         result = await self._call("GET", f"{RESOURCE_API}/resourceclaims")
         return list(result.get("items") or [])
 
+    async def list_node_pods(self, node_name: str) -> list[Obj]:
+        """The Pods bound to one node (to name the pods and containers of GPU processes)."""
+        result = await self._call(
+            "GET", "/api/v1/pods", query={"fieldSelector": f"spec.nodeName={node_name}"}
+        )
+        return list(result.get("items") or [])
+
     async def list_node_resource_slices(self, node_name: str) -> list[Obj]:
         """The ResourceSlices of every driver on one node."""
         result = await self._call(

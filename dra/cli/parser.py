@@ -18,7 +18,18 @@ from dra.cli.options import DEFAULT_DRIVER
 from dra.core import taints, versions
 from dra.core.assignment import parse_selector
 from dra.core.labels import parse_template
-from dra.daemon.flags import apply_environment, boolean, csv, dns_subdomain, nonempty, option, path, seconds
+from dra.core.usage import DEFAULT_MAX_SERIES
+from dra.daemon.flags import (
+    apply_environment,
+    boolean,
+    csv,
+    dns_subdomain,
+    nonempty,
+    option,
+    path,
+    positive_int,
+    seconds,
+)
 from dra.deviceplugin import config as dpconfig
 from dra.deviceplugin.allocate import parse_strategies
 from dra.deviceplugin.resources import DEFAULT_RESOURCE
@@ -111,6 +122,30 @@ def build_parser() -> argparse.ArgumentParser:
         "true or false",
         False,
         type=boolean,
+    )
+    option(
+        plugin,
+        "--usage-processes",
+        "attribute the use of shared GPUs per process: each process NVML lists is mapped to its pod and "
+        "container through /proc/<pid>/cgroup (needs the host's PIDs: hostPID) and the node's pods "
+        "(needs list on pods); true or false",
+        False,
+        type=boolean,
+    )
+    option(
+        plugin,
+        "--usage-procfs",
+        "where the host's /proc is seen, for --usage-processes",
+        Path("/proc"),
+        type=path,
+    )
+    option(
+        plugin,
+        "--usage-max-series",
+        "claim usage series kept at most per sample (the rest are counted in "
+        "dra_gpu_usage_series_dropped_total)",
+        DEFAULT_MAX_SERIES,
+        type=positive_int,
     )
     option(
         plugin,
@@ -266,6 +301,14 @@ def build_parser() -> argparse.ArgumentParser:
     option(top, "--node-name", "the node whose claims to show; default: every node's", "")
     option(top, "--interval", "seconds between refreshes", 2.0, type=seconds)
     option(top, "--once", "print the table once and exit", False, type=boolean)
+    option(
+        top,
+        "--metrics-url",
+        "the kubelet plugins' /metrics URLs, comma-separated (e.g. http://NODE-IP:8080/metrics): fill the "
+        "USED and UTIL columns from the usage they measure; default: those columns show -",
+        [],
+        type=csv,
+    )
 
     discover = sub.add_parser("discover", help="print the ResourceSlices this node would publish")
     options.logging_flags(discover)

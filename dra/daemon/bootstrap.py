@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 FAKE_GPU_STATE = "fake-gpu-state.json"
 #: The fake GPUs' MIG instances, in the state directory (on a real GPU, the GPU holds them).
 FAKE_MIG_STATE = "fake-gpu-mig.json"
+#: The processes running on the fake GPUs (dra.gpu.fakeprocs' control file), in the state directory.
+FAKE_PROCESSES = "fake-gpu-processes.json"
 #: Set (to anything but empty), fake GPUs are reached through the real NVML adapter over the NVML
 #: stand-in (dra.gpu.nvmlstandin) rather than directly: a test switch, like DRA_GPU_FAULT_POINT.
 NVML_STANDIN_ENV = "DRA_GPU_NVML_STANDIN"
@@ -195,7 +197,8 @@ def gpu_library(
         raise StartupError(f"--fake-gpus: {err}") from None
     state_file = state_dir / FAKE_GPU_STATE if state_dir is not None else None
     mig_state = state_dir / FAKE_MIG_STATE if state_dir is not None else None
-    lib = FakeGpuLibrary(profile, node_name, events, state_file, fake_gpu_root, mig_state)
+    processes = state_dir / FAKE_PROCESSES if state_dir is not None else None
+    lib = FakeGpuLibrary(profile, node_name, events, state_file, fake_gpu_root, mig_state, processes)
     if fake_gpu_root is not None:
         root = fake_gpu_root
         try:

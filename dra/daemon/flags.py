@@ -68,6 +68,14 @@ def boolean(text: str) -> bool:
     raise ValueError(f"expected true or false, not {text!r}")
 
 
+def positive_int(text: str) -> int:
+    """A whole number above 0."""
+    value = int(text)
+    if value <= 0:
+        raise ValueError(f"must be above 0, not {value}")
+    return value
+
+
 #: A year: longer waits are mistakes, and sleeping that long overflows some clocks.
 MAX_SECONDS = 365 * 24 * 3600.0
 

@@ -25,10 +25,12 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry as CollectorRegistry
 from prometheus_client import Counter, Histogram, make_wsgi_app
 from prometheus_client import Gauge as Gauge
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from dra.core.devicestatus import JOIN_LABELS
+from dra.core.usage import CLAIM_LABELS, DEVICE_LABELS, Value
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +113,113 @@ CLAIM_DEVICE_INFO = InfoSeries(
     "dcgm-exporter labels its series, to join them with the claim, pod and container.",
     JOIN_LABELS,
     REGISTRY,
+)
+
+
+class UsageSeries(Collector):
+    """The usage series of one sample (dra.kubeletplugin.usage), replaced at once as InfoSeries' are.
+
+    A utilisation NVML could not measure has no series (absent, never 0).
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._claims: Mapping[tuple[str, ...], Value] = {}
+        self._unattributed: Mapping[tuple[str, ...], Value] = {}
+        self._busy: Mapping[tuple[str, ...], float] = {}
+        registry.register(self)
+
+    def set(
+        self,
+        claims: Mapping[tuple[str, ...], Value],
+        unattributed: Mapping[tuple[str, ...], Value],
+        busy: Mapping[tuple[str, ...], float],
+    ) -> None:
+        """Replace every series: claims' and unattributed values, claims' busy seconds so far."""
+        self._claims, self._unattributed, self._busy = dict(claims), dict(unattributed), dict(busy)
+
+    def collect(self) -> Iterator[Metric]:
+        """The series as the last set() left them."""
+        claims, unattributed, busy = self._claims, self._unattributed, self._busy
+        labels, device = list(CLAIM_LABELS), list(DEVICE_LABELS)
+        memory = GaugeMetricFamily(
+            "dra_gpu_claim_memory_used_bytes",
+            "Device memory a claim's containers use on a GPU or MIG device (labelled as "
+            "dra_gpu_claim_device_info).",
+            labels=labels,
+        )
+        utilization = GaugeMetricFamily(
+            "dra_gpu_claim_utilization_ratio",
+            "Share of the time (0-1) a claim's containers kept the GPU or MIG device busy; absent where NVML "
+            "cannot measure it.",
+            labels=labels,
+        )
+        seconds = CounterMetricFamily(
+            "dra_gpu_claim_busy_seconds",
+            "Seconds of device time a claim's containers used (utilisation times the sampling interval), "
+            "for chargeback.",
+            labels=labels,
+        )
+        for values, value in claims.items():
+            memory.add_metric(values, value.memory)
+            if value.utilization is not None:
+                utilization.add_metric(values, value.utilization)
+            if values in busy:
+                seconds.add_metric(values, busy[values])
+        free_memory = GaugeMetricFamily(
+            "dra_gpu_unattributed_memory_used_bytes",
+            "Device memory used on a GPU or MIG device that no claim is credited with.",
+            labels=device,
+        )
+        free_utilization = GaugeMetricFamily(
+            "dra_gpu_unattributed_utilization_ratio",
+            "Share of the time (0-1) a GPU or MIG device was busy that no claim is credited with.",
+            labels=device,
+        )
+        for values, value in unattributed.items():
+            free_memory.add_metric(values, value.memory)
+            if value.utilization is not None:
+                free_utilization.add_metric(values, value.utilization)
+        yield from (memory, utilization, seconds, free_memory, free_utilization)
+
+
+def claim_usage(text: str) -> dict[tuple[str, str, str], tuple[float, float | None]]:
+    """From a scrape of the kubelet plugin: (claim namespace, claim name, device) -> (memory, utilisation).
+
+    Summed over the claim's containers; the utilisation is None where the scrape has none.
+    """
+    found: dict[tuple[str, str, str], tuple[float, float | None]] = {}
+    wanted = {"dra_gpu_claim_memory_used_bytes": 0, "dra_gpu_claim_utilization_ratio": 1}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            column = wanted.get(sample.name)
+            if column is None:
+                continue
+            labels = sample.labels
+            key = (
+                labels.get("dra_claim_namespace", ""),
+                labels.get("dra_claim_name", ""),
+                labels.get("dra_device_name", ""),
+            )
+            memory, utilization = found.get(key, (0.0, None))
+            if column == 0:
+                memory += sample.value
+            else:
+                utilization = (utilization or 0.0) + sample.value
+            found[key] = (memory, utilization)
+    return found
+
+
+USAGE = UsageSeries(REGISTRY)
+USAGE_SERIES_DROPPED = Counter(
+    "dra_gpu_usage_series_dropped",
+    "Claim usage series left out of a sample because there were more than --usage-max-series.",
+    registry=REGISTRY,
+)
+USAGE_SAMPLE_SECONDS = Histogram(
+    "dra_gpu_usage_sample_duration_seconds",
+    "Time to read, attribute and publish one usage sample.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+    registry=REGISTRY,
 )
 
 # NVIDIA's: ExponentialBuckets(0.05, 2, 9), 50 ms to 12.8 s.

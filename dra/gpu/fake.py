@@ -28,6 +28,12 @@ dra.gpu.profiles), or the profile's `addressingMode` where it sets one, with
 Settings the driver changes on a GPU (the compute time slice) are kept in a
 JSON state file when one is given, `{"<uuid>": {"timeSlice": <level>}}`, the way a real
 GPU keeps them across a restart of the driver; `dra-gpu time-slices` shows them.
+
+Processes with device memory and duty cycles run on the GPUs as a control file declares
+them (dra.gpu.fakeprocs, `processes`); memory used, utilisation, the per-process calls and
+GPM answer from them as NVML does: device utilisation NOT_SUPPORTED and per-process
+utilisation NOT_SUPPORTED in MIG mode, NOT_FOUND from per-process utilisation when every
+process is idle, GPM on Hopper and newer only.
 """
 
 from __future__ import annotations
@@ -36,17 +42,24 @@ import json
 import os
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
+from dra.gpu.discovery import mig_handles
 from dra.gpu.fakemig import FakeMigDevice, FakeMigPartitions
+from dra.gpu.fakeprocs import FakeProcess, FakeProcesses
 from dra.gpu.library import (
     ERROR_INVALID_ARGUMENT,
+    ERROR_NOT_FOUND,
     ERROR_NOT_SUPPORTED,
     ERROR_UNKNOWN,
     NO_INSTANCE,
+    GpmSample,
     GpuHandle,
     GpuLibraryError,
     MigHandle,
+    ProcessMemory,
+    ProcessUtilization,
     XidEvent,
 )
 from dra.gpu.profiles import Profile
@@ -71,6 +84,18 @@ def mig_cap_minor(gpu_minor: int, gpu_instance: int, compute_instance: int | Non
 # An even number, so that the pairs of GPUs that share a root never straddle two domains.
 _BUSES_PER_DOMAIN = 14
 _UUID_NAMESPACE = uuid.UUID("0b9c4a52-8b0e-4c36-9a55-6c0f3f1d2a71")
+#: nvmlDeviceArchitecture_t of Hopper, the first with GPM counters (nvml.h: "For Hopper or newer").
+_GPM_ARCHITECTURE = 9
+
+
+@dataclass(frozen=True)
+class FakeGpmSample:
+    """A GPM sample: whose counters (GPU index, GPU instance or None for the GPU) and their busy time."""
+
+    gpu: int
+    gpu_instance_id: int | None
+    time: float
+    busy: float
 
 
 class FakeGpuLibrary(FakeMigPartitions):
@@ -84,8 +109,11 @@ class FakeGpuLibrary(FakeMigPartitions):
         state_file: Path | None = None,
         root: Path | None = None,
         mig_state: Path | None = None,
+        processes: Path | None = None,
     ) -> None:
         super().__init__(profile, mig_state)
+        #: The processes running on the GPUs, from the control file `processes` when given.
+        self.processes = FakeProcesses(processes)
         self.node_name = node_name
         self._state_file = state_file
         self._state: dict[str, dict[str, int]] = {}
@@ -268,6 +296,91 @@ class FakeGpuLibrary(FakeMigPartitions):
     def unwatch_xid_events(self) -> None:
         """Forget the watched GPUs."""
         self._watched.clear()
+
+    def _on(self, device: GpuHandle | MigHandle) -> list[FakeProcess]:
+        """The processes on a MIG device, or on a GPU and all its MIG devices."""
+        uuids = {self.uuid(device), *(self.uuid(MigHandle(mig)) for mig in self._migs(device))}
+        return [p for p in self.processes.current() if p.device in uuids]
+
+    def memory_used(self, device: GpuHandle | MigHandle) -> int:
+        """The memory of the device's processes."""
+        return sum(p.memory for p in self._on(device))
+
+    def utilization(self, gpu: GpuHandle) -> int:
+        """The duties of the GPU's processes added up, in percent (at most 100); NOT_SUPPORTED in MIG mode."""
+        if self._mig_on(gpu):
+            raise GpuLibraryError(ERROR_NOT_SUPPORTED, "utilization of a GPU in MIG mode")
+        return min(round(sum(p.duty for p in self._on(gpu)) * 100), 100)
+
+    def running_processes(self, device: GpuHandle | MigHandle) -> list[ProcessMemory]:
+        """Each process with its memory, and on a MIG device its instance IDs."""
+        migs = {self.uuid(MigHandle(m)): m for m in self._migs(device)}
+        if isinstance(device, FakeMigDevice):
+            migs[self.uuid(device)] = device
+        found = []
+        for process in self._on(device):
+            mig = migs.get(process.device)
+            found.append(
+                ProcessMemory(
+                    process.pid,
+                    process.memory,
+                    None if mig is None else mig.gpu_instance_id,
+                    None if mig is None else mig.compute_instance_id,
+                )
+            )
+        return found
+
+    def _migs(self, device: GpuHandle | MigHandle) -> list[FakeMigDevice]:
+        """The MIG devices of a GPU in MIG mode; none for a MIG device or a GPU off MIG mode."""
+        if isinstance(device, FakeMigDevice) or not self._mig_on(GpuHandle(device)):
+            return []
+        return [m for m in mig_handles(self, GpuHandle(device)) if isinstance(m, FakeMigDevice)]
+
+    def process_utilization(self, gpu: GpuHandle, since_us: int) -> list[ProcessUtilization]:
+        """A sample now of each process with a duty; NOT_FOUND without one, NOT_SUPPORTED in MIG mode."""
+        if self._mig_on(gpu):
+            raise GpuLibraryError(ERROR_NOT_SUPPORTED, "process utilization of a GPU in MIG mode")
+        now = int(self.processes.clock() * 1_000_000)
+        samples = [ProcessUtilization(p.pid, now, round(p.duty * 100)) for p in self._on(gpu) if p.duty > 0]
+        if not samples or now <= since_us:
+            raise GpuLibraryError(ERROR_NOT_FOUND, "no process utilization samples")
+        return samples
+
+    def gpm_supported(self, gpu: GpuHandle) -> bool:
+        """Hopper and newer."""
+        return self._gpu(gpu).model.architecture >= _GPM_ARCHITECTURE
+
+    def gpm_sample(self, gpu: GpuHandle, gpu_instance_id: int | None) -> GpmSample:
+        """The busy time so far of the GPU, or of the MIG devices of one GPU instance.
+
+        NOT_SUPPORTED before Hopper; NOT_FOUND for a GPU instance the GPU does not have.
+        """
+        if not self.gpm_supported(gpu):
+            raise GpuLibraryError(ERROR_NOT_SUPPORTED, "GPM needs Hopper or newer")
+        if gpu_instance_id is None:
+            devices = [self.uuid(gpu), *(self.uuid(MigHandle(m)) for m in self._migs(gpu))]
+        else:
+            devices = [
+                self.uuid(MigHandle(m)) for m in self._migs(gpu) if m.gpu_instance_id == gpu_instance_id
+            ]
+            if not devices:
+                raise GpuLibraryError(ERROR_NOT_FOUND, f"no GPU instance {gpu_instance_id}")
+        now, busy = self.processes.busy_seconds(devices)
+        return GpmSample(FakeGpmSample(int(str(gpu)), gpu_instance_id, now, busy))
+
+    def gpm_graphics_utilization(self, first: GpmSample, second: GpmSample) -> float:
+        """Busy time between the samples over the time between them, in percent (at most 100)."""
+        if not isinstance(first, FakeGpmSample) or not isinstance(second, FakeGpmSample):
+            raise GpuLibraryError(ERROR_INVALID_ARGUMENT, "not a GPM sample")
+        if (first.gpu, first.gpu_instance_id) != (second.gpu, second.gpu_instance_id):
+            raise GpuLibraryError(ERROR_INVALID_ARGUMENT, "GPM samples of different devices")
+        elapsed = second.time - first.time
+        if elapsed <= 0:
+            raise GpuLibraryError(ERROR_INVALID_ARGUMENT, "the second GPM sample is not newer")
+        return min((second.busy - first.busy) / elapsed * 100, 100.0)
+
+    def gpm_free(self, sample: GpmSample) -> None:
+        """Nothing to free."""
 
     def wait_xid_event(self, timeout_ms: int) -> XidEvent | None:
         """The next line appended to the events file, or None after the timeout."""

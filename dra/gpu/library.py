@@ -21,6 +21,8 @@ GpuHandle = NewType("GpuHandle", object)
 MigHandle = NewType("MigHandle", object)
 GpuInstanceHandle = NewType("GpuInstanceHandle", object)
 ComputeInstanceHandle = NewType("ComputeInstanceHandle", object)
+#: An nvmlGpmSample_t: a buffer of GPM counters, freed with GpuLibrary.gpm_free.
+GpmSample = NewType("GpmSample", object)
 
 # NVML return codes the driver reacts to (nvml.h).
 ERROR_INVALID_ARGUMENT = 2
@@ -71,6 +73,29 @@ class XidEvent:
     xid: int
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """One nvmlProcessInfo_t of nvmlDeviceGetComputeRunningProcesses: a process with a CUDA context."""
+
+    pid: int
+    #: Bytes of device memory the process uses; None where NVML cannot say (NVML_VALUE_NOT_AVAILABLE).
+    used_bytes: int | None
+    #: The MIG device's GPU and compute instance IDs the process runs on; None off MIG mode.
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+
+@dataclass(frozen=True)
+class ProcessUtilization:
+    """One nvmlProcessUtilizationSample_t: a process's share of the GPU's SMs over NVML's last period."""
+
+    pid: int
+    #: CPU time of the sample, microseconds since the epoch.
+    timestamp_us: int
+    #: Percent of the period the process had kernels on the SMs.
+    sm_percent: int
 
 
 @dataclass(frozen=True)
@@ -250,6 +275,40 @@ class GpuLibrary(Protocol):
 
     def unwatch_xid_events(self) -> None:
         """Stop collecting XID events and free what that holds; nothing may wait any more."""
+
+    def memory_used(self, device: GpuHandle | MigHandle) -> int:
+        """nvmlDeviceGetMemoryInfo().used of a GPU or a MIG device, in bytes."""
+
+    def utilization(self, gpu: GpuHandle) -> int:
+        """nvmlDeviceGetUtilizationRates().gpu: percent of NVML's last period with a kernel running.
+
+        GpuLibraryError(NOT_SUPPORTED) on a GPU in MIG mode, where NVML cannot measure it.
+        """
+
+    def running_processes(self, device: GpuHandle | MigHandle) -> list[ProcessMemory]:
+        """nvmlDeviceGetComputeRunningProcesses: processes with a context on the GPU or MIG device.
+
+        On a GPU in MIG mode, every MIG device's processes, each with its instance IDs.
+        """
+
+    def process_utilization(self, gpu: GpuHandle, since_us: int) -> list[ProcessUtilization]:
+        """nvmlDeviceGetProcessUtilization: samples newer than `since_us` of processes that used the SMs.
+
+        GpuLibraryError(NOT_FOUND) when there is no such sample (every process idle), and
+        (NOT_SUPPORTED) on a GPU in MIG mode.
+        """
+
+    def gpm_supported(self, gpu: GpuHandle) -> bool:
+        """nvmlGpmQueryDeviceSupport: whether the GPU has GPM counters (Hopper and newer)."""
+
+    def gpm_sample(self, gpu: GpuHandle, gpu_instance_id: int | None) -> GpmSample:
+        """A GPM sample of the GPU (nvmlGpmSampleGet) or of one GPU instance (nvmlGpmMigSampleGet)."""
+
+    def gpm_graphics_utilization(self, first: GpmSample, second: GpmSample) -> float:
+        """NVML_GPM_METRIC_GRAPHICS_UTIL between two samples: percent of the time an engine was busy."""
+
+    def gpm_free(self, sample: GpmSample) -> None:
+        """nvmlGpmSampleFree."""
 
 
 def sysfs_bus_id(pci_bus_id: str) -> str:

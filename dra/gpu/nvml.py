@@ -23,6 +23,7 @@ from dra.gpu.library import (
     EVENT_XID_CRITICAL,
     NO_INSTANCE,
     ComputeInstanceHandle,
+    GpmSample,
     GpuHandle,
     GpuInstanceHandle,
     GpuInstanceInfo,
@@ -31,6 +32,8 @@ from dra.gpu.library import (
     MigAttributes,
     MigHandle,
     Placement,
+    ProcessMemory,
+    ProcessUtilization,
     XidEvent,
     sysfs_bus_id,
 )
@@ -422,6 +425,66 @@ class NvmlLibrary:
             event_set, self._event_set = self._event_set, None
         if event_set is not None:
             self._call("nvmlEventSetFree", event_set)
+
+    def memory_used(self, device: GpuHandle | MigHandle) -> int:
+        """nvmlDeviceGetMemoryInfo().used."""
+        return int(self._call("nvmlDeviceGetMemoryInfo", device).used)
+
+    def utilization(self, gpu: GpuHandle) -> int:
+        """nvmlDeviceGetUtilizationRates().gpu."""
+        return int(self._call("nvmlDeviceGetUtilizationRates", gpu).gpu)
+
+    def running_processes(self, device: GpuHandle | MigHandle) -> list[ProcessMemory]:
+        """nvmlDeviceGetComputeRunningProcesses (pynvml's wrapper sizes the array and retries)."""
+        return [
+            ProcessMemory(
+                int(p.pid),
+                None if p.usedGpuMemory is None else int(p.usedGpuMemory),
+                _instance(p.gpuInstanceId),
+                _instance(p.computeInstanceId),
+            )
+            for p in self._call("nvmlDeviceGetComputeRunningProcesses", device)
+        ]
+
+    def process_utilization(self, gpu: GpuHandle, since_us: int) -> list[ProcessUtilization]:
+        """nvmlDeviceGetProcessUtilization."""
+        return [
+            ProcessUtilization(int(s.pid), int(s.timeStamp), int(s.smUtil))
+            for s in self._call("nvmlDeviceGetProcessUtilization", gpu, since_us)
+        ]
+
+    def gpm_supported(self, gpu: GpuHandle) -> bool:
+        """nvmlGpmQueryDeviceSupport().isSupportedDevice."""
+        return bool(self._call("nvmlGpmQueryDeviceSupport", gpu).isSupportedDevice)
+
+    def gpm_sample(self, gpu: GpuHandle, gpu_instance_id: int | None) -> GpmSample:
+        """nvmlGpmSampleAlloc, then nvmlGpmSampleGet or nvmlGpmMigSampleGet (freed when that fails)."""
+        sample = self._call("nvmlGpmSampleAlloc")
+        try:
+            if gpu_instance_id is None:
+                self._call("nvmlGpmSampleGet", gpu, sample)
+            else:
+                self._call("nvmlGpmMigSampleGet", gpu, gpu_instance_id, sample)
+        except GpuLibraryError:
+            self.gpm_free(GpmSample(sample))
+            raise
+        return GpmSample(sample)
+
+    def gpm_graphics_utilization(self, first: GpmSample, second: GpmSample) -> float:
+        """nvmlGpmMetricsGet of NVML_GPM_METRIC_GRAPHICS_UTIL; the metric's own return code when it fails."""
+        request = self._nvml.c_nvmlGpmMetricsGet_t()
+        request.version = self._nvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = 1
+        request.sample1, request.sample2 = first, second
+        request.metrics[0].metricId = self._nvml.NVML_GPM_METRIC_GRAPHICS_UTIL
+        metric = self._call("nvmlGpmMetricsGet", request).metrics[0]
+        if metric.nvmlReturn:
+            raise GpuLibraryError(int(metric.nvmlReturn), "nvmlGpmMetricsGet: graphics utilization")
+        return float(metric.value)
+
+    def gpm_free(self, sample: GpmSample) -> None:
+        """nvmlGpmSampleFree."""
+        self._call("nvmlGpmSampleFree", sample)
 
 
 def _instance(value: int) -> int | None:

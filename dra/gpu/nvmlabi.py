@@ -63,6 +63,77 @@ class Memory(ctypes.Structure):
     _fields_ = (("total", ull), ("free", ull), ("used", ull))
 
 
+class Utilization(ctypes.Structure):
+    """nvmlUtilization_t."""
+
+    _fields_ = (("gpu", uint), ("memory", uint))
+
+
+class ProcessInfo(ctypes.Structure):
+    """nvmlProcessInfo_t (the v2 layout, which nvmlDeviceGetComputeRunningProcesses_v3 fills)."""
+
+    _fields_ = (("pid", uint), ("usedGpuMemory", ull), ("gpuInstanceId", uint), ("computeInstanceId", uint))
+
+
+class ProcessUtilizationSample(ctypes.Structure):
+    """nvmlProcessUtilizationSample_t."""
+
+    _fields_ = (
+        ("pid", uint),
+        ("timeStamp", ull),
+        ("smUtil", uint),
+        ("memUtil", uint),
+        ("encUtil", uint),
+        ("decUtil", uint),
+    )
+
+
+class GpmSupport(ctypes.Structure):
+    """nvmlGpmSupport_t (its version is NVML_GPM_SUPPORT_VERSION, 1, not a sized version)."""
+
+    _fields_ = (("version", uint), ("isSupportedDevice", uint))
+
+
+class GpmMetricInfo(ctypes.Structure):
+    """The metricInfo member of nvmlGpmMetric_t."""
+
+    _fields_ = (("shortName", ctypes.c_char_p), ("longName", ctypes.c_char_p), ("unit", ctypes.c_char_p))
+
+
+class GpmMetric(ctypes.Structure):
+    """nvmlGpmMetric_t."""
+
+    _fields_ = (
+        ("metricId", uint),
+        ("nvmlReturn", ctypes.c_int),
+        ("value", ctypes.c_double),
+        ("metricInfo", GpmMetricInfo),
+    )
+
+
+#: NVML_GPM_METRICS_GET_VERSION and NVML_GPM_SUPPORT_VERSION: plain 1, unlike the sized struct versions.
+GPM_VERSION = 1
+#: NVML_GPM_METRIC_GRAPHICS_UTIL.
+GPM_METRIC_GRAPHICS_UTIL = 1
+
+
+class GpmMetricsGetHead(ctypes.Structure):
+    """nvmlGpmMetricsGet_t up to its metrics[NVML_GPM_METRIC_MAX] array, whose length headers differ in.
+
+    The caller's array follows at `metrics_offset`, and only its first numMetrics entries are read.
+    """
+
+    _fields_ = (("version", uint), ("numMetrics", uint), ("sample1", ptr), ("sample2", ptr))
+
+
+def gpm_metrics(address: int, count: int) -> Any:
+    """The first `count` entries of an nvmlGpmMetricsGet_t's metrics array (aligned as a GpmMetric)."""
+    offset = ctypes.sizeof(GpmMetricsGetHead)
+    align = ctypes.alignment(GpmMetric)
+    offset = (offset + align - 1) // align * align
+    return (GpmMetric * count).from_address(address + offset)
+
+
 class DeviceAttributes(ctypes.Structure):
     """nvmlDeviceAttributes_t."""
 
@@ -187,6 +258,8 @@ _UNKNOWN_STRING = ctypes.create_string_buffer(b"Unknown Error")
 # What each handle type of nvml.h names, as the stand-in tells its handles apart: nvmlDevice_t is a
 # GPU or a MIG device; nvmlGpuInstance_t, nvmlComputeInstance_t, nvmlEventSet_t.
 GPU, MIG, GI, CI, EVENT_SET = "gpu", "mig", "gpu instance", "compute instance", "event set"
+#: nvmlGpmSample_t.
+GPM_SAMPLE = "gpm sample"
 
 
 def error_string(code: int) -> int | None:

@@ -47,6 +47,7 @@ from typing import Any
 from dra.gpu.discovery import mig_handles
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import (
+    ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_GPU_IS_LOST,
     ERROR_INVALID_ARGUMENT,
     ERROR_NOT_SUPPORTED,
@@ -54,25 +55,36 @@ from dra.gpu.library import (
     ERROR_UNKNOWN,
     EVENT_XID_CRITICAL,
     NO_INSTANCE,
+    GpmSample,
     GpuHandle,
     GpuLibraryError,
     MigHandle,
     sysfs_bus_id,
 )
 from dra.gpu.nvmlabi import (
+    ERROR_INSUFFICIENT_SIZE,
     ERROR_RESET_REQUIRED,
     ERROR_UNINITIALIZED,
     EVENT_SET,
+    GPM_METRIC_GRAPHICS_UTIL,
+    GPM_SAMPLE,
+    GPM_VERSION,
     GPU,
     MIG,
     SUCCESS,
     AddressingMode,
     DeviceAttributes,
     EventData,
+    GpmMetricsGetHead,
+    GpmSupport,
     Memory,
     PciInfo,
+    ProcessInfo,
+    ProcessUtilizationSample,
+    Utilization,
     at,
     error_string,
+    gpm_metrics,
     ptr,
     set_string,
     set_uint,
@@ -198,6 +210,15 @@ class NvmlStandIn:
             "nvmlDeviceRegisterEvents": ((p, ull, p), self._register_events),
             "nvmlEventSetWait_v2": ((p, p, u), self._event_set_wait),
             "nvmlEventSetFree": ((p,), self._event_set_free),
+            "nvmlDeviceGetUtilizationRates": ((p, p), self._utilization),
+            "nvmlDeviceGetComputeRunningProcesses_v3": ((p, p, p), self._running_processes),
+            "nvmlDeviceGetProcessUtilization": ((p, p, p, ull), self._process_utilization),
+            "nvmlGpmQueryDeviceSupport": ((p, p), self._gpm_support),
+            "nvmlGpmSampleAlloc": ((p,), self._gpm_alloc),
+            "nvmlGpmSampleFree": ((p,), self._gpm_free),
+            "nvmlGpmSampleGet": ((p, p), self._gpm_sample),
+            "nvmlGpmMigSampleGet": ((p, u, p), self._gpm_mig_sample),
+            "nvmlGpmMetricsGet": ((p,), self._gpm_metrics),
         }
 
     # -- what only the stand-in knows --------------------------------------------------------
@@ -289,9 +310,14 @@ class NvmlStandIn:
         at(major, ctypes.c_int).value, at(minor, ctypes.c_int).value = cc
 
     def _memory(self, device: int, out: int) -> None:
+        handle = self._device(device)
+        if isinstance(handle, int):
+            total = self.fake.memory_total(GpuHandle(handle))
+        else:
+            total = self.fake.mig_attributes(MigHandle(handle)).memory_mib * 1024 * 1024
         memory = at(out, Memory)
-        memory.total = memory.free = self.fake.memory_total(self.gpu(device))
-        memory.used = 0
+        memory.total, memory.used = total, self.fake.memory_used(handle)
+        memory.free = total - memory.used
 
     def _pci_info(self, device: int, out: int) -> None:
         gpu = self.gpu(device)
@@ -418,6 +444,101 @@ class NvmlStandIn:
         self._handles.pop(event_set)
         if not self._event_sets:
             self.fake.unwatch_xid_events()
+
+    # -- usage ------------------------------------------------------------------------------
+
+    def _utilization(self, device: int, out: int) -> None:
+        utilization = at(out, Utilization)
+        utilization.gpu = self.fake.utilization(self.gpu(device))
+        # The fake has no notion of memory bandwidth: its processes only keep the SMs busy.
+        utilization.memory = 0
+
+    def _running_processes(self, device: int, count: int, out: int) -> None:
+        processes = self.fake.running_processes(self._device(device))
+        room = at(count, uint)
+        wanted, room.value = room.value, len(processes)
+        if not processes:
+            return
+        if wanted < len(processes) or not out:
+            # nvml.h: INSUFFICIENT_SIZE with the count needed (a first call with 0 asks for it).
+            raise GpuLibraryError(ERROR_INSUFFICIENT_SIZE, f"{len(processes)} processes")
+        infos = (ProcessInfo * len(processes)).from_address(out)
+        for info, process in zip(infos, processes, strict=True):
+            info.pid = process.pid
+            info.usedGpuMemory = process.used_bytes or 0
+            info.gpuInstanceId = _or_none(process.gpu_instance_id)
+            info.computeInstanceId = _or_none(process.compute_instance_id)
+
+    def _process_utilization(self, device: int, out: int, count: int, since: int) -> None:
+        samples = self.fake.process_utilization(self.gpu(device), since)
+        room = at(count, uint)
+        wanted, room.value = room.value, len(samples)
+        if wanted < len(samples) or not out:
+            raise GpuLibraryError(ERROR_INSUFFICIENT_SIZE, f"{len(samples)} samples")
+        written = (ProcessUtilizationSample * len(samples)).from_address(out)
+        for entry, sample in zip(written, samples, strict=True):
+            entry.pid, entry.timeStamp, entry.smUtil = sample.pid, sample.timestamp_us, sample.sm_percent
+            entry.memUtil = entry.encUtil = entry.decUtil = 0
+
+    def _gpm_support(self, device: int, out: int) -> None:
+        support = at(out, GpmSupport)
+        if support.version != GPM_VERSION:
+            raise GpuLibraryError(
+                ERROR_ARGUMENT_VERSION_MISMATCH, f"nvmlGpmSupport_t version {support.version}"
+            )
+        support.isSupportedDevice = int(self.fake.gpm_supported(self.gpu(device)))
+
+    def _gpm_alloc(self, out: int) -> None:
+        at(out, ptr).value = self.handle(GPM_SAMPLE, _GpmBuffer())
+
+    def _gpm_buffer(self, address: int | None) -> _GpmBuffer:
+        buffer = self.lookup(address, GPM_SAMPLE)[0]
+        assert isinstance(buffer, _GpmBuffer)
+        return buffer
+
+    def _gpm_free(self, sample: int) -> None:
+        buffer = self._gpm_buffer(sample)
+        with self._lock:
+            self._handles.pop(sample)
+            self._by_key.pop((GPM_SAMPLE, buffer))
+
+    def _gpm_sample(self, device: int, sample: int) -> None:
+        self._gpm_buffer(sample).sample = self.fake.gpm_sample(self.gpu(device), None)
+
+    def _gpm_mig_sample(self, device: int, gpu_instance_id: int, sample: int) -> None:
+        self._gpm_buffer(sample).sample = self.fake.gpm_sample(self.gpu(device), gpu_instance_id)
+
+    def _gpm_metrics(self, out: int) -> None:
+        request = at(out, GpmMetricsGetHead)
+        if request.version != GPM_VERSION:
+            raise GpuLibraryError(
+                ERROR_ARGUMENT_VERSION_MISMATCH, f"nvmlGpmMetricsGet_t version {request.version}"
+            )
+        first, second = self._gpm_buffer(request.sample1).sample, self._gpm_buffer(request.sample2).sample
+        if first is None or second is None:
+            raise GpuLibraryError(ERROR_INVALID_ARGUMENT, "a GPM sample buffer was never read into")
+        for metric in gpm_metrics(out, request.numMetrics):
+            # The fake's processes only keep engines busy: graphics activity is all it can say.
+            if metric.metricId != GPM_METRIC_GRAPHICS_UTIL:
+                metric.nvmlReturn = ERROR_NOT_SUPPORTED
+                continue
+            try:
+                metric.value = self.fake.gpm_graphics_utilization(first, second)
+                metric.nvmlReturn = SUCCESS
+            except GpuLibraryError as err:
+                metric.nvmlReturn = err.code
+
+
+class _GpmBuffer:
+    """What an nvmlGpmSample_t points to: empty until a sample is read into it."""
+
+    def __init__(self) -> None:
+        self.sample: GpmSample | None = None
+
+
+def _or_none(instance: int | None) -> int:
+    """A MIG instance ID as nvmlProcessInfo_t holds it: 0xFFFFFFFF off MIG mode."""
+    return NO_INSTANCE if instance is None else instance
 
 
 def host_tree(fake: FakeGpuLibrary, root: Path) -> tuple[Path, Path]:

@@ -27,6 +27,7 @@ from dra.core.devicestatus import DeviceIdentity, identities, join_labels
 from dra.daemon import metrics
 from dra.kubeletplugin.podresources import SOCKET, claim_consumers
 from dra.kubeletplugin.state import DeviceState
+from dra.kubeletplugin.usage import UsageSampler
 from dra.model.prepared import PreparedClaim
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,14 @@ log = logging.getLogger(__name__)
 class ClaimDeviceInfo:
     """Samples the join metric every `interval` seconds."""
 
-    def __init__(self, state: DeviceState, driver: str, kubelet_root: Path, interval: float) -> None:
+    def __init__(
+        self,
+        state: DeviceState,
+        driver: str,
+        kubelet_root: Path,
+        interval: float,
+        usage: UsageSampler | None = None,
+    ) -> None:
         self._state = state
         self._driver = driver
         self.socket = kubelet_root / SOCKET
@@ -44,12 +52,18 @@ class ClaimDeviceInfo:
         #: Identities by claim UID, computed once per prepared claim (and again when the inventory changes).
         self._known: dict[str, tuple[PreparedClaim, tuple[DeviceIdentity, ...]]] = {}
         self._inventory = state.inventory
+        #: Samples the usage series with the same claims and containers; None: no usage series.
+        self.usage = usage
 
     async def run(self) -> None:
         """Sample until cancelled."""
-        while True:
-            await self.sample()
-            await anyio.sleep(self._interval)
+        try:
+            while True:
+                await self.sample()
+                await anyio.sleep(self._interval)
+        finally:
+            if self.usage is not None:
+                self.usage.close()
 
     async def sample(self) -> None:
         """One sample: the series as the state and the kubelet say now."""
@@ -68,7 +82,10 @@ class ClaimDeviceInfo:
                     err.details() if isinstance(err, grpc.aio.AioRpcError) else err,
                 )
             consumers = []
-        metrics.CLAIM_DEVICE_INFO.set(join_labels(self._claims(), consumers))
+        claims = self._claims()
+        metrics.CLAIM_DEVICE_INFO.set(join_labels(claims, consumers))
+        if self.usage is not None:
+            await self.usage.sample(self._state.inventory, claims, consumers)
 
     def _claims(self) -> dict[str, tuple[PreparedClaim, tuple[DeviceIdentity, ...]]]:
         prepared, inventory = self._state.prepared, self._state.inventory

@@ -45,6 +45,9 @@ def kubelet_plugin(args: argparse.Namespace) -> int:
         mig_config=args.mig_config or None,
         claim_metrics_interval=args.claim_metrics_interval,
         device_metadata=args.device_metadata,
+        usage_processes=args.usage_processes,
+        usage_procfs=args.usage_procfs,
+        usage_max_series=args.usage_max_series,
         vfio=args.vfio,
         instance_id=(args.instance_id or uuid.uuid4().hex) if args.rolling_update else None,
     )
@@ -160,6 +163,8 @@ def top(args: argparse.Namespace) -> int:
             args.node_name or "",
             args.interval,
             args.once,
+            sys.stdout,
+            args.metrics_url,
         )
     except KeyboardInterrupt:
         return 0

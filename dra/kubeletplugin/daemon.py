@@ -24,6 +24,7 @@ from dra.core.checkpointformat import CheckpointError
 from dra.core.migconfig import MigConfigs
 from dra.core.slices import ShareMode
 from dra.core.taints import Effect
+from dra.core.usage import DEFAULT_MAX_SERIES
 from dra.daemon import fakegpus, metrics
 from dra.daemon.bootstrap import (
     DaemonSettings,
@@ -48,6 +49,7 @@ from dra.kubeletplugin.server import PluginServer
 from dra.kubeletplugin.service import DraService, HealthService
 from dra.kubeletplugin.state import DeviceState
 from dra.kubeletplugin.timeslice import TimeSlicer
+from dra.kubeletplugin.usage import ProcessOwners, UsageSampler
 from dra.model.devices import Inventory
 from dra.model.migmode import MigModes
 from dra.model.prepared import DeviceAction, PreparedClaim
@@ -79,6 +81,12 @@ class PluginSettings(DaemonSettings):
     claim_metrics_interval: float = 10.0
     #: Whether claims prepared get device metadata files (KEP-5304, --device-metadata).
     device_metadata: bool = False
+    #: Attribute shared GPUs' use per process (/proc/<pid>/cgroup and the node's pods).
+    usage_processes: bool = False
+    #: The host's /proc, for usage_processes.
+    usage_procfs: Path = Path("/proc")
+    #: Claim usage series kept at most.
+    usage_max_series: int = DEFAULT_MAX_SERIES
     #: Claims may pass whole GPUs through (VfioDeviceConfig; --vfio).
     vfio: bool = False
 
@@ -229,8 +237,15 @@ async def _serve(
     status = ClaimStatusWriter(kube, settings.driver_name, settings.node_name)
     status.resync(state.prepared.values(), state.inventory)
     dra = DraService(settings.driver_name, settings.node_name, state, kube, status)
+    owners = None
+    if settings.usage_processes:
+        owners = ProcessOwners(settings.usage_procfs, lambda: kube.list_node_pods(settings.node_name))
     claim_info = ClaimDeviceInfo(
-        state, settings.driver_name, settings.kubelet_root, settings.claim_metrics_interval
+        state,
+        settings.driver_name,
+        settings.kubelet_root,
+        settings.claim_metrics_interval,
+        UsageSampler(node.lib, owners, settings.usage_max_series),
     )
 
     def on_health_change(_: list[str]) -> None:

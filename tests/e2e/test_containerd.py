@@ -13,14 +13,16 @@ containerd cannot be built or started here.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import anyio
 import pytest
 from localcluster.binaries import BuildError
 from localcluster.cluster import ClusterError, ClusterInfo, LocalCluster
@@ -39,6 +41,7 @@ from localcluster.workloads import (
     pod_claim,
     seen,
 )
+from prometheus_client.parser import text_string_to_metric_families
 
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.fakesysfs import FakeSysfs
@@ -46,6 +49,7 @@ from dra.daemon import fakegpus
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.profiles import load_profile
+from dra.kubeletplugin import top
 from dra.model.devices import Device, Gpu, Inventory, MigDevice
 
 pytestmark = [pytest.mark.cluster, pytest.mark.containerd]
@@ -58,9 +62,19 @@ METADATA = "--device-metadata=true"
 PRODUCT = "NVIDIA H100 80GB HBM3"
 
 
+class CtrNode(NamedTuple):
+    """The containerd cluster and the kubelet plugin on it."""
+
+    cluster: ClusterInfo
+    driver: DriverProcess
+
+
 @pytest.fixture(scope="module")
-def ctr_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterInfo]:
-    """A cluster on containerd for this module, with the driver and the device plugin on it."""
+def ctr_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CtrNode]:
+    """A cluster on containerd for this module, with the driver and the device plugin on it.
+
+    The driver attributes GPU processes to pods (--usage-processes) through the host's /proc.
+    """
     cluster = LocalCluster(runtime="containerd")
     try:
         info = cluster.start(timeout=180)
@@ -69,17 +83,23 @@ def ctr_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterInf
         pytest.skip(f"containerd cannot run here: {err}")
     workdir = tmp_path_factory.mktemp("containerd")
     try:
-        driver = DriverProcess(
-            info, PROFILE, workdir / "driver.log", extra_args=(SPLIT, *DYNAMIC, "--vfio=true", METADATA)
-        ).start()
+        usage = ("--claim-metrics-interval=1", "--usage-processes=true")
+        flags = (SPLIT, *DYNAMIC, "--vfio=true", METADATA, *usage)
+        driver = DriverProcess(info, PROFILE, workdir / "driver.log", extra_args=flags).start()
         device_plugin = DevicePluginProcess(info, PROFILE, workdir, extra_args=(SPLIT,)).start()
         try:
-            yield info
+            yield CtrNode(info, driver)
         finally:
             device_plugin.stop()
             driver.stop()
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def ctr_cluster(ctr_node: CtrNode) -> ClusterInfo:
+    """The containerd cluster."""
+    return ctr_node.cluster
 
 
 @pytest.fixture(scope="module")
@@ -527,3 +547,118 @@ def _claim_or_none(kube: Kube, namespace: str, pod: str) -> dict[str, Any] | Non
         return pod_claim(kube, namespace, pod)
     except AssertionError:
         return None
+
+
+def _host_pid(container_id: str) -> int:
+    """A PID on the host of a process in the container: the kubelet's and containerd's cgroup names it."""
+    for entry in sorted(Path("/proc").iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else 0):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if container_id in (entry / "cgroup").read_text():
+                return int(entry.name)
+        except OSError:
+            continue
+    raise AssertionError(f"no process of container {container_id} in /proc")
+
+
+def _series(driver: DriverProcess, name: str, **labels: str) -> float | None:
+    """The value of the driver's series with these labels (among others); None when it has none."""
+    return next(
+        (
+            sample.value
+            for family in text_string_to_metric_families(driver.metrics())
+            for sample in family.samples
+            if sample.name == name and labels.items() <= sample.labels.items()
+        ),
+        None,
+    )
+
+
+def test_real_processes_of_a_pod_are_its_claim_s_and_their_usage_follows_them(
+    ckube: Kube, ctr_node: CtrNode, ns: str, inventory: Inventory
+) -> None:
+    """Real PIDs of real containers carry the fake GPU's declared processes.
+
+    The pod's `main` container uses the claim; its `other` container does not. Each runs
+    busybox; the fake GPU is told (its processes file) that a PID of each has a context on the
+    claim's GPU with some memory and duty. The driver finds their pods and containers through
+    the host's /proc/<pid>/cgroup, as containerd and the kubelet made them.
+    """
+    cluster, driver = ctr_node
+    claim_template(ckube, ns, "metered")
+    busybox_pod(
+        ckube,
+        cluster,
+        ns,
+        "metered",
+        {"main": {"claims": [{"name": "gpu"}]}, "other": {}},
+        {"gpu": "metered"},
+    )
+    seen(cluster, ns, "metered", "main")
+    seen(cluster, ns, "metered", "other")
+    claim = pod_claim(ckube, ns, "metered")
+    (name,) = allocated_devices(claim)
+    device = inventory.get(name)
+    assert device is not None
+
+    def container_ids() -> dict[str, str] | None:
+        statuses = (ckube.get("v1", "Pod", "metered", ns).get("status") or {}).get("containerStatuses") or []
+        found = {s["name"]: str(s.get("containerID") or "").partition("://")[2] for s in statuses}
+        return found if len(found) == 2 and all(found.values()) else None
+
+    ids = wait_for("the pod's status to name its containers", container_ids, timeout=30)
+    main, other = _host_pid(ids["main"]), _host_pid(ids["other"])
+    control = driver.checkpoint.parent / "fake-gpu-processes.json"
+
+    def declare(*processes: tuple[int, int, float]) -> None:
+        entries = [{"pid": p, "device": device.uuid, "memory": m, "duty": d} for p, m, d in processes]
+        control.write_text(json.dumps({"processes": entries}))
+
+    mine = {"dra_claim_name": claim["metadata"]["name"], "pod": "metered", "container": "main"}
+    gpu = {"UUID": device.uuid, "GPU_I_ID": ""}
+
+    def near(name: str, value: float, **labels: str) -> bool:
+        found = _series(driver, name, **labels)
+        return found is not None and abs(found - value) < 0.05
+
+    try:
+        declare((main, 2 << 30, 0.6), (other, 512 << 20, 0.2))
+        wait_for(
+            "the main container's process to be the claim's",
+            lambda: _series(driver, "dra_gpu_claim_memory_used_bytes", **mine) == 2 << 30,
+            timeout=20,
+        )
+        # The pod's other container does not use the claim: its process is nobody's.
+        assert _series(driver, "dra_gpu_unattributed_memory_used_bytes", **gpu) == 512 << 20
+        assert _series(driver, "dra_gpu_claim_memory_used_bytes", container="other") is None
+        wait_for(
+            "the claim to read its duty", lambda: near("dra_gpu_claim_utilization_ratio", 0.6, **mine), 10
+        )
+        assert near("dra_gpu_unattributed_utilization_ratio", 0.2, **gpu)
+        declare((main, 2 << 30, 0.3), (other, 512 << 20, 0.2))
+        wait_for("the duty change", lambda: near("dra_gpu_claim_utilization_ratio", 0.3, **mine), 10)
+        busy = _series(driver, "dra_gpu_claim_busy_seconds_total", **mine) or 0.0
+        wait_for(
+            "busy seconds to grow by the duty (0.3 s a second)",
+            lambda: (_series(driver, "dra_gpu_claim_busy_seconds_total", **mine) or 0.0) > busy + 0.5,
+            timeout=10,
+        )
+        shown = io.StringIO()
+        url = f"http://127.0.0.1:{driver.port}/metrics"
+        args = (cluster.kubeconfig, DRIVER, cluster.node_name, 1.0, True, shown, [url])
+        assert anyio.run(top.run, *args) == 0
+        [line] = [x for x in shown.getvalue().splitlines() if claim["metadata"]["name"] in x]
+        assert line.split()[-2:] == ["2.0Gi", "30%"], shown.getvalue()
+        declare((other, 512 << 20, 0.2))
+        wait_for(
+            "the ended process's memory to be gone",
+            lambda: _series(driver, "dra_gpu_claim_memory_used_bytes", **mine) == 0,
+            timeout=10,
+        )
+        # Ended: its claim's busy seconds stop growing.
+        busy = _series(driver, "dra_gpu_claim_busy_seconds_total", **mine) or 0.0
+        time.sleep(2.5)
+        assert _series(driver, "dra_gpu_claim_busy_seconds_total", **mine) == busy
+    finally:
+        control.unlink(missing_ok=True)

@@ -189,7 +189,19 @@ def test_claim_status_and_join_metric_name_the_device_until_unprepare(
     )
     shown = io.StringIO()
     assert anyio.run(top.run, cluster.kubeconfig, DRIVER, cluster.node_name, 1.0, True, shown) == 0
-    row = [namespace, "named", name, device, published["uuid"]["string"], "-", "Exclusive", "device"]
+    # Not given the driver's /metrics: no usage columns.
+    row = [
+        namespace,
+        "named",
+        name,
+        device,
+        published["uuid"]["string"],
+        "-",
+        "Exclusive",
+        "device",
+        "-",
+        "-",
+    ]
     assert row in [line.split() for line in shown.getvalue().splitlines()], shown.getvalue()
 
     kube.delete("v1", "Pod", "named", namespace)

@@ -867,3 +867,18 @@ def test_the_labeller_may_change_only_the_keys_it_writes() -> None:
     text = " ".join(v["expression"] for v in policy["spec"]["validations"])
     assert f"k.matches(r'{labels.MIG_KEY.pattern}')" in text
     assert "startsWith('nvidia.com/')" not in text
+
+
+def test_per_process_usage_is_off_by_default_and_brings_host_pids_and_pod_listing_when_on() -> None:
+    objects = chart.template()
+    pod = _only(objects, "DaemonSet")["spec"]["template"]["spec"]
+    assert "hostPID" not in pod
+    assert _env(_container(objects))["DRA_GPU_USAGE_PROCESSES"] == "false"
+    assert _env(_container(objects))["DRA_GPU_USAGE_MAX_SERIES"] == "2000"
+    on = chart.template({"usage": {"processes": True, "maxSeries": 50}})
+    assert _only(on, "DaemonSet")["spec"]["template"]["spec"]["hostPID"] is True
+    assert _env(_container(on))["DRA_GPU_USAGE_PROCESSES"] == "true"
+    assert _env(_container(on))["DRA_GPU_USAGE_MAX_SERIES"] == "50"
+    rules = _only(on, "ClusterRole")["rules"]
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]} in rules
+    assert len(rules) == len(_only(objects, "ClusterRole")["rules"]) + 1

@@ -23,9 +23,17 @@ from dra.core.slices import build_slices
 from dra.core.taints import Effect
 from dra.daemon.health import HealthTracker
 from dra.gpu import dynamic, fakemig
-from dra.gpu.discovery import discover, profile_infos
+from dra.gpu.discovery import discover, mig_handles, profile_infos
 from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.library import GpuInstanceProfileInfo, GpuLibrary, GpuLibraryError, Placement
+from dra.gpu.fakeprocs import FakeProcess
+from dra.gpu.library import (
+    GpuHandle,
+    GpuInstanceProfileInfo,
+    GpuLibrary,
+    GpuLibraryError,
+    MigHandle,
+    Placement,
+)
 from dra.gpu.nvml import NvmlLibrary
 from dra.gpu.nvmlstandin import NvmlStandIn, host_tree
 from dra.gpu.profiles import BUILTIN_PROFILES, load_profile
@@ -246,3 +254,53 @@ def test_an_xid_taints_a_gpu_and_it_recovers(pair: Pair, tmp_path: Path) -> None
     assert tainted
     assert recovered
     assert after == {}
+
+
+def _ask(method: str, args: tuple[object, ...], lib: GpuLibrary) -> object:
+    return getattr(lib, method)(*args)
+
+
+def _usage(lib: GpuLibrary, clock: list[float]) -> object:
+    """Every usage reading of every GPU and MIG device, GPM over ten seconds of the duties."""
+    readings: list[object] = []
+    clock[0] = 5.0
+    for index in range(lib.device_count()):
+        gpu = lib.device_by_index(index)
+        migs = mig_handles(lib, gpu)
+        readings.append((lib.memory_used(gpu), _outcome(partial(_ask, "utilization", (gpu,)), lib)))
+        readings.append(sorted(lib.running_processes(gpu), key=lambda p: p.pid))
+        readings.append(_outcome(partial(_ask, "process_utilization", (gpu, 0)), lib))
+        readings.append([(lib.memory_used(m), lib.running_processes(m)) for m in migs])
+        if not lib.gpm_supported(gpu):
+            readings.append(_outcome(partial(_ask, "gpm_sample", (gpu, None)), lib))
+            continue
+        for gi in [None, *(lib.gpu_instance_id(m) for m in migs)]:
+            clock[0] = 10.0
+            first = lib.gpm_sample(gpu, gi)
+            clock[0] = 20.0
+            second = lib.gpm_sample(gpu, gi)
+            readings.append((gi, round(lib.gpm_graphics_utilization(first, second), 6)))
+            lib.gpm_free(first)
+            lib.gpm_free(second)
+        readings.append(_outcome(partial(_ask, "gpm_sample", (gpu, 99)), lib))
+    return readings
+
+
+def test_usage_readings_are_the_same(pair: Pair) -> None:
+    clock = [0.0]
+    for lib in (pair.fake, pair.standin.fake):
+        lib.processes.clock = lambda: clock[0]
+        processes, pid = [], 100
+        for index in range(lib.device_count()):
+            gpu = lib.device_by_index(index)
+            devices: list[GpuHandle | MigHandle] = [gpu, *mig_handles(lib, gpu)]
+            for device in devices[:3]:
+                duty = (0.2, 0.6, 0.0)[pid % 3]
+                processes.append(FakeProcess(pid, lib.uuid(device), pid * 1024 * 1024, duty))
+                pid += 1
+        lib.processes.set(processes)
+    readings = pair.same(lambda lib: _usage(lib, clock))
+    assert readings
+    assert "nvmlDeviceGetComputeRunningProcesses_v3" in pair.standin.calls
+    hopper = any(g.model.architecture >= 9 for g in pair.fake.profile.gpus)
+    assert ("nvmlGpmMetricsGet" in pair.standin.calls) == hopper

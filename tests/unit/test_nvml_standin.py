@@ -60,7 +60,21 @@ LAYOUTS = [
     (nvmlabi.ComputeInstanceProfileInfoV2, "c_nvmlComputeInstanceProfileInfo_v2_t"),
     (nvmlabi.ComputeInstanceInfo, "c_nvmlComputeInstanceInfo_t"),
     (nvmlabi.EventData, "c_nvmlEventData_t"),
+    (nvmlabi.Utilization, "c_nvmlUtilization_t"),
+    (nvmlabi.ProcessInfo, "c_nvmlProcessInfo_v3_t"),
+    (nvmlabi.ProcessUtilizationSample, "c_nvmlProcessUtilizationSample_t"),
+    (nvmlabi.GpmSupport, "c_nvmlGpmSupport_t"),
+    (nvmlabi.GpmMetric, "c_nvmlGpmMetric_t"),
 ]
+
+
+def test_pynvml_lays_out_the_head_of_nvml_gpm_metrics_get_t_as_nvml_h_does() -> None:
+    # Only the metrics array's length differs between headers (NVML_GPM_METRIC_MAX grows).
+    theirs = pynvml.c_nvmlGpmMetricsGet_t
+    assert _layout(nvmlabi.GpmMetricsGetHead) == _layout(theirs)[:4]
+    request = theirs()
+    metrics = nvmlabi.gpm_metrics(ctypes.addressof(request), 2)
+    assert ctypes.addressof(metrics) == ctypes.addressof(request) + theirs.metrics.offset
 
 
 def _layout(structure: type[ctypes.Structure]) -> list[tuple[str, int, int]]:

@@ -37,9 +37,7 @@ ALL = "$__all"
 #: dcgm-exporter's series, which panels join with dra_gpu_claim_device_info; not the project's.
 DCGM_PREFIX = "DCGM_"
 
-#: The usage series of issue 27 item 3, named there and added beside this dashboard: panels may
-#: name them while the project exports none of them (they are then only parsed). Once it exports
-#: one, each must be real: a panel naming a usage series by a wrong name fails.
+#: The usage series of issue 27 item 3 (dra.kubeletplugin.usage): the dashboard has a panel for each.
 USAGE_SERIES = frozenset(
     {
         "dra_gpu_claim_memory_used_bytes",
@@ -137,8 +135,6 @@ def exposition_names(text: str) -> frozenset[str]:
 def unknown_metrics(answer: Answer, exposed: frozenset[str] = frozenset()) -> list[str]:
     """The metric names a query names that neither the project (nor `exposed`) nor DCGM has."""
     known = exported_names() | exposed
-    if not known & USAGE_SERIES:
-        known |= USAGE_SERIES
     return [m for m in answer.metrics if m not in known and not m.startswith(DCGM_PREFIX)]
 
 

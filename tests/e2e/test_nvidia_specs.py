@@ -421,19 +421,33 @@ def test_the_bats_anymig_spec_gets_the_mig_device_made_beforehand(bats: Bats) ->
 
 @_drivers("dynamic-mig")
 @pytest.mark.parametrize("spec", ["gpu-simple-mig", "gpu-simple-mig-ts"])
-def test_a_bats_dynamic_mig_spec_gets_a_mig_device_made_for_it(bats: Bats, spec: str) -> None:
-    """test_gpu_dynmig.bats: two lines, "UUID: GPU-" and "UUID: MIG-"."""
+def test_a_bats_dynamic_mig_spec_gets_a_mig_device_made_for_it(
+    bats: Bats, start: list[DriverProcess], spec: str
+) -> None:
+    """test_gpu_dynmig.bats: MIG mode off, two lines ("UUID: GPU-" and "UUID: MIG-"), MIG mode off again."""
+    _mig_mode_off(start[0])
     bats.apply(spec)
     bats.running("pod-mig1g")
     _one_mig(bats.nvidia_smi("pod-mig1g"))
     bats.delete(spec)
+    _mig_mode_off(start[0])
+
+
+def _mig_mode_off(driver: DriverProcess) -> None:
+    """test_gpu_dynmig.bats's confirm_mig_mode_disabled_all_nodes: no GPU in MIG mode."""
+    wait_for("MIG mode off on every GPU", lambda: 1 not in driver.fake_mig_modes().values(), timeout=30)
 
 
 @_drivers("dynamic-mig")
-def test_the_bats_multiple_mig_spec_gives_each_container_its_own_mig_device(bats: Bats) -> None:
-    """test_gpu_dynmig.bats: each container lists a GPU and a MIG device, and the MIG UUIDs differ."""
+def test_the_bats_multiple_mig_spec_gives_each_container_its_own_mig_device(
+    bats: Bats, start: list[DriverProcess]
+) -> None:
+    """test_gpu_dynmig.bats: each container lists a GPU and a MIG device, the MIG UUIDs differ, and
+    MIG mode is off before and after."""
+    _mig_mode_off(start[0])
     bats.apply("gpu-multiple-mig")
     bats.running("pod-2mig")
     migs = {_one_mig(bats.nvidia_smi("pod-2mig", ctr)) for ctr in ("ctr0", "ctr1")}
     assert len(migs) == 2, migs
     bats.delete("gpu-multiple-mig")
+    _mig_mode_off(start[0])

@@ -208,10 +208,13 @@ def bats(
     start: list[DriverProcess],
     namespace: str,
 ) -> Iterator[Bats]:
-    """A driver started as BATS_DRIVERS[request.param] says (parametrized indirectly), and a
-    namespace whose claims are gone before the driver stops."""
+    """A driver started as BATS_DRIVERS[request.param] says (parametrized indirectly), on fake GPUs
+    as their profile makes them (no MIG state left by another test), and a namespace whose claims
+    are gone before the driver stops."""
     profile, args = BATS_DRIVERS[request.param]
-    start.append(DriverProcess(cluster, profile, tmp_path / "driver.log", extra_args=args).start())
+    driver = DriverProcess(cluster, profile, tmp_path / "driver.log", extra_args=args)
+    driver.fake_mig_state.unlink(missing_ok=True)
+    start.append(driver.start())
     try:
         yield Bats(kube, cluster, namespace)
     finally:

@@ -158,7 +158,11 @@ class DriverProcess(DaemonProcess):
         return self.checkpoint.parent / FAKE_MIG_STATE
 
     def fake_mig_modes(self) -> dict[int, int]:
-        """The MIG mode the fake GPUs were switched to, by GPU (absent: never switched, the profile's)."""
+        """The MIG mode the fake GPUs were switched to, by GPU (absent: never switched, the profile's).
+
+        Read as the file holds it: one written for another profile, which the fake GPUs ignore, counts
+        here too, so a test that reads it removes the file before the driver starts.
+        """
         path = self.fake_mig_state
         data = json.loads(path.read_text()) if path.exists() else {}
         return {int(gpu): int(mode) for gpu, mode in data.get("migMode", {}).items()}

@@ -228,7 +228,7 @@ def destroy_claim_devices(node: Node, uid: str, facts: Facts) -> Program[Facts]:
 
     A MIG device that another claim holds a share of is handed to that claim instead (its action
     rewritten in the same checkpoint save), so the last share destroys it. A MIG mode it switched
-    stays as it is: the next claim that needs the other mode switches it back.
+    stays as it is here (release_mig_mode turns it off at unprepare).
     """
     mine = [a for a in facts.actions if a.claim_uid == uid]
     if not mine:
@@ -258,6 +258,49 @@ def destroy_claim_devices(node: Node, uid: str, facts: Facts) -> Program[Facts]:
     actions = tuple(a for a in facts.actions if a not in mine) + handed
     yield Save(facts.prepared, actions)
     return replace(facts, actions=actions, inventory=inventory)
+
+
+#: Architectures whose MIG mode switches without a GPU reset: NVIDIA's driver turns MIG off after
+#: the last MIG device on these only (supportsMIGModeToggle: Hopper and later). Elsewhere (Ampere)
+#: the switch may wait for a reset, which would leave the GPU offered as neither.
+RESETLESS_MIG_SWITCH = frozenset({"Hopper", "Blackwell", "Rubin"})
+
+
+def claim_parents(uid: str, facts: Facts) -> list[Gpu]:
+    """The GPUs the MIG devices made for a claim are on."""
+    gpus = (_gpu_of(facts.inventory, a) for a in facts.actions if a.claim_uid == uid and a.kind == MIG_CREATE)
+    return list(dict.fromkeys(g for g in gpus if g is not None))
+
+
+def release_mig_mode(node: Node, gpus: Iterable[Gpu], facts: Facts) -> Program[None]:
+    """MIG mode off on these dynamic-MIG GPUs where no MIG device is left, as NVIDIA's driver turns
+    it off when it destroys a GPU's last MIG device (maybeDisableMigMode).
+
+    Best effort and not recorded: either mode is one the driver starts from, and a GPU left in MIG
+    mode (an architecture outside RESETLESS_MIG_SWITCH, an NVML error, a crash midway) is switched
+    off by the next claim that gets it whole (switch_for_claim).
+    """
+    if not node.mig:
+        return
+    kept = {uuid for uuid, _ in held(facts)}
+    dynamic = set(facts.inventory.dynamic_gpus)
+    for gpu in gpus:
+        if gpu not in dynamic or gpu.uuid in kept or gpu.architecture not in RESETLESS_MIG_SWITCH:
+            continue
+        try:
+            current, pending = yield from ask(ReadMigMode(gpu.index))
+            if (current, pending) != (1, 1) or (yield from ask(ListGpuInstances(gpu.index))):
+                continue
+            if (yield from ask(SetMigMode(gpu.index, 0))):
+                yield Log("info", f"GPU {gpu.index} ({gpu.uuid}): its last MIG device is gone, MIG mode off")
+            else:
+                yield Log("warning", f"GPU {gpu.index} ({gpu.uuid}): MIG mode off waits for a GPU reset")
+        except StepError as err:
+            yield Log(
+                "warning",
+                f"GPU {gpu.index} ({gpu.uuid}): MIG mode stays on ({err}); "
+                "the next whole-GPU claim turns it off",
+            )
 
 
 def destroy_unheld(node: Node, facts: Facts, gpus: Iterable[Gpu]) -> Program[int]:

@@ -650,6 +650,7 @@ def unprepare(node: Node, uid: str, facts: Facts) -> Program[PreparedClaim | Non
     if node.mps:
         yield ReleaseMps(claim, others)
     yield Mark(point="sharing-before-unrecord")
+    parents = migdevices.claim_parents(uid, facts)
     try:
         facts = yield from vfio.release(uid, facts)
     except StepError as err:
@@ -664,6 +665,7 @@ def unprepare(node: Node, uid: str, facts: Facts) -> Program[PreparedClaim | Non
             f"cannot unprepare claim {claim.namespace}/{claim.name}: destroying its MIG "
             f"device failed (NVML error {err.code}: {err}); the kubelet retries"
         ) from None
+    yield from migdevices.release_mig_mode(node, parents, facts)
     # Not fsynced: an entry back after a power loss is a stale holder, released when needed.
     yield Save(others, facts.actions, durable=False, point="unprepare.checkpoint-saved")
     yield Log("info", f"unprepared claim {claim.namespace}/{claim.name} ({uid})")

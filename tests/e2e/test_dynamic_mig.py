@@ -44,19 +44,15 @@ def driver(
     profile.write_text(yaml.safe_dump(TWO_H100))
     args = ("--mig-mode=dynamic", f"--mig-profiles={request.param}", "--claim-metrics-interval=1")
     process = DriverProcess(cluster, str(profile), workdir / "driver.log", extra_args=args)
-    _fake_state(process).unlink(missing_ok=True)
+    process.fake_mig_state.unlink(missing_ok=True)
     process.start()
     yield process
     process.stop()
 
 
-def _fake_state(driver: DriverProcess) -> Path:
-    return driver.checkpoint.parent / "fake-gpu-mig.json"
-
-
 def _instances(driver: DriverProcess) -> dict[int, list[tuple[str, int, int]]]:
     """What the fake GPUs hold: per GPU, (profile, placement start, size) of each GPU instance."""
-    path = _fake_state(driver)
+    path = driver.fake_mig_state
     data = json.loads(path.read_text()) if path.exists() else {"gpus": {}}
     return {
         int(gpu): sorted((i["profile"], i["start"], i["size"]) for i in found)
@@ -210,13 +206,6 @@ def test_seven_small_fill_a_gpu_and_the_eighth_goes_to_the_other(
     wait_for("the MIG devices to be destroyed", lambda: _instances(driver) == {}, timeout=30)
 
 
-def _mig_modes(driver: DriverProcess) -> dict[int, int]:
-    """The MIG mode the fake GPUs were switched to, by GPU (absent: still the profile's, on)."""
-    path = _fake_state(driver)
-    data = json.loads(path.read_text()) if path.exists() else {}
-    return {int(gpu): int(mode) for gpu, mode in data.get("migMode", {}).items()}
-
-
 def test_whole_gpus_get_mig_mode_off_and_a_mig_claim_turns_it_on_again(
     driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str
 ) -> None:
@@ -224,14 +213,14 @@ def test_whole_gpus_get_mig_mode_off_and_a_mig_claim_turns_it_on_again(
     both = _run(kube, namespace, "both", "both")
     assert sorted(_gpu(d) for d in allocated_devices(both)) == [0, 1]
     # CUDA sees a whole GPU only with MIG off.
-    assert _mig_modes(driver) == {0: 0, 1: 0}
+    assert driver.fake_mig_modes() == {0: 0, 1: 0}
     delete_pods_and_wait(kube, cluster, namespace, [both])
 
     # Still offered as MIG devices with MIG off: the first one turns it on.
     _template(kube, namespace, "part", {"big": ("mig.nvidia.com", "3g.40gb", 1)})
     part = _run(kube, namespace, "part", "part")
     [gpu] = {_gpu(d) for d in allocated_devices(part)}
-    assert _mig_modes(driver)[gpu] == 1
+    assert driver.fake_mig_modes()[gpu] == 1
     assert [p for p, _, _ in _instances(driver)[gpu]] == ["3g.40gb"]
     delete_pods_and_wait(kube, cluster, namespace, [part])
     wait_for("the MIG device to be destroyed", lambda: _instances(driver) == {}, timeout=30)

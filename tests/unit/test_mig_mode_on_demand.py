@@ -77,11 +77,36 @@ def test_one_gpu_serves_a_whole_claim_then_a_mig_claim_then_a_whole_claim_again(
         state.prepare(_allocation("gpu-0"))
     assert _mode(lib) == (1, 1), "a MIG device in use keeps MIG on"
     state.unprepare(OTHER)
-    # The last MIG device released, the next whole claim turns MIG off again.
+    assert _mode(lib) == (0, 0), "the last MIG device released turns MIG off"
     state.prepare(_allocation("gpu-0"))
     assert _mode(lib) == (0, 0)
     state.unprepare(UID)
     assert state.actions == []
+
+
+def test_the_last_mig_device_released_turns_mig_mode_off_on_hopper_as_nvidias_driver_does(
+    tmp_path: Path,
+) -> None:
+    """NVIDIA's test_gpu_dynmig.bats finds MIG mode off on every GPU after each MIG pod is gone."""
+    lib = FakeGpuLibrary(load_profile("h100x8"), NODE, mig_state=tmp_path / "fake-gpu-mig.json")
+    state = _state(tmp_path, lib)
+    state.prepare(_allocation(MIG))
+    state.prepare(_allocation("gpu-0-mig-1g10gb-at0", OTHER))
+    assert _mode(lib) == (1, 1)
+    state.unprepare(UID)
+    assert _mode(lib) == (1, 1), "another claim's MIG device keeps MIG on"
+    state.unprepare(OTHER)
+    assert _mode(lib) == (0, 0)
+    assert state.actions == []
+
+
+def test_mig_mode_stays_on_after_the_last_mig_device_on_ampere(tmp_path: Path) -> None:
+    """Where the switch may need a GPU reset, as NVIDIA's driver leaves it: a whole claim turns it off."""
+    lib = FakeGpuLibrary(load_profile("a100x4-dynamic-mig"), NODE, mig_state=tmp_path / "fake-gpu-mig.json")
+    state = _state(tmp_path, lib)
+    state.prepare(_allocation("gpu-0-mig-3g40gb-at4"))
+    state.unprepare(UID)
+    assert _mode(lib) == (1, 1)
 
 
 @pytest.mark.parametrize("profile", ["h100x8-dynamic-mig", "a100x4-dynamic-mig"])

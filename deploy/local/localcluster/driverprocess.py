@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import json
 import os
 import signal
 import socket
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from dra.adapters.checkpoint import CheckpointStore
+from dra.daemon.bootstrap import FAKE_MIG_STATE
 from dra.kubeletplugin.server import sockets
 from localcluster.cluster import ClusterInfo
 
@@ -149,6 +151,21 @@ class DriverProcess(DaemonProcess):
     def checkpoint(self) -> Path:
         """The checkpoint file the driver keeps."""
         return Path(self.cluster.kubelet_root) / "plugins" / self.driver_name / "checkpoint.json"
+
+    @property
+    def fake_mig_state(self) -> Path:
+        """The file the fake GPUs keep their MIG modes and instances in (dra.gpu.fakemig)."""
+        return self.checkpoint.parent / FAKE_MIG_STATE
+
+    def fake_mig_modes(self) -> dict[int, int]:
+        """The MIG mode the fake GPUs were switched to, by GPU (absent: never switched, the profile's).
+
+        Read as the file holds it: one written for another profile, which the fake GPUs ignore, counts
+        here too, so a test that reads it removes the file before the driver starts.
+        """
+        path = self.fake_mig_state
+        data = json.loads(path.read_text()) if path.exists() else {}
+        return {int(gpu): int(mode) for gpu, mode in data.get("migMode", {}).items()}
 
     def checkpointed(self) -> dict[str, dict[str, Any]]:
         """The claims the checkpoint records, by UID, each as its JSON fields (devices, namespace, ...)."""

@@ -124,9 +124,15 @@ class Kube:
         name: str,
         namespace: str | None = None,
         grace_period: int | None = None,
+        propagation: str | None = None,
     ) -> None:
-        """Delete if present."""
-        body = {"gracePeriodSeconds": grace_period} if grace_period is not None else None
+        """Delete if present.
+
+        `propagation`: what happens to its dependents (Background, Foreground, Orphan); by default
+        the resource's own policy, which orphans a Job's pods where `kubectl delete` would not.
+        """
+        options = {"gracePeriodSeconds": grace_period, "propagationPolicy": propagation}
+        body = {k: v for k, v in options.items() if v is not None} or None
         with contextlib.suppress(NotFoundError):
             self._resource(api_version, kind).delete(name=name, namespace=namespace, body=body)
 

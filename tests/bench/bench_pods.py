@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import yaml
@@ -63,7 +64,13 @@ DRA_GPU, DEVICE_PLUGIN, GO = "dra-gpu", "device plugin", "go driver"
 GPU = "nvidia.com/gpu"
 IMAGE = "registry.k8s.io/pause:3.10"
 #: Stages of a pod's start, in order, as the watches see them (client clock).
-STAGES = ("claim created", "claim allocated", "bound", "running")
+STAGES = ("claim created", "claim allocated", "bound", "kubelet sync", "started (PLEG)", "running")
+#: The kubelet's log (klog, --v=2): a pod reaching its sync loop, and its first lifecycle event
+#: (the sandbox started), which the kubelet's PLEG finds by relisting the runtime every second.
+KUBELET_LINE = re.compile(
+    r'^I(\d{4} \d\d:\d\d:\d\d\.\d{6}) .*?"(SyncLoop ADD|SyncLoop \(PLEG\): event for pod)"(.*)$'
+)
+POD_REF = re.compile(r'"[^"/]+/([^"]+)"')
 
 
 @dataclass
@@ -74,10 +81,12 @@ class Route:
     pod: Callable[[str], Obj]
     #: "1 pod" / "32 pods" -> each pod's create -> Running, in milliseconds.
     samples: dict[str, list[float]] = field(default_factory=dict)
-    #: Stage -> milliseconds from create, one per pod.
-    stages: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
-    #: Kubelet metric -> (seconds, calls) added while this path's pods started.
-    kubelet: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))
+    #: (figure, stage) -> milliseconds from create, one per pod.
+    stages: dict[tuple[str, str], list[float]] = field(default_factory=lambda: defaultdict(list))
+    #: (figure, kubelet metric) -> [seconds, calls] added while this path's pods started.
+    kubelet: dict[tuple[str, str], list[float]] = field(
+        default_factory=lambda: defaultdict(lambda: [0.0, 0.0])
+    )
 
 
 def _claim_pod(name: str, template: str) -> Obj:
@@ -190,7 +199,11 @@ def kubelet_histograms(cluster: ClusterInfo) -> dict[tuple[str, str, str], tuple
         run / "pki" / "apiserver-kubelet-client.crt", run / "pki" / "apiserver-kubelet-client.key"
     )
     with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=context, timeout=10) as resp:
-        text = resp.read().decode()
+        return histograms(resp.read().decode())
+
+
+def histograms(text: str) -> dict[tuple[str, str, str], tuple[float, float]]:
+    """KUBELET_METRICS of a Prometheus text page: (metric, operation, driver) -> (sum, count), no errors."""
     totals: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
     line_re = re.compile(r"^(\w+)_(sum|count)\{([^}]*)\} (\S+)$")
     for line in text.splitlines():
@@ -209,6 +222,25 @@ def kubelet_histograms(cluster: ClusterInfo) -> dict[tuple[str, str, str], tuple
     return {k: (v[0], v[1]) for k, v in totals.items()}
 
 
+def kubelet_log_stages(text: str, year: int) -> dict[tuple[str, str], float]:
+    """(pod name, stage) -> the first time (epoch seconds) the kubelet's log shows the pod at that stage.
+
+    klog stamps carry no year: `year` gives it.
+    """
+    first: dict[tuple[str, str], float] = {}
+    for line in text.splitlines():
+        match = KUBELET_LINE.match(line)
+        if match is None:
+            continue
+        stamp, what, rest = match.groups()
+        wall = datetime.strptime(f"{year}{stamp}", "%Y%m%d %H:%M:%S.%f").timestamp()
+        stage = "kubelet sync" if what == "SyncLoop ADD" else "started (PLEG)"
+        # A PLEG line names one pod, then its event (whose fields are quoted too).
+        for pod in POD_REF.findall(rest.split(" event=")[0]):
+            first.setdefault((pod, stage), wall)
+    return first
+
+
 class Bench:
     """The cluster, its three paths and the timing of pods."""
 
@@ -219,6 +251,8 @@ class Bench:
         self.paths = paths
         self.watches = Watches(kube, namespace)
         self.counter = 0
+        #: Pod -> (its path, its figure, perf_counter just before its create request).
+        self.created: dict[str, tuple[Route, str, float]] = {}
 
     def _delete_all(self) -> None:
         for pod in self.kube.list_objects("v1", "Pod", namespace=self.namespace):
@@ -251,17 +285,28 @@ class Bench:
                 raise RuntimeError(f"{path.label}: {len(late)} pods not Running after 120s, e.g. {late[0]}")
             time.sleep(0.005)
         for name in names:
+            self.created[name] = (path, figure, created[name])
             seen = self.watches.at(name)
             path.samples.setdefault(figure, []).append((seen["running"] - created[name]) * 1000)
             for stage, at in seen.items():
-                path.stages[stage].append((at - created[name]) * 1000)
+                path.stages[figure, stage].append((at - created[name]) * 1000)
         after = kubelet_histograms(self.cluster)
         for key, (seconds, count) in after.items():
             old_seconds, old_count = before.get(key, (0.0, 0.0))
             if count > old_count:
-                path.kubelet[" ".join(k for k in key if k)][0] += seconds - old_seconds
-                path.kubelet[" ".join(k for k in key if k)][1] += count - old_count
+                totals = path.kubelet[figure, " ".join(k for k in key if k)]
+                totals[0] += seconds - old_seconds
+                totals[1] += count - old_count
         self._delete_all()
+
+    def kubelet_stages(self) -> None:
+        """Add the stages the kubelet's log times (its wall clock, turned into perf_counter's)."""
+        offset = time.time() - time.perf_counter()
+        text = Path(self.cluster.log_path("kubelet")).read_text(errors="replace")
+        for (pod, stage), wall in kubelet_log_stages(text, time.localtime().tm_year).items():
+            if pod in self.created:
+                path, figure, created = self.created[pod]
+                path.stages[figure, stage].append((wall - offset - created) * 1000)
 
 
 def _ms(values: list[float], pct: float) -> str:
@@ -282,17 +327,17 @@ def report(paths: list[Route], burst: int) -> list[str]:
                 if ours and theirs:
                     ratios.append(f"dra/{short} {_percentile(ours, pct) / _percentile(theirs, pct):.2f}x")
             lines.append(f"{figure} p{pct}: {', '.join(parts)}, ratio {', '.join(ratios)}")
-    lines.append("where the time goes, median ms from create (client clock, all pods of the path):")
-    for path in paths:
-        stages = ", ".join(
-            f"{stage} {statistics.median(path.stages[stage]):.0f}" for stage in STAGES if path.stages[stage]
-        )
-        bound = path.stages["bound"]
-        running = path.stages["running"]
-        kubelet_part = statistics.median(r - b for r, b in zip(running, bound, strict=True)) if bound else 0
-        lines.append(f"  {path.label}: {stages}; bound -> Running {kubelet_part:.0f}")
-        for name, (seconds, calls) in sorted(path.kubelet.items()):
-            lines.append(f"    kubelet {name}: mean {seconds / calls * 1000:.1f} ms over {calls:.0f} calls")
+    for figure in ("1 pod", f"{burst} pods"):
+        lines.append(f"where the time goes, {figure}: median ms from create (client clock), per stage")
+        for path in paths:
+            stages = [(stage, path.stages[figure, stage]) for stage in STAGES if path.stages[figure, stage]]
+            text = ", ".join(f"{stage} {statistics.median(at):.0f}" for stage, at in stages)
+            lines.append(f"  {path.label}: {text}")
+            for (where, name), (seconds, calls) in sorted(path.kubelet.items()):
+                if where == figure and calls:
+                    lines.append(
+                        f"    kubelet {name}: mean {seconds / calls * 1000:.1f} ms, {calls:.0f} calls"
+                    )
     return lines
 
 
@@ -389,6 +434,7 @@ def main() -> None:
                             bench.sample(path, 1, "1 pod")
                     for path in paths:
                         bench.sample(path, args.burst, f"{args.burst} pods")
+                bench.kubelet_stages()
         finally:
             plugin.stop()
             driver.stop()

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dra.cli import main, parse_args
+from dra.cli import main
+from dra.cli.parser import parse_args
 from tests.bench.bench_scale import (
     MIG_GPUS,
     SHARED_GPUS,

@@ -20,10 +20,11 @@ created at once per path; every pod is deleted, and gone, before the next sample
 
 A pod's time runs from just before its create request to the moment a watch on the API
 server reports it Running (client clock, milliseconds). The same watches time the stages
-between: the pod's claim created by the controller manager and allocated by the scheduler
-(DRA), the pod bound to the node, and the kubelet's part (bound -> Running); the kubelet's
-own metrics (through the API server's node proxy) give what its calls to each driver cost it
-(dra_grpc_operations_duration_seconds per driver, kubelet_device_plugin_alloc_duration_seconds).
+before the kubelet: the pod's claim created by the controller manager and allocated by the
+scheduler (DRA), the pod bound to the node. The kubelet's log (--v=2) gives its sync loop's
+first sight of the pod and the pod's first lifecycle event; the kubelet's own metrics give
+what its calls to each driver cost it (dra_grpc_operations_duration_seconds per driver,
+kubelet_device_plugin_alloc_duration_seconds).
 Prints figures and ratios; asserts nothing about speed.
 """
 
@@ -242,13 +243,12 @@ def kubelet_log_stages(text: str, year: int) -> dict[tuple[str, str], float]:
 
 
 class Bench:
-    """The cluster, its three paths and the timing of pods."""
+    """The cluster's namespace where pods are timed, and what each pod reached when."""
 
-    def __init__(self, kube: Kube, cluster: ClusterInfo, namespace: str, paths: list[Route]) -> None:
+    def __init__(self, kube: Kube, cluster: ClusterInfo, namespace: str) -> None:
         self.kube = kube
         self.cluster = cluster
         self.namespace = namespace
-        self.paths = paths
         self.watches = Watches(kube, namespace)
         self.counter = 0
         #: Pod -> (its path, its figure, perf_counter just before its create request).
@@ -426,7 +426,7 @@ def main() -> None:
                 if have_go:
                     paths.append(Route(GO, lambda n: _claim_pod(n, "go-driver")))
                 # The watches' threads are daemons: their streams end with the API server.
-                bench = Bench(kube, cluster, namespace, paths)
+                bench = Bench(kube, cluster, namespace)
                 for number in range(1, args.rounds + 1):
                     print(f"round {number}/{args.rounds}", flush=True)
                     for _ in range(args.singles):

@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 LOCAL := PYTHONPATH=deploy/local
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv proto binaries cluster-binaries manifests api lint nvml-coverage test test-fast test-matrix fuzz demo cluster-up cluster-down bench bench-scheduler soak clean
+.PHONY: all venv proto binaries cluster-binaries manifests api lint nvml-coverage test test-fast test-matrix fuzz demo cluster-up cluster-down bench bench-pods bench-scale bench-scheduler soak clean
 
 all: test
 
@@ -117,6 +117,17 @@ bench: binaries
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_webhook
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_features
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_compare --runs $(BENCH_RUNS)
+
+# Pod create -> Running on the local cluster: a GPU by ResourceClaim through dra-gpu, nvidia.com/gpu
+# through dra-gpu's device plugin, and a claim through Kubernetes' Go DRA test driver, alternated
+# (docs/testing.md has the last run's figures). Minutes; not part of `make bench`.
+bench-pods: binaries
+	$(LOCAL) $(BIN)/python -m tests.bench.bench_pods --rounds $(BENCH_RUNS)
+
+# Prepare, unprepare and the driver's RSS with 10 and with 1,000 claims held on 256 devices (shares
+# and dynamic-MIG offers), BENCH_RUNS fresh drivers; flat is a ratio of 1.00x. Not part of `make bench`.
+bench-scale: binaries
+	$(LOCAL) $(BIN)/python -m tests.bench.bench_scale --runs $(BENCH_RUNS)
 
 # The real scheduler placing GPU claims on 100 and 500 kubelet-less nodes, per slice layout
 # (docs/mig.md: what dynamic MIG costs the scheduler). Minutes; not part of `make bench`.

@@ -63,7 +63,16 @@ def _claim_from_json(uid: str, data: Mapping[str, Any]) -> PreparedClaim:
 
 
 def _action_to_json(action: DeviceAction) -> dict[str, Any]:
-    return asdict(action)
+    # By hand, not asdict: every save that changes an action writes them all, and asdict's recursive
+    # copy made that the largest cost of a prepare with 100 MIG devices made (bench_scale).
+    return {
+        "claim_uid": action.claim_uid,
+        "device": action.device,
+        "kind": action.kind,
+        "params": dict(action.params),
+        "done": action.done,
+        "result": dict(action.result),
+    }
 
 
 def _action_from_json(data: Mapping[str, Any]) -> DeviceAction:

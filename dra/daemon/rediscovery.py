@@ -30,15 +30,25 @@ class Rediscovery:
     later is not advertised until a restart assigns it (to DRA or the device plugin).
     """
 
-    def __init__(self, settings: DaemonSettings, inventory: Inventory, held: Collection[str] = ()) -> None:
-        """`inventory` is what the path was given; the GPUs with UUIDs in `held` are not published yet."""
+    def __init__(
+        self,
+        settings: DaemonSettings,
+        inventory: Inventory,
+        held: Collection[str] = (),
+        everything: Inventory | None = None,
+    ) -> None:
+        """`inventory` is what the path was given; the GPUs with UUIDs in `held` are not published yet.
+
+        `everything`: every GPU on the node at start; those given to the other path did not appear
+        later, and are neither followed nor reported.
+        """
         self._settings = settings
         #: Held while discovering and applying, so that a MIG layout applied in between (which
         #: changes the MIG modes discovery uses) is never undone by a discovery started before it.
         self.lock = anyio.Lock()
         self._assigned = {gpu.uuid for gpu in inventory.gpus}
         self.current = restrict(inventory, [gpu for gpu in inventory.gpus if gpu.uuid not in held])
-        self._reported: set[str] = set()
+        self._reported = {gpu.uuid for gpu in (everything or inventory).gpus} - self._assigned
 
     def discover(self, mig_modes: MigModes | None = None) -> Inventory:
         """Discover the GPUs now (blocking), from now on with `mig_modes` when given; StartupError."""

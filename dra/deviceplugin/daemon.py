@@ -351,7 +351,7 @@ async def _serve(
         offering.run(group)
         group.start_soon(report_ready)
         if settings.rediscover_interval > 0:
-            group.start_soon(Rediscovery(settings, inventory).run, rediscovered)
+            group.start_soon(Rediscovery(settings, inventory, everything=node.everything).run, rediscovered)
         if kube is not None and settings.named is not None and in_force is not None:
             follower = ConfigFollower(
                 settings.named,

@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dra.gpu import migtables
@@ -235,7 +235,11 @@ class FakeMigPartitions:
         self._memory = state
         if self._mig_state is None:
             return
-        gpus = {str(k): [asdict(i) for i in v] for k, v in sorted(state.items())}
+        # vars, not asdict's recursive copy: every change writes every GPU's instances.
+        gpus = {
+            str(k): [dict(vars(i), compute_instances=list(i.compute_instances)) for i in v]
+            for k, v in sorted(state.items())
+        }
         modes = {str(k): v for k, v in sorted(self._modes.items())}
         pending = {str(k): v for k, v in sorted(self._pending.items())}
         text = json.dumps({"profile": self._layout(), "gpus": gpus, "migMode": modes, "migPending": pending})

@@ -196,7 +196,9 @@ async def _serve(
 ) -> None:
     tracker = node.tracker
     holdback = DevicePluginHoldback(settings.kubelet_root)
-    rediscovery = Rediscovery(settings, node.inventory, await holdback.held(node.inventory))
+    rediscovery = Rediscovery(
+        settings, node.inventory, await holdback.held(node.inventory), everything=node.everything
+    )
     inventory = rediscovery.current
     if inventory != node.inventory and settings.rediscover_interval <= 0:
         log.warning("--rediscover-interval is 0: GPUs held back stay unpublished until a restart")

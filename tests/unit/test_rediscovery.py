@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from dra.core.assignment import restrict
 from dra.daemon.health import HealthTracker
 from dra.daemon.rediscovery import Rediscovery
 from dra.gpu.discovery import discover
@@ -69,6 +70,21 @@ def test_a_gpu_not_given_at_start_is_reported_once_and_not_taken(caplog: pytest.
     assert follow.follow(_inventory(T4, T4)) is None
     assert [r.getMessage() for r in caplog.records if "appeared after start-up" in r.getMessage()] == [
         f"GPU 1 ({_inventory(T4, T4).gpus[1].uuid}) appeared after start-up: restart the driver to assign it"
+    ]
+
+
+def test_gpus_given_to_the_other_path_at_start_are_not_reported_as_new(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """--dra-gpus 0 --device-plugin-gpus 1: GPU 1 was there at start, on the other path."""
+    node = _inventory(T4, T4)
+    follow = Rediscovery(SETTINGS, restrict(node, node.gpus[:1]), everything=node)
+    caplog.set_level(logging.WARNING)
+    assert follow.follow(_inventory(T4, T4)) is None
+    later = _inventory(T4, T4, T4)
+    assert follow.follow(later) is None
+    assert [r.getMessage() for r in caplog.records if "appeared after start-up" in r.getMessage()] == [
+        f"GPU 2 ({later.gpus[2].uuid}) appeared after start-up: restart the driver to assign it"
     ]
 
 

@@ -1,0 +1,452 @@
+"""Benchmark: pod create -> Running through DRA (dra-gpu, Go test driver) and the device plugin.
+
+    python -m tests.bench.bench_pods [--rounds 3] [--singles 8] [--burst 32] [--gpus 32]
+
+One local cluster (real kube-apiserver, scheduler, controller manager and kubelet on the
+fake runtime) serves three ways to give a pod one GPU, side by side and alternated:
+
+- `dra-gpu`: a pod with a ResourceClaimTemplate of the chart's `gpu.nvidia.com` class,
+  served by `dra-gpu kubelet-plugin`;
+- `device plugin`: a pod with `nvidia.com/gpu: 1` in its limits, served by `dra-gpu
+  device-plugin`;
+- `go driver`: a pod with a ResourceClaimTemplate of Kubernetes' DRA test driver
+  (k8s.io/kubernetes/test/e2e/dra/test-driver, built as bench_compare builds it).
+
+The fake profile has 2 x --gpus GPUs, split as an admin splits a node (--dra-gpus and
+--device-plugin-gpus): the first half through DRA, the second through the device plugin,
+so both daemons run the whole time; the Go driver publishes --gpus devices of its own. Each
+round times --singles pods one at a time (the paths in turn, pod by pod) and then --burst pods
+created at once per path; every pod is deleted, and gone, before the next sample.
+
+A pod's time runs from just before its create request to the moment a watch on the API
+server reports it Running (client clock, milliseconds). The same watches time the stages
+before the kubelet: the pod's claim created by the controller manager and allocated by the
+scheduler (DRA), the pod bound to the node. The kubelet's log (--v=2) gives its sync loop's
+first sight of the pod and the pod's first lifecycle event; the kubelet's own metrics give
+what its calls to each driver cost it (dra_grpc_operations_duration_seconds per driver,
+kubelet_device_plugin_alloc_duration_seconds).
+Prints figures and ratios; asserts nothing about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import ssl
+import statistics
+import subprocess
+import threading
+import time
+import urllib.request
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import yaml
+from kubernetes.watch.watch import iter_resp_lines
+from localcluster.binaries import BuildError, ensure_go_dra_driver
+from localcluster.cluster import ClusterInfo, running_cluster
+from localcluster.devicepluginprocess import DevicePluginProcess
+from localcluster.driverprocess import DriverProcess
+from localcluster.kube import Kube, Obj, wait_for
+from localcluster.workloads import claim_template, committed_device_classes, node_resources
+from urllib3.exceptions import ProtocolError
+
+from tests.bench.bench_compare import FAKE_MODEL, GO_DRIVER, _go
+from tests.bench.bench_driver import _percentile
+
+DRA_GPU, DEVICE_PLUGIN, GO = "dra-gpu", "device plugin", "go driver"
+GPU = "nvidia.com/gpu"
+IMAGE = "registry.k8s.io/pause:3.10"
+#: Stages of a pod's start, in order, as the watches see them (client clock).
+STAGES = ("claim created", "claim allocated", "bound", "kubelet sync", "started (PLEG)", "running")
+#: The kubelet's log (klog, --v=2): a pod reaching its sync loop, and its first lifecycle event
+#: (the sandbox started), which the kubelet's PLEG finds by relisting the runtime every second.
+KUBELET_LINE = re.compile(
+    r'^I(\d{4} \d\d:\d\d:\d\d\.\d{6}) .*?"(SyncLoop ADD|SyncLoop \(PLEG\): event for pod)"(.*)$'
+)
+POD_REF = re.compile(r'"[^"/]+/([^"]+)"')
+
+
+@dataclass
+class Route:
+    """One way to give a pod a GPU: how its pods are made, and what was measured of them."""
+
+    label: str
+    pod: Callable[[str], Obj]
+    #: "1 pod" / "32 pods" -> each pod's create -> Running, in milliseconds.
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    #: (figure, stage) -> milliseconds from create, one per pod.
+    stages: dict[tuple[str, str], list[float]] = field(default_factory=lambda: defaultdict(list))
+    #: (figure, kubelet metric) -> [seconds, calls] added while this path's pods started.
+    kubelet: dict[tuple[str, str], list[float]] = field(
+        default_factory=lambda: defaultdict(lambda: [0.0, 0.0])
+    )
+
+
+def _claim_pod(name: str, template: str) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+            "containers": [{"name": "main", "image": IMAGE, "resources": {"claims": [{"name": "gpu"}]}}],
+        },
+    }
+
+
+def _limits_pod(name: str) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "main", "image": IMAGE, "resources": {"limits": {GPU: "1"}}}],
+        },
+    }
+
+
+class Watches:
+    """Watches on the namespace's pods and claims: when each pod reached each stage (perf_counter)."""
+
+    def __init__(self, kube: Kube, namespace: str) -> None:
+        self.kube = kube
+        self.seen: dict[str, dict[str, float]] = defaultdict(dict)
+        self.lock = threading.Lock()
+        self.threads = [
+            threading.Thread(target=self._run, args=(f"/api/v1/namespaces/{namespace}/pods", self._pod)),
+            threading.Thread(
+                target=self._run,
+                args=(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims", self._claim),
+            ),
+        ]
+        for thread in self.threads:
+            thread.daemon = True
+            thread.start()
+
+    def _run(self, path: str, handle: Callable[[Obj], None]) -> None:
+        # A raw stream, one JSON event a line: the typed watch's model decoding would be the slowest
+        # part of the timing loop.
+        response = self.kube.api_client.call_api(
+            path,
+            "GET",
+            query_params=[("watch", "true")],
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _return_http_data_only=True,
+        )
+        try:
+            for line in iter_resp_lines(response):
+                event = json.loads(line)
+                if event.get("type") in ("ADDED", "MODIFIED"):
+                    handle(event["object"])
+        except ProtocolError:
+            return  # the API server stopped at the end of the run
+
+    def _mark(self, pod: str, stage: str) -> None:
+        now = time.perf_counter()
+        with self.lock:
+            self.seen[pod].setdefault(stage, now)
+
+    def _pod(self, pod: Obj) -> None:
+        name = pod["metadata"]["name"]
+        if pod["spec"].get("nodeName"):
+            self._mark(name, "bound")
+        if pod.get("status", {}).get("phase") == "Running":
+            self._mark(name, "running")
+
+    def _claim(self, claim: Obj) -> None:
+        owners = claim["metadata"].get("ownerReferences") or []
+        pod = next((o["name"] for o in owners if o.get("kind") == "Pod"), None)
+        if pod is None:
+            return
+        self._mark(pod, "claim created")
+        if claim.get("status", {}).get("allocation"):
+            self._mark(pod, "claim allocated")
+
+    def at(self, pod: str) -> dict[str, float]:
+        """The stages this pod has reached so far."""
+        with self.lock:
+            return dict(self.seen.get(pod, {}))
+
+
+#: Kubelet histograms that time the kubelet's calls to the drivers while a pod starts, with the label
+#: that picks the call. Unprepare is left out: it runs after a sample's pods are gone, in the next one.
+KUBELET_METRICS = (
+    ("dra_grpc_operations_duration_seconds", "NodePrepareResources"),
+    ("kubelet_device_plugin_alloc_duration_seconds", GPU),
+)
+
+
+def kubelet_histograms(cluster: ClusterInfo) -> dict[tuple[str, str, str], tuple[float, float]]:
+    """(metric, operation, driver or resource) -> (sum seconds, count) from the kubelet's /metrics.
+
+    Read from the kubelet's own port with the API server's client certificate: the node has only
+    a loopback address, which the API server's node proxy refuses to dial.
+    """
+    run = Path(cluster.run_dir)
+    port = yaml.safe_load((run / "kubelet-config.yaml").read_text())["port"]
+    context = ssl.create_default_context(cafile=str(run / "pki" / "ca.crt"))
+    context.load_cert_chain(
+        run / "pki" / "apiserver-kubelet-client.crt", run / "pki" / "apiserver-kubelet-client.key"
+    )
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=context, timeout=10) as resp:
+        return histograms(resp.read().decode())
+
+
+def histograms(text: str) -> dict[tuple[str, str, str], tuple[float, float]]:
+    """KUBELET_METRICS of a Prometheus text page: (metric, operation, driver) -> (sum, count), no errors."""
+    totals: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    line_re = re.compile(r"^(\w+)_(sum|count)\{([^}]*)\} (\S+)$")
+    for line in text.splitlines():
+        match = line_re.match(line)
+        if match is None:
+            continue
+        name, part, labels, value = match.groups()
+        for metric, operation in KUBELET_METRICS:
+            if name != metric or (f'"{operation}"' not in labels and f'/{operation}"' not in labels):
+                continue
+            if 'is_error="true"' in labels:
+                continue
+            who = re.search(r'driver_name="([^"]*)"', labels)
+            key = (metric, operation, who.group(1) if who else "")
+            totals[key][0 if part == "sum" else 1] += float(value)
+    return {k: (v[0], v[1]) for k, v in totals.items()}
+
+
+def kubelet_log_stages(text: str, year: int) -> dict[tuple[str, str], float]:
+    """(pod name, stage) -> the first time (epoch seconds) the kubelet's log shows the pod at that stage.
+
+    klog stamps carry no year: `year` gives it.
+    """
+    first: dict[tuple[str, str], float] = {}
+    for line in text.splitlines():
+        match = KUBELET_LINE.match(line)
+        if match is None:
+            continue
+        stamp, what, rest = match.groups()
+        wall = datetime.strptime(f"{year}{stamp}", "%Y%m%d %H:%M:%S.%f").timestamp()
+        stage = "kubelet sync" if what == "SyncLoop ADD" else "started (PLEG)"
+        # A PLEG line names one pod, then its event (whose fields are quoted too).
+        for pod in POD_REF.findall(rest.split(" event=")[0]):
+            first.setdefault((pod, stage), wall)
+    return first
+
+
+class Bench:
+    """The cluster's namespace where pods are timed, and what each pod reached when."""
+
+    def __init__(self, kube: Kube, cluster: ClusterInfo, namespace: str) -> None:
+        self.kube = kube
+        self.cluster = cluster
+        self.namespace = namespace
+        self.watches = Watches(kube, namespace)
+        self.counter = 0
+        #: Pod -> (its path, its figure, perf_counter just before its create request).
+        self.created: dict[str, tuple[Route, str, float]] = {}
+
+    def _delete_all(self) -> None:
+        for pod in self.kube.list_objects("v1", "Pod", namespace=self.namespace):
+            self.kube.delete("v1", "Pod", pod["metadata"]["name"], self.namespace, grace_period=0)
+
+        def gone() -> bool:
+            return not self.kube.list_objects("v1", "Pod", namespace=self.namespace) and not (
+                self.kube.list_objects("resource.k8s.io/v1", "ResourceClaim", namespace=self.namespace)
+            )
+
+        wait_for("pods and their claims to be gone", gone, timeout=60)
+
+    def sample(self, path: Route, pods: int, figure: str) -> None:
+        """Create `pods` pods of `path` at once and time each to Running; then delete them."""
+        before = kubelet_histograms(self.cluster)
+        names = [f"{path.label.replace(' ', '-')}-{self.counter + i}" for i in range(pods)]
+        self.counter += pods
+        created: dict[str, float] = {}
+
+        def create(name: str) -> None:
+            created[name] = time.perf_counter()
+            self.kube.create(path.pod(name), namespace=self.namespace)
+
+        with ThreadPoolExecutor(min(pods, 8)) as pool:
+            list(pool.map(create, names))
+        deadline = time.monotonic() + 120
+        while not all("running" in self.watches.at(n) for n in names):
+            if time.monotonic() > deadline:
+                late = [n for n in names if "running" not in self.watches.at(n)]
+                raise RuntimeError(f"{path.label}: {len(late)} pods not Running after 120s, e.g. {late[0]}")
+            time.sleep(0.005)
+        for name in names:
+            self.created[name] = (path, figure, created[name])
+            seen = self.watches.at(name)
+            path.samples.setdefault(figure, []).append((seen["running"] - created[name]) * 1000)
+            for stage, at in seen.items():
+                path.stages[figure, stage].append((at - created[name]) * 1000)
+        after = kubelet_histograms(self.cluster)
+        for key, (seconds, count) in after.items():
+            old_seconds, old_count = before.get(key, (0.0, 0.0))
+            if count > old_count:
+                totals = path.kubelet[figure, " ".join(k for k in key if k)]
+                totals[0] += seconds - old_seconds
+                totals[1] += count - old_count
+        self._delete_all()
+
+    def kubelet_stages(self) -> None:
+        """Add the stages the kubelet's log times (its wall clock, turned into perf_counter's)."""
+        offset = time.time() - time.perf_counter()
+        text = Path(self.cluster.log_path("kubelet")).read_text(errors="replace")
+        for (pod, stage), wall in kubelet_log_stages(text, time.localtime().tm_year).items():
+            if pod in self.created:
+                path, figure, created = self.created[pod]
+                path.stages[figure, stage].append((wall - offset - created) * 1000)
+
+
+def _ms(values: list[float], pct: float) -> str:
+    return f"{_percentile(values, pct):.0f} ms" if values else "-"
+
+
+def report(paths: list[Route], burst: int) -> list[str]:
+    """The figures: p50 and p99 per path and figure with dra-gpu's ratios, then the breakdowns."""
+    by = {p.label: p for p in paths}
+    lines = []
+    for figure in ("1 pod", f"{burst} pods"):
+        for pct in (50, 99):
+            parts = [f"{p.label} {_ms(p.samples.get(figure, []), pct)}" for p in paths]
+            ratios = []
+            ours = by[DRA_GPU].samples.get(figure, [])
+            for other, short in ((DEVICE_PLUGIN, "dp"), (GO, "go")):
+                theirs = by[other].samples.get(figure, []) if other in by else []
+                if ours and theirs:
+                    ratios.append(f"dra/{short} {_percentile(ours, pct) / _percentile(theirs, pct):.2f}x")
+            lines.append(f"{figure} p{pct}: {', '.join(parts)}, ratio {', '.join(ratios)}")
+    for figure in ("1 pod", f"{burst} pods"):
+        lines.append(f"where the time goes, {figure}: median ms from create (client clock), per stage")
+        for path in paths:
+            stages = [(stage, path.stages[figure, stage]) for stage in STAGES if path.stages[figure, stage]]
+            text = ", ".join(f"{stage} {statistics.median(at):.0f}" for stage, at in stages)
+            lines.append(f"  {path.label}: {text}")
+            for (where, name), (seconds, calls) in sorted(path.kubelet.items()):
+                if where == figure and calls:
+                    lines.append(
+                        f"    kubelet {name}: mean {seconds / calls * 1000:.1f} ms, {calls:.0f} calls"
+                    )
+    return lines
+
+
+@contextmanager
+def _go_driver(cluster: ClusterInfo, kube: Kube, gpus: int) -> Iterator[bool]:
+    """Kubernetes' DRA test driver on the node with its own DeviceClass; False when it cannot be built."""
+    try:
+        binary = ensure_go_dra_driver()
+    except BuildError as err:
+        print(f"the Go test driver could not be built, so it is left out: {err}")
+        yield False
+        return
+    contender = _go(cluster, binary, gpus, Path(cluster.cdi_dir))
+    kube.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": GO_DRIVER},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{GO_DRIVER}"'}}]},
+        }
+    )
+    with open(contender.log, "ab") as log:
+        proc = subprocess.Popen(contender.args, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(
+            "the Go driver's devices",
+            lambda: (
+                sum(
+                    len(s["spec"].get("devices") or [])
+                    for s in kube.list_objects(
+                        "resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.driver={GO_DRIVER}"
+                    )
+                )
+                >= gpus
+            ),
+            timeout=60,
+        )
+        yield True
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def main() -> None:
+    """Start the cluster and the three paths, time pods in turns, print the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of singles and bursts per path")
+    parser.add_argument("--singles", type=int, default=8, help="pods timed one at a time per path and round")
+    parser.add_argument("--burst", type=int, default=32, help="pods created at once per path and round")
+    parser.add_argument("--gpus", type=int, default=32, help="GPUs of each path (at least --burst)")
+    args = parser.parse_args()
+    if args.gpus < args.burst:
+        parser.error(f"--gpus ({args.gpus}) must be at least --burst ({args.burst}): a burst runs at once")
+
+    with running_cluster() as cluster:
+        kube = Kube(cluster.kubeconfig)
+        run = Path(cluster.run_dir)
+        profile = run / "bench-pods-profile.yaml"
+        profile.write_text(yaml.safe_dump({"gpus": [{"model": FAKE_MODEL, "count": 2 * args.gpus}]}))
+        split = (
+            f"--dra-gpus={','.join(str(i) for i in range(args.gpus))}",
+            f"--device-plugin-gpus={','.join(str(i) for i in range(args.gpus, 2 * args.gpus))}",
+        )
+        driver = DriverProcess(cluster, str(profile), run / "logs" / "bench-dra-gpu.log", extra_args=split)
+        plugin_dir = run / "bench-device-plugin"
+        plugin_dir.mkdir()
+        plugin = DevicePluginProcess(cluster, str(profile), plugin_dir, extra_args=split)
+        namespace = f"bench-pods-{uuid.uuid4().hex[:6]}"
+        kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        kube.create_all(committed_device_classes())
+        claim_template(kube, namespace, "dra-gpu")
+        claim_template(kube, namespace, "go-driver", device_class=GO_DRIVER)
+        driver.start()
+        plugin.start()
+        try:
+            wait_for(
+                "the device plugin's GPUs",
+                lambda: node_resources(kube, cluster, "allocatable").get(GPU) == str(args.gpus),
+                timeout=60,
+            )
+            with _go_driver(cluster, kube, args.gpus) as have_go:
+                paths = [
+                    Route(DRA_GPU, lambda n: _claim_pod(n, "dra-gpu")),
+                    Route(DEVICE_PLUGIN, _limits_pod),
+                ]
+                if have_go:
+                    paths.append(Route(GO, lambda n: _claim_pod(n, "go-driver")))
+                # The watches' threads are daemons: their streams end with the API server.
+                bench = Bench(kube, cluster, namespace)
+                for number in range(1, args.rounds + 1):
+                    print(f"round {number}/{args.rounds}", flush=True)
+                    for _ in range(args.singles):
+                        for path in paths:
+                            bench.sample(path, 1, "1 pod")
+                    for path in paths:
+                        bench.sample(path, args.burst, f"{args.burst} pods")
+                bench.kubelet_stages()
+        finally:
+            plugin.stop()
+            driver.stop()
+            kube.close()
+    print(
+        f"pod create -> Running on the local cluster ({cluster.kubernetes_version}, fake runtime), "
+        f"{args.rounds} rounds alternating the paths; {args.rounds * args.singles} single pods and "
+        f"{args.rounds} bursts of {args.burst} per path"
+    )
+    for line in report(paths, args.burst):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

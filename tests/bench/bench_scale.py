@@ -1,0 +1,235 @@
+"""Benchmark: is the driver flat at node scale? Prepare, unprepare and RSS with 10 and 1,000 claims held.
+
+    python -m tests.bench.bench_scale [--runs 3] [--held 10,1000] [--probes 40]
+
+The driver runs as a real process on the local cluster with 256 devices: 32 whole H100s
+shared by count (--consumable-shares 32: each claim takes one of a GPU's 32 shares) and 16
+H100s with dynamic MIG (--mig-mode dynamic for them, the common profiles: each offers itself
+and 13 placements). Claims are allocated by hand as the scheduler would allocate them (a share
+with its shareID and consumed capacity; a 1g.10gb placement of its own), and the benchmark
+plays the kubelet on the driver's DRA socket, one claim per call.
+
+For each level of held claims (prepared and left prepared: about a tenth on MIG placements,
+the rest shares), it times --probes fresh claims (half shares, half MIG placements), each
+prepared and then unprepared, and reads the driver's RSS. Each run starts the driver afresh;
+the report gives each figure's median and range over the runs and the ratio of the highest
+level to the lowest (1.00x is flat). Prints figures; asserts nothing about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import yaml
+from localcluster.cluster import ClusterInfo, running_cluster
+from localcluster.driverprocess import DriverProcess
+from localcluster.kube import Kube, Obj
+
+from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc
+from tests.bench.bench_compare import FAKE_MODEL, Spread, _described, parse_levels, spread
+from tests.bench.bench_driver import DRIVER, _percentile, _rss_kib
+
+#: Whole GPUs shared by count, and GPUs with dynamic MIG (after them in index order).
+SHARED_GPUS, MIG_GPUS, SHARES = 32, 16, 32
+#: 1g.10gb placements of an H100 (7 one-slice placements at starts 0 to 6).
+ONE_G_PLACEMENTS = 7
+
+
+def _profile(path: Path) -> None:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "gpus": [
+                    {"model": FAKE_MODEL, "count": SHARED_GPUS},
+                    {"model": FAKE_MODEL, "count": MIG_GPUS, "mig": []},
+                ]
+            }
+        )
+    )
+
+
+def _flags() -> tuple[str, ...]:
+    dynamic = ",".join(f"{i}=dynamic" for i in range(SHARED_GPUS, SHARED_GPUS + MIG_GPUS))
+    return (
+        f"--mig-mode=whole,{dynamic}",
+        f"--consumable-shares={SHARES}",
+        f"--shareable-gpus={','.join(str(i) for i in range(SHARED_GPUS))}",
+    )
+
+
+def _share_results() -> Iterator[Obj]:
+    """Allocation results on the shared GPUs, round-robin: one share each, a shareID of its own."""
+    for index in itertools.cycle(range(SHARED_GPUS)):
+        yield {
+            "device": f"gpu-{index}",
+            "shareID": str(uuid.uuid4()),
+            "consumedCapacity": {"memory": "0", "shares": "1"},
+        }
+
+
+def _mig_results() -> list[Obj]:
+    """Every 1g.10gb placement of the dynamic-MIG GPUs, as an allocation result."""
+    return [
+        {"device": f"gpu-{gpu}-mig-1g10gb-at{start}"}
+        for start in range(ONE_G_PLACEMENTS)
+        for gpu in range(SHARED_GPUS, SHARED_GPUS + MIG_GPUS)
+    ]
+
+
+def _claim(kube: Kube, namespace: str, node: str, name: str, result: Obj) -> dra_pb2.Claim:
+    """A 1-device claim allocated this result on the node's pool; its reference for the kubelet's calls."""
+    claim = kube.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+        }
+    )
+    allocation = {"request": "gpu", "driver": DRIVER, "pool": node, **result}
+    claim["status"] = {"allocation": {"devices": {"results": [allocation]}}}
+    claim = kube.replace_status(claim)
+    meta = claim["metadata"]
+    return dra_pb2.Claim(namespace=namespace, name=meta["name"], uid=meta["uid"])
+
+
+def _call(stub: dra_pb2_grpc.DRAPluginStub, ref: dra_pb2.Claim, prepare: bool) -> float:
+    """Milliseconds of one NodePrepareResources or NodeUnprepareResources; a claim's error ends the run."""
+    started = time.perf_counter()
+    if prepare:
+        error = (
+            stub.NodePrepareResources(dra_pb2.NodePrepareResourcesRequest(claims=[ref])).claims[ref.uid].error
+        )
+    else:
+        error = (
+            stub.NodeUnprepareResources(dra_pb2.NodeUnprepareResourcesRequest(claims=[ref]))
+            .claims[ref.uid]
+            .error
+        )
+    elapsed = (time.perf_counter() - started) * 1000
+    if error:
+        raise RuntimeError(f"{'prepare' if prepare else 'unprepare'} {ref.name}: {error}")
+    return elapsed
+
+
+def run_once(
+    cluster: ClusterInfo, kube: Kube, levels: tuple[int, ...], probes: int, number: int
+) -> dict[str, float]:
+    """One run: a fresh driver, claims held to each level, probes timed there; figure -> value."""
+    mig_free = ONE_G_PLACEMENTS * MIG_GPUS
+    mig_held = min(max(levels) // 10, mig_free - probes // 2)
+    shares_held = max(levels) - mig_held
+    if shares_held + probes // 2 > SHARED_GPUS * SHARES or mig_held < 0:
+        raise SystemExit(
+            f"{max(levels)} claims and {probes} probes do not fit {SHARED_GPUS} x {SHARES} shares"
+        )
+    run = Path(cluster.run_dir)
+    profile = run / "bench-scale-profile.yaml"
+    _profile(profile)
+    driver = DriverProcess(
+        cluster, str(profile), run / "logs" / f"bench-scale-{number}.log", extra_args=_flags()
+    )
+    namespace = f"bench-scale-{uuid.uuid4().hex[:6]}"
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    node = cluster.node_name
+    shares = _share_results()
+    migs = _mig_results()
+    # Held claims interleave shares and placements as pods would come; probe placements are the last.
+    held_results = [next(shares) for _ in range(shares_held)]
+    for position, mig in enumerate(migs[:mig_held]):
+        held_results.insert(position * len(held_results) // max(1, mig_held), mig)
+    probe_results = [
+        r
+        for pair in zip(
+            (next(shares) for _ in range(probes // 2)), migs[mig_held : mig_held + probes // 2], strict=True
+        )
+        for r in pair
+    ]
+    with ThreadPoolExecutor(8) as pool:
+        held = list(
+            pool.map(
+                lambda ir: _claim(kube, namespace, node, f"held-{ir[0]}", ir[1]), enumerate(held_results)
+            )
+        )
+        probe_refs = list(
+            pool.map(
+                lambda ir: _claim(kube, namespace, node, f"probe-{ir[0]}", ir[1]),
+                enumerate(probe_results * len(levels)),
+            )
+        )
+    figures: dict[str, float] = {}
+    driver.start(timeout=60)
+    try:
+        assert driver.proc is not None
+        with grpc.insecure_channel(f"unix://{driver.dra_socket}") as channel:
+            stub = dra_pb2_grpc.DRAPluginStub(channel)
+            prepared = 0
+            for level in levels:
+                for ref in held[prepared:level]:
+                    _call(stub, ref, prepare=True)
+                prepared = level
+                batch, probe_refs = probe_refs[: len(probe_results)], probe_refs[len(probe_results) :]
+                # Probes alternate: shares at even positions, MIG placements at odd ones.
+                timed: dict[str, tuple[list[float], list[float]]] = {"share": ([], []), "MIG": ([], [])}
+                for position, ref in enumerate(batch):
+                    prepare, unprepare = timed["share" if position % 2 == 0 else "MIG"]
+                    prepare.append(_call(stub, ref, prepare=True))
+                    unprepare.append(_call(stub, ref, prepare=False))
+                for kind, (prepare, unprepare) in timed.items():
+                    figures[f"{kind} prepare p50 with {level} held"] = _percentile(prepare, 50)
+                    figures[f"{kind} prepare p99 with {level} held"] = _percentile(prepare, 99)
+                    figures[f"{kind} unprepare p50 with {level} held"] = _percentile(unprepare, 50)
+                figures[f"RSS with {level} held"] = _rss_kib(driver.proc.pid)[0] / 1024
+    finally:
+        driver.stop()
+        # The next run starts without the checkpoint, CDI specs and MIG devices this one left.
+        driver.checkpoint.unlink(missing_ok=True)
+        for spec in Path(driver.cdi_root).glob("*"):
+            spec.unlink()
+        kube.delete("v1", "Namespace", namespace)
+    return figures
+
+
+def main() -> None:
+    """Run the driver afresh --runs times, time the probes at each level, print figures and ratios."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--held", type=parse_levels, default=(10, 1000), help="claims held, e.g. 10,1000")
+    parser.add_argument("--probes", type=int, default=40, help="fresh claims timed at each level (even)")
+    args = parser.parse_args()
+    runs: list[dict[str, float]] = []
+    with running_cluster() as cluster:
+        kube = Kube(cluster.kubeconfig)
+        for number in range(1, args.runs + 1):
+            print(f"run {number}/{args.runs}", flush=True)
+            runs.append(run_once(cluster, kube, args.held, args.probes, number))
+        kube.close()
+    low, high = min(args.held), max(args.held)
+    print(
+        f"dra-gpu at node scale: {SHARED_GPUS} shared GPUs ({SHARES} shares each) and {MIG_GPUS} dynamic-MIG "
+        f"GPUs, 256 devices; {args.probes} probes per level; median (range) over {args.runs} runs"
+    )
+    for what, unit in [
+        *(
+            (f"{kind} {call}", "ms")
+            for kind in ("share", "MIG")
+            for call in ("prepare p50", "prepare p99", "unprepare p50")
+        ),
+        ("RSS", "MiB"),
+    ]:
+        at: dict[int, Spread] = {
+            level: spread([r[f"{what} with {level} held"] for r in runs]) for level in args.held
+        }
+        levels = ", ".join(f"{level} held {_described(s, unit)}" for level, s in at.items())
+        print(f"{what}: {levels}, ratio {high}/{low} {at[high].median / at[low].median:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""The pod benchmark's pure parts: the kubelet's metrics and log read into stages, and the report."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from tests.bench.bench_pods import (
+    DEVICE_PLUGIN,
+    DRA_GPU,
+    GO,
+    Route,
+    _claim_pod,
+    _limits_pod,
+    histograms,
+    kubelet_log_stages,
+    report,
+)
+
+DRA = "dra_grpc_operations_duration_seconds"
+ALLOC = "kubelet_device_plugin_alloc_duration_seconds"
+
+
+def _series(metric: str, labels: str, seconds: float, calls: int) -> str:
+    # As the kubelet of v1.34 writes a histogram on /metrics (labels sorted), buckets left out.
+    return f"{metric}_sum{{{labels}}} {seconds}\n{metric}_count{{{labels}}} {calls}\n"
+
+
+def _grpc(driver: str, method: str) -> str:
+    return f'driver_name="{driver}",grpc_status_code="OK",method_name="/v1.DRAPlugin/{method}"'
+
+
+METRICS = (
+    f"# TYPE {DRA} histogram\n"
+    + _series(DRA, _grpc("gpu.nvidia.com", "NodePrepareResources"), 0.5, 10)
+    + _series(DRA, _grpc("gpu.nvidia.com", "NodeUnprepareResources"), 9, 9)
+    + _series(DRA, _grpc("test-driver.cdi.k8s.io", "NodePrepareResources"), 0.1, 4)
+    + _series(ALLOC, 'resource_name="nvidia.com/gpu"', 0.02, 4)
+    + f'{ALLOC}_bucket{{resource_name="nvidia.com/gpu",le="0.005"}} 4\n'
+)
+
+
+def test_the_kubelets_prepare_and_allocate_times_are_read_per_driver() -> None:
+    assert histograms(METRICS) == {
+        (DRA, "NodePrepareResources", "gpu.nvidia.com"): (0.5, 10.0),
+        (DRA, "NodePrepareResources", "test-driver.cdi.k8s.io"): (0.1, 4.0),
+        (ALLOC, "nvidia.com/gpu", ""): (0.02, 4.0),
+    }
+
+
+# klog lines of the kubelet at --v=2 (kubelet.go's sync loop), for two pods.
+SYNC, PLEG = '8770 kubelet.go:2520] "SyncLoop', '8770 kubelet.go:2600] "SyncLoop (PLEG): event for pod"'
+STARTED = 'event={"ID":"u","Type":"ContainerStarted","Data":"s"}'
+KUBELET_LOG = f"""\
+I1126 11:17:28.002108 {SYNC} ADD" source="api" pods=["ns/dra-gpu-1","ns/dra-gpu-2"]
+I1126 11:17:28.500000 {SYNC} ADD" source="api" pods=["ns/dra-gpu-1"]
+I1126 11:17:29.250000 {PLEG} pod="ns/dra-gpu-1" {STARTED}
+I1126 11:17:29.300000 {PLEG} pod="ns/dra-gpu-1" {STARTED}
+I1126 11:17:29.400000 {SYNC} DELETE" source="api" pods=["ns/dra-gpu-2"]
+"""
+
+
+def test_the_kubelets_log_gives_each_pods_first_sync_and_first_lifecycle_event() -> None:
+    def at(text: str) -> float:
+        return datetime.strptime(f"2026{text}", "%Y%m%d %H:%M:%S.%f").timestamp()
+
+    assert kubelet_log_stages(KUBELET_LOG, 2026) == {
+        ("dra-gpu-1", "kubelet sync"): at("1126 11:17:28.002108"),
+        ("dra-gpu-2", "kubelet sync"): at("1126 11:17:28.002108"),
+        ("dra-gpu-1", "started (PLEG)"): at("1126 11:17:29.250000"),
+    }
+
+
+def test_pods_ask_for_a_gpu_by_claim_or_by_limit() -> None:
+    claim = _claim_pod("p", "dra-gpu")["spec"]
+    assert claim["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": "dra-gpu"}]
+    assert claim["containers"][0]["resources"] == {"claims": [{"name": "gpu"}]}
+    assert _limits_pod("p")["spec"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+
+
+def test_the_report_gives_dra_gpus_ratio_to_each_path_and_the_stages() -> None:
+    routes = [Route(DRA_GPU, _limits_pod), Route(DEVICE_PLUGIN, _limits_pod), Route(GO, _limits_pod)]
+    for route, ms in zip(routes, (800.0, 400.0, 1000.0), strict=True):
+        route.samples = {"1 pod": [ms], "2 pods": [ms, 2 * ms]}
+        route.stages["1 pod", "bound"].append(ms / 2)
+        route.stages["1 pod", "running"].append(ms)
+    routes[0].kubelet["1 pod", "dra NodePrepareResources gpu.nvidia.com"] = [0.03, 2.0]
+    lines = report(routes, 2)
+    assert lines[0] == (
+        "1 pod p50: dra-gpu 800 ms, device plugin 400 ms, go driver 1000 ms, ratio dra/dp 2.00x, dra/go 0.80x"
+    )
+    assert lines[3].startswith("2 pods p99: dra-gpu 1600 ms, device plugin 800 ms, go driver 2000 ms,")
+    assert "  dra-gpu: bound 400, running 800" in lines
+    assert "    kubelet dra NodePrepareResources gpu.nvidia.com: mean 15.0 ms, 2 calls" in lines

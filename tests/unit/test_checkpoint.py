@@ -7,7 +7,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,34 @@ def test_encoding_is_deterministic() -> None:
     assert document["kind"] == "DraGpuCheckpoint"
     assert document["version"] == 1
     assert list(document["claims"]) == ["uid-a", "uid-b"]
+
+
+def test_every_field_is_written_as_the_generic_dataclass_encoding_wrote_it(path: Path) -> None:
+    # The encoder reads fields by name for speed; the bytes (and so every checksum) stay those of
+    # dataclasses.asdict, and a field that is not an immutable value would show here.
+    device = PreparedDevice(
+        ("gpu", "extra"),
+        "node-a",
+        "gpu-3",
+        ("k8s.gpu.nvidia.com/claim=uid-c-gpu-3",),
+        True,
+        "GPU-3",
+        "Long",
+        "share-1",
+        "20Gi",
+        True,
+        50,
+        "20480M",
+        True,
+        7,
+        True,
+    )
+    claim = PreparedClaim("uid-c", "team-c", "infer", (device,), pod_claim_name="pod-infer", metadata=True)
+    assert [f.name for f in fields(PreparedDevice)][-1] == "vfio_api_device", "a new field: set it above"
+    generic = {"uid-c": {k: v for k, v in asdict(claim).items() if k != "uid"}}
+    assert json.loads(encode({"uid-c": claim}))["claims"] == json.loads(json.dumps(generic))
+    CheckpointStore(path).save({"uid-c": claim})
+    assert CheckpointStore(path).load() == {"uid-c": claim}
 
 
 def test_exclusive_holding_leaves_out_admin_access() -> None:

@@ -1,0 +1,308 @@
+"""grpc.aio against grpcio's synchronous server with a thread pool, for the DRA service (issue 29).
+
+    python -m tests.bench.bench_grpcserver [--runs 3] [--claims 200] [--devices 128]
+
+The driver's per-call floor without the API server: each server runs in a process of its own
+on a unix socket, with the real DeviceState (checkpoint with its fsync, CDI specs written) in a
+temporary directory and the claim GET answered from memory, so what differs is only how a call
+reaches the state and comes back. `aio` is the plugin as it serves (DraService on grpc.aio,
+uvloop, the state call on an anyio worker thread); `sync` is a prototype: grpc.server with a
+thread pool whose handler calls the state directly (one thread, no event loop); `sync-loop` the
+same with the claim GET sent to an event loop on a thread of its own and waited for, as a full
+switch that keeps the aiohttp client would have it (one hop there and back); `aio-inline` the
+plugin with the state called on the event loop itself (no worker-thread hop: the hop's cost, not a
+design, since the loop then waits on every fsync); `aio-executor` the plugin with asyncio's
+run_in_executor in place of anyio's worker threads for the state call. The client
+plays the kubelet from this process: empty calls, a prepare then an unprepare per fresh claim,
+and 32 fresh claims with 8 in flight. The servers run in turns, alternated, `--runs` of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import anyio
+import grpc
+import uvloop
+
+from dra.adapters.cdistore import CdiStore
+from dra.adapters.checkpoint import CheckpointStore
+from dra.core.allocation import read_allocation
+from dra.daemon.health import HealthTracker
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.profiles import parse_profile
+from dra.kubeletplugin import service
+from dra.kubeletplugin.server import PluginServer
+from dra.kubeletplugin.service import DraService, HealthService, _response
+from dra.kubeletplugin.state import DeviceState
+from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc
+
+DRIVER = "bench.dra-gpu.test"
+NODE = "bench-node"
+NAMESPACE = "bench"
+FAKE_MODEL = "h100-sxm5-80gb"
+CALLERS, BURST = 8, 32
+MODES = ("aio", "aio-inline", "aio-executor", "sync", "sync-loop")
+
+
+def _claim(name: str) -> dict[str, Any]:
+    """The allocated claim the API server would return: `name` is `<device>.<uid>`."""
+    device, uid = name.split(".", 1)
+    result = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"namespace": NAMESPACE, "name": name, "uid": uid},
+        "spec": {"devices": {"requests": []}},
+        "status": {"allocation": {"devices": {"results": [result]}, "nodeSelector": {}}},
+    }
+
+
+class _MemoryClaims:
+    """The claim GET from memory (ClaimSource), so that neither server waits on an API server."""
+
+    async def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        return _claim(name)
+
+    async def create_event(
+        self, involved: dict[str, Any], reason: str, message: str, *, host: str = ""
+    ) -> None:
+        return None
+
+
+def _state(root: Path, devices: int) -> DeviceState:
+    profile = parse_profile({"gpus": [{"model": FAKE_MODEL, "count": devices}]}, "bench")
+    inventory = discover(FakeGpuLibrary(profile, NODE))
+    return DeviceState(
+        DRIVER, NODE, inventory, CdiStore(root / "cdi", DRIVER), CheckpointStore(root / "checkpoint.json")
+    )
+
+
+class _SyncDra(dra_pb2_grpc.DRAPluginServicer):
+    """The prototype: each call handled on one of the pool's threads, the state called directly."""
+
+    def __init__(self, state: DeviceState, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._state = state
+        self._loop = loop
+        self._claims = _MemoryClaims()
+
+    def _get(self, name: str) -> dict[str, Any]:
+        if self._loop is None:
+            return _claim(name)
+        # As a full switch would keep the aiohttp client: the GET on its loop, this thread waiting.
+        get = self._claims.get_resource_claim(NAMESPACE, name)
+        return asyncio.run_coroutine_threadsafe(get, self._loop).result()
+
+    def NodePrepareResources(  # noqa: N802
+        self, request: dra_pb2.NodePrepareResourcesRequest, context: Any
+    ) -> dra_pb2.NodePrepareResourcesResponse:
+        answers = {}
+        for ref in request.claims:
+            allocation = read_allocation(self._get(ref.name), ref.uid, DRIVER)
+            answers[ref.uid] = _response(self._state.prepare(allocation))
+        return dra_pb2.NodePrepareResourcesResponse(claims=answers)
+
+    def NodeUnprepareResources(  # noqa: N802
+        self, request: dra_pb2.NodeUnprepareResourcesRequest, context: Any
+    ) -> dra_pb2.NodeUnprepareResourcesResponse:
+        for ref in request.claims:
+            self._state.unprepare(ref.uid)
+        return dra_pb2.NodeUnprepareResourcesResponse(
+            claims={ref.uid: dra_pb2.NodeUnprepareResourceResponse() for ref in request.claims}
+        )
+
+
+def _serve_sync(root: Path, devices: int, with_loop: bool) -> None:
+    loop = None
+    if with_loop:
+        loop = uvloop.new_event_loop()
+        threading.Thread(target=loop.run_forever, daemon=True).start()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=CALLERS))
+    dra_pb2_grpc.add_DRAPluginServicer_to_server(_SyncDra(_state(root, devices), loop), server)
+    server.add_insecure_port(f"unix://{root / 'dra.sock'}")
+    server.start()
+    print("ready", flush=True)
+    sys.stdin.read()
+    server.stop(None)
+
+
+class _Inline:
+    """Stands in for anyio in the service module: the state called on the loop, no worker hop."""
+
+    class to_thread:  # noqa: N801 (anyio's module name)
+        @staticmethod
+        async def run_sync(call: Callable[..., Any], *args: object) -> Any:
+            return call(*args)
+
+
+class _Executor:
+    """Stands in for anyio in the service module: asyncio's own executor hand-off for the state call."""
+
+    class to_thread:  # noqa: N801 (anyio's module name)
+        @staticmethod
+        async def run_sync(call: Callable[..., Any], *args: object) -> Any:
+            return await asyncio.get_running_loop().run_in_executor(None, call, *args)
+
+
+async def _serve_aio(root: Path, devices: int, mode: str) -> None:
+    # Only for the figures: inline blocks the loop on the fsync, and AskStale (not asked here) needs an
+    # anyio worker thread in both.
+    if mode == "aio-inline":
+        service.anyio = _Inline  # type: ignore[attr-defined, assignment]
+    elif mode == "aio-executor":
+        service.anyio = _Executor  # type: ignore[attr-defined, assignment]
+    state = _state(root, devices)
+    dra = DraService(DRIVER, NODE, state, _MemoryClaims())
+    server = PluginServer(root / "kubelet", DRIVER, dra, HealthService(NODE, HealthTracker(state.inventory)))
+    await server.start()
+    link = root / "dra.sock"
+    link.symlink_to(server.dra_socket)
+    print("ready", flush=True)
+    await anyio.to_thread.run_sync(sys.stdin.read)
+    await server.stop(drain=1, grace=0)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _timed(call: Callable[..., object], *args: object) -> float:
+    started = time.perf_counter()
+    call(*args)
+    return (time.perf_counter() - started) * 1000
+
+
+def _measure(mode: str, claims: int, devices: int) -> dict[str, float]:
+    """Start one server, make the calls, the figures (ms; CPU ms per prepare and unprepare pair)."""
+    with tempfile.TemporaryDirectory(prefix="bench-grpcserver-", dir="/tmp") as tmp:
+        root = Path(tmp)
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.bench.bench_grpcserver",
+                "--serve",
+                mode,
+                "--root",
+                tmp,
+                "--devices",
+                str(devices),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert process.stdout is not None
+        assert process.stdin is not None
+        assert process.stdout.readline().strip() == "ready"
+        try:
+            with grpc.insecure_channel(f"unix://{root / 'dra.sock'}") as channel:
+                stub = dra_pb2_grpc.DRAPluginStub(channel)
+                empty_request = dra_pb2.NodePrepareResourcesRequest()
+                empty = [_timed(stub.NodePrepareResources, empty_request) for _ in range(claims)]
+                prepare, unprepare = [], []
+                cpu = _cpu_seconds(process.pid)
+                for ref in _refs(claims, devices):
+                    prepare.append(_timed(_prepare, stub, ref))
+                    undo = dra_pb2.NodeUnprepareResourcesRequest(claims=[ref])
+                    unprepare.append(_timed(stub.NodeUnprepareResources, undo))
+                cpu_pair = (_cpu_seconds(process.pid) - cpu) * 1000 / claims
+                burst_refs = _refs(BURST, devices)
+                started = time.perf_counter()
+                pending: list[tuple[dra_pb2.Claim, Any]] = []
+                for ref in burst_refs:
+                    if len(pending) == CALLERS:
+                        _check(pending[0][1].result(), pending[0][0])
+                        pending.pop(0)
+                    call = stub.NodePrepareResources.future(dra_pb2.NodePrepareResourcesRequest(claims=[ref]))
+                    pending.append((ref, call))
+                for ref, call in pending:
+                    _check(call.result(), ref)
+                burst = (time.perf_counter() - started) * 1000
+        finally:
+            process.stdin.close()
+            process.wait(10)
+    return {
+        "empty p50": statistics.median(empty),
+        "prepare p50": statistics.median(prepare),
+        "prepare p99": statistics.quantiles(prepare, n=100)[98],
+        "unprepare p50": statistics.median(unprepare),
+        "CPU per prepare+unprepare": cpu_pair,
+        "burst wall": burst,
+    }
+
+
+def _refs(count: int, devices: int) -> list[dra_pb2.Claim]:
+    """Fresh claims, one device each, round robin."""
+    uids = [str(uuid.uuid4()) for _ in range(count)]
+    return [
+        dra_pb2.Claim(namespace=NAMESPACE, name=f"gpu-{i % devices}.{uid}", uid=uid)
+        for i, uid in enumerate(uids)
+    ]
+
+
+def _prepare(stub: dra_pb2_grpc.DRAPluginStub, ref: dra_pb2.Claim) -> None:
+    _check(stub.NodePrepareResources(dra_pb2.NodePrepareResourcesRequest(claims=[ref])), ref)
+
+
+def _check(answer: dra_pb2.NodePrepareResourcesResponse, ref: dra_pb2.Claim) -> None:
+    error = answer.claims[ref.uid].error
+    if error:
+        raise AssertionError(f"{ref.name}: {error}")
+
+
+def main() -> None:
+    """Run both servers in turns and print median (range) of each figure."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--claims", type=int, default=200)
+    parser.add_argument("--devices", type=int, default=128)
+    parser.add_argument("--serve", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--root", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve in ("sync", "sync-loop"):
+        _serve_sync(Path(args.root), args.devices, with_loop=args.serve == "sync-loop")
+        return
+    if args.serve is not None:
+        options = {"use_uvloop": True}
+        anyio.run(
+            _serve_aio, Path(args.root), args.devices, args.serve, backend="asyncio", backend_options=options
+        )
+        return
+    results: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
+    for run in range(args.runs):
+        for mode in MODES if run % 2 == 0 else tuple(reversed(MODES)):
+            load = os.getloadavg()[0]
+            results[mode].append(_measure(mode, args.claims, args.devices))
+            print(
+                f"run {run + 1} {mode} (load {load:.1f}): "
+                + ", ".join(f"{k} {v:.2f}" for k, v in results[mode][-1].items()),
+                flush=True,
+            )
+    for figure in results["aio"][0]:
+        line = []
+        for mode in MODES:
+            values = [r[figure] for r in results[mode]]
+            line.append(f"{mode} {statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})")
+        print(f"{figure} ms: " + ", ".join(line))
+
+
+if __name__ == "__main__":
+    main()

@@ -42,7 +42,7 @@ from dra.core.steps import (
     ask,
 )
 from dra.model.devices import Device, Inventory, MigDevice, MigPartition
-from dra.model.prepared import PreparedClaim, PreparedDevice
+from dra.model.prepared import Holders, PreparedClaim, PreparedDevice
 
 Obj = dict[str, Any]
 
@@ -147,18 +147,21 @@ def _up_to_date(allocation: ClaimAllocation, prepared: Mapping[str, PreparedClai
     return None
 
 
-def _holders(
-    device: Device, uid: str, prepared: Mapping[str, PreparedClaim], share_id: str = ""
-) -> list[PreparedClaim]:
-    return [c for c in prepared.values() if c.uid != uid and c.holds(device.name, device.uuid, share_id)]
-
-
 def conflicts(
-    allocation: ClaimAllocation, inventory: Inventory, prepared: Mapping[str, PreparedClaim], *, pool: str
+    allocation: ClaimAllocation,
+    inventory: Inventory,
+    prepared: Mapping[str, PreparedClaim],
+    *,
+    pool: str,
+    holders: Holders | None = None,
 ) -> list[PreparedClaim]:
-    """Prepared claims holding a device the allocation needs exclusively: ask the API server about these."""
+    """Prepared claims holding a device the allocation needs exclusively: ask the API server about these.
+
+    `holders` indexes `prepared` (Facts.holders); built here when not given.
+    """
     if _up_to_date(allocation, prepared) is not None:
         return []
+    holders = holders or Holders(prepared)
     found: dict[str, PreparedClaim] = {}
     for result in allocation.devices:
         device = inventory.get(result.device) if result.pool == pool else None
@@ -166,7 +169,8 @@ def conflicts(
         if partition is not None:
             device = _made_for_offer(partition, allocation.uid, prepared, inventory, {})
         if device is not None and not result.admin_access:
-            found.update((h.uid, h) for h in _holders(device, allocation.uid, prepared, result.share_id))
+            held = holders.of(device.name, device.uuid, allocation.uid, result.share_id)
+            found.update((h.uid, h) for h in held)
     return list(found.values())
 
 
@@ -250,6 +254,7 @@ def decide_prepare(
     equal_shares: int = 0,
     metadata_root: str = "",
     device_metadata: bool = False,
+    holders: Holders | None = None,
 ) -> PreparePlan | Refusal:
     """What preparing `allocation` takes, given the facts about its holders.
 
@@ -261,6 +266,7 @@ def decide_prepare(
     `vfio_enabled` whether GPUs may be passed through here.
     `equal_shares` is N where shareable devices are divided into N equal shares (0: not so).
     `device_metadata`: the claim gets device metadata files (KEP-5304) under `metadata_root`.
+    `holders` indexes `prepared` (Facts.holders); built here when not given.
     """
     existing = _up_to_date(allocation, prepared)
     if existing is not None:
@@ -268,6 +274,7 @@ def decide_prepare(
             return PreparePlan(claim=existing)
         again = respec(existing, inventory, driver, mps_root, metadata_root)
         return PreparePlan(claim=existing, spec=again.spec, metadata=again.metadata, missing=again.missing)
+    holders = holders or Holders(prepared)
 
     problems: list[str] = []
     releases: dict[str, Release] = {}
@@ -294,7 +301,7 @@ def decide_prepare(
             problems.append(f"device {result.device} does not exist on node {pool}")
             continue
         if not result.admin_access:
-            for holder in _holders(device, allocation.uid, prepared, result.share_id):
+            for holder in holders.of(device.name, device.uuid, allocation.uid, result.share_id):
                 reason = stale.get(holder.uid)
                 if reason is not None:
                     releases[holder.uid] = Release(holder, reason)
@@ -436,10 +443,10 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
     Prepared claims holding a device the allocation needs are asked about first (AskStale): those the
     API server says are gone are released, the others refuse the claim.
     """
-    holders = conflicts(allocation, facts.inventory, facts.prepared, pool=node.pool)
+    live = conflicts(allocation, facts.inventory, facts.prepared, pool=node.pool, holders=facts.holders)
     stale: Mapping[str, str] = {}
-    if holders:
-        stale = yield from ask(AskStale(tuple(holders)))
+    if live:
+        stale = yield from ask(AskStale(tuple(live)))
         # Decided again on the state as it is now: a holder that appeared meanwhile counts as live.
         facts = yield from ask(ReadState())
     has_spec = yield from ask(HasSpec(allocation.uid))
@@ -456,6 +463,7 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
         equal_shares=node.equal_shares,
         metadata_root=node.metadata_root,
         device_metadata=node.device_metadata,
+        holders=facts.holders,
     )
     if isinstance(plan, Refusal):
         raise ClaimError(plan.message)

@@ -10,13 +10,14 @@ docs/architecture.md has the table of steps in the order a prepare takes them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, TypeVar, cast
 
 from dra.model.devices import Gpu, Inventory, MigDevice
 from dra.model.pci import IommuGroup, VfioHost
-from dra.model.prepared import DeviceAction, PreparedClaim
+from dra.model.prepared import DeviceAction, Holders, PreparedClaim
 
 T = TypeVar("T")
 Obj = dict[str, Any]
@@ -94,6 +95,11 @@ class Facts:
     prepared: Mapping[str, PreparedClaim]
     actions: tuple[DeviceAction, ...]
     inventory: Inventory
+
+    @functools.cached_property
+    def holders(self) -> Holders:
+        """The prepared claims by device, built once for these facts."""
+        return Holders(self.prepared)
 
 
 # -- questions ---------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from dra.core.prepare import (
 )
 from dra.core.recovery import RecoverPlan, decide_recover
 from dra.model.devices import Inventory
-from dra.model.prepared import PreparedClaim, PreparedDevice
+from dra.model.prepared import Holders, PreparedClaim, PreparedDevice
 from tests.unit.helpers import DRIVER, NODE, inventory
 
 UID_A = "aaaaaaaa-0000-4000-8000-00000000000a"
@@ -349,3 +349,34 @@ def test_recover_leaves_devices_gone_out_and_writes_no_spec_for_a_claim_with_non
         write=((UID_A, _spec(UID_A, "gpu-0", inv=without_mig)),),
         missing=(MissingDevice(a, MIG), MissingDevice(b, "gpu-5-mig-3g40gb-1-0")),
     )
+
+
+def test_the_holders_index_finds_what_a_scan_of_every_claim_finds() -> None:
+    # Holders answers "who holds this device" from an index; every question must get the answer a
+    # scan of every prepared claim with PreparedClaim.holds gives, in the claims' order.
+    import random
+
+    rng = random.Random(7)
+    names = [f"gpu-{i}" for i in range(4)] + ["gpu-0-mig-1g10gb-at0"]
+    prepared: dict[str, PreparedClaim] = {}
+    for n in range(60):
+        devices = tuple(
+            PreparedDevice(
+                ("r",),
+                "node",
+                name,
+                (),
+                admin_access=rng.random() < 0.15,
+                uuid=rng.choice(["", f"GPU-{name}", "GPU-other"]),
+                share_id=rng.choice(["", "", "s1", "s2"]),
+            )
+            for name in rng.sample(names, rng.randint(1, 2))
+        )
+        prepared[f"uid-{n}"] = PreparedClaim(f"uid-{n}", "ns", f"c{n}", devices)
+    holders = Holders(prepared)
+    for name in names:
+        for uuid in ("", f"GPU-{name}", "GPU-other", "GPU-unknown"):
+            for share in ("", "s1", "s3"):
+                for uid in ("uid-0", "uid-5", "new"):
+                    scan = [c for c in prepared.values() if c.uid != uid and c.holds(name, uuid, share)]
+                    assert holders.of(name, uuid, uid, share) == scan, (name, uuid, share, uid)

@@ -44,7 +44,7 @@ Obj = Mapping[str, Any]
 
 
 def standard_device_classes(driver: str) -> list[dict[str, Any]]:
-    """The DeviceClasses the chart installs: full GPUs, MIG devices and GPUs passed through, of this driver."""
+    """The DeviceClasses the chart installs: full GPUs, MIG devices, GPUs passed through, of this driver."""
 
     def device_class(name: str, device_type: str) -> dict[str, Any]:
         expression = f'device.driver == "{driver}" && device.attributes["{driver}"].type == "{device_type}"'

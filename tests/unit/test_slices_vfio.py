@@ -1,4 +1,4 @@
-"""Passthrough twins in the slices (--vfio): NVIDIA's `gpu-vfio-<index>`, kept apart from its GPU by counters."""
+"""Passthrough twins in the slices (--vfio): NVIDIA's `gpu-vfio-<index>`, kept from its GPU by counters."""
 
 from __future__ import annotations
 

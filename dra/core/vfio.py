@@ -111,7 +111,8 @@ def problems(
             found.append(f"device {device.name}: admin access cannot pass a GPU through, it is not exclusive")
         if result.share_id:
             found.append(f"device {device.name}: a share of a GPU cannot be passed through, only a whole GPU")
-        if isinstance(device, Gpu) and device.mig_enabled and device not in inventory.dynamic_gpus:
+        dynamic = any(g.uuid == device.uuid for g in inventory.dynamic_gpus)
+        if isinstance(device, Gpu) and device.mig_enabled and not dynamic:
             found.append(f"device {device.name} is in MIG mode: passthrough takes a GPU with MIG mode off")
     return found
 

@@ -21,6 +21,7 @@ from dra.adapters.pcisysfs import PciSysfs
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.library import GpuHandle
 from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Inventory
@@ -64,18 +65,18 @@ def _state(
     profile: str = "h100x8",
     modes: str = "static",
     write: object = None,
+    lib: FakeGpuLibrary | None = None,
 ) -> DeviceState:
     # `whole` publishes a GPU in MIG mode as a whole device (--mig-mode whole).
-    found: Inventory = replace(
-        discover(FakeGpuLibrary(load_profile(profile), NODE), parse_mig_modes(modes)),
-        dev_root=str(fake.root),
-    )
+    lib = lib or FakeGpuLibrary(load_profile(profile), NODE)
+    found: Inventory = replace(discover(lib, parse_mig_modes(modes)), dev_root=str(fake.root))
     return DeviceState(
         DRIVER,
         NODE,
         found,
         CdiStore(root / "cdi", DRIVER),
         CheckpointStore(root / "checkpoint.json"),
+        lib=lib,
         pci=PciSysfs(fake.root, write=write or fake.write),  # type: ignore[arg-type]
         vfio=vfio,
     )
@@ -322,3 +323,14 @@ def test_the_twin_is_refused_where_passthrough_is_off_or_with_a_gpu_config(tmp_p
     message = _refused(_state(tmp_path, fake), _claim(_gpu("gpu-vfio-0"), configs=(gpu_config,)))
     assert "a GpuConfig does not apply to it, a VfioDeviceConfig does" in message
     assert fake.driver_of(GPU0) == "nvidia"
+
+
+def test_the_twin_of_a_dynamic_mig_gpu_in_mig_mode_gets_mig_mode_off_first(tmp_path: Path) -> None:
+    fake = _node(tmp_path, "h100x8-dynamic-mig")
+    lib = FakeGpuLibrary(load_profile("h100x8-dynamic-mig"), NODE)
+    state = _state(tmp_path, fake, profile="h100x8-dynamic-mig", modes="dynamic", lib=lib)
+    gpu = state.inventory.gpus[1]
+    assert gpu.mig_enabled
+    state.prepare(_claim(_gpu("gpu-vfio-1"), configs=()))
+    assert fake.driver_of(gpu.pci_bus_id) == "vfio-pci"
+    assert lib.mig_mode(GpuHandle(1)) == (0, 0)

@@ -99,9 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     option(
         plugin,
         "--vfio",
-        "let claims pass whole GPUs through to virtual machines (VfioDeviceConfig): prepare binds "
-        "the GPU to vfio-pci through the sysfs under --host-root and unprepare gives it back to nvidia; "
-        "off, such claims are refused. Needs an IOMMU and vfio-pci loaded (docs/configuration.md)",
+        "let claims pass whole GPUs through to virtual machines (VfioDeviceConfig, or each GPU's "
+        "twin gpu-vfio-<index> of class vfio.gpu.nvidia.com, published where counters are kept): prepare "
+        "binds the GPU to vfio-pci through the sysfs under --host-root and unprepare gives it back to "
+        "nvidia; off, such claims are refused. Needs an IOMMU and vfio-pci loaded (docs/configuration.md)",
         False,
         type=boolean,
     )
@@ -329,6 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
         "the devices, 35 and later in slices of their own",
         versions.OLDEST_MINOR,
         type=int,
+    )
+    option(
+        discover,
+        "--vfio",
+        "also each GPU's passthrough twin (type vfio), as the kubelet plugin with --vfio=true publishes it",
+        False,
+        type=boolean,
     )
 
     slices = sub.add_parser(

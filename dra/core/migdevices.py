@@ -399,7 +399,8 @@ def switch_for_claim(
     """
     dynamic = set(facts.inventory.dynamic_gpus)
     for entry in claim.devices:
-        gpu = facts.inventory.get(entry.device)
+        # By UUID: a passthrough twin is its GPU under another name.
+        gpu = facts.inventory.by_uuid(entry.uuid) if entry.uuid else facts.inventory.get(entry.device)
         if isinstance(gpu, Gpu) and gpu in dynamic and not entry.admin_access:
             yield from destroy_unheld(node, facts, [gpu])
             facts = yield from switch_mig_mode(node, allocation, gpu, 0, facts)

@@ -147,6 +147,11 @@ def _up_to_date(allocation: ClaimAllocation, prepared: Mapping[str, PreparedClai
     return None
 
 
+def _device(inventory: Inventory, name: str) -> Device | None:
+    """The device of this name, a passthrough twin (its GPU under the twin's name) included."""
+    return inventory.get(name) or inventory.vfio_twin(name)
+
+
 def conflicts(
     allocation: ClaimAllocation,
     inventory: Inventory,
@@ -164,7 +169,7 @@ def conflicts(
     holders = holders or Holders(prepared)
     found: dict[str, PreparedClaim] = {}
     for result in allocation.devices:
-        device = inventory.get(result.device) if result.pool == pool else None
+        device = _device(inventory, result.device) if result.pool == pool else None
         partition = inventory.partition(result.device) if device is None and result.pool == pool else None
         if partition is not None:
             device = _made_for_offer(partition, allocation.uid, prepared, inventory, {})
@@ -181,8 +186,9 @@ def _devices_of(claim: PreparedClaim, inventory: Inventory) -> tuple[list[Device
         device = inventory.by_uuid(entry.uuid) if entry.uuid else inventory.get(entry.device)
         if device is None:
             missing.append(MissingDevice(claim, entry.device))
-        elif isinstance(device, MigDevice) and device.name != entry.device:
-            # A dynamic MIG device: the kubelet knows it by the offer's name, which its CDI ID carries.
+        elif device.name != entry.device:
+            # A dynamic MIG device, or a GPU through its passthrough twin: the kubelet knows it by the
+            # offer's or twin's name, which its CDI ID carries.
             found.append(replace(device, name=entry.device))
         else:
             found.append(device)
@@ -286,7 +292,7 @@ def decide_prepare(
                 f"device {result.device} is in pool {result.pool!r}, not this node's pool {pool!r}"
             )
             continue
-        device = inventory.get(result.device)
+        device = _device(inventory, result.device)
         partition = inventory.partition(result.device) if device is None else None
         if partition is not None:
             if result.admin_access:

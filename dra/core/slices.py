@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import re
+import uuid
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from dra.core.taints import DeviceTaint
 from dra.core.versions import ApiFeatures
-from dra.model.devices import Device, Gpu, Inventory, MigDevice, MigEngines, MigPartition
+from dra.model.devices import Device, Gpu, Inventory, MigDevice, MigEngines, MigPartition, vfio_twin_name
 
 Obj = dict[str, Any]
 
@@ -63,7 +64,7 @@ def memory_slice_counter(index: int) -> str:
 
 
 def counter_set_name(gpu: Gpu) -> str:
-    """The counter set of a dynamic-MIG GPU: gpu0."""
+    """The counter set of a dynamic-MIG GPU, or of a GPU and its passthrough twin: gpu0."""
     return f"gpu{gpu.index}"
 
 
@@ -325,32 +326,73 @@ def partition_entry(
 
 @dataclass(frozen=True)
 class _Group:
-    """One dynamic-MIG GPU: its counter set and the devices that consume it."""
+    """One GPU with a counter set (dynamic MIG, passthrough twin): the set and the devices that consume it."""
 
     counter_set: Obj
     devices: list[Obj]
 
 
-def _dynamic_groups(
-    inventory: Inventory, shared: Collection[str] = (), share_mode: ShareMode = "memory", lists: bool = False
+def vfio_twin_entry(gpu: Gpu, lists: bool = False) -> Obj:
+    """A GPU's passthrough twin (type vfio, NVIDIA's PassthroughSupport device): the GPU bound to vfio-pci.
+
+    Its attributes are those NVIDIA's driver gives it that the inventory knows (not the PCI vendor
+    and device IDs, IOMMUFD support or the BAR size); its UUID is NVIDIA's, derived from the PCI
+    address (a name-based SHA-1 UUID in the DNS namespace), not the GPU's.
+    """
+    attributes: dict[str, Obj] = {
+        "type": _string("vfio"),
+        "uuid": _string(str(uuid.uuid5(uuid.NAMESPACE_DNS, gpu.pci_bus_id))),
+        "productName": _string(gpu.product_name),
+        PCI_BUS_ID_ATTRIBUTE: _string(gpu.pci_bus_id),
+    }
+    if gpu.pcie_root is not None:
+        attributes[PCIE_ROOT_ATTRIBUTE] = _string(gpu.pcie_root)
+    if lists and len(gpu.numa_nodes) > 1:
+        attributes[NUMA_NODE_ATTRIBUTE] = {"ints": list(gpu.numa_nodes)}
+    elif gpu.numa_node is not None:
+        attributes[NUMA_NODE_ATTRIBUTE] = {"int": gpu.numa_node}
+    return {"name": vfio_twin_name(gpu), "attributes": dict(sorted(attributes.items()))}
+
+
+def _consumes(entry: Obj, gpu: Gpu, counters: Mapping[str, int]) -> Obj:
+    entry["consumesCounters"] = [{"counterSet": counter_set_name(gpu), "counters": _counter_values(counters)}]
+    return entry
+
+
+def _gpu_groups(
+    inventory: Inventory,
+    shared: Collection[str] = (),
+    share_mode: ShareMode = "memory",
+    lists: bool = False,
+    vfio: bool = False,
 ) -> list[_Group]:
+    """A counter set per GPU whose devices exclude each other: dynamic-MIG GPUs, and with `vfio` every twin's.
+
+    The whole GPU and its twin consume all of it, so the scheduler gives a GPU to one of them at a time.
+    """
+    twins = {g.name for g in inventory.vfio_twins} if vfio else set()
     groups = []
-    for gpu in inventory.dynamic_gpus:
+    for gpu in inventory.gpus:
         offers = [p for p in inventory.partitions if p.parent == gpu]
-        counters = gpu_counters(gpu, offers)
+        if not offers and gpu.name not in twins:
+            continue
+        counters = gpu_counters(gpu, offers) if offers else {MEMORY_COUNTER: gpu.memory_bytes}
         if len(counters) > MAX_COUNTERS_PER_SET:
             raise SliceError(f"{gpu.name} needs {len(counters)} counters, more than {MAX_COUNTERS_PER_SET}")
-        # Not offered whole while its MIG mode waits for a reset to turn off (dra.gpu.discovery).
-        wholes = [device_entry(gpu, inventory, lists=lists)] if inventory.get(gpu.name) is not None else []
-        for whole in wholes:
-            whole["consumesCounters"] = [
-                {"counterSet": counter_set_name(gpu), "counters": _counter_values(counters)}
-            ]
+        # Not offered whole while its MIG mode waits for a reset to turn off (dra.gpu.discovery);
+        # shared whole only where the scheduler charges a shared device's counters once.
+        wholes = (
+            [device_entry(gpu, inventory, gpu.name in shared and not offers, share_mode, lists=lists)]
+            if inventory.get(gpu.name) is not None
+            else []
+        )
+        if gpu.name in twins:
+            wholes.append(vfio_twin_entry(gpu, lists))
         groups.append(
             _Group(
                 {"name": counter_set_name(gpu), "counters": _counter_values(counters)},
                 [
-                    *wholes,
+                    *(_consumes(w, gpu, counters) for w in wholes),
                     *(
                         partition_entry(p, inventory, p.name in shared, share_mode, lists=lists)
                         for p in offers
@@ -414,6 +456,7 @@ def build_slices(
     taints: Mapping[str, DeviceTaint] | None = None,
     shareable: Collection[str] = (),
     share_mode: ShareMode = "memory",
+    vfio: bool = False,
 ) -> list[Obj]:
     """The node's pool as ResourceSlices: at most 128 devices each, one generation, owned by the Node.
 
@@ -428,18 +471,20 @@ def build_slices(
     (`features.consumable_capacity`), divided as `share_mode` says; elsewhere they
     go out exclusive. Offers are shared only from SHARED_OFFERS_MINOR. A GPU as close
     to several NUMA nodes gets them all in `numaNode` where the server keeps lists
-    (`features.list_attributes`).
+    (`features.list_attributes`). With `vfio` (--vfio) each GPU offered whole also gets its
+    passthrough twin (`vfio_twin_entry`), sharing a counter set with it, where counters are
+    accepted; a GPU with a twin is shared only from SHARED_OFFERS_MINOR, as offers are.
     """
     features = features or ApiFeatures()
     lists = features.list_attributes
     shared = shareable if features.consumable_capacity else ()
     offers = shared if features.minor >= SHARED_OFFERS_MINOR else ()
-    groups = _dynamic_groups(inventory, offers, share_mode, lists) if features.partitionable_devices else []
-    dynamic = {gpu.name for gpu in inventory.dynamic_gpus} if groups else set()
+    groups = _gpu_groups(inventory, offers, share_mode, lists, vfio) if features.partitionable_devices else []
+    grouped = {d["name"] for g in groups for d in g.devices}
     entries = [
         device_entry(device, inventory, device.name in shared, share_mode, lists=lists)
         for device in inventory
-        if device.name not in dynamic
+        if device.name not in grouped
     ]
     consuming = [d for g in groups for d in g.devices]
     names = [e["name"] for e in (*entries, *consuming)]

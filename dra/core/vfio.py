@@ -1,4 +1,7 @@
-"""GPU passthrough (VfioDeviceConfig): which devices of a claim go to vfio-pci, and the steps that move them.
+"""GPU passthrough: which devices of a claim go to vfio-pci, and the steps that move them.
+
+A GPU goes through when a claim's VfioDeviceConfig applies to it, or when the claim got the
+GPU's passthrough twin (type vfio, NVIDIA's class vfio.gpu.nvidia.com), with or without one.
 
 A GPU passed through leaves the nvidia driver for vfio-pci at prepare and comes back
 at unprepare; the container (KubeVirt's virt-launcher) gets /dev/vfio/<group>, and
@@ -19,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import NoReturn
 
-from dra.api.v1beta1 import VfioDeviceConfig
+from dra.api.v1beta1 import GpuConfig, VfioDeviceConfig
 from dra.core import config as deviceconfig
 from dra.core.allocation import ClaimAllocation, ClaimError
 from dra.core.steps import (
@@ -34,7 +37,7 @@ from dra.core.steps import (
     StepError,
     ask,
 )
-from dra.model.devices import Device, Gpu, Inventory
+from dra.model.devices import Device, Gpu, Inventory, is_vfio_twin
 from dra.model.pci import IommuGroup, PciFunction
 from dra.model.prepared import VFIO_BIND, DeviceAction, PreparedClaim
 
@@ -49,9 +52,11 @@ HOW_TO_ENABLE = "start the kubelet plugin with --vfio=true (chart value kubeletP
 
 
 def passthrough(allocation: ClaimAllocation, devices: Mapping[str, Device]) -> dict[str, bool]:
-    """The claim's devices a VfioDeviceConfig applies to, by name: whether each gets the IOMMU API device.
+    """The claim's devices passed through, by name: whether each gets the IOMMU API device.
 
-    The configs are valid (deviceconfig.problems ran first).
+    Those a VfioDeviceConfig applies to, and every passthrough twin (without one, the API
+    device is off, as in NVIDIA's default VfioDeviceConfig). The configs are valid
+    (deviceconfig.problems ran first).
     """
     wanted: dict[str, bool] = {}
     for result in allocation.devices:
@@ -61,6 +66,8 @@ def passthrough(allocation: ClaimAllocation, devices: Mapping[str, Device]) -> d
         config = deviceconfig.effective([c.parameters for c in allocation.configs_for(result)], device)
         if isinstance(config, VfioDeviceConfig):
             wanted[device.name] = bool(config.iommu.enable_api_device)
+        elif is_vfio_twin(device):
+            wanted[device.name] = False
     return wanted
 
 
@@ -85,11 +92,27 @@ def problems(
         device = devices.get(result.device)
         if device is None or device.name not in wanted:
             continue
+        if is_vfio_twin(device):
+            # The scheduler keeps a GPU and its twin apart by their counters; this claim got both anyway.
+            found.extend(
+                f"device {device.name} is GPU {other.name} passed through: a claim gets one or the other"
+                for other in devices.values()
+                if other.uuid == device.uuid and other.name != device.name
+            )
+            if any(
+                isinstance(deviceconfig.decode(c.parameters), GpuConfig)
+                for c in allocation.configs_for(result)
+            ):
+                found.append(
+                    f"device {device.name} is a GPU passed through (type vfio): a GpuConfig does not apply "
+                    "to it, a VfioDeviceConfig does"
+                )
         if result.admin_access:
             found.append(f"device {device.name}: admin access cannot pass a GPU through, it is not exclusive")
         if result.share_id:
             found.append(f"device {device.name}: a share of a GPU cannot be passed through, only a whole GPU")
-        if isinstance(device, Gpu) and device.mig_enabled and device not in inventory.dynamic_gpus:
+        dynamic = any(g.uuid == device.uuid for g in inventory.dynamic_gpus)
+        if isinstance(device, Gpu) and device.mig_enabled and not dynamic:
             found.append(f"device {device.name} is in MIG mode: passthrough takes a GPU with MIG mode off")
     return found
 
@@ -124,7 +147,7 @@ def bind(
         raise ClaimError(refuse + "the vfio-pci driver is not loaded on this node (modprobe vfio-pci)")
     entries = list(claim.devices)
     for i, entry in enumerate(entries):
-        gpu = facts.inventory.get(entry.device)
+        gpu = facts.inventory.get(entry.device) or facts.inventory.vfio_twin(entry.device)
         if entry.device not in wanted or not isinstance(gpu, Gpu):
             continue
         try:

@@ -44,7 +44,7 @@ Obj = Mapping[str, Any]
 
 
 def standard_device_classes(driver: str) -> list[dict[str, Any]]:
-    """The DeviceClasses the chart installs: full GPUs and MIG devices of this driver."""
+    """The DeviceClasses the chart installs: full GPUs, MIG devices, GPUs passed through, of this driver."""
 
     def device_class(name: str, device_type: str) -> dict[str, Any]:
         expression = f'device.driver == "{driver}" && device.attributes["{driver}"].type == "{device_type}"'
@@ -56,7 +56,11 @@ def standard_device_classes(driver: str) -> list[dict[str, Any]]:
         }
 
     suffix = driver.split(".", 1)[1] if "." in driver else driver
-    return [device_class(driver, "gpu"), device_class(f"mig.{suffix}", "mig")]
+    return [
+        device_class(driver, "gpu"),
+        device_class(f"mig.{suffix}", "mig"),
+        device_class(f"vfio.{driver}", "vfio"),
+    ]
 
 
 @dataclass(frozen=True)

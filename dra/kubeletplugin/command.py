@@ -70,7 +70,7 @@ def discover(args: argparse.Namespace) -> int:
     features = ApiFeatures(minor=args.kubernetes_minor, partitionable_devices=True)
     try:
         items = build_slices(
-            inventory, args.driver_name, args.node_name, None, generation=1, features=features
+            inventory, args.driver_name, args.node_name, None, generation=1, features=features, vfio=args.vfio
         )
     except SliceError as err:
         raise StartupError(str(err)) from None

@@ -364,6 +364,7 @@ async def _serve(
             settings.state_directory / PUBLISHER_TURN,
             shareable=settings.shareable_gpus,
             share_mode=settings.share_mode,
+            vfio=settings.vfio,
         )
         try:
             await server.start()

@@ -76,8 +76,10 @@ class SlicePublisher:
         turn: Path | None = None,
         shareable: Selector | None = None,
         share_mode: ShareMode = "memory",
+        vfio: bool = False,
     ) -> None:
         self._kube = kube
+        self._vfio = vfio
         self._turn = turn
         self._shareable = shareable
         self._share_mode = share_mode
@@ -114,6 +116,21 @@ class SlicePublisher:
                 "Kubernetes 1.%d's scheduler would charge a shared offer's GPU slices at each allocation "
                 "and forget them once allocated (1.%d charges them once); see docs/sharing.md",
                 ", ".join(partitioned),
+                features.minor,
+                slices.SHARED_OFFERS_MINOR,
+            )
+        if vfio and not features.partitionable_devices:
+            log.warning(
+                "--vfio: the API server does not accept shared counters (DRAPartitionableDevices is off "
+                "before 1.36), which keep a GPU and its passthrough twin from being allocated together: "
+                "the twins (type vfio, class vfio.gpu.nvidia.com) are not published; claims with a "
+                "VfioDeviceConfig on a whole GPU still pass it through"
+            )
+        elif vfio and chosen and features.minor < slices.SHARED_OFFERS_MINOR:
+            log.warning(
+                "--vfio with --shareable-gpus: a GPU shares a counter set with its passthrough twin, and "
+                "Kubernetes 1.%d's scheduler would charge a shared GPU's counters at each allocation (1.%d "
+                "charges them once): publishing whole GPUs exclusive",
                 features.minor,
                 slices.SHARED_OFFERS_MINOR,
             )
@@ -171,6 +188,7 @@ class SlicePublisher:
             taints=self._taints(),
             shareable=shareable_devices(self._shareable, inventory),
             share_mode=self._share_mode,
+            vfio=self._vfio,
         )
         plan = sliceplan.plan(desired, existing, self._generation)
         for obj in plan.create:

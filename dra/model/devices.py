@@ -7,7 +7,7 @@ read it. A GPU in MIG mode is not allocatable as a whole: its MIG devices are.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -165,9 +165,35 @@ class Inventory:
         """The device of this name, or None."""
         return self._by_name.get(name)
 
+    def vfio_twin(self, name: str) -> Gpu | None:
+        """The GPU a passthrough twin of this name stands for, under the twin's name; None if no such twin.
+
+        Every GPU offered whole has one (`vfio_twins`); whether it is published is the kubelet plugin's
+        --vfio. It keeps the GPU's UUID, so that a claim holding either one holds the GPU.
+        """
+        return next((replace(g, name=name) for g in self.vfio_twins if vfio_twin_name(g) == name), None)
+
+    @property
+    def vfio_twins(self) -> tuple[Gpu, ...]:
+        """The GPUs that get a passthrough twin: those offered whole (not in static MIG mode)."""
+        return tuple(g for g in self.gpus if isinstance(self.get(g.name), Gpu))
+
     def by_uuid(self, uuid: str) -> Device | None:
         """The device with this UUID (a MIG device made for a claim too), or None."""
         return next((d for d in (*self.devices, *self.instances) if d.uuid == uuid), None)
+
+
+def vfio_twin_name(gpu: Gpu) -> str:
+    """The name of a GPU's passthrough twin (type vfio): gpu-vfio-<index>, as NVIDIA's driver names it.
+
+    NVIDIA's counts GPUs in PCI bus order, the order NVML indexes them in.
+    """
+    return f"gpu-vfio-{gpu.index}"
+
+
+def is_vfio_twin(device: Device) -> bool:
+    """Whether this is a GPU under its passthrough twin's name (Inventory.vfio_twin)."""
+    return isinstance(device, Gpu) and device.name == vfio_twin_name(device)
 
 
 def gpu_of(device: Device) -> Gpu:

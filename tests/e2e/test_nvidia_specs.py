@@ -28,18 +28,25 @@ from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, Obj, load_manifests, wait_for
 from localcluster.workloads import (
     allocated_devices,
+    claim_template,
     container_record,
     ensure_device_classes,
+    gpu_pod,
+    pod_claim,
     published_devices,
     visible_devices,
 )
 
+from dra.adapters.fakesysfs import FakeSysfs
 from dra.core.cdi import env_key
 
 pytestmark = pytest.mark.cluster
 
 SPECS = Path(__file__).parent / "nvidia_specs"
-QUICKSTART = sorted(p.name for p in SPECS.glob("quickstart-*gpu-test*.yaml"))
+#: NVIDIA's passthrough spec (class vfio.gpu.nvidia.com): its driver runs it with the
+#: PassthroughSupport gate on, this one with --vfio (test_nvidias_vfio_spec_runs_unchanged).
+VFIO_SPEC = "quickstart-v1-gpu-test-vfiopci.yaml"
+QUICKSTART = sorted(p.name for p in SPECS.glob("quickstart-*gpu-test*.yaml") if p.name != VFIO_SPEC)
 #: Each consumable-share spec, the --consumable-shares value NVIDIA runs it with (its demo README;
 #: its e2e framework: the mode the spec is named for), and whether NVIDIA's test checks that its
 #: claims share one device. The bats ones are in ONE_GPU below, with their bats tests' checks.
@@ -133,6 +140,12 @@ def _run(kube: Kube, name: str, same_device: bool = False) -> None:
             assert len({tuple(allocated_devices(c)) for c in claims}) == 1, claims
 
 
+def _unscheduled(kube: Kube, pod: str, namespace: str) -> Obj | None:
+    """The pod's PodScheduled condition once the scheduler gave up on it, else None."""
+    conditions = kube.get("v1", "Pod", pod, namespace).get("status", {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == "PodScheduled" and c["status"] == "False"), None)
+
+
 @pytest.fixture
 def start(cluster: ClusterInfo, kube: Kube, tmp_path: Path) -> Iterator[list[DriverProcess]]:
     """Started drivers, stopped after the test (one at a time)."""
@@ -153,6 +166,45 @@ def test_a_quickstart_spec_runs_unchanged(
     args = DRIVER_ARGS.get(name, ())
     start.append(DriverProcess(cluster, profile, tmp_path / "driver.log", extra_args=args).start())
     _run(kube, name)
+
+
+def test_nvidias_vfio_spec_runs_unchanged_and_its_gpu_is_then_not_allocatable(
+    cluster: ClusterInfo, kube: Kube, tmp_path: Path, start: list[DriverProcess]
+) -> None:
+    """The pod gets a passthrough twin and the fake sysfs has its GPU on vfio-pci; while it runs, a
+    claim for that GPU whole stays unschedulable (the two share a counter set), and gets it once the
+    spec is gone."""
+    # The fake sysfs and /dev/vfio go under the fake GPUs' root: the containerd cluster's, else one here.
+    root = cluster.fake_gpu_root or str(tmp_path / "fakegpus")
+    flags = ("--vfio=true", *(() if cluster.fake_gpu_root else (f"--fake-gpu-root={root}",)))
+    start.append(DriverProcess(cluster, "h100x8", tmp_path / "driver.log", extra_args=flags).start())
+    sysfs = FakeSysfs(root)
+    whole = "whole-gpu"
+    with _applied(kube, VFIO_SPEC) as (_, namespace):
+        kube.wait_pod_phase("pod1", namespace, timeout=90)
+        [twin] = allocated_devices(pod_claim(kube, namespace, "pod1"))
+        published = {d["name"]: d["attributes"] for d in published_devices(kube, cluster)}
+        assert published[twin]["type"] == {"string": "vfio"}, published[twin]
+        bus_id = published[twin]["resource.kubernetes.io/pciBusID"]["string"]
+        assert sysfs.driver_of(bus_id) == "vfio-pci"
+        kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": whole}})
+        selector = f'device.attributes["resource.kubernetes.io"].pciBusID == "{bus_id}"'
+        claim_template(kube, whole, "same-gpu", [selector])
+        gpu_pod(kube, whole, "pod", "same-gpu")
+
+        condition = wait_for(
+            "the whole GPU's pod to be found unschedulable",
+            lambda: _unscheduled(kube, "pod", whole),
+            timeout=30,
+        )
+        assert "cannot allocate all claims" in condition["message"], condition
+    try:
+        kube.wait_pod_phase("pod", whole, timeout=90)
+        [gpu] = allocated_devices(pod_claim(kube, whole, "pod"))
+        assert published[gpu]["type"] == {"string": "gpu"}
+        assert sysfs.driver_of(bus_id) == "nvidia"
+    finally:
+        _delete_namespace(kube, whole)
 
 
 @pytest.mark.parametrize("name", sorted(SHARES))
@@ -380,12 +432,11 @@ def test_the_bats_cel_nomatch_pod_stays_pending_as_unschedulable(bats: Bats) -> 
     """test_gpu_robustness.bats: Pending after 5s; the scheduler's reason says no claim fits."""
     bats.apply("gpu-cel-nomatch")
 
-    def unschedulable() -> Obj | None:
-        pod = bats.kube.get("v1", "Pod", "pod-cel-nomatch", bats.namespace)
-        conditions = pod.get("status", {}).get("conditions") or []
-        return next((c for c in conditions if c["type"] == "PodScheduled" and c["status"] == "False"), None)
-
-    condition = wait_for("pod-cel-nomatch to be found unschedulable", unschedulable, timeout=30)
+    condition = wait_for(
+        "pod-cel-nomatch to be found unschedulable",
+        lambda: _unscheduled(bats.kube, "pod-cel-nomatch", bats.namespace),
+        timeout=30,
+    )
     assert condition["reason"] == "Unschedulable"
     assert "cannot allocate all claims" in condition["message"], condition
     assert bats.kube.get("v1", "Pod", "pod-cel-nomatch", bats.namespace)["status"]["phase"] == "Pending"

@@ -185,6 +185,15 @@ def test_discover_prints_the_resource_slices_as_json(capsys: pytest.CaptureFixtu
     assert devices[0]["capacity"]["memory"] == {"value": "81559Mi"}
 
 
+def test_discover_with_vfio_prints_each_gpus_passthrough_twin(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("discover", "--fake-gpus", "h100x8", "--node-name", "node-a", "--output", "json", "--vfio=true")
+    code, out, _ = _run(capsys, *args)
+    assert code == 0
+    devices = [d for s in _slices(json.loads(out)) for d in s["spec"].get("devices", [])]
+    twins = [d["name"] for d in devices if d["attributes"]["type"] == {"string": "vfio"}]
+    assert twins == [f"gpu-vfio-{i}" for i in range(8)]
+
+
 def test_discover_prints_yaml_by_default(capsys: pytest.CaptureFixture[str]) -> None:
     _, as_yaml, _ = _run(capsys, "discover", "--fake-gpus", "a100x4-mig", "--node-name", "node-a")
     _, as_json, _ = _run(

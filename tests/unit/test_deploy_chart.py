@@ -73,6 +73,7 @@ def test_defaults_render_the_driver_and_nothing_else() -> None:
         "DaemonSet",
         "DeviceClass",
         "DeviceClass",
+        "DeviceClass",
         "ServiceAccount",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicy",
@@ -366,15 +367,20 @@ def test_fake_gpu_map_is_what_the_driver_reads(tmp_path: Path) -> None:
 
 
 def test_device_classes_follow_the_driver_name() -> None:
-    values = {"driverName": "gpu.example.com", "deviceClasses": {"gpu": {"name": "g"}, "mig": {"name": "m"}}}
+    names = {"gpu": {"name": "g"}, "mig": {"name": "m"}, "vfio": {"name": "v"}}
+    values = {"driverName": "gpu.example.com", "deviceClasses": names}
     classes = {c["metadata"]["name"]: c for c in chart.template(values) if c["kind"] == "DeviceClass"}
-    assert sorted(classes) == ["g", "m"]
+    assert sorted(classes) == ["g", "m", "v"]
+    [selector] = classes["v"]["spec"]["selectors"]
+    assert selector["cel"]["expression"] == (
+        'device.driver == "gpu.example.com" && device.attributes["gpu.example.com"].type == "vfio"'
+    )
     [selector] = classes["m"]["spec"]["selectors"]
     assert selector["cel"]["expression"] == (
         'device.driver == "gpu.example.com" && device.attributes["gpu.example.com"].type == "mig"'
     )
     defaults = [c["metadata"]["name"] for c in chart.template() if c["kind"] == "DeviceClass"]
-    assert defaults == ["gpu.nvidia.com", "mig.nvidia.com"]
+    assert defaults == ["gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com"]
     assert not [
         c for c in chart.template({"deviceClasses": {"enabled": False}}) if c["kind"] == "DeviceClass"
     ]
@@ -388,9 +394,13 @@ def test_device_classes_serve_an_extended_resource_only_when_asked() -> None:
             if c["kind"] == "DeviceClass"
         }
 
-    assert names() == {"gpu.nvidia.com": None, "mig.nvidia.com": None}
+    assert names() == {"gpu.nvidia.com": None, "mig.nvidia.com": None, "vfio.gpu.nvidia.com": None}
     values: dict[str, Any] = {"deviceClasses": {"gpu": {"extendedResourceName": "nvidia.com/gpu"}}}
-    assert names(values) == {"gpu.nvidia.com": "nvidia.com/gpu", "mig.nvidia.com": None}
+    assert names(values) == {
+        "gpu.nvidia.com": "nvidia.com/gpu",
+        "mig.nvidia.com": None,
+        "vfio.gpu.nvidia.com": None,
+    }
     # Beside a device plugin serving another name, the mapping is fine.
     values |= {"devicePlugin": {"enabled": True, "resourceName": "nvidia.com/legacy-gpu"}}
     values |= {"gpuAssignment": {"devicePlugin": "7"}}

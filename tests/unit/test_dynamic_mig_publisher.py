@@ -1,4 +1,4 @@
-"""The kubelet plugin publishes dynamic-MIG GPUs as the server's shared-counter support allows."""
+"""The kubelet plugin publishes dynamic-MIG GPUs and passthrough twins as the server's counters allow."""
 
 from __future__ import annotations
 
@@ -89,3 +89,21 @@ async def test_from_1_37_a_shareable_dynamic_mig_gpu_offers_shared_partitions(
     assert offer["consumesCounters"]
     assert offer["capacity"]["memory"]["requestPolicy"]["validRange"]["step"] == "1Mi"
     assert offer["capacity"]["multiprocessors"]["requestPolicy"] == {"default": "0", "validValues": ["0"]}
+
+
+@pytest.mark.parametrize(
+    ("features", "twins"),
+    [(ApiFeatures(minor=34), 0), (ApiFeatures(minor=34, partitionable_devices=True), 8)],
+)
+async def test_vfio_publishes_the_twins_only_with_counters_and_says_so_without(
+    caplog: pytest.LogCaptureFixture, features: ApiFeatures, twins: int
+) -> None:
+    inventory = discover(FakeGpuLibrary(load_profile("h100x8"), NODE), parse_mig_modes("static"))
+    kube = FakeKube()
+    with caplog.at_level(logging.WARNING):
+        publisher = SlicePublisher(kube, DRIVER, NODE, inventory, features, vfio=True)  # type: ignore[arg-type]
+        await publisher.reconcile()
+    devices = [d["name"] for s in kube.server.list() for d in s["spec"].get("devices", [])]
+    assert len([n for n in devices if n.startswith("gpu-vfio-")]) == twins
+    told = [r.message for r in caplog.records if "passthrough twin" in r.message]
+    assert len(told) == (0 if twins else 1), told

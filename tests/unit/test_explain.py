@@ -55,6 +55,7 @@ def test_standard_classes_follow_the_driver_name() -> None:
     assert [c["metadata"]["name"] for c in explain.standard_device_classes("gpu.example.com")] == [
         "gpu.example.com",
         "mig.example.com",
+        "vfio.gpu.example.com",
     ]
     assert '"mig"' in explain.standard_device_classes(DRIVER)[1]["spec"]["selectors"][0]["cel"]["expression"]
 

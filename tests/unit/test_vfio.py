@@ -21,6 +21,7 @@ from dra.adapters.pcisysfs import PciSysfs
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.library import GpuHandle
 from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Inventory
@@ -64,18 +65,18 @@ def _state(
     profile: str = "h100x8",
     modes: str = "static",
     write: object = None,
+    lib: FakeGpuLibrary | None = None,
 ) -> DeviceState:
     # `whole` publishes a GPU in MIG mode as a whole device (--mig-mode whole).
-    found: Inventory = replace(
-        discover(FakeGpuLibrary(load_profile(profile), NODE), parse_mig_modes(modes)),
-        dev_root=str(fake.root),
-    )
+    lib = lib or FakeGpuLibrary(load_profile(profile), NODE)
+    found: Inventory = replace(discover(lib, parse_mig_modes(modes)), dev_root=str(fake.root))
     return DeviceState(
         DRIVER,
         NODE,
         found,
         CdiStore(root / "cdi", DRIVER),
         CheckpointStore(root / "checkpoint.json"),
+        lib=lib,
         pci=PciSysfs(fake.root, write=write or fake.write),  # type: ignore[arg-type]
         vfio=vfio,
     )
@@ -259,3 +260,77 @@ def test_a_spec_that_cannot_be_written_gives_the_gpu_back(
     monkeypatch.setattr(state._cdi, "write", full)
     assert "cannot write the CDI spec of claim vms/vm-gpu: [Errno 28]" in _refused(state, _claim(_gpu()))
     assert (fake.driver_of(GPU0), fake.override_of(GPU0)) == ("nvidia", "")
+
+
+# -- the passthrough twin (NVIDIA's vfio.gpu.nvidia.com class) ---------------------------------------------
+
+OTHER = "11111111-2222-4333-8444-555555555555"
+
+
+def test_a_claim_for_the_twin_passes_its_gpu_through_without_a_config(tmp_path: Path) -> None:
+    fake = _node(tmp_path)
+    state = _state(tmp_path, fake)
+    state.prepare(_claim(_gpu("gpu-vfio-0"), configs=()))
+    assert fake.driver_of(GPU0) == "vfio-pci"
+    spec = json.loads((tmp_path / "cdi" / f"k8s.{DRIVER}-claim_{UID}.json").read_text())
+    (device,) = spec["devices"]
+    # Named as the kubelet knows the device; NVIDIA's default config: no IOMMU API device.
+    assert device["name"] == f"{UID}-gpu-vfio-0"
+    assert device["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/vfio/0", "hostPath": f"{fake.root}/dev/vfio/0"}
+    ]
+    assert "deviceNodes" not in spec["containerEdits"]
+    # A restart finds the twin's GPU by its UUID and keeps it bound; unprepare gives it back.
+    restarted = _state(tmp_path, fake)
+    restarted.recover()
+    assert restarted.prepared[UID].devices[0].device == "gpu-vfio-0"
+    assert fake.driver_of(GPU0) == "vfio-pci"
+    restarted.unprepare(UID)
+    assert fake.driver_of(GPU0) == "nvidia"
+
+
+def test_a_vfio_config_on_the_twin_asks_for_the_api_device(tmp_path: Path) -> None:
+    fake = _node(tmp_path)
+    state = _state(tmp_path, fake)
+    state.prepare(_claim(_gpu("gpu-vfio-0"), configs=(_vfio(api_device=True),)))
+    spec = json.loads((tmp_path / "cdi" / f"k8s.{DRIVER}-claim_{UID}.json").read_text())
+    assert spec["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/vfio/vfio", "hostPath": f"{fake.root}/dev/vfio/vfio"}
+    ]
+
+
+def test_the_twin_and_its_gpu_are_never_prepared_together(tmp_path: Path) -> None:
+    fake = _node(tmp_path)
+    state = _state(tmp_path, fake)
+    state.prepare(replace(_claim(_gpu(), configs=()), uid=OTHER))
+    with pytest.raises(ClaimError, match="device gpu-vfio-0 is already prepared for claim"):
+        state.prepare(_claim(_gpu("gpu-vfio-0"), configs=()))
+    state.unprepare(OTHER)
+    state.prepare(replace(_claim(_gpu("gpu-vfio-0"), configs=()), uid=OTHER))
+    with pytest.raises(ClaimError, match="device gpu-0 is already prepared for claim"):
+        state.prepare(_claim(_gpu(), configs=()))
+    state.unprepare(OTHER)
+    message = _refused(state, _claim(_gpu(), _gpu("gpu-vfio-0", "vm"), configs=()))
+    assert "device gpu-vfio-0 is GPU gpu-0 passed through: a claim gets one or the other" in message
+    assert fake.driver_of(GPU0) == "nvidia"
+
+
+def test_the_twin_is_refused_where_passthrough_is_off_or_with_a_gpu_config(tmp_path: Path) -> None:
+    fake = _node(tmp_path)
+    off = _refused(_state(tmp_path, fake, vfio=False), _claim(_gpu("gpu-vfio-0"), configs=()))
+    assert "--vfio=true" in off
+    gpu_config = OpaqueConfig("FromClaim", (), {"apiVersion": API, "kind": "GpuConfig"})
+    message = _refused(_state(tmp_path, fake), _claim(_gpu("gpu-vfio-0"), configs=(gpu_config,)))
+    assert "a GpuConfig does not apply to it, a VfioDeviceConfig does" in message
+    assert fake.driver_of(GPU0) == "nvidia"
+
+
+def test_the_twin_of_a_dynamic_mig_gpu_in_mig_mode_gets_mig_mode_off_first(tmp_path: Path) -> None:
+    fake = _node(tmp_path, "h100x8-dynamic-mig")
+    lib = FakeGpuLibrary(load_profile("h100x8-dynamic-mig"), NODE)
+    state = _state(tmp_path, fake, profile="h100x8-dynamic-mig", modes="dynamic", lib=lib)
+    gpu = state.inventory.gpus[1]
+    assert gpu.mig_enabled
+    state.prepare(_claim(_gpu("gpu-vfio-1"), configs=()))
+    assert fake.driver_of(gpu.pci_bus_id) == "vfio-pci"
+    assert lib.mig_mode(GpuHandle(1)) == (0, 0)

@@ -23,7 +23,7 @@ def _chart_device_classes() -> tuple[Obj, ...]:
 
 
 def device_classes() -> list[Obj]:
-    """The DeviceClasses the chart installs with its defaults (gpu.nvidia.com, mig.nvidia.com).
+    """The DeviceClasses the chart installs with its defaults (gpu, mig and vfio.gpu.nvidia.com).
 
     Tests use what admins install; the chart is rendered once per session.
     """

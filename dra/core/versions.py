@@ -81,27 +81,27 @@ _ALL_COMPONENTS = "API server, scheduler, controller manager, kubelet"
 _PROBE_COUNTER_SET = "probe"
 
 
+def _probe_slice(driver: str, node_name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A throwaway ResourceSlice of `spec`, in a pool the driver never publishes."""
+    return {
+        "apiVersion": f"resource.k8s.io/{RESOURCE_VERSION}",
+        "kind": "ResourceSlice",
+        "metadata": {"generateName": "dra-gpu-feature-probe-"},
+        "spec": {
+            "driver": driver,
+            "nodeName": node_name,
+            "pool": {"name": f"{node_name}-feature-probe", "generation": 0, "resourceSliceCount": 1},
+            **spec,
+        },
+    }
+
+
 def probe_slices(driver: str, node_name: str, minor: int) -> list[list[dict[str, Any]]]:
     """Throwaway ResourceSlices that use every gated field, for dry-run creates.
 
     Each inner list is created in one go; from 1.35 the counters need a slice of
-    their own, so there are two. The pool's name is not one the driver publishes.
+    their own, so there are two.
     """
-    pool = f"{node_name}-feature-probe"
-
-    def slice_(spec: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "apiVersion": f"resource.k8s.io/{RESOURCE_VERSION}",
-            "kind": "ResourceSlice",
-            "metadata": {"generateName": "dra-gpu-feature-probe-"},
-            "spec": {
-                "driver": driver,
-                "nodeName": node_name,
-                "pool": {"name": pool, "generation": 0, "resourceSliceCount": 1},
-                **spec,
-            },
-        }
-
     counters = [{"name": _PROBE_COUNTER_SET, "counters": {"memory": {"value": "1Gi"}}}]
     devices: list[dict[str, Any]] = [
         {"name": "taint", "taints": [{"key": f"{driver}/probe", "value": "probe", "effect": "NoSchedule"}]},
@@ -112,8 +112,11 @@ def probe_slices(driver: str, node_name: str, minor: int) -> list[list[dict[str,
         },
     ]
     if minor >= 35:
-        return [[slice_({SHARED_COUNTERS: counters})], [slice_({"devices": devices})]]
-    return [[slice_({SHARED_COUNTERS: counters, "devices": devices})]]
+        return [
+            [_probe_slice(driver, node_name, {SHARED_COUNTERS: counters})],
+            [_probe_slice(driver, node_name, {"devices": devices})],
+        ]
+    return [[_probe_slice(driver, node_name, {SHARED_COUNTERS: counters, "devices": devices})]]
 
 
 def list_probe_slice(driver: str, node_name: str) -> dict[str, Any]:
@@ -123,17 +126,9 @@ def list_probe_slice(driver: str, node_name: str) -> dict[str, Any]:
     that has no value and refuses the whole slice as invalid, so this one cannot share a create
     with the other probes: `kept_fields` reads its answer, and a refusal means dropped.
     """
-    return {
-        "apiVersion": f"resource.k8s.io/{RESOURCE_VERSION}",
-        "kind": "ResourceSlice",
-        "metadata": {"generateName": "dra-gpu-feature-probe-"},
-        "spec": {
-            "driver": driver,
-            "nodeName": node_name,
-            "pool": {"name": f"{node_name}-feature-probe", "generation": 0, "resourceSliceCount": 1},
-            "devices": [{"name": "list", "attributes": {"probe": {INT_VALUES: [0, 1]}}}],
-        },
-    }
+    return _probe_slice(
+        driver, node_name, {"devices": [{"name": "list", "attributes": {"probe": {INT_VALUES: [0, 1]}}}]}
+    )
 
 
 def kept_fields(answers: Sequence[Mapping[str, Any]]) -> frozenset[str]:

@@ -26,23 +26,14 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from dra.core.devicestatus import Consumer, DeviceIdentity
+from dra.core.devicestatus import JOIN_LABELS, Consumer, DeviceIdentity
 from dra.model.prepared import PreparedClaim
 
 #: Claim series kept at most, by default (--usage-max-series).
 DEFAULT_MAX_SERIES = 2000
 
-#: Labels of the claim series, in order.
-CLAIM_LABELS = (
-    "UUID",
-    "GPU_I_ID",
-    "dra_claim_namespace",
-    "dra_claim_name",
-    "dra_device_name",
-    "namespace",
-    "pod",
-    "container",
-)
+#: Labels of the claim series, in order: the join metric's, less the profile (the join carries it).
+CLAIM_LABELS = tuple(label for label in JOIN_LABELS if label != "GPU_I_PROFILE")
 #: Labels of the unattributed series.
 DEVICE_LABELS = ("UUID", "GPU_I_ID")
 

@@ -165,6 +165,8 @@ def test_plain_manifests_pass_kubectl_apply_k_dry_run(cluster: ClusterInfo, char
             "clusterrole.rbac.authorization.k8s.io",
             "clusterrolebinding.rbac.authorization.k8s.io",
             "daemonset.apps",
+            # gpu.nvidia.com, mig.nvidia.com and vfio.gpu.nvidia.com
+            "deviceclass.resource.k8s.io",
             "deviceclass.resource.k8s.io",
             "deviceclass.resource.k8s.io",
             "validatingadmissionpolicy.admissionregistration.k8s.io",
@@ -195,6 +197,7 @@ def test_cluster_scoped_objects_are_created_and_the_policy_type_checks(kube: Kub
     assert sorted(o["kind"] for o in objects) == [
         "ClusterRole",
         "ClusterRoleBinding",
+        "DeviceClass",
         "DeviceClass",
         "DeviceClass",
         "ValidatingAdmissionPolicy",

@@ -52,7 +52,11 @@ POLICY_API = "admissionregistration.k8s.io/v1"
 def _values(node: str) -> dict[str, Any]:
     return {
         "driverName": DRIVER,
-        "deviceClasses": {"gpu": {"name": f"gpu.{DRIVER}"}, "mig": {"name": f"mig.{DRIVER}"}},
+        "deviceClasses": {
+            "gpu": {"name": f"gpu.{DRIVER}"},
+            "mig": {"name": f"mig.{DRIVER}"},
+            "vfio": {"name": f"vfio.{DRIVER}"},
+        },
         # The local node gets profile `mixed` (4 GPUs) through the chart's per-node map.
         "fakeGpus": {"enabled": True, "profile": "h100x8", "nodes": {node: "mixed"}},
     }

@@ -159,7 +159,8 @@ def test_claim_status_and_join_metric_name_the_device_until_unprepare(
         found: list[Obj] = (stored.get("status") or {}).get("devices") or []
         return found
 
-    [entry] = wait_for("the claim's status to name its device", entries, timeout=10)
+    # Written in the first pause of the kubelet's calls after the prepare, at most a second later.
+    [entry] = wait_for("the claim's status to name its device", lambda: entries() or None, timeout=10)
     # The test's client shows the fields the driver left out as None.
     assert {k: v for k, v in entry.items() if v is not None} == {
         "driver": DRIVER,

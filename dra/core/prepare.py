@@ -172,7 +172,7 @@ def conflicts(
         device = _device(inventory, result.device) if result.pool == pool else None
         partition = inventory.partition(result.device) if device is None and result.pool == pool else None
         if partition is not None:
-            device = _made_for_offer(partition, allocation.uid, prepared, inventory, {})
+            device = _made_for_offer(partition, allocation.uid, holders, inventory, {})
         if device is not None and not result.admin_access:
             held = holders.of(device.name, device.uuid, allocation.uid, result.share_id)
             found.update((h.uid, h) for h in held)
@@ -299,7 +299,7 @@ def decide_prepare(
                 problems.append(
                     f"device {result.device} is a dynamic MIG device, which admin access cannot use"
                 )
-            device = _made_for_offer(partition, allocation.uid, prepared, inventory, stale)
+            device = _made_for_offer(partition, allocation.uid, holders, inventory, stale)
             if device is None:
                 creates[partition.name] = CreateMig(partition)
                 continue
@@ -391,24 +391,19 @@ def _with_metadata_ids(entries: list[PreparedDevice], driver: str, uid: str) -> 
 
 
 def _made_for_offer(
-    partition: MigPartition,
-    uid: str,
-    prepared: Mapping[str, PreparedClaim],
-    inventory: Inventory,
-    stale: Mapping[str, str],
+    partition: MigPartition, uid: str, holders: Holders, inventory: Inventory, stale: Mapping[str, str]
 ) -> MigDevice | None:
     """The MIG device made for this offer for a live claim other than `uid`, known by the offer's name.
 
     A share of a shared offer uses the device the first share made (the holder checks then say
     whether the two may share it); a stale holder's device goes with its release, so a new one is made.
     """
-    for claim in prepared.values():
-        if claim.uid == uid or claim.uid in stale:
+    for claim, entry in holders.named(partition.name):
+        if claim.uid == uid or claim.uid in stale or not entry.uuid:
             continue
-        for entry in claim.devices:
-            made = inventory.by_uuid(entry.uuid) if entry.device == partition.name and entry.uuid else None
-            if isinstance(made, MigDevice):
-                return replace(made, name=partition.name)
+        made = inventory.by_uuid(entry.uuid)
+        if isinstance(made, MigDevice):
+            return replace(made, name=partition.name)
     return None
 
 

@@ -112,15 +112,22 @@ class Holders:
         self._order = {uid: position for position, uid in enumerate(prepared)}
         # As PreparedDevice.is_device matches: by UUID where one is recorded, else by name.
         self._by_uuid: dict[str, list[PreparedClaim]] = {}
-        self._by_name: dict[str, list[PreparedClaim]] = {}
+        #: Every entry by the device name the kubelet knows it by, UUID or not.
+        self._by_name: dict[str, list[tuple[PreparedClaim, PreparedDevice]]] = {}
         for claim in prepared.values():
             for device in claim.devices:
-                index = self._by_uuid if device.uuid else self._by_name
-                index.setdefault(device.uuid or device.device, []).append(claim)
+                if device.uuid:
+                    self._by_uuid.setdefault(device.uuid, []).append(claim)
+                self._by_name.setdefault(device.device, []).append((claim, device))
 
     def of(self, name: str, uuid: str, uid: str, share_id: str = "") -> list[PreparedClaim]:
         """The claims other than `uid` holding that device (or clashing with that share), in their order."""
         by_uuid = self._by_uuid.get(uuid, []) if uuid else []
-        candidates = {c.uid: c for c in (*by_uuid, *self._by_name.get(name, ()))}
+        by_name = (c for c, d in self._by_name.get(name, ()) if not d.uuid)
+        candidates = {c.uid: c for c in (*by_uuid, *by_name)}
         found = [c for c in candidates.values() if c.uid != uid and c.holds(name, uuid, share_id)]
         return sorted(found, key=lambda c: self._order[c.uid])
+
+    def named(self, name: str) -> list[tuple[PreparedClaim, PreparedDevice]]:
+        """Every (claim, entry) whose entry the kubelet knows by this device name, in the claims' order."""
+        return self._by_name.get(name, [])

@@ -26,7 +26,6 @@ from prometheus_client import CollectorRegistry as CollectorRegistry
 from prometheus_client import Counter, Histogram, make_wsgi_app
 from prometheus_client import Gauge as Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from dra.core.devicestatus import JOIN_LABELS
@@ -187,6 +186,9 @@ def claim_usage(text: str) -> dict[tuple[str, str, str], tuple[float, float | No
 
     Summed over the claim's containers; the utilisation is None where the scrape has none.
     """
+    # Only `dra-gpu top` parses a scrape: the daemons that import this module never load the parser.
+    from prometheus_client.parser import text_string_to_metric_families
+
     found: dict[tuple[str, str, str], tuple[float, float | None]] = {}
     wanted = {"dra_gpu_claim_memory_used_bytes": 0, "dra_gpu_claim_utilization_ratio": 1}
     for family in text_string_to_metric_families(text):

@@ -139,7 +139,7 @@ async def run(
             try:
                 usage, failed = await scrape(metrics_urls)
                 table = render(
-                    rows(await kube.list_resource_claims(), driver, node, usage if metrics_urls else None)
+                    rows(await kube.list_resource_claims(), driver, node, usage)
                 )
                 table = "\n".join([table, *failed])
             except KubeError as err:

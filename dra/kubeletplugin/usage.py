@@ -135,7 +135,8 @@ class DeviceReader:
         for sample in samples:
             if sample.timestamp_us >= newest.get(sample.pid, (-1, 0.0))[0]:
                 newest[sample.pid] = (sample.timestamp_us, min(sample.sm_percent / 100, 1.0))
-        self._seen_us[index] = max(t for t, _ in newest.values())
+        if newest:  # SUCCESS with no sample at all: nothing newer seen
+            self._seen_us[index] = max(t for t, _ in newest.values())
         return {pid: busy for pid, (_, busy) in newest.items()}
 
     def _gpm_ok(self, handle: GpuHandle) -> bool:

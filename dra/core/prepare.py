@@ -147,11 +147,6 @@ def _up_to_date(allocation: ClaimAllocation, prepared: Mapping[str, PreparedClai
     return None
 
 
-def _device(inventory: Inventory, name: str) -> Device | None:
-    """The device of this name, a passthrough twin (its GPU under the twin's name) included."""
-    return inventory.get(name) or inventory.vfio_twin(name)
-
-
 def conflicts(
     allocation: ClaimAllocation,
     inventory: Inventory,
@@ -169,7 +164,7 @@ def conflicts(
     holders = holders or Holders(prepared)
     found: dict[str, PreparedClaim] = {}
     for result in allocation.devices:
-        device = _device(inventory, result.device) if result.pool == pool else None
+        device = inventory.device_or_twin(result.device) if result.pool == pool else None
         partition = inventory.partition(result.device) if device is None and result.pool == pool else None
         if partition is not None:
             device = _made_for_offer(partition, allocation.uid, holders, inventory, {})
@@ -292,7 +287,7 @@ def decide_prepare(
                 f"device {result.device} is in pool {result.pool!r}, not this node's pool {pool!r}"
             )
             continue
-        device = _device(inventory, result.device)
+        device = inventory.device_or_twin(result.device)
         partition = inventory.partition(result.device) if device is None else None
         if partition is not None:
             if result.admin_access:

@@ -147,7 +147,7 @@ def bind(
         raise ClaimError(refuse + "the vfio-pci driver is not loaded on this node (modprobe vfio-pci)")
     entries = list(claim.devices)
     for i, entry in enumerate(entries):
-        gpu = facts.inventory.get(entry.device) or facts.inventory.vfio_twin(entry.device)
+        gpu = facts.inventory.device_or_twin(entry.device)
         if entry.device not in wanted or not isinstance(gpu, Gpu):
             continue
         try:

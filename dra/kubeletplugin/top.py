@@ -138,9 +138,7 @@ async def run(
         while True:
             try:
                 usage, failed = await scrape(metrics_urls)
-                table = render(
-                    rows(await kube.list_resource_claims(), driver, node, usage)
-                )
+                table = render(rows(await kube.list_resource_claims(), driver, node, usage))
                 table = "\n".join([table, *failed])
             except KubeError as err:
                 table = f"cannot list ResourceClaims: {err}"

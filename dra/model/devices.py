@@ -142,9 +142,16 @@ class Inventory:
     #: node; a private directory for fake GPUs made visible to real containers.
     dev_root: str = "/"
     _by_name: Mapping[str, Device] = field(init=False, repr=False, compare=False)
+    #: Each prepare looks its devices up by name: offers and twins too, so no lookup is a scan.
+    _partitions: Mapping[str, MigPartition] = field(init=False, repr=False, compare=False)
+    _twins: Mapping[str, Gpu] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_by_name", {d.name: d for d in self.devices})
+        by_name = {d.name: d for d in self.devices}
+        object.__setattr__(self, "_by_name", by_name)
+        object.__setattr__(self, "_partitions", {p.name: p for p in reversed(self.partitions)})
+        whole = (g for g in self.gpus if isinstance(by_name.get(g.name), Gpu))
+        object.__setattr__(self, "_twins", {vfio_twin_name(g): g for g in whole})
 
     @property
     def dynamic_gpus(self) -> tuple[Gpu, ...]:
@@ -153,7 +160,7 @@ class Inventory:
 
     def partition(self, name: str) -> MigPartition | None:
         """The dynamic-MIG offer of this name, or None."""
-        return next((p for p in self.partitions if p.name == name), None)
+        return self._partitions.get(name)
 
     def __iter__(self) -> Iterator[Device]:
         return iter(self.devices)
@@ -171,12 +178,17 @@ class Inventory:
         Every GPU offered whole has one (`vfio_twins`); whether it is published is the kubelet plugin's
         --vfio. It keeps the GPU's UUID, so that a claim holding either one holds the GPU.
         """
-        return next((replace(g, name=name) for g in self.vfio_twins if vfio_twin_name(g) == name), None)
+        gpu = self._twins.get(name)
+        return replace(gpu, name=name) if gpu is not None else None
+
+    def device_or_twin(self, name: str) -> Device | None:
+        """The device of this name, a passthrough twin (its GPU under the twin's name) included."""
+        return self.get(name) or self.vfio_twin(name)
 
     @property
     def vfio_twins(self) -> tuple[Gpu, ...]:
         """The GPUs that get a passthrough twin: those offered whole (not in static MIG mode)."""
-        return tuple(g for g in self.gpus if isinstance(self.get(g.name), Gpu))
+        return tuple(self._twins.values())
 
     def by_uuid(self, uuid: str) -> Device | None:
         """The device with this UUID (a MIG device made for a claim too), or None."""

@@ -213,12 +213,10 @@ def _creation_failed(
 def _heir(action: DeviceAction, uid: str, facts: Facts) -> str:
     """Another prepared claim holding (a share of) the MIG device `action` made for `uid`; "" if none."""
     made = str(action.result.get("uuid", "")) if action.kind == MIG_CREATE and action.done else ""
+    if not made:
+        return ""
     return next(
-        (
-            c.uid
-            for c in facts.prepared.values()
-            if made and c.uid != uid and any(d.uuid == made for d in c.devices)
-        ),
+        (c.uid for c in facts.prepared.values() if c.uid != uid and any(d.uuid == made for d in c.devices)),
         "",
     )
 
@@ -233,8 +231,8 @@ def destroy_claim_devices(node: Node, uid: str, facts: Facts) -> Program[Facts]:
     mine = [a for a in facts.actions if a.claim_uid == uid]
     if not mine:
         return facts
-    heirs = [_heir(a, uid, facts) for a in mine]
-    for action, heir in zip(mine, heirs, strict=True):
+    pairs = [(a, _heir(a, uid, facts)) for a in mine]
+    for action, heir in pairs:
         if action.kind != MIG_CREATE or heir:
             continue
         gpu = _gpu_of(facts.inventory, action)
@@ -247,14 +245,12 @@ def destroy_claim_devices(node: Node, uid: str, facts: Facts) -> Program[Facts]:
         for instance in (yield from ask(ListGpuInstances(gpu.index))):
             if (instance.start, instance.size) == (int(action.params["start"]), int(action.params["size"])):
                 yield DestroyGpuInstance(gpu.index, instance.gpu_instance_id)
-    gone = {
-        str(a.result["uuid"]) for a, heir in zip(mine, heirs, strict=True) if "uuid" in a.result and not heir
-    }
+    gone = {str(a.result["uuid"]) for a, heir in pairs if "uuid" in a.result and not heir}
     inventory = replace(
         facts.inventory, instances=tuple(m for m in facts.inventory.instances if m.uuid not in gone)
     )
     yield SetInventory(inventory)
-    handed = tuple(replace(a, claim_uid=heir) for a, heir in zip(mine, heirs, strict=True) if heir)
+    handed = tuple(replace(a, claim_uid=heir) for a, heir in pairs if heir)
     actions = tuple(a for a in facts.actions if a not in mine) + handed
     yield Save(facts.prepared, actions)
     return replace(facts, actions=actions, inventory=inventory)

@@ -114,13 +114,7 @@ def _shared_attributes(gpu: Gpu, inventory: Inventory, lists: bool) -> dict[str,
         attributes["driverVersion"] = {"version": inventory.driver_version}
     if gpu.pcie_root is not None:
         attributes[PCIE_ROOT_ATTRIBUTE] = _string(gpu.pcie_root)
-    if lists and len(gpu.numa_nodes) > 1:
-        # KEP-5491's list form: the GPU's node first, then the nodes of its socket as close to it.
-        # One node stays an int, so that `numaNode == 0` selectors keep working; matchAttribute
-        # takes a scalar as a list of one.
-        attributes[NUMA_NODE_ATTRIBUTE] = {"ints": list(gpu.numa_nodes)}
-    elif gpu.numa_node is not None:
-        attributes[NUMA_NODE_ATTRIBUTE] = {"int": gpu.numa_node}
+    _add_numa_node(attributes, gpu, lists)
     if gpu.addressing_mode is not None:
         attributes["addressingMode"] = _string(gpu.addressing_mode)
     return attributes
@@ -347,11 +341,18 @@ def vfio_twin_entry(gpu: Gpu, lists: bool = False) -> Obj:
     }
     if gpu.pcie_root is not None:
         attributes[PCIE_ROOT_ATTRIBUTE] = _string(gpu.pcie_root)
+    _add_numa_node(attributes, gpu, lists)
+    return {"name": vfio_twin_name(gpu), "attributes": dict(sorted(attributes.items()))}
+
+
+def _add_numa_node(attributes: dict[str, Obj], gpu: Gpu, lists: bool) -> None:
     if lists and len(gpu.numa_nodes) > 1:
+        # KEP-5491's list form: the GPU's node first, then the nodes of its socket as close to it.
+        # One node stays an int, so that `numaNode == 0` selectors keep working; matchAttribute
+        # takes a scalar as a list of one.
         attributes[NUMA_NODE_ATTRIBUTE] = {"ints": list(gpu.numa_nodes)}
     elif gpu.numa_node is not None:
         attributes[NUMA_NODE_ATTRIBUTE] = {"int": gpu.numa_node}
-    return {"name": vfio_twin_name(gpu), "attributes": dict(sorted(attributes.items()))}
 
 
 def _consumes(entry: Obj, gpu: Gpu, counters: Mapping[str, int]) -> Obj:

@@ -4,6 +4,8 @@ Objects travel as plain JSON dicts, exactly as the API server sends them, so the
 work on the documented wire format. Every call is a coroutine on one aiohttp session, with the
 credentials of dra.adapters.kubeconfig (the `kubernetes` package only for the kubeconfigs it
 cannot read); failures are KubeError subclasses naming the object and the server's answer.
+The one exception is the prepare's claim GET, made from its worker thread on the blocking
+connections of dra.adapters.kubeget (its transport), with the same errors.
 Why aiohttp, and the figures: docs/architecture.md ("Kubernetes client").
 """
 
@@ -19,8 +21,10 @@ from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import aiohttp
+import anyio.from_thread
 
 from dra.adapters import kubeconfig as credentials
+from dra.adapters.kubeget import BlockingPool
 from dra.documents import bounded_int
 
 log = logging.getLogger(__name__)
@@ -119,6 +123,23 @@ def load_credentials(kubeconfig: str | None) -> credentials.Credentials:
         raise KubeError(f"cannot load Kubernetes credentials from {where}: {err}") from None
 
 
+def _claim_path(namespace: str, name: str) -> str:
+    # The kubelet's names go into the path: quoted, `a?watch=1` or `../..` stays one (absent) name.
+    ns, claim = urllib.parse.quote(namespace, safe=""), urllib.parse.quote(name, safe="")
+    return f"{RESOURCE_API}/namespaces/{ns}/resourceclaims/{claim}"
+
+
+def _decode(what: str, status: int, data: bytes) -> Any:
+    """An answer's JSON, or the KubeError its status or body says."""
+    if status >= 400:
+        raise _status_error(what, status, data)
+    try:
+        # Integers too long for int() become infinities that the field's decoder refuses.
+        return json.loads(data or b"{}", parse_int=bounded_int)
+    except (ValueError, RecursionError) as err:
+        raise KubeError(f"{what}: the API server's answer is not JSON ({err})") from None
+
+
 def _describe(err: BaseException) -> str:
     # A timeout says nothing by itself.
     return str(err) or f"no answer in time ({type(err).__name__})"
@@ -137,9 +158,23 @@ class KubeClient:
         self._tls = self._credentials.tls
         self._timeout = timeout
         self._session: aiohttp.ClientSession | None = None
+        # Proxies are aiohttp's to speak: behind one, the blocking GETs go through the session too.
+        self._blocking = (
+            None
+            if self._credentials.proxy
+            else BlockingPool(
+                self.host,
+                self._tls,
+                self._credentials.authorization,
+                self._credentials.tls_server_name,
+                timeout,
+            )
+        )
 
     async def aclose(self) -> None:
         """Release connections."""
+        if self._blocking is not None:
+            self._blocking.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -196,14 +231,10 @@ class KubeClient:
                 # The body is read inside the try: a connection lost mid-body is the same failure
                 # as one lost before it.
                 data = await response.read()
-                if response.status >= 400:
-                    raise _status_error(what, response.status, data)
-                # Integers too long for int() become infinities that the field's decoder refuses.
-                return json.loads(data or b"{}", parse_int=bounded_int)
+                status = response.status
         except (TimeoutError, aiohttp.ClientError, OSError) as err:
             raise UnreachableError(f"API server {self.host} unreachable ({what}): {_describe(err)}") from None
-        except (ValueError, RecursionError) as err:
-            raise KubeError(f"{what}: the API server's answer is not JSON ({err})") from None
+        return _decode(what, status, data)
 
     # -- reads ---------------------------------------------------------------
 
@@ -222,10 +253,20 @@ class KubeClient:
 
     async def get_resource_claim(self, namespace: str, name: str) -> Obj:
         """GET a ResourceClaim (resource.k8s.io/v1)."""
-        # The kubelet's names go into the path: quoted, `a?watch=1` or `../..` stays one (absent) name.
-        ns, claim = urllib.parse.quote(namespace, safe=""), urllib.parse.quote(name, safe="")
-        result: Obj = await self._call("GET", f"{RESOURCE_API}/namespaces/{ns}/resourceclaims/{claim}")
+        result: Obj = await self._call("GET", _claim_path(namespace, name))
         return result
+
+    def read_resource_claim(self, namespace: str, name: str) -> Obj:
+        """GET a ResourceClaim from a worker thread that anyio started: blocks it, not the event loop."""
+        if self._blocking is None:
+            return anyio.from_thread.run(self.get_resource_claim, namespace, name)
+        path = _claim_path(namespace, name)
+        what = f"GET {path}"
+        try:
+            status, data = self._blocking.get(path)
+        except OSError as err:
+            raise UnreachableError(f"API server {self.host} unreachable ({what}): {_describe(err)}") from None
+        return _decode(what, status, data)  # type: ignore[no-any-return]
 
     async def apply_resource_claim_devices(
         self, namespace: str, name: str, uid: str, devices: list[Obj], field_manager: str

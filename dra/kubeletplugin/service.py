@@ -42,8 +42,8 @@ _Answer = TypeVar("_Answer", dra_pb2.NodePrepareResourceResponse, dra_pb2.NodeUn
 class ClaimSource(Protocol):
     """The part of the Kubernetes adapter the service needs."""
 
-    async def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        """GET a ResourceClaim."""
+    def read_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """GET a ResourceClaim from a worker thread (blocking it)."""
 
     async def create_event(
         self, involved: dict[str, Any], reason: str, message: str, *, host: str = ""
@@ -101,6 +101,11 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         self._in_flight = 0
         self._drained: anyio.Event | None = None
         metrics.start_request_series(driver)
+        # Each call's series, looked up once (a labels() call takes a lock and builds a key).
+        calls = ("prepare", "unprepare")
+        self._inflight = {c: metrics.NVIDIA_REQUESTS_INFLIGHT.labels(driver, c) for c in calls}
+        self._succeeded = {c: metrics.NVIDIA_REQUESTS.labels(driver, c) for c in calls}
+        self._request_seconds = {c: metrics.NVIDIA_REQUEST_SECONDS.labels(driver, c) for c in calls}
         metrics.PREPARED.follow(node_name, driver, lambda: prepared_counts(state.prepared))
 
     async def _record_event(self, claim: dict[str, Any], message: str) -> None:
@@ -118,10 +123,10 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
                     "cannot record an event on ResourceClaim %s: %s", claim["metadata"].get("name"), err
                 )
 
-    async def _stale_reason(self, namespace: str, name: str, uid: str) -> str | None:
+    def _stale_reason(self, namespace: str, name: str, uid: str) -> str | None:
         """Why a claim the checkpoint holds no longer needs its devices, or None if it may."""
         try:
-            claim = await self._kube.get_resource_claim(namespace, name)
+            claim = self._kube.read_resource_claim(namespace, name)
         except NotFoundError:
             return "the claim no longer exists"
         except KubeError:
@@ -135,40 +140,34 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
             return "the claim is no longer allocated"
         return None
 
-    def _ask_stale(self, holders: Sequence[PreparedClaim]) -> Mapping[str, str]:
-        """The prepare's AskStale step, answered from its worker thread on the event loop."""
-        return anyio.from_thread.run(self._stale_holders, holders)
-
-    async def _stale_holders(self, holders: Sequence[PreparedClaim]) -> dict[str, str]:
-        """Holders whose claims are gone (the kubelet lost track of them), by UID, with why."""
+    def _stale_holders(self, holders: Sequence[PreparedClaim]) -> dict[str, str]:
+        """The prepare's AskStale step: holders whose claims are gone (the kubelet lost track of them)."""
         stale: dict[str, str] = {}
         for holder in holders:
-            reason = await self._stale_reason(holder.namespace, holder.name, holder.uid)
+            reason = self._stale_reason(holder.namespace, holder.name, holder.uid)
             if reason is not None:
                 stale[holder.uid] = reason
         return stale
 
+    def _read_and_prepare(self, ref: dra_pb2.Claim, read: list[dict[str, Any]]) -> PreparedClaim:
+        """On a worker thread: read the claim (into `read`), then prepare it; both block, not the loop."""
+        claim = self._kube.read_resource_claim(ref.namespace, ref.name)
+        read.append(claim)
+        return self._state.prepare(read_allocation(claim, ref.uid, self.driver), self._stale_holders)
+
     async def _prepare(self, ref: dra_pb2.Claim) -> dra_pb2.NodePrepareResourceResponse:
         started = time.perf_counter()
         name = f"{ref.namespace}/{ref.name}"
-        claim: dict[str, Any] | None = None
+        read: list[dict[str, Any]] = []
         result = "error"
-        # NVIDIA's error_type: its prepare_devices covers all of prepare; reading the claim is our own
-        # step (NVIDIA's framework reads it before its driver's code runs).
-        error_type = "get_claim"
-        inflight = metrics.NVIDIA_REQUESTS_INFLIGHT.labels(self.driver, "prepare")
+        inflight = self._inflight["prepare"]
         inflight.inc()
         try:
-            claim = await self._kube.get_resource_claim(ref.namespace, ref.name)
-            error_type = "prepare_devices"
-            allocation = read_allocation(claim, ref.uid, self.driver)
-            prepared = await anyio.to_thread.run_sync(self._state.prepare, allocation, self._ask_stale)
+            prepared = await anyio.to_thread.run_sync(self._read_and_prepare, ref, read)
             result = "success"
             # As NVIDIA's driver counts them: only the requests that succeed.
-            metrics.NVIDIA_REQUESTS.labels(self.driver, "prepare").inc()
-            metrics.NVIDIA_REQUEST_SECONDS.labels(self.driver, "prepare").observe(
-                time.perf_counter() - started
-            )
+            self._succeeded["prepare"].inc()
+            self._request_seconds["prepare"].observe(time.perf_counter() - started)
             if self._status is not None:
                 # The inventory has the MIG devices this prepare made.
                 self._status.prepared(prepared, self._state.inventory)
@@ -181,8 +180,8 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
             return dra_pb2.NodePrepareResourceResponse(error=f"cannot read ResourceClaim {name}: {err}")
         except ClaimError as err:
             log.warning("prepare %s (%s) failed: %s", name, ref.uid, err)
-            if claim is not None:
-                await self._record_event(claim, str(err))
+            if read:
+                await self._record_event(read[0], str(err))
             return dra_pb2.NodePrepareResourceResponse(error=str(err))
         except Exception as err:
             log.exception("internal error preparing %s (%s)", name, ref.uid)
@@ -190,21 +189,23 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         finally:
             inflight.dec()
             if result != "success":
-                metrics.NVIDIA_PREPARE_ERRORS.labels(self.driver, error_type).inc()
+                # NVIDIA's error_type: its prepare_devices covers all of prepare; reading the claim is
+                # our own step (NVIDIA's framework reads it before its driver's code runs).
+                metrics.NVIDIA_PREPARE_ERRORS.labels(
+                    self.driver, "prepare_devices" if read else "get_claim"
+                ).inc()
             metrics.PREPARE_SECONDS.labels(result).observe(time.perf_counter() - started)
 
     async def _unprepare(self, ref: dra_pb2.Claim) -> dra_pb2.NodeUnprepareResourceResponse:
         started = time.perf_counter()
         result = "error"
-        inflight = metrics.NVIDIA_REQUESTS_INFLIGHT.labels(self.driver, "unprepare")
+        inflight = self._inflight["unprepare"]
         inflight.inc()
         try:
             await anyio.to_thread.run_sync(self._state.unprepare, ref.uid)
             result = "success"
-            metrics.NVIDIA_REQUESTS.labels(self.driver, "unprepare").inc()
-            metrics.NVIDIA_REQUEST_SECONDS.labels(self.driver, "unprepare").observe(
-                time.perf_counter() - started
-            )
+            self._succeeded["unprepare"].inc()
+            self._request_seconds["unprepare"].observe(time.perf_counter() - started)
             if self._status is not None:
                 self._status.unprepared(ref.namespace, ref.name, ref.uid)
             return dra_pb2.NodeUnprepareResourceResponse()

@@ -78,6 +78,9 @@ class _MemoryClaims:
     async def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
         return _claim(name)
 
+    def read_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        return _claim(name)
+
     async def create_event(
         self, involved: dict[str, Any], reason: str, message: str, *, host: str = ""
     ) -> None:

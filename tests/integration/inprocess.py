@@ -5,7 +5,8 @@ thread of their own with an asyncio loop, as the daemon does, and yields a
 channel to the socket. `StubKube` stands in for the API server behind
 dra.kubeletplugin.service.ClaimSource. It answers the two calls the DRA
 service makes the way dra.adapters.kube.KubeClient does against a real API
-server: get_resource_claim returns the stored object as JSON would decode it,
+server: read_resource_claim (and get_resource_claim, its event-loop twin) returns
+the stored object as JSON would decode it,
 raises NotFoundError (status 404, message "GET <path>: 404 <reason>", as
 KubeClient._call builds it) for a name it does not hold, and UnreachableError
 (status 0) while `reachable` is False; create_event records the event. The
@@ -72,6 +73,10 @@ class StubKube:
         return claim
 
     async def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """The stored claim, as the event loop's GET answers it."""
+        return self.read_resource_claim(namespace, name)
+
+    def read_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
         """The stored claim (a copy, as every GET decodes a fresh one)."""
         path = f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims/{name}"
         if not self.reachable:

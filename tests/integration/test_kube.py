@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
+import anyio.to_thread
 import pytest
 import yaml
 from localcluster.cluster import ClusterInfo
@@ -62,6 +63,29 @@ async def test_an_odd_claim_name_is_one_missing_name_not_another_request(
     with pytest.raises(KubeError) as raised:
         await client.get_resource_claim(namespace, name)
     assert raised.value.status in (400, 404), raised.value
+
+
+async def test_the_prepares_blocking_get_reads_what_the_loops_get_reads(
+    client: KubeClient, kube: Kube, namespace: str
+) -> None:
+    # Over TLS with the cluster's credentials, as the kubelet plugin's worker threads make it.
+    kube.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "claim", "namespace": namespace},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]}},
+        }
+    )
+    for _ in range(3):
+        read = await anyio.to_thread.run_sync(client.read_resource_claim, namespace, "claim")
+        assert read == await client.get_resource_claim(namespace, "claim")
+    with pytest.raises(NotFoundError, match=r"/resourceclaims/nope: 404 .*not found"):
+        await anyio.to_thread.run_sync(client.read_resource_claim, namespace, "nope")
+    for name in ["?watch=true", "../../../../../../api/v1/namespaces/default", "a/b"]:
+        with pytest.raises(KubeError) as raised:
+            await anyio.to_thread.run_sync(client.read_resource_claim, namespace, name)
+        assert raised.value.status in (400, 404), raised.value
 
 
 async def test_a_create_of_an_existing_slice_and_a_stale_replace_conflict(

@@ -53,7 +53,7 @@ def test_the_set_is_nvidias() -> None:
 class Claims:
     """The API server's claims: one allocated GPU for claim-a; claim-gone is not there."""
 
-    async def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+    def read_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
         if name == "claim-gone":
             raise NotFoundError("not found", 404)
         result = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-0"}

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.from_thread
 import grpc
 import pytest
 
@@ -256,9 +257,9 @@ class SlowClaims:
         self.asked = anyio.Event()
         self.answer = anyio.Event()
 
-    async def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        self.asked.set()
-        await self.answer.wait()
+    def read_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        anyio.from_thread.run_sync(self.asked.set)
+        anyio.from_thread.run(self.answer.wait)
         result = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-0"}
         return {
             "metadata": {"namespace": namespace, "name": name, "uid": UID_A},

@@ -93,8 +93,11 @@ def _action_from_json(data: Mapping[str, Any]) -> DeviceAction:
 
 
 def _checksum(claims: Any) -> str:
-    canonical = json.dumps(claims, sort_keys=True, separators=(",", ":")).encode()
-    return "sha256:" + hashlib.sha256(canonical).hexdigest()
+    return _sum(json.dumps(claims, sort_keys=True, separators=(",", ":")))
+
+
+def _sum(canonical: str) -> str:
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def encode(claims: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction] = ()) -> bytes:
@@ -120,7 +123,8 @@ _HINT = (
 def _record_line(record: dict[str, Any]) -> bytes:
     """One appended change, with the checksum of the rest of the line."""
     canonical = json.dumps(record, sort_keys=True, separators=(",", ":"))
-    return f'{canonical[:-1]},"sum":"{_checksum(record)}"}}\n'.encode()
+    # The checksum is of the same canonical text: encoded once, not twice.
+    return f'{canonical[:-1]},"sum":"{_sum(canonical)}"}}\n'.encode()
 
 
 def encode_changes(

@@ -9,8 +9,10 @@ apply on the status subresource under this node's field manager (other drivers' 
 
 The writes wait for a lull in the kubelet's calls (QUIET seconds without a new change, or
 MOST_DELAY after the oldest waiting one): each apply costs the event loop about 0.6 ms of CPU,
-which the next prepare of a pod's burst would otherwise wait behind. A claim unprepared before
-its entries were written needs no write at all.
+which the next prepare of a pod's burst would otherwise wait behind. A write let through by
+MOST_DELAY while calls still come is followed by PACE seconds before the next: a backlog (a
+thousand claims prepared at once) trickles out beside the calls instead of crowding them. A
+claim unprepared before its entries were written needs no write at all.
 
 What the API server keeps is learnt from the first write: a server with
 DRAResourceClaimDeviceStatus off (beta and on by default since 1.33, GA in 1.37) answers
@@ -42,6 +44,8 @@ _RETRY_SECONDS = (1.0, 2.0, 5.0, 10.0, 30.0)
 #: Seconds without a new change before the writes start, and the most a change waits for that lull.
 QUIET = 0.1
 MOST_DELAY = 1.0
+#: Seconds between writes while changes keep coming (a backlog let through by MOST_DELAY).
+PACE = 0.02
 
 
 class StatusClient(Protocol):
@@ -142,6 +146,9 @@ class ClaimStatusWriter:
                     delay = _RETRY_SECONDS[min(self._retries, len(_RETRY_SECONDS) - 1)]
                     self._retries += 1
                     await anyio.sleep(delay)
+                elif self._pending and time.monotonic() - self._last_change < QUIET:
+                    # The kubelet is calling: the API server's and this loop's time is the calls' first.
+                    await anyio.sleep(PACE)
 
     async def _write(self, write: _Write) -> bool:
         """One apply; False when the API server did not answer and it is to be tried again."""

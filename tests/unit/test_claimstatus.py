@@ -151,6 +151,30 @@ async def test_a_change_waits_no_longer_than_the_most_delay(monkeypatch: pytest.
         group.cancel_scope.cancel()
 
 
+async def test_a_backlog_is_paced_while_changes_keep_coming(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(claimstatus, "QUIET", 0.05)
+    monkeypatch.setattr(claimstatus, "MOST_DELAY", 0.0)
+    monkeypatch.setattr(claimstatus, "PACE", 0.1)
+    server = FakeServer()
+    writer = ClaimStatusWriter(server, DRIVER, NODE)
+    backlog = [PreparedClaim(f"uid-{i}", "team", f"c{i}", CLAIM.devices) for i in range(10)]
+    churn = PreparedClaim("uid-churn", "team", "churn", CLAIM.devices)
+    async with anyio.create_task_group() as group:
+        for claim in backlog:
+            writer.prepared(claim, INVENTORY)
+        group.start_soon(writer.run)
+        # Calls every 10 ms: the writes go one per PACE, not all at once.
+        for _ in range(30):
+            writer.prepared(churn, INVENTORY)
+            writer.unprepared("team", "churn", "uid-churn")
+            await anyio.sleep(0.01)
+        assert 2 <= len(server.calls) <= 5
+        # Once the calls stop, the rest go without a pause.
+        await anyio.sleep(0.2)
+        assert len(server.calls) == 10
+        group.cancel_scope.cancel()
+
+
 async def test_an_unreachable_server_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(claimstatus, "_RETRY_SECONDS", (0.0,))
     server = FakeServer()

@@ -111,7 +111,9 @@ def encode(claims: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction] 
             checksum=_checksum({"claims": body, "actions": recorded}),
             actions=recorded,
         )
-    return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
+    # Compact: json's C encoder (an indented one runs in Python: 137 ms for 1,000 claims, during the
+    # prepare whose save compacts the file). Readers take either; the lines after it are compact too.
+    return (json.dumps(document, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
 
 _HINT = (

@@ -576,7 +576,10 @@ def _write_and_record(
     if not plan.record:
         return 0, facts
     released = {r.holder.uid for r in plan.release}
-    updated = {uid: c for uid, c in facts.prepared.items() if uid not in released}
+    # Copied whole and then trimmed: a C copy, not a Python pass over a thousand claims.
+    updated = dict(facts.prepared)
+    for uid in released:
+        updated.pop(uid, None)
     updated[plan.claim.uid] = plan.claim
     actions = tuple(a for a in facts.actions if a.claim_uid not in released)
     try:
@@ -648,7 +651,8 @@ def unprepare(node: Node, uid: str, facts: Facts) -> Program[PreparedClaim | Non
         yield RemoveMetadata(
             devicemetadata.claim_dir(claim.namespace, claim.name), point="unprepare.metadata-removed"
         )
-    others = {k: v for k, v in facts.prepared.items() if k != uid}
+    others = dict(facts.prepared)
+    others.pop(uid, None)
     if node.time_slicing:
         yield RestoreTimeSlices(tuple(sharing.time_slices_to_restore(uid, facts.prepared)))
     if node.mps:

@@ -583,7 +583,9 @@ def _write_and_record(
     updated[plan.claim.uid] = plan.claim
     actions = tuple(a for a in facts.actions if a.claim_uid not in released)
     try:
-        ticket = yield from ask(Save(updated, actions, durable=False))
+        ticket = yield from ask(
+            Save(updated, actions, durable=False, changed=frozenset({*released, plan.claim.uid}))
+        )
     except StepError as err:
         # A failed directory fsync comes after the rename: put back the record the kubelet is told of.
         with contextlib.suppress(StepError):
@@ -675,6 +677,8 @@ def unprepare(node: Node, uid: str, facts: Facts) -> Program[PreparedClaim | Non
         ) from None
     yield from migdevices.release_mig_mode(node, parents, facts)
     # Not fsynced: an entry back after a power loss is a stale holder, released when needed.
-    yield Save(others, facts.actions, durable=False, point="unprepare.checkpoint-saved")
+    yield Save(
+        others, facts.actions, durable=False, changed=frozenset({uid}), point="unprepare.checkpoint-saved"
+    )
     yield Log("info", f"unprepared claim {claim.namespace}/{claim.name} ({uid})")
     return claim

@@ -101,6 +101,20 @@ class Facts:
         """The prepared claims by device, built once for these facts."""
         return Holders(self.prepared)
 
+    @classmethod
+    def indexed(
+        cls,
+        prepared: Mapping[str, PreparedClaim],
+        actions: tuple[DeviceAction, ...],
+        inventory: Inventory,
+        holders: Holders,
+    ) -> Facts:
+        """Facts whose holders index is given (the executor keeps one of its claims up to date)."""
+        facts = cls(prepared, actions, inventory)
+        # The cached property's own slot; a copy made with replace() builds its own index.
+        facts.__dict__["holders"] = holders
+        return facts
+
 
 # -- questions ---------------------------------------------------------------------------------
 
@@ -220,6 +234,9 @@ class Save(Query[int]):
     prepared: Mapping[str, PreparedClaim]
     actions: tuple[DeviceAction, ...]
     durable: bool = True
+    #: The UIDs whose claims this save adds, replaces or drops against the state it was built from;
+    #: None when not said. The executor carries its holders index over the save in that time.
+    changed: frozenset[str] | None = None
 
 
 # -- effects -----------------------------------------------------------------------------------

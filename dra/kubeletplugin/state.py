@@ -32,7 +32,7 @@ from dra.gpu.library import ERROR_INSUFFICIENT_RESOURCES, GpuLibrary, GpuLibrary
 from dra.kubeletplugin.mps import MpsDaemons, MpsError
 from dra.kubeletplugin.timeslice import TimeSliceError, TimeSlicer
 from dra.model.devices import Inventory
-from dra.model.prepared import VFIO_BIND, DeviceAction, PreparedClaim
+from dra.model.prepared import VFIO_BIND, DeviceAction, Holders, PreparedClaim
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,15 @@ StaleCheck = Callable[[Sequence[PreparedClaim]], Mapping[str, str]]
 _STEP_ERRORS = (OSError, GpuLibraryError, TimeSliceError, MpsError)
 
 _LOG_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+def _differs_only_in(
+    before: Mapping[str, PreparedClaim], after: Mapping[str, PreparedClaim], changed: frozenset[str]
+) -> bool:
+    """A check in the time of `changed` that a save's claims are the executor's but for those."""
+    added = sum(uid in after and uid not in before for uid in changed)
+    dropped = sum(uid in before and uid not in after for uid in changed)
+    return len(after) == len(before) + added - dropped
 
 
 def _every_holder_live(holders: Sequence[PreparedClaim]) -> Mapping[str, str]:
@@ -104,6 +113,8 @@ class DeviceState:
         # Replaced by each save, never changed in place: a program's Facts can hold them without a copy.
         self._prepared: Mapping[str, PreparedClaim] = prepared
         self._actions = tuple(actions)
+        #: Who holds which device: carried over each save that says what it changed, else rebuilt.
+        self._holders = Holders(prepared)
 
     @property
     def prepared(self) -> Mapping[str, PreparedClaim]:
@@ -120,7 +131,9 @@ class DeviceState:
         return frozenset(str(a.params["gpu"]) for a in self._actions if a.kind == VFIO_BIND)
 
     def _facts(self) -> s.Facts:
-        return s.Facts(self._prepared, self._actions, self.inventory)
+        if self._holders.prepared is not self._prepared:
+            self._holders = Holders(self._prepared)
+        return s.Facts.indexed(self._prepared, self._actions, self.inventory, self._holders)
 
     # -- the calls -------------------------------------------------------------------------------
 
@@ -260,6 +273,12 @@ class DeviceState:
 
     def _save(self, step: s.Save) -> int:
         ticket = self._checkpoint.save(step.prepared, step.actions, step.durable)
+        if (
+            step.changed is not None
+            and self._holders.prepared is self._prepared
+            and _differs_only_in(self._prepared, step.prepared, step.changed)
+        ):
+            self._holders = self._holders.updated(step.prepared, step.changed)
         self._prepared, self._actions = step.prepared, step.actions
         return ticket
 

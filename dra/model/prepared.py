@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,10 @@ class Holders:
     """
 
     def __init__(self, prepared: Mapping[str, PreparedClaim]) -> None:
+        #: The claims indexed (the very mapping: a save replaces it, never changes it in place).
+        self.prepared = prepared
         self._order = {uid: position for position, uid in enumerate(prepared)}
+        self._next = len(self._order)
         # As PreparedDevice.is_device matches: by UUID where one is recorded, else by name.
         self._by_uuid: dict[str, list[PreparedClaim]] = {}
         #: Every entry by the device name the kubelet knows it by, UUID or not.
@@ -119,6 +126,46 @@ class Holders:
                 if device.uuid:
                     self._by_uuid.setdefault(device.uuid, []).append(claim)
                 self._by_name.setdefault(device.device, []).append((claim, device))
+
+    def updated(self, prepared: Mapping[str, PreparedClaim], changed: frozenset[str]) -> Holders:
+        """The index of `prepared`, which differs from the claims indexed here only in `changed`.
+
+        Built in the time of the change (a save at 1,000 claims held changes one or two); this index
+        stays as it was. A claim added comes after the others, one replaced keeps its place: the
+        order in which a prepare's saves build their claims.
+        """
+        index = copy.copy(self)
+        index.prepared = prepared
+        index._order = dict(self._order)
+        # Only the lists of the devices the changed claims hold are copied; the rest are shared.
+        index._by_uuid, index._by_name = dict(self._by_uuid), dict(self._by_name)
+        for old in (self.prepared[uid] for uid in changed if uid in self.prepared):
+            for device in old.devices:
+                if device.uuid in index._by_uuid:
+                    _keep(
+                        index._by_uuid, device.uuid, [c for c in index._by_uuid[device.uuid] if c is not old]
+                    )
+                if device.device in index._by_name:
+                    named = index._by_name[device.device]
+                    _keep(index._by_name, device.device, [e for e in named if e[0] is not old])
+        added = [uid for uid in changed if uid in prepared and uid not in self._order]
+        # Added claims end the mapping, in its order; elsewhere the order is not what this index keeps.
+        tail = list(prepared)[len(prepared) - len(added) :] if added else []
+        if set(tail) != set(added):
+            return Holders(prepared)
+        for uid in tail:
+            index._order[uid] = index._next
+            index._next += 1
+        for uid in (*(u for u in changed if u not in added), *tail):
+            claim = prepared.get(uid)
+            if claim is None:
+                index._order.pop(uid, None)
+                continue
+            for device in claim.devices:
+                if device.uuid:
+                    index._by_uuid[device.uuid] = [*index._by_uuid.get(device.uuid, ()), claim]
+                index._by_name[device.device] = [*index._by_name.get(device.device, ()), (claim, device)]
+        return index
 
     def of(self, name: str, uuid: str, uid: str, share_id: str = "") -> list[PreparedClaim]:
         """The claims other than `uid` holding that device (or clashing with that share), in their order."""
@@ -130,4 +177,12 @@ class Holders:
 
     def named(self, name: str) -> list[tuple[PreparedClaim, PreparedDevice]]:
         """Every (claim, entry) whose entry the kubelet knows by this device name, in the claims' order."""
-        return self._by_name.get(name, [])
+        return sorted(self._by_name.get(name, []), key=lambda entry: self._order[entry[0].uid])
+
+
+def _keep(index: dict[str, list[T]], key: str, entries: list[T]) -> None:
+    """Set an index entry, or drop it when nothing is left in it."""
+    if entries:
+        index[key] = entries
+    else:
+        del index[key]

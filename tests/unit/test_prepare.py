@@ -380,3 +380,50 @@ def test_the_holders_index_finds_what_a_scan_of_every_claim_finds() -> None:
                 for uid in ("uid-0", "uid-5", "new"):
                     scan = [c for c in prepared.values() if c.uid != uid and c.holds(name, uuid, share)]
                     assert holders.of(name, uuid, uid, share) == scan, (name, uuid, share, uid)
+
+
+def test_an_index_carried_over_saves_answers_as_one_built_afresh() -> None:
+    # The executor carries Holders over each save that names its changed claims (Holders.updated):
+    # after any run of adds, replacements and drops, every question gets a fresh index's answer.
+    import random
+
+    rng = random.Random(11)
+    names = [f"gpu-{i}" for i in range(4)] + ["gpu-0-mig-1g10gb-at0"]
+
+    def claim(uid: str) -> PreparedClaim:
+        devices = tuple(
+            PreparedDevice(
+                ("r",),
+                "node",
+                name,
+                (),
+                admin_access=rng.random() < 0.3,
+                uuid=rng.choice(["", f"GPU-{name}"]),
+                share_id=rng.choice(["", "s1"]),
+            )
+            for name in rng.sample(names, rng.randint(1, 2))
+        )
+        return PreparedClaim(uid, "ns", f"c-{uid}", devices)
+
+    prepared: dict[str, PreparedClaim] = {f"uid-{n}": claim(f"uid-{n}") for n in range(20)}
+    holders = Holders(prepared)
+    for step in range(300):
+        updated = dict(prepared)
+        changed = set()
+        for _ in range(rng.randint(1, 3)):
+            uid = rng.choice([*updated, f"new-{step}-{rng.random()}"]) if updated else f"new-{step}"
+            if uid in updated and rng.random() < 0.5:
+                del updated[uid]
+            else:
+                updated[uid] = claim(uid)
+            changed.add(uid)
+        earlier = holders
+        holders = holders.updated(updated, frozenset(changed))
+        assert earlier.prepared is prepared, "the index carried over stays the old one's"
+        prepared = updated
+        fresh = Holders(prepared)
+        for name in names:
+            assert holders.named(name) == fresh.named(name), (step, name)
+            for uuid in ("", f"GPU-{name}"):
+                for uid in ("uid-0", "new"):
+                    assert holders.of(name, uuid, uid, "s1") == fresh.of(name, uuid, uid, "s1"), (step, name)

@@ -58,10 +58,12 @@ def time_slice_conflict(
 def time_slices_to_restore(uid: str, prepared: Mapping[str, PreparedClaim]) -> list[str]:
     """GPUs that go back to Default when claim `uid` is unprepared: no other claim sets their interval."""
     claim = prepared.get(uid)
-    if claim is None:
+    timed = {d.uuid for _, d in _timed([claim])} if claim is not None else set()
+    if not timed:
+        # Most claims set no interval: the other claims need not be walked (1,000 of them on a node).
         return []
     others = wanted_time_slices({k: v for k, v in prepared.items() if k != uid})
-    return sorted({d.uuid for _, d in _timed([claim]) if d.uuid not in others})
+    return sorted(timed - others.keys())
 
 
 def share_env(device: PreparedDevice) -> list[str]:

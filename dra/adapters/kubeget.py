@@ -80,7 +80,9 @@ class BlockingPool:
     ) -> None:
         """`host` is the server's URL (https://name:port or http://...), as a kubeconfig has it."""
         scheme, _, rest = host.partition("://")
-        authority = rest.split("/", 1)[0]
+        authority, slash, prefix = rest.partition("/")
+        # A server URL may carry a path (an API server behind a proxy path): every request starts with it.
+        self._prefix = (slash + prefix).rstrip("/")
         self._tls = tls if scheme == "https" else None
         if scheme == "https" and tls is None:
             self._tls = ssl.create_default_context()
@@ -97,9 +99,8 @@ class BlockingPool:
         """GET `path`: the status and the body. HttpError (an OSError) when no answer came."""
         deadline = time.monotonic() + self._timeout
         token = self._authorization()
-        request = (
-            f"GET {path} HTTP/1.1\r\n{self._head}" + (f"Authorization: {token}\r\n" if token else "") + "\r\n"
-        ).encode()
+        authorization = f"Authorization: {token}\r\n" if token else ""
+        request = f"GET {self._prefix}{path} HTTP/1.1\r\n{self._head}{authorization}\r\n".encode()
         pooled = self._take()
         if pooled is not None:
             try:

@@ -71,6 +71,22 @@ async def test_one_connection_carries_every_get_while_the_server_keeps_it(tmp_pa
     assert len(connections) == 1
 
 
+async def test_a_server_url_with_a_path_keeps_it_in_front_of_every_request(tmp_path: Path) -> None:
+    server = Server([_response(200, CLAIM)])
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    kubeconfig = write_kubeconfig(
+        tmp_path / "kubeconfig", server=f"http://127.0.0.1:{port}/k8s/clusters/c-1/"
+    )
+    client = KubeClient(str(kubeconfig))
+    async with anyio.create_task_group() as group:
+        group.start_soon(listener.serve, server.handle)
+        assert await _read(client) == json.loads(CLAIM)
+        await client.aclose()
+        group.cancel_scope.cancel()
+    assert server.requests[0].startswith(b"GET /k8s/clusters/c-1/apis/resource.k8s.io/v1/namespaces/ns/")
+
+
 async def test_a_chunked_answer_is_joined(tmp_path: Path) -> None:
     async with _client(tmp_path, Server(_chunked(CLAIM[:10], CLAIM[10:]))) as client:
         assert await _read(client) == json.loads(CLAIM)

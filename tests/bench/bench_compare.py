@@ -175,9 +175,10 @@ def _go(cluster: ClusterInfo, binary: Path, devices: int, cdi: Path) -> Contende
 
 def _devices(kube: Kube, driver: str, node: str) -> list[str]:
     slices = kube.list_objects("resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.driver={driver}")
-    return sorted(
-        d["name"] for s in slices if s["spec"].get("nodeName") == node for d in s["spec"].get("devices") or []
-    )
+    # Once each: while a driver replaces a slice, both generations can be listed, and a device named
+    # twice would be allocated to two claims of the round robin.
+    mine = [s["spec"] for s in slices if s["spec"].get("nodeName") == node]
+    return sorted({d["name"] for spec in mine for d in spec.get("devices") or []})
 
 
 class _KubeletLog:

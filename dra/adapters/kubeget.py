@@ -159,11 +159,8 @@ class BlockingPool:
                 if not data:
                     if not received and reused:
                         raise _StaleError("the server closed the connection before answering")
-                    # Without a length or chunks, the end of the connection ends the body.
-                    parser.feed_data(b"")
-                    if not answer.done:
-                        raise HttpError("the server closed the connection in the middle of its answer")
-                    break
+                    # The API server frames every answer (a length or chunks): an end before it is a cut.
+                    raise HttpError("the server closed the connection in the middle of its answer")
                 received += len(data)
                 if not answer.headers_done and received > MAX_HEAD:
                     raise HttpError(f"the answer's headers exceed {MAX_HEAD} bytes")

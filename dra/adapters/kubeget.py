@@ -34,7 +34,6 @@ class _Answer:
     def __init__(self) -> None:
         self.body: list[bytes] = []
         self.size = 0
-        self.head = 0
         self.headers_done = False
         self.done = False
         #: Whether the connection may carry the next request; httptools forgets once the message ends.
@@ -43,22 +42,14 @@ class _Answer:
         #: Why a callback refused the answer (httptools reports only that a callback failed).
         self.refused: HttpError | None = None
 
-    def _refuse(self, why: str) -> None:
-        self.refused = HttpError(why)
-        raise self.refused
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.head += len(name) + len(value)
-        if self.head > MAX_HEAD:
-            self._refuse(f"the answer's headers exceed {MAX_HEAD} bytes")
-
     def on_headers_complete(self) -> None:
         self.headers_done = True
 
     def on_body(self, chunk: bytes) -> None:
         self.size += len(chunk)
         if self.size > MAX_BODY:
-            self._refuse(f"the answer exceeds {MAX_BODY} bytes")
+            self.refused = HttpError(f"the answer exceeds {MAX_BODY} bytes")
+            raise self.refused
         self.body.append(chunk)
 
     def on_message_complete(self) -> None:
@@ -162,6 +153,7 @@ class BlockingPool:
                     # The API server frames every answer (a length or chunks): an end before it is a cut.
                     raise HttpError("the server closed the connection in the middle of its answer")
                 received += len(data)
+                # The status line and headers are bounded here, by what came before they ended.
                 if not answer.headers_done and received > MAX_HEAD:
                     raise HttpError(f"the answer's headers exceed {MAX_HEAD} bytes")
                 parser.feed_data(data)

@@ -179,6 +179,9 @@ class KubeClient:
             await self._session.close()
             self._session = None
 
+    def _unreachable(self, what: str, err: BaseException) -> UnreachableError:
+        return UnreachableError(f"API server {self.host} unreachable ({what}): {_describe(err)}")
+
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(
@@ -233,7 +236,7 @@ class KubeClient:
                 data = await response.read()
                 status = response.status
         except (TimeoutError, aiohttp.ClientError, OSError) as err:
-            raise UnreachableError(f"API server {self.host} unreachable ({what}): {_describe(err)}") from None
+            raise self._unreachable(what, err) from None
         return _decode(what, status, data)
 
     # -- reads ---------------------------------------------------------------
@@ -265,7 +268,7 @@ class KubeClient:
         try:
             status, data = self._blocking.get(path)
         except OSError as err:
-            raise UnreachableError(f"API server {self.host} unreachable ({what}): {_describe(err)}") from None
+            raise self._unreachable(what, err) from None
         return _decode(what, status, data)  # type: ignore[no-any-return]
 
     async def apply_resource_claim_devices(

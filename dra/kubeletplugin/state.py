@@ -47,15 +47,6 @@ _STEP_ERRORS = (OSError, GpuLibraryError, TimeSliceError, MpsError)
 _LOG_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
-def _differs_only_in(
-    before: Mapping[str, PreparedClaim], after: Mapping[str, PreparedClaim], changed: frozenset[str]
-) -> bool:
-    """A check in the time of `changed` that a save's claims are the executor's but for those."""
-    added = sum(uid in after and uid not in before for uid in changed)
-    dropped = sum(uid in before and uid not in after for uid in changed)
-    return len(after) == len(before) + added - dropped
-
-
 def _every_holder_live(holders: Sequence[PreparedClaim]) -> Mapping[str, str]:
     return {}
 
@@ -273,11 +264,7 @@ class DeviceState:
 
     def _save(self, step: s.Save) -> int:
         ticket = self._checkpoint.save(step.prepared, step.actions, step.durable)
-        if (
-            step.changed is not None
-            and self._holders.prepared is self._prepared
-            and _differs_only_in(self._prepared, step.prepared, step.changed)
-        ):
+        if step.changed is not None and self._holders.prepared is self._prepared:
             self._holders = self._holders.updated(step.prepared, step.changed)
         self._prepared, self._actions = step.prepared, step.actions
         return ticket

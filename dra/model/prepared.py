@@ -132,8 +132,15 @@ class Holders:
 
         Built in the time of the change (a save at 1,000 claims held changes one or two); this index
         stays as it was. A claim added comes after the others, one replaced keeps its place: the
-        order in which a prepare's saves build their claims.
+        order in which a prepare's saves build their claims. Where `prepared` does not fit that
+        (its size or its last keys say otherwise), the index is built afresh.
         """
+        added = [uid for uid in changed if uid in prepared and uid not in self._order]
+        dropped = sum(uid in self.prepared and uid not in prepared for uid in changed)
+        # Added claims end the mapping, in its order.
+        tail = list(prepared)[len(prepared) - len(added) :] if added else []
+        if len(prepared) != len(self.prepared) + len(added) - dropped or set(tail) != set(added):
+            return Holders(prepared)
         index = copy.copy(self)
         index.prepared = prepared
         index._order = dict(self._order)
@@ -148,11 +155,6 @@ class Holders:
                 if device.device in index._by_name:
                     named = index._by_name[device.device]
                     _keep(index._by_name, device.device, [e for e in named if e[0] is not old])
-        added = [uid for uid in changed if uid in prepared and uid not in self._order]
-        # Added claims end the mapping, in its order; elsewhere the order is not what this index keeps.
-        tail = list(prepared)[len(prepared) - len(added) :] if added else []
-        if set(tail) != set(added):
-            return Holders(prepared)
         for uid in tail:
             index._order[uid] = index._next
             index._next += 1

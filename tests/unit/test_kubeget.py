@@ -9,6 +9,8 @@ server, over TLS.)
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -19,7 +21,6 @@ import yaml
 
 from dra.adapters import kubeget
 from dra.adapters.kube import KubeClient, KubeError, NotFoundError, UnreachableError
-from tests.unit.helpers import write_kubeconfig
 from tests.unit.test_kube import Server, _chunked, _client, _response
 
 pytestmark = pytest.mark.anyio
@@ -30,6 +31,39 @@ PATH = b"GET /apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c HTTP/1.1\r\
 
 async def _read(client: KubeClient, name: str = "c") -> object:
     return await anyio.to_thread.run_sync(client.read_resource_claim, "ns", name)
+
+
+def _kubeconfig(tmp_path: Path, cluster: dict[str, str]) -> str:
+    """A kubeconfig with a token for a cluster with these fields (server, proxy-url)."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "clusters": [{"name": "c", "cluster": cluster}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    return str(path)
+
+
+@asynccontextmanager
+async def _serving(
+    tmp_path: Path, handle: Callable[[anyio.abc.SocketStream], Awaitable[None]], **cluster: str
+) -> AsyncIterator[KubeClient]:
+    """A client of a cluster whose fields are `cluster` ({port}: the listener's), `handle` serving it."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    client = KubeClient(_kubeconfig(tmp_path, {k: v.format(port=port) for k, v in cluster.items()}))
+    async with anyio.create_task_group() as group:
+        group.start_soon(listener.serve, handle)
+        try:
+            yield client
+        finally:
+            await client.aclose()
+            group.cancel_scope.cancel()
 
 
 async def test_a_claim_is_read_with_the_token_on_a_kept_connection(tmp_path: Path) -> None:
@@ -59,31 +93,18 @@ async def test_one_connection_carries_every_get_while_the_server_keeps_it(tmp_pa
                 _, _, pending = pending.partition(b"\r\n\r\n")
                 await stream.send(_response(200, CLAIM))
 
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    port = listener.extra(anyio.abc.SocketAttribute.local_port)
-    client = KubeClient(str(write_kubeconfig(tmp_path / "kubeconfig", server=f"http://127.0.0.1:{port}")))
-    async with anyio.create_task_group() as group:
-        group.start_soon(listener.serve, keep)
+    async with _serving(tmp_path, keep, server="http://127.0.0.1:{port}") as client:
         for _ in range(5):
             assert await _read(client) == json.loads(CLAIM)
-        await client.aclose()
-        group.cancel_scope.cancel()
     assert len(connections) == 1
 
 
 async def test_a_server_url_with_a_path_keeps_it_in_front_of_every_request(tmp_path: Path) -> None:
     server = Server([_response(200, CLAIM)])
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    port = listener.extra(anyio.abc.SocketAttribute.local_port)
-    kubeconfig = write_kubeconfig(
-        tmp_path / "kubeconfig", server=f"http://127.0.0.1:{port}/k8s/clusters/c-1/"
-    )
-    client = KubeClient(str(kubeconfig))
-    async with anyio.create_task_group() as group:
-        group.start_soon(listener.serve, server.handle)
+    async with _serving(
+        tmp_path, server.handle, server="http://127.0.0.1:{port}/k8s/clusters/c-1/"
+    ) as client:
         assert await _read(client) == json.loads(CLAIM)
-        await client.aclose()
-        group.cancel_scope.cancel()
     assert server.requests[0].startswith(b"GET /k8s/clusters/c-1/apis/resource.k8s.io/v1/namespaces/ns/")
 
 
@@ -122,18 +143,7 @@ async def test_a_server_that_does_not_answer_is_unreachable_after_the_timeout(tm
 
 
 async def test_no_server_is_unreachable(tmp_path: Path) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1"}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "c",
-            }
-        )
-    )
-    client = KubeClient(str(kubeconfig))
+    client = KubeClient(_kubeconfig(tmp_path, {"server": "http://127.0.0.1:1"}))
     with pytest.raises(UnreachableError, match=r"http://127.0.0.1:1 unreachable .*cannot connect"):
         await _read(client)
     await client.aclose()
@@ -159,26 +169,9 @@ async def test_a_body_that_is_not_json_is_a_kube_error(tmp_path: Path) -> None:
 async def test_behind_a_proxy_the_get_goes_through_the_event_loops_client(tmp_path: Path) -> None:
     # The scripted server plays the proxy: an http target is asked for in absolute form.
     server = Server([_response(200, CLAIM)])
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    port = listener.extra(anyio.abc.SocketAttribute.local_port)
-    kubeconfig = tmp_path / "kubeconfig"
-    cluster = {"server": "http://api.invalid:6443", "proxy-url": f"http://127.0.0.1:{port}"}
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "clusters": [{"name": "c", "cluster": cluster}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "c",
-            }
-        )
-    )
-    client = KubeClient(str(kubeconfig))
-    async with anyio.create_task_group() as group:
-        group.start_soon(listener.serve, server.handle)
+    proxy = {"server": "http://api.invalid:6443", "proxy-url": "http://127.0.0.1:{port}"}
+    async with _serving(tmp_path, server.handle, **proxy) as client:
         assert await _read(client) == json.loads(CLAIM)
-        await client.aclose()
-        group.cancel_scope.cancel()
     assert server.requests[0].startswith(
         b"GET http://api.invalid:6443/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c HTTP/1.1\r\n"
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -351,28 +352,39 @@ def test_recover_leaves_devices_gone_out_and_writes_no_spec_for_a_claim_with_non
     )
 
 
+#: The devices the random claims below hold one or two of.
+_NAMES = [f"gpu-{i}" for i in range(4)] + ["gpu-0-mig-1g10gb-at0"]
+
+
+def _random_claim(
+    rng: random.Random, uid: str, name: str, admin: float, uuids: tuple[str, ...], shares: tuple[str, ...]
+) -> PreparedClaim:
+    """A claim on one or two of _NAMES: admin access with chance `admin`, a UUID of `uuids` ({name}:
+    the device's) and a share of `shares`, each drawn from `rng`."""
+    devices = tuple(
+        PreparedDevice(
+            ("r",),
+            "node",
+            device,
+            (),
+            admin_access=rng.random() < admin,
+            uuid=rng.choice([u.format(name=device) for u in uuids]),
+            share_id=rng.choice(shares),
+        )
+        for device in rng.sample(_NAMES, rng.randint(1, 2))
+    )
+    return PreparedClaim(uid, "ns", name, devices)
+
+
 def test_the_holders_index_finds_what_a_scan_of_every_claim_finds() -> None:
     # Holders answers "who holds this device" from an index; every question must get the answer a
     # scan of every prepared claim with PreparedClaim.holds gives, in the claims' order.
-    import random
-
     rng = random.Random(7)
-    names = [f"gpu-{i}" for i in range(4)] + ["gpu-0-mig-1g10gb-at0"]
+    names = _NAMES
     prepared: dict[str, PreparedClaim] = {}
     for n in range(60):
-        devices = tuple(
-            PreparedDevice(
-                ("r",),
-                "node",
-                name,
-                (),
-                admin_access=rng.random() < 0.15,
-                uuid=rng.choice(["", f"GPU-{name}", "GPU-other"]),
-                share_id=rng.choice(["", "", "s1", "s2"]),
-            )
-            for name in rng.sample(names, rng.randint(1, 2))
-        )
-        prepared[f"uid-{n}"] = PreparedClaim(f"uid-{n}", "ns", f"c{n}", devices)
+        uuids, shares = ("", "GPU-{name}", "GPU-other"), ("", "", "s1", "s2")
+        prepared[f"uid-{n}"] = _random_claim(rng, f"uid-{n}", f"c{n}", 0.15, uuids, shares)
     holders = Holders(prepared)
     for name in names:
         for uuid in ("", f"GPU-{name}", "GPU-other", "GPU-unknown"):
@@ -385,25 +397,11 @@ def test_the_holders_index_finds_what_a_scan_of_every_claim_finds() -> None:
 def test_an_index_carried_over_saves_answers_as_one_built_afresh() -> None:
     # The executor carries Holders over each save that names its changed claims (Holders.updated):
     # after any run of adds, replacements and drops, every question gets a fresh index's answer.
-    import random
-
     rng = random.Random(11)
-    names = [f"gpu-{i}" for i in range(4)] + ["gpu-0-mig-1g10gb-at0"]
+    names = _NAMES
 
     def claim(uid: str) -> PreparedClaim:
-        devices = tuple(
-            PreparedDevice(
-                ("r",),
-                "node",
-                name,
-                (),
-                admin_access=rng.random() < 0.3,
-                uuid=rng.choice(["", f"GPU-{name}"]),
-                share_id=rng.choice(["", "s1"]),
-            )
-            for name in rng.sample(names, rng.randint(1, 2))
-        )
-        return PreparedClaim(uid, "ns", f"c-{uid}", devices)
+        return _random_claim(rng, uid, f"c-{uid}", 0.3, ("", "GPU-{name}"), ("", "s1"))
 
     prepared: dict[str, PreparedClaim] = {f"uid-{n}": claim(f"uid-{n}") for n in range(20)}
     holders = Holders(prepared)

@@ -21,7 +21,7 @@ enforce them, whole packages at a time. From the bottom up:
     shape, and discovery.
 ``adapters``
     The outside world other than GPUs: the Kubernetes API (the only importer of
-    the kubernetes client and aiohttp), files written atomically, the checkpoint
+    the kubernetes client and of an HTTP client), files written atomically, the checkpoint
     file, the CDI directory, the host's GPU assignment record.
 ``daemon``
     What every long-running program shares: one bootstrap (flags and DRA_GPU_*

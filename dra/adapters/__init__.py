@@ -1,7 +1,8 @@
 """Adapters to the outside world other than GPUs: the Kubernetes API and the node's files.
 
-``kube`` is the only importer of the kubernetes client and aiohttp (its calls are
-coroutines), with ``kubeconfig`` reading the credentials it can; ``atomicfile``
+``kube`` is the only importer of the kubernetes client (its calls are coroutines, each
+request made on a worker thread by ``kubeget``, its HTTP/1.1 transport and the only
+importer of httptools), with ``kubeconfig`` reading the credentials it can; ``atomicfile``
 writes every file the runtime or a restarted driver reads (temp file, fsync,
 rename); ``filelock`` holds flocks; ``cdistore`` owns the CDI directory,
 ``checkpoint`` the prepared-claim file (its format is dra.core.checkpointformat),

@@ -1,12 +1,12 @@
 """The Kubernetes API adapter: the only module that imports a Kubernetes or HTTP client library.
 
 Objects travel as plain JSON dicts, exactly as the API server sends them, so the pure modules
-work on the documented wire format. Every call is a coroutine on one aiohttp session, with the
+work on the documented wire format. Every call is a coroutine whose request runs on a worker
+thread over the blocking keep-alive connections of dra.adapters.kubeget (its transport), with the
 credentials of dra.adapters.kubeconfig (the `kubernetes` package only for the kubeconfigs it
-cannot read); failures are KubeError subclasses naming the object and the server's answer.
-The one exception is the prepare's claim GET, made from its worker thread on the blocking
-connections of dra.adapters.kubeget (its transport), with the same errors.
-Why aiohttp, and the figures: docs/architecture.md ("Kubernetes client").
+cannot read); the prepare's claim GET is made directly from the thread that runs the prepare.
+Failures are KubeError subclasses naming the object and the server's answer.
+Why this client, and the figures: docs/architecture.md ("Kubernetes client").
 """
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ import urllib.parse
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
-import aiohttp
-import anyio.from_thread
+import anyio.to_thread
 
 from dra.adapters import kubeconfig as credentials
-from dra.adapters.kubeget import BlockingPool
+from dra.adapters.kubeget import MAX_BODY, BlockingPool
 from dra.documents import bounded_int
 
 log = logging.getLogger(__name__)
@@ -140,6 +139,18 @@ def _decode(what: str, status: int, data: bytes) -> Any:
         raise KubeError(f"{what}: the API server's answer is not JSON ({err})") from None
 
 
+def _event(what: str, line: bytes) -> tuple[str, Obj]:
+    """One watch event's type and object; KubeError for an ERROR event (410: list again) or a bad one."""
+    try:
+        event = json.loads(line, parse_int=bounded_int)
+        if event.get("type") == "ERROR":
+            status = event.get("object", {})
+            raise KubeError(f"watch {what}: {status.get('message')}", int(status.get("code", 0)))
+        return str(event["type"]), event["object"]
+    except (ValueError, KeyError, AttributeError, TypeError, RecursionError) as err:
+        raise KubeError(f"watch {what}: an event is not what the API server sends ({err!r})") from None
+
+
 def _describe(err: BaseException) -> str:
     # A timeout says nothing by itself.
     return str(err) or f"no answer in time ({type(err).__name__})"
@@ -148,77 +159,46 @@ def _describe(err: BaseException) -> str:
 class KubeClient:
     """A connection to one API server, from a kubeconfig file or the in-cluster service account.
 
-    Construct it anywhere; the HTTP session opens on the first call, on the
-    event loop that makes it, and `aclose()` ends it there.
+    Construct it anywhere and call it from any event loop or thread: connections open on the
+    first call and are kept for the next; `aclose()` closes the idle ones.
     """
 
     def __init__(self, kubeconfig: str | None = None, timeout: float = 10.0) -> None:
         self._credentials = load_credentials(kubeconfig)
         self.host = self._credentials.host
-        self._tls = self._credentials.tls
-        self._timeout = timeout
-        self._session: aiohttp.ClientSession | None = None
-        # Proxies are aiohttp's to speak: behind one, the blocking GETs go through the session too.
-        self._blocking = (
-            None
-            if self._credentials.proxy
-            else BlockingPool(
+        try:
+            self._pool = BlockingPool(
                 self.host,
-                self._tls,
+                self._credentials.tls,
                 self._credentials.authorization,
                 self._credentials.tls_server_name,
                 timeout,
+                self._credentials.proxy,
             )
-        )
+        except ValueError as err:
+            raise KubeError(f"cannot reach the API server {self.host}: {err}") from None
 
     async def aclose(self) -> None:
         """Release connections."""
-        if self._blocking is not None:
-            self._blocking.close()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        self._pool.close()
 
     def _unreachable(self, what: str, err: BaseException) -> UnreachableError:
         return UnreachableError(f"API server {self.host} unreachable ({what}): {_describe(err)}")
 
-    def _open(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=self._tls if self._tls is not None else True),
-                # Cookies and redirects have no place in API calls.
-                cookie_jar=aiohttp.DummyCookieJar(),
-            )
-        return self._session
-
-    def _request(
-        self,
-        method: str,
-        path: str,
-        body: Obj | None,
-        query: dict[str, str] | None,
-        timeout: float,
-        content_type: str = _JSON,
+    def _send(
+        self, method: str, path: str, body: Obj | None, query: dict[str, str] | None, content_type: str
     ) -> Any:
-        headers = {"Accept": _JSON, "Content-Type": content_type}
-        # Rotated tokens (projected service-account tokens, exec plugins) are picked up here.
-        token = self._credentials.authorization()
-        if token:
-            headers["Authorization"] = token
-        return self._open().request(
-            method,
-            self.host + path,
-            params=query,
-            # Compact: the server keeps a status entry's data as the bytes it was sent, and 1.37 counts
-            # an entry whose bytes another write re-encodes as changed by that writer.
-            data=None if body is None else json.dumps(body, separators=(",", ":")),
-            headers=headers,
-            # Fail fast, never retry: the kubelet gives a prepare call about 45 s, and callers retry.
-            timeout=aiohttp.ClientTimeout(total=timeout),
-            allow_redirects=False,
-            server_hostname=self._credentials.tls_server_name or None,
-            proxy=self._credentials.proxy or None,
-        )
+        """One request from the calling thread: the answer's JSON, or the KubeError for it."""
+        what = f"{method} {path}"
+        target = f"{path}?{urllib.parse.urlencode(query)}" if query else path
+        # Compact: the server keeps a status entry's data as the bytes it was sent, and 1.37 counts
+        # an entry whose bytes another write re-encodes as changed by that writer.
+        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        try:
+            status, answer = self._pool.request(method, target, data, content_type)
+        except OSError as err:
+            raise self._unreachable(what, err) from None
+        return _decode(what, status, answer)
 
     async def _call(
         self,
@@ -228,16 +208,11 @@ class KubeClient:
         query: dict[str, str] | None = None,
         content_type: str = _JSON,
     ) -> Any:
-        what = f"{method} {path}"
-        try:
-            async with self._request(method, path, body, query, self._timeout, content_type) as response:
-                # The body is read inside the try: a connection lost mid-body is the same failure
-                # as one lost before it.
-                data = await response.read()
-                status = response.status
-        except (TimeoutError, aiohttp.ClientError, OSError) as err:
-            raise self._unreachable(what, err) from None
-        return _decode(what, status, data)
+        # Fail fast, never retry: the kubelet gives a prepare call about 45 s, and callers retry.
+        # A cancelled call returns at once; its thread ends with the request's deadline.
+        return await anyio.to_thread.run_sync(
+            self._send, method, path, body, query, content_type, abandon_on_cancel=True
+        )
 
     # -- reads ---------------------------------------------------------------
 
@@ -261,15 +236,8 @@ class KubeClient:
 
     def read_resource_claim(self, namespace: str, name: str) -> Obj:
         """GET a ResourceClaim from a worker thread that anyio started: blocks it, not the event loop."""
-        if self._blocking is None:
-            return anyio.from_thread.run(self.get_resource_claim, namespace, name)
-        path = _claim_path(namespace, name)
-        what = f"GET {path}"
-        try:
-            status, data = self._blocking.get(path)
-        except OSError as err:
-            raise self._unreachable(what, err) from None
-        return _decode(what, status, data)  # type: ignore[no-any-return]
+        result: Obj = self._send("GET", _claim_path(namespace, name), None, None, _JSON)
+        return result
 
     async def apply_resource_claim_devices(
         self, namespace: str, name: str, uid: str, devices: list[Obj], field_manager: str
@@ -418,30 +386,37 @@ class KubeClient:
             "resourceVersion": resource_version,
             "timeoutSeconds": str(timeout_seconds),
         }
+        target = f"{path}?{urllib.parse.urlencode(query)}"
         try:
-            async with self._request("GET", path, None, query, timeout_seconds + 10) as response:
-                if response.status >= 400:
-                    raise _status_error(f"watch {what}: GET {path}", response.status, await response.read())
-                # Split lines here: one event (a slice of 128 devices) can be longer than
-                # aiohttp's line limit.
-                buffer = b""
-                async for chunk in response.content.iter_any():
-                    buffer += chunk
-                    while b"\n" in buffer:
-                        line, buffer = buffer.split(b"\n", 1)
-                        if not line.strip():
-                            continue
-                        event = json.loads(line)
-                        if event.get("type") == "ERROR":
-                            status = event.get("object", {})
-                            raise KubeError(
-                                f"watch {what}: {status.get('message')}", int(status.get("code", 0))
-                            )
-                        yield str(event["type"]), event["object"]
-        except (TimeoutError, aiohttp.ClientError, OSError) as err:
+            stream = await anyio.to_thread.run_sync(
+                self._pool.stream, target, timeout_seconds + 10, abandon_on_cancel=True
+            )
+        except OSError as err:
             raise UnreachableError(f"watch {what} on {self.host} broke off: {_describe(err)}") from None
-        except (ValueError, KeyError) as err:
-            raise KubeError(f"watch {what}: an event is not what the API server sends ({err!r})") from None
+        try:
+            if stream.status >= 400:
+                body = await anyio.to_thread.run_sync(stream.read_all, abandon_on_cancel=True)
+                raise _status_error(f"watch {what}: GET {path}", stream.status, body)
+            # One event per line; a line (a slice of 128 devices) may span many reads.
+            buffer = bytearray()
+            while chunk := await anyio.to_thread.run_sync(stream.read, abandon_on_cancel=True):
+                start = len(buffer)
+                buffer += chunk
+                end = buffer.find(b"\n", start)
+                if end < 0:
+                    if len(buffer) > MAX_BODY:
+                        raise KubeError(f"watch {what}: an event exceeds {MAX_BODY} bytes")
+                    continue
+                *lines, rest = bytes(buffer).split(b"\n")
+                buffer = bytearray(rest)
+                for line in lines:
+                    if line.strip():
+                        yield _event(what, line)
+        except OSError as err:
+            raise UnreachableError(f"watch {what} on {self.host} broke off: {_describe(err)}") from None
+        finally:
+            # Unblocks a read that a cancellation left waiting on its thread.
+            stream.close()
 
     # -- events --------------------------------------------------------------
 

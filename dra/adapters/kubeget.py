@@ -1,39 +1,56 @@
-"""Blocking GETs to the API server for the prepare path: keep-alive HTTP/1.1, answers parsed by httptools.
+"""Blocking HTTP/1.1 to the API server for every call of dra.adapters.kube, answers parsed by httptools.
 
-A prepare runs on a worker thread (it waits on the checkpoint's fsync); reading its claim there
-on a blocking socket keeps the request off the event loop and out of aiohttp's per-request
-machinery. Transport only: dra.adapters.kube turns statuses and bodies into its errors and
-objects. Why a second client, with the figures: docs/architecture.md, "Kubernetes client".
+Keep-alive connections in a small pool for requests; a connection of its own for each watch,
+read as a stream. dra.adapters.kube runs these on worker threads (the prepare's claim GET on the
+thread that already runs the prepare) and turns statuses and bodies into its errors and objects:
+this module is transport only. Why a client of our own, with the figures: docs/architecture.md,
+"Kubernetes client".
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import select
 import socket
 import ssl
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 
 import httptools
 
-#: Idle connections kept for the next GET; the kubelet's calls rarely overlap by more.
+#: Idle connections kept for the next request; the daemons' calls rarely overlap by more.
 MAX_IDLE = 8
-#: The largest answer read: the API server stores objects of at most 1.5 MiB (etcd's request limit).
+#: The largest answer read (and, for a stream, the most read ahead of its reader): the API server
+#: stores objects of at most 1.5 MiB (etcd's request limit).
 MAX_BODY = 8 << 20
 #: The largest status line and headers read.
 MAX_HEAD = 64 << 10
+#: Requests sent again on a new connection when a kept one turns out closed before any answer:
+#: the idempotent ones (every PATCH here is a merge patch or a server-side apply: sent twice, the
+#: object ends the same). A POST creates, so it is never repeated; a kept connection is checked for
+#: the server's close before anything is sent on it, which is how a POST meets one.
+_REPLAYABLE = frozenset({"GET", "PUT", "DELETE", "PATCH"})
 
 
 class HttpError(OSError):
     """The connection failed or the server's answer is not HTTP this client can read."""
 
 
-class _Answer:
-    """httptools' callbacks for one response: the body, bounded, and whether it is complete."""
+class _StaleError(HttpError):
+    """A kept connection the server had closed; the request was not answered."""
 
-    def __init__(self) -> None:
+
+class _Answer:
+    """httptools' callbacks for one response: its body, bounded, and whether it is complete."""
+
+    def __init__(self, limit: int) -> None:
         self.body: list[bytes] = []
+        #: Body bytes held (for a stream, those its reader has not taken yet).
         self.size = 0
+        self.limit = limit
         self.headers_done = False
         self.done = False
         #: Whether the connection may carry the next request; httptools forgets once the message ends.
@@ -47,8 +64,8 @@ class _Answer:
 
     def on_body(self, chunk: bytes) -> None:
         self.size += len(chunk)
-        if self.size > MAX_BODY:
-            self.refused = HttpError(f"the answer exceeds {MAX_BODY} bytes")
+        if self.size > self.limit:
+            self.refused = HttpError(f"the answer exceeds {self.limit} bytes")
             raise self.refused
         self.body.append(chunk)
 
@@ -57,9 +74,113 @@ class _Answer:
         self.keep_alive = self.parser.should_keep_alive()
         self.done = True
 
+    def take(self) -> bytes:
+        data = b"".join(self.body)
+        self.body.clear()
+        self.size = 0
+        return data
+
+
+class _Exchange:
+    """One request's answer as it arrives on one connection, read before a deadline."""
+
+    def __init__(self, conn: socket.socket, deadline: float, timeout: float, limit: int) -> None:
+        self.conn = conn
+        self.answer = _Answer(limit)
+        self.parser = self.answer.parser = httptools.HttpResponseParser(self.answer)
+        self.received = 0
+        self._deadline = deadline
+        self._timeout = timeout
+
+    def send(self, request: bytes) -> None:
+        try:
+            self.conn.settimeout(_left(self._deadline, self._timeout))
+            self.conn.sendall(request)
+        except TimeoutError:
+            raise HttpError(f"no answer within {self._timeout:g} s") from None
+
+    def receive(self, reused: bool = False) -> None:
+        """Read once and parse what came; HttpError (an OSError) for a cut, a timeout or not HTTP."""
+        try:
+            self.conn.settimeout(_left(self._deadline, self._timeout))
+            data = self.conn.recv(65536)
+            if not data:
+                if not self.received:
+                    if reused:
+                        raise _StaleError("the server closed the connection before answering")
+                    raise HttpError("the server closed the connection without answering")
+                # The API server frames every answer (a length or chunks): an end before it is a cut.
+                raise HttpError("the server closed the connection in the middle of its answer")
+            self.received += len(data)
+            # The status line and headers are bounded here, by what came before they ended.
+            if not self.answer.headers_done and self.received > MAX_HEAD:
+                raise HttpError(f"the answer's headers exceed {MAX_HEAD} bytes")
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as err:
+            raise self.answer.refused or HttpError(f"the server's answer is not HTTP/1.1 ({err})") from None
+        except TimeoutError:
+            raise HttpError(f"no answer within {self._timeout:g} s") from None
+        except HttpError:
+            raise
+        except OSError as err:
+            if reused and not self.received:
+                # Reset or broken pipe on a connection the server had let go of while it waited.
+                raise _StaleError(str(err)) from None
+            raise
+
+
+class Stream:
+    """A streamed answer (a watch) on a connection of its own; `close()` ends it from any thread."""
+
+    def __init__(self, exchange: _Exchange) -> None:
+        self._exchange = exchange
+        #: The HTTP status; the headers have arrived when the stream is handed out.
+        self.status: int = exchange.parser.get_status_code()
+
+    def read(self) -> bytes:
+        """The body's next bytes as they come; b"" once it has ended. HttpError when it breaks off."""
+        answer = self._exchange.answer
+        while not answer.body and not answer.done:
+            self._exchange.receive()
+        return answer.take()
+
+    def read_all(self) -> bytes:
+        """The rest of the body (an error's Status), bounded as every answer is."""
+        parts, size = [], 0
+        while chunk := self.read():
+            size += len(chunk)
+            if size > MAX_BODY:
+                raise HttpError(f"the answer exceeds {MAX_BODY} bytes")
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        """Close the connection; a read blocked on it in another thread returns."""
+        conn = self._exchange.conn
+        # The server may have closed it already.
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_RDWR)
+        conn.close()
+
+
+class _Proxy:
+    """An HTTP proxy from a kubeconfig's proxy-url: its address and the header that authorises us."""
+
+    def __init__(self, url: str) -> None:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"proxy-url {url!r}: only http:// proxies are supported")
+        self.address = (parts.hostname, parts.port or 80)
+        self.header = ""
+        if parts.username is not None:
+            user = urllib.parse.unquote(parts.username)
+            password = urllib.parse.unquote(parts.password or "")
+            token = base64.b64encode(f"{user}:{password}".encode()).decode()
+            self.header = f"Proxy-Authorization: Basic {token}\r\n"
+
 
 class BlockingPool:
-    """Keep-alive connections to one API server, taken by one GET at a time; safe across threads."""
+    """Keep-alive connections to one API server, each taken by one request at a time; safe across threads."""
 
     def __init__(
         self,
@@ -68,8 +189,12 @@ class BlockingPool:
         authorization: Callable[[], str],
         tls_server_name: str = "",
         timeout: float = 10.0,
+        proxy: str = "",
     ) -> None:
-        """`host` is the server's URL (https://name:port or http://...), as a kubeconfig has it."""
+        """`host` is the server's URL (https://name:port or http://...), as a kubeconfig has it.
+
+        `proxy`: an http:// proxy URL (a kubeconfig's proxy-url); ValueError for any other kind.
+        """
         scheme, _, rest = host.partition("://")
         authority, slash, prefix = rest.partition("/")
         # A server URL may carry a path (an API server behind a proxy path): every request starts with it.
@@ -79,111 +204,167 @@ class BlockingPool:
             self._tls = ssl.create_default_context()
         name, port = _split_authority(authority, 443 if scheme == "https" else 80)
         self._address = (name, port)
+        self._authority = authority
         self._server_name = tls_server_name or name
         self._authorization = authorization
         self._timeout = timeout
-        self._head = f"Host: {authority}\r\nUser-Agent: dra-gpu\r\nAccept: application/json\r\n"
+        self._proxy = _Proxy(proxy) if proxy else None
+        # Through a proxy, plain HTTP asks for the absolute URL; HTTPS goes through a CONNECT tunnel.
+        plain_proxy = self._proxy if self._proxy is not None and self._tls is None else None
+        self._origin = f"http://{authority}" if plain_proxy is not None else ""
+        proxy_header = plain_proxy.header if plain_proxy is not None else ""
+        self._head = f"Host: {authority}\r\nUser-Agent: dra-gpu\r\nAccept: application/json\r\n{proxy_header}"
         self._idle: list[socket.socket] = []
+        self._closed = False
         self._lock = threading.Lock()
 
-    def get(self, path: str) -> tuple[int, bytes]:
-        """GET `path`: the status and the body. HttpError (an OSError) when no answer came."""
+    def request(
+        self, method: str, target: str, body: bytes | None = None, content_type: str = ""
+    ) -> tuple[int, bytes]:
+        """`method` `target` (a path and query), with `body`: the status and the body of the answer.
+
+        HttpError (an OSError) when no answer came within the pool's timeout.
+        """
         deadline = time.monotonic() + self._timeout
-        token = self._authorization()
-        authorization = f"Authorization: {token}\r\n" if token else ""
-        request = f"GET {self._prefix}{path} HTTP/1.1\r\n{self._head}{authorization}\r\n".encode()
+        request = self._request(method, target, body, content_type)
         pooled = self._take()
         if pooled is not None:
             try:
-                return self._exchange(pooled, request, deadline, reused=True)
+                return self._exchange(pooled, request, deadline, reused=method in _REPLAYABLE)
             except _StaleError:
-                # The server closed a connection that waited in the pool: the GET is safe to repeat.
-                pass
+                pass  # not answered: the request is safe to send again
         return self._exchange(self._connect(deadline), request, deadline, reused=False)
 
+    def stream(self, target: str, timeout: float) -> Stream:
+        """GET `target` on a new connection and return once the answer's headers are in."""
+        deadline = time.monotonic() + timeout
+        conn = self._connect(deadline)
+        exchange = _Exchange(conn, deadline, timeout, MAX_BODY)
+        try:
+            exchange.send(self._request("GET", target, None, ""))
+            while not exchange.answer.headers_done:
+                exchange.receive()
+        except OSError:
+            conn.close()
+            raise
+        return Stream(exchange)
+
     def close(self) -> None:
-        """Close the idle connections."""
+        """Close the idle connections; those in use are closed when their requests end."""
         with self._lock:
             idle, self._idle = self._idle, []
+            self._closed = True
         for conn in idle:
             conn.close()
 
+    def _request(self, method: str, target: str, body: bytes | None, content_type: str) -> bytes:
+        token = self._authorization()
+        head = f"{method} {self._origin}{self._prefix}{target} HTTP/1.1\r\n{self._head}"
+        if token:
+            head += f"Authorization: {token}\r\n"
+        if body is None:
+            return f"{head}\r\n".encode()
+        return f"{head}Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+
     def _take(self) -> socket.socket | None:
-        with self._lock:
-            return self._idle.pop() if self._idle else None
+        while True:
+            with self._lock:
+                if not self._idle:
+                    return None
+                conn = self._idle.pop()
+            if not _closed_by_peer(conn):
+                return conn
+            conn.close()
 
     def _give_back(self, conn: socket.socket) -> None:
         with self._lock:
-            if len(self._idle) < MAX_IDLE:
+            if not self._closed and len(self._idle) < MAX_IDLE:
                 self._idle.append(conn)
                 return
         conn.close()
 
     def _connect(self, deadline: float) -> socket.socket:
+        address = self._proxy.address if self._proxy is not None else self._address
         try:
-            conn = socket.create_connection(self._address, timeout=_left(deadline))
+            conn = socket.create_connection(address, timeout=_left(deadline, self._timeout))
         except OSError as err:
-            raise HttpError(f"cannot connect to {self._address[0]}:{self._address[1]}: {err}") from None
+            raise HttpError(f"cannot connect to {address[0]}:{address[1]}: {err}") from None
         try:
-            # The request is one small write: sent now, not held back for an ACK (Nagle).
+            # A request is one small write: sent now, not held back for an ACK (Nagle).
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._tls is not None:
+                if self._proxy is not None:
+                    self._tunnel(conn, deadline)
                 conn = self._tls.wrap_socket(conn, server_hostname=self._server_name)
+        except HttpError:
+            conn.close()
+            raise
         except (OSError, ValueError) as err:
             conn.close()
             raise HttpError(f"TLS to {self._server_name} failed: {err}") from None
         return conn
 
+    def _tunnel(self, conn: socket.socket, deadline: float) -> None:
+        """Ask the proxy for a tunnel to the API server (CONNECT); the TLS goes through it."""
+        assert self._proxy is not None
+        ask = f"CONNECT {self._authority} HTTP/1.1\r\nHost: {self._authority}\r\n{self._proxy.header}\r\n"
+        head = b""
+        try:
+            conn.settimeout(_left(deadline, self._timeout))
+            conn.sendall(ask.encode())
+            while b"\r\n\r\n" not in head:
+                conn.settimeout(_left(deadline, self._timeout))
+                data = conn.recv(4096)
+                if not data:
+                    raise HttpError("the proxy closed the connection instead of opening a tunnel")
+                head += data
+                if len(head) > MAX_HEAD:
+                    raise HttpError(f"the proxy's answer to CONNECT exceeds {MAX_HEAD} bytes")
+        except TimeoutError:
+            raise HttpError(f"the proxy did not open a tunnel within {self._timeout:g} s") from None
+        status_line = head.partition(b"\r\n")[0]
+        fields = status_line.split(b" ", 2)
+        if len(fields) < 2 or not fields[0].startswith(b"HTTP/1.") or not fields[1].startswith(b"2"):
+            line = status_line[:200].decode(errors="replace")
+            raise HttpError(f"the proxy refused a tunnel to {self._authority}: {line}")
+        if head.index(b"\r\n\r\n") + 4 != len(head):
+            # Bytes after the answer would be read as the TLS handshake's.
+            raise HttpError("the proxy sent data before the tunnel opened")
+
     def _exchange(
         self, conn: socket.socket, request: bytes, deadline: float, reused: bool
     ) -> tuple[int, bytes]:
         """Send the request and read the whole answer; the connection goes back to the pool or is closed."""
-        answer = _Answer()
-        parser = answer.parser = httptools.HttpResponseParser(answer)
-        received = 0
+        exchange = _Exchange(conn, deadline, self._timeout, MAX_BODY)
         try:
-            conn.settimeout(_left(deadline))
-            conn.sendall(request)
-            while not answer.done:
-                conn.settimeout(_left(deadline))
-                data = conn.recv(65536)
-                if not data:
-                    if not received and reused:
-                        raise _StaleError("the server closed the connection before answering")
-                    # The API server frames every answer (a length or chunks): an end before it is a cut.
-                    raise HttpError("the server closed the connection in the middle of its answer")
-                received += len(data)
-                # The status line and headers are bounded here, by what came before they ended.
-                if not answer.headers_done and received > MAX_HEAD:
-                    raise HttpError(f"the answer's headers exceed {MAX_HEAD} bytes")
-                parser.feed_data(data)
-        except httptools.HttpParserError as err:
-            conn.close()
-            raise answer.refused or HttpError(f"the server's answer is not HTTP/1.1 ({err})") from None
-        except TimeoutError:
-            conn.close()
-            raise HttpError(f"no answer within {self._timeout:g} s") from None
+            exchange.send(request)
+            while not exchange.answer.done:
+                exchange.receive(reused)
         except OSError as err:
             conn.close()
-            if reused and not received and not isinstance(err, HttpError):
-                # Reset or broken pipe on a connection the server had let go of while it waited.
-                raise _StaleError(str(err)) from None
+            if reused and not exchange.received and not isinstance(err, HttpError):
+                raise _StaleError(str(err)) from None  # the send failed on a connection let go of
             raise
-        if answer.keep_alive:
+        if exchange.answer.keep_alive:
             self._give_back(conn)
         else:
             conn.close()
-        return parser.get_status_code(), b"".join(answer.body)
+        return exchange.parser.get_status_code(), exchange.answer.take()
 
 
-class _StaleError(HttpError):
-    """A pooled connection the server had closed; the request was not answered."""
+def _closed_by_peer(conn: socket.socket) -> bool:
+    """Whether a kept connection has something to read: the server's close (an idle one has nothing else)."""
+    try:
+        readable, _, _ = select.select([conn], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
 
 
-def _left(deadline: float) -> float:
+def _left(deadline: float, timeout: float) -> float:
     left = deadline - time.monotonic()
     if left <= 0:
-        raise TimeoutError
+        raise HttpError(f"no answer within {timeout:g} s")
     return left
 
 

@@ -55,7 +55,7 @@ def kubelet_plugin(args: argparse.Namespace) -> int:
     launcher = mpsprivsep.separate(
         settings.state_directory / "mps", settings.mps_command, mps.COMMAND_TIMEOUT
     )
-    # uvloop: grpc.aio's callbacks and aiohttp's I/O cost less CPU per prepare on it (docs/testing.md).
+    # uvloop: grpc.aio's callbacks cost less CPU per prepare on it (docs/testing.md).
     anyio.run(run_kubelet_plugin, settings, launcher, backend="asyncio", backend_options={"use_uvloop": True})
     return 0
 

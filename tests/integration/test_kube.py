@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from unittest import mock
 
 import anyio
+import anyio.abc
 import anyio.to_thread
 import pytest
 import yaml
@@ -65,10 +68,10 @@ async def test_an_odd_claim_name_is_one_missing_name_not_another_request(
     assert raised.value.status in (400, 404), raised.value
 
 
-async def test_the_prepares_blocking_get_reads_what_the_loops_get_reads(
+async def test_a_claim_read_from_the_prepares_thread_is_the_one_a_coroutine_reads(
     client: KubeClient, kube: Kube, namespace: str
 ) -> None:
-    # Over TLS with the cluster's credentials, as the kubelet plugin's worker threads make it.
+    # Over TLS with the cluster's credentials, as the kubelet plugin's prepare makes it on its thread.
     kube.create(
         {
             "apiVersion": "resource.k8s.io/v1",
@@ -149,3 +152,65 @@ async def test_the_local_api_server_is_a_supported_one(
     with caplog.at_level(logging.INFO, logger="dra.kubeletplugin.daemon"):
         await check_server(client)
     assert f"API server {info.git_version} serves resource.k8s.io v1" in caplog.text
+
+
+async def _tunnel(client_stream: anyio.abc.SocketStream, seen: list[bytes]) -> None:
+    """An HTTP proxy's CONNECT: a tunnel to the address asked for, copying both ways until one side ends."""
+    async with client_stream:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += await client_stream.receive()
+        seen.append(head)
+        host, _, port = head.split(b" ")[1].decode().rpartition(":")
+        async with await anyio.connect_tcp(host, int(port)) as upstream:
+            await client_stream.send(b"HTTP/1.1 200 Connection established\r\n\r\n")
+
+            async def copy(source: anyio.abc.SocketStream, sink: anyio.abc.SocketStream) -> None:
+                with contextlib.suppress(
+                    anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError
+                ):
+                    async for data in source:
+                        await sink.send(data)
+                group.cancel_scope.cancel()
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(copy, client_stream, upstream)
+                group.start_soon(copy, upstream, client_stream)
+
+
+async def test_through_an_http_proxy_the_calls_and_a_watch_reach_the_api_server_over_tls(
+    cluster: ClusterInfo, tmp_path: Path
+) -> None:
+    # A kubeconfig's proxy-url: HTTPS goes through a CONNECT tunnel, TLS end to end with the API server.
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    config = yaml.safe_load(await anyio.Path(cluster.kubeconfig).read_text())
+    config["clusters"][0]["cluster"]["proxy-url"] = f"http://127.0.0.1:{port}"
+    kubeconfig = tmp_path / "proxied.kubeconfig"
+    await anyio.Path(kubeconfig).write_text(yaml.safe_dump(config))
+    seen: list[bytes] = []
+    client = KubeClient(str(kubeconfig))
+    async with anyio.create_task_group() as group:
+        group.start_soon(listener.serve, lambda stream: _tunnel(stream, seen))
+        try:
+            with anyio.fail_after(30):
+                assert (await client.server_version())["gitVersion"].startswith("v1.")
+                _, version = await client.list_resource_slices(DRIVER, cluster.node_name)
+                assert [
+                    e async for e in client.watch_resource_slices(DRIVER, cluster.node_name, version, 1)
+                ] in (
+                    [],
+                    [("BOOKMARK", mock.ANY)],
+                )
+        finally:
+            await client.aclose()
+            group.cancel_scope.cancel()
+    server = _authority(cluster)
+    assert seen
+    assert all(head.startswith(f"CONNECT {server} HTTP/1.1\r\n".encode()) for head in seen)
+
+
+def _authority(cluster: ClusterInfo) -> str:
+    """host:port of the cluster's API server, as its kubeconfig names it."""
+    config = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+    return str(config["clusters"][0]["cluster"]["server"]).partition("://")[2].rstrip("/")

@@ -123,7 +123,8 @@ async def test_a_body_that_is_not_json_is_a_kube_error(tmp_path: Path) -> None:
 
 async def test_a_server_that_does_not_answer_in_time_is_unreachable(tmp_path: Path) -> None:
     async with _client(tmp_path, Server(None), call_timeout=0.3) as client:
-        with pytest.raises(UnreachableError, match=r"unreachable \(GET /api/v1/nodes/n\): no answer in time"):
+        expected = r"unreachable \(GET /api/v1/nodes/n\): no answer within 0.3 s"
+        with pytest.raises(UnreachableError, match=expected):
             await client.get_node("n")
 
 

@@ -8,7 +8,9 @@ server, over TLS.)
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,7 +21,7 @@ import anyio.to_thread
 import pytest
 import yaml
 
-from dra.adapters import kubeget
+from dra.adapters import kube, kubeget
 from dra.adapters.kube import KubeClient, KubeError, NotFoundError, UnreachableError
 from tests.unit.test_kube import Server, _chunked, _client, _response
 
@@ -166,12 +168,102 @@ async def test_a_body_that_is_not_json_is_a_kube_error(tmp_path: Path) -> None:
             await _read(client)
 
 
-async def test_behind_a_proxy_the_get_goes_through_the_event_loops_client(tmp_path: Path) -> None:
+async def test_behind_an_http_proxy_a_request_names_the_whole_url_and_the_proxys_user(
+    tmp_path: Path,
+) -> None:
     # The scripted server plays the proxy: an http target is asked for in absolute form.
     server = Server([_response(200, CLAIM)])
-    proxy = {"server": "http://api.invalid:6443", "proxy-url": "http://127.0.0.1:{port}"}
+    proxy = {"server": "http://api.invalid:6443", "proxy-url": "http://me:p%40ss@127.0.0.1:{port}"}
     async with _serving(tmp_path, server.handle, **proxy) as client:
         assert await _read(client) == json.loads(CLAIM)
     assert server.requests[0].startswith(
         b"GET http://api.invalid:6443/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c HTTP/1.1\r\n"
     )
+    assert b"\r\nProxy-Authorization: Basic bWU6cEBzcw==\r\n" in server.requests[0]  # me:p@ss
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        (
+            b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n",
+            "refused a tunnel to api.invalid:6443: HTTP/1.1 403",
+        ),
+        (b"HTTP/1.1 200 OK\r\n\r\n\x16\x03\x01", "the proxy sent data before the tunnel opened"),
+        (b"", "the proxy closed the connection instead of opening a tunnel"),
+    ],
+)
+async def test_a_proxy_that_opens_no_clean_tunnel_to_an_https_server_is_named(
+    tmp_path: Path, answer: bytes, message: str
+) -> None:
+    server = Server([answer])
+    proxy = {"server": "https://api.invalid:6443", "proxy-url": "http://127.0.0.1:{port}"}
+    async with _serving(tmp_path, server.handle, **proxy) as client:
+        with pytest.raises(UnreachableError, match=message):
+            await client.get_node("n")
+    assert server.requests[0].startswith(b"CONNECT api.invalid:6443 HTTP/1.1\r\nHost: api.invalid:6443\r\n")
+
+
+def test_a_proxy_other_than_http_is_refused_when_the_client_is_made(tmp_path: Path) -> None:
+    config = _kubeconfig(tmp_path, {"server": "https://api.invalid", "proxy-url": "socks5://127.0.0.1:1080"})
+    with pytest.raises(KubeError, match=r"proxy-url 'socks5://127.0.0.1:1080': only http:// proxies"):
+        KubeClient(config)
+
+
+async def test_a_post_is_not_sent_twice_when_its_kept_connection_closes_unanswered(tmp_path: Path) -> None:
+    # The server answers the first request, then reads the next on the same connection and closes it:
+    # a GET is sent again on a new connection, a POST (which may have been carried out) is not.
+    received: list[bytes] = []
+
+    async def answer_once(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            pending = b""
+            for answered in (True, False):
+                while b"\r\n\r\n" not in pending:
+                    pending += await stream.receive()
+                head, _, pending = pending.partition(b"\r\n\r\n")
+                received.append(head.split(b" ", 1)[0])
+                if answered:
+                    await stream.send(_response(200, b"{}"))
+
+    async with _serving(tmp_path, answer_once, server="http://127.0.0.1:{port}") as client:
+        await client.get_node("n")
+        assert await client.get_node("n") == {}
+        with pytest.raises(UnreachableError, match="closed the connection without answering"):
+            await client.create_event({"metadata": {"name": "p", "namespace": "ns"}}, "Reason", "message")
+    assert received == [b"GET", b"GET", b"GET", b"POST"]
+
+
+async def test_a_cancelled_watch_returns_at_once_and_closes_its_connection(tmp_path: Path) -> None:
+    closed = anyio.Event()
+
+    async def stream_nothing(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            while b"\r\n\r\n" not in await stream.receive():
+                pass
+            await stream.send(_chunked()[0])
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                await stream.receive()
+            closed.set()
+
+    async with _serving(tmp_path, stream_nothing, server="http://127.0.0.1:{port}") as client:
+        started = time.monotonic()
+        with anyio.move_on_after(0.3):
+            async for _ in client.watch_resource_slices("d", "node", "1", 300):
+                pass
+        assert time.monotonic() - started < 2
+        with anyio.fail_after(5):
+            await closed.wait()
+
+
+async def test_a_watch_event_longer_than_the_bound_ends_the_watch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kube, "MAX_BODY", 1000)
+    event = json.dumps({"type": "ADDED", "object": {"padding": "x" * 5000}}).encode() + b"\n"
+    async with _client(
+        tmp_path, Server(_chunked(*(event[i : i + 500] for i in range(0, len(event), 500))))
+    ) as client:
+        with pytest.raises(KubeError, match="an event exceeds 1000 bytes"):
+            async for _ in client.watch_resource_slices("d", "node", "1", 5):
+                pass

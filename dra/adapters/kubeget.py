@@ -132,8 +132,9 @@ class _Exchange:
 class Stream:
     """A streamed answer (a watch) on a connection of its own; `close()` ends it from any thread."""
 
-    def __init__(self, exchange: _Exchange) -> None:
+    def __init__(self, exchange: _Exchange, release: Callable[[socket.socket, bool], None]) -> None:
         self._exchange = exchange
+        self._release = release
         #: The HTTP status; the headers have arrived when the stream is handed out.
         self.status: int = exchange.parser.get_status_code()
 
@@ -160,7 +161,7 @@ class Stream:
         # The server may have closed it already.
         with contextlib.suppress(OSError):
             conn.shutdown(socket.SHUT_RDWR)
-        conn.close()
+        self._release(conn, False)
 
 
 class _Proxy:
@@ -215,6 +216,8 @@ class BlockingPool:
         proxy_header = plain_proxy.header if plain_proxy is not None else ""
         self._head = f"Host: {authority}\r\nUser-Agent: dra-gpu\r\nAccept: application/json\r\n{proxy_header}"
         self._idle: list[socket.socket] = []
+        #: Connections carrying a request now: close() cuts them, so no thread waits out its deadline.
+        self._busy: set[socket.socket] = set()
         self._closed = False
         self._lock = threading.Lock()
 
@@ -245,17 +248,25 @@ class BlockingPool:
             while not exchange.answer.headers_done:
                 exchange.receive()
         except OSError:
-            conn.close()
+            self._done(conn, keep=False)
             raise
-        return Stream(exchange)
+        return Stream(exchange, self._done)
 
     def close(self) -> None:
-        """Close the idle connections; those in use are closed when their requests end."""
+        """Close the idle connections and cut those carrying a request (its caller gets an HttpError).
+
+        A cancelled call leaves its request running on its thread; at shutdown this ends it at once
+        instead of at its deadline. Later requests fail.
+        """
         with self._lock:
             idle, self._idle = self._idle, []
+            busy = list(self._busy)
             self._closed = True
         for conn in idle:
             conn.close()
+        for conn in busy:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
 
     def _request(self, method: str, target: str, body: bytes | None, content_type: str) -> bytes:
         token = self._authorization()
@@ -272,18 +283,22 @@ class BlockingPool:
                 if not self._idle:
                     return None
                 conn = self._idle.pop()
+                self._busy.add(conn)
             if not _closed_by_peer(conn):
                 return conn
-            conn.close()
+            self._done(conn, keep=False)
 
-    def _give_back(self, conn: socket.socket) -> None:
+    def _done(self, conn: socket.socket, keep: bool) -> None:
+        """A request's connection back to the pool (`keep`, while there is room) or closed."""
         with self._lock:
-            if not self._closed and len(self._idle) < MAX_IDLE:
+            self._busy.discard(conn)
+            if keep and not self._closed and len(self._idle) < MAX_IDLE:
                 self._idle.append(conn)
                 return
         conn.close()
 
     def _connect(self, deadline: float) -> socket.socket:
+        """A new connection, counted busy until `_done`."""
         address = self._proxy.address if self._proxy is not None else self._address
         try:
             conn = socket.create_connection(address, timeout=_left(deadline, self._timeout))
@@ -302,7 +317,12 @@ class BlockingPool:
         except (OSError, ValueError) as err:
             conn.close()
             raise HttpError(f"TLS to {self._server_name} failed: {err}") from None
-        return conn
+        with self._lock:
+            if not self._closed:
+                self._busy.add(conn)
+                return conn
+        conn.close()
+        raise HttpError("the client is closed")
 
     def _tunnel(self, conn: socket.socket, deadline: float) -> None:
         """Ask the proxy for a tunnel to the API server (CONNECT); the TLS goes through it."""
@@ -341,14 +361,11 @@ class BlockingPool:
             while not exchange.answer.done:
                 exchange.receive(reused)
         except OSError as err:
-            conn.close()
+            self._done(conn, keep=False)
             if reused and not exchange.received and not isinstance(err, HttpError):
                 raise _StaleError(str(err)) from None  # the send failed on a connection let go of
             raise
-        if exchange.answer.keep_alive:
-            self._give_back(conn)
-        else:
-            conn.close()
+        self._done(conn, keep=exchange.answer.keep_alive)
         return exchange.parser.get_status_code(), exchange.answer.take()
 
 

@@ -1,9 +1,9 @@
-"""The prepare's blocking claim GET against a scripted HTTP server: the same answers as the event loop's GET.
+"""The adapter's HTTP/1.1 transport (dra.adapters.kubeget) against scripted servers and proxies.
 
-KubeClient.read_resource_claim runs on a worker thread (as the prepare does) over
-dra.adapters.kubeget; what the server answers becomes the object or the KubeError that
-get_resource_claim gives for it. (tests/integration/test_kube.py has it against the real API
-server, over TLS.)
+Kept connections, a claim read from the prepare's worker thread, proxies (absolute URLs, CONNECT
+tunnels, their refusals), what is and is not sent twice, bounds, and cancellation: a cancelled
+watch or call ends its connection instead of waiting out its deadline. (tests/integration/
+test_kube.py has the same calls against the real API server, over TLS and through a proxy.)
 """
 
 from __future__ import annotations
@@ -267,3 +267,27 @@ async def test_a_watch_event_longer_than_the_bound_ends_the_watch(
         with pytest.raises(KubeError, match="an event exceeds 1000 bytes"):
             async for _ in client.watch_resource_slices("d", "node", "1", 5):
                 pass
+
+
+async def test_closing_the_client_cuts_a_cancelled_request_instead_of_waiting_out_its_deadline(
+    tmp_path: Path,
+) -> None:
+    # At shutdown a cancelled call's request still runs on its thread; aclose() ends it there.
+    cut = anyio.Event()
+
+    async def never_answer(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            while b"\r\n\r\n" not in await stream.receive():
+                pass
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                await stream.receive()
+            cut.set()
+
+    async with _serving(tmp_path, never_answer, server="http://127.0.0.1:{port}") as client:
+        with anyio.move_on_after(0.2):
+            await client.get_node("n")
+        await client.aclose()
+        with anyio.fail_after(2):  # the call's deadline is 10 s
+            await cut.wait()
+        with pytest.raises(UnreachableError, match="the client is closed"):
+            await client.get_node("n")

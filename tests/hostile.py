@@ -24,8 +24,9 @@ import yaml
 
 DRIVER = "gpu.nvidia.com"
 ATTR = f'device.attributes["{DRIVER}"]'
-# Address space, not RSS: the explain command maps the kubernetes client and aiohttp, so
-# this is a guard against a memory bomb; RSS is measured and compared with 200 MB apart.
+# Address space, not RSS: the explain command maps shared libraries (TLS, and the kubernetes
+# client for some kubeconfigs), so this is a guard against a memory bomb; RSS is measured and
+# compared with 200 MB apart.
 ADDRESS_SPACE_LIMIT = 1 << 30
 
 

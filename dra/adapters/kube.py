@@ -139,7 +139,7 @@ def _decode(what: str, status: int, data: bytes) -> Any:
         raise KubeError(f"{what}: the API server's answer is not JSON ({err})") from None
 
 
-def _event(what: str, line: bytes) -> tuple[str, Obj]:
+def _event(what: str, line: bytes | bytearray) -> tuple[str, Obj]:
     """One watch event's type and object; KubeError for an ERROR event (410: list again) or a bad one."""
     try:
         event = json.loads(line, parse_int=bounded_int)
@@ -209,7 +209,7 @@ class KubeClient:
         content_type: str = _JSON,
     ) -> Any:
         # Fail fast, never retry: the kubelet gives a prepare call about 45 s, and callers retry.
-        # A cancelled call returns at once; its thread ends with the request's deadline.
+        # A cancelled call returns at once; its request ends at its deadline, or when aclose() cuts it.
         return await anyio.to_thread.run_sync(
             self._send, method, path, body, query, content_type, abandon_on_cancel=True
         )
@@ -400,15 +400,12 @@ class KubeClient:
             # One event per line; a line (a slice of 128 devices) may span many reads.
             buffer = bytearray()
             while chunk := await anyio.to_thread.run_sync(stream.read, abandon_on_cancel=True):
-                start = len(buffer)
                 buffer += chunk
-                end = buffer.find(b"\n", start)
-                if end < 0:
+                if b"\n" not in chunk:  # the lines before it ended in earlier chunks
                     if len(buffer) > MAX_BODY:
                         raise KubeError(f"watch {what}: an event exceeds {MAX_BODY} bytes")
                     continue
-                *lines, rest = bytes(buffer).split(b"\n")
-                buffer = bytearray(rest)
+                *lines, buffer = buffer.split(b"\n")
                 for line in lines:
                     if line.strip():
                         yield _event(what, line)

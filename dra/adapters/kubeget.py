@@ -120,13 +120,6 @@ class _Exchange:
             raise self.answer.refused or HttpError(f"the server's answer is not HTTP/1.1 ({err})") from None
         except TimeoutError:
             raise HttpError(f"no answer within {self._timeout:g} s") from None
-        except HttpError:
-            raise
-        except OSError as err:
-            if reused and not self.received:
-                # Reset or broken pipe on a connection the server had let go of while it waited.
-                raise _StaleError(str(err)) from None
-            raise
 
 
 class Stream:
@@ -158,9 +151,7 @@ class Stream:
     def close(self) -> None:
         """Close the connection; a read blocked on it in another thread returns."""
         conn = self._exchange.conn
-        # The server may have closed it already.
-        with contextlib.suppress(OSError):
-            conn.shutdown(socket.SHUT_RDWR)
+        _cut(conn)
         self._release(conn, False)
 
 
@@ -265,8 +256,7 @@ class BlockingPool:
         for conn in idle:
             conn.close()
         for conn in busy:
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
+            _cut(conn)
 
     def _request(self, method: str, target: str, body: bytes | None, content_type: str) -> bytes:
         token = self._authorization()
@@ -363,10 +353,18 @@ class BlockingPool:
         except OSError as err:
             self._done(conn, keep=False)
             if reused and not exchange.received and not isinstance(err, HttpError):
-                raise _StaleError(str(err)) from None  # the send failed on a connection let go of
+                # Reset or broken pipe on a connection the server had let go of while it waited.
+                raise _StaleError(str(err)) from None
             raise
         self._done(conn, keep=exchange.answer.keep_alive)
         return exchange.parser.get_status_code(), exchange.answer.take()
+
+
+def _cut(conn: socket.socket) -> None:
+    """End a connection's traffic both ways: a read blocked on it in another thread returns."""
+    # The server may have closed it already.
+    with contextlib.suppress(OSError):
+        conn.shutdown(socket.SHUT_RDWR)
 
 
 def _closed_by_peer(conn: socket.socket) -> bool:

@@ -259,9 +259,10 @@ def _tell_once(gpu: Gpu, key: str, message: str, *args: object) -> None:
 def profile_infos(
     lib: GpuLibrary, handle: GpuHandle, profile_count: int | None = None
 ) -> Iterator[GpuInstanceProfileInfo]:
-    """The GPU-instance profiles the GPU has, in profile-number order (MIG mode must be on).
+    """The GPU-instance profiles the GPU has, in profile-number order.
 
-    NVML answers NOT_SUPPORTED for a profile the GPU lacks and INVALID_ARGUMENT past the last.
+    NVML answers NOT_SUPPORTED for a profile the GPU lacks and INVALID_ARGUMENT past the last; with
+    MIG mode off, older drivers answer NOT_SUPPORTED for every profile, recent ones as with it on.
     """
     for profile in range(PROFILE_COUNT if profile_count is None else profile_count):
         try:
@@ -348,8 +349,11 @@ def _dynamic_offers(
             gpu.index,
         )
         return []
-    if current:
-        return _offered(offer, gpu, partitions(lib, handle, gpu, PROFILE_COUNT))
+    # Recent drivers answer the profile queries whatever the MIG mode (a real H200 on 580.159.04 did):
+    # their answers are the GPU's own. The table stands in for a driver that refuses them with MIG off.
+    every = partitions(lib, handle, gpu, PROFILE_COUNT)
+    if current or every:
+        return _offered(offer, gpu, every)
     table = migtables.BY_PRODUCT.get(gpu.product_name)
     if table is None:
         _tell_once(

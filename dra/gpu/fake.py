@@ -303,8 +303,11 @@ class FakeGpuLibrary(FakeMigPartitions):
         return [p for p in self.processes.current() if p.device in uuids]
 
     def memory_used(self, device: GpuHandle | MigHandle) -> int:
-        """The memory of the device's processes."""
-        return sum(p.memory for p in self._on(device))
+        """The memory of the device's processes, and on a whole GPU outside MIG mode the driver's own."""
+        reserved = 0
+        if isinstance(device, int) and not self._mig_on(GpuHandle(device)):
+            reserved = self._gpu(GpuHandle(device)).model.idle_used_bytes
+        return reserved + sum(p.memory for p in self._on(device))
 
     def utilization(self, gpu: GpuHandle) -> int:
         """The duties of the GPU's processes added up, in percent (at most 100); NOT_SUPPORTED in MIG mode."""

@@ -165,8 +165,9 @@ class FakeMigPartitions:
             self._save(state)
 
     def max_mig_device_count(self, gpu: GpuHandle) -> int:
-        """Seven slots on MIG-capable GPUs."""
-        return self._gpu(gpu).model.mig_slices if self._gpu(gpu).model.mig_profiles else 0
+        """Seven slots on MIG-capable GPUs in MIG mode; 0 otherwise, as NVML answers."""
+        fake = self._gpu(gpu)
+        return fake.model.mig_slices if fake.model.mig_profiles and self._mig_on(gpu) else 0
 
     def mig_device_by_index(self, gpu: GpuHandle, index: int) -> MigHandle:
         """The index-th compute instance of the GPU, by GPU instance ID then compute instance ID."""
@@ -183,11 +184,12 @@ class FakeMigPartitions:
 
     # -- MIG management ----------------------------------------------------
 
-    def _table(self, gpu: GpuHandle) -> tuple[GpuInstanceProfile, ...]:
+    def _table(self, gpu: GpuHandle, mig_off: bool = False) -> tuple[GpuInstanceProfile, ...]:
+        """The GPU's profiles; `mig_off`: also while MIG mode is off (NVML describes them then too)."""
         fake = self._gpu(gpu)
         if not fake.model.mig_table:
             raise GpuLibraryError(ERROR_NOT_SUPPORTED, f"{fake.model.product_name} does not support MIG")
-        if not self._mig_on(gpu):
+        if not mig_off and not self._mig_on(gpu):
             raise GpuLibraryError(ERROR_NOT_SUPPORTED, f"MIG mode is disabled on GPU {gpu}")
         return fake.model.mig_table
 
@@ -263,10 +265,10 @@ class FakeMigPartitions:
             return self._load()
 
     def gpu_instance_profile_info(self, gpu: GpuHandle, profile: int) -> GpuInstanceProfileInfo:
-        """The migtables row of this profile enumerator."""
+        """The migtables row of this profile enumerator, whatever the MIG mode (a real H200 on driver 580)."""
         if not 0 <= profile < migtables.PROFILE_COUNT:
             raise GpuLibraryError(ERROR_INVALID_ARGUMENT, f"no GPU instance profile {profile}")
-        p = migtables.by_nvml_profile(self._table(gpu), profile)
+        p = migtables.by_nvml_profile(self._table(gpu, mig_off=True), profile)
         if p is None:
             raise GpuLibraryError(ERROR_NOT_SUPPORTED, f"GPU {gpu} has no GPU instance profile {profile}")
         return GpuInstanceProfileInfo(
@@ -278,15 +280,15 @@ class FakeMigPartitions:
             name=f"MIG {p.name}",
         )
 
-    def _profile(self, gpu: GpuHandle, profile_id: int) -> GpuInstanceProfile:
-        p = migtables.by_id(self._table(gpu), profile_id)
+    def _profile(self, gpu: GpuHandle, profile_id: int, mig_off: bool = False) -> GpuInstanceProfile:
+        p = migtables.by_id(self._table(gpu, mig_off), profile_id)
         if p is None:
             raise GpuLibraryError(ERROR_INVALID_ARGUMENT, f"no GPU instance profile ID {profile_id}")
         return p
 
     def gpu_instance_possible_placements(self, gpu: GpuHandle, profile_id: int) -> list[Placement]:
-        """The table's placements of the profile."""
-        p = self._profile(gpu, profile_id)
+        """The table's placements of the profile, whatever the MIG mode."""
+        p = self._profile(gpu, profile_id, mig_off=True)
         return [Placement(start, p.memory_slices) for start in p.starts]
 
     def create_gpu_instance_with_placement(
@@ -325,9 +327,9 @@ class FakeMigPartitions:
         return next(p.slices for p in self._gpu(gpu).model.mig_table if p.name == name)
 
     def gpu_instances(self, gpu: GpuHandle, profile_id: int) -> list[GpuInstanceHandle]:
-        """The GPU instances of the profile."""
+        """The GPU instances of the profile (none while MIG mode is off)."""
         assert isinstance(gpu, int)
-        name = self._profile(gpu, profile_id).name
+        name = self._profile(gpu, profile_id, mig_off=True).name
         return [
             GpuInstanceHandle(_FakeGi(gpu, i.gpu_instance_id))
             for i in self._instances(gpu)

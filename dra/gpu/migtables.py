@@ -37,8 +37,10 @@ PROFILE_6_SLICE = 6
 PROFILE_1_SLICE_REV1 = 7  # 1g with media extensions (+me)
 PROFILE_2_SLICE_REV1 = 8  # 2g with media extensions
 PROFILE_1_SLICE_REV2 = 9  # 1g with twice the memory (1g.20gb on an H100)
-#: How many profile enumerators to probe with nvmlDeviceGetGpuInstanceProfileInfo.
-PROFILE_COUNT = 10
+#: How many profile enumerators the fake knows (nvml.h's NVML_GPU_INSTANCE_PROFILE_COUNT in driver 580's
+#: bindings, nvidia-ml-py 13.615): below it a profile a GPU lacks is NOT_SUPPORTED, from it on
+#: INVALID_ARGUMENT, as a real H200 answered.
+PROFILE_COUNT = 0x12
 
 #: nvmlComputeInstanceProfile enumeration: the compute-instance profile spanning N slices.
 COMPUTE_PROFILE_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}
@@ -143,20 +145,23 @@ H100_80GB = (
     _p("7g.80gb", PROFILE_7_SLICE, 0, 7, 8, 80384, 132, 8, (7, 7, 1), _WHOLE),
 )
 
-#: NVIDIA H200 141GB (SXM): the H100's compute layout with 141 GB of memory.
+#: NVIDIA H200 (SXM, 141 GB): the H100's compute layout with more memory per slice. Every value as
+#: NVML reported it on a real H200 (driver 580.159.04, MIG mode off: tests/data/real/h200-580/); the
+#: 1g.35gb profile has 26 multiprocessors where the H100's 1g.20gb has 16.
 H200_141GB = (
     _p("1g.18gb", PROFILE_1_SLICE, 19, 1, 1, 16384, 16, 1, (1, 1, 0), _ONE),
     _p("1g.18gb+me", PROFILE_1_SLICE_REV1, 20, 1, 1, 16384, 16, 1, (1, 1, 1), _ONE),
-    _p("1g.35gb", PROFILE_1_SLICE_REV2, 15, 1, 2, 32768, 16, 1, (1, 1, 0), _EVEN),
-    _p("2g.35gb", PROFILE_2_SLICE, 14, 2, 2, 32768, 32, 2, (2, 2, 0), _TWO),
-    _p("3g.71gb", PROFILE_3_SLICE, 9, 3, 4, 69632, 60, 3, (3, 3, 0), _THREE),
-    _p("4g.71gb", PROFILE_4_SLICE, 5, 4, 4, 69632, 64, 4, (4, 4, 0), _WHOLE),
-    _p("7g.141gb", PROFILE_7_SLICE, 0, 7, 8, 140544, 132, 8, (7, 7, 1), _WHOLE),
+    _p("1g.35gb", PROFILE_1_SLICE_REV2, 15, 1, 2, 33280, 26, 1, (1, 1, 0), _EVEN),
+    _p("2g.35gb", PROFILE_2_SLICE, 14, 2, 2, 33280, 32, 2, (2, 2, 0), _TWO),
+    _p("3g.71gb", PROFILE_3_SLICE, 9, 3, 4, 71424, 60, 3, (3, 3, 0), _THREE),
+    _p("4g.71gb", PROFILE_4_SLICE, 5, 4, 4, 71424, 64, 4, (4, 4, 0), _WHOLE),
+    _p("7g.141gb", PROFILE_7_SLICE, 0, 7, 8, 143360, 132, 8, (7, 7, 1), _WHOLE),
 )
 
 
-#: The tables by product name, as nvmlDeviceGetName gives it: what a GPU in MIG mode would offer, known
-#: while MIG mode is off (NVML answers no profile query then).
+#: The tables by product name, as nvmlDeviceGetName gives it: what a GPU in MIG mode would offer, for a
+#: GPU whose MIG mode is off on a driver that answers no profile query then (recent drivers do answer:
+#: discovery asks NVML first).
 BY_PRODUCT = {
     "NVIDIA A100-SXM4-40GB": A100_40GB,
     "NVIDIA A100-SXM4-80GB": A100_80GB,

@@ -63,6 +63,9 @@ class GpuModel:
     #: models' values are the ones mig-parted's device filters use (its A100_SXM4_40GB constant and
     #: the GPU Operator's default layouts: 0x20B010DE, 0x20B210DE, 0x233010DE), and pci.ids' for the rest.
     pci_device_id: int = 0x10DE
+    #: nvmlMemory_t.used of the idle GPU outside MIG mode: what the driver keeps for itself. Measured on
+    #: a real H200 (driver 580.159.04, tests/data/real/h200-580); 0 for the models not measured.
+    idle_used_bytes: int = 0
 
     @property
     def mig_profiles(self) -> dict[str, MigProfile]:
@@ -76,7 +79,14 @@ MODELS: dict[str, GpuModel] = {
         "NVIDIA H100 80GB HBM3", 14, 9, (9, 0), 81559, migtables.H100_80GB, pci_device_id=0x233010DE
     ),
     "h200-sxm5-141gb": GpuModel(
-        "NVIDIA H200", 14, 9, (9, 0), 143771, migtables.H200_141GB, pci_device_id=0x233510DE
+        "NVIDIA H200",
+        14,
+        9,
+        (9, 0),
+        143771,
+        migtables.H200_141GB,
+        pci_device_id=0x233510DE,
+        idle_used_bytes=644_939_776,
     ),
     "a100-sxm4-40gb": GpuModel(
         "NVIDIA A100-SXM4-40GB", 14, 7, (8, 0), 40960, migtables.A100_40GB, pci_device_id=0x20B010DE

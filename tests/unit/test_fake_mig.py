@@ -50,11 +50,14 @@ def test_an_overlapping_placement_fails_as_nvml_does() -> None:
     lib.create_gpu_instance_with_placement(gpu, ID_1G, Placement(3, 1))
 
 
-def test_mig_mode_off_is_not_supported() -> None:
+def test_mig_mode_off_answers_profile_queries_and_makes_nothing() -> None:
+    """As a real H200 on driver 580 answered with MIG mode off (tests/data/real/h200-580)."""
     lib = _lib("h100x8")
-    with pytest.raises(GpuLibraryError) as err:
-        lib.gpu_instance_profile_info(lib.device_by_index(0), 0)
-    assert err.value.code == ERROR_NOT_SUPPORTED
+    gpu = lib.device_by_index(0)
+    assert lib.gpu_instance_profile_info(gpu, 0).name == "MIG 1g.10gb"
+    assert len(lib.gpu_instance_possible_placements(gpu, ID_1G)) == 7
+    assert lib.gpu_instances(gpu, ID_1G) == []
+    assert lib.max_mig_device_count(gpu) == 0
     with pytest.raises(GpuLibraryError) as err:
         lib.create_gpu_instance_with_placement(lib.device_by_index(0), ID_1G, Placement(0, 1))
     assert err.value.code == ERROR_NOT_SUPPORTED

@@ -42,13 +42,16 @@ LIBRARIES = (
     "libnvidia-ptxjitcompiler",
     "libnvidia-allocator",
 )
-#: Where distributions and NVIDIA's installer put the driver's libraries (x86-64 and arm64).
+#: Where distributions and NVIDIA's installer put the driver's libraries (x86-64 and arm64); last,
+#: lib64 of a driver root laid out as bin and lib64 alone (GKE's installer, seen at /usr/local/nvidia
+#: on a real H200 machine: tests/data/real/README.md), where none of the others exists.
 LIBRARY_DIRS = (
     "usr/lib/x86_64-linux-gnu",
     "usr/lib/aarch64-linux-gnu",
     "usr/lib64",
     "usr/lib",
     "lib/x86_64-linux-gnu",
+    "lib64",
 )
 BINARIES = (
     "nvidia-smi",
@@ -59,16 +62,18 @@ BINARIES = (
 )
 BINARY_DIRS = ("usr/bin", "usr/sbin", "bin", "sbin")
 #: Where the GSP firmware of each driver version is (a directory named after the version).
-FIRMWARE_DIRS = ("lib/firmware/nvidia", "usr/lib/firmware/nvidia")
+FIRMWARE_DIRS = ("lib/firmware/nvidia", "usr/lib/firmware/nvidia", "firmware/nvidia")
 #: The directories of the daemons' sockets and the MPS pipe directory.
 IPC_DIRS = ("var/run/nvidia-persistenced", "var/run/nvidia-fabricmanager", "tmp/nvidia-mps")
 #: The daemons' sockets and the MPS pipe directory, as NVIDIA's generator lists them.
 IPC_PATHS = (f"{IPC_DIRS[0]}/socket", f"{IPC_DIRS[1]}/socket", IPC_DIRS[2])
-#: Every directory under the driver root that the lookups above read, and so all the chart mounts
-#: of it: the whole root (the host's /) would show the plugin the kubelet's credentials and every
-#: pod's volumes. Libraries, binaries and firmware live under these four on every distribution
-#: (merged /usr or not); IPC_DIRS are mounted one by one.
+#: The directories the chart mounts of a host install's root (the host's /, which mounted whole would
+#: show the plugin the kubelet's credentials and every pod's volumes): libraries, binaries and firmware
+#: live under these four on every distribution (merged /usr or not); IPC_DIRS are mounted one by one.
+#: Any other driver root is the driver's own and mounted whole, which lib64 and firmware/nvidia need.
 FILE_DIRS = ("usr", "lib", "bin", "sbin")
+#: Lookups only a driver root of the driver's own has (not mounted from the host's /).
+OWN_ROOT_DIRS = ("lib64", "firmware/nvidia")
 
 
 def find_driver_files(

@@ -311,8 +311,9 @@ def test_driver_files_come_from_the_driver_root_or_are_left_to_the_hook() -> Non
         return {m["name"]: m["mountPath"] for m in container["volumeMounts"]}, _env(container)
 
     mounts, env = mounts_and_env({"driverFiles": {"root": "/run/nvidia/driver"}})
-    assert mounts["driver-usr"] == "/host/run/nvidia/driver/usr"
-    assert mounts["driver-tmp-nvidia-mps"] == "/host/run/nvidia/driver/tmp/nvidia-mps"
+    assert {name: path for name, path in mounts.items() if name.startswith("driver-")} == {
+        "driver-root": "/host/run/nvidia/driver"
+    }
     assert (env["DRA_GPU_DRIVER_ROOT"], env["DRA_GPU_CDI_DRIVER_FILES"]) == ("/run/nvidia/driver", "true")
     mounts, env = mounts_and_env({"driverFiles": {"enabled": False}})
     assert not [name for name in mounts if name.startswith("driver-")]
@@ -851,8 +852,20 @@ def test_the_plugin_mounts_only_the_driver_directories_it_reads() -> None:
         *driverfiles.FIRMWARE_DIRS,
         *driverfiles.IPC_PATHS,
     ]
+    # Only a root of the driver's own has lib64 and firmware/nvidia, and such a root is mounted whole.
+    looked_up = [p for p in looked_up if p not in driverfiles.OWN_ROOT_DIRS]
     mounted = (*driverfiles.FILE_DIRS, *driverfiles.IPC_DIRS)
     assert all(any(f"{p}/".startswith(f"{d}/") for d in mounted) for p in looked_up)
+
+
+@pytest.mark.parametrize("root", ["/usr/local/nvidia", "/run/nvidia/driver/"])
+def test_a_driver_root_of_its_own_is_mounted_whole_and_read_only(root: str) -> None:
+    pod = _only(chart.template({"driverFiles": {"root": root}}), "DaemonSet")["spec"]["template"]["spec"]
+    volumes = [v for v in pod["volumes"] if v["name"].startswith("driver-")]
+    assert volumes == [{"name": "driver-root", "hostPath": {"path": root.rstrip("/"), "type": "Directory"}}]
+    plugin = next(c for c in pod["containers"] if c["name"] == "kubelet-plugin")
+    mounts = [m for m in plugin["volumeMounts"] if m["name"].startswith("driver-")]
+    assert mounts == [{"name": "driver-root", "mountPath": f"/host{root.rstrip('/')}", "readOnly": True}]
 
 
 def test_the_slice_policy_pins_the_driver_and_the_nodes_pool() -> None:

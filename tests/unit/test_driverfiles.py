@@ -126,3 +126,25 @@ def test_the_charts_mount_set_finds_every_file_and_shows_nothing_else(tmp_path: 
     assert seen(view) == seen(host)
     for secret in secrets:
         assert not (view / secret.relative_to(host)).exists()
+
+
+def test_a_driver_root_of_bin_and_lib64_alone_is_found(tmp_path: Path) -> None:
+    # GKE's installer layout, as a real H200 machine had it at /usr/local/nvidia (tests/data/real):
+    # bin/, lib64/ with the SONAME links, firmware/nvidia/<version>, no usr/ at all.
+    root = tmp_path / "usr/local/nvidia"
+    (root / "lib64").mkdir(parents=True)
+    for stem in ("libcuda", "libnvidia-ml"):
+        (root / f"lib64/{stem}.so.{VERSION}").write_text("elf")
+        (root / f"lib64/{stem}.so.1").symlink_to(f"{stem}.so.{VERSION}")
+    (root / "bin").mkdir()
+    (root / "bin/nvidia-smi").write_text("elf")
+    (root / f"firmware/nvidia/{VERSION}").mkdir(parents=True)
+    files = find_driver_files(VERSION, Path("/usr/local/nvidia"), tmp_path)
+    assert {(f.container_path, f.host_path) for f in files} == {
+        (f"/lib64/libcuda.so.{VERSION}", f"/usr/local/nvidia/lib64/libcuda.so.{VERSION}"),
+        ("/lib64/libcuda.so.1", f"/usr/local/nvidia/lib64/libcuda.so.{VERSION}"),
+        (f"/lib64/libnvidia-ml.so.{VERSION}", f"/usr/local/nvidia/lib64/libnvidia-ml.so.{VERSION}"),
+        ("/lib64/libnvidia-ml.so.1", f"/usr/local/nvidia/lib64/libnvidia-ml.so.{VERSION}"),
+        ("/bin/nvidia-smi", "/usr/local/nvidia/bin/nvidia-smi"),
+        (f"/firmware/nvidia/{VERSION}", f"/usr/local/nvidia/firmware/nvidia/{VERSION}"),
+    }

@@ -125,7 +125,11 @@ capabilities:
 - name: host-dev
   mountPath: /host/dev
   readOnly: true
-{{- if .Values.driverFiles.enabled }}
+{{- if and .Values.driverFiles.enabled (include "dra-gpu.driverRootWhole" .) }}
+- name: driver-root
+  mountPath: {{ include "dra-gpu.driverRootMount" . }}
+  readOnly: true
+{{- else if .Values.driverFiles.enabled }}
 {{- range $dir := concat (include "dra-gpu.driverFileDirs" . | fromJsonArray) (include "dra-gpu.driverIpcDirs" . | fromJsonArray) }}
 - name: {{ include "dra-gpu.driverVolume" $dir }}
   mountPath: {{ printf "%s/%s" (include "dra-gpu.driverRootMount" $) $dir }}
@@ -202,6 +206,13 @@ compares): mounted one by one, never the root itself, which on a host install is
 {{- end }}
 {{- define "dra-gpu.driverIpcDirs" -}}
 ["var/run/nvidia-persistenced", "var/run/nvidia-fabricmanager", "tmp/nvidia-mps"]
+{{- end }}
+
+{{/* Whether the driver root is mounted whole: any root but the host's / is the driver's own
+directory (the GPU Operator's /run/nvidia/driver, GKE's bin + lib64 layout at /usr/local/nvidia),
+with nothing of the host's in it and no directory layout to assume. "" when not. */}}
+{{- define "dra-gpu.driverRootWhole" -}}
+{{- if ne (trimSuffix "/" .Values.driverFiles.root) "" }}true{{ end -}}
 {{- end }}
 
 {{/* The volume of one driver directory: driver-usr, driver-var-run-nvidia-persistenced. */}}

@@ -1,44 +1,34 @@
 """A fake `nvidia-cuda-mps-control`, for fake GPUs: `python -m dra.gpu.fakemps [-d [-M]]`.
 
-It behaves as NVIDIA's MPS documentation ("Multi-Process Service", section
-"Tools and Interface Reference") and the nvidia-cuda-mps-control(1) man page
-describe the real one, on the paths the driver uses:
+It answers as the real one did on a real H200 (driver 580.159.04, MPS binary version 13000:
+tests/data/real/h200-580/mps-control.txt), on the paths the driver uses:
 
-- `-d` starts the control daemon in the background and returns (`-d -M` in
-  multi-user mode, as NVIDIA's DRA driver starts it; the log's start line
-  then ends in "; multi-user"): the daemon
-  reads CUDA_MPS_PIPE_DIRECTORY (default /tmp/nvidia-mps) and
-  CUDA_MPS_LOG_DIRECTORY (default /var/log/nvidia-mps), creates its pipe
-  files `control` and `log` in the pipe directory, writes
-  `nvidia-cuda-mps-control.pid` there, and appends to `control.log` in the
-  log directory. A second daemon on the same pipe directory refuses to start.
-  CUDA_VISIBLE_DEVICES is the devices it manages (logged at start).
-- It keeps shared memory in the /dev/shm it sees, where its clients must find
-  it: the daemon, the MPS server and the clients talk through named pipes and
-  sockets in the pipe directory (NVIDIA's guide, CUDA_MPS_PIPE_DIRECTORY) and
-  through POSIX shared memory, the CUDA driver's `cuda.shm.*` files in
-  /dev/shm, which is why NVIDIA's DRA driver gives a claim's containers and
-  its daemon one /dev/shm. The fake writes one such file,
-  `cuda.shm.<daemon pid>.mps`, at start and removes it at `quit`.
-- Without arguments it is a client: it reads commands, one per line, from
-  stdin, sends each to the daemon of CUDA_MPS_PIPE_DIRECTORY and prints the
-  answer. `quit` stops the daemon (its pipe files go);
-  `set_default_active_thread_percentage N` and
-  `get_default_active_thread_percentage` answer the percentage as a float;
-  `set_default_device_pinned_mem_limit <dev> <value>` and
-  `get_default_device_pinned_mem_limit <dev>` keep and answer a limit per
-  device ordinal (`<dev>` counts the daemon's CUDA_VISIBLE_DEVICES from 0;
-  values such as 1024M or 2G).
+- `-d` starts the control daemon in the background and returns 0 once it answers (`-d -M` in
+  multi-user mode: the same, with -M on its command line; the real one logs nothing about it).
+  It reads CUDA_MPS_PIPE_DIRECTORY (default /tmp/nvidia-mps) and CUDA_MPS_LOG_DIRECTORY
+  (default /var/log/nvidia-mps); in the pipe directory it makes the Unix sockets `control` and
+  `control_privileged`, the file `control_lock`, the FIFO `log` and
+  `nvidia-cuda-mps-control.pid` (the pid, no newline); in the log directory `control.log`, whose
+  lines read `[YYYY-MM-DD HH:MM:SS.mmm Control   PID] ...`, and an empty `server.log`. A
+  second `-d` on the same pipe directory prints "An instance of this daemon is already running"
+  and exits 1. The devices it manages are its CUDA_VISIBLE_DEVICES (its environment; not logged).
+- Without arguments it is a client: it sends each line of stdin to the daemon of
+  CUDA_MPS_PIPE_DIRECTORY and prints the answer; with no daemon there it prints "Cannot find MPS
+  control daemon process" and exits 1.
+  - `set_default_active_thread_percentage N` answers the default percentage after the command,
+    as "%.1f": N when 0 < N <= 100, else the percentage it kept (no error);
+    `get_default_active_thread_percentage` answers it ("100.0" at first).
+  - `set_default_device_pinned_mem_limit <dev> <value>` answers nothing, whatever the device or
+    value: digits then a unit, G for GiB and anything else taken as MiB (the real daemon made
+    "2X" 2 MiB); `get_default_device_pinned_mem_limit <dev>` answers the limit in whole GiB from
+    1 GiB on ("1024M" and "1536M" both read "1G"), else in MiB, and nothing for a device without
+    one.
+  - Anything else: `Unknown command "<line>"`. `get_server_list`: nothing (the fake starts no
+    server). `quit`: nothing; the daemon exits, removing its pid file and `log` FIFO and leaving
+    the sockets and the lock file behind.
 
-Where unsure (the real one's exact wording was not at hand): the shared-memory
-file's name and when it is made (the real server makes its files when it
-starts, at a client's first connection; the fake has no server and makes its
-file at once), the answers'
-text ("100.0", the stored limit as given, "No limit"), the error lines
-("Unrecognized command", "Invalid device", "Cannot find MPS control daemon
-process") and the exit status 1 of a client that finds no daemon. The real
-control pipe is a named pipe pair; this one is a Unix socket named `control`,
-which gives the same liveness test (a client can reach the daemon or not).
+Where it differs: it makes no MPS server and so no shared memory (the real server, started at a
+client's first connection, made "an anonymous shared memory region": nothing in /dev/shm either).
 """
 
 from __future__ import annotations
@@ -56,7 +46,10 @@ PIPE_DIRECTORY = "CUDA_MPS_PIPE_DIRECTORY"
 LOG_DIRECTORY = "CUDA_MPS_LOG_DIRECTORY"
 PID_FILE = "nvidia-cuda-mps-control.pid"
 CONTROL = "control"
-_LIMIT = re.compile(r"^[0-9]+[MG]$")
+#: What the real daemon left in its pipe directory after `quit`.
+LEFT_AFTER_QUIT = (CONTROL, "control_lock", "control_privileged")
+_LIMIT = re.compile(r"^([0-9]+)(.?)")
+_MIB = 1024**2
 
 
 def pipe_directory() -> Path:
@@ -64,36 +57,48 @@ def pipe_directory() -> Path:
     return Path(os.environ.get(PIPE_DIRECTORY) or "/tmp/nvidia-mps")
 
 
-def shm_file(pid: int) -> Path:
-    """The shared-memory file the daemon with this pid keeps in the /dev/shm it sees."""
-    return Path("/dev/shm") / f"cuda.shm.{pid}.mps"
-
-
 def _log_directory() -> Path:
     return Path(os.environ.get(LOG_DIRECTORY) or "/var/log/nvidia-mps")
 
 
 def _log(message: str) -> None:
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
     with (_log_directory() / "control.log").open("a") as log:
-        log.write(f"[{stamp} Control {os.getpid()}] {message}\n")
+        log.write(f"[{stamp} Control {os.getpid():5d}] {message}\n")
+
+
+def _limit_bytes(value: str) -> int | None:
+    """A pinned memory limit as the real daemon reads it: digits, then G for GiB, else MiB."""
+    found = _LIMIT.match(value)
+    if found is None:
+        return None
+    return int(found.group(1)) * (1024 * _MIB if found.group(2) == "G" else _MIB)
+
+
+def limit_text(size: int) -> str:
+    """A limit in bytes as the real daemon answers it: whole GiB from 1 GiB on ("1536M" set reads "1G"),
+    else whole MiB."""
+    return f"{size // (1024 * _MIB)}G" if size >= 1024 * _MIB else f"{size // _MIB}M"
 
 
 class _Daemon:
-    def __init__(self, devices: Sequence[str]) -> None:
-        self.devices = list(devices)
+    def __init__(self) -> None:
         self.percentage = 100.0
-        self.limits: dict[int, str] = {}
+        self.limits: dict[int, int] = {}
 
     def handle(self, line: str) -> tuple[str, bool]:
         """The answer to one command, and whether the daemon goes on."""
         words = line.split()
         if not words:
             return "", True
-        _log(f"Command: {line.strip()}")
+        _log(f"Cmd:{line.strip()}")
         command, args = words[0], words[1:]
         if command == "quit" and not args:
+            _log("Exit with status 0")
             return "", False
+        if command == "get_server_list" and not args:
+            return "", True
         if command == "get_default_active_thread_percentage" and not args:
             return f"{self.percentage:.1f}", True
         if command == "set_default_active_thread_percentage" and len(args) == 1:
@@ -101,44 +106,51 @@ class _Daemon:
                 value = float(args[0])
             except ValueError:
                 value = -1.0
-            if not 0 < value <= 100:
-                return f"Invalid percentage {args[0]}", True
-            self.percentage = value
-            return f"{value:.1f}", True
-        if command in ("set_default_device_pinned_mem_limit", "get_default_device_pinned_mem_limit") and args:
-            device = int(args[0]) if args[0].isdigit() else -1
-            if not 0 <= device < len(self.devices):
-                return f"Invalid device {args[0]}", True
-            if command.startswith("get") and len(args) == 1:
-                return self.limits.get(device, "No limit"), True
-            if command.startswith("set") and len(args) == 2 and _LIMIT.match(args[1]):
-                self.limits[device] = args[1]
-                return "", True
-            return f"Invalid value {' '.join(args[1:])}", True
-        return "Unrecognized command", True
+            if 0 < value <= 100:
+                self.percentage = value
+            return f"{self.percentage:.1f}", True
+        if command == "set_default_device_pinned_mem_limit" and len(args) == 2 and args[0].isdigit():
+            size = _limit_bytes(args[1])
+            if size is not None:
+                self.limits[int(args[0])] = size
+            _log(f"{line.strip()}.")
+            return "", True
+        if command == "get_default_device_pinned_mem_limit" and len(args) == 1 and args[0].isdigit():
+            size = self.limits.get(int(args[0]))
+            return ("" if size is None else limit_text(size)), True
+        answer = f'Unknown command "{line.strip()}"'
+        _log(answer)
+        return answer, True
 
 
-def _serve(pipe: Path, devices: Sequence[str], multi_user: bool) -> None:
-    daemon = _Daemon(devices)
+def _serve(pipe: Path) -> None:
+    daemon = _Daemon()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    # Relative to the pipe directory: socket paths are limited to 107 bytes, state directories are not.
-    os.chdir(pipe)
-    server.bind(CONTROL)
+    # Absolute paths, as the real daemon binds them: a pipe directory too long for them fails alike.
+    server.bind(str(pipe / CONTROL))
     server.listen(8)
+    privileged = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    privileged.bind(str(pipe / "control_privileged"))
+    (pipe / "control_lock").touch()
     os.mkfifo(pipe / "log")
-    (pipe / PID_FILE).write_text(f"{os.getpid()}\n")
-    shm = shm_file(os.getpid())
-    shm.write_bytes(bytes(4096))
-    mode = "; multi-user" if multi_user else ""
-    _log(f"Starting control daemon using socket {pipe / CONTROL}; devices {','.join(devices) or 'all'}{mode}")
+    (pipe / PID_FILE).write_text(str(os.getpid()))
+    (_log_directory() / "server.log").touch()
+    _log(f"Starting control daemon using socket {pipe / CONTROL}")
+    _log(f"To connect CUDA applications to this daemon, set env {PIPE_DIRECTORY}={pipe}")
+    _log("CUDA MPS Control binary version: 13000")
     running = True
     while running:
         connection, _ = server.accept()
         with connection, connection.makefile("rw") as stream:
-            answer, running = daemon.handle(stream.readline())
+            line = stream.readline()
+            if not line.strip():
+                continue  # a liveness probe
+            _log("NEW UI")
+            answer, running = daemon.handle(line)
             stream.write(answer + "\n")
-    _log("Exit")
-    for path in (pipe / CONTROL, pipe / "log", pipe / PID_FILE, shm):
+            if running:
+                _log("UI closed")
+    for path in (pipe / "log", pipe / PID_FILE):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
 
@@ -146,8 +158,7 @@ def _serve(pipe: Path, devices: Sequence[str], multi_user: bool) -> None:
 def _send(pipe: Path, line: str) -> str | None:
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
-            os.chdir(pipe)
-            client.connect(CONTROL)
+            client.connect(str(pipe / CONTROL))
             with client.makefile("rw") as stream:
                 stream.write(line + "\n")
                 stream.flush()
@@ -156,18 +167,16 @@ def _send(pipe: Path, line: str) -> str | None:
         return None
 
 
-def _start_daemon(multi_user: bool) -> int:
+def _start_daemon() -> int:
     pipe = pipe_directory()
     pipe.mkdir(parents=True, exist_ok=True)
     _log_directory().mkdir(parents=True, exist_ok=True)
     if _send(pipe, "") is not None:
         print("An instance of this daemon is already running", file=sys.stderr)
         return 1
-    with contextlib.suppress(FileNotFoundError):
-        (pipe / CONTROL).unlink()
-    with contextlib.suppress(FileNotFoundError):
-        (pipe / "log").unlink()
-    devices = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
+    for name in (*LEFT_AFTER_QUIT, "log"):
+        with contextlib.suppress(FileNotFoundError):
+            (pipe / name).unlink()
     if os.fork() > 0:
         # The caller returns once the daemon answers, as the real -d does once it is up.
         for _ in range(100):
@@ -183,7 +192,7 @@ def _start_daemon(multi_user: bool) -> int:
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     try:
-        _serve(pipe, devices, multi_user)
+        _serve(pipe)
     finally:
         os._exit(0)
 
@@ -204,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`-d`: start the daemon; no argument: send stdin's commands to it."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args in (["-d"], ["-d", "-M"]):
-        return _start_daemon(multi_user=args == ["-d", "-M"])
+        return _start_daemon()
     if not args:
         return _client()
     print(f"Usage: nvidia-cuda-mps-control [-d [-M]]; unknown option {' '.join(args)}", file=sys.stderr)

@@ -37,10 +37,10 @@ PROFILE_6_SLICE = 6
 PROFILE_1_SLICE_REV1 = 7  # 1g with media extensions (+me)
 PROFILE_2_SLICE_REV1 = 8  # 2g with media extensions
 PROFILE_1_SLICE_REV2 = 9  # 1g with twice the memory (1g.20gb on an H100)
-#: How many profile enumerators the fake knows (nvml.h's NVML_GPU_INSTANCE_PROFILE_COUNT in driver 580's
-#: bindings, nvidia-ml-py 13.615): below it a profile a GPU lacks is NOT_SUPPORTED, from it on
-#: INVALID_ARGUMENT, as a real H200 answered.
-PROFILE_COUNT = 0x12
+#: How many profile enumerators the fake knows: below it a profile a GPU lacks is NOT_SUPPORTED, from it
+#: on INVALID_ARGUMENT, as a real H200 on driver 580.159.04 answered (up to 2_SLICE_ALL_ME, 0x10;
+#: nvidia-ml-py 13.615 already names 0x11, 3_SLICE_GFX, which that driver refused as invalid).
+PROFILE_COUNT = 0x11
 
 #: nvmlComputeInstanceProfile enumeration: the compute-instance profile spanning N slices.
 COMPUTE_PROFILE_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -33,6 +34,27 @@ PID_FILE = "nvidia-cuda-mps-control.pid"
 COMMAND_TIMEOUT = 10.0
 #: Seconds a daemon is given to leave after `quit`, before it is killed.
 STOP_TIMEOUT = 5.0
+
+
+_LIMIT = re.compile(r"^([0-9]+)([MG])$")
+
+
+def _percentage(text: str) -> float | None:
+    """An active thread percentage as the daemon answers it ("50.0"), or None."""
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _as_the_daemon_shows(limit: str) -> str | None:
+    """How the daemon answers a pinned limit set as `limit`: whole GiB from 1 GiB on, else MiB ("8192M"
+    reads "8G", "1536M" "1G", "512M" "512M": tests/data/real/h200-580/mps-control.txt)."""
+    found = _LIMIT.match(limit)
+    if found is None:
+        return None
+    size = int(found.group(1)) * 1024 ** (3 if found.group(2) == "G" else 2)
+    return f"{size // 1024**3}G" if size >= 1024**3 else f"{size // 1024**2}M"
 
 
 class MpsError(Exception):
@@ -122,23 +144,37 @@ class MpsDaemons:
         return done.stdout
 
     def _configure(self, key: str, claim: PreparedClaim) -> None:
-        """Make the claim's limits the daemon's defaults; only for a daemon that serves it alone."""
+        """Make the claim's limits the daemon's defaults; only for a daemon that serves it alone.
+
+        The real daemon refuses nothing out loud (tests/data/real/h200-580/mps-control.txt): a
+        percentage it rejects is answered with the one it keeps, and a pinned limit is answered with
+        nothing, whatever it made of it ("2X" became 2 MiB). So each value is read back, and a
+        daemon that holds another one refuses the claim.
+        """
         if not sharing.mps_isolated(claim):
             return
         devices = sharing.mps_devices(claim)
-        commands = []
-        if devices[0].mps_thread_percentage:
-            commands.append(f"set_default_active_thread_percentage {devices[0].mps_thread_percentage}")
-        commands += [
-            f"set_default_device_pinned_mem_limit {i} {d.mps_pinned_limit}"
-            for i, d in enumerate(devices)
-            if d.mps_pinned_limit
-        ]
-        for command in commands:
-            # One command per call: each answer (or error line) then belongs to its command.
-            answer = self._run(key, [], command + "\n").strip()
-            if answer.startswith(("Invalid", "Unrecognized", "Error")):
-                raise MpsError(f"MPS control daemon {key} refused {command!r}: {answer}")
+        percentage = devices[0].mps_thread_percentage
+        if percentage:
+            command = f"set_default_active_thread_percentage {percentage}"
+            self._expect(key, command, self._ask(key, command), _percentage(str(percentage)), _percentage)
+        for index, device in enumerate(devices):
+            if device.mps_pinned_limit:
+                command = f"set_default_device_pinned_mem_limit {index} {device.mps_pinned_limit}"
+                self._ask(key, command)
+                held = self._ask(key, f"get_default_device_pinned_mem_limit {index}")
+                self._expect(key, command, held, _as_the_daemon_shows(device.mps_pinned_limit), str)
+
+    def _ask(self, key: str, command: str) -> str:
+        """One command, one call: its answer (or error line) then belongs to it."""
+        return self._run(key, [], command + "\n").strip()
+
+    @staticmethod
+    def _expect(key: str, command: str, answer: str, wanted: object, read: Callable[[str], object]) -> None:
+        """MpsError unless the daemon's answer, read, is what the command asked for."""
+        if read(answer) != wanted:
+            said = f"it answered {answer!r}" if answer else "it answered nothing"
+            raise MpsError(f"MPS control daemon {key} did not take {command!r}: {said}")
 
     def start(self, claim: PreparedClaim) -> None:
         """Start the daemon of the claim's devices, or join (or adopt) the running one; MpsError if not."""

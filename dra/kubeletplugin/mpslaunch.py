@@ -152,6 +152,15 @@ def environment(dirs: sharing.MpsDirs, uuids: Sequence[str] = ()) -> dict[str, s
     return env
 
 
+#: How the real control daemon (binary version 13000) exits, silently and before it logs anything, when
+#: CUDA_VISIBLE_DEVICES names a device it cannot find (tests/data/real/README.md).
+EXIT_DEVICE_NOT_FOUND = 100
+#: The longest socket name the real control daemon makes in its pipe directory (it binds absolute paths).
+LONGEST_SOCKET = "control_privileged"
+#: sun_path holds 108 bytes with the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
 def start_daemon(
     root: str, control: Sequence[str], uuids: Sequence[str], multi_user: bool, timeout: float
 ) -> None:
@@ -163,6 +172,13 @@ def start_daemon(
     """
     dirs = sharing.mps_dirs(root, sharing.mps_key(uuids))
     argv = [*control, "-d", "-M"] if multi_user else [*control, "-d"]
+    longest = f"{dirs.pipe}/{LONGEST_SOCKET}"
+    if len(longest.encode()) > MAX_SOCKET_PATH:
+        raise LaunchError(
+            f"cannot start the MPS control daemon: its socket {longest} would be {len(longest.encode())} "
+            f"bytes long, over the {MAX_SOCKET_PATH} a Unix socket's path may have; give the plugin a "
+            "shorter --state-dir"
+        )
     try:
         for path in (dirs.pipe, dirs.log, dirs.shm):
             Path(path).mkdir(parents=True, exist_ok=True)
@@ -179,8 +195,24 @@ def start_daemon(
     if done.returncode == EXIT_NO_NAMESPACE:
         raise LaunchError(f"cannot start the MPS control daemon: {done.stderr.strip()}")
     if done.returncode != 0:
-        output = done.stderr.strip() or done.stdout.strip() or "no output"
+        # The real daemon says nothing when it fails to start; its log may.
+        output = done.stderr.strip() or done.stdout.strip() or _log_tail(dirs) or "no output"
+        if done.returncode == EXIT_DEVICE_NOT_FOUND and output == "no output":
+            output = (
+                f"no output, as when a device of CUDA_VISIBLE_DEVICES={','.join(uuids)} is not on this "
+                "node (a GPU replaced, a MIG device gone)"
+            )
         raise LaunchError(f"{' '.join(argv)} exited with {done.returncode}: {output}")
+
+
+def _log_tail(dirs: sharing.MpsDirs, lines: int = 3) -> str:
+    """The last lines of the daemon's control.log, joined; "" when there is none."""
+    try:
+        text = (Path(dirs.log) / "control.log").read_text(errors="replace")
+    except OSError:
+        return ""
+    tail = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
+    return f"its control.log ends: {' | '.join(tail)}" if tail else ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,6 +23,8 @@ from localcluster.workloads import (
     pod_claim,
 )
 
+from tests.unit.helpers import mps_ask
+
 pytestmark = pytest.mark.cluster
 
 
@@ -87,9 +89,7 @@ def test_a_mig_device_gets_an_mps_daemon_that_sees_it_by_uuid_and_goes_with_the_
     pid = int((daemon_dir / "pipe" / "nvidia-cuda-mps-control.pid").read_text())
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     assert f"CUDA_VISIBLE_DEVICES={uuid}".encode() in environ
-    log = (daemon_dir / "log" / "control.log").read_text()
-    assert f"devices {uuid}" in log
-    assert "Command: set_default_device_pinned_mem_limit 0 4096M" in log
+    assert mps_ask(str(daemon_dir / "pipe"), "get_default_device_pinned_mem_limit 0") == "4G"
 
     delete_pods_and_wait(kube, cluster, namespace, [claim])
     wait_for("the MPS daemon to stop", lambda: not _alive(pid) and not daemon_dir.exists(), timeout=30)

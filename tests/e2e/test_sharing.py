@@ -30,8 +30,6 @@ from localcluster.workloads import (
     pod_claims,
 )
 
-from dra.gpu import fakemps
-
 pytestmark = pytest.mark.cluster
 
 FIRST_TWO = f'device.attributes["{DRIVER}"].index <= 1'
@@ -251,9 +249,9 @@ def test_an_mps_daemon_serves_the_claim_survives_a_driver_crash_and_goes_with_th
     # says so and the pod runs as before.
     refusal = "is invalid: status.allocation: Invalid value"
     wait_for("the driver to say why", lambda: refusal in driver.log_path.read_text(), timeout=10)
-    # What the container has at /dev/shm is what the daemon has at its /dev/shm.
-    assert (claim_dir / "shm" / fakemps.shm_file(pid).name).exists()
-    assert not fakemps.shm_file(pid).exists()
+    # What the container has at /dev/shm is what the daemon has at its /dev/shm (seen through its root).
+    (claim_dir / "shm" / "from-the-claim").touch()
+    assert Path(f"/proc/{pid}/root/dev/shm/from-the-claim").exists()
 
     assert record["env"]["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
     assert record["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"

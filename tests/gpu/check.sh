@@ -42,9 +42,20 @@ for mode in static dynamic; do
   timeout 60 python3 -m dra discover --output json --node-name gpu-node --mig-mode $mode 2>&1
   echo "rc=$?"
 done >>"$out/discover.txt"
-timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit >"$out/pytest-gpu.txt" 2>&1
-echo "rc=$?" >>"$out/pytest-gpu.txt"
+{
+  nvidia-smi --query-gpu=index,mig.mode.current,mig.mode.pending --format=csv
+  timeout 120 python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests/unit
+  echo "rc=$?"
+  nvidia-smi --query-gpu=index,mig.mode.current,mig.mode.pending --format=csv
+} >"$out/pytest-gpu.txt" 2>&1
 timeout 150 bash tests/gpu/record-mps.sh >"$out/mps.txt" 2>&1
+# The driver's MPS daemons on the real control binary (the tests use the fake where it is absent),
+# started on this machine's GPU: the tests' devices are fake ones.
+if command -v nvidia-cuda-mps-control >/dev/null; then
+  DRA_GPU_TEST_MPS_CONTROL=$PWD/tests/gpu/mps-control-on-this-gpu.sh timeout 150 python3 -m pytest -q -p no:cacheprovider \
+    tests/unit/test_mps.py tests/unit/test_dynamic_mig_state.py -k 'mps or daemon' >"$out/pytest-mps.txt" 2>&1
+  echo "rc=$?" >>"$out/pytest-mps.txt"
+fi
 # The fuzz targets need atheris, too large to carry to a machine without a package index.
 skip=(); python3 -c 'import atheris' 2>/dev/null || skip=(--ignore=tests/unit/test_fuzz.py)
 timeout "${UNIT_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider -m 'not cluster and not containerd' \

@@ -17,7 +17,10 @@ step "client without daemon"; client get_server_list
 step "-d"; timeout 20 "$mps" -d; echo "rc=$?"; sleep 1; files; logs
 step "processes"; pgrep -a nvidia-cuda-mps
 step "second -d"; timeout 20 "$mps" -d; echo "rc=$?"
-for c in get_default_active_thread_percentage "set_default_active_thread_percentage 50" \
+for c in get_default_active_thread_percentage "get_default_device_pinned_mem_limit 0" \
+    "set_default_device_pinned_mem_limit 0 1536M" "get_default_device_pinned_mem_limit 0" \
+    "set_default_device_pinned_mem_limit 0 4096M" "get_default_device_pinned_mem_limit 0" \
+    "set_default_active_thread_percentage 50" \
     get_default_active_thread_percentage "set_default_active_thread_percentage 0" \
     "set_default_active_thread_percentage 101" "set_default_active_thread_percentage abc" \
     "set_default_device_pinned_mem_limit 0 2G" "get_default_device_pinned_mem_limit 0" \

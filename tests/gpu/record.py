@@ -25,7 +25,6 @@ from typing import Any
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.core.allocation import AllocatedDevice, ClaimAllocation
-from dra.gpu import migtables
 from dra.gpu.discovery import discover
 from dra.gpu.driverfiles import find_driver_files
 from dra.gpu.library import GpuHandle, GpuLibrary, GpuLibraryError
@@ -33,9 +32,9 @@ from dra.gpu.nvml import NvmlLibrary
 from dra.kubeletplugin.state import DeviceState
 from dra.model.migmode import parse_mig_modes
 
-#: GPU-instance profile enumerators asked about: two past the count the fake knows, so that the
-#: recording shows where a driver's range ends and any profile newer than the tables.
-PROFILE_IDS = range(migtables.PROFILE_COUNT + 2)
+#: GPU-instance profile enumerators asked about: past the end of every nvml.h so far (0x12 in the 580
+#: bindings), so that the recording shows where a driver's range ends and any profile newer than the tables.
+PROFILE_IDS = range(20)
 
 
 def _plain(value: Any) -> Any:

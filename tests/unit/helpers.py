@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+import subprocess
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -95,3 +99,56 @@ def real_or_standin_nvml(host: Path, profile_name: str) -> Iterator[NvmlLibrary]
         yield lib
     finally:
         lib.shutdown()
+
+
+#: The fake MPS control binary (dra.gpu.fakemps) as the driver runs it.
+FAKE_MPS = [sys.executable, "-m", "dra.gpu.fakemps"]
+#: The MPS control binary of the daemon tests: the fake, or the real one where
+#: DRA_GPU_TEST_MPS_CONTROL names it (tests/gpu/check.sh on a GPU machine).
+MPS_CONTROL = (
+    [os.environ["DRA_GPU_TEST_MPS_CONTROL"]] if os.environ.get("DRA_GPU_TEST_MPS_CONTROL") else FAKE_MPS
+)
+
+
+def mps_ask(pipe: str, command: str) -> str:
+    """The answer of the MPS control daemon of pipe directory `pipe` to one command, as a client gets it.
+
+    Tests read a daemon's settings back this way rather than from its log, whose wording is the
+    real daemon's own (tests/data/real/h200-580/mps-control.txt).
+    """
+    done = subprocess.run(
+        MPS_CONTROL,
+        input=command + "\n",
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=pipe),
+        timeout=10,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+def process_environ(pid: int) -> list[str]:
+    """A process's environment, as /proc shows it."""
+    return Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
+
+
+def daemon_devices(pid: int) -> str:
+    """The devices an MPS control daemon was started on: its CUDA_VISIBLE_DEVICES, or, where
+    tests/gpu/mps-control-on-this-gpu.sh pointed the real daemon at this machine's GPU, the ones asked."""
+    found = dict(line.split("=", 1) for line in process_environ(pid) if "=" in line)
+    return found.get("DRA_GPU_TEST_ASKED_DEVICES", found.get("CUDA_VISIBLE_DEVICES", ""))
+
+
+def process_argv(pid: int) -> list[str]:
+    """A process's command line, as /proc shows it."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().rstrip("\0").split("\0")
+
+
+def mps_root(state: Path) -> Path:
+    """A short MPS root for a test state directory: pytest's own paths leave the real daemon too few of
+    the 107 bytes its sockets' paths may have (dra.kubeletplugin.mpslaunch.MAX_SOCKET_PATH). The same
+    state directory gets the same root, in this process and its children."""
+    root = Path("/tmp") / f"dra-mps-{hashlib.sha256(str(state).encode()).hexdigest()[:10]}"
+    root.mkdir(exist_ok=True)
+    return root

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,7 @@ from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.mps import MpsDaemons
 from dra.kubeletplugin.state import DeviceState
 from dra.model.migmode import parse_mig_modes
-from tests.unit.helpers import DRIVER, NODE
+from tests.unit.helpers import DRIVER, MPS_CONTROL, NODE, daemon_devices, mps_ask, mps_root
 
 UID = "6b1f7e7c-0d3e-4d4b-9a0e-2f1c3b4a5d6e"
 THREE_G_AT_4 = "gpu-0-mig-3g40gb-at4"
@@ -295,7 +296,7 @@ def _mps_on_mig(**mps_config: object) -> OpaqueConfig:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace per MPS daemon needs root")
 def test_a_dynamic_mig_device_is_served_by_an_mps_daemon_once_it_is_made(tmp_path: Path) -> None:
-    daemons = MpsDaemons(tmp_path / "mps", [sys.executable, "-m", "dra.gpu.fakemps"])
+    daemons = MpsDaemons(mps_root(tmp_path), MPS_CONTROL)
     lib = _lib(tmp_path)
     state = DeviceState(
         DRIVER,
@@ -321,14 +322,15 @@ def test_a_dynamic_mig_device_is_served_by_an_mps_daemon_once_it_is_made(tmp_pat
         key = sharing.mps_key([device.uuid])
         pid = daemons.pid(key)
         assert pid is not None
-        assert f"CUDA_VISIBLE_DEVICES={device.uuid}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
-        log = (Path(sharing.mps_dirs(str(daemons.root), key).log) / "control.log").read_text()
-        assert "Command: set_default_device_pinned_mem_limit 0 8192M" in log
+        assert daemon_devices(pid) == device.uuid
+        pipe = sharing.mps_dirs(str(daemons.root), key).pipe
+        assert mps_ask(pipe, "get_default_device_pinned_mem_limit 0") == "8G"
         state.unprepare(UID)
         assert daemons.pid(key) is None
         assert _instances(tmp_path) == []
     finally:
         daemons.stop_others({})
+        shutil.rmtree(daemons.root, ignore_errors=True)
 
 
 def test_a_config_too_big_for_the_dynamic_mig_device_is_refused_before_it_is_made(tmp_path: Path) -> None:

@@ -27,13 +27,22 @@ from dra.gpu import fakemps
 from dra.kubeletplugin.mps import MpsDaemons
 from dra.kubeletplugin.state import DeviceState
 from dra.model.quantity import Quantity
-from tests.unit.helpers import DRIVER, NODE, inventory
+from tests.unit.helpers import (
+    DRIVER,
+    FAKE_MPS,
+    MPS_CONTROL,
+    NODE,
+    daemon_devices,
+    inventory,
+    mps_ask,
+    mps_root,
+    process_argv,
+)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace per daemon needs root")
 
 UID_A = "aaaaaaaa-0000-4000-8000-00000000000a"
 UID_B = "bbbbbbbb-0000-4000-8000-00000000000b"
-FAKE_MPS = [sys.executable, "-m", "dra.gpu.fakemps"]
 
 
 def _mps(**mps_config: Any) -> OpaqueConfig:
@@ -62,7 +71,7 @@ class Node:
     def __init__(self, root: Path, profile: str = "h100x8") -> None:
         self.root = root
         self.profile = profile
-        self.daemons = MpsDaemons(root / "mps", FAKE_MPS)
+        self.daemons = MpsDaemons(mps_root(root), MPS_CONTROL)
 
     def state(self, daemons: MpsDaemons | None = None) -> DeviceState:
         state = DeviceState(
@@ -80,10 +89,13 @@ class Node:
         return sharing.mps_key(_uuid(d) for d in devices)
 
     def dirs(self, key: str) -> sharing.MpsDirs:
-        return sharing.mps_dirs(str(self.root / "mps"), key)
+        return sharing.mps_dirs(str(self.daemons.root), key)
 
     def control_log(self, key: str) -> str:
         return (Path(self.dirs(key).log) / "control.log").read_text()
+
+    def ask(self, key: str, command: str) -> str:
+        return mps_ask(self.dirs(key).pipe, command)
 
 
 def _uuid(device: str) -> str:
@@ -97,6 +109,7 @@ def node(tmp_path: Path) -> Iterator[Node]:
     node = Node(tmp_path)
     yield node
     node.daemons.stop_others({})
+    shutil.rmtree(node.daemons.root, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:
@@ -122,12 +135,20 @@ def test_a_claim_gets_its_own_daemon_with_its_limits_and_the_container_is_pointe
     assert pid is not None
     assert _alive(pid)
     dirs = node.dirs(node.key("gpu-0", "gpu-1"))
-    assert sorted(os.listdir(dirs.pipe)) == ["control", "log", "nvidia-cuda-mps-control.pid"]
-    log = node.control_log(node.key("gpu-0", "gpu-1"))
+    assert sorted(os.listdir(dirs.pipe)) == [
+        "control",
+        "control_lock",
+        "control_privileged",
+        "log",
+        "nvidia-cuda-mps-control.pid",
+    ]
     uuids = [state.inventory.get(n).uuid for n in ("gpu-0", "gpu-1")]  # type: ignore[union-attr]
-    assert f"devices {','.join(uuids)}" in log
-    assert "Command: set_default_active_thread_percentage 50" in log
-    assert "Command: set_default_device_pinned_mem_limit 1 8192M" in log
+    assert daemon_devices(pid) == ",".join(uuids)
+    key = node.key("gpu-0", "gpu-1")
+    assert node.ask(key, "get_default_active_thread_percentage") == "50.0"
+    # 8192M as set, read back in the daemon's own unit.
+    assert node.ask(key, "get_default_device_pinned_mem_limit 1") == "8G"
+    assert node.ask(key, "get_default_device_pinned_mem_limit 0") == ""
 
     spec = json.loads((node.root / "cdi" / cdi.spec_file_name(DRIVER, UID_A)).read_text())
     edits = spec["containerEdits"]
@@ -156,9 +177,9 @@ def test_a_per_device_limit_names_a_device_among_those_its_config_applies_to(nod
     )
     node.state().prepare(claim)
     # Each config's "0" is its own first device; the daemon numbers the claim's devices.
-    log = node.control_log(node.key("gpu-0", "gpu-1"))
-    assert "Command: set_default_device_pinned_mem_limit 0 4096M" in log
-    assert "Command: set_default_device_pinned_mem_limit 1 8192M" in log
+    key = node.key("gpu-0", "gpu-1")
+    assert node.ask(key, "get_default_device_pinned_mem_limit 0") == "4G"
+    assert node.ask(key, "get_default_device_pinned_mem_limit 1") == "8G"
 
 
 def test_a_restarted_driver_adopts_the_daemon_instead_of_starting_another(node: Node) -> None:
@@ -184,7 +205,7 @@ def test_daemons_of_claims_not_in_the_checkpoint_are_stopped_at_start(node: Node
 
 
 def test_a_daemon_that_cannot_start_fails_the_claim_and_leaves_nothing(node: Node, tmp_path: Path) -> None:
-    broken = MpsDaemons(node.root / "mps", [str(tmp_path / "no-such-mps-control")])
+    broken = MpsDaemons(node.daemons.root, [str(tmp_path / "no-such-mps-control")])
     state = node.state(broken)
     with pytest.raises(ClaimError, match="no-such-mps-control"):
         state.prepare(_claim(UID_A, "gpu-0", config=_mps()))
@@ -263,14 +284,21 @@ SHARE_1 = "11111111-0000-4000-8000-000000000001"
 SHARE_2 = "22222222-0000-4000-8000-000000000002"
 
 
-def test_the_daemon_puts_its_shared_memory_in_the_claims_shm_directory_not_the_plugins(node: Node) -> None:
+def test_the_daemons_dev_shm_is_the_claims_shm_directory_not_the_plugins(node: Node) -> None:
     node.state().prepare(_claim(UID_A, "gpu-0", config=_mps()))
     pid = node.daemons.pid(node.key("gpu-0"))
     assert pid is not None
-    name = fakemps.shm_file(pid).name
-    # What the claim's containers get at /dev/shm (CDI) is what the daemon sees there.
-    assert (Path(node.dirs(node.key("gpu-0")).shm) / name).exists()
-    assert not (Path("/dev/shm") / name).exists()
+    # What the claim's containers get at /dev/shm (CDI) is what the daemon sees there: looked at
+    # through the daemon's own root, which a real daemon has as well as the fake.
+    theirs = Path(node.dirs(node.key("gpu-0")).shm) / f"claim-{UID_A}"
+    ours = Path("/dev/shm") / f"plugin-{UID_A}"
+    theirs.touch()
+    ours.touch()
+    try:
+        assert Path(f"/proc/{pid}/root/dev/shm/{theirs.name}").exists()
+        assert not Path(f"/proc/{pid}/root/dev/shm/{ours.name}").exists()
+    finally:
+        ours.unlink()
     # The daemon's mount namespace is its own: the bind mount is not the plugin's.
     assert os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
 
@@ -344,7 +372,9 @@ def test_multi_user_starts_the_daemon_with_dash_m_and_a_claim_of_the_other_mode_
     state = node.state()
     state.prepare(_share(UID_A, "gpu-0", SHARE_1, multiUser=True))
     key = node.key("gpu-0")
-    assert node.control_log(key).splitlines()[0].endswith("; multi-user")
+    pid = node.daemons.pid(key)
+    assert pid is not None
+    assert process_argv(pid)[-2:] == ["-d", "-M"]
     assert state.prepared[UID_A].devices[0].mps_multi_user
     with pytest.raises(ClaimError) as err:
         state.prepare(_share(UID_B, "gpu-0", SHARE_2))
@@ -443,10 +473,94 @@ def test_a_mig_device_gets_its_own_daemon_which_sees_the_mig_device_by_uuid(tmp_
         key = sharing.mps_key([mig.uuid])
         pid = node.daemons.pid(key)
         assert pid is not None
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        assert f"CUDA_VISIBLE_DEVICES={mig.uuid}".encode() in environ
-        log = node.control_log(key)
-        assert f"devices {mig.uuid}" in log
-        assert "Command: set_default_device_pinned_mem_limit 0 4096M" in log
+        assert daemon_devices(pid) == mig.uuid
+        assert node.ask(key, "get_default_device_pinned_mem_limit 0") == "4G"
     finally:
         node.daemons.stop_others({})
+        shutil.rmtree(node.daemons.root, ignore_errors=True)
+
+
+REAL_MPS = Path(__file__).parents[1] / "data/real/h200-580/mps-control.txt"
+
+
+def _recorded_dialogue() -> list[tuple[str, list[str]]]:
+    """The real daemon's first session, up to its first CUDA client: each step and what it printed."""
+    steps: list[tuple[str, list[str]]] = []
+    for block in REAL_MPS.read_text().split("### ")[1:]:
+        title, *lines = block.rstrip("\n").split("\n")
+        if title == "a CUDA client":
+            break
+        if title.startswith(("client: ", "second -d", "client without daemon", "-d")):
+            steps.append((title, lines))
+    return steps
+
+
+def test_the_fake_control_daemon_answers_what_the_real_one_did(tmp_path: Path) -> None:
+    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(tmp_path / "pipe"))
+    env["CUDA_MPS_LOG_DIRECTORY"] = str(tmp_path / "log")
+
+    def run(args: list[str], stdin: str = "") -> list[str]:
+        done = subprocess.run(
+            [*FAKE_MPS, *args], input=stdin, capture_output=True, text=True, env=env, timeout=10, check=False
+        )
+        return [*(done.stdout + done.stderr).splitlines(), f"rc={done.returncode}"]
+
+    steps = _recorded_dialogue()
+    assert len(steps) > 15
+    try:
+        for title, printed in steps:
+            if title == "-d" or title == "second -d":
+                got = run(["-d"])
+                printed = printed[: printed.index(got[-1]) + 1]  # the recording lists files after
+            elif title.startswith("client: "):
+                got = run([], title.removeprefix("client: ") + "\n")
+            else:
+                continue
+            assert got == printed, title
+    finally:
+        run([], "quit\n")
+    # What quit leaves, as the real daemon left it.
+    assert sorted(os.listdir(tmp_path / "pipe")) == sorted(fakemps.LEFT_AFTER_QUIT)
+
+
+def test_a_limit_the_daemon_does_not_hold_refuses_the_claim(node: Node, tmp_path: Path) -> None:
+    # A daemon that keeps its percentage whatever it is told, as the real one does with a value it rejects.
+    stubborn = tmp_path / "stubborn-mps"
+    stubborn.write_text(
+        f"#!/bin/sh\n"
+        f'[ "$#" -gt 0 ] && exec {" ".join(FAKE_MPS)} "$@"\n'
+        f"read -r line\n"
+        f'case "$line" in set_default_active_thread_percentage*) echo 100.0 ;;\n'
+        f'  *) echo "$line" | {" ".join(FAKE_MPS)} ;; esac\n'
+    )
+    stubborn.chmod(0o755)
+    node.daemons = MpsDaemons(node.daemons.root, [str(stubborn)])
+    with pytest.raises(ClaimError) as err:
+        node.state().prepare(_claim(UID_A, "gpu-0", config=_mps(defaultActiveThreadPercentage=50)))
+    assert "did not take 'set_default_active_thread_percentage 50': it answered '100.0'" in str(err.value)
+
+
+def test_a_daemon_that_exits_100_in_silence_is_said_to_lack_a_device(node: Node, tmp_path: Path) -> None:
+    # The real daemon's way with a CUDA_VISIBLE_DEVICES entry it cannot find (tests/data/real/README.md).
+    silent = tmp_path / "silent-mps"
+    silent.write_text("#!/bin/sh\nexit 100\n")
+    silent.chmod(0o755)
+    node.daemons = MpsDaemons(node.daemons.root, [str(silent)])
+    with pytest.raises(ClaimError) as err:
+        node.state().prepare(_claim(UID_A, "gpu-0", config=_mps()))
+    assert (
+        f"exited with 100: no output, as when a device of CUDA_VISIBLE_DEVICES={_uuid('gpu-0')} is not"
+        in str(err.value)
+    )
+
+
+def test_a_state_directory_too_long_for_the_daemons_sockets_is_refused_before_it_starts(node: Node) -> None:
+    long_root = node.daemons.root / ("x" * 60)
+    node.daemons = MpsDaemons(long_root, MPS_CONTROL)
+    with pytest.raises(ClaimError) as err:
+        node.state().prepare(_claim(UID_A, "gpu-0", config=_mps()))
+    assert "control_privileged would be 1" in str(err.value)
+    assert "over the 107 a Unix socket's path may have; give the plugin a shorter --state-dir" in str(
+        err.value
+    )
+    assert not long_root.exists()

@@ -21,7 +21,7 @@ import pytest
 
 from dra.core import sharing
 from dra.kubeletplugin import mpslaunch
-from tests.unit.helpers import inventory
+from tests.unit.helpers import inventory, mps_root
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the launcher's mount namespaces need uid 0"),
@@ -94,14 +94,18 @@ print(json.dumps(out))
 def test_only_the_launcher_keeps_cap_sys_admin_and_daemons_start_and_stop_through_it(tmp_path: Path) -> None:
     gpu = inventory("h100x8").get("gpu-0")
     assert gpu is not None
-    done = subprocess.run(
-        [*CHART_CAPS, sys.executable, "-c", _SEPARATED, str(tmp_path / "mps"), gpu.uuid],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=REPO,
-        timeout=120,
-    )
+    root = mps_root(tmp_path)
+    try:
+        done = subprocess.run(
+            [*CHART_CAPS, sys.executable, "-c", _SEPARATED, str(root), gpu.uuid],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=REPO,
+            timeout=120,
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     # The plugin's side: nothing in any set, the bounding set included, and no_new_privs.
@@ -146,8 +150,9 @@ def test_the_real_kubelet_plugin_serves_without_cap_sys_admin_and_its_children_g
 ) -> None:
     gpu = inventory("h100x8").get("gpu-0")
     assert gpu is not None
-    state = tmp_path / "state"
-    mps_root = state / "mps"
+    # A short state directory: the daemon's socket paths must fit in 107 bytes.
+    state = mps_root(tmp_path)
+    daemons = state / "mps"
     # A control binary that records the capabilities of each run, then is the fake.
     probe = tmp_path / "probe"
     probe.write_text(
@@ -159,11 +164,11 @@ def test_the_real_kubelet_plugin_serves_without_cap_sys_admin_and_its_children_g
     # A daemon left by an earlier plugin, which no recorded claim uses: the plugin stops it at start.
     start = (
         "from dra.kubeletplugin import mpslaunch\n"
-        f"mpslaunch.start_daemon({str(mps_root)!r}, {FAKE_MPS!r}, [{gpu.uuid!r}], False, 10.0)"
+        f"mpslaunch.start_daemon({str(daemons)!r}, {FAKE_MPS!r}, [{gpu.uuid!r}], False, 10.0)"
     )
     subprocess.run([*CHART_CAPS, sys.executable, "-c", start], check=True, cwd=REPO, timeout=60)
     key = sharing.mps_key([gpu.uuid])
-    pid_file = Path(sharing.mps_dirs(str(mps_root), key).pipe) / "nvidia-cuda-mps-control.pid"
+    pid_file = Path(sharing.mps_dirs(str(daemons), key).pipe) / "nvidia-cuda-mps-control.pid"
     leftover = int(pid_file.read_text())
     (tmp_path / "kubeconfig").write_text(_KUBECONFIG)
     # Short: the plugin's socket paths must fit in 107 bytes.
@@ -189,7 +194,7 @@ def test_the_real_kubelet_plugin_serves_without_cap_sys_admin_and_its_children_g
         stderr=(tmp_path / "plugin.log").open("w"),
     )
     try:
-        _wait_for("the leftover daemon to be stopped", lambda: not mps_root.joinpath(key).exists())
+        _wait_for("the leftover daemon to be stopped", lambda: not daemons.joinpath(key).exists())
         # Serving: its gRPC server's threads run.
         _wait_for("the registration socket", lambda: any((kubelet / "plugins_registry").glob("*.sock")))
         assert plugin.poll() is None, (tmp_path / "plugin.log").read_text()
@@ -206,6 +211,7 @@ def test_the_real_kubelet_plugin_serves_without_cap_sys_admin_and_its_children_g
         plugin.terminate()
         plugin.wait(timeout=30)
         shutil.rmtree(kubelet)
+        shutil.rmtree(state, ignore_errors=True)
     log = (tmp_path / "plugin.log").read_text()
     assert "CAP_SYS_ADMIN dropped for good" in log, log
     assert "exited (killed by signal 9); exiting for the kubelet to restart the plugin" in log, log

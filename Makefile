@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 LOCAL := PYTHONPATH=deploy/local
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv proto binaries cluster-binaries manifests api lint nvml-coverage test test-fast test-matrix fuzz demo cluster-up cluster-down bench bench-pods bench-scale bench-scheduler soak clean
+.PHONY: all venv proto binaries cluster-binaries manifests api lint nvml-coverage test test-fast test-gpu test-matrix fuzz demo cluster-up cluster-down bench bench-pods bench-scale bench-scheduler soak clean
 
 all: test
 
@@ -70,6 +70,12 @@ test: lint nvml-coverage binaries
 # Only the tests that need no cluster.
 test-fast: $(STAMP)
 	$(BIN)/pytest -m 'not cluster'
+
+# On a machine with an NVIDIA GPU: the real-GPU checks in one run, written to GPU_OUT (docs/testing.md,
+# "On a real GPU"): NVML recorded, discovery, the gpu-marked and MPS tests on the real driver and daemon.
+GPU_OUT ?= .gpu-check
+test-gpu: $(STAMP)
+	OUT=$(GPU_OUT) PATH="$(CURDIR)/$(BIN):$$PATH" bash tests/gpu/check.sh
 
 # Coverage-guided fuzzing (atheris) of every tests/fuzz/fuzz_*.py target, FUZZ_SECONDS each,
 # going on from the inputs earlier runs kept in .fuzz/; a finding fails it (docs/testing.md).

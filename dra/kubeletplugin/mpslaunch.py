@@ -179,9 +179,12 @@ def start_daemon(
             f"bytes long, over the {MAX_SOCKET_PATH} a Unix socket's path may have; give the plugin a "
             "shorter --state-dir"
         )
+    log = Path(dirs.log) / "control.log"
     try:
         for path in (dirs.pipe, dirs.log, dirs.shm):
             Path(path).mkdir(parents=True, exist_ok=True)
+        # Only what this start writes to the log explains its failure: an earlier daemon's lines stay.
+        logged = log.stat().st_size if log.exists() else 0
         done = subprocess.run(
             command(dirs.shm, argv),
             capture_output=True,
@@ -196,7 +199,7 @@ def start_daemon(
         raise LaunchError(f"cannot start the MPS control daemon: {done.stderr.strip()}")
     if done.returncode != 0:
         # The real daemon says nothing when it fails to start; its log may.
-        output = done.stderr.strip() or done.stdout.strip() or _log_tail(dirs) or "no output"
+        output = done.stderr.strip() or done.stdout.strip() or _log_tail(log, logged) or "no output"
         if done.returncode == EXIT_DEVICE_NOT_FOUND and output == "no output":
             output = (
                 f"no output, as when a device of CUDA_VISIBLE_DEVICES={','.join(uuids)} is not on this "
@@ -205,10 +208,12 @@ def start_daemon(
         raise LaunchError(f"{' '.join(argv)} exited with {done.returncode}: {output}")
 
 
-def _log_tail(dirs: sharing.MpsDirs, lines: int = 3) -> str:
-    """The last lines of the daemon's control.log, joined; "" when there is none."""
+def _log_tail(log: Path, offset: int, lines: int = 3) -> str:
+    """The last lines the daemon wrote to its control.log from `offset` on, joined; "" when none."""
     try:
-        text = (Path(dirs.log) / "control.log").read_text(errors="replace")
+        with log.open("rb") as f:
+            f.seek(offset)
+            text = f.read(64 * 1024).decode(errors="replace")
     except OSError:
         return ""
     tail = [line.strip() for line in text.splitlines() if line.strip()][-lines:]

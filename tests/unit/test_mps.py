@@ -564,3 +564,19 @@ def test_a_state_directory_too_long_for_the_daemons_sockets_is_refused_before_it
         err.value
     )
     assert not long_root.exists()
+
+
+def test_a_daemon_that_fails_in_its_log_is_quoted_from_this_start_only(node: Node, tmp_path: Path) -> None:
+    failing = tmp_path / "failing-mps"
+    line = "[stamp Control 7] cannot open the GPU"
+    failing.write_text(f'#!/bin/sh\necho "{line}" >> "$CUDA_MPS_LOG_DIRECTORY/control.log"\nexit 1\n')
+    failing.chmod(0o755)
+    log = Path(node.dirs(node.key("gpu-0")).log) / "control.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("[stamp Control 6] Exit with status 0\n")  # an earlier daemon's
+    node.daemons = MpsDaemons(node.daemons.root, [str(failing)])
+    with pytest.raises(ClaimError) as err:
+        node.state().prepare(_claim(UID_A, "gpu-0", config=_mps()))
+    assert str(err.value).endswith(
+        "exited with 1: its control.log ends: [stamp Control 7] cannot open the GPU"
+    )

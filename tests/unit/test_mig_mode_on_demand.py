@@ -17,7 +17,13 @@ from dra.core.slices import build_slices
 from dra.core.versions import ApiFeatures
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.library import GpuHandle, GpuLibrary
+from dra.gpu.library import (
+    ERROR_NOT_SUPPORTED,
+    GpuHandle,
+    GpuInstanceProfileInfo,
+    GpuLibrary,
+    GpuLibraryError,
+)
 from dra.gpu.nvml import NvmlLibrary
 from dra.gpu.nvmlstandin import NvmlStandIn, host_tree
 from dra.gpu.profiles import load_profile, parse_profile
@@ -242,3 +248,33 @@ def test_a_gpu_whose_mig_mode_waits_to_turn_off_is_offered_as_mig_devices_only(t
         assert "gpu-1" in names
     finally:
         lib.shutdown()
+
+
+class _OlderDriver(FakeGpuLibrary):
+    """A driver that describes no GPU-instance profile while MIG mode is off (NOT_SUPPORTED)."""
+
+    def gpu_instance_profile_info(self, gpu: GpuHandle, profile: int) -> GpuInstanceProfileInfo:
+        if self.mig_mode(gpu)[0] == 0:
+            raise GpuLibraryError(ERROR_NOT_SUPPORTED, "MIG mode is disabled")
+        return super().gpu_instance_profile_info(gpu, profile)
+
+
+def test_a_driver_silent_about_profiles_with_mig_off_gets_the_models_table(tmp_path: Path) -> None:
+    lib = _OlderDriver(load_profile("h100x8-dynamic-mig"), NODE, mig_state=tmp_path / "fake-gpu-mig.json")
+    on = discover(lib, parse_mig_modes("dynamic"))
+    lib.set_mig_mode(GpuHandle(0), 0)
+    off = discover(lib, parse_mig_modes("dynamic"))
+    assert _offers(off) == _offers(on)
+
+
+def test_a_model_without_a_table_is_offered_whole_while_such_a_driver_has_mig_off(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    profile = parse_profile(
+        {"gpus": [{"model": "h100-sxm5-80gb", "productName": "NVIDIA H100 NVL", "mig": []}]}, "nvl"
+    )
+    lib = _OlderDriver(profile, NODE, mig_state=tmp_path / "fake-gpu-mig.json")
+    lib.set_mig_mode(GpuHandle(0), 0)
+    inventory = discover(lib, parse_mig_modes("dynamic"))
+    assert inventory.partitions == ()
+    assert "this driver does not know the model's MIG profiles" in caplog.text

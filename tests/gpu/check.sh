@@ -49,6 +49,10 @@ done >>"$out/discover.txt"
   nvidia-smi --query-gpu=index,mig.mode.current,mig.mode.pending --format=csv
 } >"$out/pytest-gpu.txt" 2>&1
 timeout 150 bash tests/gpu/record-mps.sh >"$out/mps.txt" 2>&1
+# The usage sampler under a real CUDA load, where python3 has PyTorch to make one.
+if python3 -c 'import torch' 2>/dev/null; then
+  timeout 120 python3 -m tests.gpu.usage_under_load >>"$out/discover.txt" 2>&1
+fi
 # The driver's MPS daemons on the real control binary (the tests use the fake where it is absent),
 # started on this machine's GPU: the tests' devices are fake ones.
 if command -v nvidia-cuda-mps-control >/dev/null; then

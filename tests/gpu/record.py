@@ -93,7 +93,7 @@ def record_gpu(lib: GpuLibrary, index: int) -> dict[str, Any]:
     minor = calls["minor_number"].get("ok")
     if isinstance(minor, int):
         calls["path_exists"] = answer(lambda: lib.path_exists(f"/dev/nvidia{minor}"))
-    calls["gpm"] = answer(lambda: _gpm(lib, gpu))
+    calls["gpm"] = answer(lambda: gpm_utilization(lib, gpu))
     profiles: dict[str, Any] = {}
     for profile in PROFILE_IDS:
         info = answer(lambda profile=profile: lib.gpu_instance_profile_info(gpu, profile))  # type: ignore[misc]
@@ -106,7 +106,7 @@ def record_gpu(lib: GpuLibrary, index: int) -> dict[str, Any]:
     return {"index": index, "calls": calls, "gpu_instance_profiles": profiles}
 
 
-def _gpm(lib: GpuLibrary, gpu: GpuHandle) -> float:
+def gpm_utilization(lib: GpuLibrary, gpu: GpuHandle) -> float:
     """Two GPM samples 100 ms apart and the graphics utilisation between them, as usage reads it."""
     first = lib.gpm_sample(gpu, None)
     try:

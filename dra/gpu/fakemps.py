@@ -28,7 +28,9 @@ tests/data/real/h200-580/mps-control.txt), on the paths the driver uses:
     the sockets and the lock file behind.
 
 Where it differs: it makes no MPS server and so no shared memory (the real server, started at a
-client's first connection, made "an anonymous shared memory region": nothing in /dev/shm either).
+client's first connection, made "an anonymous shared memory region": nothing in /dev/shm either);
+and it takes CUDA_VISIBLE_DEVICES as given, where the real one exits 100, printing and logging
+nothing, when a device there is not on the machine (the fake knows no machine's devices).
 """
 
 from __future__ import annotations

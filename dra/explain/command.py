@@ -41,7 +41,10 @@ def parse_documents(text: bytes | str, source: str) -> list[Obj]:
         raise StartupError(str(err)) from None
     found = []
     for i, doc in enumerate(loaded):
-        if not isinstance(doc, dict) or doc.get("kind") not in shapes.SHAPES:
+        # A kind that is no string (a mapping, say: a second `kind:` key overrides the first) is no
+        # kind explain reads, like any other; it must not reach the lookup, which needs a hashable key.
+        kind = doc.get("kind") if isinstance(doc, dict) else None
+        if not isinstance(kind, str) or kind not in shapes.SHAPES:
             continue
         try:
             shapes.check_shape(doc, doc["kind"])

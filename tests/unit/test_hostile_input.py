@@ -272,6 +272,22 @@ def test_explain_names_the_field_of_every_wrong_type(
             assert "expected" in err or "does not compile" in err or "count must be" in err, (path, err)
 
 
+@pytest.mark.parametrize("kind", [{"requests": []}, ["ResourceClaim"], 7, None])
+def test_explain_takes_a_kind_that_is_no_string_for_no_claim(
+    kind: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A second `kind:` key holding a mapping overrides the first (found by the explain fuzz target).
+    from dra import cli
+
+    target = tmp_path / "input.yaml"
+    target.write_text(json.dumps({**_CLAIM, "kind": kind}))
+    code = cli.main(["explain", "--claim", str(target), "--fake-gpus", "h100x8"])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+
+
 # -- the webhook and prepare ----------------------------------------------------------------
 
 

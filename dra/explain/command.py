@@ -43,7 +43,9 @@ def parse_documents(text: bytes | str, source: str) -> list[Obj]:
     for i, doc in enumerate(loaded):
         # A kind that is no string (a mapping, say: a second `kind:` key overrides the first) is no
         # kind explain reads, like any other; it must not reach the lookup, which needs a hashable key.
-        kind = doc.get("kind") if isinstance(doc, dict) else None
+        if not isinstance(doc, dict):
+            continue
+        kind = doc.get("kind")
         if not isinstance(kind, str) or kind not in shapes.SHAPES:
             continue
         try:

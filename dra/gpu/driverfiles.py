@@ -74,6 +74,11 @@ IPC_PATHS = (f"{IPC_DIRS[0]}/socket", f"{IPC_DIRS[1]}/socket", IPC_DIRS[2])
 FILE_DIRS = ("usr", "lib", "bin", "sbin")
 #: Lookups only a driver root of the driver's own has (not mounted from the host's /).
 OWN_ROOT_DIRS = ("lib64", "firmware/nvidia")
+#: Where a container gets what those directories hold: a Debian or Ubuntu image's loader never
+#: searches /lib64, while CUDA images search /usr/local/nvidia/lib64 (GKE's place for the driver's
+#: libraries, on LD_LIBRARY_PATH and in ld.so.conf.d of nvidia/cuda images); firmware where
+#: NVIDIA's generator puts it.
+CONTAINER_DIRS = {"lib64": "usr/local/nvidia/lib64", "firmware/nvidia": "lib/firmware/nvidia"}
 
 
 def find_driver_files(
@@ -115,17 +120,19 @@ class _Finder:
 
     def first(self, name: str, directories: tuple[str, ...], kind: str) -> None:
         for directory in directories:
-            if self.add(f"{directory}/{name}", kind):
+            inside = CONTAINER_DIRS.get(directory, directory)
+            if self.add(f"{inside}/{name}", kind, f"{directory}/{name}"):
                 return
 
     def library(self, stem: str, version: str) -> None:
         for directory in LIBRARY_DIRS:
+            inside = CONTAINER_DIRS.get(directory, directory)
             versioned = f"{directory}/{stem}.so.{version}"
-            if not self.add(versioned, "library"):
+            if not self.add(f"{inside}/{stem}.so.{version}", "library", versioned):
                 continue
             # The SONAME link (libcuda.so.1 -> libcuda.so.<version>) gets the file itself.
             for link in sorted(self._local(directory).glob(f"{stem}.so.*")):
                 # Read the link rather than resolve it: an absolute target would resolve outside host_root.
                 if link.is_symlink() and Path(os.readlink(link)).name == f"{stem}.so.{version}":
-                    self.add(f"{directory}/{link.name}", "library", versioned)
+                    self.add(f"{inside}/{link.name}", "library", versioned)
             return

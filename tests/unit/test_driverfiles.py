@@ -140,11 +140,13 @@ def test_a_driver_root_of_bin_and_lib64_alone_is_found(tmp_path: Path) -> None:
     (root / "bin/nvidia-smi").write_text("elf")
     (root / f"firmware/nvidia/{VERSION}").mkdir(parents=True)
     files = find_driver_files(VERSION, Path("/usr/local/nvidia"), tmp_path)
+    # The libraries where CUDA images look for them (/lib64 is not on a Debian image's loader path).
+    lib = "/usr/local/nvidia/lib64"
     assert {(f.container_path, f.host_path) for f in files} == {
-        (f"/lib64/libcuda.so.{VERSION}", f"/usr/local/nvidia/lib64/libcuda.so.{VERSION}"),
-        ("/lib64/libcuda.so.1", f"/usr/local/nvidia/lib64/libcuda.so.{VERSION}"),
-        (f"/lib64/libnvidia-ml.so.{VERSION}", f"/usr/local/nvidia/lib64/libnvidia-ml.so.{VERSION}"),
-        ("/lib64/libnvidia-ml.so.1", f"/usr/local/nvidia/lib64/libnvidia-ml.so.{VERSION}"),
+        (f"{lib}/libcuda.so.{VERSION}", f"{lib}/libcuda.so.{VERSION}"),
+        (f"{lib}/libcuda.so.1", f"{lib}/libcuda.so.{VERSION}"),
+        (f"{lib}/libnvidia-ml.so.{VERSION}", f"{lib}/libnvidia-ml.so.{VERSION}"),
+        (f"{lib}/libnvidia-ml.so.1", f"{lib}/libnvidia-ml.so.{VERSION}"),
         ("/bin/nvidia-smi", "/usr/local/nvidia/bin/nvidia-smi"),
-        (f"/firmware/nvidia/{VERSION}", f"/usr/local/nvidia/firmware/nvidia/{VERSION}"),
+        (f"/lib/firmware/nvidia/{VERSION}", f"/usr/local/nvidia/firmware/nvidia/{VERSION}"),
     }

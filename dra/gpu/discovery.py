@@ -351,8 +351,15 @@ def _dynamic_offers(
         return []
     # Recent drivers answer the profile queries whatever the MIG mode (a real H200 on 580.159.04 did):
     # their answers are the GPU's own. The table stands in for a driver that refuses them with MIG off.
-    every = partitions(lib, handle, gpu, PROFILE_COUNT)
-    if current or every:
+    if current:
+        return _offered(offer, gpu, partitions(lib, handle, gpu, PROFILE_COUNT))
+    try:
+        every = partitions(lib, handle, gpu, PROFILE_COUNT)
+    except GpuLibraryError as err:
+        # With MIG off a refusal is the driver's reticence, not the GPU's fault: it stays offered.
+        log.debug("GPU %d: NVML did not describe its MIG profiles with MIG off (%s)", gpu.index, err)
+        every = []
+    if every:
         return _offered(offer, gpu, every)
     table = migtables.BY_PRODUCT.get(gpu.product_name)
     if table is None:

@@ -19,10 +19,12 @@ from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import (
     ERROR_NOT_SUPPORTED,
+    ERROR_UNKNOWN,
     GpuHandle,
     GpuInstanceProfileInfo,
     GpuLibrary,
     GpuLibraryError,
+    Placement,
 )
 from dra.gpu.nvml import NvmlLibrary
 from dra.gpu.nvmlstandin import NvmlStandIn, host_tree
@@ -278,3 +280,23 @@ def test_a_model_without_a_table_is_offered_whole_while_such_a_driver_has_mig_of
     inventory = discover(lib, parse_mig_modes("dynamic"))
     assert inventory.partitions == ()
     assert "this driver does not know the model's MIG profiles" in caplog.text
+
+
+class _PlacementsRefusedWithMigOff(FakeGpuLibrary):
+    """A driver that describes the profiles with MIG off but fails on their placements."""
+
+    def gpu_instance_possible_placements(self, gpu: GpuHandle, profile_id: int) -> list[Placement]:
+        if self.mig_mode(gpu)[0] == 0:
+            raise GpuLibraryError(ERROR_UNKNOWN, "unknown error")
+        return super().gpu_instance_possible_placements(gpu, profile_id)
+
+
+def test_a_driver_failing_on_placements_with_mig_off_still_gets_the_gpu_and_the_table(tmp_path: Path) -> None:
+    lib = _PlacementsRefusedWithMigOff(
+        load_profile("h100x8-dynamic-mig"), NODE, mig_state=tmp_path / "fake-gpu-mig.json"
+    )
+    on = discover(lib, parse_mig_modes("dynamic"))
+    lib.set_mig_mode(GpuHandle(0), 0)
+    off = discover(lib, parse_mig_modes("dynamic"))
+    assert [g.name for g in off.gpus] == [g.name for g in on.gpus]
+    assert _offers(off) == _offers(on)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -858,14 +859,23 @@ def test_the_plugin_mounts_only_the_driver_directories_it_reads() -> None:
     assert all(any(f"{p}/".startswith(f"{d}/") for d in mounted) for p in looked_up)
 
 
-@pytest.mark.parametrize("root", ["/usr/local/nvidia", "/run/nvidia/driver/"])
+@pytest.mark.parametrize("root", ["/usr/local/nvidia", "/run/nvidia/driver/", "/run//nvidia/driver"])
 def test_a_driver_root_of_its_own_is_mounted_whole_and_read_only(root: str) -> None:
     pod = _only(chart.template({"driverFiles": {"root": root}}), "DaemonSet")["spec"]["template"]["spec"]
     volumes = [v for v in pod["volumes"] if v["name"].startswith("driver-")]
-    assert volumes == [{"name": "driver-root", "hostPath": {"path": root.rstrip("/"), "type": "Directory"}}]
+    clean = os.path.normpath(root)
+    assert volumes == [{"name": "driver-root", "hostPath": {"path": clean, "type": "Directory"}}]
     plugin = next(c for c in pod["containers"] if c["name"] == "kubelet-plugin")
     mounts = [m for m in plugin["volumeMounts"] if m["name"].startswith("driver-")]
-    assert mounts == [{"name": "driver-root", "mountPath": f"/host{root.rstrip('/')}", "readOnly": True}]
+    expected = {"name": "driver-root", "mountPath": f"/host{clean}", "readOnly": True}
+    assert mounts == [expected | {"mountPropagation": "HostToContainer"}]
+
+
+@pytest.mark.parametrize("root", ["/", "//", "/./"])
+def test_the_hosts_root_however_spelt_is_never_mounted_whole(root: str) -> None:
+    pod = _only(chart.template({"driverFiles": {"root": root}}), "DaemonSet")["spec"]["template"]["spec"]
+    assert "/" not in {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert {v["name"] for v in pod["volumes"]} >= {"driver-usr", "driver-lib", "driver-bin", "driver-sbin"}
 
 
 def test_the_slice_policy_pins_the_driver_and_the_nodes_pool() -> None:

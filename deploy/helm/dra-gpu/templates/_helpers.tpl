@@ -129,6 +129,8 @@ capabilities:
 - name: driver-root
   mountPath: {{ include "dra-gpu.driverRootMount" . }}
   readOnly: true
+  # A driver container's root is mounted after the plugin starts: its files must reach it then.
+  mountPropagation: HostToContainer
 {{- else if .Values.driverFiles.enabled }}
 {{- range $dir := concat (include "dra-gpu.driverFileDirs" . | fromJsonArray) (include "dra-gpu.driverIpcDirs" . | fromJsonArray) }}
 - name: {{ include "dra-gpu.driverVolume" $dir }}
@@ -212,7 +214,7 @@ compares): mounted one by one, never the root itself, which on a host install is
 directory (the GPU Operator's /run/nvidia/driver, GKE's bin + lib64 layout at /usr/local/nvidia),
 with nothing of the host's in it and no directory layout to assume. "" when not. */}}
 {{- define "dra-gpu.driverRootWhole" -}}
-{{- if ne (trimSuffix "/" .Values.driverFiles.root) "" }}true{{ end -}}
+{{- if ne (clean .Values.driverFiles.root) "/" }}true{{ end -}}
 {{- end }}
 
 {{/* The volume of one driver directory: driver-usr, driver-var-run-nvidia-persistenced. */}}
@@ -222,5 +224,5 @@ with nothing of the host's in it and no directory layout to assume. "" when not.
 
 {{/* Where the host's driver root appears in the containers: under --host-root (/host). */}}
 {{- define "dra-gpu.driverRootMount" -}}
-{{- printf "/host%s" (trimSuffix "/" .Values.driverFiles.root) -}}
+{{- printf "/host%s" (trimSuffix "/" (clean .Values.driverFiles.root)) -}}
 {{- end }}

@@ -21,8 +21,8 @@ tests/data/real/h200-580/mps-control.txt), on the paths the driver uses:
   - `set_default_device_pinned_mem_limit <dev> <value>` answers nothing, whatever the device or
     value: digits then a unit, G for GiB and anything else taken as MiB (the real daemon made
     "2X" 2 MiB); `get_default_device_pinned_mem_limit <dev>` answers the limit in whole GiB from
-    1 GiB on ("1024M" and "1536M" both read "1G"), else in MiB, and nothing for a device without
-    one.
+    1 GiB on ("1024M" and "1536M" both read "1G"), else in MiB (no smaller limit was read back
+    in the recording), and nothing for a device without one.
   - Anything else: `Unknown command "<line>"`. `get_server_list`: nothing (the fake starts no
     server). `quit`: nothing; the daemon exits, removing its pid file and `log` FIFO and leaving
     the sockets and the lock file behind.
@@ -78,9 +78,9 @@ def _limit_bytes(value: str) -> int | None:
     return int(found.group(1)) * (1024 * _MIB if found.group(2) == "G" else _MIB)
 
 
-def limit_text(size: int) -> str:
-    """A limit in bytes as the real daemon answers it: whole GiB from 1 GiB on ("1536M" set reads "1G"),
-    else whole MiB."""
+def _limit_text(size: int) -> str:
+    """A limit in bytes as the real daemon answers it: whole GiB from 1 GiB on ("1536M" set reads "1G",
+    recorded), else whole MiB (assumed: the recording has no smaller limit read back)."""
     return f"{size // (1024 * _MIB)}G" if size >= 1024 * _MIB else f"{size // _MIB}M"
 
 
@@ -98,6 +98,10 @@ class _Daemon:
         command, args = words[0], words[1:]
         if command == "quit" and not args:
             _log("Exit with status 0")
+            # Gone before the client hears back, so that it finds the daemon gone once answered.
+            for name in ("log", PID_FILE):
+                with contextlib.suppress(FileNotFoundError):
+                    (pipe_directory() / name).unlink()
             return "", False
         if command == "get_server_list" and not args:
             return "", True
@@ -119,7 +123,7 @@ class _Daemon:
             return "", True
         if command == "get_default_device_pinned_mem_limit" and len(args) == 1 and args[0].isdigit():
             size = self.limits.get(int(args[0]))
-            return ("" if size is None else limit_text(size)), True
+            return ("" if size is None else _limit_text(size)), True
         answer = f'Unknown command "{line.strip()}"'
         _log(answer)
         return answer, True
@@ -152,9 +156,6 @@ def _serve(pipe: Path) -> None:
             stream.write(answer + "\n")
             if running:
                 _log("UI closed")
-    for path in (pipe / "log", pipe / PID_FILE):
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
 
 
 def _send(pipe: Path, line: str) -> str | None:

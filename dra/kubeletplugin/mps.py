@@ -36,7 +36,7 @@ COMMAND_TIMEOUT = 10.0
 STOP_TIMEOUT = 5.0
 
 
-_LIMIT = re.compile(r"^([0-9]+)([MG])$")
+_SIZE = re.compile(r"^([0-9]+)([MG])$")
 
 
 def _percentage(text: str) -> float | None:
@@ -47,14 +47,27 @@ def _percentage(text: str) -> float | None:
         return None
 
 
-def _as_the_daemon_shows(limit: str) -> str | None:
-    """How the daemon answers a pinned limit set as `limit`: whole GiB from 1 GiB on, else MiB ("8192M"
-    reads "8G", "1536M" "1G", "512M" "512M": tests/data/real/h200-580/mps-control.txt)."""
-    found = _LIMIT.match(limit)
+def _bytes(size: str) -> tuple[int, int] | None:
+    """A limit as the driver writes it ("8192M") or the daemon answers it ("8G"): its bytes and unit."""
+    found = _SIZE.match(size)
     if found is None:
         return None
-    size = int(found.group(1)) * 1024 ** (3 if found.group(2) == "G" else 2)
-    return f"{size // 1024**3}G" if size >= 1024**3 else f"{size // 1024**2}M"
+    unit = 1024 ** (3 if found.group(2) == "G" else 2)
+    return int(found.group(1)) * unit, unit
+
+
+def _holds(limit: str, answer: str) -> bool:
+    """Whether the daemon's answer to get_default_device_pinned_mem_limit shows `limit` as set.
+
+    It answers in a unit of its choosing, rounding down: "1536M" set reads "1G" while the server
+    applies 1536 MiB (tests/data/real/h200-580/mps-control.txt). So the answer must be the limit
+    rounded down to the answer's own unit.
+    """
+    wanted, shown = _bytes(limit), _bytes(answer)
+    if wanted is None or shown is None:
+        return False
+    (size, _), (held, unit) = wanted, shown
+    return size // unit * unit == held
 
 
 class MpsError(Exception):
@@ -163,7 +176,7 @@ class MpsDaemons:
                 command = f"set_default_device_pinned_mem_limit {index} {device.mps_pinned_limit}"
                 self._ask(key, command)
                 held = self._ask(key, f"get_default_device_pinned_mem_limit {index}")
-                self._expect(key, command, held, _as_the_daemon_shows(device.mps_pinned_limit), str)
+                self._expect(key, command, held, True, functools.partial(_holds, device.mps_pinned_limit))
 
     def _ask(self, key: str, command: str) -> str:
         """One command, one call: its answer (or error line) then belongs to it."""

@@ -24,6 +24,7 @@ from dra.api.v1beta1 import MpsConfig
 from dra.core import cdi, sharing
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.gpu import fakemps
+from dra.kubeletplugin import mps
 from dra.kubeletplugin.mps import MpsDaemons
 from dra.kubeletplugin.state import DeviceState
 from dra.model.quantity import Quantity
@@ -580,3 +581,21 @@ def test_a_daemon_that_fails_in_its_log_is_quoted_from_this_start_only(node: Nod
     assert str(err.value).endswith(
         "exited with 1: its control.log ends: [stamp Control 7] cannot open the GPU"
     )
+
+
+@pytest.mark.parametrize(
+    ("limit", "answer", "held"),
+    [
+        ("8192M", "8G", True),
+        ("1536M", "1G", True),  # as the real daemon answered; its server applied 1536 MiB
+        ("512M", "512M", True),
+        ("512M", "0G", True),  # a unit the recording did not show for so small a limit: still held
+        ("8192M", "4G", False),
+        ("8192M", "", False),  # no limit
+        ("8192M", "8192", False),
+    ],
+)
+def test_a_limit_read_back_is_the_one_set_rounded_down_to_the_unit_of_the_answer(
+    limit: str, answer: str, held: bool
+) -> None:
+    assert mps._holds(limit, answer) is held

@@ -108,9 +108,10 @@ def _uuid(device: str) -> str:
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[Node]:
     node = Node(tmp_path)
+    root = node.daemons.root  # a test may give the node other daemons
     yield node
     node.daemons.stop_others({})
-    shutil.rmtree(node.daemons.root, ignore_errors=True)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:

@@ -88,17 +88,22 @@ def real_or_standin_nvml(host: Path, profile_name: str) -> Iterator[NvmlLibrary]
     try:
         lib.init()
     except GpuLibraryError:
-        fake = FakeGpuLibrary(load_profile(profile_name), NODE, root=host)
-        (host / "dev").mkdir(parents=True, exist_ok=True)
-        for node in ("nvidiactl", *(f"nvidia{i}" for i in range(fake.device_count()))):
-            (host / "dev" / node).touch()
-        sysfs, procfs = host_tree(fake, host)
-        lib = NvmlLibrary(sysfs=sysfs, procfs=procfs, dev=host, library=NvmlStandIn(fake))
-        lib.init()
+        lib = standin_nvml(FakeGpuLibrary(load_profile(profile_name), NODE, root=host), host)
     try:
         yield lib
     finally:
         lib.shutdown()
+
+
+def standin_nvml(fake: FakeGpuLibrary, host: Path) -> NvmlLibrary:
+    """The real adapter, initialised, over the NVML stand-in of `fake` on a fake host under `host`."""
+    (host / "dev").mkdir(parents=True, exist_ok=True)
+    for node in ("nvidiactl", *(f"nvidia{i}" for i in range(fake.device_count()))):
+        (host / "dev" / node).touch()
+    sysfs, procfs = host_tree(fake, host)
+    lib = NvmlLibrary(sysfs=sysfs, procfs=procfs, dev=host, library=NvmlStandIn(fake))
+    lib.init()
+    return lib
 
 
 #: The fake MPS control binary (dra.gpu.fakemps) as the driver runs it.

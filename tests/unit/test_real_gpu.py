@@ -17,11 +17,9 @@ import pytest
 
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import GpuLibrary
-from dra.gpu.nvml import NvmlLibrary
-from dra.gpu.nvmlstandin import NvmlStandIn, host_tree
 from dra.gpu.profiles import parse_profile
 from tests.gpu.record import record
-from tests.unit.helpers import NODE
+from tests.unit.helpers import NODE, standin_nvml
 
 RECORDING = Path(__file__).parents[1] / "data/real/h200-580/nvml-record.json"
 
@@ -47,9 +45,7 @@ def fake(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GpuLibrary]
         gpus.init()
         yield gpus
         return
-    sysfs, procfs = host_tree(gpus, tmp_path)
-    lib = NvmlLibrary(sysfs=sysfs, procfs=procfs, dev=tmp_path, library=NvmlStandIn(gpus))
-    lib.init()
+    lib = standin_nvml(gpus, tmp_path)
     try:
         yield lib
     finally:

@@ -170,22 +170,23 @@ class MpsDaemons:
         percentage = devices[0].mps_thread_percentage
         if percentage:
             command = f"set_default_active_thread_percentage {percentage}"
-            self._expect(key, command, self._ask(key, command), _percentage(str(percentage)), _percentage)
+            answer = self._ask(key, command)
+            self._expect(key, command, answer, _percentage(answer) == float(percentage))
         for index, device in enumerate(devices):
             if device.mps_pinned_limit:
                 command = f"set_default_device_pinned_mem_limit {index} {device.mps_pinned_limit}"
                 self._ask(key, command)
                 held = self._ask(key, f"get_default_device_pinned_mem_limit {index}")
-                self._expect(key, command, held, True, functools.partial(_holds, device.mps_pinned_limit))
+                self._expect(key, command, held, _holds(device.mps_pinned_limit, held))
 
     def _ask(self, key: str, command: str) -> str:
         """One command, one call: its answer (or error line) then belongs to it."""
         return self._run(key, [], command + "\n").strip()
 
     @staticmethod
-    def _expect(key: str, command: str, answer: str, wanted: object, read: Callable[[str], object]) -> None:
-        """MpsError unless the daemon's answer, read, is what the command asked for."""
-        if read(answer) != wanted:
+    def _expect(key: str, command: str, answer: str, taken: bool) -> None:
+        """MpsError, quoting the daemon's answer, unless it shows the command `taken`."""
+        if not taken:
             said = f"it answered {answer!r}" if answer else "it answered nothing"
             raise MpsError(f"MPS control daemon {key} did not take {command!r}: {said}")
 

@@ -173,9 +173,10 @@ def start_daemon(
     dirs = sharing.mps_dirs(root, sharing.mps_key(uuids))
     argv = [*control, "-d", "-M"] if multi_user else [*control, "-d"]
     longest = f"{dirs.pipe}/{LONGEST_SOCKET}"
-    if len(longest.encode()) > MAX_SOCKET_PATH:
+    length = len(longest.encode())
+    if length > MAX_SOCKET_PATH:
         raise LaunchError(
-            f"cannot start the MPS control daemon: its socket {longest} would be {len(longest.encode())} "
+            f"cannot start the MPS control daemon: its socket {longest} would be {length} "
             f"bytes long, over the {MAX_SOCKET_PATH} a Unix socket's path may have; give the plugin a "
             "shorter --state-dir"
         )

@@ -72,9 +72,8 @@ IPC_PATHS = (f"{IPC_DIRS[0]}/socket", f"{IPC_DIRS[1]}/socket", IPC_DIRS[2])
 #: live under these four on every distribution (merged /usr or not); IPC_DIRS are mounted one by one.
 #: Any other driver root is the driver's own and mounted whole, which lib64 and firmware/nvidia need.
 FILE_DIRS = ("usr", "lib", "bin", "sbin")
-#: Lookups only a driver root of the driver's own has (not mounted from the host's /).
-OWN_ROOT_DIRS = ("lib64", "firmware/nvidia")
-#: Where a container gets what those directories hold: a Debian or Ubuntu image's loader never
+#: The lookups only a driver root of the driver's own has (not mounted from the host's /), and where a
+#: container gets what they hold: a Debian or Ubuntu image's loader never
 #: searches /lib64, while CUDA images search /usr/local/nvidia/lib64 (GKE's place for the driver's
 #: libraries, on LD_LIBRARY_PATH and in ld.so.conf.d of nvidia/cuda images); firmware where
 #: NVIDIA's generator puts it.

@@ -854,7 +854,7 @@ def test_the_plugin_mounts_only_the_driver_directories_it_reads() -> None:
         *driverfiles.IPC_PATHS,
     ]
     # Only a root of the driver's own has lib64 and firmware/nvidia, and such a root is mounted whole.
-    looked_up = [p for p in looked_up if p not in driverfiles.OWN_ROOT_DIRS]
+    looked_up = [p for p in looked_up if p not in driverfiles.CONTAINER_DIRS]
     mounted = (*driverfiles.FILE_DIRS, *driverfiles.IPC_DIRS)
     assert all(any(f"{p}/".startswith(f"{d}/") for d in mounted) for p in looked_up)
 

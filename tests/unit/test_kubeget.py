@@ -276,10 +276,11 @@ async def test_closing_the_client_cuts_a_cancelled_request_instead_of_waiting_ou
     cut = anyio.Event()
 
     async def never_answer(stream: anyio.abc.SocketStream) -> None:
+        # The client may cut the connection before the request's end has been read, under load.
         async with stream:
-            while b"\r\n\r\n" not in await stream.receive():
-                pass
             with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                while b"\r\n\r\n" not in await stream.receive():
+                    pass
                 await stream.receive()
             cut.set()
 

@@ -161,6 +161,63 @@ class Kube:
             ]
             raise WaitTimeoutError(f"{err}\nevents:\n  " + "\n  ".join(events)) from None
 
+    def wait_pods_running(self, namespace: str, expected: int, what: str, timeout: float = 90.0) -> list[Obj]:
+        """Wait until the namespace has `expected` pods, all Running; the error says, for each pod
+        that is not, its phase, why it waits and its events, and the namespace's other events."""
+
+        def probe() -> list[Obj] | None:
+            pods = self.list_objects("v1", "Pod", namespace=namespace)
+            running = all(p.get("status", {}).get("phase") == "Running" for p in pods)
+            return pods if len(pods) == expected and running else None
+
+        try:
+            return wait_for(what, probe, timeout)
+        except WaitTimeoutError as err:
+            raise WaitTimeoutError(f"{err}\n{self.describe_pods(namespace)}") from None
+
+    def describe_pods(self, namespace: str) -> str:
+        """The namespace's pods that do not run (phase, waiting reasons, events), its claims'
+        allocations and its other events."""
+        lines: list[str] = []
+        pods = self.list_objects("v1", "Pod", namespace=namespace)
+        lines.append(f"{len(pods)} pods in {namespace}")
+        for pod in pods:
+            status = pod.get("status", {})
+            if status.get("phase") == "Running":
+                continue
+            name = pod["metadata"]["name"]
+            why = [
+                f"{c['type']}={c['status']} {c.get('reason', '')} {c.get('message', '')}".rstrip()
+                for c in status.get("conditions") or []
+                if c.get("status") != "True"
+            ]
+            for container in status.get("containerStatuses") or []:
+                waiting = container.get("state", {}).get("waiting")
+                if waiting:
+                    why.append(f"{container['name']}: {waiting.get('reason')} {waiting.get('message', '')}")
+            lines.append(f"pod {name}: {status.get('phase')}; {'; '.join(why)}")
+            lines += [
+                f"  {e.get('reason')}: {e.get('message')}" for e in self.events_for("Pod", name, namespace)
+            ]
+        for claim in self.list_objects("resource.k8s.io/v1", "ResourceClaim", namespace=namespace):
+            allocation = claim.get("status", {}).get("allocation") or {}
+            held = [
+                " ".join(
+                    filter(
+                        None,
+                        (f"{r['pool']}/{r['device']}", r.get("shareID"), str(r.get("consumedCapacity", ""))),
+                    )
+                )
+                for r in allocation.get("devices", {}).get("results", [])
+            ]
+            lines.append(f"claim {claim['metadata']['name']}: {', '.join(held) or 'not allocated'}")
+        for event in self.list_objects("v1", "Event", namespace=namespace):
+            involved = event.get("involvedObject", {})
+            if involved.get("kind") != "Pod":
+                about = f"{involved.get('kind')} {involved.get('name')}"
+                lines.append(f"{about}: {event.get('reason')}: {event.get('message')}")
+        return "\n".join(lines)
+
 
 def wait_for(
     what: str,

@@ -45,14 +45,18 @@ def ensure_device_classes(kube: Kube, classes: Sequence[Obj] | None = None) -> N
             kube.create(device_class)
 
 
-def published_devices(kube: Kube, cluster: ClusterInfo) -> list[Obj]:
-    """The devices this driver publishes for the cluster's node, from all its ResourceSlices."""
-    slices = kube.list_objects(
+def published_slices(kube: Kube, cluster: ClusterInfo) -> list[Obj]:
+    """The ResourceSlices this driver publishes for the cluster's node."""
+    return kube.list_objects(
         "resource.k8s.io/v1",
         "ResourceSlice",
         field_selector=f"spec.driver={DRIVER},spec.nodeName={cluster.node_name}",
     )
-    return [d for s in slices for d in s["spec"].get("devices") or []]
+
+
+def published_devices(kube: Kube, cluster: ClusterInfo) -> list[Obj]:
+    """The devices this driver publishes for the cluster's node, from all its ResourceSlices."""
+    return [d for s in published_slices(kube, cluster) for d in s["spec"].get("devices") or []]
 
 
 def claim_template(

@@ -238,7 +238,10 @@ async def _serve(
             log.warning("--shareable-gpus: no DRA GPU of this node matches %s", ", ".join(unmatched))
     status = ClaimStatusWriter(kube, settings.driver_name, settings.node_name)
     status.resync(state.prepared.values(), state.inventory)
-    dra = DraService(settings.driver_name, settings.node_name, state, kube, status)
+    # The publisher is made once the API server's features are known; no claim is prepared before.
+    dra = DraService(
+        settings.driver_name, settings.node_name, state, kube, status, lambda c: publisher.claim_prepared(c)
+    )
     owners = None
     if settings.usage_processes:
         owners = ProcessOwners(settings.usage_procfs, lambda: kube.list_node_pods(settings.node_name))

@@ -3,12 +3,15 @@
 Reconciles on start, on an inventory or health change and whenever a slice of this driver and
 node changes on the server (the watch only signals; the reconcile lists and compares). Only the
 instance holding the flock on ``publisher.lock`` publishes, so two instances of a rolling
-update never undo each other's writes (docs/architecture.md, "ResourceSlices").
+update never undo each other's writes (docs/architecture.md, "ResourceSlices"). After a claim
+takes a share of a device, it touches a slice so that the scheduler tries its pending pods again
+(SlicePublisher.retry_pending_pods).
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -24,6 +27,7 @@ from dra.core.taints import DeviceTaint
 from dra.core.versions import ApiFeatures
 from dra.daemon import metrics
 from dra.model.devices import Inventory, MigDevice, gpu_of
+from dra.model.prepared import PreparedClaim
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +55,10 @@ _BACKOFF_MAX = 30.0
 #: Seconds between looks at whether the instance publishing before this one has ended.
 _TURN_POLL = 0.5
 
+
+#: The annotation a slice gets when the scheduler should try its pending pods again: the time of that
+#: request (any change of a slice requeues them; the driver's own content stays untouched).
+RETRY_ANNOTATION = "retry-pending-pods"
 
 #: The first release whose scheduler checks a shared device's capacity on that device
 #: (kubernetes/kubernetes#133706).
@@ -147,6 +155,7 @@ class SlicePublisher:
         self._send, self._receive = anyio.create_memory_object_stream[None](1)
         self.published = anyio.Event()
         self._told_whole = False
+        self._retry_wanted = False
         #: Set while another instance holds the turn to publish this pool.
         self.standing_by = False
         #: Set once this instance published, or found another one publishing the pool.
@@ -156,6 +165,23 @@ class SlicePublisher:
         """Ask for a reconcile soon; several triggers before it runs count once."""
         with contextlib.suppress(anyio.WouldBlock):
             self._send.send_nowait(None)
+
+    def claim_prepared(self, claim: PreparedClaim) -> None:
+        """A claim was prepared: if it holds a share of a device, retry_pending_pods."""
+        if any(device.share_id for device in claim.devices):
+            self.retry_pending_pods()
+
+    def retry_pending_pods(self) -> None:
+        """Have the scheduler try again the pods it found unschedulable: a claim just took a share.
+
+        The scheduler counts a share it has just allocated twice for a moment (once as seen by its
+        informer, once as still being written), so a pod tried in that moment can be judged not to
+        fit on a device that has room; it is tried again only on an event such as a slice change
+        (else after up to 5 minutes). By the time a claim is prepared, its allocation is written:
+        a slice change then finds the right count (docs/sharing.md, "Consumable shares").
+        """
+        self._retry_wanted = True
+        self.trigger()
 
     def set_inventory(self, inventory: Inventory) -> None:
         """Publish a new inventory (under a new pool generation)."""
@@ -211,10 +237,28 @@ class SlicePublisher:
                 len(plan.update),
                 len(plan.delete),
             )
+        if self._retry_wanted:
+            if existing and not plan.writes:
+                await self._touch(existing[0])
+            # A write of the plan is itself a slice change.
+            self._retry_wanted = False
         if version == self._inventory_version:
             self._generation = plan.generation
         metrics.PUBLISHED_DEVICES.set(len(inventory))
         return plan
+
+    async def _touch(self, existing: sliceplan.Obj) -> None:
+        """Change only the retry annotation of a slice the server holds (guarded by its resourceVersion).
+
+        The time has microseconds: a write that changes nothing is no event.
+        """
+        meta = dict(existing["metadata"])
+        now = datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds")
+        annotations = {**(meta.get("annotations") or {}), f"{self.driver}/{RETRY_ANNOTATION}": now}
+        await self._kube.replace_resource_slice(
+            {**existing, "metadata": {**meta, "annotations": annotations}}
+        )
+        metrics.SLICE_WRITES.labels("retry").inc()
 
     async def _watch(self) -> None:
         backoff = _BACKOFF_START

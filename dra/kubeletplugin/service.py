@@ -81,7 +81,10 @@ def _response(claim: PreparedClaim) -> dra_pb2.NodePrepareResourceResponse:
 
 
 class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
-    """Serves both API versions: their messages are the same on the wire."""
+    """Serves both API versions: their messages are the same on the wire.
+
+    `on_prepared` is told each claim prepared, before the kubelet is answered; it must not block.
+    """
 
     def __init__(
         self,
@@ -90,8 +93,10 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         state: DeviceState,
         kube: ClaimSource,
         status: ClaimStatusWriter | None = None,
+        on_prepared: Callable[[PreparedClaim], object] | None = None,
     ) -> None:
         self.driver = driver
+        self._on_prepared = on_prepared
         self.node_name = node_name
         self._state = state
         self._kube = kube
@@ -171,6 +176,8 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
             if self._status is not None:
                 # The inventory has the MIG devices this prepare made.
                 self._status.prepared(prepared, self._state.inventory)
+            if self._on_prepared is not None:
+                self._on_prepared(prepared)
             return _response(prepared)
         except NotFoundError:
             return dra_pb2.NodePrepareResourceResponse(

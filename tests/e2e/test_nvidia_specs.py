@@ -27,6 +27,7 @@ from localcluster.cluster import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, Obj, load_manifests, wait_for
 from localcluster.workloads import (
+    DRIVER,
     allocated_devices,
     claim_template,
     container_record,
@@ -34,11 +35,13 @@ from localcluster.workloads import (
     gpu_pod,
     pod_claim,
     published_devices,
+    published_slices,
     visible_devices,
 )
 
 from dra.adapters.fakesysfs import FakeSysfs
 from dra.core.cdi import env_key
+from dra.kubeletplugin.publisher import RETRY_ANNOTATION
 
 pytestmark = pytest.mark.cluster
 
@@ -129,12 +132,7 @@ def _run(kube: Kube, name: str, same_device: bool = False) -> None:
     """Apply the spec and wait for every pod to run (and, if asked, for its claims to share one device)."""
     with _applied(kube, name) as (docs, namespace):
         expected = _pods_expected(docs)
-
-        def running() -> bool:
-            pods = kube.list_objects("v1", "Pod", namespace=namespace)
-            return len(pods) == expected and all(p.get("status", {}).get("phase") == "Running" for p in pods)
-
-        wait_for(f"the {expected} pods of {name} to run", running, timeout=90)
+        kube.wait_pods_running(namespace, expected, f"the {expected} pods of {name} to run")
         if same_device:
             claims = kube.list_objects("resource.k8s.io/v1", "ResourceClaim", namespace=namespace)
             assert len({tuple(allocated_devices(c)) for c in claims}) == 1, claims
@@ -215,6 +213,10 @@ def test_a_consumable_share_spec_runs_unchanged_with_nvidias_flag(
     flag = f"--consumable-shares={value}"
     start.append(DriverProcess(cluster, "h100x8", tmp_path / "driver.log", extra_args=(flag,)).start())
     _run(kube, name, same_device)
+    # Each share prepared had the scheduler try its pending pods again: a slice's annotation says when.
+    # Without that, a pod tried while the scheduler counted a share twice waited up to 5 minutes.
+    key = f"{DRIVER}/{RETRY_ANNOTATION}"
+    assert any(key in (s["metadata"].get("annotations") or {}) for s in published_slices(kube, cluster)), key
 
 
 # -- NVIDIA's bats specs (its tests/bats/specs), each with its bats test's assertion ----------------

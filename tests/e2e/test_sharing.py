@@ -91,16 +91,17 @@ def _shares_allocated(kube: Kube) -> list[str]:
 
 
 def _share_pods(kube: Kube, namespace: str, template: str, names: tuple[str, ...]) -> dict[str, Obj]:
-    """Start pods sharing a GPU, each once the one before runs, and once no earlier claim holds a share.
+    """Start pods sharing a GPU, all at once, once no earlier claim holds a share.
 
     An earlier test's claim still allocated (its pod is gone, its claim not yet) would take part of
-    a GPU: the shares would spread, or not fit. One at a time because the scheduler may, for a
-    moment, count a share it has just allocated twice (docs/sharing.md): a pod created in that
-    moment waits for a deallocation, or minutes, on a GPU that has room.
+    a GPU: the shares would spread, or not fit. At once, the scheduler may count a share it has
+    just allocated twice and find a pod unschedulable on a GPU that has room; the driver has it
+    try again once that share is prepared (docs/sharing.md, "Consumable shares").
     """
     wait_for("earlier tests' shares to be released", lambda: not _shares_allocated(kube), timeout=60)
     for name in names:
         gpu_pod(kube, namespace, name, template)
+    for name in names:
         kube.wait_pod_phase(name, namespace)
     return {name: pod_claim(kube, namespace, name) for name in names}
 

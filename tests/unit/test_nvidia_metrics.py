@@ -82,7 +82,8 @@ async def test_prepare_and_unprepare_count_as_nvidias_driver_counts_them(tmp_pat
         CheckpointStore(tmp_path / "checkpoint.json"),
     )
     state.recover()
-    dra = DraService(DRIVER, NODE, state, Claims())
+    told: list[str] = []
+    dra = DraService(DRIVER, NODE, state, Claims(), on_prepared=lambda claim: told.append(claim.name))
     ops = {"driver": DRIVER, "operation": "prepare"}
     before = _value("nvidia_dra_requests_total", **ops)
     errors = _value("nvidia_dra_node_prepare_errors_total", driver=DRIVER, error_type="get_claim")
@@ -92,6 +93,7 @@ async def test_prepare_and_unprepare_count_as_nvidias_driver_counts_them(tmp_pat
     await dra.NodePrepareResources(dra_pb2.NodePrepareResourcesRequest(claims=[ok, gone]), None)  # type: ignore[arg-type]
 
     assert _value("nvidia_dra_requests_total", **ops) == before + 1
+    assert told == ["claim-a"], "only a claim prepared is told"
     assert _value("nvidia_dra_node_prepare_errors_total", driver=DRIVER, error_type="get_claim") == errors + 1
     assert _value("nvidia_dra_requests_inflight", **ops) == 0
     assert _value("nvidia_dra_request_duration_seconds_count", **ops) >= 1

@@ -4,15 +4,18 @@ and its watch (a task beside the reconcile loop) repairs what changes on the ser
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
 import anyio
 import pytest
 
-from dra.adapters.kube import KubeError
+from dra.adapters.kube import ConflictError, KubeError
 from dra.core.versions import ApiFeatures
-from dra.kubeletplugin.publisher import SlicePublisher
+from dra.daemon import metrics
+from dra.kubeletplugin.publisher import RETRY_ANNOTATION, SlicePublisher
 from dra.model.devices import Inventory
+from dra.model.prepared import PreparedClaim, PreparedDevice
 from tests.unit.helpers import DRIVER, NODE, inventory
 from tests.unit.test_plan import FakeServer
 
@@ -121,3 +124,74 @@ async def test_an_expired_watch_is_restarted_at_once_and_a_failed_one_after_a_wa
         await _until(lambda: kube.watches == 3)
         assert "watching ResourceSlices failed, retrying in 0.5s: GET ...: 500 etcd is down" in caplog.text
         group.cancel_scope.cancel()
+
+
+async def test_a_retry_of_pending_pods_changes_one_slices_annotation_once() -> None:
+    kube = FakeKube()
+    publisher = _publisher(kube, inventory("h100x8"))
+    await publisher.reconcile()
+    before = kube.server.list()
+    writes = metrics.SLICE_WRITES.labels("retry")._value.get()
+
+    publisher.retry_pending_pods()
+    plan = await publisher.reconcile()
+    after = kube.server.list()
+    key = f"{DRIVER}/{RETRY_ANNOTATION}"
+    assert plan.writes == 0, "the driver's content is unchanged: no plan write"
+    touched = [s for s in after if key in (s["metadata"].get("annotations") or {})]
+    assert len(touched) == 1
+    assert [s["spec"] for s in after] == [s["spec"] for s in before]
+    assert touched[0]["metadata"]["resourceVersion"] != before[0]["metadata"]["resourceVersion"]
+    assert metrics.SLICE_WRITES.labels("retry")._value.get() == writes + 1
+
+    # Once done, a reconcile writes nothing; a second retry changes the annotation's value.
+    assert (await publisher.reconcile()).writes == 0
+    assert kube.server.list() == after
+    publisher.retry_pending_pods()
+    await publisher.reconcile()
+    [again] = [s for s in kube.server.list() if key in (s["metadata"].get("annotations") or {})]
+    assert again["metadata"]["annotations"][key] != touched[0]["metadata"]["annotations"][key]
+
+
+async def test_a_retry_asked_while_the_plan_writes_needs_no_touch_of_its_own() -> None:
+    kube = FakeKube()
+    publisher = _publisher(kube, inventory("h100x8"))
+    publisher.retry_pending_pods()
+    plan = await publisher.reconcile()
+    assert plan.writes > 0
+    assert not any(s["metadata"].get("annotations") for s in kube.server.list())
+    assert (await publisher.reconcile()).writes == 0
+    assert not any(s["metadata"].get("annotations") for s in kube.server.list())
+
+
+async def test_a_retry_whose_touch_fails_is_made_on_the_next_reconcile() -> None:
+    kube = FakeKube()
+    publisher = _publisher(kube, inventory("h100x8"))
+    await publisher.reconcile()
+    publisher.retry_pending_pods()
+    replace = kube.replace_resource_slice
+
+    async def conflict(obj: dict[str, Any]) -> dict[str, Any]:
+        raise ConflictError("the object has been modified", 409)
+
+    kube.replace_resource_slice = conflict  # type: ignore[method-assign]
+    with pytest.raises(ConflictError):
+        await publisher.reconcile()
+    kube.replace_resource_slice = replace  # type: ignore[method-assign]
+    await publisher.reconcile()
+    assert any(s["metadata"].get("annotations") for s in kube.server.list())
+
+
+async def test_only_a_claim_holding_a_share_has_pending_pods_tried_again() -> None:
+    kube = FakeKube()
+    publisher = _publisher(kube, inventory("h100x8"))
+    await publisher.reconcile()
+    whole = PreparedDevice(("gpu",), NODE, "gpu-0", ("x",))
+    publisher.claim_prepared(PreparedClaim("uid-a", "team-a", "whole", (whole,)))
+    await publisher.reconcile()
+    assert not any(s["metadata"].get("annotations") for s in kube.server.list())
+
+    share = replace(whole, share_id="6a1925dd-b024-4f8d-af9a-b59c1e07d445")
+    publisher.claim_prepared(PreparedClaim("uid-b", "team-a", "shared", (whole, share)))
+    await publisher.reconcile()
+    assert any(s["metadata"].get("annotations") for s in kube.server.list())

@@ -144,7 +144,7 @@ class Kube:
             namespace=namespace,
             field_selector=f"involvedObject.kind={kind},involvedObject.name={name}",
         )
-        return sorted(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        return _oldest_first(events)
 
     def wait_pod_phase(self, name: str, namespace: str, phase: str = "Running", timeout: float = 60.0) -> Obj:
         """Wait until a pod reaches a phase; the error lists its events."""
@@ -156,9 +156,7 @@ class Kube:
         try:
             return wait_for(f"pod {namespace}/{name} to be {phase}", probe, timeout)
         except WaitTimeoutError as err:
-            events = [
-                f"{e.get('reason')}: {e.get('message')}" for e in self.events_for("Pod", name, namespace)
-            ]
+            events = [_event_line(e) for e in self.events_for("Pod", name, namespace)]
             raise WaitTimeoutError(f"{err}\nevents:\n  " + "\n  ".join(events)) from None
 
     def wait_pods_running(self, namespace: str, expected: int, what: str, timeout: float = 90.0) -> list[Obj]:
@@ -178,9 +176,9 @@ class Kube:
     def describe_pods(self, namespace: str) -> str:
         """The namespace's pods that do not run (phase, waiting reasons, events), its claims'
         allocations and its other events."""
-        lines: list[str] = []
+        events = _oldest_first(self.list_objects("v1", "Event", namespace=namespace))
         pods = self.list_objects("v1", "Pod", namespace=namespace)
-        lines.append(f"{len(pods)} pods in {namespace}")
+        lines = [f"{len(pods)} pods in {namespace}"]
         for pod in pods:
             status = pod.get("status", {})
             if status.get("phase") == "Running":
@@ -196,27 +194,36 @@ class Kube:
                 if waiting:
                     why.append(f"{container['name']}: {waiting.get('reason')} {waiting.get('message', '')}")
             lines.append(f"pod {name}: {status.get('phase')}; {'; '.join(why)}")
-            lines += [
-                f"  {e.get('reason')}: {e.get('message')}" for e in self.events_for("Pod", name, namespace)
-            ]
+            lines += [f"  {_event_line(e)}" for e in events if _about(e) == ("Pod", name)]
         for claim in self.list_objects("resource.k8s.io/v1", "ResourceClaim", namespace=namespace):
-            allocation = claim.get("status", {}).get("allocation") or {}
+            results = ((claim.get("status", {}).get("allocation") or {}).get("devices") or {}).get(
+                "results", []
+            )
             held = [
                 " ".join(
-                    filter(
-                        None,
-                        (f"{r['pool']}/{r['device']}", r.get("shareID"), str(r.get("consumedCapacity", ""))),
-                    )
+                    str(part)
+                    for part in (f"{r['pool']}/{r['device']}", r.get("shareID"), r.get("consumedCapacity"))
+                    if part
                 )
-                for r in allocation.get("devices", {}).get("results", [])
+                for r in results
             ]
             lines.append(f"claim {claim['metadata']['name']}: {', '.join(held) or 'not allocated'}")
-        for event in self.list_objects("v1", "Event", namespace=namespace):
-            involved = event.get("involvedObject", {})
-            if involved.get("kind") != "Pod":
-                about = f"{involved.get('kind')} {involved.get('name')}"
-                lines.append(f"{about}: {event.get('reason')}: {event.get('message')}")
+        lines += [f"{' '.join(_about(e))}: {_event_line(e)}" for e in events if _about(e)[0] != "Pod"]
         return "\n".join(lines)
+
+
+def _oldest_first(events: list[Obj]) -> list[Obj]:
+    return sorted(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+
+
+def _about(event: Obj) -> tuple[str, str]:
+    """The kind and name of the object an event is about."""
+    involved = event.get("involvedObject") or {}
+    return str(involved.get("kind")), str(involved.get("name"))
+
+
+def _event_line(event: Obj) -> str:
+    return f"{event.get('reason')}: {event.get('message')}"
 
 
 def wait_for(

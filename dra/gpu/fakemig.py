@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dra.gpu import migtables
@@ -102,6 +102,12 @@ class FakeMigPartitions:
         self.profile = profile
         self._mig_state = mig_state
         self._memory: dict[int, list[FakeInstance]] | None = None
+        #: The state file's bytes as last read or written, and what they hold: a call re-parses the
+        #: file only when another process (or test) changed it, as NVML reads no file at all.
+        self._known: tuple[bytes, dict[int, list[FakeInstance]]] | None = None
+        self._profile_layout: list[list[object]] = [
+            [g.model.product_name, None if g.mig is None else list(g.mig)] for g in profile.gpus
+        ]
         #: MIG modes set through set_mig_mode, by GPU index; the others are the profile's.
         self._modes: dict[int, int] = {}
         #: MIG modes asked for that wait for a GPU reset, by GPU index.
@@ -220,15 +226,24 @@ class FakeMigPartitions:
 
     def _layout(self) -> list[list[object]]:
         """What the profile says of each GPU's MIG: a state file written for another profile is void."""
-        return [[g.model.product_name, None if g.mig is None else list(g.mig)] for g in self.profile.gpus]
+        return self._profile_layout
 
     def _load(self) -> dict[int, list[FakeInstance]]:
-        if self._mig_state is not None and self._mig_state.exists():
-            data = json.loads(self._mig_state.read_text())
+        if self._mig_state is not None:
+            try:
+                raw = self._mig_state.read_bytes()
+            except FileNotFoundError:
+                raw = None
+            if raw is not None and self._known is not None and raw == self._known[0]:
+                return self._known[1]
+            data = json.loads(raw) if raw is not None else {}
             if data.get("profile") == self._layout():
                 self._modes = {int(k): int(v) for k, v in data.get("migMode", {}).items()}
                 self._pending = {int(k): int(v) for k, v in data.get("migPending", {}).items()}
-                return {int(k): [FakeInstance(**i) for i in v] for k, v in data["gpus"].items()}
+                state = {int(k): [FakeInstance(**i) for i in v] for k, v in data["gpus"].items()}
+                assert raw is not None
+                self._known = (raw, state)
+                return state
         if self._memory is None:
             self._memory = {i: self._premade(i) for i in range(len(self.profile.gpus))}
         return self._memory
@@ -244,15 +259,19 @@ class FakeMigPartitions:
         }
         modes = {str(k): v for k, v in sorted(self._modes.items())}
         pending = {str(k): v for k, v in sorted(self._pending.items())}
-        text = json.dumps({"profile": self._layout(), "gpus": gpus, "migMode": modes, "migPending": pending})
-        # Atomically, as the real GPU changes: a reader never sees half a state.
+        raw = json.dumps(
+            {"profile": self._layout(), "gpus": gpus, "migMode": modes, "migPending": pending}
+        ).encode()
+        # Atomically, as the real GPU changes: a reader never sees half a state, and a killed driver
+        # finds the instances it made. Not fsynced: GPU instances do not outlive a power loss either
+        # (the MIG User Guide: they are lost on a GPU reset or reboot), and the fsync was most of a
+        # MIG unprepare's time in bench_scale.
         tmp = self._mig_state.with_name(f".{self._mig_state.name}.tmp")
+        self._known = None
         tmp.parent.mkdir(parents=True, exist_ok=True)
-        with tmp.open("w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        tmp.write_bytes(raw)
         os.replace(tmp, self._mig_state)
+        self._known = (raw, state)
 
     def _instances(self, gpu: GpuHandle) -> list[FakeInstance]:
         assert isinstance(gpu, int)
@@ -260,9 +279,12 @@ class FakeMigPartitions:
             return self._load().get(gpu, [])
 
     def instances(self) -> dict[int, list[FakeInstance]]:
-        """Every GPU instance on every GPU (for tests and the admin's eyes)."""
+        """Every GPU instance on every GPU (for tests and the admin's eyes), a copy later changes leave."""
         with self._lock:
-            return self._load()
+            return {
+                gpu: [replace(i, compute_instances=list(i.compute_instances)) for i in found]
+                for gpu, found in self._load().items()
+            }
 
     def gpu_instance_profile_info(self, gpu: GpuHandle, profile: int) -> GpuInstanceProfileInfo:
         """The migtables row of this profile enumerator, whatever the MIG mode (a real H200 on driver 580)."""

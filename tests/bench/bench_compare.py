@@ -448,17 +448,17 @@ def _go_contender(cluster: ClusterInfo, devices: int, cdi: Path) -> Contender | 
 
 
 @contextmanager
-def _cdi_dirs() -> Iterator[tuple[Path, Path]]:
-    """Each driver's CDI directory on tmpfs, as /var/run/cdi is on a node (dra-gpu skips fsync there)."""
+def cdi_dirs(*names: str) -> Iterator[tuple[Path, ...]]:
+    """A CDI directory per name on tmpfs, as /var/run/cdi is on a node (dra-gpu skips fsync there)."""
     shm = Path("/dev/shm")
     base = shm if shm.is_dir() and is_tmpfs(shm) else None
     if base is None:
         print("no tmpfs at /dev/shm: CDI specs go to the disk, and dra-gpu fsyncs them there")
     with tempfile.TemporaryDirectory(prefix="dra-gpu-bench-", dir=base) as tmp:
-        ours, theirs = Path(tmp, "cdi"), Path(tmp, "cdi-go")
-        ours.mkdir()
-        theirs.mkdir()
-        yield ours, theirs
+        dirs = tuple(Path(tmp, name) for name in names)
+        for directory in dirs:
+            directory.mkdir()
+        yield dirs
 
 
 def alternate(contenders: list[Contender], runs: int, run: Callable[[Contender], None]) -> list[Contender]:
@@ -500,7 +500,7 @@ def main() -> None:
         # They are held prepared together, one device each (dra-gpu refuses a device twice).
         parser.error(f"--claims must be 1 to --devices ({args.devices}), not {args.claims}")
 
-    with running_cluster() as cluster, _cdi_dirs() as (cdi, cdi_go):
+    with running_cluster() as cluster, cdi_dirs("cdi", "cdi-go") as (cdi, cdi_go):
         kube = Kube(cluster.kubeconfig)
         ours = _dra_gpu(cluster, args.devices, cdi)
         theirs = None if args.no_go else _go_contender(cluster, args.devices, cdi_go)

@@ -7,7 +7,8 @@ shared by count (--consumable-shares 32: each claim takes one of a GPU's 32 shar
 H100s with dynamic MIG (--mig-mode dynamic for them, the common profiles: each offers itself
 and 13 placements). Claims are allocated by hand as the scheduler would allocate them (a share
 with its shareID and consumed capacity; a 1g.10gb placement of its own), and the benchmark
-plays the kubelet on the driver's DRA socket, one claim per call.
+plays the kubelet on the driver's DRA socket, one claim per call. CDI specs go to tmpfs, as to
+/var/run/cdi on a node and as in bench_compare.
 
 For each level of held claims (prepared and left prepared: about a tenth on MIG placements,
 the rest shares), it times --probes fresh claims (half shares, half MIG placements), each
@@ -33,7 +34,7 @@ from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, Obj
 
 from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc
-from tests.bench.bench_compare import FAKE_MODEL, Spread, _described, parse_levels, spread
+from tests.bench.bench_compare import FAKE_MODEL, Spread, _described, cdi_dirs, parse_levels, spread
 from tests.bench.bench_driver import DRIVER, _percentile, _rss_kib, cpu_seconds
 
 #: Whole GPUs shared by count, and GPUs with dynamic MIG (after them in index order).
@@ -140,7 +141,7 @@ def _settle(pid: int) -> float:
 
 
 def run_once(
-    cluster: ClusterInfo, kube: Kube, levels: tuple[int, ...], probes: int, number: int
+    cluster: ClusterInfo, kube: Kube, levels: tuple[int, ...], probes: int, number: int, cdi: Path
 ) -> dict[str, float]:
     """One run: a fresh driver, claims held to each level, probes timed there; figure -> value."""
     mig_free = ONE_G_PLACEMENTS * MIG_GPUS
@@ -154,7 +155,11 @@ def run_once(
     profile = run / "bench-scale-profile.yaml"
     _profile(profile)
     driver = DriverProcess(
-        cluster, str(profile), run / "logs" / f"bench-scale-{number}.log", extra_args=_flags()
+        cluster,
+        str(profile),
+        run / "logs" / f"bench-scale-{number}.log",
+        extra_args=_flags(),
+        cdi_root=str(cdi),
     )
     namespace = f"bench-scale-{uuid.uuid4().hex[:6]}"
     kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
@@ -226,11 +231,11 @@ def main() -> None:
     parser.add_argument("--probes", type=int, default=40, help="fresh claims timed at each level (even)")
     args = parser.parse_args()
     runs: list[dict[str, float]] = []
-    with running_cluster() as cluster:
+    with running_cluster() as cluster, cdi_dirs("cdi") as (cdi,):
         kube = Kube(cluster.kubeconfig)
         for number in range(1, args.runs + 1):
             print(f"run {number}/{args.runs}", flush=True)
-            runs.append(run_once(cluster, kube, args.held, args.probes, number))
+            runs.append(run_once(cluster, kube, args.held, args.probes, number, cdi))
         kube.close()
     low, high = min(args.held), max(args.held)
     print(

@@ -95,6 +95,30 @@ def test_instances_outlive_the_library_and_show_as_mig_devices(tmp_path: Path) -
     assert discover(again, parse_mig_modes("dynamic")).instances[0].uuid != inventory.instances[0].uuid
 
 
+def test_two_libraries_on_one_state_file_see_each_others_changes(tmp_path: Path) -> None:
+    """As two processes see one GPU: the file is re-read when another writer changed it, only then."""
+    state = tmp_path / "mig.json"
+    ours, theirs = _lib(state=state), _lib(state=state)
+    gi = ours.create_gpu_instance_with_placement(ours.device_by_index(0), ID_3G, Placement(0, 4))
+    assert [i.profile for i in theirs.instances()[0]] == ["3g.40gb"]
+    theirs.create_gpu_instance_with_placement(theirs.device_by_index(0), ID_1G, Placement(4, 1))
+    assert [i.profile for i in ours.instances()[0]] == ["3g.40gb", "1g.10gb"]
+    with pytest.raises(GpuLibraryError) as err:
+        ours.create_gpu_instance_with_placement(ours.device_by_index(0), ID_1G, Placement(4, 1))
+    assert err.value.code == ERROR_INSUFFICIENT_RESOURCES
+    ours.destroy_gpu_instance(gi)
+    assert [i.profile for i in theirs.instances()[0]] == ["1g.10gb"]
+
+
+def test_instances_are_a_copy_that_later_changes_leave_alone(tmp_path: Path) -> None:
+    lib = _lib(state=tmp_path / "mig.json")
+    gi = lib.create_gpu_instance_with_placement(lib.device_by_index(0), ID_3G, Placement(0, 4))
+    before = lib.instances()
+    lib.create_compute_instance(gi, 2)
+    assert before[0][0].compute_instances == []
+    assert lib.instances()[0][0].compute_instances == [0]
+
+
 def test_static_profiles_keep_their_mig_devices() -> None:
     inventory = discover(_lib("h100x8-mig"))
     assert sorted(

@@ -343,6 +343,16 @@ class KubeClient:
         result: Obj = await self._call("PUT", f"{RESOURCE_API}/resourceslices/{name}", body=obj)
         return result
 
+    async def annotate_resource_slice(self, name: str, annotations: dict[str, str]) -> Obj:
+        """Set annotations on a ResourceSlice in one merge patch; its spec and other annotations stay."""
+        result: Obj = await self._call(
+            "PATCH",
+            f"{RESOURCE_API}/resourceslices/{urllib.parse.quote(name)}",
+            body={"metadata": {"annotations": annotations}},
+            content_type=_MERGE_PATCH,
+        )
+        return result
+
     async def delete_resource_slice(self, name: str, uid: str | None = None) -> None:
         """DELETE a ResourceSlice (only the object with `uid`, when given); absent is fine."""
         body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1"}

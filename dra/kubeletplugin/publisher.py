@@ -5,11 +5,13 @@ node changes on the server (the watch only signals; the reconcile lists and comp
 instance holding the flock on ``publisher.lock`` publishes, so two instances of a rolling
 update never undo each other's writes (docs/architecture.md, "ResourceSlices"). After a claim
 takes a share of a device, it touches a slice so that the scheduler tries its pending pods again
-(SlicePublisher.retry_pending_pods).
+(SlicePublisher.retry_pending_pods): one small merge patch of an annotation, at most one a second,
+which its own watch then leaves alone.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime
 import logging
@@ -19,7 +21,7 @@ from pathlib import Path
 import anyio
 
 from dra.adapters.filelock import open_lock, try_lock
-from dra.adapters.kube import ConflictError, KubeClient, KubeError
+from dra.adapters.kube import ConflictError, KubeClient, KubeError, NotFoundError
 from dra.core import sliceplan, slices
 from dra.core.assignment import Selector, select
 from dra.core.slices import ShareMode
@@ -59,6 +61,11 @@ _TURN_POLL = 0.5
 #: The annotation a slice gets when the scheduler should try its pending pods again: the time of that
 #: request (any change of a slice requeues them; the driver's own content stays untouched).
 RETRY_ANNOTATION = "retry-pending-pods"
+#: The least time between two such touches. Each makes the scheduler try every pending DRA pod
+#: again, and each was a slice write: a burst of share prepares needs one touch after its last.
+RETRY_SPACING_S = 1.0
+#: How many of its own touches the watch remembers, to leave their events alone.
+_OWN_TOUCHES = 16
 
 #: The first release whose scheduler checks a shared device's capacity on that device
 #: (kubernetes/kubernetes#133706).
@@ -155,7 +162,9 @@ class SlicePublisher:
         self._send, self._receive = anyio.create_memory_object_stream[None](1)
         self.published = anyio.Event()
         self._told_whole = False
-        self._retry_wanted = False
+        self._retry_asked = anyio.Event()
+        #: resourceVersions of the touches this instance made: no reconcile needed on their events.
+        self._own_touches: collections.deque[str] = collections.deque(maxlen=_OWN_TOUCHES)
         #: Set while another instance holds the turn to publish this pool.
         self.standing_by = False
         #: Set once this instance published, or found another one publishing the pool.
@@ -178,10 +187,10 @@ class SlicePublisher:
         informer, once as still being written), so a pod tried in that moment can be judged not to
         fit on a device that has room; it is tried again only on an event such as a slice change
         (else after up to 5 minutes). By the time a claim is prepared, its allocation is written:
-        a slice change then finds the right count (docs/sharing.md, "Consumable shares").
+        a slice change then finds the right count (docs/sharing.md, "Consumable shares"). Those asked
+        within RETRY_SPACING_S of a touch make one more, at the end of it.
         """
-        self._retry_wanted = True
-        self.trigger()
+        self._retry_asked.set()
 
     def set_inventory(self, inventory: Inventory) -> None:
         """Publish a new inventory (under a new pool generation)."""
@@ -237,27 +246,36 @@ class SlicePublisher:
                 len(plan.update),
                 len(plan.delete),
             )
-        if self._retry_wanted:
-            if existing and not plan.writes:
-                await self._touch(existing[0])
-            # A write of the plan is itself a slice change.
-            self._retry_wanted = False
         if version == self._inventory_version:
             self._generation = plan.generation
         metrics.PUBLISHED_DEVICES.set(len(inventory))
         return plan
 
-    async def _touch(self, existing: sliceplan.Obj) -> None:
-        """Change only the retry annotation of a slice the server holds (guarded by its resourceVersion).
+    async def _retries(self) -> None:
+        """Touch a slice whenever a retry was asked, at most once per RETRY_SPACING_S."""
+        while True:
+            await self._retry_asked.wait()
+            self._retry_asked = anyio.Event()
+            try:
+                await self._touch()
+            except NotFoundError:
+                # Not published yet (or being replaced): the reconcile's create is a slice event itself.
+                pass
+            except KubeError as err:
+                log.warning("could not have the scheduler retry pending pods, trying again: %s", err)
+                self._retry_asked.set()
+            await anyio.sleep(RETRY_SPACING_S)
+
+    async def _touch(self) -> None:
+        """Set the retry annotation of the pool's first slice: one merge patch, the spec untouched.
 
         The time has microseconds: a write that changes nothing is no event.
         """
-        meta = dict(existing["metadata"])
         now = datetime.datetime.now(datetime.UTC).isoformat(timespec="microseconds")
-        annotations = {**(meta.get("annotations") or {}), f"{self.driver}/{RETRY_ANNOTATION}": now}
-        await self._kube.replace_resource_slice(
-            {**existing, "metadata": {**meta, "annotations": annotations}}
+        result = await self._kube.annotate_resource_slice(
+            slices.slice_name(self.node_name, self.driver, 0), {f"{self.driver}/{RETRY_ANNOTATION}": now}
         )
+        self._own_touches.append(str(result["metadata"].get("resourceVersion", "")))
         metrics.SLICE_WRITES.labels("retry").inc()
 
     async def _watch(self) -> None:
@@ -265,10 +283,13 @@ class SlicePublisher:
         while True:
             try:
                 _, version = await self._kube.list_resource_slices(self.driver, self.node_name)
-                async for kind, _obj in self._kube.watch_resource_slices(
+                async for kind, obj in self._kube.watch_resource_slices(
                     self.driver, self.node_name, version, 60
                 ):
-                    if kind != "BOOKMARK":
+                    # A touch of this instance's changes no spec: nothing to compare.
+                    seen = obj["metadata"].get("resourceVersion")
+                    touched = kind == "MODIFIED" and seen in self._own_touches
+                    if kind != "BOOKMARK" and not touched:
                         self.trigger()
                 backoff = _BACKOFF_START
             except KubeError as err:
@@ -285,7 +306,15 @@ class SlicePublisher:
             self.trigger()
 
     async def run(self) -> None:
-        """Wait for the turn to publish, then reconcile until cancelled, retrying failures with backoff."""
+        """Wait for the turn to publish, then reconcile until cancelled, retrying failures with backoff.
+
+        Retries of pending pods go out from the start: an instance standing by prepares claims too.
+        """
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._retries)
+            await self._publish()
+
+    async def _publish(self) -> None:
         with contextlib.ExitStack() as stack:
             if self._turn is not None:
                 # Held until this process ends; closing the file lets the next instance publish.

@@ -94,7 +94,7 @@ def test_rbac_grants_exactly_what_the_driver_calls() -> None:
         (("resource.k8s.io",), ("resourceclaims",)): ["get"],
         (("resource.k8s.io",), ("resourceclaims/status",)): ["patch"],
         (("resource.k8s.io",), ("resourceclaims/driver",)): ["associated-node:patch"],
-        (("resource.k8s.io",), ("resourceslices",)): ["create", "delete", "list", "update", "watch"],
+        (("resource.k8s.io",), ("resourceslices",)): ["create", "delete", "list", "patch", "update", "watch"],
         (("",), ("nodes",)): ["get"],
     }
     with_events = _only(chart.template({"rbac": {"claimEvents": True}}), "ClusterRole")

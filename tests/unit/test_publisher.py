@@ -3,6 +3,7 @@ and its watch (a task beside the reconcile loop) repairs what changes on the ser
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
@@ -10,9 +11,10 @@ from typing import Any
 import anyio
 import pytest
 
-from dra.adapters.kube import ConflictError, KubeError
+from dra.adapters.kube import KubeError, NotFoundError
 from dra.core.versions import ApiFeatures
 from dra.daemon import metrics
+from dra.kubeletplugin import publisher as publisher_module
 from dra.kubeletplugin.publisher import RETRY_ANNOTATION, SlicePublisher
 from dra.model.devices import Inventory
 from dra.model.prepared import PreparedClaim, PreparedDevice
@@ -31,6 +33,9 @@ class FakeKube:
         # What the server's watch sends: (type, object) events, or a KubeError that ends the watch.
         self.send_event, self._events = anyio.create_memory_object_stream[tuple[str, Any] | KubeError](10)
         self.watches = 0
+        self.patches = 0
+        #: How many annotation patches fail before they succeed again.
+        self.fail_patches = 0
 
     async def get_node(self, name: str) -> dict[str, Any]:
         return {"metadata": {"name": name, "uid": "node-uid"}}
@@ -50,6 +55,18 @@ class FakeKube:
 
     async def delete_resource_slice(self, name: str, uid: str | None = None) -> None:
         self.server.objects.pop(name, None)
+
+    async def annotate_resource_slice(self, name: str, annotations: dict[str, str]) -> dict[str, Any]:
+        self.patches += 1
+        if self.fail_patches:
+            self.fail_patches -= 1
+            raise KubeError("500 etcd is down", 500)
+        if name not in self.server.objects:
+            raise NotFoundError(f"resourceslices {name} not found", 404)
+        obj = copy.deepcopy(self.server.objects[name])
+        obj["metadata"]["annotations"] = {**(obj["metadata"].get("annotations") or {}), **annotations}
+        self.server.store(obj)
+        return copy.deepcopy(self.server.objects[name])
 
     async def watch_resource_slices(
         self, driver: str, node_name: str, resource_version: str, timeout_seconds: int = 300
@@ -126,72 +143,121 @@ async def test_an_expired_watch_is_restarted_at_once_and_a_failed_one_after_a_wa
         group.cancel_scope.cancel()
 
 
-async def test_a_retry_of_pending_pods_changes_one_slices_annotation_once() -> None:
+def _touched(kube: FakeKube) -> list[dict[str, Any]]:
+    key = f"{DRIVER}/{RETRY_ANNOTATION}"
+    return [s for s in kube.server.list() if key in (s["metadata"].get("annotations") or {})]
+
+
+async def test_a_retry_of_pending_pods_patches_one_annotation_and_no_spec() -> None:
     kube = FakeKube()
     publisher = _publisher(kube, inventory("h100x8"))
     await publisher.reconcile()
     before = kube.server.list()
     writes = metrics.SLICE_WRITES.labels("retry")._value.get()
-
-    publisher.retry_pending_pods()
-    plan = await publisher.reconcile()
+    async with anyio.create_task_group() as group:
+        group.start_soon(publisher._retries)
+        publisher.retry_pending_pods()
+        await _until(lambda: len(_touched(kube)) == 1)
+        group.cancel_scope.cancel()
     after = kube.server.list()
-    key = f"{DRIVER}/{RETRY_ANNOTATION}"
-    assert plan.writes == 0, "the driver's content is unchanged: no plan write"
-    touched = [s for s in after if key in (s["metadata"].get("annotations") or {})]
-    assert len(touched) == 1
+    [touched] = _touched(kube)
+    assert touched["metadata"]["name"] == before[0]["metadata"]["name"]
     assert [s["spec"] for s in after] == [s["spec"] for s in before]
-    assert touched[0]["metadata"]["resourceVersion"] != before[0]["metadata"]["resourceVersion"]
+    assert kube.patches == 1
     assert metrics.SLICE_WRITES.labels("retry")._value.get() == writes + 1
-
-    # Once done, a reconcile writes nothing; a second retry changes the annotation's value.
-    assert (await publisher.reconcile()).writes == 0
-    assert kube.server.list() == after
-    publisher.retry_pending_pods()
-    await publisher.reconcile()
-    [again] = [s for s in kube.server.list() if key in (s["metadata"].get("annotations") or {})]
-    assert again["metadata"]["annotations"][key] != touched[0]["metadata"]["annotations"][key]
+    assert (await publisher.reconcile()).writes == 0, "the driver's content is unchanged"
 
 
-async def test_a_retry_asked_while_the_plan_writes_needs_no_touch_of_its_own() -> None:
-    kube = FakeKube()
-    publisher = _publisher(kube, inventory("h100x8"))
-    publisher.retry_pending_pods()
-    plan = await publisher.reconcile()
-    assert plan.writes > 0
-    assert not any(s["metadata"].get("annotations") for s in kube.server.list())
-    assert (await publisher.reconcile()).writes == 0
-    assert not any(s["metadata"].get("annotations") for s in kube.server.list())
-
-
-async def test_a_retry_whose_touch_fails_is_made_on_the_next_reconcile() -> None:
+async def test_retries_asked_in_a_burst_make_one_touch_now_and_one_after_the_spacing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(publisher_module, "RETRY_SPACING_S", 0.3)
     kube = FakeKube()
     publisher = _publisher(kube, inventory("h100x8"))
     await publisher.reconcile()
-    publisher.retry_pending_pods()
-    replace = kube.replace_resource_slice
+    async with anyio.create_task_group() as group:
+        group.start_soon(publisher._retries)
+        publisher.retry_pending_pods()
+        await _until(lambda: kube.patches == 1)
+        first = _touched(kube)[0]["metadata"]["annotations"]
+        for _ in range(5):
+            publisher.retry_pending_pods()
+        await anyio.sleep(0.1)
+        assert kube.patches == 1, "within the spacing: no second touch yet"
+        await _until(lambda: kube.patches == 2)
+        await anyio.sleep(0.5)
+        assert kube.patches == 2, "the five asked during the spacing made one touch, after it"
+        group.cancel_scope.cancel()
+    assert _touched(kube)[0]["metadata"]["annotations"] != first
 
-    async def conflict(obj: dict[str, Any]) -> dict[str, Any]:
-        raise ConflictError("the object has been modified", 409)
 
-    kube.replace_resource_slice = conflict  # type: ignore[method-assign]
-    with pytest.raises(ConflictError):
+async def test_the_watch_leaves_this_instances_touches_alone() -> None:
+    kube = FakeKube()
+    publisher = _publisher(kube, inventory("h100x8"))
+    await publisher.reconcile()
+    reconciles = 0
+    reconcile = publisher.reconcile
+
+    async def counted() -> Any:
+        nonlocal reconciles
+        reconciles += 1
+        return await reconcile()
+
+    publisher.reconcile = counted  # type: ignore[method-assign]
+    async with anyio.create_task_group() as group:
+        group.start_soon(publisher.run)
+        await _until(lambda: reconciles == 1 and kube.watches == 1)
+        publisher.retry_pending_pods()
+        await _until(lambda: kube.patches == 1)
+        [touched] = _touched(kube)
+        await kube.send_event.send(("MODIFIED", touched))
+        await anyio.sleep(0.1)
+        assert reconciles == 1, "its own touch needs no reconcile"
+        # Anyone else's change, though, even of the same slice.
+        edited = {**touched, "metadata": {**touched["metadata"], "resourceVersion": "edited"}}
+        await kube.send_event.send(("MODIFIED", edited))
+        await _until(lambda: reconciles == 2)
+        group.cancel_scope.cancel()
+
+
+async def test_a_touch_that_fails_is_tried_again_and_one_of_a_missing_slice_is_dropped(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(publisher_module, "RETRY_SPACING_S", 0.05)
+    kube = FakeKube()
+    publisher = _publisher(kube, inventory("h100x8"))
+    async with anyio.create_task_group() as group:
+        group.start_soon(publisher._retries)
+        # Nothing published yet: the slice is missing, and the reconcile's create will requeue pods.
+        publisher.retry_pending_pods()
+        await _until(lambda: kube.patches == 1)
+        await anyio.sleep(0.2)
+        assert kube.patches == 1
+        assert not _touched(kube)
+
         await publisher.reconcile()
-    kube.replace_resource_slice = replace  # type: ignore[method-assign]
-    await publisher.reconcile()
-    assert any(s["metadata"].get("annotations") for s in kube.server.list())
+        kube.fail_patches = 2
+        publisher.retry_pending_pods()
+        await _until(lambda: len(_touched(kube)) == 1)
+        assert kube.patches == 4
+        assert (
+            "could not have the scheduler retry pending pods, trying again: 500 etcd is down" in caplog.text
+        )
+        group.cancel_scope.cancel()
 
 
 async def test_only_a_claim_holding_a_share_has_pending_pods_tried_again() -> None:
     kube = FakeKube()
     publisher = _publisher(kube, inventory("h100x8"))
     await publisher.reconcile()
-    whole = PreparedDevice(("gpu",), NODE, "gpu-0", ("x",))
-    publisher.claim_prepared(PreparedClaim("uid-a", "team-a", "whole", (whole,)))
-    await publisher.reconcile()
-    assert not any(s["metadata"].get("annotations") for s in kube.server.list())
+    async with anyio.create_task_group() as group:
+        group.start_soon(publisher._retries)
+        whole = PreparedDevice(("gpu",), NODE, "gpu-0", ("x",))
+        publisher.claim_prepared(PreparedClaim("uid-a", "team-a", "whole", (whole,)))
+        await anyio.sleep(0.1)
+        assert kube.patches == 0
 
-    share = replace(whole, share_id="6a1925dd-b024-4f8d-af9a-b59c1e07d445")
-    publisher.claim_prepared(PreparedClaim("uid-b", "team-a", "shared", (whole, share)))
-    await publisher.reconcile()
-    assert any(s["metadata"].get("annotations") for s in kube.server.list())
+        share = replace(whole, share_id="6a1925dd-b024-4f8d-af9a-b59c1e07d445")
+        publisher.claim_prepared(PreparedClaim("uid-b", "team-a", "shared", (whole, share)))
+        await _until(lambda: kube.patches == 1)
+        group.cancel_scope.cancel()

@@ -99,6 +99,7 @@ class CheckpointStore:
         claims: Mapping[str, PreparedClaim],
         actions: Sequence[DeviceAction] = (),
         durable: bool = True,
+        changed: frozenset[str] | None = None,
     ) -> int:
         """Record these claims and device actions: append what changed, or write a fresh snapshot.
 
@@ -107,6 +108,7 @@ class CheckpointStore:
         ticket it returns; unsynced only for changes whose loss the next start-up
         repairs (an unprepare: the claim's spec comes back, and a claim that
         needs its device releases it as stale). Nothing changed: nothing is written.
+        `changed`: the UIDs whose claims differ from those last saved or read (None: compare all).
         """
         journal = self._journal
         if journal is None or journal.torn or journal.lines > 2 * len(claims) + COMPACT_SLACK:
@@ -116,11 +118,11 @@ class CheckpointStore:
             self._appended += 1
             self._synced = self._appended
             return self._appended
-        changes = encode_changes(journal.claims, claims, journal.actions, actions)
+        changes, texts = encode_changes(journal, claims, actions, changed)
         if not changes:
             return 0
         self._append(changes)
-        journal.claims, journal.actions = dict(claims), list(actions)
+        journal.claims, journal.actions, journal.action_texts = dict(claims), list(actions), texts
         journal.lines += changes.count(b"\n")
         self._appended += 1
         ticket = self._appended

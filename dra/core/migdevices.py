@@ -215,10 +215,7 @@ def _heir(action: DeviceAction, uid: str, facts: Facts) -> str:
     made = str(action.result.get("uuid", "")) if action.kind == MIG_CREATE and action.done else ""
     if not made:
         return ""
-    return next(
-        (c.uid for c in facts.prepared.values() if c.uid != uid and any(d.uuid == made for d in c.devices)),
-        "",
-    )
+    return next((c.uid for c in facts.holders.with_uuid(made) if c.uid != uid), "")
 
 
 def destroy_claim_devices(node: Node, uid: str, facts: Facts) -> Program[Facts]:

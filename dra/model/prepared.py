@@ -177,6 +177,10 @@ class Holders:
         found = [c for c in candidates.values() if c.uid != uid and c.holds(name, uuid, share_id)]
         return sorted(found, key=lambda c: self._order[c.uid])
 
+    def with_uuid(self, uuid: str) -> list[PreparedClaim]:
+        """Every claim holding a device of this UUID (a share of a MIG device made, say), in their order."""
+        return sorted(self._by_uuid.get(uuid, []), key=lambda c: self._order[c.uid])
+
     def named(self, name: str) -> list[tuple[PreparedClaim, PreparedDevice]]:
         """Every (claim, entry) whose entry the kubelet knows by this device name, in the claims' order."""
         return sorted(self._by_name.get(name, []), key=lambda entry: self._order[entry[0].uid])

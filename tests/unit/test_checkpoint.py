@@ -288,6 +288,56 @@ def test_changed_actions_are_appended(path: Path) -> None:
     assert CheckpointStore(path).load_state() == (CLAIMS, [])
 
 
+def _appended(store: CheckpointStore, path: Path, *args: Any, **kwargs: Any) -> bytes:
+    before = path.read_bytes()
+    store.save(*args, **kwargs)
+    after = path.read_bytes()
+    assert after.startswith(before)
+    return after[len(before) :]
+
+
+def test_the_uids_a_save_names_as_changed_append_what_a_comparison_of_all_would(tmp_path: Path) -> None:
+    many = {f"uid-{i}": _claim(f"uid-{i}") for i in range(50)}
+    grown = {**many, "uid-new": _claim("uid-new")}
+    grown["uid-3"] = replace(grown["uid-3"], name="renamed")
+    del grown["uid-7"]
+    lines = []
+    for name, changed in (("all", None), ("named", frozenset({"uid-new", "uid-3", "uid-7"}))):
+        path = tmp_path / name / "checkpoint.json"
+        store = CheckpointStore(path)
+        store.save(many)
+        lines.append(sorted(_appended(store, path, grown, changed=changed).splitlines()))
+        assert CheckpointStore(path).load() == grown
+    assert lines[0] == lines[1]
+    assert len(lines[0]) == 3
+
+
+def test_changed_uids_that_do_not_account_for_the_size_are_not_trusted(path: Path) -> None:
+    store = CheckpointStore(path)
+    store.save(CLAIMS)
+    added = {**CLAIMS, "uid-new": _claim("uid-new")}
+    # Says nothing of the claim added: the save compares every claim instead.
+    store.save(added, changed=frozenset({"uid-a"}))
+    assert CheckpointStore(path).load() == added
+
+
+def test_actions_kept_from_the_last_save_are_written_as_a_fresh_encoding_writes_them(path: Path) -> None:
+    store = CheckpointStore(path)
+    actions = [replace(ACTION, claim_uid=f"uid-{i}", device=f"gpu-{i}-mig-1g10gb-at0") for i in range(20)]
+    store.save(CLAIMS, actions[:10])
+    kept = [*actions[:10], actions[10]]
+    line = _appended(store, path, CLAIMS, kept)
+    record = json.loads(line)
+    recorded_sum = record.pop("sum")
+    canonical = json.dumps(record, sort_keys=True, separators=(",", ":"))
+    assert line == f'{canonical[:-1]},"sum":"{recorded_sum}"}}\n'.encode()
+    assert CheckpointStore(path).load_state() == (CLAIMS, kept)
+    # A changed action among kept ones is encoded anew.
+    changed = [*kept[:3], replace(kept[3], done=False), *kept[4:]]
+    store.save(CLAIMS, changed)
+    assert CheckpointStore(path).load_state() == (CLAIMS, changed)
+
+
 def test_a_line_cut_short_by_a_crash_is_ignored_and_the_next_save_rewrites_the_file(path: Path) -> None:
     store = CheckpointStore(path)
     store.save({"uid-a": CLAIMS["uid-a"]})

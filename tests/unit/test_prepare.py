@@ -392,6 +392,8 @@ def test_the_holders_index_finds_what_a_scan_of_every_claim_finds() -> None:
                 for uid in ("uid-0", "uid-5", "new"):
                     scan = [c for c in prepared.values() if c.uid != uid and c.holds(name, uuid, share)]
                     assert holders.of(name, uuid, uid, share) == scan, (name, uuid, share, uid)
+        with_uuid = [c for c in prepared.values() if any(d.uuid == f"GPU-{name}" for d in c.devices)]
+        assert holders.with_uuid(f"GPU-{name}") == with_uuid
 
 
 def test_an_index_carried_over_saves_answers_as_one_built_afresh() -> None:

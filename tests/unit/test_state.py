@@ -122,12 +122,16 @@ class OrderCheckingCheckpoint(CheckpointStore):
         self.saves = 0
 
     def save(
-        self, claims: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction] = (), durable: bool = True
+        self,
+        claims: Mapping[str, PreparedClaim],
+        actions: Sequence[DeviceAction] = (),
+        durable: bool = True,
+        changed: frozenset[str] | None = None,
     ) -> int:
         missing = [uid for uid in claims if not self.specs.exists(uid)]
         assert not missing, f"checkpoint names claims whose spec is not written yet: {missing}"
         self.saves += 1
-        return super().save(claims, actions, durable)
+        return super().save(claims, actions, durable, changed)
 
 
 def test_the_spec_is_on_disk_before_the_checkpoint_names_the_claim(paths: Paths) -> None:
@@ -141,7 +145,11 @@ def test_the_spec_is_on_disk_before_the_checkpoint_names_the_claim(paths: Paths)
 
 class FailingCheckpoint(CheckpointStore):
     def save(
-        self, claims: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction] = (), durable: bool = True
+        self,
+        claims: Mapping[str, PreparedClaim],
+        actions: Sequence[DeviceAction] = (),
+        durable: bool = True,
+        changed: frozenset[str] | None = None,
     ) -> int:
         raise OSError("no space left on device")
 

@@ -131,9 +131,11 @@ bench-pods: binaries
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_pods --rounds $(BENCH_RUNS)
 
 # Prepare, unprepare and the driver's RSS with 10 and with 1,000 claims held on 256 devices (shares
-# and dynamic-MIG offers), BENCH_RUNS fresh drivers; flat is a ratio of 1.00x. Not part of `make bench`.
+# and dynamic-MIG offers), BENCH_RUNS fresh drivers; flat is a ratio of 1.00x. Then the same node's
+# device state alone (no cluster, no gRPC). Not part of `make bench`.
 bench-scale: binaries
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_scale --runs $(BENCH_RUNS)
+	$(LOCAL) $(BIN)/python -m tests.bench.bench_scale_state --runs $(BENCH_RUNS)
 
 # The real scheduler placing GPU claims on 100 and 500 kubelet-less nodes, per slice layout
 # (docs/mig.md: what dynamic MIG costs the scheduler). Minutes; not part of `make bench`.

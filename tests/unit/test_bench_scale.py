@@ -19,6 +19,7 @@ from tests.bench.bench_scale import (
     _profile,
     _share_results,
 )
+from tests.bench.bench_scale_state import run_once
 
 
 def test_the_layout_publishes_256_devices_and_every_allocated_placement(
@@ -47,3 +48,9 @@ def test_shares_go_round_robin_each_with_its_own_share_id() -> None:
     assert results[SHARED_GPUS]["device"] == "gpu-0"
     assert len({r["shareID"] for r in results}) == len(results)
     assert results[0]["consumedCapacity"] == {"memory": "0", "shares": "1"}
+
+
+def test_the_state_alone_makes_and_destroys_its_probes_mig_devices() -> None:
+    prepare, unprepare = run_once(held=20, probes=2)
+    assert prepare > 0
+    assert unprepare > 0

@@ -1,0 +1,117 @@
+"""Benchmark: the device state alone, dynamic-MIG prepare and unprepare with 10 and 1,000 claims held.
+
+    python -m tests.bench.bench_scale_state [--runs 3] [--held 10,1000] [--probes 12]
+
+bench_scale's node without the cluster, the gRPC server or the claim GET: DeviceState over the
+fake GPU library (32 whole H100s, 16 in dynamic MIG mode with the common profiles), the
+checkpoint on disk and the CDI specs on tmpfs. A tenth of the claims held are 1g.10gb MIG devices
+(made, as a prepare makes them), the rest admin-access claims on the whole GPUs; then --probes
+fresh 1g.10gb claims are prepared and unprepared one at a time. Each run is a fresh state in a
+fresh directory. Prints the median (range) of each figure over the runs and the ratio of the
+highest level to the lowest (1.00x is flat); asserts nothing about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import yaml
+
+from dra.adapters.atomicfile import is_tmpfs
+from dra.adapters.cdistore import CdiStore
+from dra.adapters.checkpoint import CheckpointStore
+from dra.core.allocation import AllocatedDevice, ClaimAllocation
+from dra.gpu.discovery import discover
+from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.profiles import load_profile
+from dra.kubeletplugin.state import DeviceState
+from dra.model.migmode import parse_mig_modes
+from tests.bench.bench_compare import FAKE_MODEL, _described, parse_levels, spread
+from tests.bench.bench_scale import MIG_GPUS, ONE_G_PLACEMENTS, SHARED_GPUS
+
+DRIVER, NODE = "gpu.nvidia.com", "bench-node"
+
+
+def _allocation(device: str, admin: bool = False) -> ClaimAllocation:
+    return ClaimAllocation(
+        str(uuid.uuid4()), "bench", "claim", (AllocatedDevice("gpu", NODE, device, admin_access=admin),)
+    )
+
+
+def run_once(held: int, probes: int) -> tuple[float, float]:
+    """A fresh state with `held` claims prepared; the median ms of the probes' prepare and unprepare."""
+    shm = Path("/dev/shm")
+    with (
+        tempfile.TemporaryDirectory(prefix="dra-gpu-bench-") as tmp,
+        tempfile.TemporaryDirectory(prefix="dra-gpu-bench-", dir=shm if is_tmpfs(shm) else None) as cdi,
+    ):
+        root = Path(tmp)
+        profile = root / "profile.yaml"
+        profile.write_text(
+            yaml.safe_dump(
+                {
+                    "gpus": [
+                        {"model": FAKE_MODEL, "count": SHARED_GPUS},
+                        {"model": FAKE_MODEL, "count": MIG_GPUS, "mig": []},
+                    ]
+                }
+            )
+        )
+        lib = FakeGpuLibrary(load_profile(str(profile)), NODE, mig_state=root / "fake-gpu-mig.json")
+        dynamic = ",".join(f"{i}=dynamic" for i in range(SHARED_GPUS, SHARED_GPUS + MIG_GPUS))
+        inventory = discover(lib, parse_mig_modes(f"whole,{dynamic}"))
+        checkpoint = CheckpointStore(root / "checkpoint.json")
+        state = DeviceState(DRIVER, NODE, inventory, CdiStore(Path(cdi), DRIVER), checkpoint, lib)
+        placements = [
+            f"gpu-{gpu}-mig-1g10gb-at{start}"
+            for start in range(ONE_G_PLACEMENTS)
+            for gpu in range(SHARED_GPUS, SHARED_GPUS + MIG_GPUS)
+        ]
+        mig_held = held // 10
+        if mig_held + probes > len(placements):
+            raise SystemExit(f"{mig_held} MIG devices held and {probes} probes exceed {len(placements)}")
+        for device in placements[:mig_held]:
+            state.prepare(_allocation(device))
+        for n in range(held - mig_held):
+            state.prepare(_allocation(f"gpu-{n % SHARED_GPUS}", admin=True))
+        prepare, unprepare = [], []
+        for device in placements[mig_held : mig_held + probes]:
+            claim = _allocation(device)
+            started = time.perf_counter()
+            state.prepare(claim)
+            prepare.append((time.perf_counter() - started) * 1000)
+            started = time.perf_counter()
+            state.unprepare(claim.uid)
+            unprepare.append((time.perf_counter() - started) * 1000)
+        return statistics.median(prepare), statistics.median(unprepare)
+
+
+def main() -> None:
+    """Time the probes at each level over --runs fresh states; print figures and ratios."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--held", type=parse_levels, default=(10, 1000), help="claims held, e.g. 10,1000")
+    parser.add_argument("--probes", type=int, default=12, help="fresh MIG claims timed at each level")
+    args = parser.parse_args()
+    figures: dict[tuple[str, int], list[float]] = {}
+    for _ in range(args.runs):
+        # Levels alternate within a run, so that both see the same machine.
+        for level in args.held:
+            prepare, unprepare = run_once(level, args.probes)
+            figures.setdefault(("MIG prepare p50", level), []).append(prepare)
+            figures.setdefault(("MIG unprepare p50", level), []).append(unprepare)
+    low, high = min(args.held), max(args.held)
+    print(f"DeviceState alone, {args.probes} MIG probes per level; median (range) over {args.runs} runs")
+    for what in ("MIG prepare p50", "MIG unprepare p50"):
+        at = {level: spread(figures[(what, level)]) for level in args.held}
+        levels = ", ".join(f"{level} held {_described(s, 'ms')}" for level, s in at.items())
+        print(f"{what}: {levels}, ratio {high}/{low} {at[high].median / at[low].median:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -264,6 +264,10 @@ class SlicePublisher:
             except KubeError as err:
                 log.warning("could not have the scheduler retry pending pods, trying again: %s", err)
                 self._retry_asked.set()
+            except Exception:
+                # Like the watch, this task must outlive any surprise: publishing runs beside it.
+                log.exception("asking the scheduler to retry pending pods failed unexpectedly; trying again")
+                self._retry_asked.set()
             await anyio.sleep(RETRY_SPACING_S)
 
     async def _touch(self) -> None:

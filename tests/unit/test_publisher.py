@@ -243,6 +243,18 @@ async def test_a_touch_that_fails_is_tried_again_and_one_of_a_missing_slice_is_d
         assert (
             "could not have the scheduler retry pending pods, trying again: 500 etcd is down" in caplog.text
         )
+
+        # Whatever else goes wrong, the task goes on.
+        original = kube.annotate_resource_slice
+
+        async def broken(name: str, annotations: dict[str, str]) -> dict[str, Any]:
+            kube.annotate_resource_slice = original  # type: ignore[method-assign]
+            raise ValueError("a surprise")
+
+        kube.annotate_resource_slice = broken  # type: ignore[method-assign]
+        publisher.retry_pending_pods()
+        await _until(lambda: kube.patches == 5)
+        assert "asking the scheduler to retry pending pods failed unexpectedly" in caplog.text
         group.cancel_scope.cancel()
 
 

@@ -390,6 +390,11 @@ def test_driver_with_the_charts_identity_publishes_its_slices(
     assert (owner["kind"], owner["name"]) == ("Node", cluster.node_name)
     # Those slices were written with the token: it is the driver's only credential.
     assert installed.driver.kubeconfig == str(installed.kubeconfig)
+    # The retry of pending pods after a share is prepared (docs/sharing.md): an annotation patch.
+    name = slices[0]["metadata"]["name"]
+    annotate = {"metadata": {"annotations": {"t": "1"}}}
+    patched = installed.client.patch(RESOURCE_API, "ResourceSlice", name, annotate)
+    assert patched["metadata"]["annotations"]["t"] == "1"
 
 
 def test_token_carries_the_node_of_its_pod(installed: Installed, cluster: ClusterInfo) -> None:
@@ -434,6 +439,12 @@ def test_same_identity_may_not_update_or_delete_another_nodes_slice(
         changed = copy.deepcopy(theirs)
         changed["spec"]["devices"].append({"name": "gpu-1"})
         status, message = _refusal(lambda: installed.client.replace(changed))
+        assert status == 403
+        assert f"may not modify resourceslices on node {OTHER_NODE}" in message
+        annotate = {"metadata": {"annotations": {"t": "1"}}}
+        status, message = _refusal(
+            lambda: installed.client.patch(RESOURCE_API, "ResourceSlice", name, annotate)
+        )
         assert status == 403
         assert f"may not modify resourceslices on node {OTHER_NODE}" in message
         status, message = _refusal(lambda: installed.client.delete(RESOURCE_API, "ResourceSlice", name))
@@ -592,7 +603,7 @@ def test_rbac_refuses_what_the_role_does_not_grant(installed: Installed) -> None
         "list secrets": lambda: client.list_objects("v1", "Secret", namespace=installed.namespace),
         "list pods": lambda: client.list_objects("v1", "Pod"),
         "list resourceclaims": lambda: client.list_objects(RESOURCE_API, "ResourceClaim"),
-        "patch a resourceslice": lambda: client.patch(RESOURCE_API, "ResourceSlice", "any", {"metadata": {}}),
+        "get a resourceslice": lambda: client.get(RESOURCE_API, "ResourceSlice", "any"),
         "create an event (rbac.claimEvents is off)": lambda: client.create(
             {
                 "apiVersion": "v1",

@@ -327,7 +327,7 @@ def test_one_budget_per_run_stops_explain_and_names_what_each_selector_spent() -
     with pytest.raises(shapes.ExplainError) as raised:
         explain.explain_claim(_claim(request), CLASSES, _slices("h100x8"))
     message = str(raised.value)
-    assert message.startswith("explain's CEL budget of 250,000 cost units per run is spent, by request ")
+    assert message.startswith("explain's CEL budget of 125,000 cost units per run is spent, by request ")
     assert "spent so far: class gpu.nvidia.com selector 1 of request 'gpu' " in message
     assert "\n" not in message
 

@@ -16,7 +16,7 @@ EXPECTED = {
     "regex-explain": "0 device(s) match, 1 needed: cannot be allocated",
     "regex-literal": "result: False",
     "nested-binds": "error: operation cancelled: actual cost limit exceeded",
-    "twenty-selectors": "dra-gpu: error: explain's CEL budget of 250,000 cost units per run is spent, by ",
+    "twenty-selectors": "dra-gpu: error: explain's CEL budget of 125,000 cost units per run is spent, by ",
     "ten-megabytes": "expression is 10485764 bytes long; the API server accepts at most 10240 bytes",
     "long-int-literal": "error: ERROR: <input>:1:1: invalid int literal",
     "long-semver": ": value out of range",

@@ -56,10 +56,13 @@ def _profile(path: Path) -> None:
     )
 
 
+#: --mig-mode: the shared GPUs whole, the others in dynamic MIG mode.
+MIG_MODE = "whole," + ",".join(f"{i}=dynamic" for i in range(SHARED_GPUS, SHARED_GPUS + MIG_GPUS))
+
+
 def _flags() -> tuple[str, ...]:
-    dynamic = ",".join(f"{i}=dynamic" for i in range(SHARED_GPUS, SHARED_GPUS + MIG_GPUS))
     return (
-        f"--mig-mode=whole,{dynamic}",
+        f"--mig-mode={MIG_MODE}",
         f"--consumable-shares={SHARES}",
         f"--shareable-gpus={','.join(str(i) for i in range(SHARED_GPUS))}",
     )
@@ -237,7 +240,6 @@ def main() -> None:
             print(f"run {number}/{args.runs}", flush=True)
             runs.append(run_once(cluster, kube, args.held, args.probes, number, cdi))
         kube.close()
-    low, high = min(args.held), max(args.held)
     print(
         f"dra-gpu at node scale: {SHARED_GPUS} shared GPUs ({SHARES} shares each) and {MIG_GPUS} dynamic-MIG "
         f"GPUs, 256 devices; {args.probes} probes per level; median (range) over {args.runs} runs"
@@ -250,11 +252,16 @@ def main() -> None:
         ),
         ("RSS", "MiB"),
     ]:
-        at: dict[int, Spread] = {
-            level: spread([r[f"{what} with {level} held"] for r in runs]) for level in args.held
-        }
-        levels = ", ".join(f"{level} held {_described(s, unit)}" for level, s in at.items())
-        print(f"{what}: {levels}, ratio {high}/{low} {at[high].median / at[low].median:.2f}x")
+        at = {level: [r[f"{what} with {level} held"] for r in runs] for level in args.held}
+        print_levels(what, unit, at)
+
+
+def print_levels(what: str, unit: str, by_level: dict[int, list[float]]) -> None:
+    """One figure's line: its median (range) at each level of claims held, and highest / lowest."""
+    at: dict[int, Spread] = {level: spread(values) for level, values in by_level.items()}
+    low, high = min(at), max(at)
+    levels = ", ".join(f"{level} held {_described(s, unit)}" for level, s in at.items())
+    print(f"{what}: {levels}, ratio {high}/{low} {at[high].median / at[low].median:.2f}x")
 
 
 if __name__ == "__main__":

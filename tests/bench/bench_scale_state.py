@@ -20,9 +20,6 @@ import time
 import uuid
 from pathlib import Path
 
-import yaml
-
-from dra.adapters.atomicfile import is_tmpfs
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.core.allocation import AllocatedDevice, ClaimAllocation
@@ -31,8 +28,8 @@ from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.state import DeviceState
 from dra.model.migmode import parse_mig_modes
-from tests.bench.bench_compare import FAKE_MODEL, _described, parse_levels, spread
-from tests.bench.bench_scale import MIG_GPUS, ONE_G_PLACEMENTS, SHARED_GPUS
+from tests.bench.bench_compare import cdi_dirs, parse_levels
+from tests.bench.bench_scale import MIG_MODE, SHARED_GPUS, _mig_results, _profile, print_levels
 
 DRIVER, NODE = "gpu.nvidia.com", "bench-node"
 
@@ -45,33 +42,15 @@ def _allocation(device: str, admin: bool = False) -> ClaimAllocation:
 
 def run_once(held: int, probes: int) -> tuple[float, float]:
     """A fresh state with `held` claims prepared; the median ms of the probes' prepare and unprepare."""
-    shm = Path("/dev/shm")
-    with (
-        tempfile.TemporaryDirectory(prefix="dra-gpu-bench-") as tmp,
-        tempfile.TemporaryDirectory(prefix="dra-gpu-bench-", dir=shm if is_tmpfs(shm) else None) as cdi,
-    ):
+    with tempfile.TemporaryDirectory(prefix="dra-gpu-bench-") as tmp, cdi_dirs("cdi") as (cdi,):
         root = Path(tmp)
         profile = root / "profile.yaml"
-        profile.write_text(
-            yaml.safe_dump(
-                {
-                    "gpus": [
-                        {"model": FAKE_MODEL, "count": SHARED_GPUS},
-                        {"model": FAKE_MODEL, "count": MIG_GPUS, "mig": []},
-                    ]
-                }
-            )
-        )
+        _profile(profile)
         lib = FakeGpuLibrary(load_profile(str(profile)), NODE, mig_state=root / "fake-gpu-mig.json")
-        dynamic = ",".join(f"{i}=dynamic" for i in range(SHARED_GPUS, SHARED_GPUS + MIG_GPUS))
-        inventory = discover(lib, parse_mig_modes(f"whole,{dynamic}"))
+        inventory = discover(lib, parse_mig_modes(MIG_MODE))
         checkpoint = CheckpointStore(root / "checkpoint.json")
-        state = DeviceState(DRIVER, NODE, inventory, CdiStore(Path(cdi), DRIVER), checkpoint, lib)
-        placements = [
-            f"gpu-{gpu}-mig-1g10gb-at{start}"
-            for start in range(ONE_G_PLACEMENTS)
-            for gpu in range(SHARED_GPUS, SHARED_GPUS + MIG_GPUS)
-        ]
+        state = DeviceState(DRIVER, NODE, inventory, CdiStore(cdi, DRIVER), checkpoint, lib)
+        placements = [r["device"] for r in _mig_results()]
         mig_held = held // 10
         if mig_held + probes > len(placements):
             raise SystemExit(f"{mig_held} MIG devices held and {probes} probes exceed {len(placements)}")
@@ -105,12 +84,9 @@ def main() -> None:
             prepare, unprepare = run_once(level, args.probes)
             figures.setdefault(("MIG prepare p50", level), []).append(prepare)
             figures.setdefault(("MIG unprepare p50", level), []).append(unprepare)
-    low, high = min(args.held), max(args.held)
     print(f"DeviceState alone, {args.probes} MIG probes per level; median (range) over {args.runs} runs")
     for what in ("MIG prepare p50", "MIG unprepare p50"):
-        at = {level: spread(figures[(what, level)]) for level in args.held}
-        levels = ", ".join(f"{level} held {_described(s, 'ms')}" for level, s in at.items())
-        print(f"{what}: {levels}, ratio {high}/{low} {at[high].median / at[low].median:.2f}x")
+        print_levels(what, "ms", {level: figures[(what, level)] for level in args.held})
 
 
 if __name__ == "__main__":

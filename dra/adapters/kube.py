@@ -277,12 +277,11 @@ class KubeClient:
         needed: a label another writer changes meanwhile is not overwritten.
         """
         patch: dict[str, str | None] = {**dict.fromkeys(remove), **labels}
-        result: Obj = await self._call(
-            "PATCH",
-            f"/api/v1/nodes/{urllib.parse.quote(name)}",
-            body={"metadata": {"labels": patch}},
-            content_type=_MERGE_PATCH,
-        )
+        return await self._patch_metadata(f"/api/v1/nodes/{urllib.parse.quote(name)}", {"labels": patch})
+
+    async def _patch_metadata(self, path: str, metadata: Obj) -> Obj:
+        """One JSON merge patch of an object's metadata: only the keys it names change."""
+        result: Obj = await self._call("PATCH", path, body={"metadata": metadata}, content_type=_MERGE_PATCH)
         return result
 
     async def get_device_class(self, name: str) -> Obj:
@@ -345,13 +344,8 @@ class KubeClient:
 
     async def annotate_resource_slice(self, name: str, annotations: dict[str, str]) -> Obj:
         """Set annotations on a ResourceSlice in one merge patch; its spec and other annotations stay."""
-        result: Obj = await self._call(
-            "PATCH",
-            f"{RESOURCE_API}/resourceslices/{urllib.parse.quote(name)}",
-            body={"metadata": {"annotations": annotations}},
-            content_type=_MERGE_PATCH,
-        )
-        return result
+        path = f"{RESOURCE_API}/resourceslices/{urllib.parse.quote(name)}"
+        return await self._patch_metadata(path, {"annotations": annotations})
 
     async def delete_resource_slice(self, name: str, uid: str | None = None) -> None:
         """DELETE a ResourceSlice (only the object with `uid`, when given); absent is fine."""

@@ -125,7 +125,11 @@ _HINT = (
 
 def _record_line(record: dict[str, Any]) -> bytes:
     """One appended change, with the checksum of the rest of the line."""
-    canonical = _canonical(record)
+    return _line(_canonical(record))
+
+
+def _line(canonical: str) -> bytes:
+    """A record's canonical JSON object as an appended line, its checksum added as the last key."""
     # The checksum is of the same canonical text: encoded once, not twice.
     return f'{canonical[:-1]},"sum":"{_sum(canonical)}"}}\n'.encode()
 
@@ -173,8 +177,7 @@ def encode_changes(
     if list(actions) != journal.actions:
         known = {id(a): texts[id(a)] for a in journal.actions if id(a) in texts}
         texts = {id(a): known.get(id(a)) or _canonical(_action_to_json(a)) for a in actions}
-        canonical = '{"actions":[' + ",".join(texts[id(a)] for a in actions) + "]}"
-        lines.append(f'{canonical[:-1]},"sum":"{_sum(canonical)}"}}\n'.encode())
+        lines.append(_line('{"actions":[' + ",".join(texts[id(a)] for a in actions) + "]}"))
     return b"".join(lines), texts
 
 

@@ -105,7 +105,8 @@ class FakeMigPartitions:
         #: The state file's bytes as last read or written, and what they hold: a call re-parses the
         #: file only when another process (or test) changed it, as NVML reads no file at all.
         self._known: tuple[bytes, dict[int, list[FakeInstance]]] | None = None
-        self._profile_layout: list[list[object]] = [
+        #: What the profile says of each GPU's MIG: a state file written for another profile is void.
+        self._layout: list[list[object]] = [
             [g.model.product_name, None if g.mig is None else list(g.mig)] for g in profile.gpus
         ]
         #: MIG modes set through set_mig_mode, by GPU index; the others are the profile's.
@@ -224,24 +225,25 @@ class FakeMigPartitions:
             )
         return placed
 
-    def _layout(self) -> list[list[object]]:
-        """What the profile says of each GPU's MIG: a state file written for another profile is void."""
-        return self._profile_layout
+    def _read(self) -> bytes | None:
+        """The state file's bytes; None without a file."""
+        if self._mig_state is None:
+            return None
+        try:
+            return self._mig_state.read_bytes()
+        except FileNotFoundError:
+            return None
 
     def _load(self) -> dict[int, list[FakeInstance]]:
-        if self._mig_state is not None:
-            try:
-                raw = self._mig_state.read_bytes()
-            except FileNotFoundError:
-                raw = None
-            if raw is not None and self._known is not None and raw == self._known[0]:
+        raw = self._read()
+        if raw is not None:
+            if self._known is not None and raw == self._known[0]:
                 return self._known[1]
-            data = json.loads(raw) if raw is not None else {}
-            if data.get("profile") == self._layout():
+            data = json.loads(raw)
+            if data.get("profile") == self._layout:
                 self._modes = {int(k): int(v) for k, v in data.get("migMode", {}).items()}
                 self._pending = {int(k): int(v) for k, v in data.get("migPending", {}).items()}
                 state = {int(k): [FakeInstance(**i) for i in v] for k, v in data["gpus"].items()}
-                assert raw is not None
                 self._known = (raw, state)
                 return state
         if self._memory is None:
@@ -260,7 +262,7 @@ class FakeMigPartitions:
         modes = {str(k): v for k, v in sorted(self._modes.items())}
         pending = {str(k): v for k, v in sorted(self._pending.items())}
         raw = json.dumps(
-            {"profile": self._layout(), "gpus": gpus, "migMode": modes, "migPending": pending}
+            {"profile": self._layout, "gpus": gpus, "migMode": modes, "migPending": pending}
         ).encode()
         # Atomically, as the real GPU changes: a reader never sees half a state, and a killed driver
         # finds the instances it made. Not fsynced: GPU instances do not outlive a power loss either

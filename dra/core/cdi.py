@@ -240,5 +240,9 @@ def annotation_key(plugin: str, allocation_id: str) -> str:
 
 
 def render(spec: Obj) -> bytes:
-    """Stable JSON bytes for a spec (same input, same bytes)."""
-    return (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode()
+    """Stable JSON bytes for a spec (same input, same bytes).
+
+    One line, not indented: json's C encoder does not indent, and its pure-Python one took half
+    of a spec write's CPU in a prepare (docs/architecture.md). `jq . <file>` shows it indented.
+    """
+    return (json.dumps(spec, sort_keys=True, separators=(",", ":")) + "\n").encode()

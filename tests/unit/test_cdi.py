@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from dra.adapters import atomicfile
+from dra.adapters import atomicfile, faults
 from dra.adapters.cdistore import CdiStore
 from dra.core import cdi
 from dra.gpu.discovery import discover
@@ -398,6 +398,49 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(
         atomicfile.write_atomic(path, b"new")
     assert path.read_bytes() == b"old"
     assert os.listdir(tmp_path) == ["file.json"]
+
+
+def test_a_temporary_name_taken_already_is_drawn_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "file.json"
+    draws = iter([b"\x00" * 6, b"\x00" * 6, b"\x01" * 6])
+    monkeypatch.setattr(os, "urandom", lambda size: next(draws))
+    taken = tmp_path / ".file.json.000000000000.tmp"
+    taken.write_bytes(b"another writer's")
+    atomicfile.write_atomic(path, b"mine")
+    assert path.read_bytes() == b"mine"
+    # The other writer's file is neither overwritten nor removed.
+    assert taken.read_bytes() == b"another writer's"
+    assert sorted(os.listdir(tmp_path)) == [taken.name, "file.json"]
+
+
+def test_a_write_cut_before_its_rename_leaves_a_temporary_that_leftovers_remove(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = CdiStore(tmp_path, DRIVER)
+
+    def killed(name: str) -> None:
+        if name == "atomicfile.temp-written":
+            raise SystemExit(137)
+
+    # A kill -9 between write and rename runs no clean-up: the failure path's unlink is taken away.
+    monkeypatch.setattr(faults, "point", killed)
+    monkeypatch.setattr(os, "unlink", lambda path: None)
+    with pytest.raises(SystemExit):
+        store.write(UID, _spec(UID))
+    monkeypatch.undo()
+    [leftover] = os.listdir(tmp_path)
+    assert leftover.startswith(f".{store.path(UID).name}.")
+    assert leftover.endswith(".tmp")
+    store.remove_leftovers()
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_large_write_is_whole(tmp_path: Path) -> None:
+    data = os.urandom(3 * 1024 * 1024)
+    atomicfile.write_atomic(tmp_path / "big", data, durable=False)
+    assert (tmp_path / "big").read_bytes() == data
 
 
 def test_remove_durably_says_whether_there_was_a_file(tmp_path: Path) -> None:

@@ -107,7 +107,8 @@ class CheckpointStore:
         process (kill -9) but not necessarily the machine until `sync` with the
         ticket it returns; unsynced only for changes whose loss the next start-up
         repairs (an unprepare: the claim's spec comes back, and a claim that
-        needs its device releases it as stale). Nothing changed: nothing is written.
+        needs its device releases it as stale; a MIG device's records: the device
+        itself does not outlive a reboot). Nothing changed: nothing is written.
         `changed`: the UIDs whose claims differ from those last saved or read (None: compare all).
         """
         journal = self._journal

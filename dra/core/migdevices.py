@@ -135,7 +135,10 @@ def make(
         for c in creates
     ]
     actions = (*facts.actions, *intents)
-    yield Save(facts.prepared, actions, point="mig-intent-recorded")
+    # Not fsynced, nor is the done record below: GPU and compute instances do not outlive what loses
+    # the page cache (a reboot, a driver reload), and the claim's own save, fsynced before the
+    # kubelet is answered, makes both durable with it. MIG mode, which persists, is fsynced.
+    yield Save(facts.prepared, actions, durable=False, point="mig-intent-recorded")
     inventory = facts.inventory
     made: dict[str, MigDevice] = {}
     for create, intent in zip(creates, intents, strict=True):
@@ -156,7 +159,7 @@ def make(
             },
         )
         actions = tuple(done if a.key == intent.key else a for a in actions)
-        yield Save(facts.prepared, actions, point="mig-recorded")
+        yield Save(facts.prepared, actions, durable=False, point="mig-recorded")
         inventory = replace(inventory, instances=(*inventory.instances, device))
         yield SetInventory(inventory)
     return made, inventory
@@ -249,7 +252,8 @@ def destroy_claim_devices(node: Node, uid: str, facts: Facts) -> Program[Facts]:
     yield SetInventory(inventory)
     handed = tuple(replace(a, claim_uid=heir) for a, heir in pairs if heir)
     actions = tuple(a for a in facts.actions if a not in mine) + handed
-    yield Save(facts.prepared, actions)
+    # Not fsynced, as the records of making them (make): after a reboot the instances are gone either way.
+    yield Save(facts.prepared, actions, durable=False)
     return replace(facts, actions=actions, inventory=inventory)
 
 

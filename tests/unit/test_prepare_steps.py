@@ -194,6 +194,44 @@ def test_a_mig_device_is_recorded_as_intent_made_in_two_steps_then_recorded_done
     ]
 
 
+def test_mig_device_records_ride_on_the_claims_fsync_and_mig_mode_records_are_fsynced(tmp_path: Path) -> None:
+    # Instances do not outlive a reboot or a driver reload; MIG mode does (docs/architecture.md).
+    facts = steps.Facts({}, (), _inventory(tmp_path))
+    scratch = _state(tmp_path / "scratch")
+    scratch.prepare(_allocation(MIG))
+    answers = _answers(
+        facts,
+        {
+            steps.ReadMigMode: (0, 0),
+            steps.SetMigMode: True,
+            steps.FindMigDevice: scratch.inventory.instances[0],
+        },
+    )
+    program = programs.prepare(NODE_FACTS, _allocation(MIG), facts)
+    saves: list[tuple[str, bool]] = []
+    synced: list[int] = []
+    result: object = None
+    while True:
+        try:
+            step = program.send(result)
+        except StopIteration:
+            break
+        if isinstance(step, steps.Save):
+            saves.append((step.point, step.durable))
+        if isinstance(step, steps.Sync):
+            synced.append(step.ticket)
+        result = answers.get(type(step))
+    assert saves == [
+        ("mig-mode-intent-recorded", True),
+        ("mig-mode-recorded", True),
+        ("mig-intent-recorded", False),
+        ("mig-recorded", False),
+        ("", False),
+    ]
+    # The claim's own save is made durable before the kubelet is answered, the lines before it with it.
+    assert synced == [1]
+
+
 def test_mig_mode_is_recorded_as_intent_switched_then_recorded_done_before_any_mig_device(
     tmp_path: Path,
 ) -> None:

@@ -337,12 +337,55 @@ def recover(node: Node, facts: Facts) -> Program[Facts]:
             )
     if kept != facts.actions:
         yield Save(facts.prepared, kept)
+    found = {m.uuid for m in facts.inventory.instances}
     inventory = replace(
         facts.inventory,
         instances=tuple(m for m in facts.inventory.instances if (m.parent.uuid, m.gpu_instance_id) in known),
     )
     yield SetInventory(inventory)
-    return Facts(facts.prepared, kept, inventory)
+    facts = Facts(facts.prepared, kept, inventory)
+    for action in kept:
+        if action.kind == MIG_CREATE and str(action.result.get("uuid", "")) not in found:
+            facts = yield from _make_again(node, action, facts)
+    return facts
+
+
+def _make_again(node: Node, action: DeviceAction, facts: Facts) -> Program[Facts]:
+    """A MIG device a prepared claim holds that is gone (a reboot or a driver reload took every
+    instance; the kubelet prepares the claim again): made again at its placement, its new UUID
+    recorded for every claim holding it, so that their specs name it. When it cannot be, it stays
+    missing, said in the log (the claim's containers would not find it).
+    """
+    old = str(action.result["uuid"])
+    partition = facts.inventory.partition(action.device)
+    if not node.mig or partition is None:
+        return facts
+    create = CreateMig(partition)
+    try:
+        # A crash during an earlier attempt may have left a GPU instance there without its compute one.
+        for instance in (yield from ask(ListGpuInstances(partition.parent.index))):
+            if (instance.start, instance.size) == (partition.placement_start, partition.placement_size):
+                yield DestroyGpuInstance(partition.parent.index, instance.gpu_instance_id)
+        device = yield from _make_one(create)
+    except StepError as err:
+        yield Log("warning", f"cannot make MIG device {create.device} ({create.placement}) again: {err}")
+        return facts
+    result = {"gpuInstance": device.gpu_instance_id, "computeInstance": device.compute_instance_id}
+    again = replace(action, result={**result, "uuid": device.uuid})
+    actions = tuple(again if a is action else a for a in facts.actions)
+    prepared = {uid: _with_uuid(claim, old, device.uuid) for uid, claim in facts.prepared.items()}
+    yield Save(prepared, actions, point="mig-made-again")
+    inventory = replace(facts.inventory, instances=(*facts.inventory.instances, device))
+    yield SetInventory(inventory)
+    yield Log("info", f"made MIG device {create.device} ({create.placement}) again: {device.uuid} was gone")
+    return Facts(prepared, actions, inventory)
+
+
+def _with_uuid(claim: PreparedClaim, old: str, new: str) -> PreparedClaim:
+    """The claim with its devices of UUID `old` at `new`; the same object when it holds none."""
+    if not any(d.uuid == old for d in claim.devices):
+        return claim
+    return replace(claim, devices=tuple(replace(d, uuid=new) if d.uuid == old else d for d in claim.devices))
 
 
 def _undo_mig_mode(node: Node, action: DeviceAction, held: set[tuple[str, int]]) -> Program[None]:

@@ -95,6 +95,7 @@ COVERED_ELSEWHERE = {
     "mig-compute-instance-created": "tests/unit/test_dynamic_mig_state.py",
     "mig-recorded": "tests/unit/test_dynamic_mig_state.py",
     "mig-destroyed": "tests/unit/test_dynamic_mig_state.py",
+    "mig-made-again": "tests/unit/test_dynamic_mig_state.py",
     "mig-mode-intent-recorded": "tests/unit/test_dynamic_mig_state.py",
     "mig-mode-set": "tests/unit/test_dynamic_mig_state.py",
     "mig-mode-recorded": "tests/unit/test_dynamic_mig_state.py",

@@ -236,6 +236,74 @@ def test_kill_during_unprepare_converges_on_the_retry(tmp_path: Path) -> None:
     assert dynamic.instances(_lib(tmp_path), 0) == []
 
 
+def _reboot(root: Path) -> None:
+    """What a reboot leaves: no GPU instance (MIG mode the GPU keeps), no CDI spec (tmpfs)."""
+    lib = _lib(root)
+    for gpu in range(len(lib.instances())):
+        for instance in dynamic.instances(lib, gpu):
+            dynamic.destroy(lib, gpu, instance.gpu_instance_id)
+    shutil.rmtree(root / "cdi", ignore_errors=True)
+
+
+def _made(root: Path) -> set[str]:
+    return {m.uuid for m in discover(_lib(root), parse_mig_modes("dynamic")).instances}
+
+
+def test_a_mig_device_a_reboot_took_is_made_again_at_start_for_its_claim(tmp_path: Path) -> None:
+    before = _state(tmp_path).prepare(_allocation(THREE_G_AT_4))
+    _reboot(tmp_path)
+    restarted = _state(tmp_path)
+    restarted.recover()
+    # The kubelet prepares the claim again after a reboot: the answer names a MIG device that exists.
+    claim = restarted.prepare(_allocation(THREE_G_AT_4))
+    assert _instances(tmp_path) == [(0, "3g.40gb", 4, 4)]
+    assert claim.devices[0].uuid in _made(tmp_path)
+    assert claim.devices[0].uuid != before.devices[0].uuid
+    assert _specs(tmp_path) == [UID]
+    spec = (tmp_path / "cdi").glob("*.json").__next__().read_text()
+    assert claim.devices[0].uuid in spec
+    assert before.devices[0].uuid not in spec
+    # Recorded: a second restart adopts it as made.
+    again = _state(tmp_path)
+    again.recover()
+    assert again.prepared[UID] == claim
+    again.unprepare(UID)
+    assert _instances(tmp_path) == []
+    assert again.actions == []
+
+
+def test_a_mig_device_that_cannot_be_made_again_stays_missing_and_is_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _state(tmp_path).prepare(_allocation(THREE_G_AT_4))
+    _reboot(tmp_path)
+    _lib(tmp_path).set_mig_mode(GpuHandle(0), 0)
+    restarted = _state(tmp_path)
+    restarted.recover()
+    assert _instances(tmp_path) == []
+    assert "cannot make MIG device gpu-0-mig-3g40gb-at4" in caplog.text
+    assert UID in restarted.prepared
+
+
+MADE_AGAIN_POINTS = ["mig-gpu-instance-created", "mig-compute-instance-created", "mig-made-again"]
+
+
+@pytest.mark.parametrize("point", MADE_AGAIN_POINTS)
+def test_a_kill_while_a_lost_mig_device_is_made_again_is_repaired_by_the_next_start(
+    tmp_path: Path, point: str
+) -> None:
+    _state(tmp_path).prepare(_allocation(THREE_G_AT_4))
+    _reboot(tmp_path)
+    _crash(tmp_path, point, "unprepare('none')")
+    restarted = _state(tmp_path)
+    restarted.recover()
+    assert _instances(tmp_path) == [(0, "3g.40gb", 4, 4)]
+    assert restarted.prepared[UID].devices[0].uuid in _made(tmp_path)
+    assert _specs(tmp_path) == [UID]
+    restarted.unprepare(UID)
+    assert _instances(tmp_path) == []
+
+
 MIG_MODE_POINTS = ["mig-mode-intent-recorded", "mig-mode-set", "mig-mode-recorded"]
 
 

@@ -469,3 +469,20 @@ def test_the_same_share_of_an_offer_twice_is_refused(tmp_path: Path) -> None:
     ):
         state.prepare(_share("11111111-0000-4000-8000-000000000001", THIRD_UID))
     assert _instances(tmp_path) == [(0, "3g.40gb", 4, 4)]
+
+
+def test_every_share_of_a_mig_device_a_reboot_took_gets_the_device_made_again(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    state.prepare(_share("11111111-0000-4000-8000-000000000001", UID))
+    state.prepare(_share("22222222-0000-4000-8000-000000000002", SHARE_UID))
+    _reboot(tmp_path)
+    restarted = _state(tmp_path)
+    restarted.recover()
+    # One device again, not one per share, and both shares name it.
+    assert _instances(tmp_path) == [(0, "3g.40gb", 4, 4)]
+    [made] = _made(tmp_path)
+    assert {d.uuid for c in restarted.prepared.values() for d in c.devices} == {made}
+    assert sorted(_specs(tmp_path)) == sorted([UID, SHARE_UID])
+    restarted.unprepare(UID)
+    restarted.unprepare(SHARE_UID)
+    assert _instances(tmp_path) == []

@@ -351,10 +351,13 @@ def recover(node: Node, facts: Facts) -> Program[Facts]:
 
 
 def _make_again(node: Node, action: DeviceAction, facts: Facts) -> Program[Facts]:
-    """A MIG device a prepared claim holds that is gone (a reboot or a driver reload took every
-    instance; the kubelet prepares the claim again): made again at its placement, its new UUID
-    recorded for every claim holding it, so that their specs name it. When it cannot be, it stays
-    missing, said in the log (the claim's containers would not find it).
+    """A MIG device a prepared claim holds that discovery did not find under its UUID.
+
+    After a reboot or a driver reload every instance is gone (and the kubelet prepares the claim
+    again): it is made again at its placement. Where its GPU instance is still there with its
+    compute instance, it is taken under the UUID NVML gives it now, never destroyed. Either way the
+    UUID is recorded for every claim holding it, so that their specs name it. When it cannot be made,
+    it stays missing, said in the log (the claim's containers would not find it).
     """
     old = str(action.result["uuid"])
     partition = facts.inventory.partition(action.device)
@@ -362,11 +365,9 @@ def _make_again(node: Node, action: DeviceAction, facts: Facts) -> Program[Facts
         return facts
     create = CreateMig(partition)
     try:
-        # A crash during an earlier attempt may have left a GPU instance there without its compute one.
-        for instance in (yield from ask(ListGpuInstances(partition.parent.index))):
-            if (instance.start, instance.size) == (partition.placement_start, partition.placement_size):
-                yield DestroyGpuInstance(partition.parent.index, instance.gpu_instance_id)
-        device = yield from _make_one(create)
+        device = yield from _still_there(partition, action)
+        if device is None:
+            device = yield from _make_one(create)
     except StepError as err:
         yield Log("warning", f"cannot make MIG device {create.device} ({create.placement}) again: {err}")
         return facts
@@ -377,8 +378,29 @@ def _make_again(node: Node, action: DeviceAction, facts: Facts) -> Program[Facts
     yield Save(prepared, actions, point="mig-made-again")
     inventory = replace(facts.inventory, instances=(*facts.inventory.instances, device))
     yield SetInventory(inventory)
-    yield Log("info", f"made MIG device {create.device} ({create.placement}) again: {device.uuid} was gone")
+    yield Log("info", f"MIG device {create.device} ({create.placement}) is now {device.uuid}: {old} was gone")
     return Facts(prepared, actions, inventory)
+
+
+def _still_there(partition: MigPartition, action: DeviceAction) -> Program[MigDevice | None]:
+    """The recorded instance at the placement, with its compute instance; None once the placement is free.
+
+    A GPU instance there without a usable compute instance (a kill during an earlier attempt to
+    make it again) is destroyed, so that it can be made.
+    """
+    gpu, found = partition.parent, None
+    for instance in (yield from ask(ListGpuInstances(gpu.index))):
+        if (instance.start, instance.size) != (partition.placement_start, partition.placement_size):
+            continue
+        if instance.gpu_instance_id == int(action.result["gpuInstance"]):
+            try:
+                ci = int(action.result["computeInstance"])
+                found = yield from ask(FindMigDevice(gpu, instance.gpu_instance_id, ci))
+                continue
+            except StepError:
+                pass
+        yield DestroyGpuInstance(gpu.index, instance.gpu_instance_id)
+    return found
 
 
 def _with_uuid(claim: PreparedClaim, old: str, new: str) -> PreparedClaim:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -283,6 +284,26 @@ def test_a_mig_device_that_cannot_be_made_again_stays_missing_and_is_said(
     assert _instances(tmp_path) == []
     assert "cannot make MIG device gpu-0-mig-3g40gb-at4" in caplog.text
     assert UID in restarted.prepared
+
+
+def test_a_mig_device_discovery_did_not_name_is_taken_as_it_is_never_destroyed(tmp_path: Path) -> None:
+    claim = _state(tmp_path).prepare(_allocation(THREE_G_AT_4))
+    lib = _lib(tmp_path)
+    there = dynamic.instances(lib, 0)
+    # A start-up whose discovery missed the device: the instance still serves the claim's containers.
+    missed = dataclasses.replace(discover(lib, parse_mig_modes("dynamic")), instances=())
+    restarted = DeviceState(
+        DRIVER,
+        NODE,
+        missed,
+        CdiStore(tmp_path / "cdi", DRIVER),
+        CheckpointStore(tmp_path / "checkpoint.json"),
+        lib,
+    )
+    restarted.recover()
+    assert dynamic.instances(_lib(tmp_path), 0) == there
+    assert restarted.prepared[UID] == claim
+    assert [d.uuid for d in restarted.inventory.instances] == [claim.devices[0].uuid]
 
 
 MADE_AGAIN_POINTS = ["mig-gpu-instance-created", "mig-compute-instance-created", "mig-made-again"]

@@ -149,20 +149,21 @@ def make(
             left = yield from destroy_claim_devices(node, allocation.uid, left)
             raise ClaimError((yield from _creation_failed(node, left, allocation, create, err))) from None
         made[create.device] = device
-        done = replace(
-            intent,
-            done=True,
-            result={
-                "gpuInstance": device.gpu_instance_id,
-                "computeInstance": device.compute_instance_id,
-                "uuid": device.uuid,
-            },
-        )
+        done = replace(intent, done=True, result=_made_result(device))
         actions = tuple(done if a.key == intent.key else a for a in actions)
         yield Save(facts.prepared, actions, durable=False, point="mig-recorded")
         inventory = replace(inventory, instances=(*inventory.instances, device))
         yield SetInventory(inventory)
     return made, inventory
+
+
+def _made_result(device: MigDevice) -> dict[str, str | int]:
+    """A done MIG_CREATE action's result: what NVML made, as adoption and unprepare look it up."""
+    return {
+        "gpuInstance": device.gpu_instance_id,
+        "computeInstance": device.compute_instance_id,
+        "uuid": device.uuid,
+    }
 
 
 def _make_one(create: CreateMig) -> Program[MigDevice]:
@@ -371,8 +372,7 @@ def _make_again(node: Node, action: DeviceAction, facts: Facts) -> Program[Facts
     except StepError as err:
         yield Log("warning", f"cannot make MIG device {create.device} ({create.placement}) again: {err}")
         return facts
-    result = {"gpuInstance": device.gpu_instance_id, "computeInstance": device.compute_instance_id}
-    again = replace(action, result={**result, "uuid": device.uuid})
+    again = replace(action, result=_made_result(device))
     actions = tuple(again if a is action else a for a in facts.actions)
     prepared = {uid: _with_uuid(claim, old, device.uuid) for uid, claim in facts.prepared.items()}
     yield Save(prepared, actions, point="mig-made-again")
@@ -393,12 +393,12 @@ def _still_there(partition: MigPartition, action: DeviceAction) -> Program[MigDe
         if (instance.start, instance.size) != (partition.placement_start, partition.placement_size):
             continue
         if instance.gpu_instance_id == int(action.result["gpuInstance"]):
+            ci = int(action.result["computeInstance"])
             try:
-                ci = int(action.result["computeInstance"])
                 found = yield from ask(FindMigDevice(gpu, instance.gpu_instance_id, ci))
                 continue
             except StepError:
-                pass
+                pass  # no usable compute instance: destroyed below
         yield DestroyGpuInstance(gpu.index, instance.gpu_instance_id)
     return found
 

@@ -217,9 +217,7 @@ def test_kill_at_each_prepare_step_leaks_nothing_and_the_retry_converges(tmp_pat
     claim = restarted.prepare(_allocation(THREE_G_AT_4))
     assert _instances(tmp_path) == [(0, "3g.40gb", 4, 4)]
     assert _specs(tmp_path) == [UID]
-    assert claim.devices[0].uuid in {
-        m.uuid for m in discover(_lib(tmp_path), parse_mig_modes("dynamic")).instances
-    }
+    assert claim.devices[0].uuid in _made(tmp_path)
     restarted.unprepare(UID)
     assert _instances(tmp_path) == []
 
@@ -240,8 +238,8 @@ def test_kill_during_unprepare_converges_on_the_retry(tmp_path: Path) -> None:
 def _reboot(root: Path) -> None:
     """What a reboot leaves: no GPU instance (MIG mode the GPU keeps), no CDI spec (tmpfs)."""
     lib = _lib(root)
-    for gpu in range(len(lib.instances())):
-        for instance in dynamic.instances(lib, gpu):
+    for gpu, there in lib.instances().items():
+        for instance in there:
             dynamic.destroy(lib, gpu, instance.gpu_instance_id)
     shutil.rmtree(root / "cdi", ignore_errors=True)
 

@@ -94,17 +94,24 @@ def _drivers(root: Path) -> dict[str, tuple[str, str]]:
 # -- the programs, read as data -----------------------------------------------------------------
 
 
-def _trace(program: steps.Program[object], answers: Mapping[type[steps.Step], object]) -> list[str]:
-    """Run a program against fixed answers; each step as "Kind" or "Kind@point"."""
-    seen: list[str] = []
+def _steps(program: steps.Program[object], answers: Mapping[type[steps.Step], object]) -> list[steps.Step]:
+    """Run a program against fixed answers; the steps it yielded."""
+    seen: list[steps.Step] = []
     result: object = None
     while True:
         try:
             step = program.send(result)
         except StopIteration:
             return seen
-        seen.append(type(step).__name__ + (f"@{step.point}" if step.point else ""))
+        seen.append(step)
         result = answers.get(type(step))
+
+
+def _trace(program: steps.Program[object], answers: Mapping[type[steps.Step], object]) -> list[str]:
+    """Run a program against fixed answers; each step as "Kind" or "Kind@point"."""
+    return [
+        type(step).__name__ + (f"@{step.point}" if step.point else "") for step in _steps(program, answers)
+    ]
 
 
 def _answers(
@@ -194,8 +201,8 @@ def test_a_mig_device_is_recorded_as_intent_made_in_two_steps_then_recorded_done
     ]
 
 
-def test_mig_device_records_ride_on_the_claims_fsync_and_mig_mode_records_are_fsynced(tmp_path: Path) -> None:
-    # Instances do not outlive a reboot or a driver reload; MIG mode does (docs/architecture.md).
+def _mig_mode_off(tmp_path: Path) -> tuple[steps.Facts, dict[type[steps.Step], object]]:
+    """A MIG claim's prepare on a dynamic-MIG GPU with MIG off: the facts and the answers it gets."""
     facts = steps.Facts({}, (), _inventory(tmp_path))
     scratch = _state(tmp_path / "scratch")
     scratch.prepare(_allocation(MIG))
@@ -207,20 +214,15 @@ def test_mig_device_records_ride_on_the_claims_fsync_and_mig_mode_records_are_fs
             steps.FindMigDevice: scratch.inventory.instances[0],
         },
     )
-    program = programs.prepare(NODE_FACTS, _allocation(MIG), facts)
-    saves: list[tuple[str, bool]] = []
-    synced: list[int] = []
-    result: object = None
-    while True:
-        try:
-            step = program.send(result)
-        except StopIteration:
-            break
-        if isinstance(step, steps.Save):
-            saves.append((step.point, step.durable))
-        if isinstance(step, steps.Sync):
-            synced.append(step.ticket)
-        result = answers.get(type(step))
+    return facts, answers
+
+
+def test_mig_device_records_ride_on_the_claims_fsync_and_mig_mode_records_are_fsynced(tmp_path: Path) -> None:
+    # Instances do not outlive a reboot or a driver reload; MIG mode does (docs/architecture.md).
+    facts, answers = _mig_mode_off(tmp_path)
+    done = _steps(programs.prepare(NODE_FACTS, _allocation(MIG), facts), answers)
+    saves = [(step.point, step.durable) for step in done if isinstance(step, steps.Save)]
+    synced = [step.ticket for step in done if isinstance(step, steps.Sync)]
     assert saves == [
         ("mig-mode-intent-recorded", True),
         ("mig-mode-recorded", True),
@@ -235,17 +237,7 @@ def test_mig_device_records_ride_on_the_claims_fsync_and_mig_mode_records_are_fs
 def test_mig_mode_is_recorded_as_intent_switched_then_recorded_done_before_any_mig_device(
     tmp_path: Path,
 ) -> None:
-    facts = steps.Facts({}, (), _inventory(tmp_path))
-    scratch = _state(tmp_path / "scratch")
-    scratch.prepare(_allocation(MIG))
-    answers = _answers(
-        facts,
-        {
-            steps.ReadMigMode: (0, 0),
-            steps.SetMigMode: True,
-            steps.FindMigDevice: scratch.inventory.instances[0],
-        },
-    )
+    facts, answers = _mig_mode_off(tmp_path)
     assert _trace(programs.prepare(NODE_FACTS, _allocation(MIG), facts), answers)[:6] == [
         "HasSpec",
         "ReadMigMode",

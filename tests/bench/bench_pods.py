@@ -1,6 +1,7 @@
 """Benchmark: pod create -> Running through DRA (dra-gpu, Go test driver) and the device plugin.
 
     python -m tests.bench.bench_pods [--rounds 3] [--singles 8] [--burst 32] [--gpus 32]
+        [--controller-manager-qps N] [--kubelet-qps N]
 
 One local cluster (real kube-apiserver, scheduler, controller manager and kubelet on the
 fake runtime) serves three ways to give a pod one GPU, side by side and alternated:
@@ -24,7 +25,8 @@ before the kubelet: the pod's claim created by the controller manager and alloca
 scheduler (DRA), the pod bound to the node. The kubelet's log (--v=2) gives its sync loop's
 first sight of the pod and the pod's first lifecycle event; the kubelet's own metrics give
 what its calls to each driver cost it (dra_grpc_operations_duration_seconds per driver,
-kubelet_device_plugin_alloc_duration_seconds).
+kubelet_device_plugin_alloc_duration_seconds). --controller-manager-qps and --kubelet-qps raise
+those components' API rate limits (Kubernetes' defaults otherwise), to show the limits' share.
 Prints figures and ratios; asserts nothing about speed.
 """
 
@@ -381,6 +383,27 @@ def _go_driver(cluster: ClusterInfo, kube: Kube, gpus: int) -> Iterator[bool]:
         proc.wait(15)
 
 
+def controller_manager_limit(qps: int) -> tuple[str, ...]:
+    """kube-controller-manager's flags for an API rate limit of `qps` requests/s, burst twice that.
+
+    None for 0: its default, 20 with a burst of 30 (pkg/controller/apis/config/v1alpha1/defaults.go),
+    which its resourceclaim controller spends on a claim create and a pod status patch per pod.
+    """
+    return (f"--kube-api-qps={qps}", f"--kube-api-burst={2 * qps}") if qps > 0 else ()
+
+
+def kubelet_limit(qps: int) -> dict[str, int]:
+    """KubeletConfiguration fields for an API rate limit of `qps` requests/s, burst twice that; none for 0.
+
+    The kubelet's default is 50 with a burst of 100; its pods' status updates spend it.
+    """
+    return {"kubeAPIQPS": qps, "kubeAPIBurst": 2 * qps} if qps > 0 else {}
+
+
+def _limit(qps: int, default: str) -> str:
+    return f"{qps}, {2 * qps}" if qps > 0 else f"{default} (default)"
+
+
 def main() -> None:
     """Start the cluster and the three paths, time pods in turns, print the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -388,11 +411,27 @@ def main() -> None:
     parser.add_argument("--singles", type=int, default=8, help="pods timed one at a time per path and round")
     parser.add_argument("--burst", type=int, default=32, help="pods created at once per path and round")
     parser.add_argument("--gpus", type=int, default=32, help="GPUs of each path (at least --burst)")
+    parser.add_argument(
+        "--controller-manager-qps",
+        type=int,
+        default=0,
+        help="the controller manager's API rate limit (--kube-api-qps, burst twice it); 0: Kubernetes' "
+        "default, 20 with a burst of 30",
+    )
+    parser.add_argument(
+        "--kubelet-qps",
+        type=int,
+        default=0,
+        help="the kubelet's API rate limit (kubeAPIQPS, burst twice it); 0: its default, 50, burst 100",
+    )
     args = parser.parse_args()
     if args.gpus < args.burst:
         parser.error(f"--gpus ({args.gpus}) must be at least --burst ({args.burst}): a burst runs at once")
 
-    with running_cluster() as cluster:
+    qps, kubelet_qps = args.controller_manager_qps, args.kubelet_qps
+    with running_cluster(
+        controller_manager_args=controller_manager_limit(qps), kubelet_config=kubelet_limit(kubelet_qps)
+    ) as cluster:
         kube = Kube(cluster.kubeconfig)
         run = Path(cluster.run_dir)
         profile = run / "bench-pods-profile.yaml"
@@ -442,7 +481,14 @@ def main() -> None:
     print(
         f"pod create -> Running on the local cluster ({cluster.kubernetes_version}, fake runtime), "
         f"{args.rounds} rounds alternating the paths; {args.rounds * args.singles} single pods and "
-        f"{args.rounds} bursts of {args.burst} per path"
+        f"{args.rounds} bursts of {args.burst} per path; controller manager's API limit "
+        + (f"{qps} requests/s, burst {2 * qps}" if qps > 0 else "the default (20 requests/s, burst 30)")
+        + "; the kubelet's "
+        + (
+            f"{kubelet_qps} requests/s, burst {2 * kubelet_qps}"
+            if kubelet_qps > 0
+            else "the default (50, burst 100)"
+        )
     )
     for line in report(paths, args.burst):
         print(line)

@@ -11,7 +11,9 @@ from tests.bench.bench_pods import (
     Route,
     _claim_pod,
     _limits_pod,
+    controller_manager_limit,
     histograms,
+    kubelet_limit,
     kubelet_log_stages,
     report,
 )
@@ -91,3 +93,13 @@ def test_the_report_gives_dra_gpus_ratio_to_each_path_and_the_stages() -> None:
     assert lines[3].startswith("2 pods p99: dra-gpu 1600 ms, device plugin 800 ms, go driver 2000 ms,")
     assert "  dra-gpu: bound 400, running 800" in lines
     assert "    kubelet dra NodePrepareResources gpu.nvidia.com: mean 15.0 ms, 2 calls" in lines
+
+
+def test_the_controller_managers_api_limit_is_raised_only_when_asked() -> None:
+    assert controller_manager_limit(0) == ()
+    assert controller_manager_limit(100) == ("--kube-api-qps=100", "--kube-api-burst=200")
+
+
+def test_the_kubelets_api_limit_is_raised_only_when_asked() -> None:
+    assert kubelet_limit(0) == {}
+    assert kubelet_limit(300) == {"kubeAPIQPS": 300, "kubeAPIBurst": 600}

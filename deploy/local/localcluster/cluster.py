@@ -38,7 +38,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -221,8 +221,15 @@ class LocalCluster:
         version: str | None = None,
         kubelet: bool = True,
         runtime: str | None = None,
+        controller_manager_args: Sequence[str] = (),
+        kubelet_config: Mapping[str, object] | None = None,
     ) -> None:
-        """`kubelet=False` starts the control plane only (benchmarks with Node objects but no kubelets)."""
+        """`kubelet=False` starts the control plane only (benchmarks with Node objects but no kubelets).
+
+        `controller_manager_args` go after kube-controller-manager's own, and `kubelet_config` over
+        the kubelet's KubeletConfiguration (a benchmark that raises their API rate limits to show
+        those limits' share).
+        """
         self.version = version or kubernetes_version()
         self.runtime = runtime or container_runtime()
         if self.runtime not in RUNTIMES:
@@ -233,6 +240,8 @@ class LocalCluster:
         self.gates = default_feature_gates(self.version) if feature_gates is None else dict(feature_gates)
         self.node_name = node_name
         self.kubelet = kubelet
+        self.controller_manager_args = tuple(controller_manager_args)
+        self.kubelet_config = dict(kubelet_config or {})
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._kubelet_command: list[str] = []
         self._kubelet_healthz = ""
@@ -327,6 +336,7 @@ class LocalCluster:
                     "--controllers=*,-node-lifecycle-controller,-taint-eviction-controller",
                     f"--feature-gates={gates}",
                     "--v=1",
+                    *self.controller_manager_args,
                 ],
             )
             self._spawn(
@@ -466,6 +476,7 @@ class LocalCluster:
             "imageGCLowThresholdPercent": 99,
             "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
             "shutdownGracePeriod": "0s",
+            **self.kubelet_config,
         }
         config_path = run / "kubelet-config.yaml"
         config_path.write_text(yaml.safe_dump(config))
@@ -769,9 +780,17 @@ def _write_kubeconfig(path: Path, server: str, ca: Path, pair: pki.KeyPair) -> N
 
 
 @contextlib.contextmanager
-def running_cluster(feature_gates: Mapping[str, bool] | None = None) -> Iterator[ClusterInfo]:
+def running_cluster(
+    feature_gates: Mapping[str, bool] | None = None,
+    controller_manager_args: Sequence[str] = (),
+    kubelet_config: Mapping[str, object] | None = None,
+) -> Iterator[ClusterInfo]:
     """A started cluster for the duration of the block."""
-    cluster = LocalCluster(feature_gates=feature_gates)
+    cluster = LocalCluster(
+        feature_gates=feature_gates,
+        controller_manager_args=controller_manager_args,
+        kubelet_config=kubelet_config,
+    )
     try:
         yield cluster.start()
     finally:

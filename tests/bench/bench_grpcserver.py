@@ -179,11 +179,6 @@ async def _serve_aio(root: Path, devices: int, mode: str) -> None:
     await server.stop(drain=1, grace=0)
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _timed(call: Callable[..., object], *args: object) -> float:
     started = time.perf_counter()
     call(*args)
@@ -192,6 +187,9 @@ def _timed(call: Callable[..., object], *args: object) -> float:
 
 def _measure(mode: str, claims: int, devices: int) -> dict[str, float]:
     """Start one server, make the calls, the figures (ms; CPU ms per prepare and unprepare pair)."""
+    # Here, not at the top: bench_driver needs the local-cluster tooling, which the served process lacks.
+    from tests.bench.bench_driver import cpu_seconds
+
     with tempfile.TemporaryDirectory(prefix="bench-grpcserver-", dir="/tmp") as tmp:
         root = Path(tmp)
         process = subprocess.Popen(
@@ -219,12 +217,12 @@ def _measure(mode: str, claims: int, devices: int) -> dict[str, float]:
                 empty_request = dra_pb2.NodePrepareResourcesRequest()
                 empty = [_timed(stub.NodePrepareResources, empty_request) for _ in range(claims)]
                 prepare, unprepare = [], []
-                cpu = _cpu_seconds(process.pid)
+                cpu = cpu_seconds(process.pid)
                 for ref in _refs(claims, devices):
                     prepare.append(_timed(_prepare, stub, ref))
                     undo = dra_pb2.NodeUnprepareResourcesRequest(claims=[ref])
                     unprepare.append(_timed(stub.NodeUnprepareResources, undo))
-                cpu_pair = (_cpu_seconds(process.pid) - cpu) * 1000 / claims
+                cpu_pair = (cpu_seconds(process.pid) - cpu) * 1000 / claims
                 burst_refs = _refs(BURST, devices)
                 started = time.perf_counter()
                 pending: list[tuple[dra_pb2.Claim, Any]] = []

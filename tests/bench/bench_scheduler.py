@@ -17,8 +17,10 @@ placement through shared counters; the same mixed workload) and
 `dynamic-common` (the same with `--mig-profiles common`: 1g, 2g, 3g and 7g
 profiles only), `dynamic-used` (only the workload's profiles) and
 `dynamic-two` (common profiles on GPUs 0 and 1 only, the other six whole:
-`--mig-mode whole,0=dynamic,1=dynamic`). Prints figures and the ratio of
-each layout's throughput to the reference; asserts nothing about speed.
+`--mig-mode whole,0=dynamic,1=dynamic`). Prints figures, the ratio of
+each layout's throughput to the reference and the scheduler's CPU per bound
+pod (what a layout costs it where its API client's rate limit caps the
+throughput); asserts nothing about speed.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.profiles import load_profile
 from dra.model.migmode import DYNAMIC, STATIC, WHOLE, MigModes
 from dra.model.migoffer import ALL, COMMON, MigOffer
+from tests.bench.bench_driver import cpu_seconds
 
 DRIVER = "gpu.nvidia.com"
 NAMESPACE = "default"
@@ -196,11 +199,18 @@ class Result:
     pods: int
     bound: int
     seconds: float
+    #: kube-scheduler's CPU (user + system) while it bound them.
+    scheduler_cpu: float = 0.0
 
     @property
     def pods_per_second(self) -> float:
         """Bound pods per second of scheduling."""
         return self.bound / self.seconds if self.seconds else 0.0
+
+    @property
+    def cpu_ms_per_pod(self) -> float:
+        """The scheduler's CPU per bound pod, in ms: what a layout costs it where the API limit hides it."""
+        return self.scheduler_cpu * 1000 / self.bound if self.bound else 0.0
 
 
 def run(layout: Layout, nodes: int, pods_per_node: float, timeout: float) -> Result:
@@ -234,6 +244,7 @@ def run(layout: Layout, nodes: int, pods_per_node: float, timeout: float) -> Res
                 _parallel(pool, kube.create, (_claim(i, k) for i, k in enumerate(kinds)))
                 _parallel(pool, kube.create, (_pod(i) for i in range(len(kinds))))
             finally:
+                cpu = cpu_seconds(scheduler)
                 os.kill(scheduler, signal.SIGCONT)
         started = time.monotonic()
         pending = len(kinds)
@@ -241,11 +252,12 @@ def run(layout: Layout, nodes: int, pods_per_node: float, timeout: float) -> Res
             time.sleep(0.25)
             pending = len(kube.list_objects("v1", "Pod", NAMESPACE, field_selector="spec.nodeName="))
         seconds = time.monotonic() - started
+        cpu = cpu_seconds(scheduler) - cpu
         if pending:
             stuck = kube.list_objects("v1", "Pod", NAMESPACE, field_selector="spec.nodeName=")[0]
             reasons = [c.get("message") for c in stuck["status"].get("conditions") or []]
             print(f"  {layout.name}: {pending} pods still pending after {timeout:.0f}s, e.g. {reasons}")
-        return Result(layout.name, nodes, devices, len(objs), len(kinds), len(kinds) - pending, seconds)
+        return Result(layout.name, nodes, devices, len(objs), len(kinds), len(kinds) - pending, seconds, cpu)
     finally:
         kube.close()
         cluster.stop()
@@ -272,7 +284,7 @@ def main() -> None:
             print(
                 f"{r.nodes} nodes, {r.layout}: {r.devices} devices in {r.slices} slices; "
                 f"{r.bound}/{r.pods} pods bound in {r.seconds:.1f} s = {r.pods_per_second:.1f} pods/s "
-                f"({ratio:.2f}x of {reference.layout})",
+                f"({ratio:.2f}x of {reference.layout}); scheduler CPU {r.cpu_ms_per_pod:.1f} ms per pod",
                 flush=True,
             )
 

@@ -223,12 +223,13 @@ class LocalCluster:
         runtime: str | None = None,
         controller_manager_args: Sequence[str] = (),
         kubelet_config: Mapping[str, object] | None = None,
+        scheduler_args: Sequence[str] = (),
     ) -> None:
         """`kubelet=False` starts the control plane only (benchmarks with Node objects but no kubelets).
 
-        `controller_manager_args` go after kube-controller-manager's own, and `kubelet_config` over
-        the kubelet's KubeletConfiguration (a benchmark that raises their API rate limits to show
-        those limits' share).
+        `controller_manager_args` and `scheduler_args` go after those components' own flags, and
+        `kubelet_config` over the kubelet's KubeletConfiguration (a benchmark that raises their API
+        rate limits to show those limits' share).
         """
         self.version = version or kubernetes_version()
         self.runtime = runtime or container_runtime()
@@ -242,6 +243,7 @@ class LocalCluster:
         self.kubelet = kubelet
         self.controller_manager_args = tuple(controller_manager_args)
         self.kubelet_config = dict(kubelet_config or {})
+        self.scheduler_args = tuple(scheduler_args)
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._kubelet_command: list[str] = []
         self._kubelet_healthz = ""
@@ -348,6 +350,7 @@ class LocalCluster:
                     "--leader-elect=false",
                     f"--feature-gates={gates}",
                     "--v=2",
+                    *self.scheduler_args,
                 ],
             )
             if self.kubelet:

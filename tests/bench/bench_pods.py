@@ -53,7 +53,7 @@ from pathlib import Path
 import yaml
 from kubernetes.watch.watch import iter_resp_lines
 from localcluster.binaries import BuildError, ensure_go_dra_driver
-from localcluster.cluster import ClusterInfo, running_cluster
+from localcluster.cluster import ClusterInfo, api_limit_flags, running_cluster
 from localcluster.devicepluginprocess import DevicePluginProcess
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, Obj, wait_for
@@ -383,15 +383,6 @@ def _go_driver(cluster: ClusterInfo, kube: Kube, gpus: int) -> Iterator[bool]:
         proc.wait(15)
 
 
-def controller_manager_limit(qps: int) -> tuple[str, ...]:
-    """kube-controller-manager's flags for an API rate limit of `qps` requests/s, burst twice that.
-
-    None for 0: its default, 20 with a burst of 30 (pkg/controller/apis/config/v1alpha1/defaults.go),
-    which its resourceclaim controller spends on a claim create and a pod status patch per pod.
-    """
-    return (f"--kube-api-qps={qps}", f"--kube-api-burst={2 * qps}") if qps > 0 else ()
-
-
 def kubelet_limit(qps: int) -> dict[str, int]:
     """KubeletConfiguration fields for an API rate limit of `qps` requests/s, burst twice that; none for 0.
 
@@ -415,8 +406,8 @@ def main() -> None:
         "--controller-manager-qps",
         type=int,
         default=0,
-        help="the controller manager's API rate limit (--kube-api-qps, burst twice it); 0: Kubernetes' "
-        "default, 20 with a burst of 30",
+        help="the controller manager's API rate limit (--kube-api-qps, burst twice it); 0: its default, "
+        "20 with a burst of 30 (its resourceclaim controller writes a claim and a pod status per pod)",
     )
     parser.add_argument(
         "--kubelet-qps",
@@ -430,7 +421,7 @@ def main() -> None:
 
     qps, kubelet_qps = args.controller_manager_qps, args.kubelet_qps
     with running_cluster(
-        controller_manager_args=controller_manager_limit(qps), kubelet_config=kubelet_limit(kubelet_qps)
+        controller_manager_args=api_limit_flags(qps), kubelet_config=kubelet_limit(kubelet_qps)
     ) as cluster:
         kube = Kube(cluster.kubeconfig)
         run = Path(cluster.run_dir)

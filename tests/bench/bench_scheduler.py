@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from localcluster.cluster import LocalCluster
+from localcluster.cluster import LocalCluster, api_limit_flags
 from localcluster.kube import Kube
 
 from dra.core import slices
@@ -219,10 +219,7 @@ def run(layout: Layout, nodes: int, pods_per_node: float, timeout: float, schedu
     `scheduler_qps`: the scheduler's API rate limit (burst twice it); 0 keeps its default, 50 with
     a burst of 100, which caps a layout that costs it little CPU (each pod: a claim and a binding).
     """
-    limit = (
-        (f"--kube-api-qps={scheduler_qps}", f"--kube-api-burst={2 * scheduler_qps}") if scheduler_qps else ()
-    )
-    cluster = LocalCluster(kubelet=False, scheduler_args=limit)
+    cluster = LocalCluster(kubelet=False, scheduler_args=api_limit_flags(scheduler_qps))
     info = cluster.start()
     kube = Kube(info.kubeconfig)
     try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from localcluster.cluster import api_limit_flags
+
 from tests.bench.bench_pods import (
     DEVICE_PLUGIN,
     DRA_GPU,
@@ -11,7 +13,6 @@ from tests.bench.bench_pods import (
     Route,
     _claim_pod,
     _limits_pod,
-    controller_manager_limit,
     histograms,
     kubelet_limit,
     kubelet_log_stages,
@@ -95,9 +96,9 @@ def test_the_report_gives_dra_gpus_ratio_to_each_path_and_the_stages() -> None:
     assert "    kubelet dra NodePrepareResources gpu.nvidia.com: mean 15.0 ms, 2 calls" in lines
 
 
-def test_the_controller_managers_api_limit_is_raised_only_when_asked() -> None:
-    assert controller_manager_limit(0) == ()
-    assert controller_manager_limit(100) == ("--kube-api-qps=100", "--kube-api-burst=200")
+def test_a_control_plane_components_api_limit_is_raised_only_when_asked() -> None:
+    assert api_limit_flags(0) == ()
+    assert api_limit_flags(100) == ("--kube-api-qps=100", "--kube-api-burst=200")
 
 
 def test_the_kubelets_api_limit_is_raised_only_when_asked() -> None:

@@ -782,6 +782,12 @@ def _write_kubeconfig(path: Path, server: str, ca: Path, pair: pki.KeyPair) -> N
     path.write_text(yaml.safe_dump(config))
 
 
+def api_limit_flags(qps: int) -> tuple[str, ...]:
+    """kube-controller-manager's or kube-scheduler's flags for an API rate limit of `qps` requests/s,
+    burst twice that; none for 0 (their defaults: 20 and 30, 50 and 100)."""
+    return (f"--kube-api-qps={qps}", f"--kube-api-burst={2 * qps}") if qps > 0 else ()
+
+
 @contextlib.contextmanager
 def running_cluster(
     feature_gates: Mapping[str, bool] | None = None,

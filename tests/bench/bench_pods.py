@@ -392,7 +392,8 @@ def kubelet_limit(qps: int) -> dict[str, int]:
 
 
 def _limit(qps: int, default: str) -> str:
-    return f"{qps}, {2 * qps}" if qps > 0 else f"{default} (default)"
+    """How a run's API rate limit reads in the report."""
+    return f"{qps} requests/s, burst {2 * qps}" if qps > 0 else f"the default ({default})"
 
 
 def main() -> None:
@@ -473,13 +474,7 @@ def main() -> None:
         f"pod create -> Running on the local cluster ({cluster.kubernetes_version}, fake runtime), "
         f"{args.rounds} rounds alternating the paths; {args.rounds * args.singles} single pods and "
         f"{args.rounds} bursts of {args.burst} per path; controller manager's API limit "
-        + (f"{qps} requests/s, burst {2 * qps}" if qps > 0 else "the default (20 requests/s, burst 30)")
-        + "; the kubelet's "
-        + (
-            f"{kubelet_qps} requests/s, burst {2 * kubelet_qps}"
-            if kubelet_qps > 0
-            else "the default (50, burst 100)"
-        )
+        f"{_limit(qps, '20 requests/s, burst 30')}; the kubelet's {_limit(kubelet_qps, '50, burst 100')}"
     )
     for line in report(paths, args.burst):
         print(line)

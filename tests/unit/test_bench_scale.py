@@ -18,6 +18,7 @@ from tests.bench.bench_scale import (
     _mig_results,
     _profile,
     _share_results,
+    visits,
 )
 from tests.bench.bench_scale_state import run_once
 
@@ -54,3 +55,9 @@ def test_the_state_alone_makes_and_destroys_its_probes_mig_devices() -> None:
     prepare, unprepare = run_once(held=20, probes=2)
     assert prepare > 0
     assert unprepare > 0
+
+
+def test_levels_are_visited_up_then_down() -> None:
+    assert visits((10, 1000), 2) == [10, 1000, 1000, 10]
+    assert visits((10, 64, 1000), 3) == [10, 64, 1000, 1000, 64, 10, 10, 64, 1000]
+    assert visits((10, 1000), 1) == [10, 1000]

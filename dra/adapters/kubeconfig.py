@@ -73,6 +73,10 @@ def tls_context(
 ) -> ssl.SSLContext:
     """TLS to an API server: its CA (file or PEM text), a client certificate and key (PEM), skip-verify."""
     context = ssl.create_default_context(cafile=ca_file or None, cadata=ca_data or None)
+    # Python 3.13 turned strict X.509 checks on by default, refusing a CA without a subject key
+    # identifier or a certificate without its issuer's; client-go and the kubelet accept them, and
+    # the driver must reach every API server they reach. Trust itself is checked as before.
+    context.verify_flags &= ~ssl.VERIFY_X509_STRICT
     if cert is not None:
         # load_cert_chain reads files only: the PEM goes through a private temporary directory.
         with tempfile.TemporaryDirectory() as private:

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import base64
+import contextlib
+import datetime
+import ipaddress
+import socket
 import ssl
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from dra.adapters import kubeconfig
 from dra.adapters.kube import KubeClient, KubeError
@@ -155,3 +164,60 @@ def test_the_daemons_do_not_import_the_kubernetes_package() -> None:
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
         == "False\n"
     )
+
+
+def _certificate(
+    subject: str, key: ec.EllipticCurvePrivateKey, issuer: str, signer: ec.EllipticCurvePrivateKey, ca: bool
+) -> x509.Certificate:
+    """A certificate with neither key identifier, as some clusters' own PKIs issue them."""
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+        .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if not ca:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False
+        )
+    return builder.sign(signer, hashes.SHA256())
+
+
+def test_an_api_server_certificate_without_key_identifiers_is_trusted_as_client_go_trusts_it(
+    tmp_path: Path,
+) -> None:
+    # Python 3.13's default context refuses this chain ("Missing Authority Key Identifier").
+    ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = _certificate("ca", ca_key, "ca", ca_key, ca=True)
+    server = _certificate("api", server_key, "ca", ca_key, ca=False)
+    ca_pem = ca.public_bytes(serialization.Encoding.PEM).decode()
+    (tmp_path / "server.crt").write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "server.key").write_bytes(
+        server_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    serving = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    serving.load_cert_chain(tmp_path / "server.crt", tmp_path / "server.key")
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+
+        def serve() -> None:
+            conn, _ = listener.accept()
+            with contextlib.suppress(OSError), serving.wrap_socket(conn, server_side=True) as tls:
+                tls.recv(1)
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        context = kubeconfig.tls_context(None, ca_pem, None, verify=True)
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+        ):
+            tls.sendall(b"x")
+        thread.join(5)

@@ -16,12 +16,12 @@ and then unprepared --repeats times (an unprepared claim is prepared afresh: the
 MIG device made again), and reads the driver's RSS. The probes are made once untimed first
 (the driver's first calls are slower), then the levels are visited up and back down, --passes
 times in all (10, 1000, 1000, 10: held claims unprepared to go down), so that a drift over the
-run falls on every level alike; a level's figures pool its visits. A tail figure needs the calls: the p99 of 40 calls is their worst, and on a
-2-core machine the cluster's own components (the API server answering the claim read, etcd,
-an fsync) stall a call by 20 to 60 ms a few times a minute at any level (docs/testing.md).
-Each run starts the driver afresh; the report gives each figure's median and range over the
-runs and the ratio of the highest level to the lowest (1.00x is flat). Prints figures;
-asserts nothing about speed.
+run falls on every level alike; a level's figures pool its visits. A tail figure needs the
+calls: the p99 of 40 calls is their worst, and on a 2-core machine the cluster's own components
+(the API server answering the claim read, etcd, an fsync) stall a call by 20 to 60 ms a few
+times a minute at any level (docs/testing.md). Each run starts the driver afresh; the report
+gives each figure's median and range over the runs and the ratio of the highest level to the
+lowest (1.00x is flat). Prints figures; asserts nothing about speed.
 """
 
 from __future__ import annotations

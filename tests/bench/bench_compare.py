@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import re
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -438,6 +440,11 @@ def report(ours: Contender, theirs: Contender | None) -> list[str]:
     return lines
 
 
+def interpreter() -> str:
+    """The Python the driver runs under (DriverProcess starts it with this one): version and path."""
+    return f"Python {platform.python_version()} ({sys.executable})"
+
+
 def _go_contender(cluster: ClusterInfo, devices: int, cdi: Path) -> Contender | None:
     try:
         binary = ensure_go_dra_driver()
@@ -513,6 +520,8 @@ def main() -> None:
         f"dra-gpu beside Kubernetes' DRA test driver ({kubernetes_version()}), {args.devices} devices each, "
         f"{args.runs} alternating runs, median (range) of the per-run figures; ratio = dra-gpu / go"
     )
+    # How the interpreter was built moves every dra-gpu row (docs/testing.md, seventh round).
+    print(f"dra-gpu ran on {interpreter()}")
     for line in report(ours, theirs):
         print(line)
 

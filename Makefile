@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 LOCAL := PYTHONPATH=deploy/local
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv proto binaries cluster-binaries manifests api lint nvml-coverage test test-fast test-gpu test-matrix fuzz demo cluster-up cluster-down bench bench-pods bench-scale bench-scheduler soak clean
+.PHONY: all venv proto binaries cluster-binaries manifests api lint nvml-coverage test test-fast test-gpu test-matrix test-newest-python fuzz demo cluster-up cluster-down bench bench-pods bench-scale bench-scheduler soak clean
 
 all: test
 
@@ -84,10 +84,25 @@ FUZZ_SECONDS ?= 60
 fuzz: $(STAMP)
 	$(BIN)/python -m tests.fuzz.run --seconds $(FUZZ_SECONDS) --keep
 
-# `make test` on the default release, then the cluster tests on each other supported one
-# (docs/testing.md: what runs where and how long it takes).
+# The tests that need no cluster again on the newest Python the image is built for (deploy/Dockerfile's
+# PYTHON_VERSION), in a CPython built once from Debian's copy of its source (localcluster.cpython).
+NEWEST_PYTHON ?= 3.13.5
+NEWEST_VENV := .venv-newest
+$(NEWEST_VENV)/.installed-$(NEWEST_PYTHON): pyproject.toml setup.py constraints.txt | $(STAMP)
+	rm -rf $(NEWEST_VENV)
+	"$$($(LOCAL) $(BIN)/python -m localcluster.cpython $(NEWEST_PYTHON))" -m venv $(NEWEST_VENV)
+	$(NEWEST_VENV)/bin/pip install --quiet --upgrade pip
+	$(NEWEST_VENV)/bin/pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $@
+
+test-newest-python: $(NEWEST_VENV)/.installed-$(NEWEST_PYTHON)
+	$(NEWEST_VENV)/bin/pytest -p no:cacheprovider -m 'not cluster'
+
+# `make test` on the default release, the tests without a cluster on the newest Python, then the
+# cluster tests on each other supported release (docs/testing.md: what runs where and how long).
 MATRIX_VERSIONS ?= v1.37.2
 test-matrix: test
+	@$(MAKE) --no-print-directory test-newest-python
 	@set -e; for version in $(MATRIX_VERSIONS); do \
 		echo "== cluster tests on Kubernetes $$version"; \
 		KUBERNETES_VERSION=$$version $(LOCAL) $(BIN)/python -m localcluster build; \
@@ -107,7 +122,7 @@ cluster-down: $(STAMP)
 	@$(LOCAL) $(BIN)/python -m localcluster down
 
 clean:
-	rm -rf $(VENV) dra/pb build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .coverage
+	rm -rf $(VENV) $(NEWEST_VENV) dra/pb build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .coverage
 
 # Figures, not assertions: start-up time, NodePrepareResources latency, memory;
 # the device plugin's start-up, re-registration after kubelet restarts, call latency;

@@ -89,8 +89,8 @@ fuzz: $(STAMP)
 NEWEST_PYTHON ?= 3.13.5
 NEWEST_VENV := .venv-newest
 $(NEWEST_VENV)/.installed-$(NEWEST_PYTHON): pyproject.toml setup.py constraints.txt | $(STAMP)
-	rm -rf $(NEWEST_VENV)
-	"$$($(LOCAL) $(BIN)/python -m localcluster.cpython $(NEWEST_PYTHON))" -m venv $(NEWEST_VENV)
+	@set -e; python="$$($(LOCAL) $(BIN)/python -m localcluster.cpython $(NEWEST_PYTHON))"; \
+		rm -rf $(NEWEST_VENV); echo "$$python -m venv $(NEWEST_VENV)"; "$$python" -m venv $(NEWEST_VENV)
 	$(NEWEST_VENV)/bin/pip install --quiet --upgrade pip
 	$(NEWEST_VENV)/bin/pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $@

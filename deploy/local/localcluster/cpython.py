@@ -77,7 +77,12 @@ def ensure_cpython(version: str) -> Path:
     with tempfile.TemporaryDirectory(prefix="dra-gpu-cpython-") as tmp:
         work = Path(tmp)
         with tarfile.open(_fetch(url, sha256, work)) as archive:
-            archive.extractall(work, filter="data")
+            # The bytes are the release's (digest checked); the "data" filter, where this Python has
+            # it (3.11.4 and later), refuses members that would land outside `work` all the same.
+            if hasattr(tarfile, "data_filter"):
+                archive.extractall(work, filter="data")
+            else:
+                archive.extractall(work)
         source = work / f"Python-{version}"
         log = prefix / "build.log"
         # Static (no --enable-shared): the interpreter needs no library path of its own.

@@ -36,6 +36,9 @@ SOURCES: dict[str, tuple[str, str]] = {
 
 #: How long the download may take before the build gives up, in seconds.
 DOWNLOAD_TIMEOUT = 300
+#: What the tests need of the interpreter: CPython's build leaves a module out, and still succeeds,
+#: when the machine lacks its library's headers (TLS for pip and the API server, ctypes for NVML).
+NEEDED_MODULES = ("ssl", "_hashlib", "ctypes", "zlib")
 
 
 def _fetch(url: str, sha256: str, into: Path) -> Path:
@@ -68,10 +71,14 @@ def ensure_cpython(version: str) -> Path:
         raise BuildError(f"no source is pinned for Python {version}; known: {', '.join(sorted(SOURCES))}")
     prefix = cache_root() / "cpython" / version
     python = prefix / "bin" / f"python{version.rsplit('.', 1)[0]}"
-    if (prefix / ".complete").is_file() and python.is_file():
+    # Static (no --enable-shared): the interpreter needs no library path of its own.
+    configure = ["./configure", f"--prefix={prefix}", "--with-ensurepip=install"]
+    complete = prefix / ".complete"
+    # The marker holds the configure line: a build made another way is made again.
+    if complete.is_file() and complete.read_text() == " ".join(configure) and python.is_file():
         return python
     shutil.rmtree(prefix, ignore_errors=True)
-    prefix.mkdir(parents=True)
+    prefix.mkdir(parents=True, exist_ok=True)
     url, sha256 = SOURCES[version]
     print(f"building Python {version} from {url} into {prefix} (a few minutes, once)", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="dra-gpu-cpython-") as tmp:
@@ -85,13 +92,20 @@ def ensure_cpython(version: str) -> Path:
                 archive.extractall(work)
         source = work / f"Python-{version}"
         log = prefix / "build.log"
-        # Static (no --enable-shared): the interpreter needs no library path of its own.
-        _run(["./configure", f"--prefix={prefix}", "--with-ensurepip=install"], source, log)
+        _run(configure, source, log)
         _run(["make", f"-j{os.cpu_count() or 1}"], source, log)
         _run(["make", "install"], source, log)
     if not python.is_file():
         raise BuildError(f"the build of Python {version} left no {python}")
-    (prefix / ".complete").touch()
+    check = f"import {', '.join(NEEDED_MODULES)}"
+    imported = subprocess.run([str(python), "-c", check], capture_output=True, text=True, check=False)
+    if imported.returncode != 0:
+        raise BuildError(
+            f"Python {version} was built without a module the tests need ({imported.stderr.strip()}): "
+            f"install the development package of its library (libssl-dev, libffi-dev, zlib1g-dev) and "
+            f"run again; {log} says which were left out"
+        )
+    complete.write_text(" ".join(configure))
     return python
 
 

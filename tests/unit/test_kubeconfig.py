@@ -188,6 +188,32 @@ def _certificate(
     return builder.sign(signer, hashes.SHA256())
 
 
+def _handshake(context: ssl.SSLContext, chain: Path, key: Path, server_hostname: str) -> None:
+    """One TLS handshake with a server serving `chain`; the client's SSLError if it refuses."""
+    serving = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    serving.load_cert_chain(chain, key)
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(5)
+
+        def serve() -> None:
+            with contextlib.suppress(OSError):
+                conn, _ = listener.accept()
+                with serving.wrap_socket(conn, server_side=True) as tls:
+                    tls.recv(1)
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        try:
+            with (
+                socket.create_connection(listener.getsockname(), timeout=5) as raw,
+                context.wrap_socket(raw, server_hostname=server_hostname) as tls,
+            ):
+                tls.sendall(b"x")
+        finally:
+            thread.join(10)
+        assert not thread.is_alive()
+
+
 def test_an_api_server_certificate_without_key_identifiers_is_trusted_as_client_go_trusts_it(
     tmp_path: Path,
 ) -> None:
@@ -195,29 +221,22 @@ def test_an_api_server_certificate_without_key_identifiers_is_trusted_as_client_
     ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     ca = _certificate("ca", ca_key, "ca", ca_key, ca=True)
     server = _certificate("api", server_key, "ca", ca_key, ca=False)
-    ca_pem = ca.public_bytes(serialization.Encoding.PEM).decode()
-    (tmp_path / "server.crt").write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    (tmp_path / "server.key").write_bytes(
+    chain, key = tmp_path / "server.crt", tmp_path / "server.key"
+    chain.write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    key.write_bytes(
         server_key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
     )
-    serving = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    serving.load_cert_chain(tmp_path / "server.crt", tmp_path / "server.key")
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        port = listener.getsockname()[1]
-
-        def serve() -> None:
-            conn, _ = listener.accept()
-            with contextlib.suppress(OSError), serving.wrap_socket(conn, server_side=True) as tls:
-                tls.recv(1)
-
-        thread = threading.Thread(target=serve, daemon=True)
-        thread.start()
-        context = kubeconfig.tls_context(None, ca_pem, None, verify=True)
-        with (
-            socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
-            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
-        ):
-            tls.sendall(b"x")
-        thread.join(5)
+    context = kubeconfig.tls_context(None, ca.public_bytes(serialization.Encoding.PEM).decode(), None, True)
+    assert not context.verify_flags & ssl.VERIFY_X509_STRICT
+    _handshake(context, chain, key, "127.0.0.1")
+    # Trust is checked as before: the server's name, and its CA.
+    with pytest.raises(ssl.SSLCertVerificationError, match="IP address mismatch"):
+        _handshake(context, chain, key, "127.0.0.2")
+    other_key = ec.generate_private_key(ec.SECP256R1())
+    other = _certificate("other", other_key, "other", other_key, ca=True)
+    other_pem = other.public_bytes(serialization.Encoding.PEM).decode()
+    stranger = kubeconfig.tls_context(None, other_pem, None, True)
+    with pytest.raises(ssl.SSLCertVerificationError, match="unable to get local issuer certificate"):
+        _handshake(stranger, chain, key, "127.0.0.1")

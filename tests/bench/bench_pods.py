@@ -53,7 +53,7 @@ from pathlib import Path
 import yaml
 from kubernetes.watch.watch import iter_resp_lines
 from localcluster.binaries import BuildError, ensure_go_dra_driver
-from localcluster.cluster import ClusterInfo, api_limit_flags, running_cluster
+from localcluster.cluster import ClusterInfo, api_burst, api_limit_flags, kubelet_api_limit, running_cluster
 from localcluster.devicepluginprocess import DevicePluginProcess
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, Obj, wait_for
@@ -383,17 +383,9 @@ def _go_driver(cluster: ClusterInfo, kube: Kube, gpus: int) -> Iterator[bool]:
         proc.wait(15)
 
 
-def kubelet_limit(qps: int) -> dict[str, int]:
-    """KubeletConfiguration fields for an API rate limit of `qps` requests/s, burst twice that; none for 0.
-
-    The kubelet's default is 50 with a burst of 100; its pods' status updates spend it.
-    """
-    return {"kubeAPIQPS": qps, "kubeAPIBurst": 2 * qps} if qps > 0 else {}
-
-
 def _limit(qps: int, default: str) -> str:
     """How a run's API rate limit reads in the report."""
-    return f"{qps} requests/s, burst {2 * qps}" if qps > 0 else f"the default ({default})"
+    return f"{qps} requests/s, burst {api_burst(qps)}" if qps > 0 else f"the default ({default})"
 
 
 def main() -> None:
@@ -422,7 +414,7 @@ def main() -> None:
 
     qps, kubelet_qps = args.controller_manager_qps, args.kubelet_qps
     with running_cluster(
-        controller_manager_args=api_limit_flags(qps), kubelet_config=kubelet_limit(kubelet_qps)
+        controller_manager_args=api_limit_flags(qps), kubelet_config=kubelet_api_limit(kubelet_qps)
     ) as cluster:
         kube = Kube(cluster.kubeconfig)
         run = Path(cluster.run_dir)

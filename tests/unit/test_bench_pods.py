@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from localcluster.cluster import api_limit_flags
+from localcluster.cluster import api_limit_flags, kubelet_api_limit
 
 from tests.bench.bench_pods import (
     DEVICE_PLUGIN,
@@ -14,7 +14,6 @@ from tests.bench.bench_pods import (
     _claim_pod,
     _limits_pod,
     histograms,
-    kubelet_limit,
     kubelet_log_stages,
     report,
 )
@@ -102,5 +101,5 @@ def test_a_control_plane_components_api_limit_is_raised_only_when_asked() -> Non
 
 
 def test_the_kubelets_api_limit_is_raised_only_when_asked() -> None:
-    assert kubelet_limit(0) == {}
-    assert kubelet_limit(300) == {"kubeAPIQPS": 300, "kubeAPIBurst": 600}
+    assert kubelet_api_limit(0) == {}
+    assert kubelet_api_limit(300) == {"kubeAPIQPS": 300, "kubeAPIBurst": 600}

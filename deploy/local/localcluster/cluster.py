@@ -782,10 +782,23 @@ def _write_kubeconfig(path: Path, server: str, ca: Path, pair: pki.KeyPair) -> N
     path.write_text(yaml.safe_dump(config))
 
 
+def api_burst(qps: int) -> int:
+    """The burst of a raised API rate limit of `qps` requests/s: twice that, for every component."""
+    return 2 * qps
+
+
 def api_limit_flags(qps: int) -> tuple[str, ...]:
-    """kube-controller-manager's or kube-scheduler's flags for an API rate limit of `qps` requests/s,
-    burst twice that; none for 0 (their defaults: 20 and 30, 50 and 100)."""
-    return (f"--kube-api-qps={qps}", f"--kube-api-burst={2 * qps}") if qps > 0 else ()
+    """kube-controller-manager's or kube-scheduler's flags for an API rate limit of `qps` requests/s;
+    none for 0 (their defaults: 20 and 30, 50 and 100)."""
+    return (f"--kube-api-qps={qps}", f"--kube-api-burst={api_burst(qps)}") if qps > 0 else ()
+
+
+def kubelet_api_limit(qps: int) -> dict[str, int]:
+    """KubeletConfiguration fields for an API rate limit of `qps` requests/s; none for 0.
+
+    The kubelet's default is 50 with a burst of 100; its pods' status updates spend it.
+    """
+    return {"kubeAPIQPS": qps, "kubeAPIBurst": api_burst(qps)} if qps > 0 else {}
 
 
 @contextlib.contextmanager

@@ -168,8 +168,8 @@ def run_once(
     probes: int,
     number: int,
     cdi: Path,
-    repeats: int = 1,
-    passes: int = 1,
+    repeats: int,
+    passes: int,
 ) -> dict[str, float]:
     """One run: a fresh driver, claims held to each level in turn, probes timed there; figure -> value."""
     mig_free = ONE_G_PLACEMENTS * MIG_GPUS
@@ -227,7 +227,6 @@ def run_once(
             timed: dict[tuple[int, str], tuple[list[float], list[float]]] = {
                 (level, kind): ([], []) for level in levels for kind in KINDS
             }
-            rss: dict[int, list[float]] = {level: [] for level in levels}
             for ref in probe_refs:
                 _call(stub, ref, prepare=True)
                 _call(stub, ref, prepare=False)
@@ -244,14 +243,12 @@ def run_once(
                         prepare, unprepare = timed[(level, KINDS[position % 2])]
                         prepare.append(_call(stub, ref, prepare=True))
                         unprepare.append(_call(stub, ref, prepare=False))
-                rss[level].append(_rss_kib(driver.proc.pid)[0] / 1024)
+                # The first visit's: memory taken for 1,000 claims is not all given back when they go.
+                figures.setdefault(f"RSS with {level} held", _rss_kib(driver.proc.pid)[0] / 1024)
             for (level, kind), (prepare, unprepare) in timed.items():
                 for call, samples in (("prepare", prepare), ("unprepare", unprepare)):
                     for pct in (50, 99):
                         figures[f"{kind} {call} p{pct} with {level} held"] = _percentile(samples, pct)
-            for level, values in rss.items():
-                # The first visit's: memory taken for 1,000 claims is not all given back when they go.
-                figures[f"RSS with {level} held"] = values[0]
     finally:
         driver.stop()
         # The next run starts without the checkpoint, CDI specs and MIG devices this one left.

@@ -48,6 +48,7 @@ from localcluster.kube import Kube, WaitTimeoutError, wait_for
 from dra.adapters.atomicfile import is_tmpfs
 from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc
 from tests.bench.bench_driver import _claims, _percentile, _rss_kib, cpu_seconds
+from tests.bench.bench_grpcserver import floors
 
 #: The Go driver's name (its default) and how it names its devices (its --num-devices of them).
 GO_DRIVER = "test-driver.cdi.k8s.io"
@@ -96,17 +97,23 @@ def _described(what: Spread, unit: str) -> str:
     return f"{_amount(what.median, unit)} ({low}-{high})"
 
 
-def figure_line(name: str, unit: str, ours: Sequence[float], theirs: Sequence[float]) -> str:
-    """One figure on one line: each driver's median (and range over runs), then the ratio of medians.
+def figure_line(
+    name: str,
+    unit: str,
+    ours: Sequence[float],
+    theirs: Sequence[float],
+    labels: tuple[str, str] = (DRA_GPU, GO),
+) -> str:
+    """One figure on one line: each contender's median (and range over runs), then the ratio of medians.
 
     figure_line("first prepare p50", "ms", [1.1, 1.3, 1.2], [1.6]) ->
     "first prepare p50: dra-gpu 1.20 ms (1.10-1.30 ms), go reference 1.60 ms, ratio 0.75x"
     """
-    line = f"{name}: {DRA_GPU} {_described(spread(ours), unit)}"
+    line = f"{name}: {labels[0]} {_described(spread(ours), unit)}"
     if not theirs:
         return line
     go = spread(theirs)
-    line += f", {GO} {_described(go, unit)}"
+    line += f", {labels[1]} {_described(go, unit)}"
     if go.median > 0:
         line += f", ratio {spread(ours).median / go.median:.2f}x"
     return line
@@ -440,6 +447,27 @@ def report(ours: Contender, theirs: Contender | None) -> list[str]:
     return lines
 
 
+#: bench_grpcserver's floor figures: the name and unit each is printed with.
+FLOOR_FIGURES = {
+    "empty p50": ("empty NodePrepareResources p50", "ms"),
+    "prepare p50": ("prepare p50", "ms"),
+    "prepare p99": ("prepare p99", "ms"),
+    "unprepare p50": ("unprepare p50", "ms"),
+    "CPU per prepare+unprepare": ("CPU per prepare + unprepare", "ms"),
+    "burst wall": (f"{BURST} fresh claims from {CALLERS} callers, wall", "ms"),
+    "RSS": ("RSS after the run", "MiB"),
+}
+FLOOR_LABELS = ("python floor", "go floor")
+
+
+def floor_report(python: Sequence[dict[str, float]], go: Sequence[dict[str, float]]) -> list[str]:
+    """The floors' figures, one line each, Python's beside Go's and their ratio."""
+    return [
+        figure_line(name, unit, [run[key] for run in python], [run[key] for run in go], FLOOR_LABELS)
+        for key, (name, unit) in FLOOR_FIGURES.items()
+    ]
+
+
 def interpreter() -> str:
     """The Python the driver runs under (DriverProcess starts it with this one): version and path."""
     return f"Python {platform.python_version()} ({sys.executable})"
@@ -483,6 +511,16 @@ def alternate(contenders: list[Contender], runs: int, run: Callable[[Contender],
     return contenders
 
 
+def _floors(runs: int) -> tuple[list[dict[str, float]], list[dict[str, float]]] | None:
+    """The Python and Go floors' figures per run, or None (and why) when the Go floor cannot be built."""
+    try:
+        results = floors(runs)
+    except BuildError as err:
+        print(f"the Go floor could not be built, so the floors are left out: {err}")
+        return None
+    return results["floor-aio"], results["floor-go"]
+
+
 def main() -> None:
     """Run the comparison and print the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -502,6 +540,11 @@ def main() -> None:
         "--pileup", type=parse_levels, default=(0, 64, 1000), help="prepared claims, e.g. 0,64,1000"
     )
     parser.add_argument("--no-go", action="store_true", help="dra-gpu alone")
+    parser.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="leave out the floors (a DRA server doing no work, Python and Go)",
+    )
     args = parser.parse_args()
     if not 0 < args.claims <= args.devices:
         # They are held prepared together, one device each (dra-gpu refuses a device twice).
@@ -515,6 +558,8 @@ def main() -> None:
             [c for c in (ours, theirs) if c is not None], args.runs, lambda c: _run(c, cluster, kube, args)
         )
         kube.close()
+        # With the cluster still up, as the drivers were measured.
+        floor = None if args.no_floor or args.no_go else _floors(args.runs)
     theirs = theirs if any(c is theirs for c in contenders) else None
     print(
         f"dra-gpu beside Kubernetes' DRA test driver ({kubernetes_version()}), {args.devices} devices each, "
@@ -524,6 +569,14 @@ def main() -> None:
     print(f"dra-gpu ran on {interpreter()}")
     for line in report(ours, theirs):
         print(line)
+    if floor is not None:
+        print(
+            "the floor: a DRA server that does no work, on each runtime (tests/bench/grpcfloor.py on "
+            "grpc.aio and uvloop; deploy/local/floorbin in Go), the same client, "
+            f"{args.runs} alternating runs; no driver goes under its runtime's floor"
+        )
+        for line in floor_report(*floor):
+            print(line)
 
 
 if __name__ == "__main__":

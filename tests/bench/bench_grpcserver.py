@@ -1,20 +1,28 @@
-"""grpc.aio against grpcio's synchronous server with a thread pool, for the DRA service (issue 29).
+"""The DRA service's server models side by side, and the floor under them (issue 29).
 
-    python -m tests.bench.bench_grpcserver [--runs 3] [--claims 200] [--devices 128]
+    python -m tests.bench.bench_grpcserver [--runs 3] [--claims 200] [--devices 128] [--modes aio,sync,...]
 
-The driver's per-call floor without the API server: each server runs in a process of its own
-on a unix socket, with the real DeviceState (checkpoint with its fsync, CDI specs written) in a
-temporary directory and the claim GET answered from memory, so what differs is only how a call
-reaches the state and comes back. `aio` is the plugin as it serves (DraService on grpc.aio,
-uvloop, the state call on an anyio worker thread); `sync` is a prototype: grpc.server with a
-thread pool whose handler calls the state directly (one thread, no event loop); `sync-loop` the
-same with the claim GET sent to an event loop on a thread of its own and waited for, as a full
-switch that keeps the aiohttp client would have it (one hop there and back); `aio-inline` the
-plugin with the state called on the event loop itself (no worker-thread hop: the hop's cost, not a
-design, since the loop then waits on every fsync); `aio-executor` the plugin with asyncio's
-run_in_executor in place of anyio's worker threads for the state call. The client
-plays the kubelet from this process: empty calls, a prepare then an unprepare per fresh claim,
-and 32 fresh claims with 8 in flight. The servers run in turns, alternated, `--runs` of each.
+The driver's per-call cost without the API server: each server runs in a process of its own
+on a unix socket, with the real DeviceState (checkpoint with its fsync in a temporary directory,
+CDI specs on tmpfs as on a node) and the claim GET answered from memory, so what differs is only
+how a call reaches the state and comes back. `aio` is the plugin as it serves (DraService on
+grpc.aio, uvloop, the state call on an anyio worker thread); `sync` is a prototype: grpc.server
+with a thread pool whose handler calls the state directly (one thread, no event loop);
+`sync-loop` the same with the claim GET sent to an event loop on a thread of its own and waited
+for, as a full switch that keeps an asyncio client would have it (one hop there and back);
+`aio-inline` the plugin with the state called on the event loop itself (no worker-thread hop: the
+hop's cost, not a design, since the loop then waits on every fsync); `aio-executor` the plugin
+with asyncio's run_in_executor in place of anyio's worker threads for the state call.
+
+The floors do no work at all, so they are what no driver on their runtime goes under:
+`floor-aio` and `floor-sync` (tests/bench/grpcfloor.py: grpc.aio on uvloop, grpcio's synchronous
+server) and `floor-go` (deploy/local/floorbin/grpcfloor, built into the cache on first use, on
+the grpc-go and protobuf versions of Kubernetes' DRA test driver). `make bench` prints the
+Python and Go floors under its table (`floors()`).
+
+The client plays the kubelet from this process: empty calls, a prepare then an unprepare per
+fresh claim, and 32 fresh claims with 8 in flight; then the server's RSS. The servers run in
+turns, alternated, `--runs` of each.
 """
 
 from __future__ import annotations
@@ -57,6 +65,10 @@ NAMESPACE = "bench"
 FAKE_MODEL = "h100-sxm5-80gb"
 CALLERS, BURST = 8, 32
 MODES = ("aio", "aio-inline", "aio-executor", "sync", "sync-loop")
+#: Each figure's unit; the others are in milliseconds (CPU: per prepare and unprepare pair).
+UNITS = {"RSS": "MiB"}
+#: Servers that do no work: the per-call floor of gRPC on each runtime (`--modes floors`).
+FLOORS = ("floor-aio", "floor-sync", "floor-go")
 
 
 def _claim(name: str) -> dict[str, Any]:
@@ -87,11 +99,11 @@ class _MemoryClaims:
         return None
 
 
-def _state(root: Path, devices: int) -> DeviceState:
+def _state(root: Path, cdi: Path, devices: int) -> DeviceState:
     profile = parse_profile({"gpus": [{"model": FAKE_MODEL, "count": devices}]}, "bench")
     inventory = discover(FakeGpuLibrary(profile, NODE))
     return DeviceState(
-        DRIVER, NODE, inventory, CdiStore(root / "cdi", DRIVER), CheckpointStore(root / "checkpoint.json")
+        DRIVER, NODE, inventory, CdiStore(cdi, DRIVER), CheckpointStore(root / "checkpoint.json")
     )
 
 
@@ -129,13 +141,13 @@ class _SyncDra(dra_pb2_grpc.DRAPluginServicer):
         )
 
 
-def _serve_sync(root: Path, devices: int, with_loop: bool) -> None:
+def _serve_sync(root: Path, cdi: Path, devices: int, with_loop: bool) -> None:
     loop = None
     if with_loop:
         loop = uvloop.new_event_loop()
         threading.Thread(target=loop.run_forever, daemon=True).start()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=CALLERS))
-    dra_pb2_grpc.add_DRAPluginServicer_to_server(_SyncDra(_state(root, devices), loop), server)
+    dra_pb2_grpc.add_DRAPluginServicer_to_server(_SyncDra(_state(root, cdi, devices), loop), server)
     server.add_insecure_port(f"unix://{root / 'dra.sock'}")
     server.start()
     print("ready", flush=True)
@@ -161,14 +173,14 @@ class _Executor:
             return await asyncio.get_running_loop().run_in_executor(None, call, *args)
 
 
-async def _serve_aio(root: Path, devices: int, mode: str) -> None:
+async def _serve_aio(root: Path, cdi: Path, devices: int, mode: str) -> None:
     # Only for the figures: inline blocks the loop on the fsync, and AskStale (not asked here) needs an
     # anyio worker thread in both.
     if mode == "aio-inline":
         service.anyio = _Inline  # type: ignore[attr-defined, assignment]
     elif mode == "aio-executor":
         service.anyio = _Executor  # type: ignore[attr-defined, assignment]
-    state = _state(root, devices)
+    state = _state(root, cdi, devices)
     dra = DraService(DRIVER, NODE, state, _MemoryClaims())
     server = PluginServer(root / "kubelet", DRIVER, dra, HealthService(NODE, HealthTracker(state.inventory)))
     await server.start()
@@ -188,22 +200,26 @@ def _timed(call: Callable[..., object], *args: object) -> float:
 def _measure(mode: str, claims: int, devices: int) -> dict[str, float]:
     """Start one server, make the calls, the figures (ms; CPU ms per prepare and unprepare pair)."""
     # Here, not at the top: bench_driver needs the local-cluster tooling, which the served process lacks.
-    from tests.bench.bench_driver import cpu_seconds
+    from tests.bench.bench_compare import cdi_dirs
+    from tests.bench.bench_driver import _rss_kib, cpu_seconds
 
-    with tempfile.TemporaryDirectory(prefix="bench-grpcserver-", dir="/tmp") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-grpcserver-", dir="/tmp") as tmp,
+        cdi_dirs("cdi") as (cdi,),
+    ):
         root = Path(tmp)
+        socket = str(root / "dra.sock")
+        if mode == "floor-go":
+            from localcluster.binaries import ensure_grpc_floor
+
+            command = [str(ensure_grpc_floor()), socket]
+        elif mode in FLOORS:
+            command = [sys.executable, "-m", "tests.bench.grpcfloor", mode.removeprefix("floor-"), socket]
+        else:
+            serve = ["--serve", mode, "--root", tmp, "--cdi", str(cdi), "--devices", str(devices)]
+            command = [sys.executable, "-m", "tests.bench.bench_grpcserver", *serve]
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.bench.bench_grpcserver",
-                "--serve",
-                mode,
-                "--root",
-                tmp,
-                "--devices",
-                str(devices),
-            ],
+            command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -235,6 +251,7 @@ def _measure(mode: str, claims: int, devices: int) -> dict[str, float]:
                 for ref, call in pending:
                     _check(call.result(), ref)
                 burst = (time.perf_counter() - started) * 1000
+                rss = _rss_kib(process.pid)[0] / 1024
         finally:
             process.stdin.close()
             process.wait(10)
@@ -245,6 +262,7 @@ def _measure(mode: str, claims: int, devices: int) -> dict[str, float]:
         "unprepare p50": statistics.median(unprepare),
         "CPU per prepare+unprepare": cpu_pair,
         "burst wall": burst,
+        "RSS": rss,
     }
 
 
@@ -267,42 +285,73 @@ def _check(answer: dra_pb2.NodePrepareResourcesResponse, ref: dra_pb2.Claim) -> 
         raise AssertionError(f"{ref.name}: {error}")
 
 
+def alternated(
+    modes: tuple[str, ...], runs: int, claims: int, devices: int
+) -> dict[str, list[dict[str, float]]]:
+    """Each server `runs` times in turns (the order reversed every other run): each run's figures."""
+    results: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
+    for run in range(runs):
+        for mode in modes if run % 2 == 0 else tuple(reversed(modes)):
+            load = os.getloadavg()[0]
+            results[mode].append(_measure(mode, claims, devices))
+            print(
+                f"run {run + 1} {mode} (load {load:.1f}): "
+                + ", ".join(f"{k} {v:.2f}" for k, v in results[mode][-1].items()),
+                flush=True,
+            )
+    return results
+
+
+def floors(runs: int, claims: int = 200) -> dict[str, list[dict[str, float]]]:
+    """The Python floor (grpc.aio on uvloop, as the plugin serves) and the Go floor, `runs` each in turns."""
+    return alternated(("floor-aio", "floor-go"), runs, claims, devices=BURST)
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    modes = tuple(text.split(","))
+    unknown = [mode for mode in modes if mode not in MODES + FLOORS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown)}; known: {', '.join(MODES + FLOORS)}")
+    return modes
+
+
 def main() -> None:
-    """Run both servers in turns and print median (range) of each figure."""
+    """Run the servers in turns and print median (range) of each figure."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--claims", type=int, default=200)
     parser.add_argument("--devices", type=int, default=128)
+    parser.add_argument(
+        "--modes", type=_modes, default=MODES, help="servers, comma-separated (default: the five)"
+    )
     parser.add_argument("--serve", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)
+    parser.add_argument("--cdi", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve in ("sync", "sync-loop"):
-        _serve_sync(Path(args.root), args.devices, with_loop=args.serve == "sync-loop")
+        _serve_sync(Path(args.root), Path(args.cdi), args.devices, with_loop=args.serve == "sync-loop")
         return
     if args.serve is not None:
         options = {"use_uvloop": True}
         anyio.run(
-            _serve_aio, Path(args.root), args.devices, args.serve, backend="asyncio", backend_options=options
+            _serve_aio,
+            Path(args.root),
+            Path(args.cdi),
+            args.devices,
+            args.serve,
+            backend="asyncio",
+            backend_options=options,
         )
         return
-    results: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
-    for run in range(args.runs):
-        for mode in MODES if run % 2 == 0 else tuple(reversed(MODES)):
-            load = os.getloadavg()[0]
-            results[mode].append(_measure(mode, args.claims, args.devices))
-            print(
-                f"run {run + 1} {mode} (load {load:.1f}): "
-                + ", ".join(f"{k} {v:.2f}" for k, v in results[mode][-1].items()),
-                flush=True,
-            )
-    for figure in results["aio"][0]:
+    results = alternated(args.modes, args.runs, args.claims, args.devices)
+    for figure in results[args.modes[0]][0]:
         line = []
-        for mode in MODES:
+        for mode in args.modes:
             values = [r[figure] for r in results[mode]]
             line.append(f"{mode} {statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})")
-        print(f"{figure} ms: " + ", ".join(line))
+        print(f"{figure} {UNITS.get(figure, 'ms')}: " + ", ".join(line))
 
 
 if __name__ == "__main__":

@@ -383,6 +383,27 @@ def ensure_promeval(log: bool = True) -> Path:
     return PROMQL.bin_dir() / PROMEVAL
 
 
+#: A DRA v1 gRPC server in Go that does no work (floorbin/grpcfloor/main.go): the per-call floor of
+#: gRPC in Go, measured beside the same floor in Python (tests/bench/bench_grpcserver.py). Pinned to
+#: the kubelet API module of the test driver's release, and the same grpc and protobuf versions.
+GRPC_FLOOR = "grpcfloor"
+FLOOR = GoModule(
+    name="floor",
+    directory=_LOCAL_DIR / "floorbin",
+    pinned="k8s.io/kubelet",
+    packages=(f"./{GRPC_FLOOR}",),
+    ldflags=lambda _version: "-s -w",
+)
+
+
+def ensure_grpc_floor(log: bool = True) -> Path:
+    """Build grpcfloor on first use; its path. Seconds with the modules downloaded."""
+    if FLOOR.missing():
+        _need_go(FLOOR, f"grpcfloor (k8s.io/kubelet {FLOOR.version()})")
+        _build(FLOOR, FLOOR.missing(), log)
+    return FLOOR.bin_dir() / GRPC_FLOOR
+
+
 def modules() -> tuple[GoModule, ...]:
     """Every module ensure_binaries() builds, in build order."""
     return (kubernetes_module(), HELM)

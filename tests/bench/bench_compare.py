@@ -12,6 +12,11 @@ NodePrepareResources and NodeUnprepareResources over each driver's DRA socket. B
 their CDI specs to tmpfs (/dev/shm), as to /var/run/cdi on a node. Every run
 starts its driver afresh (no checkpoint, CDI specs or ResourceSlices left from the last run).
 
+Two floors run in the same turns: a DRA server that does no work, in Python (tests/bench/grpcfloor.py:
+grpc.aio on uvloop, the server dra-gpu runs) and in Go (deploy/local/floorbin, on the test
+driver's grpc-go and protobuf), timed by the same client on the rows that need no cluster. No
+driver goes under its runtime's floor, so the floors say how much of a ratio is the runtime's.
+
 Each figure is taken once per run; the report gives the median and range over the runs of
 each driver and the ratio of the medians (dra-gpu / Go: below 1x dra-gpu is ahead). Prints
 figures; asserts nothing about speed. When the Go driver cannot be built or started the
@@ -40,7 +45,7 @@ from pathlib import Path
 
 import grpc
 import yaml
-from localcluster.binaries import BuildError, ensure_go_dra_driver, kubernetes_version
+from localcluster.binaries import BuildError, ensure_go_dra_driver, ensure_grpc_floor, kubernetes_version
 from localcluster.cluster import ClusterInfo, running_cluster
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, WaitTimeoutError, wait_for
@@ -48,7 +53,6 @@ from localcluster.kube import Kube, WaitTimeoutError, wait_for
 from dra.adapters.atomicfile import is_tmpfs
 from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc
 from tests.bench.bench_driver import _claims, _percentile, _rss_kib, cpu_seconds
-from tests.bench.bench_grpcserver import floors
 
 #: The Go driver's name (its default) and how it names its devices (its --num-devices of them).
 GO_DRIVER = "test-driver.cdi.k8s.io"
@@ -145,6 +149,8 @@ class Contender:
     figures: dict[str, list[float]] = field(default_factory=dict)
     #: Directories whose contents a run leaves (checkpoint, CDI specs), emptied before the next one.
     state: tuple[Path, ...] = ()
+    #: A floor (a DRA server doing no work): no cluster, only the calls (`_run_floor`).
+    floor: bool = False
 
     def record(self, name: str, value: float) -> None:
         """Add one run's value of a figure."""
@@ -434,6 +440,46 @@ def _run(contender: Contender, cluster: ClusterInfo, kube: Kube, args: argparse.
     )
 
 
+def _run_floor(floor: Contender, args: argparse.Namespace) -> None:
+    """One run of a floor: the rows of `_run` that need no cluster, on fresh claims it never reads."""
+
+    def fresh(count: int) -> list[dra_pb2.Claim]:
+        uids = (str(uuid.uuid4()) for _ in range(count))
+        return [dra_pb2.Claim(namespace="floor", name=f"floor-{uid[:8]}", uid=uid) for uid in uids]
+
+    floor.dra_socket.unlink(missing_ok=True)
+    with open(floor.log, "ab") as log:
+        proc = subprocess.Popen(floor.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    try:
+        if proc.stdout.readline().strip() != b"ready":
+            raise RuntimeError(f"{floor.label} did not start: see {floor.log}")
+        with grpc.insecure_channel(f"unix://{floor.dra_socket}") as channel:
+            kubelet = _Kubelet(dra_pb2_grpc.DRAPluginStub(channel), floor.label)
+            empty = [kubelet.empty() for _ in range(EMPTY_CALLS)]
+            floor.record("empty NodePrepareResources p50", _percentile(empty, 50))
+            claims = fresh(args.claims)
+            before = cpu_seconds(proc.pid)
+            first = [kubelet.prepare(ref) for ref in claims]
+            floor.record("first prepare p50", _percentile(first, 50))
+            floor.record("first prepare p99", _percentile(first, 99))
+            floor.record("CPU per first prepare", (cpu_seconds(proc.pid) - before) * 1000 / len(first))
+            floor.record("repeat prepare p50", _percentile([kubelet.prepare(ref) for ref in claims], 50))
+            floor.record("unprepare p50", _percentile([kubelet.unprepare(ref) for ref in claims], 50))
+            wall, timings = kubelet.burst(fresh(BURST), CALLERS)
+            floor.record(f"{BURST} fresh claims from {CALLERS} callers, wall", wall)
+            floor.record(f"{BURST} fresh claims from {CALLERS} callers, p99", _percentile(timings, 99))
+        floor.record("RSS after the run", _rss_kib(proc.pid)[0] / 1024)
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
 #: Figure name -> unit; any figure not listed is in milliseconds.
 UNITS = {"start -> registered + slices published": "s", "RSS after the run": "MiB"}
 
@@ -447,24 +493,14 @@ def report(ours: Contender, theirs: Contender | None) -> list[str]:
     return lines
 
 
-#: bench_grpcserver's floor figures: the name and unit each is printed with.
-FLOOR_FIGURES = {
-    "empty p50": ("empty NodePrepareResources p50", "ms"),
-    "prepare p50": ("prepare p50", "ms"),
-    "prepare p99": ("prepare p99", "ms"),
-    "unprepare p50": ("unprepare p50", "ms"),
-    "CPU per prepare+unprepare": ("CPU per prepare + unprepare", "ms"),
-    "burst wall": (f"{BURST} fresh claims from {CALLERS} callers, wall", "ms"),
-    "RSS": ("RSS after the run", "MiB"),
-}
-FLOOR_LABELS = ("python floor", "go floor")
+PYTHON_FLOOR, GO_FLOOR = "python floor", "go floor"
 
 
-def floor_report(python: Sequence[dict[str, float]], go: Sequence[dict[str, float]]) -> list[str]:
-    """The floors' figures, one line each, Python's beside Go's and their ratio."""
+def floor_report(python: Contender, go: Contender) -> list[str]:
+    """The floors' figures, one line each, under the names of the drivers' rows: Python's, Go's, the ratio."""
     return [
-        figure_line(name, unit, [run[key] for run in python], [run[key] for run in go], FLOOR_LABELS)
-        for key, (name, unit) in FLOOR_FIGURES.items()
+        figure_line(name, UNITS.get(name, "ms"), values, go.figures.get(name, []), (PYTHON_FLOOR, GO_FLOOR))
+        for name, values in python.figures.items()
     ]
 
 
@@ -511,14 +547,19 @@ def alternate(contenders: list[Contender], runs: int, run: Callable[[Contender],
     return contenders
 
 
-def _floors(runs: int) -> tuple[list[dict[str, float]], list[dict[str, float]]] | None:
-    """The Python and Go floors' figures per run, or None (and why) when the Go floor cannot be built."""
+def _floors(directory: Path) -> tuple[Contender, Contender] | None:
+    """The Python and Go floors, or None (and why) when the Go floor cannot be built."""
     try:
-        results = floors(runs)
+        go = ensure_grpc_floor()
     except BuildError as err:
         print(f"the Go floor could not be built, so the floors are left out: {err}")
         return None
-    return results["floor-aio"], results["floor-go"]
+    python_socket, go_socket = directory / "python-floor.sock", directory / "go-floor.sock"
+    python_args = [sys.executable, "-m", "tests.bench.grpcfloor", "aio", str(python_socket)]
+    return (
+        Contender(PYTHON_FLOOR, "", python_args, python_socket, directory / "python-floor.log", floor=True),
+        Contender(GO_FLOOR, "", [str(go), str(go_socket)], go_socket, directory / "go-floor.log", floor=True),
+    )
 
 
 def main() -> None:
@@ -554,13 +595,16 @@ def main() -> None:
         kube = Kube(cluster.kubeconfig)
         ours = _dra_gpu(cluster, args.devices, cdi)
         theirs = None if args.no_go else _go_contender(cluster, args.devices, cdi_go)
+        floors = None if args.no_floor or args.no_go else _floors(Path(cdi.parent))
         contenders = alternate(
-            [c for c in (ours, theirs) if c is not None], args.runs, lambda c: _run(c, cluster, kube, args)
+            [c for c in (ours, theirs, *(floors or ())) if c is not None],
+            args.runs,
+            lambda c: _run_floor(c, args) if c.floor else _run(c, cluster, kube, args),
         )
         kube.close()
-        # With the cluster still up, as the drivers were measured.
-        floor = None if args.no_floor or args.no_go else _floors(args.runs)
     theirs = theirs if any(c is theirs for c in contenders) else None
+    if floors is not None and not all(any(c is f for c in contenders) for f in floors):
+        floors = None
     print(
         f"dra-gpu beside Kubernetes' DRA test driver ({kubernetes_version()}), {args.devices} devices each, "
         f"{args.runs} alternating runs, median (range) of the per-run figures; ratio = dra-gpu / go"
@@ -569,13 +613,13 @@ def main() -> None:
     print(f"dra-gpu ran on {interpreter()}")
     for line in report(ours, theirs):
         print(line)
-    if floor is not None:
+    if floors is not None:
         print(
             "the floor: a DRA server that does no work, on each runtime (tests/bench/grpcfloor.py on "
             "grpc.aio and uvloop; deploy/local/floorbin in Go), the same client, "
             f"{args.runs} alternating runs; no driver goes under its runtime's floor"
         )
-        for line in floor_report(*floor):
+        for line in floor_report(*floors):
             print(line)
 
 

@@ -17,8 +17,8 @@ with asyncio's run_in_executor in place of anyio's worker threads for the state 
 The floors do no work at all, so they are what no driver on their runtime goes under:
 `floor-aio` and `floor-sync` (tests/bench/grpcfloor.py: grpc.aio on uvloop, grpcio's synchronous
 server) and `floor-go` (deploy/local/floorbin/grpcfloor, built into the cache on first use, on
-the grpc-go and protobuf versions of Kubernetes' DRA test driver). `make bench` prints the
-Python and Go floors under its table (`floors()`).
+the grpc-go and protobuf versions of Kubernetes' DRA test driver). `make bench` measures the
+same two floors beside the drivers (bench_compare).
 
 The client plays the kubelet from this process: empty calls, a prepare then an unprepare per
 fresh claim, and 32 fresh claims with 8 in flight; then the server's RSS. The servers run in
@@ -67,7 +67,7 @@ CALLERS, BURST = 8, 32
 MODES = ("aio", "aio-inline", "aio-executor", "sync", "sync-loop")
 #: Each figure's unit; the others are in milliseconds (CPU: per prepare and unprepare pair).
 UNITS = {"RSS": "MiB"}
-#: Servers that do no work: the per-call floor of gRPC on each runtime (`--modes floors`).
+#: Servers that do no work: the per-call floor of gRPC on each runtime.
 FLOORS = ("floor-aio", "floor-sync", "floor-go")
 
 
@@ -300,11 +300,6 @@ def alternated(
                 flush=True,
             )
     return results
-
-
-def floors(runs: int, claims: int = 200) -> dict[str, list[dict[str, float]]]:
-    """The Python floor (grpc.aio on uvloop, as the plugin serves) and the Go floor, `runs` each in turns."""
-    return alternated(("floor-aio", "floor-go"), runs, claims, devices=BURST)
 
 
 def _modes(text: str) -> tuple[str, ...]:

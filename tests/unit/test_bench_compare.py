@@ -57,22 +57,18 @@ def test_one_run_prints_no_range_and_about_three_significant_figures() -> None:
     )
 
 
-def test_the_floors_print_pythons_beside_gos_with_their_ratio() -> None:
-    run = {
-        "empty p50": 0.4,
-        "prepare p50": 0.4,
-        "prepare p99": 0.8,
-        "unprepare p50": 0.4,
-        "CPU per prepare+unprepare": 0.6,
-        "burst wall": 8.0,
-        "RSS": 39.4,
-    }
-    go = {key: value / 2 for key, value in run.items()}
-    lines = floor_report([run, {**run, "unprepare p50": 0.5}], [go])
-    assert len(lines) == len(run)
-    assert lines[0] == "empty NodePrepareResources p50: python floor 0.40 ms, go floor 0.20 ms, ratio 2.00x"
-    assert lines[3] == "unprepare p50: python floor 0.45 ms (0.40-0.50 ms), go floor 0.20 ms, ratio 2.25x"
-    assert lines[-1] == "RSS after the run: python floor 39.4 MiB, go floor 19.7 MiB, ratio 2.00x"
+def test_the_floors_print_pythons_beside_gos_under_the_drivers_row_names() -> None:
+    python = Contender("python floor", "", [], Path("p.sock"), Path("p.log"), floor=True)
+    go = Contender("go floor", "", [], Path("g.sock"), Path("g.log"), floor=True)
+    for value in (0.4, 0.5):
+        python.record("unprepare p50", value)
+        python.record("RSS after the run", 39.4)
+    go.record("unprepare p50", 0.2)
+    go.record("RSS after the run", 15.8)
+    assert floor_report(python, go) == [
+        "unprepare p50: python floor 0.45 ms (0.40-0.50 ms), go floor 0.20 ms, ratio 2.25x",
+        "RSS after the run: python floor 39.4 MiB, go floor 15.8 MiB, ratio 2.49x",
+    ]
 
 
 def test_without_the_go_driver_the_line_has_dra_gpus_figure_alone() -> None:

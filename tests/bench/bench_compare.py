@@ -366,6 +366,42 @@ def _make_claims(
         return dict(zip(batches, pool.map(batch, batches), strict=True))
 
 
+def _calls(
+    kubelet: _Kubelet,
+    contender: Contender,
+    pid: int,
+    first: Sequence[dra_pb2.Claim],
+    burst: Sequence[dra_pb2.Claim],
+    later_work: bool,
+) -> None:
+    """The rows every contender has: empty calls, `first` prepared, again, unprepared, then the burst."""
+    empty = [kubelet.empty() for _ in range(EMPTY_CALLS)]
+    contender.record("empty NodePrepareResources p50", _percentile(empty, 50))
+
+    before = cpu_seconds(pid)
+    timed = [kubelet.prepare(ref) for ref in first]
+    cpu = cpu_seconds(pid) - before
+    contender.record("first prepare p50", _percentile(timed, 50))
+    contender.record("first prepare p99", _percentile(timed, 99))
+    contender.record("CPU per first prepare", cpu * 1000 / len(first))
+    if later_work:
+        # What a prepare leaves for later counts too: dra-gpu writes each claim's status.devices
+        # once the kubelet's calls pause (at most a second later); the Go driver writes none.
+        time.sleep(LATER_WORK)
+        cpu = cpu_seconds(pid) - before
+        contender.record("CPU per first prepare, later work included", cpu * 1000 / len(first))
+    repeat = [kubelet.prepare(ref) for ref in first]
+    contender.record("repeat prepare p50", _percentile(repeat, 50))
+    unprepare = [kubelet.unprepare(ref) for ref in first]
+    contender.record("unprepare p50", _percentile(unprepare, 50))
+
+    wall, timings = kubelet.burst(burst, CALLERS)
+    contender.record(f"{BURST} fresh claims from {CALLERS} callers, wall", wall)
+    contender.record(f"{BURST} fresh claims from {CALLERS} callers, p99", _percentile(timings, 99))
+    for ref in burst:
+        kubelet.unprepare(ref)
+
+
 def _run(contender: Contender, cluster: ClusterInfo, kube: Kube, args: argparse.Namespace) -> None:
     """One run of one driver: every figure once."""
     namespace = f"bench-{uuid.uuid4().hex[:6]}"
@@ -387,32 +423,7 @@ def _run(contender: Contender, cluster: ClusterInfo, kube: Kube, args: argparse.
         )
         with grpc.insecure_channel(f"unix://{contender.dra_socket}") as channel:
             kubelet = _Kubelet(dra_pb2_grpc.DRAPluginStub(channel), contender.label)
-            empty = [kubelet.empty() for _ in range(EMPTY_CALLS)]
-            contender.record("empty NodePrepareResources p50", _percentile(empty, 50))
-
-            before = cpu_seconds(pid)
-            first = [kubelet.prepare(ref) for ref in claims["first"]]
-            cpu = cpu_seconds(pid) - before
-            contender.record("first prepare p50", _percentile(first, 50))
-            contender.record("first prepare p99", _percentile(first, 99))
-            contender.record("CPU per first prepare", cpu * 1000 / len(first))
-            # What a prepare leaves for later counts too: dra-gpu writes each claim's status.devices
-            # once the kubelet's calls pause (at most a second later); the Go driver writes none.
-            time.sleep(LATER_WORK)
-            cpu = cpu_seconds(pid) - before
-            contender.record("CPU per first prepare, later work included", cpu * 1000 / len(first))
-            repeat = [kubelet.prepare(ref) for ref in claims["first"]]
-            contender.record("repeat prepare p50", _percentile(repeat, 50))
-            unprepare = [kubelet.unprepare(ref) for ref in claims["first"]]
-            contender.record("unprepare p50", _percentile(unprepare, 50))
-
-            burst = claims["burst"]
-            wall, timings = kubelet.burst(burst, CALLERS)
-            contender.record(f"{BURST} fresh claims from {CALLERS} callers, wall", wall)
-            contender.record(f"{BURST} fresh claims from {CALLERS} callers, p99", _percentile(timings, 99))
-            for ref in burst:
-                kubelet.unprepare(ref)
-
+            _calls(kubelet, contender, pid, claims["first"], claims["burst"], later_work=True)
             piled = iter(claims["pileup"])
             fresh = iter(claims["sample"])
             held: list[dra_pb2.Claim] = []
@@ -457,19 +468,7 @@ def _run_floor(floor: Contender, args: argparse.Namespace) -> None:
             raise RuntimeError(f"{floor.label} did not start: see {floor.log}")
         with grpc.insecure_channel(f"unix://{floor.dra_socket}") as channel:
             kubelet = _Kubelet(dra_pb2_grpc.DRAPluginStub(channel), floor.label)
-            empty = [kubelet.empty() for _ in range(EMPTY_CALLS)]
-            floor.record("empty NodePrepareResources p50", _percentile(empty, 50))
-            claims = fresh(args.claims)
-            before = cpu_seconds(proc.pid)
-            first = [kubelet.prepare(ref) for ref in claims]
-            floor.record("first prepare p50", _percentile(first, 50))
-            floor.record("first prepare p99", _percentile(first, 99))
-            floor.record("CPU per first prepare", (cpu_seconds(proc.pid) - before) * 1000 / len(first))
-            floor.record("repeat prepare p50", _percentile([kubelet.prepare(ref) for ref in claims], 50))
-            floor.record("unprepare p50", _percentile([kubelet.unprepare(ref) for ref in claims], 50))
-            wall, timings = kubelet.burst(fresh(BURST), CALLERS)
-            floor.record(f"{BURST} fresh claims from {CALLERS} callers, wall", wall)
-            floor.record(f"{BURST} fresh claims from {CALLERS} callers, p99", _percentile(timings, 99))
+            _calls(kubelet, floor, proc.pid, fresh(args.claims), fresh(BURST), later_work=False)
         floor.record("RSS after the run", _rss_kib(proc.pid)[0] / 1024)
     finally:
         proc.stdin.close()

@@ -22,7 +22,9 @@ from localcluster.binaries import (
 
 from tests.bench.bench_compare import (
     Contender,
+    _floors,
     _KubeletLog,
+    _run_floor,
     alternate,
     figure_line,
     floor_report,
@@ -69,6 +71,26 @@ def test_the_floors_print_pythons_beside_gos_under_the_drivers_row_names() -> No
         "unprepare p50: python floor 0.45 ms (0.40-0.50 ms), go floor 0.20 ms, ratio 2.25x",
         "RSS after the run: python floor 39.4 MiB, go floor 15.8 MiB, ratio 2.49x",
     ]
+
+
+def test_a_floor_run_times_the_rows_that_need_no_cluster_in_python_and_go(tmp_path: Path) -> None:
+    # The Go floor is built from deploy/local/floorbin on first use (seconds, with the modules the
+    # cluster's build downloaded). A claim answered with an error would fail the run.
+    floors = _floors(tmp_path)
+    assert floors is not None
+    for floor in floors:
+        _run_floor(floor, argparse.Namespace(claims=3))
+    python, go = floors
+    assert set(python.figures) == set(go.figures)
+    assert "unprepare p50" in python.figures
+    assert "CPU per first prepare, later work included" not in python.figures
+    # CPU over three calls may round to no clock tick; the times may not.
+    assert all(len(values) == 1 and values[0] >= 0 for values in python.figures.values())
+    assert python.figures["unprepare p50"][0] > 0
+    lines = floor_report(python, go)
+    assert lines[0].startswith("empty NodePrepareResources p50: python floor ")
+    assert ", go floor " in lines[-1]
+    assert lines[-1].startswith("RSS after the run: ")
 
 
 def test_without_the_go_driver_the_line_has_dra_gpus_figure_alone() -> None:

@@ -261,11 +261,16 @@ def _running(
     finally:
         kubelet_log.close()
         proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        _reap(proc)
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    """Wait for a process told to stop; killed if it has not within 15 s."""
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
 
 
 def _ref(claim: dict[str, object]) -> dra_pb2.Claim:
@@ -471,12 +476,9 @@ def _run_floor(floor: Contender, args: argparse.Namespace) -> None:
             _calls(kubelet, floor, proc.pid, fresh(args.claims), fresh(BURST), later_work=False)
         floor.record("RSS after the run", _rss_kib(proc.pid)[0] / 1024)
     finally:
+        # Its cue to stop.
         proc.stdin.close()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        _reap(proc)
 
 
 #: Figure name -> unit; any figure not listed is in milliseconds.
@@ -594,7 +596,7 @@ def main() -> None:
         kube = Kube(cluster.kubeconfig)
         ours = _dra_gpu(cluster, args.devices, cdi)
         theirs = None if args.no_go else _go_contender(cluster, args.devices, cdi_go)
-        floors = None if args.no_floor or args.no_go else _floors(Path(cdi.parent))
+        floors = None if args.no_floor or args.no_go else _floors(cdi.parent)
         contenders = alternate(
             [c for c in (ours, theirs, *(floors or ())) if c is not None],
             args.runs,

@@ -354,10 +354,7 @@ def ensure_go_dra_driver(version: str | None = None, log: bool = True) -> Path:
     cluster binaries this takes about a minute on two cores; later calls return at once.
     """
     module = go_dra_driver_module(version)
-    if module.missing():
-        _need_go(module, f"Kubernetes' DRA test driver {module.version()}")
-        _build(module, module.missing(), log)
-    return module.bin_dir() / GO_DRA_DRIVER
+    return _ensure_built(module, f"Kubernetes' DRA test driver {module.version()}", log) / GO_DRA_DRIVER
 
 
 #: Prometheus' PromQL engine, text parser and TSDB behind a small program of the project's own
@@ -377,10 +374,7 @@ def ensure_promeval(log: bool = True) -> Path:
 
     About 80 s on two cores with the modules downloaded; later calls return at once.
     """
-    if PROMQL.missing():
-        _need_go(PROMQL, f"promeval (Prometheus {PROMQL.version()})")
-        _build(PROMQL, PROMQL.missing(), log)
-    return PROMQL.bin_dir() / PROMEVAL
+    return _ensure_built(PROMQL, f"promeval (Prometheus {PROMQL.version()})", log) / PROMEVAL
 
 
 #: A DRA v1 gRPC server in Go that does no work (floorbin/grpcfloor/main.go): the per-call floor of
@@ -398,10 +392,7 @@ FLOOR = GoModule(
 
 def ensure_grpc_floor(log: bool = True) -> Path:
     """Build grpcfloor on first use; its path. Seconds with the modules downloaded."""
-    if FLOOR.missing():
-        _need_go(FLOOR, f"grpcfloor (k8s.io/kubelet {FLOOR.version()})")
-        _build(FLOOR, FLOOR.missing(), log)
-    return FLOOR.bin_dir() / GRPC_FLOOR
+    return _ensure_built(FLOOR, f"grpcfloor (k8s.io/kubelet {FLOOR.version()})", log) / GRPC_FLOOR
 
 
 def modules() -> tuple[GoModule, ...]:
@@ -546,13 +537,23 @@ def _need_go(module: GoModule, what: str) -> None:
         raise BuildError(f"the Go toolchain (go >= {module.go_version()}) is needed to build {what}")
 
 
+def _ensure_built(
+    module: GoModule, what: str | None, log: bool, commands: tuple[str, ...] | None = None
+) -> Path:
+    """Build the commands of `module` (default: all) not in the cache yet; the module's binary directory.
+
+    `what` names the build in the error when Go is missing (None: the missing commands).
+    """
+    missing = module.missing(commands)
+    if missing:
+        _need_go(module, what or ", ".join(missing))
+        _build(module, missing, log)
+    return module.bin_dir()
+
+
 def ensure_binary(name: str, log: bool = True) -> Path:
     """The path of one command, building only that command on first use: ensure_binary("helm")."""
-    module = _module_of(name)
-    if module.missing((name,)):
-        _need_go(module, name)
-        _build(module, (name,), log)
-    return module.bin_dir() / name
+    return _ensure_built(_module_of(name), name, log, (name,)) / name
 
 
 def ensure_cluster_binaries(version: str | None = None, log: bool = True) -> Path:
@@ -563,11 +564,7 @@ def ensure_cluster_binaries(version: str | None = None, log: bool = True) -> Pat
     7 minutes on two free cores; no helm, no kubectl); later calls return at once.
     """
     module = kubernetes_module(version)
-    missing = module.missing(CLUSTER_COMMANDS)
-    if missing:
-        _need_go(module, f"Kubernetes {module.version()}")
-        _build(module, missing, log)
-    return module.bin_dir()
+    return _ensure_built(module, f"Kubernetes {module.version()}", log, CLUSTER_COMMANDS)
 
 
 def ensure_containerd_binaries(log: bool = True) -> Path:
@@ -575,11 +572,7 @@ def ensure_containerd_binaries(log: bool = True) -> Path:
 
     About 5 minutes on two cores with empty Go caches; later calls return at once.
     """
-    missing = CONTAINERD.missing()
-    if missing:
-        _need_go(CONTAINERD, f"containerd {CONTAINERD.version()}")
-        _build(CONTAINERD, missing, log)
-    return CONTAINERD.bin_dir()
+    return _ensure_built(CONTAINERD, f"containerd {CONTAINERD.version()}", log)
 
 
 def ensure_binaries(log: bool = True) -> Path:
@@ -591,10 +584,7 @@ def ensure_binaries(log: bool = True) -> Path:
     Other commands are found with binary(name).
     """
     for module in modules():
-        missing = module.missing()
-        if missing:
-            _need_go(module, ", ".join(missing))
-            _build(module, missing, log)
+        _ensure_built(module, None, log)
     return kubernetes_module().bin_dir()
 
 

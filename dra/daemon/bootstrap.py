@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -38,29 +36,15 @@ from dra.daemon import fakegpus, metrics
 from dra.daemon.health import APPLICATION_XIDS, HealthMonitor, HealthTracker
 from dra.daemon.lifecycle import Heartbeat, until_stopped
 from dra.gpu.discovery import discover
-from dra.gpu.driverfiles import find_driver_files
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.library import ERROR_UNKNOWN, GpuLibrary, GpuLibraryError
+from dra.gpu.driverfiles import device_root, find_driver_files, nvml_library
+from dra.gpu.library import GpuLibrary, GpuLibraryError
 from dra.gpu.nvml import NvmlLibrary
-from dra.gpu.profiles import ProfileError, load_profile
+from dra.gpu.profiles import ProfileError
 from dra.model.devices import Inventory
 from dra.model.migmode import MigModes
 from dra.model.prepared import PreparedClaim
 
 log = logging.getLogger(__name__)
-
-
-#: The fake GPUs' settings (time slices) in the state directory.
-FAKE_GPU_STATE = "fake-gpu-state.json"
-#: The fake GPUs' MIG instances, in the state directory (on a real GPU, the GPU holds them).
-FAKE_MIG_STATE = "fake-gpu-mig.json"
-#: The processes running on the fake GPUs (dra.gpu.fakeprocs' control file), in the state directory.
-FAKE_PROCESSES = "fake-gpu-processes.json"
-#: Set (to anything but empty), fake GPUs are reached through the real NVML adapter over the NVML
-#: stand-in (dra.gpu.nvmlstandin) rather than directly: a test switch, like DRA_GPU_FAULT_POINT.
-NVML_STANDIN_ENV = "DRA_GPU_NVML_STANDIN"
-#: Under the state directory: the stand-in host's sysfs and procfs, as the fake GPUs would show them.
-NVML_STANDIN_HOST = "nvml-standin-host"
 
 
 class StartupError(Exception):
@@ -130,6 +114,7 @@ class DaemonSettings:
             self.host_root,
             self.state_directory,
             self.fake_gpu_root,
+            self.driver_root,
         )
 
 
@@ -179,59 +164,28 @@ def gpu_library(
     host_root: Path = Path("/"),
     state_dir: Path | None = None,
     fake_gpu_root: Path | None = None,
+    driver_root: Path = Path("/"),
 ) -> GpuLibrary:
-    """NVML (device nodes looked up under host_root), or fake GPUs from a profile name or file.
+    """NVML, or fake GPUs from a profile name or file.
 
-    Fake GPUs keep the settings the driver changes and their MIG instances in
-    `state_dir`, as real ones keep them across a driver restart, so that every
-    process of the node (and a restarted one) sees the same. With fake_gpu_root
-    the fake GPUs' device nodes and stand-in driver are made there first. With
-    DRA_GPU_NVML_STANDIN set, the fake GPUs are NVML's: the real adapter over
-    the NVML stand-in of them.
+    NVML is the driver root's libnvidia-ml.so.1 where it has one (as NVIDIA's plugin loads it),
+    else the one the dynamic loader finds; device nodes are looked up in the driver root's dev/
+    where it has one (a containerised driver's), else in the host's /dev, both under host_root.
+    Fake GPUs keep the settings the driver changes and their MIG instances in `state_dir`, as
+    real ones keep them across a driver restart, so that every process of the node (and a
+    restarted one) sees the same. With fake_gpu_root their device nodes and stand-in driver are
+    made there first.
     """
     if not fake_gpus:
-        return NvmlLibrary(dev=host_root)
+        root = host_root / str(driver_root).lstrip("/")
+        dev = root if device_root(driver_root, host_root) != "/" else host_root
+        return NvmlLibrary(dev=dev, library=nvml_library(root))
     try:
-        profile = load_profile(fake_gpus, node_name)
+        return fakegpus.fake_gpu_library(fake_gpus, node_name, events, state_dir, fake_gpu_root)
     except ProfileError as err:
         raise StartupError(f"--fake-gpus: {err}") from None
-    state_file = state_dir / FAKE_GPU_STATE if state_dir is not None else None
-    mig_state = state_dir / FAKE_MIG_STATE if state_dir is not None else None
-    processes = state_dir / FAKE_PROCESSES if state_dir is not None else None
-    lib = FakeGpuLibrary(profile, node_name, events, state_file, fake_gpu_root, mig_state, processes)
-    if fake_gpu_root is not None:
-        root = fake_gpu_root
-        try:
-            fakegpus.materialise(lib, root)
-        except fakegpus.FakeRootError as err:
-            raise StartupError(str(err)) from None
-
-        def made_mig_device() -> None:
-            # A MIG device made after start (a layout, dynamic MIG) needs its capability nodes now.
-            try:
-                fakegpus.materialise(lib, root)
-            except fakegpus.FakeRootError as err:
-                raise GpuLibraryError(ERROR_UNKNOWN, str(err)) from None
-
-        lib.on_mig_change = made_mig_device
-    if os.environ.get(NVML_STANDIN_ENV):
-        return _over_nvml_standin(lib, state_dir, fake_gpu_root)
-    return lib
-
-
-def _over_nvml_standin(
-    fake: FakeGpuLibrary, state_dir: Path | None, fake_gpu_root: Path | None
-) -> GpuLibrary:
-    """The real NVML adapter over the NVML stand-in of `fake`, on a host that shows the fake's GPUs."""
-    # A test switch: a daemon without it never loads the stand-in (ctypes structures, its tables).
-    from dra.gpu.nvmlstandin import NvmlStandIn, host_tree
-
-    host = (
-        Path(tempfile.mkdtemp(prefix="dra-gpu-nvml-")) if state_dir is None else state_dir / NVML_STANDIN_HOST
-    )
-    sysfs, procfs = host_tree(fake, host)
-    # Without a fake GPU root the fake GPUs have no device nodes: the stand-in host has no /dev either.
-    return NvmlLibrary(sysfs=sysfs, procfs=procfs, dev=fake_gpu_root or host, library=NvmlStandIn(fake))
+    except fakegpus.FakeRootError as err:
+        raise StartupError(str(err)) from None
 
 
 def node_inventory(lib: GpuLibrary, settings: DaemonSettings) -> Inventory:
@@ -246,7 +200,8 @@ def node_inventory(lib: GpuLibrary, settings: DaemonSettings) -> Inventory:
     elif settings.fake_gpus:
         return inventory
     else:
-        dev_root, driver_root, host_root = Path("/"), settings.driver_root, settings.host_root
+        driver_root, host_root = settings.driver_root, settings.host_root
+        dev_root = Path(device_root(driver_root, host_root))
     files = (
         find_driver_files(lib.driver_version(), driver_root, host_root) if settings.cdi_driver_files else ()
     )

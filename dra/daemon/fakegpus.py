@@ -18,9 +18,16 @@ from dra.adapters.fakesysfs import FakeFunction, FakeSysfs
 from dra.adapters.pcisysfs import PciSysfs
 from dra.gpu.discovery import mig_enabled, mig_handles
 from dra.gpu.fake import FakeGpuLibrary, mig_cap_minor
-from dra.gpu.library import GpuHandle
+from dra.gpu.library import ERROR_UNKNOWN, GpuHandle, GpuLibraryError
+from dra.gpu.profiles import load_profile
 from dra.model.devices import Inventory
 
+#: The fake GPUs' settings (time slices) in the state directory.
+FAKE_GPU_STATE = "fake-gpu-state.json"
+#: The fake GPUs' MIG instances, in the state directory (on a real GPU, the GPU holds them).
+FAKE_MIG_STATE = "fake-gpu-mig.json"
+#: The processes running on the fake GPUs (dra.gpu.fakeprocs' control file), in the state directory.
+FAKE_PROCESSES = "fake-gpu-processes.json"
 #: NVIDIA's registered character major (/dev/nvidia0, /dev/nvidiactl).
 NVIDIA_MAJOR = 195
 NVIDIACTL_MINOR = 255
@@ -36,7 +43,7 @@ _SCRIPT = """#!/bin/sh
 # this container has. Table: G <minor> <uuid> <product> / M <parent minor> <gi cap> <ci cap> <uuid> <profile>
 case "$1" in
   -L|--list-gpus) ;;
-  *) echo "fake nvidia-smi: only -L (--list-gpus) is implemented" >&2; exit 2 ;;
+  *) {otherwise} ;;
 esac
 TABLE='{table}'
 if [ ! -e /dev/nvidiactl ]; then
@@ -63,23 +70,81 @@ class FakeRootError(RuntimeError):
     """The fake device nodes or driver root could not be made (the message says where and why)."""
 
 
+#: What the fake nvidia-smi answers to anything but -L.
+ONLY_LIST = 'echo "fake nvidia-smi: only -L (--list-gpus) is implemented" >&2; exit 2'
+
+
+def fake_gpu_library(
+    fake_gpus: str,
+    node_name: str,
+    events: Path | None = None,
+    state_dir: Path | None = None,
+    fake_gpu_root: Path | None = None,
+) -> FakeGpuLibrary:
+    """The fake GPUs of a profile (a built-in name or a file), keeping their state in state_dir.
+
+    ProfileError when the profile cannot be read. With fake_gpu_root their device nodes and
+    stand-in driver are made there first, and again whenever a MIG device is made.
+    """
+
+    def kept(name: str) -> Path | None:
+        return state_dir / name if state_dir is not None else None
+
+    lib = FakeGpuLibrary(
+        load_profile(fake_gpus, node_name),
+        node_name,
+        events,
+        kept(FAKE_GPU_STATE),
+        fake_gpu_root,
+        kept(FAKE_MIG_STATE),
+        kept(FAKE_PROCESSES),
+    )
+    if fake_gpu_root is not None:
+        root = fake_gpu_root
+        materialise(lib, root)
+
+        def made_mig_device() -> None:
+            # A MIG device made after start (a layout, dynamic MIG) needs its capability nodes now.
+            try:
+                materialise(lib, root)
+            except FakeRootError as err:
+                raise GpuLibraryError(ERROR_UNKNOWN, str(err)) from None
+
+        lib.on_mig_change = made_mig_device
+    return lib
+
+
 def materialise(lib: FakeGpuLibrary, root: Path) -> None:
     """Make (or refresh) the device nodes and the driver root of lib's fake GPUs under root."""
-    dev = root / "dev"
-    table: list[str] = []
     try:
-        _node(dev / "nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR)
-        _node(dev / "nvidia-uvm", UVM_MAJOR, 0)
-        _node(dev / "nvidia-uvm-tools", UVM_MAJOR, 1)
-        for index in range(lib.device_count()):
-            handle = lib.device_by_index(index)
-            minor = lib.minor_number(handle)
-            _node(dev / f"nvidia{minor}", NVIDIA_MAJOR, minor)
-            table.append(f"G {minor} {lib.uuid(handle)} {lib.name(handle)}")
-            table.extend(_mig_lines(lib, handle, minor, dev))
-        _driver_root(root / DRIVER_ROOT, lib.driver_version(), "\n".join(table))
+        table = device_nodes(lib, root / "dev")
+        _driver_root(root / DRIVER_ROOT, lib.driver_version(), nvidia_smi_script(table))
     except OSError as err:
         raise FakeRootError(f"--fake-gpu-root={root}: cannot make the fake GPUs' files: {err}") from None
+
+
+def device_nodes(lib: FakeGpuLibrary, dev: Path) -> str:
+    """Make (or refresh) the character devices of lib's GPUs and MIG devices under dev; nvidia-smi's table.
+
+    OSError when a node cannot be made.
+    """
+    table: list[str] = []
+    _node(dev / "nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR)
+    _node(dev / "nvidia-uvm", UVM_MAJOR, 0)
+    _node(dev / "nvidia-uvm-tools", UVM_MAJOR, 1)
+    for index in range(lib.device_count()):
+        handle = lib.device_by_index(index)
+        minor = lib.minor_number(handle)
+        _node(dev / f"nvidia{minor}", NVIDIA_MAJOR, minor)
+        table.append(f"G {minor} {lib.uuid(handle)} {lib.name(handle)}")
+        table.extend(_mig_lines(lib, handle, minor, dev))
+    return "\n".join(table)
+
+
+def nvidia_smi_script(table: str, otherwise: str = ONLY_LIST) -> bytes:
+    """The fake nvidia-smi: -L lists the GPUs of `table` whose device nodes the caller sees;
+    `otherwise` is the shell that answers any other command."""
+    return _SCRIPT.format(table=table, otherwise=otherwise).encode()
 
 
 def pci_tree(inventory: Inventory, root: Path) -> PciSysfs:
@@ -127,20 +192,24 @@ def _node(path: Path, major: int, minor: int) -> None:
     path.chmod(0o666)
 
 
-def _driver_root(driver_root: Path, version: str, table: str) -> None:
-    script = _SCRIPT.format(table=table).encode()
-    _write_if_changed(driver_root / "usr/bin/nvidia-smi", script, 0o755)
-    libs = driver_root / LIBRARY_DIR
-    for stem in STAND_IN_LIBRARIES:
+def _driver_root(driver_root: Path, version: str, script: bytes) -> None:
+    write_if_changed(driver_root / "usr/bin/nvidia-smi", script, 0o755)
+    stand_in_libraries(driver_root / LIBRARY_DIR, version)
+
+
+def stand_in_libraries(libs: Path, version: str, stems: tuple[str, ...] = STAND_IN_LIBRARIES) -> None:
+    """Text files named as the driver's libraries of `version` in libs, each with its .so.1 link."""
+    for stem in stems:
         name = f"{stem}.so.{version}"
-        _write_if_changed(libs / name, f"dra-gpu fake GPUs: stand-in for {name}\n".encode(), 0o644)
+        write_if_changed(libs / name, f"dra-gpu fake GPUs: stand-in for {name}\n".encode(), 0o644)
         link = libs / f"{stem}.so.1"
         if not link.is_symlink() or os.readlink(link) != name:
             link.unlink(missing_ok=True)
             link.symlink_to(name)
 
 
-def _write_if_changed(path: Path, data: bytes, mode: int) -> None:
+def write_if_changed(path: Path, data: bytes, mode: int) -> None:
+    """Write path atomically with data and mode, unless it already holds exactly that."""
     # Rediscovery calls this every minute: leave a file that is already right alone.
     try:
         if path.read_bytes() == data and stat.S_IMODE(path.stat().st_mode) == mode:

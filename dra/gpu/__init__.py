@@ -7,9 +7,8 @@ from a fake-GPU profile (``profiles``), its MIG calls in ``fakemig``, failing
 the way NVML fails, with MIG placements from ``migtables``. ``discovery``
 maps a library's answers to an ``Inventory``, with no branch for fake GPUs;
 ``dynamic`` makes, finds and destroys the MIG devices of dynamic MIG, one NVML
-step at a time. ``nvmlstandin`` (with ``nvmlabi``, nvml.h's types, and
-``nvmlstandinmig``) stands in for libnvidia-ml.so.1 below pynvml, over a fake,
-so that ``nvml`` runs where there is no GPU.
+step at a time. Where there is no GPU, ``nvml`` runs over the fake NVML library
+of the local cluster's tooling (deploy/local/fakenvml), which answers from ``fake``.
 
 Rule: imports ``dra.model`` only; device actions (MIG, time-slicing) go
 through the protocol so that the fake can stand in for every one.

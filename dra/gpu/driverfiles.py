@@ -80,6 +80,27 @@ FILE_DIRS = ("usr", "lib", "bin", "sbin")
 CONTAINER_DIRS = {"lib64": "usr/local/nvidia/lib64", "firmware/nvidia": "lib/firmware/nvidia"}
 
 
+def device_root(driver_root: Path, host_root: Path = Path("/")) -> str:
+    """Where the GPUs' device nodes are on the host: the driver root when it has a dev/ of its own (a
+    containerised driver's), else /, as NVIDIA's plugin decides (host_root: where this process sees /)."""
+    if str(driver_root) != "/" and (host_root / str(driver_root).lstrip("/") / "dev").is_dir():
+        return str(driver_root)
+    return "/"
+
+
+def nvml_library(root: Path) -> Path | None:
+    """The driver's libnvidia-ml.so.1 under root (the driver root as this process sees it), if it has one.
+
+    NVIDIA's plugin loads NVML from its driver root the same way, so that a node needs no container
+    toolkit to hand the plugin the library; None leaves the choice to the dynamic loader.
+    """
+    for directory in LIBRARY_DIRS:
+        candidate = root / directory / "libnvidia-ml.so.1"
+        if candidate.exists():
+            return candidate
+    return None
+
+
 def find_driver_files(
     driver_version: str, driver_root: Path = Path("/"), host_root: Path = Path("/")
 ) -> tuple[DriverFile, ...]:

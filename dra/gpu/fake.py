@@ -219,7 +219,7 @@ class FakeGpuLibrary(FakeMigPartitions):
         """Each NUMA node of the GPUs with the nodes of its socket, all as close to each other.
 
         A profile's `numaNode` list names nodes of one socket; nodes listed by no GPU together
-        are sockets of their own (the stand-in host's SLIT table says so: dra.gpu.nvmlstandin).
+        are sockets of their own (the fake node's SLIT table says so: fakenvml.host).
         """
         sockets: list[set[int]] = []
         for index, gpu in enumerate(self.profile.gpus):

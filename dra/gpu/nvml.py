@@ -17,6 +17,7 @@ from dra.gpu import numa
 from dra.gpu.library import (
     ERROR_FUNCTION_NOT_FOUND,
     ERROR_INVALID_ARGUMENT,
+    ERROR_LIBRARY_NOT_FOUND,
     ERROR_NOT_SUPPORTED,
     ERROR_TIMEOUT,
     ERROR_UNKNOWN,
@@ -59,9 +60,9 @@ class NvmlLibrary:
         sysfs: Path = Path("/sys"),
         procfs: Path = Path("/proc"),
         dev: Path = Path("/"),
-        library: object | None = None,
+        library: Path | None = None,
     ) -> None:
-        #: What pynvml calls in place of libnvidia-ml.so.1 (dra.gpu.nvmlstandin); None: the driver's.
+        #: The libnvidia-ml.so.1 to load (a driver root's); None: the one the dynamic loader finds.
         self.library = library
         #: The nvidia-smi binary that changes GPU settings (on PATH by default).
         self.nvidia_smi = "nvidia-smi"
@@ -90,14 +91,17 @@ class NvmlLibrary:
             raise GpuLibraryError(-1, "pynvml (nvidia-ml-py) is not installed") from err
         self._nvml = pynvml
         if self.library is not None and not pynvml._nvmlLib_refcount:
-            self._load(self.library)
+            try:
+                self._load(ctypes.CDLL(str(self.library)))
+            except OSError as err:
+                raise GpuLibraryError(ERROR_LIBRARY_NOT_FOUND, f"cannot load {self.library}: {err}") from None
         try:
             self._call("nvmlInit")
         except GpuLibraryError:
             self._unload()
             raise
 
-    def _load(self, library: object | None) -> None:
+    def _load(self, library: ctypes.CDLL | None) -> None:
         """Give pynvml `library` as the one it loaded, forgetting the functions it looked up before.
 
         This is pynvml's C boundary: the handle its _LoadNvmlLibrary fills with
@@ -106,7 +110,7 @@ class NvmlLibrary:
         while that count is above 0 the library in use stays, whatever library
         another NvmlLibrary was given (so a daemon's second library, as for a
         re-discovery, shares the first one's handles and event set). None lets
-        the next nvmlInit load the driver's library again.
+        the next nvmlInit look for libnvidia-ml.so.1 by name again.
         """
         with self._nvml.libLoadLock:
             self._nvml.nvmlLib = library

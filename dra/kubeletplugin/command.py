@@ -62,7 +62,7 @@ def kubelet_plugin(args: argparse.Namespace) -> int:
 
 def discover(args: argparse.Namespace) -> int:
     """`dra-gpu discover`: print the ResourceSlices this node would publish (after a MIG layout's dry run)."""
-    lib = gpu_library(args.fake_gpus, args.node_name)
+    lib = gpu_library(args.fake_gpus, args.node_name, host_root=args.host_root, driver_root=args.driver_root)
     modes = args.mig_mode.for_node(args.node_name)
     if args.mig_config_file:
         modes = _dry_run_layout(lib, args, modes)
@@ -124,7 +124,13 @@ def _dry_run_layout(lib: GpuLibrary, args: argparse.Namespace, modes: MigModes) 
 def time_slices(args: argparse.Namespace) -> int:
     """`dra-gpu time-slices`: print each GPU's compute time-slice interval."""
     state_dir = args.state_dir or default_state_dir(Path("/var/lib/kubelet"), args.driver_name)
-    lib = gpu_library(args.fake_gpus, args.node_name, host_root=args.host_root, state_dir=state_dir)
+    lib = gpu_library(
+        args.fake_gpus,
+        args.node_name,
+        host_root=args.host_root,
+        state_dir=state_dir,
+        driver_root=args.driver_root,
+    )
     inventory = load_inventory(lib)
     names = {level: name for name, level in sharing.INTERVAL_LEVELS.items()}
     try:

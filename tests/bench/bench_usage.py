@@ -26,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from fakenvml.adapter import over
+from fakenvml.host import host_tree
+from fakenvml.standin import NvmlStandIn
 from prometheus_client import generate_latest
 
 from dra.core.devicestatus import Consumer, DeviceIdentity, identities
@@ -34,8 +37,6 @@ from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.fakeprocs import FakeProcess
 from dra.gpu.library import GpuLibrary
-from dra.gpu.nvml import NvmlLibrary
-from dra.gpu.nvmlstandin import NvmlStandIn, host_tree
 from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.usage import DeviceReader, ProcessOwners, UsageSampler
 from dra.model.prepared import PreparedClaim, PreparedDevice
@@ -107,7 +108,7 @@ def _run(claims: int, samples: int, standin: bool) -> dict[str, float]:
         lib: Any = _Replay(fake)
         if standin:
             sysfs, procfs = host_tree(fake, root / "host")
-            nvml = NvmlLibrary(sysfs=sysfs, procfs=procfs, dev=root / "host", library=NvmlStandIn(fake))
+            nvml = over(NvmlStandIn(fake), sysfs=sysfs, procfs=procfs, dev=root / "host")
             nvml.init()
             lib = nvml
 

@@ -14,10 +14,10 @@ from typing import Any
 import yaml
 
 from dra.gpu.discovery import discover
+from dra.gpu.driverfiles import nvml_library
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import GpuLibraryError
 from dra.gpu.nvml import NvmlLibrary
-from dra.gpu.nvmlstandin import NvmlStandIn, host_tree
 from dra.gpu.profiles import Profile, load_profile, parse_profile
 from dra.model.devices import Inventory
 
@@ -78,16 +78,22 @@ def write_kubeconfig(path: Path, server: str = "https://127.0.0.1:1") -> Path:
 
 @contextmanager
 def real_or_standin_nvml(host: Path, profile_name: str) -> Iterator[NvmlLibrary]:
-    """NVML on this machine's GPUs; where it has none, the real adapter over the NVML stand-in.
+    """NVML on this machine's GPUs; where it has none, the real adapter over the fake NVML library.
 
-    The stand-in serves the fake GPUs of `profile_name` on a fake host under
-    `host`: their sysfs and procfs facts (host_tree) and their device nodes
-    (empty files: the adapter only asks whether they exist).
+    The fake serves the GPUs of `profile_name` on a fake host under `host`: their sysfs and procfs
+    facts (host_tree) and their device nodes (empty files: the adapter only asks whether they exist).
+    The driver's library is loaded by its path, as the daemon loads a driver root's: by name, the
+    dynamic loader would give this process the fake one once a test loaded it.
     """
-    lib = NvmlLibrary()
-    try:
-        lib.init()
-    except GpuLibraryError:
+    driver = nvml_library(Path("/"))
+    lib: NvmlLibrary | None = None
+    if driver is not None:
+        lib = NvmlLibrary(library=driver)
+        try:
+            lib.init()
+        except GpuLibraryError:
+            lib = None
+    if lib is None:
         lib = standin_nvml(FakeGpuLibrary(load_profile(profile_name), NODE, root=host), host)
     try:
         yield lib
@@ -96,12 +102,17 @@ def real_or_standin_nvml(host: Path, profile_name: str) -> Iterator[NvmlLibrary]
 
 
 def standin_nvml(fake: FakeGpuLibrary, host: Path) -> NvmlLibrary:
-    """The real adapter, initialised, over the NVML stand-in of `fake` on a fake host under `host`."""
+    """The real adapter, initialised, over the fake NVML answering for `fake`, on a fake host under `host`."""
+    # Imported here: the daemons' tests import these helpers in processes without the local tooling.
+    from fakenvml.adapter import over
+    from fakenvml.host import host_tree
+    from fakenvml.standin import NvmlStandIn
+
     (host / "dev").mkdir(parents=True, exist_ok=True)
     for node in ("nvidiactl", *(f"nvidia{i}" for i in range(fake.device_count()))):
         (host / "dev" / node).touch()
     sysfs, procfs = host_tree(fake, host)
-    lib = NvmlLibrary(sysfs=sysfs, procfs=procfs, dev=host, library=NvmlStandIn(fake))
+    lib = over(NvmlStandIn(fake), sysfs=sysfs, procfs=procfs, dev=host)
     lib.init()
     return lib
 

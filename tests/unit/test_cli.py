@@ -262,7 +262,7 @@ def test_a_bad_profile_file_exits_1_with_one_line(
 class NoDriver:
     """NVML on a machine without the NVIDIA driver."""
 
-    def __init__(self, dev: Path) -> None:
+    def __init__(self, dev: Path, library: Path | None = None) -> None:
         self.dev = dev
 
     def init(self) -> None:

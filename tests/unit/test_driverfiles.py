@@ -150,3 +150,23 @@ def test_a_driver_root_of_bin_and_lib64_alone_is_found(tmp_path: Path) -> None:
         ("/bin/nvidia-smi", "/usr/local/nvidia/bin/nvidia-smi"),
         (f"/lib/firmware/nvidia/{VERSION}", f"/usr/local/nvidia/firmware/nvidia/{VERSION}"),
     }
+
+
+def test_nvml_is_the_driver_roots_own_library_where_it_has_one(tmp_path: Path) -> None:
+    assert driverfiles.nvml_library(tmp_path) is None
+    for directory in ("usr/lib", "usr/lib64"):
+        (tmp_path / directory).mkdir(parents=True)
+        (tmp_path / directory / "libnvidia-ml.so.550.54.15").touch()
+        (tmp_path / directory / "libnvidia-ml.so.1").symlink_to("libnvidia-ml.so.550.54.15")
+    # The first of the directories a CDI spec's libraries come from, as NVIDIA's plugin searches its root.
+    assert driverfiles.nvml_library(tmp_path) == tmp_path / "usr/lib64/libnvidia-ml.so.1"
+
+
+def test_device_nodes_are_the_driver_roots_where_it_has_a_dev_of_its_own(tmp_path: Path) -> None:
+    host = tmp_path / "host"
+    (host / "run/nvidia/driver").mkdir(parents=True)
+    assert driverfiles.device_root(Path("/run/nvidia/driver"), host) == "/"
+    (host / "run/nvidia/driver/dev").mkdir()
+    assert driverfiles.device_root(Path("/run/nvidia/driver"), host) == "/run/nvidia/driver"
+    # The host's own / never counts as a driver root of its own, whatever it holds.
+    assert driverfiles.device_root(Path("/"), host) == "/"

@@ -9,6 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from fakenvml.adapter import over
+from fakenvml.host import host_tree
+from fakenvml.standin import NvmlStandIn
 
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
@@ -27,7 +30,6 @@ from dra.gpu.library import (
     Placement,
 )
 from dra.gpu.nvml import NvmlLibrary
-from dra.gpu.nvmlstandin import NvmlStandIn, host_tree
 from dra.gpu.profiles import load_profile, parse_profile
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Inventory, MigPartition
@@ -140,7 +142,7 @@ def _standin_nvml(host: Path, reset_required: set[int]) -> tuple[NvmlLibrary, Nv
         (host / "dev" / node).touch()
     sysfs, procfs = host_tree(fake, host)
     standin = NvmlStandIn(fake, reset_required=reset_required)
-    lib = NvmlLibrary(sysfs=sysfs, procfs=procfs, dev=host, library=standin)
+    lib = over(standin, sysfs=sysfs, procfs=procfs, dev=host)
     lib.init()
     return lib, standin
 

@@ -9,14 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from fakenvml.adapter import over
+from fakenvml.host import host_tree
+from fakenvml.standin import NvmlStandIn
 
 from dra.core.slices import NUMA_NODE_ATTRIBUTE, build_slices
 from dra.core.versions import ApiFeatures
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.numa import same_socket_nodes
-from dra.gpu.nvml import NvmlLibrary
-from dra.gpu.nvmlstandin import NvmlStandIn, host_tree
 from dra.gpu.profiles import ProfileError
 from dra.model.devices import Inventory
 from tests.unit.helpers import DRIVER, NODE, profile
@@ -88,7 +89,7 @@ def test_a_profile_names_the_nodes_of_a_gpus_socket_and_the_stand_in_host_says_t
     fake = FakeGpuLibrary(SNC, NODE)
     behind = FakeGpuLibrary(SNC, NODE)
     sysfs, procfs = host_tree(behind, tmp_path)
-    nvml = NvmlLibrary(sysfs=sysfs, procfs=procfs, dev=tmp_path, library=NvmlStandIn(behind))
+    nvml = over(NvmlStandIn(behind), sysfs=sysfs, procfs=procfs, dev=tmp_path)
     nvml.init()
     try:
         on_nvml = discover(nvml)

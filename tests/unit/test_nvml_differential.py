@@ -1,8 +1,9 @@
-"""The real adapter over the NVML stand-in against the fake alone: the same scenarios, the same answers.
+"""The real adapter over the fake NVML library against the fake alone: the same scenarios, the same answers.
 
 For every built-in profile, each scenario runs twice from the same start: on
 FakeGpuLibrary directly, and on NvmlLibrary (dra.gpu.nvml, through pynvml's
-own wrappers) over an NvmlStandIn of an identical fake. Inventories, slices,
+own wrappers) over the fake NVML library answering from an NvmlStandIn of
+an identical fake. Inventories, slices,
 the MIG devices made and the NVML codes of every refusal must be identical;
 a difference is a bug in the adapter, in the stand-in or in the fake.
 """
@@ -17,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fakenvml.adapter import over
+from fakenvml.host import host_tree
+from fakenvml.standin import NvmlStandIn
 
 from dra.core.migconfig import parse_mig_configs
 from dra.core.slices import build_slices
@@ -35,7 +39,6 @@ from dra.gpu.library import (
     Placement,
 )
 from dra.gpu.nvml import NvmlLibrary
-from dra.gpu.nvmlstandin import NvmlStandIn, host_tree
 from dra.gpu.profiles import BUILTIN_PROFILES, load_profile
 from dra.kubeletplugin.miglayout import MigLayoutError, apply_layout
 from dra.model.devices import MigDevice
@@ -105,7 +108,7 @@ def pair(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mon
     behind = FakeGpuLibrary(profile, NODE, events_file=tmp_path / "standin/events")
     standin = NvmlStandIn(behind)
     sysfs, procfs = host_tree(behind, tmp_path / "host")
-    nvml = NvmlLibrary(sysfs=sysfs, procfs=procfs, dev=tmp_path / "host", library=standin)
+    nvml = over(standin, sysfs=sysfs, procfs=procfs, dev=tmp_path / "host")
     nvml.init()
     modes = parse_mig_modes("dynamic") if "dynamic" in name else MigModes()
     yield Pair(fake, nvml, standin, modes, serials)

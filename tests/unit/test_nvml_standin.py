@@ -16,11 +16,14 @@ from pathlib import Path
 
 import anyio
 import pytest
+from fakenvml import abi as nvmlabi
+from fakenvml.abi import struct_version
+from fakenvml.adapter import over
+from fakenvml.standin import NvmlStandIn
 
 from dra.core.migconfig import parse_mig_configs
-from dra.daemon.bootstrap import NVML_STANDIN_ENV, gpu_library
 from dra.daemon.health import HealthMonitor, HealthTracker
-from dra.gpu import dynamic, nvmlabi
+from dra.gpu import dynamic
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import (
@@ -39,8 +42,6 @@ from dra.gpu.library import (
     XidEvent,
 )
 from dra.gpu.nvml import NvmlLibrary
-from dra.gpu.nvmlabi import struct_version
-from dra.gpu.nvmlstandin import NvmlStandIn
 from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.miglayout import apply_layout
 from dra.model.devices import Gpu, MigDevice
@@ -101,13 +102,23 @@ def _standin(profile: str = "h100x8", **options: object) -> NvmlStandIn:
     return NvmlStandIn(FakeGpuLibrary(load_profile(profile), NODE), **options)  # type: ignore[arg-type]
 
 
+#: The stand-in each NvmlLibrary of these tests is over.
+_BEHIND: dict[int, NvmlStandIn] = {}
+
+
+def _over(standin: NvmlStandIn) -> NvmlLibrary:
+    lib = over(standin)
+    _BEHIND[id(lib)] = standin
+    return lib
+
+
 @pytest.fixture
 def adapter() -> Iterator[Callable[..., NvmlLibrary]]:
     """NvmlLibrary over a stand-in made with these options, initialised; shut down after the test."""
     made: list[NvmlLibrary] = []
 
     def make(profile: str = "h100x8", **options: object) -> NvmlLibrary:
-        lib = NvmlLibrary(library=_standin(profile, **options))
+        lib = _over(_standin(profile, **options))
         lib.init()
         made.append(lib)
         return lib
@@ -119,8 +130,7 @@ def adapter() -> Iterator[Callable[..., NvmlLibrary]]:
 
 
 def _standin_of(lib: NvmlLibrary) -> NvmlStandIn:
-    assert isinstance(lib.library, NvmlStandIn)
-    return lib.library
+    return _BEHIND[id(lib)]
 
 
 def _gpu0(standin: NvmlStandIn) -> ctypes.c_void_p:
@@ -273,7 +283,7 @@ def test_a_mig_device_handle_dies_with_its_instance(adapter: Callable[..., NvmlL
 def test_events_come_for_registered_gpus_only_and_name_mig_instances(tmp_path: Path) -> None:
     events = tmp_path / "events"
     fake = FakeGpuLibrary(load_profile("h100x8-mig"), NODE, events_file=events)
-    lib = NvmlLibrary(library=NvmlStandIn(fake))
+    lib = _over(NvmlStandIn(fake))
     lib.init()
     gpu4 = lib.device_by_index(4)
     mig = lib.mig_device_by_index(gpu4, 0)
@@ -318,28 +328,13 @@ def test_a_gpu_lost_while_listing_compute_instances_fails(
     assert err.value.code == ERROR_GPU_IS_LOST
 
 
-def test_the_daemon_reaches_fake_gpus_through_the_real_adapter_when_asked(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    direct = gpu_library("h100x8-mig", NODE, state_dir=tmp_path / "direct")
-    monkeypatch.setenv(NVML_STANDIN_ENV, "1")
-    lib = gpu_library("h100x8-mig", NODE, state_dir=tmp_path / "standin")
-    assert isinstance(lib, NvmlLibrary)
-    assert isinstance(lib.library, NvmlStandIn)
-    lib.init()
-    try:
-        assert discover(lib) == discover(direct)
-    finally:
-        lib.shutdown()
-
-
 def test_a_second_library_in_the_process_shares_the_first_ones_nvml(tmp_path: Path) -> None:
     # As a daemon re-discovers: a second NvmlLibrary inits and shuts down while the first watches.
-    first = NvmlLibrary(library=_standin("h100x8-mig"))
+    first = _over(_standin("h100x8-mig"))
     first.init()
     gpu = first.device_by_index(4)
     first.watch_xid_events(gpu)
-    second = NvmlLibrary(library=_standin("h100x8-mig"))
+    second = NvmlLibrary(library=first.library)
     second.init()
     assert second.uuid(second.device_by_index(4)) == first.uuid(gpu)
     second.shutdown()
@@ -348,7 +343,6 @@ def test_a_second_library_in_the_process_shares_the_first_ones_nvml(tmp_path: Pa
     first.shutdown()
     assert pynvml.nvmlLib is None
     assert _standin_of(first).calls["nvmlInitWithFlags"] == 2
-    assert "nvmlInitWithFlags" not in _standin_of(second).calls
 
 
 def test_what_is_in_use_cannot_be_destroyed_or_switched_off(adapter: Callable[..., NvmlLibrary]) -> None:
@@ -385,7 +379,7 @@ def test_a_gpu_that_fails_half_way_through_discovery_leaves_no_offer_behind(
 
 def test_nvml_is_shut_down_even_when_freeing_the_event_set_fails() -> None:
     standin = _standin(lacks={"nvmlEventSetFree"})
-    lib = NvmlLibrary(library=standin)
+    lib = _over(standin)
     lib.init()
     lib.watch_xid_events(lib.device_by_index(0))
     with pytest.raises(GpuLibraryError) as err:
@@ -398,7 +392,7 @@ def test_nvml_is_shut_down_even_when_freeing_the_event_set_fails() -> None:
 def _driver_without(name: str, profile: str) -> list[str]:
     """Discovery, a dynamic MIG device and an XID watch on a driver lacking one function; what failed."""
     standin = _standin(profile, lacks={name})
-    lib = NvmlLibrary(library=standin)
+    lib = _over(standin)
     failed: list[str] = []
     try:
         lib.init()
@@ -446,7 +440,7 @@ def test_a_driver_without_one_function_fails_only_with_nvml_errors(name: str, pr
 async def test_the_health_monitor_watches_through_the_adapter_and_sees_a_gpu_lost(tmp_path: Path) -> None:
     events = tmp_path / "events"
     standin = NvmlStandIn(FakeGpuLibrary(load_profile("h100x8-mig"), NODE, events_file=events))
-    lib = NvmlLibrary(library=standin)
+    lib = _over(standin)
     lib.init()
     inventory = discover(lib)
     tracker = HealthTracker(inventory)

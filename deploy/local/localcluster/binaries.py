@@ -395,6 +395,35 @@ def ensure_grpc_floor(log: bool = True) -> Path:
     return _ensure_built(FLOOR, f"grpcfloor (k8s.io/kubelet {FLOOR.version()})", log) / GRPC_FLOOR
 
 
+#: NVIDIA's DRA kubelet plugin (sigs.k8s.io/dra-driver-nvidia-gpu, cmd/gpu-kubelet-plugin), the
+#: driver users run instead of this one: started beside it on the local cluster over the fake NVML
+#: (deploy/local/fakenvml), never part of a cluster by default. nvidiabin/go.mod pins the newest
+#: release whose dependencies the module proxy serves whole (v0.5.0 needs go-nvfm, which it does not).
+NVIDIA_PLUGIN = "gpu-kubelet-plugin"
+#: The hook NVIDIA's CDI specs name (its image ships it; the plugin copies it into its plugin directory).
+NVIDIA_CDI_HOOK = "nvidia-cdi-hook"
+NVIDIA = GoModule(
+    name="nvidia",
+    directory=_LOCAL_DIR / "nvidiabin",
+    pinned="sigs.k8s.io/dra-driver-nvidia-gpu",
+    packages=(
+        f"sigs.k8s.io/dra-driver-nvidia-gpu/cmd/{NVIDIA_PLUGIN}",
+        f"github.com/NVIDIA/nvidia-container-toolkit/cmd/{NVIDIA_CDI_HOOK}",
+    ),
+    # As NVIDIA's Makefile stamps it, so that --version says which release runs.
+    ldflags=lambda version: f"-s -w -X sigs.k8s.io/dra-driver-nvidia-gpu/internal/info.version={version}",
+)
+
+
+def ensure_nvidia_plugin(log: bool = True) -> Path:
+    """Build NVIDIA's gpu-kubelet-plugin and the nvidia-cdi-hook its specs name on first use; their directory.
+
+    About 440 MB of modules and two minutes of compiling on two cores the first time (cgo:
+    go-nvml's bindings); later calls return at once.
+    """
+    return _ensure_built(NVIDIA, f"NVIDIA's DRA driver {NVIDIA.version()}", log)
+
+
 def modules() -> tuple[GoModule, ...]:
     """Every module ensure_binaries() builds, in build order."""
     return (kubernetes_module(), HELM)

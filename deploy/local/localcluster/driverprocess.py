@@ -18,8 +18,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Self
 
+from fakenvml.node import FakeNode
+
 from dra.adapters.checkpoint import CheckpointStore
-from dra.daemon.bootstrap import FAKE_MIG_STATE
+from dra.daemon.fakegpus import FAKE_MIG_STATE
 from dra.kubeletplugin.server import sockets
 from localcluster.cluster import ClusterInfo
 
@@ -48,20 +50,30 @@ class DaemonProcess(abc.ABC):
     def args(self) -> list[str]:
         """The command line."""
 
-    def dra_gpu(self, command: str, cluster: ClusterInfo, profile: str, *flags: str) -> list[str]:
-        """`dra-gpu COMMAND` on the cluster's node, fake GPUs and an HTTP port of its own, then `flags`."""
-        return [
+    def dra_gpu(self, command: str, cluster: ClusterInfo, profile: str | FakeNode, *flags: str) -> list[str]:
+        """`dra-gpu COMMAND` on the cluster's node, its GPUs and an HTTP port of its own, then `flags`.
+
+        The GPUs are fake ones of a profile (--fake-gpus), or a fake node's, which the daemon reads
+        through NVML as on a real node: the fake NVML in its driver root, in a mount namespace that
+        shows the node's sysfs.
+        """
+        if isinstance(profile, FakeNode):
+            gpus = [f"--driver-root={profile.driver_root}"]
+        else:
+            # On containerd real containers see the fake GPUs: device nodes and nvidia-smi.
+            root = [f"--fake-gpu-root={cluster.fake_gpu_root}"] if cluster.fake_gpu_root else []
+            gpus = [f"--fake-gpus={profile}", *root]
+        command_line = [
             sys.executable,
             "-m",
             "dra",
             command,
             f"--node-name={cluster.node_name}",
-            f"--fake-gpus={profile}",
+            *gpus,
             f"--http-address=127.0.0.1:{self.port}",
-            # On containerd real containers see the fake GPUs: device nodes and nvidia-smi.
-            *([f"--fake-gpu-root={cluster.fake_gpu_root}"] if cluster.fake_gpu_root else []),
             *flags,
         ]
+        return profile.wrap(command_line) if isinstance(profile, FakeNode) else command_line
 
     def start(self, timeout: float = 30.0, on_spawn: Callable[[int], object] | None = None) -> Self:
         """Start and wait until /readyz answers 200 (the daemon decides what ready means).
@@ -124,7 +136,7 @@ class DriverProcess(DaemonProcess):
     def __init__(
         self,
         cluster: ClusterInfo,
-        profile: str,
+        profile: str | FakeNode,
         log_path: Path,
         driver_name: str = "gpu.nvidia.com",
         extra_args: tuple[str, ...] = (),
@@ -133,7 +145,9 @@ class DriverProcess(DaemonProcess):
         instance_id: str | None = None,
         cdi_root: str | None = None,
     ) -> None:
-        """`instance_id`: the driver's --instance-id (rolling updates, the default); None: a fresh one.
+        """`profile`: a fake-GPU profile, or a fake node whose GPUs it reads through NVML.
+
+        `instance_id`: the driver's --instance-id (rolling updates, the default); None: a fresh one.
 
         `cdi_root`: where the driver writes CDI specs; by default the cluster's, which its runtime reads.
         """
@@ -155,6 +169,8 @@ class DriverProcess(DaemonProcess):
     @property
     def fake_mig_state(self) -> Path:
         """The file the fake GPUs keep their MIG modes and instances in (dra.gpu.fakemig)."""
+        if isinstance(self.profile, FakeNode):
+            return self.profile.config.state_dir / FAKE_MIG_STATE
         return self.checkpoint.parent / FAKE_MIG_STATE
 
     def fake_mig_modes(self) -> dict[int, int]:

@@ -1,4 +1,4 @@
-"""NVML's C interface as nvml.h defines it, for the NVML stand-in (dra.gpu.nvmlstandin).
+"""NVML's C interface as nvml.h defines it, for the NVML stand-in (fakenvml.standin).
 
 The return codes, buffer sizes, structures and structure versions of the
 calls dra.gpu.nvml makes, transcribed from the header rather than from pynvml
@@ -162,6 +162,24 @@ class GpuInstancePlacement(ctypes.Structure):
     _fields_ = (("start", uint), ("size", uint))
 
 
+class GpuInstanceProfileInfo(ctypes.Structure):
+    """nvmlGpuInstanceProfileInfo_t (unversioned: go-nvml's GetGpuInstanceProfileInfo)."""
+
+    _fields_ = (
+        ("id", uint),
+        ("isP2pSupported", uint),
+        ("sliceCount", uint),
+        ("instanceCount", uint),
+        ("multiprocessorCount", uint),
+        ("copyEngineCount", uint),
+        ("decoderCount", uint),
+        ("encoderCount", uint),
+        ("jpegCount", uint),
+        ("ofaCount", uint),
+        ("memorySizeMB", ull),
+    )
+
+
 class GpuInstanceProfileInfoV2(ctypes.Structure):
     """nvmlGpuInstanceProfileInfo_v2_t."""
 
@@ -186,6 +204,22 @@ class GpuInstanceInfo(ctypes.Structure):
     """nvmlGpuInstanceInfo_t."""
 
     _fields_ = (("device", ptr), ("id", uint), ("profileId", uint), ("placement", GpuInstancePlacement))
+
+
+class ComputeInstanceProfileInfo(ctypes.Structure):
+    """nvmlComputeInstanceProfileInfo_t (unversioned: go-nvml's GetComputeInstanceProfileInfo)."""
+
+    _fields_ = (
+        ("id", uint),
+        ("sliceCount", uint),
+        ("instanceCount", uint),
+        ("multiprocessorCount", uint),
+        ("sharedCopyEngineCount", uint),
+        ("sharedDecoderCount", uint),
+        ("sharedEncoderCount", uint),
+        ("sharedJpegCount", uint),
+        ("sharedOfaCount", uint),
+    )
 
 
 class ComputeInstanceProfileInfoV2(ctypes.Structure):

@@ -6,7 +6,7 @@ attribute is a ctypes.CFUNCTYPE callable with the C signature nvml.h gives
 the function (pointers as plain addresses, as the C ABI passes them), so
 pynvml's own wrappers marshal real ctypes values, pointers to their
 structures and arrays through libffi into it. It reads and writes through
-those pointers with dra.gpu.nvmlabi's structures, transcribed from nvml.h
+those pointers with fakenvml.abi's structures, transcribed from nvml.h
 rather than from pynvml: a field pynvml lays out differently from the header
 shows up as a wrong value, and a versioned structure whose version field
 pynvml does not set is refused with ARGUMENT_VERSION_MISMATCH, as NVML
@@ -26,7 +26,7 @@ the set waited on, a MIG mode change left pending until `reset_gpu` on GPUs
 named in `reset_required` (nvmlDeviceSetMigMode's activation status is then
 RESET_REQUIRED), GPUs fallen off the bus (`lost`), and compute-instance
 profile information. The GPU- and compute-instance functions are
-dra.gpu.nvmlstandinmig's. docs/testing.md says what the stand-in cannot
+fakenvml.instances's. docs/testing.md says what the stand-in cannot
 vouch for without a GPU.
 
 dra.gpu.nvml is the only importer of pynvml; the stand-in does not import it.
@@ -36,12 +36,10 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-import os
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Collection
-from pathlib import Path
 from typing import Any
 
 from dra.gpu.discovery import mig_handles
@@ -50,6 +48,7 @@ from dra.gpu.library import (
     ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_GPU_IS_LOST,
     ERROR_INVALID_ARGUMENT,
+    ERROR_NOT_FOUND,
     ERROR_NOT_SUPPORTED,
     ERROR_TIMEOUT,
     ERROR_UNKNOWN,
@@ -59,9 +58,8 @@ from dra.gpu.library import (
     GpuHandle,
     GpuLibraryError,
     MigHandle,
-    sysfs_bus_id,
 )
-from dra.gpu.nvmlabi import (
+from fakenvml.abi import (
     ERROR_INSUFFICIENT_SIZE,
     ERROR_RESET_REQUIRED,
     ERROR_UNINITIALIZED,
@@ -92,7 +90,7 @@ from dra.gpu.nvmlabi import (
     ull,
     versioned,
 )
-from dra.gpu.nvmlstandinmig import InstanceCalls
+from fakenvml.instances import InstanceCalls
 
 
 class NvmlStandIn:
@@ -117,6 +115,8 @@ class NvmlStandIn:
         self.reset_required = set(reset_required)
         self.lost = set(lost)
         self.faults: list[str] = []
+        #: Told of each fault as it happens (a process that serves the stand-in logs them).
+        self.on_fault: Callable[[str], None] | None = None
         #: How often pynvml called each function (for tests to see what ran; a daemon's grow no list).
         self.calls: Counter[str] = Counter()
         self._initialised = 0
@@ -142,13 +142,18 @@ class NvmlStandIn:
             function = self._functions[name] = self._c_function(name, *signatures[name])
         return function
 
+    def c_address(self, name: str) -> int | None:
+        """The address of C function `name` (a slot of the fake NVML library); None where there is none."""
+        function = getattr(self, name, None)
+        return None if function is None else ctypes.cast(function, ctypes.c_void_p).value
+
     def _c_function(self, name: str, argtypes: tuple[Any, ...], impl: Callable[..., int | None]) -> Any:
         if name == "nvmlErrorString":
             return ctypes.CFUNCTYPE(ptr, ctypes.c_int)(error_string)
 
         def call(*args: Any) -> int:
             self.calls[name] += 1
-            if not self._initialised and name != "nvmlInitWithFlags":
+            if not self._initialised and name not in ("nvmlInitWithFlags", "nvmlInit_v2"):
                 return ERROR_UNINITIALIZED
             try:
                 return impl(*args) or SUCCESS
@@ -156,6 +161,8 @@ class NvmlStandIn:
                 return err.code
             except Exception as err:  # a bug here must not pass for NVML's success
                 self.faults.append(f"{name}: {err!r}")
+                if self.on_fault is not None:
+                    self.on_fault(self.faults[-1])
                 return ERROR_UNKNOWN
 
         return ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(call)
@@ -166,16 +173,23 @@ class NvmlStandIn:
         return {
             "nvmlErrorString": ((i,), error_string),
             "nvmlInitWithFlags": ((u,), self._init),
+            # go-nvml's Init (nvml.h maps nvmlInit to it).
+            "nvmlInit_v2": ((), lambda: self._init(0)),
             "nvmlShutdown": ((), self._shutdown),
             "nvmlSystemGetDriverVersion": ((p, u), self._driver_version),
             "nvmlSystemGetCudaDriverVersion_v2": ((p,), self._cuda_version),
+            "nvmlSystemGetCudaDriverVersion": ((p,), self._cuda_version),
             "nvmlDeviceGetCount_v2": ((p,), self._count),
             "nvmlDeviceGetHandleByIndex_v2": ((u, p), self._by_index),
+            "nvmlDeviceGetHandleByUUID": ((p, p), self._by_uuid),
+            "nvmlDeviceGetHandleByPciBusId_v2": ((p, p), self._by_pci_bus_id),
             "nvmlDeviceGetName": ((p, p, u), self._name),
             "nvmlDeviceGetUUID": ((p, p, u), self._uuid),
             "nvmlDeviceGetBrand": ((p, p), self._gpu_uint(lambda g: self.fake.brand(g))),
             "nvmlDeviceGetArchitecture": ((p, p), self._gpu_uint(lambda g: self.fake.architecture(g))),
             "nvmlDeviceGetMinorNumber": ((p, p), self._gpu_uint(lambda g: self.fake.minor_number(g))),
+            # NVML_GPU_VIRTUALIZATION_MODE_NONE: the fake GPUs are bare metal, no vGPU, no passthrough host.
+            "nvmlDeviceGetVirtualizationMode": ((p, p), self._gpu_uint(lambda g: 0)),
             "nvmlDeviceGetCudaComputeCapability": ((p, p, p), self._compute_capability),
             "nvmlDeviceGetMemoryInfo": ((p, p), self._memory),
             "nvmlDeviceGetPciInfo_v3": ((p, p), self._pci_info),
@@ -185,10 +199,14 @@ class NvmlStandIn:
             "nvmlDeviceSetMigMode": ((p, u, p), self._set_mig_mode),
             "nvmlDeviceGetMaxMigDeviceCount": ((p, p), self._gpu_uint(self.fake.max_mig_device_count)),
             "nvmlDeviceGetMigDeviceHandleByIndex": ((p, u, p), self._mig_by_index),
+            "nvmlDeviceIsMigDeviceHandle": ((p, p), self._is_mig),
+            "nvmlDeviceGetIndex": ((p, p), self._index),
+            "nvmlDeviceGetDeviceHandleFromMigDeviceHandle": ((p, p), self._parent),
             "nvmlDeviceGetAttributes_v2": ((p, p), self._attributes),
             "nvmlDeviceGetGpuInstanceId": ((p, p), self._mig_uint(self.fake.gpu_instance_id)),
             "nvmlDeviceGetComputeInstanceId": ((p, p), self._mig_uint(self.fake.compute_instance_id)),
             "nvmlDeviceGetGpuInstanceProfileInfoV": ((p, u, p), mig.gpu_instance_profile_info),
+            "nvmlDeviceGetGpuInstanceProfileInfo": ((p, u, p), mig.gpu_instance_profile_info_v1),
             "nvmlDeviceGetGpuInstancePossiblePlacements_v2": (
                 (p, u, p, p),
                 mig.possible_placements,
@@ -202,7 +220,12 @@ class NvmlStandIn:
                 (p, u, u, p),
                 mig.compute_instance_profile_info,
             ),
+            "nvmlGpuInstanceGetComputeInstanceProfileInfo": (
+                (p, u, u, p),
+                mig.compute_instance_profile_info_v1,
+            ),
             "nvmlGpuInstanceCreateComputeInstance": ((p, u, p), mig.create_compute_instance),
+            "nvmlGpuInstanceGetComputeInstanceById": ((p, u, p), mig.compute_instance_by_id),
             "nvmlGpuInstanceGetComputeInstances": ((p, u, p, p), mig.compute_instances),
             "nvmlComputeInstanceGetInfo_v2": ((p, p), mig.compute_instance_info),
             "nvmlComputeInstanceDestroy": ((p,), mig.destroy_compute_instance),
@@ -297,6 +320,28 @@ class NvmlStandIn:
     def _by_index(self, index: int, out: int) -> None:
         at(out, ptr).value = self.handle(GPU, self.fake.device_by_index(index))
 
+    def _by_uuid(self, uuid: int, out: int) -> None:
+        wanted = ctypes.string_at(uuid).decode(errors="replace") if uuid else ""
+        for index in range(self.fake.device_count()):
+            gpu = self.fake.device_by_index(index)
+            if self.fake.uuid(gpu) == wanted:
+                at(out, ptr).value = self.handle(GPU, gpu)
+                return
+            for mig in mig_handles(self.fake, gpu):
+                if self.fake.uuid(mig) == wanted:
+                    at(out, ptr).value = self.handle(MIG, mig, self.handle(GPU, gpu))
+                    return
+        raise GpuLibraryError(ERROR_NOT_FOUND, f"no device with UUID {wanted!r}")
+
+    def _by_pci_bus_id(self, bus_id: int, out: int) -> None:
+        wanted = ctypes.string_at(bus_id).decode(errors="replace") if bus_id else ""
+        for index in range(self.fake.device_count()):
+            gpu = self.fake.device_by_index(index)
+            if _same_bus(wanted, self.fake.pci_bus_id(gpu)):
+                at(out, ptr).value = self.handle(GPU, gpu)
+                return
+        raise GpuLibraryError(ERROR_NOT_FOUND, f"no GPU at PCI bus ID {wanted!r}")
+
     # -- devices ----------------------------------------------------------------------------
 
     def _name(self, device: int, out: int, length: int) -> None:
@@ -375,6 +420,34 @@ class NvmlStandIn:
         gpu = self.gpu(device)
         mig = self.fake.mig_device_by_index(gpu, index)
         at(out, ptr).value = self.handle(MIG, mig, device)
+
+    def _index(self, device: int, out: int) -> None:
+        # nvml.h: a MIG device's index is the one nvmlDeviceGetMigDeviceHandleByIndex takes.
+        handle = self._device(device)
+        parent = self._handles[device][2]
+        if not parent:
+            set_uint(out, int(str(handle)))
+            return
+        gpu = self.gpu(parent)
+        for slot in range(self.fake.max_mig_device_count(gpu)):
+            try:
+                if self.fake.mig_device_by_index(gpu, slot) == handle:
+                    set_uint(out, slot)
+                    return
+            except GpuLibraryError:
+                continue
+        raise GpuLibraryError(ERROR_INVALID_ARGUMENT, "the MIG device of this handle is gone")
+
+    def _is_mig(self, device: int, out: int) -> None:
+        self._device(device)
+        set_uint(out, int(bool(self._handles[device][2])))
+
+    def _parent(self, device: int, out: int) -> None:
+        self._device(device)
+        parent = self._handles[device][2]
+        if not parent:
+            raise GpuLibraryError(ERROR_INVALID_ARGUMENT, "not a MIG device handle")
+        at(out, ptr).value = parent
 
     def _attributes(self, device: int, out: int) -> None:
         handle = self._device(device)
@@ -536,63 +609,15 @@ class _GpmBuffer:
         self.sample: GpmSample | None = None
 
 
+def _same_bus(asked: str, bus_id: str) -> bool:
+    """Whether two PCI bus IDs name one device: nvml.h takes a 4- or 8-digit domain, in either case."""
+    (domain, _, rest), (own_domain, _, own_rest) = asked.partition(":"), bus_id.partition(":")
+    try:
+        return int(domain, 16) == int(own_domain, 16) and rest.lower() == own_rest.lower()
+    except ValueError:
+        return False
+
+
 def _or_none(instance: int | None) -> int:
     """A MIG instance ID as nvmlProcessInfo_t holds it: 0xFFFFFFFF off MIG mode."""
     return NO_INSTANCE if instance is None else instance
-
-
-def host_tree(fake: FakeGpuLibrary, root: Path) -> tuple[Path, Path]:
-    """The host facts NVML does not give, as the kernel shows them, for the fake's GPUs: (sysfs, procfs).
-
-    Under root/sys each GPU's PCI device sits below its PCIe root complex
-    (devices/<root>/<bus id>, linked from bus/pci/devices) with its numa_node, the
-    NUMA nodes have their SLIT distances and one CPU each on their socket (numa_sockets),
-    and under root/proc
-    the driver's MIG capability minors (driver/nvidia-caps/mig-minors), so that
-    dra.gpu.nvml reads the same PCIe roots and minors the fake answers.
-    """
-    sysfs, procfs = root / "sys", root / "proc"
-    links = sysfs / "bus/pci/devices"
-    links.mkdir(parents=True, exist_ok=True)
-    for index in range(fake.device_count()):
-        bus_id = fake.pci_bus_id(fake.device_by_index(index))
-        complex_ = fake.pcie_root(bus_id)
-        if complex_ is None:
-            continue
-        device = sysfs / "devices" / complex_ / sysfs_bus_id(bus_id)
-        device.mkdir(parents=True, exist_ok=True)
-        (device / "numa_node").write_text(f"{fake.numa_node(fake.device_by_index(index))}\n")
-        link = links / device.name
-        if not link.is_symlink():
-            link.symlink_to(os.path.relpath(device, links))
-    _numa_tree(fake, sysfs)
-    caps = procfs / "driver/nvidia-caps"
-    caps.mkdir(parents=True, exist_ok=True)
-    minors = fake.mig_capability_minors()
-    (caps / "mig-minors").write_text("".join(f"{name} {minor}\n" for name, minor in minors.items()))
-    return sysfs, procfs
-
-
-#: SLIT distances (ACPI): a node to itself, to another node of its socket, to another socket's.
-_LOCAL, _SAME_SOCKET, _REMOTE = 10, 11, 21
-
-
-def _numa_tree(fake: FakeGpuLibrary, sysfs: Path) -> None:
-    """devices/system/node/node<N>/{distance,cpulist} and CPU N's package: what dra.gpu.numa reads."""
-    sockets = fake.numa_sockets()
-    if not sockets:
-        return
-    count = max(sockets) + 1
-    package = {node: min(sockets.get(node, {node})) for node in range(count)}
-    for node in range(count):
-        row = [
-            _LOCAL if other == node else _SAME_SOCKET if package[other] == package[node] else _REMOTE
-            for other in range(count)
-        ]
-        directory = sysfs / f"devices/system/node/node{node}"
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "distance").write_text(" ".join(map(str, row)) + "\n")
-        (directory / "cpulist").write_text(f"{node}\n")
-        topology = sysfs / f"devices/system/cpu/cpu{node}/topology"
-        topology.mkdir(parents=True, exist_ok=True)
-        (topology / "physical_package_id").write_text(f"{package[node]}\n")

@@ -1,13 +1,13 @@
 """The NVML stand-in's GPU-instance and compute-instance functions (nvml.h), over its fake GPUs.
 
-dra.gpu.nvmlstandin.NvmlStandIn answers these through InstanceCalls, with its
+fakenvml.standin.NvmlStandIn answers these through InstanceCalls, with its
 handles: a GPU instance's handle names its GPU's, a compute instance's its
 GPU instance's, and a destroyed instance's handle is invalid.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dra.gpu import migtables
 from dra.gpu.library import (
@@ -19,13 +19,15 @@ from dra.gpu.library import (
     GpuLibraryError,
     Placement,
 )
-from dra.gpu.nvmlabi import (
+from fakenvml.abi import (
     CI,
     GI,
     ComputeInstanceInfo,
+    ComputeInstanceProfileInfo,
     ComputeInstanceProfileInfoV2,
     GpuInstanceInfo,
     GpuInstancePlacement,
+    GpuInstanceProfileInfo,
     GpuInstanceProfileInfoV2,
     at,
     ptr,
@@ -34,7 +36,7 @@ from dra.gpu.nvmlabi import (
 )
 
 if TYPE_CHECKING:
-    from dra.gpu.nvmlstandin import NvmlStandIn
+    from fakenvml.standin import NvmlStandIn
 
 
 class InstanceCalls:
@@ -46,13 +48,22 @@ class InstanceCalls:
     def gpu_instance_profile_info(self, device: int, profile: int, out: int) -> None:
         """nvmlDeviceGetGpuInstanceProfileInfoV."""
         info = versioned(out, GpuInstanceProfileInfoV2, 2)
+        info.name = self._gpu_instance_profile(info, device, profile).encode()
+
+    def gpu_instance_profile_info_v1(self, device: int, profile: int, out: int) -> None:
+        """nvmlDeviceGetGpuInstanceProfileInfo: the same without a version or a name."""
+        self._gpu_instance_profile(at(out, GpuInstanceProfileInfo), device, profile)
+
+    def _gpu_instance_profile(self, info: Any, device: int, profile: int) -> str:
+        """Fill the fields both layouts share; the profile's name."""
         p = self._lib.fake.gpu_instance_profile_info(self._lib.gpu(device), profile)
         info.id, info.isP2pSupported = p.id, 0
         info.sliceCount, info.instanceCount = p.slice_count, p.instance_count
         e = p.engines
         info.multiprocessorCount, info.copyEngineCount = e.multiprocessors, e.copy_engines
         info.decoderCount, info.encoderCount, info.jpegCount = e.decoders, e.encoders, e.jpeg_engines
-        info.ofaCount, info.memorySizeMB, info.name = e.ofa_engines, p.memory_mib, p.name.encode()
+        info.ofaCount, info.memorySizeMB = e.ofa_engines, p.memory_mib
+        return p.name
 
     def possible_placements(self, device: int, profile_id: int, placements: int | None, count: int) -> None:
         """nvmlDeviceGetGpuInstancePossiblePlacements_v2."""
@@ -122,6 +133,14 @@ class InstanceCalls:
     def compute_instance_profile_info(self, address: int, profile: int, engines: int, out: int) -> None:
         """nvmlGpuInstanceGetComputeInstanceProfileInfoV."""
         info = versioned(out, ComputeInstanceProfileInfoV2, 2)
+        info.name = self._compute_instance_profile(info, address, profile, engines).encode()
+
+    def compute_instance_profile_info_v1(self, address: int, profile: int, engines: int, out: int) -> None:
+        """nvmlGpuInstanceGetComputeInstanceProfileInfo: the same without a version or a name."""
+        self._compute_instance_profile(at(out, ComputeInstanceProfileInfo), address, profile, engines)
+
+    def _compute_instance_profile(self, info: Any, address: int, profile: int, engines: int) -> str:
+        """Fill the fields both layouts share; the profile's name."""
         _, own = self._gi_slices(address)
         slices = migtables.SLICES_BY_COMPUTE_PROFILE.get(profile)
         if profile >= 9 or engines != 0:  # NVML_COMPUTE_INSTANCE_PROFILE_COUNT, ..._ENGINE_PROFILE_COUNT
@@ -131,7 +150,7 @@ class InstanceCalls:
         # The fake keeps no compute-instance profile table: the multiprocessors and engines of a
         # compute instance are a share of its GPU instance's, which the driver never reads.
         info.id, info.sliceCount, info.instanceCount = profile, slices, own // slices
-        info.name = (f"{slices}c" if slices < own else f"{own}g").encode()
+        return f"{slices}c" if slices < own else f"{own}g"
 
     def create_compute_instance(self, address: int, profile_id: int, out: int) -> None:
         """nvmlGpuInstanceCreateComputeInstance."""
@@ -153,6 +172,17 @@ class InstanceCalls:
             for slot, ci in enumerate(found):
                 array[slot] = self._lib.handle(CI, ci, address)
         set_uint(count, len(found))
+
+    def compute_instance_by_id(self, address: int, compute_instance_id: int, out: int) -> None:
+        """nvmlGpuInstanceGetComputeInstanceById."""
+        gi, _ = self._gi(address)
+        for ci in self._lib.fake.compute_instances(gi):
+            if self._lib.fake.compute_instance_info_id(ci) == compute_instance_id:
+                at(out, ptr).value = self._lib.handle(CI, ci, address)
+                return
+        raise GpuLibraryError(
+            ERROR_NOT_FOUND, f"no compute instance {compute_instance_id} in this GPU instance"
+        )
 
     def compute_instance_info(self, address: int, out: int) -> None:
         """nvmlComputeInstanceGetInfo_v2."""

@@ -1,10 +1,11 @@
-"""The kubelet plugin on the local cluster through the real NVML adapter, over the NVML stand-in.
+"""The kubelet plugin on the local cluster as on a real node, over the fake NVML library.
 
-DRA_GPU_NVML_STANDIN=1 makes the driver reach its fake GPUs through
-dra.gpu.nvml and pynvml (dra.gpu.nvmlstandin below them) instead of directly.
-One run: a whole GPU, static MIG devices made beforehand, a dynamic MIG device
-made at prepare and destroyed at unprepare, and an XID that makes a GPU
-unhealthy. What it publishes must be what the fake alone publishes.
+The driver is given no fake GPUs: it loads libnvidia-ml.so.1 from its --driver-root, a fake
+node's (fakenvml.node), and reads the node's sysfs in a mount namespace that shows the fake one,
+so it reaches the GPUs through dra.gpu.nvml, pynvml and the C library as it would a real driver.
+One run: a whole GPU, static MIG devices made beforehand, a dynamic MIG device made at prepare and
+destroyed at unprepare, and an XID that makes a GPU unhealthy. What it publishes must be what the
+fake alone publishes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 from pathlib import Path
 
 import yaml
+from fakenvml.node import FakeNode
 from localcluster.cluster import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, wait_for
@@ -51,7 +53,7 @@ def _running(kube: Kube, namespace: str, pod: str) -> None:
     )
 
 
-def test_the_plugin_serves_whole_static_and_dynamic_mig_and_an_xid_through_real_nvml_code(
+def test_the_plugin_serves_whole_static_and_dynamic_mig_and_an_xid_through_the_fake_nvml_library(
     cluster: ClusterInfo, kube: Kube, namespace: str, tmp_path: Path
 ) -> None:
     ensure_device_classes(kube)
@@ -59,15 +61,9 @@ def test_the_plugin_serves_whole_static_and_dynamic_mig_and_an_xid_through_real_
     profile.write_text(yaml.safe_dump(PROFILE))
     events = tmp_path / "xid-events"
     events.touch()
-    driver = DriverProcess(
-        cluster,
-        str(profile),
-        tmp_path / "driver.log",
-        extra_args=(f"--mig-mode={MODES}", f"--fake-gpu-events={events}"),
-        env={"DRA_GPU_NVML_STANDIN": "1"},
-    )
-    mig_state = driver.checkpoint.parent / "fake-gpu-mig.json"
-    mig_state.unlink(missing_ok=True)
+    node = FakeNode(tmp_path / "node", str(profile), cluster.node_name, events=events).build()
+    driver = DriverProcess(cluster, node, tmp_path / "driver.log", extra_args=(f"--mig-mode={MODES}",))
+    mig_state = driver.fake_mig_state
     driver.start()
     try:
         fake = FakeGpuLibrary(parse_profile(PROFILE, str(profile)), cluster.node_name)

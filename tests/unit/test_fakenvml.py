@@ -180,8 +180,7 @@ def test_the_node_config_round_trips(tmp_path: Path) -> None:
     config = NodeConfig(
         profile="mixed",
         node_name=NODE,
-        state_dir=tmp_path / "state",
-        driver_root=tmp_path / "driver",
+        root=tmp_path,
         events=tmp_path / "events",
         lacks=frozenset({"nvmlDeviceGetBrand", "nvmlEventSetFree"}),
         reset_required=frozenset({0, 2}),

@@ -1,8 +1,11 @@
 """The host facts NVML does not give, as the kernel shows them, for fake GPUs: a sysfs and a procfs tree.
 
 The real adapter (dra.gpu.nvml) reads a GPU's PCIe root complex and NUMA node
-from sysfs and the MIG capability minors from procfs; over the fake NVML those
-must say what the fake says, so they are written here under a host root.
+from sysfs and the MIG capability minors from procfs; NVIDIA's plugin reads the
+same sysfs, each MIG instance's capability file under
+/proc/driver/nvidia/capabilities and the character majors in /proc/devices. Over
+the fake NVML those must say what the fake says, so they are written here under a
+host root.
 """
 
 from __future__ import annotations
@@ -10,7 +13,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dra.gpu.fake import FakeGpuLibrary
+from dra.daemon import fakegpus
+from dra.gpu.discovery import mig_enabled, mig_handles
+from dra.gpu.fake import FakeGpuLibrary, mig_cap_minor
 from dra.gpu.library import sysfs_bus_id
 
 
@@ -43,7 +48,54 @@ def host_tree(fake: FakeGpuLibrary, root: Path) -> tuple[Path, Path]:
     caps.mkdir(parents=True, exist_ok=True)
     minors = fake.mig_capability_minors()
     (caps / "mig-minors").write_text("".join(f"{name} {minor}\n" for name, minor in minors.items()))
+    capability_files(fake, procfs)
+    devices(procfs)
     return sysfs, procfs
+
+
+def capability_files(fake: FakeGpuLibrary, procfs: Path) -> None:
+    """driver/nvidia/capabilities/gpu<minor>/mig/gi<N>[/ci<M>]/access of each MIG instance that exists.
+
+    The driver makes one per GPU and compute instance (NVIDIA's MIG user guide, "Device Nodes
+    and Capabilities"): the minor of the instance's nvidia-caps node, its mode (decimal, as the
+    kernel prints it: 438 is the 0666 the fake nodes are made with) and whether it may be
+    changed. Instances gone since the last call lose theirs.
+    """
+    root = procfs / "driver/nvidia/capabilities"
+    wanted: dict[Path, int] = {}
+    for index in range(fake.device_count()):
+        gpu = fake.device_by_index(index)
+        minor = fake.minor_number(gpu)
+        for mig in mig_handles(fake, gpu) if mig_enabled(fake, gpu) else []:
+            gi, ci = fake.gpu_instance_id(mig), fake.compute_instance_id(mig)
+            instance = root / f"gpu{minor}/mig/gi{gi}"
+            wanted[instance / "access"] = mig_cap_minor(minor, gi)
+            wanted[instance / f"ci{ci}/access"] = mig_cap_minor(minor, gi, ci)
+    for path in sorted(root.glob("gpu*/mig/gi*/**/access"), reverse=True) if root.is_dir() else []:
+        if path not in wanted:
+            path.unlink()
+    for path, cap in wanted.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"DeviceFileMinor: {cap}\nDeviceFileMode: 438\nDeviceFileModify: 1\n")
+
+
+def devices(procfs: Path) -> Path:
+    """/proc/devices as the host has it, with the NVIDIA drivers' character majors the fake nodes use."""
+    own = Path("/proc/devices").read_text().splitlines()
+    taken = {line.split()[0] for line in own if line.strip()[:1].isdigit()}
+    nvidia = [
+        f"{major:>3} {name}"
+        for major, name in (
+            (fakegpus.NVIDIA_MAJOR, "nvidia-frontend"),
+            (fakegpus.UVM_MAJOR, "nvidia-uvm"),
+            (fakegpus.CAPS_MAJOR, "nvidia-caps"),
+        )
+        if str(major) not in taken
+    ]
+    at = own.index("Character devices:") + 1 if "Character devices:" in own else 0
+    path = procfs / "devices"
+    path.write_text("\n".join([*own[:at], *nvidia, *own[at:]]) + "\n")
+    return path
 
 
 #: SLIT distances (ACPI): a node to itself, to another node of its socket, to another socket's.

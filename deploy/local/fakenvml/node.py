@@ -24,14 +24,15 @@ import shlex
 import shutil
 import sys
 import sysconfig
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from dra.daemon import fakegpus
-from dra.gpu.fake import FakeGpuLibrary
+from dra.gpu.discovery import mig_enabled, mig_handles
+from dra.gpu.fake import FakeGpuLibrary, mig_cap_minor
 from dra.gpu.library import ERROR_UNKNOWN, GpuLibraryError
-from fakenvml.host import host_tree
+from fakenvml.host import capability_files, host_tree
 from fakenvml.library import SONAME, ensure_library
 
 #: The configuration file the library reads beside itself.
@@ -49,13 +50,22 @@ def _names(text: str) -> frozenset[str]:
 
 
 @dataclass(frozen=True)
+class SeenDevice:
+    """A device a container has: a GPU (no parent), or a MIG device of a GPU and profile."""
+
+    uuid: str
+    parent: str | None
+    profile: str | None
+
+
+@dataclass(frozen=True)
 class NodeConfig:
     """What the fake NVML of one node serves: fakenvml.conf, one `key=value` a line."""
 
     profile: str
     node_name: str
-    state_dir: Path
-    driver_root: Path
+    #: The node's tree: driver/, sys/, proc/ and state/ (see the module's docstring).
+    root: Path
     events: Path | None = None
     lacks: frozenset[str] = frozenset()
     reset_required: frozenset[int] = frozenset()
@@ -72,8 +82,7 @@ class NodeConfig:
             ),
             "profile": self.profile,
             "node": self.node_name,
-            "state": str(self.state_dir),
-            "driver_root": str(self.driver_root),
+            "root": str(self.root),
             "events": str(self.events or ""),
             "lacks": ",".join(sorted(self.lacks)),
             "reset_required": ",".join(map(str, sorted(self.reset_required))),
@@ -90,16 +99,26 @@ class NodeConfig:
         return cls(
             profile=fields["profile"],
             node_name=fields["node"],
-            state_dir=Path(fields["state"]),
-            driver_root=Path(fields["driver_root"]),
+            root=Path(fields["root"]),
             events=Path(fields["events"]) if fields.get("events") else None,
             lacks=_names(fields.get("lacks", "")),
             reset_required=_numbers(fields.get("reset_required", "")),
             lost=_numbers(fields.get("lost", "")),
         )
 
+    @property
+    def driver_root(self) -> Path:
+        """The driver root: the fake NVML, nvidia-smi and the device nodes."""
+        return self.root / "driver"
+
+    @property
+    def state_dir(self) -> Path:
+        """Where the fake GPUs keep their state (MIG instances, time slices, processes)."""
+        return self.root / "state"
+
     def fake_gpus(self) -> FakeGpuLibrary:
-        """The fake GPUs, their state in the state directory; a MIG device made gets its device nodes."""
+        """The fake GPUs, their state in the state directory. A MIG instance made or destroyed gets or loses
+        its device nodes and capability files, as the driver makes and removes them."""
         lib = fakegpus.fake_gpu_library(self.profile, self.node_name, self.events, self.state_dir)
         lib.root = self.driver_root
         dev = self.driver_root / "dev"
@@ -107,10 +126,9 @@ class NodeConfig:
         def made_mig_device() -> None:
             try:
                 fakegpus.device_nodes(lib, dev)
+                capability_files(lib, self.root / "proc")
             except OSError as err:
-                raise GpuLibraryError(
-                    ERROR_UNKNOWN, f"cannot make the device nodes under {dev}: {err}"
-                ) from None
+                raise GpuLibraryError(ERROR_UNKNOWN, f"cannot make the MIG device's files: {err}") from None
 
         lib.on_mig_change = made_mig_device
         return lib
@@ -133,8 +151,7 @@ class FakeNode:
         self.config = NodeConfig(
             profile=profile,
             node_name=node_name,
-            state_dir=root / "state",
-            driver_root=root / "driver",
+            root=root,
             events=events,
             lacks=frozenset(lacks),
             reset_required=frozenset(reset_required),
@@ -188,13 +205,40 @@ class FakeNode:
             f'{shlex.quote(str(self.library.parent / CONF))} "$@"\n'
         )
 
+    def devices_seen(self, device_paths: Iterable[str]) -> list[SeenDevice]:
+        """The GPUs and MIG devices whose device nodes a container has (paths as it sees them).
+
+        A MIG device is seen through its GPU instance's and compute instance's capability nodes; its
+        GPU's own node, which comes with them, does not make the whole GPU seen.
+        """
+        paths = set(device_paths)
+        fake = self.config.fake_gpus()
+        seen: list[SeenDevice] = []
+        for index in range(fake.device_count()):
+            gpu = fake.device_by_index(index)
+            minor = fake.minor_number(gpu)
+            if f"/dev/nvidia{minor}" not in paths:
+                continue
+            migs = [
+                SeenDevice(fake.uuid(mig), fake.uuid(gpu), fake.name(mig).rsplit(" MIG ", 1)[-1])
+                for mig in (mig_handles(fake, gpu) if mig_enabled(fake, gpu) else [])
+                if {
+                    f"/dev/nvidia-caps/nvidia-cap{mig_cap_minor(minor, fake.gpu_instance_id(mig))}",
+                    "/dev/nvidia-caps/nvidia-cap"
+                    f"{mig_cap_minor(minor, fake.gpu_instance_id(mig), fake.compute_instance_id(mig))}",
+                }
+                <= paths
+            ]
+            seen.extend(migs or [SeenDevice(fake.uuid(gpu), None, None)])
+        return seen
+
     def wrap(self, command: Sequence[str]) -> list[str]:
-        """`command` in a mount namespace where this node's sys/ and proc/driver/ are the host's."""
+        """`command` in a mount namespace that shows this node's sys/, proc/driver/ and proc/devices."""
         setup = " && ".join(
             [
                 f"mount --bind {shlex.quote(str(self.root / 'sys'))} /sys",
-                f"mkdir -p {shlex.quote(str(self.root / 'proc/driver'))}",
                 f"mount --bind {shlex.quote(str(self.root / 'proc/driver'))} /proc/driver",
+                f"mount --bind {shlex.quote(str(self.root / 'proc/devices'))} /proc/devices",
                 'exec "$@"',
             ]
         )

@@ -5,9 +5,12 @@ go 1.25.0
 require (
 	go.etcd.io/etcd/server/v3 v3.6.4
 	google.golang.org/grpc v1.72.1
+	k8s.io/component-base v0.34.12
 	k8s.io/cri-api v0.34.12
 	k8s.io/cri-client v0.0.0
+	k8s.io/kubernetes v1.34.12
 	sigs.k8s.io/yaml v1.6.0
+	tags.cncf.io/container-device-interface/specs-go v1.1.0
 )
 
 require (
@@ -140,6 +143,7 @@ require (
 	go.yaml.in/yaml/v3 v3.0.4 // indirect
 	golang.org/x/crypto v0.53.0 // indirect
 	golang.org/x/exp v0.0.0-20240719175910-8a7402abbf56 // indirect
+	golang.org/x/mod v0.37.0 // indirect
 	golang.org/x/net v0.56.0 // indirect
 	golang.org/x/oauth2 v0.27.0 // indirect
 	golang.org/x/sync v0.21.0 // indirect
@@ -164,7 +168,6 @@ require (
 	k8s.io/client-go v0.34.12 // indirect
 	k8s.io/cloud-provider v0.34.12 // indirect
 	k8s.io/cluster-bootstrap v0.0.0 // indirect
-	k8s.io/component-base v0.34.12 // indirect
 	k8s.io/component-helpers v0.34.12 // indirect
 	k8s.io/controller-manager v0.34.12 // indirect
 	k8s.io/csi-translation-lib v0.0.0 // indirect
@@ -179,7 +182,6 @@ require (
 	k8s.io/kube-scheduler v0.0.0 // indirect
 	k8s.io/kubectl v0.0.0 // indirect
 	k8s.io/kubelet v0.34.12 // indirect
-	k8s.io/kubernetes v1.34.12 // indirect
 	k8s.io/metrics v0.34.12 // indirect
 	k8s.io/mount-utils v0.0.0 // indirect
 	k8s.io/pod-security-admission v0.0.0 // indirect

@@ -8,7 +8,10 @@ the container runtime resolved them from the driver's CDI specs; the exit
 status says whether every container saw exactly its own. On the fake runtime
 (the default) that is what the runtime recorded; with CONTAINER_RUNTIME=containerd
 the pods are real containers of a busybox image that run `nvidia-smi -L`,
-`ls /dev/nvidia*` and `env` themselves, and the table shows what they printed. With DEMO_KEEP=1
+`ls /dev/nvidia*` and `env` themselves, and the table shows what they printed. DEMO_DRIVER=nvidia
+runs NVIDIA's DRA driver instead (localcluster.nvidiadriver: its kubelet plugin and DeviceClasses,
+over the fake NVML of a fake node with the profile's GPUs), serving the same pods; what a container
+sees is then read from the device nodes the runtime gave it. With DEMO_KEEP=1
 everything stays up until Ctrl-C (or SIGTERM, or SIGHUP: a closed terminal),
 for exploring with kubectl. Whatever ends it, it stops everything it started;
 if it is killed outright, `make cluster-down` does (the cluster lives in
@@ -24,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from fakenvml.node import FakeNode
+
 from localcluster.binaries import BuildError, ensure_binary
 from localcluster.cluster import (
     ClusterError,
@@ -34,8 +39,9 @@ from localcluster.cluster import (
     stop_on_signals,
     stop_run_dir,
 )
-from localcluster.driverprocess import DriverProcess
+from localcluster.driverprocess import DaemonProcess, DriverProcess
 from localcluster.kube import Kube, Obj, WaitTimeoutError, load_manifests
+from localcluster.nvidiadriver import NvidiaDriverProcess, device_classes
 from localcluster.workloads import (
     allocated_devices,
     committed_device_classes,
@@ -76,6 +82,42 @@ def _container_row(
         if key.startswith("DRA_GPU_") and key.endswith("_NAME") and name in got and name not in uuids
     ]
     return [f"{label:<16} {', '.join(got) or '-':<38} {', '.join(sees) or '-':<38} {visible}", *made]
+
+
+def _node_row(
+    kube: Kube, info: ClusterInfo, node: FakeNode, pod: str, container: Obj, devices: dict[str, Obj]
+) -> list[str]:
+    """The table's line for any driver on a fake node: what the claims got and the devices whose nodes the
+    container has. A MIG device made at prepare has no UUID in the slices: it is the allocated offer of
+    its GPU and profile."""
+    refs = container.get("resources", {}).get("claims", [])
+    claims = pod_claims(kube, "default", pod) if refs else {}
+    got = sorted({d for ref in refs for d in allocated_devices(claims[ref["name"]], ref.get("request"))})
+    record = container_record(info, "default", pod, container["name"])
+    by_uuid = {
+        d["attributes"]["uuid"]["string"]: name for name, d in devices.items() if "uuid" in d["attributes"]
+    }
+
+    def offer(parent: str | None, profile: str | None) -> str | None:
+        return next(
+            (
+                name
+                for name in got
+                if "uuid" not in devices[name]["attributes"]
+                and devices[name]["attributes"].get("parentUUID", {}).get("string") == parent
+                and devices[name]["attributes"].get("profile", {}).get("string") == profile
+            ),
+            None,
+        )
+
+    sees = sorted(
+        by_uuid.get(s.uuid) or offer(s.parent, s.profile) or s.uuid
+        for s in node.devices_seen(n["path"] for n in record["deviceNodes"])
+    )
+    mark = "" if sees == got else "!"
+    visible = record["env"].get("NVIDIA_VISIBLE_DEVICES", "(not set)")
+    label = f"{mark}{pod}/{container['name']}"
+    return [f"{label:<16} {', '.join(got) or '-':<38} {', '.join(sees) or '-':<38} {visible}"]
 
 
 def _seen_rows(kube: Kube, info: ClusterInfo, pod: str, container: Obj, uuids: dict[str, str]) -> list[str]:
@@ -160,17 +202,32 @@ def _run() -> int:
         f"starting a local Kubernetes {cluster.version} cluster (etcd, API server, scheduler, "
         f"controller manager, kubelet) on {runtime} ..."
     )
-    driver: DriverProcess | None = None
+    driver: DaemonProcess | None = None
+    nvidia = os.environ.get("DEMO_DRIVER", "dra-gpu") == "nvidia"
+    node: FakeNode | None = None
     try:
         info = cluster.start()
         _say(f"  node {info.node_name} Ready in {time.monotonic() - started:.1f}s")
-        log = Path(info.run_dir) / "logs" / "dra-gpu.log"
-        _say(f"starting dra-gpu kubelet-plugin on fake GPUs ({profile}) ...")
-        driver = DriverProcess(info, profile, log)
-        driver.start(on_spawn=lambda pid: cluster.add_process("dra-gpu", pid))
         kube = Kube(info.kubeconfig)
-        # The committed render, so that a first demo does not wait for helm to build.
-        ensure_device_classes(kube, committed_device_classes())
+        if nvidia:
+            if real:
+                raise ClusterError(
+                    "DEMO_DRIVER=nvidia runs on the fake runtime only (CONTAINER_RUNTIME unset)"
+                )
+            log = Path(info.run_dir) / "logs" / "nvidia-gpu-kubelet-plugin.log"
+            _say(f"starting NVIDIA's gpu-kubelet-plugin over the fake NVML of a fake node ({profile}) ...")
+            node = FakeNode(run_dir / "fake-node", profile, info.node_name).build()
+            nvidia_driver = NvidiaDriverProcess(info, node, log)
+            driver = nvidia_driver
+            driver.start(timeout=60, on_spawn=lambda pid: cluster.add_process("gpu-kubelet-plugin", pid))
+            ensure_device_classes(kube, device_classes(nvidia_driver.rendered))
+        else:
+            log = Path(info.run_dir) / "logs" / "dra-gpu.log"
+            _say(f"starting dra-gpu kubelet-plugin on fake GPUs ({profile}) ...")
+            driver = DriverProcess(info, profile, log)
+            driver.start(on_spawn=lambda pid: cluster.add_process("dra-gpu", pid))
+            # The committed render, so that a first demo does not wait for helm to build.
+            ensure_device_classes(kube, committed_device_classes())
         slices = kube.list_objects("resource.k8s.io/v1", "ResourceSlice")
         # From 1.35 counter sets are published in slices of their own, without devices.
         devices = {d["name"]: d for s in slices for d in s["spec"].get("devices", [])}
@@ -209,16 +266,22 @@ def _run() -> int:
                 _say(f"{name:<16} did not start: {err}")
                 continue
             for container in pod["spec"]["containers"]:
-                rows = (
-                    _seen_rows(kube, info, name, container, uuids)
-                    if real
-                    else _container_row(kube, info, name, container, uuids)
-                )
+                if node is not None:
+                    rows = _node_row(kube, info, node, name, container, devices)
+                elif real:
+                    rows = _seen_rows(kube, info, name, container, uuids)
+                else:
+                    rows = _container_row(kube, info, name, container, uuids)
                 failed |= rows[0].startswith("!")
                 for row in rows:
                     _say(row)
         _say("")
-        if real:
+        if node is not None:
+            _say(
+                f"Runtime: {runtime}. IT SEES: the devices whose device nodes the container got from NVIDIA's"
+            )
+            _say("CDI spec (a GPU's /dev/nvidiaN, a MIG device's two nvidia-caps nodes).")
+        elif real:
             _say(f"Runtime: {runtime}. IT SEES: the devices whose UUID the container's own `nvidia-smi -L`")
             _say("listed (the fake driver's nvidia-smi, mounted by the CDI spec, lists the GPUs whose")
             _say("device nodes the container has).")
@@ -227,7 +290,7 @@ def _run() -> int:
             _say("NVIDIA's runtime hook would add from NVIDIA_VISIBLE_DEVICES (none and void add no GPU).")
         _say("A leading ! marks a container that sees more or fewer devices than its claims got.")
         _say("")
-        specs = len(list(Path(info.cdi_dir).glob("*.json")))
+        specs = len([p for p in Path(info.cdi_dir).iterdir() if p.suffix in (".json", ".yaml")])
         _say(f"CDI specs written by the driver: {specs} in {info.cdi_dir}")
         kube.close()
         if keep:

@@ -99,8 +99,12 @@ class DaemonProcess(abc.ABC):
 
     def ready(self) -> bool:
         """Whether /readyz answers 200."""
+        return self.ready_at("/readyz")
+
+    def ready_at(self, path: str) -> bool:
+        """Whether `path` of the daemon's HTTP port answers 200."""
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1) as resp:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=1) as resp:
                 return bool(resp.status == 200)
         except (urllib.error.URLError, OSError):
             return False

@@ -25,6 +25,7 @@ import (
 	kubeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/cri-client/pkg/fake"
 	"sigs.k8s.io/yaml"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
 
 // cdiAnnotationPrefix marks container annotations that carry CDI device names
@@ -42,20 +43,10 @@ type mount struct {
 	Options       []string `json:"options,omitempty"`
 }
 
-type containerEdits struct {
-	Env         []string     `json:"env,omitempty"`
-	DeviceNodes []deviceNode `json:"deviceNodes,omitempty"`
-	Mounts      []mount      `json:"mounts,omitempty"`
-}
-
-type cdiSpec struct {
-	CDIVersion string `json:"cdiVersion"`
-	Kind       string `json:"kind"`
-	Devices    []struct {
-		Name           string         `json:"name"`
-		ContainerEdits containerEdits `json:"containerEdits"`
-	} `json:"devices"`
-	ContainerEdits containerEdits `json:"containerEdits"`
+type hook struct {
+	HookName string   `json:"hookName"`
+	Path     string   `json:"path"`
+	Args     []string `json:"args,omitempty"`
 }
 
 // record is what a test reads back: the container as the runtime would start it.
@@ -67,6 +58,7 @@ type record struct {
 	Env         map[string]string `json:"env"`
 	DeviceNodes []deviceNode      `json:"deviceNodes"`
 	Mounts      []mount           `json:"mounts"`
+	Hooks       []hook            `json:"hooks"`
 	Annotations map[string]string `json:"annotations"`
 }
 
@@ -77,9 +69,13 @@ type runtime struct {
 }
 
 // loadSpecs reads every spec file on each call, as the runtime must see files
-// that the driver wrote moments ago.
-func (r *runtime) loadSpecs() (map[string][]containerEdits, error) {
-	devices := map[string][]containerEdits{}
+// that the driver wrote moments ago. Each is decoded strictly into the CDI
+// specification's own types (tags.cncf.io/container-device-interface/specs-go, the
+// release containerd 2.2 reads specs with) and checked against the cdiVersion it
+// declares, as the CDI library does: a field the declared version lacks, or one
+// no version has, makes the file invalid.
+func (r *runtime) loadSpecs() (map[string][]cdispec.ContainerEdits, error) {
+	devices := map[string][]cdispec.ContainerEdits{}
 	for _, dir := range r.cdiDirs {
 		entries, err := os.ReadDir(dir)
 		if os.IsNotExist(err) {
@@ -101,19 +97,22 @@ func (r *runtime) loadSpecs() (map[string][]containerEdits, error) {
 			if err != nil {
 				return nil, err
 			}
-			var spec cdiSpec
+			var spec cdispec.Spec
 			if err := yaml.UnmarshalStrict(data, &spec); err != nil {
 				return nil, fmt.Errorf("invalid CDI spec %s: %w", path, err)
 			}
-			if spec.CDIVersion == "" || !strings.Contains(spec.Kind, "/") {
+			if spec.Version == "" || !strings.Contains(spec.Kind, "/") {
 				return nil, fmt.Errorf("invalid CDI spec %s: cdiVersion and kind vendor/class are required", path)
+			}
+			if err := cdispec.ValidateVersion(&spec); err != nil {
+				return nil, fmt.Errorf("invalid CDI spec %s: %w", path, err)
 			}
 			for _, dev := range spec.Devices {
 				name := spec.Kind + "=" + dev.Name
 				if _, dup := devices[name]; dup {
 					return nil, fmt.Errorf("CDI device %s defined twice (second time in %s)", name, path)
 				}
-				devices[name] = []containerEdits{spec.ContainerEdits, dev.ContainerEdits}
+				devices[name] = []cdispec.ContainerEdits{spec.ContainerEdits, dev.ContainerEdits}
 			}
 		}
 	}
@@ -152,6 +151,7 @@ func (r *runtime) CreateContainer(ctx context.Context, req *kubeapi.CreateContai
 		Env:         map[string]string{},
 		DeviceNodes: []deviceNode{},
 		Mounts:      []mount{},
+		Hooks:       []hook{},
 		Annotations: config.GetAnnotations(),
 	}
 	for _, kv := range config.GetEnvs() {
@@ -174,8 +174,15 @@ func (r *runtime) CreateContainer(ctx context.Context, req *kubeapi.CreateContai
 					key, value, _ := strings.Cut(kv, "=")
 					rec.Env[key] = value
 				}
-				rec.DeviceNodes = append(rec.DeviceNodes, e.DeviceNodes...)
-				rec.Mounts = append(rec.Mounts, e.Mounts...)
+				for _, node := range e.DeviceNodes {
+					rec.DeviceNodes = append(rec.DeviceNodes, deviceNode{Path: node.Path, HostPath: node.HostPath})
+				}
+				for _, m := range e.Mounts {
+					rec.Mounts = append(rec.Mounts, mount{HostPath: m.HostPath, ContainerPath: m.ContainerPath, Options: m.Options})
+				}
+				for _, h := range e.Hooks {
+					rec.Hooks = append(rec.Hooks, hook{HookName: h.HookName, Path: h.Path, Args: h.Args})
+				}
 			}
 		}
 		if len(missing) > 0 {

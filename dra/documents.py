@@ -17,7 +17,8 @@ from typing import Any
 
 import yaml
 
-from dra.api.fields import nesting_depth, quote
+from dra.api.fields import nesting_depth
+from dra.model.quoting import quote
 
 #: Config files, layouts and profiles are a few KB; a MiB leaves room and bounds the memory used.
 MAX_FILE_BYTES = 2**20

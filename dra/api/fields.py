@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from dra.model.quantity import ERR_FORMAT_WRONG, Quantity, QuantityError
+from dra.model.quoting import cut
 
 T = TypeVar("T")
 
@@ -66,19 +67,6 @@ def json_name(name: str) -> str:
     return first + "".join(word.capitalize() for word in rest)
 
 
-#: How much of a value a message quotes: enough to recognise it, never a whole hostile input.
-QUOTE_CHARS = 60
-
-
-def quote(value: object) -> str:
-    """repr(value), cut to QUOTE_CHARS characters: for messages that quote what the user wrote."""
-    return _cut(repr(value))
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= QUOTE_CHARS else text[: QUOTE_CHARS - 3] + "..."
-
-
 def field_name(f: dataclasses.Field[Any]) -> str:
     """The JSON name of a dataclass field: its spec's `name`, else its name in camelCase."""
     return f.metadata.get("name") or json_name(f.name)
@@ -87,7 +75,7 @@ def field_name(f: dataclasses.Field[Any]) -> str:
 def show(value: object) -> str:
     """A JSON value as the user wrote it (cut to QUOTE_CHARS), for messages."""
     if isinstance(value, str | int | float | bool) or value is None:
-        return _cut(json.dumps(value))
+        return cut(json.dumps(value))
     return kind(value)
 
 

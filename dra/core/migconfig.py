@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from dra.api.fields import quote
+from dra.model.quoting import quote
 
 VERSION = "v1"
 #: The node label that names the layout, as NVIDIA's MIG manager reads it.

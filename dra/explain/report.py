@@ -14,7 +14,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from dra.api.fields import quote
 from dra.cel import (
     Budget,
     BudgetSpentError,
@@ -34,6 +33,7 @@ from dra.explain.devices import (
     slice_devices,
 )
 from dra.explain.shapes import ExplainError, check_shape
+from dra.model.quoting import quote
 
 # What one explain run may spend, across its selectors and devices: an eighth of what the
 # scheduler allows one selector on one device (CELSelectorExpressionMaxCost), which this

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dra import documents
-from dra.api.fields import quote
 from dra.gpu import migtables
 from dra.gpu.discovery import ADDRESSING_MODES, ARCHITECTURES, BRANDS
 from dra.gpu.migtables import GpuInstanceProfile
 from dra.model.devices import MigEngines
+from dra.model.quoting import quote
 
 _K = TypeVar("_K")
 

@@ -18,10 +18,10 @@ import anyio
 from aiohttp import web
 
 from dra import documents
-from dra.api.fields import quote
 from dra.daemon import metrics
 from dra.daemon.bootstrap import StartupError, serve_http
 from dra.daemon.lifecycle import Heartbeat, until_stopped
+from dra.model.quoting import quote
 from dra.webhook.admission import CONFIG_PATHS, ReviewError, review
 
 log = logging.getLogger(__name__)

@@ -34,26 +34,57 @@ class DocumentError(ValueError):
     """A document cannot be read within the limits; the message is one line naming its source."""
 
 
-def read_file(path: Path, source: str, limit: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes; DocumentError otherwise.
+#: What a path that is not a regular file is, by the file type bits of its mode.
+_FILE_TYPES = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
-    The file is opened without blocking and checked after opening, so a FIFO, a device
-    (/dev/zero) or a file swapped in after a check is refused rather than read forever.
+
+def _not_regular(mode: int) -> str | None:
+    """What a file of this mode is when it is not a regular file ("a directory"), else None."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((what for test, what in _FILE_TYPES if test(mode)), "not a regular file")
+
+
+def read_file(path: Path, source: str, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes; DocumentError naming `path` otherwise.
+
+    The one way the project reads a file it is given (config files, layouts, profiles,
+    manifests, kubeconfigs and the files they name, certificates and keys). The file's type is
+    checked before it is opened, so a directory, a FIFO (which would block) or a device such as
+    /dev/zero (which never ends) is refused unopened; it is opened without blocking and checked
+    again once open, so a file swapped in between is refused too. Every message names the path.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        what = _not_regular(os.stat(path).st_mode)
+        if what is None:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as err:
         raise DocumentError(f"{source}: cannot read {path}: {err.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise DocumentError(f"{source}: {path} is not a regular file")
-        try:
-            data = f.read(limit + 1)
-        except OSError as err:
-            raise DocumentError(f"{source}: cannot read {path}: {err.strerror}") from None
-    if len(data) > limit:
+    if what is not None:
+        raise DocumentError(f"{source}: {path} is {what}, not a regular file")
+    try:
+        what = _not_regular(os.fstat(fd).st_mode)
+        if what is not None:
+            raise DocumentError(f"{source}: {path} is {what}, not a regular file")
+        chunks: list[bytes] = []
+        size = 0
+        # os.read, not a file object: its errors carry the descriptor's number where the path belongs.
+        while size <= limit and (chunk := os.read(fd, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as err:
+        raise DocumentError(f"{source}: cannot read {path}: {err.strerror}") from None
+    finally:
+        os.close(fd)
+    if size > limit:
         raise DocumentError(f"{source}: {path} is larger than {limit} bytes")
-    return data
+    return b"".join(chunks)
 
 
 def read_text(path: Path, source: str, limit: int = MAX_FILE_BYTES) -> str:

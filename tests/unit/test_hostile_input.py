@@ -129,7 +129,10 @@ def test_devices_and_huge_files_are_not_config_files(tmp_path: Path) -> None:
     for argv in _loaders("/dev/zero").values():
         if argv[0] != "explain":  # explain takes what is not a file for a cluster name
             line = one_line_error(argv)
-            assert "/dev/zero is not a regular file" in line or "'/dev/zero' is neither" in line
+            assert (
+                "/dev/zero is a character device, not a regular file" in line
+                or "'/dev/zero' is neither" in line
+            )
     big = tmp_path / "big.yaml"
     big.write_bytes(b"#" * (documents.MAX_FILE_BYTES + 1))
     assert "larger than" in one_line_error(["device-plugin", f"--config-file={big}", "--check-config"])
@@ -140,6 +143,49 @@ def test_text_that_is_not_utf8_names_its_file_and_byte(tmp_path: Path) -> None:
     bad.write_bytes(b"version: \xff")
     with pytest.raises(documents.DocumentError, match=rf"^config x: {bad}: not UTF-8 text \(byte 9\)$"):
         documents.read_text(bad, "config x")
+
+
+# -- a directory, a FIFO or a device where a file belongs (issue 46) -----------------------
+
+
+def _not_files(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    directory = tmp_path / "dir"
+    directory.mkdir()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    return {
+        "dir": (directory, "a directory"),
+        "fifo": (fifo, "a FIFO"),
+        "zero": (Path("/dev/zero"), "a character device"),
+    }
+
+
+@pytest.mark.parametrize("what", ["dir", "fifo", "zero"])
+def test_what_is_no_regular_file_is_refused_unopened_naming_its_path(tmp_path: Path, what: str) -> None:
+    path, kind = _not_files(tmp_path)[what]
+    refused = f"{path} is {kind}, not a regular file"
+    for argv in (
+        ["device-plugin", "--check-config", "--config-file", str(path)],
+        ["discover", "--fake-gpus", "h100x8", "--mig-config-file", str(path), "--mig-config", "x"],
+        ["explain", "--kubeconfig", str(path), "--claim", "ns/c"],
+        ["top", "--kubeconfig", str(path), "--once", "true"],
+    ):
+        line = one_line_error(argv)
+        assert refused in line, (argv, line)
+    with pytest.raises(documents.DocumentError, match=f"^x: {refused}$"):
+        documents.read_file(path, "x")
+
+
+def test_a_subdirectory_of_config_dir_is_named_not_a_traceback(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    line = one_line_error(["device-plugin", "--check-config", "--config-dir", str(tmp_path)])
+    assert line == f"dra-gpu: error: config sub: {tmp_path / 'sub'} is a directory, not a regular file"
+
+
+def test_a_file_that_cannot_be_read_is_named_by_its_path_never_a_descriptor(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.yaml"
+    line = one_line_error(["device-plugin", "--check-config", "--config-file", str(missing)])
+    assert line == f"dra-gpu: error: --config-file: cannot read {missing}: No such file or directory"
 
 
 # -- upper bounds --------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from dra import documents
 from dra.gpu import migtables
 from dra.gpu.discovery import ADDRESSING_MODES, ARCHITECTURES, BRANDS
 from dra.gpu.migtables import GpuInstanceProfile
-from dra.model.devices import MigEngines
+from dra.model.devices import MAX_GPUS, MigEngines
 from dra.model.quoting import quote
 
 _K = TypeVar("_K")
@@ -123,8 +123,6 @@ BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
 #: The built-in profiles made for dynamic MIG: their name selects it when no MIG mode is given.
 DYNAMIC_MIG_PROFILES = ("h100x8-dynamic-mig", "a100x4-dynamic-mig")
 
-#: GPUs one profile may list in all: far more than a node holds, few enough to build quickly.
-MAX_GPUS = 1024
 
 _PROFILE_KEYS = {"driverVersion", "cudaDriverVersion", "gpus"}
 _GPU_KEYS = {

@@ -23,6 +23,7 @@ from dra.adapters.atomicfile import ensure_dir
 from dra.adapters.filelock import open_lock
 from dra.core import config as coreconfig
 from dra.daemon.sockets import owner_only
+from dra.model.quoting import quote
 from dra.webhook import admission
 
 LIMIT_BYTES = 200 * 2**20
@@ -186,6 +187,126 @@ def test_a_file_that_cannot_be_read_is_named_by_its_path_never_a_descriptor(tmp_
     missing = tmp_path / "missing.yaml"
     line = one_line_error(["device-plugin", "--check-config", "--config-file", str(missing)])
     assert line == f"dra-gpu: error: --config-file: cannot read {missing}: No such file or directory"
+
+
+# -- flags whose values become API objects, or name GPUs (issue 46) -------------------------
+
+SUBDOMAIN = (
+    "a DNS subdomain (lowercase letters, digits, '-' and '.', each part starting and ending with a "
+    "letter or digit) of at most 253 characters"
+)
+
+
+@pytest.mark.parametrize("name", ["../../x y", "x" * 100_000, "Node-A", "node-a.", "node-a\n"])
+def test_a_node_name_is_checked_as_the_api_server_checks_it(name: str) -> None:
+    for command in ("discover", "explain", "time-slices", "kubelet-plugin", "device-plugin", "node-labeller"):
+        line = one_line_error([command, "--fake-gpus", "h100x8", "--node-name", name])
+        assert line.endswith(f"argument --node-name: {quote(name)} is not a node name: {SUBDOMAIN}")
+
+
+def test_a_node_name_from_the_environment_is_checked_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DRA_GPU_NODE_NAME", "../x")
+    line = one_line_error(["discover", "--fake-gpus", "h100x8"])
+    variable = "environment variable DRA_GPU_NODE_NAME='../x'"
+    assert line == f"dra-gpu: error: {variable}: '../x' is not a node name: {SUBDOMAIN}"
+
+
+def test_the_longest_node_name_gives_valid_slice_names(capsys: pytest.CaptureFixture[str]) -> None:
+    from dra import cli
+    from dra.core.labels import is_dns_subdomain
+
+    name = ".".join(["n" * 63] * 4)[:253]
+    assert cli.main(["discover", "--fake-gpus", "h100x8", "--node-name", name, "--output", "json"]) == 0
+    [item] = json.loads(capsys.readouterr().out)["items"]
+    assert is_dns_subdomain(item["metadata"]["name"])
+    assert item["spec"]["nodeName"] == item["spec"]["pool"]["name"] == name
+
+
+@pytest.mark.parametrize(
+    ("value", "complaint"),
+    [
+        ("static,GPU-xyz=dynamic", "'GPU-xyz=dynamic': name a node"),
+        (
+            "static," + "9" * 5000 + "=dynamic",
+            "'99999999999999999999999999999999999999999999999999999999...: name a node",
+        ),
+        (
+            "static,1024=dynamic",
+            "'1024=dynamic': name a node (@node-a=dynamic), a GPU by index from 0 to 1023",
+        ),
+        ("static,²=dynamic", "'²=dynamic': name a node"),
+        ("static,0=dynamic,0=whole", "'0=whole': GPU 0 has a mode already; give each GPU one"),
+    ],
+)
+def test_mig_mode_names_gpus_by_index_or_uuid_only(value: str, complaint: str) -> None:
+    for command in ("discover", "explain", "kubelet-plugin"):
+        line = one_line_error([command, "--fake-gpus", "h100x8", "--mig-mode", value])
+        assert f"argument --mig-mode: {complaint}" in line, line
+
+
+@pytest.mark.parametrize("value", ["1" * 5000, "²", "1024"])
+def test_gpu_selectors_name_gpus_by_index_below_the_most_a_node_has(value: str) -> None:
+    line = one_line_error(["kubelet-plugin", "--fake-gpus", "h100x8", "--dra-gpus", value])
+    assert "is not a GPU index (0 to 1023), a GPU-/MIG- UUID or model=<product name>" in line
+    assert len(line) < 300
+
+
+def test_mig_mode_overrides_of_gpus_the_node_lacks_are_named(capsys: pytest.CaptureFixture[str]) -> None:
+    from dra import cli
+
+    other = "GPU-00000000-0000-0000-0000-000000000000"
+    assert (
+        cli.main(["discover", "--fake-gpus", "h100x8", "--mig-mode", f"static,99=dynamic,{other}=whole"]) == 0
+    )
+    [warning] = [line for line in capsys.readouterr().err.splitlines() if "WARNING" in line]
+    assert warning.endswith(
+        f"--mig-mode: no GPU of this node matches 99=dynamic, {other}=whole "
+        "(it has GPUs 0, 1, 2, 3, 4, 5, 6, 7 and their UUIDs); ignored here"
+    )
+
+
+@pytest.mark.parametrize("value", ["-1", "33", "38", "9" * 5000, "1.34"])
+def test_kubernetes_minor_is_a_supported_release(value: str) -> None:
+    line = one_line_error(["discover", "--fake-gpus", "h100x8", "--kubernetes-minor", value])
+    assert (
+        "argument --kubernetes-minor: expected a minor release from 34 to 37 (Kubernetes 1.34 to 1.37)"
+        in line
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--mig-config", "all-1g"],
+            "--mig-config needs --mig-config-file: it names one of that file's layouts",
+        ),
+        (
+            ["--fake-gpu-root", "/tmp/x"],
+            "--fake-gpu-root needs --fake-gpus: it holds the fake GPUs' device nodes and driver",
+        ),
+    ],
+)
+def test_options_that_need_another_are_refused_by_every_command_alike(argv: list[str], message: str) -> None:
+    commands = (
+        ["discover", "kubelet-plugin"]
+        if "--mig-config" in argv
+        else ["discover", "explain", "time-slices", "kubelet-plugin", "device-plugin"]
+    )
+    for command in commands:
+        assert one_line_error([command, "--node-name", "n", *argv]) == f"dra-gpu: error: {message}", command
+
+
+def test_fake_gpu_root_and_events_are_checked_for_what_they_are(tmp_path: Path) -> None:
+    for command in ("discover", "explain", "kubelet-plugin"):
+        line = one_line_error([command, "--fake-gpus", "h100x8", "--fake-gpu-root", "/etc/passwd"])
+        assert line.endswith(
+            "argument --fake-gpu-root: /etc/passwd is not a directory (give one, or a path to make one at)"
+        )
+    line = one_line_error(["kubelet-plugin", "--fake-gpus", "h100x8", "--fake-gpu-events", str(tmp_path)])
+    assert line.endswith(
+        f"argument --fake-gpu-events: {tmp_path} is not a regular file (give a file, or a path for one)"
+    )
 
 
 # -- upper bounds --------------------------------------------------------------------------

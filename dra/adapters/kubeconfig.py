@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import os
 import ssl
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dra import documents
+from dra.adapters import tlsfiles
 
 #: Where the kubelet mounts a pod's service-account token and the cluster's CA.
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -90,12 +90,7 @@ def tls_context(
     # the driver must reach every API server they reach. Trust itself is checked as before.
     context.verify_flags &= ~ssl.VERIFY_X509_STRICT
     if cert is not None:
-        # load_cert_chain reads files only: the PEM goes through a private temporary directory.
-        with tempfile.TemporaryDirectory() as private:
-            cert_path, key_path = Path(private) / "cert.pem", Path(private) / "key.pem"
-            cert_path.write_bytes(cert[0])
-            key_path.write_bytes(cert[1])
-            context.load_cert_chain(cert_path, key_path)
+        tlsfiles.load_cert_chain(context, *cert)
     if not verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE

@@ -341,6 +341,40 @@ def test_profile_numbers_are_ascii_digits_int_takes(tmp_path: Path, version: str
     )
 
 
+@pytest.mark.parametrize(
+    ("gpu", "complaint"),
+    [
+        (
+            {"model": "t4", "pcieRoot": [1, 2]},
+            "gpus[0].pcieRoot: expected a string, got [1, 2]",
+        ),
+        (
+            {"model": "t4", "pcieRoot": "pci0000:zz"},
+            "gpus[0].pcieRoot: expected a root complex as sysfs names it, pci<domain>:<bus> in lower-case "
+            "hexadecimal such as pci0000:80, got 'pci0000:zz'",
+        ),
+        ({"productName": ["x"], "memoryMiB": 1024}, "gpus[0].productName: expected a string, got ['x']"),
+    ],
+)
+def test_profile_strings_are_strings_of_their_form(
+    tmp_path: Path, gpu: dict[str, Any], complaint: str
+) -> None:
+    # Published as given, pcieRoot: [1, 2] was the attribute string "[1, 2]".
+    profile = _file(tmp_path, "p.yaml", json.dumps({"gpus": [gpu]}))
+    line = one_line_error(["discover", "--fake-gpus", profile, "--node-name", "n"])
+    assert line.endswith(complaint), line
+
+
+def test_a_mig_layout_is_named_by_a_string(tmp_path: Path) -> None:
+    layouts = _file(
+        tmp_path, "l.yaml", "version: v1\nmig-configs:\n  5: [{devices: all, mig-enabled: false}]\n"
+    )
+    line = one_line_error(
+        ["discover", "--fake-gpus", "h100x8", "--mig-config-file", layouts, "--mig-config", "5"]
+    )
+    assert line == f"dra-gpu: error: {layouts}: mig-configs: a layout's name is a string, got 5 (quote it)"
+
+
 def _layout(entries: list[dict[str, Any]]) -> str:
     return json.dumps({"version": "v1", "mig-configs": {"big": entries}})
 

@@ -489,6 +489,128 @@ def test_explain_takes_a_kind_that_is_no_string_for_no_claim(
     assert "Traceback" not in err
 
 
+# -- explain refuses what the API server refuses (issue 46) ----------------------------------
+
+_REQUEST = '{"name": "a", "exactly": {"deviceClassName": "gpu.nvidia.com"EXTRA}}'
+
+
+def _claim_text(devices: str, kind: str = "ResourceClaim") -> str:
+    spec = f'{{"devices": {devices}}}' if kind == "ResourceClaim" else f'{{"spec": {{"devices": {devices}}}}}'
+    head = f'"apiVersion": "resource.k8s.io/v1", "kind": "{kind}", "metadata": {{"name": "c"}}'
+    return f'{{{head}, "spec": {spec}}}'
+
+
+def _requests(extra: str = "", more: str = "") -> str:
+    return '{"requests": [' + _REQUEST.replace("EXTRA", extra) + "]" + more + "}"
+
+
+@pytest.mark.parametrize(
+    ("devices", "complaint"),
+    [
+        (
+            _requests(', "count": 1e30'),
+            "exactly.count: expected an integer from 1 to 9223372036854775807, got '1e30'",
+        ),
+        (
+            _requests(', "count": 1' + "0" * 30),
+            "exactly.count: expected an integer from 1 to 9223372036854775807, got 1" + "0" * 30,
+        ),
+        (
+            _requests(', "count": -2'),
+            "exactly.count: expected an integer from 1 to 9223372036854775807, got -2",
+        ),
+        (
+            _requests(', "count": 2.0'),
+            "exactly.count: expected an integer from 1 to 9223372036854775807, got 2.0",
+        ),
+        (
+            _requests(', "allocationMode": "Bogus"'),
+            "exactly.allocationMode: 'Bogus' is not one of All, ExactCount",
+        ),
+        (
+            _requests(', "allocationMode": "All", "count": 2'),
+            "exactly.count: must not be given with allocationMode All, got 2",
+        ),
+        (
+            _requests("", ', "constraints": [{"requests": ["zz"], "matchAttribute": "gpu.nvidia.com/uuid"}]'),
+            "constraints[0].requests[0]: 'zz' is not a request of this claim: name a request, or a request "
+            "and its subrequest joined by '/' (the claim has a)",
+        ),
+        (
+            _requests("", ', "constraints": [{"matchAttribute": "uuid"}]'),
+            "constraints[0].matchAttribute: 'uuid' is not a fully qualified attribute name",
+        ),
+        (
+            _requests("", ', "config": [{"requests": ["b"], "opaque": {"driver": "d", "parameters": {}}}]'),
+            "config[0].requests[0]: 'b' is not a request of this claim",
+        ),
+        (_requests().replace('"a"', '"A_b"'), "requests[0].name: 'A_b' is not a DNS label"),
+        (
+            '{"requests": [' + _REQUEST.replace("EXTRA", "") + ", " + _REQUEST.replace("EXTRA", "") + "]}",
+            "requests[1].name: 'a' is given twice",
+        ),
+        (
+            '{"requests": [{"name": "a"}]}',
+            "requests[0]: exactly one of exactly and firstAvailable is required; neither is given",
+        ),
+        (
+            _requests().replace("gpu.nvidia.com", "Bad_Class"),
+            "exactly.deviceClassName: 'Bad_Class' is not a DeviceClass name",
+        ),
+        (
+            _requests(', "selectors": [{"cel": {"expression": "' + "true && " * 1300 + 'true"}}]'),
+            "exactly.selectors[0].cel.expression: at most 10240 bytes, has 10404",
+        ),
+    ],
+)
+@pytest.mark.parametrize("kind", ["ResourceClaim", "ResourceClaimTemplate"])
+def test_explain_refuses_a_claim_the_api_server_refuses_naming_the_field(
+    tmp_path: Path, devices: str, complaint: str, kind: str
+) -> None:
+    path = _file(tmp_path, "claim.json", _claim_text(devices, kind))
+    line = one_line_error(["explain", "--fake-gpus", "h100x8", "--claim", path])
+    where = "spec.devices." if kind == "ResourceClaim" else "spec.spec.devices."
+    if complaint.startswith("exactly."):
+        complaint = "requests[0]." + complaint
+    assert line.startswith(f"dra-gpu: error: {path}: document 1 ({kind}): {where}{complaint}"), line
+
+
+@pytest.mark.parametrize(
+    "devices",
+    [
+        _requests(', "count": 0'),
+        _requests(', "count": null, "allocationMode": null'),
+        _requests(', "count": 9223372036854775807'),
+        _requests(', "allocationMode": "All", "count": 0'),
+        _requests("", ', "constraints": [{"requests": ["a"], "matchAttribute": "gpu.nvidia.com/uuid"}]'),
+    ],
+)
+def test_explain_takes_what_the_api_server_stores(
+    tmp_path: Path, devices: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # count 0 and null are defaulted to 1 by the API server; the largest int64 is stored as it is.
+    from dra import cli
+
+    path = _file(tmp_path, "claim.json", _claim_text(devices))
+    assert cli.main(["explain", "--fake-gpus", "h100x8", "--claim", path]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec", ["null", '{"devices": null}', '{"devices": {"requests": []}}'])
+def test_a_claim_without_requests_is_explained_as_one_that_gets_no_device(
+    tmp_path: Path, spec: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The API server stores such a claim (spec is optional, requests too): explain says what it gets.
+    from dra import cli
+
+    text = _claim_text("null").replace('{"devices": null}', spec)
+    path = _file(tmp_path, "claim.json", text)
+    assert cli.main(["explain", "--fake-gpus", "h100x8", "--claim", path]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "claim -/c",
+        "  note: the claim requests no device (spec.devices.requests is empty): it is allocated with none",
+    ]
+
+
 # -- the webhook and prepare ----------------------------------------------------------------
 
 

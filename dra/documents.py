@@ -4,7 +4,9 @@ Every decoder of outside input (config files, MIG layouts, fake profiles, explai
 manifests, webhook bodies) reads through here, so each has the same limits: a size
 cap, a nesting depth, a cap on the nodes YAML aliases may expand to, and integers no
 longer than Python converts. A document past a limit is a DocumentError with one short
-line; nothing here recurses without a bound or allocates past the size cap.
+line; nothing here recurses without a bound or allocates past the size cap. An object
+that gives a key twice keeps the last value, as Kubernetes' decoders do, and is marked
+(dra.api.fields.DuplicatedKeys) for the configuration API, which refuses it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from dra.api.fields import nesting_depth
+from dra.api.fields import DuplicatedKeys, nesting_depth, object_pairs
 from dra.model.quoting import quote
 
 #: Config files, layouts and profiles are a few KB; a MiB leaves room and bounds the memory used.
@@ -28,6 +30,7 @@ MAX_DEPTH = 100
 MAX_NODES = 100_000
 #: Python refuses to convert longer integers (sys.get_int_max_str_digits); JSON and YAML allow them.
 MAX_INT_DIGITS = 4300
+_MERGE = "tag:yaml.org,2002:merge"
 
 
 class DocumentError(ValueError):
@@ -127,6 +130,20 @@ class _Loader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
+    def construct_yaml_map(self, node: Any) -> Any:
+        """A mapping, a DuplicatedKeys when the document gave one of its keys twice (as JSON's objects)."""
+        # Among the mapping's own keys: one that a merge (<<) brings in may be given again.
+        seen: set[tuple[str, str]] = set()
+        repeated: dict[str, None] = {}
+        for key, _ in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != _MERGE:
+                if (key.tag, key.value) in seen:
+                    repeated[str(key.value)] = None
+                seen.add((key.tag, key.value))
+        data: dict[Any, Any] = DuplicatedKeys({}, tuple(repeated)) if repeated else {}
+        yield data
+        data.update(self.construct_mapping(node))
+
     def construct_yaml_int(self, node: Any) -> Any:
         if len(str(node.value)) > MAX_INT_DIGITS:
             raise yaml.MarkedYAMLError(
@@ -136,6 +153,7 @@ class _Loader(yaml.SafeLoader):
 
 
 _Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+_Loader.add_constructor("tag:yaml.org,2002:map", _Loader.construct_yaml_map)
 
 
 def _expanded_nodes(root: yaml.Node) -> int:
@@ -235,7 +253,7 @@ def load_json(data: bytes | str, source: str, limit: int = MAX_FILE_BYTES) -> ob
         raise DocumentError(f"{source}: larger than {limit} bytes")
     text = _text(data, source)
     try:
-        value = json.loads(text, parse_int=bounded_int)
+        value = json.loads(text, parse_int=bounded_int, object_pairs_hook=object_pairs)
     except json.JSONDecodeError as err:
         raise DocumentError(
             f"{source}: not valid JSON: line {err.lineno}, column {err.colno}: {err.msg}"

@@ -25,6 +25,7 @@ import anyio.to_thread
 
 from dra.adapters import kubeconfig as credentials
 from dra.adapters.kubeget import MAX_BODY, BlockingPool
+from dra.api.fields import object_pairs
 from dra.documents import bounded_int, read_file
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ def _decode(what: str, status: int, data: bytes) -> Any:
         raise _status_error(what, status, data)
     try:
         # Integers too long for int() become infinities that the field's decoder refuses.
-        return json.loads(data or b"{}", parse_int=bounded_int)
+        return json.loads(data or b"{}", parse_int=bounded_int, object_pairs_hook=object_pairs)
     except (ValueError, RecursionError) as err:
         raise KubeError(f"{what}: the API server's answer is not JSON ({err})") from None
 
@@ -145,7 +146,7 @@ def _decode(what: str, status: int, data: bytes) -> Any:
 def _event(what: str, line: bytes | bytearray) -> tuple[str, Obj]:
     """One watch event's type and object; KubeError for an ERROR event (410: list again) or a bad one."""
     try:
-        event = json.loads(line, parse_int=bounded_int)
+        event = json.loads(line, parse_int=bounded_int, object_pairs_hook=object_pairs)
         if event.get("type") == "ERROR":
             status = event.get("object", {})
             raise KubeError(f"watch {what}: {status.get('message')}", int(status.get("code", 0)))

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from dra import documents
+from dra.adapters import kube
 from dra.adapters.atomicfile import ensure_dir
 from dra.adapters.filelock import open_lock
 from dra.core import config as coreconfig
@@ -652,6 +653,70 @@ def test_a_4301_digit_number_in_an_opaque_config_is_a_field_error() -> None:
     loaded = json.loads(parameters, parse_int=documents.bounded_int)
     with pytest.raises(coreconfig.ConfigError, match="defaultActiveThreadPercentage: expected an integer"):
         coreconfig.decode(loaded)
+
+
+_MPS = '{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS", '
+
+
+@pytest.mark.parametrize(
+    ("parameters", "complaint"),
+    [
+        (
+            '{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "kind": "MigDeviceConfig"}',
+            "parameters.kind: given more than once; give each once",
+        ),
+        (
+            _MPS + '"strategy": "TimeSlicing"}}',
+            "parameters.sharing.strategy: given more than once; give each once",
+        ),
+        (
+            _MPS + '"mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"0": "1Gi", "0": "2Gi"}}}}',
+            "parameters.sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[0]: given more than once; "
+            "give each once",
+        ),
+        (
+            _MPS + '"mpsConfig": {"defaultPinnedDeviceMemoryLimit": 1e308}}}',
+            "parameters.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: 1e+308 is outside 1Mi to "
+            "9223372036854775807",
+        ),
+        (
+            _MPS + '"mpsConfig": {"defaultPinnedDeviceMemoryLimit": "1Ki"}}}',
+            'parameters.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: "1Ki" is outside 1Mi to '
+            "9223372036854775807",
+        ),
+        (
+            _MPS + '"mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"0": 10000000000000000000}}}}',
+            "parameters.sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[0]: 10000000000000000000 is "
+            "outside 1Mi to 9223372036854775807",
+        ),
+    ],
+)
+def test_the_webhook_and_prepare_refuse_duplicate_keys_and_quantities_no_device_has(
+    parameters: str, complaint: str
+) -> None:
+    # The API server stores opaque parameters as they were sent, duplicate keys and all (even with
+    # fieldValidation=Strict): the webhook sees them in the review, prepare in the claim it reads.
+    _, verdict = admission.review(documents.load_json(_claim_with(parameters), "body"), DRIVER)
+    assert verdict.problems == (f"spec.devices.config[0].opaque.{complaint}",)
+    claim = _claim_with(parameters)
+    read = kube._decode("GET claim", 200, claim.encode())["request"]["object"]
+    config = read["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+    with pytest.raises(coreconfig.ConfigError) as raised:
+        coreconfig.decode(config)
+    assert str(raised.value) == complaint.replace("parameters", coreconfig.root(config), 1)
+
+
+def test_duplicate_keys_in_yaml_parameters_are_refused_as_in_json() -> None:
+    text = "apiVersion: resource.nvidia.com/v1beta1\nkind: GpuConfig\n"
+    text += "sharing: {strategy: MPS, 'strategy': MPS}\n"
+    loaded = documents.load_yaml(text, "x")
+    assert isinstance(loaded, dict)
+    with pytest.raises(coreconfig.ConfigError, match=r"^GpuConfig.sharing.strategy: given more than once"):
+        coreconfig.decode(loaded)
+    # A key a YAML merge brings in may be given again: that is no duplicate.
+    merged = documents.load_yaml("base: &b {strategy: MPS}\nsharing: {<<: *b, strategy: TimeSlicing}\n", "x")
+    assert isinstance(merged, dict)
+    assert not getattr(merged["sharing"], "duplicates", ())
 
 
 def test_deep_opaque_parameters_are_a_field_error() -> None:

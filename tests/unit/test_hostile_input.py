@@ -178,6 +178,35 @@ def test_what_is_no_regular_file_is_refused_unopened_naming_its_path(tmp_path: P
         documents.read_file(path, "x")
 
 
+def test_the_fake_gpus_files_that_are_no_regular_files_neither_block_nor_crash(tmp_path: Path) -> None:
+    # The XID watch opens the events file each time it looks; the control file of processes is a
+    # document of its own, read through the bounded reader.
+    fifo, directory = tmp_path / "fifo", tmp_path / "dir"
+    os.mkfifo(fifo)
+    directory.mkdir()
+    setup = (
+        "from pathlib import Path\nfrom dra.gpu.fake import FakeGpuLibrary\n"
+        "from dra.gpu.library import GpuLibraryError\nfrom dra.gpu.profiles import load_profile"
+    )
+    code, output = bounded(
+        f"""
+        events, control = Path({str(fifo)!r}), Path({str(directory)!r})
+        lib = FakeGpuLibrary(load_profile("h100x8"), "n", events, processes=control)
+        lib.init()
+        assert lib.wait_xid_event(100) is None
+        try:
+            lib.processes.current()
+        except GpuLibraryError as err:
+            sys.exit(str(err))
+        """,
+        setup,
+    )
+    assert (code, output) == (
+        1,
+        f"fake GPU processes: control file: {directory} is a directory, not a regular file",
+    )
+
+
 def test_a_subdirectory_of_config_dir_is_named_not_a_traceback(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
     line = one_line_error(["device-plugin", "--check-config", "--config-dir", str(tmp_path)])

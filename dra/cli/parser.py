@@ -46,14 +46,16 @@ NEEDS = (
     ("--fake-gpu-root", "--fake-gpus", "it holds the fake GPUs' device nodes and driver"),
     ("--fake-gpu-events", "--fake-gpus", "it injects errors into fake GPUs"),
     ("--config-default", "--config-dir", "it names one of that directory's configs"),
+    ("--instance-id", "--rolling-update", "it names the sockets of an instance in a rolling update"),
 )
 #: Flags that exclude each other: give one.
 EXCLUDE = (("--config-file", "--config-dir"),)
 
 
 def _given(args: argparse.Namespace, flag: str) -> bool:
-    """Whether the command takes `flag` and it has a value (from the command line or its variable)."""
-    return getattr(args, flag.lstrip("-").replace("-", "_"), None) not in (None, "")
+    """Whether the command takes `flag` and it has a value (command line or variable); false is none."""
+    value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+    return value is not None and value is not False and value != ""
 
 
 def _check_together(args: argparse.Namespace) -> None:

@@ -304,6 +304,16 @@ def test_kubernetes_minor_is_a_supported_release(value: str) -> None:
     )
 
 
+def test_an_instance_id_needs_a_rolling_update() -> None:
+    line = one_line_error(
+        ["kubelet-plugin", "--node-name", "n", "--instance-id", "x", "--rolling-update", "false"]
+    )
+    assert line == (
+        "dra-gpu: error: --instance-id needs --rolling-update: "
+        "it names the sockets of an instance in a rolling update"
+    )
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

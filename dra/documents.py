@@ -4,7 +4,9 @@ Every decoder of outside input (config files, MIG layouts, fake profiles, explai
 manifests, webhook bodies) reads through here, so each has the same limits: a size
 cap, a nesting depth, a cap on the nodes YAML aliases may expand to, and integers no
 longer than Python converts. A document past a limit is a DocumentError with one short
-line; nothing here recurses without a bound or allocates past the size cap.
+line; nothing here recurses without a bound or allocates past the size cap. An object
+that gives a key twice keeps the last value, as Kubernetes' decoders do, and is marked
+(dra.api.fields.DuplicatedKeys) for the configuration API, which refuses it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from dra.api.fields import nesting_depth, quote
+from dra.api.fields import DuplicatedKeys, nesting_depth, object_pairs
+from dra.model.quoting import quote
 
 #: Config files, layouts and profiles are a few KB; a MiB leaves room and bounds the memory used.
 MAX_FILE_BYTES = 2**20
@@ -27,32 +30,64 @@ MAX_DEPTH = 100
 MAX_NODES = 100_000
 #: Python refuses to convert longer integers (sys.get_int_max_str_digits); JSON and YAML allow them.
 MAX_INT_DIGITS = 4300
+_MERGE = "tag:yaml.org,2002:merge"
 
 
 class DocumentError(ValueError):
     """A document cannot be read within the limits; the message is one line naming its source."""
 
 
-def read_file(path: Path, source: str, limit: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes; DocumentError otherwise.
+#: What a path that is not a regular file is, by the file type bits of its mode.
+_FILE_TYPES = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
-    The file is opened without blocking and checked after opening, so a FIFO, a device
-    (/dev/zero) or a file swapped in after a check is refused rather than read forever.
+
+def _not_regular(mode: int) -> str | None:
+    """What a file of this mode is when it is not a regular file ("a directory"), else None."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((what for test, what in _FILE_TYPES if test(mode)), "not a regular file")
+
+
+def read_file(path: Path, source: str, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes; DocumentError naming `path` otherwise.
+
+    The one way the project reads a file it is given (config files, layouts, profiles,
+    manifests, kubeconfigs and the files they name, certificates and keys). The file's type is
+    checked before it is opened, so a directory, a FIFO (which would block) or a device such as
+    /dev/zero (which never ends) is refused unopened; it is opened without blocking and checked
+    again once open, so a file swapped in between is refused too. Every message names the path.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        what = _not_regular(os.stat(path).st_mode)
+        if what is None:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as err:
         raise DocumentError(f"{source}: cannot read {path}: {err.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise DocumentError(f"{source}: {path} is not a regular file")
-        try:
-            data = f.read(limit + 1)
-        except OSError as err:
-            raise DocumentError(f"{source}: cannot read {path}: {err.strerror}") from None
-    if len(data) > limit:
+    if what is not None:
+        raise DocumentError(f"{source}: {path} is {what}, not a regular file")
+    try:
+        what = _not_regular(os.fstat(fd).st_mode)
+        if what is not None:
+            raise DocumentError(f"{source}: {path} is {what}, not a regular file")
+        chunks: list[bytes] = []
+        size = 0
+        # os.read, not a file object: its errors carry the descriptor's number where the path belongs.
+        while size <= limit and (chunk := os.read(fd, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as err:
+        raise DocumentError(f"{source}: cannot read {path}: {err.strerror}") from None
+    finally:
+        os.close(fd)
+    if size > limit:
         raise DocumentError(f"{source}: {path} is larger than {limit} bytes")
-    return data
+    return b"".join(chunks)
 
 
 def read_text(path: Path, source: str, limit: int = MAX_FILE_BYTES) -> str:
@@ -95,6 +130,20 @@ class _Loader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
+    def construct_yaml_map(self, node: Any) -> Any:
+        """A mapping, a DuplicatedKeys when the document gave one of its keys twice (as JSON's objects)."""
+        # Among the mapping's own keys: one that a merge (<<) brings in may be given again.
+        seen: set[tuple[str, str]] = set()
+        repeated: dict[str, None] = {}
+        for key, _ in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != _MERGE:
+                if (key.tag, key.value) in seen:
+                    repeated[str(key.value)] = None
+                seen.add((key.tag, key.value))
+        data: dict[Any, Any] = DuplicatedKeys({}, tuple(repeated)) if repeated else {}
+        yield data
+        data.update(self.construct_mapping(node))
+
     def construct_yaml_int(self, node: Any) -> Any:
         if len(str(node.value)) > MAX_INT_DIGITS:
             raise yaml.MarkedYAMLError(
@@ -104,6 +153,7 @@ class _Loader(yaml.SafeLoader):
 
 
 _Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+_Loader.add_constructor("tag:yaml.org,2002:map", _Loader.construct_yaml_map)
 
 
 def _expanded_nodes(root: yaml.Node) -> int:
@@ -203,7 +253,7 @@ def load_json(data: bytes | str, source: str, limit: int = MAX_FILE_BYTES) -> ob
         raise DocumentError(f"{source}: larger than {limit} bytes")
     text = _text(data, source)
     try:
-        value = json.loads(text, parse_int=bounded_int)
+        value = json.loads(text, parse_int=bounded_int, object_pairs_hook=object_pairs)
     except json.JSONDecodeError as err:
         raise DocumentError(
             f"{source}: not valid JSON: line {err.lineno}, column {err.colno}: {err.msg}"

@@ -18,13 +18,15 @@ import logging
 import ssl
 import urllib.parse
 from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
 
 from dra.adapters import kubeconfig as credentials
 from dra.adapters.kubeget import MAX_BODY, BlockingPool
-from dra.documents import bounded_int
+from dra.api.fields import object_pairs
+from dra.documents import bounded_int, read_file
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +85,10 @@ def _tls(config: Any) -> ssl.SSLContext:
     if config.cert_file:
         # A kubeconfig may keep the key in the certificate's file.
         key_file = config.key_file or config.cert_file
-        with open(config.cert_file, "rb") as certificate, open(key_file, "rb") as key:
-            cert = (certificate.read(), key.read())
+        cert = (
+            read_file(Path(config.cert_file), "client-certificate"),
+            read_file(Path(key_file), "client-key"),
+        )
     return credentials.tls_context(config.ssl_ca_cert, None, cert, bool(config.verify_ssl))
 
 
@@ -117,7 +121,7 @@ def load_credentials(kubeconfig: str | None) -> credentials.Credentials:
             return credentials.from_kubeconfig(kubeconfig)
         except credentials.UnsupportedConfigError:
             return _from_kubernetes_package(kubeconfig)
-    except (credentials.ConfigError, OSError, ssl.SSLError) as err:
+    except (credentials.ConfigError, OSError, ValueError, ssl.SSLError) as err:
         where = f"kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
         raise KubeError(f"cannot load Kubernetes credentials from {where}: {err}") from None
 
@@ -134,7 +138,7 @@ def _decode(what: str, status: int, data: bytes) -> Any:
         raise _status_error(what, status, data)
     try:
         # Integers too long for int() become infinities that the field's decoder refuses.
-        return json.loads(data or b"{}", parse_int=bounded_int)
+        return json.loads(data or b"{}", parse_int=bounded_int, object_pairs_hook=object_pairs)
     except (ValueError, RecursionError) as err:
         raise KubeError(f"{what}: the API server's answer is not JSON ({err})") from None
 
@@ -142,7 +146,7 @@ def _decode(what: str, status: int, data: bytes) -> Any:
 def _event(what: str, line: bytes | bytearray) -> tuple[str, Obj]:
     """One watch event's type and object; KubeError for an ERROR event (410: list again) or a bad one."""
     try:
-        event = json.loads(line, parse_int=bounded_int)
+        event = json.loads(line, parse_int=bounded_int, object_pairs_hook=object_pairs)
         if event.get("type") == "ERROR":
             status = event.get("object", {})
             raise KubeError(f"watch {what}: {status.get('message')}", int(status.get("code", 0)))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import os
 import ssl
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dra import documents
+from dra.adapters import tlsfiles
 
 #: Where the kubelet mounts a pod's service-account token and the cluster's CA.
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -57,9 +57,16 @@ class _TokenFile:
         self._read_at = -TOKEN_REREAD
 
     def __call__(self) -> str:
+        """The Authorization header; DocumentError naming the file when the first read fails."""
         now = time.monotonic()
         if now - self._read_at >= TOKEN_REREAD:
-            self._token = self._path.read_text().strip()
+            try:
+                self._token = documents.read_text(self._path, "token file").strip()
+            except documents.DocumentError:
+                # A rotation caught half-way keeps the token it replaces until the next call.
+                if not self._token:
+                    raise
+                return f"Bearer {self._token}"
             self._read_at = now
         return f"Bearer {self._token}" if self._token else ""
 
@@ -71,19 +78,19 @@ def _anonymous() -> str:
 def tls_context(
     ca_file: str | None, ca_data: str | None, cert: tuple[bytes, bytes] | None, verify: bool
 ) -> ssl.SSLContext:
-    """TLS to an API server: its CA (file or PEM text), a client certificate and key (PEM), skip-verify."""
-    context = ssl.create_default_context(cafile=ca_file or None, cadata=ca_data or None)
+    """TLS to an API server: its CA (file or PEM text), a client certificate and key (PEM), skip-verify.
+
+    A CA file is read through the bounded reader (DocumentError naming it), never by OpenSSL itself.
+    """
+    if ca_file:
+        ca_data = documents.read_text(Path(ca_file), "certificate authority")
+    context = ssl.create_default_context(cadata=ca_data or None)
     # Python 3.13 turned strict X.509 checks on by default, refusing a CA without a subject key
     # identifier or a certificate without its issuer's; client-go and the kubelet accept them, and
     # the driver must reach every API server they reach. Trust itself is checked as before.
     context.verify_flags &= ~ssl.VERIFY_X509_STRICT
     if cert is not None:
-        # load_cert_chain reads files only: the PEM goes through a private temporary directory.
-        with tempfile.TemporaryDirectory() as private:
-            cert_path, key_path = Path(private) / "cert.pem", Path(private) / "key.pem"
-            cert_path.write_bytes(cert[0])
-            key_path.write_bytes(cert[1])
-            context.load_cert_chain(cert_path, key_path)
+        tlsfiles.load_cert_chain(context, *cert)
     if not verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
@@ -99,7 +106,7 @@ def in_cluster(environ: Mapping[str, str] = os.environ, account: Path = SERVICE_
     try:
         token()
         tls = tls_context(str(account / "ca.crt"), None, None, verify=True)
-    except (OSError, ssl.SSLError) as err:
+    except (OSError, ValueError, ssl.SSLError) as err:
         raise ConfigError(str(err)) from None
     address = f"[{host}]" if ":" in host else host
     return Credentials(f"https://{address}:{port}", tls, token)
@@ -118,7 +125,7 @@ def _data(section: Mapping[str, Any], key: str, base: Path) -> bytes | None:
     if section.get(f"{key}-data"):
         return base64.b64decode(section[f"{key}-data"])
     if section.get(key):
-        return (base / str(section[key])).read_bytes()
+        return documents.read_file(base / str(section[key]), key)
     return None
 
 

@@ -19,11 +19,50 @@ from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from dra.model.quantity import ERR_FORMAT_WRONG, Quantity, QuantityError
+from dra.model.quoting import cut
 
 T = TypeVar("T")
 
 #: The pattern every quantity string must match (Kubernetes' resource.ParseQuantity's first check).
 QUANTITY_PATTERN = ERR_FORMAT_WRONG.split("'")[1]
+
+
+class DuplicatedKeys(dict[str, Any]):
+    """A decoded JSON or YAML object whose text gave some keys more than once (the last value kept).
+
+    Readers of other objects take it for the dict it is; `decode` refuses it, as the strict decoder
+    NVIDIA's driver decodes opaque parameters with refuses a duplicate field.
+    """
+
+    def __init__(self, items: Mapping[str, Any], duplicates: tuple[str, ...]) -> None:
+        super().__init__(items)
+        #: The keys given more than once, in the order of their first repetition.
+        self.duplicates = duplicates
+
+
+def object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads' object_pairs_hook: the object, a DuplicatedKeys when a key came more than once."""
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    seen: set[str] = set()
+    repeated: dict[str, None] = {}
+    for key, _ in pairs:
+        if key in seen:
+            repeated[key] = None
+        seen.add(key)
+    return DuplicatedKeys(obj, tuple(repeated))
+
+
+def check_unique(raw: Mapping[Any, Any], path: tuple[str, ...], *, keys: bool = False) -> None:
+    """FieldError naming the first key an object's text gave more than once.
+
+    `keys`: the object is a map (its keys are data, named "[key]"), not an object of fields.
+    """
+    duplicates = getattr(raw, "duplicates", ())
+    if duplicates:
+        first = str(duplicates[0])
+        raise FieldError((*path, f"[{first}]" if keys else first), "given more than once; give each once")
 
 
 class FieldError(ValueError):
@@ -66,19 +105,6 @@ def json_name(name: str) -> str:
     return first + "".join(word.capitalize() for word in rest)
 
 
-#: How much of a value a message quotes: enough to recognise it, never a whole hostile input.
-QUOTE_CHARS = 60
-
-
-def quote(value: object) -> str:
-    """repr(value), cut to QUOTE_CHARS characters: for messages that quote what the user wrote."""
-    return _cut(repr(value))
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= QUOTE_CHARS else text[: QUOTE_CHARS - 3] + "..."
-
-
 def field_name(f: dataclasses.Field[Any]) -> str:
     """The JSON name of a dataclass field: its spec's `name`, else its name in camelCase."""
     return f.metadata.get("name") or json_name(f.name)
@@ -87,7 +113,7 @@ def field_name(f: dataclasses.Field[Any]) -> str:
 def show(value: object) -> str:
     """A JSON value as the user wrote it (cut to QUOTE_CHARS), for messages."""
     if isinstance(value, str | int | float | bool) or value is None:
-        return _cut(json.dumps(value))
+        return cut(json.dumps(value))
     return kind(value)
 
 
@@ -145,6 +171,7 @@ def decode(cls: type[T], raw: object, path: tuple[str, ...] = ()) -> T:
     """An instance of the dataclass `cls` from a JSON object; FieldError naming the first bad field."""
     if not isinstance(raw, Mapping):
         raise FieldError(path, f"expected an object, got {kind(raw)}")
+    check_unique(raw, path)
     fields = _fields(cls)
     known = {field_name(f): (f, annotation) for f, annotation in fields}
     for key in raw:
@@ -178,10 +205,11 @@ def _value(annotation: Any, raw: object, path: tuple[str, ...], meta: Mapping[st
             raise FieldError(path, f"{raw} is outside {low}-{high}")
         return raw
     if annotation is Quantity:
-        return _quantity(raw, path)
+        return _quantity(raw, path, meta)
     if get_origin(annotation) is Mapping:
         if not isinstance(raw, Mapping):
             raise FieldError(path, f"expected an object, got {kind(raw)}")
+        check_unique(raw, path, keys=True)
         _, item = get_args(annotation)
         return {str(k): _value(item, v, (*path, f"[{k}]"), meta) for k, v in raw.items()}
     if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
@@ -189,7 +217,7 @@ def _value(annotation: Any, raw: object, path: tuple[str, ...], meta: Mapping[st
     raise TypeError(f"{annotation!r} has no JSON form")  # a programming error in a type of dra.api
 
 
-def _quantity(raw: object, path: tuple[str, ...]) -> Quantity:
+def _quantity(raw: object, path: tuple[str, ...], meta: Mapping[str, Any]) -> Quantity:
     # Kubernetes' Quantity also unmarshals from a bare JSON number.
     if isinstance(raw, bool) or not isinstance(raw, str | int | float):
         raise FieldError(path, f'expected a quantity (such as "4Gi"), got {kind(raw)}')
@@ -199,6 +227,10 @@ def _quantity(raw: object, path: tuple[str, ...]) -> Quantity:
         raise FieldError(path, f"{show(raw)} is not a quantity: {err}") from None
     if quantity.sign() <= 0:
         raise FieldError(path, f"{show(raw)} must be positive")
+    low, high = meta.get("minimum"), meta.get("maximum")
+    if (low is not None and quantity.exact() < low) or (high is not None and quantity.exact() > high):
+        shown = [str(Quantity.binary(bound)) if bound is not None else "" for bound in (low, high)]
+        raise FieldError(path, f"{show(raw)} is outside {shown[0]} to {shown[1]}")
     return quantity
 
 

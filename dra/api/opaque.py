@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra.api import v1beta1
-from dra.api.fields import FieldError, nesting_depth
+from dra.api.fields import FieldError, check_unique, nesting_depth
 
 #: Kubernetes' limit on opaque parameters (resource.k8s.io OpaqueParametersMaxLength), in bytes.
 MAX_PARAMETERS_BYTES = 10 * 1024
@@ -38,6 +38,8 @@ def decode(parameters: Mapping[str, Any]) -> DeviceConfig:
     """The normalized config of one opaque parameters object; FieldError naming the bad field."""
     if nesting_depth(parameters, MAX_PARAMETERS_DEPTH) > MAX_PARAMETERS_DEPTH:
         raise FieldError((), f"nested deeper than {MAX_PARAMETERS_DEPTH} levels")
+    # apiVersion and kind twice too: the fields below are decoded from a copy, which keeps one.
+    check_unique(parameters, ())
     size = len(json.dumps(parameters, separators=(",", ":"), ensure_ascii=False).encode())
     if size > MAX_PARAMETERS_BYTES:
         raise FieldError((), f"{size} bytes of JSON, more than the {MAX_PARAMETERS_BYTES} bytes allowed")

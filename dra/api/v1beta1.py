@@ -28,6 +28,11 @@ IommuBackendPolicy = Literal["LegacyOnly", "PreferIommuFD"]
 # it starts a daemon with -M). MPS runs on MIG devices too (one server per MIG device).
 MPS_MIN_COMPUTE_CAPABILITY = (3, 5)
 MPS_LIMITS_MIN_COMPUTE_CAPABILITY = (7, 0)
+#: MPS takes pinned memory limits in whole MiB: less is 0, which NVIDIA's driver refuses as too low.
+MIN_PINNED_MEMORY = 2**20
+#: The most bytes a Kubernetes quantity holds as an integer (int64): more than any device has. A
+#: limit above the memory of the device it applies to is refused at prepare, where the device is known.
+MAX_PINNED_MEMORY = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -54,14 +59,21 @@ class MpsConfig:
         ),
     )
     default_pinned_device_memory_limit: Quantity | None = field(
-        default=None, metadata=spec("Device memory each client may pin on every device of the claim.")
+        default=None,
+        metadata=spec(
+            "Device memory each client may pin on every device of the claim.",
+            minimum=MIN_PINNED_MEMORY,
+            maximum=MAX_PINNED_MEMORY,
+        ),
     )
     default_per_device_pinned_memory_limit: Mapping[str, Quantity] = field(
         default_factory=dict,
         metadata=spec(
             "Device memory each client may pin, per device: keyed by the device's index among the "
             "devices this config applies to (as the container numbers them) or by its UUID; "
-            "overrides defaultPinnedDeviceMemoryLimit for that device."
+            "overrides defaultPinnedDeviceMemoryLimit for that device.",
+            minimum=MIN_PINNED_MEMORY,
+            maximum=MAX_PINNED_MEMORY,
         ),
     )
     multi_user: bool | None = field(

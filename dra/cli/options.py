@@ -13,7 +13,17 @@ from typing import TypeVar
 
 from dra.core.assignment import parse_selector
 from dra.core.slices import ShareMode, parse_share_mode
-from dra.daemon.flags import boolean, dns_subdomain, nonempty, option, path, seconds
+from dra.daemon.flags import (
+    boolean,
+    directory,
+    dns_subdomain,
+    file,
+    node_name,
+    nonempty,
+    option,
+    path,
+    seconds,
+)
 from dra.daemon.health import APPLICATION_XIDS, parse_xids
 from dra.gpu.profiles import DYNAMIC_MIG_PROFILES
 from dra.model import migoffer
@@ -115,7 +125,7 @@ def gpu_source_flags(parser: argparse.ArgumentParser) -> None:
         "--fake-gpu-root",
         "with --fake-gpus: make the fake GPUs visible to real containers: device nodes under DIR/dev "
         "and a stand-in driver (nvidia-smi -L) under DIR/driver-root, which the CDI specs point at",
-        type=path,
+        type=directory,
     )
 
 
@@ -172,7 +182,7 @@ def daemon_flags(
     """
     logging_flags(parser)
     gpu_source_flags(parser)
-    option(parser, "--node-name", node_help, type=nonempty, required=node_required)
+    option(parser, "--node-name", node_help, type=node_name, required=node_required)
     option(parser, "--kubelet-root", "the kubelet's root directory", Path("/var/lib/kubelet"), type=path)
     option(parser, "--cdi-root", cdi_help, Path("/var/run/cdi"), type=path)
     option(
@@ -186,7 +196,7 @@ def daemon_flags(
         "--fake-gpu-events",
         "with --fake-gpus: file of '<uuid> <xid> [<gpu instance> [<compute instance>]]' lines "
         "to inject XID errors",
-        type=path,
+        type=file,
     )
     option(
         parser, "--http-address", "host:port for /metrics, /healthz and /readyz; empty disables", http_default

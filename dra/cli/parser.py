@@ -20,10 +20,12 @@ from dra.core.assignment import parse_selector
 from dra.core.labels import parse_template
 from dra.core.usage import DEFAULT_MAX_SERIES
 from dra.daemon.flags import (
+    UsageError,
     apply_environment,
     boolean,
     csv,
     dns_subdomain,
+    node_name,
     nonempty,
     option,
     path,
@@ -34,11 +36,47 @@ from dra.deviceplugin import config as dpconfig
 from dra.deviceplugin.allocate import parse_strategies
 from dra.deviceplugin.resources import DEFAULT_RESOURCE
 
+#: The kubelet's default node name: the host's name in lower case.
+_HOSTNAME = socket.gethostname().lower()
+
+#: Flags that mean something only beside another: (flag, the flag it needs, what for). Checked for
+#: every command that takes the flag, so that none of them ignores what another refuses.
+NEEDS = (
+    ("--mig-config", "--mig-config-file", "it names one of that file's layouts"),
+    ("--fake-gpu-root", "--fake-gpus", "it holds the fake GPUs' device nodes and driver"),
+    ("--fake-gpu-events", "--fake-gpus", "it injects errors into fake GPUs"),
+    ("--config-default", "--config-dir", "it names one of that directory's configs"),
+    ("--instance-id", "--rolling-update", "it names the sockets of an instance in a rolling update"),
+)
+#: Flags that exclude each other: give one.
+EXCLUDE = (("--config-file", "--config-dir"),)
+
+
+def _given(args: argparse.Namespace, flag: str) -> bool:
+    """Whether the command takes `flag` and it has a value (command line or variable); false is none."""
+    value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+    return value is not None and value is not False and value != ""
+
+
+def _check_together(args: argparse.Namespace) -> None:
+    """UsageError for flags given without the flag they need, or with one they exclude."""
+    for flag, needed, why in NEEDS:
+        if (
+            hasattr(args, needed.lstrip("-").replace("-", "_"))
+            and _given(args, flag)
+            and not _given(args, needed)
+        ):
+            raise UsageError(f"{flag} needs {needed}: {why}")
+    for first, second in EXCLUDE:
+        if _given(args, first) and _given(args, second):
+            raise UsageError(f"{first} and {second} exclude each other: give one")
+
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse the command line, then the DRA_GPU_* values of the subcommand that runs (UsageError)."""
     parser = build_parser()
     args = apply_environment(parser.parse_args(argv))
+    _check_together(args)
     options.default_mig_mode(args)
     if hasattr(args, "mig_profiles"):
         # One value for discovery: the modes carry the offer, so every command that reads them has it.
@@ -318,8 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
         discover,
         "--node-name",
         "node name (pool name; seeds fake UUIDs)",
-        socket.gethostname(),
-        type=nonempty,
+        _HOSTNAME,
+        type=node_name,
     )
     option(discover, "--output", "output format", "yaml", choices=("yaml", "json"))
     options.mig_layout_flags(discover)
@@ -329,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the API server's minor release (1.x) to lay dynamic-MIG counters out for: 34 puts them beside "
         "the devices, 35 and later in slices of their own",
         versions.OLDEST_MINOR,
-        type=int,
+        type=options.argument_type(versions.parse_minor),
     )
     option(
         discover,
@@ -344,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     options.logging_flags(slices)
     options.gpu_source_flags(slices)
-    option(slices, "--node-name", "node name (seeds fake UUIDs)", socket.gethostname(), type=nonempty)
+    option(slices, "--node-name", "node name (seeds fake UUIDs)", _HOSTNAME, type=node_name)
     option(
         slices,
         "--state-dir",
@@ -369,7 +407,12 @@ def build_parser() -> argparse.ArgumentParser:
         "DeviceClasses: YAML files or names in the cluster, comma-separated",
         type=csv,
     )
-    option(explain, "--node-name", "the node whose devices to explain (with --fake-gpus: seeds fake UUIDs)")
+    option(
+        explain,
+        "--node-name",
+        "the node whose devices to explain (with --fake-gpus: seeds fake UUIDs)",
+        type=node_name,
+    )
     option(explain, "--kubeconfig", "kubeconfig file; default: the in-cluster service account")
     option(explain, "--output", "output format", "text", choices=("text", "json"))
     webhook = sub.add_parser(

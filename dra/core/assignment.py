@@ -14,11 +14,14 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from dra.model.devices import Device, Gpu, Inventory, MigDevice, gpu_of
+from dra.model.devices import MAX_GPUS, Device, Gpu, Inventory, MigDevice, gpu_index, gpu_of
 from dra.model.prepared import PreparedClaim, PreparedDevice
+from dra.model.quoting import quote
 
 #: GPU-<uuid>, MIG-<uuid>, and the older MIG-GPU-<uuid>/<gi>/<ci> form.
-_UUID = re.compile(r"^(GPU|MIG)-([0-9a-f]{8}-[0-9a-f-]+|GPU-[0-9a-f]{8}-[0-9a-f-]+/\d+/\d+)$", re.IGNORECASE)
+_UUID = re.compile(
+    r"(GPU|MIG)-([0-9a-f]{8}-[0-9a-f-]+|GPU-[0-9a-f]{8}-[0-9a-f-]+/[0-9]+/[0-9]+)", re.IGNORECASE
+)
 _DEVICE_NAME = re.compile(r"^gpu-\d+")
 
 
@@ -87,18 +90,20 @@ def parse_selector(text: str) -> Selector:
     models: set[str] = set()
     for raw in stripped.split(","):
         item = raw.strip()
-        if item.isdigit():
-            indexes.add(int(item))
-        elif _UUID.match(item):
+        index = gpu_index(item)
+        if index is not None:
+            indexes.add(index)
+        elif _UUID.fullmatch(item):
             uuids.add(item.lower())
         elif item.lower().startswith("model=") and item[6:].strip():
             models.add(item[6:].strip().casefold())
         elif item.lower() in ("all", "none"):
-            raise SelectorError(f"{item!r} cannot be combined with other items in {stripped!r}")
+            raise SelectorError(f"{quote(item)} cannot be combined with other items in {quote(stripped)}")
         else:
             hint = " (device names are not selectors: use the GPU index)" if _DEVICE_NAME.match(item) else ""
             raise SelectorError(
-                f"{item!r} in {stripped!r} is not a GPU index, a GPU-/MIG- UUID or model=<product name>{hint}"
+                f"{quote(item)} in {quote(stripped)} is not a GPU index (0 to {MAX_GPUS - 1}), a GPU-/MIG- "
+                f"UUID or model=<product name>{hint}"
             )
     return Selector(
         text=stripped, indexes=frozenset(indexes), uuids=frozenset(uuids), models=frozenset(models)

@@ -92,7 +92,8 @@ MIG_STRATEGIES = ("none", "single", "mixed")
 
 def is_dns_subdomain(text: str, limit: int = MAX_SUBDOMAIN) -> bool:
     """Whether `text` is a DNS subdomain as Kubernetes checks one (RFC 1123, at most `limit` long)."""
-    return len(text) <= limit and _DNS_SUBDOMAIN.match(text) is not None
+    # fullmatch: `$` would let a trailing newline through.
+    return len(text) <= limit and _DNS_SUBDOMAIN.fullmatch(text) is not None
 
 
 class LabelError(ValueError):

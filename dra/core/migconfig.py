@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from dra.api.fields import quote
+from dra.model.quoting import quote
 
 VERSION = "v1"
 #: The node label that names the layout, as NVIDIA's MIG manager reads it.
@@ -95,6 +95,11 @@ def parse_mig_configs(data: object, source: str) -> MigConfigs:
         )
     layouts: dict[str, tuple[LayoutEntry, ...]] = {}
     for name, entries in configs.items():
+        if not isinstance(name, str):
+            # The nvidia.com/mig.config label names a layout, and a label value is a string.
+            raise MigConfigError(
+                f"{source}: mig-configs: a layout's name is a string, got {quote(name)} (quote it)"
+            )
         where = f"{source}: mig-configs.{name}"
         if not isinstance(entries, list) or not 1 <= len(entries) <= MAX_ENTRIES:
             raise MigConfigError(f"{where}: expected a list of 1 to {MAX_ENTRIES} entries")
@@ -106,7 +111,7 @@ def parse_mig_configs(data: object, source: str) -> MigConfigs:
                 f"{second.where}: selects GPUs that {first.where} selects too; "
                 "give each GPU one entry (disjoint devices or device-filter)"
             )
-        layouts[str(name)] = parsed
+        layouts[name] = parsed
     return MigConfigs(source, layouts)
 
 

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from dra.model.quoting import quote
+
 #: Kubernetes minor releases (1.x) the driver is tested on, oldest and newest.
 OLDEST_MINOR = 34
 NEWEST_MINOR = 37
@@ -191,6 +193,16 @@ def server_info(version: Mapping[str, Any], resource_group: Mapping[str, Any] | 
         str(v.get("version")) for v in (resource_group or {}).get("versions") or [] if v.get("version")
     )
     return ServerInfo(git_version=git_version or "(no gitVersion)", minor=minor, resource_versions=versions)
+
+
+def parse_minor(text: str) -> int:
+    """A Kubernetes minor release (the x of 1.x) the driver supports, as `--kubernetes-minor` takes it."""
+    minor = int(text) if text.isascii() and text.isdigit() and len(text) <= 3 else None
+    if minor is None or not OLDEST_MINOR <= minor <= NEWEST_MINOR:
+        raise ValueError(
+            f"expected a minor release from {OLDEST_MINOR} to {NEWEST_MINOR} ({SUPPORTED}), got {quote(text)}"
+        )
+    return minor
 
 
 def check(server: ServerInfo) -> Sequence[str]:

@@ -220,6 +220,22 @@ def load_inventory(lib: GpuLibrary, mig_modes: MigModes | None = None) -> Invent
         ) from None
 
 
+def warn_about_unmatched_mig_modes(inventory: Inventory, modes: MigModes) -> None:
+    """Log the --mig-mode overrides that name no GPU of this node (another node's UUID, or a mistake).
+
+    Not refused: one value serves every node of a DaemonSet, and a UUID names a GPU of one node only.
+    """
+    unmatched = modes.unmatched((gpu.index, gpu.uuid) for gpu in inventory.gpus)
+    if unmatched:
+        log.warning(
+            "--mig-mode: no GPU of this node matches %s (it has %s); ignored here",
+            ", ".join(unmatched),
+            f"GPUs {', '.join(str(gpu.index) for gpu in inventory.gpus)} and their UUIDs"
+            if inventory.gpus
+            else "no GPU",
+        )
+
+
 def take_assignment(
     inventory: Inventory,
     dra_gpus: Selector | None,
@@ -312,6 +328,7 @@ async def open_node(settings: DaemonSettings, path: GpuPath | None) -> AsyncIter
     started = time.monotonic()
     lib = settings.library(with_events=True)
     everything = node_inventory(lib, settings)
+    warn_about_unmatched_mig_modes(everything, settings.mig_modes)
     lease: AssignmentLease | None = None
     inventory = everything
     if path is not None:

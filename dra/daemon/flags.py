@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra.core.labels import MAX_DRIVER_NAME, is_dns_subdomain
+from dra.core.labels import MAX_DRIVER_NAME, MAX_SUBDOMAIN, is_dns_subdomain
+from dra.model.quoting import quote
 
 
 class UsageError(Exception):
@@ -93,19 +95,59 @@ def seconds(text: str) -> float:
     return value
 
 
+def _subdomain(text: str, what: str, limit: int) -> str:
+    """`text` when it is a DNS subdomain of at most `limit` characters; ArgumentTypeError naming `what`."""
+    if not is_dns_subdomain(text, limit):
+        raise argparse.ArgumentTypeError(
+            f"{quote(text)} is not {what}: a DNS subdomain (lowercase letters, digits, '-' and '.', "
+            f"each part starting and ending with a letter or digit) of at most {limit} characters"
+        )
+    return text
+
+
 def dns_subdomain(text: str) -> str:
     """A DRA driver name (a DNS subdomain of at most 63 characters, as the API server checks it).
 
     Checked before it names any file: the driver name becomes part of paths (the plugin directory,
     socket names), so ``..`` or a slash in it would put files elsewhere.
     """
-    if not is_dns_subdomain(text, MAX_DRIVER_NAME):
-        shown = text if len(text) <= 60 else text[:57] + "..."
-        raise argparse.ArgumentTypeError(
-            f"{shown!r} is not a DRA driver name: a DNS subdomain (lowercase letters, digits, '-' and '.', "
-            f"each part starting and ending with a letter or digit) of at most {MAX_DRIVER_NAME} characters"
-        )
-    return text
+    return _subdomain(text, "a DRA driver name", MAX_DRIVER_NAME)
+
+
+def node_name(text: str) -> str:
+    """A Node's name, as the API server checks it: a DNS subdomain of at most 253 characters.
+
+    It becomes a ResourceSlice's `nodeName`, its pool's name and part of its object name, the
+    object a label or an Event is written to, and a seed of fake GPUs' UUIDs.
+    """
+    return _subdomain(nonempty(text), "a node name", MAX_SUBDOMAIN)
+
+
+def _kind(path: Path) -> str | None:
+    """What is at `path`: "directory", "file", "other", or None when nothing is."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise argparse.ArgumentTypeError(f"cannot look at {path}: {err.strerror}") from None
+    return "directory" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "other"
+
+
+def directory(text: str) -> Path:
+    """A directory the command makes things in: one that exists, or none yet (it is made)."""
+    found = path(text)
+    if _kind(found) not in (None, "directory"):
+        raise argparse.ArgumentTypeError(f"{found} is not a directory (give one, or a path to make one at)")
+    return found
+
+
+def file(text: str) -> Path:
+    """A file the command reads as it appears: a regular file, or none yet."""
+    found = path(text)
+    if _kind(found) not in (None, "file"):
+        raise argparse.ArgumentTypeError(f"{found} is not a regular file (give a file, or a path for one)")
+    return found
 
 
 def option(

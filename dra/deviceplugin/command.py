@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 def device_plugin(args: argparse.Namespace) -> int:
     """Run the device plugin until SIGTERM or SIGINT (or check its config); the exit status."""
     overrides = dpconfig.Overrides(args.resource_name, args.mig_strategy, args.device_list_strategy)
-    named = dpsetup.named_configs(args.config_dir, args.config_default, args.config_file, overrides)
+    named = dpsetup.named_configs(args.config_dir, args.config_default, overrides)
     if named is not None and args.check_config:
         return dpsetup.check_named(named)
     plugin = dpsetup.load_config(args.config_file, overrides)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra import documents
-from dra.api.fields import quote
 from dra.deviceplugin.allocate import Strategy, parse_strategies
+from dra.model.quoting import quote
 
 VERSION = "v1"
 #: The domain NVIDIA's plugin puts before a resource name written without one (`gpu.shared`).

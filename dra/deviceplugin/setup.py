@@ -34,19 +34,12 @@ def load_config(config_file: Path | None, overrides: dpconfig.Overrides) -> dpco
 
 
 def named_configs(
-    config_dir: Path | None,
-    default: str | None,
-    config_file: Path | None,
-    overrides: dpconfig.Overrides,
+    config_dir: Path | None, default: str | None, overrides: dpconfig.Overrides
 ) -> NamedConfigs | None:
-    """--config-dir and its flags; StartupError when they contradict the others."""
-    if config_dir is None:
-        if default is not None:
-            raise StartupError("--config-default needs --config-dir")
-        return None
-    if config_file is not None:
-        raise StartupError("--config-file and --config-dir exclude each other: give one")
-    return NamedConfigs(config_dir, default, overrides)
+    """--config-dir and its flags (the command line refuses them beside --config-file, and
+    --config-default without them); None without a directory.
+    """
+    return None if config_dir is None else NamedConfigs(config_dir, default, overrides)
 
 
 def check_named(named: NamedConfigs) -> int:

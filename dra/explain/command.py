@@ -14,7 +14,7 @@ from dra.adapters.kube import KubeClient, KubeError, NotFoundError
 from dra.cel import Budget
 from dra.core.slices import build_slices
 from dra.core.versions import ApiFeatures
-from dra.daemon.bootstrap import StartupError, gpu_library, load_inventory
+from dra.daemon.bootstrap import StartupError, gpu_library, load_inventory, warn_about_unmatched_mig_modes
 from dra.explain import report as explain
 from dra.explain import shapes
 
@@ -137,10 +137,9 @@ class _Inputs:
     async def slices(self) -> list[Obj]:
         """The node's ResourceSlices: live, or built from the fake profile."""
         if self.kube is None:
-            inventory = load_inventory(
-                gpu_library(self.args.fake_gpus, self.args.node_name),
-                self.args.mig_mode.for_node(self.args.node_name or ""),
-            )
+            modes = self.args.mig_mode.for_node(self.args.node_name or "")
+            inventory = load_inventory(gpu_library(self.args.fake_gpus, self.args.node_name), modes)
+            warn_about_unmatched_mig_modes(inventory, modes)
             # Offline, dynamic-MIG GPUs come with their counters, as a server that keeps them sees them.
             features = ApiFeatures(partitionable_devices=True)
             return build_slices(

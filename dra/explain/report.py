@@ -14,7 +14,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from dra.api.fields import quote
 from dra.cel import (
     Budget,
     BudgetSpentError,
@@ -33,7 +32,8 @@ from dra.explain.devices import (
     counters_left,
     slice_devices,
 )
-from dra.explain.shapes import ExplainError, check_shape
+from dra.explain.shapes import ExplainError, check_shape, count_of
+from dra.model.quoting import quote
 
 # What one explain run may spend, across its selectors and devices: an eighth of what the
 # scheduler allows one selector on one device (CELSelectorExpressionMaxCost), which this
@@ -208,12 +208,9 @@ def _evaluate(
 ) -> RequestReport:
     class_name = str(spec.get("deviceClassName", ""))
     device_class = classes.get(class_name)
-    mode = str(spec.get("allocationMode", "ExactCount"))
-    # null is the default, as an absent field is
-    raw_count = 1 if spec.get("count") is None else spec["count"]
-    if isinstance(raw_count, bool) or not isinstance(raw_count, int) or raw_count < 1:
-        raise ExplainError(f"request {quote(name)}: count must be a positive integer, got {quote(raw_count)}")
-    count = raw_count
+    # check_shape has checked both as the API server does, and count_of defaults them as it does.
+    mode = str(spec.get("allocationMode") or "ExactCount")
+    count = count_of(spec, f"request {quote(name)}") or 1
     if device_class is None:
         missing = f"DeviceClass {quote(class_name)} does not exist"
         return RequestReport(name, class_name, mode, count, (), constraints, (missing,))
@@ -379,8 +376,19 @@ def explain_claim(
                 )
             )
     notes: tuple[str, ...] = ()
+    if not reports:
+        notes = ("the claim requests no device (spec.devices.requests is empty): it is allocated with none",)
     if any(r.get("firstAvailable") is not None for r in device_spec.get("requests") or []):
         notes = ("a prioritized list takes the first subrequest that can be allocated",)
+    distinct = sorted(
+        {
+            str(c["distinctAttribute"])
+            for c in device_spec.get("constraints") or []
+            if c.get("distinctAttribute")
+        }
+    )
+    if distinct:
+        notes += (f"distinctAttribute constraints ({', '.join(distinct)}) are not checked by explain",)
     return ClaimReport(f"{meta.get('namespace') or '-'}/{meta.get('name')}", tuple(reports), notes)
 
 

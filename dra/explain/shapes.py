@@ -1,10 +1,18 @@
-"""The fields of the API objects explain reads, with their types and the API server's list limits.
+"""The fields of the API objects explain reads, with their types and the API server's checks.
 
 Objects from files and the cluster are checked before the report reads them, so a wrong type is a
-message with the field's path and never a crash inside the report.
+message with the field's path and never a crash inside the report; a claim's values are then
+checked as the API server validates them (resource.k8s.io/v1, 1.34 to 1.37), so that explain never
+reports on a claim the API server would not store.
 """
 
 from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+from dra.core.labels import MAX_DRIVER_NAME, is_dns_subdomain
+from dra.model.quoting import quote
 
 
 class ExplainError(ValueError):
@@ -35,6 +43,14 @@ MAX_REQUESTS = 32
 MAX_CONSTRAINTS = 32
 MAX_SELECTORS = 32
 MAX_SUBREQUESTS = 8
+MAX_CONFIGS = 32
+#: CELSelectorExpressionMaxLength, in bytes.
+MAX_EXPRESSION_BYTES = 10 * 1024
+#: A count is an int64: a larger number (or a fraction) does not decode, and the claim is refused.
+MAX_COUNT = 2**63 - 1
+ALLOCATION_MODES = ("All", "ExactCount")
+#: DeviceMaxIDLength: the name part of a qualified attribute name.
+MAX_IDENTIFIER = 32
 
 
 # A selector's one field is required, as the API server requires it.
@@ -56,7 +72,10 @@ _DEVICES = {
         ],
         MAX_REQUESTS,
     ),
-    "constraints": Most([{"requests": [str], "matchAttribute": str}], MAX_CONSTRAINTS),
+    "constraints": Most(
+        [{"requests": [str], "matchAttribute": str, "distinctAttribute": str}], MAX_CONSTRAINTS
+    ),
+    "config": Most([{"requests": [str]}], MAX_CONFIGS),
 }
 _METADATA = {"name": str, "namespace": str, "uid": str}
 #: The fields of each kind that the report reads, with their types; the others are not looked at.
@@ -75,11 +94,23 @@ _NAMES: dict[type, str] = {
 
 
 def check_shape(obj: object, kind: str) -> None:
-    """ExplainError naming the first field the report reads whose type is wrong (or that is missing).
+    """ExplainError naming the first field the report reads whose type is wrong (or that is missing),
+    then, for a claim, the first value the API server would refuse.
 
     For example ``spec.devices.requests[0].exactly.adminAccess: expected true or false, got a
-    string``. (``count`` is not here: the report checks it, with its own message.)
+    string``, or ``spec.devices.requests[0].exactly.allocationMode: 'Bogus' is not one of All,
+    ExactCount``.
     """
+    _check_types(obj, kind)
+    if kind != "DeviceClass" and isinstance(obj, Mapping):
+        spec = obj.get("spec") or {}
+        path = "spec.devices"
+        if kind == "ResourceClaimTemplate":
+            spec, path = spec.get("spec") or {}, "spec.spec.devices"
+        check_devices(spec.get("devices") or {}, path)
+
+
+def _check_types(obj: object, kind: str) -> None:
     pending: list[tuple[object, object, str]] = [(obj, SHAPES[kind], "")]
     while pending:
         value, shape, path = pending.pop()
@@ -106,3 +137,151 @@ def check_shape(obj: object, kind: str) -> None:
             # A list's items are never optional: a null among them is as wrong as a number.
             items = [(item, Required(shape[0]), f"{path}[{i}]") for i, item in enumerate(value)]
             pending.extend(reversed(items))
+
+
+_DNS_LABEL = "a DNS label (lowercase letters, digits and '-', starting and ending with a letter or digit)"
+_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _label(value: str, path: str) -> None:
+    if "." in value or not is_dns_subdomain(value, 63):
+        raise ExplainError(f"{path}: {quote(value)} is not {_DNS_LABEL} of at most 63 characters")
+
+
+def count_of(request: Mapping[str, object], path: str) -> int | None:
+    """The devices an exact or sub request asks for, as the API server defaults and checks it.
+
+    None for allocationMode All; 1 for no count (or 0, which the API server defaults to 1).
+    """
+    mode = request.get("allocationMode") or "ExactCount"
+    if mode not in ALLOCATION_MODES:
+        raise ExplainError(
+            f"{path}.allocationMode: {quote(mode)} is not one of {', '.join(ALLOCATION_MODES)}"
+        )
+    count = request.get("count")
+    if mode == "All":
+        if count not in (None, 0):
+            raise ExplainError(f"{path}.count: must not be given with allocationMode All, got {quote(count)}")
+        return None
+    if count is None or count == 0:
+        return 1
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_COUNT:
+        raise ExplainError(f"{path}.count: expected an integer from 1 to {MAX_COUNT}, got {quote(count)}")
+    return count
+
+
+def _check_request(request: Mapping[str, object], path: str) -> None:
+    """One exact request or subrequest: its class, selectors and count."""
+    device_class = request.get("deviceClassName")
+    if not device_class:
+        raise ExplainError(f"{path}.deviceClassName: required")
+    assert isinstance(device_class, str)
+    if not is_dns_subdomain(device_class):
+        raise ExplainError(
+            f"{path}.deviceClassName: {quote(device_class)} is not a DeviceClass name: a DNS subdomain "
+            "(lowercase letters, digits, '-' and '.') of at most 253 characters"
+        )
+    for i, selector in enumerate(_items(request.get("selectors"))):
+        cel = selector.get("cel")
+        expression = str(cel.get("expression", "")) if isinstance(cel, Mapping) else ""
+        size = len(expression.encode())
+        if size > MAX_EXPRESSION_BYTES:
+            raise ExplainError(
+                f"{path}.selectors[{i}].cel.expression: at most {MAX_EXPRESSION_BYTES} bytes, has {size}"
+            )
+    count_of(request, path)
+
+
+def _items(value: object) -> list[Mapping[str, object]]:
+    return [item for item in value if isinstance(item, Mapping)] if isinstance(value, list) else []
+
+
+def _names(value: object) -> list[str]:
+    return [str(item) for item in value] if isinstance(value, list) else []
+
+
+def _unique(names: Sequence[str], path: str, what: str) -> None:
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        if name in seen:
+            raise ExplainError(f"{path}[{i}]{what}: {quote(name)} is given twice")
+        seen.add(name)
+
+
+def _request_names(requests: Sequence[Mapping[str, object]]) -> set[str]:
+    """What a constraint or config may name: each request, and each `request/subrequest`."""
+    names: set[str] = set()
+    for request in requests:
+        name = str(request.get("name"))
+        names.add(name)
+        names.update(f"{name}/{sub.get('name')}" for sub in _items(request.get("firstAvailable")))
+    return names
+
+
+def _check_references(entries: Sequence[Mapping[str, object]], path: str, names: set[str]) -> None:
+    """Each entry's `requests` names requests (or subrequests) of the claim, each once."""
+    for i, entry in enumerate(entries):
+        where = f"{path}[{i}].requests"
+        listed = _names(entry.get("requests"))
+        _unique(listed, where, "")
+        for j, name in enumerate(listed):
+            if name not in names:
+                raise ExplainError(
+                    f"{where}[{j}]: {quote(name)} is not a request of this claim: name a request, or a "
+                    f"request and its subrequest joined by '/' (the claim has {', '.join(sorted(names))})"
+                )
+
+
+def _check_attribute_name(name: str, path: str) -> None:
+    """A fully qualified attribute name: a domain (a DNS subdomain of at most 63) and a C identifier."""
+    domain, slash, identifier = name.partition("/")
+    if (
+        not slash
+        or not is_dns_subdomain(domain, MAX_DRIVER_NAME)
+        or len(identifier) > MAX_IDENTIFIER
+        or not _C_IDENTIFIER.fullmatch(identifier)
+    ):
+        raise ExplainError(
+            f"{path}: {quote(name)} is not a fully qualified attribute name: a domain (a DNS subdomain of at "
+            f"most {MAX_DRIVER_NAME} characters), '/' and a C identifier of at most {MAX_IDENTIFIER} "
+            "(such as gpu.nvidia.com/uuid)"
+        )
+
+
+def check_devices(devices: Mapping[str, object], path: str = "spec.devices") -> None:
+    """ExplainError naming the first value of a claim's `devices` the API server would refuse.
+
+    Only after check_shape's types: requests and subrequests named by DNS labels, once each, with
+    exactly one of `exactly` and `firstAvailable`, a DeviceClass name, a known allocation mode and
+    a count within an int64; constraints of exactly one attribute that name requests of the claim;
+    configs that name requests of the claim. A claim with no request is valid (it gets no device).
+    """
+    requests = _items(devices.get("requests"))
+    _unique([str(r.get("name")) for r in requests], f"{path}.requests", ".name")
+    for i, request in enumerate(requests):
+        where = f"{path}.requests[{i}]"
+        _label(str(request.get("name")), f"{where}.name")
+        subrequests = _items(request.get("firstAvailable"))
+        exact = request.get("exactly")
+        if (exact is None) == (not subrequests):
+            given = "both are given" if subrequests else "neither is given"
+            raise ExplainError(f"{where}: exactly one of exactly and firstAvailable is required; {given}")
+        if isinstance(exact, Mapping):
+            _check_request(exact, f"{where}.exactly")
+        _unique([str(sub.get("name")) for sub in subrequests], f"{where}.firstAvailable", ".name")
+        for j, sub in enumerate(subrequests):
+            _label(str(sub.get("name")), f"{where}.firstAvailable[{j}].name")
+            _check_request(sub, f"{where}.firstAvailable[{j}]")
+    names = _request_names(requests)
+    constraints = _items(devices.get("constraints"))
+    _check_references(constraints, f"{path}.constraints", names)
+    for i, constraint in enumerate(constraints):
+        where = f"{path}.constraints[{i}]"
+        keys = [key for key in ("matchAttribute", "distinctAttribute") if constraint.get(key) is not None]
+        if len(keys) != 1:
+            state = "both are given" if keys else "neither is given"
+            raise ExplainError(
+                f"{where}: exactly one of matchAttribute and distinctAttribute is required; {state}"
+            )
+        _check_attribute_name(str(constraint[keys[0]]), f"{where}.{keys[0]}")
+    _check_references(_items(devices.get("config")), f"{path}.config", names)

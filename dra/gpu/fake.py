@@ -398,6 +398,9 @@ class FakeGpuLibrary(FakeMigPartitions):
         if self._events_file is None:
             return None
         try:
+            # Only a regular file: opening a FIFO would block the XID watch until a writer came.
+            if not self._events_file.is_file():
+                return None
             with self._events_file.open() as f:
                 f.seek(self._events_offset)
                 line = f.readline()

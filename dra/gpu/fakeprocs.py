@@ -23,13 +23,13 @@ changed (the time a change is noticed counts as the time it happened).
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dra import documents
 from dra.gpu.library import ERROR_INVALID_ARGUMENT, GpuLibraryError
 
 
@@ -129,7 +129,7 @@ class FakeProcesses:
             self._processes = []
             return
         try:
-            data = json.loads(self.control.read_text())
+            data = documents.load_json(documents.read_file(self.control, "control file"), str(self.control))
             self._processes = parse_processes(data, str(self.control))
         except (OSError, ValueError) as err:
             raise GpuLibraryError(ERROR_INVALID_ARGUMENT, f"fake GPU processes: {err}") from None

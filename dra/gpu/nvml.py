@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
 import subprocess
 import threading
 from pathlib import Path
@@ -39,6 +38,7 @@ from dra.gpu.library import (
     sysfs_bus_id,
 )
 from dra.model.devices import MigEngines
+from dra.model.pci import PCIE_ROOT
 
 #: NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED: a compute instance shares its GPU instance's engines.
 _ENGINE_PROFILE_SHARED = 0
@@ -49,7 +49,6 @@ _MAX_INSTANCES = 32
 NVIDIA_SMI_TIMEOUT = 30.0
 
 # A PCI root bus directory in sysfs: pci<domain>:<bus>.
-_PCI_ROOT_BUS = re.compile(r"^pci[0-9a-f]{4,}:[0-9a-f]{2}$")
 
 
 class NvmlLibrary:
@@ -358,7 +357,7 @@ class NvmlLibrary:
             resolved = os.path.realpath(link, strict=True)
         except OSError:
             return None
-        return next((part for part in Path(resolved).parts if _PCI_ROOT_BUS.match(part)), None)
+        return next((part for part in Path(resolved).parts if PCIE_ROOT.fullmatch(part)), None)
 
     def mig_capability_minors(self) -> dict[str, int]:
         """Parse /proc/driver/nvidia-caps/mig-minors ("gpu0/gi1/access 12" per line)."""

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dra import documents
-from dra.api.fields import quote
 from dra.gpu import migtables
 from dra.gpu.discovery import ADDRESSING_MODES, ARCHITECTURES, BRANDS
 from dra.gpu.migtables import GpuInstanceProfile
-from dra.model.devices import MigEngines
+from dra.model.devices import MAX_GPUS, MigEngines
+from dra.model.pci import PCIE_ROOT
+from dra.model.quoting import quote
 
 _K = TypeVar("_K")
 
@@ -123,8 +124,6 @@ BUILTIN_PROFILES: dict[str, dict[str, Any]] = {
 #: The built-in profiles made for dynamic MIG: their name selects it when no MIG mode is given.
 DYNAMIC_MIG_PROFILES = ("h100x8-dynamic-mig", "a100x4-dynamic-mig")
 
-#: GPUs one profile may list in all: far more than a node holds, few enough to build quickly.
-MAX_GPUS = 1024
 
 _PROFILE_KEYS = {"driverVersion", "cudaDriverVersion", "gpus"}
 _GPU_KEYS = {
@@ -205,6 +204,23 @@ def _keys(unknown: set[Any]) -> str:
     return "[" + ", ".join(sorted(quote(str(k)) for k in unknown)) + "]"
 
 
+def _string(value: object, where: str) -> str:
+    """A string field: a list or a number would be published as its Python spelling ("[1, 2]")."""
+    if not isinstance(value, str):
+        raise ProfileError(f"{where}: expected a string, got {quote(value)}")
+    return value
+
+
+def _pcie_root(value: object, where: str) -> str:
+    root = _string(value, where)
+    if not PCIE_ROOT.fullmatch(root):
+        raise ProfileError(
+            f"{where}: expected a root complex as sysfs names it, pci<domain>:<bus> in lower-case "
+            f"hexadecimal such as pci0000:80, got {quote(value)}"
+        )
+    return root
+
+
 def _digits(text: str) -> bool:
     """Decimal digits that int() takes: str.isdigit() also passes superscripts and other scripts' digits."""
     return text.isascii() and text.isdigit() and len(text) <= 9
@@ -219,12 +235,12 @@ def _model(entry: dict[str, Any], where: str) -> GpuModel:
                 f"{where}.model: unknown model {quote(key)}; known: {', '.join(sorted(MODELS))}"
             )
     elif "productName" in entry and "memoryMiB" in entry:
-        model = GpuModel(str(entry["productName"]), 14, 9, (9, 0), 0)
+        model = GpuModel(_string(entry["productName"], f"{where}.productName"), 14, 9, (9, 0), 0)
     else:
         raise ProfileError(f"{where}: give a catalog `model` or at least `productName` and `memoryMiB`")
     overrides: dict[str, Any] = {}
     if "productName" in entry:
-        overrides["product_name"] = str(entry["productName"])
+        overrides["product_name"] = _string(entry["productName"], f"{where}.productName")
     if "brand" in entry:
         overrides["brand"] = _reverse(BRANDS, entry["brand"], f"{where}.brand")
     if "architecture" in entry:
@@ -296,7 +312,7 @@ def parse_profile(data: object, name: str) -> Profile:
         model = _model(entry, where)
         mig = _mig(entry, model, where)
         numa, siblings = _numa(entry["numaNode"], f"{where}.numaNode") if "numaNode" in entry else (None, ())
-        root = str(entry["pcieRoot"]) if "pcieRoot" in entry else None
+        root = _pcie_root(entry["pcieRoot"], f"{where}.pcieRoot") if "pcieRoot" in entry else None
         # The bound is what the profile has room left for, so that the total stays within MAX_GPUS.
         count = _int(entry.get("count", 1), f"{where}.count", 1, MAX_GPUS - len(gpus))
         blocked = entry.get("migResetBlocked", False)

@@ -20,7 +20,14 @@ from dra.core import sharing
 from dra.core.assignment import parse_selector
 from dra.core.slices import SliceError, build_slices
 from dra.core.versions import ApiFeatures
-from dra.daemon.bootstrap import StartupError, daemon_fields, default_state_dir, gpu_library, load_inventory
+from dra.daemon.bootstrap import (
+    StartupError,
+    daemon_fields,
+    default_state_dir,
+    gpu_library,
+    load_inventory,
+    warn_about_unmatched_mig_modes,
+)
 from dra.gpu.library import GpuLibrary, GpuLibraryError
 from dra.kubeletplugin import healthctl, miglayout, mps, mpsprivsep
 from dra.kubeletplugin.daemon import PluginSettings, run_kubelet_plugin
@@ -30,8 +37,6 @@ from dra.model.migmode import STATIC, MigModes
 
 def kubelet_plugin(args: argparse.Namespace) -> int:
     """`dra-gpu kubelet-plugin`: run the DRA kubelet plugin until SIGTERM or SIGINT."""
-    if args.mig_config and not args.mig_config_file:
-        raise StartupError("--mig-config names a layout of --mig-config-file, which is not set")
     settings = PluginSettings(
         **daemon_fields(args),
         kubeconfig=args.kubeconfig or None,
@@ -67,6 +72,7 @@ def discover(args: argparse.Namespace) -> int:
     if args.mig_config_file:
         modes = _dry_run_layout(lib, args, modes)
     inventory = load_inventory(lib, modes)
+    warn_about_unmatched_mig_modes(inventory, modes)
     features = ApiFeatures(minor=args.kubernetes_minor, partitionable_devices=True)
     try:
         items = build_slices(

@@ -133,7 +133,11 @@ async def run(
 
     With `metrics_urls`, the kubelet plugins' /metrics, the usage columns are filled from them.
     """
-    kube = KubeClient(kubeconfig)
+    try:
+        kube = KubeClient(kubeconfig)
+    except KubeError as err:
+        print(err, file=sys.stderr)
+        return 1
     try:
         while True:
             try:

@@ -6,8 +6,26 @@ read it. A GPU in MIG mode is not allocatable as a whole: its MIG devices are.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
+
+#: The most GPUs a node is taken to hold: far more than any has, so a GPU index is below it.
+MAX_GPUS = 1024
+#: A GPU's UUID (GPU-<uuid>), as a GPU is named by flags: NVML's 8-4-4-4-12 hexadecimal digits.
+GPU_UUID = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
+
+
+def gpu_index(text: str) -> int | None:
+    """The GPU index `text` spells (ASCII digits, below MAX_GPUS), else None.
+
+    str.isdigit() alone would pass superscripts and other scripts' digits, and numbers longer
+    than int() converts.
+    """
+    if not (text.isascii() and text.isdigit() and len(text) <= len(str(MAX_GPUS))):
+        return None
+    index = int(text)
+    return index if index < MAX_GPUS else None
 
 
 @dataclass(frozen=True)

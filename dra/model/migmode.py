@@ -7,9 +7,12 @@ a DaemonSet. What each mode publishes: docs/mig.md.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from dra.model.devices import GPU_UUID, MAX_GPUS, gpu_index
 from dra.model.migoffer import MigOffer
+from dra.model.quoting import quote
 
 STATIC = "static"
 DYNAMIC = "dynamic"
@@ -39,7 +42,17 @@ class MigModes:
     def of(self, index: int, uuid: str) -> str:
         """The mode of one GPU: its UUID's override, else its index's, else the default."""
         by_key = dict(self.overrides)
-        return by_key.get(uuid) or by_key.get(str(index)) or self.default
+        return by_key.get(_uuid_key(uuid)) or by_key.get(str(index)) or self.default
+
+    def unmatched(self, gpus: Iterable[tuple[int, str]]) -> list[str]:
+        """The overrides that name none of these GPUs (index, UUID), as given: `99=dynamic`."""
+        names = {key for index, uuid in gpus for key in (str(index), _uuid_key(uuid))}
+        return [f"{key}={mode}" for key, mode in self.overrides if key not in names]
+
+
+def _uuid_key(uuid: str) -> str:
+    """A GPU UUID as NVML spells it (GPU-, then lower-case hexadecimal digits), in whichever case given."""
+    return f"GPU-{uuid[4:].lower()}"
 
 
 def parse_mig_modes(text: str) -> MigModes:
@@ -50,18 +63,21 @@ def parse_mig_modes(text: str) -> MigModes:
     for n, item in enumerate(part.strip() for part in text.split(",")):
         key, sep, mode = item.rpartition("=") if "=" in item else ("", "", item)
         if mode not in MODES:
-            raise ValueError(f"{item!r}: the mode must be one of {', '.join(MODES)}")
+            raise ValueError(f"{quote(item)}: the mode must be one of {', '.join(MODES)}")
         if not sep:
             if n:
-                raise ValueError(f"{item!r}: only the first entry may be a bare mode (the default)")
+                raise ValueError(f"{quote(item)}: only the first entry may be a bare mode (the default)")
             default = mode
         elif key.startswith("@") and len(key) > 1:
             nodes.append((key[1:], mode))
-        elif not (key.isdigit() or key.startswith(("GPU-", "gpu-"))):
-            raise ValueError(
-                f"{item!r}: name a node (@node-a=dynamic), a GPU by index (2=dynamic) "
-                "or a GPU by UUID (GPU-...=dynamic)"
-            )
         else:
-            overrides.append((key, mode))
+            gpu = str(index) if (index := gpu_index(key)) is not None else _uuid_key(key)
+            if index is None and not GPU_UUID.fullmatch(key):
+                raise ValueError(
+                    f"{quote(item)}: name a node (@node-a=dynamic), a GPU by index from 0 to "
+                    f"{MAX_GPUS - 1} (2=dynamic) or a GPU by UUID (GPU- and 8-4-4-4-12 hexadecimal digits)"
+                )
+            if gpu in dict(overrides):
+                raise ValueError(f"{quote(item)}: GPU {key} has a mode already; give each GPU one")
+            overrides.append((gpu, mode))
     return MigModes(default, tuple(overrides), tuple(nodes))

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+#: A PCIe root complex as sysfs names the first directory of a device's path (/sys/devices/pci0000:3a),
+#: the value of the standard attribute resource.kubernetes.io/pcieRoot: pci<domain>:<bus>, hexadecimal.
+PCIE_ROOT = re.compile(r"pci[0-9a-f]{4,}:[0-9a-f]{2}")
 
 
 @dataclass(frozen=True)

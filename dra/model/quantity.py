@@ -128,6 +128,11 @@ class Quantity:
         """The quantity CEL's ``q.add(1)`` uses for an int operand (Kubernetes' NewQuantity)."""
         return cls._int64(value, 0, DECIMAL_EXPONENT)
 
+    @classmethod
+    def binary(cls, value: int) -> Quantity:
+        """An integer in binary SI units where they fit, as a byte count is written (1048576: 1Mi)."""
+        return cls._int64(value, 0, BINARY_SI)
+
     @staticmethod
     def parse(text: str) -> Quantity:
         """Parse like resource.ParseQuantity; raises QuantityError with its message."""

@@ -18,10 +18,11 @@ import anyio
 from aiohttp import web
 
 from dra import documents
-from dra.api.fields import quote
+from dra.adapters import tlsfiles
 from dra.daemon import metrics
 from dra.daemon.bootstrap import StartupError, serve_http
 from dra.daemon.lifecycle import Heartbeat, until_stopped
+from dra.model.quoting import quote
 from dra.webhook.admission import CONFIG_PATHS, ReviewError, review
 
 log = logging.getLogger(__name__)
@@ -58,34 +59,32 @@ class Certificates:
         self._cert, self._key = cert, key
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
-        self._seen = self._contents()
-        error = self._load()
+        try:
+            self._seen = self._contents()
+        except documents.DocumentError as err:
+            raise StartupError(str(err)) from None
+        error = load_pair(self.context, self._seen)
         if error is not None:
             raise StartupError(f"cannot load --tls-cert-file {cert} and --tls-key-file {key}: {error}")
 
-    def _contents(self) -> tuple[bytes, bytes] | None:
-        try:
-            return self._cert.read_bytes(), self._key.read_bytes()
-        except OSError:
-            return None
-
-    def _load(self) -> str | None:
-        """Load the files into the live context, after a trial load into a scratch one; the error or None."""
-        try:
-            # A pair that does not match must not leave the live context half-replaced.
-            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self._cert, self._key)
-            self.context.load_cert_chain(self._cert, self._key)
-        except (OSError, ssl.SSLError) as err:
-            return str(err)
-        return None
+    def _contents(self) -> tuple[bytes, bytes]:
+        """Both files' bytes, through the bounded reader; DocumentError naming the one that is not a file."""
+        return (
+            documents.read_file(self._cert, "--tls-cert-file"),
+            documents.read_file(self._key, "--tls-key-file"),
+        )
 
     def reload_if_changed(self) -> bool | None:
         """Reload when the files changed: True when reloaded, False when that failed, None when unchanged."""
-        contents = self._contents()
-        if contents is None or contents == self._seen:
+        try:
+            contents = self._contents()
+        except documents.DocumentError:
+            # Mid-rotation (a file missing, or swapped for something else): look again next time.
+            return None
+        if contents == self._seen:
             return None
         self._seen = contents
-        error = self._load()
+        error = load_pair(self.context, contents)
         if error is not None:
             log.error("serving certificate changed but does not load, keeping the old one: %s", error)
             metrics.WEBHOOK_CERT_RELOADS.labels("failed").inc()
@@ -99,6 +98,20 @@ class Certificates:
         while interval > 0:
             await anyio.sleep(interval)
             self.reload_if_changed()
+
+
+def load_pair(context: ssl.SSLContext, pair: tuple[bytes, bytes]) -> str | None:
+    """Load a certificate chain and key (PEM bytes) into `context`; why not, or None when they load.
+
+    A trial load into a scratch context first, so that a pair that does not match never leaves
+    `context` half-replaced.
+    """
+    try:
+        tlsfiles.load_cert_chain(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), *pair)
+        tlsfiles.load_cert_chain(context, *pair)
+    except (OSError, ssl.SSLError) as err:
+        return str(err)
+    return None
 
 
 def _bad_request(status: int, reason: str) -> web.Response:

@@ -9,6 +9,7 @@ the webhook away from the other tests' objects.
 from __future__ import annotations
 
 import copy
+import json
 import re
 import uuid
 from collections.abc import Iterator
@@ -164,6 +165,42 @@ def test_a_bad_device_class_is_refused_with_the_path(webhook: WebhookProcess, ku
         "known: strategy, timeSlicingConfig, mpsConfig" in message
     )
     assert kube.get_or_none(RESOURCE_API, "DeviceClass", name) is None
+
+
+def test_a_config_field_given_twice_is_refused_as_nvidias_strict_decoder_refuses_it(
+    webhook: WebhookProcess, kube: Kube, namespace: str
+) -> None:
+    # The body as a JSON client may send it; kubectl would keep one "kind" itself. The API server
+    # keeps opaque parameters as sent, even with fieldValidation=Strict, so the webhook sees both.
+    body = json.dumps(_claim("twice", _configs(_parameters("Default"))))
+    body = body.replace('"kind": "GpuConfig"', '"kind": "GpuConfig", "kind": "MigDeviceConfig"', 1)
+    config = kube.api_client.configuration
+    response = kube.api_client.rest_client.pool_manager.request(
+        "POST",
+        f"{config.host}/apis/{RESOURCE_API}/namespaces/{namespace}/resourceclaims?fieldValidation=Strict",
+        body=body.encode(),
+        headers={"Content-Type": "application/json", "Accept": "application/json"},
+    )
+    message = json.loads(response.data)["message"]
+    assert response.status == 422, message
+    assert "denied the request" in message
+    assert "spec.devices.config[0].opaque.parameters.kind: given more than once; give each once" in message
+    assert kube.get_or_none(RESOURCE_API, "ResourceClaim", "twice", namespace=namespace) is None
+
+
+def test_a_pinned_limit_no_device_can_have_is_refused(
+    webhook: WebhookProcess, kube: Kube, namespace: str
+) -> None:
+    parameters = {
+        "apiVersion": CONFIG_API,
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": 1e308}},
+    }
+    message = _denial(lambda: kube.create(_claim("huge", _configs(parameters)), namespace=namespace))
+    assert (
+        "spec.devices.config[0].opaque.parameters.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: "
+        "1e+308 is outside 1Mi to 9223372036854775807" in message
+    )
 
 
 def test_good_configs_are_admitted(webhook: WebhookProcess, kube: Kube, namespace: str) -> None:

@@ -314,10 +314,13 @@ def test_check_config_with_a_config_dir_validates_every_named_config(
 def test_config_dir_excludes_config_file_and_config_default_needs_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    line = _refusal(
-        ["device-plugin", f"--config-dir={tmp_path}", f"--config-file={tmp_path / 'x'}", "--check-config"],
-        capsys,
-    )
+    argv = ["device-plugin", f"--config-dir={tmp_path}", f"--config-file={tmp_path / 'x'}", "--check-config"]
+    assert main(argv) == 2
+    line = capsys.readouterr().err.strip()
     assert line == "dra-gpu: error: --config-file and --config-dir exclude each other: give one"
-    line = _refusal(["device-plugin", "--config-default=four", "--check-config"], capsys)
-    assert line == "dra-gpu: error: --config-default needs --config-dir"
+    assert main(["device-plugin", "--config-default=four", "--check-config"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert (
+        line
+        == "dra-gpu: error: --config-default needs --config-dir: it names one of that directory's configs"
+    )

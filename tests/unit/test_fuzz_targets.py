@@ -21,7 +21,15 @@ def _target(name: str) -> Callable[[bytes], None]:
     return target
 
 
-@pytest.mark.parametrize(("target", "corpus"), [("fuzz_webhook", "webhook"), ("fuzz_config", "config")])
+@pytest.mark.parametrize(
+    ("target", "corpus"),
+    [
+        ("fuzz_webhook", "webhook"),
+        ("fuzz_config", "config"),
+        ("fuzz_argv", "argv"),
+        ("fuzz_certificates", "certificates"),
+    ],
+)
 def test_every_seed_runs_through_its_target(target: str, corpus: str) -> None:
     run = _target(target)
     seeds = sorted((FUZZ / "corpus" / corpus).iterdir())

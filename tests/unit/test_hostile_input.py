@@ -19,10 +19,12 @@ from typing import Any
 import pytest
 
 from dra import documents
+from dra.adapters import kube
 from dra.adapters.atomicfile import ensure_dir
 from dra.adapters.filelock import open_lock
 from dra.core import config as coreconfig
 from dra.daemon.sockets import owner_only
+from dra.model.quoting import quote
 from dra.webhook import admission
 
 LIMIT_BYTES = 200 * 2**20
@@ -129,7 +131,10 @@ def test_devices_and_huge_files_are_not_config_files(tmp_path: Path) -> None:
     for argv in _loaders("/dev/zero").values():
         if argv[0] != "explain":  # explain takes what is not a file for a cluster name
             line = one_line_error(argv)
-            assert "/dev/zero is not a regular file" in line or "'/dev/zero' is neither" in line
+            assert (
+                "/dev/zero is a character device, not a regular file" in line
+                or "'/dev/zero' is neither" in line
+            )
     big = tmp_path / "big.yaml"
     big.write_bytes(b"#" * (documents.MAX_FILE_BYTES + 1))
     assert "larger than" in one_line_error(["device-plugin", f"--config-file={big}", "--check-config"])
@@ -140,6 +145,208 @@ def test_text_that_is_not_utf8_names_its_file_and_byte(tmp_path: Path) -> None:
     bad.write_bytes(b"version: \xff")
     with pytest.raises(documents.DocumentError, match=rf"^config x: {bad}: not UTF-8 text \(byte 9\)$"):
         documents.read_text(bad, "config x")
+
+
+# -- a directory, a FIFO or a device where a file belongs (issue 46) -----------------------
+
+
+def _not_files(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    directory = tmp_path / "dir"
+    directory.mkdir()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    return {
+        "dir": (directory, "a directory"),
+        "fifo": (fifo, "a FIFO"),
+        "zero": (Path("/dev/zero"), "a character device"),
+    }
+
+
+@pytest.mark.parametrize("what", ["dir", "fifo", "zero"])
+def test_what_is_no_regular_file_is_refused_unopened_naming_its_path(tmp_path: Path, what: str) -> None:
+    path, kind = _not_files(tmp_path)[what]
+    refused = f"{path} is {kind}, not a regular file"
+    for argv in (
+        ["device-plugin", "--check-config", "--config-file", str(path)],
+        ["discover", "--fake-gpus", "h100x8", "--mig-config-file", str(path), "--mig-config", "x"],
+        ["explain", "--kubeconfig", str(path), "--claim", "ns/c"],
+        ["top", "--kubeconfig", str(path), "--once", "true"],
+    ):
+        line = one_line_error(argv)
+        assert refused in line, (argv, line)
+    with pytest.raises(documents.DocumentError, match=f"^x: {refused}$"):
+        documents.read_file(path, "x")
+
+
+def test_the_fake_gpus_files_that_are_no_regular_files_neither_block_nor_crash(tmp_path: Path) -> None:
+    # The XID watch opens the events file each time it looks; the control file of processes is a
+    # document of its own, read through the bounded reader.
+    fifo, directory = tmp_path / "fifo", tmp_path / "dir"
+    os.mkfifo(fifo)
+    directory.mkdir()
+    setup = (
+        "from pathlib import Path\nfrom dra.gpu.fake import FakeGpuLibrary\n"
+        "from dra.gpu.library import GpuLibraryError\nfrom dra.gpu.profiles import load_profile"
+    )
+    code, output = bounded(
+        f"""
+        events, control = Path({str(fifo)!r}), Path({str(directory)!r})
+        lib = FakeGpuLibrary(load_profile("h100x8"), "n", events, processes=control)
+        lib.init()
+        assert lib.wait_xid_event(100) is None
+        try:
+            lib.processes.current()
+        except GpuLibraryError as err:
+            sys.exit(str(err))
+        """,
+        setup,
+    )
+    assert (code, output) == (
+        1,
+        f"fake GPU processes: control file: {directory} is a directory, not a regular file",
+    )
+
+
+def test_a_subdirectory_of_config_dir_is_named_not_a_traceback(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    line = one_line_error(["device-plugin", "--check-config", "--config-dir", str(tmp_path)])
+    assert line == f"dra-gpu: error: config sub: {tmp_path / 'sub'} is a directory, not a regular file"
+
+
+def test_a_file_that_cannot_be_read_is_named_by_its_path_never_a_descriptor(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.yaml"
+    line = one_line_error(["device-plugin", "--check-config", "--config-file", str(missing)])
+    assert line == f"dra-gpu: error: --config-file: cannot read {missing}: No such file or directory"
+
+
+# -- flags whose values become API objects, or name GPUs (issue 46) -------------------------
+
+SUBDOMAIN = (
+    "a DNS subdomain (lowercase letters, digits, '-' and '.', each part starting and ending with a "
+    "letter or digit) of at most 253 characters"
+)
+
+
+@pytest.mark.parametrize("name", ["../../x y", "x" * 100_000, "Node-A", "node-a.", "node-a\n"])
+def test_a_node_name_is_checked_as_the_api_server_checks_it(name: str) -> None:
+    for command in ("discover", "explain", "time-slices", "kubelet-plugin", "device-plugin", "node-labeller"):
+        line = one_line_error([command, "--fake-gpus", "h100x8", "--node-name", name])
+        assert line.endswith(f"argument --node-name: {quote(name)} is not a node name: {SUBDOMAIN}")
+
+
+def test_a_node_name_from_the_environment_is_checked_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DRA_GPU_NODE_NAME", "../x")
+    line = one_line_error(["discover", "--fake-gpus", "h100x8"])
+    variable = "environment variable DRA_GPU_NODE_NAME='../x'"
+    assert line == f"dra-gpu: error: {variable}: '../x' is not a node name: {SUBDOMAIN}"
+
+
+def test_the_longest_node_name_gives_valid_slice_names(capsys: pytest.CaptureFixture[str]) -> None:
+    from dra import cli
+    from dra.core.labels import is_dns_subdomain
+
+    name = ".".join(["n" * 63] * 4)[:253]
+    assert cli.main(["discover", "--fake-gpus", "h100x8", "--node-name", name, "--output", "json"]) == 0
+    [item] = json.loads(capsys.readouterr().out)["items"]
+    assert is_dns_subdomain(item["metadata"]["name"])
+    assert item["spec"]["nodeName"] == item["spec"]["pool"]["name"] == name
+
+
+@pytest.mark.parametrize(
+    ("value", "complaint"),
+    [
+        ("static,GPU-xyz=dynamic", "'GPU-xyz=dynamic': name a node"),
+        (
+            "static," + "9" * 5000 + "=dynamic",
+            "'99999999999999999999999999999999999999999999999999999999...: name a node",
+        ),
+        (
+            "static,1024=dynamic",
+            "'1024=dynamic': name a node (@node-a=dynamic), a GPU by index from 0 to 1023",
+        ),
+        ("static,²=dynamic", "'²=dynamic': name a node"),
+        ("static,0=dynamic,0=whole", "'0=whole': GPU 0 has a mode already; give each GPU one"),
+    ],
+)
+def test_mig_mode_names_gpus_by_index_or_uuid_only(value: str, complaint: str) -> None:
+    for command in ("discover", "explain", "kubelet-plugin"):
+        line = one_line_error([command, "--fake-gpus", "h100x8", "--mig-mode", value])
+        assert f"argument --mig-mode: {complaint}" in line, line
+
+
+@pytest.mark.parametrize("value", ["1" * 5000, "²", "1024"])
+def test_gpu_selectors_name_gpus_by_index_below_the_most_a_node_has(value: str) -> None:
+    line = one_line_error(["kubelet-plugin", "--fake-gpus", "h100x8", "--dra-gpus", value])
+    assert "is not a GPU index (0 to 1023), a GPU-/MIG- UUID or model=<product name>" in line
+    assert len(line) < 300
+
+
+def test_mig_mode_overrides_of_gpus_the_node_lacks_are_named(capsys: pytest.CaptureFixture[str]) -> None:
+    from dra import cli
+
+    other = "GPU-00000000-0000-0000-0000-000000000000"
+    assert (
+        cli.main(["discover", "--fake-gpus", "h100x8", "--mig-mode", f"static,99=dynamic,{other}=whole"]) == 0
+    )
+    [warning] = [line for line in capsys.readouterr().err.splitlines() if "WARNING" in line]
+    assert warning.endswith(
+        f"--mig-mode: no GPU of this node matches 99=dynamic, {other}=whole "
+        "(it has GPUs 0, 1, 2, 3, 4, 5, 6, 7 and their UUIDs); ignored here"
+    )
+
+
+@pytest.mark.parametrize("value", ["-1", "33", "38", "9" * 5000, "1.34"])
+def test_kubernetes_minor_is_a_supported_release(value: str) -> None:
+    line = one_line_error(["discover", "--fake-gpus", "h100x8", "--kubernetes-minor", value])
+    assert (
+        "argument --kubernetes-minor: expected a minor release from 34 to 37 (Kubernetes 1.34 to 1.37)"
+        in line
+    )
+
+
+def test_an_instance_id_needs_a_rolling_update() -> None:
+    line = one_line_error(
+        ["kubelet-plugin", "--node-name", "n", "--instance-id", "x", "--rolling-update", "false"]
+    )
+    assert line == (
+        "dra-gpu: error: --instance-id needs --rolling-update: "
+        "it names the sockets of an instance in a rolling update"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--mig-config", "all-1g"],
+            "--mig-config needs --mig-config-file: it names one of that file's layouts",
+        ),
+        (
+            ["--fake-gpu-root", "/tmp/x"],
+            "--fake-gpu-root needs --fake-gpus: it holds the fake GPUs' device nodes and driver",
+        ),
+    ],
+)
+def test_options_that_need_another_are_refused_by_every_command_alike(argv: list[str], message: str) -> None:
+    commands = (
+        ["discover", "kubelet-plugin"]
+        if "--mig-config" in argv
+        else ["discover", "explain", "time-slices", "kubelet-plugin", "device-plugin"]
+    )
+    for command in commands:
+        assert one_line_error([command, "--node-name", "n", *argv]) == f"dra-gpu: error: {message}", command
+
+
+def test_fake_gpu_root_and_events_are_checked_for_what_they_are(tmp_path: Path) -> None:
+    for command in ("discover", "explain", "kubelet-plugin"):
+        line = one_line_error([command, "--fake-gpus", "h100x8", "--fake-gpu-root", "/etc/passwd"])
+        assert line.endswith(
+            "argument --fake-gpu-root: /etc/passwd is not a directory (give one, or a path to make one at)"
+        )
+    line = one_line_error(["kubelet-plugin", "--fake-gpus", "h100x8", "--fake-gpu-events", str(tmp_path)])
+    assert line.endswith(
+        f"argument --fake-gpu-events: {tmp_path} is not a regular file (give a file, or a path for one)"
+    )
 
 
 # -- upper bounds --------------------------------------------------------------------------
@@ -172,6 +379,40 @@ def test_profile_numbers_are_ascii_digits_int_takes(tmp_path: Path, version: str
     assert "cudaDriverVersion must look like 12.4" in one_line_error(
         ["device-plugin", "--check-config", f"--fake-gpus={profile}"]
     )
+
+
+@pytest.mark.parametrize(
+    ("gpu", "complaint"),
+    [
+        (
+            {"model": "t4", "pcieRoot": [1, 2]},
+            "gpus[0].pcieRoot: expected a string, got [1, 2]",
+        ),
+        (
+            {"model": "t4", "pcieRoot": "pci0000:zz"},
+            "gpus[0].pcieRoot: expected a root complex as sysfs names it, pci<domain>:<bus> in lower-case "
+            "hexadecimal such as pci0000:80, got 'pci0000:zz'",
+        ),
+        ({"productName": ["x"], "memoryMiB": 1024}, "gpus[0].productName: expected a string, got ['x']"),
+    ],
+)
+def test_profile_strings_are_strings_of_their_form(
+    tmp_path: Path, gpu: dict[str, Any], complaint: str
+) -> None:
+    # Published as given, pcieRoot: [1, 2] was the attribute string "[1, 2]".
+    profile = _file(tmp_path, "p.yaml", json.dumps({"gpus": [gpu]}))
+    line = one_line_error(["discover", "--fake-gpus", profile, "--node-name", "n"])
+    assert line.endswith(complaint), line
+
+
+def test_a_mig_layout_is_named_by_a_string(tmp_path: Path) -> None:
+    layouts = _file(
+        tmp_path, "l.yaml", "version: v1\nmig-configs:\n  5: [{devices: all, mig-enabled: false}]\n"
+    )
+    line = one_line_error(
+        ["discover", "--fake-gpus", "h100x8", "--mig-config-file", layouts, "--mig-config", "5"]
+    )
+    assert line == f"dra-gpu: error: {layouts}: mig-configs: a layout's name is a string, got 5 (quote it)"
 
 
 def _layout(entries: list[dict[str, Any]]) -> str:
@@ -288,6 +529,128 @@ def test_explain_takes_a_kind_that_is_no_string_for_no_claim(
     assert "Traceback" not in err
 
 
+# -- explain refuses what the API server refuses (issue 46) ----------------------------------
+
+_REQUEST = '{"name": "a", "exactly": {"deviceClassName": "gpu.nvidia.com"EXTRA}}'
+
+
+def _claim_text(devices: str, kind: str = "ResourceClaim") -> str:
+    spec = f'{{"devices": {devices}}}' if kind == "ResourceClaim" else f'{{"spec": {{"devices": {devices}}}}}'
+    head = f'"apiVersion": "resource.k8s.io/v1", "kind": "{kind}", "metadata": {{"name": "c"}}'
+    return f'{{{head}, "spec": {spec}}}'
+
+
+def _requests(extra: str = "", more: str = "") -> str:
+    return '{"requests": [' + _REQUEST.replace("EXTRA", extra) + "]" + more + "}"
+
+
+@pytest.mark.parametrize(
+    ("devices", "complaint"),
+    [
+        (
+            _requests(', "count": 1e30'),
+            "exactly.count: expected an integer from 1 to 9223372036854775807, got '1e30'",
+        ),
+        (
+            _requests(', "count": 1' + "0" * 30),
+            "exactly.count: expected an integer from 1 to 9223372036854775807, got 1" + "0" * 30,
+        ),
+        (
+            _requests(', "count": -2'),
+            "exactly.count: expected an integer from 1 to 9223372036854775807, got -2",
+        ),
+        (
+            _requests(', "count": 2.0'),
+            "exactly.count: expected an integer from 1 to 9223372036854775807, got 2.0",
+        ),
+        (
+            _requests(', "allocationMode": "Bogus"'),
+            "exactly.allocationMode: 'Bogus' is not one of All, ExactCount",
+        ),
+        (
+            _requests(', "allocationMode": "All", "count": 2'),
+            "exactly.count: must not be given with allocationMode All, got 2",
+        ),
+        (
+            _requests("", ', "constraints": [{"requests": ["zz"], "matchAttribute": "gpu.nvidia.com/uuid"}]'),
+            "constraints[0].requests[0]: 'zz' is not a request of this claim: name a request, or a request "
+            "and its subrequest joined by '/' (the claim has a)",
+        ),
+        (
+            _requests("", ', "constraints": [{"matchAttribute": "uuid"}]'),
+            "constraints[0].matchAttribute: 'uuid' is not a fully qualified attribute name",
+        ),
+        (
+            _requests("", ', "config": [{"requests": ["b"], "opaque": {"driver": "d", "parameters": {}}}]'),
+            "config[0].requests[0]: 'b' is not a request of this claim",
+        ),
+        (_requests().replace('"a"', '"A_b"'), "requests[0].name: 'A_b' is not a DNS label"),
+        (
+            '{"requests": [' + _REQUEST.replace("EXTRA", "") + ", " + _REQUEST.replace("EXTRA", "") + "]}",
+            "requests[1].name: 'a' is given twice",
+        ),
+        (
+            '{"requests": [{"name": "a"}]}',
+            "requests[0]: exactly one of exactly and firstAvailable is required; neither is given",
+        ),
+        (
+            _requests().replace("gpu.nvidia.com", "Bad_Class"),
+            "exactly.deviceClassName: 'Bad_Class' is not a DeviceClass name",
+        ),
+        (
+            _requests(', "selectors": [{"cel": {"expression": "' + "true && " * 1300 + 'true"}}]'),
+            "exactly.selectors[0].cel.expression: at most 10240 bytes, has 10404",
+        ),
+    ],
+)
+@pytest.mark.parametrize("kind", ["ResourceClaim", "ResourceClaimTemplate"])
+def test_explain_refuses_a_claim_the_api_server_refuses_naming_the_field(
+    tmp_path: Path, devices: str, complaint: str, kind: str
+) -> None:
+    path = _file(tmp_path, "claim.json", _claim_text(devices, kind))
+    line = one_line_error(["explain", "--fake-gpus", "h100x8", "--claim", path])
+    where = "spec.devices." if kind == "ResourceClaim" else "spec.spec.devices."
+    if complaint.startswith("exactly."):
+        complaint = "requests[0]." + complaint
+    assert line.startswith(f"dra-gpu: error: {path}: document 1 ({kind}): {where}{complaint}"), line
+
+
+@pytest.mark.parametrize(
+    "devices",
+    [
+        _requests(', "count": 0'),
+        _requests(', "count": null, "allocationMode": null'),
+        _requests(', "count": 9223372036854775807'),
+        _requests(', "allocationMode": "All", "count": 0'),
+        _requests("", ', "constraints": [{"requests": ["a"], "matchAttribute": "gpu.nvidia.com/uuid"}]'),
+    ],
+)
+def test_explain_takes_what_the_api_server_stores(
+    tmp_path: Path, devices: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # count 0 and null are defaulted to 1 by the API server; the largest int64 is stored as it is.
+    from dra import cli
+
+    path = _file(tmp_path, "claim.json", _claim_text(devices))
+    assert cli.main(["explain", "--fake-gpus", "h100x8", "--claim", path]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec", ["null", '{"devices": null}', '{"devices": {"requests": []}}'])
+def test_a_claim_without_requests_is_explained_as_one_that_gets_no_device(
+    tmp_path: Path, spec: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The API server stores such a claim (spec is optional, requests too): explain says what it gets.
+    from dra import cli
+
+    text = _claim_text("null").replace('{"devices": null}', spec)
+    path = _file(tmp_path, "claim.json", text)
+    assert cli.main(["explain", "--fake-gpus", "h100x8", "--claim", path]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "claim -/c",
+        "  note: the claim requests no device (spec.devices.requests is empty): it is allocated with none",
+    ]
+
+
 # -- the webhook and prepare ----------------------------------------------------------------
 
 
@@ -329,6 +692,70 @@ def test_a_4301_digit_number_in_an_opaque_config_is_a_field_error() -> None:
     loaded = json.loads(parameters, parse_int=documents.bounded_int)
     with pytest.raises(coreconfig.ConfigError, match="defaultActiveThreadPercentage: expected an integer"):
         coreconfig.decode(loaded)
+
+
+_MPS = '{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS", '
+
+
+@pytest.mark.parametrize(
+    ("parameters", "complaint"),
+    [
+        (
+            '{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "kind": "MigDeviceConfig"}',
+            "parameters.kind: given more than once; give each once",
+        ),
+        (
+            _MPS + '"strategy": "TimeSlicing"}}',
+            "parameters.sharing.strategy: given more than once; give each once",
+        ),
+        (
+            _MPS + '"mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"0": "1Gi", "0": "2Gi"}}}}',
+            "parameters.sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[0]: given more than once; "
+            "give each once",
+        ),
+        (
+            _MPS + '"mpsConfig": {"defaultPinnedDeviceMemoryLimit": 1e308}}}',
+            "parameters.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: 1e+308 is outside 1Mi to "
+            "9223372036854775807",
+        ),
+        (
+            _MPS + '"mpsConfig": {"defaultPinnedDeviceMemoryLimit": "1Ki"}}}',
+            'parameters.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: "1Ki" is outside 1Mi to '
+            "9223372036854775807",
+        ),
+        (
+            _MPS + '"mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"0": 10000000000000000000}}}}',
+            "parameters.sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[0]: 10000000000000000000 is "
+            "outside 1Mi to 9223372036854775807",
+        ),
+    ],
+)
+def test_the_webhook_and_prepare_refuse_duplicate_keys_and_quantities_no_device_has(
+    parameters: str, complaint: str
+) -> None:
+    # The API server stores opaque parameters as they were sent, duplicate keys and all (even with
+    # fieldValidation=Strict): the webhook sees them in the review, prepare in the claim it reads.
+    _, verdict = admission.review(documents.load_json(_claim_with(parameters), "body"), DRIVER)
+    assert verdict.problems == (f"spec.devices.config[0].opaque.{complaint}",)
+    claim = _claim_with(parameters)
+    read = kube._decode("GET claim", 200, claim.encode())["request"]["object"]
+    config = read["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+    with pytest.raises(coreconfig.ConfigError) as raised:
+        coreconfig.decode(config)
+    assert str(raised.value) == complaint.replace("parameters", coreconfig.root(config), 1)
+
+
+def test_duplicate_keys_in_yaml_parameters_are_refused_as_in_json() -> None:
+    text = "apiVersion: resource.nvidia.com/v1beta1\nkind: GpuConfig\n"
+    text += "sharing: {strategy: MPS, 'strategy': MPS}\n"
+    loaded = documents.load_yaml(text, "x")
+    assert isinstance(loaded, dict)
+    with pytest.raises(coreconfig.ConfigError, match=r"^GpuConfig.sharing.strategy: given more than once"):
+        coreconfig.decode(loaded)
+    # A key a YAML merge brings in may be given again: that is no duplicate.
+    merged = documents.load_yaml("base: &b {strategy: MPS}\nsharing: {<<: *b, strategy: TimeSlicing}\n", "x")
+    assert isinstance(merged, dict)
+    assert not getattr(merged["sharing"], "duplicates", ())
 
 
 def test_deep_opaque_parameters_are_a_field_error() -> None:

@@ -240,3 +240,44 @@ def test_an_api_server_certificate_without_key_identifiers_is_trusted_as_client_
     stranger = kubeconfig.tls_context(None, other_pem, None, True)
     with pytest.raises(ssl.SSLCertVerificationError, match="unable to get local issuer certificate"):
         _handshake(stranger, chain, key, "127.0.0.1")
+
+
+@pytest.mark.parametrize(
+    ("cluster", "user", "named"),
+    [
+        ({"server": "https://h:1", "certificate-authority": "d"}, {}, "certificate-authority"),
+        ({"server": "https://h:1"}, {"client-certificate": "d", "client-key": "d"}, "client-certificate"),
+        ({"server": "http://h:1"}, {"tokenFile": "d"}, "token file"),
+    ],
+)
+def test_files_a_kubeconfig_names_are_read_through_the_bounded_reader(
+    tmp_path: Path, cluster: dict[str, Any], user: dict[str, Any], named: str
+) -> None:
+    # A directory (or a FIFO, or /dev/zero) where a file belongs: one line naming it, never a hang.
+    (tmp_path / "d").mkdir()
+    path = _write(tmp_path / "config", cluster, user)
+    with pytest.raises(KubeError, match=rf": {named}: {tmp_path / 'd'} is a directory, not a regular file$"):
+        KubeClient(path)
+
+
+def test_an_in_cluster_ca_that_is_no_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("sa-token")
+    (tmp_path / "ca.crt").mkdir()
+    env = {"KUBERNETES_SERVICE_HOST": "h", "KUBERNETES_SERVICE_PORT": "443"}
+    with pytest.raises(kubeconfig.ConfigError, match=r"ca\.crt is a directory, not a regular file$"):
+        kubeconfig.in_cluster(env, tmp_path)
+
+
+def test_a_token_file_caught_mid_rotation_keeps_the_token_it_had(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("one\n")
+    creds = kubeconfig.from_kubeconfig(
+        _write(tmp_path / "config", {"server": "http://h:1"}, {"tokenFile": "token"})
+    )
+    monkeypatch.setattr(kubeconfig, "TOKEN_REREAD", 0.0)
+    token.unlink()
+    assert creds.authorization() == "Bearer one"
+    token.write_text("two\n")
+    assert creds.authorization() == "Bearer two"

@@ -169,14 +169,47 @@ async def test_a_half_written_rotation_keeps_the_old_certificate(served: Served)
 
 def test_unloadable_files_stop_the_start(tmp_path: Path) -> None:
     missing = tmp_path / "none.crt"
-    with pytest.raises(StartupError, match=f"cannot load --tls-cert-file {missing} and --tls-key-file"):
+    with pytest.raises(
+        StartupError, match=f"^--tls-cert-file: cannot read {missing}: No such file or directory$"
+    ):
         Certificates(missing, tmp_path / "none.key")
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert.write_text("not a certificate")
+    key.write_text("not a key")
+    with pytest.raises(StartupError, match=f"^cannot load --tls-cert-file {cert} and --tls-key-file {key}: "):
+        Certificates(cert, key)
+
+
+@pytest.mark.parametrize("flag", ["--tls-cert-file", "--tls-key-file"])
+@pytest.mark.parametrize(("what", "kind"), [("/dev/zero", "a character device"), ("dir", "a directory")])
+def test_a_certificate_or_key_that_is_no_file_is_refused_unread(
+    tmp_path: Path, flag: str, what: str, kind: str
+) -> None:
+    # /dev/zero was read until memory ran out (MemoryError), by the change check and by OpenSSL.
+    issued = CertificateAuthority(tmp_path / "pki").issue(
+        "first", "webhook", hosts=("127.0.0.1",), server=True
+    )
+    target = Path(what)
+    if not target.is_absolute():
+        target = tmp_path / what
+        target.mkdir()
+    pair = (target, issued.key) if flag == "--tls-cert-file" else (issued.cert, target)
+    with pytest.raises(StartupError, match=f"^{flag}: {target} is {kind}, not a regular file$"):
+        Certificates(*pair)
 
 
 def test_the_command_says_what_stops_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
     assert main(["webhook", f"--tls-cert-file={cert}", f"--tls-key-file={key}", "--http-address="]) == 1
-    assert capsys.readouterr().err.startswith(f"dra-gpu: error: cannot load --tls-cert-file {cert} and")
+    assert (
+        capsys.readouterr().err
+        == f"dra-gpu: error: --tls-cert-file: cannot read {cert}: No such file or directory\n"
+    )
+    assert main(["webhook", "--tls-cert-file=/dev/zero", f"--tls-key-file={key}", "--http-address="]) == 1
+    assert (
+        capsys.readouterr().err
+        == "dra-gpu: error: --tls-cert-file: /dev/zero is a character device, not a regular file\n"
+    )
     with pytest.raises(SystemExit):
         main(["webhook", f"--tls-cert-file={cert}", f"--tls-key-file={key}", "--bind-address=8443"])
     assert "--bind-address: expected host:port, got '8443'" in capsys.readouterr().err

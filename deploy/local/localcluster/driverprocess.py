@@ -221,6 +221,7 @@ class DriverProcess(DaemonProcess):
             f"--kubeconfig={self.kubeconfig}",
             f"--kubelet-root={self.cluster.kubelet_root}",
             f"--cdi-root={self.cdi_root}",
-            f"--instance-id={self.instance_id}",
+            # Only an instance of a rolling update has an ID (the command refuses it otherwise).
+            *([f"--instance-id={self.instance_id}"] if self.rolling_update else []),
             *self.extra_args,
         )

@@ -190,7 +190,16 @@ def device_entry(
             "profile": _string(device.profile),
             **_shared_attributes(device.parent, inventory, lists),
         }
-        capacity = {"memory": binary_quantity(device.memory_bytes), **_engine_capacity(device.engines)}
+        capacity = {
+            "memory": binary_quantity(device.memory_bytes),
+            **_engine_capacity(device.engines),
+            # The memory slices it occupies, as NVIDIA's driver publishes a MIG device's.
+            **{
+                f"memorySlice{index}": "1"
+                for index in range(device.placement_start, device.placement_start + device.placement_size)
+                if device.placement_start >= 0
+            },
+        }
     else:
         attributes = {
             "type": _string("gpu"),

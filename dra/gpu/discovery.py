@@ -27,6 +27,7 @@ from dra.gpu.library import (
     GpuLibrary,
     GpuLibraryError,
     MigHandle,
+    Placement,
     sysfs_bus_id,
 )
 from dra.model import migmode
@@ -35,25 +36,26 @@ from dra.model.migoffer import MigOffer
 
 log = logging.getLogger(__name__)
 
-#: nvmlBrandType_t, named as nvidia-smi names them.
+#: nvmlBrandType_t, named as NVIDIA's DRA driver publishes them (go-nvlib's names, not nvidia-smi's:
+#: "Nvidia" where nvidia-smi says "NVIDIA"), so that a selector on `brand` means the same on either driver.
 BRANDS = {
     0: "Unknown",
     1: "Quadro",
     2: "Tesla",
     3: "NVS",
-    4: "GRID",
+    4: "Grid",
     5: "GeForce",
     6: "Titan",
-    7: "NVIDIA Virtual Applications",
-    8: "NVIDIA Virtual PC",
-    9: "NVIDIA Virtual Compute Server",
-    10: "NVIDIA RTX Virtual Workstation",
-    11: "NVIDIA Cloud Gaming",
-    12: "Quadro RTX",
-    13: "NVIDIA RTX",
-    14: "NVIDIA",
-    15: "GeForce RTX",
-    16: "Titan RTX",
+    7: "NvidiaVApps",
+    8: "NvidiaVPC",
+    9: "NvidiaVCS",
+    10: "NvidiaVWS",
+    11: "NvidiaCloudGaming",
+    12: "QuadroRTX",
+    13: "NvidiaRTX",
+    14: "Nvidia",
+    15: "GeForceRTX",
+    16: "TitanRTX",
 }
 
 #: nvmlDeviceArchitecture_t, named as nvidia-smi names them.
@@ -230,6 +232,7 @@ def _mig_devices(lib: GpuLibrary, handle: GpuHandle, parent: Gpu, caps: dict[str
             if key in caps
         ]
         nodes = tuple(p for p in (*parent.device_nodes, *cap_nodes) if lib.path_exists(p))
+        placement = _placement(lib, handle, gi)
         found.append(
             MigDevice(
                 name=mig_device_name(parent.index, profile, gi, ci),
@@ -241,9 +244,21 @@ def _mig_devices(lib: GpuLibrary, handle: GpuHandle, parent: Gpu, caps: dict[str
                 memory_bytes=attrs.memory_mib * 1024 * 1024,
                 engines=attrs.engines,
                 device_nodes=nodes,
+                placement_start=placement.start if placement else -1,
+                placement_size=placement.size if placement else 0,
             )
         )
     return found
+
+
+def _placement(lib: GpuLibrary, handle: GpuHandle, gpu_instance_id: int) -> Placement | None:
+    """Where a GPU instance sits on its GPU; None where the driver cannot say (it is then not published)."""
+    try:
+        return lib.gpu_instance_info(lib.gpu_instance_by_id(handle, gpu_instance_id)).placement
+    except GpuLibraryError as err:
+        if err.code not in (ERROR_NOT_SUPPORTED, ERROR_FUNCTION_NOT_FOUND):
+            raise
+        return None
 
 
 #: GPUs whose MIG-mode remark was logged, so that re-discovery says it once per process.

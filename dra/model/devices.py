@@ -86,6 +86,9 @@ class MigDevice:
     memory_bytes: int
     engines: MigEngines
     device_nodes: tuple[str, ...]
+    #: Where its GPU instance sits: the first memory slice and how many (-1: NVML did not say).
+    placement_start: int = -1
+    placement_size: int = 0
 
     @property
     def product_name(self) -> str:

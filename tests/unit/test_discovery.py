@@ -94,7 +94,7 @@ def test_gpu_attributes(
     assert gpu.name == f"gpu-{index}"
     assert (gpu.index, gpu.minor) == (index, index)
     assert gpu.product_name == product
-    assert gpu.brand == "NVIDIA"
+    assert gpu.brand == "Nvidia"
     assert gpu.architecture == architecture
     assert gpu.cuda_compute_capability == capability
     assert gpu.memory_bytes == memory_mib * MIB

@@ -61,7 +61,7 @@ def test_gpu_attributes_and_types() -> None:
     assert entry["name"] == "gpu-3"
     assert entry["attributes"] == {
         "architecture": {"string": "Hopper"},
-        "brand": {"string": "NVIDIA"},
+        "brand": {"string": "Nvidia"},
         "cudaComputeCapability": {"version": "9.0.0"},
         "cudaDriverVersion": {"version": "12.4.0"},
         "driverVersion": {"version": "550.54.15"},
@@ -86,7 +86,7 @@ def test_mig_attributes_and_types() -> None:
     entry = device_entry(mig, inv)
     assert entry["attributes"] == {
         "architecture": {"string": "Hopper"},
-        "brand": {"string": "NVIDIA"},
+        "brand": {"string": "Nvidia"},
         "cudaComputeCapability": {"version": "9.0.0"},
         "cudaDriverVersion": {"version": "12.4.0"},
         "driverVersion": {"version": "550.54.15"},
@@ -108,6 +108,8 @@ def test_mig_attributes_and_types() -> None:
         "encoders": {"value": "0"},
         "jpegEngines": {"value": "3"},
         "memory": {"value": "40192Mi"},
+        # The memory slices its GPU instance occupies (placement 4, size 4), as NVIDIA's driver has them.
+        **{f"memorySlice{i}": {"value": "1"} for i in range(4, 8)},
         "multiprocessors": {"value": "60"},
         "ofaEngines": {"value": "0"},
     }

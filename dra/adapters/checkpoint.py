@@ -10,6 +10,7 @@ during a rolling update. The story, and what is fsynced when: docs/architecture.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -18,11 +19,22 @@ from pathlib import Path
 from dra.adapters import faults
 from dra.adapters.atomicfile import remove_leftovers, write_atomic
 from dra.adapters.filelock import LockTimeoutError, exclusive
-from dra.core.checkpointformat import CheckpointError, Journal, decode_journal, encode, encode_changes
+from dra.core.checkpointformat import (
+    CheckpointError,
+    ForeignCheckpointError,
+    Journal,
+    decode_journal,
+    encode,
+    encode_changes,
+)
 from dra.model.prepared import DeviceAction, PreparedClaim
+
+log = logging.getLogger(__name__)
 
 #: The checkpoint's name in the state directory.
 FILE_NAME = "checkpoint.json"
+#: Appended to the checkpoint's name when NVIDIA's DRA driver left its own there (kept for the admin).
+NVIDIA_ASIDE = ".nvidia-dra-driver"
 #: Seconds a prepare or unprepare waits for another instance to let go of the checkpoint.
 LOCK_TIMEOUT = 30.0
 #: Appended lines allowed beyond twice the prepared claims before a save compacts the file.
@@ -68,9 +80,40 @@ class CheckpointStore:
             return {}, []
         except OSError as err:
             raise CheckpointError(f"cannot read checkpoint {self.path}: {err}") from None
-        journal = decode_journal(data, self.path)
+        try:
+            journal = decode_journal(data, self.path)
+        except ForeignCheckpointError as foreign:
+            return self._after_nvidia(foreign)
         self._seen, self._journal = seen, journal
         return dict(journal.claims), list(journal.actions)
+
+    def _after_nvidia(
+        self, foreign: ForeignCheckpointError
+    ) -> tuple[dict[str, PreparedClaim], list[DeviceAction]]:
+        """The node ran NVIDIA's DRA driver (same driver name, same directory): keep its checkpoint aside
+        and start empty when it holds no prepared claim; refuse, naming the claims, when it does."""
+        if foreign.claims:
+            raise CheckpointError(
+                f"checkpoint {self.path} is NVIDIA's DRA driver's and records claims it prepared: "
+                f"{', '.join(foreign.claims)}; dra-gpu does not take over claims another driver prepared "
+                "(their CDI specs and MIG devices are that driver's): run NVIDIA's driver again until the "
+                "pods of those claims are gone (drain the node's GPU pods), then start dra-gpu "
+                "(docs/migration.md, from NVIDIA's DRA driver)"
+            )
+        aside = self.path.with_name(f"{self.path.name}{NVIDIA_ASIDE}")
+        try:
+            os.replace(self.path, aside)
+        except OSError as err:
+            raise CheckpointError(
+                f"cannot move NVIDIA's DRA driver checkpoint {self.path} aside: {err}"
+            ) from None
+        log.warning(
+            "checkpoint %s was NVIDIA's DRA driver's, with no claim prepared: kept as %s, starting empty",
+            self.path,
+            aside,
+        )
+        self._seen = self._journal = None
+        return {}, []
 
     @contextlib.contextmanager
     def exclusive(

@@ -27,6 +27,37 @@ class CheckpointError(Exception):
     """The checkpoint cannot be read or trusted; the message names the file and what to do."""
 
 
+class ForeignCheckpointError(CheckpointError):
+    """The file is NVIDIA's DRA driver's checkpoint: same driver name, same directory, same file name.
+
+    `claims` names the claims it records as prepared ("namespace/name (uid)"); none means it
+    holds nothing a node still needs.
+    """
+
+    def __init__(self, path: object, claims: Sequence[str]) -> None:
+        self.claims = tuple(claims)
+        super().__init__(f"checkpoint {path} is NVIDIA's DRA driver's")
+
+
+def nvidia_claims(document: object) -> list[str] | None:
+    """The prepared claims an NVIDIA DRA driver checkpoint records, or None when it is not one.
+
+    Its shape (sigs.k8s.io/dra-driver-nvidia-gpu, cmd/gpu-kubelet-plugin/checkpointv.go): a
+    checksum beside the formats it keeps, "v1" and "v2", each with "preparedClaims" by UID, v2's
+    with the claim's name and namespace.
+    """
+    if not isinstance(document, dict) or "checksum" not in document or not {"v1", "v2"} & set(document):
+        return None
+    found: dict[str, str] = {}
+    for version in ("v2", "v1"):  # v2 names the claim
+        body = document.get(version)
+        prepared = body.get("preparedClaims") if isinstance(body, dict) else None
+        for uid, claim in (prepared or {}).items() if isinstance(prepared, dict) else ():
+            name = claim if isinstance(claim, dict) else {}
+            found.setdefault(str(uid), f"{name.get('namespace', '?')}/{name.get('name', '?')} ({uid})")
+    return sorted(found.values())
+
+
 #: Fields read by name: dataclasses.asdict deep-copies every value, some 40 µs a claim, where these
 #: values (strings, numbers, tuples of strings) are immutable and need no copy (3 µs).
 _CLAIM_FIELDS = tuple(f.name for f in fields(PreparedClaim) if f.name not in ("uid", "devices"))
@@ -244,6 +275,9 @@ def _apply_line(journal: Journal, line: str, path: object, number: int) -> None:
 def _snapshot(document: Any, path: object) -> tuple[dict[str, PreparedClaim], list[DeviceAction]]:
     """Claims and device actions of the snapshot document; CheckpointError says what is wrong."""
     hint = _HINT
+    foreign = nvidia_claims(document)
+    if foreign is not None:
+        raise ForeignCheckpointError(path, foreign)
     if not isinstance(document, dict) or document.get("kind") != KIND:
         raise CheckpointError(f"checkpoint {path} is not a {KIND} file; {hint}")
     version = document.get("version")

@@ -472,3 +472,44 @@ def test_a_save_by_another_process_is_seen_under_the_lock(path: Path) -> None:
         assert saved_elsewhere[0] == CLAIMS
     with mine.exclusive() as unchanged:
         assert unchanged is None
+
+
+# NVIDIA's DRA driver keeps its checkpoint at the same path (same driver name, same file name): an empty one
+# as its v0.4.1 wrote it on the local cluster, and one with a claim prepared, v2 as its checkpointv.go has it.
+NVIDIA_EMPTY = {"checksum": 1083090442, "v1": {}, "v2": {"checksum": 3599265083, "nodeBootID": "89393dcf"}}
+NVIDIA_PREPARED = {
+    "checksum": 1,
+    "v1": {"preparedClaims": {"u-1": {"status": {}}}},
+    "v2": {
+        "checksum": 2,
+        "preparedClaims": {
+            "u-1": {"checkpointState": "PrepareCompleted", "name": "c", "namespace": "team-a"}
+        },
+    },
+}
+
+
+def test_nvidia_s_empty_checkpoint_is_kept_aside_and_the_driver_starts_empty(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(NVIDIA_EMPTY))
+    store = CheckpointStore(path)
+    assert store.load_state() == ({}, [])
+    assert not path.exists()
+    assert json.loads(path.with_name("checkpoint.json.nvidia-dra-driver").read_text()) == NVIDIA_EMPTY
+    assert "was NVIDIA's DRA driver's, with no claim prepared" in caplog.text
+    store.save(CLAIMS)
+    assert CheckpointStore(path).load() == CLAIMS
+
+
+def test_nvidia_s_checkpoint_with_prepared_claims_is_refused_naming_them(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(NVIDIA_PREPARED))
+    with pytest.raises(CheckpointError) as err:
+        CheckpointStore(path).load()
+    assert str(err.value).startswith(
+        f"checkpoint {path} is NVIDIA's DRA driver's and records claims it prepared: team-a/c (u-1); "
+    )
+    assert "run NVIDIA's driver again until the pods of those claims are gone" in str(err.value)
+    assert json.loads(path.read_text()) == NVIDIA_PREPARED  # left as it was

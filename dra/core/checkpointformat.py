@@ -44,7 +44,9 @@ def nvidia_claims(document: object) -> list[str] | None:
 
     Its shape (sigs.k8s.io/dra-driver-nvidia-gpu, cmd/gpu-kubelet-plugin/checkpointv.go): a
     checksum beside the formats it keeps, "v1" and "v2", each with "preparedClaims" by UID, v2's
-    with the claim's name and namespace.
+    with the claim's name and namespace and its state: a prepare that failed stays
+    "PrepareStarted" (that driver rolls it back on its next prepare), and only "PrepareCompleted"
+    claims were handed to containers. v1 has no state: each of its claims was prepared.
     """
     if not isinstance(document, dict) or "checksum" not in document or not {"v1", "v2"} & set(document):
         return None
@@ -53,8 +55,13 @@ def nvidia_claims(document: object) -> list[str] | None:
         body = document.get(version)
         prepared = body.get("preparedClaims") if isinstance(body, dict) else None
         for uid, claim in (prepared or {}).items() if isinstance(prepared, dict) else ():
-            name = claim if isinstance(claim, dict) else {}
-            found.setdefault(str(uid), f"{name.get('namespace', '?')}/{name.get('name', '?')} ({uid})")
+            known = claim if isinstance(claim, dict) else {}
+            if version == "v2" and known.get("checkpointState") != "PrepareCompleted":
+                continue
+            named = known.get("namespace") and known.get("name")
+            found.setdefault(
+                str(uid), f"{known['namespace']}/{known['name']} ({uid})" if named else f"claim {uid}"
+            )
     return sorted(found.values())
 
 

@@ -483,7 +483,9 @@ NVIDIA_PREPARED = {
     "v2": {
         "checksum": 2,
         "preparedClaims": {
-            "u-1": {"checkpointState": "PrepareCompleted", "name": "c", "namespace": "team-a"}
+            "u-1": {"checkpointState": "PrepareCompleted", "name": "c", "namespace": "team-a"},
+            # A prepare that failed: nothing reached a container.
+            "u-2": {"checkpointState": "PrepareStarted", "name": "d", "namespace": "team-a"},
         },
     },
 }

@@ -17,6 +17,7 @@ address on 127.0.0.1.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -27,6 +28,7 @@ from pathlib import Path
 import yaml
 from fakenvml.node import FakeNode
 
+from dra.core.checkpointformat import KIND as DRA_GPU_CHECKPOINT
 from localcluster.binaries import NVIDIA, NVIDIA_CDI_HOOK, NVIDIA_PLUGIN, BuildError, ensure_nvidia_plugin
 from localcluster.chart import helm
 from localcluster.cluster import ClusterInfo
@@ -161,9 +163,16 @@ class NvidiaDriverProcess(DaemonProcess):
         """The plugin as its chart's container runs it, in the fake node's namespace.
 
         A registration socket and slices left by an earlier run are removed first, so that ready()
-        sees this one's (the kubelet would wipe the slices of a gone driver after some 30 s).
+        sees this one's (the kubelet would wipe the slices of a gone driver after some 30 s), and a
+        checkpoint dra-gpu left is moved aside, as an admin switching the node's driver does: NVIDIA's
+        plugin keeps its own at the same path and will not start on one it cannot parse
+        (docs/migration.md).
         """
         self.registration_socket.unlink(missing_ok=True)
+        checkpoint = Path(self.env["KUBELET_PLUGINS_DIRECTORY_PATH"]) / DRIVER / "checkpoint.json"
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            if json.loads(checkpoint.read_text().split("\n", 1)[0]).get("kind") == DRA_GPU_CHECKPOINT:
+                checkpoint.replace(checkpoint.with_name("checkpoint.json.dra-gpu"))
         for stale in published_slices(self._kube, self.cluster):
             self._kube.delete("resource.k8s.io/v1", "ResourceSlice", stale["metadata"]["name"])
         hook = Path(self.env["NVIDIA_CDI_HOOK_PATH"])

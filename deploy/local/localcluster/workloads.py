@@ -45,6 +45,15 @@ def ensure_device_classes(kube: Kube, classes: Sequence[Obj] | None = None) -> N
             kube.create(device_class)
 
 
+def replace_device_classes(kube: Kube, classes: Sequence[Obj]) -> None:
+    """Make these the DeviceClasses of their names (another driver's classes of the same names go)."""
+    for device_class in classes:
+        name = device_class["metadata"]["name"]
+        if kube.get_or_none("resource.k8s.io/v1", "DeviceClass", name) is not None:
+            kube.delete("resource.k8s.io/v1", "DeviceClass", name)
+        kube.create(device_class)
+
+
 def published_slices(kube: Kube, cluster: ClusterInfo) -> list[Obj]:
     """The ResourceSlices this driver publishes for the cluster's node."""
     return kube.list_objects(

@@ -17,9 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from fakenvml import cabi
+from fakenvml import abi, cabi
 from fakenvml.library import ensure_library, function_names, nvml_header
 from fakenvml.node import CONF, FakeNode, NodeConfig
+from fakenvml.standin import NvmlStandIn
 
 from dra.daemon.fakegpus import FAKE_GPU_STATE
 from dra.gpu.fake import FakeGpuLibrary
@@ -191,3 +192,52 @@ def test_the_node_config_round_trips(tmp_path: Path) -> None:
     fields = dict(line.split("=", 1) for line in (tmp_path / CONF).read_text().splitlines())
     assert Path(fields["libpython"]).is_file()
     assert fields["pythonpath"].split(":")[:2] == [str(Path.cwd()), str(Path.cwd() / "deploy/local")]
+
+
+def test_the_calls_nvidias_plugin_makes_answer_as_nvml_h_says(tmp_path: Path) -> None:
+    """Through the library, as go-nvml calls them: the versions nvml.h maps the plain names to."""
+    path = ensure_library(log=False)
+    fake = FakeGpuLibrary(load_profile("h100x8-mig", NODE), NODE)
+    cabi.install(NvmlStandIn(fake), path)
+    lib = ctypes.CDLL(str(path))
+    assert lib.nvmlInit_v2() == 0
+    try:
+        uint, handle, mig = ctypes.c_uint(), ctypes.c_void_p(), ctypes.c_void_p()
+        version = ctypes.c_int()
+        assert lib.nvmlSystemGetCudaDriverVersion(ctypes.byref(version)) == 0
+        assert version.value == fake.cuda_driver_version()
+        gpu = fake.device_by_index(5)
+        assert lib.nvmlDeviceGetHandleByUUID(fake.uuid(gpu).encode(), ctypes.byref(handle)) == 0
+        assert lib.nvmlDeviceGetIndex(handle, ctypes.byref(uint)) == 0
+        assert uint.value == 5
+        by_bus = ctypes.c_void_p()
+        bus_id = fake.pci_bus_id(gpu).upper().replace("0000:", "00000000:", 1)
+        assert lib.nvmlDeviceGetHandleByPciBusId_v2(bus_id.encode(), ctypes.byref(by_bus)) == 0
+        assert by_bus.value == handle.value
+        assert lib.nvmlDeviceGetVirtualizationMode(handle, ctypes.byref(uint)) == 0
+        assert uint.value == 0  # NVML_GPU_VIRTUALIZATION_MODE_NONE: bare metal
+        assert lib.nvmlDeviceIsMigDeviceHandle(handle, ctypes.byref(uint)) == 0
+        assert uint.value == 0
+        assert lib.nvmlDeviceGetMigDeviceHandleByIndex(handle, 0, ctypes.byref(mig)) == 0
+        assert lib.nvmlDeviceIsMigDeviceHandle(mig, ctypes.byref(uint)) == 0
+        assert uint.value == 1
+        parent = ctypes.c_void_p()
+        assert lib.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig, ctypes.byref(parent)) == 0
+        assert parent.value == handle.value
+        assert lib.nvmlDeviceGetIndex(mig, ctypes.byref(uint)) == 0
+        assert uint.value == 0
+        # The unversioned profile structures (no version field, no name), as go-nvml passes them.
+        gi_info = abi.GpuInstanceProfileInfo()
+        assert lib.nvmlDeviceGetGpuInstanceProfileInfo(handle, 0, ctypes.byref(gi_info)) == 0
+        assert (gi_info.id, gi_info.sliceCount, gi_info.memorySizeMB) == (19, 1, 9856)
+        gi, ci, ci_id = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_uint()
+        assert lib.nvmlDeviceGetGpuInstanceId(mig, ctypes.byref(uint)) == 0
+        assert lib.nvmlDeviceGetGpuInstanceById(handle, uint, ctypes.byref(gi)) == 0
+        assert lib.nvmlDeviceGetComputeInstanceId(mig, ctypes.byref(ci_id)) == 0
+        assert lib.nvmlGpuInstanceGetComputeInstanceById(gi, ci_id, ctypes.byref(ci)) == 0
+        assert lib.nvmlGpuInstanceGetComputeInstanceById(gi, 7, ctypes.byref(ci)) == 6  # NOT_FOUND
+        ci_info = abi.ComputeInstanceProfileInfo()
+        assert lib.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, 0, 0, ctypes.byref(ci_info)) == 0
+        assert (ci_info.id, ci_info.sliceCount) == (0, 1)
+    finally:
+        assert lib.nvmlShutdown() == 0

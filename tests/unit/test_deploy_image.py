@@ -1,8 +1,9 @@
 """deploy/Dockerfile is consistent with the package and the chart.
 
-No Docker engine here: these checks read the Dockerfile. Its build steps (pip
-wheel of the package, install of the wheels into a clean environment) were run
-by hand outside Docker when it was written.
+No Docker engine here: these checks read the Dockerfile. Its build steps run for real in
+localcluster.driverimage, which builds the same image without Docker for the chart's tests on the
+containerd cluster; the checks below keep its commands, context and config the Dockerfile's, so
+that both images hold the same packages (the versions constraints.txt pins, which that build checks).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 import re
 import tomllib
 
-from localcluster import chart
+from localcluster import chart, driverimage
 
 ROOT = chart.ROOT
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
@@ -94,3 +95,30 @@ def test_install_uses_the_tested_dependency_versions() -> None:
         for dep in PYPROJECT["project"]["dependencies"]
     }
     assert runtime <= pinned, f"unpinned runtime dependencies: {sorted(runtime - pinned)}"
+
+
+def test_the_local_build_runs_the_dockerfiles_pip_commands() -> None:
+    wheel, install = (rest for rest in _args("RUN") if "pip " in rest)
+    assert wheel.split() == list(driverimage.WHEEL_COMMAND)
+    assert install.split("&&")[0].split() == list(driverimage.INSTALL_COMMAND)
+    assert _args("WORKDIR") == ["/src"], "the build stage's pip wheel runs in the build context"
+    assert f"--from=build {driverimage.WHEELS} {driverimage.WHEELS}" in _args("COPY")
+
+
+def test_the_local_build_copies_the_dockerfiles_build_context() -> None:
+    copies = [rest for rest in _args("COPY") if not rest.startswith("--from=")]
+    sources = {src.rstrip("/") for rest in copies for src in rest.split()[:-1]}
+    assert sources == set(driverimage.CONTEXT)
+
+
+def test_the_local_image_has_the_dockerfiles_user_environment_and_command() -> None:
+    [useradd] = [rest for rest in _args("RUN") if "useradd" in rest]
+    assert f"--uid {driverimage.USER_ID}" in useradd
+    assert useradd.endswith(driverimage.USER_NAME)
+    assert _args("USER") == [driverimage.USER_NAME]
+    [env] = _args("ENV")
+    assert dict(pair.split("=", 1) for pair in env.split()) == driverimage.ENV
+    assert json.loads(_args("ENTRYPOINT")[0]) == driverimage.ENTRYPOINT
+    assert json.loads(_args("CMD")[0]) == driverimage.CMD
+    [python_version] = [rest.split("=", 1)[1] for rest in _args("ARG") if rest.startswith("PYTHON_VERSION=")]
+    assert tuple(int(p) for p in python_version.split(".")) == driverimage.PYTHON_MINOR

@@ -184,6 +184,7 @@ CLUSTER_COMMANDS = (
     "fakeruntime",
     "kube-apiserver",
     "kube-controller-manager",
+    "kube-proxy",
     "kube-scheduler",
     "kubelet",
 )

@@ -8,10 +8,10 @@ state, socket and CNI state live in ``<run>/containerd``; it reads the CDI specs
 from the run's CDI directory (``enable_cdi``, the 2.x default, with
 ``cdi_spec_dirs`` set), uses the cgroupfs driver as the kubelet does, the
 overlayfs snapshotter, and the local pause image as the sandbox image
-(localcluster.images). Pods get a network from the ptp and host-local CNI
-plugins (a veth per pod, addresses from a /24 of 10.88.0.0/16 picked by the run
-directory, so that two clusters on one machine rarely share one): without a CNI network containerd
-reports the network not ready and the kubelet keeps the node NotReady.
+(localcluster.images). It also runs in the node's network namespace (localcluster.nodenet),
+and pods get a network there from the ptp and host-local CNI plugins (a veth per pod,
+addresses from the node's /24 of 10.88.0.0/16, a default route through the node): without
+a CNI network containerd reports the network not ready and the kubelet keeps the node NotReady.
 
 Besides the default handler ``runc`` there is ``nvidia-all``: runc with a base
 OCI spec whose environment has ``NVIDIA_VISIBLE_DEVICES=all``, as NVIDIA's
@@ -23,7 +23,6 @@ leaks to a pod that asked for no GPU, and that the driver's specs override it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -31,6 +30,7 @@ import subprocess
 from pathlib import Path
 
 from localcluster.images import Image
+from localcluster.nodenet import NodeNetwork
 
 #: The RuntimeClass handler whose containers start with NVIDIA_VISIBLE_DEVICES=all.
 LEAKY_HANDLER = "nvidia-all"
@@ -51,17 +51,12 @@ def layout(run: Path) -> dict[str, Path]:
     }
 
 
-def pod_subnet(run: Path) -> str:
-    """The pods' subnet of one run: a /24 of 10.88.0.0/16."""
-    return f"10.88.{hashlib.sha256(str(run).encode()).digest()[0]}.0/24"
-
-
 def _toml(value: object) -> str:
     # JSON strings and lists of strings are valid TOML.
     return json.dumps(value)
 
 
-def write_config(run: Path, bins: Path, cdi_dir: str, sandbox: Image) -> Path:
+def write_config(run: Path, bins: Path, cdi_dir: str, sandbox: Image, net: NodeNetwork) -> Path:
     """Write containerd's config, the CNI network and the nvidia-all base spec; return the config path."""
     paths = layout(run)
     for key in ("root", "state", "cni_conf", "cni_state"):
@@ -82,7 +77,17 @@ def write_config(run: Path, bins: Path, cdi_dir: str, sandbox: Image) -> Path:
                         "ipMasq": False,
                         "ipam": {
                             "type": "host-local",
-                            "ranges": [[{"subnet": pod_subnet(run)}]],
+                            "ranges": [
+                                [
+                                    {
+                                        "subnet": net.pod_subnet,
+                                        "rangeStart": net.pod_range[0],
+                                        "rangeEnd": net.pod_range[1],
+                                    }
+                                ]
+                            ],
+                            # As on a real node; the node routes only to the machine's end of its link.
+                            "routes": [{"dst": "0.0.0.0/0"}],
                             "dataDir": str(paths["cni_state"]),
                         },
                     },

@@ -21,6 +21,7 @@ import (
 	_ "k8s.io/component-base/metrics/prometheus/version"  // the build-info metric
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	proxy "k8s.io/kubernetes/cmd/kube-proxy/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
 	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 
@@ -33,6 +34,7 @@ var commands = map[string]func() int{
 	"kube-apiserver":          func() int { return cli.Run(apiserver.NewAPIServerCommand()) },
 	"kube-controller-manager": func() int { return cli.Run(controllermanager.NewControllerManagerCommand()) },
 	"kube-scheduler":          func() int { return cli.Run(scheduler.NewSchedulerCommand()) },
+	"kube-proxy":              func() int { return cli.Run(proxy.NewProxyCommand()) },
 	"kubelet":                 func() int { return cli.Run(kubelet.NewKubeletCommand(context.Background())) },
 	"etcd":                    etcd.Main,
 	"fakeruntime":             fakeruntime.Main,

@@ -271,6 +271,19 @@ def test_device_plugin_runs_beside_the_kubelet_plugin_on_the_same_split() -> Non
     }
 
 
+def test_the_device_plugin_directory_is_the_kubelets_constant_whatever_its_root() -> None:
+    values = {**SPLIT, **FAKE, "kubeletDir": "/var/lib/k0s/kubelet"}
+    pod = _only(chart.template(values), "DaemonSet")["spec"]["template"]["spec"]
+    device_plugin = pod["containers"][1]
+    mounts = {m["name"]: m["mountPath"] for m in device_plugin["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    # k8s.io/kubelet's deviceplugin/v1beta1 DevicePluginPath, not under --root-dir.
+    assert mounts["device-plugins"] == volumes["device-plugins"]["hostPath"]["path"]
+    assert mounts["device-plugins"] == _env(device_plugin)["DRA_GPU_DEVICE_PLUGIN_DIR"]
+    assert mounts["device-plugins"] == "/var/lib/kubelet/device-plugins"
+    assert mounts["plugin-dir"] == "/var/lib/k0s/kubelet/plugins/gpu.nvidia.com"
+
+
 def test_device_plugin_alone_takes_every_gpu() -> None:
     pod = _only(
         chart.template({"kubeletPlugin": {"enabled": False}, "devicePlugin": {"enabled": True}}), "DaemonSet"

@@ -659,6 +659,14 @@ def test_node_labeller_follows_the_device_plugins_settings() -> None:
     assert env["DRA_GPU_CONFIG_FILE"] == "/etc/dra-gpu/device-plugin/config.yaml"
 
 
+def test_node_labeller_labels_the_device_plugins_default_strategy_when_nothing_sets_one() -> None:
+    # The device plugin runs mixed by default (--mig-strategy); GFD's labels must say what it serves.
+    env = _env(_labeller_container(chart.template({**SPLIT, **LABELLER, **FAKE})))
+    assert env["DRA_GPU_MIG_STRATEGY"] == "mixed"
+    with_file = {**SPLIT, **LABELLER, "devicePlugin": {"enabled": True, "config": {"data": "version: v1\n"}}}
+    assert "DRA_GPU_MIG_STRATEGY" not in _env(_labeller_container(chart.template(with_file))), "the file's"
+
+
 def test_node_labeller_may_patch_nodes_only_under_its_policy() -> None:
     objects = chart.template(LABELLER, release="gpu", namespace="kube-gpu")
     role = _only(objects, "ClusterRole")

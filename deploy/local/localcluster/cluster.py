@@ -598,6 +598,15 @@ class LocalCluster:
                 raise ClusterError("kube-proxy did not sync its rules in time (see logs/kube-proxy.log)")
             time.sleep(0.2)
 
+    def import_image(self, image: images.Image) -> None:
+        """Make an image built here (e.g. localcluster.driverimage's) available to the node's pods."""
+        if self.runtime != "containerd":
+            raise ClusterError(f"images run on containerd only; this cluster runs on {self.runtime}")
+        try:
+            containerd.import_image(ensure_containerd_binaries(), self.run_dir, image)
+        except RuntimeError as err:
+            raise ClusterError(str(err)) from None
+
     def restart_kubelet(self, timeout: float = 60.0) -> int:
         """Stop the kubelet, start it again with the same flags; return the new kubelet's PID.
 

@@ -152,6 +152,53 @@ def start_commands(bins: Path, run: Path, images: list[Image]) -> list[str]:
     ]
 
 
+def import_image(bins: Path, run: Path, image: Image) -> None:
+    """Import an image into the run's containerd while it runs (its socket is a file of the run)."""
+    paths = layout(run)
+    command = [str(bins / "ctr"), "--address", str(paths["socket"]), "-n", "k8s.io", "images", "import"]
+    done = subprocess.run(
+        [*command, "--no-unpack=false", str(image.tarball)], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"ctr images import {image.tarball} failed: {done.stderr.strip()}")
+
+
+def container_processes(container_id: str) -> list[int]:
+    """The host PIDs of a running container's processes, its first process first.
+
+    A container's cgroup is named after its ID (``/k8s.io/<id>``, as stop_leftovers relies on);
+    `container_id` may carry the ``containerd://`` of a pod's container status.
+    """
+    wanted = container_id.removeprefix("containerd://")
+    found: list[tuple[int, int]] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cgroups = (entry / "cgroup").read_text().splitlines()
+            # Field 22 of stat, after the command's closing parenthesis: the start time in ticks.
+            started = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[19])
+        except (OSError, IndexError, ValueError):
+            continue
+        if any(line.rsplit("/", 1)[-1] == wanted for line in cgroups):
+            found.append((started, int(entry.name)))
+    return [pid for _, pid in sorted(found)]
+
+
+#: The lines of /proc/<pid>/status that say what a process may do.
+PRIVILEGE_FIELDS = ("Uid", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp")
+
+
+def privileges(pid: int) -> dict[str, str]:
+    """The kernel's account of a process's privileges: the PRIVILEGE_FIELDS of /proc/<pid>/status."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in PRIVILEGE_FIELDS:
+            fields[name] = value.strip()
+    return fields
+
+
 def stop_leftovers(run: Path) -> list[int]:
     """SIGKILL the containers and shims of this run's containerd; return their PIDs.
 

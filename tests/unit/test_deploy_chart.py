@@ -936,3 +936,29 @@ def test_per_process_usage_is_off_by_default_and_brings_host_pids_and_pod_listin
     rules = _only(on, "ClusterRole")["rules"]
     assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]} in rules
     assert len(rules) == len(_only(objects, "ClusterRole")["rules"]) + 1
+
+
+def test_the_pod_monitor_is_off_by_default_and_scrapes_every_metrics_port_with_the_drivers_labels() -> None:
+    assert not [o for o in chart.template() if o["kind"] == "PodMonitor"]
+    values = {
+        **SPLIT,
+        **LABELLER,
+        "webhook": {"enabled": True},
+        "podMonitor": {"enabled": True, "interval": "30s"},
+    }
+    objects = chart.template(values, release="gpu", namespace="kube-gpu")
+    monitor = _only(objects, "PodMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["namespace"] == "kube-gpu"
+    spec = monitor["spec"]
+    assert spec["namespaceSelector"] == {"matchNames": ["kube-gpu"]}
+    # Every pod of the release: the DaemonSet's and the webhook's carry these labels.
+    pods = [o["spec"]["template"] for o in objects if o["kind"] in ("DaemonSet", "Deployment")]
+    assert len(pods) == 2
+    for pod in pods:
+        assert spec["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    ports = {p["name"] for pod in pods for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+    endpoints = spec["podMetricsEndpoints"]
+    assert {e["port"] for e in endpoints} == {p for p in ports if p.startswith("http") and p != "https"}
+    # The claim series carry the GPU user's pod, namespace and container: the scrape keeps them.
+    assert all(e["honorLabels"] and e["path"] == "/metrics" and e["interval"] == "30s" for e in endpoints)

@@ -9,8 +9,10 @@ that both images hold the same packages (the versions constraints.txt pins, whic
 from __future__ import annotations
 
 import json
+import os
 import re
 import tomllib
+from pathlib import Path
 
 from localcluster import chart, driverimage
 
@@ -122,3 +124,33 @@ def test_the_local_image_has_the_dockerfiles_user_environment_and_command() -> N
     assert json.loads(_args("CMD")[0]) == driverimage.CMD
     [python_version] = [rest.split("=", 1)[1] for rest in _args("ARG") if rest.startswith("PYTHON_VERSION=")]
     assert tuple(int(p) for p in python_version.split(".")) == driverimage.PYTHON_MINOR
+
+
+def test_the_local_build_context_leaves_out_what_the_ignore_file_does() -> None:
+    with driverimage._staged(None) as context:
+        assert sorted(p.name for p in context.iterdir()) == sorted(driverimage.CONTEXT)
+        assert not (context / "dra" / "pb").exists(), "generated code is rebuilt by the wheel's build"
+        assert not list(context.rglob("__pycache__"))
+        assert (context / "dra" / "cli" / "__init__.py").is_file()
+
+
+def test_the_image_key_follows_every_byte_of_the_context(tmp_path: Path) -> None:
+    for name, text in (("pyproject.toml", "a"), ("dra/x.py", "b")):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    key = driverimage._key(tmp_path)
+    assert driverimage._key(tmp_path) == key
+    (tmp_path / "dra/x.py").write_text("c")
+    assert driverimage._key(tmp_path) != key
+
+
+def test_the_cache_keeps_the_most_recently_used_images(tmp_path: Path) -> None:
+    for age, tag in enumerate("abcdef"):
+        tarball = tmp_path / f"dra-gpu-0.1.0-{tag}.tar"
+        for path in (tarball, tarball.with_suffix(".packages.json")):
+            path.write_text("{}")
+            os.utime(path, (1000 - age, 1000 - age))
+    driverimage._prune(tmp_path)
+    kept = sorted(p.name for p in tmp_path.glob("*.tar"))
+    assert kept == [f"dra-gpu-0.1.0-{tag}.tar" for tag in "abcd"][: driverimage.KEPT_IMAGES]
+    assert len(list(tmp_path.glob("*.packages.json"))) == driverimage.KEPT_IMAGES

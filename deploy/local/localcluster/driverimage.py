@@ -306,6 +306,18 @@ def _add_user(rootfs: Path) -> None:
     (etc / "group").write_text(f"root:x:0:\n{USER_NAME}:x:{USER_ID}:\n")
 
 
+#: How many of the driver's images the cache keeps (each source change makes one of 180 MiB).
+KEPT_IMAGES = 4
+
+
+def _prune(directory: Path) -> None:
+    """Remove all but the KEPT_IMAGES most recently used images of the driver."""
+    tarballs = sorted(directory.glob("dra-gpu-*.tar"), key=lambda t: t.stat().st_mtime, reverse=True)
+    for old in tarballs[KEPT_IMAGES:]:
+        for path in (old, _packages_file(old), old.with_name(f".{old.stem}.lock")):
+            path.unlink(missing_ok=True)
+
+
 def _packages_file(tarball: Path) -> Path:
     return tarball.with_suffix(".packages.json")
 
@@ -313,8 +325,9 @@ def _packages_file(tarball: Path) -> Path:
 def driver_image(commit: str | None = None, log: bool = True) -> DriverImage:
     """The image of this tree (None) or of a commit, built into the cache on first use.
 
-    About a minute cold on two cores (most of it downloading wheels and packages); a
-    cached image costs the context's hash (well under a second).
+    About 20 s cold on two cores (downloading wheels and packages, the pip install, the
+    layer); a cached image costs the context's hash (a few tenths of a second). The cache
+    keeps the KEPT_IMAGES most recently used.
     """
     with _staged(commit) as context:
         tag = f"{_version(context)}-{_key(context)}"
@@ -325,6 +338,9 @@ def driver_image(commit: str | None = None, log: bool = True) -> DriverImage:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not (tarball.is_file() and _packages_file(tarball).is_file()):
                 _build(context, name, tarball, log)
+            # Its modification time says when it was last used: the oldest ones go.
+            os.utime(tarball)
+    _prune(tarball.parent)
     packages = json.loads(_packages_file(tarball).read_text())
     return DriverImage(
         name=name,

@@ -1,7 +1,7 @@
 // Command hyperkube is every program the local test cluster starts, in one binary that runs
 // the one it is called as: the binary cache holds it once and a hard link per command
 // (kube-apiserver, kubelet, etcd, ...), or `hyperkube kubelet --flags` runs one by name.
-// A first build then compiles and links once instead of six times: the kube commands share
+// A first build then compiles and links once instead of once per command: the kube commands share
 // most of their packages, and linking each of them separately took minutes of a first
 // `make demo` on two cores. Each Kubernetes command runs exactly as its own main package
 // in k8s.io/kubernetes/cmd does: the same constructor, cli.Run, and blank imports.

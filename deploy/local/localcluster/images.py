@@ -7,6 +7,8 @@
   package (``apt-get download`` and ``dpkg-deb -x``; nothing is installed), with a link
   per applet in /bin, for test pods that run ``sh``, ``ls``, ``env`` and the fake nvidia-smi.
 
+The driver's own image is localcluster.driverimage's, written the same way.
+
 Each is written as an OCI image layout tarball (the layout of the OCI image spec:
 ``oci-layout``, ``index.json`` and ``blobs/sha256/*``; one uncompressed layer, one
 config, one manifest) with the standard library, then imported with

@@ -12,6 +12,7 @@ import socket
 import tempfile
 import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -179,26 +180,29 @@ def test_an_instance_id_too_long_for_a_socket_path_is_shortened_to_a_stable_dige
     assert sockets(root, DRIVER, pod_uid[::-1]) != (dra, reg)
 
 
-@pytest.mark.anyio
-async def test_grpc_serves_on_the_longest_path_the_check_lets_through() -> None:
-    longest = Path("/tmp") / ("s" * (MAX_GRPC_SOCKET_PATH - len("/tmp/")))
-    for path, served in ((longest, True), (Path(f"{longest}x"), False)):
-        server = grpc.aio.server()
-        try:
-            bound = True
+def test_grpc_serves_on_the_longest_path_the_check_lets_through() -> None:
+    # A directory of its own under /tmp (short, unlike pytest's tmp_path): runs side by side never meet.
+    directory = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
+    longest = directory / ("s" * (MAX_GRPC_SOCKET_PATH - len(f"{directory}/")))
+    try:
+        for path, served in ((longest, True), (Path(f"{longest}x"), False)):
+            server = grpc.server(ThreadPoolExecutor(max_workers=1))
             try:
-                server.add_insecure_port(f"unix://{path}")
-            except RuntimeError:
-                bound = False
-            assert bound is served
-            if served:
-                check_socket_path(path, "--kubelet-root")
-            else:
-                with pytest.raises(ValueError, match=f"at most {MAX_GRPC_SOCKET_PATH}"):
+                bound = True
+                try:
+                    server.add_insecure_port(f"unix://{path}")
+                except RuntimeError:
+                    bound = False
+                assert bound is served
+                if served:
                     check_socket_path(path, "--kubelet-root")
-        finally:
-            await server.stop(None)
-            path.unlink(missing_ok=True)
+                else:
+                    with pytest.raises(ValueError, match=f"at most {MAX_GRPC_SOCKET_PATH}"):
+                        check_socket_path(path, "--kubelet-root")
+            finally:
+                server.stop(None)
+    finally:
+        shutil.rmtree(directory)
 
 
 def test_a_socket_nobody_serves_is_abandoned_and_a_served_one_is_not(tmp_path: Path) -> None:

@@ -112,7 +112,8 @@ test-matrix: test
 		KUBERNETES_VERSION=$$version $(BIN)/pytest -m cluster; \
 	done
 
-# The driver on fake GPUs serving pods on a real local cluster; DEMO_KEEP=1 keeps it up.
+# The driver on fake GPUs serving pods on a real local cluster; DEMO_KEEP=1 keeps it up. With
+# CONTAINER_RUNTIME=containerd, DEMO_INSTALL=helm installs the chart from the image built here.
 demo:
 	@$(MAKE) --no-print-directory -s -j2 $(STAMP) cluster-binaries
 	$(LOCAL) $(BIN)/python -m localcluster.demo

@@ -84,7 +84,12 @@ _PROBE_COUNTER_SET = "probe"
 
 
 def _probe_slice(driver: str, node_name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """A throwaway ResourceSlice of `spec`, in a pool the driver never publishes."""
+    """A throwaway ResourceSlice of `spec` for a dry run, in the node's own pool.
+
+    A dry run stores nothing, so the pool may be the one the driver publishes; it must be,
+    since the chart's admission policy lets the driver's identity write no other pool and
+    applies to dry runs too (a pool of another name was refused, and every gated field taken as off).
+    """
     return {
         "apiVersion": f"resource.k8s.io/{RESOURCE_VERSION}",
         "kind": "ResourceSlice",
@@ -92,7 +97,7 @@ def _probe_slice(driver: str, node_name: str, spec: dict[str, Any]) -> dict[str,
         "spec": {
             "driver": driver,
             "nodeName": node_name,
-            "pool": {"name": f"{node_name}-feature-probe", "generation": 0, "resourceSliceCount": 1},
+            "pool": {"name": node_name, "generation": 0, "resourceSliceCount": 1},
             **spec,
         },
     }

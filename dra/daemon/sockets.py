@@ -11,6 +11,9 @@ from pathlib import Path
 
 #: sun_path holds 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
+#: What gRPC serves on (and dials): its server refuses a path of 106 bytes or more, with "should not
+#: have more than 107 characters" (grpcio 1.85.1, measured), though the kernel and the kubelet take 107.
+MAX_GRPC_SOCKET_PATH = 105
 
 
 class SocketPathError(ValueError):
@@ -18,12 +21,12 @@ class SocketPathError(ValueError):
 
 
 def check_socket_path(path: Path, shorten_with: str) -> None:
-    """Raise SocketPathError when `path` cannot be a unix socket."""
+    """Raise SocketPathError when gRPC cannot serve on `path`."""
     length = len(str(path).encode())
-    if length > MAX_SOCKET_PATH:
+    if length > MAX_GRPC_SOCKET_PATH:
         raise SocketPathError(
-            f"socket path {path} is {length} bytes; unix sockets allow {MAX_SOCKET_PATH}: "
-            f"use a shorter {shorten_with}"
+            f"socket path {path} is {length} bytes; gRPC serves unix sockets of at most "
+            f"{MAX_GRPC_SOCKET_PATH}: use a shorter {shorten_with}"
         )
 
 
@@ -33,7 +36,7 @@ def instance_tag(instance_id: str, *sockets: Callable[[str], Path]) -> str:
     `sockets` build each socket path from a tag. The digest (16 characters of
     base64url SHA-256) keeps instances on one node apart all the same.
     """
-    if all(len(str(build(instance_id)).encode()) <= MAX_SOCKET_PATH for build in sockets):
+    if all(len(str(build(instance_id)).encode()) <= MAX_GRPC_SOCKET_PATH for build in sockets):
         return instance_id
     digest = hashlib.sha256(instance_id.encode()).digest()
     return base64.urlsafe_b64encode(digest).decode()[:16]

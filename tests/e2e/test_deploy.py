@@ -2,7 +2,8 @@
 
 - Every render (chart defaults, fake GPUs, the exact kind values of
   deploy/kind/up.sh, and the plain manifests via `kubectl apply -k`) passes a
-  server-side dry run; the cluster-scoped objects are created for real.
+  server-side dry run; the cluster-scoped objects are created for real. The
+  PodMonitor passes one against the Prometheus Operator's own CRD.
 - The driver runs as a process with nothing but the chart's identity: the
   token of its service account bound to a pod on the node (as the kubelet
   mounts it into the DaemonSet's pods), under the chart's RBAC and admission
@@ -33,11 +34,11 @@ import kubernetes
 import pytest
 import yaml
 from kubernetes.dynamic.exceptions import DynamicApiError
-from localcluster import chart
-from localcluster.binaries import ensure_binary
+from localcluster import chart, promoperator
+from localcluster.binaries import BuildError, ensure_binary
 from localcluster.cluster import ClusterInfo
 from localcluster.driverprocess import DriverProcess
-from localcluster.kube import Kube, Obj, wait_for
+from localcluster.kube import Kube, Obj, load_manifests, wait_for
 
 from dra.adapters.kube import KubeClient, KubeError
 
@@ -179,6 +180,60 @@ def test_plain_manifests_pass_kubectl_apply_k_dry_run(cluster: ClusterInfo, char
             "validatingadmissionpolicybinding.admissionregistration.k8s.io",
         ]
     )
+
+
+@pytest.fixture(scope="module")
+def pod_monitors(kube: Kube) -> Iterator[None]:
+    """The Prometheus Operator's PodMonitor CRD, as the operator publishes it, installed for the module."""
+    try:
+        path = promoperator.crd("podmonitors")
+    except BuildError as err:
+        pytest.skip(f"the Prometheus Operator's CRDs cannot be fetched here: {err}")
+    [crd] = load_manifests(path.read_text())
+    created = kube.get_or_none(crd["apiVersion"], crd["kind"], crd["metadata"]["name"]) is None
+    if created:
+        kube.create(crd)
+
+    def established() -> bool:
+        got = kube.get(crd["apiVersion"], crd["kind"], crd["metadata"]["name"])
+        conditions = got.get("status", {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    wait_for("the PodMonitor CRD to be served", established, timeout=30)
+    yield
+    if created:
+        kube.delete(crd["apiVersion"], crd["kind"], crd["metadata"]["name"])
+
+
+def test_the_pod_monitor_passes_the_prometheus_operators_own_schema(
+    cluster: ClusterInfo, chart_namespace: str, pod_monitors: None
+) -> None:
+    values = {
+        "podMonitor": {
+            "enabled": True,
+            "labels": {"release": "kube-prometheus-stack"},
+            "interval": "30s",
+            "scrapeTimeout": "10s",
+            "relabelings": [{"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}],
+            "metricRelabelings": [{"sourceLabels": ["__name__"], "regex": "go_.*", "action": "drop"}],
+        },
+        "devicePlugin": {"enabled": True},
+        "gpuAssignment": {"devicePlugin": "6,7"},
+        "nodeLabeller": {"enabled": True},
+        "webhook": {"enabled": True},
+    }
+    text = chart.template_text(values, namespace=chart_namespace)
+    # kubectl validates strictly: a field the CRD's schema lacks would be refused, not dropped.
+    applied = _applied(_server_dry_run(cluster, "-f", "-", stdin=text))
+    assert f"podmonitor.monitoring.coreos.com/{chart.MANIFEST_RELEASE}" in applied
+    [monitor] = [o for o in chart.template(values, namespace=chart_namespace) if o["kind"] == "PodMonitor"]
+    misspelled = copy.deepcopy(monitor)
+    misspelled["spec"]["podMetricsEndpoints"][0]["honorLabel"] = True
+    refused = _kubectl(
+        cluster, "apply", "--server-side", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(misspelled)
+    )
+    assert refused.returncode != 0
+    assert ".spec.podMetricsEndpoints[0].honorLabel: field not declared in schema" in refused.stderr
 
 
 def _cluster_scoped(objects: list[Obj]) -> list[Obj]:

@@ -271,6 +271,19 @@ def test_device_plugin_runs_beside_the_kubelet_plugin_on_the_same_split() -> Non
     }
 
 
+def test_the_device_plugin_directory_is_the_kubelets_constant_whatever_its_root() -> None:
+    values = {**SPLIT, **FAKE, "kubeletDir": "/var/lib/k0s/kubelet"}
+    pod = _only(chart.template(values), "DaemonSet")["spec"]["template"]["spec"]
+    device_plugin = pod["containers"][1]
+    mounts = {m["name"]: m["mountPath"] for m in device_plugin["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    # k8s.io/kubelet's deviceplugin/v1beta1 DevicePluginPath, not under --root-dir.
+    assert mounts["device-plugins"] == volumes["device-plugins"]["hostPath"]["path"]
+    assert mounts["device-plugins"] == _env(device_plugin)["DRA_GPU_DEVICE_PLUGIN_DIR"]
+    assert mounts["device-plugins"] == "/var/lib/kubelet/device-plugins"
+    assert mounts["plugin-dir"] == "/var/lib/k0s/kubelet/plugins/gpu.nvidia.com"
+
+
 def test_device_plugin_alone_takes_every_gpu() -> None:
     pod = _only(
         chart.template({"kubeletPlugin": {"enabled": False}, "devicePlugin": {"enabled": True}}), "DaemonSet"
@@ -646,6 +659,14 @@ def test_node_labeller_follows_the_device_plugins_settings() -> None:
     assert env["DRA_GPU_CONFIG_FILE"] == "/etc/dra-gpu/device-plugin/config.yaml"
 
 
+def test_node_labeller_labels_the_device_plugins_default_strategy_when_nothing_sets_one() -> None:
+    # The device plugin runs mixed by default (--mig-strategy); GFD's labels must say what it serves.
+    env = _env(_labeller_container(chart.template({**SPLIT, **LABELLER, **FAKE})))
+    assert env["DRA_GPU_MIG_STRATEGY"] == "mixed"
+    with_file = {**SPLIT, **LABELLER, "devicePlugin": {"enabled": True, "config": {"data": "version: v1\n"}}}
+    assert "DRA_GPU_MIG_STRATEGY" not in _env(_labeller_container(chart.template(with_file))), "the file's"
+
+
 def test_node_labeller_may_patch_nodes_only_under_its_policy() -> None:
     objects = chart.template(LABELLER, release="gpu", namespace="kube-gpu")
     role = _only(objects, "ClusterRole")
@@ -915,3 +936,29 @@ def test_per_process_usage_is_off_by_default_and_brings_host_pids_and_pod_listin
     rules = _only(on, "ClusterRole")["rules"]
     assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]} in rules
     assert len(rules) == len(_only(objects, "ClusterRole")["rules"]) + 1
+
+
+def test_the_pod_monitor_is_off_by_default_and_scrapes_every_metrics_port_with_the_drivers_labels() -> None:
+    assert not [o for o in chart.template() if o["kind"] == "PodMonitor"]
+    values = {
+        **SPLIT,
+        **LABELLER,
+        "webhook": {"enabled": True},
+        "podMonitor": {"enabled": True, "interval": "30s"},
+    }
+    objects = chart.template(values, release="gpu", namespace="kube-gpu")
+    monitor = _only(objects, "PodMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["namespace"] == "kube-gpu"
+    spec = monitor["spec"]
+    assert spec["namespaceSelector"] == {"matchNames": ["kube-gpu"]}
+    # Every pod of the release: the DaemonSet's and the webhook's carry these labels.
+    pods = [o["spec"]["template"] for o in objects if o["kind"] in ("DaemonSet", "Deployment")]
+    assert len(pods) == 2
+    for pod in pods:
+        assert spec["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    ports = {p["name"] for pod in pods for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+    endpoints = spec["podMetricsEndpoints"]
+    assert {e["port"] for e in endpoints} == {p for p in ports if p.startswith("http") and p != "https"}
+    # The claim series carry the GPU user's pod, namespace and container: the scrape keeps them.
+    assert all(e["honorLabels"] and e["path"] == "/metrics" and e["interval"] == "30s" for e in endpoints)

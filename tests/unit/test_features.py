@@ -65,7 +65,7 @@ LIST_KEPT = _answer(devices=[{"name": "list", "attributes": {"probe": {"ints": [
 def test_on_134_one_slice_carries_counters_and_devices_together() -> None:
     [[probe]] = probe_slices("gpu.nvidia.com", "n", 34)
     assert probe["metadata"] == {"generateName": "dra-gpu-feature-probe-"}
-    assert probe["spec"]["pool"]["name"] == "n-feature-probe", "not the pool the driver publishes"
+    assert probe["spec"]["pool"]["name"] == "n", "the only pool the chart's admission policy lets it write"
     assert probe["spec"]["sharedCounters"]
     assert len(probe["spec"]["devices"]) == 3
 
@@ -96,7 +96,7 @@ def test_a_137_server_keeps_every_feature_across_its_two_slices() -> None:
 
 def test_list_typed_attributes_are_probed_in_a_slice_of_their_own() -> None:
     probe = versions.list_probe_slice("gpu.nvidia.com", "n")
-    assert probe["spec"]["pool"]["name"] == "n-feature-probe"
+    assert probe["spec"]["pool"]["name"] == "n"
     assert probe["spec"]["devices"] == [{"name": "list", "attributes": {"probe": {"ints": [0, 1]}}}]
     assert features(V137, kept_fields([*KEPT_137, LIST_KEPT])).list_attributes
     assert not features(V137, kept_fields(KEPT_137)).list_attributes

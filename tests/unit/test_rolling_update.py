@@ -12,6 +12,7 @@ import socket
 import tempfile
 import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from dra.core.checkpointformat import CheckpointError
 from dra.core.versions import ApiFeatures
 from dra.daemon.flags import UsageError, boolean
 from dra.daemon.health import HealthTracker
-from dra.daemon.sockets import MAX_SOCKET_PATH, is_abandoned
+from dra.daemon.sockets import MAX_GRPC_SOCKET_PATH, check_socket_path, is_abandoned
 from dra.kubeletplugin.publisher import SlicePublisher
 from dra.kubeletplugin.server import PluginServer, sockets
 from dra.kubeletplugin.service import DraService, HealthService
@@ -169,13 +170,39 @@ def test_each_instance_has_its_own_sockets_named_as_the_go_helper_names_them() -
 
 
 def test_an_instance_id_too_long_for_a_socket_path_is_shortened_to_a_stable_digest() -> None:
-    root = Path("/" + "k" * 39)
+    # A kubelet root of 29 bytes (the local cluster's on containerd) takes the pod's UID to 107 bytes.
+    root = Path("/" + "k" * 28)
     pod_uid = "0b5d9e1e-2f8c-4a55-9c0e-8f1b2a3c4d5e"
     dra, reg = sockets(root, DRIVER, pod_uid)
     assert pod_uid not in str(reg)
-    assert len(str(reg)) <= MAX_SOCKET_PATH
+    assert len(str(reg)) <= MAX_GRPC_SOCKET_PATH
     assert (dra, reg) == sockets(root, DRIVER, pod_uid)
     assert sockets(root, DRIVER, pod_uid[::-1]) != (dra, reg)
+
+
+def test_grpc_serves_on_the_longest_path_the_check_lets_through() -> None:
+    # A directory of its own under /tmp (short, unlike pytest's tmp_path): runs side by side never meet.
+    directory = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
+    longest = directory / ("s" * (MAX_GRPC_SOCKET_PATH - len(f"{directory}/")))
+    try:
+        for path, served in ((longest, True), (Path(f"{longest}x"), False)):
+            server = grpc.server(ThreadPoolExecutor(max_workers=1))
+            try:
+                bound = True
+                try:
+                    server.add_insecure_port(f"unix://{path}")
+                except RuntimeError:
+                    bound = False
+                assert bound is served
+                if served:
+                    check_socket_path(path, "--kubelet-root")
+                else:
+                    with pytest.raises(ValueError, match=f"at most {MAX_GRPC_SOCKET_PATH}"):
+                        check_socket_path(path, "--kubelet-root")
+            finally:
+                server.stop(None)
+    finally:
+        shutil.rmtree(directory)
 
 
 def test_a_socket_nobody_serves_is_abandoned_and_a_served_one_is_not(tmp_path: Path) -> None:

@@ -178,12 +178,14 @@ def _helm_ldflags(version: str) -> str:
 
 #: What a cluster starts: the module's own helper programs, then commands of k8s.io/kubernetes,
 #: all served by one multi-call binary (deploy/local/k8sbin/hyperkube), so a first build
-#: links once instead of six times. kubectl is built on its own, only for whoever asks for it.
+#: links once instead of once per command (kube-proxy runs on containerd clusters only). kubectl
+#: is built on its own, only for whoever asks for it.
 CLUSTER_COMMANDS = (
     "etcd",
     "fakeruntime",
     "kube-apiserver",
     "kube-controller-manager",
+    "kube-proxy",
     "kube-scheduler",
     "kubelet",
 )

@@ -45,7 +45,7 @@ from pathlib import Path
 import yaml
 
 from dra.adapters.atomicfile import write_atomic
-from localcluster import containerd, images, pki
+from localcluster import containerd, images, nodenet, pki
 from localcluster.binaries import ensure_cluster_binaries, ensure_containerd_binaries, kubernetes_version
 
 NODE_NAME = "gpu-node-1"
@@ -111,12 +111,17 @@ def default_feature_gates(version: str | None = None) -> dict[str, bool]:
 
 _STOP_ORDER = (
     "kubelet",
+    "kube-proxy",
     "kube-scheduler",
     "kube-controller-manager",
     "kube-apiserver",
     "etcd",
     "fakeruntime",
 )
+
+
+#: kube-proxy's default health port, on the node's address (its namespace is the cluster's own).
+KUBE_PROXY_HEALTHZ_PORT = 10256
 
 
 class ClusterError(RuntimeError):
@@ -184,6 +189,10 @@ class ClusterInfo:
     #: On containerd: the image test pods run (a static busybox) and the sandbox image.
     test_image: str = ""
     pause_image: str = "registry.k8s.io/pause:3.10"
+    #: The node's InternalIP: its own network namespace's address on containerd (localcluster.nodenet).
+    node_ip: str = "127.0.0.1"
+    #: On containerd: the pods' addresses.
+    pod_subnet: str = ""
 
     @property
     def plugins_registry(self) -> str:
@@ -249,6 +258,8 @@ class LocalCluster:
         self._kubelet_healthz = ""
         #: Shell steps run in the kubelet's namespace before it starts (containerd's start).
         self._runtime_setup: list[str] = []
+        #: On containerd: the node's network namespace and its link to the machine.
+        self.net: nodenet.NodeNetwork | None = None
         self.info: ClusterInfo | None = None
 
     def __enter__(self) -> ClusterInfo:
@@ -276,7 +287,16 @@ class LocalCluster:
         for sub in ("logs", "pki", "etcd", "kubelet", "kubelet-work", "device-plugins", "cdi", "records"):
             (run / sub).mkdir(parents=True, exist_ok=True)
         ports = {name: _free_port() for name in ("etcd", "etcd-peer", "apiserver", "kubelet", "healthz")}
-        api = f"https://127.0.0.1:{ports['apiserver']}"
+        # On containerd the node is a network namespace of its own, and the control plane listens
+        # on the machine's end of its link, where pods reach it through the kubernetes Service.
+        self.net = None
+        if real:
+            try:
+                self.net = nodenet.create(run)
+            except nodenet.NodeNetworkError as err:
+                raise ClusterError(str(err)) from None
+        control_plane = self.net.host_ip if self.net else "127.0.0.1"
+        api = f"https://{control_plane}:{ports['apiserver']}"
         self.info = info = ClusterInfo(
             run_dir=str(run),
             kubeconfig=str(run / "admin.kubeconfig"),
@@ -293,12 +313,14 @@ class LocalCluster:
         if sandbox is not None and test_image is not None:
             info.fake_gpu_root = str(run / "fakegpus")
             info.test_image, info.pause_image = test_image.name, sandbox.name
+        if self.net is not None:
+            info.node_ip, info.pod_subnet = self.net.node_ip, self.net.pod_subnet
         try:
             creds = self._write_pki_and_kubeconfigs(api)
             runtime_sock = run / "runtime.sock"
             self._runtime_setup = []
-            if sandbox is not None and test_image is not None:
-                containerd.write_config(run, ctr_bins, info.cdi_dir, sandbox)
+            if sandbox is not None and test_image is not None and self.net is not None:
+                containerd.write_config(run, ctr_bins, info.cdi_dir, sandbox, self.net)
                 runtime_sock = containerd.layout(run)["socket"]
                 self._runtime_setup = containerd.start_commands(ctr_bins, run, [sandbox, test_image])
             else:
@@ -355,6 +377,8 @@ class LocalCluster:
             )
             if self.kubelet:
                 self._start_kubelet(bins, ports, creds, runtime_sock)
+                if self.net is not None:
+                    self._start_kube_proxy(bins, self.net, deadline)
             self._wait_node_ready(deadline)
         except BaseException:
             self.stop()
@@ -364,10 +388,12 @@ class LocalCluster:
     def _write_pki_and_kubeconfigs(self, api: str) -> dict[str, str]:
         run = self.run_dir
         ca = pki.CertificateAuthority(run / "pki")
+        control_plane, node = (self.net.host_ip, self.net.node_ip) if self.net else ("127.0.0.1", "127.0.0.1")
         serving = ca.issue(
             "apiserver",
             "kube-apiserver",
             hosts=(
+                control_plane,
                 "127.0.0.1",
                 "localhost",
                 "10.0.0.1",
@@ -378,7 +404,7 @@ class LocalCluster:
             ),
             server=True,
         )
-        kubelet_serving = ca.issue("kubelet-serving", self.node_name, hosts=("127.0.0.1",), server=True)
+        kubelet_serving = ca.issue("kubelet-serving", self.node_name, hosts=(node,), server=True)
         apiserver_kubelet = ca.issue(
             "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",)
         )
@@ -388,6 +414,8 @@ class LocalCluster:
             "controller-manager": ca.issue("controller-manager", "system:kube-controller-manager"),
             "scheduler": ca.issue("scheduler", "system:kube-scheduler"),
             "kubelet": ca.issue("kubelet", f"system:node:{self.node_name}", ("system:nodes",)),
+            # The user the default ClusterRoleBinding system:node-proxier binds.
+            "kube-proxy": ca.issue("kube-proxy", "system:kube-proxy"),
         }
         for name, pair in clients.items():
             _write_kubeconfig(run / f"{name}.kubeconfig", api, ca.cert_path, pair)
@@ -409,20 +437,30 @@ class LocalCluster:
         }
 
     def _apiserver_args(self, bins: Path, ports: dict[str, int], creds: dict[str, str]) -> list[str]:
+        if self.net is not None:
+            # Pods reach it through the kubernetes Service, whose endpoint is this address. The
+            # control plane runs no kube-proxy (the node does): the API server calls webhooks and
+            # aggregated APIs at their endpoints, as such control planes are told to.
+            address = self.net.host_ip
+            network = ["--enable-aggregator-routing=true"]
+        else:
+            # The kubernetes Service cannot have a loopback endpoint (1.37 refuses to start with
+            # the default reconciler); on the fake runtime nothing reaches the API through it.
+            address, network = "127.0.0.1", ["--endpoint-reconciler-type=none"]
         return [
             str(bins / "kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
-            # The kubernetes Service cannot have a loopback endpoint (1.37 refuses to start with
-            # the default reconciler); nothing in this cluster reaches the API through it.
-            "--endpoint-reconciler-type=none",
+            f"--bind-address={address}",
+            f"--advertise-address={address}",
+            *network,
             f"--secure-port={ports['apiserver']}",
             f"--tls-cert-file={creds['serving_cert']}",
             f"--tls-private-key-file={creds['serving_key']}",
             f"--client-ca-file={creds['ca']}",
             f"--kubelet-client-certificate={creds['apiserver_kubelet_cert']}",
             f"--kubelet-client-key={creds['apiserver_kubelet_key']}",
+            # As kubeadm sets it: the node's name resolves nowhere here.
+            "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname",
             f"--service-account-key-file={creds['sa_pub']}",
             f"--service-account-signing-key-file={creds['sa_key']}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -441,13 +479,14 @@ class LocalCluster:
     ) -> None:
         run = self.run_dir
         assert self.info is not None
+        node_ip = self.info.node_ip
         config = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
-            "address": "127.0.0.1",
+            "address": node_ip,
             "port": ports["kubelet"],
             "readOnlyPort": 0,
-            "healthzBindAddress": "127.0.0.1",
+            "healthzBindAddress": node_ip,
             "healthzPort": ports["healthz"],
             "tlsCertFile": creds["kubelet_serving_cert"],
             "tlsPrivateKeyFile": creds["kubelet_serving_key"],
@@ -489,7 +528,7 @@ class LocalCluster:
             f"--kubeconfig={run / 'kubelet.kubeconfig'}",
             f"--root-dir={self.info.kubelet_root}",
             f"--hostname-override={self.node_name}",
-            "--node-ip=127.0.0.1",
+            f"--node-ip={node_ip}",
             "--v=2",
         ]
         # The kubelet's device-plugin path is hard-coded; inside its own mount
@@ -508,6 +547,7 @@ class LocalCluster:
             ]
         )
         self._kubelet_command = [
+            *(self.net.enter() if self.net else []),
             "unshare",
             "--mount",
             "--propagation",
@@ -518,8 +558,54 @@ class LocalCluster:
             "kubelet",
             *kubelet,
         ]
-        self._kubelet_healthz = f"http://127.0.0.1:{ports['healthz']}/healthz"
+        self._kubelet_healthz = f"http://{node_ip}:{ports['healthz']}/healthz"
         self._spawn("kubelet", self._kubelet_command, cwd=run / "kubelet-work")
+
+    def _start_kube_proxy(self, bins: Path, net: nodenet.NodeNetwork, deadline: float) -> None:
+        """kube-proxy in nftables mode in the node's namespace; returns once it has synced its rules."""
+        assert self.info is not None
+        config = {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "clientConnection": {"kubeconfig": str(self.run_dir / "kube-proxy.kubeconfig")},
+            "mode": "nftables",
+            "clusterCIDR": net.pod_subnet,
+            "hostnameOverride": self.node_name,
+            "healthzBindAddress": f"{net.node_ip}:{KUBE_PROXY_HEALTHZ_PORT}",
+            # Zero leaves the conntrack table's size and timeouts as they are: the machine's
+            # settings, which a node's namespace cannot (and must not) change.
+            "conntrack": {"maxPerCore": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+            "featureGates": self.gates,
+        }
+        config_path = self.run_dir / "kube-proxy-config.yaml"
+        config_path.write_text(yaml.safe_dump(config))
+        try:
+            env = nodenet.nft_env()
+        except nodenet.NodeNetworkError as err:
+            raise ClusterError(str(err)) from None
+        command = [*net.enter(), str(bins / "kube-proxy"), f"--config={config_path}", "--v=1"]
+        self._spawn("kube-proxy", command, env=env)
+        healthz = f"http://{net.node_ip}:{KUBE_PROXY_HEALTHZ_PORT}/healthz"
+        while True:
+            self._check_alive()
+            with (
+                contextlib.suppress(OSError, urllib.error.URLError),
+                urllib.request.urlopen(healthz, timeout=2) as resp,
+            ):
+                if resp.status == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise ClusterError("kube-proxy did not sync its rules in time (see logs/kube-proxy.log)")
+            time.sleep(0.2)
+
+    def import_image(self, image: images.Image) -> None:
+        """Make an image built here (e.g. localcluster.driverimage's) available to the node's pods."""
+        if self.runtime != "containerd":
+            raise ClusterError(f"images run on containerd only; this cluster runs on {self.runtime}")
+        try:
+            containerd.import_image(ensure_containerd_binaries(), self.run_dir, image)
+        except RuntimeError as err:
+            raise ClusterError(str(err)) from None
 
     def restart_kubelet(self, timeout: float = 60.0) -> int:
         """Stop the kubelet, start it again with the same flags; return the new kubelet's PID.
@@ -553,7 +639,9 @@ class LocalCluster:
         self._wait_node_ready(deadline)
         return pid
 
-    def _spawn(self, name: str, args: list[str], cwd: Path | None = None) -> None:
+    def _spawn(
+        self, name: str, args: list[str], cwd: Path | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
         assert self.info is not None
         with open(self.info.log_path(name), "ab") as log:
             self._procs[name] = subprocess.Popen(
@@ -562,6 +650,7 @@ class LocalCluster:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=cwd or self.run_dir,
+                env={**os.environ, **env} if env else None,
                 start_new_session=True,
             )
         self.add_process(name, self._procs[name].pid)
@@ -635,6 +724,7 @@ class LocalCluster:
         stop_processes(pids)
         self._procs.clear()
         containerd.stop_leftovers(self.run_dir)
+        nodenet.destroy(self.run_dir)
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
@@ -663,6 +753,7 @@ def stop_run_dir(run_dir: Path) -> bool:
         return False
     stop_processes({name: pid for name, pid in info.pids.items() if _runs_in(pid, run_dir)})
     containerd.stop_leftovers(run_dir)
+    nodenet.destroy(run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
     return True
 

@@ -8,10 +8,10 @@ state, socket and CNI state live in ``<run>/containerd``; it reads the CDI specs
 from the run's CDI directory (``enable_cdi``, the 2.x default, with
 ``cdi_spec_dirs`` set), uses the cgroupfs driver as the kubelet does, the
 overlayfs snapshotter, and the local pause image as the sandbox image
-(localcluster.images). Pods get a network from the ptp and host-local CNI
-plugins (a veth per pod, addresses from a /24 of 10.88.0.0/16 picked by the run
-directory, so that two clusters on one machine rarely share one): without a CNI network containerd
-reports the network not ready and the kubelet keeps the node NotReady.
+(localcluster.images). It also runs in the node's network namespace (localcluster.nodenet),
+and pods get a network there from the ptp and host-local CNI plugins (a veth per pod,
+addresses from the node's /24 of 10.88.0.0/16, a default route through the node): without
+a CNI network containerd reports the network not ready and the kubelet keeps the node NotReady.
 
 Besides the default handler ``runc`` there is ``nvidia-all``: runc with a base
 OCI spec whose environment has ``NVIDIA_VISIBLE_DEVICES=all``, as NVIDIA's
@@ -23,7 +23,6 @@ leaks to a pod that asked for no GPU, and that the driver's specs override it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -31,6 +30,7 @@ import subprocess
 from pathlib import Path
 
 from localcluster.images import Image
+from localcluster.nodenet import NodeNetwork
 
 #: The RuntimeClass handler whose containers start with NVIDIA_VISIBLE_DEVICES=all.
 LEAKY_HANDLER = "nvidia-all"
@@ -51,17 +51,12 @@ def layout(run: Path) -> dict[str, Path]:
     }
 
 
-def pod_subnet(run: Path) -> str:
-    """The pods' subnet of one run: a /24 of 10.88.0.0/16."""
-    return f"10.88.{hashlib.sha256(str(run).encode()).digest()[0]}.0/24"
-
-
 def _toml(value: object) -> str:
     # JSON strings and lists of strings are valid TOML.
     return json.dumps(value)
 
 
-def write_config(run: Path, bins: Path, cdi_dir: str, sandbox: Image) -> Path:
+def write_config(run: Path, bins: Path, cdi_dir: str, sandbox: Image, net: NodeNetwork) -> Path:
     """Write containerd's config, the CNI network and the nvidia-all base spec; return the config path."""
     paths = layout(run)
     for key in ("root", "state", "cni_conf", "cni_state"):
@@ -82,7 +77,17 @@ def write_config(run: Path, bins: Path, cdi_dir: str, sandbox: Image) -> Path:
                         "ipMasq": False,
                         "ipam": {
                             "type": "host-local",
-                            "ranges": [[{"subnet": pod_subnet(run)}]],
+                            "ranges": [
+                                [
+                                    {
+                                        "subnet": net.pod_subnet,
+                                        "rangeStart": net.pod_range[0],
+                                        "rangeEnd": net.pod_range[1],
+                                    }
+                                ]
+                            ],
+                            # As on a real node; the node routes only to the machine's end of its link.
+                            "routes": [{"dst": "0.0.0.0/0"}],
                             "dataDir": str(paths["cni_state"]),
                         },
                     },
@@ -145,6 +150,53 @@ def start_commands(bins: Path, run: Path, images: list[Image]) -> list[str]:
         wait,
         *imports,
     ]
+
+
+def import_image(bins: Path, run: Path, image: Image) -> None:
+    """Import an image into the run's containerd while it runs (its socket is a file of the run)."""
+    paths = layout(run)
+    command = [str(bins / "ctr"), "--address", str(paths["socket"]), "-n", "k8s.io", "images", "import"]
+    done = subprocess.run(
+        [*command, "--no-unpack=false", str(image.tarball)], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"ctr images import {image.tarball} failed: {done.stderr.strip()}")
+
+
+def container_processes(container_id: str) -> list[int]:
+    """The host PIDs of a running container's processes, its first process first.
+
+    A container's cgroup is named after its ID (``/k8s.io/<id>``, as stop_leftovers relies on);
+    `container_id` may carry the ``containerd://`` of a pod's container status.
+    """
+    wanted = container_id.removeprefix("containerd://")
+    found: list[tuple[int, int]] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cgroups = (entry / "cgroup").read_text().splitlines()
+            # Field 22 of stat, after the command's closing parenthesis: the start time in ticks.
+            started = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[19])
+        except (OSError, IndexError, ValueError):
+            continue
+        if any(line.rsplit("/", 1)[-1] == wanted for line in cgroups):
+            found.append((started, int(entry.name)))
+    return [pid for _, pid in sorted(found)]
+
+
+#: The lines of /proc/<pid>/status that say what a process may do.
+PRIVILEGE_FIELDS = ("Uid", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp")
+
+
+def privileges(pid: int) -> dict[str, str]:
+    """The kernel's account of a process's privileges: the PRIVILEGE_FIELDS of /proc/<pid>/status."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in PRIVILEGE_FIELDS:
+            fields[name] = value.strip()
+    return fields
 
 
 def stop_leftovers(run: Path) -> list[int]:

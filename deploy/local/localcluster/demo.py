@@ -8,10 +8,14 @@ the container runtime resolved them from the driver's CDI specs; the exit
 status says whether every container saw exactly its own. On the fake runtime
 (the default) that is what the runtime recorded; with CONTAINER_RUNTIME=containerd
 the pods are real containers of a busybox image that run `nvidia-smi -L`,
-`ls /dev/nvidia*` and `env` themselves, and the table shows what they printed. DEMO_DRIVER=nvidia
-runs NVIDIA's DRA driver instead (localcluster.nvidiadriver: its kubelet plugin and DeviceClasses,
-over the fake NVML of a fake node with the profile's GPUs), serving the same pods; what a container
-sees is then read from the device nodes the runtime gave it. With DEMO_KEEP=1
+`ls /dev/nvidia*` and `env` themselves, and the table shows what they printed. With
+DEMO_INSTALL=helm (containerd only) the driver is not a process of the machine but the chart's
+DaemonSet, installed with helm as an admin installs it, from the image localcluster.driverimage
+builds (localcluster.release): the chart's fake GPUs have no device nodes, so what a container
+sees is the devices its CDI environment names (DRA_GPU_<DEVICE>_NAME). DEMO_DRIVER=nvidia runs
+NVIDIA's DRA driver instead (localcluster.nvidiadriver: its kubelet plugin and DeviceClasses, over
+the fake NVML of a fake node with the profile's GPUs), serving the same pods; what a container sees
+is then read from the device nodes the runtime gave it. With DEMO_KEEP=1
 everything stays up until Ctrl-C (or SIGTERM, or SIGHUP: a closed terminal),
 for exploring with kubectl. Whatever ends it, it stops everything it started;
 if it is killed outright, `make cluster-down` does (the cluster lives in
@@ -29,7 +33,9 @@ from pathlib import Path
 
 from fakenvml.node import FakeNode
 
+from localcluster import release
 from localcluster.binaries import BuildError, ensure_binary
+from localcluster.chart import HelmError
 from localcluster.cluster import (
     ClusterError,
     ClusterInfo,
@@ -39,6 +45,7 @@ from localcluster.cluster import (
     stop_on_signals,
     stop_run_dir,
 )
+from localcluster.driverimage import driver_image
 from localcluster.driverprocess import DaemonProcess, DriverProcess
 from localcluster.kube import Kube, Obj, WaitTimeoutError, load_manifests
 from localcluster.nvidiadriver import NvidiaDriverProcess, device_classes
@@ -141,6 +148,23 @@ def _seen_rows(kube: Kube, info: ClusterInfo, pod: str, container: Obj, uuids: d
     ]
 
 
+def _env_rows(kube: Kube, info: ClusterInfo, pod: str, container: Obj) -> list[str]:
+    """With the chart's fake GPUs (no device nodes, no nvidia-smi): the devices the CDI environment names."""
+    refs = container.get("resources", {}).get("claims", [])
+    claims = pod_claims(kube, "default", pod) if refs else {}
+    got = sorted({d for ref in refs for d in allocated_devices(claims[ref["name"]], ref.get("request"))})
+    saw = seen(info, "default", pod, container["name"])
+    names = {k: v for k, v in saw.env.items() if k.startswith("DRA_GPU_") and k.endswith("_NAME")}
+    sees = sorted(names.values())
+    mark = "" if sees == got else "!"
+    visible = saw.env.get("NVIDIA_VISIBLE_DEVICES", "(not set)")
+    label = f"{mark}{pod}/{container['name']}"
+    return [
+        f"{label:<16} {', '.join(got) or '-':<38} {', '.join(sees) or '-':<38} {visible}",
+        *(f"    $ env             {key}={value}" for key, value in sorted(names.items())),
+    ]
+
+
 def _device_lines(devices: dict[str, Obj]) -> list[str]:
     """The published devices: one line each, but one line per GPU for its dynamic-MIG offers."""
     lines: list[str] = []
@@ -175,6 +199,38 @@ def _unserved(pod: Obj, workloads: list[Obj], types: set[str]) -> list[str]:
     return sorted(c for c in classes if CLASS_TYPES.get(c) not in types)
 
 
+#: How the demo runs the driver (DEMO_INSTALL): a process of the machine, or the chart with helm.
+INSTALLS = ("process", "helm")
+
+
+def _install_chart(cluster: LocalCluster, info: ClusterInfo, profile: str) -> None:
+    """Build (or reuse) the driver's image, import it, and helm install the chart as an admin would."""
+    _say("building (or reusing) the driver's image from deploy/Dockerfile's recipe, without Docker ...")
+    image = driver_image()
+    cluster.import_image(image)
+    _say(f"  {image.name}: {image.size / 2**20:.0f} MiB, imported into the node's containerd")
+    values = release.node_values(info, image, profile)
+    shown = " ".join(f"--set {k}={v}" for k, v in _flat(values))
+    chart_args = f"{release.RELEASE} deploy/helm/dra-gpu -n {release.NAMESPACE} --create-namespace"
+    _say(f"helm install {chart_args} {shown} --wait")
+    began = time.monotonic()
+    with release.chart_at(None) as chart_dir:
+        release.Helm(info).install(chart_dir, values)
+    seconds = time.monotonic() - began
+    _say(f"  the DaemonSet's pod is ready (registered with the kubelet, slices published) in {seconds:.1f}s")
+
+
+def _flat(values: dict[str, object], prefix: str = "") -> list[tuple[str, object]]:
+    """Chart values as the `--set` pairs an admin would type."""
+    pairs: list[tuple[str, object]] = []
+    for key, value in values.items():
+        if isinstance(value, dict):
+            pairs += _flat(value, f"{prefix}{key}.")
+        else:
+            pairs.append((f"{prefix}{key}", str(value).lower() if isinstance(value, bool) else value))
+    return pairs
+
+
 def main() -> int:
     """Run the demo; the exit status says whether every pod got what it asked for."""
     try:
@@ -182,7 +238,7 @@ def main() -> int:
             return _run()
     except Stopped as stop:
         return stop.exit_status
-    except (BuildError, ClusterError) as err:
+    except (BuildError, ClusterError, HelmError) as err:
         _say(f"error: {err}")
         return 1
 
@@ -190,6 +246,9 @@ def main() -> int:
 def _run() -> int:
     profile = os.environ.get("DEMO_PROFILE", "h100x8-mig")
     keep = os.environ.get("DEMO_KEEP") == "1"
+    install = os.environ.get("DEMO_INSTALL", "process")
+    if install not in INSTALLS:
+        raise ClusterError(f"DEMO_INSTALL={install}: expected one of {', '.join(INSTALLS)}")
     started = time.monotonic()
     run_dir = demo_dir()
     if stop_run_dir(run_dir):
@@ -197,6 +256,11 @@ def _run() -> int:
     run_dir.mkdir(parents=True)
     cluster = LocalCluster(run_dir=run_dir)
     real = cluster.runtime == "containerd"
+    helm = install == "helm"
+    if helm and not real:
+        raise ClusterError(
+            "DEMO_INSTALL=helm runs the chart's DaemonSet in real containers: CONTAINER_RUNTIME=containerd"
+        )
     runtime = "containerd and runc (real containers)" if real else "the fake CRI runtime"
     _say(
         f"starting a local Kubernetes {cluster.version} cluster (etcd, API server, scheduler, "
@@ -221,6 +285,8 @@ def _run() -> int:
             driver = nvidia_driver
             driver.start(timeout=60, on_spawn=lambda pid: cluster.add_process("gpu-kubelet-plugin", pid))
             ensure_device_classes(kube, device_classes(nvidia_driver.rendered))
+        elif helm:
+            _install_chart(cluster, info, profile)
         else:
             log = Path(info.run_dir) / "logs" / "dra-gpu.log"
             _say(f"starting dra-gpu kubelet-plugin on fake GPUs ({profile}) ...")
@@ -268,6 +334,8 @@ def _run() -> int:
             for container in pod["spec"]["containers"]:
                 if node is not None:
                     rows = _node_row(kube, info, node, name, container, devices)
+                elif helm:
+                    rows = _env_rows(kube, info, name, container)
                 elif real:
                     rows = _seen_rows(kube, info, name, container, uuids)
                 else:
@@ -281,6 +349,12 @@ def _run() -> int:
                 f"Runtime: {runtime}. IT SEES: the devices whose device nodes the container got from NVIDIA's"
             )
             _say("CDI spec (a GPU's /dev/nvidiaN, a MIG device's two nvidia-caps nodes).")
+        elif helm:
+            _say(
+                f"Runtime: {runtime}; the driver: the chart's DaemonSet. IT SEES: the devices the container's"
+            )
+            _say("environment names (DRA_GPU_<DEVICE>_NAME, from its CDI spec; the chart's fake GPUs have no")
+            _say("device nodes).")
         elif real:
             _say(f"Runtime: {runtime}. IT SEES: the devices whose UUID the container's own `nvidia-smi -L`")
             _say("listed (the fake driver's nvidia-smi, mounted by the CDI spec, lists the GPUs whose")
@@ -298,7 +372,11 @@ def _run() -> int:
             with contextlib.suppress(Stopped):
                 kubectl = f"{ensure_binary('kubectl')} --kubeconfig {info.kubeconfig}"
                 _say(f"\nthe cluster stays up; try:\n  {kubectl} get pods,resourceclaims,resourceslices")
-                _say(f"driver log: {log}\nCtrl-C (or SIGTERM, SIGHUP) to stop and clean up")
+                if helm:
+                    _say(f"driver log: {kubectl} -n {release.NAMESPACE} logs daemonset/{release.RELEASE}")
+                else:
+                    _say(f"driver log: {log}")
+                _say("Ctrl-C (or SIGTERM, SIGHUP) to stop and clean up")
                 while True:
                     time.sleep(3600)
         return 1 if failed else 0

@@ -7,6 +7,8 @@
   package (``apt-get download`` and ``dpkg-deb -x``; nothing is installed), with a link
   per applet in /bin, for test pods that run ``sh``, ``ls``, ``env`` and the fake nvidia-smi.
 
+The driver's own image is localcluster.driverimage's, written the same way.
+
 Each is written as an OCI image layout tarball (the layout of the OCI image spec:
 ``oci-layout``, ``index.json`` and ``blobs/sha256/*``; one uncompressed layer, one
 config, one manifest) with the standard library, then imported with
@@ -16,7 +18,6 @@ config, one manifest) with the standard library, then imported with
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import io
 import json
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from localcluster import debs
 from localcluster.binaries import KUBERNETES, BuildError, cache_root
 
 REGISTRY = "dra-gpu.local"
@@ -74,6 +76,21 @@ def _layer(files: dict[str, bytes], links: dict[str, str]) -> bytes:
             _add(tar, name, data)
         for name, target in sorted(links.items()):
             _add(tar, name, link=target)
+    return buffer.getvalue()
+
+
+def tree_layer(root: Path) -> bytes:
+    """A layer of everything under `root` (a root filesystem), owned by root:root as a build's files are."""
+
+    def owned_by_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        return info
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for child in sorted(root.iterdir()):
+            tar.add(child, arcname=child.name, filter=owned_by_root)
     return buffer.getvalue()
 
 
@@ -186,23 +203,15 @@ def busybox_image() -> Image:
     cached = sorted((cache_root() / "images").glob("busybox-*.tar"))
     if cached:
         return Image(_busybox_name(cached[-1]), cached[-1])
-    if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
-        raise BuildError("apt-get and dpkg-deb (Debian or Ubuntu) are needed to fetch busybox-static")
     print(f"fetching {BUSYBOX_PACKAGE} with apt-get download", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        fetched = subprocess.run(
-            ["apt-get", "download", BUSYBOX_PACKAGE], cwd=tmp, capture_output=True, text=True, check=False
-        )
-        debs = glob.glob(f"{tmp}/{BUSYBOX_PACKAGE}_*.deb")
-        if fetched.returncode != 0 or not debs:
-            raise BuildError(f"apt-get download {BUSYBOX_PACKAGE} failed:\n{fetched.stderr}")
-        subprocess.run(["dpkg-deb", "-x", debs[0], f"{tmp}/root"], check=True)
+        [deb] = debs.unpack([BUSYBOX_PACKAGE], Path(tmp) / "root", BUSYBOX_PACKAGE)
         busybox = Path(tmp) / "root/bin/busybox"
         applets = subprocess.run(
             [str(busybox), "--list"], capture_output=True, text=True, check=True
         ).stdout.split()
         # The package version, e.g. 1:1.35.0-4+deb12u1+b1 -> 1.35.0-4-deb12u1-b1, as the tag.
-        version = Path(debs[0]).name.split("_")[1].split("%3a")[-1].replace("+", "-")
+        version = deb.split("_")[1].split("%3a")[-1].replace("+", "-")
         layer = _layer(
             {"bin/busybox": busybox.read_bytes()},
             {f"bin/{applet}": "busybox" for applet in applets if applet != "busybox"},

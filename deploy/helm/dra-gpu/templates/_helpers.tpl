@@ -226,3 +226,9 @@ with nothing of the host's in it and no directory layout to assume. "" when not.
 {{- define "dra-gpu.driverRootMount" -}}
 {{- printf "/host%s" (trimSuffix "/" (clean .Values.driverFiles.root)) -}}
 {{- end }}
+
+{{/* The kubelet's device-plugin directory: a constant of the kubelet (the device-plugin API's
+DevicePluginPath), the same whatever its --root-dir, so not under kubeletDir. */}}
+{{- define "dra-gpu.devicePluginDir" -}}
+/var/lib/kubelet/device-plugins
+{{- end }}

@@ -1,7 +1,7 @@
 // Command hyperkube is every program the local test cluster starts, in one binary that runs
 // the one it is called as: the binary cache holds it once and a hard link per command
 // (kube-apiserver, kubelet, etcd, ...), or `hyperkube kubelet --flags` runs one by name.
-// A first build then compiles and links once instead of six times: the kube commands share
+// A first build then compiles and links once instead of once per command: the kube commands share
 // most of their packages, and linking each of them separately took minutes of a first
 // `make demo` on two cores. Each Kubernetes command runs exactly as its own main package
 // in k8s.io/kubernetes/cmd does: the same constructor, cli.Run, and blank imports.
@@ -21,6 +21,7 @@ import (
 	_ "k8s.io/component-base/metrics/prometheus/version"  // the build-info metric
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	proxy "k8s.io/kubernetes/cmd/kube-proxy/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
 	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 
@@ -33,6 +34,7 @@ var commands = map[string]func() int{
 	"kube-apiserver":          func() int { return cli.Run(apiserver.NewAPIServerCommand()) },
 	"kube-controller-manager": func() int { return cli.Run(controllermanager.NewControllerManagerCommand()) },
 	"kube-scheduler":          func() int { return cli.Run(scheduler.NewSchedulerCommand()) },
+	"kube-proxy":              func() int { return cli.Run(proxy.NewProxyCommand()) },
 	"kubelet":                 func() int { return cli.Run(kubelet.NewKubeletCommand(context.Background())) },
 	"etcd":                    etcd.Main,
 	"fakeruntime":             fakeruntime.Main,

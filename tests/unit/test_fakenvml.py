@@ -27,6 +27,11 @@ from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.profiles import load_profile
 from tests.unit.helpers import NODE
 
+#: A fake node's device nodes are mknod'ed and its sysfs mounted in a namespace of its own, as on a node.
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="a fake node makes character devices (mknod) and mounts (unshare): root"
+)
+
 #: nvml.h's codes, as a caller sees them.
 NOT_SUPPORTED, DRIVER_NOT_LOADED, FUNCTION_NOT_FOUND = 3, 9, 13
 
@@ -77,6 +82,7 @@ def test_the_library_exports_every_function_of_nvml_h_as_libnvidia_ml_so_1() -> 
     assert "Library soname: [libnvidia-ml.so.1]" in soname.stdout
 
 
+@needs_root
 def test_a_program_without_python_gets_the_fake_node_s_gpus(tmp_path: Path) -> None:
     node = FakeNode(tmp_path / "node", "mixed", NODE).build()
     source = tmp_path / "caller.c"
@@ -108,6 +114,7 @@ def test_without_a_stand_in_every_call_answers_driver_not_loaded() -> None:
     ]
 
 
+@needs_root
 def test_a_function_the_stand_in_is_told_the_driver_lacks_is_not_found_through_the_library(
     tmp_path: Path,
 ) -> None:
@@ -136,6 +143,7 @@ def _discover(*args: str, wrap: FakeNode | None = None, env: dict[str, str] | No
     return json.loads(done.stdout)
 
 
+@needs_root
 @pytest.mark.parametrize("profile", ["h100x8-mig", "a100x4-dynamic-mig", "mixed"])
 def test_discover_on_a_fake_node_through_nvml_publishes_what_the_profile_does(
     tmp_path: Path, profile: str
@@ -146,6 +154,7 @@ def test_discover_on_a_fake_node_through_nvml_publishes_what_the_profile_does(
     assert through_nvml == _discover(f"--fake-gpus={profile}", *modes)
 
 
+@needs_root
 def test_pynvml_finds_the_library_by_name_as_on_a_node_with_a_container_toolkit(tmp_path: Path) -> None:
     node = FakeNode(tmp_path / "node", "h100x8-mig", NODE).build()
     # No --driver-root: pynvml's own CDLL("libnvidia-ml.so.1") through the loader's search path.
@@ -153,6 +162,7 @@ def test_pynvml_finds_the_library_by_name_as_on_a_node_with_a_container_toolkit(
     assert by_name == _discover("--fake-gpus=h100x8-mig")
 
 
+@needs_root
 def test_nvidia_smi_on_the_fake_node_sets_what_the_fake_gpus_keep(tmp_path: Path) -> None:
     node = FakeNode(tmp_path / "node", "h100x8", NODE).build()
     smi = str(node.driver_root / "usr/bin/nvidia-smi")

@@ -1,23 +1,31 @@
-"""Preparing and unpreparing a claim: what it gets, decided over plain data, and the steps that give it.
+"""Preparing and unpreparing a claim: the programs that carry out a plan, step by step.
 
-`decide_prepare` says what a claim gets (its record, its CDI spec, the holders
-it releases, the MIG devices to make) or why it is refused; `prepare` and
-`unprepare` are the programs (dra.core.steps) the executor runs, in the order
-that a crash at any step leaves recoverable (docs/architecture.md, "Prepare,
-step by step"). Nothing here touches a file, a GPU or the API server.
+`prepare` reads as the example driver's prepare does: the state (ReadState, after asking about
+stale holders), the plan (dra.core.plan.decide_prepare), the devices the plan makes (MIG devices,
+GPUs bound to vfio-pci), the CDI spec built once from what the claim then has, written, and the
+checkpoint saved; `unprepare` undoes it. Each step is one of dra.core.steps, run by the executor
+(dra.kubeletplugin.state), in the order that a crash at any step leaves recoverable
+(docs/architecture.md, "Prepare, step by step"). Nothing here touches a file, a GPU or the API server.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
 
-from dra.core import cdi, devicemetadata, migdevices, sharing, vfio
-from dra.core import config as deviceconfig
-from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError
-from dra.core.migdevices import CreateMig
+from dra.core import devicemetadata, migdevices, sharing, vfio
+from dra.core.allocation import ClaimAllocation, ClaimError
+from dra.core.plan import (
+    PreparePlan,
+    Refusal,
+    Respec,
+    conflicts,
+    decide_prepare,
+    decide_unprepare,
+    recorded,
+    respec,
+)
 from dra.core.steps import (
     ApplyTimeSlices,
     AskStale,
@@ -41,396 +49,7 @@ from dra.core.steps import (
     WriteSpec,
     ask,
 )
-from dra.model.devices import Device, Inventory, MigDevice, MigPartition
-from dra.model.prepared import Holders, PreparedClaim, PreparedDevice
-
-Obj = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Release:
-    """A prepared claim the API server says is gone: its spec and checkpoint entry go."""
-
-    holder: PreparedClaim
-    reason: str
-
-
-@dataclass(frozen=True)
-class MissingDevice:
-    """A device a prepared claim records that the inventory no longer has (left out of its spec)."""
-
-    claim: PreparedClaim
-    device: str
-
-    @property
-    def message(self) -> str:
-        """The warning for the log."""
-        return (
-            f"prepared claim {self.claim.namespace}/{self.claim.name} uses {self.device}, "
-            "which this node no longer has"
-        )
-
-
-@dataclass(frozen=True)
-class PreparePlan:
-    """Prepare one claim: release `release`, write `spec` if any, record `claim` if `record`, answer it.
-
-    With `create` (dynamic MIG), those MIG devices are made first (dra.core.migdevices), and
-    `made` finishes the plan once they exist (it builds the spec).
-    """
-
-    claim: PreparedClaim
-    #: The claim's CDI spec; None when the one on disk is right (or no device of it is left).
-    spec: Obj | None = None
-    #: Whether the checkpoint must record `claim` (new, or its devices changed).
-    record: bool = False
-    release: tuple[Release, ...] = ()
-    #: The record this plan replaces: the claim was allocated anew without an unprepare.
-    replaces: PreparedClaim | None = None
-    missing: tuple[MissingDevice, ...] = ()
-    create: tuple[CreateMig, ...] = ()
-    #: With `create`: the claim's devices that exist already, for the spec `made` builds.
-    devices: tuple[Device, ...] = ()
-    #: The GPUs passed through (VfioDeviceConfig), by name: whether each gets the IOMMU API device.
-    #: They are bound to vfio-pci (dra.core.vfio) before the spec, which names their groups, is built.
-    vfio: Mapping[str, bool] = field(default_factory=dict)
-    #: The claim's device metadata files, written with `spec` (the claim records `metadata`).
-    metadata: devicemetadata.ClaimMetadata | None = None
-
-    def made(
-        self,
-        created: Mapping[str, MigDevice],
-        inventory: Inventory,
-        driver: str,
-        mps_root: str = "",
-        metadata_root: str = "",
-    ) -> PreparePlan:
-        """The plan once the MIG devices of `create` exist (by allocated device name): answer and spec."""
-        entries = tuple(
-            replace(d, uuid=created[d.device].uuid) if d.device in created else d for d in self.claim.devices
-        )
-        # Named as the offer the claim was allocated, which the CDI IDs in the answer name.
-        devices = [*self.devices, *(replace(created[c.device], name=c.device) for c in self.create)]
-        claim = replace(self.claim, devices=entries)
-        spec, metadata = _outputs(claim, devices, inventory, driver, mps_root, metadata_root)
-        return replace(self, claim=claim, spec=spec, metadata=metadata, create=(), devices=())
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """The claim cannot be prepared; `message` is what the admin sees. Nothing changes."""
-
-    message: str
-
-
-@dataclass(frozen=True)
-class UnpreparePlan:
-    """Remove the spec of `uid` (a stray one too), then drop `claim` from the checkpoint if prepared."""
-
-    uid: str
-    claim: PreparedClaim | None
-
-
-def recorded(claim: PreparedClaim) -> set[tuple[str, str]]:
-    """(device, request) pairs a prepared claim records."""
-    return {(d.device, request) for d in claim.devices for request in d.request_names}
-
-
-def _requested(allocation: ClaimAllocation) -> set[tuple[str, str]]:
-    return {(r.device, r.request_name) for r in allocation.devices}
-
-
-def _up_to_date(allocation: ClaimAllocation, prepared: Mapping[str, PreparedClaim]) -> PreparedClaim | None:
-    existing = prepared.get(allocation.uid)
-    if existing is not None and recorded(existing) == _requested(allocation):
-        return existing
-    return None
-
-
-def conflicts(
-    allocation: ClaimAllocation,
-    inventory: Inventory,
-    prepared: Mapping[str, PreparedClaim],
-    *,
-    pool: str,
-    holders: Holders | None = None,
-) -> list[PreparedClaim]:
-    """Prepared claims holding a device the allocation needs exclusively: ask the API server about these.
-
-    `holders` indexes `prepared` (Facts.holders); built here when not given.
-    """
-    if _up_to_date(allocation, prepared) is not None:
-        return []
-    holders = holders or Holders(prepared)
-    found: dict[str, PreparedClaim] = {}
-    for result in allocation.devices:
-        device = inventory.device_or_twin(result.device) if result.pool == pool else None
-        partition = inventory.partition(result.device) if device is None and result.pool == pool else None
-        if partition is not None:
-            device = _made_for_offer(partition, allocation.uid, holders, inventory, {})
-        if device is not None and not result.admin_access:
-            held = holders.of(device.name, device.uuid, allocation.uid, result.share_id)
-            found.update((h.uid, h) for h in held)
-    return list(found.values())
-
-
-def _devices_of(claim: PreparedClaim, inventory: Inventory) -> tuple[list[Device], list[MissingDevice]]:
-    found: list[Device] = []
-    missing: list[MissingDevice] = []
-    for entry in claim.devices:
-        device = inventory.by_uuid(entry.uuid) if entry.uuid else inventory.get(entry.device)
-        if device is None:
-            missing.append(MissingDevice(claim, entry.device))
-        elif device.name != entry.device:
-            # A dynamic MIG device, or a GPU through its passthrough twin: the kubelet knows it by the
-            # offer's or twin's name, which its CDI ID carries.
-            found.append(replace(device, name=entry.device))
-        else:
-            found.append(device)
-    return found, missing
-
-
-def _outputs(
-    claim: PreparedClaim,
-    devices: list[Device],
-    inventory: Inventory,
-    driver: str,
-    mps_root: str,
-    metadata_root: str,
-) -> tuple[Obj, devicemetadata.ClaimMetadata | None]:
-    """The claim's CDI spec, and its metadata files if it records having them (mounted by the spec)."""
-    share_env = {d.device: sharing.share_env(d) for d in claim.devices}
-    unique = list({d.name: d for d in devices}.values())
-    mps = sharing.mps_edits(claim, mps_root)
-    metadata = (
-        devicemetadata.for_claim(driver, metadata_root, claim, unique, inventory) if claim.metadata else None
-    )
-    passthrough = {d.device: d.vfio_group for d in claim.devices if d.vfio_group >= 0}
-    spec = cdi.build_spec(
-        driver,
-        claim.uid,
-        unique,
-        inventory,
-        device_env=share_env,
-        claim_edits=mps,
-        passthrough=passthrough,
-        vfio_api_device=any(d.vfio_api_device for d in claim.devices),
-        extra_devices=metadata.cdi_devices if metadata else (),
-    )
-    return spec, metadata
-
-
-@dataclass(frozen=True)
-class Respec:
-    """What a prepared claim's devices still present on the node give: its spec and metadata files."""
-
-    #: None when no device of the claim is left.
-    spec: Obj | None
-    metadata: devicemetadata.ClaimMetadata | None
-    missing: tuple[MissingDevice, ...]
-
-
-def respec(
-    claim: PreparedClaim, inventory: Inventory, driver: str, mps_root: str, metadata_root: str = ""
-) -> Respec:
-    """The spec (and metadata files) a prepared claim's devices still present on the node give."""
-    devices, missing = _devices_of(claim, inventory)
-    if not devices:
-        return Respec(None, None, tuple(missing))
-    spec, metadata = _outputs(claim, devices, inventory, driver, mps_root, metadata_root)
-    return Respec(spec, metadata, tuple(missing))
-
-
-def decide_prepare(
-    allocation: ClaimAllocation,
-    inventory: Inventory,
-    prepared: Mapping[str, PreparedClaim],
-    *,
-    driver: str,
-    pool: str,
-    stale: Mapping[str, str],
-    has_spec: bool,
-    mps_root: str = "",
-    vfio_enabled: bool = False,
-    equal_shares: int = 0,
-    metadata_root: str = "",
-    device_metadata: bool = False,
-    holders: Holders | None = None,
-) -> PreparePlan | Refusal:
-    """What preparing `allocation` takes, given the facts about its holders.
-
-    `stale` maps the UID of a conflicting holder to why the API server says it is
-    gone (see `conflicts`); a holder not in it is live and refuses the claim.
-    `has_spec` says whether the claim's spec is on disk. A claim already prepared
-    with the same devices gets its recorded answer, and its spec back if missing.
-    `mps_root` is where claims' MPS daemons keep their directories ("": no MPS here);
-    `vfio_enabled` whether GPUs may be passed through here.
-    `equal_shares` is N where shareable devices are divided into N equal shares (0: not so).
-    `device_metadata`: the claim gets device metadata files (KEP-5304) under `metadata_root`.
-    `holders` indexes `prepared` (Facts.holders); built here when not given.
-    """
-    existing = _up_to_date(allocation, prepared)
-    if existing is not None:
-        if has_spec:
-            return PreparePlan(claim=existing)
-        again = respec(existing, inventory, driver, mps_root, metadata_root)
-        return PreparePlan(claim=existing, spec=again.spec, metadata=again.metadata, missing=again.missing)
-    holders = holders or Holders(prepared)
-
-    problems: list[str] = []
-    releases: dict[str, Release] = {}
-    devices: dict[str, Device] = {}
-    creates: dict[str, CreateMig] = {}
-    for result in allocation.devices:
-        if result.pool != pool:
-            problems.append(
-                f"device {result.device} is in pool {result.pool!r}, not this node's pool {pool!r}"
-            )
-            continue
-        device = inventory.device_or_twin(result.device)
-        partition = inventory.partition(result.device) if device is None else None
-        if partition is not None:
-            if result.admin_access:
-                problems.append(
-                    f"device {result.device} is a dynamic MIG device, which admin access cannot use"
-                )
-            device = _made_for_offer(partition, allocation.uid, holders, inventory, stale)
-            if device is None:
-                creates[partition.name] = CreateMig(partition)
-                continue
-        if device is None:
-            problems.append(f"device {result.device} does not exist on node {pool}")
-            continue
-        if not result.admin_access:
-            for holder in holders.of(device.name, device.uuid, allocation.uid, result.share_id):
-                reason = stale.get(holder.uid)
-                if reason is not None:
-                    releases[holder.uid] = Release(holder, reason)
-                else:
-                    problems.append(
-                        f"device {result.device} is already prepared for claim "
-                        f"{holder.namespace}/{holder.name} ({holder.uid})"
-                    )
-        devices[device.name] = device
-    # Configs apply to the MIG devices to be made as to those that exist.
-    configured = {**devices, **{name: _to_be_made(c.partition) for name, c in creates.items()}}
-    problems.extend(deviceconfig.problems(allocation, configured))
-    if problems:
-        return _refusal(allocation, problems)
-    passthrough = vfio.passthrough(allocation, configured)
-    problems = vfio.problems(allocation, configured, passthrough, inventory, enabled=vfio_enabled)
-    if problems:
-        return _refusal(allocation, problems)
-    intervals, mps_settings, problems = sharing.decide_sharing(
-        allocation, configured, prepared, mps_root, equal_shares
-    )
-    if problems:
-        return _refusal(allocation, problems)
-
-    # A MIG device still to be made has no UUID yet: it is filled in once it exists (PreparePlan.made).
-    entries = [
-        PreparedDevice(
-            request_names=tuple(dict.fromkeys(r.request_name for r in results)),
-            pool=pool,
-            device=device.name,
-            cdi_device_ids=(cdi.qualified_name(driver, allocation.uid, device.name),),
-            admin_access=all(r.admin_access for r in results),
-            uuid=device.uuid,
-            time_slice=intervals.get(device.name, ""),
-            share_id=results[0].share_id,
-            share_memory=results[0].consumed("memory") if results[0].share_id else "",
-            **sharing.mps_fields(mps_settings.get(device.name)),
-        )
-        for device in configured.values()
-        for results in _by_share(allocation, device.name)
-    ]
-    claim = PreparedClaim(
-        uid=allocation.uid,
-        namespace=allocation.namespace,
-        name=allocation.name,
-        devices=tuple(_with_metadata_ids(entries, driver, allocation.uid) if device_metadata else entries),
-        pod_claim_name=allocation.pod_claim_name,
-        metadata=device_metadata,
-    )
-    spec, metadata = (
-        (None, None)
-        if creates or passthrough
-        else _outputs(claim, list(devices.values()), inventory, driver, mps_root, metadata_root)
-    )
-    return PreparePlan(
-        claim=claim,
-        spec=spec,
-        metadata=metadata,
-        record=True,
-        release=tuple(releases.values()),
-        replaces=prepared.get(allocation.uid),
-        create=tuple(creates.values()),
-        devices=tuple(devices.values()) if creates else (),
-        vfio=passthrough,
-    )
-
-
-def _with_metadata_ids(entries: list[PreparedDevice], driver: str, uid: str) -> list[PreparedDevice]:
-    """The first device of each request also names the CDI device of the request's metadata file.
-
-    Once per request, as the Go helper does: a container gets each request's file mounted once.
-    """
-    seen: set[str] = set()
-    result = []
-    for entry in entries:
-        new = [r for r in entry.request_names if r not in seen]
-        seen.update(new)
-        ids = tuple(devicemetadata.cdi_device_id(driver, uid, r) for r in new)
-        result.append(replace(entry, cdi_device_ids=entry.cdi_device_ids + ids))
-    return result
-
-
-def _made_for_offer(
-    partition: MigPartition, uid: str, holders: Holders, inventory: Inventory, stale: Mapping[str, str]
-) -> MigDevice | None:
-    """The MIG device made for this offer for a live claim other than `uid`, known by the offer's name.
-
-    A share of a shared offer uses the device the first share made (the holder checks then say
-    whether the two may share it); a stale holder's device goes with its release, so a new one is made.
-    """
-    for claim, entry in holders.named(partition.name):
-        if claim.uid == uid or claim.uid in stale or not entry.uuid:
-            continue
-        made = inventory.by_uuid(entry.uuid)
-        if isinstance(made, MigDevice):
-            return replace(made, name=partition.name)
-    return None
-
-
-def _by_share(allocation: ClaimAllocation, device: str) -> list[list[AllocatedDevice]]:
-    """The allocation's results for a device, one list per share (in practice a claim holds one at most)."""
-    results = [r for r in allocation.devices if r.device == device]
-    shares = dict.fromkeys(r.share_id for r in results)
-    return [[r for r in results if r.share_id == share] for share in shares]
-
-
-def _to_be_made(partition: MigPartition) -> MigDevice:
-    """The MIG device a dynamic-MIG offer becomes, as far as it is known before it is made: no UUID yet."""
-    return MigDevice(
-        name=partition.name,
-        uuid="",
-        parent=partition.parent,
-        profile=partition.profile,
-        gpu_instance_id=0,
-        compute_instance_id=0,
-        memory_bytes=partition.memory_bytes,
-        engines=partition.engines,
-        device_nodes=(),
-    )
-
-
-def _refusal(allocation: ClaimAllocation, problems: list[str]) -> Refusal:
-    return Refusal(f"cannot prepare ResourceClaim {allocation.ref}: " + "; ".join(problems))
-
-
-def decide_unprepare(uid: str, prepared: Mapping[str, PreparedClaim]) -> UnpreparePlan:
-    """Unpreparing a claim: an unknown one only loses its stray spec, if any."""
-    return UnpreparePlan(uid=uid, claim=prepared.get(uid))
+from dra.model.prepared import PreparedClaim
 
 
 def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[PreparedClaim]:
@@ -450,15 +69,9 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
         allocation,
         facts.inventory,
         facts.prepared,
-        driver=node.driver,
-        pool=node.pool,
+        node,
         stale=stale,
         has_spec=has_spec,
-        mps_root=node.mps_root,
-        vfio_enabled=node.vfio,
-        equal_shares=node.equal_shares,
-        metadata_root=node.metadata_root,
-        device_metadata=node.device_metadata,
         holders=facts.holders,
     )
     if isinstance(plan, Refusal):
@@ -470,15 +83,16 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
     if plan.record and node.mig:
         facts = yield from migdevices.switch_for_claim(node, allocation, plan.claim, plan.create, facts)
     if plan.create:
-        made, inventory = yield from migdevices.make(node, allocation, plan.create, facts)
-        plan = plan.made(made, inventory, node.driver, node.mps_root, node.metadata_root)
+        made, _ = yield from migdevices.make(node, allocation, plan.create, facts)
+        plan = plan.made(made)
         facts = yield from ask(ReadState())
     if plan.vfio:
         bound, facts = yield from vfio.bind(allocation, plan.claim, plan.vfio, facts)
-        again = respec(bound, facts.inventory, node.driver, node.mps_root, node.metadata_root)
-        plan = replace(plan, claim=bound, spec=again.spec, metadata=again.metadata)
-    if plan.spec is not None:
-        gone = yield from _missing_host_paths(node, plan)
+        plan = replace(plan, claim=bound)
+    # Built once, from what the claim now has: its MIG devices made, its GPUs' IOMMU groups known.
+    outputs = respec(plan.claim, facts.inventory, node) if plan.write else Respec(None, None, ())
+    if outputs.spec is not None:
+        gone = yield from _missing_host_paths(node, plan.claim, outputs)
         if gone:
             # The runtime would fail every container of the claim on a path that is gone.
             facts = yield from _give_back_gpus(allocation, allocation.uid, facts)
@@ -487,7 +101,7 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
                 f"cannot prepare ResourceClaim {allocation.ref}: its CDI spec would name "
                 f"{', '.join(gone)}, not on this node (a GPU or the driver changed since discovery)"
             )
-    ticket, facts = yield from _write_and_record(node, allocation, plan, facts)
+    ticket, facts = yield from _write_and_record(node, allocation, plan, outputs, facts)
     yield Mark(point="sharing-before-gpu-settings")
     yield from _gpu_settings(node, allocation, plan, facts)
     if ticket:
@@ -515,24 +129,24 @@ def _give_back_gpus(allocation: ClaimAllocation, uid: str, facts: Facts) -> Prog
         ) from None
 
 
-def _missing_host_paths(node: Node, plan: PreparePlan) -> Program[tuple[str, ...]]:
-    """Host paths the plan's spec names that are not on this node, but for those the prepare makes.
+def _missing_host_paths(node: Node, claim: PreparedClaim, outputs: Respec) -> Program[tuple[str, ...]]:
+    """Host paths the claim's spec names that are not on this node, but for those the prepare makes.
 
     The MPS directories of the claim's devices come with their daemon, which starts after the spec is
     written; its metadata files are written just before the spec.
     """
-    assert plan.spec is not None
-    gone = yield from ask(MissingHostPaths(plan.spec))
+    assert outputs.spec is not None
+    gone = yield from ask(MissingHostPaths(outputs.spec))
     own: list[str] = []
     if node.mps:
-        own.append(sharing.mps_dirs(node.mps_root, sharing.claim_mps_key(plan.claim)).root + "/")
-    if plan.metadata is not None:
-        own.append(f"{node.metadata_root.rstrip('/')}/{plan.metadata.directory}/")
+        own.append(sharing.mps_dirs(node.mps_root, sharing.claim_mps_key(claim)).root + "/")
+    if outputs.metadata is not None:
+        own.append(f"{node.metadata_root.rstrip('/')}/{outputs.metadata.directory}/")
     return tuple(path for path in gone if not path.startswith(tuple(own)))
 
 
 def _write_and_record(
-    node: Node, allocation: ClaimAllocation, plan: PreparePlan, facts: Facts
+    node: Node, allocation: ClaimAllocation, plan: PreparePlan, outputs: Respec, facts: Facts
 ) -> Program[tuple[int, Facts]]:
     """Release stale holders' specs, write the spec, record the claim; the ticket to sync (0: none)."""
     if plan.replaces is not None:
@@ -553,22 +167,22 @@ def _write_and_record(
         yield RemoveSpec(holder.uid, point="prepare.stale-spec-removed")
         if holder.metadata and (holder.namespace, holder.name) != (plan.claim.namespace, plan.claim.name):
             yield RemoveMetadata(devicemetadata.claim_dir(holder.namespace, holder.name))
-    for gone in plan.missing:
+    for gone in outputs.missing:
         yield Log("warning", gone.message)
-    if plan.metadata is not None:
+    if outputs.metadata is not None:
         try:
             yield WriteMetadata(
-                plan.metadata.directory, plan.metadata.files, point="prepare.metadata-written"
+                outputs.metadata.directory, outputs.metadata.files, point="prepare.metadata-written"
             )
         except StepError as err:
             yield from _drop_unrecorded_metadata(plan.claim, facts)
             raise ClaimError(
                 f"cannot write the device metadata files of claim {allocation.ref}: {err}"
             ) from None
-    if plan.spec is not None:
+    if outputs.spec is not None:
         yield Mark(point="prepare.before-cdi-write")
         try:
-            yield WriteSpec(plan.claim.uid, plan.spec, point="prepare.cdi-written")
+            yield WriteSpec(plan.claim.uid, outputs.spec, point="prepare.cdi-written")
         except StepError as err:
             yield from _drop_unrecorded_spec(plan.claim.uid, facts)
             yield from _drop_unrecorded_metadata(plan.claim, facts)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dra.core import devicemetadata, migdevices, sharing, vfio
-from dra.core.prepare import MissingDevice, respec
+from dra.core.plan import MissingDevice, respec
 from dra.core.steps import (
     ApplyTimeSlices,
     Facts,
@@ -55,11 +55,9 @@ def decide_recover(
     prepared: Mapping[str, PreparedClaim],
     inventory: Inventory,
     specs: Collection[str],
+    node: Node,
     *,
-    driver: str,
-    mps_root: str = "",
     metadata_dirs: Collection[str] = (),
-    metadata_root: str = "",
 ) -> RecoverPlan:
     """After a restart, given the UIDs of the claim specs on disk: which to remove, which to write again.
 
@@ -70,13 +68,13 @@ def decide_recover(
     that one an older driver wrote gets the current layout before a container of
     the claim restarts; but not when one of its devices vanished, since the old
     spec still names it and its edits do no harm. `metadata_dirs` (the claim directories
-    under `metadata_root`) go the same way: those of prepared claims are written again.
+    under the node's metadata root) go the same way: those of prepared claims are written again.
     """
     writes: list[tuple[str, Obj]] = []
     missing: list[MissingDevice] = []
     metadata: list[devicemetadata.ClaimMetadata] = []
     for uid, claim in prepared.items():
-        again = respec(claim, inventory, driver, mps_root, metadata_root)
+        again = respec(claim, inventory, node)
         missing.extend(again.missing)
         if again.spec is not None and (uid not in specs or not again.missing):
             writes.append((uid, again.spec))
@@ -101,10 +99,8 @@ def recover(node: Node, facts: Facts) -> Program[None]:
         facts.prepared,
         facts.inventory,
         (yield from ask(SpecUids())),
-        driver=node.driver,
-        mps_root=node.mps_root,
+        node,
         metadata_dirs=(yield from ask(MetadataDirs())),
-        metadata_root=node.metadata_root,
     )
     for uid in plan.remove:
         yield Log("info", f"removing CDI spec of claim {uid}, which is not prepared")

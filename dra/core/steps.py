@@ -10,10 +10,11 @@ docs/architecture.md has the table of steps in the order a prepare takes them.
 
 from __future__ import annotations
 
+import abc
 import functools
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, Literal, TypeVar, cast
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 from dra.model.devices import Gpu, Inventory, MigDevice
 from dra.model.pci import IommuGroup, VfioHost
@@ -24,33 +25,37 @@ Obj = dict[str, Any]
 
 
 @dataclass(frozen=True)
-class Step:
+class Step(abc.ABC):
     """One effect or question; `point` names the crash point the executor passes right after it."""
 
     #: Whether the executor runs it holding the state's lock (threads and other instances).
     locked: ClassVar[bool] = True
     point: str = field(default="", kw_only=True)
 
+    @abc.abstractmethod
+    def run(self, runner: Runner) -> object:
+        """Have the runner's method for this kind of step run it; its result."""
+
 
 @dataclass(frozen=True)
 class Query(Step, Generic[T]):
-    """A step whose result the program needs: `yield from ask(step)` returns it, typed."""
+    """A step whose result the program needs: `yield from ask(step)` returns it (its `run` returns a T)."""
 
 
-#: A program: yields steps, is sent their results, returns its answer.
-Program = Generator[Step, object, T]
+#: A program: yields steps, is sent their results (what each step's `run` returned), returns its answer.
+Program = Generator[Step, Any, T]
 
 
 def ask(step: Query[T]) -> Program[T]:
-    """Yield a query and return its result, as the query's type says."""
-    return cast(T, (yield step))
+    """Yield a query and return its result: what `step.run` returned, of the query's type."""
+    result: T = yield step
+    return result
 
 
 class StepError(Exception):
     """A step failed (a file, NVML, nvidia-smi, an MPS daemon); thrown into the program at its yield.
 
-    `code` is NVML's return code for a GPU library error (0 otherwise); `placement_taken` says that
-    NVML refused a GPU instance for lack of room (NVML_ERROR_INSUFFICIENT_RESOURCES).
+    `code`: NVML's return code (0 but for NVML); `placement_taken`: NVML_ERROR_INSUFFICIENT_RESOURCES.
     """
 
     def __init__(self, message: str, code: int = 0, *, placement_taken: bool = False) -> None:
@@ -109,19 +114,19 @@ class Facts:
         inventory: Inventory,
         holders: Holders,
     ) -> Facts:
-        """Facts whose holders index is given (the executor keeps one of its claims up to date)."""
+        """Facts with this holders index (the executor keeps one up to date; a replace() builds its own)."""
         facts = cls(prepared, actions, inventory)
-        # The cached property's own slot; a copy made with replace() builds its own index.
-        facts.__dict__["holders"] = holders
+        facts.__dict__["holders"] = holders  # the cached property's slot
         return facts
 
 
-# -- questions ---------------------------------------------------------------------------------
-
-
+# -- questions (their results typed), then effects --------------------------------------------
 @dataclass(frozen=True)
 class ReadState(Query[Facts]):
     """The state as it is now (after the lock was let go, another thread or instance may have changed it)."""
+
+    def run(self, runner: Runner) -> Facts:
+        return runner.read_state(self)
 
 
 @dataclass(frozen=True)
@@ -130,15 +135,24 @@ class HasSpec(Query[bool]):
 
     uid: str
 
+    def run(self, runner: Runner) -> bool:
+        return runner.has_spec(self)
+
 
 @dataclass(frozen=True)
 class SpecUids(Query[frozenset[str]]):
     """The UIDs of the claims whose CDI specs are on disk."""
 
+    def run(self, runner: Runner) -> frozenset[str]:
+        return runner.spec_uids(self)
+
 
 @dataclass(frozen=True)
 class MetadataDirs(Query[frozenset[str]]):
     """The claim directories (dra.core.devicemetadata.claim_dir) under the metadata root."""
+
+    def run(self, runner: Runner) -> frozenset[str]:
+        return runner.metadata_dirs(self)
 
 
 @dataclass(frozen=True)
@@ -148,12 +162,18 @@ class AskStale(Query[Mapping[str, str]]):
     locked: ClassVar[bool] = False
     holders: tuple[PreparedClaim, ...]
 
+    def run(self, runner: Runner) -> Mapping[str, str]:
+        return runner.ask_stale(self)
+
 
 @dataclass(frozen=True)
 class MissingHostPaths(Query[tuple[str, ...]]):
     """The host paths a CDI spec names that are not on this node."""
 
     spec: Obj
+
+    def run(self, runner: Runner) -> tuple[str, ...]:
+        return runner.missing_host_paths(self)
 
 
 @dataclass(frozen=True)
@@ -171,6 +191,9 @@ class ListGpuInstances(Query[tuple[GpuInstanceAt, ...]]):
 
     gpu_index: int
 
+    def run(self, runner: Runner) -> tuple[GpuInstanceAt, ...]:
+        return runner.list_gpu_instances(self)
+
 
 @dataclass(frozen=True)
 class CreateGpuInstance(Query[int]):
@@ -181,6 +204,9 @@ class CreateGpuInstance(Query[int]):
     start: int
     size: int
 
+    def run(self, runner: Runner) -> int:
+        return runner.create_gpu_instance(self)
+
 
 @dataclass(frozen=True)
 class CreateComputeInstance(Query[int]):
@@ -190,12 +216,18 @@ class CreateComputeInstance(Query[int]):
     gpu_instance_id: int
     slices: int
 
+    def run(self, runner: Runner) -> int:
+        return runner.create_compute_instance(self)
+
 
 @dataclass(frozen=True)
 class ReadMigMode(Query[tuple[int, int]]):
     """The GPU's (current, pending) MIG mode, 1 on and 0 off; they differ while a change awaits a reset."""
 
     gpu_index: int
+
+    def run(self, runner: Runner) -> tuple[int, int]:
+        return runner.read_mig_mode(self)
 
 
 @dataclass(frozen=True)
@@ -204,6 +236,9 @@ class SetMigMode(Query[bool]):
 
     gpu_index: int
     mode: int
+
+    def run(self, runner: Runner) -> bool:
+        return runner.set_mig_mode(self)
 
 
 @dataclass(frozen=True)
@@ -214,10 +249,16 @@ class FindMigDevice(Query[MigDevice]):
     gpu_instance_id: int
     compute_instance_id: int
 
+    def run(self, runner: Runner) -> MigDevice:
+        return runner.find_mig_device(self)
+
 
 @dataclass(frozen=True)
 class ReadVfioHost(Query[VfioHost]):
     """Whether the kernel runs with an IOMMU and has vfio-pci loaded."""
+
+    def run(self, runner: Runner) -> VfioHost:
+        return runner.read_vfio_host(self)
 
 
 @dataclass(frozen=True)
@@ -225,6 +266,9 @@ class ReadIommuGroup(Query[IommuGroup]):
     """The IOMMU group of the PCI function at `address`, each member with its driver."""
 
     address: str
+
+    def run(self, runner: Runner) -> IommuGroup:
+        return runner.read_iommu_group(self)
 
 
 @dataclass(frozen=True)
@@ -238,8 +282,8 @@ class Save(Query[int]):
     #: None when not said. The executor carries its holders index over the save in that time.
     changed: frozenset[str] | None = None
 
-
-# -- effects -----------------------------------------------------------------------------------
+    def run(self, runner: Runner) -> int:
+        return runner.save(self)
 
 
 @dataclass(frozen=True)
@@ -249,15 +293,24 @@ class Log(Step):
     level: Literal["info", "warning", "error"]
     message: str
 
+    def run(self, runner: Runner) -> None:
+        return runner.log(self)
+
 
 @dataclass(frozen=True)
 class Mark(Step):
     """Nothing but the crash point: a place between two steps that tests kill the process at."""
 
+    def run(self, runner: Runner) -> None:
+        return runner.mark(self)
+
 
 @dataclass(frozen=True)
 class RemoveLeftovers(Step):
     """Remove the temporary files a crash left beside the checkpoint and in the CDI directory."""
+
+    def run(self, runner: Runner) -> None:
+        return runner.remove_leftovers(self)
 
 
 @dataclass(frozen=True)
@@ -267,12 +320,18 @@ class WriteSpec(Step):
     uid: str
     spec: Obj
 
+    def run(self, runner: Runner) -> None:
+        return runner.write_spec(self)
+
 
 @dataclass(frozen=True)
 class RemoveSpec(Step):
     """Remove the claim's CDI spec; none is fine."""
 
     uid: str
+
+    def run(self, runner: Runner) -> None:
+        return runner.remove_spec(self)
 
 
 @dataclass(frozen=True)
@@ -282,6 +341,9 @@ class WriteMetadata(Step):
     directory: str
     files: Mapping[str, bytes]
 
+    def run(self, runner: Runner) -> None:
+        return runner.write_metadata(self)
+
 
 @dataclass(frozen=True)
 class RemoveMetadata(Step):
@@ -289,12 +351,18 @@ class RemoveMetadata(Step):
 
     directory: str
 
+    def run(self, runner: Runner) -> None:
+        return runner.remove_metadata(self)
+
 
 @dataclass(frozen=True)
 class SetInventory(Step):
     """Prepares from now on see this inventory (MIG devices made or destroyed)."""
 
     inventory: Inventory
+
+    def run(self, runner: Runner) -> None:
+        return runner.use_inventory(self)
 
 
 @dataclass(frozen=True)
@@ -304,12 +372,18 @@ class DestroyGpuInstance(Step):
     gpu_index: int
     gpu_instance_id: int
 
+    def run(self, runner: Runner) -> None:
+        return runner.destroy_gpu_instance(self)
+
 
 @dataclass(frozen=True)
 class BindVfio(Step):
     """Bind the PCI function at `address` to vfio-pci (override, unbind, bind); bound already is fine."""
 
     address: str
+
+    def run(self, runner: Runner) -> None:
+        return runner.bind_vfio(self)
 
 
 @dataclass(frozen=True)
@@ -319,6 +393,9 @@ class RestorePci(Step):
     address: str
     driver: str
 
+    def run(self, runner: Runner) -> None:
+        return runner.restore_pci(self)
+
 
 @dataclass(frozen=True)
 class Sync(Step):
@@ -327,12 +404,18 @@ class Sync(Step):
     locked: ClassVar[bool] = False
     ticket: int
 
+    def run(self, runner: Runner) -> None:
+        return runner.sync(self)
+
 
 @dataclass(frozen=True)
 class ApplyTimeSlices(Step):
     """Set these time-slice intervals, by GPU UUID."""
 
     wanted: Mapping[str, str]
+
+    def run(self, runner: Runner) -> None:
+        return runner.apply_time_slices(self)
 
 
 @dataclass(frozen=True)
@@ -341,12 +424,18 @@ class RestoreTimeSlices(Step):
 
     uuids: tuple[str, ...]
 
+    def run(self, runner: Runner) -> None:
+        return runner.restore_time_slices(self)
+
 
 @dataclass(frozen=True)
 class StartMps(Step):
     """Start the claim's MPS control daemon (a running one is adopted)."""
 
     claim: PreparedClaim
+
+    def run(self, runner: Runner) -> None:
+        return runner.start_mps(self)
 
 
 @dataclass(frozen=True)
@@ -356,9 +445,52 @@ class ReleaseMps(Step):
     claim: PreparedClaim
     others: Mapping[str, PreparedClaim]
 
+    def run(self, runner: Runner) -> None:
+        return runner.release_mps(self)
+
 
 @dataclass(frozen=True)
 class StopOtherMps(Step):
     """Stop every MPS daemon no claim of `prepared` uses."""
 
     prepared: Mapping[str, PreparedClaim]
+
+    def run(self, runner: Runner) -> None:
+        return runner.stop_other_mps(self)
+
+
+class Runner(Protocol):
+    """What runs the steps (dra.kubeletplugin.state.DeviceState): one method per kind, each step's `run`."""
+
+    def read_state(self, step: ReadState) -> Facts: ...
+    def has_spec(self, step: HasSpec) -> bool: ...
+    def spec_uids(self, step: SpecUids) -> frozenset[str]: ...
+    def metadata_dirs(self, step: MetadataDirs) -> frozenset[str]: ...
+    def ask_stale(self, step: AskStale) -> Mapping[str, str]: ...
+    def missing_host_paths(self, step: MissingHostPaths) -> tuple[str, ...]: ...
+    def list_gpu_instances(self, step: ListGpuInstances) -> tuple[GpuInstanceAt, ...]: ...
+    def create_gpu_instance(self, step: CreateGpuInstance) -> int: ...
+    def create_compute_instance(self, step: CreateComputeInstance) -> int: ...
+    def read_mig_mode(self, step: ReadMigMode) -> tuple[int, int]: ...
+    def set_mig_mode(self, step: SetMigMode) -> bool: ...
+    def find_mig_device(self, step: FindMigDevice) -> MigDevice: ...
+    def read_vfio_host(self, step: ReadVfioHost) -> VfioHost: ...
+    def read_iommu_group(self, step: ReadIommuGroup) -> IommuGroup: ...
+    def save(self, step: Save) -> int: ...
+    def log(self, step: Log) -> None: ...
+    def mark(self, step: Mark) -> None: ...
+    def remove_leftovers(self, step: RemoveLeftovers) -> None: ...
+    def write_spec(self, step: WriteSpec) -> None: ...
+    def remove_spec(self, step: RemoveSpec) -> None: ...
+    def write_metadata(self, step: WriteMetadata) -> None: ...
+    def remove_metadata(self, step: RemoveMetadata) -> None: ...
+    def use_inventory(self, step: SetInventory) -> None: ...
+    def destroy_gpu_instance(self, step: DestroyGpuInstance) -> None: ...
+    def bind_vfio(self, step: BindVfio) -> None: ...
+    def restore_pci(self, step: RestorePci) -> None: ...
+    def sync(self, step: Sync) -> None: ...
+    def apply_time_slices(self, step: ApplyTimeSlices) -> None: ...
+    def restore_time_slices(self, step: RestoreTimeSlices) -> None: ...
+    def start_mps(self, step: StartMps) -> None: ...
+    def release_mps(self, step: ReleaseMps) -> None: ...
+    def stop_other_mps(self, step: StopOtherMps) -> None: ...

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from dra.adapters import faults
 from dra.adapters.cdistore import CdiStore
@@ -31,7 +31,8 @@ from dra.gpu import dynamic
 from dra.gpu.library import ERROR_INSUFFICIENT_RESOURCES, GpuLibrary, GpuLibraryError, Placement
 from dra.kubeletplugin.mps import MpsDaemons, MpsError
 from dra.kubeletplugin.timeslice import TimeSliceError, TimeSlicer
-from dra.model.devices import Inventory
+from dra.model.devices import Inventory, MigDevice
+from dra.model.pci import IommuGroup, VfioHost
 from dra.model.prepared import VFIO_BIND, DeviceAction, Holders, PreparedClaim
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,8 @@ class DeviceState:
         # Also without `vfio`: start-up gives back GPUs a run with passthrough on left bound.
         self._pci = pci or PciSysfs()
         self._lock = threading.Lock()
-        self._steps = self._step_table()
+        #: Per thread, the stale check of the call whose program the thread runs (AskStale's answer).
+        self._calls = threading.local()
         prepared, actions = checkpoint.load_state()
         # Replaced by each save, never changed in place: a program's Facts can hold them without a copy.
         self._prepared: Mapping[str, PreparedClaim] = prepared
@@ -181,6 +183,16 @@ class DeviceState:
             return self._execute(start(self._facts()), stale, hold)
 
     def _execute(self, program: s.Program[T], stale: StaleCheck, hold: _Hold | None = None) -> T:
+        """Run the program with `stale` answering its AskStale steps; its answer."""
+        # Saved and put back: re-taking the lock can run another program (adopt) on this thread.
+        before = getattr(self._calls, "stale", _every_holder_live)
+        self._calls.stale = stale
+        try:
+            return self._loop(program, hold)
+        finally:
+            self._calls.stale = before
+
+    def _loop(self, program: s.Program[T], hold: _Hold | None) -> T:
         """The loop: send each step's result back, or throw its failure in; the program's answer."""
         result: object = None
         failure: s.StepError | None = None
@@ -196,7 +208,7 @@ class DeviceState:
                 hold.set(step.locked)
             result, failure = None, None
             try:
-                result = self._do(step, stale)
+                result = self._run_step(step)
             except _STEP_ERRORS as err:
                 failure = s.StepError(
                     str(err),
@@ -209,60 +221,39 @@ class DeviceState:
             if step.point:
                 faults.point(step.point)
 
-    def _do(self, step: s.Step, stale: StaleCheck) -> object:
-        """Run one step; its result."""
-        if isinstance(step, s.AskStale):
-            return stale(step.holders)
-        return self._steps[type(step)](step)
+    def _run_step(self, step: s.Step) -> object:
+        """Run one step: its kind's method below (step.run names it)."""
+        return step.run(self)
 
-    def _step_table(self) -> dict[type[s.Step], Callable[[Any], object]]:
-        """How each kind of step is run: one line each (a table, since a match costs a test per case)."""
-        return {
-            s.ReadState: lambda _: self._facts(),
-            s.HasSpec: lambda step: self._cdi.exists(step.uid),
-            s.SpecUids: lambda _: frozenset(self._cdi.claim_uids()),
-            s.MetadataDirs: lambda _: self._metadata.directories() if self._metadata else frozenset(),
-            s.MissingHostPaths: lambda step: tuple(self._cdi.missing_host_paths(step.spec)),
-            s.Save: self._save,
-            s.Sync: lambda step: self._checkpoint.sync(step.ticket),
-            s.Log: lambda step: log.log(_LOG_LEVELS[step.level], "%s", step.message),
-            s.Mark: lambda _: None,
-            s.RemoveLeftovers: self._remove_leftovers,
-            s.WriteSpec: lambda step: self._cdi.write(step.uid, step.spec),
-            s.RemoveSpec: lambda step: self._cdi.remove(step.uid),
-            s.WriteMetadata: lambda step: self._metadata_store().write(step.directory, step.files),
-            s.RemoveMetadata: lambda step: self._metadata_store().remove(step.directory),
-            s.SetInventory: self._set_inventory,
-            s.ListGpuInstances: lambda step: tuple(
-                s.GpuInstanceAt(i.gpu_instance_id, i.placement.start, i.placement.size)
-                for i in dynamic.instances(self._gpus(), step.gpu_index)
-            ),
-            s.CreateGpuInstance: lambda step: dynamic.create_gpu_instance(
-                self._gpus(), step.gpu_index, step.profile_id, Placement(step.start, step.size)
-            ),
-            s.CreateComputeInstance: lambda step: dynamic.create_compute_instance(
-                self._gpus(), step.gpu_index, step.gpu_instance_id, step.slices
-            ),
-            s.FindMigDevice: lambda step: dynamic.find_mig_device(
-                self._gpus(), step.gpu, step.gpu_instance_id, step.compute_instance_id
-            ),
-            s.ReadMigMode: lambda step: dynamic.mig_mode(self._gpus(), step.gpu_index),
-            s.SetMigMode: lambda step: dynamic.set_mig_mode(self._gpus(), step.gpu_index, step.mode),
-            s.DestroyGpuInstance: lambda step: dynamic.destroy(
-                self._gpus(), step.gpu_index, step.gpu_instance_id
-            ),
-            s.ApplyTimeSlices: lambda step: self._slicer().apply(step.wanted),
-            s.RestoreTimeSlices: lambda step: self._slicer().restore(step.uuids),
-            s.StartMps: lambda step: self._daemons().start(step.claim),
-            s.ReleaseMps: lambda step: self._daemons().release(step.claim, step.others),
-            s.StopOtherMps: lambda step: self._daemons().stop_others(step.prepared),
-            s.ReadVfioHost: lambda _: self._pci.host(),
-            s.ReadIommuGroup: lambda step: self._pci.iommu_group(step.address),
-            s.BindVfio: lambda step: self._pci.bind_vfio(step.address),
-            s.RestorePci: lambda step: self._pci.restore(step.address, step.driver),
-        }
+    # -- the steps, one method each (dra.core.steps.Runner): what each kind of step does ----------
 
-    def _save(self, step: s.Save) -> int:
+    def ask_stale(self, step: s.AskStale) -> Mapping[str, str]:
+        """The stale check of the call running this program (DeviceState.prepare's `stale`)."""
+        stale: StaleCheck = getattr(self._calls, "stale", _every_holder_live)
+        return stale(step.holders)
+
+    def read_state(self, step: s.ReadState) -> s.Facts:
+        """The state as it is now."""
+        return self._facts()
+
+    def has_spec(self, step: s.HasSpec) -> bool:
+        """Whether the claim's spec is on disk."""
+        return self._cdi.exists(step.uid)
+
+    def spec_uids(self, step: s.SpecUids) -> frozenset[str]:
+        """The claims whose specs are on disk."""
+        return frozenset(self._cdi.claim_uids())
+
+    def metadata_dirs(self, step: s.MetadataDirs) -> frozenset[str]:
+        """The claim directories of the metadata root."""
+        return self._metadata.directories() if self._metadata else frozenset()
+
+    def missing_host_paths(self, step: s.MissingHostPaths) -> tuple[str, ...]:
+        """The spec's host paths that are not on this node."""
+        return tuple(self._cdi.missing_host_paths(step.spec))
+
+    def save(self, step: s.Save) -> int:
+        """Record the claims and actions; the state is what was saved (its holders carried over)."""
         # The very mapping saved last: no claim changed (a save replaces the mapping, never edits it),
         # so the checkpoint compares none of them (a MIG prepare's action saves, 1,000 claims held).
         changed = frozenset() if step.prepared is self._prepared else step.changed
@@ -272,14 +263,113 @@ class DeviceState:
         self._prepared, self._actions = step.prepared, step.actions
         return ticket
 
-    def _remove_leftovers(self, step: s.RemoveLeftovers) -> None:
+    def sync(self, step: s.Sync) -> None:
+        """Wait for the save's fsync (one for every save before it)."""
+        self._checkpoint.sync(step.ticket)
+
+    def log(self, step: s.Log) -> None:
+        """Write the line to the plugin's log."""
+        log.log(_LOG_LEVELS[step.level], "%s", step.message)
+
+    def mark(self, step: s.Mark) -> None:
+        """Nothing: the step is its crash point."""
+
+    def remove_leftovers(self, step: s.RemoveLeftovers) -> None:
+        """Remove what a crash left beside the checkpoint, the specs and the metadata files."""
         self._checkpoint.remove_leftovers()
         self._cdi.remove_leftovers()
         if self._metadata is not None:
             self._metadata.remove_leftovers()
 
-    def _set_inventory(self, step: s.SetInventory) -> None:
+    def write_spec(self, step: s.WriteSpec) -> None:
+        """Write the claim's spec atomically."""
+        self._cdi.write(step.uid, step.spec)
+
+    def remove_spec(self, step: s.RemoveSpec) -> None:
+        """Remove the claim's spec."""
+        self._cdi.remove(step.uid)
+
+    def write_metadata(self, step: s.WriteMetadata) -> None:
+        """Write a claim's metadata files."""
+        self._metadata_store().write(step.directory, step.files)
+
+    def remove_metadata(self, step: s.RemoveMetadata) -> None:
+        """Remove a claim's metadata directory."""
+        self._metadata_store().remove(step.directory)
+
+    def use_inventory(self, step: s.SetInventory) -> None:
+        """Prepares from now on see this inventory (MIG devices made or destroyed; the lock is held)."""
         self.inventory = step.inventory
+
+    def list_gpu_instances(self, step: s.ListGpuInstances) -> tuple[s.GpuInstanceAt, ...]:
+        """The GPU's instances and where they sit."""
+        return tuple(
+            s.GpuInstanceAt(i.gpu_instance_id, i.placement.start, i.placement.size)
+            for i in dynamic.instances(self._gpus(), step.gpu_index)
+        )
+
+    def create_gpu_instance(self, step: s.CreateGpuInstance) -> int:
+        """Make the GPU instance at the placement."""
+        placement = Placement(step.start, step.size)
+        return dynamic.create_gpu_instance(self._gpus(), step.gpu_index, step.profile_id, placement)
+
+    def create_compute_instance(self, step: s.CreateComputeInstance) -> int:
+        """Make the compute instance spanning the GPU instance."""
+        return dynamic.create_compute_instance(
+            self._gpus(), step.gpu_index, step.gpu_instance_id, step.slices
+        )
+
+    def find_mig_device(self, step: s.FindMigDevice) -> MigDevice:
+        """The MIG device the instances make."""
+        return dynamic.find_mig_device(self._gpus(), step.gpu, step.gpu_instance_id, step.compute_instance_id)
+
+    def read_mig_mode(self, step: s.ReadMigMode) -> tuple[int, int]:
+        """The GPU's current and pending MIG mode."""
+        return dynamic.mig_mode(self._gpus(), step.gpu_index)
+
+    def set_mig_mode(self, step: s.SetMigMode) -> bool:
+        """Ask for the MIG mode; whether it is current."""
+        return dynamic.set_mig_mode(self._gpus(), step.gpu_index, step.mode)
+
+    def destroy_gpu_instance(self, step: s.DestroyGpuInstance) -> None:
+        """Destroy the GPU instance and its compute instances."""
+        dynamic.destroy(self._gpus(), step.gpu_index, step.gpu_instance_id)
+
+    def apply_time_slices(self, step: s.ApplyTimeSlices) -> None:
+        """Set the time-slice intervals."""
+        self._slicer().apply(step.wanted)
+
+    def restore_time_slices(self, step: s.RestoreTimeSlices) -> None:
+        """Give the GPUs their default interval back."""
+        self._slicer().restore(step.uuids)
+
+    def start_mps(self, step: s.StartMps) -> None:
+        """Start (or adopt) the claim's MPS daemon."""
+        self._daemons().start(step.claim)
+
+    def release_mps(self, step: s.ReleaseMps) -> None:
+        """Stop the claim's MPS daemon unless another claim uses it."""
+        self._daemons().release(step.claim, step.others)
+
+    def stop_other_mps(self, step: s.StopOtherMps) -> None:
+        """Stop the MPS daemons no prepared claim uses."""
+        self._daemons().stop_others(step.prepared)
+
+    def read_vfio_host(self, step: s.ReadVfioHost) -> VfioHost:
+        """Whether the kernel has an IOMMU and vfio-pci."""
+        return self._pci.host()
+
+    def read_iommu_group(self, step: s.ReadIommuGroup) -> IommuGroup:
+        """The function's IOMMU group."""
+        return self._pci.iommu_group(step.address)
+
+    def bind_vfio(self, step: s.BindVfio) -> None:
+        """Bind the function to vfio-pci."""
+        self._pci.bind_vfio(step.address)
+
+    def restore_pci(self, step: s.RestorePci) -> None:
+        """Give the function back to its driver."""
+        self._pci.restore(step.address, step.driver)
 
     # The programs yield these steps only where the node has the part (dra.core.steps.Node).
     def _gpus(self) -> GpuLibrary:

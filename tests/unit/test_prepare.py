@@ -10,7 +10,7 @@ import pytest
 
 from dra.core import cdi
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, OpaqueConfig
-from dra.core.prepare import (
+from dra.core.plan import (
     MissingDevice,
     PreparePlan,
     Refusal,
@@ -19,8 +19,10 @@ from dra.core.prepare import (
     conflicts,
     decide_prepare,
     decide_unprepare,
+    respec,
 )
 from dra.core.recovery import RecoverPlan, decide_recover
+from dra.core.steps import Node
 from dra.model.devices import Inventory
 from dra.model.prepared import Holders, PreparedClaim, PreparedDevice
 from tests.unit.helpers import DRIVER, NODE, inventory
@@ -30,6 +32,7 @@ UID_B = "bbbbbbbb-0000-4000-8000-00000000000b"
 UID_C = "cccccccc-0000-4000-8000-00000000000c"
 MIG = "gpu-4-mig-3g40gb-1-0"
 INVENTORY = inventory("h100x8-mig")
+ON = Node(driver=DRIVER, pool=NODE)
 
 
 def _allocation(
@@ -86,9 +89,7 @@ def _decide(
     has_spec: bool = False,
     inv: Inventory = INVENTORY,
 ) -> PreparePlan | Refusal:
-    return decide_prepare(
-        allocation, inv, prepared or {}, driver=DRIVER, pool=NODE, stale=stale or {}, has_spec=has_spec
-    )
+    return decide_prepare(allocation, inv, prepared or {}, ON, stale=stale or {}, has_spec=has_spec)
 
 
 def _refusal(plan: PreparePlan | Refusal) -> str:
@@ -105,11 +106,8 @@ def _by_uid(*claims: PreparedClaim) -> dict[str, PreparedClaim]:
 
 def test_a_new_claim_is_written_and_recorded_with_its_cdi_ids() -> None:
     plan = _decide(_allocation(UID_A, "gpu-0", MIG))
-    assert plan == PreparePlan(
-        claim=_prepared(UID_A, "gpu-0", MIG),
-        spec=_spec(UID_A, "gpu-0", MIG),
-        record=True,
-    )
+    assert plan == PreparePlan(claim=_prepared(UID_A, "gpu-0", MIG), write=True, record=True)
+    assert respec(plan.claim, INVENTORY, ON).spec == _spec(UID_A, "gpu-0", MIG)
 
 
 def test_one_device_of_two_requests_is_one_entry_naming_each_request_once() -> None:
@@ -139,19 +137,21 @@ def test_a_prepared_claim_with_its_spec_needs_nothing() -> None:
 def test_a_prepared_claim_without_its_spec_gets_it_back_and_is_not_recorded_again() -> None:
     held = _prepared(UID_A, "gpu-0", MIG)
     plan = _decide(_allocation(UID_A, "gpu-0", MIG), _by_uid(held))
-    assert plan == PreparePlan(claim=held, spec=_spec(UID_A, "gpu-0", MIG))
+    assert plan == PreparePlan(claim=held, write=True)
+    assert respec(held, INVENTORY, ON).spec == _spec(UID_A, "gpu-0", MIG)
 
 
 def test_a_missing_spec_is_rebuilt_from_the_devices_still_there() -> None:
     held = _prepared(UID_A, "gpu-0", MIG)
     without_mig = inventory("h100x8")
     plan = _decide(_allocation(UID_A, "gpu-0", MIG), _by_uid(held), inv=without_mig)
-    assert plan == PreparePlan(
-        claim=held,
-        spec=_spec(UID_A, "gpu-0", inv=without_mig),
-        missing=(MissingDevice(held, MIG),),
+    assert plan == PreparePlan(claim=held, write=True)
+    again = respec(held, without_mig, ON)
+    assert (again.spec, again.missing) == (
+        _spec(UID_A, "gpu-0", inv=without_mig),
+        (MissingDevice(held, MIG),),
     )
-    assert plan.missing[0].message == (
+    assert again.missing[0].message == (
         f"prepared claim team-a/claim-a uses {MIG}, which this node no longer has"
     )
 
@@ -168,9 +168,7 @@ def test_a_prepared_claim_is_not_refused_over_holders_it_had_when_prepared() -> 
 def test_a_claim_allocated_anew_is_prepared_with_its_new_devices_replacing_the_record() -> None:
     old = _prepared(UID_A, "gpu-0")
     plan = _decide(_allocation(UID_A, "gpu-1"), _by_uid(old), has_spec=True)
-    assert plan == PreparePlan(
-        claim=_prepared(UID_A, "gpu-1"), spec=_spec(UID_A, "gpu-1"), record=True, replaces=old
-    )
+    assert plan == PreparePlan(claim=_prepared(UID_A, "gpu-1"), write=True, record=True, replaces=old)
 
 
 # -- holders -----------------------------------------------------------------------------------
@@ -221,7 +219,7 @@ def test_a_stale_holder_is_released_before_the_claim_is_recorded() -> None:
     plan = _decide(_allocation(UID_B, "gpu-1"), _by_uid(gone), stale={UID_A: "the claim no longer exists"})
     assert plan == PreparePlan(
         claim=_prepared(UID_B, "gpu-1"),
-        spec=_spec(UID_B, "gpu-1"),
+        write=True,
         record=True,
         release=(Release(gone, "the claim no longer exists"),),
     )
@@ -325,7 +323,7 @@ def test_unprepare_drops_a_prepared_claim_and_only_the_spec_of_an_unknown_one() 
 def test_recover_removes_unrecorded_specs_and_writes_every_prepared_ones() -> None:
     a = _prepared(UID_A, "gpu-0")
     b = _prepared(UID_B, "gpu-3")
-    plan = decide_recover(_by_uid(a, b), INVENTORY, [UID_A, UID_C, "dddd"], driver=DRIVER)
+    plan = decide_recover(_by_uid(a, b), INVENTORY, [UID_A, UID_C, "dddd"], ON)
     # UID_A's spec is there but is written again: one an older driver wrote gets the current layout.
     assert plan == RecoverPlan(
         remove=(UID_C, "dddd"),
@@ -336,7 +334,7 @@ def test_recover_removes_unrecorded_specs_and_writes_every_prepared_ones() -> No
 
 def test_recover_keeps_an_existing_spec_whose_claim_lost_a_device() -> None:
     a = _prepared(UID_A, "gpu-0", MIG)
-    plan = decide_recover(_by_uid(a), inventory("h100x8"), [UID_A], driver=DRIVER)
+    plan = decide_recover(_by_uid(a), inventory("h100x8"), [UID_A], ON)
     assert plan == RecoverPlan(remove=(), write=(), missing=(MissingDevice(a, MIG),))
 
 
@@ -344,7 +342,7 @@ def test_recover_leaves_devices_gone_out_and_writes_no_spec_for_a_claim_with_non
     a = _prepared(UID_A, "gpu-0", MIG)
     b = _prepared(UID_B, "gpu-5-mig-3g40gb-1-0")
     without_mig = inventory("h100x8")
-    plan = decide_recover(_by_uid(a, b), without_mig, [], driver=DRIVER)
+    plan = decide_recover(_by_uid(a, b), without_mig, [], ON)
     assert plan == RecoverPlan(
         remove=(),
         write=((UID_A, _spec(UID_A, "gpu-0", inv=without_mig)),),

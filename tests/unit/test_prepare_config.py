@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, OpaqueConfig
-from dra.core.prepare import PreparePlan, Refusal, decide_prepare
+from dra.core.plan import PreparePlan, Refusal, decide_prepare
+from dra.core.steps import Node
 from dra.model.devices import Gpu, Inventory
 from tests.unit.helpers import DRIVER, NODE, inventory
 
@@ -35,7 +36,7 @@ def _decide(parameters: dict[str, Any], *devices: str, inv: Inventory = INVENTOR
         devices=tuple(AllocatedDevice("gpu", NODE, d) for d in devices),
         configs=(OpaqueConfig("FromClaim", ("gpu",), parameters),),
     )
-    return decide_prepare(allocation, inv, {}, driver=DRIVER, pool=NODE, stale={}, has_spec=False)
+    return decide_prepare(allocation, inv, {}, Node(driver=DRIVER, pool=NODE), stale={}, has_spec=False)
 
 
 def _old_gpu_inventory() -> Inventory:

@@ -117,7 +117,12 @@ def _trace(program: steps.Program[object], answers: Mapping[type[steps.Step], ob
 def _answers(
     facts: steps.Facts, more: Mapping[type[steps.Step], object] | None = None
 ) -> dict[type[steps.Step], object]:
-    fixed = {steps.ReadState: facts, steps.HasSpec: False, steps.MissingHostPaths: (), steps.Save: 1}
+    fixed: dict[type[steps.Step], object] = {
+        steps.ReadState: facts,
+        steps.HasSpec: False,
+        steps.MissingHostPaths: (),
+        steps.Save: 1,
+    }
     return {**fixed, **(more or {})}
 
 
@@ -378,15 +383,15 @@ def _state(root: Path) -> DeviceState:
 def _killed_after(state: DeviceState, count: int, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Make the executor end after its `count`-th step; the steps it ran, by kind."""
     ran: list[str] = []
-    run = DeviceState._do
+    run = DeviceState._run_step
 
-    def once_more(self: DeviceState, step: steps.Step, stale: object) -> object:
+    def once_more(self: DeviceState, step: steps.Step) -> object:
         if len(ran) == count:
             raise _Killed
         ran.append(type(step).__name__)
-        return run(self, step, stale)  # type: ignore[arg-type]
+        return run(self, step)
 
-    monkeypatch.setattr(DeviceState, "_do", once_more)
+    monkeypatch.setattr(DeviceState, "_run_step", once_more)
     return ran
 
 
@@ -466,13 +471,13 @@ def _step_count(root: Path, scenario: Scenario) -> int:
     state = _state(root)
     before(state)
     ran: list[str] = []
-    run = state._do
+    run = state._run_step
 
-    def counting(step: steps.Step, stale: object) -> object:
+    def counting(step: steps.Step) -> object:
         ran.append(type(step).__name__)
-        return run(step, stale)  # type: ignore[arg-type]
+        return run(step)
 
-    state._do = counting  # type: ignore[method-assign]
+    state._run_step = counting  # type: ignore[method-assign]
     call(state)
     return len(ran)
 

@@ -15,9 +15,10 @@ from dra.cli.parser import parse_args
 from dra.core import cdi
 from dra.core.allocation import ClaimError, read_allocation
 from dra.core.assignment import parse_selector
-from dra.core.prepare import PreparePlan, decide_prepare
+from dra.core.plan import PreparePlan, decide_prepare
 from dra.core.sharing import decide_sharing
 from dra.core.slices import ShareMode, build_slices
+from dra.core.steps import Node
 from dra.core.versions import ApiFeatures
 from dra.kubeletplugin.publisher import SlicePublisher, shareable_devices
 from dra.kubeletplugin.state import DeviceState
@@ -343,17 +344,8 @@ def test_a_counted_share_of_a_mig_device_with_mps_gets_its_part_at_prepare() -> 
     claim["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]["kind"] = "MigDeviceConfig"
     allocation = read_allocation(claim, UID_A, DRIVER)
     inv = inventory("h100x8-mig")
-    plan = decide_prepare(
-        allocation,
-        inv,
-        {},
-        driver=DRIVER,
-        pool=NODE,
-        stale={},
-        has_spec=False,
-        mps_root="/mps",
-        equal_shares=2,
-    )
+    node = Node(driver=DRIVER, pool=NODE, mps_root="/mps", equal_shares=2)
+    plan = decide_prepare(allocation, inv, {}, node, stale={}, has_spec=False)
     assert isinstance(plan, PreparePlan)
     [device] = plan.claim.devices
     memory = inv.get(mig).memory_bytes  # type: ignore[union-attr]

@@ -1,0 +1,373 @@
+"""What a prepare or unprepare gives a claim, decided over plain data: the plan, or why the claim is refused.
+
+`decide_prepare` says what a claim gets (its record, the holders it releases, the MIG devices to
+make, the GPUs to pass through) or refuses it with every problem at once, from the allocation, the
+node's inventory and prepared claims, and the node's settings (dra.core.steps.Node); `respec` says
+what a prepared claim's CDI spec and device metadata files are, and is the one place they are built.
+The programs that carry a plan out are dra.core.prepare's. Nothing here touches a file, a GPU or
+the API server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from dra.core import cdi, devicemetadata, sharing, vfio
+from dra.core import config as deviceconfig
+from dra.core.allocation import AllocatedDevice, ClaimAllocation
+from dra.core.migdevices import CreateMig
+from dra.core.steps import Node
+from dra.model.devices import Device, Inventory, MigDevice, MigPartition
+from dra.model.prepared import Holders, PreparedClaim, PreparedDevice
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Release:
+    """A prepared claim the API server says is gone: its spec and checkpoint entry go."""
+
+    holder: PreparedClaim
+    reason: str
+
+
+@dataclass(frozen=True)
+class MissingDevice:
+    """A device a prepared claim records that the inventory no longer has (left out of its spec)."""
+
+    claim: PreparedClaim
+    device: str
+
+    @property
+    def message(self) -> str:
+        """The warning for the log."""
+        return (
+            f"prepared claim {self.claim.namespace}/{self.claim.name} uses {self.device}, "
+            "which this node no longer has"
+        )
+
+
+@dataclass(frozen=True)
+class PreparePlan:
+    """Prepare one claim: release `release`, record `claim` if `record`, write its spec if `write`, answer it.
+
+    With `create` (dynamic MIG), those MIG devices are made first (dra.core.migdevices) and `made`
+    gives the claim their UUIDs; with `vfio`, those GPUs are bound first. The spec is built from
+    what the claim then has (`respec`), once.
+    """
+
+    claim: PreparedClaim
+    #: Whether the claim's CDI spec (and its metadata files) must be written: a new claim, or one
+    #: prepared before whose spec is not on disk.
+    write: bool = False
+    #: Whether the checkpoint must record `claim` (new, or its devices changed).
+    record: bool = False
+    release: tuple[Release, ...] = ()
+    #: The record this plan replaces: the claim was allocated anew without an unprepare.
+    replaces: PreparedClaim | None = None
+    create: tuple[CreateMig, ...] = ()
+    #: The GPUs passed through (VfioDeviceConfig), by name: whether each gets the IOMMU API device.
+    #: They are bound to vfio-pci (dra.core.vfio) before the spec, which names their groups, is built.
+    vfio: Mapping[str, bool] = field(default_factory=dict)
+
+    def made(self, created: Mapping[str, MigDevice]) -> PreparePlan:
+        """The plan once the MIG devices of `create` exist (by allocated device name), with their UUIDs."""
+        entries = tuple(
+            replace(d, uuid=created[d.device].uuid) if d.device in created else d for d in self.claim.devices
+        )
+        return replace(self, claim=replace(self.claim, devices=entries), create=())
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The claim cannot be prepared; `message` is what the admin sees. Nothing changes."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class UnpreparePlan:
+    """Remove the spec of `uid` (a stray one too), then drop `claim` from the checkpoint if prepared."""
+
+    uid: str
+    claim: PreparedClaim | None
+
+
+def recorded(claim: PreparedClaim) -> set[tuple[str, str]]:
+    """(device, request) pairs a prepared claim records."""
+    return {(d.device, request) for d in claim.devices for request in d.request_names}
+
+
+def _requested(allocation: ClaimAllocation) -> set[tuple[str, str]]:
+    return {(r.device, r.request_name) for r in allocation.devices}
+
+
+def _up_to_date(allocation: ClaimAllocation, prepared: Mapping[str, PreparedClaim]) -> PreparedClaim | None:
+    existing = prepared.get(allocation.uid)
+    if existing is not None and recorded(existing) == _requested(allocation):
+        return existing
+    return None
+
+
+def conflicts(
+    allocation: ClaimAllocation,
+    inventory: Inventory,
+    prepared: Mapping[str, PreparedClaim],
+    *,
+    pool: str,
+    holders: Holders | None = None,
+) -> list[PreparedClaim]:
+    """Prepared claims holding a device the allocation needs exclusively: ask the API server about these.
+
+    `holders` indexes `prepared` (Facts.holders); built here when not given.
+    """
+    if _up_to_date(allocation, prepared) is not None:
+        return []
+    holders = holders or Holders(prepared)
+    found: dict[str, PreparedClaim] = {}
+    for result in allocation.devices:
+        device = inventory.device_or_twin(result.device) if result.pool == pool else None
+        partition = inventory.partition(result.device) if device is None and result.pool == pool else None
+        if partition is not None:
+            device = _made_for_offer(partition, allocation.uid, holders, inventory, {})
+        if device is not None and not result.admin_access:
+            held = holders.of(device.name, device.uuid, allocation.uid, result.share_id)
+            found.update((h.uid, h) for h in held)
+    return list(found.values())
+
+
+def _devices_of(claim: PreparedClaim, inventory: Inventory) -> tuple[list[Device], list[MissingDevice]]:
+    found: list[Device] = []
+    missing: list[MissingDevice] = []
+    for entry in claim.devices:
+        device = inventory.by_uuid(entry.uuid) if entry.uuid else inventory.get(entry.device)
+        if device is None:
+            missing.append(MissingDevice(claim, entry.device))
+        elif device.name != entry.device:
+            # A dynamic MIG device, or a GPU through its passthrough twin: the kubelet knows it by the
+            # offer's or twin's name, which its CDI ID carries.
+            found.append(replace(device, name=entry.device))
+        else:
+            found.append(device)
+    return found, missing
+
+
+@dataclass(frozen=True)
+class Respec:
+    """What a prepared claim's devices still present on the node give: its spec and metadata files."""
+
+    #: None when no device of the claim is left.
+    spec: Obj | None
+    metadata: devicemetadata.ClaimMetadata | None
+    missing: tuple[MissingDevice, ...]
+
+
+def respec(claim: PreparedClaim, inventory: Inventory, node: Node) -> Respec:
+    """The CDI spec (and device metadata files) of a claim, from its devices present on the node.
+
+    The one place a claim's spec is built: for a new claim once its MIG devices are made and its GPUs
+    bound, for one prepared before whose spec is gone, and at start-up (dra.core.recovery).
+    """
+    devices, missing = _devices_of(claim, inventory)
+    if not devices:
+        return Respec(None, None, tuple(missing))
+    share_env = {d.device: sharing.share_env(d) for d in claim.devices}
+    unique = list({d.name: d for d in devices}.values())
+    mps = sharing.mps_edits(claim, node.mps_root)
+    metadata = (
+        devicemetadata.for_claim(node.driver, node.metadata_root, claim, unique, inventory)
+        if claim.metadata
+        else None
+    )
+    passthrough = {d.device: d.vfio_group for d in claim.devices if d.vfio_group >= 0}
+    spec = cdi.build_spec(
+        node.driver,
+        claim.uid,
+        unique,
+        inventory,
+        device_env=share_env,
+        claim_edits=mps,
+        passthrough=passthrough,
+        vfio_api_device=any(d.vfio_api_device for d in claim.devices),
+        extra_devices=metadata.cdi_devices if metadata else (),
+    )
+    return Respec(spec, metadata, tuple(missing))
+
+
+def decide_prepare(
+    allocation: ClaimAllocation,
+    inventory: Inventory,
+    prepared: Mapping[str, PreparedClaim],
+    node: Node,
+    *,
+    stale: Mapping[str, str],
+    has_spec: bool,
+    holders: Holders | None = None,
+) -> PreparePlan | Refusal:
+    """What preparing `allocation` takes on `node`, given the facts about its holders.
+
+    `stale` maps the UID of a conflicting holder to why the API server says it is
+    gone (see `conflicts`); a holder not in it is live and refuses the claim.
+    `has_spec` says whether the claim's spec is on disk. A claim already prepared
+    with the same devices gets its recorded answer, and its spec back if missing.
+    The node says where MPS daemons live, whether GPUs may be passed through, how
+    shareable devices are divided and whether claims get device metadata files.
+    `holders` indexes `prepared` (Facts.holders); built here when not given.
+    """
+    pool, driver = node.pool, node.driver
+    existing = _up_to_date(allocation, prepared)
+    if existing is not None:
+        return PreparePlan(claim=existing, write=not has_spec)
+    holders = holders or Holders(prepared)
+
+    problems: list[str] = []
+    releases: dict[str, Release] = {}
+    devices: dict[str, Device] = {}
+    creates: dict[str, CreateMig] = {}
+    for result in allocation.devices:
+        if result.pool != pool:
+            problems.append(
+                f"device {result.device} is in pool {result.pool!r}, not this node's pool {pool!r}"
+            )
+            continue
+        device = inventory.device_or_twin(result.device)
+        partition = inventory.partition(result.device) if device is None else None
+        if partition is not None:
+            if result.admin_access:
+                problems.append(
+                    f"device {result.device} is a dynamic MIG device, which admin access cannot use"
+                )
+            device = _made_for_offer(partition, allocation.uid, holders, inventory, stale)
+            if device is None:
+                creates[partition.name] = CreateMig(partition)
+                continue
+        if device is None:
+            problems.append(f"device {result.device} does not exist on node {pool}")
+            continue
+        if not result.admin_access:
+            for holder in holders.of(device.name, device.uuid, allocation.uid, result.share_id):
+                reason = stale.get(holder.uid)
+                if reason is not None:
+                    releases[holder.uid] = Release(holder, reason)
+                else:
+                    problems.append(
+                        f"device {result.device} is already prepared for claim "
+                        f"{holder.namespace}/{holder.name} ({holder.uid})"
+                    )
+        devices[device.name] = device
+    # Configs apply to the MIG devices to be made as to those that exist.
+    configured = {**devices, **{name: _to_be_made(c.partition) for name, c in creates.items()}}
+    problems.extend(deviceconfig.problems(allocation, configured))
+    if problems:
+        return _refusal(allocation, problems)
+    passthrough = vfio.passthrough(allocation, configured)
+    problems = vfio.problems(allocation, configured, passthrough, inventory, enabled=node.vfio)
+    if problems:
+        return _refusal(allocation, problems)
+    intervals, mps_settings, problems = sharing.decide_sharing(
+        allocation, configured, prepared, node.mps_root, node.equal_shares
+    )
+    if problems:
+        return _refusal(allocation, problems)
+
+    # A MIG device still to be made has no UUID yet: it is filled in once it exists (PreparePlan.made).
+    entries = [
+        PreparedDevice(
+            request_names=tuple(dict.fromkeys(r.request_name for r in results)),
+            pool=pool,
+            device=device.name,
+            cdi_device_ids=(cdi.qualified_name(driver, allocation.uid, device.name),),
+            admin_access=all(r.admin_access for r in results),
+            uuid=device.uuid,
+            time_slice=intervals.get(device.name, ""),
+            share_id=results[0].share_id,
+            share_memory=results[0].consumed("memory") if results[0].share_id else "",
+            **sharing.mps_fields(mps_settings.get(device.name)),
+        )
+        for device in configured.values()
+        for results in _by_share(allocation, device.name)
+    ]
+    claim = PreparedClaim(
+        uid=allocation.uid,
+        namespace=allocation.namespace,
+        name=allocation.name,
+        devices=tuple(
+            _with_metadata_ids(entries, driver, allocation.uid) if node.device_metadata else entries
+        ),
+        pod_claim_name=allocation.pod_claim_name,
+        metadata=node.device_metadata,
+    )
+    return PreparePlan(
+        claim=claim,
+        write=True,
+        record=True,
+        release=tuple(releases.values()),
+        replaces=prepared.get(allocation.uid),
+        create=tuple(creates.values()),
+        vfio=passthrough,
+    )
+
+
+def _with_metadata_ids(entries: list[PreparedDevice], driver: str, uid: str) -> list[PreparedDevice]:
+    """The first device of each request also names the CDI device of the request's metadata file.
+
+    Once per request, as the Go helper does: a container gets each request's file mounted once.
+    """
+    seen: set[str] = set()
+    result = []
+    for entry in entries:
+        new = [r for r in entry.request_names if r not in seen]
+        seen.update(new)
+        ids = tuple(devicemetadata.cdi_device_id(driver, uid, r) for r in new)
+        result.append(replace(entry, cdi_device_ids=entry.cdi_device_ids + ids))
+    return result
+
+
+def _made_for_offer(
+    partition: MigPartition, uid: str, holders: Holders, inventory: Inventory, stale: Mapping[str, str]
+) -> MigDevice | None:
+    """The MIG device made for this offer for a live claim other than `uid`, known by the offer's name.
+
+    A share of a shared offer uses the device the first share made (the holder checks then say
+    whether the two may share it); a stale holder's device goes with its release, so a new one is made.
+    """
+    for claim, entry in holders.named(partition.name):
+        if claim.uid == uid or claim.uid in stale or not entry.uuid:
+            continue
+        made = inventory.by_uuid(entry.uuid)
+        if isinstance(made, MigDevice):
+            return replace(made, name=partition.name)
+    return None
+
+
+def _by_share(allocation: ClaimAllocation, device: str) -> list[list[AllocatedDevice]]:
+    """The allocation's results for a device, one list per share (in practice a claim holds one at most)."""
+    results = [r for r in allocation.devices if r.device == device]
+    shares = dict.fromkeys(r.share_id for r in results)
+    return [[r for r in results if r.share_id == share] for share in shares]
+
+
+def _to_be_made(partition: MigPartition) -> MigDevice:
+    """The MIG device a dynamic-MIG offer becomes, as far as it is known before it is made: no UUID yet."""
+    return MigDevice(
+        name=partition.name,
+        uuid="",
+        parent=partition.parent,
+        profile=partition.profile,
+        gpu_instance_id=0,
+        compute_instance_id=0,
+        memory_bytes=partition.memory_bytes,
+        engines=partition.engines,
+        device_nodes=(),
+    )
+
+
+def _refusal(allocation: ClaimAllocation, problems: list[str]) -> Refusal:
+    return Refusal(f"cannot prepare ResourceClaim {allocation.ref}: " + "; ".join(problems))
+
+
+def decide_unprepare(uid: str, prepared: Mapping[str, PreparedClaim]) -> UnpreparePlan:
+    """Unpreparing a claim: an unknown one only loses its stray spec, if any."""
+    return UnpreparePlan(uid=uid, claim=prepared.get(uid))

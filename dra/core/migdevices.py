@@ -32,6 +32,10 @@ from dra.core.steps import (
 from dra.model.devices import Gpu, Inventory, MigDevice, MigPartition
 from dra.model.prepared import MIG_CREATE, MIG_MODE, DeviceAction, PreparedClaim
 
+#: NVML_ERROR_INSUFFICIENT_RESOURCES (nvml.h): NVML refused a GPU instance for lack of room, so the
+#: placement is taken on the GPU, whatever the checkpoint says.
+NVML_INSUFFICIENT_RESOURCES = 23
+
 
 @dataclass(frozen=True)
 class CreateMig:
@@ -196,7 +200,7 @@ def _creation_failed(
         f"cannot prepare ResourceClaim {allocation.ref}: cannot make MIG device {create.device}, "
         f"{create.placement}: NVML error {err.code}: {err}"
     )
-    if not err.placement_taken:
+    if err.code != NVML_INSUFFICIENT_RESOURCES:
         return message
     try:
         reaped = yield from destroy_unheld(node, facts, [create.partition.parent])

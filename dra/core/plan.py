@@ -18,7 +18,7 @@ from dra.core import cdi, devicemetadata, sharing, vfio
 from dra.core import config as deviceconfig
 from dra.core.allocation import AllocatedDevice, ClaimAllocation
 from dra.core.migdevices import CreateMig
-from dra.core.steps import Node
+from dra.core.steps import ClaimSeen, Node
 from dra.model.devices import Device, Inventory, MigDevice, MigPartition
 from dra.model.prepared import Holders, PreparedClaim, PreparedDevice
 
@@ -194,6 +194,24 @@ def respec(claim: PreparedClaim, inventory: Inventory, node: Node) -> Respec:
         extra_devices=metadata.cdi_devices if metadata else (),
     )
     return Respec(spec, metadata, tuple(missing))
+
+
+#: Why a holder in each of these states no longer needs its devices (the kubelet lost track of it).
+_STALE: dict[ClaimSeen, str] = {
+    "gone": "the claim no longer exists",
+    "re-created": "the claim was re-created",
+    "deallocated": "the claim is no longer allocated",
+}
+
+
+def stale_reasons(seen: Mapping[str, ClaimSeen]) -> dict[str, str]:
+    """The holders whose devices a prepare may take, by UID, with why (AskStale's answer, decided).
+
+    A holder still allocated is a real conflict, whatever its pods do: the scheduler gives its
+    devices to no other claim while it is. One the API server could not be asked about counts as
+    live: refusing now loses nothing, since the kubelet retries the prepare.
+    """
+    return {uid: _STALE[state] for uid, state in seen.items() if state in _STALE}
 
 
 def decide_prepare(

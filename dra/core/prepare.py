@@ -25,6 +25,7 @@ from dra.core.plan import (
     decide_unprepare,
     recorded,
     respec,
+    stale_reasons,
 )
 from dra.core.steps import (
     ApplyTimeSlices,
@@ -61,7 +62,7 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
     live = conflicts(allocation, facts.inventory, facts.prepared, pool=node.pool, holders=facts.holders)
     stale: Mapping[str, str] = {}
     if live:
-        stale = yield from ask(AskStale(tuple(live)))
+        stale = stale_reasons((yield from ask(AskStale(tuple(live)))))
         # Decided again on the state as it is now: a holder that appeared meanwhile counts as live.
         facts = yield from ask(ReadState())
     has_spec = yield from ask(HasSpec(allocation.uid))

@@ -22,6 +22,9 @@ from dra.model.prepared import DeviceAction, Holders, PreparedClaim
 
 T = TypeVar("T")
 Obj = dict[str, Any]
+#: What the API server says of a prepared claim's ResourceClaim: gone (404), re-created (another
+#: UID), deallocated, still allocated, or unreadable (any other error). dra.core.plan decides.
+ClaimSeen = Literal["gone", "re-created", "deallocated", "allocated", "unreadable"]
 
 
 @dataclass(frozen=True)
@@ -55,13 +58,12 @@ def ask(step: Query[T]) -> Program[T]:
 class StepError(Exception):
     """A step failed (a file, NVML, nvidia-smi, an MPS daemon); thrown into the program at its yield.
 
-    `code`: NVML's return code (0 but for NVML); `placement_taken`: NVML_ERROR_INSUFFICIENT_RESOURCES.
+    `code`: NVML's return code (nvml.h's nvmlReturn_t) where the step was an NVML call, else 0.
     """
 
-    def __init__(self, message: str, code: int = 0, *, placement_taken: bool = False) -> None:
+    def __init__(self, message: str, code: int = 0) -> None:
         super().__init__(message)
         self.code = code
-        self.placement_taken = placement_taken
 
 
 @dataclass(frozen=True)
@@ -156,13 +158,13 @@ class MetadataDirs(Query[frozenset[str]]):
 
 
 @dataclass(frozen=True)
-class AskStale(Query[Mapping[str, str]]):
-    """Which of these holders the API server says are gone, by UID, with why; asked without the lock."""
+class AskStale(Query[Mapping[str, "ClaimSeen"]]):
+    """What the API server says of each holder's ResourceClaim, by UID; asked without the lock."""
 
     locked: ClassVar[bool] = False
     holders: tuple[PreparedClaim, ...]
 
-    def run(self, runner: Runner) -> Mapping[str, str]:
+    def run(self, runner: Runner) -> Mapping[str, ClaimSeen]:
         return runner.ask_stale(self)
 
 
@@ -466,7 +468,7 @@ class Runner(Protocol):
     def has_spec(self, step: HasSpec) -> bool: ...
     def spec_uids(self, step: SpecUids) -> frozenset[str]: ...
     def metadata_dirs(self, step: MetadataDirs) -> frozenset[str]: ...
-    def ask_stale(self, step: AskStale) -> Mapping[str, str]: ...
+    def ask_stale(self, step: AskStale) -> Mapping[str, ClaimSeen]: ...
     def missing_host_paths(self, step: MissingHostPaths) -> tuple[str, ...]: ...
     def list_gpu_instances(self, step: ListGpuInstances) -> tuple[GpuInstanceAt, ...]: ...
     def create_gpu_instance(self, step: CreateGpuInstance) -> int: ...

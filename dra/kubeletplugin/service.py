@@ -21,6 +21,7 @@ import grpc
 
 from dra.adapters.kube import KubeError, NotFoundError
 from dra.core.allocation import ClaimError, read_allocation
+from dra.core.steps import ClaimSeen
 from dra.daemon import metrics
 from dra.daemon.health import HealthTracker
 from dra.kubeletplugin.claimstatus import ClaimStatusWriter
@@ -128,37 +129,27 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
                     "cannot record an event on ResourceClaim %s: %s", claim["metadata"].get("name"), err
                 )
 
-    def _stale_reason(self, namespace: str, name: str, uid: str) -> str | None:
-        """Why a claim the checkpoint holds no longer needs its devices, or None if it may."""
+    def _seen(self, holder: PreparedClaim) -> ClaimSeen:
+        """What the API server says of a prepared claim's ResourceClaim: dra.core.plan decides."""
         try:
-            claim = self._kube.read_resource_claim(namespace, name)
+            claim = self._kube.read_resource_claim(holder.namespace, holder.name)
         except NotFoundError:
-            return "the claim no longer exists"
+            return "gone"
         except KubeError:
-            return None
-        status = claim.get("status") or {}
-        if (claim.get("metadata") or {}).get("uid") != uid:
-            return "the claim was re-created"
-        # While the claim stays allocated, the scheduler gives its devices to no other claim: an
-        # allocated holder is a real conflict, whatever its pods do.
-        if not status.get("allocation"):
-            return "the claim is no longer allocated"
-        return None
+            return "unreadable"
+        if (claim.get("metadata") or {}).get("uid") != holder.uid:
+            return "re-created"
+        return "allocated" if (claim.get("status") or {}).get("allocation") else "deallocated"
 
-    def _stale_holders(self, holders: Sequence[PreparedClaim]) -> dict[str, str]:
-        """The prepare's AskStale step: holders whose claims are gone (the kubelet lost track of them)."""
-        stale: dict[str, str] = {}
-        for holder in holders:
-            reason = self._stale_reason(holder.namespace, holder.name, holder.uid)
-            if reason is not None:
-                stale[holder.uid] = reason
-        return stale
+    def _holders_seen(self, holders: Sequence[PreparedClaim]) -> dict[str, ClaimSeen]:
+        """The prepare's AskStale step: each holder's claim as the API server has it."""
+        return {holder.uid: self._seen(holder) for holder in holders}
 
     def _read_and_prepare(self, ref: dra_pb2.Claim, read: list[dict[str, Any]]) -> PreparedClaim:
         """On a worker thread: read the claim (into `read`), then prepare it; both block, not the loop."""
         claim = self._kube.read_resource_claim(ref.namespace, ref.name)
         read.append(claim)
-        return self._state.prepare(read_allocation(claim, ref.uid, self.driver), self._stale_holders)
+        return self._state.prepare(read_allocation(claim, ref.uid, self.driver), self._holders_seen)
 
     async def _prepare(self, ref: dra_pb2.Claim) -> dra_pb2.NodePrepareResourceResponse:
         started = time.perf_counter()

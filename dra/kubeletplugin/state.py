@@ -28,7 +28,7 @@ from dra.core import prepare as programs
 from dra.core import steps as s
 from dra.core.allocation import ClaimAllocation
 from dra.gpu import dynamic
-from dra.gpu.library import ERROR_INSUFFICIENT_RESOURCES, GpuLibrary, GpuLibraryError, Placement
+from dra.gpu.library import GpuLibrary, GpuLibraryError, Placement
 from dra.kubeletplugin.mps import MpsDaemons, MpsError
 from dra.kubeletplugin.timeslice import TimeSliceError, TimeSlicer
 from dra.model.devices import Inventory, MigDevice
@@ -39,8 +39,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: Answers AskStale: which of these prepared claims the API server says are gone, by UID, with why.
-StaleCheck = Callable[[Sequence[PreparedClaim]], Mapping[str, str]]
+#: Answers AskStale: what the API server says of each of these prepared claims, by UID (absent: allocated).
+StaleCheck = Callable[[Sequence[PreparedClaim]], Mapping[str, s.ClaimSeen]]
 
 #: What a step may fail with; it is thrown into the program as StepError, which decides what follows.
 _STEP_ERRORS = (OSError, GpuLibraryError, TimeSliceError, MpsError)
@@ -48,7 +48,7 @@ _STEP_ERRORS = (OSError, GpuLibraryError, TimeSliceError, MpsError)
 _LOG_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
-def _every_holder_live(holders: Sequence[PreparedClaim]) -> Mapping[str, str]:
+def _every_holder_live(holders: Sequence[PreparedClaim]) -> Mapping[str, s.ClaimSeen]:
     return {}
 
 
@@ -210,12 +210,7 @@ class DeviceState:
             try:
                 result = self._run_step(step)
             except _STEP_ERRORS as err:
-                failure = s.StepError(
-                    str(err),
-                    getattr(err, "code", 0),
-                    placement_taken=isinstance(err, GpuLibraryError)
-                    and err.code == ERROR_INSUFFICIENT_RESOURCES,
-                )
+                failure = s.StepError(str(err), getattr(err, "code", 0))
                 failure.__cause__ = err
                 continue
             if step.point:
@@ -227,7 +222,7 @@ class DeviceState:
 
     # -- the steps, one method each (dra.core.steps.Runner): what each kind of step does ----------
 
-    def ask_stale(self, step: s.AskStale) -> Mapping[str, str]:
+    def ask_stale(self, step: s.AskStale) -> Mapping[str, s.ClaimSeen]:
         """The stale check of the call running this program (DeviceState.prepare's `stale`)."""
         stale: StaleCheck = getattr(self._calls, "stale", _every_holder_live)
         return stale(step.holders)

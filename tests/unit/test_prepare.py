@@ -20,9 +20,10 @@ from dra.core.plan import (
     decide_prepare,
     decide_unprepare,
     respec,
+    stale_reasons,
 )
 from dra.core.recovery import RecoverPlan, decide_recover
-from dra.core.steps import Node
+from dra.core.steps import ClaimSeen, Node
 from dra.model.devices import Inventory
 from dra.model.prepared import Holders, PreparedClaim, PreparedDevice
 from tests.unit.helpers import DRIVER, NODE, inventory
@@ -425,3 +426,19 @@ def test_an_index_carried_over_saves_answers_as_one_built_afresh() -> None:
             for uuid in ("", f"GPU-{name}"):
                 for uid in ("uid-0", "new"):
                     assert holders.of(name, uuid, uid, "s1") == fresh.of(name, uuid, uid, "s1"), (step, name)
+
+
+def test_a_holder_is_stale_when_its_claim_is_gone_re_created_or_deallocated_and_live_otherwise() -> None:
+    seen: dict[str, ClaimSeen] = {
+        "a": "gone",
+        "b": "re-created",
+        "c": "deallocated",
+        "d": "allocated",
+        # The API server could not be asked: refusing now loses nothing, the kubelet retries.
+        "e": "unreadable",
+    }
+    assert stale_reasons(seen) == {
+        "a": "the claim no longer exists",
+        "b": "the claim was re-created",
+        "c": "the claim is no longer allocated",
+    }

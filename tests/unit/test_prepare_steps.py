@@ -22,6 +22,7 @@ from dra.adapters.pcisysfs import PciSysfs
 from dra.core import devicemetadata, steps
 from dra.core import prepare as programs
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
+from dra.core.steps import ClaimSeen
 from dra.gpu import dynamic
 from dra.gpu.discovery import discover
 from dra.gpu.fake import FakeGpuLibrary
@@ -165,7 +166,7 @@ def test_a_holder_is_asked_about_without_the_lock_and_released_before_the_spec(t
     prepared = _prepare_and_record(tmp_path, _allocation(WHOLE, OTHER))
     facts = steps.Facts({OTHER: prepared}, (), _inventory(tmp_path))
     program = programs.prepare(NODE_FACTS, _allocation(WHOLE), facts)
-    trace = _trace(program, _answers(facts, {steps.AskStale: {OTHER: "the claim no longer exists"}}))
+    trace = _trace(program, _answers(facts, {steps.AskStale: {OTHER: "gone"}}))
     assert trace[:4] == ["AskStale", "ReadState", "HasSpec", "MissingHostPaths"]
     # The holder (prepared with device metadata) loses its files with its spec.
     assert trace[4:8] == [
@@ -395,8 +396,8 @@ def _killed_after(state: DeviceState, count: int, monkeypatch: pytest.MonkeyPatc
     return ran
 
 
-def _gone(holders: Sequence[PreparedClaim]) -> Mapping[str, str]:
-    return {h.uid: "the claim no longer exists" for h in holders}
+def _gone(holders: Sequence[PreparedClaim]) -> Mapping[str, ClaimSeen]:
+    return {h.uid: "gone" for h in holders}
 
 
 def _instances(root: Path) -> list[tuple[int, str, int, int]]:

@@ -24,9 +24,9 @@ from typing import Any
 
 from dra.cel.device import split_qualified_name
 from dra.core.slices import build_slices
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
 
 Obj = dict[str, Any]
 

@@ -1,7 +1,7 @@
 """The PCI part of sysfs: which driver a GPU is bound to, its IOMMU group, and moving it to vfio-pci and back.
 
 Every path is under `root` ("/" on a node), so that tests point it at a fake tree
-(dra.adapters.fakesysfs). The sequence is the kernel's documented one and the one
+(dra.fakegpus.sysfs). The sequence is the kernel's documented one and the one
 NVIDIA's DRA driver takes (go-nvlib's nvpassthrough): set driver_override, write the
 address to the current driver's `unbind`, then to the new driver's `bind`. Writes go
 through `write` so that the fake can stand in for the kernel's side of them.

@@ -6,5 +6,6 @@ the devices it configures; ``fields`` is the strict decoder and the JSON Schema 
 from the dataclasses; ``schema`` renders the schemas, which ``dra-gpu api-schema`` (``make
 api``) writes to api/<version>/*.schema.json.
 
-Pure: no I/O. Imports only dra.model.
+Rule: pure (no I/O); imports only ``dra.model``; inside, ``schema`` over ``opaque`` over
+``v1beta1`` over ``fields`` (a layer contract).
 """

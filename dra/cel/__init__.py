@@ -6,6 +6,11 @@ of a ResourceSlice, or explain why a device does not match::
     program = compile_expression('device.attributes["gpu.nvidia.com"].type == "gpu"')
     program.matches(device, "gpu.nvidia.com")
     print(explain_program(program, device, "gpu.nvidia.com").render())
+
+Rule: pure (no I/O); imports only ``dra.model``; inside (a layer contract), ``trace`` over
+``program`` over the language core (``evaluator``, ``parser``) beside the libraries (``stdlib``,
+``k8slib``), which are independent, so the core never needs Kubernetes' library; below them the
+syntax tree, lexer and operators, then the values.
 """
 
 from dra.cel.device import device_variable

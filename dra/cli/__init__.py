@@ -3,7 +3,10 @@
 ``parser`` holds every subcommand's flags (``options`` the groups several share); each
 program's ``command`` module runs its subcommands. A command's program is imported only
 when it runs, so that a daemon loads only its own code (docs/architecture.md has the
-figures). Rule: the top layer; the only place that may import every program.
+figures).
+
+Rule: the top layer; the only place that may import every program. ``parser`` over
+``options`` (a layer contract); the fakes only for --mig-mode's default with --fake-gpus.
 """
 
 from __future__ import annotations

@@ -25,7 +25,6 @@ from dra.daemon.flags import (
     seconds,
 )
 from dra.daemon.health import APPLICATION_XIDS, parse_xids
-from dra.gpu.profiles import DYNAMIC_MIG_PROFILES
 from dra.model import migoffer
 from dra.model.migmode import DYNAMIC, STATIC, parse_mig_modes
 
@@ -65,8 +64,17 @@ def default_mig_mode(args: argparse.Namespace) -> None:
     """
     if getattr(args, "mig_mode", "") is None:
         args.mig_mode = parse_mig_modes(
-            DYNAMIC if getattr(args, "fake_gpus", None) in DYNAMIC_MIG_PROFILES else STATIC
+            DYNAMIC if _dynamic_profile(getattr(args, "fake_gpus", None)) else STATIC
         )
+
+
+def _dynamic_profile(fake_gpus: str | None) -> bool:
+    if not fake_gpus:
+        return False
+    # Imported only with --fake-gpus, so that a node with real GPUs never loads the fakes.
+    from dra.fakegpus.profiles import DYNAMIC_MIG_PROFILES
+
+    return fake_gpus in DYNAMIC_MIG_PROFILES
 
 
 def gpu_source_flags(parser: argparse.ArgumentParser) -> None:

@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         plugin,
         "--mps-control",
         "the nvidia-cuda-mps-control binary that runs a claim's MPS control daemon; default: "
-        "nvidia-cuda-mps-control on PATH (with --fake-gpus: the fake one, python -m dra.gpu.fakemps)",
+        "nvidia-cuda-mps-control on PATH (with --fake-gpus: the fake one, python -m dra.fakegpus.mpscontrol)",
     )
     option(
         plugin,

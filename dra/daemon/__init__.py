@@ -4,10 +4,11 @@
 probes/metrics endpoint), ``flags`` (every flag also a DRA_GPU_* variable),
 ``logs``, ``metrics`` (the only importer of prometheus_client), ``lifecycle``
 (signals, heartbeat), ``health`` (device health from XID events),
-``rediscovery`` (following GPU changes after start-up), ``sockets``,
-``nodewatch`` (following the own Node) and ``fakegpus`` (fake GPUs a real
-container can see). What serves one program only lives in that program.
+``rediscovery`` (following GPU changes after start-up), ``sockets`` and
+``nodewatch`` (following the own Node). What serves one program only lives in
+that program.
 
-Rule: may import the layers below (model, core, gpu, adapters); never a
-program package (kubeletplugin, deviceplugin, labeller, explain, webhook).
+Rule: may import the layers below (model, core, gpu, adapters), and the fakes only in the
+bootstrap's --fake-gpus branch; never a program package. Inside (a layer contract):
+``rediscovery`` over ``bootstrap`` over the services, none of which imports another.
 """

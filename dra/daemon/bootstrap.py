@@ -32,14 +32,13 @@ from dra.core.assignment import (
     restrict,
     stranded_claims,
 )
-from dra.daemon import fakegpus, metrics
+from dra.daemon import metrics
 from dra.daemon.health import APPLICATION_XIDS, HealthMonitor, HealthTracker
 from dra.daemon.lifecycle import Heartbeat, until_stopped
 from dra.gpu.discovery import discover
 from dra.gpu.driverfiles import device_root, find_driver_files, nvml_library
 from dra.gpu.library import GpuLibrary, GpuLibraryError
 from dra.gpu.nvml import NvmlLibrary
-from dra.gpu.profiles import ProfileError
 from dra.model.devices import Inventory
 from dra.model.migmode import MigModes
 from dra.model.prepared import PreparedClaim
@@ -180,6 +179,10 @@ def gpu_library(
         root = host_root / str(driver_root).lstrip("/")
         dev = root if device_root(driver_root, host_root) != "/" else host_root
         return NvmlLibrary(dev=dev, library=nvml_library(root))
+    # Imported here so that a node with real GPUs never loads the fakes.
+    from dra.fakegpus import node as fakegpus
+    from dra.fakegpus.profiles import ProfileError
+
     try:
         return fakegpus.fake_gpu_library(fake_gpus, node_name, events, state_dir, fake_gpu_root)
     except ProfileError as err:
@@ -192,6 +195,8 @@ def node_inventory(lib: GpuLibrary, settings: DaemonSettings) -> Inventory:
     """load_inventory, plus what the CDI specs need of the node: the driver's files, the device root."""
     inventory = load_inventory(lib, settings.mig_modes)
     if settings.fake_gpus and settings.fake_gpu_root is not None:
+        from dra.fakegpus import node as fakegpus
+
         dev_root, driver_root, host_root = (
             settings.fake_gpu_root,
             settings.fake_gpu_root / fakegpus.DRIVER_ROOT,

@@ -5,7 +5,7 @@ small typed surface whose methods map one to one onto NVML calls (plus the
 few host facts NVML does not give: PCIe root complex from sysfs, MIG
 capability device minors from procfs, which /dev nodes exist). Two
 implementations: dra.gpu.nvml on the real driver (the only importer of
-pynvml) and dra.gpu.fake from a profile, so the mapping from NVML values to
+pynvml) and dra.fakegpus.library from a profile, so the mapping from NVML values to
 published devices runs the same code for both. The values and return codes
 here are NVML's (nvml.h).
 """

@@ -1,13 +1,15 @@
 """The DRA kubelet plugin: `dra-gpu kubelet-plugin`, and `discover`, `time-slices` and `taint clear`.
 
-From the top, as the layers in pyproject.toml have it: ``command`` runs the commands;
-``daemon`` wires the plugin; ``server`` owns its sockets; ``service`` (DRA and health
-gRPC), ``publisher`` (ResourceSlices, with ``features``: what the server keeps),
-``podresources``, ``healthctl`` and ``miglabel`` are what it serves and follows; ``state``
-runs the steps of dra.core's prepare, unprepare and start-up programs; ``miglayout``,
-``mps`` and ``timeslice`` act on the GPUs; ``mpslaunch`` and ``registration`` are what
-those stand on.
+From the top, as its layer contract has it: ``command`` runs the commands; ``daemon``
+wires the plugin; ``server`` owns its sockets; ``claimmetrics`` samples the claims' join
+metric; ``service`` (DRA and health gRPC), ``publisher`` (ResourceSlices, with
+``features``: what the server keeps), ``podresources``, ``healthctl``, ``miglabel``,
+``top`` and ``usage`` are what it serves, follows and reports; ``claimstatus`` writes
+the prepared claims' status; ``state`` runs the steps of dra.core's prepare, unprepare
+and start-up programs; ``miglayout``, ``mps`` and ``timeslice`` act on the GPUs over
+``mpsprivsep`` (the MPS launcher), ``mpslaunch`` and ``registration``.
 
 Rule: a program package. It may import every layer below (model, core, gpu, adapters,
-daemon) and the generated gRPC code, never another program package.
+daemon), the generated gRPC code, and the fakes only where --fake-gpus is handled;
+never another program package. Inside, each layer imports only those below it.
 """

@@ -25,7 +25,7 @@ from dra.core.migconfig import MigConfigs
 from dra.core.slices import ShareMode
 from dra.core.taints import Effect
 from dra.core.usage import DEFAULT_MAX_SERIES
-from dra.daemon import fakegpus, metrics
+from dra.daemon import metrics
 from dra.daemon.bootstrap import (
     DaemonSettings,
     Node,
@@ -92,11 +92,11 @@ class PluginSettings(DaemonSettings):
 
     @property
     def mps_command(self) -> list[str]:
-        """How to run nvidia-cuda-mps-control (dra.gpu.fakemps with fake GPUs, unless told otherwise)."""
+        """How to run nvidia-cuda-mps-control (the fake one, dra.fakegpus.mpscontrol, with fake GPUs)."""
         if self.mps_control:
             return [self.mps_control]
         if self.fake_gpus:
-            return [sys.executable, "-m", "dra.gpu.fakemps"]
+            return [sys.executable, "-m", "dra.fakegpus.mpscontrol"]
         return ["nvidia-cuda-mps-control"]
 
 
@@ -183,6 +183,8 @@ def _pci_sysfs(settings: PluginSettings, inventory: Inventory) -> PciSysfs:
                 "--vfio=true with --fake-gpus needs --fake-gpu-root (the fake sysfs and /dev/vfio go there)"
             )
         return PciSysfs(settings.host_root)
+    from dra.fakegpus import node as fakegpus
+
     try:
         return fakegpus.pci_tree(inventory, settings.fake_gpu_root)
     except OSError as err:

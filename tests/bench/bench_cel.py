@@ -25,9 +25,9 @@ from typing import Any
 from dra.cel import compile_expression
 from dra.cel.device import device_variable
 from dra.core.slices import build_slices
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
 from tests.celgen import devices
 from tests.celoracle import Oracle, dra_verdict, oracle_device
 from tests.e2e.cookbook import load_cases

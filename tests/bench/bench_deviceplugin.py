@@ -26,9 +26,9 @@ from localcluster.kube import wait_for
 
 from dra.deviceplugin.preferred import preferred_allocation
 from dra.deviceplugin.resources import placements, resources
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
 from dra.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from dra.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc
 from tests.bench.bench_driver import _percentile, _rss_kib

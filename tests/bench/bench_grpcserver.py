@@ -50,9 +50,9 @@ from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.core.allocation import read_allocation
 from dra.daemon.health import HealthTracker
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import parse_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import parse_profile
 from dra.kubeletplugin import service
 from dra.kubeletplugin.server import PluginServer
 from dra.kubeletplugin.service import DraService, HealthService, _response

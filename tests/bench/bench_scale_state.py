@@ -23,9 +23,9 @@ from pathlib import Path
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.core.allocation import AllocatedDevice, ClaimAllocation
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.state import DeviceState
 from dra.model.migmode import parse_mig_modes
 from tests.bench.bench_compare import cdi_dirs, parse_levels

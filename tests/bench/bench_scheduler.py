@@ -40,9 +40,9 @@ from localcluster.kube import Kube
 
 from dra.core import slices
 from dra.core.versions import ApiFeatures
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
 from dra.model.migmode import DYNAMIC, STATIC, WHOLE, MigModes
 from dra.model.migoffer import ALL, COMMON, MigOffer
 from tests.bench.bench_driver import cpu_seconds

@@ -25,9 +25,9 @@ from typing import Any
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, OpaqueConfig
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.mps import MpsDaemons
 from dra.kubeletplugin.state import DeviceState
 from dra.kubeletplugin.timeslice import TimeSlicer
@@ -74,7 +74,7 @@ def _run(
         CdiStore(root / "cdi", DRIVER),
         CheckpointStore(root / "checkpoint.json"),
         time_slicer=TimeSlicer(lib),
-        mps=MpsDaemons(root / "mps", [sys.executable, "-m", "dra.gpu.fakemps"]),
+        mps=MpsDaemons(root / "mps", [sys.executable, "-m", "dra.fakegpus.mpscontrol"]),
     )
     holder = "bbbbbbbb-0000-4000-8000-000000000000"
     if joins:

@@ -33,11 +33,11 @@ from prometheus_client import generate_latest
 
 from dra.core.devicestatus import Consumer, DeviceIdentity, identities
 from dra.daemon import metrics
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.processes import FakeProcess
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.fakeprocs import FakeProcess
 from dra.gpu.library import GpuLibrary
-from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.usage import DeviceReader, ProcessOwners, UsageSampler
 from dra.model.prepared import PreparedClaim, PreparedDevice
 

@@ -44,11 +44,11 @@ from localcluster.workloads import (
 from prometheus_client.parser import text_string_to_metric_families
 
 from dra.adapters.checkpoint import CheckpointStore
-from dra.adapters.fakesysfs import FakeSysfs
-from dra.daemon import fakegpus
+from dra.fakegpus import node as fakegpus
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
+from dra.fakegpus.sysfs import FakeSysfs
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
 from dra.kubeletplugin import top
 from dra.model.devices import Device, Gpu, Inventory, MigDevice
 
@@ -499,7 +499,7 @@ def test_a_device_node_gone_after_prepare_fails_the_container_with_an_event_nami
         assert f'failed to stat CDI host device "{node}"' in events[0]["message"], events[0]["message"]
         assert pod_claim(ckube, ns, "late")["status"]["allocation"]
     finally:
-        # Put the node back as the fake driver made it (dra.daemon.fakegpus), for later tests.
+        # Put the node back as the fake driver made it (dra.fakegpus.node), for later tests.
         os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(fakegpus.NVIDIA_MAJOR, 1))
 
 

@@ -25,9 +25,9 @@ from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, Obj
 from localcluster.workloads import DRIVER, claim_template, claims_pod, ensure_device_classes, gpu_pod
 
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
 from dra.model.devices import MigDevice
 
 PROFILE = "h100x8-mig"

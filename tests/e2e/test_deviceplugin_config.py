@@ -18,9 +18,9 @@ from localcluster.devicepluginprocess import DevicePluginProcess
 from localcluster.kube import Kube, wait_for
 from localcluster.workloads import delete_pods, gpu_limits_pod, node_resources
 
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
 from tests.unit.test_deviceplugin_config import TIME_SLICING
 
 GPU = "nvidia.com/gpu"

@@ -36,9 +36,9 @@ from localcluster.workloads import (
     visible_devices,
 )
 
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
 from dra.model.devices import Gpu, Inventory
 
 PROFILE = "mixed"

@@ -14,9 +14,9 @@ from localcluster.devicepluginprocess import DevicePluginProcess
 from localcluster.kube import Kube
 from localcluster.workloads import container_record, delete_pods, gpu_limits_pod
 
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
 
 KIND = "k8s.gpu.nvidia.com/device"
 

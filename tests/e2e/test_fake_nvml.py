@@ -29,9 +29,9 @@ from localcluster.workloads import (
     published_devices,
 )
 
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import parse_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import parse_profile
 from dra.model.migmode import parse_mig_modes
 
 #: GPU 0 whole (MIG off), GPU 1 with static MIG devices, GPU 2 in MIG mode for dynamic MIG.

@@ -24,9 +24,9 @@ from localcluster.workloads import (
     published_devices,
 )
 
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.podresources import SOCKET, list_devices
 
 pytestmark = pytest.mark.cluster

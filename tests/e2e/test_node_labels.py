@@ -28,9 +28,9 @@ from localcluster.cluster import ClusterInfo
 from localcluster.kube import Kube, Obj, wait_for
 from localcluster.labellerprocess import LabellerProcess
 
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
 from tests.e2e.test_deploy import _identity_kubeconfig
 
 pytestmark = pytest.mark.cluster

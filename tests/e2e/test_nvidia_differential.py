@@ -33,7 +33,7 @@ from localcluster.workloads import (
 )
 from localcluster.workloads import device_classes as ours_classes
 
-from dra.gpu.profiles import BUILTIN_PROFILES
+from dra.fakegpus.profiles import BUILTIN_PROFILES
 from tests.e2e.differential import OURS, THEIRS, Key, edit_differences, slice_differences
 
 pytestmark = pytest.mark.cluster

@@ -39,8 +39,8 @@ from localcluster.workloads import (
     visible_devices,
 )
 
-from dra.adapters.fakesysfs import FakeSysfs
 from dra.core.cdi import env_key
+from dra.fakegpus.sysfs import FakeSysfs
 from dra.kubeletplugin.publisher import RETRY_ANNOTATION
 
 pytestmark = pytest.mark.cluster
@@ -274,7 +274,7 @@ class Bats:
         """The UUIDs `nvidia-smi -L` lists in the container, one per line it prints.
 
         nvidia-smi lists the GPUs a container sees and, under each, the MIG devices it sees of it
-        (dra/daemon/fakegpus.py's fake imitates that, and tests/e2e/test_containerd.py checks it
+        (dra/fakegpus/node.py's fake imitates that, and tests/e2e/test_containerd.py checks it
         in real containers): here the devices the fake runtime resolved for the container, by
         their CDI env (`DRA_GPU_<DEVICE>_UUID`), with each MIG device's parent GPU.
         """

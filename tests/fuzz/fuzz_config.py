@@ -16,9 +16,9 @@ from dra.core.slices import build_slices
 from dra.deviceplugin import config as dpconfig
 from dra.explain import report as explain
 from dra.explain import shapes
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import ProfileError, load_profile, parse_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import ProfileError, load_profile, parse_profile
 
 DRIVER = "gpu.nvidia.com"
 CLASSES = explain.standard_device_classes(DRIVER)

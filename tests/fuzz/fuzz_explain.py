@@ -13,9 +13,9 @@ from dra.core.slices import build_slices
 from dra.daemon.bootstrap import StartupError
 from dra.explain import command, shapes
 from dra.explain import report as explain
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
 
 DRIVER = "gpu.nvidia.com"
 SLICES = build_slices(discover(FakeGpuLibrary(load_profile("h100x8-mig"), "node")), DRIVER, "node", None, 1)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The real nvidia-cuda-mps-control on the paths dra-gpu uses (dra/kubeletplugin/mps.py): start, a
 # second start, each client command, a CUDA client, quit, and a client with no daemon. Its output is
-# what dra/gpu/fakemps.py must answer (tests/data/real/). Needs a GPU; changes no GPU setting.
+# what dra/fakegpus/mpscontrol.py must answer (tests/data/real/). Needs a GPU; changes no GPU setting.
 set -u
 mps=$(command -v nvidia-cuda-mps-control) || { echo "nvidia-cuda-mps-control: not installed"; exit 0; }
 work=$(mktemp -d)

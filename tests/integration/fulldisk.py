@@ -22,9 +22,9 @@ from typing import Any
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.core.allocation import ClaimError, read_allocation
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.state import DeviceState
 from tests.integration.inprocess import StubKube
 

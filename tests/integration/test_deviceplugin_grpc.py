@@ -29,9 +29,9 @@ from dra.deviceplugin.daemon import DevicePluginSettings, ResourceSet, offer
 from dra.deviceplugin.resources import Resource, resources
 from dra.deviceplugin.server import ResourceServer
 from dra.deviceplugin.service import CallLog, DevicePluginService
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile, parse_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile, parse_profile
 from dra.model.devices import Inventory
 from dra.pb.deviceplugin.v1beta1 import deviceplugin_pb2 as pb
 from dra.pb.deviceplugin.v1beta1 import deviceplugin_pb2_grpc as pb_grpc

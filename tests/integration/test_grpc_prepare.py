@@ -26,9 +26,9 @@ from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.kube import KubeClient
 from dra.daemon.health import HealthTracker
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.server import PluginServer
 from dra.kubeletplugin.service import DraService, HealthService
 from dra.kubeletplugin.state import DeviceState

@@ -11,9 +11,9 @@ from localcluster.kube import Kube, Obj
 
 from dra.adapters.kube import KubeClient
 from dra.core.versions import ApiFeatures
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile, parse_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile, parse_profile
 from dra.kubeletplugin.publisher import SlicePublisher
 from dra.model.devices import Inventory
 

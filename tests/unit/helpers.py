@@ -13,12 +13,12 @@ from typing import Any
 
 import yaml
 
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import Profile, load_profile, parse_profile
 from dra.gpu.discovery import discover
 from dra.gpu.driverfiles import nvml_library
-from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import GpuLibraryError
 from dra.gpu.nvml import NvmlLibrary
-from dra.gpu.profiles import Profile, load_profile, parse_profile
 from dra.model.devices import Inventory
 
 DRIVER = "gpu.nvidia.com"
@@ -117,8 +117,8 @@ def standin_nvml(fake: FakeGpuLibrary, host: Path) -> NvmlLibrary:
     return lib
 
 
-#: The fake MPS control binary (dra.gpu.fakemps) as the driver runs it.
-FAKE_MPS = [sys.executable, "-m", "dra.gpu.fakemps"]
+#: The fake MPS control binary (dra.fakegpus.mpscontrol) as the driver runs it.
+FAKE_MPS = [sys.executable, "-m", "dra.fakegpus.mpscontrol"]
 #: The MPS control binary of the daemon tests: the fake, or the real one where
 #: DRA_GPU_TEST_MPS_CONTROL names it (tests/gpu/check.sh on a GPU machine).
 MPS_CONTROL = (

@@ -23,9 +23,9 @@ from dra.core.assignment import (
     select,
     stranded_claims,
 )
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
 from dra.model.devices import Device, Gpu, Inventory, MigDevice
 from dra.model.prepared import PreparedClaim, PreparedDevice
 

@@ -15,9 +15,9 @@ import pytest
 
 from dra.adapters.assignmentrecord import AssignmentConflictError, AssignmentRecord
 from dra.core.assignment import GpuPath, recorded
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
 from dra.model.devices import Gpu
 
 

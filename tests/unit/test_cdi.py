@@ -18,8 +18,8 @@ import pytest
 from dra.adapters import atomicfile, faults
 from dra.adapters.cdistore import CdiStore
 from dra.core import cdi
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.profiles import load_profile
 from dra.model.devices import Device, Inventory
 from tests.unit.helpers import DRIVER, HostGpuLibrary, inventory
 

@@ -18,10 +18,10 @@ from dra.daemon import bootstrap
 from dra.daemon.bootstrap import GpuInitError, warn_about_stranded_claims
 from dra.deviceplugin.allocate import Strategy
 from dra.deviceplugin.daemon import DevicePluginSettings, run_device_plugin
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import GpuLibraryError
-from dra.gpu.profiles import load_profile
 from dra.model.prepared import PreparedClaim, PreparedDevice
 
 

@@ -21,8 +21,8 @@ from dra.cli.parser import build_parser
 from dra.core import labels
 from dra.daemon.flags import env_name
 from dra.explain.report import standard_device_classes
+from dra.fakegpus.profiles import BUILTIN_PROFILES, load_profile
 from dra.gpu import driverfiles
-from dra.gpu.profiles import BUILTIN_PROFILES, load_profile
 from dra.kubeletplugin.miglayout import load_configs
 
 FAKE: dict[str, Any] = {"fakeGpus": {"enabled": True, "nodes": {"gpu-a": "mixed"}}}

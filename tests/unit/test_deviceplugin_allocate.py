@@ -14,9 +14,9 @@ from dra.core import cdi
 from dra.core.assignment import restrict
 from dra.deviceplugin.allocate import Strategy, allocation_id, container_response, parse_strategies, uses_cdi
 from dra.deviceplugin.daemon import DevicePluginSettings, keep_cdi_spec
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
 from dra.model.devices import Inventory
 
 DRIVER = "gpu.nvidia.com"

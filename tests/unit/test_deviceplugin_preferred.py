@@ -12,9 +12,9 @@ import pytest
 
 from dra.deviceplugin.preferred import Placement, preferred_allocation, spread_allocation
 from dra.deviceplugin.resources import placements
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
 from dra.model.devices import Inventory, MigDevice
 
 

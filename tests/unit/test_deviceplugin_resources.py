@@ -19,9 +19,9 @@ from dra.deviceplugin.resources import (
     socket_name,
     unshared,
 )
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile, parse_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile, parse_profile
 from dra.model.devices import Gpu, Inventory, MigDevice
 
 

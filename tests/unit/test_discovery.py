@@ -7,6 +7,8 @@ import re
 
 import pytest
 
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import MODELS, MigProfile, load_profile
 from dra.gpu.discovery import (
     COMMON_DEVICE_NODES,
     cuda_version_string,
@@ -15,7 +17,6 @@ from dra.gpu.discovery import (
     mig_profile,
     to_semver,
 )
-from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import (
     ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_FUNCTION_NOT_FOUND,
@@ -27,7 +28,6 @@ from dra.gpu.library import (
     MigAttributes,
     MigHandle,
 )
-from dra.gpu.profiles import MODELS, MigProfile, load_profile
 from dra.model.devices import Gpu, MigDevice
 from tests.unit.helpers import NODE, HostGpuLibrary, inventory, profile
 

@@ -21,11 +21,11 @@ from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.core.allocation import AllocatedDevice, ClaimAllocation
 from dra.core.migdevices import RESETLESS_MIG_SWITCH
+from dra.fakegpus.profiles import MODELS
 from dra.gpu import dynamic, migtables
 from dra.gpu.discovery import discover
 from dra.gpu.library import ERROR_INSUFFICIENT_RESOURCES, GpuLibraryError, Placement
 from dra.gpu.nvml import NvmlLibrary
-from dra.gpu.profiles import MODELS
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Gpu, Inventory, MigPartition
 from dra.model.migmode import parse_mig_modes

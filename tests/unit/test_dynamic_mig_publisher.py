@@ -9,9 +9,9 @@ import pytest
 
 from dra.core.assignment import parse_selector
 from dra.core.versions import ApiFeatures
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.publisher import SlicePublisher
 from dra.model.migmode import parse_mig_modes
 from tests.unit.helpers import DRIVER, NODE

@@ -16,9 +16,10 @@ from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.core import sharing
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu import dynamic
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import (
     ERROR_INSUFFICIENT_RESOURCES,
     ComputeInstanceHandle,
@@ -27,7 +28,6 @@ from dra.gpu.library import (
     GpuLibraryError,
     Placement,
 )
-from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.mps import MpsDaemons
 from dra.kubeletplugin.state import DeviceState
 from dra.model.migmode import parse_mig_modes

@@ -13,9 +13,9 @@ from dra import cli
 from dra.core.slices import build_slices
 from dra.explain import devices, shapes
 from dra.explain import report as explain
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
 
 DRIVER = "gpu.nvidia.com"
 ATTR = f'device.attributes["{DRIVER}"]'

@@ -7,9 +7,9 @@ from typing import Any
 from dra.core.slices import build_slices
 from dra.core.versions import ApiFeatures
 from dra.explain.report import explain_claim, render, standard_device_classes
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import parse_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import parse_profile
 from dra.model.migmode import parse_mig_modes
 from tests.unit.helpers import DRIVER, NODE
 

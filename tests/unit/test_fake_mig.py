@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import (
     ERROR_IN_USE,
     ERROR_INSUFFICIENT_RESOURCES,
@@ -16,7 +17,6 @@ from dra.gpu.library import (
     GpuLibraryError,
     Placement,
 )
-from dra.gpu.profiles import load_profile
 from dra.model.devices import MigDevice
 from dra.model.migmode import parse_mig_modes
 

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
+from dra.fakegpus.library import FakeGpuLibrary, parse_event_line
+from dra.fakegpus.profiles import BUILTIN_PROFILES, MODELS, ProfileError, load_profile, parse_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary, parse_event_line
 from dra.gpu.library import (
     ERROR_INVALID_ARGUMENT,
     ERROR_NOT_FOUND,
@@ -19,7 +20,6 @@ from dra.gpu.library import (
     GpuLibraryError,
     XidEvent,
 )
-from dra.gpu.profiles import BUILTIN_PROFILES, MODELS, ProfileError, load_profile, parse_profile
 from dra.model.devices import MigDevice
 from tests.unit.helpers import NODE, inventory
 

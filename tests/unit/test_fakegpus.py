@@ -15,9 +15,9 @@ from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.core import cdi
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError
-from dra.daemon import fakegpus
 from dra.daemon.bootstrap import DaemonSettings, gpu_library, node_inventory
-from dra.gpu.profiles import load_profile
+from dra.fakegpus import node as fakegpus
+from dra.fakegpus.profiles import load_profile
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Inventory, MigDevice
 from dra.model.migmode import parse_mig_modes

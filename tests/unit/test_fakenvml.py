@@ -22,9 +22,9 @@ from fakenvml.library import ensure_library, function_names, nvml_header
 from fakenvml.node import CONF, FakeNode, NodeConfig
 from fakenvml.standin import NvmlStandIn
 
-from dra.daemon.fakegpus import FAKE_GPU_STATE
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.node import FAKE_GPU_STATE
+from dra.fakegpus.profiles import load_profile
 from tests.unit.helpers import NODE
 
 #: A fake node's device nodes are mknod'ed and its sysfs mounted in a namespace of its own, as on a node.

@@ -14,7 +14,8 @@ import pytest
 
 from dra.daemon import health
 from dra.daemon.health import APPLICATION_XIDS, DeviceHealth, HealthMonitor, HealthTracker
-from dra.gpu.fake import FakeGpuLibrary
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.library import (
     ERROR_GPU_IS_LOST,
     ERROR_NOT_SUPPORTED,
@@ -23,7 +24,6 @@ from dra.gpu.library import (
     MigHandle,
     XidEvent,
 )
-from dra.gpu.profiles import load_profile
 from dra.model.devices import Gpu, Inventory, MigDevice
 from tests.unit.helpers import NODE, inventory
 

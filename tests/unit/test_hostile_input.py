@@ -185,8 +185,8 @@ def test_the_fake_gpus_files_that_are_no_regular_files_neither_block_nor_crash(t
     os.mkfifo(fifo)
     directory.mkdir()
     setup = (
-        "from pathlib import Path\nfrom dra.gpu.fake import FakeGpuLibrary\n"
-        "from dra.gpu.library import GpuLibraryError\nfrom dra.gpu.profiles import load_profile"
+        "from pathlib import Path\nfrom dra.fakegpus.library import FakeGpuLibrary\n"
+        "from dra.gpu.library import GpuLibraryError\nfrom dra.fakegpus.profiles import load_profile"
     )
     code, output = bounded(
         f"""

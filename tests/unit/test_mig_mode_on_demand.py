@@ -18,8 +18,9 @@ from dra.adapters.checkpoint import CheckpointStore
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError
 from dra.core.slices import build_slices
 from dra.core.versions import ApiFeatures
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile, parse_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import (
     ERROR_NOT_SUPPORTED,
     ERROR_UNKNOWN,
@@ -30,7 +31,6 @@ from dra.gpu.library import (
     Placement,
 )
 from dra.gpu.nvml import NvmlLibrary
-from dra.gpu.profiles import load_profile, parse_profile
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Inventory, MigPartition
 from dra.model.migmode import parse_mig_modes

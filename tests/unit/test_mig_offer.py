@@ -18,10 +18,10 @@ from dra.core.slices import (
     partition_counters,
 )
 from dra.core.versions import ApiFeatures
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import MODELS, load_profile, parse_profile
 from dra.gpu import migtables
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import MODELS, load_profile, parse_profile
 from dra.model.devices import Gpu, MigPartition
 from dra.model.migmode import MigModes
 from dra.model.migoffer import ALL, COMMON, MigOffer, parse_mig_offer

@@ -16,8 +16,8 @@ from dra.adapters.checkpoint import CheckpointStore
 from dra.cli import main
 from dra.core.migconfig import MigConfigs, parse_mig_configs
 from dra.daemon.bootstrap import gpu_library
+from dra.fakegpus.library import FakeGpuLibrary
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import (
     ERROR_INSUFFICIENT_RESOURCES,
     ComputeInstanceHandle,

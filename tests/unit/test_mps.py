@@ -1,6 +1,6 @@
 """MPS: limits checked at prepare, a control daemon per set of devices, adopted on restart, never leaked.
 
-The daemons are the fake nvidia-cuda-mps-control (dra.gpu.fakemps), started for real, each in
+The daemons are the fake nvidia-cuda-mps-control (dra.fakegpus.mpscontrol), started for real, each in
 a mount namespace of its own (dra.kubeletplugin.mpslaunch): that takes root, as it takes
 CAP_SYS_ADMIN in the plugin's container.
 """
@@ -23,7 +23,7 @@ from dra.adapters.checkpoint import CheckpointStore
 from dra.api.v1beta1 import MpsConfig
 from dra.core import cdi, sharing
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
-from dra.gpu import fakemps
+from dra.fakegpus import mpscontrol as fakemps
 from dra.kubeletplugin import mps
 from dra.kubeletplugin.mps import MpsDaemons
 from dra.kubeletplugin.state import DeviceState

@@ -29,7 +29,7 @@ pytestmark = [
 ]
 
 REPO = Path(__file__).parents[2]
-FAKE_MPS = [sys.executable, "-m", "dra.gpu.fakemps"]
+FAKE_MPS = [sys.executable, "-m", "dra.fakegpus.mpscontrol"]
 #: The chart's MPS container: uid 0 with these capabilities only.
 CHART_CAPS = ["setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all,+sys_admin,+setpcap"]
 SYS_ADMIN = 1 << mpslaunch.CAP_SYS_ADMIN
@@ -52,7 +52,7 @@ from dra.kubeletplugin import mpslaunch, mpsprivsep
 from dra.kubeletplugin.mps import MpsDaemons
 
 root, uuid = Path(sys.argv[1]), sys.argv[2]
-fake = [sys.executable, "-m", "dra.gpu.fakemps"]
+fake = [sys.executable, "-m", "dra.fakegpus.mpscontrol"]
 launcher = mpsprivsep.separate(root, fake, 10.0)
 out = {"self": Path("/proc/self/status").read_text()}
 out["launcher"] = Path(f"/proc/{launcher.pid}/status").read_text()
@@ -158,7 +158,7 @@ def test_the_real_kubelet_plugin_serves_without_cap_sys_admin_and_its_children_g
     probe.write_text(
         "#!/bin/sh\n"
         f'grep -E "^(Cap|NoNewPrivs)" /proc/self/status > "{tmp_path}/run.$$"\n'
-        f'exec {sys.executable} -m dra.gpu.fakemps "$@"\n'
+        f'exec {sys.executable} -m dra.fakegpus.mpscontrol "$@"\n'
     )
     probe.chmod(0o755)
     # A daemon left by an earlier plugin, which no recorded claim uses: the plugin stops it at start.

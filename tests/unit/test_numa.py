@@ -15,10 +15,10 @@ from fakenvml.standin import NvmlStandIn
 
 from dra.core.slices import NUMA_NODE_ATTRIBUTE, build_slices
 from dra.core.versions import ApiFeatures
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import ProfileError
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.numa import same_socket_nodes
-from dra.gpu.profiles import ProfileError
 from dra.model.devices import Inventory
 from tests.unit.helpers import DRIVER, NODE, profile
 

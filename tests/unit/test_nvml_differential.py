@@ -26,10 +26,12 @@ from dra.core.migconfig import parse_mig_configs
 from dra.core.slices import build_slices
 from dra.core.taints import Effect
 from dra.daemon.health import HealthTracker
-from dra.gpu import dynamic, fakemig
+from dra.fakegpus import mig as fakemig
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.processes import FakeProcess
+from dra.fakegpus.profiles import BUILTIN_PROFILES, load_profile
+from dra.gpu import dynamic
 from dra.gpu.discovery import discover, mig_handles, profile_infos
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.fakeprocs import FakeProcess
 from dra.gpu.library import (
     GpuHandle,
     GpuInstanceProfileInfo,
@@ -39,7 +41,6 @@ from dra.gpu.library import (
     Placement,
 )
 from dra.gpu.nvml import NvmlLibrary
-from dra.gpu.profiles import BUILTIN_PROFILES, load_profile
 from dra.kubeletplugin.miglayout import MigLayoutError, apply_layout
 from dra.model.devices import MigDevice
 from dra.model.migmode import MigModes, parse_mig_modes

@@ -23,9 +23,10 @@ from fakenvml.standin import NvmlStandIn
 
 from dra.core.migconfig import parse_mig_configs
 from dra.daemon.health import HealthMonitor, HealthTracker
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu import dynamic
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import (
     ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_FUNCTION_NOT_FOUND,
@@ -42,7 +43,6 @@ from dra.gpu.library import (
     XidEvent,
 )
 from dra.gpu.nvml import NvmlLibrary
-from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.miglayout import apply_layout
 from dra.model.devices import Gpu, MigDevice
 from dra.model.migmode import MigModes, parse_mig_modes

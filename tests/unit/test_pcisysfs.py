@@ -1,6 +1,6 @@
 """The sysfs adapter of passthrough over the fake tree, and the fake against what the kernel does.
 
-The kernel behaviour the fake follows is in dra/adapters/fakesysfs.py's docstring (pci-sysfs.c,
+The kernel behaviour the fake follows is in dra/fakegpus/sysfs.py's docstring (pci-sysfs.c,
 bus.c, dd.c, pci-driver.c): these tests pin it, then run the adapter's sequences over it.
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dra.adapters.fakesysfs import FakeFunction, FakeSysfs
 from dra.adapters.pcisysfs import PciSysfs
+from dra.fakegpus.sysfs import FakeFunction, FakeSysfs
 
 GPU = "0000:3b:00.0"
 AUDIO = "0000:3b:00.1"

@@ -16,18 +16,18 @@ import pytest
 
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
-from dra.adapters.fakesysfs import FakeFunction, FakeSysfs
 from dra.adapters.metadatastore import MetadataStore
 from dra.adapters.pcisysfs import PciSysfs
 from dra.core import devicemetadata, steps
 from dra.core import prepare as programs
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.core.steps import ClaimSeen
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
+from dra.fakegpus.sysfs import FakeFunction, FakeSysfs
 from dra.gpu import dynamic
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import GpuHandle, Placement
-from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Inventory
 from dra.model.migmode import parse_mig_modes

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from dra.gpu.fake import FakeGpuLibrary
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import parse_profile
 from dra.gpu.library import GpuLibrary
-from dra.gpu.profiles import parse_profile
 from tests.gpu.record import record
 from tests.unit.helpers import NODE, standin_nvml
 

@@ -12,9 +12,9 @@ import pytest
 from dra.core.assignment import restrict
 from dra.daemon.health import HealthTracker
 from dra.daemon.rediscovery import Rediscovery
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import parse_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import parse_profile
 from dra.kubeletplugin.daemon import PluginSettings
 from dra.model.devices import Inventory
 

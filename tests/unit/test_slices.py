@@ -24,10 +24,10 @@ from dra.core.slices import (
     device_entry,
     slice_name,
 )
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import ERROR_NOT_SUPPORTED, GpuHandle, GpuLibraryError
-from dra.gpu.profiles import load_profile
 from dra.model.devices import Gpu, Inventory, MigDevice
 from tests.unit.helpers import DRIVER, NODE, inventory, profile
 

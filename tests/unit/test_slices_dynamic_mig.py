@@ -12,9 +12,9 @@ from dra.core.slices import (
     build_slices,
 )
 from dra.core.versions import ApiFeatures
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.profiles import load_profile
 from dra.model.migmode import parse_mig_modes
 
 NODE = "node-a"

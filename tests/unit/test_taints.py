@@ -15,9 +15,9 @@ from dra.core import slices
 from dra.core.taints import DeviceTaint, Effect, parse_effect, taint_value, unhealthy_taint
 from dra.core.versions import ApiFeatures
 from dra.daemon.health import APPLICATION_XIDS, ClearRefusedError, HealthTracker, gpu_failure, parse_xids
-from dra.gpu.fake import FakeGpuLibrary
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.library import GpuLibraryError, XidEvent
-from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.healthctl import HealthControl, HealthControlError, clear
 from dra.kubeletplugin.publisher import SlicePublisher
 from dra.model.devices import Device

@@ -12,10 +12,10 @@ from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.cli import main
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
-from dra.gpu.fake import FakeGpuLibrary
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.library import GpuHandle, GpuLibraryError
 from dra.gpu.nvml import NvmlLibrary
-from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.state import DeviceState
 from dra.kubeletplugin.timeslice import TimeSlicer
 from tests.unit.helpers import DRIVER, NODE, inventory

@@ -1,6 +1,6 @@
 """Usage per claim over time: the fake GPUs' processes change, the series follow them.
 
-Each test drives fake processes (dra.gpu.fakeprocs) on fake GPUs, in pods whose cgroups a
+Each test drives fake processes (dra.fakegpus.processes) on fake GPUs, in pods whose cgroups a
 fake /proc tree gives, and checks relations between what the processes declared and what
 the sampler publishes over successive samples, not constants.
 """
@@ -18,11 +18,11 @@ import pytest
 from dra.core.devicestatus import Consumer, DeviceIdentity, identities
 from dra.core.usage import container_of
 from dra.daemon import metrics
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.processes import FakeProcess, parse_processes
+from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
-from dra.gpu.fakeprocs import FakeProcess, parse_processes
 from dra.gpu.library import ERROR_NOT_FOUND, ERROR_NOT_SUPPORTED, GpuLibraryError
-from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.usage import ProcessOwners, UsageSampler
 from dra.model.devices import Gpu, MigDevice
 from dra.model.prepared import PreparedClaim, PreparedDevice

@@ -1,7 +1,7 @@
 """GPU passthrough at prepare: who is refused and why, what the group needs, what the spec names.
 
 Run through the real executor (DeviceState) over fake GPUs and a fake sysfs tree
-(dra.adapters.fakesysfs); the crash-safety of the same steps is in test_prepare_steps.
+(dra.fakegpus.sysfs); the crash-safety of the same steps is in test_prepare_steps.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import pytest
 
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
-from dra.adapters.fakesysfs import FakeFunction, FakeSysfs
 from dra.adapters.pcisysfs import PciSysfs
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
+from dra.fakegpus.sysfs import FakeFunction, FakeSysfs
 from dra.gpu.discovery import discover
-from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import GpuHandle
-from dra.gpu.profiles import load_profile
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Inventory
 from dra.model.migmode import parse_mig_modes

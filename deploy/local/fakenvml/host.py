@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dra.daemon import fakegpus
+from dra.fakegpus import node as fakegpus
+from dra.fakegpus.library import FakeGpuLibrary, mig_cap_minor
 from dra.gpu.discovery import mig_enabled, mig_handles
-from dra.gpu.fake import FakeGpuLibrary, mig_cap_minor
 from dra.gpu.library import sysfs_bus_id
 
 

@@ -6,7 +6,7 @@
  * fakenvml_slot: to the NVML stand-in's function (fakenvml.standin, Python) once a
  * stand-in is installed, else to a stub that asks fakenvml_resolve where to go. So
  * one truth answers every caller, pynvml in the driver's own process and go-nvml in
- * NVIDIA's: the stand-in over the fake GPUs of dra.gpu.fake.
+ * NVIDIA's: the stand-in over the fake GPUs of dra.fakegpus.library.
  *
  * A process that loads this library without Python (NVIDIA's Go plugin) gets one:
  * on the first call the loader reads fakenvml.conf beside the library, loads the

@@ -6,7 +6,7 @@ Both drivers of the local cluster, this project's and NVIDIA's, are started over
 - ``driver/``: the driver root. ``usr/lib64/libnvidia-ml.so.<version>`` is the fake NVML
   (fakenvml.library, copied so that the path NVIDIA's plugin resolves stays in the driver root),
   with its ``.so.1`` link and ``fakenvml.conf`` beside it, which tells the library which fake
-  GPUs to serve; ``usr/bin/nvidia-smi`` answers ``-L`` in containers (dra.daemon.fakegpus' script)
+  GPUs to serve; ``usr/bin/nvidia-smi`` answers ``-L`` in containers (dra.fakegpus.node' script)
   and the settings the drivers change on the host (fakenvml.smi); ``dev/`` holds the GPUs'
   character devices, so both drivers take the driver root for their device root.
 - ``sys/`` and ``proc/driver/``: what the kernel shows of the GPUs (fakenvml.host). ``wrap()``
@@ -28,9 +28,9 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dra.daemon import fakegpus
+from dra.fakegpus import node as fakegpus
+from dra.fakegpus.library import FakeGpuLibrary, mig_cap_minor
 from dra.gpu.discovery import mig_enabled, mig_handles
-from dra.gpu.fake import FakeGpuLibrary, mig_cap_minor
 from dra.gpu.library import ERROR_UNKNOWN, GpuLibraryError
 from fakenvml.host import capability_files, host_tree
 from fakenvml.library import SONAME, ensure_library

@@ -18,8 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-from dra.daemon.fakegpus import FAKE_GPU_STATE, write_if_changed
-from dra.gpu.fake import FakeGpuLibrary
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.node import FAKE_GPU_STATE, write_if_changed
 from dra.gpu.library import GpuHandle, GpuLibraryError
 from fakenvml.node import NodeConfig
 

@@ -14,7 +14,7 @@ refuses it. A function the stand-in lacks (or is told the driver lacks, with
 `lacks`) is no attribute, so pynvml answers FUNCTION_NOT_FOUND, as with a
 driver older than the call.
 
-What the functions answer is a FakeGpuLibrary's (dra.gpu.fake): the same
+What the functions answer is a FakeGpuLibrary's (dra.fakegpus.library): the same
 profile, MIG state, refusals and XID events file drive both, so the real
 adapter (dra.gpu.nvml.NvmlLibrary) over the stand-in and the fake alone
 cannot drift apart (tests/unit/test_nvml_differential.py runs both). Only
@@ -42,8 +42,8 @@ from collections import Counter
 from collections.abc import Callable, Collection
 from typing import Any
 
+from dra.fakegpus.library import FakeGpuLibrary
 from dra.gpu.discovery import mig_handles
-from dra.gpu.fake import FakeGpuLibrary
 from dra.gpu.library import (
     ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_GPU_IS_LOST,

@@ -21,7 +21,7 @@ from typing import Any, Self
 from fakenvml.node import FakeNode
 
 from dra.adapters.checkpoint import CheckpointStore
-from dra.daemon.fakegpus import FAKE_MIG_STATE
+from dra.fakegpus.node import FAKE_MIG_STATE
 from dra.kubeletplugin.server import sockets
 from localcluster.cluster import ClusterInfo
 
@@ -172,7 +172,7 @@ class DriverProcess(DaemonProcess):
 
     @property
     def fake_mig_state(self) -> Path:
-        """The file the fake GPUs keep their MIG modes and instances in (dra.gpu.fakemig)."""
+        """The file the fake GPUs keep their MIG modes and instances in (dra.fakegpus.mig)."""
         if isinstance(self.profile, FakeNode):
             return self.profile.config.state_dir / FAKE_MIG_STATE
         return self.checkpoint.parent / FAKE_MIG_STATE

@@ -14,19 +14,19 @@ import stat
 from pathlib import Path
 
 from dra.adapters.atomicfile import write_atomic
-from dra.adapters.fakesysfs import FakeFunction, FakeSysfs
 from dra.adapters.pcisysfs import PciSysfs
+from dra.fakegpus.library import FakeGpuLibrary, mig_cap_minor
+from dra.fakegpus.profiles import load_profile
+from dra.fakegpus.sysfs import FakeFunction, FakeSysfs
 from dra.gpu.discovery import mig_enabled, mig_handles
-from dra.gpu.fake import FakeGpuLibrary, mig_cap_minor
 from dra.gpu.library import ERROR_UNKNOWN, GpuHandle, GpuLibraryError
-from dra.gpu.profiles import load_profile
 from dra.model.devices import Inventory
 
 #: The fake GPUs' settings (time slices) in the state directory.
 FAKE_GPU_STATE = "fake-gpu-state.json"
 #: The fake GPUs' MIG instances, in the state directory (on a real GPU, the GPU holds them).
 FAKE_MIG_STATE = "fake-gpu-mig.json"
-#: The processes running on the fake GPUs (dra.gpu.fakeprocs' control file), in the state directory.
+#: The processes running on the fake GPUs (dra.fakegpus.processes' control file), in the state directory.
 FAKE_PROCESSES = "fake-gpu-processes.json"
 #: NVIDIA's registered character major (/dev/nvidia0, /dev/nvidiactl).
 NVIDIA_MAJOR = 195
@@ -39,7 +39,7 @@ LIBRARY_DIR = "usr/lib/x86_64-linux-gnu"
 STAND_IN_LIBRARIES = ("libcuda", "libnvidia-ml")
 
 _SCRIPT = """#!/bin/sh
-# nvidia-smi of dra-gpu's fake GPUs (dra/daemon/fakegpus.py): only -L, from the device nodes
+# nvidia-smi of dra-gpu's fake GPUs (dra/fakegpus/node.py): only -L, from the device nodes
 # this container has. Table: G <minor> <uuid> <product> / M <parent minor> <gi cap> <ci cap> <uuid> <profile>
 case "$1" in
   -L|--list-gpus) ;;

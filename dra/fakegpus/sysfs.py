@@ -25,7 +25,7 @@ kernel's side of a write to one of its attributes. What it follows, from Linux 6
 - /dev/vfio/<group> appears when the first function of the group binds vfio-pci and goes
   with the last (drivers/vfio/group.c); /dev/vfio/vfio is there while vfio is loaded.
 
-Device nodes are character devices (mknod, as dra.daemon.fakegpus makes the GPUs') so that
+Device nodes are character devices (mknod, as dra.fakegpus.node makes the GPUs') so that
 a container runtime accepts them in a CDI spec; opening one does nothing useful.
 """
 

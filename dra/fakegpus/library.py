@@ -1,10 +1,10 @@
-"""Fake GPUs behind the GpuLibrary interface, from a profile (dra.gpu.profiles).
+"""Fake GPUs behind the GpuLibrary interface, from a profile (dra.fakegpus.profiles).
 
 FakeGpuLibrary answers the same NVML calls as the real library, with UUIDs
 derived from the node name so that many fake nodes differ. By default it has
 no host device nodes (containers get no paths that do not exist); given a
 root (--fake-gpu-root, for real containers in the local cluster) it looks
-device nodes up under that root, where dra.daemon.fakegpus makes them, and
+device nodes up under that root, where dra.fakegpus.node makes them, and
 lists MIG capability minors as the driver's /proc/driver/nvidia-caps/mig-minors
 does. XID errors can be injected
 by appending lines to an events file, which the health monitor reads like
@@ -17,12 +17,12 @@ GPU in MIG mode (a MIG device's are in its name, gpu-4-mig-1g10gb-<gi>-<ci>);
 without them, or with 4294967295 (NVML's "none"), the error concerns the
 whole GPU.
 
-MIG mode and MIG instances are dra.gpu.fakemig's (FakeMigPartitions, which
+MIG mode and MIG instances are dra.fakegpus.mig's (FakeMigPartitions, which
 FakeGpuLibrary extends).
 
 The addressing mode is the model's (HMM for every catalog model: Turing and
 newer GPUs on an x86 host with NVIDIA's open kernel modules; see
-dra.gpu.profiles), or the profile's `addressingMode` where it sets one, with
+dra.fakegpus.profiles), or the profile's `addressingMode` where it sets one, with
 `unsupported` answered as NVML's NOT_SUPPORTED.
 
 Settings the driver changes on a GPU (the compute time slice) are kept in a
@@ -30,7 +30,7 @@ JSON state file when one is given, `{"<uuid>": {"timeSlice": <level>}}`, the way
 GPU keeps them across a restart of the driver; `dra-gpu time-slices` shows them.
 
 Processes with device memory and duty cycles run on the GPUs as a control file declares
-them (dra.gpu.fakeprocs, `processes`); memory used, utilisation, the per-process calls and
+them (dra.fakegpus.processes, `processes`); memory used, utilisation, the per-process calls and
 GPM answer from them as NVML does: device utilisation NOT_SUPPORTED and per-process
 utilisation NOT_SUPPORTED in MIG mode, NOT_FOUND from per-process utilisation when every
 process is idle, GPM on Hopper and newer only.
@@ -45,9 +45,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from dra.fakegpus.mig import FakeMigDevice, FakeMigPartitions
+from dra.fakegpus.processes import FakeProcess, FakeProcesses
+from dra.fakegpus.profiles import Profile
 from dra.gpu.discovery import mig_handles
-from dra.gpu.fakemig import FakeMigDevice, FakeMigPartitions
-from dra.gpu.fakeprocs import FakeProcess, FakeProcesses
 from dra.gpu.library import (
     ERROR_INVALID_ARGUMENT,
     ERROR_NOT_FOUND,
@@ -62,7 +63,6 @@ from dra.gpu.library import (
     ProcessUtilization,
     XidEvent,
 )
-from dra.gpu.profiles import Profile
 
 #: GPU and compute instance IDs a GPU can have, as the driver's mig-minors file lists them.
 MIG_GPU_INSTANCES = 15

@@ -3,7 +3,7 @@
 A profile says which GPUs a node has: a built-in name (`h100x8`, `h100x8-mig`,
 `a100x4-mig`, `h100x8-dynamic-mig`, `a100x4-dynamic-mig`, `mixed`), a YAML
 file, or a per-node map file that picks one by node name. docs/configuration.md
-documents the format; every error names the field to fix. dra.gpu.fake serves
+documents the format; every error names the field to fix. dra.fakegpus.library serves
 a profile through the GpuLibrary interface.
 """
 
@@ -154,7 +154,7 @@ class FakeGpu:
     #: the rest of the profile's `numaNode` list.
     same_socket_numa_nodes: tuple[int, ...] = ()
     #: NVML cannot reset the GPU (passthrough to a VM, another client holding it): a MIG mode change
-    #: on a model that needs a reset for it stays pending (dra.gpu.fakemig).
+    #: on a model that needs a reset for it stays pending (dra.fakegpus.mig).
     mig_reset_blocked: bool = False
 
 

@@ -20,7 +20,7 @@ status is RESET_REQUIRED): on Hopper and later the change is current at once;
 on Ampere too, since NVML resets the GPU, unless the profile marks the GPU
 `migResetBlocked`, where it stays pending until `reset_gpu`. With
 on_mig_change set, each new MIG device is announced (with a root,
-dra.daemon.fakegpus then makes its device nodes).
+dra.fakegpus.node then makes its device nodes).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from dra.fakegpus.profiles import FakeGpu, Profile
 from dra.gpu import migtables
 from dra.gpu.library import (
     ERROR_IN_USE,
@@ -51,7 +52,6 @@ from dra.gpu.library import (
     Placement,
 )
 from dra.gpu.migtables import GpuInstanceProfile
-from dra.gpu.profiles import FakeGpu, Profile
 
 #: nvmlDeviceArchitecture_t of Ampere: the one that needs a GPU reset to change MIG mode.
 AMPERE = 7
@@ -96,7 +96,7 @@ class FakeInstance:
 
 
 class FakeMigPartitions:
-    """The MIG calls of GpuLibrary over a profile's GPUs; dra.gpu.fake.FakeGpuLibrary adds the rest."""
+    """The MIG calls of GpuLibrary over a profile's GPUs; FakeGpuLibrary adds the rest."""
 
     def __init__(self, profile: Profile, mig_state: Path | None = None) -> None:
         self.profile = profile

@@ -1,4 +1,4 @@
-"""A fake `nvidia-cuda-mps-control`, for fake GPUs: `python -m dra.gpu.fakemps [-d [-M]]`.
+"""A fake `nvidia-cuda-mps-control`, for fake GPUs: `python -m dra.fakegpus.mpscontrol [-d [-M]]`.
 
 It answers as the real one did on a real H200 (driver 580.159.04, MPS binary version 13000:
 tests/data/real/h200-580/mps-control.txt), on the paths the driver uses:

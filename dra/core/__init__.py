@@ -5,14 +5,16 @@ Slices built (``slices``) and converged on (``sliceplan``), opaque configuration
 (``allocation``), the GPU split between DRA and the device plugin (``assignment``),
 what a prepare or unprepare gives a claim (``plan``, the one place its CDI spec is
 built) and the programs of steps that carry it out (``prepare``, ``recovery`` for the
-start-up repair, ``migdevices`` and ``vfio``, over the step vocabulary ``steps``),
-GPU sharing (``sharing``), what the API server accepts (``versions``), an unhealthy
-device's taint (``taints``), node labels (``labels``), static MIG layouts
-(``migconfig``), per-claim usage (``usage``) and the checkpoint's format
-(``checkpointformat``).
+start-up repair, ``migdevices`` and ``vfio``, over the step vocabulary
+``steps``, the GPU's ``gpusteps`` and what a step is, ``stepbase``), GPU sharing
+(``sharing``), what the API server accepts (``versions``), an unhealthy device's taint
+(``taints``), node labels (``labels``), static MIG layouts (``migconfig`` parses and
+places, ``miglayout`` applies them as a program of the GPU's steps), per-claim usage
+(``usage``) and the checkpoint's format (``checkpointformat``).
 
 Rule: no I/O of any kind (files, network, NVML, clocks, threads); API objects come
 in as dicts, answers go out as data. Imports only ``dra.api`` and ``dra.model``;
 inside (a layer contract), the programs over the plan over the steps' users over the
-single decisions over the API's vocabulary. Tests feed literal objects.
+single decisions over the API's vocabulary and the steps', the GPU's steps and what a
+step is below those. Tests feed literal objects.
 """

@@ -12,29 +12,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from dra.core.allocation import ClaimAllocation, ClaimError
-from dra.core.steps import (
+from dra.core.gpusteps import (
+    NVML_INSUFFICIENT_RESOURCES,
     CreateComputeInstance,
     CreateGpuInstance,
     DestroyGpuInstance,
-    Facts,
     FindMigDevice,
     ListGpuInstances,
-    Log,
-    Node,
-    Program,
     ReadMigMode,
-    Save,
-    SetInventory,
     SetMigMode,
-    StepError,
-    ask,
 )
+from dra.core.stepbase import Log, StepError, ask
+from dra.core.steps import Facts, Node, Program, Save, SetInventory
 from dra.model.devices import Gpu, Inventory, MigDevice, MigPartition
 from dra.model.prepared import MIG_CREATE, MIG_MODE, DeviceAction, PreparedClaim
-
-#: NVML_ERROR_INSUFFICIENT_RESOURCES (nvml.h): NVML refused a GPU instance for lack of room, so the
-#: placement is taken on the GPU, whatever the checkpoint says.
-NVML_INSUFFICIENT_RESOURCES = 23
 
 
 @dataclass(frozen=True)

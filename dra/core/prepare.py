@@ -27,12 +27,12 @@ from dra.core.plan import (
     respec,
     stale_reasons,
 )
+from dra.core.stepbase import Log, StepError, ask
 from dra.core.steps import (
     ApplyTimeSlices,
     AskStale,
     Facts,
     HasSpec,
-    Log,
     Mark,
     MissingHostPaths,
     Node,
@@ -44,11 +44,9 @@ from dra.core.steps import (
     RestoreTimeSlices,
     Save,
     StartMps,
-    StepError,
     Sync,
     WriteMetadata,
     WriteSpec,
-    ask,
 )
 from dra.model.prepared import PreparedClaim
 

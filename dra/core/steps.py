@@ -1,22 +1,22 @@
-"""The steps a prepare, unprepare or start-up repair is made of, as plain data.
+"""The steps of prepare, unprepare and the start-up repair, as plain data, and their Runner.
 
 A program (dra.core.prepare, dra.core.recovery, dra.core.migdevices) is a
-generator: it yields one step at a time and is resumed with the step's result,
-the way a sans-I/O protocol asks for more input. It decides everything; the
-executor (dra.kubeletplugin.state) only runs each step and sends back what it
-returned, or throws `StepError` into the program when the step failed.
+generator of steps (dra.core.stepbase): these, the GPU's (dra.core.gpusteps) and log lines. It
+decides everything; the executor (dra.kubeletplugin.state) only runs each step and sends back what
+it returned, or throws `StepError` into the program when the step failed.
 docs/architecture.md has the table of steps in the order a prepare takes them.
 """
 
 from __future__ import annotations
 
-import abc
 import functools
 from collections.abc import Generator, Mapping
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
-from dra.model.devices import Gpu, Inventory, MigDevice
+from dra.core.gpusteps import GpuRunner
+from dra.core.stepbase import Query, Step
+from dra.model.devices import Inventory
 from dra.model.pci import IommuGroup, VfioHost
 from dra.model.prepared import DeviceAction, Holders, PreparedClaim
 
@@ -25,45 +25,6 @@ Obj = dict[str, Any]
 #: What the API server says of a prepared claim's ResourceClaim: gone (404), re-created (another
 #: UID), deallocated, still allocated, or unreadable (any other error). dra.core.plan decides.
 ClaimSeen = Literal["gone", "re-created", "deallocated", "allocated", "unreadable"]
-
-
-@dataclass(frozen=True)
-class Step(abc.ABC):
-    """One effect or question; `point` names the crash point the executor passes right after it."""
-
-    #: Whether the executor runs it holding the state's lock (threads and other instances).
-    locked: ClassVar[bool] = True
-    point: str = field(default="", kw_only=True)
-
-    @abc.abstractmethod
-    def run(self, runner: Runner) -> object:
-        """Have the runner's method for this kind of step run it; its result."""
-
-
-@dataclass(frozen=True)
-class Query(Step, Generic[T]):
-    """A step whose result the program needs: `yield from ask(step)` returns it (its `run` returns a T)."""
-
-
-#: A program: yields steps, is sent their results (what each step's `run` returned), returns its answer.
-Program = Generator[Step, Any, T]
-
-
-def ask(step: Query[T]) -> Program[T]:
-    """Yield a query and return its result: what `step.run` returned, of the query's type."""
-    result: T = yield step
-    return result
-
-
-class StepError(Exception):
-    """A step failed (a file, NVML, nvidia-smi, an MPS daemon); thrown into the program at its yield.
-
-    `code`: NVML's return code (nvml.h's nvmlReturn_t) where the step was an NVML call, else 0.
-    """
-
-    def __init__(self, message: str, code: int = 0) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(frozen=True)
@@ -122,9 +83,43 @@ class Facts:
         return facts
 
 
+class Runner(GpuRunner, Protocol):
+    """What runs the steps (dra.kubeletplugin.state.DeviceState): one method per kind, each step's `run`."""
+
+    def read_state(self, step: ReadState) -> Facts: ...
+    def has_spec(self, step: HasSpec) -> bool: ...
+    def spec_uids(self, step: SpecUids) -> frozenset[str]: ...
+    def metadata_dirs(self, step: MetadataDirs) -> frozenset[str]: ...
+    def ask_stale(self, step: AskStale) -> Mapping[str, ClaimSeen]: ...
+    def missing_host_paths(self, step: MissingHostPaths) -> tuple[str, ...]: ...
+    def read_vfio_host(self, step: ReadVfioHost) -> VfioHost: ...
+    def read_iommu_group(self, step: ReadIommuGroup) -> IommuGroup: ...
+    def save(self, step: Save) -> int: ...
+    def mark(self, step: Mark) -> None: ...
+    def remove_leftovers(self, step: RemoveLeftovers) -> None: ...
+    def write_spec(self, step: WriteSpec) -> None: ...
+    def remove_spec(self, step: RemoveSpec) -> None: ...
+    def write_metadata(self, step: WriteMetadata) -> None: ...
+    def remove_metadata(self, step: RemoveMetadata) -> None: ...
+    def use_inventory(self, step: SetInventory) -> None: ...
+    def bind_vfio(self, step: BindVfio) -> None: ...
+    def restore_pci(self, step: RestorePci) -> None: ...
+    def sync(self, step: Sync) -> None: ...
+    def apply_time_slices(self, step: ApplyTimeSlices) -> None: ...
+    def restore_time_slices(self, step: RestoreTimeSlices) -> None: ...
+    def start_mps(self, step: StartMps) -> None: ...
+    def release_mps(self, step: ReleaseMps) -> None: ...
+    def stop_other_mps(self, step: StopOtherMps) -> None: ...
+
+
+#: A program of these steps, the GPU's and log lines: yields steps, is sent their results (what each
+#: step's `run` returned), returns its answer.
+Program = Generator[Step[Runner], Any, T]
+
+
 # -- questions (their results typed), then effects --------------------------------------------
 @dataclass(frozen=True)
-class ReadState(Query[Facts]):
+class ReadState(Query[Runner, Facts]):
     """The state as it is now (after the lock was let go, another thread or instance may have changed it)."""
 
     def run(self, runner: Runner) -> Facts:
@@ -132,7 +127,7 @@ class ReadState(Query[Facts]):
 
 
 @dataclass(frozen=True)
-class HasSpec(Query[bool]):
+class HasSpec(Query[Runner, bool]):
     """Whether the claim's CDI spec is on disk."""
 
     uid: str
@@ -142,7 +137,7 @@ class HasSpec(Query[bool]):
 
 
 @dataclass(frozen=True)
-class SpecUids(Query[frozenset[str]]):
+class SpecUids(Query[Runner, frozenset[str]]):
     """The UIDs of the claims whose CDI specs are on disk."""
 
     def run(self, runner: Runner) -> frozenset[str]:
@@ -150,7 +145,7 @@ class SpecUids(Query[frozenset[str]]):
 
 
 @dataclass(frozen=True)
-class MetadataDirs(Query[frozenset[str]]):
+class MetadataDirs(Query[Runner, frozenset[str]]):
     """The claim directories (dra.core.devicemetadata.claim_dir) under the metadata root."""
 
     def run(self, runner: Runner) -> frozenset[str]:
@@ -158,7 +153,7 @@ class MetadataDirs(Query[frozenset[str]]):
 
 
 @dataclass(frozen=True)
-class AskStale(Query[Mapping[str, "ClaimSeen"]]):
+class AskStale(Query[Runner, Mapping[str, ClaimSeen]]):
     """What the API server says of each holder's ResourceClaim, by UID; asked without the lock."""
 
     locked: ClassVar[bool] = False
@@ -169,7 +164,7 @@ class AskStale(Query[Mapping[str, "ClaimSeen"]]):
 
 
 @dataclass(frozen=True)
-class MissingHostPaths(Query[tuple[str, ...]]):
+class MissingHostPaths(Query[Runner, tuple[str, ...]]):
     """The host paths a CDI spec names that are not on this node."""
 
     spec: Obj
@@ -179,84 +174,7 @@ class MissingHostPaths(Query[tuple[str, ...]]):
 
 
 @dataclass(frozen=True)
-class GpuInstanceAt:
-    """A GPU instance that exists on a GPU, and the memory slices it takes."""
-
-    gpu_instance_id: int
-    start: int
-    size: int
-
-
-@dataclass(frozen=True)
-class ListGpuInstances(Query[tuple[GpuInstanceAt, ...]]):
-    """Every GPU instance on the GPU, by ID."""
-
-    gpu_index: int
-
-    def run(self, runner: Runner) -> tuple[GpuInstanceAt, ...]:
-        return runner.list_gpu_instances(self)
-
-
-@dataclass(frozen=True)
-class CreateGpuInstance(Query[int]):
-    """Make a GPU instance of the profile at memory slices start..start+size-1; its ID."""
-
-    gpu_index: int
-    profile_id: int
-    start: int
-    size: int
-
-    def run(self, runner: Runner) -> int:
-        return runner.create_gpu_instance(self)
-
-
-@dataclass(frozen=True)
-class CreateComputeInstance(Query[int]):
-    """Make the compute instance spanning the whole GPU instance (shared engines); its ID."""
-
-    gpu_index: int
-    gpu_instance_id: int
-    slices: int
-
-    def run(self, runner: Runner) -> int:
-        return runner.create_compute_instance(self)
-
-
-@dataclass(frozen=True)
-class ReadMigMode(Query[tuple[int, int]]):
-    """The GPU's (current, pending) MIG mode, 1 on and 0 off; they differ while a change awaits a reset."""
-
-    gpu_index: int
-
-    def run(self, runner: Runner) -> tuple[int, int]:
-        return runner.read_mig_mode(self)
-
-
-@dataclass(frozen=True)
-class SetMigMode(Query[bool]):
-    """Ask for MIG mode on (1) or off (0); whether it is current now (False: pending until a GPU reset)."""
-
-    gpu_index: int
-    mode: int
-
-    def run(self, runner: Runner) -> bool:
-        return runner.set_mig_mode(self)
-
-
-@dataclass(frozen=True)
-class FindMigDevice(Query[MigDevice]):
-    """The MIG device a GPU instance and compute instance make, as discovery reads it."""
-
-    gpu: Gpu
-    gpu_instance_id: int
-    compute_instance_id: int
-
-    def run(self, runner: Runner) -> MigDevice:
-        return runner.find_mig_device(self)
-
-
-@dataclass(frozen=True)
-class ReadVfioHost(Query[VfioHost]):
+class ReadVfioHost(Query[Runner, VfioHost]):
     """Whether the kernel runs with an IOMMU and has vfio-pci loaded."""
 
     def run(self, runner: Runner) -> VfioHost:
@@ -264,7 +182,7 @@ class ReadVfioHost(Query[VfioHost]):
 
 
 @dataclass(frozen=True)
-class ReadIommuGroup(Query[IommuGroup]):
+class ReadIommuGroup(Query[Runner, IommuGroup]):
     """The IOMMU group of the PCI function at `address`, each member with its driver."""
 
     address: str
@@ -274,7 +192,7 @@ class ReadIommuGroup(Query[IommuGroup]):
 
 
 @dataclass(frozen=True)
-class Save(Query[int]):
+class Save(Query[Runner, int]):
     """Record these claims and actions in the checkpoint; the ticket `Sync` makes durable (0: already)."""
 
     prepared: Mapping[str, PreparedClaim]
@@ -289,18 +207,7 @@ class Save(Query[int]):
 
 
 @dataclass(frozen=True)
-class Log(Step):
-    """Tell the admin, in the plugin's log."""
-
-    level: Literal["info", "warning", "error"]
-    message: str
-
-    def run(self, runner: Runner) -> None:
-        return runner.log(self)
-
-
-@dataclass(frozen=True)
-class Mark(Step):
+class Mark(Step[Runner]):
     """Nothing but the crash point: a place between two steps that tests kill the process at."""
 
     def run(self, runner: Runner) -> None:
@@ -308,7 +215,7 @@ class Mark(Step):
 
 
 @dataclass(frozen=True)
-class RemoveLeftovers(Step):
+class RemoveLeftovers(Step[Runner]):
     """Remove the temporary files a crash left beside the checkpoint and in the CDI directory."""
 
     def run(self, runner: Runner) -> None:
@@ -316,7 +223,7 @@ class RemoveLeftovers(Step):
 
 
 @dataclass(frozen=True)
-class WriteSpec(Step):
+class WriteSpec(Step[Runner]):
     """Write the claim's CDI spec, atomically."""
 
     uid: str
@@ -327,7 +234,7 @@ class WriteSpec(Step):
 
 
 @dataclass(frozen=True)
-class RemoveSpec(Step):
+class RemoveSpec(Step[Runner]):
     """Remove the claim's CDI spec; none is fine."""
 
     uid: str
@@ -337,7 +244,7 @@ class RemoveSpec(Step):
 
 
 @dataclass(frozen=True)
-class WriteMetadata(Step):
+class WriteMetadata(Step[Runner]):
     """Write a claim's device metadata files, one per request, atomically; other requests' files go."""
 
     directory: str
@@ -348,7 +255,7 @@ class WriteMetadata(Step):
 
 
 @dataclass(frozen=True)
-class RemoveMetadata(Step):
+class RemoveMetadata(Step[Runner]):
     """Remove a claim's device metadata directory; none is fine."""
 
     directory: str
@@ -358,7 +265,7 @@ class RemoveMetadata(Step):
 
 
 @dataclass(frozen=True)
-class SetInventory(Step):
+class SetInventory(Step[Runner]):
     """Prepares from now on see this inventory (MIG devices made or destroyed)."""
 
     inventory: Inventory
@@ -368,18 +275,7 @@ class SetInventory(Step):
 
 
 @dataclass(frozen=True)
-class DestroyGpuInstance(Step):
-    """Destroy a GPU instance's compute instances, then the GPU instance; gone already is fine."""
-
-    gpu_index: int
-    gpu_instance_id: int
-
-    def run(self, runner: Runner) -> None:
-        return runner.destroy_gpu_instance(self)
-
-
-@dataclass(frozen=True)
-class BindVfio(Step):
+class BindVfio(Step[Runner]):
     """Bind the PCI function at `address` to vfio-pci (override, unbind, bind); bound already is fine."""
 
     address: str
@@ -389,7 +285,7 @@ class BindVfio(Step):
 
 
 @dataclass(frozen=True)
-class RestorePci(Step):
+class RestorePci(Step[Runner]):
     """Clear its driver_override, bind the function to `driver` ("": none); bound there already is fine."""
 
     address: str
@@ -400,7 +296,7 @@ class RestorePci(Step):
 
 
 @dataclass(frozen=True)
-class Sync(Step):
+class Sync(Step[Runner]):
     """Wait until the checkpoint change numbered `ticket` is on disk; run without the lock (group commit)."""
 
     locked: ClassVar[bool] = False
@@ -411,7 +307,7 @@ class Sync(Step):
 
 
 @dataclass(frozen=True)
-class ApplyTimeSlices(Step):
+class ApplyTimeSlices(Step[Runner]):
     """Set these time-slice intervals, by GPU UUID."""
 
     wanted: Mapping[str, str]
@@ -421,7 +317,7 @@ class ApplyTimeSlices(Step):
 
 
 @dataclass(frozen=True)
-class RestoreTimeSlices(Step):
+class RestoreTimeSlices(Step[Runner]):
     """Give these GPUs (by UUID) back their default interval."""
 
     uuids: tuple[str, ...]
@@ -431,7 +327,7 @@ class RestoreTimeSlices(Step):
 
 
 @dataclass(frozen=True)
-class StartMps(Step):
+class StartMps(Step[Runner]):
     """Start the claim's MPS control daemon (a running one is adopted)."""
 
     claim: PreparedClaim
@@ -441,7 +337,7 @@ class StartMps(Step):
 
 
 @dataclass(frozen=True)
-class ReleaseMps(Step):
+class ReleaseMps(Step[Runner]):
     """Stop the claim's MPS daemon unless one of `others` still uses it."""
 
     claim: PreparedClaim
@@ -452,47 +348,10 @@ class ReleaseMps(Step):
 
 
 @dataclass(frozen=True)
-class StopOtherMps(Step):
+class StopOtherMps(Step[Runner]):
     """Stop every MPS daemon no claim of `prepared` uses."""
 
     prepared: Mapping[str, PreparedClaim]
 
     def run(self, runner: Runner) -> None:
         return runner.stop_other_mps(self)
-
-
-class Runner(Protocol):
-    """What runs the steps (dra.kubeletplugin.state.DeviceState): one method per kind, each step's `run`."""
-
-    def read_state(self, step: ReadState) -> Facts: ...
-    def has_spec(self, step: HasSpec) -> bool: ...
-    def spec_uids(self, step: SpecUids) -> frozenset[str]: ...
-    def metadata_dirs(self, step: MetadataDirs) -> frozenset[str]: ...
-    def ask_stale(self, step: AskStale) -> Mapping[str, ClaimSeen]: ...
-    def missing_host_paths(self, step: MissingHostPaths) -> tuple[str, ...]: ...
-    def list_gpu_instances(self, step: ListGpuInstances) -> tuple[GpuInstanceAt, ...]: ...
-    def create_gpu_instance(self, step: CreateGpuInstance) -> int: ...
-    def create_compute_instance(self, step: CreateComputeInstance) -> int: ...
-    def read_mig_mode(self, step: ReadMigMode) -> tuple[int, int]: ...
-    def set_mig_mode(self, step: SetMigMode) -> bool: ...
-    def find_mig_device(self, step: FindMigDevice) -> MigDevice: ...
-    def read_vfio_host(self, step: ReadVfioHost) -> VfioHost: ...
-    def read_iommu_group(self, step: ReadIommuGroup) -> IommuGroup: ...
-    def save(self, step: Save) -> int: ...
-    def log(self, step: Log) -> None: ...
-    def mark(self, step: Mark) -> None: ...
-    def remove_leftovers(self, step: RemoveLeftovers) -> None: ...
-    def write_spec(self, step: WriteSpec) -> None: ...
-    def remove_spec(self, step: RemoveSpec) -> None: ...
-    def write_metadata(self, step: WriteMetadata) -> None: ...
-    def remove_metadata(self, step: RemoveMetadata) -> None: ...
-    def use_inventory(self, step: SetInventory) -> None: ...
-    def destroy_gpu_instance(self, step: DestroyGpuInstance) -> None: ...
-    def bind_vfio(self, step: BindVfio) -> None: ...
-    def restore_pci(self, step: RestorePci) -> None: ...
-    def sync(self, step: Sync) -> None: ...
-    def apply_time_slices(self, step: ApplyTimeSlices) -> None: ...
-    def restore_time_slices(self, step: RestoreTimeSlices) -> None: ...
-    def start_mps(self, step: StartMps) -> None: ...
-    def release_mps(self, step: ReleaseMps) -> None: ...
-    def stop_other_mps(self, step: StopOtherMps) -> None: ...

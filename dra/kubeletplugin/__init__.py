@@ -6,8 +6,9 @@ metric; ``service`` (DRA and health gRPC), ``publisher`` (ResourceSlices, with
 ``features``: what the server keeps), ``podresources``, ``healthctl``, ``miglabel``,
 ``top`` and ``usage`` are what it serves, follows and reports; ``claimstatus`` writes
 the prepared claims' status; ``state`` runs the steps of dra.core's prepare, unprepare
-and start-up programs; ``miglayout``, ``mps`` and ``timeslice`` act on the GPUs over
-``mpsprivsep`` (the MPS launcher), ``mpslaunch`` and ``registration``.
+and start-up programs; ``miglayout`` (static MIG layouts, dra.core's program run), ``mps``
+and ``timeslice`` act on the GPUs over ``gpurunner`` (the GPU's steps, and the loop that
+runs a program), ``mpsprivsep`` (the MPS launcher), ``mpslaunch`` and ``registration``.
 
 Rule: a program package. It may import every layer below (model, core, gpu, adapters,
 daemon), the generated gRPC code, and the fakes only where --fake-gpus is handled;

@@ -22,6 +22,7 @@ from dra.core import devicemetadata, versions
 from dra.core.assignment import GpuPath, Selector, select
 from dra.core.checkpointformat import CheckpointError
 from dra.core.migconfig import MigConfigs
+from dra.core.miglayout import Applied
 from dra.core.slices import ShareMode
 from dra.core.taints import Effect
 from dra.core.usage import DEFAULT_MAX_SERIES
@@ -292,14 +293,14 @@ async def _serve(
         await anyio.to_thread.run_sync(state.set_inventory, changed)
         offer(changed)
 
-    async def relayout(configs: MigConfigs, name: str) -> miglayout.Applied:
+    async def relayout(configs: MigConfigs, name: str) -> Applied:
         """Apply a MIG layout while serving: layout and inventory change under the state's lock."""
         assert layout is not None
         held = await holdback.held(node.inventory)
 
         def change(
             claims: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction]
-        ) -> tuple[miglayout.Applied, Inventory | None]:
+        ) -> tuple[Applied, Inventory | None]:
             applied = miglayout.apply_with_own_library(
                 settings, configs, name, layout.base_modes, claims.values(), actions
             )

@@ -2,7 +2,8 @@
 applying it at start and again whenever the label names another one (LayoutFollower), and
 what the admin sees of it: the ``nvidia.com/mig.config.state`` label and Events.
 
-The GPU side (plan, destroy, create, undo) is dra.kubeletplugin.miglayout's.
+The GPU side (plan, destroy, create, undo) is dra.core.miglayout's program, which
+dra.kubeletplugin.miglayout runs.
 """
 
 from __future__ import annotations
@@ -24,15 +25,10 @@ from dra.core.migconfig import (
     STATE_SUCCESS,
     MigConfigs,
 )
+from dra.core.miglayout import Applied
 from dra.daemon.bootstrap import DaemonSettings, StartupError
 from dra.daemon.nodewatch import follow_node, labels_of
-from dra.kubeletplugin.miglayout import (
-    Applied,
-    MigLayoutError,
-    apply_with_own_library,
-    load_configs,
-    static_modes,
-)
+from dra.kubeletplugin.miglayout import MigLayoutError, apply_with_own_library, load_configs, static_modes
 from dra.model.migmode import MigModes
 
 log = logging.getLogger(__name__)

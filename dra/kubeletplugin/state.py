@@ -1,8 +1,9 @@
 """The node's prepared claims, and the executor that runs the programs of dra.core.prepare and .recovery.
 
 The programs decide; `DeviceState` only holds the state (prepared claims,
-device actions, inventory) and runs each step they yield: one loop, one crash
-point per step (`faults.point`), no decisions. Steps run under a lock that is
+device actions, inventory) and runs each step they yield: one loop
+(dra.kubeletplugin.gpurunner.execute, which also runs static MIG layouts), one
+crash point per step (`faults.point`), no decisions. Steps run under a lock that is
 held across threads and processes (the checkpoint's flock: in a rolling update
 two instances share the checkpoint and the CDI directory); the two steps
 marked unlocked (asking the API server about holders, waiting for the fsync)
@@ -18,7 +19,6 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
-from dra.adapters import faults
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.metadatastore import MetadataStore
@@ -27,11 +27,11 @@ from dra.core import migdevices, recovery
 from dra.core import prepare as programs
 from dra.core import steps as s
 from dra.core.allocation import ClaimAllocation
-from dra.gpu import dynamic
-from dra.gpu.library import GpuLibrary, GpuLibraryError, Placement
+from dra.gpu.library import GpuLibrary, GpuLibraryError
+from dra.kubeletplugin.gpurunner import GpuSteps, execute
 from dra.kubeletplugin.mps import MpsDaemons, MpsError
 from dra.kubeletplugin.timeslice import TimeSliceError, TimeSlicer
-from dra.model.devices import Inventory, MigDevice
+from dra.model.devices import Inventory
 from dra.model.pci import IommuGroup, VfioHost
 from dra.model.prepared import VFIO_BIND, DeviceAction, Holders, PreparedClaim
 
@@ -42,18 +42,19 @@ T = TypeVar("T")
 #: Answers AskStale: what the API server says of each of these prepared claims, by UID (absent: allocated).
 StaleCheck = Callable[[Sequence[PreparedClaim]], Mapping[str, s.ClaimSeen]]
 
-#: What a step may fail with; it is thrown into the program as StepError, which decides what follows.
-_STEP_ERRORS = (OSError, GpuLibraryError, TimeSliceError, MpsError)
-
-_LOG_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
-
 
 def _every_holder_live(holders: Sequence[PreparedClaim]) -> Mapping[str, s.ClaimSeen]:
     return {}
 
 
-class DeviceState:
-    """The node's prepared claims; runs prepares, unprepares and the start-up repair."""
+class DeviceState(GpuSteps):
+    """The node's prepared claims; runs prepares, unprepares and the start-up repair.
+
+    The GPU's steps are GpuSteps' (dynamic MIG through `lib`), the others its own methods below.
+    """
+
+    #: Files, NVML, nvidia-smi and the MPS daemons: what its steps fail with, into the program as StepError.
+    step_errors = (OSError, GpuLibraryError, TimeSliceError, MpsError)
 
     def __init__(
         self,
@@ -75,6 +76,7 @@ class DeviceState:
 
         `metadata` keeps claims' metadata files (KEP-5304); with `device_metadata` new claims get them.
         """
+        super().__init__(lib, log)
         self.driver = driver
         self.pool = node_name
         self.inventory = inventory
@@ -93,8 +95,6 @@ class DeviceState:
         self._cdi = cdi_store
         self._metadata = metadata
         self._checkpoint = checkpoint
-        #: The GPU library dynamic MIG makes and destroys MIG devices through.
-        self._lib = lib
         self._time_slicer = time_slicer
         self._mps = mps
         # Also without `vfio`: start-up gives back GPUs a run with passthrough on left bound.
@@ -188,39 +188,11 @@ class DeviceState:
         before = getattr(self._calls, "stale", _every_holder_live)
         self._calls.stale = stale
         try:
-            return self._loop(program, hold)
+            return execute(self, program, hold.set if hold is not None else None)
         finally:
             self._calls.stale = before
 
-    def _loop(self, program: s.Program[T], hold: _Hold | None) -> T:
-        """The loop: send each step's result back, or throw its failure in; the program's answer."""
-        result: object = None
-        failure: s.StepError | None = None
-        while True:
-            try:
-                step = program.send(result) if failure is None else program.throw(failure)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-            except s.StepError as failed:
-                # The program did not handle it: the step's own error, as before there were steps.
-                raise failed.__cause__ or failed from None
-            if hold is not None:
-                hold.set(step.locked)
-            result, failure = None, None
-            try:
-                result = self._run_step(step)
-            except _STEP_ERRORS as err:
-                failure = s.StepError(str(err), getattr(err, "code", 0))
-                failure.__cause__ = err
-                continue
-            if step.point:
-                faults.point(step.point)
-
-    def _run_step(self, step: s.Step) -> object:
-        """Run one step: its kind's method below (step.run names it)."""
-        return step.run(self)
-
-    # -- the steps, one method each (dra.core.steps.Runner): what each kind of step does ----------
+    # -- the steps, one method each (dra.core.steps.Runner; the GPU's and Log are GpuSteps') -----
 
     def ask_stale(self, step: s.AskStale) -> Mapping[str, s.ClaimSeen]:
         """The stale check of the call running this program (DeviceState.prepare's `stale`)."""
@@ -262,10 +234,6 @@ class DeviceState:
         """Wait for the save's fsync (one for every save before it)."""
         self._checkpoint.sync(step.ticket)
 
-    def log(self, step: s.Log) -> None:
-        """Write the line to the plugin's log."""
-        log.log(_LOG_LEVELS[step.level], "%s", step.message)
-
     def mark(self, step: s.Mark) -> None:
         """Nothing: the step is its crash point."""
 
@@ -295,40 +263,6 @@ class DeviceState:
     def use_inventory(self, step: s.SetInventory) -> None:
         """Prepares from now on see this inventory (MIG devices made or destroyed; the lock is held)."""
         self.inventory = step.inventory
-
-    def list_gpu_instances(self, step: s.ListGpuInstances) -> tuple[s.GpuInstanceAt, ...]:
-        """The GPU's instances and where they sit."""
-        return tuple(
-            s.GpuInstanceAt(i.gpu_instance_id, i.placement.start, i.placement.size)
-            for i in dynamic.instances(self._gpus(), step.gpu_index)
-        )
-
-    def create_gpu_instance(self, step: s.CreateGpuInstance) -> int:
-        """Make the GPU instance at the placement."""
-        placement = Placement(step.start, step.size)
-        return dynamic.create_gpu_instance(self._gpus(), step.gpu_index, step.profile_id, placement)
-
-    def create_compute_instance(self, step: s.CreateComputeInstance) -> int:
-        """Make the compute instance spanning the GPU instance."""
-        return dynamic.create_compute_instance(
-            self._gpus(), step.gpu_index, step.gpu_instance_id, step.slices
-        )
-
-    def find_mig_device(self, step: s.FindMigDevice) -> MigDevice:
-        """The MIG device the instances make."""
-        return dynamic.find_mig_device(self._gpus(), step.gpu, step.gpu_instance_id, step.compute_instance_id)
-
-    def read_mig_mode(self, step: s.ReadMigMode) -> tuple[int, int]:
-        """The GPU's current and pending MIG mode."""
-        return dynamic.mig_mode(self._gpus(), step.gpu_index)
-
-    def set_mig_mode(self, step: s.SetMigMode) -> bool:
-        """Ask for the MIG mode; whether it is current."""
-        return dynamic.set_mig_mode(self._gpus(), step.gpu_index, step.mode)
-
-    def destroy_gpu_instance(self, step: s.DestroyGpuInstance) -> None:
-        """Destroy the GPU instance and its compute instances."""
-        dynamic.destroy(self._gpus(), step.gpu_index, step.gpu_instance_id)
 
     def apply_time_slices(self, step: s.ApplyTimeSlices) -> None:
         """Set the time-slice intervals."""
@@ -367,10 +301,6 @@ class DeviceState:
         self._pci.restore(step.address, step.driver)
 
     # The programs yield these steps only where the node has the part (dra.core.steps.Node).
-    def _gpus(self) -> GpuLibrary:
-        assert self._lib is not None
-        return self._lib
-
     def _slicer(self) -> TimeSlicer:
         assert self._time_slicer is not None
         return self._time_slicer

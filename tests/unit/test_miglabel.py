@@ -12,9 +12,10 @@ import yaml
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.kube import KubeError
 from dra.core.migconfig import LAYOUT_LABEL, STATE_LABEL, MigConfigs
+from dra.core.miglayout import Applied
 from dra.daemon.bootstrap import DaemonSettings
 from dra.kubeletplugin.miglabel import LayoutFollower, apply_at_start
-from dra.kubeletplugin.miglayout import Applied, MigLayoutError, apply_with_own_library
+from dra.kubeletplugin.miglayout import MigLayoutError, apply_with_own_library
 from dra.model.migmode import MigModes
 from dra.model.prepared import PreparedClaim, PreparedDevice
 from tests.unit.helpers import NODE

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -15,10 +16,12 @@ import yaml
 from dra.adapters.checkpoint import CheckpointStore
 from dra.cli import main
 from dra.core.migconfig import MigConfigs, parse_mig_configs
+from dra.core.miglayout import Applied
 from dra.daemon.bootstrap import gpu_library
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.gpu.discovery import discover
 from dra.gpu.library import (
+    ERROR_IN_USE,
     ERROR_INSUFFICIENT_RESOURCES,
     ComputeInstanceHandle,
     GpuInstanceHandle,
@@ -26,7 +29,6 @@ from dra.gpu.library import (
     GpuLibraryError,
 )
 from dra.kubeletplugin.miglayout import (
-    Applied,
     MigLayoutError,
     apply_layout,
     held_instances,
@@ -199,6 +201,39 @@ def test_a_failure_half_way_undoes_the_attempt(tmp_path: Path) -> None:
     # The 1g.10gb that GPU 0 lost are back at their placements; GPU 2's MIG mode was never changed.
     assert _layout(tmp_path) == before
     assert lib.mig_mode(lib.device_by_index(2)) == (0, 0)
+
+
+def test_an_undo_step_that_fails_is_logged_and_the_rest_still_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Stuck(FakeGpuLibrary):
+        """The fake, failing the second compute instance and every GPU instance destroyed."""
+
+        made = 0
+
+        def create_compute_instance(self, gi: GpuInstanceHandle, profile: int) -> ComputeInstanceHandle:
+            Stuck.made += 1
+            if Stuck.made == 2:
+                raise GpuLibraryError(ERROR_INSUFFICIENT_RESOURCES, "no compute slices left")
+            return super().create_compute_instance(gi, profile)
+
+        def destroy_gpu_instance(self, gi: GpuInstanceHandle) -> None:
+            raise GpuLibraryError(ERROR_IN_USE, "in use")
+
+    lib = Stuck(_lib(tmp_path).profile, NODE, mig_state=tmp_path / "fake-gpu-mig.json")
+    with pytest.raises(MigLayoutError) as err, caplog.at_level(logging.ERROR, "dra.kubeletplugin.miglayout"):
+        apply_layout(lib, _configs(), "mixed", set(), MigModes())
+    assert str(err.value) == (
+        "cannot apply MIG layout 'mixed': no compute slices left; undoing it failed in part (see the log)"
+    )
+    # Each failed step is said in the log, and the rest still ran: GPU 1 has MIG off again.
+    assert [r.getMessage() for r in caplog.records] == [
+        "undoing the MIG layout: cannot destroy GPU instance 2 made on GPU 0: in use",
+        "undoing the MIG layout: cannot destroy GPU instance 1 made on GPU 0: in use",
+        "undoing the MIG layout: cannot set MIG mode 0 on GPU 0 again: GPU 0 has MIG instances: "
+        "destroy them first",
+    ]
+    assert [lib.mig_mode(lib.device_by_index(i)) for i in (1, 2)] == [(0, 0), (0, 0)]
 
 
 def test_mig_mode_turned_on_is_turned_off_again_when_the_layout_fails(tmp_path: Path) -> None:

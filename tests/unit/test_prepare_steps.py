@@ -18,10 +18,11 @@ from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.metadatastore import MetadataStore
 from dra.adapters.pcisysfs import PciSysfs
-from dra.core import devicemetadata, steps
+from dra.core import devicemetadata, gpusteps, steps
 from dra.core import prepare as programs
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
-from dra.core.steps import ClaimSeen
+from dra.core.stepbase import Step
+from dra.core.steps import ClaimSeen, Runner
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.profiles import load_profile
 from dra.fakegpus.sysfs import FakeFunction, FakeSysfs
@@ -95,9 +96,11 @@ def _drivers(root: Path) -> dict[str, tuple[str, str]]:
 # -- the programs, read as data -----------------------------------------------------------------
 
 
-def _steps(program: steps.Program[object], answers: Mapping[type[steps.Step], object]) -> list[steps.Step]:
+def _steps(
+    program: steps.Program[object], answers: Mapping[type[Step[Runner]], object]
+) -> list[Step[Runner]]:
     """Run a program against fixed answers; the steps it yielded."""
-    seen: list[steps.Step] = []
+    seen: list[Step[Runner]] = []
     result: object = None
     while True:
         try:
@@ -108,7 +111,7 @@ def _steps(program: steps.Program[object], answers: Mapping[type[steps.Step], ob
         result = answers.get(type(step))
 
 
-def _trace(program: steps.Program[object], answers: Mapping[type[steps.Step], object]) -> list[str]:
+def _trace(program: steps.Program[object], answers: Mapping[type[Step[Runner]], object]) -> list[str]:
     """Run a program against fixed answers; each step as "Kind" or "Kind@point"."""
     return [
         type(step).__name__ + (f"@{step.point}" if step.point else "") for step in _steps(program, answers)
@@ -116,9 +119,9 @@ def _trace(program: steps.Program[object], answers: Mapping[type[steps.Step], ob
 
 
 def _answers(
-    facts: steps.Facts, more: Mapping[type[steps.Step], object] | None = None
-) -> dict[type[steps.Step], object]:
-    fixed: dict[type[steps.Step], object] = {
+    facts: steps.Facts, more: Mapping[type[Step[Runner]], object] | None = None
+) -> dict[type[Step[Runner]], object]:
+    fixed: dict[type[Step[Runner]], object] = {
         steps.ReadState: facts,
         steps.HasSpec: False,
         steps.MissingHostPaths: (),
@@ -188,10 +191,10 @@ def test_a_mig_device_is_recorded_as_intent_made_in_two_steps_then_recorded_done
     answers = _answers(
         facts,
         {
-            steps.ReadMigMode: (1, 1),
-            steps.CreateGpuInstance: 2,
-            steps.CreateComputeInstance: 0,
-            steps.FindMigDevice: made,
+            gpusteps.ReadMigMode: (1, 1),
+            gpusteps.CreateGpuInstance: 2,
+            gpusteps.CreateComputeInstance: 0,
+            gpusteps.FindMigDevice: made,
         },
     )
     assert _trace(programs.prepare(NODE_FACTS, _allocation(MIG), facts), answers)[:9] == [
@@ -207,7 +210,7 @@ def test_a_mig_device_is_recorded_as_intent_made_in_two_steps_then_recorded_done
     ]
 
 
-def _mig_mode_off(tmp_path: Path) -> tuple[steps.Facts, dict[type[steps.Step], object]]:
+def _mig_mode_off(tmp_path: Path) -> tuple[steps.Facts, dict[type[Step[Runner]], object]]:
     """A MIG claim's prepare on a dynamic-MIG GPU with MIG off: the facts and the answers it gets."""
     facts = steps.Facts({}, (), _inventory(tmp_path))
     scratch = _state(tmp_path / "scratch")
@@ -215,9 +218,9 @@ def _mig_mode_off(tmp_path: Path) -> tuple[steps.Facts, dict[type[steps.Step], o
     answers = _answers(
         facts,
         {
-            steps.ReadMigMode: (0, 0),
-            steps.SetMigMode: True,
-            steps.FindMigDevice: scratch.inventory.instances[0],
+            gpusteps.ReadMigMode: (0, 0),
+            gpusteps.SetMigMode: True,
+            gpusteps.FindMigDevice: scratch.inventory.instances[0],
         },
     )
     return facts, answers
@@ -258,7 +261,9 @@ def test_the_whole_of_a_dynamic_mig_gpu_gets_leftovers_destroyed_then_mig_mode_o
     tmp_path: Path,
 ) -> None:
     facts = steps.Facts({}, (), _inventory(tmp_path))
-    answers = _answers(facts, {steps.ReadMigMode: (1, 1), steps.SetMigMode: True, steps.ListGpuInstances: ()})
+    answers = _answers(
+        facts, {gpusteps.ReadMigMode: (1, 1), gpusteps.SetMigMode: True, gpusteps.ListGpuInstances: ()}
+    )
     assert _trace(programs.prepare(NODE_FACTS, _allocation(DYNAMIC_WHOLE), facts), answers)[:7] == [
         "HasSpec",
         "ListGpuInstances",
@@ -276,14 +281,14 @@ def test_a_mig_mode_change_left_pending_is_a_claim_error_and_leaves_no_record(
 ) -> None:
     facts = steps.Facts({}, (), _inventory(tmp_path))
     program = programs.prepare(NODE_FACTS, _allocation(MIG), facts)
-    answers = _answers(facts, {steps.ReadMigMode: modes, steps.SetMigMode: False})
+    answers = _answers(facts, {gpusteps.ReadMigMode: modes, gpusteps.SetMigMode: False})
     saved: list[tuple[str, ...]] = []
 
     def run() -> None:
         result: object = None
         while True:
             step = program.send(result)
-            assert not isinstance(step, steps.CreateGpuInstance)
+            assert not isinstance(step, gpusteps.CreateGpuInstance)
             if isinstance(step, steps.Save):
                 saved.append(tuple(f"{a.kind}={a.params['mode']}" for a in step.actions))
             result = answers.get(type(step))
@@ -305,8 +310,8 @@ def test_a_gpu_passed_through_is_recorded_as_intent_bound_then_recorded_done_bef
         facts,
         {
             # MIG mode is off already: the whole of the dynamic-MIG GPU needs no switch.
-            steps.ListGpuInstances: (),
-            steps.ReadMigMode: (0, 0),
+            gpusteps.ListGpuInstances: (),
+            gpusteps.ReadMigMode: (0, 0),
             steps.ReadVfioHost: VfioHost(iommu=True, vfio_pci=True),
             steps.ReadIommuGroup: group,
         },
@@ -386,7 +391,7 @@ def _killed_after(state: DeviceState, count: int, monkeypatch: pytest.MonkeyPatc
     ran: list[str] = []
     run = DeviceState._run_step
 
-    def once_more(self: DeviceState, step: steps.Step) -> object:
+    def once_more(self: DeviceState, step: Step[DeviceState]) -> object:
         if len(ran) == count:
             raise _Killed
         ran.append(type(step).__name__)
@@ -474,7 +479,7 @@ def _step_count(root: Path, scenario: Scenario) -> int:
     ran: list[str] = []
     run = state._run_step
 
-    def counting(step: steps.Step) -> object:
+    def counting(step: Step[DeviceState]) -> object:
         ran.append(type(step).__name__)
         return run(step)
 

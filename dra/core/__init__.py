@@ -5,7 +5,7 @@ Slices built (``slices``) and converged on (``sliceplan``), opaque configuration
 (``allocation``), the GPU split between DRA and the device plugin (``assignment``),
 what a prepare or unprepare gives a claim (``plan``, the one place its CDI spec is
 built) and the programs of steps that carry it out (``prepare``, ``recovery`` for the
-start-up repair, ``migdevices`` and ``vfio``, over the step vocabulary
+start-up repair, ``migdevices``, ``vfio`` and ``mpsdaemons``, over the step vocabulary
 ``steps``, the GPU's ``gpusteps`` and what a step is, ``stepbase``), GPU sharing
 (``sharing``), what the API server accepts (``versions``), an unhealthy device's taint
 (``taints``), node labels (``labels``), static MIG layouts (``migconfig`` parses and

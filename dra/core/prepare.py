@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Mapping
 from dataclasses import replace
 
-from dra.core import devicemetadata, migdevices, sharing, vfio
+from dra.core import devicemetadata, migdevices, mpsdaemons, sharing, vfio
 from dra.core.allocation import ClaimAllocation, ClaimError
 from dra.core.plan import (
     PreparePlan,
@@ -38,12 +38,10 @@ from dra.core.steps import (
     Node,
     Program,
     ReadState,
-    ReleaseMps,
     RemoveMetadata,
     RemoveSpec,
     RestoreTimeSlices,
     Save,
-    StartMps,
     Sync,
     WriteMetadata,
     WriteSpec,
@@ -246,8 +244,8 @@ def _gpu_settings(node: Node, allocation: ClaimAllocation, plan: PreparePlan, fa
         if node.mps:
             if plan.replaces is not None:
                 # The daemon of the old allocation's devices, unless the new one or another claim uses it.
-                yield ReleaseMps(plan.replaces, facts.prepared)
-            yield StartMps(plan.claim)
+                yield from mpsdaemons.release(plan.replaces, facts.prepared)
+            yield from mpsdaemons.start(plan.claim)
     except StepError as err:
         yield from unprepare(node, plan.claim.uid, facts)
         raise ClaimError(f"cannot prepare ResourceClaim {allocation.ref}: {err}") from None
@@ -271,7 +269,7 @@ def unprepare(node: Node, uid: str, facts: Facts) -> Program[PreparedClaim | Non
     if node.time_slicing:
         yield RestoreTimeSlices(tuple(sharing.time_slices_to_restore(uid, facts.prepared)))
     if node.mps:
-        yield ReleaseMps(claim, others)
+        yield from mpsdaemons.release(claim, others)
     yield Mark(point="sharing-before-unrecord")
     parents = migdevices.claim_parents(uid, facts)
     try:

@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dra.core import devicemetadata, migdevices, sharing, vfio
+from dra.core import devicemetadata, migdevices, mpsdaemons, sharing, vfio
 from dra.core.plan import MissingDevice, respec
 from dra.core.stepbase import Log, StepError, ask
 from dra.core.steps import (
@@ -25,8 +25,6 @@ from dra.core.steps import (
     RemoveMetadata,
     RemoveSpec,
     SpecUids,
-    StartMps,
-    StopOtherMps,
     WriteMetadata,
     WriteSpec,
 )
@@ -119,9 +117,9 @@ def recover(node: Node, facts: Facts) -> Program[None]:
         except StepError as err:
             yield Log("error", str(err))
     if node.mps:
-        yield StopOtherMps(facts.prepared)
+        yield from mpsdaemons.stop_others(facts.prepared)
         for claim in facts.prepared.values():
             try:
-                yield StartMps(claim)
+                yield from mpsdaemons.start(claim)
             except StepError as err:
                 yield Log("error", f"claim {claim.namespace}/{claim.name}: {err}")

@@ -1,6 +1,6 @@
 """The steps of prepare, unprepare and the start-up repair, as plain data, and their Runner.
 
-A program (dra.core.prepare, dra.core.recovery, dra.core.migdevices) is a
+A program (dra.core.prepare, dra.core.recovery, dra.core.migdevices, dra.core.mpsdaemons) is a
 generator of steps (dra.core.stepbase): these, the GPU's (dra.core.gpusteps) and log lines. It
 decides everything; the executor (dra.kubeletplugin.state) only runs each step and sends back what
 it returned, or throws `StepError` into the program when the step failed.
@@ -107,9 +107,11 @@ class Runner(GpuRunner, Protocol):
     def sync(self, step: Sync) -> None: ...
     def apply_time_slices(self, step: ApplyTimeSlices) -> None: ...
     def restore_time_slices(self, step: RestoreTimeSlices) -> None: ...
-    def start_mps(self, step: StartMps) -> None: ...
-    def release_mps(self, step: ReleaseMps) -> None: ...
-    def stop_other_mps(self, step: StopOtherMps) -> None: ...
+    def mps_daemon_pid(self, step: MpsDaemonPid) -> int | None: ...
+    def list_mps_daemons(self, step: ListMpsDaemons) -> tuple[str, ...]: ...
+    def launch_mps(self, step: LaunchMps) -> int: ...
+    def ask_mps(self, step: AskMps) -> str: ...
+    def stop_mps(self, step: StopMps) -> None: ...
 
 
 #: A program of these steps, the GPU's and log lines: yields steps, is sent their results (what each
@@ -327,31 +329,50 @@ class RestoreTimeSlices(Step[Runner]):
 
 
 @dataclass(frozen=True)
-class StartMps(Step[Runner]):
-    """Start the claim's MPS control daemon (a running one is adopted)."""
+class MpsDaemonPid(Query[Runner, int | None]):
+    """The pid of MPS control daemon `key` (dra.core.sharing.mps_key) when it runs, else None."""
 
-    claim: PreparedClaim
+    key: str
 
-    def run(self, runner: Runner) -> None:
-        return runner.start_mps(self)
-
-
-@dataclass(frozen=True)
-class ReleaseMps(Step[Runner]):
-    """Stop the claim's MPS daemon unless one of `others` still uses it."""
-
-    claim: PreparedClaim
-    others: Mapping[str, PreparedClaim]
-
-    def run(self, runner: Runner) -> None:
-        return runner.release_mps(self)
+    def run(self, runner: Runner) -> int | None:
+        return runner.mps_daemon_pid(self)
 
 
 @dataclass(frozen=True)
-class StopOtherMps(Step[Runner]):
-    """Stop every MPS daemon no claim of `prepared` uses."""
+class ListMpsDaemons(Query[Runner, tuple[str, ...]]):
+    """The keys of the MPS control daemons with directories (running, or left behind), sorted."""
 
-    prepared: Mapping[str, PreparedClaim]
+    def run(self, runner: Runner) -> tuple[str, ...]:
+        return runner.list_mps_daemons(self)
+
+
+@dataclass(frozen=True)
+class LaunchMps(Query[Runner, int]):
+    """Start the MPS control daemon of these device UUIDs, multi-user (-M) or not; its pid."""
+
+    uuids: tuple[str, ...]
+    multi_user: bool
+
+    def run(self, runner: Runner) -> int:
+        return runner.launch_mps(self)
+
+
+@dataclass(frozen=True)
+class AskMps(Query[Runner, str]):
+    """One command to MPS control daemon `key`, in a call of its own; its answer, stripped."""
+
+    key: str
+    command: str
+
+    def run(self, runner: Runner) -> str:
+        return runner.ask_mps(self)
+
+
+@dataclass(frozen=True)
+class StopMps(Step[Runner]):
+    """Stop MPS control daemon `key` (quit, else kill) and remove its directories; none is fine."""
+
+    key: str
 
     def run(self, runner: Runner) -> None:
-        return runner.stop_other_mps(self)
+        return runner.stop_mps(self)

@@ -272,17 +272,25 @@ class DeviceState(GpuSteps):
         """Give the GPUs their default interval back."""
         self._slicer().restore(step.uuids)
 
-    def start_mps(self, step: s.StartMps) -> None:
-        """Start (or adopt) the claim's MPS daemon."""
-        self._daemons().start(step.claim)
+    def mps_daemon_pid(self, step: s.MpsDaemonPid) -> int | None:
+        """The pid of the MPS daemon, if it runs."""
+        return self._daemons().pid(step.key)
 
-    def release_mps(self, step: s.ReleaseMps) -> None:
-        """Stop the claim's MPS daemon unless another claim uses it."""
-        self._daemons().release(step.claim, step.others)
+    def list_mps_daemons(self, step: s.ListMpsDaemons) -> tuple[str, ...]:
+        """The MPS daemons with directories."""
+        return tuple(self._daemons().daemons())
 
-    def stop_other_mps(self, step: s.StopOtherMps) -> None:
-        """Stop the MPS daemons no prepared claim uses."""
-        self._daemons().stop_others(step.prepared)
+    def launch_mps(self, step: s.LaunchMps) -> int:
+        """Start an MPS daemon; its pid."""
+        return self._daemons().launch(step.uuids, step.multi_user)
+
+    def ask_mps(self, step: s.AskMps) -> str:
+        """One command to an MPS daemon; its answer."""
+        return self._daemons().ask(step.key, step.command)
+
+    def stop_mps(self, step: s.StopMps) -> None:
+        """Stop an MPS daemon and remove its directories."""
+        self._daemons().stop(step.key)
 
     def read_vfio_host(self, step: s.ReadVfioHost) -> VfioHost:
         """Whether the kernel has an IOMMU and vfio-pci."""

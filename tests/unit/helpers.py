@@ -19,6 +19,7 @@ from dra.gpu.discovery import discover
 from dra.gpu.driverfiles import nvml_library
 from dra.gpu.library import GpuLibraryError
 from dra.gpu.nvml import NvmlLibrary
+from dra.kubeletplugin.mps import MpsDaemons
 from dra.model.devices import Inventory
 
 DRIVER = "gpu.nvidia.com"
@@ -168,3 +169,9 @@ def mps_root(state: Path) -> Path:
     root = Path("/tmp") / f"dra-mps-{hashlib.sha256(str(state).encode()).hexdigest()[:10]}"
     root.mkdir(exist_ok=True)
     return root
+
+
+def stop_mps_daemons(daemons: MpsDaemons) -> None:
+    """Stop every MPS control daemon under the root of `daemons`, as a start-up without claims does."""
+    for key in daemons.daemons():
+        daemons.stop(key)

@@ -31,7 +31,7 @@ from dra.gpu.library import (
 from dra.kubeletplugin.mps import MpsDaemons
 from dra.kubeletplugin.state import DeviceState
 from dra.model.migmode import parse_mig_modes
-from tests.unit.helpers import DRIVER, MPS_CONTROL, NODE, daemon_devices, mps_ask, mps_root
+from tests.unit.helpers import DRIVER, MPS_CONTROL, NODE, daemon_devices, mps_ask, mps_root, stop_mps_daemons
 
 UID = "6b1f7e7c-0d3e-4d4b-9a0e-2f1c3b4a5d6e"
 THREE_G_AT_4 = "gpu-0-mig-3g40gb-at4"
@@ -416,7 +416,7 @@ def test_a_dynamic_mig_device_is_served_by_an_mps_daemon_once_it_is_made(tmp_pat
         assert daemons.pid(key) is None
         assert _instances(tmp_path) == []
     finally:
-        daemons.stop_others({})
+        stop_mps_daemons(daemons)
         shutil.rmtree(daemons.root, ignore_errors=True)
 
 

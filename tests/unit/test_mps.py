@@ -21,10 +21,9 @@ import pytest
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.api.v1beta1 import MpsConfig
-from dra.core import cdi, sharing
+from dra.core import cdi, mpsdaemons, sharing
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.fakegpus import mpscontrol as fakemps
-from dra.kubeletplugin import mps
 from dra.kubeletplugin.mps import MpsDaemons
 from dra.kubeletplugin.state import DeviceState
 from dra.model.quantity import Quantity
@@ -38,6 +37,7 @@ from tests.unit.helpers import (
     mps_ask,
     mps_root,
     process_argv,
+    stop_mps_daemons,
 )
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace per daemon needs root")
@@ -110,7 +110,7 @@ def node(tmp_path: Path) -> Iterator[Node]:
     node = Node(tmp_path)
     root = node.daemons.root  # a test may give the node other daemons
     yield node
-    node.daemons.stop_others({})
+    stop_mps_daemons(node.daemons)
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -478,7 +478,7 @@ def test_a_mig_device_gets_its_own_daemon_which_sees_the_mig_device_by_uuid(tmp_
         assert daemon_devices(pid) == mig.uuid
         assert node.ask(key, "get_default_device_pinned_mem_limit 0") == "4G"
     finally:
-        node.daemons.stop_others({})
+        stop_mps_daemons(node.daemons)
         shutil.rmtree(node.daemons.root, ignore_errors=True)
 
 
@@ -599,4 +599,4 @@ def test_a_daemon_that_fails_in_its_log_is_quoted_from_this_start_only(node: Nod
 def test_a_limit_read_back_is_the_one_set_rounded_down_to_the_unit_of_the_answer(
     limit: str, answer: str, held: bool
 ) -> None:
-    assert mps._holds(limit, answer) is held
+    assert mpsdaemons._holds(limit, answer) is held

@@ -348,7 +348,7 @@ def test_unprepare_removes_the_spec_undoes_settings_then_drops_the_record(tmp_pa
         # The claim was prepared with device metadata files: they go once no container can mount them.
         "RemoveMetadata@unprepare.metadata-removed",
         "RestoreTimeSlices",
-        "ReleaseMps",
+        # No MPS step: the claim uses no MPS daemon (dra.core.mpsdaemons.release decides).
         "Mark@sharing-before-unrecord",
         "Save@unprepare.checkpoint-saved",
         "Log",

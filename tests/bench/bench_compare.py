@@ -151,6 +151,10 @@ class Contender:
     state: tuple[Path, ...] = ()
     #: A floor (a DRA server doing no work): no cluster, only the calls (`_run_floor`).
     floor: bool = False
+    #: Whether its runs hold claims prepared by the hundred (the pile-up rows) after the common rows.
+    pileup: bool = True
+    #: The Go reference timed alone by bench_reference's minimal client, in these turns (issue 47).
+    alone: bool = False
 
     def record(self, name: str, value: float) -> None:
         """Add one run's value of a figure."""
@@ -405,6 +409,9 @@ def _calls(
     contender.record(f"{BURST} fresh claims from {CALLERS} callers, p99", _percentile(timings, 99))
     for ref in burst:
         kubelet.unprepare(ref)
+    # Before the pile-up, whose thousand prepares grow the Go test driver by its own bookkeeping:
+    # it keeps every gRPC call it served, request and response, for its e2e tests (issue 47).
+    contender.record(RSS_CALLS, _rss_kib(pid)[0] / 1024)
 
 
 def _run(contender: Contender, cluster: ClusterInfo, kube: Kube, args: argparse.Namespace) -> None:
@@ -413,10 +420,10 @@ def _run(contender: Contender, cluster: ClusterInfo, kube: Kube, args: argparse.
     # Admin access lets the pile-up claims share devices, so 1000 of them fit on 128 devices.
     label = {"resource.kubernetes.io/admin-access": "true"}
     kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": label}})
-    levels: tuple[int, ...] = args.pileup
+    levels: tuple[int, ...] = args.pileup if contender.pileup else ()
     samples = PILEUP_SAMPLES * len(levels)
     with _running(contender, cluster, kube, args.devices) as (pid, startup):
-        contender.record("start -> registered + slices published", startup)
+        contender.record(START, startup)
         devices = _devices(kube, contender.driver, cluster.node_name)
         claims = _make_claims(
             kube,
@@ -424,7 +431,7 @@ def _run(contender: Contender, cluster: ClusterInfo, kube: Kube, args: argparse.
             cluster.node_name,
             contender,
             devices,
-            {"first": args.claims, "burst": BURST, "sample": samples, "pileup": max(levels)},
+            {"first": args.claims, "burst": BURST, "sample": samples, "pileup": max(levels, default=0)},
         )
         with grpc.insecure_channel(f"unix://{contender.dra_socket}") as channel:
             kubelet = _Kubelet(dra_pb2_grpc.DRAPluginStub(channel), contender.label)
@@ -443,8 +450,8 @@ def _run(contender: Contender, cluster: ClusterInfo, kube: Kube, args: argparse.
                     timed.append(kubelet.prepare(ref))
                     kubelet.unprepare(ref)
                 contender.record(f"prepare p50 with {level} claims prepared", _percentile(timed, 50))
-        rss, _ = _rss_kib(pid)
-        contender.record("RSS after the run", rss / 1024)
+        if levels:
+            contender.record(RSS_RUN, _rss_kib(pid)[0] / 1024)
     kube.delete("v1", "Namespace", namespace)
     # The namespace controller deletes the run's claims (over 1,000 with the default pile-up) one
     # by one: waited for here, or the API server and etcd do that work during the next run's
@@ -474,15 +481,17 @@ def _run_floor(floor: Contender, args: argparse.Namespace) -> None:
         with grpc.insecure_channel(f"unix://{floor.dra_socket}") as channel:
             kubelet = _Kubelet(dra_pb2_grpc.DRAPluginStub(channel), floor.label)
             _calls(kubelet, floor, proc.pid, fresh(args.claims), fresh(BURST), later_work=False)
-        floor.record("RSS after the run", _rss_kib(proc.pid)[0] / 1024)
     finally:
         # Its cue to stop.
         proc.stdin.close()
         _reap(proc)
 
 
+#: Resident memory after the rows every contender has, and after the pile-up too.
+RSS_CALLS, RSS_RUN = "RSS after the calls", "RSS after the run"
+START = "start -> registered + slices published"
 #: Figure name -> unit; any figure not listed is in milliseconds.
-UNITS = {"start -> registered + slices published": "s", "RSS after the run": "MiB"}
+UNITS = {START: "s", RSS_CALLS: "MiB", RSS_RUN: "MiB"}
 
 
 def report(ours: Contender, theirs: Contender | None) -> list[str]:
@@ -497,11 +506,17 @@ def report(ours: Contender, theirs: Contender | None) -> list[str]:
 PYTHON_FLOOR, GO_FLOOR = "python floor", "go floor"
 
 
-def floor_report(python: Contender, go: Contender) -> list[str]:
-    """The floors' figures, one line each, under the names of the drivers' rows: Python's, Go's, the ratio."""
+def pair_report(left: Contender, right: Contender) -> list[str]:
+    """The figures both contenders have, one line each: left's, right's, the ratio left / right.
+
+    Under the names of the drivers' rows: the floors (Python's beside Go's), NVIDIA's plugin beside
+    dra-gpu over the same fake NVML, the Go reference in make bench's turns beside it timed alone.
+    """
+    labels = (left.label, right.label)
     return [
-        figure_line(name, UNITS.get(name, "ms"), values, go.figures.get(name, []), (PYTHON_FLOOR, GO_FLOOR))
-        for name, values in python.figures.items()
+        figure_line(name, UNITS.get(name, "ms"), values, right.figures[name], labels)
+        for name, values in left.figures.items()
+        if name in right.figures
     ]
 
 
@@ -534,9 +549,10 @@ def cdi_dirs(*names: str) -> Iterator[tuple[Path, ...]]:
 
 
 def alternate(contenders: list[Contender], runs: int, run: Callable[[Contender], None]) -> list[Contender]:
-    """Run each contender `runs` times in turns; a contender that fails is dropped with the reason."""
+    """Run each contender `runs` times in turns, every other run backwards; one that fails is dropped."""
     for number in range(1, runs + 1):
-        for contender in list(contenders):
+        # Every other run in the reverse order, so that no contender always follows the same one.
+        for contender in list(contenders if number % 2 else reversed(contenders)):
             print(f"run {number}/{runs}: {contender.label}", flush=True)
             try:
                 run(contender)
@@ -563,8 +579,7 @@ def _floors(directory: Path) -> tuple[Contender, Contender] | None:
     )
 
 
-def main() -> None:
-    """Run the comparison and print the figures."""
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--runs",
@@ -581,30 +596,66 @@ def main() -> None:
     parser.add_argument(
         "--pileup", type=parse_levels, default=(0, 64, 1000), help="prepared claims, e.g. 0,64,1000"
     )
-    parser.add_argument("--no-go", action="store_true", help="dra-gpu alone")
+    parser.add_argument("--no-go", action="store_true", help="leave out the Go reference and the floors")
     parser.add_argument(
         "--no-floor",
         action="store_true",
         help="leave out the floors (a DRA server doing no work, Python and Go)",
     )
+    parser.add_argument(
+        "--reference-alone",
+        action="store_true",
+        help="also time the Go reference alone by a minimal client (tests/bench/bench_reference.py) "
+        "in the same turns, and print its figures beside make bench's (issue 47)",
+    )
     args = parser.parse_args()
     if not 0 < args.claims <= args.devices:
         # They are held prepared together, one device each (dra-gpu refuses a device twice).
         parser.error(f"--claims must be 1 to --devices ({args.devices}), not {args.claims}")
+    if args.reference_alone and args.no_go:
+        parser.error("--reference-alone times the Go reference: it cannot go with --no-go")
+    return args
 
-    with running_cluster() as cluster, cdi_dirs("cdi", "cdi-go") as (cdi, cdi_go):
+
+def _still(contender: Contender | None, contenders: list[Contender]) -> Contender | None:
+    """The contender if it was not dropped from the comparison."""
+    return contender if any(c is contender for c in contenders) else None
+
+
+def main() -> None:
+    """Run the comparison and print the figures."""
+    args = _arguments()
+    # Here, not at the top: it builds on this module.
+    from tests.bench.bench_reference import alone, time_alone
+
+    def run(contender: Contender) -> None:
+        if contender.floor:
+            _run_floor(contender, args)
+        elif contender.alone:
+            time_alone(contender, cluster, kube, args.claims, args.devices)
+        else:
+            _run(contender, cluster, kube, args)
+
+    with (
+        running_cluster() as cluster,
+        cdi_dirs("cdi", "cdi-go", "cdi-alone") as dirs,
+    ):
+        cdi, cdi_go, cdi_alone = dirs
         kube = Kube(cluster.kubeconfig)
         ours = _dra_gpu(cluster, args.devices, cdi)
         theirs = None if args.no_go else _go_contender(cluster, args.devices, cdi_go)
         floors = None if args.no_floor or args.no_go else _floors(cdi.parent)
+        by_itself = None
+        if theirs is not None and args.reference_alone:
+            by_itself = alone(cluster, Path(theirs.args[0]), args.devices, cdi_alone)
         contenders = alternate(
-            [c for c in (ours, theirs, *(floors or ())) if c is not None],
+            [c for c in (ours, theirs, *(floors or ()), by_itself) if c is not None],
             args.runs,
-            lambda c: _run_floor(c, args) if c.floor else _run(c, cluster, kube, args),
+            run,
         )
         kube.close()
-    theirs = theirs if any(c is theirs for c in contenders) else None
-    if floors is not None and not all(any(c is f for c in contenders) for f in floors):
+    theirs, by_itself = (_still(c, contenders) for c in (theirs, by_itself))
+    if floors is not None and not all(_still(f, contenders) for f in floors):
         floors = None
     print(
         f"dra-gpu beside Kubernetes' DRA test driver ({kubernetes_version()}), {args.devices} devices each, "
@@ -612,6 +663,10 @@ def main() -> None:
     )
     # How the interpreter was built moves every dra-gpu row (docs/testing.md, seventh round).
     print(f"dra-gpu ran on {interpreter()}")
+    print(
+        "API client limits: dra-gpu none (it has no client-side limit); go reference lifted "
+        "(--kube-api-qps=100000 --kube-api-burst=100000)"
+    )
     for line in report(ours, theirs):
         print(line)
     if floors is not None:
@@ -620,7 +675,15 @@ def main() -> None:
             "grpc.aio and uvloop; deploy/local/floorbin in Go), the same client, "
             f"{args.runs} alternating runs; no driver goes under its runtime's floor"
         )
-        for line in floor_report(*floors):
+        for line in pair_report(*floors):
+            print(line)
+    if theirs is not None and by_itself is not None:
+        print(
+            "the go reference in these turns beside the same driver timed alone by a minimal client "
+            "(tests/bench/bench_reference.py: its own claims and client, no pile-up), "
+            f"{args.runs} alternating runs; ratio = make bench / alone (issue 47)"
+        )
+        for line in pair_report(theirs, by_itself):
             print(line)
 
 

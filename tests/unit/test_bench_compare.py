@@ -27,7 +27,7 @@ from tests.bench.bench_compare import (
     _run_floor,
     alternate,
     figure_line,
-    floor_report,
+    pair_report,
     parse_levels,
     report,
     spread,
@@ -64,12 +64,24 @@ def test_the_floors_print_pythons_beside_gos_under_the_drivers_row_names() -> No
     go = Contender("go floor", "", [], Path("g.sock"), Path("g.log"), floor=True)
     for value in (0.4, 0.5):
         python.record("unprepare p50", value)
-        python.record("RSS after the run", 39.4)
+        python.record("RSS after the calls", 39.4)
     go.record("unprepare p50", 0.2)
-    go.record("RSS after the run", 15.8)
-    assert floor_report(python, go) == [
+    go.record("RSS after the calls", 15.8)
+    assert pair_report(python, go) == [
         "unprepare p50: python floor 0.45 ms (0.40-0.50 ms), go floor 0.20 ms, ratio 2.25x",
-        "RSS after the run: python floor 39.4 MiB, go floor 15.8 MiB, ratio 2.49x",
+        "RSS after the calls: python floor 39.4 MiB, go floor 15.8 MiB, ratio 2.49x",
+    ]
+
+
+def test_a_pair_prints_only_the_rows_both_have() -> None:
+    go = Contender("go reference", "test-driver.cdi.k8s.io", [], Path("go.sock"), Path("go.log"))
+    by_itself = Contender("go reference, alone", "test-driver.cdi.k8s.io", [], Path("go.sock"), Path("a.log"))
+    go.record("prepare p50 with 1000 claims prepared", 1.3)
+    go.record("RSS after the run", 53.8)
+    for contender, value in ((go, 0.26), (by_itself, 0.25)):
+        contender.record("empty NodePrepareResources p50", value)
+    assert pair_report(go, by_itself) == [
+        "empty NodePrepareResources p50: go reference 0.26 ms, go reference, alone 0.25 ms, ratio 1.04x"
     ]
 
 
@@ -87,10 +99,10 @@ def test_a_floor_run_times_the_rows_that_need_no_cluster_in_python_and_go(tmp_pa
     # CPU over three calls may round to no clock tick; the times may not.
     assert all(len(values) == 1 and values[0] >= 0 for values in python.figures.values())
     assert python.figures["unprepare p50"][0] > 0
-    lines = floor_report(python, go)
+    lines = pair_report(python, go)
     assert lines[0].startswith("empty NodePrepareResources p50: python floor ")
     assert ", go floor " in lines[-1]
-    assert lines[-1].startswith("RSS after the run: ")
+    assert lines[-1].startswith("RSS after the calls: ")
 
 
 def test_without_the_go_driver_the_line_has_dra_gpus_figure_alone() -> None:
@@ -161,6 +173,16 @@ def test_a_go_driver_that_fails_is_dropped_with_the_reason_and_dra_gpu_runs_on(
     assert ours.figures == {"first prepare p50": [2.0, 2.0]}
     out = capsys.readouterr().out
     assert "go reference dropped from the comparison: go reference exited with 1: see go.log" in out
+
+
+def test_every_other_run_takes_the_turns_backwards(capsys: pytest.CaptureFixture[str]) -> None:
+    # So that no contender always follows the same one (issue 47: the Go driver always came right
+    # after dra-gpu's run, whatever that run left behind).
+    contenders = [Contender(label, "", [], Path(f"{label}.sock"), Path(f"{label}.log")) for label in "abc"]
+    turns: list[str] = []
+    assert alternate(contenders, 3, lambda c: turns.append(c.label)) == contenders
+    assert "".join(turns) == "abccbaabc"
+    assert capsys.readouterr().out.splitlines()[3] == "run 2/3: c"
 
 
 def test_a_failing_dra_gpu_run_ends_the_benchmark() -> None:

@@ -1,6 +1,7 @@
 """Benchmark: the driver beside Kubernetes' own DRA test driver (Go), alternating runs on one cluster.
 
     python -m tests.bench.bench_compare [--runs 3] [--devices 128] [--claims 100] [--pileup 0,64,1000]
+        [--no-go] [--no-floor] [--no-nvidia] [--nvidia-qps N] [--reference-alone]
 
 Kubernetes' DRA test driver (k8s.io/kubernetes/test/e2e/dra/test-driver at the cluster's
 release, built into the cache on first use from deploy/local/gobench) is the reference:
@@ -17,10 +18,20 @@ grpc.aio on uvloop, the server dra-gpu runs) and in Go (deploy/local/floorbin, o
 driver's grpc-go and protobuf), timed by the same client on the rows that need no cluster. No
 driver goes under its runtime's floor, so the floors say how much of a ratio is the runtime's.
 
+NVIDIA's own driver takes turns too (issue 41): its gpu-kubelet-plugin (localcluster.nvidiadriver,
+with its chart's settings, feature gates and API client limits) over a fake node of the same 128
+GPUs (fakenvml.node: the fake libnvidia-ml.so.1 in a driver root), beside dra-gpu started over the
+same fake node (--driver-root: NVML through the same library), the same client and claims, without
+the pile-up rows. The fake NVML answers from a Python stand-in, so NVIDIA's Go process carries an
+interpreter, and its unprepare runs nvidia-smi, a Python process on the fake node: each of its runs
+also measures those apart (tests/bench/nvmlstart.c makes its start-up NVML calls from a program of
+no Python), and the report gives its rows both raw and less that part. `--no-nvidia` leaves it out;
+`--nvidia-qps` lifts its API rate limit, which its chart leaves at client-go's 5 requests/s.
+
 Each figure is taken once per run; the report gives the median and range over the runs of
 each driver and the ratio of the medians (dra-gpu / Go: below 1x dra-gpu is ahead). Prints
 figures; asserts nothing about speed. When the Go driver cannot be built or started the
-benchmark says why and prints dra-gpu's figures alone.
+benchmark says why and prints dra-gpu's figures alone; so for NVIDIA's column.
 """
 
 from __future__ import annotations
@@ -45,10 +56,20 @@ from pathlib import Path
 
 import grpc
 import yaml
-from localcluster.binaries import BuildError, ensure_go_dra_driver, ensure_grpc_floor, kubernetes_version
-from localcluster.cluster import ClusterInfo, running_cluster
+from fakenvml.library import nvml_header
+from fakenvml.node import FakeNode
+from localcluster.binaries import (
+    NVIDIA,
+    BuildError,
+    ensure_go_dra_driver,
+    ensure_grpc_floor,
+    kubernetes_version,
+)
+from localcluster.cluster import ClusterInfo, api_burst, running_cluster
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, WaitTimeoutError, wait_for
+from localcluster.nvidiadriver import DRIVER as NVIDIA_DRIVER
+from localcluster.nvidiadriver import NvidiaDriverProcess
 
 from dra.adapters.atomicfile import is_tmpfs
 from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc
@@ -155,19 +176,85 @@ class Contender:
     pileup: bool = True
     #: The Go reference timed alone by bench_reference's minimal client, in these turns (issue 47).
     alone: bool = False
+    #: Its environment, over this process's.
+    env: dict[str, str] = field(default_factory=dict)
+    #: Called before each start, once `state` is emptied: NVIDIA's plugin copies its CDI hook into its
+    #: plugin directory, which a run of dra-gpu (the same driver name, the same directory) empties.
+    setup: Callable[[], object] | None = None
 
     def record(self, name: str, value: float) -> None:
         """Add one run's value of a figure."""
         self.figures.setdefault(name, []).append(value)
 
 
-def _dra_gpu(cluster: ClusterInfo, devices: int, cdi: Path) -> Contender:
+def _profile(cluster: ClusterInfo, devices: int) -> Path:
     profile = Path(cluster.run_dir) / "bench-profile.yaml"
     profile.write_text(yaml.safe_dump({"gpus": [{"model": FAKE_MODEL, "count": devices}]}))
+    return profile
+
+
+def _dra_gpu(cluster: ClusterInfo, devices: int, cdi: Path) -> Contender:
     log = Path(cluster.log_path("bench-dra-gpu"))
-    process = DriverProcess(cluster, str(profile), log, instance_id="bench", cdi_root=str(cdi))
+    profile = str(_profile(cluster, devices))
+    process = DriverProcess(cluster, profile, log, instance_id="bench", cdi_root=str(cdi))
     state = (process.checkpoint.parent, cdi)
     return Contender(DRA_GPU, process.driver_name, process.args(), process.dra_socket, log, state=state)
+
+
+DRA_GPU_NVML, NVIDIA_LABEL = "dra-gpu, fake NVML", "nvidia"
+
+
+def _fake_node(cluster: ClusterInfo, devices: int) -> FakeNode | None:
+    """One fake node of the benchmark's GPUs for NVIDIA's plugin and dra-gpu alike, or None and why."""
+    try:
+        root = Path(cluster.run_dir) / "bench-fake-node"
+        return FakeNode(root, str(_profile(cluster, devices)), cluster.node_name).build()
+    except (BuildError, OSError) as err:
+        # Its device nodes need mknod, so root.
+        print(f"no fake node to run NVIDIA's plugin on, so its column is left out: {err}")
+        return None
+
+
+def _dra_gpu_nvml(cluster: ClusterInfo, node: FakeNode, cdi: Path) -> Contender:
+    """dra-gpu reading the fake node's GPUs through NVML (the fake library), as NVIDIA's plugin does."""
+    log = Path(cluster.log_path("bench-dra-gpu-nvml"))
+    process = DriverProcess(cluster, node, log, instance_id="bench-nvml", cdi_root=str(cdi))
+    state = (process.checkpoint.parent, cdi)
+    return Contender(
+        DRA_GPU_NVML, process.driver_name, process.args(), process.dra_socket, log, state=state, pileup=False
+    )
+
+
+def nvidia_limits(qps: int) -> str:
+    """How NVIDIA's plugin's API client is limited: as its chart leaves it (its defaults), or at `qps`."""
+    if qps > 0:
+        return f"--kube-api-qps {qps}, --kube-api-burst {api_burst(qps)} (lifted, not its chart's)"
+    return "as its chart leaves them: its defaults, --kube-api-qps 5, --kube-api-burst 10"
+
+
+def _nvidia(cluster: ClusterInfo, node: FakeNode, cdi: Path, qps: int) -> Contender | None:
+    """NVIDIA's gpu-kubelet-plugin as its chart runs it, over the fake node; None (and why) if it cannot."""
+    log = Path(cluster.log_path("bench-nvidia"))
+    try:
+        process = NvidiaDriverProcess(cluster, node, log)
+    except BuildError as err:
+        print(f"NVIDIA's plugin could not be built, so its column is left out: {err}")
+        return None
+    env = {**process.env, "CDI_ROOT": str(cdi)}
+    if qps > 0:
+        env |= {"KUBE_API_QPS": str(qps), "KUBE_API_BURST": str(api_burst(qps))}
+    plugin = Path(cluster.plugins_dir) / NVIDIA_DRIVER
+    return Contender(
+        NVIDIA_LABEL,
+        NVIDIA_DRIVER,
+        process.args(),
+        plugin / "dra.sock",
+        log,
+        state=(plugin, cdi),
+        pileup=False,
+        env=env,
+        setup=process.args,
+    )
 
 
 def _go(cluster: ClusterInfo, binary: Path, devices: int, cdi: Path) -> Contender:
@@ -239,6 +326,8 @@ def _running(
                 shutil.rmtree(leftover)
             else:
                 leftover.unlink()
+    if contender.setup is not None:
+        contender.setup()
     for stale in kube.list_objects(
         "resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.driver={contender.driver}"
     ):
@@ -246,7 +335,9 @@ def _running(
     kubelet_log = _KubeletLog(Path(cluster.log_path("kubelet")), contender.driver)
     with open(contender.log, "ab") as log:
         started = time.monotonic()
-        proc = subprocess.Popen(contender.args, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            contender.args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **contender.env}
+        )
     try:
         deadline = started + 60
         registered = published = False
@@ -520,6 +611,83 @@ def pair_report(left: Contender, right: Contender) -> list[str]:
     ]
 
 
+#: What the fakes cost NVIDIA's plugin here, measured apart in each of its runs.
+FAKE_NVML_START = "the fake NVML alone: NVIDIA's start-up NVML calls"
+FAKE_NVML_RSS = "the fake NVML alone: peak RSS"
+FAKE_SMI = "the fake nvidia-smi: the two calls of NVIDIA's unprepare"
+UNITS |= {FAKE_NVML_START: "s", FAKE_NVML_RSS: "MiB"}
+#: NVIDIA's rows that the fakes weigh on, and what of them each is.
+LESS_FAKES = {START: FAKE_NVML_START, RSS_CALLS: FAKE_NVML_RSS, "unprepare p50": FAKE_SMI}
+#: The program of no Python that loads the fake NVML and makes NVIDIA's start-up calls.
+NVML_START_SOURCE = Path(__file__).with_name("nvmlstart.c")
+
+
+def less_fakes(row: str) -> str:
+    """The name of NVIDIA's figure of `row` with the fakes' part taken out."""
+    return f"{row}, less the fakes' part"
+
+
+def build_nvml_start(directory: Path) -> Path | None:
+    """tests/bench/nvmlstart.c compiled against the fake NVML's nvml.h; None (and why) if it cannot be."""
+    program = directory / "nvmlstart"
+    try:
+        include = nvml_header().parent
+    except BuildError as err:
+        print(f"the fake NVML's cost cannot be measured apart: {err}")
+        return None
+    done = subprocess.run(
+        ["gcc", "-O2", "-Wall", "-I", str(include), "-o", str(program), str(NVML_START_SOURCE), "-ldl"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        print(f"the fake NVML's cost cannot be measured apart: gcc failed:\n{done.stderr}")
+        return None
+    return program
+
+
+def fakes_cost(nvidia: Contender, node: FakeNode, program: Path) -> None:
+    """Measure what the fakes cost NVIDIA's plugin and record its rows with that part taken out.
+
+    The fake NVML answers from a Python stand-in, so NVIDIA's Go process carries an interpreter: a
+    program of no Python making the plugin's start-up calls over the same node measures its time and
+    memory. Its unprepare runs nvidia-smi twice, which on the fake node is a Python process each:
+    they are run here as the plugin runs them (the fake NVML preloaded).
+    """
+    started = time.monotonic()
+    done = subprocess.run(
+        [str(program), str(node.library)], capture_output=True, text=True, timeout=300, check=True
+    )
+    nvidia.record(FAKE_NVML_START, time.monotonic() - started)
+    nvidia.record(FAKE_NVML_RSS, int(done.stdout.split()[2]) / 1024)
+    fake = node.config.fake_gpus()
+    gpu = fake.uuid(fake.device_by_index(0))
+    smi = node.driver_root / "usr/bin/nvidia-smi"
+    env = {**os.environ, "LD_PRELOAD": str(node.library)}
+    started = time.monotonic()
+    for args in (["-i", gpu, "-c", "DEFAULT"], ["compute-policy", "-i", gpu, "--set-timeslice", "0"]):
+        subprocess.run([str(smi), *args], env=env, capture_output=True, timeout=60, check=True)
+    nvidia.record(FAKE_SMI, (time.monotonic() - started) * 1000)
+    for row, cost in LESS_FAKES.items():
+        nvidia.record(less_fakes(row), nvidia.figures[row][-1] - nvidia.figures[cost][-1])
+
+
+def fakes_report(ours: Contender, nvidia: Contender) -> list[str]:
+    """The fakes' cost to NVIDIA's plugin, then the rows they weigh on less that part, beside ours."""
+    lines = [
+        f"{name}: {_described(spread(nvidia.figures[name]), UNITS.get(name, 'ms'))}"
+        for name in LESS_FAKES.values()
+        if name in nvidia.figures
+    ]
+    labels = (ours.label, f"{nvidia.label} less the fakes")
+    for row in LESS_FAKES:
+        if less_fakes(row) in nvidia.figures and row in ours.figures:
+            unit = UNITS.get(row, "ms")
+            lines.append(figure_line(row, unit, ours.figures[row], nvidia.figures[less_fakes(row)], labels))
+    return lines
+
+
 def interpreter() -> str:
     """The Python the driver runs under (DriverProcess starts it with this one): version and path."""
     return f"Python {platform.python_version()} ({sys.executable})"
@@ -603,6 +771,17 @@ def _arguments() -> argparse.Namespace:
         help="leave out the floors (a DRA server doing no work, Python and Go)",
     )
     parser.add_argument(
+        "--no-nvidia",
+        action="store_true",
+        help="leave out NVIDIA's plugin and dra-gpu over the fake NVML beside it",
+    )
+    parser.add_argument(
+        "--nvidia-qps",
+        type=int,
+        default=0,
+        help="NVIDIA's plugin's API rate limit (burst twice it); 0: as its chart leaves it (5, burst 10)",
+    )
+    parser.add_argument(
         "--reference-alone",
         action="store_true",
         help="also time the Go reference alone by a minimal client (tests/bench/bench_reference.py) "
@@ -614,6 +793,8 @@ def _arguments() -> argparse.Namespace:
         parser.error(f"--claims must be 1 to --devices ({args.devices}), not {args.claims}")
     if args.reference_alone and args.no_go:
         parser.error("--reference-alone times the Go reference: it cannot go with --no-go")
+    if args.nvidia_qps < 0:
+        parser.error(f"--nvidia-qps must be 0 (its chart's) or more, not {args.nvidia_qps}")
     return args
 
 
@@ -628,6 +809,9 @@ def main() -> None:
     # Here, not at the top: it builds on this module.
     from tests.bench.bench_reference import alone, time_alone
 
+    node: FakeNode | None = None
+    nvml_start: Path | None = None
+
     def run(contender: Contender) -> None:
         if contender.floor:
             _run_floor(contender, args)
@@ -635,12 +819,14 @@ def main() -> None:
             time_alone(contender, cluster, kube, args.claims, args.devices)
         else:
             _run(contender, cluster, kube, args)
+            if contender.label == NVIDIA_LABEL and node is not None and nvml_start is not None:
+                fakes_cost(contender, node, nvml_start)
 
     with (
         running_cluster() as cluster,
-        cdi_dirs("cdi", "cdi-go", "cdi-alone") as dirs,
+        cdi_dirs("cdi", "cdi-go", "cdi-alone", "cdi-nvml", "cdi-nvidia") as dirs,
     ):
-        cdi, cdi_go, cdi_alone = dirs
+        cdi, cdi_go, cdi_alone, cdi_nvml, cdi_nvidia = dirs
         kube = Kube(cluster.kubeconfig)
         ours = _dra_gpu(cluster, args.devices, cdi)
         theirs = None if args.no_go else _go_contender(cluster, args.devices, cdi_go)
@@ -648,13 +834,19 @@ def main() -> None:
         by_itself = None
         if theirs is not None and args.reference_alone:
             by_itself = alone(cluster, Path(theirs.args[0]), args.devices, cdi_alone)
+        ours_nvml = nvidia = None
+        node = None if args.no_nvidia else _fake_node(cluster, args.devices)
+        if node is not None:
+            nvidia = _nvidia(cluster, node, cdi_nvidia, args.nvidia_qps)
+            ours_nvml = _dra_gpu_nvml(cluster, node, cdi_nvml) if nvidia is not None else None
+            nvml_start = build_nvml_start(Path(cluster.run_dir)) if nvidia is not None else None
         contenders = alternate(
-            [c for c in (ours, theirs, *(floors or ()), by_itself) if c is not None],
+            [c for c in (ours, theirs, ours_nvml, nvidia, *(floors or ()), by_itself) if c is not None],
             args.runs,
             run,
         )
         kube.close()
-    theirs, by_itself = (_still(c, contenders) for c in (theirs, by_itself))
+    theirs, by_itself, nvidia = (_still(c, contenders) for c in (theirs, by_itself, nvidia))
     if floors is not None and not all(_still(f, contenders) for f in floors):
         floors = None
     print(
@@ -676,6 +868,23 @@ def main() -> None:
             f"{args.runs} alternating runs; no driver goes under its runtime's floor"
         )
         for line in pair_report(*floors):
+            print(line)
+    if ours_nvml is not None and nvidia is not None:
+        print(
+            f"NVIDIA's gpu-kubelet-plugin ({NVIDIA.version()}, its chart's settings) beside dra-gpu, "
+            f"both over the fake NVML of one fake node ({args.devices} {FAKE_MODEL}), the same client and "
+            f"claims, {args.runs} alternating runs, no pile-up; ratio = dra-gpu / nvidia; NVIDIA's API "
+            f"client limits: {nvidia_limits(args.nvidia_qps)}"
+        )
+        for line in pair_report(ours_nvml, nvidia):
+            print(line)
+        print(
+            "what the fakes cost NVIDIA's plugin here, measured apart in each of its runs: the fake NVML "
+            "answers from a Python stand-in, so its Go process carries an interpreter (tests/bench/"
+            "nvmlstart.c makes its start-up NVML calls over the same node from a program of no Python); "
+            "its unprepare runs nvidia-smi twice, a Python process each on the fake node"
+        )
+        for line in fakes_report(ours_nvml, nvidia):
             print(line)
     if theirs is not None and by_itself is not None:
         print(

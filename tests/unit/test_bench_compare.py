@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,11 +24,16 @@ from localcluster.binaries import (
 
 from tests.bench.bench_compare import (
     Contender,
+    _arguments,
     _floors,
     _KubeletLog,
     _run_floor,
     alternate,
+    build_nvml_start,
+    fakes_report,
     figure_line,
+    less_fakes,
+    nvidia_limits,
     pair_report,
     parse_levels,
     report,
@@ -213,3 +220,53 @@ def test_the_kubelet_log_is_read_from_where_the_last_look_stopped(tmp_path: Path
         assert watch.connected()
     finally:
         watch.close()
+
+
+def test_nvidias_rows_are_shown_less_what_the_fakes_cost_it_beside_dra_gpus() -> None:
+    ours = Contender("dra-gpu, fake NVML", "gpu.nvidia.com", [], Path("a.sock"), Path("a.log"))
+    nvidia = Contender("nvidia", "gpu.nvidia.com", [], Path("n.sock"), Path("n.log"))
+    ours.record("start -> registered + slices published", 1.0)
+    ours.record("unprepare p50", 1.5)
+    nvidia.record("start -> registered + slices published", 6.0)
+    nvidia.record("unprepare p50", 450.0)
+    nvidia.record("the fake NVML alone: NVIDIA's start-up NVML calls", 0.5)
+    nvidia.record("the fake nvidia-smi: the two calls of NVIDIA's unprepare", 440.0)
+    nvidia.record(less_fakes("start -> registered + slices published"), 5.5)
+    nvidia.record(less_fakes("unprepare p50"), 10.0)
+    assert fakes_report(ours, nvidia) == [
+        "the fake NVML alone: NVIDIA's start-up NVML calls: 0.50 s",
+        "the fake nvidia-smi: the two calls of NVIDIA's unprepare: 440 ms",
+        "start -> registered + slices published: dra-gpu, fake NVML 1.00 s, nvidia less the fakes 5.50 s, "
+        "ratio 0.18x",
+        "unprepare p50: dra-gpu, fake NVML 1.50 ms, nvidia less the fakes 10.0 ms, ratio 0.15x",
+    ]
+
+
+def test_nvidias_api_limits_are_its_charts_unless_lifted() -> None:
+    assert nvidia_limits(0) == "as its chart leaves them: its defaults, --kube-api-qps 5, --kube-api-burst 10"
+    assert nvidia_limits(500) == "--kube-api-qps 500, --kube-api-burst 1000 (lifted, not its chart's)"
+
+
+def test_nvml_start_makes_nvidias_start_up_calls_from_a_program_of_no_python(tmp_path: Path) -> None:
+    from fakenvml.node import FakeNode
+
+    from tests.unit.helpers import NODE
+
+    program = build_nvml_start(tmp_path)
+    assert program is not None
+    node = FakeNode(tmp_path / "node", "h100x8", NODE).build()
+    done = subprocess.run([str(program), str(node.library)], capture_output=True, text=True, check=True)
+    made, failed, peak_kib = map(int, done.stdout.split())
+    # Per GPU as NVIDIA's plugin v0.4.1 over 128 GPUs: 56 calls, the 10 GPU instance profiles an
+    # H100 lacks refused; the embedded interpreter is most of the memory.
+    assert (made, failed) == (3 + 8 * 56, 8 * 10)
+    assert peak_kib > 10_000
+
+
+def test_a_negative_nvidia_qps_is_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["bench_compare", "--nvidia-qps=-1"])
+    with pytest.raises(SystemExit):
+        _arguments()
+    assert "--nvidia-qps must be 0 (its chart's) or more, not -1" in capsys.readouterr().err

@@ -10,6 +10,7 @@ from tests.bench.bench_pods import (
     DEVICE_PLUGIN,
     DRA_GPU,
     GO,
+    NVIDIA,
     Route,
     _claim_pod,
     _limits_pod,
@@ -93,6 +94,16 @@ def test_the_report_gives_dra_gpus_ratio_to_each_path_and_the_stages() -> None:
     assert lines[3].startswith("2 pods p99: dra-gpu 1600 ms, device plugin 800 ms, go driver 2000 ms,")
     assert "  dra-gpu: bound 400, running 800" in lines
     assert "    kubelet dra NodePrepareResources gpu.nvidia.com: mean 15.0 ms, 2 calls" in lines
+
+
+def test_the_report_gives_dra_gpus_ratio_to_nvidias_driver_too() -> None:
+    routes = [Route(DRA_GPU, _limits_pod), Route(DEVICE_PLUGIN, _limits_pod), Route(NVIDIA, _limits_pod)]
+    for route, ms in zip(routes, (800.0, 400.0, 1600.0), strict=True):
+        route.samples = {"1 pod": [ms]}
+    assert report(routes, 2)[0] == (
+        "1 pod p50: dra-gpu 800 ms, device plugin 400 ms, nvidia 1600 ms, "
+        "ratio dra/dp 2.00x, dra/nvidia 0.50x"
+    )
 
 
 def test_a_control_plane_components_api_limit_is_raised_only_when_asked() -> None:

@@ -33,7 +33,7 @@ def test_the_minimal_client_times_make_bench_s_rows_against_a_server(tmp_path: P
         assert server.stdout.readline().strip() == b"ready"
         with grpc.insecure_channel(f"unix://{socket}") as channel:
             stub = dra_pb2_grpc.DRAPluginStub(channel)
-            figures = minimal_calls(stub, _fresh(3), _fresh(bench_compare.BURST))
+            figures = minimal_calls(stub, _fresh(3), _fresh(bench_compare.BURST * bench_compare.BURSTS))
     finally:
         server.stdin.close()
         server.wait(10)

@@ -22,7 +22,8 @@ The fake profile has 2 x --gpus GPUs, split as an admin splits a node (--dra-gpu
 --device-plugin-gpus): the first half through DRA, the second through the device plugin,
 so both daemons run the whole time; the Go driver publishes --gpus devices of its own. Each
 round times --singles pods one at a time (the paths in turn, pod by pod) and then --burst pods
-created at once per path; every pod is deleted, and gone, before the next sample.
+created at once per path; every pod is deleted, and gone, and its claim unprepared by its driver
+(the kubelet's unprepare calls counted on its metrics) before the next sample.
 
 A pod's time runs from just before its create request to the moment a watch on the API
 server reports it Running (client clock, milliseconds). The same watches time the stages
@@ -64,7 +65,13 @@ from localcluster.devicepluginprocess import DevicePluginProcess
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, Obj, wait_for
 from localcluster.nvidiadriver import NvidiaDriverProcess
-from localcluster.workloads import claim_template, committed_device_classes, node_resources, published_slices
+from localcluster.workloads import (
+    DRIVER,
+    claim_template,
+    committed_device_classes,
+    node_resources,
+    published_slices,
+)
 from urllib3.exceptions import ProtocolError
 
 from tests.bench.bench_compare import FAKE_MODEL, GO_DRIVER, _go, nvidia_limits
@@ -89,6 +96,9 @@ class Route:
 
     label: str
     pod: Callable[[str], Obj]
+    #: The DRA driver that serves its pods ("" for the device plugin's): each sample waits for the
+    #: kubelet's unprepare calls to it before the next.
+    driver: str = ""
     #: "1 pod" / "32 pods" -> each pod's create -> Running, in milliseconds.
     samples: dict[str, list[float]] = field(default_factory=dict)
     #: (figure, stage) -> milliseconds from create, one per pod.
@@ -189,14 +199,18 @@ class Watches:
 
 
 #: Kubelet histograms that time the kubelet's calls to the drivers while a pod starts, with the label
-#: that picks the call. Unprepare is left out: it runs after a sample's pods are gone, in the next one.
+#: that picks the call. Unprepare is left out: it runs after a sample's pods are gone.
 KUBELET_METRICS = (
     ("dra_grpc_operations_duration_seconds", "NodePrepareResources"),
     ("kubelet_device_plugin_alloc_duration_seconds", GPU),
 )
+#: The kubelet's unprepare calls, counted to know when a sample's claims are released.
+UNPREPARE = (("dra_grpc_operations_duration_seconds", "NodeUnprepareResources"),)
 
 
-def kubelet_histograms(cluster: ClusterInfo) -> dict[tuple[str, str, str], tuple[float, float]]:
+def kubelet_histograms(
+    cluster: ClusterInfo, metrics: tuple[tuple[str, str], ...] = KUBELET_METRICS
+) -> dict[tuple[str, str, str], tuple[float, float]]:
     """(metric, operation, driver or resource) -> (sum seconds, count) from the kubelet's /metrics.
 
     Read from the kubelet's own port with the API server's client certificate: the node has only
@@ -209,11 +223,13 @@ def kubelet_histograms(cluster: ClusterInfo) -> dict[tuple[str, str, str], tuple
         run / "pki" / "apiserver-kubelet-client.crt", run / "pki" / "apiserver-kubelet-client.key"
     )
     with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=context, timeout=10) as resp:
-        return histograms(resp.read().decode())
+        return histograms(resp.read().decode(), metrics)
 
 
-def histograms(text: str) -> dict[tuple[str, str, str], tuple[float, float]]:
-    """KUBELET_METRICS of a Prometheus text page: (metric, operation, driver) -> (sum, count), no errors."""
+def histograms(
+    text: str, metrics: tuple[tuple[str, str], ...] = KUBELET_METRICS
+) -> dict[tuple[str, str, str], tuple[float, float]]:
+    """`metrics` of a Prometheus text page: (metric, operation, driver) -> (sum, count), no errors."""
     totals: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
     line_re = re.compile(r"^(\w+)_(sum|count)\{([^}]*)\} (\S+)$")
     for line in text.splitlines():
@@ -221,7 +237,7 @@ def histograms(text: str) -> dict[tuple[str, str, str], tuple[float, float]]:
         if match is None:
             continue
         name, part, labels, value = match.groups()
-        for metric, operation in KUBELET_METRICS:
+        for metric, operation in metrics:
             if name != metric or (f'"{operation}"' not in labels and f'/{operation}"' not in labels):
                 continue
             if 'is_error="true"' in labels:
@@ -263,7 +279,20 @@ class Bench:
         #: Pod -> (its path, its figure, perf_counter just before its create request).
         self.created: dict[str, tuple[Route, str, float]] = {}
 
-    def _delete_all(self) -> None:
+    def _delete_all(self, path: Route, pods: int) -> None:
+        """Delete the sample's pods and wait for them, their claims, and the driver's unprepare calls.
+
+        The API server forgets a pod deleted at once before the kubelet has unprepared its claim, and
+        the scheduler may give the next pod the same device: a driver that refuses a device its
+        checkpoint still holds (NVIDIA's does) would answer the next prepare with an error and the
+        kubelet retry after a back-off of seconds, a cost of the benchmark's pace, not of a pod start.
+        """
+        key = (*UNPREPARE[0], path.driver)
+
+        def unprepared() -> float:
+            return kubelet_histograms(self.cluster, UNPREPARE).get(key, (0.0, 0.0))[1]
+
+        released = unprepared()
         for pod in self.kube.list_objects("v1", "Pod", namespace=self.namespace):
             self.kube.delete("v1", "Pod", pod["metadata"]["name"], self.namespace, grace_period=0)
 
@@ -273,6 +302,12 @@ class Bench:
             )
 
         wait_for("pods and their claims to be gone", gone, timeout=60)
+        if path.driver:
+            wait_for(
+                f"the kubelet to unprepare {path.label}'s claims",
+                lambda: unprepared() >= released + pods,
+                timeout=60,
+            )
 
     def sample(self, path: Route, pods: int, figure: str) -> None:
         """Create `pods` pods of `path` at once and time each to Running; then delete them."""
@@ -306,7 +341,7 @@ class Bench:
                 totals = path.kubelet[figure, " ".join(k for k in key if k)]
                 totals[0] += seconds - old_seconds
                 totals[1] += count - old_count
-        self._delete_all()
+        self._delete_all(path, pods)
 
     def kubelet_stages(self) -> None:
         """Add the stages the kubelet's log times (its wall clock, turned into perf_counter's)."""
@@ -409,16 +444,27 @@ def _nvidia_driver(cluster: ClusterInfo, gpus: int, qps: int) -> NvidiaDriverPro
 
 @contextmanager
 def _in_place_of(ours: DriverProcess, theirs: NvidiaDriverProcess, kube: Kube) -> Iterator[None]:
-    """NVIDIA's plugin serving the node's claims under the driver name they share, then dra-gpu again."""
+    """NVIDIA's plugin serving the node's claims under the driver name they share, then dra-gpu again.
+
+    Both keep their checkpoint in the same file of the same plugin directory, each in its own format
+    (one refuses the other's), so dra-gpu's is set aside while NVIDIA's plugin runs, and NVIDIA's,
+    which holds no claim once its pods are gone, is removed after it.
+    """
     ours.stop()
+    aside = ours.checkpoint.with_name(f"{ours.checkpoint.name}.dra-gpu")
+    if ours.checkpoint.exists():
+        ours.checkpoint.replace(aside)
     # The kubelet would wipe a gone driver's slices only after some 30 s; each starts on its own.
     for stale in published_slices(kube, ours.cluster):
         kube.delete("resource.k8s.io/v1", "ResourceSlice", stale["metadata"]["name"])
-    theirs.start(timeout=120)
     try:
+        theirs.start(timeout=120)
         yield
     finally:
         theirs.stop()
+        ours.checkpoint.unlink(missing_ok=True)
+        if aside.exists():
+            aside.replace(ours.checkpoint)
         for stale in published_slices(kube, ours.cluster):
             kube.delete("resource.k8s.io/v1", "ResourceSlice", stale["metadata"]["name"])
         ours.start()
@@ -493,14 +539,14 @@ def main() -> None:
             )
             with _go_driver(cluster, kube, args.gpus) as have_go:
                 paths = [
-                    Route(DRA_GPU, lambda n: _claim_pod(n, "dra-gpu")),
+                    Route(DRA_GPU, lambda n: _claim_pod(n, "dra-gpu"), DRIVER),
                     Route(DEVICE_PLUGIN, _limits_pod),
                 ]
                 if have_go:
-                    paths.append(Route(GO, lambda n: _claim_pod(n, "go-driver")))
+                    paths.append(Route(GO, lambda n: _claim_pod(n, "go-driver"), GO_DRIVER))
                 nvidia = None if args.no_nvidia else _nvidia_driver(cluster, args.gpus, args.nvidia_qps)
                 # The same pod as dra-gpu's: the chart's class selects either driver's GPUs.
-                theirs = Route(NVIDIA, lambda n: _claim_pod(n, "dra-gpu"))
+                theirs = Route(NVIDIA, lambda n: _claim_pod(n, "dra-gpu"), DRIVER)
                 # The watches' threads are daemons: their streams end with the API server.
                 bench = Bench(kube, cluster, namespace)
 

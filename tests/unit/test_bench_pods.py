@@ -11,6 +11,7 @@ from tests.bench.bench_pods import (
     DRA_GPU,
     GO,
     NVIDIA,
+    UNPREPARE,
     Route,
     _claim_pod,
     _limits_pod,
@@ -48,6 +49,11 @@ def test_the_kubelets_prepare_and_allocate_times_are_read_per_driver() -> None:
         (DRA, "NodePrepareResources", "test-driver.cdi.k8s.io"): (0.1, 4.0),
         (ALLOC, "nvidia.com/gpu", ""): (0.02, 4.0),
     }
+
+
+def test_the_kubelets_unprepare_calls_are_counted_apart_per_driver() -> None:
+    # A sample waits for them: they are not part of a pod's start, so the report leaves them out.
+    assert histograms(METRICS, UNPREPARE) == {(DRA, "NodeUnprepareResources", "gpu.nvidia.com"): (9.0, 9.0)}
 
 
 # klog lines of the kubelet at --v=2 (kubelet.go's sync loop), for two pods.

@@ -132,7 +132,8 @@ clean:
 # the device plugin's start-up, re-registration after kubelet restarts, call latency;
 # dra.cel against cel-expr-python (docs/architecture.md, "CEL: why our own evaluator").
 # bench_compare also runs Kubernetes' own DRA test driver (built into the cache on first use,
-# about 3 minutes with the kubelet's packages in the Go build cache) in BENCH_RUNS alternating runs.
+# about 3 minutes with the kubelet's packages in the Go build cache) and NVIDIA's gpu-kubelet-plugin
+# over the fake NVML (root: its fake node's device nodes) in BENCH_RUNS alternating runs.
 BENCH_RUNS ?= 3
 bench: binaries
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_driver
@@ -144,8 +145,9 @@ bench: binaries
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_compare --runs $(BENCH_RUNS)
 
 # Pod create -> Running on the local cluster: a GPU by ResourceClaim through dra-gpu, nvidia.com/gpu
-# through dra-gpu's device plugin, and a claim through Kubernetes' Go DRA test driver, alternated
-# (docs/testing.md has the last run's figures). Minutes; not part of `make bench`.
+# through dra-gpu's device plugin, a claim through Kubernetes' Go DRA test driver, and the same claim
+# through NVIDIA's driver in dra-gpu's place, alternated (docs/testing.md has the last run's figures).
+# Minutes; not part of `make bench`.
 bench-pods: binaries
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_pods --rounds $(BENCH_RUNS)
 
@@ -156,8 +158,9 @@ bench-scale: binaries
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_scale --runs $(BENCH_RUNS)
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_scale_state --runs $(BENCH_RUNS)
 
-# The real scheduler placing GPU claims on 100 and 500 kubelet-less nodes, per slice layout
-# (docs/mig.md: what dynamic MIG costs the scheduler). Minutes; not part of `make bench`.
+# The real scheduler placing GPU claims on 100 and 500 kubelet-less nodes, per slice layout, NVIDIA's
+# dynamic-MIG slices among them (docs/mig.md: what dynamic MIG costs the scheduler). Minutes; not
+# part of `make bench`.
 bench-scheduler: binaries
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_scheduler
 

@@ -1,6 +1,7 @@
 """Benchmark: the driver beside Kubernetes' own DRA test driver (Go), alternating runs on one cluster.
 
     python -m tests.bench.bench_compare [--runs 3] [--devices 128] [--claims 100] [--pileup 0,64,1000]
+        [--no-go] [--no-floor] [--no-nvidia] [--nvidia-qps N] [--reference-alone]
 
 Kubernetes' DRA test driver (k8s.io/kubernetes/test/e2e/dra/test-driver at the cluster's
 release, built into the cache on first use from deploy/local/gobench) is the reference:
@@ -17,10 +18,20 @@ grpc.aio on uvloop, the server dra-gpu runs) and in Go (deploy/local/floorbin, o
 driver's grpc-go and protobuf), timed by the same client on the rows that need no cluster. No
 driver goes under its runtime's floor, so the floors say how much of a ratio is the runtime's.
 
+NVIDIA's own driver takes turns too (issue 41): its gpu-kubelet-plugin (localcluster.nvidiadriver,
+with its chart's settings, feature gates and API client limits) over a fake node of the same 128
+GPUs (fakenvml.node: the fake libnvidia-ml.so.1 in a driver root), beside dra-gpu started over the
+same fake node (--driver-root: NVML through the same library), the same client and claims, without
+the pile-up rows. The fake NVML answers from a Python stand-in, so NVIDIA's Go process carries an
+interpreter, and its unprepare runs nvidia-smi, a Python process on the fake node: each of its runs
+also measures those apart (tests/bench/nvmlstart.c makes its start-up NVML calls from a program of
+no Python), and the report gives its rows both raw and less that part. `--no-nvidia` leaves it out;
+`--nvidia-qps` lifts its API rate limit, which its chart leaves at client-go's 5 requests/s.
+
 Each figure is taken once per run; the report gives the median and range over the runs of
 each driver and the ratio of the medians (dra-gpu / Go: below 1x dra-gpu is ahead). Prints
 figures; asserts nothing about speed. When the Go driver cannot be built or started the
-benchmark says why and prints dra-gpu's figures alone.
+benchmark says why and prints dra-gpu's figures alone; so for NVIDIA's column.
 """
 
 from __future__ import annotations
@@ -45,10 +56,20 @@ from pathlib import Path
 
 import grpc
 import yaml
-from localcluster.binaries import BuildError, ensure_go_dra_driver, ensure_grpc_floor, kubernetes_version
-from localcluster.cluster import ClusterInfo, running_cluster
+from fakenvml.library import nvml_header
+from fakenvml.node import FakeNode
+from localcluster.binaries import (
+    NVIDIA,
+    BuildError,
+    ensure_go_dra_driver,
+    ensure_grpc_floor,
+    kubernetes_version,
+)
+from localcluster.cluster import ClusterInfo, api_burst, running_cluster
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, WaitTimeoutError, wait_for
+from localcluster.nvidiadriver import DRIVER as NVIDIA_DRIVER
+from localcluster.nvidiadriver import NvidiaDriverProcess
 
 from dra.adapters.atomicfile import is_tmpfs
 from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc
@@ -62,8 +83,9 @@ GO = "go reference"
 FAKE_MODEL = "h100-sxm5-80gb"
 #: How often start-up is polled for: registered with the kubelet and every device published.
 POLL = 0.02
-#: Concurrent callers and claims of the burst figure.
-CALLERS, BURST = 8, 32
+#: Concurrent callers and claims of the burst figure, and bursts per run: one burst is 32 calls, and
+#: its wall time alone moved by half between runs (issue 47), so a run's figure is the median of five.
+CALLERS, BURST, BURSTS = 8, 32, 5
 #: Seconds a run's namespace (and its claims) may take to be deleted before the next run starts.
 NAMESPACE_DELETION = 300.0
 #: Seconds after the first prepares for the work they leave (claim status writes) to be done.
@@ -151,19 +173,89 @@ class Contender:
     state: tuple[Path, ...] = ()
     #: A floor (a DRA server doing no work): no cluster, only the calls (`_run_floor`).
     floor: bool = False
+    #: Whether its runs hold claims prepared by the hundred (the pile-up rows) after the common rows.
+    pileup: bool = True
+    #: The Go reference timed alone by bench_reference's minimal client, in these turns (issue 47).
+    alone: bool = False
+    #: Its environment, over this process's.
+    env: dict[str, str] = field(default_factory=dict)
+    #: Called before each start, once `state` is emptied: NVIDIA's plugin copies its CDI hook into its
+    #: plugin directory, which a run of dra-gpu (the same driver name, the same directory) empties.
+    setup: Callable[[], object] | None = None
 
     def record(self, name: str, value: float) -> None:
         """Add one run's value of a figure."""
         self.figures.setdefault(name, []).append(value)
 
 
-def _dra_gpu(cluster: ClusterInfo, devices: int, cdi: Path) -> Contender:
+def _profile(cluster: ClusterInfo, devices: int) -> Path:
     profile = Path(cluster.run_dir) / "bench-profile.yaml"
     profile.write_text(yaml.safe_dump({"gpus": [{"model": FAKE_MODEL, "count": devices}]}))
+    return profile
+
+
+def _dra_gpu(cluster: ClusterInfo, devices: int, cdi: Path) -> Contender:
     log = Path(cluster.log_path("bench-dra-gpu"))
-    process = DriverProcess(cluster, str(profile), log, instance_id="bench", cdi_root=str(cdi))
+    profile = str(_profile(cluster, devices))
+    process = DriverProcess(cluster, profile, log, instance_id="bench", cdi_root=str(cdi))
     state = (process.checkpoint.parent, cdi)
     return Contender(DRA_GPU, process.driver_name, process.args(), process.dra_socket, log, state=state)
+
+
+DRA_GPU_NVML, NVIDIA_LABEL = "dra-gpu, fake NVML", "nvidia"
+
+
+def _fake_node(cluster: ClusterInfo, devices: int) -> FakeNode | None:
+    """One fake node of the benchmark's GPUs for NVIDIA's plugin and dra-gpu alike, or None and why."""
+    try:
+        root = Path(cluster.run_dir) / "bench-fake-node"
+        return FakeNode(root, str(_profile(cluster, devices)), cluster.node_name).build()
+    except (BuildError, OSError) as err:
+        # Its device nodes need mknod, so root.
+        print(f"no fake node to run NVIDIA's plugin on, so its column is left out: {err}")
+        return None
+
+
+def _dra_gpu_nvml(cluster: ClusterInfo, node: FakeNode, cdi: Path) -> Contender:
+    """dra-gpu reading the fake node's GPUs through NVML (the fake library), as NVIDIA's plugin does."""
+    log = Path(cluster.log_path("bench-dra-gpu-nvml"))
+    process = DriverProcess(cluster, node, log, instance_id="bench-nvml", cdi_root=str(cdi))
+    state = (process.checkpoint.parent, cdi)
+    return Contender(
+        DRA_GPU_NVML, process.driver_name, process.args(), process.dra_socket, log, state=state, pileup=False
+    )
+
+
+def nvidia_limits(qps: int) -> str:
+    """How NVIDIA's plugin's API client is limited: as its chart leaves it (its defaults), or at `qps`."""
+    if qps > 0:
+        return f"--kube-api-qps {qps}, --kube-api-burst {api_burst(qps)} (lifted, not its chart's)"
+    return "as its chart leaves them: its defaults, --kube-api-qps 5, --kube-api-burst 10"
+
+
+def _nvidia(cluster: ClusterInfo, node: FakeNode, cdi: Path, qps: int) -> Contender | None:
+    """NVIDIA's gpu-kubelet-plugin as its chart runs it, over the fake node; None (and why) if it cannot."""
+    log = Path(cluster.log_path("bench-nvidia"))
+    try:
+        process = NvidiaDriverProcess(cluster, node, log)
+    except BuildError as err:
+        print(f"NVIDIA's plugin could not be built, so its column is left out: {err}")
+        return None
+    env = {**process.env, "CDI_ROOT": str(cdi)}
+    if qps > 0:
+        env |= {"KUBE_API_QPS": str(qps), "KUBE_API_BURST": str(api_burst(qps))}
+    plugin = Path(cluster.plugins_dir) / NVIDIA_DRIVER
+    return Contender(
+        NVIDIA_LABEL,
+        NVIDIA_DRIVER,
+        process.args(),
+        plugin / "dra.sock",
+        log,
+        state=(plugin, cdi),
+        pileup=False,
+        env=env,
+        setup=process.args,
+    )
 
 
 def _go(cluster: ClusterInfo, binary: Path, devices: int, cdi: Path) -> Contender:
@@ -235,6 +327,8 @@ def _running(
                 shutil.rmtree(leftover)
             else:
                 leftover.unlink()
+    if contender.setup is not None:
+        contender.setup()
     for stale in kube.list_objects(
         "resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.driver={contender.driver}"
     ):
@@ -242,7 +336,9 @@ def _running(
     kubelet_log = _KubeletLog(Path(cluster.log_path("kubelet")), contender.driver)
     with open(contender.log, "ab") as log:
         started = time.monotonic()
-        proc = subprocess.Popen(contender.args, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            contender.args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **contender.env}
+        )
     try:
         deadline = started + 60
         registered = published = False
@@ -379,7 +475,11 @@ def _calls(
     burst: Sequence[dra_pb2.Claim],
     later_work: bool,
 ) -> None:
-    """The rows every contender has: empty calls, `first` prepared, again, unprepared, then the burst."""
+    """The rows every contender has: empty calls, `first` prepared, again, unprepared, then the bursts.
+
+    `burst` holds BURSTS batches of BURST fresh claims, each prepared with CALLERS calls in flight
+    and then unprepared.
+    """
     empty = [kubelet.empty() for _ in range(EMPTY_CALLS)]
     contender.record("empty NodePrepareResources p50", _percentile(empty, 50))
 
@@ -400,11 +500,19 @@ def _calls(
     unprepare = [kubelet.unprepare(ref) for ref in first]
     contender.record("unprepare p50", _percentile(unprepare, 50))
 
-    wall, timings = kubelet.burst(burst, CALLERS)
-    contender.record(f"{BURST} fresh claims from {CALLERS} callers, wall", wall)
+    walls, timings = [], []
+    for start in range(0, len(burst), BURST):
+        batch = burst[start : start + BURST]
+        wall, each = kubelet.burst(batch, CALLERS)
+        walls.append(wall)
+        timings += each
+        for ref in batch:
+            kubelet.unprepare(ref)
+    contender.record(f"{BURST} fresh claims from {CALLERS} callers, wall", statistics.median(walls))
     contender.record(f"{BURST} fresh claims from {CALLERS} callers, p99", _percentile(timings, 99))
-    for ref in burst:
-        kubelet.unprepare(ref)
+    # Before the pile-up, whose thousand prepares grow the Go test driver by its own bookkeeping:
+    # it keeps every gRPC call it served, request and response, for its e2e tests (issue 47).
+    contender.record(RSS_CALLS, _rss_kib(pid)[0] / 1024)
 
 
 def _run(contender: Contender, cluster: ClusterInfo, kube: Kube, args: argparse.Namespace) -> None:
@@ -413,10 +521,10 @@ def _run(contender: Contender, cluster: ClusterInfo, kube: Kube, args: argparse.
     # Admin access lets the pile-up claims share devices, so 1000 of them fit on 128 devices.
     label = {"resource.kubernetes.io/admin-access": "true"}
     kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": label}})
-    levels: tuple[int, ...] = args.pileup
+    levels: tuple[int, ...] = args.pileup if contender.pileup else ()
     samples = PILEUP_SAMPLES * len(levels)
     with _running(contender, cluster, kube, args.devices) as (pid, startup):
-        contender.record("start -> registered + slices published", startup)
+        contender.record(START, startup)
         devices = _devices(kube, contender.driver, cluster.node_name)
         claims = _make_claims(
             kube,
@@ -424,7 +532,12 @@ def _run(contender: Contender, cluster: ClusterInfo, kube: Kube, args: argparse.
             cluster.node_name,
             contender,
             devices,
-            {"first": args.claims, "burst": BURST, "sample": samples, "pileup": max(levels)},
+            {
+                "first": args.claims,
+                "burst": BURST * BURSTS,
+                "sample": samples,
+                "pileup": max(levels, default=0),
+            },
         )
         with grpc.insecure_channel(f"unix://{contender.dra_socket}") as channel:
             kubelet = _Kubelet(dra_pb2_grpc.DRAPluginStub(channel), contender.label)
@@ -443,8 +556,8 @@ def _run(contender: Contender, cluster: ClusterInfo, kube: Kube, args: argparse.
                     timed.append(kubelet.prepare(ref))
                     kubelet.unprepare(ref)
                 contender.record(f"prepare p50 with {level} claims prepared", _percentile(timed, 50))
-        rss, _ = _rss_kib(pid)
-        contender.record("RSS after the run", rss / 1024)
+        if levels:
+            contender.record(RSS_RUN, _rss_kib(pid)[0] / 1024)
     kube.delete("v1", "Namespace", namespace)
     # The namespace controller deletes the run's claims (over 1,000 with the default pile-up) one
     # by one: waited for here, or the API server and etcd do that work during the next run's
@@ -473,16 +586,18 @@ def _run_floor(floor: Contender, args: argparse.Namespace) -> None:
             raise RuntimeError(f"{floor.label} did not start: see {floor.log}")
         with grpc.insecure_channel(f"unix://{floor.dra_socket}") as channel:
             kubelet = _Kubelet(dra_pb2_grpc.DRAPluginStub(channel), floor.label)
-            _calls(kubelet, floor, proc.pid, fresh(args.claims), fresh(BURST), later_work=False)
-        floor.record("RSS after the run", _rss_kib(proc.pid)[0] / 1024)
+            _calls(kubelet, floor, proc.pid, fresh(args.claims), fresh(BURST * BURSTS), later_work=False)
     finally:
         # Its cue to stop.
         proc.stdin.close()
         _reap(proc)
 
 
+#: Resident memory after the rows every contender has, and after the pile-up too.
+RSS_CALLS, RSS_RUN = "RSS after the calls", "RSS after the run"
+START = "start -> registered + slices published"
 #: Figure name -> unit; any figure not listed is in milliseconds.
-UNITS = {"start -> registered + slices published": "s", "RSS after the run": "MiB"}
+UNITS = {START: "s", RSS_CALLS: "MiB", RSS_RUN: "MiB"}
 
 
 def report(ours: Contender, theirs: Contender | None) -> list[str]:
@@ -497,12 +612,104 @@ def report(ours: Contender, theirs: Contender | None) -> list[str]:
 PYTHON_FLOOR, GO_FLOOR = "python floor", "go floor"
 
 
-def floor_report(python: Contender, go: Contender) -> list[str]:
-    """The floors' figures, one line each, under the names of the drivers' rows: Python's, Go's, the ratio."""
+def pair_report(left: Contender, right: Contender) -> list[str]:
+    """The figures both contenders have, one line each: left's, right's, the ratio left / right.
+
+    Under the names of the drivers' rows: the floors (Python's beside Go's), NVIDIA's plugin beside
+    dra-gpu over the same fake NVML, the Go reference in make bench's turns beside it timed alone.
+    """
+    labels = (left.label, right.label)
     return [
-        figure_line(name, UNITS.get(name, "ms"), values, go.figures.get(name, []), (PYTHON_FLOOR, GO_FLOOR))
-        for name, values in python.figures.items()
+        figure_line(name, UNITS.get(name, "ms"), values, right.figures[name], labels)
+        for name, values in left.figures.items()
+        if name in right.figures
     ]
+
+
+#: What the fakes cost NVIDIA's plugin here, measured apart in each of its runs.
+FAKE_NVML_START = "the fake NVML alone: NVIDIA's start-up NVML calls"
+FAKE_NVML_RSS = "the fake NVML alone: peak RSS"
+FAKE_SMI = "the fake nvidia-smi: the two calls of NVIDIA's unprepare"
+UNITS |= {FAKE_NVML_START: "s", FAKE_NVML_RSS: "MiB"}
+#: Tries of each fake's cost per run, the figure their median.
+FAKES_TIMED = 5
+#: NVIDIA's rows that the fakes weigh on, and what of them each is.
+LESS_FAKES = {START: FAKE_NVML_START, RSS_CALLS: FAKE_NVML_RSS, "unprepare p50": FAKE_SMI}
+#: The program of no Python that loads the fake NVML and makes NVIDIA's start-up calls.
+NVML_START_SOURCE = Path(__file__).with_name("nvmlstart.c")
+
+
+def less_fakes(row: str) -> str:
+    """The name of NVIDIA's figure of `row` with the fakes' part taken out."""
+    return f"{row}, less the fakes' part"
+
+
+def build_nvml_start(directory: Path) -> Path | None:
+    """tests/bench/nvmlstart.c compiled against the fake NVML's nvml.h; None (and why) if it cannot be."""
+    program = directory / "nvmlstart"
+    try:
+        include = nvml_header().parent
+    except BuildError as err:
+        print(f"the fake NVML's cost cannot be measured apart: {err}")
+        return None
+    done = subprocess.run(
+        ["gcc", "-O2", "-Wall", "-I", str(include), "-o", str(program), str(NVML_START_SOURCE), "-ldl"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        print(f"the fake NVML's cost cannot be measured apart: gcc failed:\n{done.stderr}")
+        return None
+    return program
+
+
+def fakes_cost(nvidia: Contender, node: FakeNode, program: Path) -> None:
+    """Measure what the fakes cost NVIDIA's plugin and record its rows with that part taken out.
+
+    The fake NVML answers from a Python stand-in, so NVIDIA's Go process carries an interpreter: a
+    program of no Python making the plugin's start-up calls over the same node measures its time and
+    memory. Its unprepare runs nvidia-smi twice, which on the fake node is a Python process each:
+    they are run here as the plugin runs them (the fake NVML preloaded). Each is the median of
+    FAKES_TIMED tries: one try, taken apart from the rows it is subtracted from, once came out above
+    the unprepare's median on this shared machine.
+    """
+    starts, peaks, smis = [], [], []
+    fake = node.config.fake_gpus()
+    gpu = fake.uuid(fake.device_by_index(0))
+    smi = node.driver_root / "usr/bin/nvidia-smi"
+    env = {**os.environ, "LD_PRELOAD": str(node.library)}
+    for _ in range(FAKES_TIMED):
+        started = time.monotonic()
+        done = subprocess.run(
+            [str(program), str(node.library)], capture_output=True, text=True, timeout=300, check=True
+        )
+        starts.append(time.monotonic() - started)
+        peaks.append(int(done.stdout.split()[2]) / 1024)
+        started = time.monotonic()
+        for args in (["-i", gpu, "-c", "DEFAULT"], ["compute-policy", "-i", gpu, "--set-timeslice", "0"]):
+            subprocess.run([str(smi), *args], env=env, capture_output=True, timeout=60, check=True)
+        smis.append((time.monotonic() - started) * 1000)
+    nvidia.record(FAKE_NVML_START, statistics.median(starts))
+    nvidia.record(FAKE_NVML_RSS, statistics.median(peaks))
+    nvidia.record(FAKE_SMI, statistics.median(smis))
+    for row, cost in LESS_FAKES.items():
+        nvidia.record(less_fakes(row), nvidia.figures[row][-1] - nvidia.figures[cost][-1])
+
+
+def fakes_report(ours: Contender, nvidia: Contender) -> list[str]:
+    """The fakes' cost to NVIDIA's plugin, then the rows they weigh on less that part, beside ours."""
+    lines = [
+        f"{name}: {_described(spread(nvidia.figures[name]), UNITS.get(name, 'ms'))}"
+        for name in LESS_FAKES.values()
+        if name in nvidia.figures
+    ]
+    labels = (ours.label, f"{nvidia.label} less the fakes")
+    for row in LESS_FAKES:
+        if less_fakes(row) in nvidia.figures and row in ours.figures:
+            unit = UNITS.get(row, "ms")
+            lines.append(figure_line(row, unit, ours.figures[row], nvidia.figures[less_fakes(row)], labels))
+    return lines
 
 
 def interpreter() -> str:
@@ -534,9 +741,10 @@ def cdi_dirs(*names: str) -> Iterator[tuple[Path, ...]]:
 
 
 def alternate(contenders: list[Contender], runs: int, run: Callable[[Contender], None]) -> list[Contender]:
-    """Run each contender `runs` times in turns; a contender that fails is dropped with the reason."""
+    """Run each contender `runs` times in turns, every other run backwards; one that fails is dropped."""
     for number in range(1, runs + 1):
-        for contender in list(contenders):
+        # Every other run in the reverse order, so that no contender always follows the same one.
+        for contender in list(contenders if number % 2 else reversed(contenders)):
             print(f"run {number}/{runs}: {contender.label}", flush=True)
             try:
                 run(contender)
@@ -563,8 +771,7 @@ def _floors(directory: Path) -> tuple[Contender, Contender] | None:
     )
 
 
-def main() -> None:
-    """Run the comparison and print the figures."""
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--runs",
@@ -581,30 +788,90 @@ def main() -> None:
     parser.add_argument(
         "--pileup", type=parse_levels, default=(0, 64, 1000), help="prepared claims, e.g. 0,64,1000"
     )
-    parser.add_argument("--no-go", action="store_true", help="dra-gpu alone")
+    parser.add_argument("--no-go", action="store_true", help="leave out the Go reference and the floors")
     parser.add_argument(
         "--no-floor",
         action="store_true",
         help="leave out the floors (a DRA server doing no work, Python and Go)",
     )
+    parser.add_argument(
+        "--no-nvidia",
+        action="store_true",
+        help="leave out NVIDIA's plugin and dra-gpu over the fake NVML beside it",
+    )
+    parser.add_argument(
+        "--nvidia-qps",
+        type=int,
+        default=0,
+        help="NVIDIA's plugin's API rate limit (burst twice it); 0: as its chart leaves it (5, burst 10)",
+    )
+    parser.add_argument(
+        "--reference-alone",
+        action="store_true",
+        help="also time the Go reference alone by a minimal client (tests/bench/bench_reference.py) "
+        "in the same turns, and print its figures beside make bench's (issue 47)",
+    )
     args = parser.parse_args()
     if not 0 < args.claims <= args.devices:
         # They are held prepared together, one device each (dra-gpu refuses a device twice).
         parser.error(f"--claims must be 1 to --devices ({args.devices}), not {args.claims}")
+    if args.reference_alone and args.no_go:
+        parser.error("--reference-alone times the Go reference: it cannot go with --no-go")
+    if args.nvidia_qps < 0:
+        parser.error(f"--nvidia-qps must be 0 (its chart's) or more, not {args.nvidia_qps}")
+    return args
 
-    with running_cluster() as cluster, cdi_dirs("cdi", "cdi-go") as (cdi, cdi_go):
+
+def _still(contender: Contender | None, contenders: list[Contender]) -> Contender | None:
+    """The contender if it was not dropped from the comparison."""
+    return contender if any(c is contender for c in contenders) else None
+
+
+def main() -> None:
+    """Run the comparison and print the figures."""
+    args = _arguments()
+    # Here, not at the top: it builds on this module.
+    from tests.bench.bench_reference import alone, time_alone
+
+    node: FakeNode | None = None
+    nvml_start: Path | None = None
+
+    def run(contender: Contender) -> None:
+        if contender.floor:
+            _run_floor(contender, args)
+        elif contender.alone:
+            time_alone(contender, cluster, kube, args.claims, args.devices)
+        else:
+            _run(contender, cluster, kube, args)
+            if contender.label == NVIDIA_LABEL and node is not None and nvml_start is not None:
+                fakes_cost(contender, node, nvml_start)
+
+    with (
+        running_cluster() as cluster,
+        cdi_dirs("cdi", "cdi-go", "cdi-alone", "cdi-nvml", "cdi-nvidia") as dirs,
+    ):
+        cdi, cdi_go, cdi_alone, cdi_nvml, cdi_nvidia = dirs
         kube = Kube(cluster.kubeconfig)
         ours = _dra_gpu(cluster, args.devices, cdi)
         theirs = None if args.no_go else _go_contender(cluster, args.devices, cdi_go)
         floors = None if args.no_floor or args.no_go else _floors(cdi.parent)
+        by_itself = None
+        if theirs is not None and args.reference_alone:
+            by_itself = alone(cluster, Path(theirs.args[0]), args.devices, cdi_alone)
+        ours_nvml = nvidia = None
+        node = None if args.no_nvidia else _fake_node(cluster, args.devices)
+        if node is not None:
+            nvidia = _nvidia(cluster, node, cdi_nvidia, args.nvidia_qps)
+            ours_nvml = _dra_gpu_nvml(cluster, node, cdi_nvml) if nvidia is not None else None
+            nvml_start = build_nvml_start(Path(cluster.run_dir)) if nvidia is not None else None
         contenders = alternate(
-            [c for c in (ours, theirs, *(floors or ())) if c is not None],
+            [c for c in (ours, theirs, ours_nvml, nvidia, *(floors or ()), by_itself) if c is not None],
             args.runs,
-            lambda c: _run_floor(c, args) if c.floor else _run(c, cluster, kube, args),
+            run,
         )
         kube.close()
-    theirs = theirs if any(c is theirs for c in contenders) else None
-    if floors is not None and not all(any(c is f for c in contenders) for f in floors):
+    theirs, by_itself, nvidia = (_still(c, contenders) for c in (theirs, by_itself, nvidia))
+    if floors is not None and not all(_still(f, contenders) for f in floors):
         floors = None
     print(
         f"dra-gpu beside Kubernetes' DRA test driver ({kubernetes_version()}), {args.devices} devices each, "
@@ -612,6 +879,10 @@ def main() -> None:
     )
     # How the interpreter was built moves every dra-gpu row (docs/testing.md, seventh round).
     print(f"dra-gpu ran on {interpreter()}")
+    print(
+        "API client limits: dra-gpu none (it has no client-side limit); go reference lifted "
+        "(--kube-api-qps=100000 --kube-api-burst=100000)"
+    )
     for line in report(ours, theirs):
         print(line)
     if floors is not None:
@@ -620,7 +891,32 @@ def main() -> None:
             "grpc.aio and uvloop; deploy/local/floorbin in Go), the same client, "
             f"{args.runs} alternating runs; no driver goes under its runtime's floor"
         )
-        for line in floor_report(*floors):
+        for line in pair_report(*floors):
+            print(line)
+    if ours_nvml is not None and nvidia is not None:
+        print(
+            f"NVIDIA's gpu-kubelet-plugin ({NVIDIA.version()}, its chart's settings) beside dra-gpu, "
+            f"both over the fake NVML of one fake node ({args.devices} {FAKE_MODEL}), the same client and "
+            f"claims, {args.runs} alternating runs, no pile-up; ratio = dra-gpu / nvidia; NVIDIA's API "
+            f"client limits: {nvidia_limits(args.nvidia_qps)}"
+        )
+        for line in pair_report(ours_nvml, nvidia):
+            print(line)
+        print(
+            "what the fakes cost NVIDIA's plugin here, measured apart in each of its runs: the fake NVML "
+            "answers from a Python stand-in, so its Go process carries an interpreter (tests/bench/"
+            "nvmlstart.c makes its start-up NVML calls over the same node from a program of no Python); "
+            "its unprepare runs nvidia-smi twice, a Python process each on the fake node"
+        )
+        for line in fakes_report(ours_nvml, nvidia):
+            print(line)
+    if theirs is not None and by_itself is not None:
+        print(
+            "the go reference in these turns beside the same driver timed alone by a minimal client "
+            "(tests/bench/bench_reference.py: its own claims and client, no pile-up), "
+            f"{args.runs} alternating runs; ratio = make bench / alone (issue 47)"
+        )
+        for line in pair_report(theirs, by_itself):
             print(line)
 
 

@@ -1,7 +1,7 @@
-"""Benchmark: pod create -> Running through DRA (dra-gpu, Go test driver) and the device plugin.
+"""Benchmark: pod create -> Running through DRA (dra-gpu, NVIDIA's, the Go test driver) and the device plugin.
 
     python -m tests.bench.bench_pods [--rounds 3] [--singles 8] [--burst 32] [--gpus 32]
-        [--controller-manager-qps N] [--kubelet-qps N]
+        [--controller-manager-qps N] [--kubelet-qps N] [--no-nvidia] [--nvidia-qps N]
 
 One local cluster (real kube-apiserver, scheduler, controller manager and kubelet on the
 fake runtime) serves three ways to give a pod one GPU, side by side and alternated:
@@ -11,13 +11,19 @@ fake runtime) serves three ways to give a pod one GPU, side by side and alternat
 - `device plugin`: a pod with `nvidia.com/gpu: 1` in its limits, served by `dra-gpu
   device-plugin`;
 - `go driver`: a pod with a ResourceClaimTemplate of Kubernetes' DRA test driver
-  (k8s.io/kubernetes/test/e2e/dra/test-driver, built as bench_compare builds it).
+  (k8s.io/kubernetes/test/e2e/dra/test-driver, built as bench_compare builds it);
+- `nvidia`: the same pod as dra-gpu's, served by NVIDIA's gpu-kubelet-plugin
+  (localcluster.nvidiadriver: its chart's settings, gates and API client limits) over a fake node of
+  --gpus GPUs (fakenvml.node). It has dra-gpu's driver name, so it runs in dra-gpu's place: each
+  round stops dra-gpu's kubelet plugin, times NVIDIA's singles and burst, and starts dra-gpu again,
+  NVIDIA's block first in every other round. `--no-nvidia` leaves it out.
 
 The fake profile has 2 x --gpus GPUs, split as an admin splits a node (--dra-gpus and
 --device-plugin-gpus): the first half through DRA, the second through the device plugin,
 so both daemons run the whole time; the Go driver publishes --gpus devices of its own. Each
 round times --singles pods one at a time (the paths in turn, pod by pod) and then --burst pods
-created at once per path; every pod is deleted, and gone, before the next sample.
+created at once per path; every pod is deleted, and gone, and its claim unprepared by its driver
+(the kubelet's unprepare calls counted on its metrics) before the next sample.
 
 A pod's time runs from just before its create request to the moment a watch on the API
 server reports it Running (client clock, milliseconds). The same watches time the stages
@@ -51,19 +57,27 @@ from datetime import datetime
 from pathlib import Path
 
 import yaml
+from fakenvml.node import FakeNode
 from kubernetes.watch.watch import iter_resp_lines
 from localcluster.binaries import BuildError, ensure_go_dra_driver
 from localcluster.cluster import ClusterInfo, api_burst, api_limit_flags, kubelet_api_limit, running_cluster
 from localcluster.devicepluginprocess import DevicePluginProcess
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, Obj, wait_for
-from localcluster.workloads import claim_template, committed_device_classes, node_resources
+from localcluster.nvidiadriver import NvidiaDriverProcess
+from localcluster.workloads import (
+    DRIVER,
+    claim_template,
+    committed_device_classes,
+    node_resources,
+    published_slices,
+)
 from urllib3.exceptions import ProtocolError
 
-from tests.bench.bench_compare import FAKE_MODEL, GO_DRIVER, _go
+from tests.bench.bench_compare import FAKE_MODEL, GO_DRIVER, _go, nvidia_limits
 from tests.bench.bench_driver import _percentile
 
-DRA_GPU, DEVICE_PLUGIN, GO = "dra-gpu", "device plugin", "go driver"
+DRA_GPU, DEVICE_PLUGIN, GO, NVIDIA = "dra-gpu", "device plugin", "go driver", "nvidia"
 GPU = "nvidia.com/gpu"
 IMAGE = "registry.k8s.io/pause:3.10"
 #: Stages of a pod's start, in order, as the watches see them (client clock).
@@ -82,6 +96,9 @@ class Route:
 
     label: str
     pod: Callable[[str], Obj]
+    #: The DRA driver that serves its pods ("" for the device plugin's): each sample waits for the
+    #: kubelet's unprepare calls to it before the next.
+    driver: str = ""
     #: "1 pod" / "32 pods" -> each pod's create -> Running, in milliseconds.
     samples: dict[str, list[float]] = field(default_factory=dict)
     #: (figure, stage) -> milliseconds from create, one per pod.
@@ -182,14 +199,18 @@ class Watches:
 
 
 #: Kubelet histograms that time the kubelet's calls to the drivers while a pod starts, with the label
-#: that picks the call. Unprepare is left out: it runs after a sample's pods are gone, in the next one.
+#: that picks the call. Unprepare is left out: it runs after a sample's pods are gone.
 KUBELET_METRICS = (
     ("dra_grpc_operations_duration_seconds", "NodePrepareResources"),
     ("kubelet_device_plugin_alloc_duration_seconds", GPU),
 )
+#: The kubelet's unprepare calls, counted to know when a sample's claims are released.
+UNPREPARE = (("dra_grpc_operations_duration_seconds", "NodeUnprepareResources"),)
 
 
-def kubelet_histograms(cluster: ClusterInfo) -> dict[tuple[str, str, str], tuple[float, float]]:
+def kubelet_histograms(
+    cluster: ClusterInfo, metrics: tuple[tuple[str, str], ...] = KUBELET_METRICS
+) -> dict[tuple[str, str, str], tuple[float, float]]:
     """(metric, operation, driver or resource) -> (sum seconds, count) from the kubelet's /metrics.
 
     Read from the kubelet's own port with the API server's client certificate: the node has only
@@ -202,11 +223,13 @@ def kubelet_histograms(cluster: ClusterInfo) -> dict[tuple[str, str, str], tuple
         run / "pki" / "apiserver-kubelet-client.crt", run / "pki" / "apiserver-kubelet-client.key"
     )
     with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=context, timeout=10) as resp:
-        return histograms(resp.read().decode())
+        return histograms(resp.read().decode(), metrics)
 
 
-def histograms(text: str) -> dict[tuple[str, str, str], tuple[float, float]]:
-    """KUBELET_METRICS of a Prometheus text page: (metric, operation, driver) -> (sum, count), no errors."""
+def histograms(
+    text: str, metrics: tuple[tuple[str, str], ...] = KUBELET_METRICS
+) -> dict[tuple[str, str, str], tuple[float, float]]:
+    """`metrics` of a Prometheus text page: (metric, operation, driver) -> (sum, count), no errors."""
     totals: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
     line_re = re.compile(r"^(\w+)_(sum|count)\{([^}]*)\} (\S+)$")
     for line in text.splitlines():
@@ -214,7 +237,7 @@ def histograms(text: str) -> dict[tuple[str, str, str], tuple[float, float]]:
         if match is None:
             continue
         name, part, labels, value = match.groups()
-        for metric, operation in KUBELET_METRICS:
+        for metric, operation in metrics:
             if name != metric or (f'"{operation}"' not in labels and f'/{operation}"' not in labels):
                 continue
             if 'is_error="true"' in labels:
@@ -256,7 +279,20 @@ class Bench:
         #: Pod -> (its path, its figure, perf_counter just before its create request).
         self.created: dict[str, tuple[Route, str, float]] = {}
 
-    def _delete_all(self) -> None:
+    def _delete_all(self, path: Route, pods: int) -> None:
+        """Delete the sample's pods and wait for them, their claims, and the driver's unprepare calls.
+
+        The API server forgets a pod deleted at once before the kubelet has unprepared its claim, and
+        the scheduler may give the next pod the same device: a driver that refuses a device its
+        checkpoint still holds (NVIDIA's does) would answer the next prepare with an error and the
+        kubelet retry after a back-off of seconds, a cost of the benchmark's pace, not of a pod start.
+        """
+        key = (*UNPREPARE[0], path.driver)
+
+        def unprepared() -> float:
+            return kubelet_histograms(self.cluster, UNPREPARE).get(key, (0.0, 0.0))[1]
+
+        released = unprepared()
         for pod in self.kube.list_objects("v1", "Pod", namespace=self.namespace):
             self.kube.delete("v1", "Pod", pod["metadata"]["name"], self.namespace, grace_period=0)
 
@@ -266,6 +302,12 @@ class Bench:
             )
 
         wait_for("pods and their claims to be gone", gone, timeout=60)
+        if path.driver:
+            wait_for(
+                f"the kubelet to unprepare {path.label}'s claims",
+                lambda: unprepared() >= released + pods,
+                timeout=60,
+            )
 
     def sample(self, path: Route, pods: int, figure: str) -> None:
         """Create `pods` pods of `path` at once and time each to Running; then delete them."""
@@ -299,7 +341,7 @@ class Bench:
                 totals = path.kubelet[figure, " ".join(k for k in key if k)]
                 totals[0] += seconds - old_seconds
                 totals[1] += count - old_count
-        self._delete_all()
+        self._delete_all(path, pods)
 
     def kubelet_stages(self) -> None:
         """Add the stages the kubelet's log times (its wall clock, turned into perf_counter's)."""
@@ -324,7 +366,7 @@ def report(paths: list[Route], burst: int) -> list[str]:
             parts = [f"{p.label} {_ms(p.samples.get(figure, []), pct)}" for p in paths]
             ratios = []
             ours = by[DRA_GPU].samples.get(figure, [])
-            for other, short in ((DEVICE_PLUGIN, "dp"), (GO, "go")):
+            for other, short in ((DEVICE_PLUGIN, "dp"), (GO, "go"), (NVIDIA, "nvidia")):
                 theirs = by[other].samples.get(figure, []) if other in by else []
                 if ours and theirs:
                     ratios.append(f"dra/{short} {_percentile(ours, pct) / _percentile(theirs, pct):.2f}x")
@@ -383,6 +425,51 @@ def _go_driver(cluster: ClusterInfo, kube: Kube, gpus: int) -> Iterator[bool]:
         proc.wait(15)
 
 
+def _nvidia_driver(cluster: ClusterInfo, gpus: int, qps: int) -> NvidiaDriverProcess | None:
+    """NVIDIA's plugin over a fake node of `gpus` GPUs, not started; None (and why) if it cannot run here."""
+    run = Path(cluster.run_dir)
+    profile = run / "bench-pods-nvidia-profile.yaml"
+    profile.write_text(yaml.safe_dump({"gpus": [{"model": FAKE_MODEL, "count": gpus}]}))
+    try:
+        node = FakeNode(run / "bench-pods-fake-node", str(profile), cluster.node_name).build()
+        process = NvidiaDriverProcess(cluster, node, run / "logs" / "bench-pods-nvidia.log")
+    except (BuildError, OSError) as err:
+        # Its fake node's device nodes need mknod, so root.
+        print(f"NVIDIA's driver cannot run here, so its path is left out: {err}")
+        return None
+    if qps > 0:
+        process.env |= {"KUBE_API_QPS": str(qps), "KUBE_API_BURST": str(api_burst(qps))}
+    return process
+
+
+@contextmanager
+def _in_place_of(ours: DriverProcess, theirs: NvidiaDriverProcess, kube: Kube) -> Iterator[None]:
+    """NVIDIA's plugin serving the node's claims under the driver name they share, then dra-gpu again.
+
+    Both keep their checkpoint in the same file of the same plugin directory, each in its own format
+    (one refuses the other's), so dra-gpu's is set aside while NVIDIA's plugin runs, and NVIDIA's,
+    which holds no claim once its pods are gone, is removed after it.
+    """
+    ours.stop()
+    aside = ours.checkpoint.with_name(f"{ours.checkpoint.name}.dra-gpu")
+    if ours.checkpoint.exists():
+        ours.checkpoint.replace(aside)
+    # The kubelet would wipe a gone driver's slices only after some 30 s; each starts on its own.
+    for stale in published_slices(kube, ours.cluster):
+        kube.delete("resource.k8s.io/v1", "ResourceSlice", stale["metadata"]["name"])
+    try:
+        theirs.start(timeout=120)
+        yield
+    finally:
+        theirs.stop()
+        ours.checkpoint.unlink(missing_ok=True)
+        if aside.exists():
+            aside.replace(ours.checkpoint)
+        for stale in published_slices(kube, ours.cluster):
+            kube.delete("resource.k8s.io/v1", "ResourceSlice", stale["metadata"]["name"])
+        ours.start()
+
+
 def _limit(qps: int, default: str) -> str:
     """How a run's API rate limit reads in the report."""
     return f"{qps} requests/s, burst {api_burst(qps)}" if qps > 0 else f"the default ({default})"
@@ -408,9 +495,18 @@ def main() -> None:
         default=0,
         help="the kubelet's API rate limit (kubeAPIQPS, burst twice it); 0: its default, 50, burst 100",
     )
+    parser.add_argument("--no-nvidia", action="store_true", help="leave out NVIDIA's driver")
+    parser.add_argument(
+        "--nvidia-qps",
+        type=int,
+        default=0,
+        help="NVIDIA's plugin's API rate limit (burst twice it); 0: as its chart leaves it (5, burst 10)",
+    )
     args = parser.parse_args()
     if args.gpus < args.burst:
         parser.error(f"--gpus ({args.gpus}) must be at least --burst ({args.burst}): a burst runs at once")
+    if args.nvidia_qps < 0:
+        parser.error(f"--nvidia-qps must be 0 (its chart's) or more, not {args.nvidia_qps}")
 
     qps, kubelet_qps = args.controller_manager_qps, args.kubelet_qps
     with running_cluster(
@@ -443,20 +539,35 @@ def main() -> None:
             )
             with _go_driver(cluster, kube, args.gpus) as have_go:
                 paths = [
-                    Route(DRA_GPU, lambda n: _claim_pod(n, "dra-gpu")),
+                    Route(DRA_GPU, lambda n: _claim_pod(n, "dra-gpu"), DRIVER),
                     Route(DEVICE_PLUGIN, _limits_pod),
                 ]
                 if have_go:
-                    paths.append(Route(GO, lambda n: _claim_pod(n, "go-driver")))
+                    paths.append(Route(GO, lambda n: _claim_pod(n, "go-driver"), GO_DRIVER))
+                nvidia = None if args.no_nvidia else _nvidia_driver(cluster, args.gpus, args.nvidia_qps)
+                # The same pod as dra-gpu's: the chart's class selects either driver's GPUs.
+                theirs = Route(NVIDIA, lambda n: _claim_pod(n, "dra-gpu"), DRIVER)
                 # The watches' threads are daemons: their streams end with the API server.
                 bench = Bench(kube, cluster, namespace)
+
+                def each(routes: list[Route]) -> None:
+                    for _ in range(args.singles):
+                        for path in routes:
+                            bench.sample(path, 1, "1 pod")
+                    for path in routes:
+                        bench.sample(path, args.burst, f"{args.burst} pods")
+
                 for number in range(1, args.rounds + 1):
                     print(f"round {number}/{args.rounds}", flush=True)
-                    for _ in range(args.singles):
-                        for path in paths:
-                            bench.sample(path, 1, "1 pod")
-                    for path in paths:
-                        bench.sample(path, args.burst, f"{args.burst} pods")
+                    if nvidia is not None and number % 2 == 0:
+                        with _in_place_of(driver, nvidia, kube):
+                            each([theirs])
+                    each(paths)
+                    if nvidia is not None and number % 2 == 1:
+                        with _in_place_of(driver, nvidia, kube):
+                            each([theirs])
+                if nvidia is not None:
+                    paths.append(theirs)
                 bench.kubelet_stages()
         finally:
             plugin.stop()
@@ -466,7 +577,8 @@ def main() -> None:
         f"pod create -> Running on the local cluster ({cluster.kubernetes_version}, fake runtime), "
         f"{args.rounds} rounds alternating the paths; {args.rounds * args.singles} single pods and "
         f"{args.rounds} bursts of {args.burst} per path; controller manager's API limit "
-        f"{_limit(qps, '20 requests/s, burst 30')}; the kubelet's {_limit(kubelet_qps, '50, burst 100')}"
+        f"{_limit(qps, '20 requests/s, burst 30')}; the kubelet's {_limit(kubelet_qps, '50, burst 100')}; "
+        f"NVIDIA's plugin's {nvidia_limits(args.nvidia_qps)}; dra-gpu has no client-side limit"
     )
     for line in report(paths, args.burst):
         print(line)

@@ -17,10 +17,20 @@ placement through shared counters; the same mixed workload) and
 `dynamic-common` (the same with `--mig-profiles common`: 1g, 2g, 3g and 7g
 profiles only), `dynamic-used` (only the workload's profiles) and
 `dynamic-two` (common profiles on GPUs 0 and 1 only, the other six whole:
-`--mig-mode whole,0=dynamic,1=dynamic`). Prints figures, the ratio of
-each layout's throughput to the reference and the scheduler's CPU per bound
-pod (what a layout costs it where its API client's rate limit caps the
-throughput); asserts nothing about speed.
+`--mig-mode whole,0=dynamic,1=dynamic`).
+
+`nvidia-dynamic-mig` is NVIDIA's driver's dynamic MIG on the same fake 8-GPU
+node: before the clusters of the runs, its gpu-kubelet-plugin (DynamicMIG on,
+its chart's other settings; localcluster.nvidiadriver) runs once on a local
+cluster over a fake node of the profile (fakenvml.node), and the slices it
+publishes are captured and written for each benchmark node as ours are (its
+node and pool names and owner replaced), for the same workload under the same
+classes. Left out, with the reason, where NVIDIA's plugin cannot run.
+
+Prints figures, the ratio of each layout's throughput to the reference, the
+scheduler's CPU per bound pod (what a layout costs it where its API client's
+rate limit caps the throughput) and, with both dynamic-MIG layouts, ours
+beside NVIDIA's; asserts nothing about speed.
 """
 
 from __future__ import annotations
@@ -33,10 +43,15 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from localcluster.cluster import LocalCluster, api_limit_flags
-from localcluster.kube import Kube
+from fakenvml.node import FakeNode
+from localcluster.binaries import BuildError
+from localcluster.cluster import LocalCluster, api_limit_flags, running_cluster
+from localcluster.kube import Kube, WaitTimeoutError, wait_for
+from localcluster.nvidiadriver import NvidiaDriverProcess
+from localcluster.workloads import published_slices
 
 from dra.core import slices
 from dra.core.versions import ApiFeatures
@@ -66,6 +81,8 @@ class Layout:
     offer: frozenset[str] = frozenset({ALL})
     #: GPUs whose mode differs from mig_mode, as (index, mode): the per-GPU part of --mig-mode.
     overrides: tuple[tuple[str, str], ...] = ()
+    #: Whose slices: this driver's (built by dra.core.slices) or NVIDIA's (captured from its plugin).
+    publisher: str = "dra-gpu"
 
 
 WHOLE_ONLY = (("gpu", 1.0),)
@@ -88,6 +105,8 @@ LAYOUTS = {
         frozenset({COMMON}),
         (("0", DYNAMIC), ("1", DYNAMIC)),
     ),
+    # NVIDIA's plugin with DynamicMIG: what it publishes for the profile, captured from a run of it.
+    "nvidia-dynamic-mig": Layout("nvidia-dynamic-mig", "h100x8-dynamic-mig", MIXED, publisher="nvidia"),
 }
 
 
@@ -140,6 +159,54 @@ def node_slices(layout: Layout, node: str, node_uid: str, features: ApiFeatures)
     modes = MigModes(default=layout.mig_mode, overrides=layout.overrides, offer=MigOffer(layout.offer))
     inventory = discover(lib, modes)
     return slices.build_slices(inventory, DRIVER, node, node_uid, generation=1, features=features)
+
+
+def nvidia_slices(profile: str) -> list[Obj]:
+    """The specs of the ResourceSlices NVIDIA's plugin publishes for one fake node of `profile`.
+
+    Its plugin runs on a local cluster of its own over the fake node, with its chart's gates for the
+    profile (DynamicMIG on a dynamic-MIG one), until its pool is complete; BuildError or OSError when
+    it cannot run here (its fake node's device nodes need root).
+    """
+    with running_cluster() as cluster:
+        node = FakeNode(Path(cluster.run_dir) / "fake-node", profile, cluster.node_name).build()
+        driver = NvidiaDriverProcess(cluster, node, Path(cluster.log_path("nvidia-gpu-kubelet-plugin")))
+        kube = Kube(cluster.kubeconfig)
+        driver.start(timeout=120)
+        try:
+            wait_for(
+                "NVIDIA's pool to be complete",
+                lambda: pool_complete([s["spec"] for s in published_slices(kube, cluster)]),
+                timeout=60,
+            )
+            return [s["spec"] for s in published_slices(kube, cluster)]
+        finally:
+            driver.stop()
+            kube.close()
+
+
+def pool_complete(specs: list[Obj]) -> bool:
+    """Whether these slices are one whole pool: all of one generation, as many as each says it has."""
+    generations = {s["pool"]["generation"] for s in specs}
+    return len(generations) == 1 and all(s["pool"]["resourceSliceCount"] == len(specs) for s in specs)
+
+
+def replicated(specs: list[Obj], node: str, node_uid: str) -> list[Obj]:
+    """Captured slice specs as one more node would publish them: its node, its pool, owned by its Node."""
+    return [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {
+                "name": f"{node}-{spec['driver']}-{index}",
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid, "controller": True}
+                ],
+            },
+            "spec": {**spec, "nodeName": node, "pool": {**spec["pool"], "name": node, "generation": 1}},
+        }
+        for index, spec in enumerate(specs)
+    ]
 
 
 def _claim(index: int, kind: str) -> Obj:
@@ -213,11 +280,19 @@ class Result:
         return self.scheduler_cpu * 1000 / self.bound if self.bound else 0.0
 
 
-def run(layout: Layout, nodes: int, pods_per_node: float, timeout: float, scheduler_qps: int = 0) -> Result:
+def run(
+    layout: Layout,
+    nodes: int,
+    pods_per_node: float,
+    timeout: float,
+    scheduler_qps: int = 0,
+    captured: list[Obj] | None = None,
+) -> Result:
     """One cluster, one layout: publish, create the workload, time the scheduler.
 
     `scheduler_qps`: the scheduler's API rate limit (burst twice it); 0 keeps its default, 50 with
     a burst of 100, which caps a layout that costs it little CPU (each pod: a claim and a binding).
+    `captured`: NVIDIA's slices for one node (nvidia_slices), for a layout it publishes.
     """
     cluster = LocalCluster(kubelet=False, scheduler_args=api_limit_flags(scheduler_qps))
     info = cluster.start()
@@ -233,11 +308,14 @@ def run(layout: Layout, nodes: int, pods_per_node: float, timeout: float, schedu
             list(pool.map(lambda n: kube.patch("v1", "Node", n, {"spec": {"taints": None}}), names))
             # The harness turns on every gate the driver's features need.
             features = ApiFeatures(minor=int(cluster.version.split(".")[1]), partitionable_devices=True)
-            objs = [
-                s
-                for n in created
-                for s in node_slices(layout, n["metadata"]["name"], n["metadata"]["uid"], features)
-            ]
+
+            def published(name: str, uid: str) -> list[Obj]:
+                if layout.publisher == "nvidia":
+                    assert captured is not None, "NVIDIA's layout needs its captured slices"
+                    return replicated(captured, name, uid)
+                return node_slices(layout, name, uid, features)
+
+            objs = [s for n in created for s in published(n["metadata"]["name"], n["metadata"]["uid"])]
             _parallel(pool, kube.create, objs)
             devices = sum(len(s["spec"].get("devices") or []) for s in objs)
 
@@ -281,11 +359,23 @@ def main() -> None:
     # dynamic-two's whole GPUs are in MIG mode in the fake profile, and discovery warns about each of
     # them on every node; an admin would turn MIG off there, which publishes the same single device.
     logging.getLogger("dra.gpu.discovery").setLevel(logging.ERROR)
+    layouts = list(args.layouts)
+    captured: dict[str, list[Obj]] = {}
+    for name in [n for n in layouts if LAYOUTS[n].publisher == "nvidia"]:
+        try:
+            captured[name] = nvidia_slices(LAYOUTS[name].profile)
+        except (BuildError, OSError, RuntimeError, WaitTimeoutError) as err:
+            print(f"{name} is left out: NVIDIA's plugin could not publish its slices here: {err}")
+            layouts.remove(name)
     for nodes in args.nodes:
         reference: Result | None = None
-        for name in args.layouts:
+        results: dict[str, Result] = {}
+        for name in layouts:
             # Printed as each layout ends: a 500-node run is long, and an interrupted one keeps its figures.
-            r = run(LAYOUTS[name], nodes, args.pods_per_node, args.timeout, args.scheduler_qps)
+            r = run(
+                LAYOUTS[name], nodes, args.pods_per_node, args.timeout, args.scheduler_qps, captured.get(name)
+            )
+            results[name] = r
             reference = reference or r
             ratio = r.pods_per_second / reference.pods_per_second if reference.pods_per_second else 0.0
             print(
@@ -294,6 +384,20 @@ def main() -> None:
                 f"({ratio:.2f}x of {reference.layout}); scheduler CPU {r.cpu_ms_per_pod:.1f} ms per pod",
                 flush=True,
             )
+        if "dynamic-mig" in results and "nvidia-dynamic-mig" in results:
+            print(beside_nvidia(results["dynamic-mig"], results["nvidia-dynamic-mig"]))
+
+
+def beside_nvidia(ours: Result, nvidia: Result) -> str:
+    """Our dynamic MIG beside NVIDIA's at one node count: what each publishes, and the rates' ratio."""
+    ratio = ours.pods_per_second / nvidia.pods_per_second if nvidia.pods_per_second else 0.0
+    cpu = ours.cpu_ms_per_pod / nvidia.cpu_ms_per_pod if nvidia.cpu_ms_per_pod else 0.0
+    return (
+        f"{ours.nodes} nodes, dynamic MIG: dra-gpu {ours.devices} devices in {ours.slices} slices, "
+        f"{ours.pods_per_second:.1f} pods/s; NVIDIA {nvidia.devices} devices in {nvidia.slices} slices, "
+        f"{nvidia.pods_per_second:.1f} pods/s; ratio dra-gpu / NVIDIA {ratio:.2f}x, "
+        f"scheduler CPU per pod {cpu:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,12 +24,17 @@ from localcluster.binaries import (
 
 from tests.bench.bench_compare import (
     Contender,
+    _arguments,
     _floors,
     _KubeletLog,
     _run_floor,
     alternate,
+    build_nvml_start,
+    fakes_report,
     figure_line,
-    floor_report,
+    less_fakes,
+    nvidia_limits,
+    pair_report,
     parse_levels,
     report,
     spread,
@@ -64,12 +71,24 @@ def test_the_floors_print_pythons_beside_gos_under_the_drivers_row_names() -> No
     go = Contender("go floor", "", [], Path("g.sock"), Path("g.log"), floor=True)
     for value in (0.4, 0.5):
         python.record("unprepare p50", value)
-        python.record("RSS after the run", 39.4)
+        python.record("RSS after the calls", 39.4)
     go.record("unprepare p50", 0.2)
-    go.record("RSS after the run", 15.8)
-    assert floor_report(python, go) == [
+    go.record("RSS after the calls", 15.8)
+    assert pair_report(python, go) == [
         "unprepare p50: python floor 0.45 ms (0.40-0.50 ms), go floor 0.20 ms, ratio 2.25x",
-        "RSS after the run: python floor 39.4 MiB, go floor 15.8 MiB, ratio 2.49x",
+        "RSS after the calls: python floor 39.4 MiB, go floor 15.8 MiB, ratio 2.49x",
+    ]
+
+
+def test_a_pair_prints_only_the_rows_both_have() -> None:
+    go = Contender("go reference", "test-driver.cdi.k8s.io", [], Path("go.sock"), Path("go.log"))
+    by_itself = Contender("go reference, alone", "test-driver.cdi.k8s.io", [], Path("go.sock"), Path("a.log"))
+    go.record("prepare p50 with 1000 claims prepared", 1.3)
+    go.record("RSS after the run", 53.8)
+    for contender, value in ((go, 0.26), (by_itself, 0.25)):
+        contender.record("empty NodePrepareResources p50", value)
+    assert pair_report(go, by_itself) == [
+        "empty NodePrepareResources p50: go reference 0.26 ms, go reference, alone 0.25 ms, ratio 1.04x"
     ]
 
 
@@ -87,10 +106,10 @@ def test_a_floor_run_times_the_rows_that_need_no_cluster_in_python_and_go(tmp_pa
     # CPU over three calls may round to no clock tick; the times may not.
     assert all(len(values) == 1 and values[0] >= 0 for values in python.figures.values())
     assert python.figures["unprepare p50"][0] > 0
-    lines = floor_report(python, go)
+    lines = pair_report(python, go)
     assert lines[0].startswith("empty NodePrepareResources p50: python floor ")
     assert ", go floor " in lines[-1]
-    assert lines[-1].startswith("RSS after the run: ")
+    assert lines[-1].startswith("RSS after the calls: ")
 
 
 def test_without_the_go_driver_the_line_has_dra_gpus_figure_alone() -> None:
@@ -163,6 +182,16 @@ def test_a_go_driver_that_fails_is_dropped_with_the_reason_and_dra_gpu_runs_on(
     assert "go reference dropped from the comparison: go reference exited with 1: see go.log" in out
 
 
+def test_every_other_run_takes_the_turns_backwards(capsys: pytest.CaptureFixture[str]) -> None:
+    # So that no contender always follows the same one (issue 47: the Go driver always came right
+    # after dra-gpu's run, whatever that run left behind).
+    contenders = [Contender(label, "", [], Path(f"{label}.sock"), Path(f"{label}.log")) for label in "abc"]
+    turns: list[str] = []
+    assert alternate(contenders, 3, lambda c: turns.append(c.label)) == contenders
+    assert "".join(turns) == "abccbaabc"
+    assert capsys.readouterr().out.splitlines()[3] == "run 2/3: c"
+
+
 def test_a_failing_dra_gpu_run_ends_the_benchmark() -> None:
     ours = Contender("dra-gpu", "gpu.nvidia.com", [], Path("dra.sock"), Path("dra-gpu.log"))
 
@@ -191,3 +220,53 @@ def test_the_kubelet_log_is_read_from_where_the_last_look_stopped(tmp_path: Path
         assert watch.connected()
     finally:
         watch.close()
+
+
+def test_nvidias_rows_are_shown_less_what_the_fakes_cost_it_beside_dra_gpus() -> None:
+    ours = Contender("dra-gpu, fake NVML", "gpu.nvidia.com", [], Path("a.sock"), Path("a.log"))
+    nvidia = Contender("nvidia", "gpu.nvidia.com", [], Path("n.sock"), Path("n.log"))
+    ours.record("start -> registered + slices published", 1.0)
+    ours.record("unprepare p50", 1.5)
+    nvidia.record("start -> registered + slices published", 6.0)
+    nvidia.record("unprepare p50", 450.0)
+    nvidia.record("the fake NVML alone: NVIDIA's start-up NVML calls", 0.5)
+    nvidia.record("the fake nvidia-smi: the two calls of NVIDIA's unprepare", 440.0)
+    nvidia.record(less_fakes("start -> registered + slices published"), 5.5)
+    nvidia.record(less_fakes("unprepare p50"), 10.0)
+    assert fakes_report(ours, nvidia) == [
+        "the fake NVML alone: NVIDIA's start-up NVML calls: 0.50 s",
+        "the fake nvidia-smi: the two calls of NVIDIA's unprepare: 440 ms",
+        "start -> registered + slices published: dra-gpu, fake NVML 1.00 s, nvidia less the fakes 5.50 s, "
+        "ratio 0.18x",
+        "unprepare p50: dra-gpu, fake NVML 1.50 ms, nvidia less the fakes 10.0 ms, ratio 0.15x",
+    ]
+
+
+def test_nvidias_api_limits_are_its_charts_unless_lifted() -> None:
+    assert nvidia_limits(0) == "as its chart leaves them: its defaults, --kube-api-qps 5, --kube-api-burst 10"
+    assert nvidia_limits(500) == "--kube-api-qps 500, --kube-api-burst 1000 (lifted, not its chart's)"
+
+
+def test_nvml_start_makes_nvidias_start_up_calls_from_a_program_of_no_python(tmp_path: Path) -> None:
+    from fakenvml.node import FakeNode
+
+    from tests.unit.helpers import NODE
+
+    program = build_nvml_start(tmp_path)
+    assert program is not None
+    node = FakeNode(tmp_path / "node", "h100x8", NODE).build()
+    done = subprocess.run([str(program), str(node.library)], capture_output=True, text=True, check=True)
+    made, failed, peak_kib = map(int, done.stdout.split())
+    # Per GPU as NVIDIA's plugin v0.4.1 over 128 GPUs: 56 calls, the 10 GPU instance profiles an
+    # H100 lacks refused; the embedded interpreter is most of the memory.
+    assert (made, failed) == (3 + 8 * 56, 8 * 10)
+    assert peak_kib > 10_000
+
+
+def test_a_negative_nvidia_qps_is_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["bench_compare", "--nvidia-qps=-1"])
+    with pytest.raises(SystemExit):
+        _arguments()
+    assert "--nvidia-qps must be 0 (its chart's) or more, not -1" in capsys.readouterr().err

@@ -10,6 +10,8 @@ from tests.bench.bench_pods import (
     DEVICE_PLUGIN,
     DRA_GPU,
     GO,
+    NVIDIA,
+    UNPREPARE,
     Route,
     _claim_pod,
     _limits_pod,
@@ -47,6 +49,11 @@ def test_the_kubelets_prepare_and_allocate_times_are_read_per_driver() -> None:
         (DRA, "NodePrepareResources", "test-driver.cdi.k8s.io"): (0.1, 4.0),
         (ALLOC, "nvidia.com/gpu", ""): (0.02, 4.0),
     }
+
+
+def test_the_kubelets_unprepare_calls_are_counted_apart_per_driver() -> None:
+    # A sample waits for them: they are not part of a pod's start, so the report leaves them out.
+    assert histograms(METRICS, UNPREPARE) == {(DRA, "NodeUnprepareResources", "gpu.nvidia.com"): (9.0, 9.0)}
 
 
 # klog lines of the kubelet at --v=2 (kubelet.go's sync loop), for two pods.
@@ -93,6 +100,16 @@ def test_the_report_gives_dra_gpus_ratio_to_each_path_and_the_stages() -> None:
     assert lines[3].startswith("2 pods p99: dra-gpu 1600 ms, device plugin 800 ms, go driver 2000 ms,")
     assert "  dra-gpu: bound 400, running 800" in lines
     assert "    kubelet dra NodePrepareResources gpu.nvidia.com: mean 15.0 ms, 2 calls" in lines
+
+
+def test_the_report_gives_dra_gpus_ratio_to_nvidias_driver_too() -> None:
+    routes = [Route(DRA_GPU, _limits_pod), Route(DEVICE_PLUGIN, _limits_pod), Route(NVIDIA, _limits_pod)]
+    for route, ms in zip(routes, (800.0, 400.0, 1600.0), strict=True):
+        route.samples = {"1 pod": [ms]}
+    assert report(routes, 2)[0] == (
+        "1 pod p50: dra-gpu 800 ms, device plugin 400 ms, nvidia 1600 ms, "
+        "ratio dra/dp 2.00x, dra/nvidia 0.50x"
+    )
 
 
 def test_a_control_plane_components_api_limit_is_raised_only_when_asked() -> None:

@@ -152,13 +152,16 @@ Vector = tuple[int, ...]
 
 
 @dataclass(frozen=True)
-class _Kind:
+class Kind:
     """One ask on one GPU: what each of the GPU's devices it may take would consume of its capacities."""
 
     takes: Mapping[int, Mapping[str, int]]
 
 
-def _kinds(asks: Sequence[Ask], matching: Sequence[frozenset[str]], devices: Sequence[Device]) -> list[_Kind]:
+def kinds_on(
+    asks: Sequence[Ask], matching: Sequence[frozenset[str]], devices: Sequence[Device]
+) -> list[Kind]:
+    """Each ask on one GPU's `devices`: those it matches whose capacities its requests fit."""
     kinds = []
     for ask, names in zip(asks, matching, strict=True):
         requested = dict(ask.capacity)
@@ -172,12 +175,12 @@ def _kinds(asks: Sequence[Ask], matching: Sequence[frozenset[str]], devices: Seq
                 n <= device.capacity[name].value for name, n in amounts.items()
             ):
                 takes[index] = amounts if device.shared else {}
-        kinds.append(_Kind(takes))
+        kinds.append(Kind(takes))
     return kinds
 
 
 def holdings(
-    devices: Sequence[Device], totals: Mapping[str, Mapping[str, int]], kinds: Sequence[_Kind]
+    devices: Sequence[Device], totals: Mapping[str, Mapping[str, int]], kinds: Sequence[Kind]
 ) -> list[Vector]:
     """The most claims of each kind one GPU's `devices` hold at once: the maximal vectors, counts per kind.
 
@@ -257,7 +260,7 @@ class Node:
         by_gpu: dict[str, list[Device]] = {}
         for device in devices:
             by_gpu.setdefault(device.gpu, []).append(device)
-        self.gpus = [holdings(g, totals, _kinds(self.asks, matching, g)) for g in by_gpu.values()]
+        self.gpus = [holdings(g, totals, kinds_on(self.asks, matching, g)) for g in by_gpu.values()]
 
     def best(self, arrivals: Sequence[int]) -> Packing:
         """The longest prefix of `arrivals` (indexes into the asks) that fits at once, and its fewest GPUs."""

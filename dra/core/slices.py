@@ -96,7 +96,7 @@ def _offer_first(partition: MigPartition, memory_slices: int) -> tuple[int, int,
     Profiles smaller than half the GPU take placements from the lowest memory slice up, those of half
     or more from the highest down: on an H100 the 1g and 2g devices then fill slices 0 to 3 while a
     3g.40gb goes to 4-7, the one placement that leaves the others room for four more compute slices
-    (from 0 it would strand slice 7, which no 1g or 2g placement covers).
+    (from 0 it would strand slice 7, which no 1g.10gb or 2g.20gb placement covers).
     """
     half = 2 * partition.placement_size >= memory_slices
     start = -partition.placement_start if half else partition.placement_start

@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 LOCAL := PYTHONPATH=deploy/local
 STAMP := $(VENV)/.installed
 
-.PHONY: all venv proto binaries cluster-binaries manifests api lint nvml-coverage test test-fast test-gpu test-matrix test-newest-python fuzz demo cluster-up cluster-down bench bench-pods bench-scale bench-scheduler soak clean
+.PHONY: all venv proto binaries cluster-binaries manifests api lint nvml-coverage test test-fast test-gpu test-matrix test-newest-python fuzz demo cluster-up cluster-down bench bench-pods bench-scale bench-scheduler bench-packing soak clean
 
 all: test
 
@@ -163,6 +163,14 @@ bench-scale: binaries
 # part of `make bench`.
 bench-scheduler: binaries
 	$(LOCAL) $(BIN)/python -m tests.bench.bench_scheduler
+
+# The real scheduler packing claims on a node of fake GPUs, the pods arriving one at a time in seeded random
+# orders, for each publishing order, beside the best packing of the same devices (docs/mig.md, "Publishing
+# order"). About a minute. PACKING_FLAGS=--nvidia adds NVIDIA's driver's slices (needs root); with
+# KUBERNETES_VERSION=v1.37.2 the shares too. Not part of `make bench`.
+PACKING_FLAGS ?=
+bench-packing: binaries
+	$(LOCAL) $(BIN)/python -m tests.bench.bench_packing $(PACKING_FLAGS)
 
 # 10,000 prepare/unprepare cycles against the driver process: RSS, checkpoint size, fds and threads at
 # 0, 1k, 5k and 10k cycles must stay flat (docs/testing.md has the last run's figures). Not in `make test`.

@@ -68,6 +68,43 @@ def counter_set_name(gpu: Gpu) -> str:
     return f"gpu{gpu.index}"
 
 
+#: How the devices of a pool are ordered in its slices. The scheduler gives each request the first
+#: device in slice order that satisfies it (docs/mig.md, "Publishing order"), so this order is its
+#: choice among fitting devices. `packing` (the default, chosen by tests/bench/bench_packing.py): the
+#: smallest device first, a dynamic-MIG GPU's offers before the GPU whole; `discovery`: as discovery
+#: lists them (the GPU whole, then the largest profile first), the order of earlier releases, kept
+#: so that the benchmark measures it beside the default.
+DeviceOrder = Literal["packing", "discovery"]
+DEVICE_ORDERS: tuple[DeviceOrder, ...] = ("packing", "discovery")
+
+
+def _smallest_first(device: Device) -> tuple[int, int, int, int, str]:
+    """Where a device without counters goes in `packing` order: least memory, then fewest multiprocessors.
+
+    A MIG device before a whole GPU of the same memory, then by GPU, so that equal devices fill the
+    lowest GPUs first.
+    """
+    if isinstance(device, MigDevice):
+        return (device.memory_bytes, device.engines.multiprocessors, 0, device.parent.index, device.name)
+    return (device.memory_bytes, 0, 1, device.index, device.name)
+
+
+def _offer_first(partition: MigPartition, memory_slices: int) -> tuple[int, int, int, int]:
+    """Where a dynamic-MIG offer goes among its GPU's in `packing` order: the fewest compute slices, the
+    least memory, the fewest engines (a 1g.10gb before a 1g.10gb+me, which takes the GPU's one OFA) first.
+
+    Profiles smaller than half the GPU take placements from the lowest memory slice up, those of half
+    or more from the highest down: on an H100 the 1g and 2g devices then fill slices 0 to 3 while a
+    3g.40gb goes to 4-7, the one placement that leaves the others room for four more compute slices
+    (from 0 it would strand slice 7, which no 1g.10gb or 2g.20gb placement covers).
+    """
+    half = 2 * partition.placement_size >= memory_slices
+    start = -partition.placement_start if half else partition.placement_start
+    e = partition.engines
+    engines = e.copy_engines + e.decoders + e.encoders + e.jpeg_engines + e.ofa_engines
+    return (partition.slices, partition.memory_bytes, engines, start)
+
+
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 _DECIMAL_SUFFIXES = ("", "k", "M", "G", "T", "P", "E")
@@ -375,10 +412,12 @@ def _gpu_groups(
     share_mode: ShareMode = "memory",
     lists: bool = False,
     vfio: bool = False,
+    order: DeviceOrder = "packing",
 ) -> list[_Group]:
     """A counter set per GPU whose devices exclude each other: dynamic-MIG GPUs, and with `vfio` every twin's.
 
     The whole GPU and its twin consume all of it, so the scheduler gives a GPU to one of them at a time.
+    In `packing` order the GPU's offers come first, smallest first (`_offer_first`), then the GPU whole.
     """
     twins = {g.name for g in inventory.vfio_twins} if vfio else set()
     groups = []
@@ -386,6 +425,9 @@ def _gpu_groups(
         offers = [p for p in inventory.partitions if p.parent == gpu]
         if not offers and gpu.name not in twins:
             continue
+        if order == "packing":
+            memory_slices = max((p.placement_start + p.placement_size for p in offers), default=0)
+            offers.sort(key=lambda p: _offer_first(p, memory_slices))
         counters = gpu_counters(gpu, offers) if offers else {MEMORY_COUNTER: gpu.memory_bytes}
         if len(counters) > MAX_COUNTERS_PER_SET:
             raise SliceError(f"{gpu.name} needs {len(counters)} counters, more than {MAX_COUNTERS_PER_SET}")
@@ -401,16 +443,22 @@ def _gpu_groups(
         groups.append(
             _Group(
                 {"name": counter_set_name(gpu), "counters": _counter_values(counters)},
-                [
-                    *(_consumes(w, gpu, counters) for w in wholes),
-                    *(
+                _ordered(
+                    [_consumes(w, gpu, counters) for w in wholes],
+                    [
                         partition_entry(p, inventory, p.name in shared, share_mode, lists=lists)
                         for p in offers
-                    ),
-                ],
+                    ],
+                    order,
+                ),
             )
         )
     return groups
+
+
+def _ordered(wholes: list[Obj], offers: list[Obj], order: DeviceOrder) -> list[Obj]:
+    # A request that both would satisfy gets a partition, not the GPU it is cut from.
+    return [*offers, *wholes] if order == "packing" else [*wholes, *offers]
 
 
 def _shared_counters(counter_sets: Iterable[Obj]) -> int:
@@ -467,6 +515,7 @@ def build_slices(
     shareable: Collection[str] = (),
     share_mode: ShareMode = "memory",
     vfio: bool = False,
+    order: DeviceOrder = "packing",
 ) -> list[Obj]:
     """The node's pool as ResourceSlices: at most 128 devices each, one generation, owned by the Node.
 
@@ -484,17 +533,25 @@ def build_slices(
     (`features.list_attributes`). With `vfio` (--vfio) each GPU offered whole also gets its
     passthrough twin (`vfio_twin_entry`), sharing a counter set with it, where counters are
     accepted; a GPU with a twin is shared only from SHARED_OFFERS_MINOR, as offers are.
+    `order` (DeviceOrder) lists the devices without counters smallest first (`_smallest_first`),
+    and each GPU with a counter set as `_gpu_groups` says, the GPUs in index order.
     """
     features = features or ApiFeatures()
     lists = features.list_attributes
     shared = shareable if features.consumable_capacity else ()
     offers = shared if features.minor >= SHARED_OFFERS_MINOR else ()
-    groups = _gpu_groups(inventory, offers, share_mode, lists, vfio) if features.partitionable_devices else []
+    groups = (
+        _gpu_groups(inventory, offers, share_mode, lists, vfio, order)
+        if features.partitionable_devices
+        else []
+    )
     grouped = {d["name"] for g in groups for d in g.devices}
+    ungrouped = [device for device in inventory if device.name not in grouped]
+    if order == "packing":
+        ungrouped.sort(key=_smallest_first)
     entries = [
         device_entry(device, inventory, device.name in shared, share_mode, lists=lists)
-        for device in inventory
-        if device.name not in grouped
+        for device in ungrouped
     ]
     consuming = [d for g in groups for d in g.devices]
     names = [e["name"] for e in (*entries, *consuming)]

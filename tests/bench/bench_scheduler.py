@@ -83,6 +83,8 @@ class Layout:
     overrides: tuple[tuple[str, str], ...] = ()
     #: Whose slices: this driver's (built by dra.core.slices) or NVIDIA's (captured from its plugin).
     publisher: str = "dra-gpu"
+    #: Every device shared by several claims (--consumable-shares), divided this way; None: exclusive.
+    shares: slices.ShareMode | None = None
 
 
 WHOLE_ONLY = (("gpu", 1.0),)
@@ -110,7 +112,9 @@ LAYOUTS = {
 }
 
 
-def _device_classes() -> list[Obj]:
+def device_classes() -> list[Obj]:
+    """The DeviceClasses of whole GPUs and MIG devices, as the chart installs them."""
+
     def device_class(name: str, kind: str) -> Obj:
         expression = f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "{kind}"'
         return {
@@ -153,12 +157,36 @@ def _ready_status(node: Obj) -> Obj:
     return node
 
 
-def node_slices(layout: Layout, node: str, node_uid: str, features: ApiFeatures) -> list[Obj]:
+def ready_nodes(kube: Kube, pool: ThreadPoolExecutor, names: Iterable[str]) -> list[Obj]:
+    """Nodes of these names that report Ready and can take pods, without kubelets; as created."""
+    names = list(names)
+    created = _parallel(pool, kube.create, (_node(n) for n in names))
+    _parallel(pool, kube.replace_status, (_ready_status(n) for n in created))
+    # The API server taints new Nodes not-ready; the node lifecycle controller that would
+    # lift it is off in the harness, so the benchmark lifts it as the harness does.
+    list(pool.map(lambda n: kube.patch("v1", "Node", n, {"spec": {"taints": None}}), names))
+    return created
+
+
+def node_slices(
+    layout: Layout, node: str, node_uid: str, features: ApiFeatures, order: slices.DeviceOrder = "packing"
+) -> list[Obj]:
     """The slices the driver would publish for one node of this layout, on a server with `features`."""
     lib = FakeGpuLibrary(load_profile(layout.profile, node), node)
     modes = MigModes(default=layout.mig_mode, overrides=layout.overrides, offer=MigOffer(layout.offer))
     inventory = discover(lib, modes)
-    return slices.build_slices(inventory, DRIVER, node, node_uid, generation=1, features=features)
+    shared = [d.name for d in inventory] if layout.shares is not None else []
+    return slices.build_slices(
+        inventory,
+        DRIVER,
+        node,
+        node_uid,
+        generation=1,
+        features=features,
+        shareable=shared,
+        share_mode=layout.shares or "memory",
+        order=order,
+    )
 
 
 def nvidia_slices(profile: str) -> list[Obj]:
@@ -299,13 +327,8 @@ def run(
     kube = Kube(info.kubeconfig)
     try:
         with ThreadPoolExecutor(8) as pool:
-            kube.create_all(_device_classes())
-            names = [f"gpu-node-{i:04d}" for i in range(nodes)]
-            created = _parallel(pool, kube.create, (_node(n) for n in names))
-            _parallel(pool, kube.replace_status, (_ready_status(n) for n in created))
-            # The API server taints new Nodes not-ready; the node lifecycle controller that would
-            # lift it is off in the harness, so the benchmark lifts it as the harness does.
-            list(pool.map(lambda n: kube.patch("v1", "Node", n, {"spec": {"taints": None}}), names))
+            kube.create_all(device_classes())
+            created = ready_nodes(kube, pool, (f"gpu-node-{i:04d}" for i in range(nodes)))
             # The harness turns on every gate the driver's features need.
             features = ApiFeatures(minor=int(cluster.version.split(".")[1]), partitionable_devices=True)
 

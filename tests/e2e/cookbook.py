@@ -6,6 +6,7 @@ busy, lands on:**"), one of:
 
     one of `a`, `b`.                 exactly one device, any of these
     `a` and `b`, or `c` and `d`.     exactly one of these device sets
+    `a`, first of `a`, `b`.          `a`, the first in publishing order of the devices that match
     nothing; the pod stays Pending with `message`.
 """
 
@@ -30,6 +31,8 @@ class Expectation:
 
     alternatives: tuple[frozenset[str], ...]
     pending_message: str | None = None
+    #: Every device that matches, where the page names them besides the one the claim lands on.
+    matching: frozenset[str] | None = None
 
     def allows(self, devices: list[str]) -> bool:
         """Whether an allocation is one the page promises."""
@@ -37,7 +40,9 @@ class Expectation:
 
     @property
     def candidates(self) -> frozenset[str]:
-        """Every device that may be chosen."""
+        """Every device that matches: those the page names as matching, else every one that may be chosen."""
+        if self.matching is not None:
+            return self.matching
         return frozenset().union(*self.alternatives) if self.alternatives else frozenset()
 
 
@@ -77,6 +82,9 @@ def parse_expectation(text: str) -> Expectation:
     if text.startswith("nothing"):
         message = _NAME.search(text)
         return Expectation(alternatives=(), pending_message=message.group(1) if message else None)
+    if " first of " in text:
+        landing, matching = text.split(" first of ", 1)
+        return Expectation((frozenset(_NAME.findall(landing)),), matching=frozenset(_NAME.findall(matching)))
     if text.startswith("one of "):
         return Expectation(alternatives=tuple(frozenset({d}) for d in _NAME.findall(text)))
     return Expectation(alternatives=tuple(frozenset(_NAME.findall(part)) for part in text.split(", or ")))

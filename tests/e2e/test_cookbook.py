@@ -52,12 +52,12 @@ def cookbook_driver(
 
 
 def _occupy(kube: Kube, cluster: ClusterInfo, namespace: str, devices: tuple[str, ...]) -> list[Obj]:
-    """Hold full GPUs with ordinary pods, as other workloads would, each picked by its UUID."""
+    """Hold devices (full GPUs, MIG devices) with ordinary pods, as other workloads would, by UUID."""
     slices = kube.list_objects(
         "resource.k8s.io/v1", "ResourceSlice", field_selector=f"spec.nodeName={cluster.node_name}"
     )
-    uuids = {
-        d["name"]: d["attributes"]["uuid"]["string"]
+    found = {
+        d["name"]: d["attributes"]
         for s in slices
         if s["spec"]["driver"] == DRIVER
         for d in s["spec"]["devices"]
@@ -65,7 +65,9 @@ def _occupy(kube: Kube, cluster: ClusterInfo, namespace: str, devices: tuple[str
     claims = []
     for device in devices:
         name = f"busy-{device}"
-        claim_template(kube, namespace, name, [f'device.attributes["{DRIVER}"].uuid == "{uuids[device]}"'])
+        uuid, kind = found[device]["uuid"]["string"], found[device]["type"]["string"]
+        selector = f'device.attributes["{DRIVER}"].uuid == "{uuid}"'
+        claim_template(kube, namespace, name, [selector], device_class=f"{kind}.nvidia.com")
         gpu_pod(kube, namespace, name, name)
         kube.wait_pod_phase(name, namespace)
         claims.append(pod_claim(kube, namespace, name))

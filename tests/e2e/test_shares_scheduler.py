@@ -2,10 +2,11 @@
 
 Kubernetes 1.34's allocator checks a request against the capacity left on the device at the
 request's own index in the candidate's ResourceSlice (kubernetes/kubernetes#133705; #133706
-fixed it in 1.35), not on the candidate. With every GPU shareable, a claim given gpu-0 (the
-slice's first device) whole leaves no capacity there, and from then on every request whose first
-device is checked against gpu-0 fails, MIG devices included, which shares do not touch. 1.37
-allocates them. The driver warns at start on 1.34 (docs/sharing.md, Consumable shares).
+fixed it in 1.35), not on the candidate. With every GPU shareable, a claim given the slice's first
+device whole (in this driver's order the smallest MIG device) leaves no capacity there, and from
+then on every request whose first device is checked against it fails, whole GPUs included, which
+that share does not touch. 1.37 allocates them. The driver warns at start on 1.34
+(docs/sharing.md, Consumable shares).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from localcluster.workloads import (
     ensure_device_classes,
     gpu_pod,
     pod_claim,
+    published_slices,
 )
 
 pytestmark = pytest.mark.cluster
@@ -58,24 +60,27 @@ def _template(kube: Kube, namespace: str, name: str, device_class: str, selector
     )
 
 
-def test_a_whole_share_of_the_slices_first_gpu_blocks_a_mig_claim_on_1_34_only(
+def test_a_whole_share_of_the_slices_first_device_blocks_a_gpu_claim_on_1_34_only(
     driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str
 ) -> None:
-    _template(kube, namespace, "first-gpu", DRIVER, f'device.attributes["{DRIVER}"].index == 0')
-    _template(kube, namespace, "mig", "mig.nvidia.com")
+    [pool] = published_slices(kube, cluster)
+    first = pool["spec"]["devices"][0]
+    assert first["name"] == "gpu-4-mig-1g10gb-3-0"
+    uuid = first["attributes"]["uuid"]["string"]
+    _template(kube, namespace, "first", "mig.nvidia.com", f'device.attributes["{DRIVER}"].uuid == "{uuid}"')
+    _template(kube, namespace, "gpu", DRIVER)
     try:
-        # No capacity asked: the claim gets the default, gpu-0's whole memory.
-        gpu_pod(kube, namespace, "whole", "first-gpu")
+        # No capacity asked: the claim gets the default, the MIG device's whole memory.
+        gpu_pod(kube, namespace, "whole", "first")
         kube.wait_pod_phase("whole", namespace)
-        assert allocated_devices(pod_claim(kube, namespace, "whole")) == ["gpu-0"]
-        gpu_pod(kube, namespace, "mig", "mig")
+        assert allocated_devices(pod_claim(kube, namespace, "whole")) == [first["name"]]
+        gpu_pod(kube, namespace, "gpu", "gpu")
         if kubernetes_version().startswith("v1.34."):
             with pytest.raises(WaitTimeoutError, match="cannot allocate all claims"):
-                kube.wait_pod_phase("mig", namespace, timeout=20)
+                kube.wait_pod_phase("gpu", namespace, timeout=20)
             assert "kubernetes/kubernetes#133705" in driver.log_path.read_text()
         else:
-            kube.wait_pod_phase("mig", namespace, timeout=30)
-            [device] = allocated_devices(pod_claim(kube, namespace, "mig"))
-            assert "-mig-" in device
+            kube.wait_pod_phase("gpu", namespace, timeout=30)
+            assert allocated_devices(pod_claim(kube, namespace, "gpu")) == ["gpu-0"]
     finally:
         delete_pods_and_wait(kube, cluster, namespace, [])

@@ -215,11 +215,12 @@ def test_discover_takes_its_settings_from_the_environment(
     (only,) = _slices(json.loads(out))
     assert only["metadata"]["name"] == "node-9-gpu.example.com-0"
     assert only["spec"]["driver"] == "gpu.example.com"
+    # The mixed profile's GPUs, least memory first (dra.core.slices.DeviceOrder).
     assert [d["attributes"]["productName"]["string"] for d in only["spec"]["devices"]] == [
-        "NVIDIA L40S",
-        "NVIDIA L40S",
         "Tesla T4",
         "Tesla T4",
+        "NVIDIA L40S",
+        "NVIDIA L40S",
     ]
 
 

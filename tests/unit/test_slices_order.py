@@ -1,0 +1,116 @@
+"""The order devices are published in, which decides what the scheduler gives a claim several devices fit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dra.core.slices import DEVICE_ORDERS, DeviceOrder, build_slices
+from dra.core.versions import ApiFeatures
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
+from dra.gpu.discovery import discover
+from dra.model.migmode import MigModes
+from dra.model.migoffer import ALL, COMMON, MigOffer
+
+NODE = "node-a"
+
+
+def _names(
+    profile: str,
+    order: DeviceOrder = "packing",
+    mode: str = "static",
+    offer: str = COMMON,
+    minor: int = 34,
+) -> list[str]:
+    inventory = discover(
+        FakeGpuLibrary(load_profile(profile), NODE),
+        MigModes(default=mode, offer=MigOffer(frozenset({offer}))),
+    )
+    features = ApiFeatures(minor=minor, partitionable_devices=True)
+    slices = build_slices(inventory, "gpu.nvidia.com", NODE, None, 1, features, order=order)
+    return [d["name"] for s in slices for d in s["spec"].get("devices") or []]
+
+
+def test_a_dynamic_gpu_offers_its_smallest_profiles_first_and_itself_last() -> None:
+    names = _names("h100x8-dynamic-mig", mode="dynamic")
+    assert names[:14] == [
+        *(f"gpu-0-mig-1g10gb-at{start}" for start in range(7)),
+        "gpu-0-mig-2g20gb-at0",
+        "gpu-0-mig-2g20gb-at2",
+        "gpu-0-mig-2g20gb-at4",
+        # Half the GPU from the top: memory slices 4-7 leave 0-3 to four 1g or two 2g devices.
+        "gpu-0-mig-3g40gb-at4",
+        "gpu-0-mig-3g40gb-at0",
+        "gpu-0-mig-7g80gb-at0",
+        "gpu-0",
+    ]
+    # GPU by GPU, in index order, so that the first GPU with room is filled first.
+    gpus = [n.split("-mig-")[0] for n in names]
+    assert gpus == sorted(gpus, key=lambda g: int(g.split("-")[1]))
+
+
+@pytest.mark.parametrize("minor", [34, 37])
+def test_the_order_holds_whichever_layout_the_release_wants(minor: int) -> None:
+    assert _names("h100x8-dynamic-mig", mode="dynamic", minor=minor) == _names(
+        "h100x8-dynamic-mig", mode="dynamic", minor=34
+    )
+
+
+def test_every_profile_a_dynamic_gpu_offers_goes_by_compute_memory_then_engines() -> None:
+    names = [
+        n.removeprefix("gpu-0-mig-") for n in _names("h100x8-dynamic-mig", mode="dynamic", offer=ALL)[:26]
+    ]
+    profiles = list(dict.fromkeys(n.split("-at")[0] for n in names))
+    # A 1g.10gb+me takes the GPU's one OFA and JPEG units: after the plain 1g.10gb, which does not.
+    assert profiles == ["1g10gb", "1g10gbme", "1g20gb", "2g20gb", "3g40gb", "4g40gb", "7g80gb", "gpu-0"]
+
+
+def test_an_a100_takes_its_half_gpu_profile_from_the_top_too() -> None:
+    names = _names("a100x4-dynamic-mig", mode="dynamic")
+    threes = [n for n in names if n.startswith("gpu-0-mig-3g")]
+    assert [n.rsplit("-at", 1)[1] for n in threes] == ["4", "0"]
+
+
+def test_existing_mig_devices_go_smallest_first_across_gpus_and_whole_gpus_last() -> None:
+    names = _names("h100x8-mig")
+    assert names[:4] == [
+        "gpu-4-mig-1g10gb-3-0",
+        "gpu-4-mig-1g10gb-4-0",
+        "gpu-5-mig-1g10gb-3-0",
+        "gpu-5-mig-1g10gb-4-0",
+    ]
+    profiles = [n.split("-mig-")[1].split("-")[0] if "-mig-" in n else "gpu" for n in names]
+    assert profiles == ["1g10gb"] * 8 + ["2g20gb"] * 4 + ["3g40gb"] * 4 + ["gpu"] * 4
+    assert names[-4:] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+
+
+def test_whole_gpus_of_several_models_go_least_memory_first() -> None:
+    # mixed: two L40S (46068Mi), then two T4 (15Gi).
+    assert _names("mixed") == ["gpu-2", "gpu-3", "gpu-0", "gpu-1"]
+
+
+def test_discovery_order_is_the_order_of_earlier_releases() -> None:
+    assert _names("h100x8-dynamic-mig", "discovery", mode="dynamic")[:5] == [
+        "gpu-0",
+        "gpu-0-mig-7g80gb-at0",
+        "gpu-0-mig-3g40gb-at0",
+        "gpu-0-mig-3g40gb-at4",
+        "gpu-0-mig-2g20gb-at0",
+    ]
+    assert _names("mixed", "discovery") == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+
+
+@pytest.mark.parametrize(("profile", "mode"), [("h100x8-dynamic-mig", "dynamic"), ("h100x8-mig", "static")])
+def test_only_the_order_differs_so_claims_naming_a_device_or_profile_get_the_same(
+    profile: str, mode: str
+) -> None:
+    def devices(order: DeviceOrder) -> dict[str, Any]:
+        inventory = discover(FakeGpuLibrary(load_profile(profile), NODE), MigModes(default=mode))
+        features = ApiFeatures(partitionable_devices=True)
+        slices = build_slices(inventory, "gpu.nvidia.com", NODE, None, 1, features, order=order)
+        return {d["name"]: d for s in slices for d in s["spec"].get("devices") or []}
+
+    first, *others = (devices(order) for order in DEVICE_ORDERS)
+    assert all(other == first for other in others)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from dra.core.assignment import parse_selector
-from dra.core.slices import ShareMode, parse_share_mode
+from dra.core.deviceentries import ShareMode, parse_share_mode
 from dra.daemon.flags import (
     boolean,
     directory,

@@ -1,12 +1,12 @@
 """The driver's decisions, as pure functions over plain data.
 
-Slices built (``slices``) and converged on (``sliceplan``), opaque configuration
-(``config``), CDI spec rendering (``cdi``), reading a ResourceClaim's allocation
-(``allocation``), the GPU split between DRA and the device plugin (``assignment``),
-what a prepare or unprepare gives a claim (``plan``, the one place its CDI spec is
-built) and the programs of steps that carry it out (``prepare``, ``recovery`` for the
-start-up repair, ``migdevices``, ``vfio`` and ``mpsdaemons``, over the step vocabulary
-``steps``, the GPU's ``gpusteps`` and what a step is, ``stepbase``), GPU sharing
+Slices built (``slices``, each device's entry by ``deviceentries``) and converged on
+(``sliceplan``), opaque configuration (``config``), CDI spec rendering (``cdi``), reading
+a ResourceClaim's allocation (``allocation``), the GPU split between DRA and the device
+plugin (``assignment``), what a prepare or unprepare gives a claim (``plan``, the one
+place its CDI spec is built) and the programs of steps that carry it out (``prepare``,
+``recovery`` for the start-up repair, ``migdevices``, ``vfio`` and ``mpsdaemons``, over
+the step vocabulary ``steps``, the GPU's ``gpusteps`` and what a step is, ``stepbase``), GPU sharing
 (``sharing``), what the API server accepts (``versions``), an unhealthy device's taint
 (``taints``), node labels (``labels``), static MIG layouts (``migconfig`` parses and
 places, ``miglayout`` applies them as a program of the GPU's steps), per-claim usage

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dra.core import cdi, slices
+from dra.core import cdi, deviceentries
 from dra.model.devices import Device, Inventory
 from dra.model.prepared import PreparedClaim
 
@@ -91,7 +91,7 @@ def _document(
                     "pool": entry.pool,
                     "name": entry.device,
                     # What the ResourceSlice publishes for the device, as the helper's docs ask.
-                    "attributes": slices.device_entry(devices[entry.device], inventory)["attributes"],
+                    "attributes": deviceentries.device_entry(devices[entry.device], inventory)["attributes"],
                 }
                 for entry in claim.devices
                 if request in entry.request_names and entry.device in devices

@@ -23,7 +23,7 @@ from dra.cel import (
     compile_expression,
     explain_program,
 )
-from dra.core.slices import DEPRECATED_ATTRIBUTES, DEPRECATED_ATTRIBUTES_REMOVED_IN
+from dra.core.deviceentries import DEPRECATED_ATTRIBUTES, DEPRECATED_ATTRIBUTES_REMOVED_IN
 from dra.explain.devices import (
     Counter,
     CounterKey,

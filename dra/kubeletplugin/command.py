@@ -18,7 +18,8 @@ import yaml
 
 from dra.core import sharing
 from dra.core.assignment import parse_selector
-from dra.core.slices import SliceError, build_slices
+from dra.core.deviceentries import SliceError
+from dra.core.slices import build_slices
 from dra.core.versions import ApiFeatures
 from dra.daemon.bootstrap import (
     StartupError,

@@ -21,9 +21,9 @@ from dra.adapters.pcisysfs import PciSysfs
 from dra.core import devicemetadata, versions
 from dra.core.assignment import GpuPath, Selector, select
 from dra.core.checkpointformat import CheckpointError
+from dra.core.deviceentries import ShareMode
 from dra.core.migconfig import MigConfigs
 from dra.core.miglayout import Applied
-from dra.core.slices import ShareMode
 from dra.core.taints import Effect
 from dra.core.usage import DEFAULT_MAX_SERIES
 from dra.daemon import metrics

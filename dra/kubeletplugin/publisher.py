@@ -24,7 +24,7 @@ from dra.adapters.filelock import open_lock, try_lock
 from dra.adapters.kube import ConflictError, KubeClient, KubeError, NotFoundError
 from dra.core import sliceplan, slices
 from dra.core.assignment import Selector, select
-from dra.core.slices import ShareMode
+from dra.core.deviceentries import ShareMode, SliceError
 from dra.core.taints import DeviceTaint
 from dra.core.versions import ApiFeatures
 from dra.daemon import metrics
@@ -355,7 +355,7 @@ class SlicePublisher:
                 if isinstance(err, ConflictError):
                     log.info("ResourceSlice changed under us, reconciling again: %s", err)
                     backoff = 0
-                elif isinstance(err, (KubeError, slices.SliceError)):
+                elif isinstance(err, (KubeError, SliceError)):
                     log.error("publishing ResourceSlices failed, retrying in %.1fs: %s", backoff, err)
                 else:
                     log.exception("publishing ResourceSlices failed, retrying in %.1fs", backoff)

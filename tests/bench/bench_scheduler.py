@@ -53,7 +53,7 @@ from localcluster.kube import Kube, WaitTimeoutError, wait_for
 from localcluster.nvidiadriver import NvidiaDriverProcess
 from localcluster.workloads import published_slices
 
-from dra.core import slices
+from dra.core import deviceentries, slices
 from dra.core.versions import ApiFeatures
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.profiles import load_profile
@@ -84,7 +84,7 @@ class Layout:
     #: Whose slices: this driver's (built by dra.core.slices) or NVIDIA's (captured from its plugin).
     publisher: str = "dra-gpu"
     #: Every device shared by several claims (--consumable-shares), divided this way; None: exclusive.
-    shares: slices.ShareMode | None = None
+    shares: deviceentries.ShareMode | None = None
 
 
 WHOLE_ONLY = (("gpu", 1.0),)

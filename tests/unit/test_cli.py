@@ -15,7 +15,7 @@ import yaml
 
 from dra import cli
 from dra.cli.parser import parse_args
-from dra.core.slices import SliceError
+from dra.core.deviceentries import SliceError
 from dra.daemon import bootstrap
 from dra.daemon import flags as envflags
 from dra.gpu.library import GpuLibraryError

@@ -18,7 +18,7 @@ from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.metadatastore import MetadataStore
 from dra.core import allocation as claims
-from dra.core import devicemetadata, slices
+from dra.core import deviceentries, devicemetadata
 from dra.core.allocation import AllocatedDevice, ClaimAllocation
 from dra.kubeletplugin.state import DeviceState
 from dra.model.prepared import PreparedClaim, PreparedDevice
@@ -88,7 +88,10 @@ def test_each_request_gets_a_file_with_its_devices_attributes_in_every_version(t
     # The attributes the ResourceSlice publishes for the device, typed the same way.
     gpu0 = inventory("h100x8").get("gpu-0")
     assert gpu0 is not None
-    assert request["devices"][0]["attributes"] == slices.device_entry(gpu0, inventory("h100x8"))["attributes"]
+    assert (
+        request["devices"][0]["attributes"]
+        == deviceentries.device_entry(gpu0, inventory("h100x8"))["attributes"]
+    )
     assert request["devices"][0]["attributes"]["uuid"] == {"string": gpu0.uuid}
     # The same object in both versions.
     assert {**objects[1], "apiVersion": ""} == {**newest, "apiVersion": ""}

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import pytest
 
 from dra.cli.parser import parse_args
+from dra.core.deviceentries import gpu_counters, partition_counters
 from dra.core.slices import (
     MAX_COUNTER_SETS_PER_SLICE,
     MAX_COUNTERS_PER_SET,
@@ -14,8 +15,6 @@ from dra.core.slices import (
     MAX_DEVICES_WITH_COUNTERS,
     MAX_SHARED_COUNTERS_PER_SLICE_V134,
     build_slices,
-    gpu_counters,
-    partition_counters,
 )
 from dra.core.versions import ApiFeatures
 from dra.fakegpus.library import FakeGpuLibrary

@@ -13,7 +13,8 @@ from fakenvml.adapter import over
 from fakenvml.host import host_tree
 from fakenvml.standin import NvmlStandIn
 
-from dra.core.slices import NUMA_NODE_ATTRIBUTE, build_slices
+from dra.core.deviceentries import NUMA_NODE_ATTRIBUTE
+from dra.core.slices import build_slices
 from dra.core.versions import ApiFeatures
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.profiles import ProfileError

@@ -15,9 +15,10 @@ from dra.cli.parser import parse_args
 from dra.core import cdi
 from dra.core.allocation import ClaimError, read_allocation
 from dra.core.assignment import parse_selector
+from dra.core.deviceentries import ShareMode
 from dra.core.plan import PreparePlan, decide_prepare
 from dra.core.sharing import decide_sharing
-from dra.core.slices import ShareMode, build_slices
+from dra.core.slices import build_slices
 from dra.core.steps import Node
 from dra.core.versions import ApiFeatures
 from dra.kubeletplugin.publisher import SlicePublisher, shareable_devices

@@ -10,20 +10,18 @@ from typing import Any
 
 import pytest
 
-from dra.core import slices
-from dra.core.slices import (
+from dra.core import deviceentries, slices
+from dra.core.deviceentries import (
     DEPRECATED_ATTRIBUTES,
     DEPRECATED_ATTRIBUTES_REMOVED_IN,
-    MAX_DEVICES_PER_SLICE,
     NUMA_NODE_ATTRIBUTE,
     PCI_BUS_ID_ATTRIBUTE,
     PCIE_ROOT_ATTRIBUTE,
     SliceError,
     binary_quantity,
-    build_slices,
     device_entry,
-    slice_name,
 )
+from dra.core.slices import MAX_DEVICES_PER_SLICE, build_slices, slice_name
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
@@ -258,10 +256,10 @@ def test_no_pcie_root_attribute_when_it_is_unknown() -> None:
 def test_the_attribute_limit_is_enforced(monkeypatch: pytest.MonkeyPatch) -> None:
     inv = inventory("h100x8")
     # A GPU has 15 attributes and 1 capacity.
-    monkeypatch.setattr(slices, "MAX_ATTRIBUTES_AND_CAPACITIES", 15)
+    monkeypatch.setattr(deviceentries, "MAX_ATTRIBUTES_AND_CAPACITIES", 15)
     with pytest.raises(SliceError, match="device gpu-0 has more than 15 attributes"):
         device_entry(inv.gpus[0], inv)
-    monkeypatch.setattr(slices, "MAX_ATTRIBUTES_AND_CAPACITIES", 16)
+    monkeypatch.setattr(deviceentries, "MAX_ATTRIBUTES_AND_CAPACITIES", 16)
     device_entry(inv.gpus[0], inv)
 
 

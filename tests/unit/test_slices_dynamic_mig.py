@@ -6,11 +6,7 @@ from typing import Any
 
 import pytest
 
-from dra.core.slices import (
-    MAX_COUNTER_SETS_PER_SLICE,
-    MAX_DEVICES_WITH_COUNTERS,
-    build_slices,
-)
+from dra.core.slices import MAX_COUNTER_SETS_PER_SLICE, MAX_DEVICES_WITH_COUNTERS, build_slices
 from dra.core.versions import ApiFeatures
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.profiles import load_profile

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from dra.core import deviceentries, slices
+from dra.core import deviceentries
 from dra.core.deviceentries import (
     DEPRECATED_ATTRIBUTES,
     DEPRECATED_ATTRIBUTES_REMOVED_IN,

@@ -7,6 +7,9 @@ BIN := $(VENV)/bin
 # The local-cluster tooling (deploy/local/localcluster) is not part of the installed package.
 LOCAL := PYTHONPATH=deploy/local
 STAMP := $(VENV)/.installed
+# setuptools tells how it made an editable install as a warning, which pip prints as a "!!" banner
+# in the middle of `make demo`; it is information only (setuptools' InformationOnly), so not shown.
+EDITABLE := PYTHONWARNINGS='ignore:Editable installation'
 
 .PHONY: all venv proto binaries cluster-binaries manifests api lint nvml-coverage test test-fast test-gpu test-matrix test-newest-python fuzz demo cluster-up cluster-down bench bench-pods bench-scale bench-scheduler soak clean
 
@@ -17,7 +20,7 @@ all: test
 $(STAMP): pyproject.toml setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	$(EDITABLE) $(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
 	@# setuptools ignores a failing build step in editable mode: generate again, loudly.
 	$(BIN)/python proto/generate.py
 	touch $@
@@ -92,7 +95,7 @@ $(NEWEST_VENV)/.installed-$(NEWEST_PYTHON): pyproject.toml setup.py constraints.
 	@set -e; python="$$($(LOCAL) $(BIN)/python -m localcluster.cpython $(NEWEST_PYTHON))"; \
 		rm -rf $(NEWEST_VENV); echo "$$python -m venv $(NEWEST_VENV)"; "$$python" -m venv $(NEWEST_VENV)
 	$(NEWEST_VENV)/bin/pip install --quiet --upgrade pip
-	$(NEWEST_VENV)/bin/pip install --quiet -c constraints.txt -e '.[dev]'
+	$(EDITABLE) $(NEWEST_VENV)/bin/pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $@
 
 # An environment whose interpreter went with the cache is made again.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -41,10 +42,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests that use the cluster; then the files with cluster tests first, largest first.
+
+    `make test` runs the files in this order on parallel workers (pytest-xdist, a whole file at a
+    time): the long cluster files start at once and the short files fill in at the end.
+    """
     for item in items:
         names = getattr(item, "fixturenames", ())
         if "cluster" in names or "local_cluster" in names:
             item.add_marker(pytest.mark.cluster)
+    sizes = Counter(item.path for item in items)
+    clustered = {item.path for item in items if item.get_closest_marker("cluster")}
+    # A stable sort: each file's tests stay together and in their order.
+    items.sort(key=lambda item: (item.path not in clustered, -sizes[item.path]))
 
 
 @pytest.fixture(autouse=True)

@@ -41,11 +41,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the tests that use the cluster; then the files with cluster tests first, largest first.
 
-    `make test` runs the files in this order on parallel workers (pytest-xdist, a whole file at a
-    time): the long cluster files start at once and the short files fill in at the end.
+    Under pytest-xdist (`make test`, --dist loadgroup in this order) a file with cluster tests is
+    one group, run whole by one worker (its module's driver starts once, its tests keep their
+    order) on that worker's session cluster; the long ones start at once, and the other tests,
+    one at a time on whichever worker is free, fill in.
     """
     for item in items:
         names = getattr(item, "fixturenames", ())
@@ -53,6 +55,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.cluster)
     sizes = Counter(item.path for item in items)
     clustered = {item.path for item in items if item.get_closest_marker("cluster")}
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            if item.path in clustered:
+                item.add_marker(pytest.mark.xdist_group(str(item.path)))
     # A stable sort: each file's tests stay together and in their order.
     items.sort(key=lambda item: (item.path not in clustered, -sizes[item.path]))
 

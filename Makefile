@@ -66,11 +66,11 @@ nvml-coverage: $(STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider $(NVML_TESTS) --cov=dra.gpu.nvml --cov-report=term-missing \
 		--cov-fail-under=95
 
-# pytest in TEST_WORKERS processes (pytest-xdist), in the order tests/conftest.py gives: each file
-# with cluster tests whole on one worker, on a session cluster of that worker's own, the largest
-# first; then the other tests one at a time. TEST_WORKERS=0 runs everything in one process.
+# pytest in TEST_WORKERS processes (pytest-xdist), in the order tests/conftest.py gives: each file of
+# tests/e2e and tests/integration whole on one worker (a cluster test on that worker's own session
+# cluster), the largest first; then the other tests one at a time. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 4
-PARALLEL := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+PARALLEL := -n $(TEST_WORKERS) --no-loadscope-reorder
 
 # Everything: lint, type checks, unit, integration and end-to-end tests (the NVML adapter's tests
 # once, in nvml-coverage).

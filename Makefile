@@ -7,8 +7,11 @@ BIN := $(VENV)/bin
 # The local-cluster tooling (deploy/local/localcluster) is not part of the installed package.
 LOCAL := PYTHONPATH=deploy/local
 STAMP := $(VENV)/.installed
+# setuptools tells how it made an editable install as a warning, which pip prints as a "!!" banner
+# in the middle of `make demo`; it is information only (setuptools' InformationOnly), so not shown.
+EDITABLE := PYTHONWARNINGS='ignore:Editable installation'
 
-.PHONY: all venv proto binaries cluster-binaries manifests api lint nvml-coverage test test-fast test-gpu test-matrix test-newest-python fuzz demo cluster-up cluster-down bench bench-pods bench-scale bench-scheduler bench-packing soak clean
+.PHONY: all venv proto binaries cluster-binaries manifests api lint nvml-coverage test test-fast test-changed test-gpu test-matrix test-newest-python fuzz demo cluster-up cluster-down bench bench-pods bench-scale bench-scheduler bench-packing soak clean
 
 all: test
 
@@ -17,7 +20,7 @@ all: test
 $(STAMP): pyproject.toml setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	$(EDITABLE) $(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
 	@# setuptools ignores a failing build step in editable mode: generate again, loudly.
 	$(BIN)/python proto/generate.py
 	touch $@
@@ -63,13 +66,26 @@ nvml-coverage: $(STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider $(NVML_TESTS) --cov=dra.gpu.nvml --cov-report=term-missing \
 		--cov-fail-under=95
 
-# Everything: lint, type checks, unit, integration and end-to-end tests.
+# pytest in TEST_WORKERS processes (pytest-xdist), in the order tests/conftest.py gives: each file of
+# tests/e2e and tests/integration whole on one worker (a cluster test on that worker's own session
+# cluster), the largest first; then the other tests one at a time. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 4
+PARALLEL := -n $(TEST_WORKERS) --no-loadscope-reorder
+
+# Everything: lint, type checks, unit, integration and end-to-end tests (the NVML adapter's tests
+# once, in nvml-coverage).
 test: lint nvml-coverage binaries
-	$(BIN)/pytest
+	$(BIN)/pytest $(PARALLEL) $(addprefix --ignore=,$(NVML_TESTS))
 
 # Only the tests that need no cluster.
 test-fast: $(STAMP)
-	$(BIN)/pytest -m 'not cluster'
+	$(BIN)/pytest $(PARALLEL) -m 'not cluster'
+
+# The tests that cover the files changed since BASE (main), committed or not, by the import graph
+# and the files tests read (tests/changed.py, docs/testing.md); CLUSTER=1 runs their cluster tests too.
+BASE ?= main
+test-changed: $(STAMP)
+	$(BIN)/python -m tests.changed --base $(BASE) $(if $(CLUSTER),--cluster) -- $(PARALLEL)
 
 # On a machine with an NVIDIA GPU: the real-GPU checks in one run, written to GPU_OUT (docs/testing.md,
 # "On a real GPU"): NVML recorded, discovery, the gpu-marked and MPS tests on the real driver and daemon.
@@ -92,14 +108,14 @@ $(NEWEST_VENV)/.installed-$(NEWEST_PYTHON): pyproject.toml setup.py constraints.
 	@set -e; python="$$($(LOCAL) $(BIN)/python -m localcluster.cpython $(NEWEST_PYTHON))"; \
 		rm -rf $(NEWEST_VENV); echo "$$python -m venv $(NEWEST_VENV)"; "$$python" -m venv $(NEWEST_VENV)
 	$(NEWEST_VENV)/bin/pip install --quiet --upgrade pip
-	$(NEWEST_VENV)/bin/pip install --quiet -c constraints.txt -e '.[dev]'
+	$(EDITABLE) $(NEWEST_VENV)/bin/pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $@
 
 # An environment whose interpreter went with the cache is made again.
 test-newest-python:
 	@$(NEWEST_VENV)/bin/python -c '' 2>/dev/null || rm -f $(NEWEST_VENV)/.installed-$(NEWEST_PYTHON)
 	@$(MAKE) --no-print-directory $(NEWEST_VENV)/.installed-$(NEWEST_PYTHON)
-	$(NEWEST_VENV)/bin/pytest -p no:cacheprovider -m 'not cluster'
+	$(NEWEST_VENV)/bin/pytest -p no:cacheprovider $(PARALLEL) -m 'not cluster'
 
 # `make test` on the default release, the tests without a cluster on the newest Python, then the
 # cluster tests on each other supported release (docs/testing.md: what runs where and how long).
@@ -109,7 +125,7 @@ test-matrix: test
 	@set -e; for version in $(MATRIX_VERSIONS); do \
 		echo "== cluster tests on Kubernetes $$version"; \
 		KUBERNETES_VERSION=$$version $(LOCAL) $(BIN)/python -m localcluster build; \
-		KUBERNETES_VERSION=$$version $(BIN)/pytest -m cluster; \
+		KUBERNETES_VERSION=$$version $(BIN)/pytest $(PARALLEL) -m cluster; \
 	done
 
 # The driver on fake GPUs serving pods on a real local cluster; DEMO_KEEP=1 keeps it up. With

@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections import Counter
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -18,6 +20,10 @@ from localcluster.cluster import ClusterInfo, LocalCluster, parse_gates
 from localcluster.kube import Kube, wait_for
 
 from dra.kubeletplugin import mpsprivsep
+
+if TYPE_CHECKING:
+    from xdist.remote import Producer
+    from xdist.scheduler import Scheduling
 
 # Bounded for the default suite (a few seconds per test); HYPOTHESIS_PROFILE=fuzz-long searches longer.
 # No example database: a failing example is printed, and nothing is written into the checkout.
@@ -40,11 +46,39 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+#: Files a parallel run (pytest-xdist: `make test`) gives whole to one worker: their module fixtures
+#: start drivers and clusters once and their tests keep their order, on that worker's session
+#: cluster. The other tests go one at a time to whichever worker is free.
+WHOLE_FILES = ("tests/e2e/", "tests/integration/")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m reads the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests that use the cluster; put the files run whole first, the largest first.
+
+    In that order a parallel run starts the long cluster files at once, and the short tests fill in.
+    """
     for item in items:
         names = getattr(item, "fixturenames", ())
         if "cluster" in names or "local_cluster" in names:
             item.add_marker(pytest.mark.cluster)
+    sizes = Counter(item.path for item in items)
+    # A stable sort: each file's tests stay together and in their order.
+    items.sort(key=lambda item: (not item.nodeid.startswith(WHOLE_FILES), -sizes[item.path]))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> Scheduling | None:
+    """pytest-xdist's default distribution (one test at a time), but WHOLE_FILES a file at a time."""
+    if config.getvalue("dist") != "load":
+        return None  # a --dist the caller chose
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduler(LoadScopeScheduling):  # type: ignore[misc]  # xdist has no type information
+        def _split_scope(self, nodeid: str) -> str:
+            return nodeid.split("::", 1)[0] if nodeid.startswith(WHOLE_FILES) else nodeid
+
+    return Scheduler(config, log)
 
 
 @pytest.fixture(autouse=True)

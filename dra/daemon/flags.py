@@ -159,14 +159,22 @@ def option(
     choices: Sequence[str] | None = None,
     required: bool = False,
 ) -> None:
-    """Add a flag whose default comes from its environment variable, if set."""
+    """Add a flag whose default comes from its environment variable, if set.
+
+    A `boolean` flag alone means true, as Go's flags (and NVIDIA's drivers') do: `--vfio` is
+    `--vfio=true`, and `--vfio=false` (or `--vfio false`) turns it off.
+    """
     env = env_name(flag)
     raw = os.environ.get(env)
     shown = f"; default {default}" if default not in (None, "") else ""
     if raw is not None:
         default = _FromEnv(env, raw)
+    bare = type is boolean
     parser.add_argument(
         flag,
+        nargs="?" if bare else None,
+        const=True if bare else None,
+        metavar="true|false" if bare else None,
         default=default,
         type=type,
         choices=choices,

@@ -523,7 +523,7 @@ def main() -> None:
         driver = DriverProcess(cluster, str(profile), run / "logs" / "bench-dra-gpu.log", extra_args=split)
         plugin_dir = run / "bench-device-plugin"
         plugin_dir.mkdir()
-        plugin = DevicePluginProcess(cluster, str(profile), plugin_dir, extra_args=split)
+        plugin = DevicePluginProcess(cluster, str(profile), plugin_dir, split, with_driver=True)
         namespace = f"bench-pods-{uuid.uuid4().hex[:6]}"
         kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
         kube.create_all(committed_device_classes())

@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,12 +32,16 @@ COMPONENTS = {"etcd", "fakeruntime", "kube-apiserver", "kube-controller-manager"
 
 
 @pytest.fixture
-def cluster_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Where the commands under test keep their clusters; short, for the kubelet's socket paths."""
-    parent = Path(tmp_path_factory.mktemp("c", numbered=True))
-    yield parent / "up"
-    # A failed test must not leave a cluster behind for the next one.
-    _command("down", cluster_dir=parent / "up")
+def cluster_dir() -> Iterator[Path]:
+    """Where the commands under test keep their clusters: short, for the kubelet's and the driver's
+    socket paths (pytest's own temporary directories are longer under pytest-xdist)."""
+    parent = Path(tempfile.mkdtemp(prefix="dra-lc-", dir="/tmp"))
+    try:
+        yield parent / "up"
+    finally:
+        # A failed test must not leave a cluster behind for the next one.
+        _command("down", cluster_dir=parent / "up")
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 def _env(cluster_dir: Path, **extra: str) -> dict[str, str]:

@@ -86,7 +86,7 @@ def ctr_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CtrNode]:
         usage = ("--claim-metrics-interval=1", "--usage-processes=true")
         flags = (SPLIT, *DYNAMIC, "--vfio=true", METADATA, *usage)
         driver = DriverProcess(info, PROFILE, workdir / "driver.log", extra_args=flags).start()
-        device_plugin = DevicePluginProcess(info, PROFILE, workdir, extra_args=(SPLIT,)).start()
+        device_plugin = DevicePluginProcess(info, PROFILE, workdir, (SPLIT,), with_driver=True).start()
         try:
             yield CtrNode(info, driver)
         finally:

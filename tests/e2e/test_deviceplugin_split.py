@@ -64,7 +64,7 @@ def node(cluster: ClusterInfo, kube: Kube, tmp_path_factory: pytest.TempPathFact
     inventory: Inventory = discover(FakeGpuLibrary(load_profile(PROFILE), cluster.node_name))
     dra = DriverProcess(cluster, PROFILE, workdir / "driver.log", extra_args=(SPLIT,)).start()
     try:
-        device_plugin = DevicePluginProcess(cluster, PROFILE, workdir, extra_args=(SPLIT,)).start()
+        device_plugin = DevicePluginProcess(cluster, PROFILE, workdir, (SPLIT,), with_driver=True).start()
         try:
             yield Node(dra, device_plugin, list(inventory.gpus))
         finally:
@@ -213,7 +213,7 @@ def test_a_gpu_moved_from_dra_to_the_device_plugin_waits_for_its_prepared_claim(
     assert node.device_plugin.stop() == 0
     assert node.dra.stop() == 0
     dra = DriverProcess(cluster, PROFILE, workdir / "driver.log", extra_args=(split,))
-    device_plugin = DevicePluginProcess(cluster, PROFILE, workdir, extra_args=(split,))
+    device_plugin = DevicePluginProcess(cluster, PROFILE, workdir, (split,), with_driver=True)
     try:
         dra.start()
         assert (

@@ -43,7 +43,7 @@ def test_a_gpu_a_device_plugin_pod_still_uses_joins_dra_when_the_pod_ends(
 ) -> None:
     ensure_device_classes(kube)
     uuids = {gpu.uuid for gpu in discover(FakeGpuLibrary(load_profile(PROFILE), cluster.node_name)).gpus}
-    device_plugin = DevicePluginProcess(cluster, PROFILE, tmp_path).start()
+    device_plugin = DevicePluginProcess(cluster, PROFILE, tmp_path, with_driver=True).start()
     try:
         gpu_limits_pod(kube, namespace, "legacy", {"nvidia.com/gpu": 1})
         kube.wait_pod_phase("legacy", namespace)

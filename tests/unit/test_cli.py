@@ -115,6 +115,37 @@ def test_kubelet_plugin_defaults_and_paths(monkeypatch: pytest.MonkeyPatch) -> N
     )
 
 
+@pytest.mark.parametrize(
+    ("given", "vfio"),
+    [
+        ((), False),
+        (("--vfio",), True),
+        (("--vfio=true",), True),
+        (("--vfio=false",), False),
+        (("--vfio", "false"), False),
+        (("--vfio=off",), False),
+    ],
+)
+def test_a_boolean_flag_alone_means_true_as_go_flags_do(given: tuple[str, ...], vfio: bool) -> None:
+    args = parse_args(["kubelet-plugin", "--node-name", "node-a", *given, "--device-metadata"])
+    assert (args.vfio, args.device_metadata) == (vfio, True)
+
+
+def test_every_boolean_flag_takes_the_bare_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DRA_GPU_ROLLING_UPDATE", "false")
+    args = parse_args(["kubelet-plugin", "--node-name", "node-a", "--usage-processes", "--cdi-driver-files"])
+    assert (args.usage_processes, args.cdi_driver_files, args.rolling_update) == (True, True, False)
+    assert parse_args(["top", "--once"]).once is True
+    assert parse_args(["discover", "--vfio"]).vfio is True
+
+
+def test_a_boolean_flag_refuses_what_is_not_true_or_false(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["kubelet-plugin", "--node-name", "node-a", "--vfio=maybe"])
+    assert exit_info.value.code == 2
+    assert "argument --vfio: invalid boolean value: 'maybe'" in capsys.readouterr().err
+
+
 def test_the_node_name_is_required_unless_the_environment_gives_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

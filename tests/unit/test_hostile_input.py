@@ -322,7 +322,7 @@ def test_an_instance_id_needs_a_rolling_update() -> None:
             "--mig-config needs --mig-config-file: it names one of that file's layouts",
         ),
         (
-            ["--fake-gpu-root", "/tmp/x"],
+            ["--fake-gpu-root", "/tmp"],
             "--fake-gpu-root needs --fake-gpus: it holds the fake GPUs' device nodes and driver",
         ),
     ],

@@ -14,8 +14,10 @@ class DevicePluginProcess(DaemonProcess):
     """The device plugin on the cluster's device-plugin directory, CDI directory and kubelet root.
 
     It records every kubelet call in `call_log` and reads XID injections from `events`.
-    Its GPU assignment record is the kubelet-plugin's default one (<kubelet root>/plugins/<driver>),
-    so a DriverProcess on the same cluster sees it.
+    With `with_driver` its state directory (GPU assignment record, the checkpoint of claims
+    prepared for DRA) is the kubelet-plugin's default one (<kubelet root>/plugins/<driver>), which
+    a DriverProcess on the same cluster shares; otherwise one of its own under `workdir`, so that
+    what earlier tests' drivers left on the session's cluster is not its concern.
     """
 
     what = "device plugin"
@@ -26,8 +28,10 @@ class DevicePluginProcess(DaemonProcess):
         profile: str,
         workdir: Path,
         extra_args: tuple[str, ...] = (),
+        with_driver: bool = False,
     ) -> None:
         super().__init__(workdir / "device-plugin.log")
+        self.with_driver = with_driver
         self.cluster = cluster
         self.profile = profile
         self.workdir = workdir
@@ -47,6 +51,7 @@ class DevicePluginProcess(DaemonProcess):
             f"--cdi-root={self.cluster.cdi_dir}",
             f"--fake-gpu-events={self.events}",
             f"--call-log={self.call_log}",
+            *([] if self.with_driver else [f"--state-dir={self.workdir / 'state'}"]),
             *self.extra_args,
         )
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -136,7 +137,8 @@ def write_oci_tarball(path: Path, name: str, layer: bytes, config: dict[str, Any
         ],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f".{path.name}.tmp")
+    # A staging name of this process's own: test workers (pytest-xdist) may build the same image at once.
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with tarfile.open(staging, "w") as tar:
         _add(tar, "oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode(), mode=0o644)
         _add(tar, "index.json", json.dumps(index).encode(), mode=0o644)

@@ -186,14 +186,21 @@ def nft_env() -> dict[str, str]:
     target = cache_root() / "nftables" / key
     nft = target / "usr/sbin/nft"
     if not nft.is_file():
-        staging = target.with_name(f".{key}.tmp")
+        # A staging directory of this process's own: test workers may start containerd clusters at once.
+        staging = target.with_name(f".{key}.{os.getpid()}.tmp")
         shutil.rmtree(staging, ignore_errors=True)
         try:
             debs.unpack(NFT_PACKAGES, staging, "nft for kube-proxy")
         except BuildError as err:
+            shutil.rmtree(staging, ignore_errors=True)
             raise NodeNetworkError(str(err)) from None
-        shutil.rmtree(target, ignore_errors=True)
-        staging.rename(target)
+        if not nft.is_file():
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            staging.rename(target)
+        except OSError:
+            # Another process put its own there first.
+            shutil.rmtree(staging, ignore_errors=True)
     libraries = [target / "usr/lib/x86_64-linux-gnu", target / "lib/x86_64-linux-gnu"]
     return {
         "PATH": f"{nft.parent}:/usr/sbin:/usr/bin:/sbin:/bin",

@@ -1,7 +1,7 @@
 """Benchmark: the driver beside Kubernetes' own DRA test driver (Go), alternating runs on one cluster.
 
     python -m tests.bench.bench_compare [--runs 3] [--devices 128] [--claims 100] [--pileup 0,64,1000]
-        [--no-go] [--no-floor] [--no-nvidia] [--nvidia-qps N] [--reference-alone]
+        [--no-go] [--no-floor] [--no-nvidia] [--nvidia-qps N] [--reference-alone] [--baseline DIR]
 
 Kubernetes' DRA test driver (k8s.io/kubernetes/test/e2e/dra/test-driver at the cluster's
 release, built into the cache on first use from deploy/local/gobench) is the reference:
@@ -27,6 +27,10 @@ interpreter, and its unprepare runs nvidia-smi, a Python process on the fake nod
 also measures those apart (tests/bench/nvmlstart.c makes its start-up NVML calls from a program of
 no Python), and the report gives its rows both raw and less that part. `--no-nvidia` leaves it out;
 `--nvidia-qps` lifts its API rate limit, which its chart leaves at client-go's 5 requests/s.
+
+`--baseline DIR` runs dra-gpu a second time in the same turns, from another checkout of the
+tree (a git worktree of main, its dra/pb generated, on this interpreter), and prints this tree's
+figures beside it: a change's before and after under the same load, in one invocation.
 
 Each figure is taken once per run; the report gives the median and range over the runs of
 each driver and the ratio of the medians (dra-gpu / Go: below 1x dra-gpu is ahead). Prints
@@ -182,6 +186,8 @@ class Contender:
     #: Called before each start, once `state` is emptied: NVIDIA's plugin copies its CDI hook into its
     #: plugin directory, which a run of dra-gpu (the same driver name, the same directory) empties.
     setup: Callable[[], object] | None = None
+    #: The directory it starts in: another checkout of the tree runs its own `python -m dra` there.
+    cwd: Path | None = None
 
     def record(self, name: str, value: float) -> None:
         """Add one run's value of a figure."""
@@ -194,12 +200,31 @@ def _profile(cluster: ClusterInfo, devices: int) -> Path:
     return profile
 
 
-def _dra_gpu(cluster: ClusterInfo, devices: int, cdi: Path) -> Contender:
-    log = Path(cluster.log_path("bench-dra-gpu"))
+def _dra_gpu(
+    cluster: ClusterInfo, devices: int, cdi: Path, label: str = DRA_GPU, tree: Path | None = None
+) -> Contender:
+    """dra-gpu on fake GPUs; from the checkout `tree` (its `python -m dra`) when given, else this one."""
+    log = Path(cluster.log_path("bench-dra-gpu" if tree is None else "bench-dra-gpu-baseline"))
     profile = str(_profile(cluster, devices))
     process = DriverProcess(cluster, profile, log, instance_id="bench", cdi_root=str(cdi))
     state = (process.checkpoint.parent, cdi)
-    return Contender(DRA_GPU, process.driver_name, process.args(), process.dra_socket, log, state=state)
+    return Contender(
+        label, process.driver_name, process.args(), process.dra_socket, log, state=state, cwd=tree
+    )
+
+
+BASELINE = "baseline"
+
+
+def baseline_tree(path: Path) -> str:
+    """The checkout `--baseline` names, described for the report; ValueError when it cannot run."""
+    if not (path / "dra" / "__main__.py").is_file():
+        raise ValueError(f"{path} is not a checkout of dra-gpu (no dra/__main__.py)")
+    if not (path / "dra" / "pb").is_dir():
+        raise ValueError(f"{path} has no generated dra/pb: run `python proto/generate.py` there")
+    describe = ["git", "-C", str(path), "describe", "--always", "--dirty"]
+    done = subprocess.run(describe, capture_output=True, text=True, check=False)
+    return f"{path} at {done.stdout.strip() or 'an unknown commit'}"
 
 
 DRA_GPU_NVML, NVIDIA_LABEL = "dra-gpu, fake NVML", "nvidia"
@@ -337,7 +362,11 @@ def _running(
     with open(contender.log, "ab") as log:
         started = time.monotonic()
         proc = subprocess.Popen(
-            contender.args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **contender.env}
+            contender.args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **contender.env},
+            cwd=contender.cwd,
         )
     try:
         deadline = started + 60
@@ -811,6 +840,12 @@ def _arguments() -> argparse.Namespace:
         help="also time the Go reference alone by a minimal client (tests/bench/bench_reference.py) "
         "in the same turns, and print its figures beside make bench's (issue 47)",
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="also run dra-gpu from this checkout (e.g. a git worktree of main with dra/pb generated) in "
+        "the same turns, and print this tree's figures beside it",
+    )
     args = parser.parse_args()
     if not 0 < args.claims <= args.devices:
         # They are held prepared together, one device each (dra-gpu refuses a device twice).
@@ -819,6 +854,11 @@ def _arguments() -> argparse.Namespace:
         parser.error("--reference-alone times the Go reference: it cannot go with --no-go")
     if args.nvidia_qps < 0:
         parser.error(f"--nvidia-qps must be 0 (its chart's) or more, not {args.nvidia_qps}")
+    if args.baseline is not None:
+        try:
+            args.baseline_tree = baseline_tree(args.baseline.resolve())
+        except ValueError as err:
+            parser.error(f"--baseline: {err}")
     return args
 
 
@@ -835,8 +875,12 @@ def main() -> None:
 
     node: FakeNode | None = None
     nvml_start: Path | None = None
+    #: The 1-minute load average as each run began: every figure carries the machine's load.
+    loads: list[float] = []
 
     def run(contender: Contender) -> None:
+        loads.append(os.getloadavg()[0])
+        print(f"  load average {loads[-1]:.2f}", flush=True)
         if contender.floor:
             _run_floor(contender, args)
         elif contender.alone:
@@ -848,13 +892,16 @@ def main() -> None:
 
     with (
         running_cluster() as cluster,
-        cdi_dirs("cdi", "cdi-go", "cdi-alone", "cdi-nvml", "cdi-nvidia") as dirs,
+        cdi_dirs("cdi", "cdi-go", "cdi-alone", "cdi-nvml", "cdi-nvidia", "cdi-baseline") as dirs,
     ):
-        cdi, cdi_go, cdi_alone, cdi_nvml, cdi_nvidia = dirs
+        cdi, cdi_go, cdi_alone, cdi_nvml, cdi_nvidia, cdi_baseline = dirs
         kube = Kube(cluster.kubeconfig)
         ours = _dra_gpu(cluster, args.devices, cdi)
         theirs = None if args.no_go else _go_contender(cluster, args.devices, cdi_go)
         floors = None if args.no_floor or args.no_go else _floors(cdi.parent)
+        baseline = None
+        if args.baseline is not None:
+            baseline = _dra_gpu(cluster, args.devices, cdi_baseline, BASELINE, args.baseline.resolve())
         by_itself = None
         if theirs is not None and args.reference_alone:
             by_itself = alone(cluster, Path(theirs.args[0]), args.devices, cdi_alone)
@@ -865,12 +912,18 @@ def main() -> None:
             ours_nvml = _dra_gpu_nvml(cluster, node, cdi_nvml) if nvidia is not None else None
             nvml_start = build_nvml_start(Path(cluster.run_dir)) if nvidia is not None else None
         contenders = alternate(
-            [c for c in (ours, theirs, ours_nvml, nvidia, *(floors or ()), by_itself) if c is not None],
+            [
+                c
+                for c in (ours, baseline, theirs, ours_nvml, nvidia, *(floors or ()), by_itself)
+                if c is not None
+            ],
             args.runs,
             run,
         )
         kube.close()
-    theirs, by_itself, nvidia = (_still(c, contenders) for c in (theirs, by_itself, nvidia))
+    theirs, by_itself, nvidia, baseline = (
+        _still(c, contenders) for c in (theirs, by_itself, nvidia, baseline)
+    )
     if floors is not None and not all(_still(f, contenders) for f in floors):
         floors = None
     print(
@@ -879,6 +932,12 @@ def main() -> None:
     )
     # How the interpreter was built moves every dra-gpu row (docs/testing.md, seventh round).
     print(f"dra-gpu ran on {interpreter()}")
+    if loads:
+        load = spread(loads)
+        print(
+            f"load average (1 min) as each run began: median {load.median:.2f}, "
+            f"{load.low:.2f} to {load.high:.2f}"
+        )
     print(
         "API client limits: dra-gpu none (it has no client-side limit); go reference lifted "
         "(--kube-api-qps=100000 --kube-api-burst=100000)"
@@ -909,6 +968,13 @@ def main() -> None:
             "its unprepare runs nvidia-smi twice, a Python process each on the fake node"
         )
         for line in fakes_report(ours_nvml, nvidia):
+            print(line)
+    if baseline is not None:
+        print(
+            f"dra-gpu from this tree beside the baseline, {args.baseline_tree}, both in these turns, "
+            f"{args.runs} alternating runs; ratio = this tree / baseline"
+        )
+        for line in pair_report(ours, baseline):
             print(line)
     if theirs is not None and by_itself is not None:
         print(

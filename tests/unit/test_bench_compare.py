@@ -29,6 +29,7 @@ from tests.bench.bench_compare import (
     _KubeletLog,
     _run_floor,
     alternate,
+    baseline_tree,
     build_nvml_start,
     fakes_report,
     figure_line,
@@ -270,3 +271,23 @@ def test_a_negative_nvidia_qps_is_refused(
     with pytest.raises(SystemExit):
         _arguments()
     assert "--nvidia-qps must be 0 (its chart's) or more, not -1" in capsys.readouterr().err
+
+
+def test_a_baseline_must_be_a_checkout_with_its_generated_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["bench_compare", f"--baseline={tmp_path}"])
+    with pytest.raises(SystemExit):
+        _arguments()
+    assert f"--baseline: {tmp_path} is not a checkout of dra-gpu" in capsys.readouterr().err
+    (tmp_path / "dra").mkdir()
+    (tmp_path / "dra" / "__main__.py").touch()
+    with pytest.raises(ValueError, match=r"no generated dra/pb: run `python proto/generate.py` there"):
+        baseline_tree(tmp_path)
+
+
+def test_the_baseline_is_this_checkout_described_by_its_commit() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    described = baseline_tree(repo)
+    assert described.startswith(f"{repo} at ")
+    assert described != f"{repo} at an unknown commit"

@@ -2,17 +2,24 @@
 
 After a prepare, the claim's status says what each of its devices is (UUID, for MIG the MIG
 UUID, its parent, profile and instance IDs, PCI bus ID, how it is shared:
-dra.core.devicestatus); after an unprepare, this driver's entries go. The service only
-queues the change, so a slow or unreachable API server never delays the kubelet: one task
-writes, the newest change of a claim replacing an older one not yet written, with a server-side
-apply on the status subresource under this node's field manager (other drivers' entries stay).
+dra.core.devicestatus). The service only queues the write, so a slow or unreachable API server
+never delays the kubelet: one task writes, the newest entries of a claim replacing older ones not
+yet written, with a server-side apply on the status subresource under this node's field manager
+(other drivers' entries stay).
+
+An unprepare writes nothing: the kubelet unprepares once no pod of the node uses the claim, the
+claim is then deallocated (or deleted with its pod), and the API server drops every status.devices
+entry of a deallocated device in the same update (dropDeallocatedStatusDevices in its
+ResourceClaim strategy). A removal of our own would be a second write per claim for what that
+update does anyway (issue 44); the writer only forgets the claim, so a claim prepared again
+is written again.
 
 The writes wait for a lull in the kubelet's calls (QUIET seconds without a new change, or
 MOST_DELAY after the oldest waiting one): each apply costs the event loop about 0.6 ms of CPU,
 which the next prepare of a pod's burst would otherwise wait behind. A write let through by
 MOST_DELAY while calls still come is followed by PACE seconds before the next: a backlog (a
 thousand claims prepared at once) trickles out beside the calls instead of crowding them. A
-claim unprepared before its entries were written needs no write at all.
+claim unprepared before its entries were written is not written at all.
 
 What the API server keeps is learnt from the first write: a server with
 DRAResourceClaimDeviceStatus off (beta and on by default since 1.33, GA in 1.37) answers
@@ -62,7 +69,7 @@ class _Write:
     namespace: str
     name: str
     uid: str
-    #: The entries this driver owns in the claim; empty to remove them.
+    #: The entries this driver owns in the claim.
     devices: list[dict[str, Any]]
 
 
@@ -75,11 +82,14 @@ class ClaimStatusWriter:
         # One manager per node: each node's driver owns the entries of the devices it prepared.
         self._manager = f"{driver}/{node_name}"[:128]
         self._pending: dict[str, _Write] = {}
-        #: What the server holds of each claim as far as this instance wrote it, to skip a repeat;
-        #: None where entries may be there from before a restart.
+        #: What the server holds of each prepared claim as far as this instance wrote it, to skip a
+        #: repeat; None where entries may be there from before a restart.
         self._written: dict[str, list[dict[str, Any]] | None] = {}
-        #: The claim whose apply is in flight: its entries may be on the server once it returns.
+        #: The claim whose apply is in flight, and whether it was unprepared meanwhile (then what the
+        #: apply wrote is not remembered: the claim may be deallocated and allocated anew before its
+        #: next prepare, its entries dropped by the server).
         self._writing = ""
+        self._writing_unprepared = False
         #: time.monotonic() of the newest change queued, and of the oldest still waiting.
         self._last_change = self._waiting_since = 0.0
         self._wake = anyio.Event()
@@ -91,25 +101,24 @@ class ClaimStatusWriter:
         devices = status_entries(self._driver, identities(claim, inventory))
         self._queue(_Write(claim.namespace, claim.name, claim.uid, devices))
 
-    def unprepared(self, namespace: str, name: str, uid: str) -> None:
-        """Queue the removal of this driver's entries from the claim."""
-        self._queue(_Write(namespace, name, uid, []))
+    def unprepared(self, uid: str) -> None:
+        """Forget the claim: a write not made yet is dropped, and its entries go with its allocation."""
+        self._pending.pop(uid, None)
+        self._written.pop(uid, None)
+        if uid == self._writing:
+            self._writing_unprepared = True
 
     def resync(self, claims: Iterable[PreparedClaim], inventory: Inventory) -> None:
         """Queue every prepared claim: after a restart, entries a crash kept from being written are."""
         for claim in claims:
-            # An earlier instance may have written them: an unprepare must remove them.
+            # An earlier instance may have written them: written again all the same, once.
             self._written.setdefault(claim.uid, None)
             self.prepared(claim, inventory)
 
     def _queue(self, write: _Write) -> None:
         if not self.enabled:
             return
-        if write.devices and write.uid not in self._pending and self._written.get(write.uid) == write.devices:
-            return
-        if not write.devices and write.uid not in self._written and write.uid != self._writing:
-            # Nothing of ours can be on the server: the entries were never written.
-            self._pending.pop(write.uid, None)
+        if write.uid not in self._pending and self._written.get(write.uid) == write.devices:
             return
         now = time.monotonic()
         if not self._pending:
@@ -135,12 +144,12 @@ class ClaimStatusWriter:
             while self._pending and self.enabled:
                 uid = next(iter(self._pending))
                 write = self._pending.pop(uid)
-                self._writing = uid
+                self._writing, self._writing_unprepared = uid, False
                 try:
                     written = await self._write(write)
                 finally:
                     self._writing = ""
-                if not written:
+                if not written and not self._writing_unprepared:
                     # Kept for later unless a newer change of the claim came meanwhile.
                     self._pending.setdefault(uid, write)
                     delay = _RETRY_SECONDS[min(self._retries, len(_RETRY_SECONDS) - 1)]
@@ -152,7 +161,6 @@ class ClaimStatusWriter:
 
     async def _write(self, write: _Write) -> bool:
         """One apply; False when the API server did not answer and it is to be tried again."""
-        operation = "set" if write.devices else "remove"
         result = "error"
         try:
             stored = await self._kube.apply_resource_claim_devices(
@@ -171,18 +179,16 @@ class ClaimStatusWriter:
             self._refused(write, err)
             return True
         finally:
-            metrics.CLAIM_STATUS_WRITES.labels(operation, result).inc()
+            metrics.CLAIM_STATUS_WRITES.labels("set", result).inc()
         self._retries = 0
-        if write.devices and not self._kept(stored):
+        if not self._kept(stored):
             self.enabled = False
             log.warning(
                 "the API server does not keep ResourceClaim status.devices (feature gate "
                 "DRAResourceClaimDeviceStatus off): prepared claims do not name their devices"
             )
-        elif write.devices:
+        elif not self._writing_unprepared:
             self._written[write.uid] = write.devices
-        else:
-            self._written.pop(write.uid, None)
         return True
 
     def _kept(self, stored: dict[str, Any]) -> bool:

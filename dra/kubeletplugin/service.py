@@ -4,7 +4,8 @@ Every claim of a request is handled on its own, concurrently: one bad claim
 gets its own error string and never fails the others. Errors the admin can act
 on (wrong UID, another node's device, bad configuration) are also recorded as
 Warning events on the ResourceClaim. What a prepared claim's devices are goes
-into its status.devices after the kubelet is answered (dra.kubeletplugin.claimstatus).
+into its status.devices after the kubelet is answered (dra.kubeletplugin.claimstatus); an
+unprepared one's entries go when the claim is deallocated.
 """
 
 from __future__ import annotations
@@ -205,7 +206,7 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
             self._succeeded["unprepare"].inc()
             self._request_seconds["unprepare"].observe(time.perf_counter() - started)
             if self._status is not None:
-                self._status.unprepared(ref.namespace, ref.name, ref.uid)
+                self._status.unprepared(ref.uid)
             return dra_pb2.NodeUnprepareResourceResponse()
         except Exception as err:
             log.exception("internal error unpreparing %s/%s (%s)", ref.namespace, ref.name, ref.uid)

@@ -53,13 +53,25 @@ def try_lock(f: IO[bytes], shared: bool = False) -> bool:
 @contextlib.contextmanager
 def exclusive(path: Path, timeout: float) -> Iterator[None]:
     """Hold an exclusive lock on `path` (created if missing); LockTimeoutError after `timeout` seconds."""
-    with open_lock(path) as f:
-        deadline = time.monotonic() + timeout
-        while not try_lock(f):
-            if time.monotonic() > deadline:
-                raise LockTimeoutError(path, timeout)
-            time.sleep(POLL)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    with open_lock(path) as f, held(f, path, timeout):
+        yield
+
+
+@contextlib.contextmanager
+def held(f: IO[bytes], path: Path, timeout: float) -> Iterator[None]:
+    """Hold an exclusive lock on `f`, the lock file at `path` kept open by its caller; LockTimeoutError
+    after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not try_lock(f):
+        if time.monotonic() > deadline:
+            raise LockTimeoutError(path, timeout)
+        time.sleep(POLL)
+    try:
+        yield
+    finally:
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def unlinked(f: IO[bytes]) -> bool:
+    """Whether the open lock file's name was removed: a lock on it excludes no one who opens the path."""
+    return os.fstat(f.fileno()).st_nlink == 0

@@ -243,10 +243,13 @@ class KubeClient:
         result: Obj = self._send("GET", _claim_path(namespace, name), None, None, _JSON)
         return result
 
-    async def apply_resource_claim_devices(
+    def write_resource_claim_devices(
         self, namespace: str, name: str, uid: str, devices: list[Obj], field_manager: str
     ) -> Obj:
         """Server-side apply a ResourceClaim's status.devices entries as `field_manager`; the claim as stored.
+
+        From a worker thread that anyio started: blocks it, not the event loop (the status writer
+        makes a lull's writes in one such thread, dra.kubeletplugin.claimstatus).
 
         status.devices is a map keyed by driver, pool, device (and share): an apply changes only
         the entries this manager owns, so other drivers' entries stay, and applying an empty
@@ -260,12 +263,12 @@ class KubeClient:
             "metadata": {"name": name, "namespace": namespace, "uid": uid},
             "status": {"devices": devices},
         }
-        result: Obj = await self._call(
+        result: Obj = self._send(
             "PATCH",
             f"{RESOURCE_API}/namespaces/{ns}/resourceclaims/{claim}/status",
-            body=body,
-            query={"fieldManager": field_manager, "force": "true"},
-            content_type=_APPLY_PATCH,
+            body,
+            {"fieldManager": field_manager, "force": "true"},
+            _APPLY_PATCH,
         )
         return result
 

@@ -266,8 +266,10 @@ def unprepare(node: Node, uid: str, facts: Facts) -> Program[PreparedClaim | Non
         )
     others = dict(facts.prepared)
     others.pop(uid, None)
-    if node.time_slicing:
-        yield RestoreTimeSlices(tuple(sharing.time_slices_to_restore(uid, facts.prepared)))
+    restore = sharing.time_slices_to_restore(uid, facts.prepared) if node.time_slicing else []
+    if restore:
+        # Most claims set no interval: their unprepare takes no step for it.
+        yield RestoreTimeSlices(tuple(restore))
     if node.mps:
         yield from mpsdaemons.release(claim, others)
     yield Mark(point="sharing-before-unrecord")

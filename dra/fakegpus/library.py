@@ -122,6 +122,8 @@ class FakeGpuLibrary(FakeMigPartitions):
         self._events_file = events_file
         self._events_offset = 0
         self._watched: set[int] = set()
+        #: numa_sockets' answer, worked out once: it walks every GPU, and discovery asks it per GPU.
+        self._sockets: dict[int, frozenset[int]] | None = None
 
     def _uuid(self, prefix: str, key: str) -> str:
         return f"{prefix}-{uuid.uuid5(_UUID_NAMESPACE, f'{self.node_name}/{key}')}"
@@ -221,12 +223,14 @@ class FakeGpuLibrary(FakeMigPartitions):
         A profile's `numaNode` list names nodes of one socket; nodes listed by no GPU together
         are sockets of their own (the fake node's SLIT table says so: fakenvml.host).
         """
-        sockets: list[set[int]] = []
-        for index, gpu in enumerate(self.profile.gpus):
-            nodes = {self._numa_node(index), *gpu.same_socket_numa_nodes}
-            joined = [s for s in sockets if s & nodes]
-            sockets = [s for s in sockets if not s & nodes] + [nodes.union(*joined)]
-        return {node: frozenset(s) for s in sockets for node in s}
+        if self._sockets is None:
+            sockets: list[set[int]] = []
+            for index, gpu in enumerate(self.profile.gpus):
+                nodes = {self._numa_node(index), *gpu.same_socket_numa_nodes}
+                joined = [s for s in sockets if s & nodes]
+                sockets = [s for s in sockets if not s & nodes] + [nodes.union(*joined)]
+            self._sockets = {node: frozenset(s) for s in sockets for node in s}
+        return dict(self._sockets)
 
     def pci_device_id(self, gpu: GpuHandle) -> int:
         """The model's PCI device ID, with NVIDIA's vendor ID in the low 16 bits."""

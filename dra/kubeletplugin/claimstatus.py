@@ -2,17 +2,26 @@
 
 After a prepare, the claim's status says what each of its devices is (UUID, for MIG the MIG
 UUID, its parent, profile and instance IDs, PCI bus ID, how it is shared:
-dra.core.devicestatus); after an unprepare, this driver's entries go. The service only
-queues the change, so a slow or unreachable API server never delays the kubelet: one task
-writes, the newest change of a claim replacing an older one not yet written, with a server-side
-apply on the status subresource under this node's field manager (other drivers' entries stay).
+dra.core.devicestatus). The service only queues the write, so a slow or unreachable API server
+never delays the kubelet: one task writes, the newest entries of a claim replacing older ones not
+yet written, with a server-side apply on the status subresource under this node's field manager
+(other drivers' entries stay).
+
+An unprepare writes nothing: the kubelet unprepares once no pod of the node uses the claim, the
+claim is then deallocated (or deleted with its pod), and the API server drops every status.devices
+entry of a deallocated device in the same update (dropDeallocatedStatusDevices in its
+ResourceClaim strategy). A removal of our own would be a second write per claim for what that
+update does anyway (issue 44); the writer only forgets the claim, so a claim prepared again
+is written again.
 
 The writes wait for a lull in the kubelet's calls (QUIET seconds without a new change, or
-MOST_DELAY after the oldest waiting one): each apply costs the event loop about 0.6 ms of CPU,
-which the next prepare of a pod's burst would otherwise wait behind. A write let through by
-MOST_DELAY while calls still come is followed by PACE seconds before the next: a backlog (a
+MOST_DELAY after the oldest waiting one): each apply costs the process about 0.2 ms of CPU,
+which the next prepare of a pod's burst would otherwise wait behind. In a lull up to BATCH
+writes go to one worker thread together, since the hand-off to a worker and back cost as much
+CPU again per write when each went on its own (issue 44). A write let through by MOST_DELAY while
+calls still come goes alone, and is followed by PACE seconds before the next: a backlog (a
 thousand claims prepared at once) trickles out beside the calls instead of crowding them. A
-claim unprepared before its entries were written needs no write at all.
+claim unprepared before its entries were written is not written at all.
 
 What the API server keeps is learnt from the first write: a server with
 DRAResourceClaimDeviceStatus off (beta and on by default since 1.33, GA in 1.37) answers
@@ -30,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import anyio
+import anyio.to_thread
 
 from dra.adapters.kube import ConflictError, KubeError, NotFoundError, UnreachableError
 from dra.core.devicestatus import identities, status_entries
@@ -46,15 +56,18 @@ QUIET = 0.1
 MOST_DELAY = 1.0
 #: Seconds between writes while changes keep coming (a backlog let through by MOST_DELAY).
 PACE = 0.02
+#: Writes made in one hand-off to a worker thread in a lull: few enough (tens of ms) that a call
+#: of the kubelet's coming meanwhile does not wait behind many.
+BATCH = 16
 
 
 class StatusClient(Protocol):
     """The part of the Kubernetes adapter the writer needs."""
 
-    async def apply_resource_claim_devices(
+    def write_resource_claim_devices(
         self, namespace: str, name: str, uid: str, devices: list[dict[str, Any]], field_manager: str
     ) -> dict[str, Any]:
-        """Server-side apply a claim's status.devices entries."""
+        """Server-side apply a claim's status.devices entries, blocking the calling worker thread."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +75,7 @@ class _Write:
     namespace: str
     name: str
     uid: str
-    #: The entries this driver owns in the claim; empty to remove them.
+    #: The entries this driver owns in the claim.
     devices: list[dict[str, Any]]
 
 
@@ -75,11 +88,14 @@ class ClaimStatusWriter:
         # One manager per node: each node's driver owns the entries of the devices it prepared.
         self._manager = f"{driver}/{node_name}"[:128]
         self._pending: dict[str, _Write] = {}
-        #: What the server holds of each claim as far as this instance wrote it, to skip a repeat;
-        #: None where entries may be there from before a restart.
+        #: What the server holds of each prepared claim as far as this instance wrote it, to skip a
+        #: repeat; None where entries may be there from before a restart.
         self._written: dict[str, list[dict[str, Any]] | None] = {}
-        #: The claim whose apply is in flight: its entries may be on the server once it returns.
-        self._writing = ""
+        #: The claims whose applies are in flight, and those of them unprepared meanwhile (what such
+        #: an apply wrote is not remembered: the claim may be deallocated and allocated anew before
+        #: its next prepare, its entries dropped by the server).
+        self._writing: frozenset[str] = frozenset()
+        self._unprepared_meanwhile: set[str] = set()
         #: time.monotonic() of the newest change queued, and of the oldest still waiting.
         self._last_change = self._waiting_since = 0.0
         self._wake = anyio.Event()
@@ -91,25 +107,23 @@ class ClaimStatusWriter:
         devices = status_entries(self._driver, identities(claim, inventory))
         self._queue(_Write(claim.namespace, claim.name, claim.uid, devices))
 
-    def unprepared(self, namespace: str, name: str, uid: str) -> None:
-        """Queue the removal of this driver's entries from the claim."""
-        self._queue(_Write(namespace, name, uid, []))
+    def unprepared(self, uid: str) -> None:
+        """Forget the claim: a write not made yet is dropped, and its entries go with its allocation."""
+        self._pending.pop(uid, None)
+        self._written.pop(uid, None)
+        if uid in self._writing:
+            self._unprepared_meanwhile.add(uid)
 
     def resync(self, claims: Iterable[PreparedClaim], inventory: Inventory) -> None:
-        """Queue every prepared claim: after a restart, entries a crash kept from being written are."""
+        """Queue every prepared claim: after a restart, entries a crash kept from being written are
+        (an earlier instance may have written them: written again all the same, once)."""
         for claim in claims:
-            # An earlier instance may have written them: an unprepare must remove them.
-            self._written.setdefault(claim.uid, None)
             self.prepared(claim, inventory)
 
     def _queue(self, write: _Write) -> None:
         if not self.enabled:
             return
-        if write.devices and write.uid not in self._pending and self._written.get(write.uid) == write.devices:
-            return
-        if not write.devices and write.uid not in self._written and write.uid != self._writing:
-            # Nothing of ours can be on the server: the entries were never written.
-            self._pending.pop(write.uid, None)
+        if write.uid not in self._pending and self._written.get(write.uid) == write.devices:
             return
         now = time.monotonic()
         if not self._pending:
@@ -133,16 +147,25 @@ class ClaimStatusWriter:
             self._wake = anyio.Event()
             await self._lull()
             while self._pending and self.enabled:
-                uid = next(iter(self._pending))
-                write = self._pending.pop(uid)
-                self._writing = uid
+                calling = time.monotonic() - self._last_change < QUIET
+                # In a lull, several in one hand-off to a worker thread: the hand-off cost about as much
+                # CPU as the apply itself (docs/testing.md, issue 44); while the kubelet calls, one.
+                batch = [self._pending.pop(uid) for uid in list(self._pending)[: 1 if calling else BATCH]]
+                self._writing, self._unprepared_meanwhile = frozenset(w.uid for w in batch), set()
                 try:
-                    written = await self._write(write)
+                    outcomes = await anyio.to_thread.run_sync(self._apply, batch, abandon_on_cancel=True)
                 finally:
-                    self._writing = ""
-                if not written:
-                    # Kept for later unless a newer change of the claim came meanwhile.
-                    self._pending.setdefault(uid, write)
+                    self._writing = frozenset()
+                answered = [
+                    self._settle(write, outcome) for write, outcome in zip(batch, outcomes, strict=False)
+                ]
+                # The unanswered apply ends the outcomes; the writes after it were not tried.
+                unwritten = batch[answered.index(False) :] if False in answered else []
+                if unwritten:
+                    for write in unwritten:
+                        # Kept for later unless a newer change of the claim, or its unprepare, came meanwhile.
+                        if write.uid not in self._unprepared_meanwhile:
+                            self._pending.setdefault(write.uid, write)
                     delay = _RETRY_SECONDS[min(self._retries, len(_RETRY_SECONDS) - 1)]
                     self._retries += 1
                     await anyio.sleep(delay)
@@ -150,40 +173,51 @@ class ClaimStatusWriter:
                     # The kubelet is calling: the API server's and this loop's time is the calls' first.
                     await anyio.sleep(PACE)
 
-    async def _write(self, write: _Write) -> bool:
-        """One apply; False when the API server did not answer and it is to be tried again."""
-        operation = "set" if write.devices else "remove"
-        result = "error"
-        try:
-            stored = await self._kube.apply_resource_claim_devices(
-                write.namespace, write.name, write.uid, write.devices, self._manager
+    def _apply(self, batch: list[_Write]) -> list[dict[str, Any] | KubeError]:
+        """On a worker thread: each write's apply, the claim as stored or the error; after an
+        UnreachableError the rest are not tried (each would wait out its own timeout)."""
+        outcomes: list[dict[str, Any] | KubeError] = []
+        for write in batch:
+            try:
+                outcomes.append(
+                    self._kube.write_resource_claim_devices(
+                        write.namespace, write.name, write.uid, write.devices, self._manager
+                    )
+                )
+            except KubeError as err:
+                outcomes.append(err)
+                if isinstance(err, UnreachableError):
+                    break
+        return outcomes
+
+    def _settle(self, write: _Write, outcome: dict[str, Any] | KubeError) -> bool:
+        """What one apply's outcome means; False when the API server did not answer (tried again)."""
+        if isinstance(outcome, UnreachableError):
+            log.info(
+                "cannot write ResourceClaim %s/%s's status yet: %s", write.namespace, write.name, outcome
             )
-            result = "success"
-        except UnreachableError as err:
-            log.info("cannot write ResourceClaim %s/%s's status yet: %s", write.namespace, write.name, err)
-            return False
-        except (NotFoundError, ConflictError):
-            # Deleted, or re-created under the same name: nothing of ours to write or remove.
+            result = "error"
+        elif isinstance(outcome, NotFoundError | ConflictError):
+            # Deleted, or re-created under the same name: nothing of ours to write.
             result = "gone"
             self._written.pop(write.uid, None)
-            return True
-        except KubeError as err:
-            self._refused(write, err)
-            return True
-        finally:
-            metrics.CLAIM_STATUS_WRITES.labels(operation, result).inc()
-        self._retries = 0
-        if write.devices and not self._kept(stored):
-            self.enabled = False
-            log.warning(
-                "the API server does not keep ResourceClaim status.devices (feature gate "
-                "DRAResourceClaimDeviceStatus off): prepared claims do not name their devices"
-            )
-        elif write.devices:
-            self._written[write.uid] = write.devices
+        elif isinstance(outcome, KubeError):
+            result = "error"
+            self._refused(write, outcome)
         else:
-            self._written.pop(write.uid, None)
-        return True
+            result = "success"
+            self._retries = 0
+            if not self._kept(outcome):
+                if self.enabled:
+                    log.warning(
+                        "the API server does not keep ResourceClaim status.devices (feature gate "
+                        "DRAResourceClaimDeviceStatus off): prepared claims do not name their devices"
+                    )
+                self.enabled = False
+            elif write.uid not in self._unprepared_meanwhile:
+                self._written[write.uid] = write.devices
+        metrics.CLAIM_STATUS_WRITES.labels("set", result).inc()
+        return not isinstance(outcome, UnreachableError)
 
     def _kept(self, stored: dict[str, Any]) -> bool:
         devices = (stored.get("status") or {}).get("devices") or []

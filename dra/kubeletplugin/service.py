@@ -4,7 +4,8 @@ Every claim of a request is handled on its own, concurrently: one bad claim
 gets its own error string and never fails the others. Errors the admin can act
 on (wrong UID, another node's device, bad configuration) are also recorded as
 Warning events on the ResourceClaim. What a prepared claim's devices are goes
-into its status.devices after the kubelet is answered (dra.kubeletplugin.claimstatus).
+into its status.devices after the kubelet is answered (dra.kubeletplugin.claimstatus); an
+unprepared one's entries go when the claim is deallocated.
 """
 
 from __future__ import annotations
@@ -112,6 +113,8 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         self._inflight = {c: metrics.NVIDIA_REQUESTS_INFLIGHT.labels(driver, c) for c in calls}
         self._succeeded = {c: metrics.NVIDIA_REQUESTS.labels(driver, c) for c in calls}
         self._request_seconds = {c: metrics.NVIDIA_REQUEST_SECONDS.labels(driver, c) for c in calls}
+        histograms = {"prepare": metrics.PREPARE_SECONDS, "unprepare": metrics.UNPREPARE_SECONDS}
+        self._seconds = {c: {r: histograms[c].labels(r) for r in ("success", "error")} for c in calls}
         metrics.PREPARED.follow(node_name, driver, lambda: prepared_counts(state.prepared))
 
     async def _record_event(self, claim: dict[str, Any], message: str) -> None:
@@ -192,7 +195,7 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
                 metrics.NVIDIA_PREPARE_ERRORS.labels(
                     self.driver, "prepare_devices" if read else "get_claim"
                 ).inc()
-            metrics.PREPARE_SECONDS.labels(result).observe(time.perf_counter() - started)
+            self._seconds["prepare"][result].observe(time.perf_counter() - started)
 
     async def _unprepare(self, ref: dra_pb2.Claim) -> dra_pb2.NodeUnprepareResourceResponse:
         started = time.perf_counter()
@@ -205,7 +208,7 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
             self._succeeded["unprepare"].inc()
             self._request_seconds["unprepare"].observe(time.perf_counter() - started)
             if self._status is not None:
-                self._status.unprepared(ref.namespace, ref.name, ref.uid)
+                self._status.unprepared(ref.uid)
             return dra_pb2.NodeUnprepareResourceResponse()
         except Exception as err:
             log.exception("internal error unpreparing %s/%s (%s)", ref.namespace, ref.name, ref.uid)
@@ -216,7 +219,7 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
             inflight.dec()
             if result != "success":
                 metrics.NVIDIA_UNPREPARE_ERRORS.labels(self.driver, "unprepare_devices").inc()
-            metrics.UNPREPARE_SECONDS.labels(result).observe(time.perf_counter() - started)
+            self._seconds["unprepare"][result].observe(time.perf_counter() - started)
 
     async def NodePrepareResources(  # noqa: N802 (gRPC method name)
         self, request: dra_pb2.NodePrepareResourcesRequest, context: Context

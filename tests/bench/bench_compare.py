@@ -1,7 +1,7 @@
 """Benchmark: the driver beside Kubernetes' own DRA test driver (Go), alternating runs on one cluster.
 
     python -m tests.bench.bench_compare [--runs 3] [--devices 128] [--claims 100] [--pileup 0,64,1000]
-        [--no-go] [--no-floor] [--no-nvidia] [--nvidia-qps N] [--reference-alone]
+        [--no-go] [--no-floor] [--no-nvidia] [--nvidia-qps N] [--reference-alone] [--baseline DIR]
 
 Kubernetes' DRA test driver (k8s.io/kubernetes/test/e2e/dra/test-driver at the cluster's
 release, built into the cache on first use from deploy/local/gobench) is the reference:
@@ -28,6 +28,10 @@ also measures those apart (tests/bench/nvmlstart.c makes its start-up NVML calls
 no Python), and the report gives its rows both raw and less that part. `--no-nvidia` leaves it out;
 `--nvidia-qps` lifts its API rate limit, which its chart leaves at client-go's 5 requests/s.
 
+`--baseline DIR` runs dra-gpu a second time in the same turns, from another checkout of the
+tree (a git worktree of main, its dra/pb generated, on this interpreter), and prints this tree's
+figures beside it: a change's before and after under the same load, in one invocation.
+
 Each figure is taken once per run; the report gives the median and range over the runs of
 each driver and the ratio of the medians (dra-gpu / Go: below 1x dra-gpu is ahead). Prints
 figures; asserts nothing about speed. When the Go driver cannot be built or started the
@@ -37,6 +41,9 @@ benchmark says why and prints dra-gpu's figures alone; so for NVIDIA's column.
 from __future__ import annotations
 
 import argparse
+import compileall
+import contextlib
+import glob
 import os
 import platform
 import re
@@ -182,6 +189,8 @@ class Contender:
     #: Called before each start, once `state` is emptied: NVIDIA's plugin copies its CDI hook into its
     #: plugin directory, which a run of dra-gpu (the same driver name, the same directory) empties.
     setup: Callable[[], object] | None = None
+    #: The directory it starts in: another checkout of the tree runs its own `python -m dra` there.
+    cwd: Path | None = None
 
     def record(self, name: str, value: float) -> None:
         """Add one run's value of a figure."""
@@ -194,12 +203,43 @@ def _profile(cluster: ClusterInfo, devices: int) -> Path:
     return profile
 
 
-def _dra_gpu(cluster: ClusterInfo, devices: int, cdi: Path) -> Contender:
-    log = Path(cluster.log_path("bench-dra-gpu"))
+def _dra_gpu(
+    cluster: ClusterInfo, devices: int, cdi: Path, label: str = DRA_GPU, tree: Path | None = None
+) -> Contender:
+    """dra-gpu on fake GPUs; from the checkout `tree` (its `python -m dra`) when given, else this one."""
+    log = Path(cluster.log_path("bench-dra-gpu" if tree is None else "bench-dra-gpu-baseline"))
     profile = str(_profile(cluster, devices))
     process = DriverProcess(cluster, profile, log, instance_id="bench", cdi_root=str(cdi))
     state = (process.checkpoint.parent, cdi)
-    return Contender(DRA_GPU, process.driver_name, process.args(), process.dra_socket, log, state=state)
+    return Contender(
+        label, process.driver_name, process.args(), process.dra_socket, log, state=state, cwd=tree
+    )
+
+
+BASELINE = "baseline"
+#: This checkout, whose dra-gpu the benchmark runs.
+REPO = Path(__file__).resolve().parents[2]
+
+
+def compile_tree(tree: Path) -> None:
+    """Compile a checkout's dra package ahead, as pip does when it installs the image's wheel.
+
+    With PYTHONDONTWRITEBYTECODE set (the image's ENV, and shells that keep worktrees free of
+    __pycache__) an editable checkout is never compiled for good: every start of the driver
+    compiled its 160-odd modules again, 0.3 s and more of the start-up row (issue 44).
+    """
+    compileall.compile_dir(tree / "dra", quiet=1)
+
+
+def baseline_tree(path: Path) -> str:
+    """The checkout `--baseline` names, described for the report; ValueError when it cannot run."""
+    if not (path / "dra" / "__main__.py").is_file():
+        raise ValueError(f"{path} is not a checkout of dra-gpu (no dra/__main__.py)")
+    if not (path / "dra" / "pb").is_dir():
+        raise ValueError(f"{path} has no generated dra/pb: run `python proto/generate.py` there")
+    describe = ["git", "-C", str(path), "describe", "--always", "--dirty"]
+    done = subprocess.run(describe, capture_output=True, text=True, check=False)
+    return f"{path} at {done.stdout.strip() or 'an unknown commit'}"
 
 
 DRA_GPU_NVML, NVIDIA_LABEL = "dra-gpu, fake NVML", "nvidia"
@@ -334,14 +374,21 @@ def _running(
     ):
         kube.delete("resource.k8s.io/v1", "ResourceSlice", stale["metadata"]["name"])
     kubelet_log = _KubeletLog(Path(cluster.log_path("kubelet")), contender.driver)
+    registry = Path(cluster.plugins_registry)
     with open(contender.log, "ab") as log:
+        spawned = time.time()
         started = time.monotonic()
         proc = subprocess.Popen(
-            contender.args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **contender.env}
+            contender.args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **contender.env},
+            cwd=contender.cwd,
         )
     try:
         deadline = started + 60
         registered = published = False
+        served: float | None = None
         while not (registered and published):
             if proc.poll() is not None:
                 raise RuntimeError(f"{contender.label} exited with {proc.returncode}: see {contender.log}")
@@ -349,15 +396,32 @@ def _running(
                 raise RuntimeError(
                     f"{contender.label} not registered and published after 60s: see {contender.log}"
                 )
+            if served is None and _socket_served(registry, contender.driver, spawned):
+                served = time.monotonic() - started
             registered = registered or kubelet_log.connected()
             published = published or len(_devices(kube, contender.driver, cluster.node_name)) >= devices
             if not (registered and published):
                 time.sleep(POLL)
+        if served is not None:
+            contender.record(SOCKET, served)
         yield proc.pid, time.monotonic() - started
     finally:
         kubelet_log.close()
         proc.terminate()
         _reap(proc)
+
+
+def _socket_served(registry: Path, driver: str, since: float) -> bool:
+    """Whether the driver's registration socket was made in the kubelet's registry after `since` (wall clock).
+
+    Every driver here names it after itself (dra-gpu adds its instance). The driver's own part of the
+    start: the kubelet finds a socket on its plugin manager's one-second loop.
+    """
+    for path in registry.glob(f"{glob.escape(driver)}*reg.sock"):
+        with contextlib.suppress(FileNotFoundError):
+            if path.stat().st_mtime >= since:
+                return True
+    return False
 
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:
@@ -596,8 +660,10 @@ def _run_floor(floor: Contender, args: argparse.Namespace) -> None:
 #: Resident memory after the rows every contender has, and after the pile-up too.
 RSS_CALLS, RSS_RUN = "RSS after the calls", "RSS after the run"
 START = "start -> registered + slices published"
+#: The driver's own part of the start: the kubelet registers a socket up to a second after it appears.
+SOCKET = "start -> registration socket served"
 #: Figure name -> unit; any figure not listed is in milliseconds.
-UNITS = {START: "s", RSS_CALLS: "MiB", RSS_RUN: "MiB"}
+UNITS = {START: "s", SOCKET: "s", RSS_CALLS: "MiB", RSS_RUN: "MiB"}
 
 
 def report(ours: Contender, theirs: Contender | None) -> list[str]:
@@ -811,6 +877,12 @@ def _arguments() -> argparse.Namespace:
         help="also time the Go reference alone by a minimal client (tests/bench/bench_reference.py) "
         "in the same turns, and print its figures beside make bench's (issue 47)",
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="also run dra-gpu from this checkout (e.g. a git worktree of main with dra/pb generated) in "
+        "the same turns, and print this tree's figures beside it",
+    )
     args = parser.parse_args()
     if not 0 < args.claims <= args.devices:
         # They are held prepared together, one device each (dra-gpu refuses a device twice).
@@ -819,6 +891,11 @@ def _arguments() -> argparse.Namespace:
         parser.error("--reference-alone times the Go reference: it cannot go with --no-go")
     if args.nvidia_qps < 0:
         parser.error(f"--nvidia-qps must be 0 (its chart's) or more, not {args.nvidia_qps}")
+    if args.baseline is not None:
+        try:
+            args.baseline_tree = baseline_tree(args.baseline.resolve())
+        except ValueError as err:
+            parser.error(f"--baseline: {err}")
     return args
 
 
@@ -835,8 +912,12 @@ def main() -> None:
 
     node: FakeNode | None = None
     nvml_start: Path | None = None
+    #: The 1-minute load average as each run began: every figure carries the machine's load.
+    loads: list[float] = []
 
     def run(contender: Contender) -> None:
+        loads.append(os.getloadavg()[0])
+        print(f"  load average {loads[-1]:.2f}", flush=True)
         if contender.floor:
             _run_floor(contender, args)
         elif contender.alone:
@@ -846,15 +927,20 @@ def main() -> None:
             if contender.label == NVIDIA_LABEL and node is not None and nvml_start is not None:
                 fakes_cost(contender, node, nvml_start)
 
+    for tree in (REPO, *([args.baseline] if args.baseline is not None else [])):
+        compile_tree(tree)
     with (
         running_cluster() as cluster,
-        cdi_dirs("cdi", "cdi-go", "cdi-alone", "cdi-nvml", "cdi-nvidia") as dirs,
+        cdi_dirs("cdi", "cdi-go", "cdi-alone", "cdi-nvml", "cdi-nvidia", "cdi-baseline") as dirs,
     ):
-        cdi, cdi_go, cdi_alone, cdi_nvml, cdi_nvidia = dirs
+        cdi, cdi_go, cdi_alone, cdi_nvml, cdi_nvidia, cdi_baseline = dirs
         kube = Kube(cluster.kubeconfig)
         ours = _dra_gpu(cluster, args.devices, cdi)
         theirs = None if args.no_go else _go_contender(cluster, args.devices, cdi_go)
         floors = None if args.no_floor or args.no_go else _floors(cdi.parent)
+        baseline = None
+        if args.baseline is not None:
+            baseline = _dra_gpu(cluster, args.devices, cdi_baseline, BASELINE, args.baseline.resolve())
         by_itself = None
         if theirs is not None and args.reference_alone:
             by_itself = alone(cluster, Path(theirs.args[0]), args.devices, cdi_alone)
@@ -865,12 +951,18 @@ def main() -> None:
             ours_nvml = _dra_gpu_nvml(cluster, node, cdi_nvml) if nvidia is not None else None
             nvml_start = build_nvml_start(Path(cluster.run_dir)) if nvidia is not None else None
         contenders = alternate(
-            [c for c in (ours, theirs, ours_nvml, nvidia, *(floors or ()), by_itself) if c is not None],
+            [
+                c
+                for c in (ours, baseline, theirs, ours_nvml, nvidia, *(floors or ()), by_itself)
+                if c is not None
+            ],
             args.runs,
             run,
         )
         kube.close()
-    theirs, by_itself, nvidia = (_still(c, contenders) for c in (theirs, by_itself, nvidia))
+    theirs, by_itself, nvidia, baseline = (
+        _still(c, contenders) for c in (theirs, by_itself, nvidia, baseline)
+    )
     if floors is not None and not all(_still(f, contenders) for f in floors):
         floors = None
     print(
@@ -879,6 +971,12 @@ def main() -> None:
     )
     # How the interpreter was built moves every dra-gpu row (docs/testing.md, seventh round).
     print(f"dra-gpu ran on {interpreter()}")
+    if loads:
+        load = spread(loads)
+        print(
+            f"load average (1 min) as each run began: median {load.median:.2f}, "
+            f"{load.low:.2f} to {load.high:.2f}"
+        )
     print(
         "API client limits: dra-gpu none (it has no client-side limit); go reference lifted "
         "(--kube-api-qps=100000 --kube-api-burst=100000)"
@@ -909,6 +1007,13 @@ def main() -> None:
             "its unprepare runs nvidia-smi twice, a Python process each on the fake node"
         )
         for line in fakes_report(ours_nvml, nvidia):
+            print(line)
+    if baseline is not None:
+        print(
+            f"dra-gpu from this tree beside the baseline, {args.baseline_tree}, both in these turns, "
+            f"{args.runs} alternating runs; ratio = this tree / baseline"
+        )
+        for line in pair_report(ours, baseline):
             print(line)
     if theirs is not None and by_itself is not None:
         print(

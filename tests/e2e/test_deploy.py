@@ -556,17 +556,14 @@ def _allocated_claim(kube: Kube, cluster_kubeconfig: str, namespace: str, node: 
 def _apply(kubeconfig: str, claim: Obj, devices: list[Obj], manager: str) -> Obj:
     """The driver's own call (dra.adapters.kube)."""
 
-    async def apply() -> Obj:
-        client = KubeClient(kubeconfig)
-        try:
-            meta = claim["metadata"]
-            return await client.apply_resource_claim_devices(
-                meta["namespace"], meta["name"], meta["uid"], devices, manager
-            )
-        finally:
-            await client.aclose()
-
-    return anyio.run(apply)
+    client = KubeClient(kubeconfig)
+    try:
+        meta = claim["metadata"]
+        return client.write_resource_claim_devices(
+            meta["namespace"], meta["name"], meta["uid"], devices, manager
+        )
+    finally:
+        anyio.run(client.aclose)
 
 
 def _apply_as_driver(installed: Installed, claim: Obj, devices: list[Obj]) -> Obj:

@@ -206,17 +206,56 @@ def test_claim_status_and_join_metric_name_the_device_until_unprepare(
     assert row in [line.split() for line in shown.getvalue().splitlines()], shown.getvalue()
 
     kube.delete("v1", "Pod", "named", namespace)
-    wait_for("unprepare to remove the claim's entries", lambda: not entries(), timeout=60)
-    wait_for(
-        "the driver to remove its entries (or find the claim gone)",
-        lambda: 'dra_gpu_claim_status_writes_total{operation="remove"' in driver.metrics(),
-        timeout=10,
-    )
+    wait_for("the claim and its entries to go with the pod", lambda: not entries(), timeout=60)
     wait_for(
         "the join metric to drop the claim",
         lambda: all(s["dra_claim_name"] != name for s in claim_device_info(driver)),
         timeout=10,
     )
+
+
+def test_a_claim_that_outlives_its_pod_loses_our_entries_when_deallocated(
+    driver: DriverProcess, kube: Kube, namespace: str
+) -> None:
+    """The unprepare writes no removal: the API server drops a deallocated device's entries itself."""
+    request = {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1}}
+    kube.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "kept", "namespace": namespace},
+            "spec": {"devices": {"requests": [request]}},
+        }
+    )
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "kept", "namespace": namespace},
+            "spec": {
+                "terminationGracePeriodSeconds": 0,
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "kept"}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
+            },
+        }
+    )
+    kube.wait_pod_phase("kept", namespace)
+
+    def status() -> Obj:
+        found: Obj = kube.get("resource.k8s.io/v1", "ResourceClaim", "kept", namespace).get("status") or {}
+        return found
+
+    wait_for("the claim's status to name its device", lambda: status().get("devices"), timeout=10)
+    kube.delete("v1", "Pod", "kept", namespace)
+    wait_for("the claim to be deallocated", lambda: "allocation" not in status(), timeout=60)
+    assert not status().get("devices"), "the server drops the entries of a deallocated device"
+    assert 'operation="remove"' not in driver.metrics()
 
 
 def test_unsatisfiable_driver_version_stays_pending(

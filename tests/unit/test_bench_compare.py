@@ -28,8 +28,11 @@ from tests.bench.bench_compare import (
     _floors,
     _KubeletLog,
     _run_floor,
+    _socket_served,
     alternate,
+    baseline_tree,
     build_nvml_start,
+    compile_tree,
     fakes_report,
     figure_line,
     less_fakes,
@@ -270,3 +273,44 @@ def test_a_negative_nvidia_qps_is_refused(
     with pytest.raises(SystemExit):
         _arguments()
     assert "--nvidia-qps must be 0 (its chart's) or more, not -1" in capsys.readouterr().err
+
+
+def test_a_baseline_must_be_a_checkout_with_its_generated_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["bench_compare", f"--baseline={tmp_path}"])
+    with pytest.raises(SystemExit):
+        _arguments()
+    assert f"--baseline: {tmp_path} is not a checkout of dra-gpu" in capsys.readouterr().err
+    (tmp_path / "dra").mkdir()
+    (tmp_path / "dra" / "__main__.py").touch()
+    with pytest.raises(ValueError, match=r"no generated dra/pb: run `python proto/generate.py` there"):
+        baseline_tree(tmp_path)
+
+
+def test_the_baseline_is_this_checkout_described_by_its_commit() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    described = baseline_tree(repo)
+    assert described.startswith(f"{repo} at ")
+    assert described != f"{repo} at an unknown commit"
+
+
+def test_a_tree_is_compiled_ahead_even_where_bytecode_is_not_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    (tmp_path / "dra").mkdir()
+    (tmp_path / "dra" / "module.py").write_text("VALUE = 1\n")
+    compile_tree(tmp_path)
+    assert [p.name.split(".")[0] for p in (tmp_path / "dra" / "__pycache__").iterdir()] == ["module"]
+
+
+def test_a_registration_socket_counts_once_made_after_the_spawn(tmp_path: Path) -> None:
+    old = tmp_path / "gpu.nvidia.com-bench-reg.sock"
+    old.touch()
+    os.utime(old, (1.0, 1.0))
+    (tmp_path / "other.example.com-reg.sock").touch()
+    spawned = old.stat().st_mtime + 1
+    assert not _socket_served(tmp_path, "gpu.nvidia.com", spawned)
+    (tmp_path / "gpu.nvidia.com-reg.sock").touch()
+    assert _socket_served(tmp_path, "gpu.nvidia.com", spawned)

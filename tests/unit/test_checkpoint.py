@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from dra.adapters import faults
+from dra.adapters import checkpoint as checkpoint_module
+from dra.adapters import faults, filelock
 from dra.adapters.checkpoint import COMPACT_SLACK, CheckpointStore
 from dra.core.checkpointformat import CheckpointError, decode, encode
 from dra.model.prepared import MIG_CREATE, DeviceAction, PreparedClaim, PreparedDevice
@@ -472,6 +473,43 @@ def test_a_save_by_another_process_is_seen_under_the_lock(path: Path) -> None:
         assert saved_elsewhere[0] == CLAIMS
     with mine.exclusive() as unchanged:
         assert unchanged is None
+
+
+def test_the_lock_file_is_opened_once_and_excludes_another_store(path: Path) -> None:
+    mine, theirs = CheckpointStore(path), CheckpointStore(path)
+    opened = []
+    real_open = filelock.open_lock
+
+    def counting(lock: Path) -> Any:
+        opened.append(lock)
+        return real_open(lock)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(checkpoint_module, "open_lock", counting)
+        for _ in range(3):
+            # Another open of the file (another instance) waits while this one holds it.
+            with (
+                mine.exclusive(),
+                pytest.raises(CheckpointError, match="cannot lock checkpoint"),
+                theirs.exclusive(0.05),
+            ):
+                pass
+    # Once per store, not once per hold.
+    assert opened == [mine.lock_path, theirs.lock_path]
+
+
+def test_a_lock_file_removed_while_kept_is_opened_again(path: Path) -> None:
+    mine, theirs = CheckpointStore(path), CheckpointStore(path)
+    with mine.exclusive():
+        pass
+    mine.lock_path.unlink()
+    # The lock is on the file now at the path: the other store's open finds it held.
+    with (
+        mine.exclusive(),
+        pytest.raises(CheckpointError, match="cannot lock checkpoint"),
+        theirs.exclusive(0.05),
+    ):
+        pass
 
 
 # NVIDIA's DRA driver keeps its checkpoint at the same path (same driver name, same file name): an empty one

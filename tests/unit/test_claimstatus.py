@@ -32,7 +32,7 @@ class FakeServer:
         self.failures: list[KubeError] = []
         self.stored: dict[str, list[dict[str, Any]]] = {}
 
-    async def apply_resource_claim_devices(
+    def write_resource_claim_devices(
         self, namespace: str, name: str, uid: str, devices: list[dict[str, Any]], field_manager: str
     ) -> dict[str, Any]:
         self.calls.append((uid, devices, field_manager))
@@ -50,18 +50,19 @@ def _no_lull(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def _drain(writer: ClaimStatusWriter) -> None:
-    """Run the writer until what is queued is written."""
+    """Run the writer until what is queued is written (the applies run on a worker thread)."""
     async with anyio.create_task_group() as group:
         group.start_soon(writer.run)
-        for _ in range(100):
+        with anyio.fail_after(5):
             await anyio.lowlevel.checkpoint()
-            if not writer._pending:
-                break
+            # Polled: the writer has no event for "done", and a test needs none.
+            while writer._pending or writer._writing:  # noqa: ASYNC110
+                await anyio.sleep(0.001)
         await anyio.lowlevel.checkpoint()
         group.cancel_scope.cancel()
 
 
-async def test_prepare_writes_the_entries_once_and_unprepare_removes_them() -> None:
+async def test_prepare_writes_the_entries_once_and_unprepare_writes_nothing() -> None:
     server = FakeServer()
     writer = ClaimStatusWriter(server, DRIVER, NODE)
     writer.prepared(CLAIM, INVENTORY)
@@ -73,47 +74,82 @@ async def test_prepare_writes_the_entries_once_and_unprepare_removes_them() -> N
     writer.prepared(CLAIM, INVENTORY)
     await _drain(writer)
     assert len(server.calls) == 1
-    writer.unprepared("team", "train", "uid-1")
+    # The entries go when the claim is deallocated: the API server drops them itself.
+    writer.unprepared("uid-1")
     await _drain(writer)
-    assert server.calls[-1][1] == []
+    assert len(server.calls) == 1
+
+
+async def test_a_claim_prepared_again_after_its_unprepare_is_written_again() -> None:
+    # Deallocated and allocated anew in between, the claim lost its entries on the server.
+    server = FakeServer()
+    writer = ClaimStatusWriter(server, DRIVER, NODE)
+    writer.prepared(CLAIM, INVENTORY)
+    await _drain(writer)
+    writer.unprepared("uid-1")
+    writer.prepared(CLAIM, INVENTORY)
+    await _drain(writer)
+    assert [uid for uid, _, _ in server.calls] == ["uid-1", "uid-1"]
 
 
 async def test_a_claim_unprepared_before_its_entries_were_written_needs_no_write() -> None:
     server = FakeServer()
     writer = ClaimStatusWriter(server, DRIVER, NODE)
     writer.prepared(CLAIM, INVENTORY)
-    writer.unprepared("team", "train", "uid-1")
+    writer.unprepared("uid-1")
     await _drain(writer)
     assert server.calls == []
 
 
-async def test_after_a_restart_the_removal_replaces_a_resync_not_yet_written() -> None:
-    # The last instance may have written the entries: the removal must reach the server.
+async def test_after_a_restart_a_claim_unprepared_before_its_resync_needs_no_write() -> None:
     server = FakeServer()
     writer = ClaimStatusWriter(server, DRIVER, NODE)
     writer.resync([CLAIM], INVENTORY)
-    writer.unprepared("team", "train", "uid-1")
+    writer.unprepared("uid-1")
     await _drain(writer)
-    assert [devices for _, devices, _ in server.calls] == [[]]
+    assert server.calls == []
 
 
-async def test_a_removal_queued_while_the_entries_are_being_written_follows_them() -> None:
+async def test_an_apply_the_claim_was_unprepared_during_is_not_remembered() -> None:
     class UnpreparedMeanwhile(FakeServer):
         """The kubelet unprepares the claim while its first apply is on the way."""
 
-        async def apply_resource_claim_devices(
+        def write_resource_claim_devices(
             self, namespace: str, name: str, uid: str, devices: list[dict[str, Any]], field_manager: str
         ) -> dict[str, Any]:
             if not self.calls:
-                writer.unprepared(namespace, name, uid)
-            return await super().apply_resource_claim_devices(namespace, name, uid, devices, field_manager)
+                writer.unprepared(uid)
+            return super().write_resource_claim_devices(namespace, name, uid, devices, field_manager)
 
     server = UnpreparedMeanwhile()
     writer = ClaimStatusWriter(server, DRIVER, NODE)
     writer.prepared(CLAIM, INVENTORY)
     await _drain(writer)
-    assert [bool(devices) for _, devices, _ in server.calls] == [True, False]
-    assert server.stored["uid-1"] == []
+    assert len(server.calls) == 1
+    # Prepared again (the server may have dropped the entries at a deallocation): written again.
+    writer.prepared(CLAIM, INVENTORY)
+    await _drain(writer)
+    assert len(server.calls) == 2
+
+
+async def test_an_unanswered_apply_of_a_claim_unprepared_meanwhile_is_not_tried_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(claimstatus, "_RETRY_SECONDS", (0.0,))
+
+    class UnpreparedMeanwhile(FakeServer):
+        def write_resource_claim_devices(
+            self, namespace: str, name: str, uid: str, devices: list[dict[str, Any]], field_manager: str
+        ) -> dict[str, Any]:
+            writer.unprepared(uid)
+            self.calls.append((uid, devices, field_manager))
+            raise UnreachableError("no answer")
+
+    server = UnpreparedMeanwhile()
+    writer = ClaimStatusWriter(server, DRIVER, NODE)
+    writer.prepared(CLAIM, INVENTORY)
+    await _drain(writer)
+    assert len(server.calls) == 1
 
 
 async def test_writes_wait_for_a_lull_in_changes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -144,7 +180,7 @@ async def test_a_change_waits_no_longer_than_the_most_delay(monkeypatch: pytest.
         # A change every 20 ms never leaves the quiet gap.
         with anyio.fail_after(2):
             while not server.calls:
-                writer.unprepared("team", "eval", "uid-2")
+                writer.unprepared("uid-2")
                 writer.prepared(other, INVENTORY)
                 await anyio.sleep(0.02)
         assert 0.25 <= anyio.current_time() - started < 1.5
@@ -166,7 +202,7 @@ async def test_a_backlog_is_paced_while_changes_keep_coming(monkeypatch: pytest.
         # Calls every 10 ms: the writes go one per PACE, not all at once.
         for _ in range(30):
             writer.prepared(churn, INVENTORY)
-            writer.unprepared("team", "churn", "uid-churn")
+            writer.unprepared("uid-churn")
             await anyio.sleep(0.01)
         assert 2 <= len(server.calls) <= 5
         # Once the calls stop, the rest go without a pause.
@@ -186,16 +222,48 @@ async def test_an_unreachable_server_is_tried_again(monkeypatch: pytest.MonkeyPa
     assert server.stored["uid-1"]
 
 
+async def test_a_lulls_writes_go_to_the_worker_thread_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = FakeServer()
+    writer = ClaimStatusWriter(server, DRIVER, NODE)
+    sizes: list[int] = []
+    apply = writer._apply
+
+    def counted(batch: list[Any]) -> list[Any]:
+        sizes.append(len(batch))
+        return apply(batch)
+
+    monkeypatch.setattr(writer, "_apply", counted)
+    for n in range(claimstatus.BATCH + 4):
+        writer.prepared(PreparedClaim(f"uid-{n}", "team", f"c{n}", CLAIM.devices), INVENTORY)
+    await _drain(writer)
+    assert sizes == [claimstatus.BATCH, 4]
+    assert len(server.stored) == claimstatus.BATCH + 4
+
+
+async def test_an_unanswered_apply_ends_its_batch_and_the_rest_are_tried_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(claimstatus, "_RETRY_SECONDS", (0.0,))
+    server = FakeServer()
+    server.failures = [UnreachableError("no answer")]
+    writer = ClaimStatusWriter(server, DRIVER, NODE)
+    for n in range(3):
+        writer.prepared(PreparedClaim(f"uid-{n}", "team", f"c{n}", CLAIM.devices), INVENTORY)
+    await _drain(writer)
+    # One unanswered apply, not three each waiting out their timeout; then all three.
+    assert [uid for uid, _, _ in server.calls] == ["uid-0", "uid-0", "uid-1", "uid-2"]
+    assert sorted(server.stored) == ["uid-0", "uid-1", "uid-2"]
+
+
 async def test_a_deleted_claim_is_dropped() -> None:
     server = FakeServer()
+    server.failures = [NotFoundError("gone", 404)]
     writer = ClaimStatusWriter(server, DRIVER, NODE)
     writer.prepared(CLAIM, INVENTORY)
     await _drain(writer)
-    server.failures = [NotFoundError("gone", 404)]
-    writer.unprepared("team", "train", "uid-1")
-    await _drain(writer)
-    assert len(server.calls) == 2
+    assert len(server.calls) == 1
     assert writer.enabled
+    assert not writer._written
 
 
 async def test_a_role_without_claim_status_ends_the_writing(caplog: pytest.LogCaptureFixture) -> None:
@@ -206,7 +274,7 @@ async def test_a_role_without_claim_status_ends_the_writing(caplog: pytest.LogCa
     await _drain(writer)
     assert not writer.enabled
     assert "no permission to write ResourceClaim status" in caplog.text
-    writer.unprepared("team", "train", "uid-1")
+    writer.prepared(PreparedClaim("uid-2", "team", "eval", CLAIM.devices), INVENTORY)
     assert not writer._pending
 
 

@@ -347,7 +347,7 @@ def test_unprepare_removes_the_spec_undoes_settings_then_drops_the_record(tmp_pa
         "RemoveSpec@unprepare.spec-removed",
         # The claim was prepared with device metadata files: they go once no container can mount them.
         "RemoveMetadata@unprepare.metadata-removed",
-        "RestoreTimeSlices",
+        # No RestoreTimeSlices: the claim sets no time-slice interval (dra.core.sharing decides).
         # No MPS step: the claim uses no MPS daemon (dra.core.mpsdaemons.release decides).
         "Mark@sharing-before-unrecord",
         "Save@unprepare.checkpoint-saved",

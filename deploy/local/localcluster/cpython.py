@@ -71,8 +71,16 @@ def ensure_cpython(version: str) -> Path:
         raise BuildError(f"no source is pinned for Python {version}; known: {', '.join(sorted(SOURCES))}")
     prefix = cache_root() / "cpython" / version
     python = prefix / "bin" / f"python{version.rsplit('.', 1)[0]}"
-    # Static (no --enable-shared): the interpreter needs no library path of its own.
-    configure = ["./configure", f"--prefix={prefix}", "--with-ensurepip=install"]
+    # A shared libpython, as Debian's and python.org's builds have: the fake NVML starts the interpreter
+    # inside processes that have none (NVIDIA's plugin, tests' C programs) by loading it. The rpath
+    # lets the interpreter find its library without a library path of its own.
+    configure = [
+        "./configure",
+        f"--prefix={prefix}",
+        "--with-ensurepip=install",
+        "--enable-shared",
+        f"LDFLAGS=-Wl,-rpath,{prefix / 'lib'}",
+    ]
     complete = prefix / ".complete"
     # The marker holds the configure line: a build made another way is made again.
     if complete.is_file() and complete.read_text() == " ".join(configure) and python.is_file():

@@ -68,7 +68,7 @@ RECONCILE_ERRORS = Counter(
 )
 CLAIM_STATUS_WRITES = Counter(
     "dra_gpu_claim_status_writes",
-    "Writes of prepared claims' status.devices, by operation (set; until issue 44 also remove) and result.",
+    "Writes of prepared claims' status.devices, by operation (set) and result.",
     ["operation", "result"],
     registry=REGISTRY,
 )

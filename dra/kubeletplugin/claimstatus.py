@@ -88,9 +88,8 @@ class ClaimStatusWriter:
         # One manager per node: each node's driver owns the entries of the devices it prepared.
         self._manager = f"{driver}/{node_name}"[:128]
         self._pending: dict[str, _Write] = {}
-        #: What the server holds of each prepared claim as far as this instance wrote it, to skip a
-        #: repeat; None where entries may be there from before a restart.
-        self._written: dict[str, list[dict[str, Any]] | None] = {}
+        #: What the server holds of each prepared claim as far as this instance wrote it, to skip a repeat.
+        self._written: dict[str, list[dict[str, Any]]] = {}
         #: The claims whose applies are in flight, and those of them unprepared meanwhile (what such
         #: an apply wrote is not remembered: the claim may be deallocated and allocated anew before
         #: its next prepare, its entries dropped by the server).

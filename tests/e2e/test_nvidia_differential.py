@@ -25,6 +25,7 @@ from localcluster.driverprocess import DaemonProcess, DriverProcess
 from localcluster.kube import Kube, Obj, WaitTimeoutError, load_manifests, wait_for
 from localcluster.nvidiadriver import NvidiaDriverProcess, device_classes
 from localcluster.workloads import (
+    claim_template,
     container_record,
     gpu_pod,
     pod_claim,
@@ -170,31 +171,6 @@ def test_the_slices_differ_only_as_documented(turns: Turns) -> None:
     )
 
 
-def _claim(kube: Kube, namespace: str, name: str, selector: str, device_class: str) -> None:
-    kube.create(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {
-                "spec": {
-                    "devices": {
-                        "requests": [
-                            {
-                                "name": "gpu",
-                                "exactly": {
-                                    "deviceClassName": device_class,
-                                    "selectors": [{"cel": {"expression": selector}}],
-                                },
-                            }
-                        ]
-                    }
-                }
-            },
-        }
-    )
-
-
 #: Claims for the same device whichever driver publishes it: by UUID, or a dynamic offer by GPU and profile.
 CLAIMS = {
     "h100x8-mig": [
@@ -227,7 +203,7 @@ def _edits(turns: Turns, driver: DaemonProcess, node: FakeNode, namespace: str) 
         kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
         try:
             for name, device_class, selector in CLAIMS[node.config.profile]:
-                _claim(kube, namespace, name, selector.format(**uuids), device_class)
+                claim_template(kube, namespace, name, [selector.format(**uuids)], device_class=device_class)
                 gpu_pod(kube, namespace, name, name)
             for name, _, _ in CLAIMS[node.config.profile]:
                 kube.wait_pod_phase(name, namespace, timeout=60)

@@ -239,7 +239,7 @@ class KubeClient:
         return result
 
     def read_resource_claim(self, namespace: str, name: str) -> Obj:
-        """GET a ResourceClaim from a worker thread that anyio started: blocks it, not the event loop."""
+        """GET a ResourceClaim from the calling thread (the gRPC server's): blocks it, never an event loop."""
         result: Obj = self._send("GET", _claim_path(namespace, name), None, None, _JSON)
         return result
 
@@ -248,8 +248,8 @@ class KubeClient:
     ) -> Obj:
         """Server-side apply a ResourceClaim's status.devices entries as `field_manager`; the claim as stored.
 
-        From a worker thread that anyio started: blocks it, not the event loop (the status writer
-        makes a lull's writes in one such thread, dra.kubeletplugin.claimstatus).
+        Blocks the calling thread, never an event loop (the status writer makes its writes on a
+        thread of its own, dra.kubeletplugin.claimstatus).
 
         status.devices is a map keyed by driver, pool, device (and share): an apply changes only
         the entries this manager owns, so other drivers' entries stay, and applying an empty
@@ -438,27 +438,36 @@ class KubeClient:
         event_type: str = "Warning",
     ) -> None:
         """Record a core/v1 Event about an object (kubectl describe shows it)."""
-        meta = involved["metadata"]
-        namespace = meta.get("namespace") or "default"
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event: Obj = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": involved.get("apiVersion"),
-                "kind": involved.get("kind"),
-                "name": meta["name"],
-                "namespace": meta.get("namespace"),
-                "uid": meta.get("uid"),
-                "resourceVersion": meta.get("resourceVersion"),
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": event_type,
-            "source": {"component": "dra-gpu", "host": host},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        await self._call("POST", f"/api/v1/namespaces/{urllib.parse.quote(namespace)}/events", body=event)
+        await self._call("POST", *_event_object(involved, reason, message, host, event_type))
+
+    def write_event(self, involved: Obj, reason: str, message: str, *, host: str = "") -> None:
+        """Record a Warning event about an object from a worker thread: blocks it, not an event loop."""
+        self._send("POST", *_event_object(involved, reason, message, host, "Warning"), None, _JSON)
+
+
+def _event_object(involved: Obj, reason: str, message: str, host: str, event_type: str) -> tuple[str, Obj]:
+    """Where a core/v1 Event about `involved` is created, and the Event."""
+    meta = involved["metadata"]
+    namespace = meta.get("namespace") or "default"
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    event: Obj = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": namespace},
+        "involvedObject": {
+            "apiVersion": involved.get("apiVersion"),
+            "kind": involved.get("kind"),
+            "name": meta["name"],
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": event_type,
+        "source": {"component": "dra-gpu", "host": host},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+    return f"/api/v1/namespaces/{urllib.parse.quote(namespace)}/events", event

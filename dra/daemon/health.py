@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 
 import anyio
@@ -82,6 +82,9 @@ class HealthTracker:
         self._inventory = inventory
         self._health = {device.name: DeviceHealth(True, now) for device in inventory}
         self._changed = anyio.Event()
+        #: Changes counted for the threads that follow them (the DRA health stream's).
+        self._version = 0
+        self._versioned = threading.Condition()
         self._clock = clock
         #: When each device was last reported bad (clock time), healthy or not at that moment.
         self._last_bad: dict[str, float] = {}
@@ -93,8 +96,15 @@ class HealthTracker:
         now = int(time.time())
         self._inventory = inventory
         self._health = {d.name: self._health.get(d.name, DeviceHealth(True, now)) for d in inventory}
+        self._changed_now()
+
+    def _changed_now(self) -> None:
+        """Wake whoever waits for a change: the event loop's (next_change) and the threads' (follow)."""
         self._changed.set()
         self._changed = anyio.Event()
+        with self._versioned:
+            self._version += 1
+            self._versioned.notify_all()
 
     def snapshot(self) -> dict[str, DeviceHealth]:
         """Health of every device by name."""
@@ -120,8 +130,7 @@ class HealthTracker:
             self._health[name] = DeviceHealth(False, now, reason, short)
             log.warning("device %s is unhealthy: %s", name, reason)
         if changed:
-            self._changed.set()
-            self._changed = anyio.Event()
+            self._changed_now()
         return changed
 
     def mark_gpus_unhealthy(self, gpu_uuids: list[str], reason: str, short: str = "") -> list[str]:
@@ -181,8 +190,7 @@ class HealthTracker:
             self._health[name] = DeviceHealth(True, wall)
             del self._last_bad[name]
         if changed:
-            self._changed.set()
-            self._changed = anyio.Event()
+            self._changed_now()
         return changed
 
     def clear(self, name: str, quiet: float, failing: Callable[[Device], str | None]) -> str:
@@ -211,8 +219,7 @@ class HealthTracker:
         log.warning("device %s marked healthy by an admin (was: %s)", name, health.reason)
         self._health[name] = DeviceHealth(True, int(time.time()))
         self._last_bad.pop(name, None)
-        self._changed.set()
-        self._changed = anyio.Event()
+        self._changed_now()
         return f"{name} is healthy again (was: {health.reason})"
 
     async def keep_recovering(
@@ -229,12 +236,21 @@ class HealthTracker:
         """An event that is set at the next change of any device's health."""
         return self._changed
 
-    async def watch(self) -> AsyncIterator[dict[str, DeviceHealth]]:
-        """The current health, then the new health after every change."""
-        while True:
-            changed = self._changed
-            yield self.snapshot()
-            await changed.wait()
+    def follow(self, active: Callable[[], bool], poll: float = 1.0) -> Iterator[dict[str, DeviceHealth]]:
+        """From a thread of its own: the current health, then the new health after every change, for
+        as long as `active()` says (asked at least every `poll` seconds)."""
+        seen = -1
+        while active():
+            version = self._next_version(seen, poll)
+            if version != seen:
+                seen = version
+                yield self.snapshot()
+
+    def _next_version(self, seen: int, timeout: float) -> int:
+        """The count of changes once it is past `seen`, or as it is after `timeout` seconds."""
+        with self._versioned:
+            self._versioned.wait_for(lambda: self._version != seen, timeout)
+            return self._version
 
 
 def gpu_failure(lib: GpuLibrary, device: Device) -> str | None:

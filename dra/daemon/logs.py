@@ -24,6 +24,18 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+class _UndecodedRequest(logging.Filter):
+    """grpcio's synchronous server logs a whole traceback for each request whose bytes do not decode
+    (and answers it INTERNAL): a caller's bad bytes, not a fault of ours, so one line says it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            record.msg, record.args = "a request that does not decode was refused: %s", (record.exc_info[1],)
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
 def setup(level: str, fmt: str) -> None:
     """Configure the root logger once, on stderr."""
     handler = logging.StreamHandler(sys.stderr)
@@ -40,3 +52,6 @@ def setup(level: str, fmt: str) -> None:
     root.setLevel(level.upper())
     # The client library logs every retry at WARNING; the driver reports failures itself.
     logging.getLogger("urllib3").setLevel(logging.ERROR)
+    undecoded = logging.getLogger("grpc._common")
+    if not any(isinstance(f, _UndecodedRequest) for f in undecoded.filters):
+        undecoded.addFilter(_UndecodedRequest())

@@ -3,7 +3,7 @@
 After a prepare, the claim's status says what each of its devices is (UUID, for MIG the MIG
 UUID, its parent, profile and instance IDs, PCI bus ID, how it is shared:
 dra.core.devicestatus). The service only queues the write, so a slow or unreachable API server
-never delays the kubelet: one task writes, the newest entries of a claim replacing older ones not
+never delays the kubelet: one thread writes, the newest entries of a claim replacing older ones not
 yet written, with a server-side apply on the status subresource under this node's field manager
 (other drivers' entries stay).
 
@@ -16,12 +16,12 @@ is written again.
 
 The writes wait for a lull in the kubelet's calls (QUIET seconds without a new change, or
 MOST_DELAY after the oldest waiting one): each apply costs the process about 0.2 ms of CPU,
-which the next prepare of a pod's burst would otherwise wait behind. In a lull up to BATCH
-writes go to one worker thread together, since the hand-off to a worker and back cost as much
-CPU again per write when each went on its own (issue 44). A write let through by MOST_DELAY while
-calls still come goes alone, and is followed by PACE seconds before the next: a backlog (a
-thousand claims prepared at once) trickles out beside the calls instead of crowding them. A
-claim unprepared before its entries were written is not written at all.
+which the next prepare of a pod's burst would otherwise wait behind. They are made on the
+writer's own thread, one blocking call each: handed to a worker thread and back from an event
+loop, each cost as much CPU again (issue 44). A write let through by MOST_DELAY while calls
+still come is followed by PACE seconds before the next: a backlog (a thousand claims prepared at
+once) trickles out beside the calls instead of crowding them. A claim unprepared before its
+entries were written is not written at all.
 
 What the API server keeps is learnt from the first write: a server with
 DRAResourceClaimDeviceStatus off (beta and on by default since 1.33, GA in 1.37) answers
@@ -33,6 +33,7 @@ status write needs a claim allocated on this node.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -56,9 +57,6 @@ QUIET = 0.1
 MOST_DELAY = 1.0
 #: Seconds between writes while changes keep coming (a backlog let through by MOST_DELAY).
 PACE = 0.02
-#: Writes made in one hand-off to a worker thread in a lull: few enough (tens of ms) that a call
-#: of the kubelet's coming meanwhile does not wait behind many.
-BATCH = 16
 
 
 class StatusClient(Protocol):
@@ -80,38 +78,47 @@ class _Write:
 
 
 class ClaimStatusWriter:
-    """Writes this driver's entries of prepared claims' status.devices, one claim at a time."""
+    """Writes this driver's entries of prepared claims' status.devices on a thread of its own (`run`).
+
+    `prepared` and `unprepared` are called on the threads serving the kubelet: they only queue,
+    under the writer's lock, and wake the writer's thread, which makes the applies itself (a
+    blocking call each, no hand-off to another thread).
+    """
 
     def __init__(self, kube: StatusClient, driver: str, node_name: str) -> None:
         self._kube = kube
         self._driver = driver
         # One manager per node: each node's driver owns the entries of the devices it prepared.
         self._manager = f"{driver}/{node_name}"[:128]
+        #: Guards what follows, and wakes the writer's thread at a change or at its stop.
+        self._changes = threading.Condition()
         self._pending: dict[str, _Write] = {}
         #: What the server holds of each prepared claim as far as this instance wrote it, to skip a repeat.
         self._written: dict[str, list[dict[str, Any]]] = {}
-        #: The claims whose applies are in flight, and those of them unprepared meanwhile (what such
-        #: an apply wrote is not remembered: the claim may be deallocated and allocated anew before
-        #: its next prepare, its entries dropped by the server).
-        self._writing: frozenset[str] = frozenset()
-        self._unprepared_meanwhile: set[str] = set()
+        #: The claim whose apply is in flight, and whether it was unprepared meanwhile (then what the
+        #: apply wrote is not remembered: the claim may be deallocated and allocated anew before its
+        #: next prepare, its entries dropped by the server).
+        self._writing = ""
+        self._writing_unprepared = False
         #: time.monotonic() of the newest change queued, and of the oldest still waiting.
         self._last_change = self._waiting_since = 0.0
-        self._wake = anyio.Event()
         self._retries = 0
+        self._stopped = False
         self.enabled = True
 
     def prepared(self, claim: PreparedClaim, inventory: Inventory) -> None:
         """Queue the claim's entries (a repeated prepare with the same entries writes nothing)."""
         devices = status_entries(self._driver, identities(claim, inventory))
-        self._queue(_Write(claim.namespace, claim.name, claim.uid, devices))
+        with self._changes:
+            self._queue(_Write(claim.namespace, claim.name, claim.uid, devices))
 
     def unprepared(self, uid: str) -> None:
         """Forget the claim: a write not made yet is dropped, and its entries go with its allocation."""
-        self._pending.pop(uid, None)
-        self._written.pop(uid, None)
-        if uid in self._writing:
-            self._unprepared_meanwhile.add(uid)
+        with self._changes:
+            self._pending.pop(uid, None)
+            self._written.pop(uid, None)
+            if uid == self._writing:
+                self._writing_unprepared = True
 
     def resync(self, claims: Iterable[PreparedClaim], inventory: Inventory) -> None:
         """Queue every prepared claim: after a restart, entries a crash kept from being written are
@@ -129,68 +136,76 @@ class ClaimStatusWriter:
             self._waiting_since = now
         self._last_change = now
         self._pending[write.uid] = write
-        self._wake.set()
+        self._changes.notify()
 
-    async def _lull(self) -> None:
+    async def run(self) -> None:
+        """Write what is queued, on a thread of its own, until cancelled."""
+        with self._changes:
+            self._stopped = False
+        try:
+            await anyio.to_thread.run_sync(self._work, abandon_on_cancel=True)
+        finally:
+            with self._changes:
+                self._stopped = True
+                self._changes.notify()
+
+    def _work(self) -> None:
+        """The writer's thread: wait for a lull, write, again."""
+        with self._changes:
+            while self.enabled and not self._stopped:
+                if not self._pending:
+                    self._changes.wait()
+                    continue
+                self._wait_for_lull()
+                while self._pending and self.enabled and not self._stopped:
+                    self._write_one()
+
+    def _wait_for_lull(self) -> None:
         """Return once no change came for QUIET seconds, or the oldest waiting has waited MOST_DELAY."""
-        while True:
+        while not self._stopped:
             wait = min(self._last_change + QUIET, self._waiting_since + MOST_DELAY) - time.monotonic()
             if wait <= 0:
                 return
-            await anyio.sleep(wait)
+            self._changes.wait(wait)
 
-    async def run(self) -> None:
-        """Write what is queued, until cancelled."""
-        while self.enabled:
-            await self._wake.wait()
-            self._wake = anyio.Event()
-            await self._lull()
-            while self._pending and self.enabled:
-                calling = time.monotonic() - self._last_change < QUIET
-                # In a lull, several in one hand-off to a worker thread: the hand-off cost about as much
-                # CPU as the apply itself (docs/testing.md, issue 44); while the kubelet calls, one.
-                batch = [self._pending.pop(uid) for uid in list(self._pending)[: 1 if calling else BATCH]]
-                self._writing, self._unprepared_meanwhile = frozenset(w.uid for w in batch), set()
-                try:
-                    outcomes = await anyio.to_thread.run_sync(self._apply, batch, abandon_on_cancel=True)
-                finally:
-                    self._writing = frozenset()
-                answered = [
-                    self._settle(write, outcome) for write, outcome in zip(batch, outcomes, strict=False)
-                ]
-                # The unanswered apply ends the outcomes; the writes after it were not tried.
-                unwritten = batch[answered.index(False) :] if False in answered else []
-                if unwritten:
-                    for write in unwritten:
-                        # Kept for later unless a newer change of the claim, or its unprepare, came meanwhile.
-                        if write.uid not in self._unprepared_meanwhile:
-                            self._pending.setdefault(write.uid, write)
-                    delay = _RETRY_SECONDS[min(self._retries, len(_RETRY_SECONDS) - 1)]
-                    self._retries += 1
-                    await anyio.sleep(delay)
-                elif self._pending and time.monotonic() - self._last_change < QUIET:
-                    # The kubelet is calling: the API server's and this loop's time is the calls' first.
-                    await anyio.sleep(PACE)
+    def _sleep(self, seconds: float) -> None:
+        """Let `seconds` pass (changes queue meanwhile), or less if stopped."""
+        until = time.monotonic() + seconds
+        while not self._stopped and (left := until - time.monotonic()) > 0:
+            self._changes.wait(left)
 
-    def _apply(self, batch: list[_Write]) -> list[dict[str, Any] | KubeError]:
-        """On a worker thread: each write's apply, the claim as stored or the error; after an
-        UnreachableError the rest are not tried (each would wait out its own timeout)."""
-        outcomes: list[dict[str, Any] | KubeError] = []
-        for write in batch:
-            try:
-                outcomes.append(
-                    self._kube.write_resource_claim_devices(
-                        write.namespace, write.name, write.uid, write.devices, self._manager
-                    )
-                )
-            except KubeError as err:
-                outcomes.append(err)
-                if isinstance(err, UnreachableError):
-                    break
-        return outcomes
+    def _write_one(self) -> None:
+        """The oldest queued write (the lock let go while it is made), then a pause if called for."""
+        write = self._pending.pop(next(iter(self._pending)))
+        self._writing, self._writing_unprepared = write.uid, False
+        self._changes.release()
+        try:
+            outcome = self._apply(write)
+        finally:
+            self._changes.acquire()
+            self._writing = ""
+        if not self._settle(write, outcome):
+            if not self._writing_unprepared:
+                # Kept for later unless a newer change of the claim came meanwhile.
+                self._pending.setdefault(write.uid, write)
+            delay = _RETRY_SECONDS[min(self._retries, len(_RETRY_SECONDS) - 1)]
+            self._retries += 1
+            self._sleep(delay)
+        elif self._pending and time.monotonic() - self._last_change < QUIET:
+            # The kubelet is calling: the API server's and the process's time is the calls' first.
+            self._sleep(PACE)
+
+    def _apply(self, write: _Write) -> dict[str, Any] | KubeError:
+        """The apply: the claim as stored, or the error."""
+        try:
+            return self._kube.write_resource_claim_devices(
+                write.namespace, write.name, write.uid, write.devices, self._manager
+            )
+        except KubeError as err:
+            return err
 
     def _settle(self, write: _Write, outcome: dict[str, Any] | KubeError) -> bool:
-        """What one apply's outcome means; False when the API server did not answer (tried again)."""
+        """What the apply's outcome means; False when the API server did not answer (tried again)."""
         if isinstance(outcome, UnreachableError):
             log.info(
                 "cannot write ResourceClaim %s/%s's status yet: %s", write.namespace, write.name, outcome
@@ -207,13 +222,12 @@ class ClaimStatusWriter:
             result = "success"
             self._retries = 0
             if not self._kept(outcome):
-                if self.enabled:
-                    log.warning(
-                        "the API server does not keep ResourceClaim status.devices (feature gate "
-                        "DRAResourceClaimDeviceStatus off): prepared claims do not name their devices"
-                    )
                 self.enabled = False
-            elif write.uid not in self._unprepared_meanwhile:
+                log.warning(
+                    "the API server does not keep ResourceClaim status.devices (feature gate "
+                    "DRAResourceClaimDeviceStatus off): prepared claims do not name their devices"
+                )
+            elif not self._writing_unprepared:
                 self._written[write.uid] = write.devices
         metrics.CLAIM_STATUS_WRITES.labels("set", result).inc()
         return not isinstance(outcome, UnreachableError)

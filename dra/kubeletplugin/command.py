@@ -61,7 +61,8 @@ def kubelet_plugin(args: argparse.Namespace) -> int:
     launcher = mpsprivsep.separate(
         settings.state_directory / "mps", settings.mps_command, mps.COMMAND_TIMEOUT
     )
-    # uvloop: grpc.aio's callbacks cost less CPU per prepare on it (docs/testing.md).
+    # uvloop: chosen while grpc.aio served the kubelet's calls on this loop (docs/testing.md); the calls
+    # now run on the gRPC server's threads, the loop keeps the publisher, watches and health.
     anyio.run(run_kubelet_plugin, settings, launcher, backend="asyncio", backend_options={"use_uvloop": True})
     return 0
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
@@ -242,9 +244,15 @@ async def _serve(
     status = ClaimStatusWriter(kube, settings.driver_name, settings.node_name)
     status.resync(state.prepared.values(), state.inventory)
     # The publisher is made once the API server's features are known; no claim is prepared before.
-    dra = DraService(
-        settings.driver_name, settings.node_name, state, kube, status, lambda c: publisher.claim_prepared(c)
-    )
+    token = anyio.lowlevel.current_token()
+
+    def on_prepared(claim: PreparedClaim) -> None:
+        # Told on the gRPC thread that prepared the claim; the publisher lives on the event loop, and
+        # only a claim holding a share is worth the hop to it.
+        if any(device.share_id for device in claim.devices):
+            anyio.from_thread.run_sync(publisher.claim_prepared, claim, token=token)
+
+    dra = DraService(settings.driver_name, settings.node_name, state, kube, status, on_prepared)
     owners = None
     if settings.usage_processes:
         owners = ProcessOwners(settings.usage_procfs, lambda: kube.list_node_pods(settings.node_name))
@@ -327,8 +335,13 @@ async def _serve(
                 offer(changed)
         return done
 
+    registered = anyio.Event()
+    # Told on the registration server's thread. Not a worker thread waiting: it would keep the
+    # process from exiting while no kubelet registers it.
+    server.registration.on_registered = lambda: anyio.from_thread.run_sync(registered.set, token=token)
+
     async def report_ready() -> None:
-        await server.registration.registered.wait()
+        await registered.wait()
         await publisher.settled.wait()
         log.info(
             "ready: registered with the kubelet and %s %d devices in %.2fs",
@@ -373,7 +386,7 @@ async def _serve(
             vfio=settings.vfio,
         )
         try:
-            await server.start()
+            server.start()
         except (OSError, RuntimeError) as err:
             raise StartupError(f"cannot serve the plugin's sockets ({server.dra_socket}): {err}") from None
         await serve_until_stopped(

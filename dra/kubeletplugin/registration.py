@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+import threading
+from collections.abc import Callable
 
-import anyio
 import grpc
 
 from dra.pb.pluginregistration.v1 import registration_pb2, registration_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-Context = grpc.aio.ServicerContext[Any, Any]
+Context = grpc.ServicerContext
 
 #: What the kubelet may choose from, newest first: the kubelet takes the first DRAPlugin it knows,
 #: and (1.37) the first DRAResourceHealth it knows; 1.34 ignores v1 health and asks v1alpha1.
@@ -30,9 +30,12 @@ class RegistrationService(registration_pb2_grpc.RegistrationServicer):
     def __init__(self, driver: str, endpoint: str) -> None:
         self.driver = driver
         self.endpoint = endpoint
-        self.registered = anyio.Event()
+        #: Set from the gRPC server's thread once the kubelet accepted the plugin.
+        self.registered = threading.Event()
+        #: Called on that thread once it is set (the daemon wakes its event loop with it).
+        self.on_registered: Callable[[], object] = lambda: None
 
-    async def GetInfo(  # noqa: N802 (gRPC method name)
+    def GetInfo(  # noqa: N802 (gRPC method name)
         self, request: registration_pb2.InfoRequest, context: Context
     ) -> registration_pb2.PluginInfo:
         """Describe the plugin."""
@@ -43,13 +46,14 @@ class RegistrationService(registration_pb2_grpc.RegistrationServicer):
             supported_versions=list(SUPPORTED_SERVICES),
         )
 
-    async def NotifyRegistrationStatus(  # noqa: N802
+    def NotifyRegistrationStatus(  # noqa: N802
         self, request: registration_pb2.RegistrationStatus, context: Context
     ) -> registration_pb2.RegistrationStatusResponse:
         """Record the kubelet's verdict; a refusal is logged with the kubelet's reason."""
         if request.plugin_registered:
             log.info("registered with the kubelet as DRA driver %s", self.driver)
             self.registered.set()
+            self.on_registered()
         else:
             log.error("the kubelet refused the registration of %s: %s", self.driver, request.error)
         return registration_pb2.RegistrationStatusResponse()

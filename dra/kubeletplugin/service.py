@@ -1,6 +1,9 @@
 """The DRA kubelet services: NodePrepareResources / NodeUnprepareResources (v1 and v1beta1) and health.
 
-Every claim of a request is handled on its own, concurrently: one bad claim
+They run on grpcio's synchronous server (dra.kubeletplugin.server): each call on a thread of its
+pool, which reads the claim, runs the state and answers, with no event loop in between (issue 44:
+the hand-offs between grpc.aio's poller, the loop and a worker thread cost more CPU than the
+state's own work). Every claim of a request is handled on its own, concurrently: one bad claim
 gets its own error string and never fails the others. Errors the admin can act
 on (wrong UID, another node's device, bad configuration) are also recorded as
 Warning events on the ResourceClaim. What a prepared claim's devices are goes
@@ -10,14 +13,15 @@ unprepared one's entries go when the claim is deallocated.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from collections import Counter
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
-import anyio
-import anyio.to_thread
 import grpc
 
 from dra.adapters.kube import KubeError, NotFoundError
@@ -37,7 +41,9 @@ from dra.pb.drahealth.v1alpha1 import health_pb2, health_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-Context = grpc.aio.ServicerContext[Any, Any]
+Context = grpc.ServicerContext
+#: Threads that take the claims of one request beside the one serving it (their GETs overlap).
+CLAIM_WORKERS = 8
 _Answer = TypeVar("_Answer", dra_pb2.NodePrepareResourceResponse, dra_pb2.NodeUnprepareResourceResponse)
 
 
@@ -45,12 +51,10 @@ class ClaimSource(Protocol):
     """The part of the Kubernetes adapter the service needs."""
 
     def read_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        """GET a ResourceClaim from a worker thread (blocking it)."""
+        """GET a ResourceClaim (blocking the calling thread)."""
 
-    async def create_event(
-        self, involved: dict[str, Any], reason: str, message: str, *, host: str = ""
-    ) -> None:
-        """Record a Warning event about an object."""
+    def write_event(self, involved: dict[str, Any], reason: str, message: str, *, host: str = "") -> None:
+        """Record a Warning event about an object (blocking the calling thread)."""
 
 
 def prepared_counts(prepared: Mapping[str, PreparedClaim]) -> tuple[int, Counter[str]]:
@@ -85,7 +89,8 @@ def _response(claim: PreparedClaim) -> dra_pb2.NodePrepareResourceResponse:
 class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
     """Serves both API versions: their messages are the same on the wire.
 
-    `on_prepared` is told each claim prepared, before the kubelet is answered; it must not block.
+    `on_prepared` is told each claim prepared, before the kubelet is answered, on the thread serving
+    the call; it must not block.
     """
 
     def __init__(
@@ -104,9 +109,10 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         self._kube = kube
         self._status = status
         self._events_allowed = True
-        #: Prepare and unprepare requests being answered now.
+        #: Prepare and unprepare requests being answered now, and their condition for wait_idle.
         self._in_flight = 0
-        self._drained: anyio.Event | None = None
+        self._idle = threading.Condition()
+        self._claims = ThreadPoolExecutor(CLAIM_WORKERS, thread_name_prefix="dra-claim")
         metrics.start_request_series(driver)
         # Each call's series, looked up once (a labels() call takes a lock and builds a key).
         calls = ("prepare", "unprepare")
@@ -117,11 +123,11 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         self._seconds = {c: {r: histograms[c].labels(r) for r in ("success", "error")} for c in calls}
         metrics.PREPARED.follow(node_name, driver, lambda: prepared_counts(state.prepared))
 
-    async def _record_event(self, claim: dict[str, Any], message: str) -> None:
+    def _record_event(self, claim: dict[str, Any], message: str) -> None:
         if not self._events_allowed:
             return
         try:
-            await self._kube.create_event(claim, "PrepareFailed", message, host=self.node_name)
+            self._kube.write_event(claim, "PrepareFailed", message, host=self.node_name)
         except KubeError as err:
             if err.status == 403:
                 # Least-privilege RBAC grants no events; the kubelet still puts the error in pod events.
@@ -148,13 +154,7 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         """The prepare's AskStale step: each holder's claim as the API server has it."""
         return {holder.uid: self._seen(holder) for holder in holders}
 
-    def _read_and_prepare(self, ref: dra_pb2.Claim, read: list[dict[str, Any]]) -> PreparedClaim:
-        """On a worker thread: read the claim (into `read`), then prepare it; both block, not the loop."""
-        claim = self._kube.read_resource_claim(ref.namespace, ref.name)
-        read.append(claim)
-        return self._state.prepare(read_allocation(claim, ref.uid, self.driver), self._holders_seen)
-
-    async def _prepare(self, ref: dra_pb2.Claim) -> dra_pb2.NodePrepareResourceResponse:
+    def _prepare(self, ref: dra_pb2.Claim) -> dra_pb2.NodePrepareResourceResponse:
         started = time.perf_counter()
         name = f"{ref.namespace}/{ref.name}"
         read: list[dict[str, Any]] = []
@@ -162,7 +162,8 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         inflight = self._inflight["prepare"]
         inflight.inc()
         try:
-            prepared = await anyio.to_thread.run_sync(self._read_and_prepare, ref, read)
+            read.append(self._kube.read_resource_claim(ref.namespace, ref.name))
+            prepared = self._state.prepare(read_allocation(read[0], ref.uid, self.driver), self._holders_seen)
             result = "success"
             # As NVIDIA's driver counts them: only the requests that succeed.
             self._succeeded["prepare"].inc()
@@ -182,7 +183,7 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         except ClaimError as err:
             log.warning("prepare %s (%s) failed: %s", name, ref.uid, err)
             if read:
-                await self._record_event(read[0], str(err))
+                self._record_event(read[0], str(err))
             return dra_pb2.NodePrepareResourceResponse(error=str(err))
         except Exception as err:
             log.exception("internal error preparing %s (%s)", name, ref.uid)
@@ -197,13 +198,13 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
                 ).inc()
             self._seconds["prepare"][result].observe(time.perf_counter() - started)
 
-    async def _unprepare(self, ref: dra_pb2.Claim) -> dra_pb2.NodeUnprepareResourceResponse:
+    def _unprepare(self, ref: dra_pb2.Claim) -> dra_pb2.NodeUnprepareResourceResponse:
         started = time.perf_counter()
         result = "error"
         inflight = self._inflight["unprepare"]
         inflight.inc()
         try:
-            await anyio.to_thread.run_sync(self._state.unprepare, ref.uid)
+            self._state.unprepare(ref.uid)
             result = "success"
             self._succeeded["unprepare"].inc()
             self._request_seconds["unprepare"].observe(time.perf_counter() - started)
@@ -221,64 +222,55 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
                 metrics.NVIDIA_UNPREPARE_ERRORS.labels(self.driver, "unprepare_devices").inc()
             self._seconds["unprepare"][result].observe(time.perf_counter() - started)
 
-    async def NodePrepareResources(  # noqa: N802 (gRPC method name)
+    def NodePrepareResources(  # noqa: N802 (gRPC method name)
         self, request: dra_pb2.NodePrepareResourcesRequest, context: Context
     ) -> dra_pb2.NodePrepareResourcesResponse:
         """Prepare every claim of the request, each on its own."""
-        self._in_flight += 1
-        try:
-            return dra_pb2.NodePrepareResourcesResponse(claims=await _each(request.claims, self._prepare))
-        finally:
-            self._done()
+        with self._call():
+            return dra_pb2.NodePrepareResourcesResponse(claims=self._each(request.claims, self._prepare))
 
-    async def NodeUnprepareResources(  # noqa: N802
+    def NodeUnprepareResources(  # noqa: N802
         self, request: dra_pb2.NodeUnprepareResourcesRequest, context: Context
     ) -> dra_pb2.NodeUnprepareResourcesResponse:
         """Unprepare every claim of the request; unknown claims succeed."""
-        self._in_flight += 1
+        with self._call():
+            return dra_pb2.NodeUnprepareResourcesResponse(claims=self._each(request.claims, self._unprepare))
+
+    @contextlib.contextmanager
+    def _call(self) -> Iterator[None]:
+        """Count a request as being answered while it is."""
+        with self._idle:
+            self._in_flight += 1
         try:
-            return dra_pb2.NodeUnprepareResourcesResponse(claims=await _each(request.claims, self._unprepare))
+            yield
         finally:
-            self._done()
+            with self._idle:
+                self._in_flight -= 1
+                if not self._in_flight:
+                    self._idle.notify_all()
 
-    def _done(self) -> None:
-        self._in_flight -= 1
-        if not self._in_flight and self._drained is not None:
-            self._drained.set()
-            self._drained = None
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no prepare or unprepare is being answered, at most `timeout` seconds; whether so."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._in_flight, timeout)
 
-    async def idle(self) -> None:
-        """Return once no prepare or unprepare is being answered."""
-        if self._in_flight:
-            if self._drained is None:
-                self._drained = anyio.Event()
-            await self._drained.wait()
-
-
-async def _each(
-    claims: Iterable[dra_pb2.Claim], handle: Callable[[dra_pb2.Claim], Awaitable[_Answer]]
-) -> dict[str, _Answer]:
-    """Handle every claim concurrently; the answers keyed by claim UID, as the kubelet expects."""
-    refs = list(claims)
-    if len(refs) <= 1:
-        # Most requests carry one claim: awaited directly, it spares a task group and a task.
-        return {ref.uid: await handle(ref) for ref in refs}
-    answers: dict[str, _Answer] = {}
-
-    async def one(ref: dra_pb2.Claim) -> None:
-        answers[ref.uid] = await handle(ref)
-
-    async with anyio.create_task_group() as group:
-        for ref in refs:
-            group.start_soon(one, ref)
-    return answers
+    def _each(
+        self, claims: Iterable[dra_pb2.Claim], handle: Callable[[dra_pb2.Claim], _Answer]
+    ) -> dict[str, _Answer]:
+        """Handle every claim, concurrently; the answers keyed by claim UID, as the kubelet expects."""
+        refs = list(claims)
+        if len(refs) <= 1:
+            # Most requests carry one claim: handled on the serving thread, with no hand-off.
+            return {ref.uid: handle(ref) for ref in refs}
+        return dict(zip((ref.uid for ref in refs), self._claims.map(handle, refs), strict=True))
 
 
 class HealthService(health_v1_grpc.DRAResourceHealthServicer):
     """Streams the health of every published device to the kubelet (ResourceHealthStatus), v1.
 
     A 1.37 kubelet asks this version; `alpha` serves the same stream as
-    v1alpha1 for 1.34 to 1.36. v1 also says why a device is unhealthy.
+    v1alpha1 for 1.34 to 1.36. v1 also says why a device is unhealthy. A stream holds
+    one thread of the server's pool for as long as the kubelet keeps it open.
     """
 
     def __init__(self, pool: str, tracker: HealthTracker) -> None:
@@ -286,11 +278,11 @@ class HealthService(health_v1_grpc.DRAResourceHealthServicer):
         self._tracker = tracker
         self.alpha = _AlphaHealthService(self)
 
-    async def NodeWatchResources(  # noqa: N802
+    def NodeWatchResources(  # noqa: N802
         self, request: health_v1.NodeWatchResourcesRequest, context: Context
-    ) -> AsyncGenerator[health_v1.NodeWatchResourcesResponse]:
-        """The full list on connect and after every change."""
-        async for snapshot in self._tracker.watch():
+    ) -> Generator[health_v1.NodeWatchResourcesResponse]:
+        """The full list on connect and after every change, until the kubelet goes."""
+        for snapshot in self._tracker.follow(context.is_active):
             yield health_v1.NodeWatchResourcesResponse(
                 devices=[
                     health_v1.DeviceHealth(
@@ -314,11 +306,11 @@ class _AlphaHealthService(health_pb2_grpc.DRAResourceHealthServicer):
     def __init__(self, v1: HealthService) -> None:
         self._v1 = v1
 
-    async def NodeWatchResources(  # noqa: N802
+    def NodeWatchResources(  # noqa: N802
         self, request: health_pb2.NodeWatchResourcesRequest, context: Context
-    ) -> AsyncGenerator[health_pb2.NodeWatchResourcesResponse]:
-        """The full list on connect and after every change."""
-        async for answer in self._v1.NodeWatchResources(health_v1.NodeWatchResourcesRequest(), context):
+    ) -> Generator[health_pb2.NodeWatchResourcesResponse]:
+        """The full list on connect and after every change, until the kubelet goes."""
+        for answer in self._v1.NodeWatchResources(health_v1.NodeWatchResourcesRequest(), context):
             for device in answer.devices:
                 device.ClearField("message")
             # Field numbers 1-3 are the same in both versions, so the bytes carry over unchanged.

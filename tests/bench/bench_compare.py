@@ -14,7 +14,7 @@ their CDI specs to tmpfs (/dev/shm), as to /var/run/cdi on a node. Every run
 starts its driver afresh (no checkpoint, CDI specs or ResourceSlices left from the last run).
 
 Two floors run in the same turns: a DRA server that does no work, in Python (tests/bench/grpcfloor.py:
-grpc.aio on uvloop, the server dra-gpu runs) and in Go (deploy/local/floorbin, on the test
+grpcio's synchronous server, the server dra-gpu runs) and in Go (deploy/local/floorbin, on the test
 driver's grpc-go and protobuf), timed by the same client on the rows that need no cluster. No
 driver goes under its runtime's floor, so the floors say how much of a ratio is the runtime's.
 
@@ -830,7 +830,7 @@ def _floors(directory: Path) -> tuple[Contender, Contender] | None:
         print(f"the Go floor could not be built, so the floors are left out: {err}")
         return None
     python_socket, go_socket = directory / "python-floor.sock", directory / "go-floor.sock"
-    python_args = [sys.executable, "-m", "tests.bench.grpcfloor", "aio", str(python_socket)]
+    python_args = [sys.executable, "-m", "tests.bench.grpcfloor", "sync", str(python_socket)]
     return (
         Contender(PYTHON_FLOOR, "", python_args, python_socket, directory / "python-floor.log", floor=True),
         Contender(GO_FLOOR, "", [str(go), str(go_socket)], go_socket, directory / "go-floor.log", floor=True),
@@ -986,7 +986,7 @@ def main() -> None:
     if floors is not None:
         print(
             "the floor: a DRA server that does no work, on each runtime (tests/bench/grpcfloor.py on "
-            "grpc.aio and uvloop; deploy/local/floorbin in Go), the same client, "
+            "grpcio's synchronous server; deploy/local/floorbin in Go), the same client, "
             f"{args.runs} alternating runs; no driver goes under its runtime's floor"
         )
         for line in pair_report(*floors):

@@ -1,18 +1,15 @@
 """The DRA service's server models side by side, and the floor under them (issue 29).
 
-    python -m tests.bench.bench_grpcserver [--runs 3] [--claims 200] [--devices 128] [--modes aio,sync,...]
+    python -m tests.bench.bench_grpcserver [--runs 3] [--claims 200] [--devices 128] [--modes plugin,sync,...]
 
 The driver's per-call cost without the API server: each server runs in a process of its own
 on a unix socket, with the real DeviceState (checkpoint with its fsync in a temporary directory,
 CDI specs on tmpfs as on a node) and the claim GET answered from memory, so what differs is only
-how a call reaches the state and comes back. `aio` is the plugin as it serves (DraService on
-grpc.aio, uvloop, the state call on an anyio worker thread); `sync` is a prototype: grpc.server
-with a thread pool whose handler calls the state directly (one thread, no event loop);
-`sync-loop` the same with the claim GET sent to an event loop on a thread of its own and waited
-for, as a full switch that keeps an asyncio client would have it (one hop there and back);
-`aio-inline` the plugin with the state called on the event loop itself (no worker-thread hop: the
-hop's cost, not a design, since the loop then waits on every fsync); `aio-executor` the plugin
-with asyncio's run_in_executor in place of anyio's worker threads for the state call.
+how a call reaches the state and comes back. `plugin` is the plugin as it serves (DraService and
+PluginServer: grpcio's synchronous server, each call on a thread of its pool, with metrics and
+events); `sync` is the bare handler on the same kind of server (the state called directly, no
+metrics), what the plugin's serving costs on top of it. The grpc.aio models measured before the
+switch (issue 44) are in docs/testing.md.
 
 The floors do no work at all, so they are what no driver on their runtime goes under:
 `floor-aio` and `floor-sync` (tests/bench/grpcfloor.py: grpc.aio on uvloop, grpcio's synchronous
@@ -28,13 +25,12 @@ turns, alternated, `--runs` of each.
 from __future__ import annotations
 
 import argparse
-import asyncio
+import functools
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -44,7 +40,6 @@ from typing import Any
 
 import anyio
 import grpc
-import uvloop
 
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
@@ -53,7 +48,6 @@ from dra.daemon.health import HealthTracker
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.profiles import parse_profile
 from dra.gpu.discovery import discover
-from dra.kubeletplugin import service
 from dra.kubeletplugin.server import PluginServer
 from dra.kubeletplugin.service import DraService, HealthService, _response
 from dra.kubeletplugin.state import DeviceState
@@ -64,7 +58,7 @@ NODE = "bench-node"
 NAMESPACE = "bench"
 FAKE_MODEL = "h100-sxm5-80gb"
 CALLERS, BURST = 8, 32
-MODES = ("aio", "aio-inline", "aio-executor", "sync", "sync-loop")
+MODES = ("plugin", "sync")
 #: Each figure's unit; the others are in milliseconds (CPU: per prepare and unprepare pair).
 UNITS = {"RSS": "MiB"}
 #: Servers that do no work: the per-call floor of gRPC on each runtime.
@@ -87,15 +81,10 @@ def _claim(name: str) -> dict[str, Any]:
 class _MemoryClaims:
     """The claim GET from memory (ClaimSource), so that neither server waits on an API server."""
 
-    async def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        return _claim(name)
-
     def read_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
         return _claim(name)
 
-    async def create_event(
-        self, involved: dict[str, Any], reason: str, message: str, *, host: str = ""
-    ) -> None:
+    def write_event(self, involved: dict[str, Any], reason: str, message: str, *, host: str = "") -> None:
         return None
 
 
@@ -108,26 +97,17 @@ def _state(root: Path, cdi: Path, devices: int) -> DeviceState:
 
 
 class _SyncDra(dra_pb2_grpc.DRAPluginServicer):
-    """The prototype: each call handled on one of the pool's threads, the state called directly."""
+    """The bare handler: each call handled on one of the pool's threads, the state called directly."""
 
-    def __init__(self, state: DeviceState, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(self, state: DeviceState) -> None:
         self._state = state
-        self._loop = loop
-        self._claims = _MemoryClaims()
-
-    def _get(self, name: str) -> dict[str, Any]:
-        if self._loop is None:
-            return _claim(name)
-        # As a full switch would keep the aiohttp client: the GET on its loop, this thread waiting.
-        get = self._claims.get_resource_claim(NAMESPACE, name)
-        return asyncio.run_coroutine_threadsafe(get, self._loop).result()
 
     def NodePrepareResources(  # noqa: N802
         self, request: dra_pb2.NodePrepareResourcesRequest, context: Any
     ) -> dra_pb2.NodePrepareResourcesResponse:
         answers = {}
         for ref in request.claims:
-            allocation = read_allocation(self._get(ref.name), ref.uid, DRIVER)
+            allocation = read_allocation(_claim(ref.name), ref.uid, DRIVER)
             answers[ref.uid] = _response(self._state.prepare(allocation))
         return dra_pb2.NodePrepareResourcesResponse(claims=answers)
 
@@ -141,13 +121,9 @@ class _SyncDra(dra_pb2_grpc.DRAPluginServicer):
         )
 
 
-def _serve_sync(root: Path, cdi: Path, devices: int, with_loop: bool) -> None:
-    loop = None
-    if with_loop:
-        loop = uvloop.new_event_loop()
-        threading.Thread(target=loop.run_forever, daemon=True).start()
+def _serve_sync(root: Path, cdi: Path, devices: int) -> None:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=CALLERS))
-    dra_pb2_grpc.add_DRAPluginServicer_to_server(_SyncDra(_state(root, cdi, devices), loop), server)
+    dra_pb2_grpc.add_DRAPluginServicer_to_server(_SyncDra(_state(root, cdi, devices)), server)
     server.add_insecure_port(f"unix://{root / 'dra.sock'}")
     server.start()
     print("ready", flush=True)
@@ -155,40 +131,16 @@ def _serve_sync(root: Path, cdi: Path, devices: int, with_loop: bool) -> None:
     server.stop(None)
 
 
-class _Inline:
-    """Stands in for anyio in the service module: the state called on the loop, no worker hop."""
-
-    class to_thread:  # noqa: N801 (anyio's module name)
-        @staticmethod
-        async def run_sync(call: Callable[..., Any], *args: object) -> Any:
-            return call(*args)
-
-
-class _Executor:
-    """Stands in for anyio in the service module: asyncio's own executor hand-off for the state call."""
-
-    class to_thread:  # noqa: N801 (anyio's module name)
-        @staticmethod
-        async def run_sync(call: Callable[..., Any], *args: object) -> Any:
-            return await asyncio.get_running_loop().run_in_executor(None, call, *args)
-
-
-async def _serve_aio(root: Path, cdi: Path, devices: int, mode: str) -> None:
-    # Only for the figures: inline blocks the loop on the fsync, and AskStale (not asked here) needs an
-    # anyio worker thread in both.
-    if mode == "aio-inline":
-        service.anyio = _Inline  # type: ignore[attr-defined, assignment]
-    elif mode == "aio-executor":
-        service.anyio = _Executor  # type: ignore[attr-defined, assignment]
+def _serve_plugin(root: Path, cdi: Path, devices: int) -> None:
     state = _state(root, cdi, devices)
     dra = DraService(DRIVER, NODE, state, _MemoryClaims())
     server = PluginServer(root / "kubelet", DRIVER, dra, HealthService(NODE, HealthTracker(state.inventory)))
-    await server.start()
+    server.start()
     link = root / "dra.sock"
     link.symlink_to(server.dra_socket)
     print("ready", flush=True)
-    await anyio.to_thread.run_sync(sys.stdin.read)
-    await server.stop(drain=1, grace=0)
+    sys.stdin.read()
+    anyio.run(functools.partial(server.stop, drain=1, grace=0))
 
 
 def _timed(call: Callable[..., object], *args: object) -> float:
@@ -319,26 +271,15 @@ def main() -> None:
     parser.add_argument("--claims", type=int, default=200)
     parser.add_argument("--devices", type=int, default=128)
     parser.add_argument(
-        "--modes", type=_modes, default=MODES, help="servers, comma-separated (default: the five)"
+        "--modes", type=_modes, default=MODES, help="servers, comma-separated (default: both)"
     )
     parser.add_argument("--serve", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)
     parser.add_argument("--cdi", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve in ("sync", "sync-loop"):
-        _serve_sync(Path(args.root), Path(args.cdi), args.devices, with_loop=args.serve == "sync-loop")
-        return
     if args.serve is not None:
-        options = {"use_uvloop": True}
-        anyio.run(
-            _serve_aio,
-            Path(args.root),
-            Path(args.cdi),
-            args.devices,
-            args.serve,
-            backend="asyncio",
-            backend_options=options,
-        )
+        serve = _serve_sync if args.serve == "sync" else _serve_plugin
+        serve(Path(args.root), Path(args.cdi), args.devices)
         return
     results = alternated(args.modes, args.runs, args.claims, args.devices)
     for figure in results[args.modes[0]][0]:

@@ -9,7 +9,7 @@ server: read_resource_claim (and get_resource_claim, its event-loop twin) return
 the stored object as JSON would decode it,
 raises NotFoundError (status 404, message "GET <path>: 404 <reason>", as
 KubeClient._call builds it) for a name it does not hold, and UnreachableError
-(status 0) while `reachable` is False; create_event records the event. The
+(status 0) while `reachable` is False; write_event records the event. The
 API server validates names on create, so a stored claim always has a valid
 name; any other name is simply not found, as on a real server.
 """
@@ -90,9 +90,7 @@ class StubKube:
                 f'GET {path}: 404 resourceclaims.resource.k8s.io "{name}" not found', 404
             ) from None
 
-    async def create_event(
-        self, involved: dict[str, Any], reason: str, message: str, *, host: str = ""
-    ) -> None:
+    def write_event(self, involved: dict[str, Any], reason: str, message: str, *, host: str = "") -> None:
         """Record a Warning event about an object."""
         self.events.append((involved["metadata"]["name"], reason, message))
 

@@ -1,7 +1,7 @@
 """Fuzzed kubelet calls: anything on the plugin's socket gets per-claim answers or a clean gRPC status.
 
-The real DRA service and gRPC server run on a unix socket (in a thread of
-their own, as in the daemon: an asyncio loop), with the state on real files
+The real DRA service and gRPC server run on a unix socket (grpcio's
+synchronous server, as in the daemon), with the state on real files
 and claims from tests.integration.stubkube. Hypothesis sends random,
 duplicate and oversized claim batches, odd UIDs, names and namespaces, and
 garbage or truncated protobuf bytes; after every example the service must
@@ -26,9 +26,10 @@ from tests.integration.inprocess import Node, serving
 DRIVER = "fuzz.dra-gpu.test"
 PREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
 UNPREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources"
-#: Statuses a malformed request may end in: grpc.aio answers UNKNOWN (no details) for bytes that do not
-#: decode as the request message, and RESOURCE_EXHAUSTED for a message over its 4 MiB receive limit.
-CLEAN_STATUSES = {grpc.StatusCode.UNKNOWN, grpc.StatusCode.RESOURCE_EXHAUSTED}
+#: Statuses a malformed request may end in: grpcio's synchronous server answers INTERNAL ("Exception
+#: deserializing request!") for bytes that do not decode as the request message, and RESOURCE_EXHAUSTED
+#: for a message over its 4 MiB receive limit.
+CLEAN_STATUSES = {grpc.StatusCode.INTERNAL, grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
 @pytest.fixture(scope="module")

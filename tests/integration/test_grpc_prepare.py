@@ -68,7 +68,7 @@ async def _start_plugin(
     server = PluginServer(
         root / "kubelet", DRIVER, dra, HealthService(cluster.node_name, HealthTracker(inventory))
     )
-    await server.start()
+    server.start()
     return server, state, cdi, kube
 
 

@@ -21,9 +21,9 @@ FIGURES = {
 }
 
 
-# `aio` is the plugin as served, which tests/integration/test_grpc_prepare.py covers. floor-go is
-# built from deploy/local/floorbin on first use (seconds, with the modules of the cluster's build).
-@pytest.mark.parametrize("mode", [m for m in MODES + FLOORS if m != "aio"])
+# floor-go is built from deploy/local/floorbin on first use (seconds, with the modules of the
+# cluster's build).
+@pytest.mark.parametrize("mode", MODES + FLOORS)
 def test_each_server_prepares_unprepares_and_takes_the_burst(mode: str) -> None:
     # _measure fails on any claim answered with an error, so the figures mean every call succeeded.
     figures = _measure(mode, claims=3, devices=BURST)
@@ -51,6 +51,6 @@ def test_the_go_floor_runs_on_the_go_references_grpc_and_protobuf() -> None:
 
 
 def test_unknown_modes_are_refused_by_name() -> None:
-    assert _modes("aio,floor-go") == ("aio", "floor-go")
-    with pytest.raises(argparse.ArgumentTypeError, match="unknown fast; known: aio"):
-        _modes("aio,fast")
+    assert _modes("plugin,floor-go") == ("plugin", "floor-go")
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown fast; known: plugin"):
+        _modes("plugin,fast")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import anyio
@@ -31,11 +32,14 @@ class FakeServer:
         self.calls: list[tuple[str, list[dict[str, Any]], str]] = []
         self.failures: list[KubeError] = []
         self.stored: dict[str, list[dict[str, Any]]] = {}
+        #: The threads the applies were made on.
+        self.threads: set[int] = set()
 
     def write_resource_claim_devices(
         self, namespace: str, name: str, uid: str, devices: list[dict[str, Any]], field_manager: str
     ) -> dict[str, Any]:
         self.calls.append((uid, devices, field_manager))
+        self.threads.add(threading.get_ident())
         if self.failures:
             raise self.failures.pop(0)
         self.stored[uid] = devices if self.keeps else []
@@ -222,37 +226,25 @@ async def test_an_unreachable_server_is_tried_again(monkeypatch: pytest.MonkeyPa
     assert server.stored["uid-1"]
 
 
-async def test_a_lulls_writes_go_to_the_worker_thread_together(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_claims_prepared_on_other_threads_are_written_by_the_writers_own() -> None:
+    # The kubelet's calls are served on the gRPC server's threads, which only queue.
     server = FakeServer()
     writer = ClaimStatusWriter(server, DRIVER, NODE)
-    sizes: list[int] = []
-    apply = writer._apply
-
-    def counted(batch: list[Any]) -> list[Any]:
-        sizes.append(len(batch))
-        return apply(batch)
-
-    monkeypatch.setattr(writer, "_apply", counted)
-    for n in range(claimstatus.BATCH + 4):
-        writer.prepared(PreparedClaim(f"uid-{n}", "team", f"c{n}", CLAIM.devices), INVENTORY)
+    threads = [
+        threading.Thread(
+            target=writer.prepared,
+            args=(PreparedClaim(f"uid-{n}", "team", f"c{n}", CLAIM.devices), INVENTORY),
+        )
+        for n in range(8)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     await _drain(writer)
-    assert sizes == [claimstatus.BATCH, 4]
-    assert len(server.stored) == claimstatus.BATCH + 4
-
-
-async def test_an_unanswered_apply_ends_its_batch_and_the_rest_are_tried_again(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(claimstatus, "_RETRY_SECONDS", (0.0,))
-    server = FakeServer()
-    server.failures = [UnreachableError("no answer")]
-    writer = ClaimStatusWriter(server, DRIVER, NODE)
-    for n in range(3):
-        writer.prepared(PreparedClaim(f"uid-{n}", "team", f"c{n}", CLAIM.devices), INVENTORY)
-    await _drain(writer)
-    # One unanswered apply, not three each waiting out their timeout; then all three.
-    assert [uid for uid, _, _ in server.calls] == ["uid-0", "uid-0", "uid-1", "uid-2"]
-    assert sorted(server.stored) == ["uid-0", "uid-1", "uid-2"]
+    assert sorted(server.stored) == [f"uid-{n}" for n in range(8)]
+    [writer_thread] = server.threads
+    assert writer_thread != threading.get_ident()
 
 
 async def test_a_deleted_claim_is_dropped() -> None:

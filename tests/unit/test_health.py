@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -155,53 +155,39 @@ def test_mark_unhealthy_ignores_unknown_names() -> None:
     assert tracker.snapshot()["gpu-1"].reason == "fell off the bus"
 
 
-def _watch(tracker: HealthTracker) -> AsyncGenerator[dict[str, DeviceHealth]]:
-    stream = tracker.watch()
-    assert isinstance(stream, AsyncGenerator)
-    return stream
-
-
-@pytest.mark.anyio
-async def test_watch_yields_the_snapshot_then_each_change() -> None:
+def test_follow_yields_the_snapshot_then_each_change() -> None:
     inv = inventory("h100x8")
     tracker = HealthTracker(inv)
-    stream = _watch(tracker)
-    try:
-        with anyio.fail_after(2):
-            first = await anext(stream)
-        assert all(h.healthy for h in first.values())
-        # A change made before the consumer asks again is not lost.
-        tracker.apply(XidEvent(inv.gpus[1].uuid, 79))
-        with anyio.fail_after(2):
-            second = await anext(stream)
-        assert not second["gpu-1"].healthy
-        assert first["gpu-1"].healthy  # snapshots are copies
+    stream = tracker.follow(lambda: True, poll=0.01)
+    first = next(stream)
+    assert all(h.healthy for h in first.values())
+    # A change made before the follower asks again is not lost.
+    tracker.apply(XidEvent(inv.gpus[1].uuid, 79))
+    second = next(stream)
+    assert not second["gpu-1"].healthy
+    assert first["gpu-1"].healthy  # snapshots are copies
 
-        # A waiting consumer wakes on the next change.
-        async def change_soon() -> None:
-            await anyio.sleep(0.01)
-            tracker.apply(XidEvent(inv.gpus[2].uuid, 48))
-
-        async with anyio.create_task_group() as group:
-            group.start_soon(change_soon)
-            with anyio.fail_after(2):
-                third = await anext(stream)
-        assert [n for n, h in third.items() if not h.healthy] == ["gpu-1", "gpu-2"]
-    finally:
-        await stream.aclose()
+    # A waiting follower (the health stream's thread) wakes on the next change.
+    timer = threading.Timer(0.05, tracker.apply, (XidEvent(inv.gpus[2].uuid, 48),))
+    timer.start()
+    started = time.monotonic()
+    third = next(stream)
+    timer.join()
+    assert [n for n, h in third.items() if not h.healthy] == ["gpu-1", "gpu-2"]
+    assert time.monotonic() - started < 2
 
 
-@pytest.mark.anyio
-async def test_watch_sends_nothing_while_nothing_changes() -> None:
+def test_follow_sends_nothing_while_nothing_changes_and_ends_when_inactive() -> None:
     tracker = HealthTracker(inventory("mixed"))
-    stream = _watch(tracker)
-    try:
-        await anext(stream)
-        with anyio.move_on_after(0.05) as scope:
-            await anext(stream)
-        assert scope.cancelled_caught
-    finally:
-        await stream.aclose()
+    asked: list[float] = []
+
+    def active() -> bool:
+        asked.append(time.monotonic())
+        return len(asked) < 4
+
+    # Asked every poll while nothing changes; no second snapshot; over once inactive.
+    assert len(list(tracker.follow(active, poll=0.01))) == 1
+    assert len(asked) == 4
 
 
 @pytest.mark.anyio

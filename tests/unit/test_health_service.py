@@ -4,43 +4,46 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from dra.daemon.health import HealthTracker
 from dra.kubeletplugin.service import HealthService
 from dra.pb.drahealth.v1 import health_pb2 as health_v1
 from dra.pb.drahealth.v1alpha1 import health_pb2
 from tests.unit.helpers import NODE, inventory
 
-pytestmark = pytest.mark.anyio
 
-#: The servicers never look at the gRPC context.
-NO_CONTEXT: Any = None
+class _Kubelet:
+    """The gRPC context of a stream the kubelet keeps open."""
+
+    def is_active(self) -> bool:
+        return True
 
 
-async def test_v1_says_why_a_device_is_unhealthy() -> None:
+NO_CONTEXT: Any = _Kubelet()
+
+
+def test_v1_says_why_a_device_is_unhealthy() -> None:
     tracker = HealthTracker(inventory("h100x8"))
     tracker.mark_unhealthy(["gpu-3"], "XID 79: GPU has fallen off the bus")
     stream = HealthService(NODE, tracker).NodeWatchResources(
         health_v1.NodeWatchResourcesRequest(), NO_CONTEXT
     )
-    first = await anext(stream)
+    first = next(stream)
     by_name = {d.device.device_name: d for d in first.devices}
     assert by_name["gpu-3"].health == health_v1.UNHEALTHY
     assert by_name["gpu-3"].message == "XID 79: GPU has fallen off the bus"
     assert by_name["gpu-0"].health == health_v1.HEALTHY
     assert by_name["gpu-0"].message == ""
     assert {d.device.pool_name for d in first.devices} == {NODE}
-    await stream.aclose()
+    stream.close()
 
 
-async def test_v1alpha1_streams_the_same_devices_without_the_v1_fields() -> None:
+def test_v1alpha1_streams_the_same_devices_without_the_v1_fields() -> None:
     tracker = HealthTracker(inventory("h100x8"))
     tracker.mark_unhealthy(["gpu-3"], "XID 79")
     service = HealthService(NODE, tracker)
-    v1 = await anext(service.NodeWatchResources(health_v1.NodeWatchResourcesRequest(), NO_CONTEXT))
+    v1 = next(service.NodeWatchResources(health_v1.NodeWatchResourcesRequest(), NO_CONTEXT))
     alpha_stream = service.alpha.NodeWatchResources(health_pb2.NodeWatchResourcesRequest(), NO_CONTEXT)
-    alpha = await anext(alpha_stream)
+    alpha = next(alpha_stream)
     assert isinstance(alpha, health_pb2.NodeWatchResourcesResponse)
     assert [(d.device.device_name, int(d.health), d.last_updated_time) for d in alpha.devices] == [
         (d.device.device_name, int(d.health), d.last_updated_time) for d in v1.devices
@@ -51,22 +54,20 @@ async def test_v1alpha1_streams_the_same_devices_without_the_v1_fields() -> None
             device=d.device, health=d.health, last_updated_time=d.last_updated_time
         )
         assert d.SerializeToString() == bare.SerializeToString()
-    await alpha_stream.aclose()
+    alpha_stream.close()
 
 
-async def test_both_versions_follow_a_change() -> None:
+def test_both_versions_follow_a_change() -> None:
     tracker = HealthTracker(inventory("h100x8"))
     service = HealthService(NODE, tracker)
     v1 = service.NodeWatchResources(health_v1.NodeWatchResourcesRequest(), NO_CONTEXT)
     alpha = service.alpha.NodeWatchResources(health_pb2.NodeWatchResourcesRequest(), NO_CONTEXT)
-    assert all(d.health == health_v1.HEALTHY for d in (await anext(v1)).devices)
-    assert all(d.health == health_pb2.HEALTHY for d in (await anext(alpha)).devices)
+    assert all(d.health == health_v1.HEALTHY for d in (next(v1)).devices)
+    assert all(d.health == health_pb2.HEALTHY for d in (next(alpha)).devices)
     tracker.mark_unhealthy(["gpu-1"], "XID 48")
-    assert [d.device.device_name for d in (await anext(v1)).devices if d.health == health_v1.UNHEALTHY] == [
+    assert [d.device.device_name for d in (next(v1)).devices if d.health == health_v1.UNHEALTHY] == ["gpu-1"]
+    assert [d.device.device_name for d in (next(alpha)).devices if d.health == health_pb2.UNHEALTHY] == [
         "gpu-1"
     ]
-    assert [
-        d.device.device_name for d in (await anext(alpha)).devices if d.health == health_pb2.UNHEALTHY
-    ] == ["gpu-1"]
-    await v1.aclose()
-    await alpha.aclose()
+    v1.close()
+    alpha.close()

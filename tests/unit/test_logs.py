@@ -76,3 +76,30 @@ def test_text_lines_are_utc_with_level_and_logger() -> None:
         r"device gpu-3 is unhealthy",
         line,
     )
+
+
+def test_a_request_that_does_not_decode_is_one_warning_line() -> None:
+    logs.setup("info", "text")
+    grpc_common = logging.getLogger("grpc._common")
+    seen: list[logging.LogRecord] = []
+
+    class Kept(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    handler = Kept()
+    grpc_common.addHandler(handler)
+    try:
+        try:
+            raise ValueError("Error parsing message: Wire format was corrupt")
+        except ValueError:
+            # As grpcio's _common logs a request's bytes that do not decode.
+            grpc_common.exception("Exception deserializing message!")
+    finally:
+        grpc_common.removeHandler(handler)
+    [record] = seen
+    assert record.levelno == logging.WARNING
+    assert record.exc_info is None
+    assert record.getMessage() == (
+        "a request that does not decode was refused: Error parsing message: Wire format was corrupt"
+    )

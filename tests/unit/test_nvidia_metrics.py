@@ -62,9 +62,7 @@ class Claims:
             "status": {"allocation": {"devices": {"results": [result]}}},
         }
 
-    async def create_event(
-        self, involved: dict[str, Any], reason: str, message: str, *, host: str = ""
-    ) -> None:
+    def write_event(self, involved: dict[str, Any], reason: str, message: str, *, host: str = "") -> None:
         """No events are asked for here."""
 
 
@@ -72,8 +70,7 @@ def _value(name: str, **labels: str) -> float:
     return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-@pytest.mark.anyio
-async def test_prepare_and_unprepare_count_as_nvidias_driver_counts_them(tmp_path: Path) -> None:
+def test_prepare_and_unprepare_count_as_nvidias_driver_counts_them(tmp_path: Path) -> None:
     state = DeviceState(
         DRIVER,
         NODE,
@@ -90,7 +87,7 @@ async def test_prepare_and_unprepare_count_as_nvidias_driver_counts_them(tmp_pat
 
     ok = dra_pb2.Claim(namespace="team-a", name="claim-a", uid=UID)
     gone = dra_pb2.Claim(namespace="team-a", name="claim-gone", uid=UID)
-    await dra.NodePrepareResources(dra_pb2.NodePrepareResourcesRequest(claims=[ok, gone]), None)  # type: ignore[arg-type]
+    dra.NodePrepareResources(dra_pb2.NodePrepareResourcesRequest(claims=[ok, gone]), None)  # type: ignore[arg-type]
 
     assert _value("nvidia_dra_requests_total", **ops) == before + 1
     assert told == ["claim-a"], "only a claim prepared is told"
@@ -102,7 +99,7 @@ async def test_prepare_and_unprepare_count_as_nvidias_driver_counts_them(tmp_pat
     assert _value("nvidia_dra_prepared_devices", **devices, device_type="mig") == 0
 
     request = dra_pb2.NodeUnprepareResourcesRequest(claims=[ok])
-    await dra.NodeUnprepareResources(request, None)  # type: ignore[arg-type]
+    dra.NodeUnprepareResources(request, None)  # type: ignore[arg-type]
     assert _value("nvidia_dra_requests_total", driver=DRIVER, operation="unprepare") >= 1
     assert _value("nvidia_dra_prepared_devices", **devices, device_type="gpu") == 0
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.from_thread
+import anyio.to_thread
 import grpc
 import pytest
 
@@ -282,21 +282,20 @@ class SlowClaims:
     """The service's API calls: a ResourceClaim of this driver on gpu-0, answered once `answer` is set."""
 
     def __init__(self) -> None:
-        self.asked = anyio.Event()
-        self.answer = anyio.Event()
+        # Threads' events: the claim is read on the gRPC server's thread.
+        self.asked = threading.Event()
+        self.answer = threading.Event()
 
     def read_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        anyio.from_thread.run_sync(self.asked.set)
-        anyio.from_thread.run(self.answer.wait)
+        self.asked.set()
+        self.answer.wait(10)
         result = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-0"}
         return {
             "metadata": {"namespace": namespace, "name": name, "uid": UID_A},
             "status": {"allocation": {"devices": {"results": [result]}}},
         }
 
-    async def create_event(
-        self, involved: dict[str, Any], reason: str, message: str, *, host: str = ""
-    ) -> None:
+    def write_event(self, involved: dict[str, Any], reason: str, message: str, *, host: str = "") -> None:
         """No events: the prepare succeeds."""
 
 
@@ -310,7 +309,7 @@ async def test_sigterm_answers_the_prepare_in_flight_before_withdrawing_the_regi
         dra = DraService(DRIVER, NODE, paths.state(), claims)
         health = HealthService(NODE, HealthTracker(inventory("h100x8-mig")))
         server = PluginServer(root / "kubelet", DRIVER, dra, health, instance_id="old")
-        await server.start()
+        server.start()
         answers: list[dra_pb2.NodePrepareResourcesResponse] = []
 
         async def prepare() -> None:
@@ -322,8 +321,7 @@ async def test_sigterm_answers_the_prepare_in_flight_before_withdrawing_the_regi
 
         async with anyio.create_task_group() as group:
             group.start_soon(prepare)
-            with anyio.fail_after(5):
-                await claims.asked.wait()
+            assert await anyio.to_thread.run_sync(claims.asked.wait, 5)
             group.start_soon(server.stop)
             await anyio.sleep(0.3)
             # Still registered: the kubelet would cut the call if the registration went now.

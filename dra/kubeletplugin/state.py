@@ -43,6 +43,11 @@ T = TypeVar("T")
 StaleCheck = Callable[[Sequence[PreparedClaim]], Mapping[str, s.ClaimSeen]]
 
 
+#: The most a save's fsync waits for the programs running beside it to reach their own, so that one
+#: fsync covers the burst (docs/testing.md, issue 44): a few programs' decisions, well under a disk's fsync.
+GROUP_WAIT = 0.005
+
+
 def _every_holder_live(holders: Sequence[PreparedClaim]) -> Mapping[str, s.ClaimSeen]:
     return {}
 
@@ -100,8 +105,13 @@ class DeviceState(GpuSteps):
         # Also without `vfio`: start-up gives back GPUs a run with passthrough on left bound.
         self._pci = pci or PciSysfs()
         self._lock = threading.Lock()
-        #: Per thread, the stale check of the call whose program the thread runs (AskStale's answer).
+        #: Per thread, the stale check of the call whose program the thread runs (AskStale's answer),
+        #: and whether that program still counts among those deciding.
         self._calls = threading.local()
+        #: Programs started and not yet at their save's fsync or their end; its condition wakes the
+        #: fsync that waits for them.
+        self._deciding = 0
+        self._decided = threading.Condition()
         prepared, actions = checkpoint.load_state()
         # Replaced by each save, never changed in place: a program's Facts can hold them without a copy.
         self._prepared: Mapping[str, PreparedClaim] = prepared
@@ -179,8 +189,31 @@ class DeviceState(GpuSteps):
 
     def _run(self, start: Callable[[s.Facts], s.Program[T]], stale: StaleCheck = _every_holder_live) -> T:
         """Run a program from the state as it is under the lock; the lock is let go for unlocked steps."""
-        with _Hold(self._held) as hold:
+        with self._counted(), _Hold(self._held) as hold:
             return self._execute(start(self._facts()), stale, hold)
+
+    @contextlib.contextmanager
+    def _counted(self) -> Iterator[None]:
+        """Count the thread's program among those deciding, until its fsync (sync) or its end."""
+        if getattr(self._calls, "deciding", False):
+            # A program run inside another's lock hold (adopt): the outer one counts.
+            yield
+            return
+        with self._decided:
+            self._deciding += 1
+        self._calls.deciding = True
+        try:
+            yield
+        finally:
+            self._done_deciding()
+
+    def _done_deciding(self) -> None:
+        if getattr(self._calls, "deciding", False):
+            self._calls.deciding = False
+            with self._decided:
+                self._deciding -= 1
+                if not self._deciding:
+                    self._decided.notify_all()
 
     def _execute(self, program: s.Program[T], stale: StaleCheck, hold: _Hold | None = None) -> T:
         """Run the program with `stale` answering its AskStale steps; its answer."""
@@ -231,7 +264,15 @@ class DeviceState(GpuSteps):
         return ticket
 
     def sync(self, step: s.Sync) -> None:
-        """Wait for the save's fsync (one for every save before it)."""
+        """Wait for the save's fsync (one for every save before it).
+
+        The claims of a burst arrive together, each on its own thread: the first at its fsync waits
+        (at most GROUP_WAIT) for the others to decide and save, so that one fsync makes them all
+        durable. With the GIL the others' decisions would otherwise fall between fsyncs, one each.
+        """
+        self._done_deciding()
+        with self._decided:
+            self._decided.wait_for(lambda: not self._deciding, GROUP_WAIT)
         self._checkpoint.sync(step.ticket)
 
     def mark(self, step: s.Mark) -> None:

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import threading
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +21,7 @@ from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, Op
 from dra.core.assignment import restrict
 from dra.core.checkpointformat import CheckpointError
 from dra.core.steps import ClaimSeen
+from dra.kubeletplugin import state as state_module
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Inventory
 from dra.model.prepared import DeviceAction, PreparedClaim, PreparedDevice
@@ -570,6 +572,52 @@ def test_a_failed_save_while_releasing_a_stale_holder_is_repaired_by_the_restart
     restarted.prepare(_allocation(UID_B, "gpu-0"), lambda _: {UID_A: "re-created"})
     assert list(paths.checkpointed()) == [UID_B]
     assert paths.specs() == [paths.spec(UID_B).name]
+
+
+def test_claims_prepared_together_share_one_fsync(paths: Paths, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = paths.state(inventory("h100x8"))
+    state.prepare(_allocation(UID_A, "gpu-0"))  # the checkpoint exists: prepares append to it
+    fsyncs: list[int] = []
+    real = os.fsync
+
+    def counted(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}") == str(paths.checkpoint):
+            fsyncs.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", counted)
+    # Generous, so that a slow machine still groups them; a burst waits for its own decisions only.
+    monkeypatch.setattr(state_module, "GROUP_WAIT", 5.0)
+    allocations = [_allocation(str(uuid.uuid4()), f"gpu-{n}") for n in range(1, 8)]
+    start = threading.Barrier(len(allocations))
+
+    def prepare(allocation: ClaimAllocation) -> None:
+        start.wait(10)
+        state.prepare(allocation)
+
+    threads = [threading.Thread(target=prepare, args=(a,)) for a in allocations]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert paths.checkpointed().keys() == {UID_A, *(a.uid for a in allocations)}
+    # Each answered once durable, by a few fsyncs for all (one each without the wait; more than one
+    # when a thread reached its fsync before the others had started).
+    assert 1 <= len(fsyncs) <= 3
+
+
+def test_a_claim_prepared_alone_does_not_wait_for_a_group(
+    paths: Paths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = paths.state()
+    state.prepare(_allocation(UID_A, "gpu-0"))
+    # Were it to wait for a group, this would take the whole minute.
+    monkeypatch.setattr(state_module, "GROUP_WAIT", 60.0)
+    done = threading.Thread(target=state.prepare, args=(_allocation(UID_B, "gpu-1"),))
+    done.start()
+    done.join(30)
+    assert not done.is_alive()
+    assert UID_B in paths.checkpointed()
 
 
 def test_a_prepare_waiting_for_its_fsync_holds_up_no_other_claim(

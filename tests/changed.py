@@ -8,7 +8,9 @@ modules (docs/testing.md, "The tests of a change"):
 
 - a Python module of `dra`, `tests`, `localcluster` or `fakenvml`: every test module that imports
   it, directly or through other modules (the import graph that import-linter checks, by grimp),
-  or that imports a module of a package whose `__init__` it is;
+  or that imports a module of a package whose `__init__` it is. A test whose tooling runs the
+  program as a process (`python -m dra ...`) or builds the driver's image from the package runs
+  all of `dra.cli` without importing it, so it counts as importing `dra.cli`;
 - any other file (or a module no test imports): the test modules importing a module of the tests
   or their tooling (not `dra`, which reads no file of the repository) whose source names it in
   quotes or between slashes, by its path, else its name, else the name of its
@@ -46,6 +48,12 @@ PACKAGES = {
 EVERYWHERE = frozenset({"pyproject.toml", "setup.py", "constraints.txt", "Makefile", "tests/conftest.py"})
 #: Modules that name files without reading them: this selector and its test, as examples.
 EXAMPLES = frozenset({"tests.changed", "tests.unit.test_changed"})
+#: A module that runs the program in a process of its own (its argument list, over lines or not).
+RUNS_THE_PROGRAM = re.compile(r'"-m",\s*"dra"')
+#: The module that builds the driver's image, the whole package in it.
+IMAGE_BUILDER = "localcluster.driverimage"
+#: What either runs: the program, every command of it.
+PROGRAM = "dra.cli"
 
 
 def module_name(path: str) -> str | None:
@@ -106,12 +114,23 @@ class Graph:
 
     @cached_property
     def closures(self) -> dict[str, set[str]]:
-        """Each test module: every module it runs on import, packages' __init__ included."""
+        """Each test module: every module it runs on import, packages' __init__ included, and the
+        program's when it runs the program as a process."""
+        program = self._with_ancestors(self.graph.find_upstream_modules(PROGRAM) | {PROGRAM})
+        runners = {
+            m
+            for m, text in self.sources.items()
+            if m not in EXAMPLES and (m == IMAGE_BUILDER or RUNS_THE_PROGRAM.search(text))
+        }
         closures = {}
         for test in filter(_is_test, self.graph.modules):
-            upstream = self.graph.find_upstream_modules(test) | {test}
-            closures[test] = upstream | {a for module in upstream for a in _ancestors(module)}
+            closure = self._with_ancestors(self.graph.find_upstream_modules(test) | {test})
+            closures[test] = closure | program if closure & runners else closure
         return closures
+
+    @staticmethod
+    def _with_ancestors(modules: set[str]) -> set[str]:
+        return modules | {a for module in modules for a in _ancestors(module)}
 
     @cached_property
     def sources(self) -> dict[str, str]:

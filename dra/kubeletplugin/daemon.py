@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import time
@@ -10,8 +11,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import anyio
-import anyio.from_thread
-import anyio.lowlevel
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
@@ -244,13 +243,14 @@ async def _serve(
     status = ClaimStatusWriter(kube, settings.driver_name, settings.node_name)
     status.resync(state.prepared.values(), state.inventory)
     # The publisher is made once the API server's features are known; no claim is prepared before.
-    token = anyio.lowlevel.current_token()
+    # The gRPC servers' threads tell the loop (asyncio, command.py) without waiting for it to run
+    # what they hand it: a busy loop must not hold up the kubelet's call.
+    loop = asyncio.get_running_loop()
 
     def on_prepared(claim: PreparedClaim) -> None:
-        # Told on the gRPC thread that prepared the claim; the publisher lives on the event loop, and
-        # only a claim holding a share is worth the hop to it.
+        # Only a claim holding a share is worth telling the publisher about.
         if any(device.share_id for device in claim.devices):
-            anyio.from_thread.run_sync(publisher.claim_prepared, claim, token=token)
+            loop.call_soon_threadsafe(publisher.claim_prepared, claim)
 
     dra = DraService(settings.driver_name, settings.node_name, state, kube, status, on_prepared)
     owners = None
@@ -336,9 +336,9 @@ async def _serve(
         return done
 
     registered = anyio.Event()
-    # Told on the registration server's thread. Not a worker thread waiting: it would keep the
-    # process from exiting while no kubelet registers it.
-    server.registration.on_registered = lambda: anyio.from_thread.run_sync(registered.set, token=token)
+    # Told by the registration server's thread. Not a worker thread waiting on it: that would keep
+    # the process from exiting while no kubelet registers it.
+    server.registration.on_registered = lambda: loop.call_soon_threadsafe(registered.set)
 
     async def report_ready() -> None:
         await registered.wait()

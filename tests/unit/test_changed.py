@@ -40,6 +40,15 @@ def test_a_module_selects_the_tests_that_import_it_directly_or_not(graph: change
     assert selection.tests["tests.unit.test_cli"] == {"dra/daemon/flags.py"}
 
 
+def test_a_module_selects_the_tests_that_run_the_program_as_a_process(graph: changed.Graph) -> None:
+    # daemon.py is imported by none of them: they start `python -m dra kubelet-plugin`, or its image.
+    tests = graph.importers("dra.kubeletplugin.daemon")
+    assert "tests.unit.test_mpsprivsep" in tests
+    assert "tests.e2e.test_device_taints" in tests
+    assert "tests.e2e.test_chart_install" in tests
+    assert "tests.unit.test_claimstatus" not in graph.importers("dra.kubeletplugin.daemon")
+
+
 def test_a_packages_init_selects_the_tests_importing_any_of_its_modules(graph: changed.Graph) -> None:
     # test_slices imports dra.core.slices, never `dra` itself: importing it runs dra/__init__.py.
     assert "tests.unit.test_slices" in changed.select(["dra/__init__.py"], graph).tests

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+import grpc.aio
 import pytest
 from hypothesis import HealthCheck, settings
 from localcluster.cluster import ClusterInfo, LocalCluster, parse_gates
@@ -24,6 +25,11 @@ from dra.kubeletplugin import mpsprivsep
 if TYPE_CHECKING:
     from xdist.remote import Producer
     from xdist.scheduler import Scheduling
+
+# grpc.aio's poller kept for the whole test process: otherwise the last grpc.aio object a test
+# releases stops it, on the garbage collector's time in some later test, and that stop can hang on
+# a thread join (grpc/grpc#40989: a worker hung so in `make test`); the next starts it again.
+grpc.aio.init_grpc_aio()
 
 # Bounded for the default suite (a few seconds per test); HYPOTHESIS_PROFILE=fuzz-long searches longer.
 # No example database: a failing example is printed, and nothing is written into the checkout.

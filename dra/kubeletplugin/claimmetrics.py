@@ -21,11 +21,10 @@ from pathlib import Path
 
 import anyio
 import grpc
-import grpc.aio
 
 from dra.core.devicestatus import DeviceIdentity, identities, join_labels
 from dra.daemon import metrics
-from dra.kubeletplugin.podresources import SOCKET, claim_consumers
+from dra.kubeletplugin.podresources import SOCKET, claim_consumers, rpc_error_text
 from dra.kubeletplugin.state import DeviceState
 from dra.kubeletplugin.usage import UsageSampler
 from dra.model.prepared import PreparedClaim
@@ -71,7 +70,7 @@ class ClaimDeviceInfo:
             consumers = await claim_consumers(self.socket, self._driver)
             metrics.CLAIM_INFO_SAMPLES.labels("success").inc()
             self._warned = False
-        except (grpc.aio.AioRpcError, OSError) as err:
+        except (grpc.RpcError, OSError) as err:
             metrics.CLAIM_INFO_SAMPLES.labels("error").inc()
             if not self._warned:
                 self._warned = True
@@ -79,7 +78,7 @@ class ClaimDeviceInfo:
                     "cannot ask the kubelet (%s) which containers use which claims: %s; "
                     "dra_gpu_claim_device_info has no pod labels until it answers",
                     self.socket,
-                    err.details() if isinstance(err, grpc.aio.AioRpcError) else err,
+                    rpc_error_text(err),
                 )
             consumers = []
         claims = self._claims()

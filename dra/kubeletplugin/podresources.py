@@ -21,8 +21,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
+import anyio.to_thread
 import grpc
-import grpc.aio
 
 from dra.core.assignment import describe, gpus_behind
 from dra.core.devicestatus import Consumer
@@ -50,10 +51,28 @@ class Holder:
 
 
 async def _list_pod_resources(socket: Path) -> podresources_pb2.ListPodResourcesResponse:
-    """The kubelet's List: every running pod's containers and the devices they were given."""
-    async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+    """The kubelet's List: every running pod's containers and the devices they were given.
+
+    grpcio's blocking client on a worker thread, not grpc.aio: the kubelet plugin serves on
+    grpcio's synchronous server and keeps no grpc.aio object, so a grpc.aio channel would start
+    grpc.aio's poller thread at each List and stop it at the channel's close, a stop that can
+    hang the process (grpc/grpc#40989); a worker thread costs nothing of the sort.
+    """
+    return await anyio.to_thread.run_sync(_list_blocking, socket, abandon_on_cancel=True)
+
+
+def _list_blocking(socket: Path) -> podresources_pb2.ListPodResourcesResponse:
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
         stub = podresources_pb2_grpc.PodResourcesListerStub(channel)
-        return await stub.List(podresources_pb2.ListPodResourcesRequest(), timeout=_TIMEOUT)
+        answer: podresources_pb2.ListPodResourcesResponse = stub.List(
+            podresources_pb2.ListPodResourcesRequest(), timeout=_TIMEOUT
+        )
+        return answer
+
+
+def rpc_error_text(err: grpc.RpcError | OSError) -> str:
+    """What a failed List says: the status's details, or the OS error."""
+    return str(err.details()) if isinstance(err, grpc.Call) else str(err)
 
 
 async def list_devices(socket: Path) -> list[tuple[Holder, str]]:
@@ -105,14 +124,14 @@ class DevicePluginHoldback:
         """
         try:
             devices = await list_devices(self.socket)
-        except (grpc.aio.AioRpcError, OSError) as err:
+        except (grpc.RpcError, OSError) as err:
             if not self._warned:
                 self._warned = True
                 log.warning(
                     "cannot ask the kubelet (%s) which GPUs device-plugin pods still use: %s; "
                     "publishing every GPU (docs/migration.md)",
                     self.socket,
-                    err.details() if isinstance(err, grpc.aio.AioRpcError) else err,
+                    rpc_error_text(err),
                 )
             return set(self._held)
         self._warned = False

@@ -161,7 +161,10 @@ def test_a_kept_demo_stops_everything_on_sighup(cluster_dir: Path) -> None:
         assert set(pids) == COMPONENTS | {"dra-gpu"}
         # A closed terminal: the demo gets SIGHUP, its cluster's process groups do not.
         demo.send_signal(signal.SIGHUP)
-        out, _ = demo.communicate(timeout=60)
+        try:
+            out, _ = demo.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the demo did not stop within 60 s of SIGHUP; its run:\n{kept}") from None
     finally:
         demo.kill()
     # The whole run: a failing exit status is a pod's row marked "!".

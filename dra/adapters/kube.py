@@ -441,7 +441,7 @@ class KubeClient:
         await self._call("POST", *_event_object(involved, reason, message, host, event_type))
 
     def write_event(self, involved: Obj, reason: str, message: str, *, host: str = "") -> None:
-        """Record a Warning event about an object from a worker thread: blocks it, not an event loop."""
+        """Record a Warning event about an object from the calling thread: blocks it, never an event loop."""
         self._send("POST", *_event_object(involved, reason, message, host, "Warning"), None, _JSON)
 
 

@@ -196,7 +196,7 @@ class DeviceState(GpuSteps):
     def _counted(self) -> Iterator[None]:
         """Count the thread's program among those deciding, until its fsync (sync) or its end."""
         if getattr(self._calls, "deciding", False):
-            # A program run inside another's lock hold (adopt): the outer one counts.
+            # Counted once per thread: a second count here would never be taken back.
             yield
             return
         with self._decided:

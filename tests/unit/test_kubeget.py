@@ -23,6 +23,7 @@ import yaml
 
 from dra.adapters import kube, kubeget
 from dra.adapters.kube import KubeClient, KubeError, NotFoundError, UnreachableError
+from dra.api.fields import DuplicatedKeys
 from tests.unit.test_kube import Server, _chunked, _client, _response
 
 pytestmark = pytest.mark.anyio
@@ -166,6 +167,26 @@ async def test_a_body_that_is_not_json_is_a_kube_error(tmp_path: Path) -> None:
     async with _client(tmp_path, Server([_response(200, b"<html>proxy error</html>")])) as client:
         with pytest.raises(KubeError, match="the API server's answer is not JSON"):
             await _read(client)
+
+
+async def test_opaque_parameters_keep_a_repeated_key_and_a_too_long_integer_for_their_decoder(
+    tmp_path: Path,
+) -> None:
+    # dra.api.opaque refuses both with the field's path; outside parameters the C decoder alone reads
+    # the answer, and an integer too long for it falls back to the same infinity.
+    long = "9" * 5000
+    parameters = b'{"config": [{"opaque": {"parameters": {"kind": "A", "kind": "B"}}}], "n": '
+    config = parameters + long.encode() + b"}"
+    plain = b'{"metadata": {"name": "c"}, "n": ' + long.encode() + b"}"
+    server = Server([_response(200, config)], [_response(200, plain)])
+    async with _client(tmp_path, server) as client:
+        claim = await _read(client)
+        assert isinstance(claim, dict)
+        parameters = claim["config"][0]["opaque"]["parameters"]
+        assert isinstance(parameters, DuplicatedKeys)
+        assert (parameters, parameters.duplicates, claim["n"]) == ({"kind": "B"}, ("kind",), float("inf"))
+        await anyio.sleep(0.05)
+        assert await _read(client) == {"metadata": {"name": "c"}, "n": float("inf")}
 
 
 async def test_behind_an_http_proxy_a_request_names_the_whole_url_and_the_proxys_user(

@@ -61,7 +61,8 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
         stale = stale_reasons((yield from ask(AskStale(tuple(live)))))
         # Decided again on the state as it is now: a holder that appeared meanwhile counts as live.
         facts = yield from ask(ReadState())
-    has_spec = yield from ask(HasSpec(allocation.uid))
+    # Only a recorded claim's answer depends on its spec being there; a new claim's is written anyway.
+    has_spec = allocation.uid in facts.prepared and (yield from ask(HasSpec(allocation.uid)))
     plan = decide_prepare(
         allocation,
         facts.inventory,
@@ -179,7 +180,7 @@ def _write_and_record(
     if outputs.spec is not None:
         yield Mark(point="prepare.before-cdi-write")
         try:
-            yield WriteSpec(plan.claim.uid, outputs.spec, point="prepare.cdi-written")
+            yield WriteSpec(plan.claim.uid, outputs.spec, compare=False, point="prepare.cdi-written")
         except StepError as err:
             yield from _drop_unrecorded_spec(plan.claim.uid, facts)
             yield from _drop_unrecorded_metadata(plan.claim, facts)

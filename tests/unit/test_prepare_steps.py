@@ -134,7 +134,6 @@ def test_a_new_claim_is_spec_then_record_then_settings_then_fsync(tmp_path: Path
     facts = steps.Facts({}, (), _inventory(tmp_path))
     program = programs.prepare(NODE_FACTS, _allocation(WHOLE), facts)
     assert _trace(program, _answers(facts)) == [
-        "HasSpec",
         "MissingHostPaths",
         "Mark@prepare.before-cdi-write",
         "WriteSpec@prepare.cdi-written",
@@ -149,7 +148,7 @@ def test_device_metadata_files_are_written_before_the_spec_that_mounts_them(tmp_
     facts = steps.Facts({}, (), _inventory(tmp_path))
     node = steps.Node(DRIVER, NODE, metadata_root="/plugin/dra-device-metadata", device_metadata=True)
     trace = _trace(programs.prepare(node, _allocation(WHOLE), facts), _answers(facts))
-    assert trace[2:5] == [
+    assert trace[1:4] == [
         "WriteMetadata@prepare.metadata-written",
         "Mark@prepare.before-cdi-write",
         "WriteSpec@prepare.cdi-written",
@@ -170,9 +169,10 @@ def test_a_holder_is_asked_about_without_the_lock_and_released_before_the_spec(t
     facts = steps.Facts({OTHER: prepared}, (), _inventory(tmp_path))
     program = programs.prepare(NODE_FACTS, _allocation(WHOLE), facts)
     trace = _trace(program, _answers(facts, {steps.AskStale: {OTHER: "gone"}}))
-    assert trace[:4] == ["AskStale", "ReadState", "HasSpec", "MissingHostPaths"]
+    # A new claim's spec is written whether or not one is there: no HasSpec.
+    assert trace[:3] == ["AskStale", "ReadState", "MissingHostPaths"]
     # The holder (prepared with device metadata) loses its files with its spec.
-    assert trace[4:8] == [
+    assert trace[3:7] == [
         "Log",
         "RemoveSpec@prepare.stale-spec-removed",
         "RemoveMetadata",
@@ -197,8 +197,7 @@ def test_a_mig_device_is_recorded_as_intent_made_in_two_steps_then_recorded_done
             gpusteps.FindMigDevice: made,
         },
     )
-    assert _trace(programs.prepare(NODE_FACTS, _allocation(MIG), facts), answers)[:9] == [
-        "HasSpec",
+    assert _trace(programs.prepare(NODE_FACTS, _allocation(MIG), facts), answers)[:8] == [
         "ReadMigMode",
         "Save@mig-intent-recorded",
         "CreateGpuInstance@mig-gpu-instance-created",
@@ -247,8 +246,7 @@ def test_mig_mode_is_recorded_as_intent_switched_then_recorded_done_before_any_m
     tmp_path: Path,
 ) -> None:
     facts, answers = _mig_mode_off(tmp_path)
-    assert _trace(programs.prepare(NODE_FACTS, _allocation(MIG), facts), answers)[:6] == [
-        "HasSpec",
+    assert _trace(programs.prepare(NODE_FACTS, _allocation(MIG), facts), answers)[:5] == [
         "ReadMigMode",
         "Save@mig-mode-intent-recorded",
         "SetMigMode@mig-mode-set",
@@ -264,8 +262,7 @@ def test_the_whole_of_a_dynamic_mig_gpu_gets_leftovers_destroyed_then_mig_mode_o
     answers = _answers(
         facts, {gpusteps.ReadMigMode: (1, 1), gpusteps.SetMigMode: True, gpusteps.ListGpuInstances: ()}
     )
-    assert _trace(programs.prepare(NODE_FACTS, _allocation(DYNAMIC_WHOLE), facts), answers)[:7] == [
-        "HasSpec",
+    assert _trace(programs.prepare(NODE_FACTS, _allocation(DYNAMIC_WHOLE), facts), answers)[:6] == [
         "ListGpuInstances",
         "ReadMigMode",
         "Save@mig-mode-intent-recorded",
@@ -317,8 +314,7 @@ def test_a_gpu_passed_through_is_recorded_as_intent_bound_then_recorded_done_bef
         },
     )
     node = replace(NODE_FACTS, vfio=True)
-    assert _trace(programs.prepare(node, _vfio_allocation(DYNAMIC_WHOLE), facts), answers)[:10] == [
-        "HasSpec",
+    assert _trace(programs.prepare(node, _vfio_allocation(DYNAMIC_WHOLE), facts), answers)[:9] == [
         "ListGpuInstances",
         "ReadMigMode",
         "ReadVfioHost",
@@ -334,9 +330,8 @@ def test_a_gpu_passed_through_is_recorded_as_intent_bound_then_recorded_done_bef
 def test_a_refused_claim_changes_nothing(tmp_path: Path) -> None:
     facts = steps.Facts({}, (), _inventory(tmp_path))
     program = programs.prepare(NODE_FACTS, _allocation("gpu-99"), facts)
-    assert type(next(program)) is steps.HasSpec
     with pytest.raises(ClaimError, match="device gpu-99 does not exist"):
-        program.send(False)
+        next(program)
 
 
 def test_unprepare_removes_the_spec_undoes_settings_then_drops_the_record(tmp_path: Path) -> None:

@@ -134,9 +134,11 @@ class ClaimStatusWriter:
         now = time.monotonic()
         if not self._pending:
             self._waiting_since = now
+            # Only then does the writer wait with no timeout; waiting for a lull, it wakes at the
+            # lull's end and reads _last_change again. A wake per claim cost a thread switch per prepare.
+            self._changes.notify()
         self._last_change = now
         self._pending[write.uid] = write
-        self._changes.notify()
 
     async def run(self) -> None:
         """Write what is queued, on a thread of its own, until cancelled."""

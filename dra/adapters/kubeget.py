@@ -221,7 +221,7 @@ class BlockingPool:
         """
         deadline = time.monotonic() + self._timeout
         request = self._request(method, target, body, content_type)
-        pooled = self._take()
+        pooled = self._take(check=method not in _REPLAYABLE)
         if pooled is not None:
             try:
                 return self._exchange(pooled, request, deadline, reused=method in _REPLAYABLE)
@@ -267,14 +267,19 @@ class BlockingPool:
             return f"{head}\r\n".encode()
         return f"{head}Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
 
-    def _take(self) -> socket.socket | None:
+    def _take(self, check: bool) -> socket.socket | None:
+        """A kept connection; `check`: one the server has not closed, for a request never sent twice.
+
+        The others meet a closed one as a _StaleError and go again on a new connection: the check's
+        select is a system call per request, and a switch of threads wherever another waits for the GIL.
+        """
         while True:
             with self._lock:
                 if not self._idle:
                     return None
                 conn = self._idle.pop()
                 self._busy.add(conn)
-            if not _closed_by_peer(conn):
+            if not (check and _closed_by_peer(conn)):
                 return conn
             self._done(conn, keep=False)
 

@@ -64,8 +64,12 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644, durable: bool = Tru
 
     Durable: the new file and its name are on disk when it returns.
     """
-    ensure_dir(path.parent)
-    fd, tmp = _temporary(path)
+    try:
+        fd, tmp = _temporary(path)
+    except FileNotFoundError:
+        # Made on the first write, or again after someone removed it: a stat per write otherwise.
+        ensure_dir(path.parent)
+        fd, tmp = _temporary(path)
     try:
         try:
             view = memoryview(data)

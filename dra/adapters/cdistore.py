@@ -11,6 +11,7 @@ a directory fsync either way (a spec back after a power loss goes at start-up).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -42,9 +43,9 @@ class CdiStore:
         """The host paths a spec names that are not there: a runtime would fail the container."""
         return [p for p in cdi.host_paths(spec) if not os.path.lexists(self.host_root / p.lstrip("/"))]
 
-    def write(self, claim_uid: str, spec: dict[str, Any]) -> Path:
-        """Write a claim's spec unless the same bytes are already there; return its path."""
-        return self._write(self.path(claim_uid), spec)
+    def write(self, claim_uid: str, spec: dict[str, Any], compare: bool = True) -> Path:
+        """Write a claim's spec unless (`compare`) the same bytes are already there; return its path."""
+        return self._write(self.path(claim_uid), spec, compare)
 
     def device_spec_path(self) -> Path:
         """Where the device plugin's spec lives."""
@@ -58,13 +59,12 @@ class CdiStore:
         """Delete the device plugin's spec, durably; False when there was none."""
         return remove_durably(self.device_spec_path())
 
-    def _write(self, path: Path, spec: dict[str, Any]) -> Path:
+    def _write(self, path: Path, spec: dict[str, Any], compare: bool = True) -> Path:
         data = cdi.render(spec)
-        try:
-            if path.read_bytes() == data:
-                return path
-        except FileNotFoundError:
-            pass
+        if compare:
+            with contextlib.suppress(FileNotFoundError):
+                if path.read_bytes() == data:
+                    return path
         if self._durable is None:
             ensure_dir(self.root)
             self._durable = not is_tmpfs(self.root)

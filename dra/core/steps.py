@@ -226,10 +226,15 @@ class RemoveLeftovers(Step[Runner]):
 
 @dataclass(frozen=True)
 class WriteSpec(Step[Runner]):
-    """Write the claim's CDI spec, atomically."""
+    """Write the claim's CDI spec, atomically.
+
+    `compare`: leave a spec with the same bytes as it is (recovery rewrites every spec at start-up);
+    a prepare's spec is one it has just decided, rarely on disk, so it is written without the read.
+    """
 
     uid: str
     spec: Obj
+    compare: bool = True
 
     def run(self, runner: Runner) -> None:
         return runner.write_spec(self)

@@ -287,7 +287,7 @@ class DeviceState(GpuSteps):
 
     def write_spec(self, step: s.WriteSpec) -> None:
         """Write the claim's spec atomically."""
-        self._cdi.write(step.uid, step.spec)
+        self._cdi.write(step.uid, step.spec, compare=step.compare)
 
     def remove_spec(self, step: s.RemoveSpec) -> None:
         """Remove the claim's spec."""

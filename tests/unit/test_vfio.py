@@ -254,7 +254,7 @@ def test_a_spec_that_cannot_be_written_gives_the_gpu_back(
     fake = _node(tmp_path)
     state = _state(tmp_path, fake)
 
-    def full(uid: str, spec: object) -> None:
+    def full(uid: str, spec: object, compare: bool = True) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(state._cdi, "write", full)

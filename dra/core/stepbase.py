@@ -67,7 +67,7 @@ class Logger(Protocol):
 class Log(Step[Logger]):
     """Tell the admin, in the plugin's log."""
 
-    level: Literal["info", "warning", "error"]
+    level: Literal["debug", "info", "warning", "error"]
     message: str
 
     def run(self, runner: Logger) -> None:

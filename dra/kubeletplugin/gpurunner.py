@@ -24,7 +24,12 @@ T = TypeVar("T")
 #: A runner: what a program's steps are run on, itself or a runner of more kinds of step.
 S = TypeVar("S", bound="GpuSteps")
 
-_LOG_LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+_LOG_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
 class GpuSteps:

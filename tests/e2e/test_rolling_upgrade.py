@@ -166,7 +166,10 @@ def test_upgrade_under_load_fails_no_prepare_and_loses_no_claim(
     load.wait_for_more(4)
 
     old_writes = _slice_writes(old_driver)
-    new_driver = DriverProcess(cluster, "h100x8", tmp_path / "new.log").start()
+    # At debug: an unprepare's line, which says which claims the new instance took over.
+    new_driver = DriverProcess(
+        cluster, "h100x8", tmp_path / "new.log", extra_args=("--log-level=debug",)
+    ).start()
     # A failed assertion must not leave a second instance holding the node's publisher lock.
     request.addfinalizer(new_driver.stop)
     overlap_started = time.monotonic()

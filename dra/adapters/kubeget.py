@@ -221,10 +221,11 @@ class BlockingPool:
         """
         deadline = time.monotonic() + self._timeout
         request = self._request(method, target, body, content_type)
-        pooled = self._take(check=method not in _REPLAYABLE)
+        replayable = method in _REPLAYABLE
+        pooled = self._take(check=not replayable)
         if pooled is not None:
             try:
-                return self._exchange(pooled, request, deadline, reused=method in _REPLAYABLE)
+                return self._exchange(pooled, request, deadline, reused=replayable)
             except _StaleError:
                 pass  # not answered: the request is safe to send again
         return self._exchange(self._connect(deadline), request, deadline, reused=False)

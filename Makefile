@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # in the middle of `make demo`; it is information only (setuptools' InformationOnly), so not shown.
 EDITABLE := PYTHONWARNINGS='ignore:Editable installation'
 
-.PHONY: all venv proto binaries cluster-binaries manifests api lint nvml-coverage test test-fast test-changed test-gpu test-matrix test-newest-python fuzz demo cluster-up cluster-down bench bench-pods bench-scale bench-scheduler bench-packing soak clean
+.PHONY: all venv proto binaries cluster-binaries manifests releases release api lint nvml-coverage test test-fast test-changed test-gpu test-matrix test-newest-python fuzz demo cluster-up cluster-down bench bench-pods bench-scale bench-scheduler bench-packing soak clean
 
 all: test
 
@@ -42,10 +42,21 @@ binaries: $(STAMP)
 cluster-binaries:
 	@$(LOCAL) $(PYTHON) -m localcluster.binaries
 
-# Re-render deploy/manifests (kubectl apply -k) from the Helm chart in deploy/helm/dra-gpu;
-# a test fails while the committed files differ from a fresh render.
+# Give the chart (deploy/helm/dra-gpu/Chart.yaml) the version of dra/__init__.py, then re-render
+# deploy/manifests (kubectl apply -k) from it; a test fails while the committed files differ.
 manifests: $(STAMP)
 	$(LOCAL) $(BIN)/python -m localcluster.chart manifests
+
+# The releases in this clone's history, newest first: each commit that set a new version in
+# dra/__init__.py (docs/releases.md). Only git and the system Python: works on a fresh clone.
+releases:
+	@$(LOCAL) $(PYTHON) -m localcluster.releases
+
+# From a clean tree at a release: the wheel, the image (OCI tarball) and the packaged chart, each
+# named with the version, into dist/<version>/, with the chart's default image checked to be the
+# one built. Nothing is uploaded. The image is built as root, like localcluster.driverimage's.
+release: $(STAMP)
+	$(LOCAL) $(BIN)/python -m localcluster.dist
 
 # the JSON Schemas in api/, generated from dra.api's types (a test fails when they drift)
 api: $(STAMP)

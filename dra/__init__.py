@@ -34,3 +34,10 @@ enforce them, whole packages at a time. From the bottom up:
     The ``dra-gpu`` command line on top: the parser, and the one place that may
     join two programs (the labeller reads the device plugin's config file).
 """
+
+#: The version of everything a release ships, set here and nowhere else: the package's (pyproject.toml
+#: reads it), the chart's version and appVersion and so its default image tag (`make manifests` writes
+#: them), the `dra_gpu_build_info` metric's label and the daemons' first log line. A commit that
+#: changes it is a release (docs/releases.md); tests/unit/test_release_version.py fails on any
+#: disagreement.
+__version__ = "0.1.0"

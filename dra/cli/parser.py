@@ -13,6 +13,7 @@ import socket
 from collections.abc import Sequence
 from pathlib import Path
 
+from dra import __version__
 from dra.cli import options
 from dra.cli.options import DEFAULT_DRIVER
 from dra.core import taints, versions
@@ -89,6 +90,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
     parser = argparse.ArgumentParser(prog="dra-gpu", description="Kubernetes DRA driver for NVIDIA GPUs.")
+    parser.add_argument("--version", action="version", version=f"dra-gpu {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     plugin = sub.add_parser(

@@ -28,6 +28,7 @@ from prometheus_client import Gauge as Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from dra import __version__
 from dra.core.devicestatus import JOIN_LABELS
 from dra.core.usage import CLAIM_LABELS, DEVICE_LABELS, Value
 
@@ -435,3 +436,18 @@ WEBHOOK_CERT_RELOADS = Counter(
     ["result"],
     registry=WEBHOOK_REGISTRY,
 )
+
+#: Every program's version as a series of its own, as Prometheus' components publish theirs
+#: (prometheus_build_info): NVIDIA's gpu-kubelet-plugin serves none, and Kubernetes' own
+#: kubernetes_build_info describes the Kubernetes libraries a Go binary was built with, so the name
+#: is ours. A fleet mid-upgrade shows as two values of the label.
+BUILD_INFO = "dra_gpu_build_info"
+
+
+def _publish_build_info(registry: CollectorRegistry) -> None:
+    info = Gauge(BUILD_INFO, "The running dra-gpu's version; always 1.", ["version"], registry=registry)
+    info.labels(__version__).set(1)
+
+
+for _registry in (REGISTRY, DEVICE_PLUGIN_REGISTRY, LABELLER_REGISTRY, WEBHOOK_REGISTRY):
+    _publish_build_info(_registry)

@@ -15,6 +15,7 @@ from pathlib import Path
 import anyio
 from anyio.abc import TaskGroup
 
+from dra import __version__
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.kube import KubeClient, KubeError
@@ -337,7 +338,8 @@ async def _serve(
         for server in servers:
             await server.first_registration.wait()
         log.info(
-            "ready: %s registered with the kubelet in %.2fs",
+            "dra-gpu %s ready: %s registered with the kubelet in %.2fs",
+            __version__,
             ", ".join(f"{s.resource.name} ({s.resource.advertised})" for s in servers),
             time.monotonic() - node.started,
         )

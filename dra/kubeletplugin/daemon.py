@@ -14,6 +14,7 @@ import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
+from dra import __version__
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.kube import KubeClient, KubeError
@@ -344,7 +345,8 @@ async def _serve(
         await registered.wait()
         await publisher.settled.wait()
         log.info(
-            "ready: registered with the kubelet and %s %d devices in %.2fs",
+            "dra-gpu %s ready: registered with the kubelet and %s %d devices in %.2fs",
+            __version__,
             "published" if publisher.published.is_set() else "left to the previous instance to publish",
             len(inventory),
             time.monotonic() - node.started,

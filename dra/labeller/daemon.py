@@ -17,6 +17,7 @@ import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup
 
+from dra import __version__
 from dra.adapters.kube import KubeClient, KubeError
 from dra.core.labels import AdminTemplate, LabelError, Sharing, admin_labels, gfd_labels, owned
 from dra.daemon import metrics
@@ -164,7 +165,12 @@ async def _serve(settings: LabellerSettings, node: Node) -> None:
 
     async def report_ready() -> None:
         await labeller.synced.wait()
-        log.info("ready: node %s labelled in %.2fs", settings.node_name, time.monotonic() - node.started)
+        log.info(
+            "dra-gpu %s ready: node %s labelled in %.2fs",
+            __version__,
+            settings.node_name,
+            time.monotonic() - node.started,
+        )
 
     def tasks(group: TaskGroup) -> None:
         group.start_soon(labeller.run)

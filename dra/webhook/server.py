@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 from aiohttp import web
 
-from dra import documents
+from dra import __version__, documents
 from dra.adapters import tlsfiles
 from dra.daemon import metrics
 from dra.daemon.bootstrap import StartupError, serve_http
@@ -183,7 +183,10 @@ async def run_webhook(settings: WebhookSettings) -> None:
                 settings.http_address, lambda: listening, heartbeat.alive, registry=metrics.WEBHOOK_REGISTRY
             )
         log.info(
-            "ready: validating %s configs on https://%s/validate", settings.driver_name, settings.bind_address
+            "dra-gpu %s ready: validating %s configs on https://%s/validate",
+            __version__,
+            settings.driver_name,
+            settings.bind_address,
         )
         async with anyio.create_task_group() as group:
             group.start_soon(heartbeat.run)

@@ -11,7 +11,7 @@ the API server through the kubernetes Service: localcluster.nodenet) runs, in or
 2. the privileges of its processes as the kernel reports them (/proc/<pid>/status on the
    machine), and what of the node's credentials the plugin's container can reach;
 3. ``helm uninstall``, then ``helm install`` of the previous release (chart and image of
-   localcluster.release.PREVIOUS_RELEASE), pods with claims, ``helm upgrade`` to this tree
+   localcluster.release.previous(), found in the history), pods with claims, ``helm upgrade`` to this tree
    with a pod created during the rollout, ``helm rollback`` to the previous release the same
    way: no failed prepare, no claim lost, the old plugin's pod gone and the new one serving;
 4. ``helm upgrade`` with the webhook, the device plugin, the node labeller and MPS on: each
@@ -90,7 +90,7 @@ class Node:
 def node() -> Iterator[Node]:
     """The cluster on containerd with both releases' images imported."""
     try:
-        current, previous = driver_image(), driver_image(release.PREVIOUS_RELEASE)
+        current, previous = driver_image(), driver_image(release.previous().commit)
     except BuildError as err:
         pytest.skip(f"the driver's image cannot be built here: {err}")
     # The previous release caps its socket paths at the kernel's 107 bytes, not gRPC's 105: its
@@ -333,7 +333,9 @@ def _unprepares(node: Node, namespace: str, name: str) -> None:
 
 
 def test_helm_upgrade_from_the_previous_release_loses_no_claim(node: Node) -> None:
-    with release.chart_at(release.PREVIOUS_RELEASE) as old_chart:
+    previous = release.previous()
+    node.figures["previous release"] = f"{previous.version} ({previous.commit[:12]}, {previous.date})"
+    with release.chart_at(previous.commit) as old_chart:
         node.helm.install(old_chart, node.values(node.previous))
     _serving_pod(node, node.previous)
     namespace = _namespace(node, "upgrade")

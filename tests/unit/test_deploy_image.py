@@ -127,7 +127,7 @@ def test_the_local_image_has_the_dockerfiles_user_environment_and_command() -> N
 
 
 def test_the_local_build_context_leaves_out_what_the_ignore_file_does() -> None:
-    with driverimage._staged(None) as context:
+    with driverimage.staged_context(None) as context:
         assert sorted(p.name for p in context.iterdir()) == sorted(driverimage.CONTEXT)
         assert not (context / "dra" / "pb").exists(), "generated code is rebuilt by the wheel's build"
         assert not list(context.rglob("__pycache__"))

@@ -1,15 +1,18 @@
 """The Helm chart in deploy/helm/dra-gpu, rendered by the project's pinned helm.
 
 Tests render it to check what admins would install; `make manifests` (this
-module's command line) writes the plain manifests of deploy/manifests from it:
+module's command line) gives Chart.yaml the release's version (dra.__version__, the
+one place: docs/releases.md) and writes the plain manifests of deploy/manifests from it:
 
-    python -m localcluster.chart manifests   # re-render deploy/manifests
+    python -m localcluster.chart manifests   # the chart's version, then deploy/manifests
     python -m localcluster.chart template [helm template flags...]
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -19,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from localcluster import releases
 from localcluster.binaries import ensure_binary
 from localcluster.kube import Obj, load_manifests
 
@@ -151,6 +155,24 @@ def write_manifests(directory: Path = MANIFESTS) -> list[Path]:
     return written
 
 
+#: Chart.yaml's two version lines: the chart's own and the version of what it installs.
+_CHART_VERSION = re.compile(r"^version: .*$", re.MULTILINE)
+_APP_VERSION = re.compile(r"^appVersion: .*$", re.MULTILINE)
+
+
+def write_chart_version(version: str, chart_file: Path = CHART / "Chart.yaml") -> bool:
+    """Give Chart.yaml `version` as its version and appVersion (comments kept); whether it changed."""
+    text = chart_file.read_text()
+    new = _CHART_VERSION.sub(f"version: {version}", text, count=1)
+    new = _APP_VERSION.sub(f'appVersion: "{version}"', new, count=1)
+    if new == text:
+        return False
+    staging = chart_file.with_name(f".{chart_file.name}.{os.getpid()}.tmp")
+    staging.write_text(new)
+    staging.replace(chart_file)
+    return True
+
+
 def kind_chart_args() -> list[str]:
     """The release, chart and flags deploy/kind/up.sh installs with, as the script prints them."""
     script = KIND / "up.sh"
@@ -162,6 +184,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["manifests"]:
+        chart_file = CHART / "Chart.yaml"
+        if write_chart_version(releases.tree_version(ROOT), chart_file):
+            print(chart_file.relative_to(ROOT))
         for path in write_manifests():
             print(path.relative_to(ROOT))
         return 0

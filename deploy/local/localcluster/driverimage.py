@@ -42,7 +42,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from localcluster import debs
+from localcluster import debs, releases
 from localcluster.binaries import BuildError, cache_root
 from localcluster.images import REGISTRY, Image, tree_layer, write_oci_tarball
 
@@ -164,13 +164,14 @@ def _key(context: Path) -> str:
 
 
 def _version(context: Path) -> str:
-    import tomllib
-
-    return str(tomllib.loads((context / "pyproject.toml").read_text())["project"]["version"])
+    try:
+        return releases.tree_version(context)
+    except releases.ReleaseError as err:
+        raise BuildError(str(err)) from None
 
 
 @contextlib.contextmanager
-def _staged(commit: str | None) -> Iterator[Path]:
+def staged_context(commit: str | None) -> Iterator[Path]:
     """The build context of this tree (None) or of a commit, in a scratch directory."""
     with tempfile.TemporaryDirectory(prefix="dra-gpu-context-") as tmp:
         context = Path(tmp)
@@ -329,7 +330,7 @@ def driver_image(commit: str | None = None, log: bool = True) -> DriverImage:
     layer); a cached image costs the context's hash (a few tenths of a second). The cache
     keeps the KEPT_IMAGES most recently used.
     """
-    with _staged(commit) as context:
+    with staged_context(commit) as context:
         tag = f"{_version(context)}-{_key(context)}"
         name = f"{REPOSITORY}:{tag}"
         tarball = cache_root() / "images" / f"dra-gpu-{tag}.tar"

@@ -95,6 +95,37 @@ def tree_layer(root: Path) -> bytes:
     return buffer.getvalue()
 
 
+def _name_annotations(name: str) -> dict[str, str]:
+    # containerd names the imported image after the first.
+    return {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": name}
+
+
+def image_name(tarball: Path) -> str:
+    """The name an OCI layout tarball of write_oci_tarball's gives its image."""
+    with tarfile.open(tarball) as tar:
+        member = tar.extractfile("index.json")
+        assert member is not None
+        [manifest] = json.loads(member.read())["manifests"]
+    return str(manifest["annotations"]["io.containerd.image.name"])
+
+
+def rename_oci_tarball(source: Path, name: str, target: Path) -> None:
+    """A copy of an OCI layout tarball of write_oci_tarball's naming its image `name`: the same
+    manifest, config and layer bytes (the same digests), only index.json's annotations differ."""
+    staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    with tarfile.open(source) as src, tarfile.open(staging, "w") as out:
+        for member in src:
+            data = src.extractfile(member) if member.isfile() else None
+            if member.name == "index.json" and data is not None:
+                index = json.loads(data.read())
+                for manifest in index["manifests"]:
+                    manifest["annotations"] = _name_annotations(name)
+                _add(out, "index.json", json.dumps(index).encode(), mode=0o644)
+            else:
+                out.addfile(member, data)
+    staging.replace(target)
+
+
 def write_oci_tarball(path: Path, name: str, layer: bytes, config: dict[str, Any]) -> None:
     """An OCI image layout tarball of one layer, naming the image `name` (registry/repo:tag)."""
     image_config = {
@@ -131,8 +162,7 @@ def write_oci_tarball(path: Path, name: str, layer: bytes, config: dict[str, Any
                 "mediaType": "application/vnd.oci.image.manifest.v1+json",
                 "digest": _sha256(manifest),
                 "size": len(manifest),
-                # containerd names the imported image after this annotation.
-                "annotations": {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": name},
+                "annotations": _name_annotations(name),
             }
         ],
     }

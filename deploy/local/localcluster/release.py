@@ -6,15 +6,17 @@ node sets: the image, the kubelet's root (this node's kubelet runs with a --root
 run's) and the runtime's CDI directory, and fake GPUs through the chart's own value. Nothing
 else differs from the chart's defaults.
 
-PREVIOUS_RELEASE is the commit whose chart and image the upgrade test starts from: the tree
-of the third round's closing figures (README, "make test's figures from a clean clone"), the
-last main before this chart ever ran. Its chart comes from ``git archive`` and its image is
-built the same way as this tree's.
+previous() is the release the upgrade test starts from, found in the history
+(localcluster.releases): the newest release whose image context or chart differs from this
+tree's, so that each release is tested against the one before it. Its chart comes from
+``git archive`` of its commit and its image is built the same way as this tree's (cached by
+what it is built from). A shallow clone fails with the command that fetches the history.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import subprocess
 import tempfile
@@ -22,13 +24,11 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from localcluster import chart
+from localcluster import chart, releases
 from localcluster.binaries import BuildError
 from localcluster.cluster import ClusterInfo
 from localcluster.driverimage import DriverImage
 
-#: The previous release: main at the end of round 3 (d9b8ac1, 2026-11-26).
-PREVIOUS_RELEASE = "d9b8ac168f234d8a557581314ceb3734ce227909"
 RELEASE = "dra-gpu"
 NAMESPACE = "dra-gpu"
 #: The fake GPUs of the demo's claims: whole H100s and MIG devices.
@@ -38,6 +38,12 @@ PROFILE = "h100x8-mig"
 POD_SELECTOR = (
     f"app.kubernetes.io/name=dra-gpu,app.kubernetes.io/instance={RELEASE},!app.kubernetes.io/component"
 )
+
+
+@functools.cache
+def previous() -> releases.Release:
+    """The release to upgrade from (found once per process); ReleaseError when the history cannot say."""
+    return releases.previous_release()
 
 
 def node_values(info: ClusterInfo, image: DriverImage, profile: str = PROFILE) -> dict[str, Any]:

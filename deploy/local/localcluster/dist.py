@@ -138,6 +138,10 @@ def _timed(what: str, step: Callable[[], T], figures: dict[str, float]) -> T:
     return result
 
 
+def _size(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.1f} KiB"
+
+
 def _sha256(path: Path) -> str:
     with path.open("rb") as file:
         return hashlib.file_digest(file, "sha256").hexdigest()
@@ -191,10 +195,12 @@ def build(output_dir: Path = DIST) -> Path:
     if target.exists():
         shutil.rmtree(target)
     work.rename(target)
+    # mkdtemp made it for this user alone; the folder is for whoever installs the release.
+    target.chmod(0o755)
     print(f"dra-gpu {version}: release {release.commit[:12]} of {release.date}, into {target}")
     for artefact in (*artefacts, Path("SHA256SUMS")):
         path = target / artefact.name
-        print(f"  {path.name:<36} {path.stat().st_size / 2**20:8.1f} MiB")
+        print(f"  {path.name:<36} {_size(path.stat().st_size):>10}")
     print("  " + ", ".join(f"{what}: {seconds:.0f} s" for what, seconds in figures.items()))
     print(f"  the chart runs {name} by default: the image above")
     return target

@@ -212,8 +212,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{found.version} {found.commit}")
             return 0
         current = tree_version(ROOT)
+        listed = releases(ROOT)
         print(f"{'version':<9} {'commit':<12}  {'date':<10}")
-        for release in releases(ROOT):
+        for release in listed:
             print(_describe(release, current))
     except ReleaseError as err:
         print(f"releases: {err}", file=sys.stderr)

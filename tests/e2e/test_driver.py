@@ -32,6 +32,7 @@ from localcluster.workloads import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from dra import __version__
 from dra.kubeletplugin import top
 
 ATTR = f'device.attributes["{DRIVER}"]'
@@ -89,6 +90,12 @@ def test_driver_publishes_typed_attributes(driver: DriverProcess, kube: Kube, cl
     assert gpu0["attributes"]["addressingMode"] == {"string": "HMM"}
     assert gpu0["attributes"]["driverVersion"] == {"version": "550.54.15"}
     assert gpu0["capacity"]["memory"] == {"value": "46068Mi"}
+
+
+def test_the_running_driver_says_its_release_in_its_ready_line_and_metrics(driver: DriverProcess) -> None:
+    ready = f"dra-gpu {__version__} ready: registered with the kubelet and published"
+    wait_for("the ready line", lambda: ready in driver.log_path.read_text(), timeout=30)
+    assert f'dra_gpu_build_info{{version="{__version__}"}} 1.0' in driver.metrics().splitlines()
 
 
 @pytest.mark.parametrize(

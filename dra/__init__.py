@@ -40,4 +40,4 @@ enforce them, whole packages at a time. From the bottom up:
 #: them), the `dra_gpu_build_info` metric's label and the daemons' first log line. A commit that
 #: changes it is a release (docs/releases.md); tests/unit/test_release_version.py fails on any
 #: disagreement.
-__version__ = "0.1.0"
+__version__ = "0.2.0"

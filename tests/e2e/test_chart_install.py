@@ -20,8 +20,9 @@ the API server through the kubernetes Service: localcluster.nodenet) runs, in or
 
 The tests run in this order and build on each other (one cluster: an install, an upgrade and
 a rollback cost seconds, a cluster more). Figures (image size, pod start to ready, rollout
-times) are printed; run with -s to see them. Skipped with the reason where the image or the
-cluster cannot be built or started here.
+times) are printed; run with -s to see them. Skipped, naming it, where the machine lacks root, the
+image's Python (3.11) or the previous release's commit (a shallow clone); an image that fails to
+build or a cluster that fails to start is an error.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import functools
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -40,13 +42,15 @@ from typing import Any
 
 import pytest
 from kubernetes.dynamic.exceptions import DynamicApiError
-from localcluster import containerd, release
-from localcluster.binaries import BuildError, ensure_binary
-from localcluster.cluster import ClusterError, ClusterInfo, LocalCluster
+from localcluster import chart, containerd, release
+from localcluster.binaries import ensure_binary
+from localcluster.cluster import ClusterInfo, LocalCluster
 from localcluster.demo import EXAMPLES
-from localcluster.driverimage import DriverImage, driver_image
+from localcluster.driverimage import PYTHON_MINOR, DriverImage, driver_image
 from localcluster.kube import Kube, Obj, load_manifests, wait_for
 from localcluster.workloads import DRIVER, allocated_devices, observed, pod_claims, seen
+
+from tests.skips import Lack, reason
 
 pytestmark = [pytest.mark.cluster, pytest.mark.containerd]
 
@@ -86,33 +90,58 @@ class Node:
         return {**release.node_values(self.info, image), **more}
 
 
+def _lacks() -> str | None:
+    """What of the image's build this machine lacks (tests/skips.py), or None."""
+    if os.geteuid() != 0:
+        return reason(Lack.ROOT, "the image's pip install runs in its root filesystem (chroot): run as root")
+    if sys.version_info[:2] != PYTHON_MINOR:
+        return reason(
+            Lack.PYTHON,
+            f"the image's wheels are built with its Python {'.'.join(map(str, PYTHON_MINOR))}, "
+            f"this is {sys.version.split()[0]}",
+        )
+    known = subprocess.run(
+        ["git", "-C", str(chart.ROOT), "cat-file", "-e", f"{release.PREVIOUS_RELEASE}^{{commit}}"],
+        capture_output=True,
+        check=False,
+    )
+    if known.returncode != 0:
+        return reason(
+            Lack.HISTORY,
+            f"the previous release {release.PREVIOUS_RELEASE[:12]} is not in this clone "
+            "(a shallow clone: git fetch --unshallow)",
+        )
+    return None
+
+
 @pytest.fixture(scope="module")
 def node() -> Iterator[Node]:
-    """The cluster on containerd with both releases' images imported."""
-    try:
-        current, previous = driver_image(), driver_image(release.PREVIOUS_RELEASE)
-    except BuildError as err:
-        pytest.skip(f"the driver's image cannot be built here: {err}")
+    """The cluster on containerd with both releases' images imported.
+
+    A build or a start that fails is an error of the test, not a skip: only what the machine lacks skips.
+    """
+    lacking = _lacks()
+    if lacking:
+        pytest.skip(lacking)
+    current, previous = driver_image(), driver_image(release.PREVIOUS_RELEASE)
     # The previous release caps its socket paths at the kernel's 107 bytes, not gRPC's 105: its
     # registration socket (a pod UID in its name) fits gRPC only under a kubelet root of 27 bytes.
     cluster = LocalCluster(run_dir=Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp")), runtime="containerd")
     try:
         info = cluster.start(timeout=180)
-    except (BuildError, ClusterError) as err:
-        cluster.stop()
-        pytest.skip(f"containerd cannot run here: {err}")
-    kube = Kube(info.kubeconfig)
-    try:
-        started = time.monotonic()
-        for image in (current, previous):
-            cluster.import_image(image)
-        state = Node(cluster, info, kube, release.Helm(info), current, previous)
-        state.figures["image"] = f"{current.size / 2**20:.0f} MiB, {len(current.packages)} distributions"
-        state.figures["import of both images"] = f"{time.monotonic() - started:.1f} s"
-        yield state
-        print("\nchart on containerd: " + "; ".join(f"{k}: {v}" for k, v in state.figures.items()))
+        kube = Kube(info.kubeconfig)
+        try:
+            started = time.monotonic()
+            for image in (current, previous):
+                cluster.import_image(image)
+            state = Node(cluster, info, kube, release.Helm(info), current, previous)
+            state.figures["image"] = f"{current.size / 2**20:.0f} MiB, {len(current.packages)} distributions"
+            state.figures["import of both images"] = f"{time.monotonic() - started:.1f} s"
+            yield state
+            print("\nchart on containerd: " + "; ".join(f"{k}: {v}" for k, v in state.figures.items()))
+        finally:
+            kube.close()
     finally:
-        kube.close()
         cluster.stop()
 
 

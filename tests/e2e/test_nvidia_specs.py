@@ -42,6 +42,7 @@ from localcluster.workloads import (
 from dra.core.cdi import env_key
 from dra.fakegpus.sysfs import FakeSysfs
 from dra.kubeletplugin.publisher import RETRY_ANNOTATION
+from tests.skips import Lack, reason
 
 pytestmark = pytest.mark.cluster
 
@@ -159,7 +160,12 @@ def test_a_quickstart_spec_runs_unchanged(
     cluster: ClusterInfo, kube: Kube, tmp_path: Path, start: list[DriverProcess], name: str
 ) -> None:
     if name in V1BETA1 and not _served(kube, "resource.k8s.io/v1beta1"):
-        pytest.skip("resource.k8s.io/v1beta1 is not served (beta APIs are off by default; removed in 1.38)")
+        pytest.skip(
+            reason(
+                Lack.RELEASE,
+                "resource.k8s.io/v1beta1 is not served (beta APIs are off by default; removed in 1.38)",
+            )
+        )
     profile = PROFILES.get(name, "h100x8")
     args = DRIVER_ARGS.get(name, ())
     start.append(DriverProcess(cluster, profile, tmp_path / "driver.log", extra_args=args).start())

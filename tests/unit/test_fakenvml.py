@@ -25,11 +25,12 @@ from fakenvml.standin import NvmlStandIn
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.node import FAKE_GPU_STATE
 from dra.fakegpus.profiles import load_profile
+from tests.skips import Lack, reason
 from tests.unit.helpers import NODE
 
 #: A fake node's device nodes are mknod'ed and its sysfs mounted in a namespace of its own, as on a node.
 needs_root = pytest.mark.skipif(
-    os.geteuid() != 0, reason="a fake node makes character devices (mknod) and mounts (unshare): root"
+    os.geteuid() != 0, reason=reason(Lack.ROOT, "a fake node makes character devices (mknod) and mounts")
 )
 
 #: nvml.h's codes, as a caller sees them.

@@ -97,6 +97,9 @@ def test_a_program_without_python_gets_the_fake_node_s_gpus(tmp_path: Path) -> N
     assert done.stdout == f"0 0 {fake.device_count()} {last} {NOT_SUPPORTED}\n"
     # Each function the stand-in does not implement says so once, on the process's stderr.
     assert done.stderr.count("nvmlDeviceGetPowerUsage is not implemented by the NVML stand-in") == 1
+    # ... and is recorded beside the library, under the program's name, for a test to read.
+    assert node.unsupported_calls("caller") == {"nvmlDeviceGetPowerUsage"}
+    assert node.unsupported_calls("gpu-kubelet-plugin") == set()
 
 
 def test_without_a_stand_in_every_call_answers_driver_not_loaded() -> None:

@@ -151,7 +151,12 @@ class NvidiaDriverProcess(DaemonProcess):
             # The chart's fixed port would keep two instances (a rolling update, two clusters) apart.
             "HEALTHCHECK_PORT": str(free_port()),
             "KUBECONFIG": self.kubeconfig,
-            "FEATURE_GATES": ",".join(f"{name}={str(on).lower()}" for name, on in sorted(self.gates.items())),
+            # Its chart sets none with no featureGates value (its default): the plugin's own defaults.
+            **(
+                {"FEATURE_GATES": ",".join(f"{n}={str(on).lower()}" for n, on in sorted(self.gates.items()))}
+                if self.gates
+                else {}
+            ),
         }
 
     @property

@@ -58,19 +58,13 @@ STATIC_MIG: set[Key] = {
     *_ours("mig", "parentIndex", "pcieBusID", "resource.kubernetes.io/numaNode"),
     ("name", "mig"),
 }
-#: Dynamic MIG: offers, and their GPU's counters.
+#: Dynamic MIG: offers, and their GPU's counters. Its memory is counted in both drivers' sets, as the
+#: GPU's here and as the full MIG profile's there (its capacity below).
 DYNAMIC_MIG: set[Key] = {
     *_ours("mig offer", "parentIndex", "pcieBusID", "resource.kubernetes.io/numaNode"),
     *_ours("mig offer", "placementStart", "placementSize"),
     ("name", "mig offer"),
-    # A whole GPU in NVIDIA's driver carries the full MIG profile's engines and memory ...
-    *{("capacity", "gpu", name, THEIRS) for name in ("copyEngines", "decoders", "encoders", "jpegEngines")},
-    *{("capacity", "gpu", name, THEIRS) for name in ("multiprocessors", "ofaEngines")},
-    ("capacity", "gpu", "memory", "value"),
-    # ... and so counts that memory in its counter set, and a whole GPU consumes it, where ours
-    # counts the GPU's memory.
     ("counter value", "set totals", "memory"),
-    ("counter value", "gpu consumes", "memory"),
     # Counters both count (memory slices, media engines) are compared by value: the same; the others
     # are each driver's own: compute slices here, multiprocessors and copy engines there.
     ("counter set names",),
@@ -79,14 +73,23 @@ DYNAMIC_MIG: set[Key] = {
     ("counter", "multiprocessors", THEIRS),
     ("slices", "count"),
 }
+#: A whole GPU with dynamic MIG: in NVIDIA's driver it carries the full MIG profile's engines and
+#: memory, and consumes that memory of its set.
+DYNAMIC_WHOLE_GPU: set[Key] = {
+    *{("capacity", "gpu", name, THEIRS) for name in ("copyEngines", "decoders", "encoders", "jpegEngines")},
+    *{("capacity", "gpu", name, THEIRS) for name in ("multiprocessors", "ofaEngines")},
+    ("capacity", "gpu", "memory", "value"),
+    ("counter value", "gpu consumes", "memory"),
+}
 SLICES: dict[str, set[Key]] = {
     "h100x8": WHOLE_GPUS,
+    "mixed": WHOLE_GPUS,
     "h100x8-mig": WHOLE_GPUS | STATIC_MIG,
-    "a100x4-mig": WHOLE_GPUS | STATIC_MIG,
-    "h100x8-dynamic-mig": WHOLE_GPUS | DYNAMIC_MIG,
+    # A100s in MIG mode: neither driver publishes a whole GPU beside its MIG devices.
+    "a100x4-mig": STATIC_MIG,
+    "h100x8-dynamic-mig": WHOLE_GPUS | DYNAMIC_MIG | DYNAMIC_WHOLE_GPU,
     # An Ampere GPU in MIG mode: NVIDIA's driver does not offer it whole (it will not reset the GPU).
-    "a100x4-dynamic-mig": WHOLE_GPUS | DYNAMIC_MIG | {("device", "gpu", OURS)},
-    "mixed": WHOLE_GPUS | STATIC_MIG,
+    "a100x4-dynamic-mig": DYNAMIC_MIG | {("device", "gpu", OURS)},
 }
 
 #: What differs in the container edits of the same claims.

@@ -24,6 +24,7 @@ from localcluster.binaries import NVIDIA_PLUGIN
 from localcluster.cluster import ClusterInfo
 from localcluster.driverprocess import DaemonProcess, DriverProcess
 from localcluster.kube import Kube, Obj, WaitTimeoutError, load_manifests, wait_for
+from localcluster.nvidiadriver import NAMESPACE as NVIDIA_NAMESPACE
 from localcluster.nvidiadriver import NvidiaDriverProcess, device_classes
 from localcluster.workloads import (
     claim_template,
@@ -292,21 +293,19 @@ def test_the_same_claims_get_the_container_edits_documented(turns: Turns) -> Non
 
 
 #: NVIDIA's quickstart specs on NVIDIA's own driver over the fake node, and what happens to them there
-#: (every one runs on this driver: test_nvidia_specs.py): Running, or the event each of its pods gets,
-#: by reason and the words docs/migration.md quotes. gpu-test5 and gpu-test-mps: its MPS control daemon
-#: is a Deployment of its own image, which the local cluster cannot run (no image of NVIDIA's is pulled
-#: here), so its prepare gives up waiting for it. gpu-test6 selects GPUs by `index`, which its v0.4.1
-#: does not publish: the scheduler's CEL fails. Any other failure fails the test.
-MPS_NOT_READY = (
-    "FailedPrepareDynamicResources",
-    "MPS control daemon is not yet ready: waiting for MPS control daemon to come online",
-)
+#: (every one runs on this driver: test_nvidia_specs.py), as docs/migration.md says: Running; Running
+#: with an MPS control daemon (MPS: each MPS claim's daemon is a Deployment of its image in its
+#: release's namespace, which the fake runtime reports ready without running it, and each container
+#: of the claim gets the daemon's pipe directory); or the event each pod gets, by reason and the words
+#: migration.md quotes (gpu-test6 selects GPUs by `index`, which its v0.4.1 does not publish: the
+#: scheduler's CEL fails). Any other outcome fails the test.
+MPS = ("MPS", "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps")
 NVIDIA_QUICKSTART: dict[str, tuple[str, tuple[str, str] | None]] = {
     "quickstart-v1-gpu-test1.yaml": ("h100x8", None),
     "quickstart-v1-gpu-test2.yaml": ("h100x8", None),
     "quickstart-v1-gpu-test3.yaml": ("h100x8", None),
-    "quickstart-v1-gpu-test5.yaml": ("h100x8", MPS_NOT_READY),
-    "quickstart-v1-gpu-test-mps.yaml": ("h100x8", MPS_NOT_READY),
+    "quickstart-v1-gpu-test5.yaml": ("h100x8", MPS),
+    "quickstart-v1-gpu-test-mps.yaml": ("h100x8", MPS),
     "quickstart-v1-gpu-test6.yaml": (
         str(SPECS / "a100x8.profile.yaml"),
         ("FailedScheduling", "CEL runtime error: no such key: index"),
@@ -340,6 +339,41 @@ def _each_pod_got(kube: Kube, namespace: str, expected: int, reason: str, words:
         ) from None
 
 
+def _mps_requests(claim: Obj) -> set[str]:
+    """The requests of a claim that an opaque config asks MPS for (a config naming no request: all)."""
+    requests = {r["name"] for r in claim["spec"]["devices"]["requests"]}
+    found: set[str] = set()
+    for config in claim["spec"]["devices"].get("config") or []:
+        if config.get("opaque", {}).get("parameters", {}).get("sharing", {}).get("strategy") == "MPS":
+            found |= set(config.get("requests") or requests)
+    return found
+
+
+def _mps_daemons_serve(turns: Turns, namespace: str) -> None:
+    """One MPS control daemon Deployment per MPS claim in NVIDIA's namespace, and each container that
+    uses an MPS request given the daemon's pipe directory (and no other container)."""
+    kube = turns.kube
+    claims = kube.list_objects("resource.k8s.io/v1", "ResourceClaim", namespace=namespace)
+    mps = {c["metadata"]["name"]: _mps_requests(c) for c in claims if _mps_requests(c)}
+    assert mps, f"no MPS claim in {namespace}"
+    daemons = kube.list_objects("apps/v1", "Deployment", namespace=NVIDIA_NAMESPACE)
+    assert len(daemons) == len(mps), [d["metadata"]["name"] for d in daemons]
+    for pod in kube.list_objects("v1", "Pod", namespace=namespace):
+        by_name = {
+            s["name"]: s.get("resourceClaimName") for s in pod["status"].get("resourceClaimStatuses") or []
+        }
+        for container in pod["spec"]["containers"]:
+            uses_mps = any(
+                (r.get("request") in mps.get(by_name.get(r["name"]) or "", set()))
+                if r.get("request")
+                else bool(mps.get(by_name.get(r["name"]) or ""))
+                for r in container.get("resources", {}).get("claims") or []
+            )
+            record = container_record(turns.cluster, namespace, pod["metadata"]["name"], container["name"])
+            env = [f"{k}={v}" for k, v in record["env"].items()]
+            assert (MPS[1] in env) == uses_mps, (container["name"], uses_mps, env)
+
+
 @pytest.mark.parametrize("name", sorted(NVIDIA_QUICKSTART))
 def test_nvidias_quickstart_specs_fare_on_its_own_driver_as_documented(turns: Turns, name: str) -> None:
     profile, outcome = NVIDIA_QUICKSTART[name]
@@ -357,11 +391,13 @@ def test_nvidias_quickstart_specs_fare_on_its_own_driver_as_documented(turns: Tu
         for doc in docs:
             kube.create(doc, None if doc["kind"] == "Namespace" else namespace)
         try:
-            if outcome is None:
+            if outcome is None or outcome == MPS:
                 kube.wait_pods_running(
-                    namespace, expected, f"the pods of {name} on NVIDIA's driver", timeout=60
+                    namespace, expected, f"the pods of {name} on NVIDIA's driver", timeout=90
                 )
-            else:
+            if outcome == MPS:
+                _mps_daemons_serve(turns, namespace)
+            elif outcome is not None:
                 _each_pod_got(kube, namespace, expected, *outcome)
         finally:
             _delete_namespace(kube, namespace, turns.cluster.cdi_dir)

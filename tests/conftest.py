@@ -21,6 +21,7 @@ from localcluster.cluster import ClusterInfo, LocalCluster, parse_gates
 from localcluster.kube import Kube, wait_for
 
 from dra.kubeletplugin import mpsprivsep
+from tests import skips
 
 if TYPE_CHECKING:
     from xdist.remote import Producer
@@ -85,6 +86,53 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> Schedul
             return nodeid.split("::", 1)[0] if nodeid.startswith(WHOLE_FILES) else nodeid
 
     return Scheduler(config, log)
+
+
+def _skip_reasons(reporter: pytest.TerminalReporter) -> Counter[str]:
+    """The run's skips by reason (pytest-xdist's controller receives every worker's reports)."""
+    found: Counter[str] = Counter()
+    for report in reporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        text = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        found[text.removeprefix("Skipped: ")] += 1
+    return found
+
+
+def _disallowed(reasons: Counter[str]) -> Counter[str]:
+    allowed = skips.allowed()
+    if allowed is None:
+        return Counter()
+    return Counter({r: n for r, n in reasons.items() if skips.kind(r) not in allowed})
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Where DRA_GPU_ALLOWED_SKIPS is set (the CI), a skip of another kind fails the run (tests/skips.py)."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if hasattr(session.config, "workerinput") or reporter is None:
+        return  # a pytest-xdist worker: the controller sees every report
+    if _disallowed(_skip_reasons(reporter)) and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The count of skipped tests by reason, at the end of every run: no skip goes unseen."""
+    if hasattr(terminalreporter.config, "workerinput"):
+        return
+    reasons = _skip_reasons(terminalreporter)
+    if not reasons:
+        return
+    terminalreporter.section(f"{sum(reasons.values())} skipped, by reason")
+    for text, count in sorted(reasons.items(), key=lambda item: (-item[1], item[0])):
+        terminalreporter.line(f"{count:5d}  {text}")
+    disallowed = _disallowed(reasons)
+    if disallowed:
+        terminalreporter.line(
+            f"FAILED: {sum(disallowed.values())} skipped for what {skips.ALLOWED_ENV}="
+            f"{os.environ[skips.ALLOWED_ENV]} says this machine has (tests/skips.py)",
+            red=True,
+            bold=True,
+        )
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,7 @@
 """Benchmark: the driver beside Kubernetes' own DRA test driver (Go), alternating runs on one cluster.
 
     python -m tests.bench.bench_compare [--runs 3] [--devices 128] [--claims 100] [--pileup 0,64,1000]
-        [--no-go] [--no-floor] [--no-nvidia] [--nvidia-qps N] [--reference-alone] [--baseline DIR]
+        [--no-go] [--no-floor] [--no-nvidia] [--nvidia-lifted-qps N] [--reference-alone] [--baseline DIR]
 
 Kubernetes' DRA test driver (k8s.io/kubernetes/test/e2e/dra/test-driver at the cluster's
 release, built into the cache on first use from deploy/local/gobench) is the reference:
@@ -18,15 +18,19 @@ grpcio's synchronous server, the server dra-gpu runs) and in Go (deploy/local/fl
 driver's grpc-go and protobuf), timed by the same client on the rows that need no cluster. No
 driver goes under its runtime's floor, so the floors say how much of a ratio is the runtime's.
 
-NVIDIA's own driver takes turns too (issue 41): its gpu-kubelet-plugin (localcluster.nvidiadriver,
-with its chart's settings, feature gates and API client limits) over a fake node of the same 128
-GPUs (fakenvml.node: the fake libnvidia-ml.so.1 in a driver root), beside dra-gpu started over the
-same fake node (--driver-root: NVML through the same library), the same client and claims, without
-the pile-up rows. The fake NVML answers from a Python stand-in, so NVIDIA's Go process carries an
-interpreter, and its unprepare runs nvidia-smi, a Python process on the fake node: each of its runs
-also measures those apart (tests/bench/nvmlstart.c makes its start-up NVML calls from a program of
-no Python), and the report gives its rows both raw and less that part. `--no-nvidia` leaves it out;
-`--nvidia-qps` lifts its API rate limit, which its chart leaves at client-go's 5 requests/s.
+NVIDIA's own driver takes turns too (issue 41): its gpu-kubelet-plugin (localcluster.nvidiadriver)
+as its chart's defaults leave it, no feature gate on (the rows prepare whole GPUs with no opaque
+config: none needs a gate) and its API client at client-go's 5 requests/s, burst 10; and again, in
+a second column, with that limit lifted (--kube-api-qps/--kube-api-burst, `--nvidia-lifted-qps`),
+so that its rows show its own work as well as what a default install does. It runs over a fake
+node of the same 128 GPUs (fakenvml.node: the fake libnvidia-ml.so.1 in a driver root), beside
+dra-gpu started over the same fake node (--driver-root: NVML through the same library), the same
+client and claims, without the pile-up rows. The fake NVML answers from a Python stand-in, so
+NVIDIA's Go process carries an interpreter, and its unprepare runs nvidia-smi, a Python process on
+the fake node: each of its runs also measures those apart (tests/bench/nvmlstart.c makes its
+start-up NVML calls from a program of no Python), and the report prints those parts beside its
+rows; it subtracts nothing (medians taken apart do not subtract: one came out above the row).
+`--no-nvidia` leaves it out.
 
 `--baseline DIR` runs dra-gpu a second time in the same turns, from another checkout of the
 tree (a git worktree of main, its dra/pb generated, on this interpreter), and prints this tree's
@@ -242,7 +246,12 @@ def baseline_tree(path: Path) -> str:
     return f"{path} at {done.stdout.strip() or 'an unknown commit'}"
 
 
-DRA_GPU_NVML, NVIDIA_LABEL = "dra-gpu, fake NVML", "nvidia"
+DRA_GPU_NVML, NVIDIA_LABEL, NVIDIA_LIFTED = "dra-gpu, fake NVML", "nvidia", "nvidia, API limit lifted"
+#: NVIDIA's feature gates in the benchmark: its chart's default, none. No row needs one (whole GPUs,
+#: no opaque config); TimeSlicingSettings and MPSSupport would serve only a claim that configures sharing.
+NVIDIA_GATES: dict[str, bool] = {}
+#: The lifted column's API client limit, as the Go reference's: no client-side limit in effect.
+NVIDIA_LIFTED_QPS = 100000
 
 
 def _fake_node(cluster: ClusterInfo, devices: int) -> FakeNode | None:
@@ -273,11 +282,13 @@ def nvidia_limits(qps: int) -> str:
     return "as its chart leaves them: its defaults, --kube-api-qps 5, --kube-api-burst 10"
 
 
-def _nvidia(cluster: ClusterInfo, node: FakeNode, cdi: Path, qps: int) -> Contender | None:
-    """NVIDIA's gpu-kubelet-plugin as its chart runs it, over the fake node; None (and why) if it cannot."""
-    log = Path(cluster.log_path("bench-nvidia"))
+def _nvidia(cluster: ClusterInfo, node: FakeNode, cdi: Path, qps: int = 0) -> Contender | None:
+    """NVIDIA's gpu-kubelet-plugin as its chart's defaults run it (no feature gate), over the fake node,
+    its API client limit lifted to `qps` if not 0; None (and why) if it cannot be built."""
+    label = NVIDIA_LIFTED if qps > 0 else NVIDIA_LABEL
+    log = Path(cluster.log_path("bench-nvidia-lifted" if qps > 0 else "bench-nvidia"))
     try:
-        process = NvidiaDriverProcess(cluster, node, log)
+        process = NvidiaDriverProcess(cluster, node, log, gates=NVIDIA_GATES)
     except BuildError as err:
         print(f"NVIDIA's plugin could not be built, so its column is left out: {err}")
         return None
@@ -286,7 +297,7 @@ def _nvidia(cluster: ClusterInfo, node: FakeNode, cdi: Path, qps: int) -> Conten
         env |= {"KUBE_API_QPS": str(qps), "KUBE_API_BURST": str(api_burst(qps))}
     plugin = Path(cluster.plugins_dir) / NVIDIA_DRIVER
     return Contender(
-        NVIDIA_LABEL,
+        label,
         NVIDIA_DRIVER,
         process.args(),
         plugin / "dra.sock",
@@ -700,14 +711,9 @@ UNITS |= {FAKE_NVML_START: "s", FAKE_NVML_RSS: "MiB"}
 #: Tries of each fake's cost per run, the figure their median.
 FAKES_TIMED = 5
 #: NVIDIA's rows that the fakes weigh on, and what of them each is.
-LESS_FAKES = {START: FAKE_NVML_START, RSS_CALLS: FAKE_NVML_RSS, "unprepare p50": FAKE_SMI}
+FAKES_IN = {START: FAKE_NVML_START, RSS_CALLS: FAKE_NVML_RSS, "unprepare p50": FAKE_SMI}
 #: The program of no Python that loads the fake NVML and makes NVIDIA's start-up calls.
 NVML_START_SOURCE = Path(__file__).with_name("nvmlstart.c")
-
-
-def less_fakes(row: str) -> str:
-    """The name of NVIDIA's figure of `row` with the fakes' part taken out."""
-    return f"{row}, less the fakes' part"
 
 
 def build_nvml_start(directory: Path) -> Path | None:
@@ -731,14 +737,14 @@ def build_nvml_start(directory: Path) -> Path | None:
 
 
 def fakes_cost(nvidia: Contender, node: FakeNode, program: Path) -> None:
-    """Measure what the fakes cost NVIDIA's plugin and record its rows with that part taken out.
+    """Measure what the fakes cost NVIDIA's plugin, apart from its rows.
 
     The fake NVML answers from a Python stand-in, so NVIDIA's Go process carries an interpreter: a
     program of no Python making the plugin's start-up calls over the same node measures its time and
     memory. Its unprepare runs nvidia-smi twice, which on the fake node is a Python process each:
     they are run here as the plugin runs them (the fake NVML preloaded). Each is the median of
-    FAKES_TIMED tries: one try, taken apart from the rows it is subtracted from, once came out above
-    the unprepare's median on this shared machine.
+    FAKES_TIMED tries. They are printed beside the rows, never subtracted from them: measured apart,
+    the fake nvidia-smi's median once came out above the unprepare's (a negative difference).
     """
     starts, peaks, smis = [], [], []
     fake = node.config.fake_gpus()
@@ -759,22 +765,38 @@ def fakes_cost(nvidia: Contender, node: FakeNode, program: Path) -> None:
     nvidia.record(FAKE_NVML_START, statistics.median(starts))
     nvidia.record(FAKE_NVML_RSS, statistics.median(peaks))
     nvidia.record(FAKE_SMI, statistics.median(smis))
-    for row, cost in LESS_FAKES.items():
-        nvidia.record(less_fakes(row), nvidia.figures[row][-1] - nvidia.figures[cost][-1])
 
 
-def fakes_report(ours: Contender, nvidia: Contender) -> list[str]:
-    """The fakes' cost to NVIDIA's plugin, then the rows they weigh on less that part, beside ours."""
-    lines = [
-        f"{name}: {_described(spread(nvidia.figures[name]), UNITS.get(name, 'ms'))}"
-        for name in LESS_FAKES.values()
-        if name in nvidia.figures
-    ]
-    labels = (ours.label, f"{nvidia.label} less the fakes")
-    for row in LESS_FAKES:
-        if less_fakes(row) in nvidia.figures and row in ours.figures:
+def fakes_report(nvidia: Contender) -> list[str]:
+    """Each row the fakes weigh on, NVIDIA's figure and, beside it, the fakes' part measured apart.
+
+    The parts, not a difference: two medians taken apart do not subtract (one such difference came
+    out at -24.7 ms), so what the plugin itself spends lies between 0 and its row's figure.
+    """
+    lines = []
+    for row, part in FAKES_IN.items():
+        if row in nvidia.figures and part in nvidia.figures:
             unit = UNITS.get(row, "ms")
-            lines.append(figure_line(row, unit, ours.figures[row], nvidia.figures[less_fakes(row)], labels))
+            lines.append(
+                f"{row}: {nvidia.label} {_described(spread(nvidia.figures[row]), unit)}, of which the "
+                f"fakes' part can be up to {_described(spread(nvidia.figures[part]), UNITS.get(part, 'ms'))} "
+                f"({part})"
+            )
+    return lines
+
+
+def nvidia_report(ours: Contender, nvidia: Contender, lifted: Contender | None) -> list[str]:
+    """Each row both drivers have: dra-gpu's, NVIDIA's at its chart's defaults (and the ratio), and
+    NVIDIA's with its API client limit lifted (and that ratio) where that column ran."""
+    lines = []
+    for line in pair_report(ours, nvidia):
+        name = line.split(": ", 1)[0]
+        if lifted is not None and name in lifted.figures:
+            other = spread(lifted.figures[name])
+            line += f"; {lifted.label} {_described(other, UNITS.get(name, 'ms'))}"
+            if other.median > 0:
+                line += f", ratio {spread(ours.figures[name]).median / other.median:.2f}x"
+        lines.append(line)
     return lines
 
 
@@ -866,10 +888,11 @@ def _arguments() -> argparse.Namespace:
         help="leave out NVIDIA's plugin and dra-gpu over the fake NVML beside it",
     )
     parser.add_argument(
-        "--nvidia-qps",
+        "--nvidia-lifted-qps",
         type=int,
-        default=0,
-        help="NVIDIA's plugin's API rate limit (burst twice it); 0: as its chart leaves it (5, burst 10)",
+        default=NVIDIA_LIFTED_QPS,
+        help="the API rate limit of NVIDIA's second column (burst twice it); 0 leaves that column out "
+        "(its first column is always at its chart's 5, burst 10)",
     )
     parser.add_argument(
         "--reference-alone",
@@ -889,8 +912,10 @@ def _arguments() -> argparse.Namespace:
         parser.error(f"--claims must be 1 to --devices ({args.devices}), not {args.claims}")
     if args.reference_alone and args.no_go:
         parser.error("--reference-alone times the Go reference: it cannot go with --no-go")
-    if args.nvidia_qps < 0:
-        parser.error(f"--nvidia-qps must be 0 (its chart's) or more, not {args.nvidia_qps}")
+    if args.nvidia_lifted_qps < 0:
+        parser.error(
+            f"--nvidia-lifted-qps must be 0 (no lifted column) or more, not {args.nvidia_lifted_qps}"
+        )
     if args.baseline is not None:
         try:
             args.baseline_tree = baseline_tree(args.baseline.resolve())
@@ -944,24 +969,26 @@ def main() -> None:
         by_itself = None
         if theirs is not None and args.reference_alone:
             by_itself = alone(cluster, Path(theirs.args[0]), args.devices, cdi_alone)
-        ours_nvml = nvidia = None
+        ours_nvml = nvidia = lifted = None
         node = None if args.no_nvidia else _fake_node(cluster, args.devices)
         if node is not None:
-            nvidia = _nvidia(cluster, node, cdi_nvidia, args.nvidia_qps)
+            nvidia = _nvidia(cluster, node, cdi_nvidia)
+            if nvidia is not None and args.nvidia_lifted_qps > 0:
+                lifted = _nvidia(cluster, node, cdi_nvidia, args.nvidia_lifted_qps)
             ours_nvml = _dra_gpu_nvml(cluster, node, cdi_nvml) if nvidia is not None else None
             nvml_start = build_nvml_start(Path(cluster.run_dir)) if nvidia is not None else None
         contenders = alternate(
             [
                 c
-                for c in (ours, baseline, theirs, ours_nvml, nvidia, *(floors or ()), by_itself)
+                for c in (ours, baseline, theirs, ours_nvml, nvidia, lifted, *(floors or ()), by_itself)
                 if c is not None
             ],
             args.runs,
             run,
         )
         kube.close()
-    theirs, by_itself, nvidia, baseline = (
-        _still(c, contenders) for c in (theirs, by_itself, nvidia, baseline)
+    theirs, by_itself, nvidia, lifted, baseline = (
+        _still(c, contenders) for c in (theirs, by_itself, nvidia, lifted, baseline)
     )
     if floors is not None and not all(_still(f, contenders) for f in floors):
         floors = None
@@ -993,20 +1020,23 @@ def main() -> None:
             print(line)
     if ours_nvml is not None and nvidia is not None:
         print(
-            f"NVIDIA's gpu-kubelet-plugin ({NVIDIA.version()}, its chart's settings) beside dra-gpu, "
-            f"both over the fake NVML of one fake node ({args.devices} {FAKE_MODEL}), the same client and "
-            f"claims, {args.runs} alternating runs, no pile-up; ratio = dra-gpu / nvidia; NVIDIA's API "
-            f"client limits: {nvidia_limits(args.nvidia_qps)}"
+            f"NVIDIA's gpu-kubelet-plugin ({NVIDIA.version()}) beside dra-gpu, both over the fake NVML of "
+            f"one fake node ({args.devices} {FAKE_MODEL}), the same client and claims, {args.runs} "
+            "alternating runs, no pile-up; ratio = dra-gpu / nvidia. NVIDIA's feature gates: none, its "
+            "chart's default (no row needs one: whole GPUs, no opaque config). Its API client limits: "
+            f"'{NVIDIA_LABEL}' {nvidia_limits(0)}"
+            + (f"; '{NVIDIA_LIFTED}' {nvidia_limits(args.nvidia_lifted_qps)}" if lifted is not None else "")
         )
-        for line in pair_report(ours_nvml, nvidia):
+        for line in nvidia_report(ours_nvml, nvidia, lifted):
             print(line)
         print(
             "what the fakes cost NVIDIA's plugin here, measured apart in each of its runs: the fake NVML "
             "answers from a Python stand-in, so its Go process carries an interpreter (tests/bench/"
             "nvmlstart.c makes its start-up NVML calls over the same node from a program of no Python); "
-            "its unprepare runs nvidia-smi twice, a Python process each on the fake node"
+            "its unprepare runs nvidia-smi twice, a Python process each on the fake node. Printed as "
+            "parts, never subtracted: medians taken apart do not subtract"
         )
-        for line in fakes_report(ours_nvml, nvidia):
+        for line in fakes_report(nvidia):
             print(line)
     if baseline is not None:
         print(

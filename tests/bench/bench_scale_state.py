@@ -59,15 +59,26 @@ def run_once(held: int, probes: int) -> tuple[float, float]:
         for n in range(held - mig_held):
             state.prepare(_allocation(f"gpu-{n % SHARED_GPUS}", admin=True))
         prepare, unprepare = [], []
+        held_instances = _instance_count(lib)
         for device in placements[mig_held : mig_held + probes]:
             claim = _allocation(device)
             started = time.perf_counter()
             state.prepare(claim)
             prepare.append((time.perf_counter() - started) * 1000)
+            # A figure of a prepare that made no MIG device, or an unprepare that left it, times nothing.
+            if _instance_count(lib) != held_instances + 1:
+                raise RuntimeError(f"preparing {device} did not make its MIG device")
             started = time.perf_counter()
             state.unprepare(claim.uid)
             unprepare.append((time.perf_counter() - started) * 1000)
+            if _instance_count(lib) != held_instances:
+                raise RuntimeError(f"unpreparing {device} did not destroy its MIG device")
         return statistics.median(prepare), statistics.median(unprepare)
+
+
+def _instance_count(lib: FakeGpuLibrary) -> int:
+    """The GPU instances on the fake GPUs."""
+    return sum(len(made) for made in lib.instances().values())
 
 
 def main() -> None:

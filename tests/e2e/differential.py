@@ -2,8 +2,11 @@
 
 Devices are matched across the drivers by what they are, not by name: a GPU or a MIG device by its
 UUID, a dynamic-MIG offer (no UUID) by its GPU, profile and first memory slice. For each pair every
-attribute and capacity is compared by name, type and value; names, counter sets and the slices
-they sit in are compared as a whole. A difference is a key such as
+attribute and capacity is compared by name, type and value; names and the slices they sit in are
+compared as a whole. Counters are each driver's own vocabulary: those that count the same thing
+(VOCABULARY: memory, memory slices, media engines) are compared by value, in each device's
+consumption and in each counter set's totals (a set matched to the other driver's by the devices
+that consume from it), and the others by name. A difference is a key such as
 ("attribute", "gpu", "index", "ours only"), the same whatever the profile's size, so that a test
 can hold the list of the ones docs/migration.md explains.
 """
@@ -13,6 +16,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from dra.model.quantity import Quantity
 
 Obj = dict[str, Any]
 Key = tuple[str, ...]
@@ -93,27 +98,87 @@ def slice_differences(ours: list[Obj], theirs: list[Obj]) -> set[Key]:
         for field in ("taints", "allowMultipleAllocations"):
             if a.get(field) != b.get(field):
                 found.add((field, kind))
-        if bool(a.get("consumesCounters")) != bool(b.get("consumesCounters")):
-            found.add(("consumes counters", kind, OURS if a.get("consumesCounters") else THEIRS))
-    found |= _counter_differences(ours, theirs)
+        found |= _consumption_differences(a, b, kind)
+    found |= _counter_set_differences(ours, theirs)
     if len(ours) != len(theirs):
         found.add(("slices", "count"))
     return found
 
 
-def _counter_differences(ours: list[Obj], theirs: list[Obj]) -> set[Key]:
-    """Counter sets are each driver's own vocabulary: compare what is counted, per GPU, by name."""
+#: Counters that count the same thing, by this driver's name and NVIDIA's (docs/migration.md); a
+#: memory slice is memsliceN here, memory-slice-N there. A counter either leaves out counts 0.
+VOCABULARY = {
+    "memory": "memory",
+    "decoders": "decoders",
+    "encoders": "encoders",
+    "jpegengines": "jpeg-engines",
+    "ofaengines": "ofa-engines",
+}
 
-    def counted(slices: list[Obj]) -> tuple[set[str], set[str]]:
-        sets = [c for s in slices for c in s["spec"].get("sharedCounters") or []]
-        return {c["name"] for c in sets}, {name for c in sets for name in c["counters"]}
 
-    (mine_sets, mine_counters), (their_sets, their_counters) = counted(ours), counted(theirs)
+def _in_their_words(counters: Mapping[str, Obj], ours: bool) -> dict[str, Quantity]:
+    """Counters by NVIDIA's names where the vocabulary maps them, else by their own; zeros left out."""
+    named: dict[str, Quantity] = {}
+    for name, counter in counters.items():
+        value = Quantity.parse(str(counter["value"]))
+        if value == Quantity.from_int(0):
+            continue
+        if ours and (match := re.fullmatch(r"memslice(\d+)", name)):
+            name = f"memory-slice-{match.group(1)}"
+        named[VOCABULARY.get(name, name) if ours else name] = value
+    return named
+
+
+def _counter_keys(mine: Mapping[str, Obj], others: Mapping[str, Obj], where: str) -> set[Key]:
+    """Counters of the shared vocabulary that differ in value; the others by name (ours only, nvidia only)."""
+    a, b = _in_their_words(mine, True), _in_their_words(others, False)
+    shared = set(VOCABULARY.values())
     found: set[Key] = set()
-    if mine_sets != their_sets:
+    for name in set(a) | set(b):
+        mapped = name in shared or name.startswith("memory-slice-")
+        if mapped:
+            if a.get(name) != b.get(name):
+                found.add(("counter value", where, _generic(name)))
+        elif name not in b:
+            found.add(("counter", _generic(name), OURS))
+        elif name not in a:
+            found.add(("counter", _generic(name), THEIRS))
+    return found
+
+
+def _consumption_differences(a: Obj, b: Obj, kind: str) -> set[Key]:
+    """What a device consumes of its GPU's counters, under each driver."""
+    consumed = [d.get("consumesCounters") or [] for d in (a, b)]
+    if bool(consumed[0]) != bool(consumed[1]):
+        return {("consumes counters", kind, OURS if consumed[0] else THEIRS)}
+    if len(consumed[0]) != len(consumed[1]):
+        return {("consumes counters", kind, "sets")}
+    found: set[Key] = set()
+    for mine, others in zip(consumed[0], consumed[1], strict=True):
+        found |= _counter_keys(mine["counters"], others["counters"], f"{kind} consumes")
+    return found
+
+
+def _counter_set_differences(ours: list[Obj], theirs: list[Obj]) -> set[Key]:
+    """Each counter set's totals; sets are matched by the devices consuming from them."""
+    sets = [
+        {c["name"]: c["counters"] for s in side for c in s["spec"].get("sharedCounters") or []}
+        for side in (ours, theirs)
+    ]
+    mine, others = devices(ours), devices(theirs)
+    pairs: set[tuple[str, str]] = set()
+    for key in set(mine) & set(others):
+        a, b = (d.get("consumesCounters") or [] for d in (mine[key], others[key]))
+        pairs |= {(x["counterSet"], y["counterSet"]) for x, y in zip(a, b, strict=False)}
+    found: set[Key] = set()
+    if len({a for a, _ in pairs}) != len(pairs) or len({b for _, b in pairs}) != len(pairs):
+        found.add(("counter sets", "not one to one"))
+    if len(pairs) != len(sets[0]) or len(pairs) != len(sets[1]):
+        found.add(("counter sets", "count"))
+    if any(a != b for a, b in pairs):
         found.add(("counter set names",))
-    found |= {("counter", _generic(name), OURS) for name in mine_counters - their_counters}
-    found |= {("counter", _generic(name), THEIRS) for name in their_counters - mine_counters}
+    for a, b in pairs:
+        found |= _counter_keys(sets[0].get(a, {}), sets[1].get(b, {}), "set totals")
     return found
 
 

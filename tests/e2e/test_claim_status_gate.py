@@ -17,6 +17,8 @@ from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, wait_for
 from localcluster.workloads import claim_template, ensure_device_classes, gpu_pod, pod_claim
 
+from tests.skips import Lack, reason
+
 pytestmark = pytest.mark.cluster
 
 
@@ -24,7 +26,9 @@ pytestmark = pytest.mark.cluster
 def gate_off() -> Iterator[ClusterInfo]:
     """A cluster of its own with the gate off (1.34 only)."""
     if release(kubernetes_version()) is not release("v1.34.0"):
-        pytest.skip("DRAResourceClaimDeviceStatus is GA and cannot be turned off after 1.34")
+        pytest.skip(
+            reason(Lack.RELEASE, "DRAResourceClaimDeviceStatus is GA and cannot be turned off after 1.34")
+        )
     cluster = LocalCluster(feature_gates=default_feature_gates() | {"DRAResourceClaimDeviceStatus": False})
     try:
         yield cluster.start()

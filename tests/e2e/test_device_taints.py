@@ -30,6 +30,8 @@ from localcluster.workloads import (
     pod_claim,
 )
 
+from tests.skips import Lack, reason
+
 KEY = f"{DRIVER}/unhealthy"
 #: Long enough to ask for a clear inside it, short enough to wait for.
 QUIET_S = 15
@@ -101,7 +103,9 @@ def _kept(cluster: ClusterInfo) -> dict[str, bool]:
 
 def _needs_taints(cluster: ClusterInfo) -> None:
     if not _kept(cluster)["device taints"]:
-        pytest.skip("this cluster's API server drops device taints (DRADeviceTaints off)")
+        pytest.skip(
+            reason(Lack.RELEASE, "this cluster's API server drops device taints (DRADeviceTaints off)")
+        )
 
 
 def _devices(kube: Kube, cluster: ClusterInfo) -> dict[str, Obj]:

@@ -29,12 +29,17 @@ from localcluster.workloads import (
     pod_claim,
 )
 
+from tests.skips import Lack, reason
+
 pytestmark = [
     pytest.mark.cluster,
     pytest.mark.skipif(
         kubernetes_version().startswith("v1.34."),
-        reason="dynamic-MIG offers are shared from 1.37: 1.34.12's allocator charges a shared device's "
-        "counters at each allocation and forgets them once allocated",
+        reason=reason(
+            Lack.RELEASE,
+            "dynamic-MIG offers are shared from 1.37: 1.34.12's allocator charges a shared device's "
+            "counters at each allocation and forgets them once allocated",
+        ),
     ),
 ]
 

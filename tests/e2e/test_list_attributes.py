@@ -21,6 +21,8 @@ from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, wait_for
 from localcluster.workloads import DRIVER, allocated_devices, ensure_device_classes, gpu_pod, pod_claim
 
+from tests.skips import Lack, reason
+
 pytestmark = pytest.mark.cluster
 
 NUMA = "resource.kubernetes.io/numaNode"
@@ -37,7 +39,9 @@ PROFILE = {
 def lists_on(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterInfo, Kube]]:
     """A 1.37 cluster with DRAListTypeAttributes on, and the driver on the profile above."""
     if release(kubernetes_version()) is release("v1.34.0"):
-        pytest.skip("DRAListTypeAttributes came in 1.36 (KUBERNETES_VERSION=v1.37.2 runs this)")
+        pytest.skip(
+            reason(Lack.RELEASE, "DRAListTypeAttributes came in 1.36 (KUBERNETES_VERSION=v1.37.2 runs this)")
+        )
     workdir = tmp_path_factory.mktemp("lists")
     profile = workdir / "snc.yaml"
     profile.write_text(yaml.safe_dump(PROFILE))

@@ -42,6 +42,7 @@ from localcluster.workloads import (
 from dra.core.cdi import env_key
 from dra.fakegpus.sysfs import FakeSysfs
 from dra.kubeletplugin.publisher import RETRY_ANNOTATION
+from tests.skips import Lack, reason
 
 pytestmark = pytest.mark.cluster
 
@@ -128,11 +129,49 @@ def _served(kube: Kube, api_version: str) -> bool:
     return any(v["groupVersion"] == api_version for v in found["versions"])
 
 
-def _run(kube: Kube, name: str, same_device: bool = False) -> None:
-    """Apply the spec and wait for every pod to run (and, if asked, for its claims to share one device)."""
+def _claims_of(kube: Kube, pod: Obj) -> dict[str, Obj]:
+    """The pod's claims by its name for each: a claim it names, or the one made from its template."""
+    namespace = pod["metadata"]["namespace"]
+    generated = {
+        s["name"]: s.get("resourceClaimName") for s in pod["status"].get("resourceClaimStatuses") or []
+    }
+    claims = {}
+    for ref in pod["spec"].get("resourceClaims") or []:
+        claim = ref.get("resourceClaimName") or generated[ref["name"]]
+        claims[ref["name"]] = kube.get("resource.k8s.io/v1", "ResourceClaim", claim, namespace)
+    return claims
+
+
+def _devices_as_claimed(kube: Kube, cluster: ClusterInfo, namespace: str) -> None:
+    """Each container of each pod got exactly the devices allocated to the claims (and requests) it names.
+
+    What a user of the spec depends on: a container with no claim sees no GPU, one that names a claim
+    (or one request of it) sees what the scheduler allocated to that, no more and no less.
+    """
+    pods = kube.list_objects("v1", "Pod", namespace=namespace)
+    assert pods, f"no pod in {namespace}"
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        claims = _claims_of(kube, pod)
+        for container in pod["spec"]["containers"]:
+            wanted = {
+                device
+                for ref in container.get("resources", {}).get("claims") or []
+                for device in allocated_devices(claims[ref["name"]], ref.get("request"))
+            }
+            record = container_record(cluster, namespace, name, container["name"])
+            got = visible_devices(record, {})
+            assert got == sorted(wanted), (name, container["name"], got, sorted(wanted))
+            assert record["env"].get("NVIDIA_VISIBLE_DEVICES", "void") == "void", record["env"]
+
+
+def _run(kube: Kube, cluster: ClusterInfo, name: str, same_device: bool = False) -> None:
+    """Apply the spec, wait for every pod to run, check each container's devices against its claims
+    (and, if asked, that its claims share one device)."""
     with _applied(kube, name) as (docs, namespace):
         expected = _pods_expected(docs)
         kube.wait_pods_running(namespace, expected, f"the {expected} pods of {name} to run")
+        _devices_as_claimed(kube, cluster, namespace)
         if same_device:
             claims = kube.list_objects("resource.k8s.io/v1", "ResourceClaim", namespace=namespace)
             assert len({tuple(allocated_devices(c)) for c in claims}) == 1, claims
@@ -159,11 +198,16 @@ def test_a_quickstart_spec_runs_unchanged(
     cluster: ClusterInfo, kube: Kube, tmp_path: Path, start: list[DriverProcess], name: str
 ) -> None:
     if name in V1BETA1 and not _served(kube, "resource.k8s.io/v1beta1"):
-        pytest.skip("resource.k8s.io/v1beta1 is not served (beta APIs are off by default; removed in 1.38)")
+        pytest.skip(
+            reason(
+                Lack.RELEASE,
+                "resource.k8s.io/v1beta1 is not served (beta APIs are off by default; removed in 1.38)",
+            )
+        )
     profile = PROFILES.get(name, "h100x8")
     args = DRIVER_ARGS.get(name, ())
     start.append(DriverProcess(cluster, profile, tmp_path / "driver.log", extra_args=args).start())
-    _run(kube, name)
+    _run(kube, cluster, name)
 
 
 def test_nvidias_vfio_spec_runs_unchanged_and_its_gpu_is_then_not_allocatable(
@@ -212,7 +256,7 @@ def test_a_consumable_share_spec_runs_unchanged_with_nvidias_flag(
     value, same_device = SHARES[name]
     flag = f"--consumable-shares={value}"
     start.append(DriverProcess(cluster, "h100x8", tmp_path / "driver.log", extra_args=(flag,)).start())
-    _run(kube, name, same_device)
+    _run(kube, cluster, name, same_device)
     # Each share prepared had the scheduler try its pending pods again: a slice's annotation says when.
     # Without that, a pod tried while the scheduler counted a share twice waited up to 5 minutes.
     key = f"{DRIVER}/{RETRY_ANNOTATION}"

@@ -23,6 +23,8 @@ from localcluster.cluster import ClusterInfo
 from localcluster.kube import Kube, Obj, wait_for
 from localcluster.webhookprocess import WebhookProcess
 
+from tests.skips import Lack, reason
+
 pytestmark = pytest.mark.cluster
 
 DRIVER = "gpu.webhook-test.dra-gpu.test"
@@ -243,7 +245,7 @@ def test_a_claim_through_a_beta_version_reaches_the_webhook_as_v1(
     try:
         message = _denial(lambda: kube.create(claim, namespace=namespace))
     except ResourceNotFoundError:
-        pytest.skip("this API server does not serve resource.k8s.io/v1beta2")
+        pytest.skip(reason(Lack.RELEASE, "this API server does not serve resource.k8s.io/v1beta2"))
     assert "spec.devices.config[0].opaque.parameters.sharing.timeSlicingConfig.interval" in message
 
 

@@ -23,6 +23,7 @@ import pytest
 
 from dra.pb.dra.v1 import dra_pb2
 from tests.integration.inprocess import Node, serving
+from tests.skips import Lack, reason
 
 DRIVER = "io.dra-gpu.test"
 
@@ -142,10 +143,8 @@ def test_an_unprepare_waits_on_no_fsync(
     _assert_whole(node)
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None,
-    reason="needs root and unshare(1) to mount a private tmpfs",
-)
+@pytest.mark.skipif(os.geteuid() != 0, reason=reason(Lack.ROOT, "mounts a private tmpfs"))
+@pytest.mark.skipif(shutil.which("unshare") is None, reason=reason(Lack.TOOL, "needs unshare(1)"))
 def test_a_really_full_tmpfs_fails_the_prepare_cleanly(tmp_path: Path) -> None:
     """The kernel's own ENOSPC, at write(2) this time, on a 64 KiB tmpfs mounted in a private namespace."""
     run = subprocess.run(

@@ -18,6 +18,7 @@ from dra.api.v1beta1 import (
     MpsConfig,
     TimeSlicingConfig,
     VfioDeviceConfig,
+    device_for_key,
     validate,
 )
 from dra.model.devices import Device, Gpu, MigDevice
@@ -240,10 +241,26 @@ def test_limits_within_the_devices_memory_are_valid() -> None:
         )
     )
     validate(config, [gpu0, gpu1])
+    # What the daemon is then given: each limit as written, each per-device key naming its device.
+    assert isinstance(config, GpuConfig)
+    limits = config.sharing.mps_config
+    assert limits is not None
+    assert limits.default_active_thread_percentage == 10
+    assert limits.default_pinned_device_memory_limit == Quantity.parse("40Gi")
+    named = {
+        getattr(device_for_key(key, [gpu0, gpu1]), "name", None): limit
+        for key, limit in limits.default_per_device_pinned_memory_limit.items()
+    }
+    assert named == {"gpu-1": Quantity.parse("79Gi"), "gpu-0": Quantity.parse("1Gi")}
+    # The bound is the device's memory itself: all of it is valid, a byte more is refused.
+    validate(opaque.decode(mps(defaultPinnedDeviceMemoryLimit=str(gpu0.memory_bytes))), [gpu0])
+    over = invalid(mps(defaultPinnedDeviceMemoryLimit=str(gpu0.memory_bytes + 1)), gpu0)
+    assert over.startswith("GpuConfig.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: "), over
     mig = device("gpu-4-mig-1g10gb-3-0")
-    validate(
-        opaque.decode({"apiVersion": API, "kind": "MigDeviceConfig", "sharing": {"strategy": "MPS"}}), [mig]
-    )
+    mig_config = opaque.decode({"apiVersion": API, "kind": "MigDeviceConfig", "sharing": {"strategy": "MPS"}})
+    validate(mig_config, [mig])
+    assert isinstance(mig_config, MigDeviceConfig)
+    assert mig_config.sharing.strategy == "MPS"
 
 
 def test_a_pinned_limit_above_the_gpus_memory_is_refused() -> None:

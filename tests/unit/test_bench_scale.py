@@ -52,6 +52,7 @@ def test_shares_go_round_robin_each_with_its_own_share_id() -> None:
 
 
 def test_the_state_alone_makes_and_destroys_its_probes_mig_devices() -> None:
+    # run_once checks that each probe's prepare made its MIG device and its unprepare destroyed it.
     prepare, unprepare = run_once(held=20, probes=2)
     assert prepare > 0
     assert unprepare > 0

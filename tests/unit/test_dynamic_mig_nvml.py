@@ -29,6 +29,7 @@ from dra.gpu.nvml import NvmlLibrary
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Gpu, Inventory, MigPartition
 from dra.model.migmode import parse_mig_modes
+from tests.skips import Lack, reason
 from tests.unit.helpers import DRIVER, NODE, real_or_standin_nvml
 
 pytestmark = pytest.mark.gpu
@@ -48,7 +49,9 @@ def _free_dynamic_gpu(lib: NvmlLibrary) -> tuple[Inventory, Gpu]:
     for gpu in inventory.dynamic_gpus:
         if not dynamic.instances(lib, gpu.index):
             return inventory, gpu
-    pytest.skip("no GPU in MIG mode without MIG devices (turn MIG on: nvidia-smi -i N -mig 1)")
+    pytest.skip(
+        reason(Lack.GPU, "no GPU in MIG mode without MIG devices (turn MIG on: nvidia-smi -i N -mig 1)")
+    )
 
 
 def _host(lib: NvmlLibrary, tmp_path: Path) -> Path:
@@ -68,7 +71,7 @@ def test_the_fake_tables_are_what_nvml_says(nvml: NvmlLibrary) -> None:
     inventory, gpu = _free_dynamic_gpu(nvml)
     model = next((m for m in MODELS.values() if m.product_name == gpu.product_name and m.mig_table), None)
     if model is None:
-        pytest.skip(f"{gpu.product_name} is not in the fake catalog")
+        pytest.skip(reason(Lack.GPU, f"{gpu.product_name} is not in the fake catalog"))
     real = {
         (p.profile, p.placement_start, p.placement_size, p.memory_bytes >> 20)
         for p in inventory.partitions
@@ -82,7 +85,12 @@ def test_the_fake_tables_are_what_nvml_says(nvml: NvmlLibrary) -> None:
 def test_prepare_makes_and_unprepare_destroys_mig_devices(nvml: NvmlLibrary, tmp_path: Path) -> None:
     inventory, gpu = _free_dynamic_gpu(nvml)
     if nvml.library is None and os.environ.get(CHANGE_MIG_MODE) != "1":
-        pytest.skip(f"makes MIG devices on GPU {gpu.index} and may switch its MIG mode: {CHANGE_MIG_MODE}=1")
+        pytest.skip(
+            reason(
+                Lack.GPU,
+                f"makes MIG devices on GPU {gpu.index} and may switch its MIG mode: {CHANGE_MIG_MODE}=1",
+            )
+        )
     state = DeviceState(
         DRIVER,
         NODE,

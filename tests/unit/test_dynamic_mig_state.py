@@ -31,6 +31,7 @@ from dra.gpu.library import (
 from dra.kubeletplugin.mps import MpsDaemons
 from dra.kubeletplugin.state import DeviceState
 from dra.model.migmode import parse_mig_modes
+from tests.skips import Lack, reason
 from tests.unit.helpers import DRIVER, MPS_CONTROL, NODE, daemon_devices, mps_ask, mps_root, stop_mps_daemons
 
 UID = "6b1f7e7c-0d3e-4d4b-9a0e-2f1c3b4a5d6e"
@@ -381,7 +382,7 @@ def _mps_on_mig(**mps_config: object) -> OpaqueConfig:
     )
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace per MPS daemon needs root")
+@pytest.mark.skipif(os.geteuid() != 0, reason=reason(Lack.ROOT, "a mount namespace per MPS daemon"))
 def test_a_dynamic_mig_device_is_served_by_an_mps_daemon_once_it_is_made(tmp_path: Path) -> None:
     daemons = MpsDaemons(mps_root(tmp_path), MPS_CONTROL)
     lib = _lib(tmp_path)

@@ -21,6 +21,7 @@ from dra.fakegpus.profiles import load_profile
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Inventory, MigDevice
 from dra.model.migmode import parse_mig_modes
+from tests.skips import Lack, reason
 from tests.unit.helpers import DRIVER, NODE
 
 UID = "0b4e2f7a-61c3-4a8e-9d55-2f0c1e9a7b10"
@@ -116,8 +117,10 @@ def test_making_the_root_again_changes_nothing(tmp_path: Path) -> None:
 
 def _nvidia_smi(tmp_path: Path, root: Path, dev_paths: list[str]) -> subprocess.CompletedProcess[str]:
     """Run the fake nvidia-smi -L with only these of the fake nodes as /dev, as in a container."""
-    if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("needs root and unshare(1) for a private /dev")
+    if os.geteuid() != 0:
+        pytest.skip(reason(Lack.ROOT, "a private /dev is a mount namespace"))
+    if shutil.which("unshare") is None:
+        pytest.skip(reason(Lack.TOOL, "needs unshare(1) for a private /dev"))
     dev = tmp_path / "container-dev"
     dev.mkdir()
     for path in dev_paths:

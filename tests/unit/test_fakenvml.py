@@ -25,11 +25,12 @@ from fakenvml.standin import NvmlStandIn
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.node import FAKE_GPU_STATE
 from dra.fakegpus.profiles import load_profile
+from tests.skips import Lack, reason
 from tests.unit.helpers import NODE
 
 #: A fake node's device nodes are mknod'ed and its sysfs mounted in a namespace of its own, as on a node.
 needs_root = pytest.mark.skipif(
-    os.geteuid() != 0, reason="a fake node makes character devices (mknod) and mounts (unshare): root"
+    os.geteuid() != 0, reason=reason(Lack.ROOT, "a fake node makes character devices (mknod) and mounts")
 )
 
 #: nvml.h's codes, as a caller sees them.
@@ -96,6 +97,9 @@ def test_a_program_without_python_gets_the_fake_node_s_gpus(tmp_path: Path) -> N
     assert done.stdout == f"0 0 {fake.device_count()} {last} {NOT_SUPPORTED}\n"
     # Each function the stand-in does not implement says so once, on the process's stderr.
     assert done.stderr.count("nvmlDeviceGetPowerUsage is not implemented by the NVML stand-in") == 1
+    # ... and is recorded beside the library, under the program's name, for a test to read.
+    assert node.unsupported_calls("caller") == {"nvmlDeviceGetPowerUsage"}
+    assert node.unsupported_calls("gpu-kubelet-plugin") == set()
 
 
 def test_without_a_stand_in_every_call_answers_driver_not_loaded() -> None:

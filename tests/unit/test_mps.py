@@ -27,6 +27,7 @@ from dra.fakegpus import mpscontrol as fakemps
 from dra.kubeletplugin.mps import MpsDaemons
 from dra.kubeletplugin.state import DeviceState
 from dra.model.quantity import Quantity
+from tests.skips import Lack, reason
 from tests.unit.helpers import (
     DRIVER,
     FAKE_MPS,
@@ -40,7 +41,7 @@ from tests.unit.helpers import (
     stop_mps_daemons,
 )
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace per daemon needs root")
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason=reason(Lack.ROOT, "a mount namespace per daemon"))
 
 UID_A = "aaaaaaaa-0000-4000-8000-00000000000a"
 UID_B = "bbbbbbbb-0000-4000-8000-00000000000b"
@@ -435,7 +436,9 @@ print(sorted(state.prepared))
 """
 
 
-@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux setpriv to drop a capability")
+@pytest.mark.skipif(
+    shutil.which("setpriv") is None, reason=reason(Lack.TOOL, "needs util-linux setpriv to drop a capability")
+)
 def test_without_cap_sys_admin_the_claim_is_refused_naming_the_chart_value(node: Node) -> None:
     # The chart's container without kubeletPlugin.mps.enabled: root, CAP_SYS_ADMIN dropped.
     drop = ["setpriv", "--inh-caps=-sys_admin", "--bounding-set=-sys_admin"]

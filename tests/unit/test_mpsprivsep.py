@@ -21,11 +21,12 @@ import pytest
 
 from dra.core import sharing
 from dra.kubeletplugin import mpslaunch
+from tests.skips import Lack, reason
 from tests.unit.helpers import inventory, mps_root
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the launcher's mount namespaces need uid 0"),
-    pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs util-linux setpriv"),
+    pytest.mark.skipif(os.geteuid() != 0, reason=reason(Lack.ROOT, "the launcher's mount namespaces")),
+    pytest.mark.skipif(shutil.which("setpriv") is None, reason=reason(Lack.TOOL, "needs util-linux setpriv")),
 ]
 
 REPO = Path(__file__).parents[2]

@@ -26,6 +26,7 @@ from dra.gpu.library import (
     sysfs_bus_id,
 )
 from dra.gpu.nvml import NvmlLibrary
+from tests.skips import Lack, reason
 from tests.unit.helpers import DRIVER, real_or_standin_nvml
 
 # -- a fake /sys ------------------------------------------------------------------
@@ -253,9 +254,10 @@ def test_a_call_missing_from_pynvml_is_function_not_found() -> None:
 
 
 def test_addressing_mode_names_match_the_installed_pynvml() -> None:
-    pynvml = pytest.importorskip("pynvml")
+    import pynvml  # a dependency of the package: missing, the test fails
+
     if not hasattr(pynvml, "NVML_DEVICE_ADDRESSING_MODE_HMM"):
-        pytest.skip("this nvidia-ml-py predates nvmlDeviceGetAddressingMode")
+        pytest.skip(reason(Lack.TOOL, "this nvidia-ml-py predates nvmlDeviceGetAddressingMode"))
     assert {
         getattr(pynvml, f"NVML_DEVICE_ADDRESSING_MODE_{name.upper()}"): name
         for name in ADDRESSING_MODES.values()

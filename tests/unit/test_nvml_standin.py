@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
+import pynvml  # a dependency of the package: missing, the test fails
 import pytest
 from fakenvml import abi as nvmlabi
 from fakenvml.abi import struct_version
@@ -47,8 +48,6 @@ from dra.kubeletplugin.miglayout import apply_layout
 from dra.model.devices import Gpu, MigDevice
 from dra.model.migmode import MigModes, parse_mig_modes
 from tests.unit.helpers import NODE
-
-pynvml = pytest.importorskip("pynvml")
 
 LAYOUTS = [
     (nvmlabi.PciInfo, "nvmlPciInfo_t"),

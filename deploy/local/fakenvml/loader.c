@@ -20,12 +20,15 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* nvmlReturn_t values (nvml.h). */
 #define NVML_ERROR_NOT_SUPPORTED 3
@@ -45,6 +48,10 @@ static pthread_once_t configured = PTHREAD_ONCE_INIT;
 /* Set once a stand-in answers: from then on a stub means "not implemented". */
 static int installed;
 static unsigned char *reported;
+/* fakenvml.unsupported beside the library: each process appends "<program> <function>" once for
+ * every function it called that answers NOT_SUPPORTED, so that a test can say what a caller
+ * (NVIDIA's plugin) asked of the stand-in and did not get. */
+static char unsupported_log[PATH_MAX + 32];
 
 static int not_supported(void) { return NVML_ERROR_NOT_SUPPORTED; }
 static int driver_not_loaded(void) { return NVML_ERROR_DRIVER_NOT_LOADED; }
@@ -130,6 +137,7 @@ static void configure(void) {
     if (own_directory(directory, sizeof directory) != 0) {
         return;
     }
+    snprintf(unsupported_log, sizeof unsupported_log, "%s/fakenvml.unsupported", directory);
     snprintf(path, sizeof path, "%s/fakenvml.conf", directory);
     FILE *conf = fopen(path, "r");
     if (conf == NULL) {
@@ -182,6 +190,24 @@ static void configure(void) {
     release(state);
 }
 
+/* One line in fakenvml.unsupported, in one write(2) with O_APPEND: lines of processes do not mix. */
+static void record_unsupported(const char *name) {
+    if (unsupported_log[0] == '\0') {
+        return;
+    }
+    char line[512];
+    int length = snprintf(line, sizeof line, "%s %s\n", program_invocation_short_name, name);
+    int fd = open(unsupported_log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        fprintf(stderr, "fakenvml: cannot record in %s: %s\n", unsupported_log, strerror(errno));
+        return;
+    }
+    if (length > 0 && (size_t)length < sizeof line && write(fd, line, (size_t)length) != length) {
+        fprintf(stderr, "fakenvml: cannot record in %s: %s\n", unsupported_log, strerror(errno));
+    }
+    close(fd);
+}
+
 /* Where the stub of function `index` goes: its slot once a stand-in answers, else an error. */
 HIDDEN void *fakenvml_resolve(unsigned index) {
     pthread_once(&configured, configure);
@@ -196,6 +222,7 @@ HIDDEN void *fakenvml_resolve(unsigned index) {
     if (reported != NULL && !__atomic_exchange_n(&reported[index], 1, __ATOMIC_RELAXED)) {
         fprintf(stderr, "fakenvml: %s is not implemented by the NVML stand-in: NOT_SUPPORTED\n",
                 fakenvml_names[index]);
+        record_unsupported(fakenvml_names[index]);
     }
     return error_string ? (void *)no_error_string : (void *)not_supported;
 }

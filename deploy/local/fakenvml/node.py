@@ -37,6 +37,8 @@ from fakenvml.library import SONAME, ensure_library
 
 #: The configuration file the library reads beside itself.
 CONF = "fakenvml.conf"
+#: Where the library records, beside itself, each function a process called that answers NOT_SUPPORTED.
+UNSUPPORTED = "fakenvml.unsupported"
 LIBRARY_DIR = "usr/lib64"
 _REPO = Path(__file__).resolve().parents[3]
 
@@ -167,6 +169,15 @@ class FakeNode:
     def library(self) -> Path:
         """The fake NVML as the drivers find it: <driver root>/usr/lib64/libnvidia-ml.so.1."""
         return self.driver_root / LIBRARY_DIR / SONAME
+
+    def unsupported_calls(self, program: str) -> set[str]:
+        """The NVML functions `program` (its short name, as /proc/<pid>/comm) called on this node that the
+        stand-in answers NOT_SUPPORTED (loader.c records them)."""
+        try:
+            lines = (self.driver_root / LIBRARY_DIR / UNSUPPORTED).read_text().splitlines()
+        except FileNotFoundError:
+            return set()
+        return {name for caller, _, name in (line.partition(" ") for line in lines) if caller == program}
 
     def build(self) -> FakeNode:
         """Make (or refresh) the tree; the fake GPUs' state is kept."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -47,6 +48,9 @@ CHART_VALUES = {"resources.computeDomains.enabled": "false", "gpuResourcesEnable
 #: The gates that turn its features on, as an admin sets them (featureGates in its values): all of
 #: them but passthrough, which needs a sysfs of PCI functions and an IOMMU the fake node has not.
 FEATURE_GATES = {"TimeSlicingSettings": True, "MPSSupport": True}
+#: Where its image has the release's templates/ (its Dockerfile: COPY /templates /templates), which
+#: its plugin reads at that fixed path (the MPS control daemon's Deployment).
+TEMPLATES = Path("/templates")
 
 
 def gates_for(profile: str, extra: Mapping[str, bool] | None = None) -> dict[str, bool]:
@@ -73,6 +77,11 @@ def chart_dir() -> Path:
     if not (chart / "Chart.yaml").is_file():
         raise BuildError(f"{NVIDIA.pinned} {NVIDIA.version()} has no chart at {CHART_PATH}")
     return chart
+
+
+def templates_dir() -> Path:
+    """The release's templates/ directory, beside its chart in the module."""
+    return chart_dir().parents[2] / "templates"
 
 
 def render_chart(gates: Mapping[str, bool], kubernetes: str = "1.34.0") -> list[Obj]:
@@ -151,7 +160,12 @@ class NvidiaDriverProcess(DaemonProcess):
             # The chart's fixed port would keep two instances (a rolling update, two clusters) apart.
             "HEALTHCHECK_PORT": str(free_port()),
             "KUBECONFIG": self.kubeconfig,
-            "FEATURE_GATES": ",".join(f"{name}={str(on).lower()}" for name, on in sorted(self.gates.items())),
+            # Its chart sets none with no featureGates value (its default): the plugin's own defaults.
+            **(
+                {"FEATURE_GATES": ",".join(f"{n}={str(on).lower()}" for n, on in sorted(self.gates.items()))}
+                if self.gates
+                else {}
+            ),
         }
 
     @property
@@ -175,10 +189,19 @@ class NvidiaDriverProcess(DaemonProcess):
                 checkpoint.replace(checkpoint.with_name("checkpoint.json.dra-gpu"))
         for stale in published_slices(self._kube, self.cluster):
             self._kube.delete("resource.k8s.io/v1", "ResourceSlice", stale["metadata"]["name"])
+        # Its release's namespace, which `helm install --create-namespace` makes: the plugin creates
+        # its MPS control daemons' Deployments there.
+        if self._kube.get_or_none("v1", "Namespace", NAMESPACE) is None:
+            self._kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
         hook = Path(self.env["NVIDIA_CDI_HOOK_PATH"])
         hook.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(self.binaries / NVIDIA_CDI_HOOK, hook)
-        return self.node.wrap([str(self.binaries / NVIDIA_PLUGIN), "-v", str(self.verbosity)])
+        # Its image's /templates, bound in the plugin's own mount namespace; the host keeps only the
+        # empty mount point.
+        TEMPLATES.mkdir(exist_ok=True)
+        with_templates = f'mount --bind {shlex.quote(str(templates_dir()))} {TEMPLATES} && exec "$@"'
+        plugin = [str(self.binaries / NVIDIA_PLUGIN), "-v", str(self.verbosity)]
+        return self.node.wrap(["sh", "-c", with_templates, "templates", *plugin])
 
     def ready(self) -> bool:
         """Its registration socket made, its slices published and its metrics served."""

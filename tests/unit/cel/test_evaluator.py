@@ -217,23 +217,39 @@ def test_compile_errors(expression: str, message: str) -> None:
     assert raised.value.message == message
 
 
+#: A device of driver "d" for the literals below: index 1, minor 7, type "gpu", 1Gi of memory.
+LITERALS_DEVICE = {
+    "name": "gpu-1",
+    "attributes": {"index": {"int": 1}, "minor": {"int": 7}, "type": {"string": "gpu"}},
+    "capacity": {"memory": {"value": "1Gi"}},
+}
+
+
 @pytest.mark.parametrize(
-    "expression",
+    ("expression", "expected"),
     [
-        # literals whose elements have one static type (accepted by a 1.34 API server)
-        '[device.attributes["d"].index, device.attributes["d"].minor].exists(x, x == 1)',
-        '[device.attributes["d"].index + 1, 0].exists(x, x == 1)',
-        '[int(device.attributes["d"].index), 0].exists(x, x == 1)',
-        '[device.attributes["d"].index == 1, true].exists(x, x)',
-        '[size(device.attributes["d"].type), 0].exists(x, x == 1)',
-        '[device.driver, "a"].exists(x, x == "a")',
-        '[device.capacity["d"].memory, quantity("1")].size() == 2',
-        'device.attributes["d"].index in [1, 2]',
-        '1 in [device.attributes["d"].index]',
+        # literals whose elements have one static type (accepted by a 1.34 API server), and what
+        # each selects on the device above: a literal that compiled to the wrong value would show
+        ('[device.attributes["d"].index, device.attributes["d"].minor].exists(x, x == 1)', True),
+        ('[device.attributes["d"].index, device.attributes["d"].minor].exists(x, x == 2)', False),
+        ('[device.attributes["d"].index + 1, 0].exists(x, x == 1)', False),
+        ('[device.attributes["d"].index + 1, 0].exists(x, x == 2)', True),
+        ('[int(device.attributes["d"].index), 0].exists(x, x == 1)', True),
+        ('[device.attributes["d"].index == 1, true].all(x, x)', True),
+        ('[device.attributes["d"].index == 2, true].all(x, x)', False),
+        ('[size(device.attributes["d"].type), 0].exists(x, x == 3)', True),
+        ('[device.driver, "a"].exists(x, x == "d")', True),
+        ('[device.driver, "a"].exists(x, x == "b")', False),
+        ('[device.capacity["d"].memory, quantity("1")].size() == 2', True),
+        ('[device.capacity["d"].memory, quantity("1")][0] == quantity("1024Mi")', True),
+        ('device.attributes["d"].index in [1, 2]', True),
+        ('device.attributes["d"].index in [2, 3]', False),
+        ('1 in [device.attributes["d"].index]', True),
+        ('7 in [device.attributes["d"].index]', False),
     ],
 )
-def test_homogeneous_literals_compile(expression: str) -> None:
-    compile_expression(expression)
+def test_homogeneous_literals_compile_and_select(expression: str, expected: bool) -> None:
+    assert compile_expression(expression).matches(LITERALS_DEVICE, "d") is expected
 
 
 def test_cost_limit(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from dra.api.fields import DuplicatedKeys, nesting_depth, object_pairs
+from dra.api.fields import DuplicatedKeys, json_text_deeper_than, nesting_depth, object_pairs
 from dra.model.quoting import quote
 
 #: Config files, layouts and profiles are a few KB; a MiB leaves room and bounds the memory used.
@@ -37,6 +37,14 @@ class DocumentError(ValueError):
     """A document cannot be read within the limits; the message is one line naming its source."""
 
 
+class MissingFileError(DocumentError):
+    """The file to read does not exist: for the readers of state files, which start without one."""
+
+
+class NotRegularFileError(DocumentError):
+    """The path is no regular file (a directory, a FIFO, a device): refused without reading it."""
+
+
 #: What a path that is not a regular file is, by the file type bits of its mode.
 _FILE_TYPES = (
     (stat.S_ISDIR, "a directory"),
@@ -47,7 +55,7 @@ _FILE_TYPES = (
 )
 
 
-def _not_regular(mode: int) -> str | None:
+def not_regular(mode: int) -> str | None:
     """What a file of this mode is when it is not a regular file ("a directory"), else None."""
     if stat.S_ISREG(mode):
         return None
@@ -64,17 +72,19 @@ def read_file(path: Path, source: str, limit: int = MAX_FILE_BYTES) -> bytes:
     again once open, so a file swapped in between is refused too. Every message names the path.
     """
     try:
-        what = _not_regular(os.stat(path).st_mode)
+        what = not_regular(os.stat(path).st_mode)
         if what is None:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError as err:
+        raise MissingFileError(f"{source}: cannot read {path}: {err.strerror}") from None
     except OSError as err:
         raise DocumentError(f"{source}: cannot read {path}: {err.strerror}") from None
     if what is not None:
-        raise DocumentError(f"{source}: {path} is {what}, not a regular file")
+        raise NotRegularFileError(f"{source}: {path} is {what}, not a regular file")
     try:
-        what = _not_regular(os.fstat(fd).st_mode)
+        what = not_regular(os.fstat(fd).st_mode)
         if what is not None:
-            raise DocumentError(f"{source}: {path} is {what}, not a regular file")
+            raise NotRegularFileError(f"{source}: {path} is {what}, not a regular file")
         chunks: list[bytes] = []
         size = 0
         # os.read, not a file object: its errors carry the descriptor's number where the path belongs.
@@ -252,14 +262,14 @@ def load_json(data: bytes | str, source: str, limit: int = MAX_FILE_BYTES) -> ob
     if len(data) > limit:
         raise DocumentError(f"{source}: larger than {limit} bytes")
     text = _text(data, source)
+    if json_text_deeper_than(text, MAX_DEPTH):
+        raise DocumentError(f"{source}: nested deeper than {MAX_DEPTH} levels")
     try:
         value = json.loads(text, parse_int=bounded_int, object_pairs_hook=object_pairs)
     except json.JSONDecodeError as err:
         raise DocumentError(
             f"{source}: not valid JSON: line {err.lineno}, column {err.colno}: {err.msg}"
         ) from None
-    except RecursionError:
-        raise DocumentError(f"{source}: nested deeper than {MAX_DEPTH} levels") from None
     if nesting_depth(value, MAX_DEPTH) > MAX_DEPTH:
         raise DocumentError(f"{source}: nested deeper than {MAX_DEPTH} levels")
     return value

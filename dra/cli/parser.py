@@ -24,6 +24,7 @@ from dra.daemon.flags import (
     apply_environment,
     boolean,
     csv,
+    directory,
     dns_subdomain,
     node_name,
     nonempty,
@@ -388,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--state-dir",
         "the kubelet-plugin's state directory, where fake GPUs keep their settings; "
         f"default /var/lib/kubelet/plugins/{DEFAULT_DRIVER}",
-        type=path,
+        type=directory,
     )
 
     explain = sub.add_parser(

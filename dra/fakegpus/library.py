@@ -45,6 +45,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from dra import documents
 from dra.fakegpus.mig import FakeMigDevice, FakeMigPartitions
 from dra.fakegpus.processes import FakeProcess, FakeProcesses
 from dra.fakegpus.profiles import Profile
@@ -268,12 +269,14 @@ class FakeGpuLibrary(FakeMigPartitions):
     def _load_state(self) -> dict[str, dict[str, int]]:
         if self._state_file is None:
             return self._state
+        source = "fake GPU state"
         try:
-            loaded = json.loads(self._state_file.read_text())
-        except FileNotFoundError:
+            raw = documents.read_file(self._state_file, source)
+            loaded = documents.load_json(raw, f"{source} {self._state_file}")
+        except documents.MissingFileError:
             return {}
-        except (OSError, ValueError) as err:
-            raise GpuLibraryError(ERROR_UNKNOWN, f"fake GPU state {self._state_file}: {err}") from None
+        except documents.DocumentError as err:
+            raise GpuLibraryError(ERROR_UNKNOWN, f"{err}; move it away (the settings start anew)") from None
         return loaded if isinstance(loaded, dict) else {}
 
     def set_time_slice(self, gpu: GpuHandle, level: int) -> None:

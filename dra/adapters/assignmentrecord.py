@@ -79,7 +79,7 @@ class AssignmentRecord:
             return {}
         paths = data.get("paths") if isinstance(data, dict) else None
         if not isinstance(paths, dict):
-            raise ValueError("no `paths` mapping")
+            raise ValueError(f"{source} {self.path}: no `paths` mapping")
         return paths
 
     def _write(self, paths: dict[str, Any]) -> None:
@@ -106,10 +106,10 @@ class AssignmentRecord:
             except ValueError as err:
                 if self.alive(other):
                     raise AssignmentConflictError(
-                        f"cannot read the GPU assignment record {self.path} ({err}) while {other.title} "
-                        "runs on this node; restart it so that it rewrites the record"
+                        f"unreadable {err}, while {other.title} runs on this node; restart it so that it "
+                        "rewrites the record"
                     ) from None
-                log.warning("ignoring unreadable GPU assignment record %s: %s", self.path, err)
+                log.warning("unreadable %s: ignored, and written anew (%s does not run)", err, other.title)
                 paths = {}
             entry = paths.get(other.value)
             if entry is not None and self.alive(other):

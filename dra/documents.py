@@ -1,13 +1,14 @@
 """Bounded reading of YAML and JSON documents from files and request bodies.
 
 Every decoder of outside input (config files, MIG layouts, fake profiles, explain's
-manifests, webhook bodies) reads through here, so each has the same limits: a size
-cap, a nesting depth (JSON's measured on its text, YAML's on libyaml's events, before
-either decoder recurses), a cap on the nodes a YAML document holds as written and
-through its aliases, and integers no longer than Python converts. A document past a limit is a DocumentError with one short
-line; nothing here recurses without a bound or allocates past the size cap. An object
-that gives a key twice keeps the last value, as Kubernetes' decoders do, and is marked
-(dra.api.fields.DuplicatedKeys) for the configuration API, which refuses it.
+manifests, webhook bodies, the daemons' state files) reads through here, so each has the
+same limits: a size cap, a nesting depth (JSON's measured on its text, YAML's on
+libyaml's events, before either decoder recurses), a cap on the nodes a YAML document
+holds as written and through its aliases, and integers no longer than Python converts.
+A document past a limit is a DocumentError with one short line; nothing here recurses
+without a bound or allocates past the size cap. An object that gives a key twice keeps
+the last value, as Kubernetes' decoders do, and is marked (dra.api.fields.DuplicatedKeys)
+for the configuration API, which refuses it.
 """
 
 from __future__ import annotations

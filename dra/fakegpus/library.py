@@ -270,14 +270,21 @@ class FakeGpuLibrary(FakeMigPartitions):
         if self._state_file is None:
             return self._state
         source = "fake GPU state"
+        move = "move it away (the settings start anew)"
         try:
             raw = documents.read_file(self._state_file, source)
             loaded = documents.load_json(raw, f"{source} {self._state_file}")
         except documents.MissingFileError:
             return {}
         except documents.DocumentError as err:
-            raise GpuLibraryError(ERROR_UNKNOWN, f"{err}; move it away (the settings start anew)") from None
-        return loaded if isinstance(loaded, dict) else {}
+            raise GpuLibraryError(ERROR_UNKNOWN, f"{err}; {move}") from None
+        # A mapping of UUIDs to each GPU's settings, a level of 0 to 3 each: as set_time_slice writes it.
+        if not isinstance(loaded, dict) or not all(
+            isinstance(gpu, dict) and gpu.get("timeSlice", 0) in range(4) and gpu.get("timeSlice") is not True
+            for gpu in loaded.values()
+        ):
+            raise GpuLibraryError(ERROR_UNKNOWN, f"{source} {self._state_file} is not one; {move}")
+        return loaded
 
     def set_time_slice(self, gpu: GpuHandle, level: int) -> None:
         """Record the level, as `nvidia-smi compute-policy --set-timeslice` would set it.

@@ -26,6 +26,7 @@ from dra.model.quoting import quote
 
 #: Config files, layouts and profiles are a few KB; a MiB leaves room and bounds the memory used.
 MAX_FILE_BYTES = 2**20
+_CHUNK = 2**20
 #: Deeper than any Kubernetes object or config file needs; well below Python's recursion limit.
 MAX_DEPTH = 100
 #: Scalars, sequences and mappings a YAML document may hold once its aliases are expanded.
@@ -90,7 +91,8 @@ def read_file(path: Path, source: str, limit: int = MAX_FILE_BYTES) -> bytes:
         chunks: list[bytes] = []
         size = 0
         # os.read, not a file object: its errors carry the descriptor's number where the path belongs.
-        while size <= limit and (chunk := os.read(fd, limit + 1 - size)):
+        # A MiB at a time: a read allocates what it asks for, however little the file holds.
+        while size <= limit and (chunk := os.read(fd, min(limit + 1 - size, _CHUNK))):
             chunks.append(chunk)
             size += len(chunk)
     except OSError as err:

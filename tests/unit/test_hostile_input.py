@@ -39,7 +39,9 @@ DEEP_YAML = "[" * 20_000
 DEEP_JSON = "[" * 3_000 + "]" * 3_000
 
 
-def bounded(call: str, setup: str = "from dra import cli", seconds: float = LIMIT_SECONDS) -> tuple[int, str]:
+def bounded(
+    call: str, setup: str = "from dra import cli", seconds: float = LIMIT_SECONDS, memory: int = LIMIT_BYTES
+) -> tuple[int, str]:
     """Run `call` in a child under the limits (after `setup`'s imports): (exit status, its stderr).
 
     What it prints (--check-config's settings before the error, say) is only checked for tracebacks.
@@ -47,7 +49,7 @@ def bounded(call: str, setup: str = "from dra import cli", seconds: float = LIMI
     limits = (
         "import resource, signal, sys",
         setup,
-        f"resource.setrlimit(resource.RLIMIT_AS, ({LIMIT_BYTES}, {LIMIT_BYTES}))",
+        f"resource.setrlimit(resource.RLIMIT_AS, ({memory}, {memory}))",
         f"signal.setitimer(signal.ITIMER_REAL, {seconds})",
     )
     with tempfile.NamedTemporaryFile("w", suffix=".py") as program:
@@ -57,7 +59,7 @@ def bounded(call: str, setup: str = "from dra import cli", seconds: float = LIMI
         done = subprocess.run([sys.executable, program.name], capture_output=True, text=True, timeout=120)
     output = done.stderr.strip()
     assert done.returncode != -14, f"still running after {seconds} s"
-    assert "MemoryError" not in output, f"over {LIMIT_BYTES} bytes: {output[-500:]}"
+    assert "MemoryError" not in output, f"over {memory} bytes: {output[-500:]}"
     assert "Traceback" not in output + done.stdout, output[-2000:]
     return done.returncode, output or done.stdout.strip()
 
@@ -915,8 +917,9 @@ def _start(tmp_path: Path, state: Path) -> str:
     argv += [str(kubeconfig), "--state-dir", str(state), "--cdi-root", str(tmp_path / "cdi")]
     argv += ["--kubelet-root", str(tmp_path / "kubelet"), "--http-address", ""]
     # The start before the files are read (fake GPUs, the assignment, sockets) takes a second of a busy
-    # machine; the readers' own share is held to LIMIT_SECONDS below.
-    code, output = bounded(f"sys.exit(cli.main({argv!r}))", COMMANDS, seconds=4 * LIMIT_SECONDS)
+    # machine, and its threads reserve stacks of address space; the readers' own share is held to
+    # the limits below.
+    code, output = bounded(f"sys.exit(cli.main({argv!r}))", COMMANDS, 4 * LIMIT_SECONDS, 2**30)
     assert code != 0
     line = output.splitlines()[-1]
     assert line.startswith("dra-gpu"), output

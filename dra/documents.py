@@ -1,12 +1,14 @@
 """Bounded reading of YAML and JSON documents from files and request bodies.
 
 Every decoder of outside input (config files, MIG layouts, fake profiles, explain's
-manifests, webhook bodies) reads through here, so each has the same limits: a size
-cap, a nesting depth, a cap on the nodes YAML aliases may expand to, and integers no
-longer than Python converts. A document past a limit is a DocumentError with one short
-line; nothing here recurses without a bound or allocates past the size cap. An object
-that gives a key twice keeps the last value, as Kubernetes' decoders do, and is marked
-(dra.api.fields.DuplicatedKeys) for the configuration API, which refuses it.
+manifests, webhook bodies, the daemons' state files) reads through here, so each has the
+same limits: a size cap, a nesting depth (JSON's measured on its text, YAML's on
+libyaml's events, before either decoder recurses), a cap on the nodes a YAML document
+holds as written and through its aliases, and integers no longer than Python converts.
+A document past a limit is a DocumentError with one short line; nothing here recurses
+without a bound or allocates past the size cap. An object that gives a key twice keeps
+the last value, as Kubernetes' decoders do, and is marked (dra.api.fields.DuplicatedKeys)
+for the configuration API, which refuses it.
 """
 
 from __future__ import annotations
@@ -15,15 +17,16 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
-from dra.api.fields import DuplicatedKeys, nesting_depth, object_pairs
+from dra.api.fields import DuplicatedKeys, json_text_deeper_than, nesting_depth, object_pairs
 from dra.model.quoting import quote
 
 #: Config files, layouts and profiles are a few KB; a MiB leaves room and bounds the memory used.
 MAX_FILE_BYTES = 2**20
+_CHUNK = 2**20
 #: Deeper than any Kubernetes object or config file needs; well below Python's recursion limit.
 MAX_DEPTH = 100
 #: Scalars, sequences and mappings a YAML document may hold once its aliases are expanded.
@@ -37,6 +40,14 @@ class DocumentError(ValueError):
     """A document cannot be read within the limits; the message is one line naming its source."""
 
 
+class MissingFileError(DocumentError):
+    """The file to read does not exist: for the readers of state files, which start without one."""
+
+
+class NotRegularFileError(DocumentError):
+    """The path is no regular file (a directory, a FIFO, a device): refused without reading it."""
+
+
 #: What a path that is not a regular file is, by the file type bits of its mode.
 _FILE_TYPES = (
     (stat.S_ISDIR, "a directory"),
@@ -47,7 +58,7 @@ _FILE_TYPES = (
 )
 
 
-def _not_regular(mode: int) -> str | None:
+def not_regular(mode: int) -> str | None:
     """What a file of this mode is when it is not a regular file ("a directory"), else None."""
     if stat.S_ISREG(mode):
         return None
@@ -64,21 +75,24 @@ def read_file(path: Path, source: str, limit: int = MAX_FILE_BYTES) -> bytes:
     again once open, so a file swapped in between is refused too. Every message names the path.
     """
     try:
-        what = _not_regular(os.stat(path).st_mode)
+        what = not_regular(os.stat(path).st_mode)
         if what is None:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError as err:
+        raise MissingFileError(f"{source}: cannot read {path}: {err.strerror}") from None
     except OSError as err:
         raise DocumentError(f"{source}: cannot read {path}: {err.strerror}") from None
     if what is not None:
-        raise DocumentError(f"{source}: {path} is {what}, not a regular file")
+        raise NotRegularFileError(f"{source}: {path} is {what}, not a regular file")
     try:
-        what = _not_regular(os.fstat(fd).st_mode)
+        what = not_regular(os.fstat(fd).st_mode)
         if what is not None:
-            raise DocumentError(f"{source}: {path} is {what}, not a regular file")
+            raise NotRegularFileError(f"{source}: {path} is {what}, not a regular file")
         chunks: list[bytes] = []
         size = 0
         # os.read, not a file object: its errors carry the descriptor's number where the path belongs.
-        while size <= limit and (chunk := os.read(fd, limit + 1 - size)):
+        # A MiB at a time: a read allocates what it asks for, however little the file holds.
+        while size <= limit and (chunk := os.read(fd, min(limit + 1 - size, _CHUNK))):
             chunks.append(chunk)
             size += len(chunk)
     except OSError as err:
@@ -104,31 +118,11 @@ def _text(data: bytes | str, source: str) -> str:
         raise DocumentError(f"{source}: not UTF-8 text (byte {err.start})") from None
 
 
-class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader with a depth limit on the (recursive) composer and bounded integers."""
+class _Loader(yaml.CSafeLoader):
+    """YAML's safe loader in libyaml (C), with bounded integers and duplicate keys marked.
 
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._depth = 0
-
-    def fetch_flow_collection_start(self, token_class: Any) -> None:
-        # The scanner keeps state per flow level; bound it before the composer is reached.
-        if self.flow_level >= MAX_DEPTH:
-            raise yaml.MarkedYAMLError(
-                problem=f"nested deeper than {MAX_DEPTH} levels", problem_mark=self.get_mark()
-            )
-        super().fetch_flow_collection_start(token_class)
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        self._depth += 1
-        if self._depth > MAX_DEPTH:
-            raise yaml.MarkedYAMLError(
-                problem=f"nested deeper than {MAX_DEPTH} levels", problem_mark=self.get_mark()
-            )
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
+    Given only text that _check_events passed: its composer recurses once per level.
+    """
 
     def construct_yaml_map(self, node: Any) -> Any:
         """A mapping, a DuplicatedKeys when the document gave one of its keys twice (as JSON's objects)."""
@@ -154,6 +148,44 @@ class _Loader(yaml.SafeLoader):
 
 _Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 _Loader.add_constructor("tag:yaml.org,2002:map", _Loader.construct_yaml_map)
+
+
+#: The events that are a node each, and those that open and close one holding others.
+_NODE_EVENTS = (yaml.ScalarEvent, yaml.AliasEvent, yaml.SequenceStartEvent, yaml.MappingStartEvent)
+_OPENING = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
+_CLOSING = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
+
+
+def _check_events(text: str) -> None:
+    """DocumentError when a document of the stream holds more than MAX_NODES nodes as written, or
+    nests deeper than MAX_DEPTH; a YAMLError where it is no YAML.
+
+    Told from libyaml's events, before any node is made: 100,000 keys are refused in the time
+    their first 100,000 events take (PyYAML's own scanner took 8 s of CPU to read them all, and
+    they were refused only then, as if aliases had made them).
+    """
+    parser = yaml.CSafeLoader(text)
+    try:
+        nodes = depth = 0
+        while (event := parser.get_event()) is not None and not isinstance(event, yaml.StreamEndEvent):
+            if isinstance(event, yaml.DocumentStartEvent):
+                nodes = 0
+            elif isinstance(event, _NODE_EVENTS):
+                nodes += 1
+                if nodes > MAX_NODES:
+                    raise DocumentError(f"holds more than {MAX_NODES} values (keys, items and scalars)")
+                if isinstance(event, _OPENING):
+                    depth += 1
+                    if depth > MAX_DEPTH:
+                        # libyaml's marks have the line and column the message reads.
+                        mark = cast(yaml.Mark, event.start_mark)
+                        raise yaml.MarkedYAMLError(
+                            problem=f"nested deeper than {MAX_DEPTH} levels", problem_mark=mark
+                        )
+            elif isinstance(event, _CLOSING):
+                depth -= 1
+    finally:
+        parser.dispose()
 
 
 def _expanded_nodes(root: yaml.Node) -> int:
@@ -202,20 +234,22 @@ def load_yaml_all(data: bytes | str, source: str) -> list[object]:
         raise DocumentError(f"{source}: larger than {MAX_FILE_BYTES} bytes")
     documents: list[object] = []
     try:
-        # The reader checks the characters as it is made: a control character fails here.
+        _check_events(text)
         loader = _Loader(text)
     except yaml.YAMLError as err:
         raise _yaml_error(err, source) from None
+    except DocumentError as err:
+        raise DocumentError(f"{source}: {err}") from None
     try:
         while loader.check_node():
             node = loader.get_node()
             if node is not None and _expanded_nodes(node) > MAX_NODES:
-                raise DocumentError(f"{source}: expands (through aliases) to more than {MAX_NODES} values")
+                raise DocumentError(f"expands (through aliases) to more than {MAX_NODES} values")
             documents.append(loader.construct_document(node))
     except yaml.YAMLError as err:
         raise _yaml_error(err, source) from None
-    except DocumentError:
-        raise
+    except DocumentError as err:
+        raise DocumentError(f"{source}: {err}") from None
     except ValueError as err:
         # The constructors' own conversions (a timestamp out of range, say).
         raise DocumentError(f"{source}: not valid YAML: {quote(str(err))}") from None
@@ -252,14 +286,14 @@ def load_json(data: bytes | str, source: str, limit: int = MAX_FILE_BYTES) -> ob
     if len(data) > limit:
         raise DocumentError(f"{source}: larger than {limit} bytes")
     text = _text(data, source)
+    if json_text_deeper_than(text, MAX_DEPTH):
+        raise DocumentError(f"{source}: nested deeper than {MAX_DEPTH} levels")
     try:
         value = json.loads(text, parse_int=bounded_int, object_pairs_hook=object_pairs)
     except json.JSONDecodeError as err:
         raise DocumentError(
             f"{source}: not valid JSON: line {err.lineno}, column {err.colno}: {err.msg}"
         ) from None
-    except RecursionError:
-        raise DocumentError(f"{source}: nested deeper than {MAX_DEPTH} levels") from None
     if nesting_depth(value, MAX_DEPTH) > MAX_DEPTH:
         raise DocumentError(f"{source}: nested deeper than {MAX_DEPTH} levels")
     return value

@@ -20,8 +20,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from dra import documents
 from dra.adapters.atomicfile import write_atomic
-from dra.adapters.filelock import LockTimeoutError, exclusive, open_lock, try_lock
+from dra.adapters.filelock import LockTimeoutError, exclusive, open_existing_lock, open_lock, try_lock
 from dra.core.assignment import GpuPath, conflict, parse_recorded, recorded
 from dra.model.devices import Gpu
 
@@ -57,26 +58,28 @@ class AssignmentRecord:
 
     def alive(self, path: GpuPath) -> bool:
         """Whether a process of that path holds its lifetime lock right now."""
-        try:
-            with open(self._holder_path(path), "rb") as f:
-                if try_lock(f):
-                    fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-                    return False
-                return True
-        except FileNotFoundError:
+        lock = open_existing_lock(self._holder_path(path))
+        if lock is None:
             return False
+        with lock:
+            if try_lock(lock):
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+                return False
+            return True
 
     def read(self) -> dict[str, Any]:
-        """The record's paths (empty when there is no record); ValueError when it does not parse."""
+        """The record's paths (empty when there is no record); ValueError when it does not parse.
+
+        NotRegularFileError (a ValueError too) when the path holds what is no file: left for the admin.
+        """
+        source = "GPU assignment record"
         try:
-            data = json.loads(self.path.read_text())
-        except FileNotFoundError:
+            data = documents.load_json(documents.read_file(self.path, source), f"{source} {self.path}")
+        except documents.MissingFileError:
             return {}
-        except (OSError, json.JSONDecodeError) as err:
-            raise ValueError(str(err)) from None
         paths = data.get("paths") if isinstance(data, dict) else None
         if not isinstance(paths, dict):
-            raise ValueError("no `paths` mapping")
+            raise ValueError(f"{source} {self.path}: no `paths` mapping")
         return paths
 
     def _write(self, paths: dict[str, Any]) -> None:
@@ -95,13 +98,18 @@ class AssignmentRecord:
             other = path.other
             try:
                 paths = self.read()
+            except documents.NotRegularFileError as err:
+                # Not replaced by the next write: what it is, and why, is the admin's to look at.
+                raise AssignmentConflictError(
+                    f"{err}; move it away (the record is written anew at start)"
+                ) from None
             except ValueError as err:
                 if self.alive(other):
                     raise AssignmentConflictError(
-                        f"cannot read the GPU assignment record {self.path} ({err}) while {other.title} "
-                        "runs on this node; restart it so that it rewrites the record"
+                        f"unreadable {err}, while {other.title} runs on this node; restart it so that it "
+                        "rewrites the record"
                     ) from None
-                log.warning("ignoring unreadable GPU assignment record %s: %s", self.path, err)
+                log.warning("unreadable %s: ignored, and written anew (%s does not run)", err, other.title)
                 paths = {}
             entry = paths.get(other.value)
             if entry is not None and self.alive(other):

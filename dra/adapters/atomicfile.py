@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from dra.adapters import faults
+from dra.documents import DocumentError, read_file
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -57,6 +58,18 @@ def ensure_dir(path: Path, mode: int = 0o755) -> None:
             continue
         # mkdir's mode passes through the umask (umask 000 would leave 0777 where 0755 was meant).
         os.chmod(directory, mode)
+
+
+def holds(path: Path, data: bytes) -> bool:
+    """Whether `path` is a regular file of exactly `data`, read no further than its length.
+
+    Before a write that would change nothing: what is no such file (a FIFO or a link to
+    /dev/zero left in its place, a larger file) is no match, and the write replaces it.
+    """
+    try:
+        return read_file(path, "", len(data)) == data
+    except DocumentError:
+        return False
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o644, durable: bool = True) -> None:

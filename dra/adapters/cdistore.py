@@ -11,12 +11,18 @@ a directory fsync either way (a spec back after a power loss goes at start-up).
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 from typing import Any
 
-from dra.adapters.atomicfile import ensure_dir, is_tmpfs, remove_durably, remove_leftovers, write_atomic
+from dra.adapters.atomicfile import (
+    ensure_dir,
+    holds,
+    is_tmpfs,
+    remove_durably,
+    remove_leftovers,
+    write_atomic,
+)
 from dra.core import cdi
 
 #: The longest file name Linux file systems take, in bytes.
@@ -61,10 +67,8 @@ class CdiStore:
 
     def _write(self, path: Path, spec: dict[str, Any], compare: bool = True) -> Path:
         data = cdi.render(spec)
-        if compare:
-            with contextlib.suppress(FileNotFoundError):
-                if path.read_bytes() == data:
-                    return path
+        if compare and holds(path, data):
+            return path
         if self._durable is None:
             ensure_dir(self.root)
             self._durable = not is_tmpfs(self.root)

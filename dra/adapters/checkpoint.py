@@ -21,6 +21,8 @@ from dra.adapters import faults
 from dra.adapters.atomicfile import remove_leftovers, write_atomic
 from dra.adapters.filelock import LockTimeoutError, held, open_lock, unlinked
 from dra.core.checkpointformat import (
+    HINT,
+    MAX_FILE_BYTES,
     CheckpointError,
     ForeignCheckpointError,
     Journal,
@@ -28,6 +30,7 @@ from dra.core.checkpointformat import (
     encode,
     encode_changes,
 )
+from dra.documents import DocumentError, MissingFileError, read_file
 from dra.model.prepared import DeviceAction, PreparedClaim
 
 log = logging.getLogger(__name__)
@@ -84,12 +87,12 @@ class CheckpointStore:
         """Every prepared claim by UID and every recorded device action; empty when there is no file."""
         seen = self._signature()
         try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
+            data = read_file(self.path, "checkpoint", MAX_FILE_BYTES)
+        except MissingFileError:
             self._seen = self._journal = None
             return {}, []
-        except OSError as err:
-            raise CheckpointError(f"cannot read checkpoint {self.path}: {err}") from None
+        except DocumentError as err:
+            raise CheckpointError(f"{err}; {HINT}") from None
         try:
             journal = decode_journal(data, self.path)
         except ForeignCheckpointError as foreign:
@@ -151,7 +154,11 @@ class CheckpointStore:
             self._lock_file.close()
             self._lock_file = None
         if self._lock_file is None:
-            self._lock_file = open_lock(self.lock_path)
+            try:
+                self._lock_file = open_lock(self.lock_path)
+            except OSError as err:
+                # Named here: the caller's message would be about what it was doing (the CDI specs).
+                raise CheckpointError(f"cannot lock checkpoint {self.path}: {err}") from None
         with held(self._lock_file, self.lock_path, timeout):
             yield
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO
 
 from dra.adapters.atomicfile import ensure_dir
+from dra.documents import not_regular
 
 #: Seconds between tries while someone else holds a lock.
 POLL = 0.01
@@ -30,15 +31,51 @@ class LockTimeoutError(Exception):
         self.path = path
 
 
+class LockFileError(OSError):
+    """A lock's path holds what is no regular file (a directory, a FIFO, a device); the message names it."""
+
+
+#: Never blocks (a FIFO would, until someone opened its other end) nor takes a terminal.
+_FLAGS = os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+
+
 def open_lock(path: Path) -> IO[bytes]:
     """The lock file at `path`, created (with its directory) readable and writable by its owner only.
 
     Explicit modes: created through open(), the file would take whatever the umask leaves.
+    LockFileError when the path holds what is no regular file, left as it is.
     """
     ensure_dir(path.parent)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    _check(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _FLAGS, 0o600)
+    _check(path, fd)
     os.fchmod(fd, 0o600)
     return os.fdopen(fd, "ab")
+
+
+def open_existing_lock(path: Path) -> IO[bytes] | None:
+    """The lock file at `path` opened to test it, None when there is none; LockFileError as open_lock."""
+    try:
+        _check(path)
+        fd = os.open(path, os.O_RDONLY | _FLAGS)
+    except FileNotFoundError:
+        return None
+    _check(path, fd)
+    return os.fdopen(fd, "rb")
+
+
+def _check(path: Path, fd: int | None = None) -> None:
+    """LockFileError unless `path` (or `fd`, once open) is a regular file or none; `fd` is closed if not."""
+    try:
+        mode = os.stat(path).st_mode if fd is None else os.fstat(fd).st_mode
+    except FileNotFoundError:
+        return
+    what = not_regular(mode)
+    if what is None:
+        return
+    if fd is not None:
+        os.close(fd)
+    raise LockFileError(f"lock {path} is {what}, not a regular file; move it away (a new lock is made)")
 
 
 def try_lock(f: IO[bytes], shared: bool = False) -> bool:

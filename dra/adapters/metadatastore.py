@@ -12,7 +12,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from dra.adapters.atomicfile import ensure_dir, remove_leftovers, write_atomic
+from dra.adapters.atomicfile import ensure_dir, holds, remove_leftovers, write_atomic
 from dra.core import devicemetadata
 
 #: The files' mode, and their directories': readable by every container user, as the Go helper makes them.
@@ -36,11 +36,9 @@ class MetadataStore:
         claim = self._claim(directory)
         for request, data in files.items():
             path = claim / request / devicemetadata.HOST_FILE
-            try:
-                if path.read_bytes() == data:
-                    continue
-            except FileNotFoundError:
-                ensure_dir(path.parent, DIR_MODE)
+            if holds(path, data):
+                continue
+            ensure_dir(path.parent, DIR_MODE)
             write_atomic(path, data, FILE_MODE, durable=False)
         if claim.is_dir():
             for stale in claim.iterdir():

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
+import re
 import types
 import typing
 from collections.abc import Mapping
+from itertools import accumulate
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from dra.model.quantity import ERR_FORMAT_WRONG, Quantity, QuantityError
@@ -129,6 +132,47 @@ def nesting_depth(value: object, limit: int) -> int:
         elif isinstance(item, list):
             stack.extend((v, depth + 1) for v in item)
     return deepest
+
+
+#: An escaped character (a string's only use of a backslash), and then a string, or the rest of
+#: the text after an unterminated one: patterns that match once where they start, never retried.
+_ESCAPE = re.compile(r"\\.", re.DOTALL)
+_STRING = re.compile(r'"[^"]*"?')
+#: Brackets as bytes ( and ), everything else deleted.
+_BRACKETS = bytes.maketrans(b"[{]}", b"(())")
+_NOT_BRACKETS = bytes(range(256)).translate(None, b"[]{}")
+_RUNS = re.compile(rb"\(+|\)+")
+#: Rounds of taking out the innermost pairs: the depth then counted is at most this much short.
+_PAIR_ROUNDS = 8
+
+
+def json_text_deeper_than(text: str, limit: int) -> bool:
+    """Whether JSON text surely nests its arrays and objects more than `limit` deep, from the text alone.
+
+    json's decoder recurses once per level: this is asked before it is given text, so that a
+    document of 100,000 brackets is refused by its depth, never by a RecursionError. False
+    means at most `limit` + 8 levels, which the decoder takes (a decoded value's exact depth
+    is nesting_depth's). Linear and in C throughout; brackets in strings do not count. Of text
+    that is no JSON it may say anything, but the decoder fails there before it goes deep.
+    """
+    unquoted = _STRING.sub("", _ESCAPE.sub("", text))
+    brackets = unquoted.encode(errors="replace").translate(_BRACKETS, _NOT_BRACKETS)
+    if brackets.count(b"(") <= limit:
+        return False
+    # A round lowers the deepest point by at most one, and leaves fewer runs of brackets to count
+    # (`[]` a million times is two million runs): rounds while they take out a quarter or more.
+    for _ in range(_PAIR_ROUNDS):
+        inner = brackets.replace(b"()", b"")
+        shrunk = len(inner) * 4 <= len(brackets) * 3
+        brackets = inner
+        if not shrunk:
+            break
+    runs = list(map(len, _RUNS.findall(brackets)))
+    # The depth after each run of opening brackets: all opened so far less all closed before it.
+    closing_first = brackets.startswith(b")")
+    opened = accumulate(runs[closing_first::2])
+    closed = accumulate(runs[not closing_first :: 2], initial=None if closing_first else 0)
+    return max(map(operator.sub, opened, closed), default=0) > limit
 
 
 def kind(value: object) -> str:

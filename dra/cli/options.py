@@ -191,13 +191,13 @@ def daemon_flags(
     logging_flags(parser)
     gpu_source_flags(parser)
     option(parser, "--node-name", node_help, type=node_name, required=node_required)
-    option(parser, "--kubelet-root", "the kubelet's root directory", Path("/var/lib/kubelet"), type=path)
-    option(parser, "--cdi-root", cdi_help, Path("/var/run/cdi"), type=path)
+    option(parser, "--kubelet-root", "the kubelet's root directory", Path("/var/lib/kubelet"), type=directory)
+    option(parser, "--cdi-root", cdi_help, Path("/var/run/cdi"), type=directory)
     option(
         parser,
         "--state-dir",
         f"{state_help}; default <kubelet-root>/plugins/<driver-name>",
-        type=path,
+        type=directory,
     )
     option(
         parser,

@@ -25,6 +25,7 @@ from dra.daemon.flags import (
     apply_environment,
     boolean,
     csv,
+    directory,
     dns_subdomain,
     node_name,
     nonempty,
@@ -390,7 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--state-dir",
         "the kubelet-plugin's state directory, where fake GPUs keep their settings; "
         f"default /var/lib/kubelet/plugins/{DEFAULT_DRIVER}",
-        type=path,
+        type=directory,
     )
 
     explain = sub.add_parser(

@@ -49,7 +49,7 @@ def parse_documents(text: bytes | str, source: str) -> list[Obj]:
         if not isinstance(kind, str) or kind not in shapes.SHAPES:
             continue
         try:
-            shapes.check_shape(doc, kind)
+            shapes.check_shape(doc, kind, strict=True)
         except shapes.ExplainError as err:
             raise StartupError(f"{source}: document {i + 1} ({doc['kind']}): {err}") from None
         found.append(doc)

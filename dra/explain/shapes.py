@@ -8,11 +8,12 @@ reports on a claim the API server would not store.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 
 from dra.core.labels import MAX_DRIVER_NAME, is_dns_subdomain
-from dra.model.quoting import quote
+from dra.model.quoting import cut, quote
 
 
 class ExplainError(ValueError):
@@ -53,20 +54,29 @@ ALLOCATION_MODES = ("All", "ExactCount")
 MAX_IDENTIFIER = 32
 
 
+#: A field the API knows whose value the report does not read: not looked into (a map of labels,
+#: a timestamp, opaque parameters, a claim's status).
+ANY = object()
+
 # A selector's one field is required, as the API server requires it.
 _SELECTORS = Most([{"cel": Required({"expression": Required(str)})}], MAX_SELECTORS)
+_TOLERATIONS = [{"key": str, "operator": str, "value": str, "effect": str, "tolerationSeconds": ANY}]
+# The fields of resource.k8s.io/v1's ExactDeviceRequest and DeviceSubRequest (1.34 to 1.37).
 _SUBREQUEST = {
     "deviceClassName": str,
     "allocationMode": str,
-    "adminAccess": bool,
+    "count": ANY,  # count_of checks it, as the API server defaults it
     "selectors": _SELECTORS,
+    "tolerations": _TOLERATIONS,
+    "capacity": {"requests": ANY},
 }
+_OPAQUE = {"driver": str, "parameters": ANY}
 _DEVICES = {
     "requests": Most(
         [
             {
                 "name": Required(str),
-                "exactly": _SUBREQUEST,
+                "exactly": {**_SUBREQUEST, "adminAccess": bool},
                 "firstAvailable": Most([{**_SUBREQUEST, "name": Required(str)}], MAX_SUBREQUESTS),
             }
         ],
@@ -75,14 +85,59 @@ _DEVICES = {
     "constraints": Most(
         [{"requests": [str], "matchAttribute": str, "distinctAttribute": str}], MAX_CONSTRAINTS
     ),
-    "config": Most([{"requests": [str]}], MAX_CONFIGS),
+    "config": Most([{"requests": [str], "opaque": _OPAQUE}], MAX_CONFIGS),
 }
-_METADATA = {"name": str, "namespace": str, "uid": str}
-#: The fields of each kind that the report reads, with their types; the others are not looked at.
+#: ObjectMeta, every field of it.
+_METADATA = {
+    "name": str,
+    "generateName": str,
+    "namespace": str,
+    "selfLink": str,
+    "uid": str,
+    "resourceVersion": str,
+    "generation": ANY,
+    "creationTimestamp": ANY,
+    "deletionTimestamp": ANY,
+    "deletionGracePeriodSeconds": ANY,
+    "labels": ANY,
+    "annotations": ANY,
+    "ownerReferences": [
+        {
+            "apiVersion": str,
+            "kind": str,
+            "name": str,
+            "uid": str,
+            "controller": bool,
+            "blockOwnerDeletion": bool,
+        }
+    ],
+    "finalizers": [str],
+    "managedFields": ANY,
+}
+_TYPE = {"apiVersion": ANY, "kind": ANY}
+#: Each kind's fields, every one of resource.k8s.io/v1 (1.34 to 1.37), with the types of those the
+#: report reads; an unknown one is refused as kubectl's strict validation refuses it.
 SHAPES: dict[str, object] = {
-    "ResourceClaim": {"metadata": _METADATA, "spec": {"devices": _DEVICES}},
-    "ResourceClaimTemplate": {"metadata": _METADATA, "spec": {"spec": {"devices": _DEVICES}}},
-    "DeviceClass": {"metadata": Required({"name": Required(str)}), "spec": {"selectors": _SELECTORS}},
+    "ResourceClaim": {
+        **_TYPE,
+        "metadata": _METADATA,
+        "spec": {"devices": _DEVICES},
+        "status": {"allocation": ANY, "devices": ANY, "reservedFor": ANY},
+    },
+    "ResourceClaimTemplate": {
+        **_TYPE,
+        "metadata": _METADATA,
+        "spec": {"metadata": _METADATA, "spec": {"devices": _DEVICES}},
+    },
+    "DeviceClass": {
+        **_TYPE,
+        "metadata": Required({**_METADATA, "name": Required(str)}),
+        "spec": {
+            "selectors": _SELECTORS,
+            "config": Most([{"opaque": _OPAQUE}], MAX_CONFIGS),
+            "extendedResourceName": str,
+        },
+    },
 }
 _NAMES: dict[type, str] = {
     str: "a string",
@@ -93,15 +148,17 @@ _NAMES: dict[type, str] = {
 }
 
 
-def check_shape(obj: object, kind: str) -> None:
+def check_shape(obj: object, kind: str, strict: bool = False) -> None:
     """ExplainError naming the first field the report reads whose type is wrong (or that is missing),
     then, for a claim, the first value the API server would refuse.
 
     For example ``spec.devices.requests[0].exactly.adminAccess: expected true or false, got a
     string``, or ``spec.devices.requests[0].exactly.allocationMode: 'Bogus' is not one of All,
-    ExactCount``.
+    ExactCount``. `strict` (a manifest, not an object the API server gave): a field the kind does
+    not have is refused too, as kubectl's strict validation refuses it: ``unknown field
+    "spec.devices.bogus"``.
     """
-    _check_types(obj, kind)
+    _check_types(obj, kind, strict)
     if kind != "DeviceClass" and isinstance(obj, Mapping):
         spec = obj.get("spec") or {}
         path = "spec.devices"
@@ -110,7 +167,7 @@ def check_shape(obj: object, kind: str) -> None:
         check_devices(spec.get("devices") or {}, path)
 
 
-def _check_types(obj: object, kind: str) -> None:
+def _check_types(obj: object, kind: str, strict: bool) -> None:
     pending: list[tuple[object, object, str]] = [(obj, SHAPES[kind], "")]
     while pending:
         value, shape, path = pending.pop()
@@ -118,7 +175,7 @@ def _check_types(obj: object, kind: str) -> None:
             if value is None:
                 raise ExplainError(f"{path}: required")
             shape = shape.shape
-        if value is None:
+        if value is None or shape is ANY:
             continue
         if isinstance(shape, Most):
             if isinstance(value, list) and len(value) > shape.limit:
@@ -131,6 +188,11 @@ def _check_types(obj: object, kind: str) -> None:
             raise ExplainError(f"{path or kind}: expected {_NAMES[expected]}, got {got}")
         # Pushed in reverse, so that the first wrong field in the file's order is the one reported.
         if isinstance(shape, dict) and isinstance(value, dict):
+            unknown = next((k for k in value if k not in shape), None) if strict else None
+            if unknown is not None:
+                # The path whole (a few levels), the name cut: a 100,000-character key is no message.
+                name = cut(str(unknown))
+                raise ExplainError(f"unknown field {json.dumps(f'{path}.{name}' if path else name)}")
             fields = [(value.get(k), v, f"{path}.{k}" if path else k) for k, v in shape.items()]
             pending.extend(reversed(fields))
         elif isinstance(shape, list) and isinstance(value, list):

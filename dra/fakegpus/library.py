@@ -45,6 +45,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from dra import documents
 from dra.fakegpus.mig import FakeMigDevice, FakeMigPartitions
 from dra.fakegpus.processes import FakeProcess, FakeProcesses
 from dra.fakegpus.profiles import Profile
@@ -268,13 +269,22 @@ class FakeGpuLibrary(FakeMigPartitions):
     def _load_state(self) -> dict[str, dict[str, int]]:
         if self._state_file is None:
             return self._state
+        source = "fake GPU state"
+        move = "move it away (the settings start anew)"
         try:
-            loaded = json.loads(self._state_file.read_text())
-        except FileNotFoundError:
+            raw = documents.read_file(self._state_file, source)
+            loaded = documents.load_json(raw, f"{source} {self._state_file}")
+        except documents.MissingFileError:
             return {}
-        except (OSError, ValueError) as err:
-            raise GpuLibraryError(ERROR_UNKNOWN, f"fake GPU state {self._state_file}: {err}") from None
-        return loaded if isinstance(loaded, dict) else {}
+        except documents.DocumentError as err:
+            raise GpuLibraryError(ERROR_UNKNOWN, f"{err}; {move}") from None
+        # A mapping of UUIDs to each GPU's settings, a level of 0 to 3 each: as set_time_slice writes it.
+        if not isinstance(loaded, dict) or not all(
+            isinstance(gpu, dict) and gpu.get("timeSlice", 0) in range(4) and gpu.get("timeSlice") is not True
+            for gpu in loaded.values()
+        ):
+            raise GpuLibraryError(ERROR_UNKNOWN, f"{source} {self._state_file} is not one; {move}")
+        return loaded
 
     def set_time_slice(self, gpu: GpuHandle, level: int) -> None:
         """Record the level, as `nvidia-smi compute-policy --set-timeslice` would set it.

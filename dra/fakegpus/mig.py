@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from dra import documents
 from dra.fakegpus.profiles import FakeGpu, Profile
 from dra.gpu import migtables
 from dra.gpu.library import (
@@ -41,6 +42,7 @@ from dra.gpu.library import (
     ERROR_INVALID_ARGUMENT,
     ERROR_NOT_FOUND,
     ERROR_NOT_SUPPORTED,
+    ERROR_UNKNOWN,
     ComputeInstanceHandle,
     GpuHandle,
     GpuInstanceHandle,
@@ -53,6 +55,8 @@ from dra.gpu.library import (
 )
 from dra.gpu.migtables import GpuInstanceProfile
 
+#: What to do about a state file that cannot be read: a GPU whose instances are gone starts again.
+_MOVE_AWAY = "move it away: the fake GPUs start again from their profile's MIG devices"
 #: nvmlDeviceArchitecture_t of Ampere: the one that needs a GPU reset to change MIG mode.
 AMPERE = 7
 
@@ -230,22 +234,32 @@ class FakeMigPartitions:
         if self._mig_state is None:
             return None
         try:
-            return self._mig_state.read_bytes()
-        except FileNotFoundError:
+            return documents.read_file(self._mig_state, "fake GPU MIG state")
+        except documents.MissingFileError:
             return None
+        except documents.DocumentError as err:
+            raise GpuLibraryError(ERROR_UNKNOWN, f"{err}; {_MOVE_AWAY}") from None
 
     def _load(self) -> dict[int, list[FakeInstance]]:
         raw = self._read()
         if raw is not None:
             if self._known is not None and raw == self._known[0]:
                 return self._known[1]
-            data = json.loads(raw)
-            if data.get("profile") == self._layout:
-                self._modes = {int(k): int(v) for k, v in data.get("migMode", {}).items()}
-                self._pending = {int(k): int(v) for k, v in data.get("migPending", {}).items()}
-                state = {int(k): [FakeInstance(**i) for i in v] for k, v in data["gpus"].items()}
-                self._known = (raw, state)
-                return state
+            assert self._mig_state is not None
+            try:
+                data = documents.load_json(raw, f"fake GPU MIG state {self._mig_state}")
+                if isinstance(data, dict) and data.get("profile") == self._layout:
+                    self._modes = {int(k): int(v) for k, v in data.get("migMode", {}).items()}
+                    self._pending = {int(k): int(v) for k, v in data.get("migPending", {}).items()}
+                    state = {int(k): [FakeInstance(**i) for i in v] for k, v in data["gpus"].items()}
+                    self._known = (raw, state)
+                    return state
+            except documents.DocumentError as err:
+                raise GpuLibraryError(ERROR_UNKNOWN, f"{err}; {_MOVE_AWAY}") from None
+            except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+                raise GpuLibraryError(
+                    ERROR_UNKNOWN, f"fake GPU MIG state {self._mig_state} is not one; {_MOVE_AWAY}"
+                ) from None
         if self._memory is None:
             self._memory = {i: self._premade(i) for i in range(len(self.profile.gpus))}
         return self._memory

@@ -13,7 +13,7 @@ import os
 import stat
 from pathlib import Path
 
-from dra.adapters.atomicfile import write_atomic
+from dra.adapters.atomicfile import holds, write_atomic
 from dra.adapters.pcisysfs import PciSysfs
 from dra.fakegpus.library import FakeGpuLibrary, mig_cap_minor
 from dra.fakegpus.profiles import load_profile
@@ -211,9 +211,6 @@ def stand_in_libraries(libs: Path, version: str, stems: tuple[str, ...] = STAND_
 def write_if_changed(path: Path, data: bytes, mode: int) -> None:
     """Write path atomically with data and mode, unless it already holds exactly that."""
     # Rediscovery calls this every minute: leave a file that is already right alone.
-    try:
-        if path.read_bytes() == data and stat.S_IMODE(path.stat().st_mode) == mode:
-            return
-    except FileNotFoundError:
-        pass
+    if holds(path, data) and stat.S_IMODE(path.stat().st_mode) == mode:
+        return
     write_atomic(path, data, mode)

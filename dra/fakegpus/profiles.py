@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dra import documents
+from dra.core.deviceentries import MAX_STRING_ATTRIBUTE
 from dra.gpu import migtables
 from dra.gpu.discovery import ADDRESSING_MODES, ARCHITECTURES, BRANDS
 from dra.gpu.migtables import GpuInstanceProfile
@@ -211,6 +212,17 @@ def _string(value: object, where: str) -> str:
     return value
 
 
+def _product_name(value: object, where: str) -> str:
+    """A product name the productName attribute holds whole: NVML's are, and a longer one would be cut."""
+    name = _string(value, where)
+    if len(name) > MAX_STRING_ATTRIBUTE:
+        raise ProfileError(
+            f"{where}: at most {MAX_STRING_ATTRIBUTE} characters (a device attribute's string), "
+            f"has {len(name)}: {quote(name)}"
+        )
+    return name
+
+
 def _pcie_root(value: object, where: str) -> str:
     root = _string(value, where)
     if not PCIE_ROOT.fullmatch(root):
@@ -235,12 +247,12 @@ def _model(entry: dict[str, Any], where: str) -> GpuModel:
                 f"{where}.model: unknown model {quote(key)}; known: {', '.join(sorted(MODELS))}"
             )
     elif "productName" in entry and "memoryMiB" in entry:
-        model = GpuModel(_string(entry["productName"], f"{where}.productName"), 14, 9, (9, 0), 0)
+        model = GpuModel(_product_name(entry["productName"], f"{where}.productName"), 14, 9, (9, 0), 0)
     else:
         raise ProfileError(f"{where}: give a catalog `model` or at least `productName` and `memoryMiB`")
     overrides: dict[str, Any] = {}
     if "productName" in entry:
-        overrides["product_name"] = _string(entry["productName"], f"{where}.productName")
+        overrides["product_name"] = _product_name(entry["productName"], f"{where}.productName")
     if "brand" in entry:
         overrides["brand"] = _reverse(BRANDS, entry["brand"], f"{where}.brand")
     if "architecture" in entry:

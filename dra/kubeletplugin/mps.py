@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from dra import documents
 from dra.core import sharing
 from dra.kubeletplugin import mpslaunch
 
@@ -93,8 +94,9 @@ class MpsDaemons:
         """
         pipe = self._dirs(key).pipe
         try:
-            pid = int((Path(pipe) / PID_FILE).read_text().strip())
-        except (OSError, ValueError):
+            # Bounded: a pid is a few digits, and the file may be anything a restore left there.
+            pid = int(documents.read_text(Path(pipe) / PID_FILE, "MPS pid file", 64).strip())
+        except ValueError:
             return None
         return pid if _alive(pid) and _serves(pid, pipe) else None
 

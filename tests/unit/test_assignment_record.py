@@ -94,7 +94,8 @@ def test_an_unreadable_record_is_rewritten_unless_the_other_path_runs(
     assert read(record) == {"dra": [0, 1]}
     record.path.write_text('{"paths": 3}')
     with pytest.raises(
-        AssignmentConflictError, match=r"cannot read the GPU assignment record .* while the DRA"
+        AssignmentConflictError,
+        match=r"^unreadable GPU assignment record .*: no `paths` mapping, while the DRA",
     ):
         record.lease(GpuPath.DEVICE_PLUGIN, gpus[2:], "node-a")
     lease.release()

@@ -208,7 +208,7 @@ def test_an_untrustworthy_checkpoint_is_an_error_naming_the_file(
 
 def test_a_checkpoint_that_cannot_be_read_names_the_file(path: Path) -> None:
     path.mkdir(parents=True)
-    with pytest.raises(CheckpointError, match=f"cannot read checkpoint {path}"):
+    with pytest.raises(CheckpointError, match=f"^checkpoint: {path} is a directory, not a regular file; "):
         CheckpointStore(path).load()
 
 

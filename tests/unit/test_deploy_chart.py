@@ -486,6 +486,87 @@ def test_values_schema_rejects_mistakes(values: dict[str, Any], complaint: str) 
         chart.template(values)
 
 
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        pytest.param({"image": {"tag": "v1 2; rm -rf /"}}, "at '/image/tag'", id="tag-with-spaces"),
+        pytest.param(
+            {"image": {"repository": "a" * 100_000}}, "at '/image/repository'", id="100kb-repository"
+        ),
+        pytest.param(
+            {"image": {"repository": "Registry/UPPER"}}, "at '/image/repository'", id="uppercase-path"
+        ),
+        pytest.param(
+            {"resources": {"limits": {"memory": "lots"}}}, "at '/resources/limits/memory'", id="lots"
+        ),
+        pytest.param({"resources": {"requests": [1, 2]}}, "at '/resources/requests'", id="requests-a-list"),
+        pytest.param({"resources": {"limits": {"cpu": -1}}}, "at '/resources/limits/cpu'", id="negative-cpu"),
+        pytest.param(
+            {"resources": {"limit": {"cpu": 1}}}, "additional properties 'limit'", id="misspelt-limits"
+        ),
+        pytest.param(
+            {"webhook": {"resources": {"requests": {"memory": "1 Gi"}}}},
+            "at '/webhook/resources/requests/memory'",
+            id="webhook-quantity",
+        ),
+        pytest.param({"priorityClassName": "a b"}, "at '/priorityClassName'", id="priority-class-with-space"),
+        pytest.param(
+            {"priorityClassName": "x" * 254}, "at '/priorityClassName'", id="priority-class-too-long"
+        ),
+        pytest.param({"updateStrategy": {"type": "Bogus"}}, "at '/updateStrategy/type'", id="bogus-strategy"),
+        pytest.param(
+            {"updateStrategy": {"rollingUpdate": {"maxUnavailable": "half"}}},
+            "at '/updateStrategy/rollingUpdate/maxUnavailable'",
+            id="max-unavailable-no-percentage",
+        ),
+        pytest.param(
+            {"podMonitor": {"namespace": "Monitoring"}}, "at '/podMonitor/namespace'", id="namespace"
+        ),
+        pytest.param(
+            {"grafanaDashboard": {"namespace": "a.b"}},
+            "at '/grafanaDashboard/namespace'",
+            id="dotted-namespace",
+        ),
+        pytest.param({"podLabels": {"team": "a b"}}, "at '/podLabels/team'", id="label-value"),
+        pytest.param({"nodeSelector": {"a b": "x"}}, "invalid propertyName 'a b'", id="label-key"),
+        pytest.param({"serviceAccount": {"name": "A_b"}}, "at '/serviceAccount/name'", id="service-account"),
+        pytest.param(
+            {"nvml": {"runtimeClassName": "nvidia runtime"}}, "at '/nvml/runtimeClassName'", id="rtclass"
+        ),
+        pytest.param(
+            {"imagePullSecrets": ["regcred"]}, "at '/imagePullSecrets/0'", id="pull-secret-a-string"
+        ),
+    ],
+)
+def test_values_schema_checks_what_the_api_server_and_kubelet_check(
+    values: dict[str, Any], complaint: str
+) -> None:
+    # Each value would render, for the API server (or the kubelet, pulling) to refuse later.
+    with chart.values_flags(values) as flags:
+        result = chart.helm("template", "dra-gpu", str(chart.CHART), *flags, check=False)
+    assert result.returncode != 0
+    problems = [line for line in result.stderr.splitlines() if line.lstrip().startswith("- at ")]
+    assert any(complaint in line for line in problems), result.stderr
+    # One line each, whatever the value's size: a 100 KB repository is not printed back.
+    assert len(result.stderr) < 2000, result.stderr[:2000]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"image": {"repository": "registry.example.com:5000/team/dra-gpu", "tag": "v0.1.0-rc.1_x"}},
+        {"resources": {"requests": {"cpu": "0.5", "memory": 134217728}, "limits": {"memory": "1e9"}}},
+        {"resources": {"limits": {"nvidia.com/gpu": 0, "hugepages-2Mi": "2Mi", "cpu": "1500m"}}},
+        {"updateStrategy": {"type": "OnDelete"}},
+        {"updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}}},
+        {"priorityClassName": "", "podMonitor": {"namespace": "monitoring"}},
+        {"imagePullSecrets": [{"name": "regcred"}], "podLabels": {"example.com/team": "gpu_a-1"}},
+    ],
+)
+def test_values_schema_takes_what_the_api_server_takes(values: dict[str, Any]) -> None:
+    chart.template(values)
+
+
 @pytest.mark.parametrize("value", ["memory", "unlimited", "disabled", "4", 4])
 def test_consumable_shares_reaches_the_kubelet_plugin_as_nvidias_flag(value: str | int) -> None:
     container = _container(chart.template({"kubeletPlugin": {"consumableShares": value}}))

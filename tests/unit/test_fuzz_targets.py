@@ -28,6 +28,7 @@ def _target(name: str) -> Callable[[bytes], None]:
         ("fuzz_config", "config"),
         ("fuzz_argv", "argv"),
         ("fuzz_certificates", "certificates"),
+        ("fuzz_statefiles", "statefiles"),
     ],
 )
 def test_every_seed_runs_through_its_target(target: str, corpus: str) -> None:

@@ -39,7 +39,9 @@ DEEP_YAML = "[" * 20_000
 DEEP_JSON = "[" * 3_000 + "]" * 3_000
 
 
-def bounded(call: str, setup: str = "from dra import cli") -> tuple[int, str]:
+def bounded(
+    call: str, setup: str = "from dra import cli", seconds: float = LIMIT_SECONDS, memory: int = LIMIT_BYTES
+) -> tuple[int, str]:
     """Run `call` in a child under the limits (after `setup`'s imports): (exit status, its stderr).
 
     What it prints (--check-config's settings before the error, say) is only checked for tracebacks.
@@ -47,8 +49,8 @@ def bounded(call: str, setup: str = "from dra import cli") -> tuple[int, str]:
     limits = (
         "import resource, signal, sys",
         setup,
-        f"resource.setrlimit(resource.RLIMIT_AS, ({LIMIT_BYTES}, {LIMIT_BYTES}))",
-        f"signal.setitimer(signal.ITIMER_REAL, {LIMIT_SECONDS})",
+        f"resource.setrlimit(resource.RLIMIT_AS, ({memory}, {memory}))",
+        f"signal.setitimer(signal.ITIMER_REAL, {seconds})",
     )
     with tempfile.NamedTemporaryFile("w", suffix=".py") as program:
         # A file, not -c: the hostile documents are longer than an argument may be.
@@ -56,8 +58,8 @@ def bounded(call: str, setup: str = "from dra import cli") -> tuple[int, str]:
         program.flush()
         done = subprocess.run([sys.executable, program.name], capture_output=True, text=True, timeout=120)
     output = done.stderr.strip()
-    assert done.returncode != -14, f"still running after {LIMIT_SECONDS} s"
-    assert "MemoryError" not in output, f"over {LIMIT_BYTES} bytes: {output[-500:]}"
+    assert done.returncode != -14, f"still running after {seconds} s"
+    assert "MemoryError" not in output, f"over {memory} bytes: {output[-500:]}"
     assert "Traceback" not in output + done.stdout, output[-2000:]
     return done.returncode, output or done.stdout.strip()
 
@@ -824,3 +826,355 @@ def test_directories_locks_and_sockets_do_not_follow_the_umask(tmp_path: Path) -
 
     assert (mode(tmp_path / "a"), mode(tmp_path / "a/b"), mode(tmp_path / "c")) == (0o755, 0o755, 0o755)
     assert (mode(tmp_path / "c/lock"), mode(path)) == (0o600, 0o600)
+
+
+# -- the kubelet plugin's own files at start (issue 55) -------------------------------------
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+"""
+_SNAPSHOT = (
+    '{"checksum":"sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a",'
+    '"claims":{},"kind":"DraGpuCheckpoint","version":1}\n'
+)
+
+
+def _write(text: str) -> Any:
+    return lambda path: path.write_text(text)
+
+
+def _link(target: str) -> Any:
+    return lambda path: path.symlink_to(target)
+
+
+#: What a disk fault or a bad restore leaves, by file: how it is made, and what the one line says.
+_DAMAGED: dict[str, tuple[str, Any, str]] = {
+    "deep-checkpoint": (
+        "checkpoint.json",
+        _write("[" * 100_000 + "]" * 100_000),
+        "checkpoint {path} is nested deeper than 100 levels; the driver will not start",
+    ),
+    "deep-appended-change": (
+        "checkpoint.json",
+        _write(_SNAPSHOT + "[" * 100_000 + "\n"),
+        "checkpoint {path} is nested deeper than 100 levels",
+    ),
+    "checkpoint-to-dev-zero": (
+        "checkpoint.json",
+        _link("/dev/zero"),
+        "checkpoint: {path} is a character device, not a regular file; the driver will not start",
+    ),
+    "checkpoint-fifo": ("checkpoint.json", os.mkfifo, "checkpoint: {path} is a FIFO, not a regular file"),
+    "checkpoint-directory": ("checkpoint.json", os.mkdir, "checkpoint: {path} is a directory"),
+    "checkpoint-17-mib": (
+        "checkpoint.json",
+        _write(" " * (17 * 2**20)),
+        "checkpoint: {path} is larger than 16777216 bytes",
+    ),
+    "checkpoint-truncated": (
+        "checkpoint.json",
+        _write('{"kind": "DraGpuCh'),
+        "checkpoint {path} is not valid JSON",
+    ),
+    "checkpoint-empty": ("checkpoint.json", _write(""), "checkpoint {path} is not valid JSON"),
+    "checkpoint-wrong-shape": (
+        "checkpoint.json",
+        _write("[]"),
+        "checkpoint {path} is not a DraGpuCheckpoint file",
+    ),
+    "record-to-dev-zero": (
+        "gpu-assignment.json",
+        _link("/dev/zero"),
+        "GPU assignment record: {path} is a character device, not a regular file; move it away",
+    ),
+    "record-fifo": ("gpu-assignment.json", os.mkfifo, "GPU assignment record: {path} is a FIFO"),
+    "checkpoint-lock-directory": (
+        "checkpoint.lock",
+        os.mkdir,
+        "lock {path} is a directory, not a regular file; move it away",
+    ),
+    "checkpoint-lock-fifo": ("checkpoint.lock", os.mkfifo, "lock {path} is a FIFO"),
+    "record-lock-directory": ("gpu-assignment.lock", os.mkdir, "lock {path} is a directory"),
+}
+
+
+def _signature(path: Path) -> tuple[object, ...]:
+    st = path.lstat()
+    data = path.read_bytes() if path.is_file() and not path.is_symlink() else b""
+    return (st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, data)
+
+
+def _start(tmp_path: Path, state: Path) -> str:
+    """The error line the kubelet plugin exits with (non-zero, under the limits), started on fake GPUs
+    with `state` and an API server that does not answer; the lines logged before it are its start."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(KUBECONFIG)
+    argv = ["kubelet-plugin", "--fake-gpus", "h100x8", "--node-name", "node-a", "--kubeconfig"]
+    argv += [str(kubeconfig), "--state-dir", str(state), "--cdi-root", str(tmp_path / "cdi")]
+    argv += ["--kubelet-root", str(tmp_path / "kubelet"), "--http-address", ""]
+    # The start before the files are read (fake GPUs, the assignment, sockets) takes a second of a busy
+    # machine, and its threads reserve stacks of address space; the readers' own share is held to
+    # the limits below.
+    code, output = bounded(f"sys.exit(cli.main({argv!r}))", COMMANDS, 4 * LIMIT_SECONDS, 2**30)
+    assert code != 0
+    line = output.splitlines()[-1]
+    assert line.startswith("dra-gpu"), output
+    assert len(line) < 600, line
+    return line
+
+
+@pytest.mark.parametrize("case", list(_DAMAGED))
+def test_a_damaged_state_file_is_one_line_naming_it_and_is_left_as_it_was(tmp_path: Path, case: str) -> None:
+    name, damage, complaint = _DAMAGED[case]
+    state = tmp_path / "state"
+    state.mkdir()
+    path = state / name
+    damage(path)
+    before = _signature(path)
+    line = _start(tmp_path, state)
+    assert complaint.format(path=path) in line, line
+    assert _signature(path) == before
+    if name == "checkpoint.json":
+        read = refusal(
+            f"CheckpointStore(Path({str(path)!r})).load_state()",
+            "from pathlib import Path\nfrom dra.adapters.checkpoint import CheckpointStore\n"
+            "from dra.core.checkpointformat import CheckpointError",
+            "CheckpointError",
+        )
+        assert complaint.format(path=path) in read
+        assert _signature(path) == before
+
+
+def test_a_state_dir_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.write_text("x")
+    line = _start(tmp_path, state)
+    assert line.endswith(
+        f"argument --state-dir: {state} is not a directory (give one, or a path to make one at)"
+    )
+    assert state.read_text() == "x"
+
+
+def test_an_unreadable_record_is_rewritten_with_a_warning(tmp_path: Path) -> None:
+    # Documented (docs/operations.md): the record is the running paths' to rewrite; a regular file
+    # that does not parse is no reason to keep a node's GPUs unpublished.
+    from dra.adapters.assignmentrecord import AssignmentRecord
+    from dra.core.assignment import GpuPath
+
+    record = AssignmentRecord(tmp_path)
+    record.path.write_text("[" * 100_000 + "]" * 100_000)
+    record.lease(GpuPath.DRA, [], "node-a").release()
+    assert record.read() == {}
+
+
+def _mig_state_of_no_shape() -> str:
+    # The fake GPUs' own file for the profile (the fuzz seed), its instances replaced by what is none.
+    seed = Path(__file__).parents[1] / "fuzz/corpus/statefiles/fake-mig-state.json"
+    state = json.loads(seed.read_text())
+    state["gpus"]["0"] = [{"x": 1}]
+    return json.dumps(state)
+
+
+@pytest.mark.parametrize(
+    ("name", "damage", "complaint"),
+    [
+        ("fake-gpu-mig.json", os.mkfifo, "is a FIFO, not a regular file; move it away"),
+        ("fake-gpu-mig.json", _link("/dev/zero"), "is a character device"),
+        ("fake-gpu-mig.json", _write("[" * 100_000 + "]" * 100_000), "nested deeper than 100 levels"),
+        ("fake-gpu-mig.json", lambda path: path.write_text(_mig_state_of_no_shape()), "is not one"),
+        ("fake-gpu-state.json", os.mkfifo, "is a FIFO"),
+        ("fake-gpu-state.json", _write('{"GPU-1": 7}'), "is not one; move it away"),
+    ],
+)
+def test_the_fake_gpus_state_files_are_refused_by_the_library_naming_them(
+    tmp_path: Path, name: str, damage: Any, complaint: str
+) -> None:
+    # As NVML failing on a GPU: discovery skips the GPU with the library's message as a warning.
+    damage(tmp_path / name)
+    setup = (
+        "from pathlib import Path\nfrom dra.fakegpus import node\nfrom dra.gpu.library import GpuLibraryError"
+    )
+    code, output = bounded(
+        f"""
+        lib = node.fake_gpu_library("a100x4-mig", "node-a", state_dir=Path({str(tmp_path)!r}))
+        lib.init()
+        try:
+            gpu = lib.device_by_index(0)
+            lib.max_mig_device_count(gpu)
+            lib.time_slice(gpu)
+        except GpuLibraryError as err:
+            sys.exit(str(err))
+        """,
+        setup,
+    )
+    assert code == 1
+    assert str(tmp_path / name) in output
+    assert complaint in output, output
+
+
+def test_a_fifo_in_the_cdi_folder_is_replaced_not_read(tmp_path: Path) -> None:
+    from dra.adapters.atomicfile import holds
+
+    fifo = tmp_path / "spec.json"
+    os.mkfifo(fifo)
+    assert not holds(fifo, b"{}")
+    assert not holds(Path("/dev/zero"), b"\0" * 4)
+    (tmp_path / "same").write_bytes(b"{}")
+    assert holds(tmp_path / "same", b"{}")
+    assert not holds(tmp_path / "same", b"{")
+
+
+def _deepest(text: str) -> int:
+    """The depth of JSON text by a plain walk over its characters: the reference for the fast one."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (char == "\\", char != '"')
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def test_json_depth_is_told_from_the_text_as_a_walk_over_it_tells_it() -> None:
+    import random
+
+    from dra.api.fields import json_text_deeper_than
+
+    rng = random.Random(55)
+
+    def value(levels: int) -> Any:
+        if levels == 0 or rng.random() < 0.3:
+            return rng.choice([1, 'x[{"', "]\\", [], {}, "é]"])
+        if rng.random() < 0.5:
+            return [value(levels - 1) for _ in range(rng.randint(0, 3))]
+        return {f"k{i}[": value(levels - 1) for i in range(rng.randint(0, 3))}
+
+    for _ in range(2000):
+        text = json.dumps(value(rng.randint(0, 30)), ensure_ascii=rng.random() < 0.5)
+        depth = _deepest(text)
+        for limit in range(max(0, depth - 10), depth + 2):
+            # Exact where it says deeper; within 8 levels where it does not.
+            assert json_text_deeper_than(text, limit) == (depth > limit) or 0 < depth - limit <= 8
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[]" * 8_000_000,
+        "[[]]" * 4_000_000,
+        ("[" * 9 + "]" * 9) * 888_000,
+        ("[" * 100 + "]" * 100) * 80_000,
+        '\\"' * 5_000_000,
+        "[" * 16_000_000,
+    ],
+    ids=["pairs", "nested-pairs", "depth-9", "depth-100", "escapes", "brackets"],
+)
+def test_json_depth_of_16_mib_is_told_within_the_limits(text: str) -> None:
+    code, output = bounded(
+        f"print(json_text_deeper_than({text[:20]!r} * {len(text) // 20}, 100))",
+        "from dra.api.fields import json_text_deeper_than",
+    )
+    assert code == 0, output
+
+
+# -- explain as strict as kubectl; documents too wide (issue 55) -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "devices", "top", "field"),
+    [
+        ("ResourceClaim", _requests(), ', "bogus": 1', "bogus"),
+        ("ResourceClaim", _requests("", ', "bogus": 1'), "", "spec.devices.bogus"),
+        ("ResourceClaim", _requests(', "bogus": 1'), "", "spec.devices.requests[0].exactly.bogus"),
+        (
+            "ResourceClaim",
+            '{"requests": [{"name": "a", "firstAvailable": [{"name": "b", "deviceClassName": "c", '
+            '"adminAccess": true}]}]}',
+            "",
+            "spec.devices.requests[0].firstAvailable[0].adminAccess",
+        ),
+        (
+            "ResourceClaim",
+            _requests(', "tolerations": [{"key": "k", "operater": "Exists"}]'),
+            "",
+            "spec.devices.requests[0].exactly.tolerations[0].operater",
+        ),
+        ("ResourceClaimTemplate", _requests("", ', "bogus": 1'), "", "spec.spec.devices.bogus"),
+    ],
+)
+def test_explain_refuses_an_unknown_field_naming_it_as_kubectl_does(
+    tmp_path: Path, kind: str, devices: str, top: str, field: str
+) -> None:
+    text = _claim_text(devices, kind)
+    path = _file(tmp_path, "claim.json", text[:-1] + top + "}")
+    line = one_line_error(["explain", "--fake-gpus", "h100x8", "--claim", path])
+    assert line == f'dra-gpu: error: {path}: document 1 ({kind}): unknown field "{field}"'
+
+
+def test_explain_refuses_an_unknown_field_of_a_device_class(tmp_path: Path) -> None:
+    device_class = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "x"},
+        "spec": {"selectors": [{"cel": {"expression": "true"}, "bogus": 1}]},
+    }
+    path = _file(tmp_path, "class.json", json.dumps(device_class))
+    line = one_line_error(["explain", "--fake-gpus", "h100x8", "--device-class", path])
+    assert line.endswith('(DeviceClass): unknown field "spec.selectors[0].bogus"'), line
+
+
+def test_explain_takes_every_field_the_api_has(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dra import cli
+
+    exact = (
+        ', "count": 1, "adminAccess": false, "allocationMode": "ExactCount", "capacity": {"requests": '
+        '{"memory": "1Gi"}}, "tolerations": [{"key": "k", "operator": "Equal", "value": "v", "effect": '
+        '"NoSchedule", "tolerationSeconds": 5}], "selectors": [{"cel": {"expression": "true"}}]'
+    )
+    more = (
+        ', "constraints": [{"requests": ["a"], "matchAttribute": "gpu.nvidia.com/uuid"}], "config": '
+        '[{"requests": ["a"], "opaque": {"driver": "gpu.nvidia.com", "parameters": {"any": [1]}}}]'
+    )
+    claim = json.loads(_claim_text(_requests(exact, more)))
+    claim["metadata"].update(
+        namespace="ns",
+        uid="u",
+        labels={"a": "b"},
+        annotations={"c": "d"},
+        ownerReferences=[{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "u2", "controller": True}],
+        finalizers=["f"],
+        creationTimestamp="2026-01-01T00:00:00Z",
+        resourceVersion="1",
+        generation=1,
+        managedFields=[{"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:spec": {}}}],
+    )
+    claim["status"] = {"allocation": None, "reservedFor": [], "devices": []}
+    path = _file(tmp_path, "claim.json", json.dumps(claim))
+    assert cli.main(["explain", "--fake-gpus", "h100x8", "--claim", path]) == 0, capsys.readouterr().err
+
+
+WIDE = "\n".join(f"k{i}: 1" for i in range(100_000))
+
+
+def test_a_document_of_100000_plain_keys_is_refused_as_that_and_fast(tmp_path: Path) -> None:
+    path = _file(tmp_path, "wide.yaml", WIDE)
+    for what, argv in _loaders(path).items():
+        line = one_line_error(argv)
+        assert "holds more than 100000 values (keys, items and scalars)" in line, (what, line)
+        assert "aliases" not in line, (what, line)
+
+
+def test_a_product_name_longer_than_the_attribute_is_refused(tmp_path: Path) -> None:
+    profile = _file(tmp_path, "profile.yaml", f"gpus:\n- productName: {'x' * 100_000}\n  memoryMiB: 1024\n")
+    line = one_line_error(["discover", "--fake-gpus", profile, "--node-name", "n"])
+    assert "gpus[0].productName: at most 64 characters (a device attribute's string), has 100000" in line

@@ -426,6 +426,13 @@ def ensure_nvidia_plugin(log: bool = True) -> Path:
     return _ensure_built(NVIDIA, f"NVIDIA's DRA driver {NVIDIA.version()}", log)
 
 
+def ensure_nvidia_cdi_hook(log: bool = True) -> Path:
+    """Build NVIDIA's nvidia-cdi-hook alone on first use (the hook this driver's specs run, shipped in
+    its image); its path. About a minute on two cores with the modules downloaded."""
+    what = f"nvidia-cdi-hook (NVIDIA container toolkit, pinned in {NVIDIA.go_mod})"
+    return _ensure_built(NVIDIA, what, log, (NVIDIA_CDI_HOOK,)) / NVIDIA_CDI_HOOK
+
+
 def modules() -> tuple[GoModule, ...]:
     """Every module ensure_binaries() builds, in build order."""
     return (kubernetes_module(), HELM)

@@ -23,6 +23,7 @@ from fakenvml.node import FakeNode
 from dra.adapters.checkpoint import CheckpointStore
 from dra.fakegpus.node import FAKE_MIG_STATE
 from dra.kubeletplugin.server import sockets
+from localcluster.binaries import ensure_nvidia_cdi_hook
 from localcluster.cluster import ClusterInfo
 
 
@@ -62,6 +63,10 @@ class DaemonProcess(abc.ABC):
         else:
             # On containerd real containers see the fake GPUs: device nodes and nvidia-smi.
             root = [f"--fake-gpu-root={cluster.fake_gpu_root}"] if cluster.fake_gpu_root else []
+            if cluster.fake_gpu_root:
+                # Real containers run the specs' hooks: the image's nvidia-cdi-hook, found on PATH as there.
+                path = self.env.get("PATH", os.environ.get("PATH", ""))
+                self.env["PATH"] = f"{ensure_nvidia_cdi_hook().parent}{os.pathsep}{path}"
             gpus = [f"--fake-gpus={profile}", *root]
         command_line = [
             sys.executable,

@@ -149,7 +149,8 @@ def test_without_a_hook_one_warning_says_what_will_not_work(
     assert cdihook.install(tmp_path / "plugin") is None
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
-    assert "ldconfig -p" in warnings[0] and "forward compatibility" in warnings[0]
+    assert "ldconfig -p" in warnings[0]
+    assert "forward compatibility" in warnings[0]
 
 
 def test_a_missing_node_hook_is_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -46,7 +46,8 @@ UPDATE_LDCACHE = "update-ldcache"
 DISABLE_DEVICE_NODE_MODIFICATION = "disable-device-node-modification"
 #: The hooks' one setting of their own, as NVIDIA's generator sets it.
 HOOK_ENV = ("NVIDIA_CTK_DEBUG=false",)
-#: Where the driver's libcuda is on the host, a variable NVIDIA's generator sets beside its hooks.
+#: The folder of the driver's libcuda below the driver root (where the container has it), a variable
+#: NVIDIA's generator sets beside its hooks.
 LIBCUDA_DIR = "NVIDIA_CTK_LIBCUDA_DIR"
 
 Obj = dict[str, Any]
@@ -166,7 +167,7 @@ def driver_hooks(files: Sequence[DriverFile], hook: ContainerHook) -> list[Obj]:
 
 def _libcuda_dir(files: Sequence[DriverFile]) -> list[str]:
     found = [f for f in files if f.kind == "library" and _base(f.host_path).startswith("libcuda.so.")]
-    return [f"{LIBCUDA_DIR}={_folder(found[0].host_path)}"] if found else []
+    return [f"{LIBCUDA_DIR}={_folder(found[0].container_path)}"] if found else []
 
 
 def visible_devices_default(inventory: Inventory) -> str:

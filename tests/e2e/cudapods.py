@@ -9,16 +9,45 @@ writes its report. Both write into a hostPath directory (localcluster.workloads.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from localcluster.cluster import ClusterInfo
-from localcluster.cudaimages import PROBE
-from localcluster.kube import Kube, wait_for
-from localcluster.workloads import out_dir
+from localcluster.cluster import ClusterInfo, LocalCluster
+from localcluster.cudaimages import PROBE, cuda_image
+from localcluster.devicepluginprocess import DevicePluginProcess
+from localcluster.driverprocess import DriverProcess
+from localcluster.kube import Kube, WaitTimeoutError, wait_for
+from localcluster.workloads import (
+    allocated_devices,
+    committed_device_classes,
+    ensure_device_classes,
+    out_dir,
+    pod_claim,
+)
+
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import load_profile
+from dra.gpu.discovery import discover
+from dra.model.devices import Device, Inventory, MigDevice
+
+LIB = "/usr/lib/x86_64-linux-gnu"
+COMPAT = "/usr/local/cuda/compat"
+#: The fake GPUs' driver is 550.54.15 (CUDA 12.4): forward-compatibility libraries of a newer and an
+#: older driver.
+NEWER, OLDER = "570.86.10", "535.104.05"
+#: The images, by container name: (kind, compat version).
+IMAGES = {
+    "debian": ("debian", None),
+    "distroless": ("distroless", None),
+    "debian-compat-newer": ("debian", NEWER),
+    "debian-compat-older": ("debian", OLDER),
+    "distroless-compat-newer": ("distroless", NEWER),
+}
 
 #: The debian container's record; `cudaprobe` last but one, so that a failing probe still leaves the rest.
 DEBIAN_REPORT = (
@@ -48,6 +77,8 @@ class CudaSeen:
     smi: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     dev: list[str] = field(default_factory=list)
+    #: cudaprobe's report as it printed it.
+    raw: list[str] = field(default_factory=list)
 
     def cache(self, soname: str) -> list[str]:
         """The paths `ldconfig -p` gives for a library name, e.g. libcuda.so.1."""
@@ -111,7 +142,10 @@ def cuda_seen(
         def done() -> bool:
             return _terminated(kube, namespace, pod, container)
 
-    wait_for(f"{pod}/{container} to record what it sees", done, timeout=120)
+    try:
+        wait_for(f"{pod}/{container} to record what it sees", done, timeout=120)
+    except WaitTimeoutError as err:
+        raise WaitTimeoutError(f"{err}\n{kube.describe_pods(namespace)}") from None
     probe_lines = _read(out / f"{container}.probe")
     probe = dict(
         line.split(": ", 1) for line in probe_lines if ": " in line and not line.startswith("device ")
@@ -121,7 +155,7 @@ def cuda_seen(
         match = re.match(r"device \d+: (\S+) (\d+) (.*)$", line)
         if match:
             devices.append((match[1], int(match[2]), match[3]))
-    seen = CudaSeen(kind, probe, devices)
+    seen = CudaSeen(kind, probe, devices, raw=probe_lines)
     if kind == "debian":
         seen.ldconfig = _read(out / f"{container}.ldconfig")
         seen.links = dict(line.split(" ", 1) for line in _read(out / f"{container}.links"))
@@ -144,3 +178,132 @@ def triton_libcuda_dirs(ldconfig: list[str], exists: set[str]) -> list[str]:
     if not any(f"{folder}/libcuda.so.1" in exists for folder in folders):
         raise AssertionError(f"libcuda.so cannot found! (ldconfig -p: {locations})")
     return folders
+
+
+class CudaNode(NamedTuple):
+    """A containerd cluster with the workload images imported and the driver on it."""
+
+    cluster: ClusterInfo
+    kube: Kube
+    profile: str
+    inventory: Inventory
+    #: The image of each container name of IMAGES.
+    images: dict[str, str]
+    driver: DriverProcess
+
+
+@contextlib.contextmanager
+def cuda_node(
+    workdir: Path, profile: str, driver_flags: tuple[str, ...], plugin_flags: tuple[str, ...] | None = None
+) -> Iterator[CudaNode]:
+    """A containerd cluster with the images of IMAGES, the kubelet plugin on `profile` and, given
+    `plugin_flags`, the device plugin; both run the hook the image ships (found on PATH)."""
+    cluster = LocalCluster(runtime="containerd")
+    try:
+        info = cluster.start(timeout=180)
+        images = {}
+        for container, (kind, compat) in IMAGES.items():
+            image = cuda_image(kind, compat)
+            cluster.import_image(image)
+            images[container] = image.name
+        driver = DriverProcess(info, profile, workdir / "driver.log", extra_args=driver_flags).start()
+        plugin = None
+        if plugin_flags is not None:
+            plugin = DevicePluginProcess(info, profile, workdir, plugin_flags, with_driver=True).start()
+        kube = Kube(info.kubeconfig)
+        ensure_device_classes(kube, committed_device_classes())
+        fake = FakeGpuLibrary(load_profile(profile), info.node_name, root=Path(info.fake_gpu_root))
+        try:
+            yield CudaNode(info, kube, profile, discover(fake), images, driver)
+        finally:
+            kube.close()
+            if plugin is not None:
+                plugin.stop()
+            assert driver.stop() == 0
+            # The hook was found: no warning that containers go without.
+            assert "no nvidia-cdi-hook" not in driver.log_path.read_text()
+    finally:
+        cluster.stop()
+
+
+@contextlib.contextmanager
+def namespace(node: CudaNode) -> Iterator[str]:
+    """A namespace of its own, deleted with its pods afterwards."""
+    name = f"cuda-{os.urandom(3).hex()}"
+    node.kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    yield name
+    for pod in node.kube.list_objects("v1", "Pod", namespace=name):
+        node.kube.delete("v1", "Pod", pod["metadata"]["name"], name, grace_period=0)
+    wait_for("pods to be gone", lambda: not node.kube.list_objects("v1", "Pod", namespace=name), timeout=60)
+    node.kube.delete("v1", "Namespace", name)
+
+
+def template(
+    kube: Kube, namespace: str, name: str, device_class: str, selector: str, memory: str = ""
+) -> None:
+    """A ResourceClaimTemplate of one request `gpu`, optionally asking a share of `memory`."""
+    exactly: dict[str, Any] = {
+        "deviceClassName": device_class,
+        "selectors": [{"cel": {"expression": selector}}],
+    }
+    if memory:
+        exactly["capacity"] = {"requests": {"memory": memory}}
+    kube.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+        }
+    )
+
+
+def run(
+    node: CudaNode,
+    namespace: str,
+    pod: str,
+    names: list[str],
+    resources: dict[str, Any],
+    claims: dict[str, str] | None = None,
+) -> dict[str, CudaSeen]:
+    """A pod of these containers of IMAGES, each with `resources`; what each saw."""
+    containers = {name: (IMAGES[name][0], node.images[name], resources) for name in names}
+    cuda_pod(node.kube, node.cluster, namespace, pod, containers, claims)
+    return {name: cuda_seen(node.kube, node.cluster, namespace, pod, name, IMAGES[name][0]) for name in names}
+
+
+def claim_devices(node: CudaNode, namespace: str, pod: str) -> list[Device]:
+    """The devices the pod's one claim was allocated."""
+    found = [node.inventory.get(name) for name in allocated_devices(pod_claim(node.kube, namespace, pod))]
+    assert all(found)
+    return [d for d in found if d is not None]
+
+
+def check(node: CudaNode, name: str, seen: CudaSeen, devices: list[Device]) -> None:
+    """What every workload relies on, for container `name` given `devices`."""
+    compat = IMAGES[name][1]
+    libcuda = f"{COMPAT}/libcuda.so.1" if compat == NEWER else f"{LIB}/libcuda.so.1"
+    # cudaprobe: both libraries by SONAME; the compat libcuda exactly when newer than the driver.
+    assert seen.probe["libcuda.so.1"] == libcuda, seen.probe
+    assert seen.probe["libnvidia-ml.so.1"] == f"{LIB}/libnvidia-ml.so.1", seen.probe
+    assert seen.probe["cuInit"] == "0"
+    assert seen.probe["cuDriverGetVersion"] == "12040"
+    # CUDA enumerates exactly the claim's devices.
+    assert [uuid for uuid, _, _ in seen.devices] == [d.uuid for d in devices]
+    assert [memory for _, memory, _ in seen.devices] == [d.memory_bytes for d in devices]
+    if seen.kind != "debian":
+        return
+    # The loader cache lists the driver at the mounted paths (NVIDIA's update-ldcache hook), the
+    # forward-compatibility libcuda first when it is newer (enable-cuda-compat).
+    first = [f"{COMPAT}/libcuda.so.1"] if compat == NEWER else []
+    assert seen.cache("libcuda.so.1") == [*first, f"{LIB}/libcuda.so.1"]
+    assert seen.cache("libnvidia-ml.so.1") == [f"{LIB}/libnvidia-ml.so.1"]
+    assert seen.cache("libcuda.so") == [f"{LIB}/libcuda.so"]
+    # libcuda.so resolves (NVIDIA's create-symlinks hook), to the driver's file.
+    version = load_profile(node.profile).driver_version
+    assert seen.links[f"{LIB}/libcuda.so"] == f"{LIB}/libcuda.so.{version}"
+    # Triton (torch.compile, vLLM) finds libcuda, and -lcuda links there.
+    assert LIB in triton_libcuda_dirs(seen.ldconfig, set(seen.links))
+    # nvidia-smi -L lists the same devices (a MIG device under its GPU's line).
+    listed = {line.split("UUID: ")[1].rstrip(")") for line in seen.smi if "UUID: " in line}
+    assert listed == {d.uuid for d in devices} | {d.parent.uuid for d in devices if isinstance(d, MigDevice)}

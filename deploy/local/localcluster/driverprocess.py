@@ -63,11 +63,12 @@ class DaemonProcess(abc.ABC):
         else:
             # On containerd real containers see the fake GPUs: device nodes and nvidia-smi.
             root = [f"--fake-gpu-root={cluster.fake_gpu_root}"] if cluster.fake_gpu_root else []
-            if cluster.fake_gpu_root:
-                # Real containers run the specs' hooks: the image's nvidia-cdi-hook, found on PATH as there.
-                path = self.env.get("PATH", os.environ.get("PATH", ""))
-                self.env["PATH"] = f"{ensure_nvidia_cdi_hook().parent}{os.pathsep}{path}"
             gpus = [f"--fake-gpus={profile}", *root]
+        if isinstance(profile, FakeNode) or cluster.fake_gpu_root:
+            # The specs carry driver files, and the hooks that go with them: the hook the image ships,
+            # found on PATH as there.
+            path = self.env.get("PATH", os.environ.get("PATH", ""))
+            self.env["PATH"] = f"{ensure_nvidia_cdi_hook().parent}{os.pathsep}{path}"
         command_line = [
             sys.executable,
             "-m",

@@ -16,7 +16,8 @@ builds the same three stages from what the machine reaches:
    wheels load (``apt-get download`` and ``dpkg-deb -x``; nothing is installed on the machine),
    the Dockerfile's ``pip install`` command run inside it with ``chroot`` by the image's own
    Python (pip itself is lent from this environment and not left in the image), the dra-gpu
-   user, the hook at /usr/bin/nvidia-cdi-hook, and the Dockerfile's USER, ENV, ENTRYPOINT and CMD as the image config.
+   user, the hook at /usr/bin/nvidia-cdi-hook, and the Dockerfile's USER, ENV, ENTRYPOINT and
+   CMD as the image config.
 
 tests/unit/test_deploy_image.py keeps the commands, the context and the config equal to the
 Dockerfile's. The build checks that every installed distribution is the version

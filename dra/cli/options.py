@@ -18,6 +18,7 @@ from dra.daemon.flags import (
     directory,
     dns_subdomain,
     file,
+    host_program,
     node_name,
     nonempty,
     option,
@@ -127,6 +128,14 @@ def gpu_source_flags(parser: argparse.ArgumentParser) -> None:
         "runtime hook; false leaves them to the node's NVIDIA container toolkit (legacy mode)",
         True,
         type=boolean,
+    )
+    option(
+        parser,
+        "--nvidia-cdi-hook-path",
+        "the node's own nvidia-cdi-hook (NVIDIA container toolkit's, e.g. /usr/bin/nvidia-cdi-hook), which "
+        "the CDI specs run to link and cache the driver's libraries in the container; default: the one "
+        "this image ships, copied into the plugin directory at start",
+        type=host_program,
     )
     option(
         parser,

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dra.model.devices import Device, DriverFile, Inventory
+from dra.model.devices import ContainerHook, Device, DriverFile, Inventory
 
 #: The CDI specification version the specs declare (supported by containerd >= 1.7 and CRI-O).
 CDI_VERSION = "0.5.0"
@@ -36,6 +36,19 @@ _ANNOTATION_NAME_MAX = 63
 #: Where the kernel puts the VFIO group devices and the legacy IOMMU API device (the VFIO container).
 VFIO_DIR = "/dev/vfio"
 VFIO_API_DEVICE = VFIO_DIR + "/vfio"
+
+#: NVIDIA's hooks, in the order NVIDIA's CDI generator (nvidia-container-toolkit's nvcdi, nvml
+#: mode) puts them in a spec: the links, CUDA forward compatibility, the loader cache, then device
+#: nodes left alone. Each runs at createContainer, inside the new container's root.
+CREATE_SYMLINKS = "create-symlinks"
+ENABLE_CUDA_COMPAT = "enable-cuda-compat"
+UPDATE_LDCACHE = "update-ldcache"
+DISABLE_DEVICE_NODE_MODIFICATION = "disable-device-node-modification"
+#: The hooks' one setting of their own, as NVIDIA's generator sets it.
+HOOK_ENV = ("NVIDIA_CTK_DEBUG=false",)
+#: The folder of the driver's libcuda below the driver root (where the container has it), a variable
+#: NVIDIA's generator sets beside its hooks.
+LIBCUDA_DIR = "NVIDIA_CTK_LIBCUDA_DIR"
 
 Obj = dict[str, Any]
 
@@ -93,6 +106,70 @@ def _driver_mounts(files: Sequence[DriverFile]) -> list[Obj]:
     ]
 
 
+def _is_link(file: DriverFile) -> bool:
+    """A library's SONAME link (libcuda.so.1 of libcuda.so.580.95.05): mounted under another name."""
+    return file.kind == "library" and _base(file.container_path) != _base(file.host_path)
+
+
+def _base(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
+
+
+def _folder(path: str) -> str:
+    return path.rsplit("/", 1)[0] or "/"
+
+
+def _hook(hook: ContainerHook, name: str, args: Sequence[str]) -> Obj:
+    # As NVIDIA's generator calls it: argv[0] is the program's name; its nvidia-ctk serves the
+    # hooks under `nvidia-ctk hook`.
+    program = _base(hook.path)
+    prefix = [program, "hook"] if program == "nvidia-ctk" else [program]
+    return {
+        "hookName": "createContainer",
+        "path": hook.path,
+        "args": [*prefix, name, *args],
+        "env": list(HOOK_ENV),
+    }
+
+
+def driver_hooks(files: Sequence[DriverFile], hook: ContainerHook) -> list[Obj]:
+    """NVIDIA's createContainer hooks for these driver files, with the arguments NVIDIA's generator gives.
+
+    create-symlinks makes each library's SONAME link that the host has (libcuda.so.1 ->
+    libcuda.so.580.95.05) and libcuda.so -> libcuda.so.1 beside libcuda (programs and Triton's
+    `-lcuda` link against that name); enable-cuda-compat puts the image's
+    /usr/local/cuda/compat first in the loader's path when its libcuda's major version is newer
+    than the driver's; update-ldcache adds the libraries' folders to the container's
+    /etc/ld.so.conf.d and runs the host's ldconfig in the container's root, so that `ldconfig -p`
+    lists the driver and images without a cache (or with one built without the driver) find it;
+    disable-device-node-modification keeps libnvidia-ml from making device nodes in the container.
+    """
+    libraries = [f for f in files if f.kind == "library" and not _is_link(f)]
+    links: list[str] = []
+    for library in libraries:
+        name, folder = _base(library.container_path), _folder(library.container_path)
+        if name.startswith("libcuda.so."):
+            links.append(f"libcuda.so.1::{folder}/libcuda.so")
+        links += [
+            f"{name}::{f.container_path}" for f in files if _is_link(f) and f.host_path == library.host_path
+        ]
+    hooks = []
+    if links:
+        hooks.append(
+            _hook(hook, CREATE_SYMLINKS, [arg for link in dict.fromkeys(links) for arg in ("--link", link)])
+        )
+    hooks.append(_hook(hook, ENABLE_CUDA_COMPAT, [f"--host-driver-version={hook.driver_version}"]))
+    folders = dict.fromkeys(_folder(f.container_path) for f in libraries)
+    hooks.append(_hook(hook, UPDATE_LDCACHE, [arg for folder in folders for arg in ("--folder", folder)]))
+    hooks.append(_hook(hook, DISABLE_DEVICE_NODE_MODIFICATION, []))
+    return hooks
+
+
+def _libcuda_dir(files: Sequence[DriverFile]) -> list[str]:
+    found = [f for f in files if f.kind == "library" and _base(f.host_path).startswith("libcuda.so.")]
+    return [f"{LIBCUDA_DIR}={_folder(found[0].container_path)}"] if found else []
+
+
 def visible_devices_default(inventory: Inventory) -> str:
     """The spec-wide NVIDIA_VISIBLE_DEVICES: `void` when the specs carry the driver's files, else `none`."""
     return NOT_A_GPU_CONTAINER if inventory.driver_files else NO_GPUS
@@ -118,11 +195,17 @@ def _device_edits(
 
 
 def _common_edits(inventory: Inventory, env: Sequence[str]) -> Obj:
+    files, hook = inventory.driver_files, inventory.container_hook
+    if hook is not None and files:
+        # The hook makes the SONAME links inside the container, as in NVIDIA's specs.
+        env = [*env, *_libcuda_dir(files)]
     edits: Obj = {"env": list(env)} if env else {}
     if inventory.common_device_nodes:
         edits["deviceNodes"] = _device_nodes(inventory.common_device_nodes, inventory.dev_root)
-    if inventory.driver_files:
-        edits["mounts"] = _driver_mounts(inventory.driver_files)
+    if files:
+        edits["mounts"] = _driver_mounts([f for f in files if hook is None or not _is_link(f)])
+        if hook is not None:
+            edits["hooks"] = driver_hooks(files, hook)
     return edits
 
 

@@ -32,14 +32,14 @@ from dra.core.assignment import (
     restrict,
     stranded_claims,
 )
-from dra.daemon import metrics
+from dra.daemon import cdihook, metrics
 from dra.daemon.health import APPLICATION_XIDS, HealthMonitor, HealthTracker
 from dra.daemon.lifecycle import Heartbeat, until_stopped
 from dra.gpu.discovery import discover
 from dra.gpu.driverfiles import device_root, find_driver_files, nvml_library
 from dra.gpu.library import GpuLibrary, GpuLibraryError
 from dra.gpu.nvml import NvmlLibrary
-from dra.model.devices import Inventory
+from dra.model.devices import ContainerHook, Inventory
 from dra.model.migmode import MigModes
 from dra.model.prepared import PreparedClaim
 
@@ -76,6 +76,8 @@ class DaemonSettings:
     driver_root: Path = Path("/")
     #: Whether the CDI specs mount the driver's files (False: the node's NVIDIA runtime hook does).
     cdi_driver_files: bool = True
+    #: The node's own nvidia-cdi-hook (a host path); None: the image's, copied to the plugin directory.
+    nvidia_cdi_hook_path: Path | None = None
     #: With fake GPUs: where their device nodes and stand-in driver are made, for real containers.
     fake_gpu_root: Path | None = None
     #: Seconds without a critical XID or NVML error after which an unhealthy device is healthy
@@ -133,6 +135,7 @@ def daemon_fields(args: argparse.Namespace) -> dict[str, Any]:
         "host_root": args.host_root,
         "driver_root": args.driver_root,
         "cdi_driver_files": args.cdi_driver_files,
+        "nvidia_cdi_hook_path": args.nvidia_cdi_hook_path,
         "fake_gpu_root": args.fake_gpu_root,
         "health_recovery_period": args.health_recovery_period,
         "ignored_xids": args.ignored_xids,
@@ -207,10 +210,14 @@ def node_inventory(lib: GpuLibrary, settings: DaemonSettings) -> Inventory:
     else:
         driver_root, host_root = settings.driver_root, settings.host_root
         dev_root = Path(device_root(driver_root, host_root))
-    files = (
-        find_driver_files(lib.driver_version(), driver_root, host_root) if settings.cdi_driver_files else ()
-    )
-    return replace(inventory, driver_files=files, dev_root=str(dev_root))
+    version = lib.driver_version()
+    files = find_driver_files(version, driver_root, host_root) if settings.cdi_driver_files else ()
+    hook = None
+    if files:
+        plugin_dir = default_state_dir(settings.kubelet_root, settings.driver_name)
+        path = cdihook.install(plugin_dir, settings.nvidia_cdi_hook_path, settings.host_root)
+        hook = ContainerHook(path, version) if path else None
+    return replace(inventory, driver_files=files, dev_root=str(dev_root), container_hook=hook)
 
 
 def load_inventory(lib: GpuLibrary, mig_modes: MigModes | None = None) -> Inventory:

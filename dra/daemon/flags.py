@@ -48,6 +48,14 @@ def path(text: str) -> Path:
     return Path(text)
 
 
+def host_program(text: str) -> Path:
+    """A program on the host that a container runtime runs by its absolute path."""
+    found = path(text)
+    if not found.is_absolute():
+        raise argparse.ArgumentTypeError(f"{found} is not an absolute path (the container runtime runs it)")
+    return found
+
+
 def nonempty(text: str) -> str:
     """A text flag that must have a value."""
     if not text.strip():

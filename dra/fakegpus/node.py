@@ -2,8 +2,10 @@
 
 With --fake-gpus and --fake-gpu-root=ROOT the daemon makes, before it discovers the GPUs,
 ``ROOT/dev`` (inert character device nodes: opening one fails) and ``ROOT/driver-root`` (a
-shell-script nvidia-smi that answers ``-L`` as the real one does in a container, and text
-stand-ins for the libraries), which the CDI specs mount like the real thing. The node numbers
+shell-script nvidia-smi that answers ``-L`` as the real one does in a container, and the
+libraries), which the CDI specs mount like the real thing. A library is a copy of
+``ROOT/libraries/<SONAME>`` where there is one (a fake a loader can load: the local cluster puts
+the ones it builds from deploy/local/fakenvml there), else a text stand-in. The node numbers
 and the nvidia-smi it imitates: docs/configuration.md ("Fake GPUs").
 """
 
@@ -37,10 +39,13 @@ CAPS_MAJOR = 121
 DRIVER_ROOT = "driver-root"
 LIBRARY_DIR = "usr/lib/x86_64-linux-gnu"
 STAND_IN_LIBRARIES = ("libcuda", "libnvidia-ml")
+#: Under the fake GPU root: libraries to copy into the driver root, by SONAME (libcuda.so.1).
+LIBRARIES = "libraries"
 
 _SCRIPT = """#!/bin/sh
 # nvidia-smi of dra-gpu's fake GPUs (dra/fakegpus/node.py): only -L, from the device nodes
-# this container has. Table: G <minor> <uuid> <product> / M <parent minor> <gi cap> <ci cap> <uuid> <profile>
+# this container has. Table: V <CUDA version> / G <minor> <uuid> <memory bytes> <product> /
+# M <parent minor> <gi cap> <ci cap> <uuid> <memory bytes> <profile>
 case "$1" in
   -L|--list-gpus) ;;
   *) {otherwise} ;;
@@ -51,12 +56,12 @@ if [ ! -e /dev/nvidiactl ]; then
   exit 9
 fi
 i=0
-echo "$TABLE" | while read -r kind minor uuid product; do
+echo "$TABLE" | while read -r kind minor uuid _memory product; do
   [ "$kind" = G ] && [ -e "/dev/nvidia$minor" ] || continue
   echo "GPU $i: $product (UUID: $uuid)"
   i=$((i + 1))
   j=0
-  echo "$TABLE" | while read -r mkind parent gicap cicap muuid profile; do
+  echo "$TABLE" | while read -r mkind parent gicap cicap muuid _mmemory profile; do
     [ "$mkind" = M ] && [ "$parent" = "$minor" ] || continue
     [ -e "/dev/nvidia-caps/nvidia-cap$gicap" ] && [ -e "/dev/nvidia-caps/nvidia-cap$cicap" ] || continue
     printf '  MIG %-11s Device %2d: (UUID: %s)\\n' "$profile" "$j" "$muuid"
@@ -118,7 +123,7 @@ def materialise(lib: FakeGpuLibrary, root: Path) -> None:
     """Make (or refresh) the device nodes and the driver root of lib's fake GPUs under root."""
     try:
         table = device_nodes(lib, root / "dev")
-        _driver_root(root / DRIVER_ROOT, lib.driver_version(), nvidia_smi_script(table))
+        _driver_root(root / DRIVER_ROOT, lib.driver_version(), nvidia_smi_script(table), root / LIBRARIES)
     except OSError as err:
         raise FakeRootError(f"--fake-gpu-root={root}: cannot make the fake GPUs' files: {err}") from None
 
@@ -128,7 +133,7 @@ def device_nodes(lib: FakeGpuLibrary, dev: Path) -> str:
 
     OSError when a node cannot be made.
     """
-    table: list[str] = []
+    table = [f"V {lib.cuda_driver_version()}"]
     _node(dev / "nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR)
     _node(dev / "nvidia-uvm", UVM_MAJOR, 0)
     _node(dev / "nvidia-uvm-tools", UVM_MAJOR, 1)
@@ -136,7 +141,7 @@ def device_nodes(lib: FakeGpuLibrary, dev: Path) -> str:
         handle = lib.device_by_index(index)
         minor = lib.minor_number(handle)
         _node(dev / f"nvidia{minor}", NVIDIA_MAJOR, minor)
-        table.append(f"G {minor} {lib.uuid(handle)} {lib.name(handle)}")
+        table.append(f"G {minor} {lib.uuid(handle)} {lib.memory_total(handle)} {lib.name(handle)}")
         table.extend(_mig_lines(lib, handle, minor, dev))
     return "\n".join(table)
 
@@ -166,7 +171,8 @@ def _mig_lines(lib: FakeGpuLibrary, handle: GpuHandle, minor: int, dev: Path) ->
         for cap in caps:
             _node(dev / "nvidia-caps" / f"nvidia-cap{cap}", CAPS_MAJOR, cap)
         profile = lib.name(mig).rsplit(" MIG ", 1)[-1]
-        lines.append(f"M {minor} {caps[0]} {caps[1]} {lib.uuid(mig)} {profile}")
+        memory = lib.mig_attributes(mig).memory_mib * 2**20
+        lines.append(f"M {minor} {caps[0]} {caps[1]} {lib.uuid(mig)} {memory} {profile}")
     return lines
 
 
@@ -192,16 +198,23 @@ def _node(path: Path, major: int, minor: int) -> None:
     path.chmod(0o666)
 
 
-def _driver_root(driver_root: Path, version: str, script: bytes) -> None:
+def _driver_root(driver_root: Path, version: str, script: bytes, sources: Path) -> None:
     write_if_changed(driver_root / "usr/bin/nvidia-smi", script, 0o755)
-    stand_in_libraries(driver_root / LIBRARY_DIR, version)
+    stand_in_libraries(driver_root / LIBRARY_DIR, version, sources=sources)
 
 
-def stand_in_libraries(libs: Path, version: str, stems: tuple[str, ...] = STAND_IN_LIBRARIES) -> None:
-    """Text files named as the driver's libraries of `version` in libs, each with its .so.1 link."""
+def stand_in_libraries(
+    libs: Path, version: str, stems: tuple[str, ...] = STAND_IN_LIBRARIES, sources: Path | None = None
+) -> None:
+    """The driver's libraries of `version` in libs, each with its .so.1 link: copies of
+    `sources`/<stem>.so.1 where there is one, else text files named as them."""
     for stem in stems:
         name = f"{stem}.so.{version}"
-        write_if_changed(libs / name, f"dra-gpu fake GPUs: stand-in for {name}\n".encode(), 0o644)
+        source = sources / f"{stem}.so.1" if sources is not None else None
+        if source is not None and source.is_file():
+            write_if_changed(libs / name, source.read_bytes(), 0o755)
+        else:
+            write_if_changed(libs / name, f"dra-gpu fake GPUs: stand-in for {name}\n".encode(), 0o644)
         link = libs / f"{stem}.so.1"
         if not link.is_symlink() or os.readlink(link) != name:
             link.unlink(missing_ok=True)

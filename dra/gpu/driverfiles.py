@@ -14,7 +14,8 @@ directories rather than through the ld cache (reading /etc/ld.so.cache is
 NVIDIA's way; the driver installers put the files in one of these
 directories). Each is mounted at its own path and, where the host has one, at
 its SONAME link (libcuda.so.1): NVIDIA's generator creates that link with a
-hook, and without a hook the mount is what lets a program find it.
+hook, as the specs do where NVIDIA's nvidia-cdi-hook is there (dra.core.cdi.driver_hooks), and
+without a hook the mount is what lets a program find it.
 
 ``driver_root`` is the root as the container runtime sees it (``/``, or e.g.
 /run/nvidia/driver for a containerised driver); ``host_root`` is where this

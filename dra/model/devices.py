@@ -142,6 +142,19 @@ class DriverFile:
 
 
 @dataclass(frozen=True)
+class ContainerHook:
+    """NVIDIA's nvidia-cdi-hook as the CDI specs run it (docs/configuration.md, "What a container gets").
+
+    ``path`` is where the container runtime executes it on the host; ``driver_version`` the kernel
+    driver's version as NVML reports it (580.95.05), which the forward-compatibility hook compares
+    with the image's CUDA compat libraries.
+    """
+
+    path: str
+    driver_version: str
+
+
+@dataclass(frozen=True)
 class Inventory:
     """Every allocatable device of the node, plus node-wide facts."""
 
@@ -159,6 +172,9 @@ class Inventory:
     instances: tuple[MigDevice, ...] = ()
     #: The driver's user-space files the CDI specs mount (empty: the node's runtime hook brings them).
     driver_files: tuple[DriverFile, ...] = ()
+    #: The hook that makes the driver's files usable the way NVIDIA's toolkit does (links, the loader
+    #: cache, CUDA forward compatibility); None: the specs mount the files and run no hook.
+    container_hook: ContainerHook | None = None
     #: Where, on the runtime's host, the device nodes named in ``device_nodes`` live: "/" on a real
     #: node; a private directory for fake GPUs made visible to real containers.
     dev_root: str = "/"

@@ -102,13 +102,6 @@ EDITS: set[Key] = {
     ("env", "DRA_GPU_*_UUID", OURS),
     ("env", "DRA_GPU_*_PRODUCT", OURS),
     ("env", "DRA_GPU_CLAIM_*", OURS),
-    # Theirs: nvidia-cdi-hook's settings and hooks; ours mounts the SONAME links the hook would make.
-    ("env", "NVIDIA_CTK_LIBCUDA_DIR", THEIRS),
-    ("hook", "createContainer create-symlinks", THEIRS),
-    ("hook", "createContainer update-ldcache", THEIRS),
-    ("hook", "createContainer enable-cuda-compat", THEIRS),
-    ("hook", "createContainer disable-device-node-modification", THEIRS),
-    ("mount", "*.so.1", OURS),
 }
 
 

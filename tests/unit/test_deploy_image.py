@@ -43,7 +43,11 @@ def test_base_image_is_a_slim_python_the_package_supports() -> None:
     required = PYPROJECT["project"]["requires-python"]
     assert required == ">=3.11"
     assert tuple(int(p) for p in python_version.split(".")) >= (3, 11)
-    assert _args("FROM") == ["python:${PYTHON_VERSION}-slim AS build", "python:${PYTHON_VERSION}-slim"]
+    assert _args("FROM") == [
+        "python:${PYTHON_VERSION}-slim AS build",
+        "golang:1.26-bookworm AS hook",
+        "python:${PYTHON_VERSION}-slim",
+    ]
 
 
 def test_every_copied_path_exists_and_reaches_the_build_context() -> None:
@@ -128,7 +132,10 @@ def test_the_local_image_has_the_dockerfiles_user_environment_and_command() -> N
 
 def test_the_local_build_context_leaves_out_what_the_ignore_file_does() -> None:
     with driverimage.staged_context(None) as context:
-        assert sorted(p.name for p in context.iterdir()) == sorted(driverimage.CONTEXT)
+        assert sorted(p.name for p in context.iterdir()) == sorted(
+            {c.split("/")[0] for c in driverimage.CONTEXT}
+        )
+        assert (context / "deploy/local/nvidiabin/go.mod").is_file()
         assert not (context / "dra" / "pb").exists(), "generated code is rebuilt by the wheel's build"
         assert not list(context.rglob("__pycache__"))
         assert (context / "dra" / "cli" / "__init__.py").is_file()

@@ -6,7 +6,8 @@ Both drivers of the local cluster, this project's and NVIDIA's, are started over
 - ``driver/``: the driver root. ``usr/lib64/libnvidia-ml.so.<version>`` is the fake NVML
   (fakenvml.library, copied so that the path NVIDIA's plugin resolves stays in the driver root),
   with its ``.so.1`` link and ``fakenvml.conf`` beside it, which tells the library which fake
-  GPUs to serve; ``usr/bin/nvidia-smi`` answers ``-L`` in containers (dra.fakegpus.node' script)
+  GPUs to serve; ``libcuda.so.<version>`` the fake CUDA driver (fakenvml.fakecuda);
+  ``usr/bin/nvidia-smi`` answers ``-L`` in containers (dra.fakegpus.node' script)
   and the settings the drivers change on the host (fakenvml.smi); ``dev/`` holds the GPUs'
   character devices, so both drivers take the driver root for their device root.
 - ``sys/`` and ``proc/driver/``: what the kernel shows of the GPUs (fakenvml.host). ``wrap()``
@@ -32,6 +33,7 @@ from dra.fakegpus import node as fakegpus
 from dra.fakegpus.library import FakeGpuLibrary, mig_cap_minor
 from dra.gpu.discovery import mig_enabled, mig_handles
 from dra.gpu.library import ERROR_UNKNOWN, GpuLibraryError
+from fakenvml.fakecuda import ensure_fake_cuda
 from fakenvml.host import capability_files, host_tree
 from fakenvml.library import SONAME, ensure_library
 
@@ -193,7 +195,7 @@ class FakeNode:
             versioned.with_name(f".{versioned.name}.tmp").replace(versioned)
         if not self.library.is_symlink():
             self.library.symlink_to(versioned.name)
-        fakegpus.stand_in_libraries(libs, version, ("libcuda",))
+        fakegpus.stand_in_libraries(libs, version, ("libcuda",), sources=ensure_fake_cuda().parent)
         table = fakegpus.device_nodes(fake, self.driver_root / "dev")
         smi = self.root / "nvidia-smi-host"
         fakegpus.write_if_changed(smi, self._host_smi().encode(), 0o755)

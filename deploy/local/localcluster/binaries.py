@@ -426,6 +426,29 @@ def ensure_nvidia_plugin(log: bool = True) -> Path:
     return _ensure_built(NVIDIA, f"NVIDIA's DRA driver {NVIDIA.version()}", log)
 
 
+#: The same hook as this driver's image ships it (deploy/Dockerfile): linked statically, because the
+#: container runtime runs it on the host, whatever C library the host has. Its cgo dependency (go-nvml)
+#: is only dlopen'd by the subcommands that query GPUs, which the specs do not run.
+NVIDIA_HOOK = GoModule(
+    name="nvidia-cdi-hook",
+    directory=_LOCAL_DIR / "nvidiabin",
+    pinned="github.com/NVIDIA/nvidia-container-toolkit",
+    packages=(f"github.com/NVIDIA/nvidia-container-toolkit/cmd/{NVIDIA_CDI_HOOK}",),
+    # As NVIDIA's Makefile stamps it, so that --version says which release runs.
+    ldflags=lambda version: (
+        "-s -w -linkmode external -extldflags -static "
+        f"-X github.com/NVIDIA/nvidia-container-toolkit/internal/info.version={version.lstrip('v')}"
+    ),
+)
+
+
+def ensure_nvidia_cdi_hook(log: bool = True) -> Path:
+    """Build NVIDIA's nvidia-cdi-hook, static, on first use (the hook this driver's specs run, shipped in
+    its image); its path. About a minute on two cores with the modules downloaded."""
+    what = f"nvidia-cdi-hook (NVIDIA container toolkit {NVIDIA_HOOK.version()})"
+    return _ensure_built(NVIDIA_HOOK, what, log) / NVIDIA_CDI_HOOK
+
+
 def modules() -> tuple[GoModule, ...]:
     """Every module ensure_binaries() builds, in build order."""
     return (kubernetes_module(), HELM)

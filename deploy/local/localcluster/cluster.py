@@ -43,8 +43,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
+from fakenvml.fakecuda import install_driver_libraries
 
 from dra.adapters.atomicfile import write_atomic
+from dra.fakegpus import node as fakegpus
 from localcluster import containerd, images, nodenet, pki
 from localcluster.binaries import ensure_cluster_binaries, ensure_containerd_binaries, kubernetes_version
 
@@ -312,6 +314,8 @@ class LocalCluster:
         )
         if sandbox is not None and test_image is not None:
             info.fake_gpu_root = str(run / "fakegpus")
+            # The fake driver's libraries are ELF objects a container's loader and ldconfig take.
+            install_driver_libraries(run / "fakegpus" / fakegpus.LIBRARIES)
             info.test_image, info.pause_image = test_image.name, sandbox.name
         if self.net is not None:
             info.node_ip, info.pod_subnet = self.net.node_ip, self.net.pod_subnet

@@ -3,18 +3,21 @@
     python -m localcluster.driverimage            # build (or reuse) this tree's image, print its name
     python -m localcluster.driverimage COMMIT     # the same for a commit of the repository's history
 
-The Dockerfile builds ``python:3.11-slim`` plus the wheels of the package; this builds the same
-two stages from what the machine reaches:
+The Dockerfile builds ``python:3.11-slim`` plus the wheels of the package and NVIDIA's hook; this
+builds the same three stages from what the machine reaches:
 
 1. the build stage: the Dockerfile's build context (its COPY lines, minus what its ignore file
    leaves out) copied to a scratch directory, and the Dockerfile's ``pip wheel`` command run
    there by this Python (3.11, the image's): the package's wheel (its build generates dra/pb)
    and the wheels of its dependencies at the versions of constraints.txt;
-2. the final stage: a root filesystem of Debian's CPython 3.11 and the libraries it and the
+2. the hook stage: NVIDIA's nvidia-cdi-hook, built by localcluster.binaries from the same go.mod
+   (deploy/local/nvidiabin), statically linked;
+3. the final stage: a root filesystem of Debian's CPython 3.11 and the libraries it and the
    wheels load (``apt-get download`` and ``dpkg-deb -x``; nothing is installed on the machine),
    the Dockerfile's ``pip install`` command run inside it with ``chroot`` by the image's own
    Python (pip itself is lent from this environment and not left in the image), the dra-gpu
-   user, and the Dockerfile's USER, ENV, ENTRYPOINT and CMD as the image config.
+   user, the hook at /usr/bin/nvidia-cdi-hook, and the Dockerfile's USER, ENV, ENTRYPOINT and
+   CMD as the image config.
 
 tests/unit/test_deploy_image.py keeps the commands, the context and the config equal to the
 Dockerfile's. The build checks that every installed distribution is the version
@@ -43,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localcluster import debs, releases
-from localcluster.binaries import BuildError, cache_root
+from localcluster.binaries import BuildError, cache_root, ensure_nvidia_cdi_hook
 from localcluster.images import REGISTRY, Image, tree_layer, write_oci_tarball
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -87,7 +90,19 @@ RUNTIME_PACKAGES = (
 TRIMMED = ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "usr/share/lintian")
 
 #: The Dockerfile's build context (its COPY sources); its ignore file leaves out dra/pb and caches.
-CONTEXT = ("pyproject.toml", "setup.py", "README.md", "constraints.txt", "proto", "dra")
+CONTEXT = (
+    "pyproject.toml",
+    "setup.py",
+    "README.md",
+    "constraints.txt",
+    "proto",
+    "dra",
+    "deploy/local/nvidiabin/go.mod",
+    "deploy/local/nvidiabin/go.sum",
+)
+#: Where the Dockerfile's hook stage puts NVIDIA's nvidia-cdi-hook (built here by localcluster.binaries
+#: from the same go.mod, statically linked as there).
+HOOK = "/usr/bin/nvidia-cdi-hook"
 #: Where the Dockerfile puts the wheels; the commands below name it so that a test can compare.
 WHEELS = "/wheels"
 #: The Dockerfile's two pip commands: the build stage's, then the final stage's.
@@ -136,6 +151,7 @@ def _copy_context(source: Path, into: Path) -> None:
         if path.is_dir():
             shutil.copytree(path, into / name, ignore=left_out)
         elif path.is_file():
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, into / name)
         else:
             raise BuildError(f"the image's build context lacks {name} (in {source})")
@@ -262,6 +278,10 @@ def _build(context: Path, image: str, tarball: Path, log: bool) -> None:
         scratch.mkdir(mode=0o1777)
         scratch.chmod(0o1777)
         _add_user(rootfs)
+        hook = rootfs / HOOK.lstrip("/")
+        shutil.copy2(ensure_nvidia_cdi_hook(log), hook)
+        hook.chmod(0o755)
+        _run([chroot, str(rootfs), HOOK, "--version"], "nvidia-cdi-hook --version in the image", env={})
         listed = _run(
             [chroot, str(rootfs), PYTHON, "-c", _LIST_DISTRIBUTIONS], "listing the image's packages", env={}
         )

@@ -23,6 +23,7 @@ from fakenvml.node import FakeNode
 from dra.adapters.checkpoint import CheckpointStore
 from dra.fakegpus.node import FAKE_MIG_STATE
 from dra.kubeletplugin.server import sockets
+from localcluster.binaries import ensure_nvidia_cdi_hook
 from localcluster.cluster import ClusterInfo
 
 
@@ -63,6 +64,11 @@ class DaemonProcess(abc.ABC):
             # On containerd real containers see the fake GPUs: device nodes and nvidia-smi.
             root = [f"--fake-gpu-root={cluster.fake_gpu_root}"] if cluster.fake_gpu_root else []
             gpus = [f"--fake-gpus={profile}", *root]
+        if isinstance(profile, FakeNode) or cluster.fake_gpu_root:
+            # The specs carry driver files, and the hooks that go with them: the hook the image ships,
+            # found on PATH as there.
+            path = self.env.get("PATH", os.environ.get("PATH", ""))
+            self.env["PATH"] = f"{ensure_nvidia_cdi_hook().parent}{os.pathsep}{path}"
         command_line = [
             sys.executable,
             "-m",

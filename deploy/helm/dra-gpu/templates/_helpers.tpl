@@ -89,6 +89,10 @@ device.driver == "{{ $driver }}" && device.attributes["{{ $driver }}"].type == "
 - name: DRA_GPU_DRIVER_ROOT
   value: {{ .Values.driverFiles.root | quote }}
 {{- end }}
+{{- with .Values.driverFiles.nvidiaCdiHookPath }}
+- name: DRA_GPU_NVIDIA_CDI_HOOK_PATH
+  value: {{ . | quote }}
+{{- end }}
 {{- if and (not .Values.fakeGpus.enabled) .Values.nvml.toolkitEnv }}
 # The NVIDIA Container Toolkit injects every GPU, NVML and nvidia-smi ("utility"), and the CUDA
 # driver with nvidia-cuda-mps-control ("compute"), which runs the claims' MPS daemons.

@@ -10,7 +10,7 @@ the API server.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -19,8 +19,8 @@ from dra.core import config as deviceconfig
 from dra.core.allocation import AllocatedDevice, ClaimAllocation
 from dra.core.migdevices import CreateMig
 from dra.core.steps import ClaimSeen, Node
-from dra.model.devices import Device, Inventory, MigDevice, MigPartition
-from dra.model.prepared import Holders, PreparedClaim, PreparedDevice
+from dra.model.devices import Device, Gpu, Inventory, MigDevice, MigPartition
+from dra.model.prepared import VFIO_BIND, DeviceAction, Holders, PreparedClaim, PreparedDevice
 
 Obj = dict[str, Any]
 
@@ -53,8 +53,11 @@ class MissingDevice:
 class PreparePlan:
     """Prepare one claim: release `release`, record `claim` if `record`, write its spec if `write`, answer it.
 
-    With `create` (dynamic MIG), those MIG devices are made first (dra.core.migdevices) and `made`
-    gives the claim their UUIDs; with `vfio`, those GPUs are bound first. The spec is built from
+    Everything a prepare does is here: the holders it releases, the MIG mode it switches on
+    dynamic-MIG GPUs (`mig_off`, `mig_on`), the MIG devices it makes (`create`: dra.core.migdevices;
+    `made` gives the claim their UUIDs), the GPUs it binds to vfio-pci (`vfio`), and the sharing
+    settings its devices record (time slices, MPS: `mps`). A whole-GPU claim on a GPU outside
+    dynamic MIG has none of the MIG fields, and its prepare runs no MIG step. The spec is built from
     what the claim then has (`respec`), once.
     """
 
@@ -71,6 +74,26 @@ class PreparePlan:
     #: The GPUs passed through (VfioDeviceConfig), by name: whether each gets the IOMMU API device.
     #: They are bound to vfio-pci (dra.core.vfio) before the spec, which names their groups, is built.
     vfio: Mapping[str, bool] = field(default_factory=dict)
+    #: Dynamic-MIG GPUs the claim gets whole: MIG mode off (CUDA sees no GPU in MIG mode without MIG
+    #: devices), after the MIG instances no prepared claim holds are destroyed.
+    mig_off: tuple[Gpu, ...] = ()
+    #: Dynamic-MIG GPUs the MIG devices of `create` are made on: MIG mode on first.
+    mig_on: tuple[Gpu, ...] = ()
+
+    @property
+    def given_back(self) -> list[str]:
+        """Whose passed-through GPUs and MIG devices go first: the released holders, the replaced record."""
+        uids = [r.holder.uid for r in self.release]
+        return (
+            [*uids, self.replaces.uid]
+            if self.replaces is not None and self.replaces.uid not in uids
+            else uids
+        )
+
+    @property
+    def mps(self) -> bool:
+        """Whether the claim's devices use an MPS control daemon (dra.core.mpsdaemons starts or joins it)."""
+        return any(d.mps for d in self.claim.devices)
 
     def made(self, created: Mapping[str, MigDevice]) -> PreparePlan:
         """The plan once the MIG devices of `create` exist (by allocated device name), with their UUIDs."""
@@ -89,10 +112,17 @@ class Refusal:
 
 @dataclass(frozen=True)
 class UnpreparePlan:
-    """Remove the spec of `uid` (a stray one too), then drop `claim` from the checkpoint if prepared."""
+    """Remove the spec of `uid` (a stray one too), then drop `claim` from the checkpoint if prepared.
+
+    `passthrough` and `mig`: whether the claim has GPUs bound to vfio-pci to give back, or MIG
+    devices (or a MIG mode switch) recorded; a whole-GPU claim outside dynamic MIG has neither, and
+    its unprepare runs no such step.
+    """
 
     uid: str
     claim: PreparedClaim | None
+    passthrough: bool = False
+    mig: bool = False
 
 
 def recorded(claim: PreparedClaim) -> set[tuple[str, str]]:
@@ -162,6 +192,13 @@ class Respec:
     spec: Obj | None
     metadata: devicemetadata.ClaimMetadata | None
     missing: tuple[MissingDevice, ...]
+    #: Host directories the spec names that the prepare makes itself, so that they may be missing
+    #: before: its metadata files (written just before the spec), its MPS daemon's (started after).
+    made_here: tuple[str, ...] = ()
+
+    def missing_paths(self, absent: Sequence[str]) -> tuple[str, ...]:
+        """Of the spec's host paths not on the node (`absent`), those the prepare does not make."""
+        return tuple(path for path in absent if not path.startswith(self.made_here))
 
 
 def respec(claim: PreparedClaim, inventory: Inventory, node: Node) -> Respec:
@@ -182,6 +219,9 @@ def respec(claim: PreparedClaim, inventory: Inventory, node: Node) -> Respec:
         else None
     )
     passthrough = {d.device: d.vfio_group for d in claim.devices if d.vfio_group >= 0}
+    made_here = [f"{node.metadata_root.rstrip('/')}/{metadata.directory}/"] if metadata else []
+    if mps is not None:
+        made_here.append(sharing.mps_dirs(node.mps_root, sharing.claim_mps_key(claim)).root + "/")
     spec = cdi.build_spec(
         node.driver,
         claim.uid,
@@ -193,7 +233,7 @@ def respec(claim: PreparedClaim, inventory: Inventory, node: Node) -> Respec:
         vfio_api_device=any(d.vfio_api_device for d in claim.devices),
         extra_devices=metadata.cdi_devices if metadata else (),
     )
-    return Respec(spec, metadata, tuple(missing))
+    return Respec(spec, metadata, tuple(missing), tuple(made_here))
 
 
 #: Why a holder in each of these states no longer needs its devices (the kubelet lost track of it).
@@ -307,6 +347,8 @@ def decide_prepare(
         for device in configured.values()
         for results in _by_share(allocation, device.name)
     ]
+    dynamic = {g.uuid: g for g in inventory.dynamic_gpus} if inventory.partitions and node.mig else {}
+    whole = (dynamic.get(e.uuid) for e in entries if not e.admin_access)
     claim = PreparedClaim(
         uid=allocation.uid,
         namespace=allocation.namespace,
@@ -325,6 +367,8 @@ def decide_prepare(
         replaces=prepared.get(allocation.uid),
         create=tuple(creates.values()),
         vfio=passthrough,
+        mig_off=tuple(dict.fromkeys(gpu for gpu in whole if gpu is not None)),
+        mig_on=tuple(dict.fromkeys(c.partition.parent for c in creates.values())) if node.mig else (),
     )
 
 
@@ -386,6 +430,11 @@ def _refusal(allocation: ClaimAllocation, problems: list[str]) -> Refusal:
     return Refusal(f"cannot prepare ResourceClaim {allocation.ref}: " + "; ".join(problems))
 
 
-def decide_unprepare(uid: str, prepared: Mapping[str, PreparedClaim]) -> UnpreparePlan:
+def decide_unprepare(
+    uid: str, prepared: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction] = ()
+) -> UnpreparePlan:
     """Unpreparing a claim: an unknown one only loses its stray spec, if any."""
-    return UnpreparePlan(uid=uid, claim=prepared.get(uid))
+    kinds = {a.kind for a in actions if a.claim_uid == uid}
+    return UnpreparePlan(
+        uid=uid, claim=prepared.get(uid), passthrough=VFIO_BIND in kinds, mig=bool(kinds - {VFIO_BIND})
+    )

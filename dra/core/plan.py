@@ -18,7 +18,7 @@ from dra.core import cdi, devicemetadata, sharing, vfio
 from dra.core import config as deviceconfig
 from dra.core.allocation import AllocatedDevice, ClaimAllocation
 from dra.core.migdevices import CreateMig
-from dra.core.steps import ClaimSeen, Node
+from dra.core.steps import ClaimRead, Node
 from dra.model.devices import Device, Gpu, Inventory, MigDevice, MigPartition
 from dra.model.prepared import VFIO_BIND, DeviceAction, Holders, PreparedClaim, PreparedDevice
 
@@ -141,6 +141,42 @@ def _up_to_date(allocation: ClaimAllocation, prepared: Mapping[str, PreparedClai
     return None
 
 
+@dataclass(frozen=True)
+class _Found:
+    """One result of an allocation, looked up on the node: what it is, and who else holds it."""
+
+    result: AllocatedDevice
+    #: The device (for a dynamic-MIG offer, the MIG device made for another claim's share); None when
+    #: the node has none of that name, or the offer's MIG device is still to be made.
+    device: Device | None
+    #: The dynamic-MIG offer the result names, if it names one.
+    partition: MigPartition | None
+    #: Prepared claims holding the device exclusively of this result (none for admin access).
+    holders: tuple[PreparedClaim, ...]
+
+
+def _lookup(
+    allocation: ClaimAllocation, inventory: Inventory, pool: str, holders: Holders, stale: Mapping[str, str]
+) -> list[_Found]:
+    """Each result of the allocation looked up on the node, once: conflicts and decide_prepare read it."""
+    found = []
+    for result in allocation.devices:
+        if result.pool != pool:
+            found.append(_Found(result, None, None, ()))
+            continue
+        device = inventory.device_or_twin(result.device)
+        partition = inventory.partition(result.device) if device is None else None
+        if partition is not None:
+            device = _made_for_offer(partition, allocation.uid, holders, inventory, stale)
+        held = (
+            ()
+            if device is None or result.admin_access
+            else tuple(holders.of(device.name, device.uuid, allocation.uid, result.share_id))
+        )
+        found.append(_Found(result, device, partition, held))
+    return found
+
+
 def conflicts(
     allocation: ClaimAllocation,
     inventory: Inventory,
@@ -155,17 +191,8 @@ def conflicts(
     """
     if _up_to_date(allocation, prepared) is not None:
         return []
-    holders = holders or Holders(prepared)
-    found: dict[str, PreparedClaim] = {}
-    for result in allocation.devices:
-        device = inventory.device_or_twin(result.device) if result.pool == pool else None
-        partition = inventory.partition(result.device) if device is None and result.pool == pool else None
-        if partition is not None:
-            device = _made_for_offer(partition, allocation.uid, holders, inventory, {})
-        if device is not None and not result.admin_access:
-            held = holders.of(device.name, device.uuid, allocation.uid, result.share_id)
-            found.update((h.uid, h) for h in held)
-    return list(found.values())
+    found = _lookup(allocation, inventory, pool, holders or Holders(prepared), {})
+    return list({h.uid: h for f in found for h in f.holders}.values())
 
 
 def _devices_of(claim: PreparedClaim, inventory: Inventory) -> tuple[list[Device], list[MissingDevice]]:
@@ -237,21 +264,43 @@ def respec(claim: PreparedClaim, inventory: Inventory, node: Node) -> Respec:
 
 
 #: Why a holder in each of these states no longer needs its devices (the kubelet lost track of it).
-_STALE: dict[ClaimSeen, str] = {
+_STALE = {
     "gone": "the claim no longer exists",
     "re-created": "the claim was re-created",
     "deallocated": "the claim is no longer allocated",
 }
 
+#: The HTTP status of a GET of an object that does not exist.
+_NOT_FOUND = 404
 
-def stale_reasons(seen: Mapping[str, ClaimSeen]) -> dict[str, str]:
+
+def _state_of(uid: str, read: ClaimRead) -> str:
+    """gone, re-created, deallocated, allocated, or unknown (the API server did not say)."""
+    if read.claim is None:
+        return "gone" if read.status == _NOT_FOUND else "unknown"
+    if (read.claim.get("metadata") or {}).get("uid") != uid:
+        return "re-created"
+    return "allocated" if (read.claim.get("status") or {}).get("allocation") else "deallocated"
+
+
+def stale_reasons(reads: Mapping[str, ClaimRead]) -> dict[str, str]:
     """The holders whose devices a prepare may take, by UID, with why (AskStale's answer, decided).
 
     A holder still allocated is a real conflict, whatever its pods do: the scheduler gives its
     devices to no other claim while it is. One the API server could not be asked about counts as
-    live: refusing now loses nothing, since the kubelet retries the prepare.
+    live (`unanswered` says why): refusing now loses nothing, since the kubelet retries the prepare.
     """
-    return {uid: _STALE[state] for uid, state in seen.items() if state in _STALE}
+    states = {uid: _state_of(uid, read) for uid, read in reads.items()}
+    return {uid: _STALE[state] for uid, state in states.items() if state in _STALE}
+
+
+def unanswered(reads: Mapping[str, ClaimRead]) -> dict[str, str]:
+    """The holders the API server said nothing of, by UID, with its error: they count as live."""
+    return {
+        uid: f"HTTP {read.status}: {read.error}" if read.status else read.error
+        for uid, read in reads.items()
+        if read.claim is None and read.status != _NOT_FOUND
+    }
 
 
 def decide_prepare(
@@ -263,11 +312,13 @@ def decide_prepare(
     stale: Mapping[str, str],
     has_spec: bool,
     holders: Holders | None = None,
+    unknown: Mapping[str, str] | None = None,
 ) -> PreparePlan | Refusal:
     """What preparing `allocation` takes on `node`, given the facts about its holders.
 
     `stale` maps the UID of a conflicting holder to why the API server says it is
-    gone (see `conflicts`); a holder not in it is live and refuses the claim.
+    gone (see `conflicts`); a holder not in it is live and refuses the claim, with the
+    API server's error where `unknown` has one for it (it could not say).
     `has_spec` says whether the claim's spec is on disk. A claim already prepared
     with the same devices gets its recorded answer, and its spec back if missing.
     The node says where MPS daemons live, whether GPUs may be passed through, how
@@ -284,36 +335,35 @@ def decide_prepare(
     releases: dict[str, Release] = {}
     devices: dict[str, Device] = {}
     creates: dict[str, CreateMig] = {}
-    for result in allocation.devices:
+    for found in _lookup(allocation, inventory, pool, holders, stale):
+        result, device = found.result, found.device
         if result.pool != pool:
             problems.append(
                 f"device {result.device} is in pool {result.pool!r}, not this node's pool {pool!r}"
             )
             continue
-        device = inventory.device_or_twin(result.device)
-        partition = inventory.partition(result.device) if device is None else None
-        if partition is not None:
+        if found.partition is not None:
             if result.admin_access:
                 problems.append(
                     f"device {result.device} is a dynamic MIG device, which admin access cannot use"
                 )
-            device = _made_for_offer(partition, allocation.uid, holders, inventory, stale)
             if device is None:
-                creates[partition.name] = CreateMig(partition)
+                creates[found.partition.name] = CreateMig(found.partition)
                 continue
         if device is None:
             problems.append(f"device {result.device} does not exist on node {pool}")
             continue
-        if not result.admin_access:
-            for holder in holders.of(device.name, device.uuid, allocation.uid, result.share_id):
-                reason = stale.get(holder.uid)
-                if reason is not None:
-                    releases[holder.uid] = Release(holder, reason)
-                else:
-                    problems.append(
-                        f"device {result.device} is already prepared for claim "
-                        f"{holder.namespace}/{holder.name} ({holder.uid})"
-                    )
+        for holder in found.holders:
+            reason = stale.get(holder.uid)
+            if reason is not None:
+                releases[holder.uid] = Release(holder, reason)
+            else:
+                why = (unknown or {}).get(holder.uid)
+                problems.append(
+                    f"device {result.device} is already prepared for claim "
+                    f"{holder.namespace}/{holder.name} ({holder.uid})"
+                    + (f", which the API server could not be asked about ({why})" if why else "")
+                )
         devices[device.name] = device
     # Configs apply to the MIG devices to be made as to those that exist.
     configured = {**devices, **{name: _to_be_made(c.partition) for name, c in creates.items()}}

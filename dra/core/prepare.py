@@ -26,11 +26,13 @@ from dra.core.plan import (
     recorded,
     respec,
     stale_reasons,
+    unanswered,
 )
 from dra.core.stepbase import Log, StepError, ask
 from dra.core.steps import (
     ApplyTimeSlices,
     AskStale,
+    ClaimRead,
     Facts,
     HasSpec,
     Mark,
@@ -57,9 +59,9 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
     """
     # Decide: the holders asked about without the lock, then the plan on the state as it is now.
     live = conflicts(allocation, facts.inventory, facts.prepared, pool=node.pool, holders=facts.holders)
-    stale: Mapping[str, str] = {}
+    reads: Mapping[str, ClaimRead] = {}
     if live:
-        stale = stale_reasons((yield from ask(AskStale(tuple(live)))))
+        reads = yield from ask(AskStale(tuple(live)))
         # A holder that appeared meanwhile counts as live.
         facts = yield from ask(ReadState())
     # Only a recorded claim's answer depends on its spec being there; a new claim's is written anyway.
@@ -69,9 +71,10 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
         facts.inventory,
         facts.prepared,
         node,
-        stale=stale,
+        stale=stale_reasons(reads),
         has_spec=has_spec,
         holders=facts.holders,
+        unknown=unanswered(reads),
     )
     if isinstance(plan, Refusal):
         raise ClaimError(plan.message)

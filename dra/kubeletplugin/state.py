@@ -39,8 +39,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: Answers AskStale: what the API server says of each of these prepared claims, by UID (absent: allocated).
-StaleCheck = Callable[[Sequence[PreparedClaim]], Mapping[str, s.ClaimSeen]]
+#: Answers AskStale: what the API server answered for each of these prepared claims, by UID (absent: live).
+StaleCheck = Callable[[Sequence[PreparedClaim]], Mapping[str, s.ClaimRead]]
 
 
 #: The most a save's fsync waits for the programs running beside it to reach their own, so that one
@@ -48,7 +48,7 @@ StaleCheck = Callable[[Sequence[PreparedClaim]], Mapping[str, s.ClaimSeen]]
 GROUP_WAIT = 0.005
 
 
-def _every_holder_live(holders: Sequence[PreparedClaim]) -> Mapping[str, s.ClaimSeen]:
+def _every_holder_live(holders: Sequence[PreparedClaim]) -> Mapping[str, s.ClaimRead]:
     return {}
 
 
@@ -227,7 +227,7 @@ class DeviceState(GpuSteps):
 
     # -- the steps, one method each (dra.core.steps.Runner; the GPU's and Log are GpuSteps') -----
 
-    def ask_stale(self, step: s.AskStale) -> Mapping[str, s.ClaimSeen]:
+    def ask_stale(self, step: s.AskStale) -> Mapping[str, s.ClaimRead]:
         """The stale check of the call running this program (DeviceState.prepare's `stale`)."""
         stale: StaleCheck = getattr(self._calls, "stale", _every_holder_live)
         return stale(step.holders)

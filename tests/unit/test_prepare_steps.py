@@ -22,7 +22,7 @@ from dra.core import devicemetadata, gpusteps, steps
 from dra.core import prepare as programs
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.core.stepbase import Step
-from dra.core.steps import ClaimSeen, Runner
+from dra.core.steps import ClaimRead, Runner
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.profiles import load_profile
 from dra.fakegpus.sysfs import FakeFunction, FakeSysfs
@@ -45,6 +45,8 @@ MIG = "gpu-0-mig-3g40gb-at4"
 #: GPU 0 makes MIG devices on demand; the others are given whole.
 MODES = "whole,0=dynamic"
 NODE_FACTS = steps.Node(DRIVER, NODE, mig=True, checkpoint="checkpoint.json")
+#: What the API server answers for a claim that was deleted.
+GONE = ClaimRead(None, 404, "not found")
 
 
 def _lib(root: Path) -> FakeGpuLibrary:
@@ -168,7 +170,7 @@ def test_a_holder_is_asked_about_without_the_lock_and_released_before_the_spec(t
     prepared = _prepare_and_record(tmp_path, _allocation(WHOLE, OTHER))
     facts = steps.Facts({OTHER: prepared}, (), _inventory(tmp_path))
     program = programs.prepare(NODE_FACTS, _allocation(WHOLE), facts)
-    trace = _trace(program, _answers(facts, {steps.AskStale: {OTHER: "gone"}}))
+    trace = _trace(program, _answers(facts, {steps.AskStale: {OTHER: GONE}}))
     # A new claim's spec is written whether or not one is there: no HasSpec.
     assert trace[:3] == ["AskStale", "ReadState", "MissingHostPaths"]
     # The holder (prepared with device metadata) loses its files with its spec.
@@ -396,8 +398,8 @@ def _killed_after(state: DeviceState, count: int, monkeypatch: pytest.MonkeyPatc
     return ran
 
 
-def _gone(holders: Sequence[PreparedClaim]) -> Mapping[str, ClaimSeen]:
-    return {h.uid: "gone" for h in holders}
+def _gone(holders: Sequence[PreparedClaim]) -> Mapping[str, ClaimRead]:
+    return {h.uid: GONE for h in holders}
 
 
 def _instances(root: Path) -> list[tuple[int, str, int, int]]:

@@ -94,7 +94,7 @@ class Facts:
 
 
 class Runner(GpuRunner, Protocol):
-    """What runs the steps (dra.kubeletplugin.state.DeviceState): one method per kind, each step's `run`."""
+    """What runs the steps (dra.kubeletplugin.state.CallSteps): one method per kind, each step's `run`."""
 
     def read_state(self, step: ReadState) -> Facts: ...
     def has_spec(self, step: HasSpec) -> bool: ...

@@ -29,7 +29,7 @@ from dra.fakegpus.sysfs import FakeFunction, FakeSysfs
 from dra.gpu import dynamic
 from dra.gpu.discovery import discover
 from dra.gpu.library import GpuHandle, Placement
-from dra.kubeletplugin.state import DeviceState
+from dra.kubeletplugin.state import CallSteps, DeviceState
 from dra.model.devices import Inventory
 from dra.model.migmode import parse_mig_modes
 from dra.model.pci import IommuGroup, PciFunction, VfioHost
@@ -386,15 +386,15 @@ def _state(root: Path) -> DeviceState:
 def _killed_after(state: DeviceState, count: int, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Make the executor end after its `count`-th step; the steps it ran, by kind."""
     ran: list[str] = []
-    run = DeviceState._run_step
+    run = CallSteps._run_step
 
-    def once_more(self: DeviceState, step: Step[DeviceState]) -> object:
+    def once_more(self: CallSteps, step: Step[CallSteps]) -> object:
         if len(ran) == count:
             raise _Killed
         ran.append(type(step).__name__)
         return run(self, step)
 
-    monkeypatch.setattr(DeviceState, "_run_step", once_more)
+    monkeypatch.setattr(CallSteps, "_run_step", once_more)
     return ran
 
 
@@ -469,19 +469,20 @@ SCENARIOS: list[Scenario] = [
 ]
 
 
-def _step_count(root: Path, scenario: Scenario) -> int:
+def _step_count(root: Path, scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> int:
     _, before, call, _ = scenario
     state = _state(root)
     before(state)
     ran: list[str] = []
-    run = state._run_step
+    run = CallSteps._run_step
 
-    def counting(step: Step[DeviceState]) -> object:
+    def counting(self: CallSteps, step: Step[CallSteps]) -> object:
         ran.append(type(step).__name__)
-        return run(step)
+        return run(self, step)
 
-    state._run_step = counting  # type: ignore[method-assign]
-    call(state)
+    with monkeypatch.context() as patch:
+        patch.setattr(CallSteps, "_run_step", counting)
+        call(state)
     return len(ran)
 
 
@@ -490,7 +491,7 @@ def test_a_crash_after_any_step_is_repaired_and_the_retry_converges(
     tmp_path: Path, scenario: Scenario, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, before, call, device = scenario
-    total = _step_count(tmp_path / "count", scenario)
+    total = _step_count(tmp_path / "count", scenario, monkeypatch)
     assert total > 3
     _pci(tmp_path / "untouched")
     untouched = _drivers(tmp_path / "untouched")
@@ -547,7 +548,9 @@ def test_a_crash_inside_the_start_up_repair_is_repaired_by_the_next_start(
         dynamic.create_gpu_instance(_lib(root), 0, 19, Placement(0, 1))
 
     crashed_node(tmp_path / "count")
-    total = _step_count(tmp_path / "count", ("recover", lambda s: None, lambda s: s.recover(), ""))
+    total = _step_count(
+        tmp_path / "count", ("recover", lambda s: None, lambda s: s.recover(), ""), monkeypatch
+    )
     for count in range(total):
         root = tmp_path / str(count)
         crashed_node(root)

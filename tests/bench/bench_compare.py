@@ -72,11 +72,13 @@ from localcluster.binaries import (
     ensure_grpc_floor,
     kubernetes_version,
 )
-from localcluster.cluster import ClusterInfo, api_burst, running_cluster
+from localcluster.cluster import running_cluster
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, WaitTimeoutError, wait_for
 from localcluster.nvidiadriver import DRIVER as NVIDIA_DRIVER
 from localcluster.nvidiadriver import NvidiaDriverProcess
+from localcluster.releases import api_burst
 
 from dra.adapters.atomicfile import is_tmpfs
 from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc

@@ -48,9 +48,10 @@ from typing import Any
 
 from fakenvml.node import FakeNode
 from localcluster.binaries import BuildError
-from localcluster.cluster import LocalCluster, api_limit_flags, running_cluster
+from localcluster.cluster import LocalCluster, running_cluster
 from localcluster.kube import Kube, WaitTimeoutError, wait_for
 from localcluster.nvidiadriver import NvidiaDriverProcess
+from localcluster.releases import api_limit_flags
 from localcluster.workloads import published_slices
 
 from dra.core import deviceentries, slices

@@ -42,7 +42,8 @@ import pytest
 from kubernetes.dynamic.exceptions import DynamicApiError
 from localcluster import containerd, release
 from localcluster.binaries import BuildError, ensure_binary
-from localcluster.cluster import ClusterError, ClusterInfo, LocalCluster
+from localcluster.cluster import LocalCluster
+from localcluster.clusterinfo import ClusterError, ClusterInfo
 from localcluster.demo import EXAMPLES
 from localcluster.driverimage import DriverImage, driver_image
 from localcluster.kube import Kube, Obj, load_manifests, wait_for

@@ -25,7 +25,8 @@ from typing import Any, NamedTuple
 import anyio
 import pytest
 from localcluster.binaries import BuildError
-from localcluster.cluster import ClusterError, ClusterInfo, LocalCluster
+from localcluster.cluster import LocalCluster
+from localcluster.clusterinfo import ClusterError, ClusterInfo
 from localcluster.containerd import LEAKY_HANDLER
 from localcluster.devicepluginprocess import DevicePluginProcess
 from localcluster.driverprocess import DriverProcess

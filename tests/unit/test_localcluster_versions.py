@@ -27,17 +27,10 @@ from localcluster.binaries import (
     kubernetes_version,
     supported_kubernetes_versions,
 )
-from localcluster.cluster import (
-    RELEASES,
-    ClusterError,
-    ClusterInfo,
-    LocalCluster,
-    Stopped,
-    parse_gates,
-    release,
-    stop_on_signals,
-    stop_run_dir,
-)
+from localcluster.cluster import LocalCluster
+from localcluster.clusterinfo import ClusterError, ClusterInfo
+from localcluster.processes import Stopped, stop_on_signals, stop_run_dir
+from localcluster.releases import RELEASES, parse_gates, release
 from localcluster.workloads import committed_device_classes, device_classes
 
 #: Gates that are GA in a release: setting them warns, and setting a locked one to false fails.
@@ -173,7 +166,7 @@ def test_a_stop_signal_raises_stopped_and_a_second_cannot_cut_the_clean_up_short
 def test_a_signal_ignored_at_start_stays_ignored() -> None:
     script = (
         "import os, signal, time\n"
-        "from localcluster.cluster import stop_on_signals\n"
+        "from localcluster.processes import stop_on_signals\n"
         "with stop_on_signals():\n"
         "    os.kill(os.getpid(), signal.SIGHUP)\n"
         "    time.sleep(0.2)\n"

@@ -28,17 +28,10 @@ from localcluster.binaries import (
     ensure_binary,
     kubernetes_version,
 )
-from localcluster.cluster import (
-    ClusterError,
-    ClusterInfo,
-    LocalCluster,
-    Stopped,
-    cluster_dir,
-    demo_dir,
-    parse_gates,
-    stop_on_signals,
-    stop_run_dir,
-)
+from localcluster.cluster import LocalCluster
+from localcluster.clusterinfo import ClusterError, ClusterInfo, cluster_dir, demo_dir
+from localcluster.processes import Stopped, stop_on_signals, stop_run_dir
+from localcluster.releases import parse_gates
 
 
 def _gates_arg(text: str) -> dict[str, bool]:

@@ -23,7 +23,7 @@ from fakenvml.node import FakeNode
 from dra.adapters.checkpoint import CheckpointStore
 from dra.fakegpus.node import FAKE_MIG_STATE
 from dra.kubeletplugin.server import sockets
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 
 
 def free_port() -> int:

@@ -24,7 +24,7 @@ from typing import Any
 
 from localcluster import chart
 from localcluster.binaries import BuildError
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverimage import DriverImage
 
 #: The previous release: main at the end of round 3 (d9b8ac1, 2026-11-26).

@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from fakenvml.node import FakeNode
-from localcluster.binaries import BuildError
 from localcluster.cluster import LocalCluster, running_cluster
+from localcluster.gomodule import BuildError
 from localcluster.kube import Kube, WaitTimeoutError, wait_for
 from localcluster.nvidiadriver import NvidiaDriverProcess
 from localcluster.releases import api_limit_flags

@@ -41,11 +41,12 @@ from typing import Any
 import pytest
 from kubernetes.dynamic.exceptions import DynamicApiError
 from localcluster import containerd, release
-from localcluster.binaries import BuildError, ensure_binary
+from localcluster.binaries import ensure_binary
 from localcluster.cluster import LocalCluster
 from localcluster.clusterinfo import ClusterError, ClusterInfo
 from localcluster.demo import EXAMPLES
 from localcluster.driverimage import DriverImage, driver_image
+from localcluster.gomodule import BuildError
 from localcluster.kube import Kube, Obj, load_manifests, wait_for
 from localcluster.workloads import DRIVER, allocated_devices, observed, pod_claims, seen
 

@@ -24,12 +24,12 @@ from typing import Any, NamedTuple
 
 import anyio
 import pytest
-from localcluster.binaries import BuildError
 from localcluster.cluster import LocalCluster
 from localcluster.clusterinfo import ClusterError, ClusterInfo
 from localcluster.containerd import LEAKY_HANDLER
 from localcluster.devicepluginprocess import DevicePluginProcess
 from localcluster.driverprocess import DriverProcess
+from localcluster.gomodule import BuildError
 from localcluster.kube import Kube, wait_for
 from localcluster.workloads import (
     DRIVER,

@@ -35,9 +35,10 @@ import pytest
 import yaml
 from kubernetes.dynamic.exceptions import DynamicApiError
 from localcluster import chart, promoperator
-from localcluster.binaries import BuildError, ensure_binary
+from localcluster.binaries import ensure_binary
 from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DriverProcess
+from localcluster.gomodule import BuildError
 from localcluster.kube import Kube, Obj, load_manifests, wait_for
 
 from dra.adapters.kube import KubeClient, KubeError

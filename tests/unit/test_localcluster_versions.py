@@ -16,12 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
-from localcluster import binaries
+from localcluster import binaries, gomodule
 from localcluster.binaries import (
     KUBERNETES,
     VERSIONS_DIR,
-    BuildError,
-    GoModule,
     default_kubernetes_version,
     kubernetes_module,
     kubernetes_version,
@@ -29,6 +27,7 @@ from localcluster.binaries import (
 )
 from localcluster.cluster import LocalCluster
 from localcluster.clusterinfo import ClusterError, ClusterInfo
+from localcluster.gomodule import BuildError, GoModule
 from localcluster.processes import Stopped, stop_on_signals, stop_run_dir
 from localcluster.releases import RELEASES, parse_gates, release
 from localcluster.workloads import committed_device_classes, device_classes
@@ -246,7 +245,7 @@ def fake_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("GO_CALLS", str(calls))
     monkeypatch.setenv("DRA_GPU_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("KUBERNETES_VERSION", raising=False)
-    monkeypatch.setattr(binaries, "PROGRESS_EVERY", 0.2)
+    monkeypatch.setattr(gomodule, "PROGRESS_EVERY", 0.2)
     return calls
 
 

@@ -19,17 +19,10 @@ import json
 import os
 import sys
 
-from localcluster.binaries import (
-    HELM,
-    BuildError,
-    bin_dir,
-    binary,
-    ensure_binaries,
-    ensure_binary,
-    kubernetes_version,
-)
+from localcluster.binaries import HELM, bin_dir, binary, ensure_binaries, ensure_binary, kubernetes_version
 from localcluster.cluster import LocalCluster
 from localcluster.clusterinfo import ClusterError, ClusterInfo, cluster_dir, demo_dir
+from localcluster.gomodule import BuildError
 from localcluster.processes import Stopped, stop_on_signals, stop_run_dir
 from localcluster.releases import parse_gates
 

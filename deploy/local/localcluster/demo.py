@@ -34,12 +34,13 @@ from pathlib import Path
 from fakenvml.node import FakeNode
 
 from localcluster import release
-from localcluster.binaries import BuildError, ensure_binary
+from localcluster.binaries import ensure_binary
 from localcluster.chart import HelmError
 from localcluster.cluster import LocalCluster
 from localcluster.clusterinfo import ClusterError, ClusterInfo, demo_dir
 from localcluster.driverimage import driver_image
 from localcluster.driverprocess import DaemonProcess, DriverProcess
+from localcluster.gomodule import BuildError
 from localcluster.kube import Kube, Obj, WaitTimeoutError, load_manifests
 from localcluster.nvidiadriver import NvidiaDriverProcess, device_classes
 from localcluster.processes import Stopped, stop_on_signals, stop_run_dir

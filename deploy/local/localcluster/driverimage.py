@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localcluster import debs
-from localcluster.binaries import BuildError, cache_root
+from localcluster.gomodule import BuildError, cache_root
 from localcluster.images import REGISTRY, Image, tree_layer, write_oci_tarball
 
 ROOT = Path(__file__).resolve().parents[3]

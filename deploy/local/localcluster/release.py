@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from localcluster import chart
-from localcluster.binaries import BuildError
 from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverimage import DriverImage
+from localcluster.gomodule import BuildError
 
 #: The previous release: main at the end of round 3 (d9b8ac1, 2026-11-26).
 PREVIOUS_RELEASE = "d9b8ac168f234d8a557581314ceb3734ce227909"

@@ -173,3 +173,18 @@ def test_the_package_docstring_names_every_layer_bottom_up() -> None:
     expected = [name for layer in reversed(_layers(top)) for name in layer if name != "pb"]
     assert headings == [name for name in expected if name in headings]
     assert set(expected) <= set(re.findall(r"``(\w+)``", importlib.import_module("dra").__doc__ or ""))
+
+
+def test_every_module_of_the_package_and_of_the_local_tooling_stays_under_500_lines() -> None:
+    # One concern a module (docs/architecture.md); the generated gRPC code aside.
+    modules = [
+        path
+        for tree in (ROOT / "dra", ROOT / "deploy" / "local")
+        for path in tree.rglob("*.py")
+        if "pb" not in path.relative_to(ROOT).parts[:2]
+    ]
+    assert len(modules) > 100
+    long = {
+        str(path.relative_to(ROOT)): n for path in modules if (n := len(path.read_text().splitlines())) > 500
+    }
+    assert long == {}

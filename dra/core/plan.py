@@ -93,7 +93,7 @@ class PreparePlan:
     @property
     def mps(self) -> bool:
         """Whether the claim's devices use an MPS control daemon (dra.core.mpsdaemons starts or joins it)."""
-        return any(d.mps for d in self.claim.devices)
+        return uses_mps(self.claim)
 
     def made(self, created: Mapping[str, MigDevice]) -> PreparePlan:
         """The plan once the MIG devices of `create` exist (by allocated device name), with their UUIDs."""
@@ -115,14 +115,24 @@ class UnpreparePlan:
     """Remove the spec of `uid` (a stray one too), then drop `claim` from the checkpoint if prepared.
 
     `passthrough` and `mig`: whether the claim has GPUs bound to vfio-pci to give back, or MIG
-    devices (or a MIG mode switch) recorded; a whole-GPU claim outside dynamic MIG has neither, and
-    its unprepare runs no such step.
+    devices (or a MIG mode switch) recorded; `mps`, whether it leaves an MPS daemon. A whole-GPU
+    claim outside dynamic MIG and MPS has none, and its unprepare runs no such step.
     """
 
     uid: str
     claim: PreparedClaim | None
     passthrough: bool = False
     mig: bool = False
+
+    @property
+    def mps(self) -> bool:
+        """Whether the claim used an MPS control daemon, which it leaves (the last one stops it)."""
+        return self.claim is not None and uses_mps(self.claim)
+
+
+def uses_mps(claim: PreparedClaim) -> bool:
+    """Whether a claim's devices are served by an MPS control daemon."""
+    return any(d.mps for d in claim.devices)
 
 
 def recorded(claim: PreparedClaim) -> set[tuple[str, str]]:

@@ -27,6 +27,7 @@ from dra.core.plan import (
     respec,
     stale_reasons,
     unanswered,
+    uses_mps,
 )
 from dra.core.stepbase import Log, StepError, ask
 from dra.core.steps import (
@@ -258,7 +259,7 @@ def _gpu_settings(node: Node, allocation: ClaimAllocation, plan: PreparePlan, fa
     try:
         if wanted:
             yield ApplyTimeSlices(wanted)
-        if node.mps and plan.replaces is not None:
+        if node.mps and plan.replaces is not None and uses_mps(plan.replaces):
             # The daemon of the old allocation's devices, unless the new one or another claim uses it.
             yield from mpsdaemons.release(plan.replaces, facts.prepared)
         if node.mps and plan.mps:
@@ -287,7 +288,7 @@ def unprepare(node: Node, uid: str, facts: Facts) -> Program[PreparedClaim | Non
     if restore:
         # Most claims set no interval: their unprepare takes no step for it.
         yield RestoreTimeSlices(tuple(restore))
-    if node.mps:
+    if node.mps and plan.mps:
         yield from mpsdaemons.release(claim, others)
     yield Mark(point="sharing-before-unrecord")
     if plan.passthrough:

@@ -18,9 +18,10 @@ from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.metadatastore import MetadataStore
 from dra.adapters.pcisysfs import PciSysfs
-from dra.core import devicemetadata, gpusteps, steps
+from dra.core import devicemetadata, gpusteps, migdevices, mpsdaemons, steps, vfio
 from dra.core import prepare as programs
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
+from dra.core.plan import PreparePlan, decide_prepare
 from dra.core.stepbase import Step
 from dra.core.steps import ClaimRead, Runner
 from dra.fakegpus.library import FakeGpuLibrary
@@ -144,6 +145,47 @@ def test_a_new_claim_is_spec_then_record_then_settings_then_fsync(tmp_path: Path
         "Mark@sharing-before-gpu-settings",
         "Sync@prepare.checkpoint-saved",
     ]
+
+
+def test_a_whole_gpu_claim_runs_no_mig_or_mps_code_on_a_node_that_has_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The plan says what a prepare makes: a GPU outside dynamic MIG, shared by no MPS daemon, has
+    # nothing of either, and neither its prepare nor its unprepare enters their programs.
+    def entered(*args: object) -> None:
+        raise AssertionError("a whole-GPU claim entered MIG or MPS code")
+
+    for name in ("switch_for_claim", "make", "destroy_claim_devices", "claim_parents", "release_mig_mode"):
+        monkeypatch.setattr(migdevices, name, entered)
+    for name in ("start", "release"):
+        monkeypatch.setattr(mpsdaemons, name, entered)
+    monkeypatch.setattr(vfio, "release", entered)
+    node = replace(NODE_FACTS, mps_root="/run/mps")
+    facts = steps.Facts({}, (), _inventory(tmp_path))
+    plan = decide_prepare(_allocation(WHOLE), facts.inventory, {}, node, stale={}, has_spec=False)
+    assert isinstance(plan, PreparePlan)
+    assert (plan.mig_off, plan.mig_on, plan.create, plan.mps, plan.given_back) == ((), (), (), False, [])
+    assert "Sync@prepare.checkpoint-saved" in _trace(
+        programs.prepare(node, _allocation(WHOLE), facts), _answers(facts)
+    )
+    prepared = {UID: plan.claim}
+    assert _trace(programs.unprepare(node, UID, replace(facts, prepared=prepared)), _answers(facts)) == [
+        "RemoveSpec@unprepare.spec-removed",
+        "Mark@sharing-before-unrecord",
+        "Save@unprepare.checkpoint-saved",
+        "Log",
+    ]
+
+
+def test_the_whole_of_a_dynamic_mig_gpu_has_its_mig_mode_turned_off_by_the_plan(tmp_path: Path) -> None:
+    inventory = _inventory(tmp_path)
+    plan = decide_prepare(_allocation(DYNAMIC_WHOLE), inventory, {}, NODE_FACTS, stale={}, has_spec=False)
+    assert isinstance(plan, PreparePlan)
+    assert [g.name for g in plan.mig_off] == [DYNAMIC_WHOLE]
+    assert plan.mig_on == ()
+    mig = decide_prepare(_allocation(MIG), inventory, {}, NODE_FACTS, stale={}, has_spec=False)
+    assert isinstance(mig, PreparePlan)
+    assert ([g.name for g in mig.mig_on], mig.mig_off) == ([DYNAMIC_WHOLE], ())
 
 
 def test_device_metadata_files_are_written_before_the_spec_that_mounts_them(tmp_path: Path) -> None:

@@ -1,11 +1,12 @@
 """Preparing and unpreparing a claim: the programs that carry out a plan, step by step.
 
-`prepare` reads as the example driver's prepare does: the state (ReadState, after asking about
-stale holders), the plan (dra.core.plan.decide_prepare), the devices the plan makes (MIG devices,
-GPUs bound to vfio-pci), the CDI spec built once from what the claim then has, written, and the
-checkpoint saved; `unprepare` undoes it. Each step is one of dra.core.steps, run by the executor
-(dra.kubeletplugin.state), in the order that a crash at any step leaves recoverable
-(docs/architecture.md, "Prepare, step by step"). Nothing here touches a file, a GPU or the API server.
+`prepare` reads as the example driver's prepare does: decide (the plan, dra.core.plan.decide_prepare,
+after asking about stale holders), make the devices the plan says (MIG mode and devices, GPUs bound
+to vfio-pci), build the CDI spec once from what the claim then has, write it, save the checkpoint,
+apply the sharing settings, and (without the lock) sync; `unprepare` undoes it. Each step is one
+of dra.core.steps, run by the executor (dra.kubeletplugin.state), in the order that a crash at any
+step leaves recoverable (docs/architecture.md, "Preparing a claim, step by step"). Nothing here
+touches a file, a GPU or the API server.
 """
 
 from __future__ import annotations
@@ -58,12 +59,31 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
     Prepared claims holding a device the allocation needs are asked about first (AskStale): those the
     API server says are gone are released, the others refuse the claim.
     """
-    # Decide: the holders asked about without the lock, then the plan on the state as it is now.
+    plan, facts = yield from _decide(node, allocation, facts)
+    plan, facts = yield from _make_devices(node, allocation, plan, facts)
+    # Build the spec, once, from what the claim now has: its MIG devices made, its GPUs' groups known.
+    outputs = respec(plan.claim, facts.inventory, node) if plan.write else Respec(None, None, ())
+    if outputs.spec is not None:
+        yield from _refuse_missing_paths(node, allocation, plan, outputs, facts)
+    # Write it, and save the record (not yet durable).
+    yield from _release_stale(allocation, plan)
+    yield from _write_files(allocation, plan, outputs, facts)
+    ticket, facts = (yield from _record(node, allocation, plan, facts)) if plan.record else (0, facts)
+    yield Mark(point="sharing-before-gpu-settings")
+    yield from _gpu_settings(node, allocation, plan, facts)
+    if ticket:
+        # Unlock, then sync: prepares of other claims go on, and concurrent ones share one fsync.
+        yield from _sync(node, allocation, plan, ticket)
+    return plan.claim
+
+
+def _decide(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[tuple[PreparePlan, Facts]]:
+    """The plan (ClaimError for a refusal), the holders asked about without the lock; and the state."""
     live = conflicts(allocation, facts.inventory, facts.prepared, pool=node.pool, holders=facts.holders)
     reads: Mapping[str, ClaimRead] = {}
     if live:
         reads = yield from ask(AskStale(tuple(live)))
-        # A holder that appeared meanwhile counts as live.
+        # Decided on the state as it is now: a holder that appeared meanwhile counts as live.
         facts = yield from ask(ReadState())
     # Only a recorded claim's answer depends on its spec being there; a new claim's is written anyway.
     has_spec = allocation.uid in facts.prepared and (yield from ask(HasSpec(allocation.uid)))
@@ -79,7 +99,16 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
     )
     if isinstance(plan, Refusal):
         raise ClaimError(plan.message)
-    # Make the devices: the released holders' given back first, then MIG mode, MIG devices, vfio-pci.
+    return plan, facts
+
+
+def _make_devices(
+    node: Node, allocation: ClaimAllocation, plan: PreparePlan, facts: Facts
+) -> Program[tuple[PreparePlan, Facts]]:
+    """What the plan makes: the released holders' devices given back, MIG mode, MIG devices, vfio-pci.
+
+    The plan comes back with what its claim then has (its MIG devices' UUIDs, its GPUs' groups).
+    """
     for uid in plan.given_back:
         facts = yield from _give_back_gpus(allocation, uid, facts)
         facts = yield from migdevices.destroy_claim_devices(node, uid, facts)
@@ -92,20 +121,7 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
     if plan.vfio:
         bound, facts = yield from vfio.bind(allocation, plan.claim, plan.vfio, facts)
         plan = replace(plan, claim=bound)
-    # Build the spec, once, from what the claim now has: its MIG devices made, its GPUs' groups known.
-    outputs = respec(plan.claim, facts.inventory, node) if plan.write else Respec(None, None, ())
-    if outputs.spec is not None:
-        yield from _refuse_missing_paths(node, allocation, plan, outputs, facts)
-    # Write it, and save the record (not yet durable).
-    yield from _release_stale(allocation, plan)
-    yield from _write_files(allocation, plan, outputs, facts)
-    ticket, facts = (yield from _record(node, allocation, plan, facts)) if plan.record else (0, facts)
-    yield Mark(point="sharing-before-gpu-settings")
-    yield from _gpu_settings(node, allocation, plan, facts)
-    if ticket:
-        # Unlock, then sync: prepares of other claims go on, and concurrent ones share one fsync.
-        yield from _sync(node, allocation, plan, ticket)
-    return plan.claim
+    return plan, facts
 
 
 def _give_back_gpus(allocation: ClaimAllocation, uid: str, facts: Facts) -> Program[Facts]:

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, settings
 from localcluster.cluster import LocalCluster
 from localcluster.clusterinfo import ClusterInfo
 from localcluster.kube import Kube, wait_for
-from localcluster.releases import parse_gates
+from localcluster.kubereleases import parse_gates
 
 from dra.kubeletplugin import mpsprivsep
 

@@ -71,9 +71,9 @@ from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.gomodule import BuildError
 from localcluster.kube import Kube, WaitTimeoutError, wait_for
+from localcluster.kubereleases import api_burst
 from localcluster.nvidiadriver import DRIVER as NVIDIA_DRIVER
 from localcluster.nvidiadriver import NvidiaDriverProcess
-from localcluster.releases import api_burst
 
 from dra.adapters.atomicfile import is_tmpfs
 from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc

@@ -66,8 +66,8 @@ from localcluster.devicepluginprocess import DevicePluginProcess
 from localcluster.driverprocess import DriverProcess
 from localcluster.gomodule import BuildError
 from localcluster.kube import Kube, Obj, wait_for
+from localcluster.kubereleases import api_burst, api_limit_flags, kubelet_api_limit
 from localcluster.nvidiadriver import NvidiaDriverProcess
-from localcluster.releases import api_burst, api_limit_flags, kubelet_api_limit
 from localcluster.workloads import (
     DRIVER,
     claim_template,

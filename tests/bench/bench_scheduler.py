@@ -50,8 +50,8 @@ from fakenvml.node import FakeNode
 from localcluster.cluster import LocalCluster, running_cluster
 from localcluster.gomodule import BuildError
 from localcluster.kube import Kube, WaitTimeoutError, wait_for
+from localcluster.kubereleases import api_limit_flags
 from localcluster.nvidiadriver import NvidiaDriverProcess
-from localcluster.releases import api_limit_flags
 from localcluster.workloads import published_slices
 
 from dra.core import deviceentries, slices

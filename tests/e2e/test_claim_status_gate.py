@@ -16,7 +16,7 @@ from localcluster.cluster import LocalCluster
 from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, wait_for
-from localcluster.releases import default_feature_gates, release
+from localcluster.kubereleases import default_feature_gates, release
 from localcluster.workloads import claim_template, ensure_device_classes, gpu_pod, pod_claim
 
 pytestmark = pytest.mark.cluster

@@ -28,8 +28,8 @@ from localcluster.binaries import (
 from localcluster.cluster import LocalCluster
 from localcluster.clusterinfo import ClusterError, ClusterInfo
 from localcluster.gomodule import BuildError, GoModule
+from localcluster.kubereleases import RELEASES, parse_gates, release
 from localcluster.processes import Stopped, stop_on_signals, stop_run_dir
-from localcluster.releases import RELEASES, parse_gates, release
 from localcluster.workloads import committed_device_classes, device_classes
 
 #: Gates that are GA in a release: setting them warns, and setting a locked one to false fails.

@@ -23,8 +23,8 @@ from localcluster.binaries import HELM, bin_dir, binary, ensure_binaries, ensure
 from localcluster.cluster import LocalCluster
 from localcluster.clusterinfo import ClusterError, ClusterInfo, cluster_dir, demo_dir
 from localcluster.gomodule import BuildError
+from localcluster.kubereleases import parse_gates
 from localcluster.processes import Stopped, stop_on_signals, stop_run_dir
-from localcluster.releases import parse_gates
 
 
 def _gates_arg(text: str) -> dict[str, bool]:

@@ -17,7 +17,7 @@ owner died; stop() ends every process and removes that directory. restart_kubele
 stops only the kubelet and starts it again as before (same flags, a fresh mount
 namespace set up the same way), as a node's kubelet restarts: device plugins
 must then register again. The Kubernetes release and what each minor needs turned
-on are localcluster.releases'.
+on are localcluster.kubereleases'.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ import yaml
 from localcluster import containerd, images, nodeconfig, nodenet, pki
 from localcluster.binaries import ensure_cluster_binaries, ensure_containerd_binaries, kubernetes_version
 from localcluster.clusterinfo import NODE_NAME, ClusterError, ClusterInfo
+from localcluster.kubereleases import default_feature_gates, gates_flag, release, runtime_config_flag
 from localcluster.processes import file_identity, log_tail, stop_processes
-from localcluster.releases import default_feature_gates, gates_flag, release, runtime_config_flag
 
 #: The container runtimes a cluster can run on; the first is the default.
 RUNTIMES = ("fake", "containerd")

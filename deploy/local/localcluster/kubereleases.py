@@ -62,7 +62,7 @@ def release(version: str) -> Release:
     except KeyError:
         raise ClusterError(
             f"Kubernetes {version}: the harness knows the feature gates of {', '.join(RELEASES)} only "
-            "(add the minor to localcluster.releases.RELEASES)"
+            "(add the minor to localcluster.kubereleases.RELEASES)"
         ) from None
 
 

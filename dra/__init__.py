@@ -16,13 +16,17 @@ enforce them, whole packages at a time. From the bottom up:
     every decoder of outside input. Imports only api (its quoting of values in messages).
 ``core``, ``cel`` and ``gpu``
     ``core``: the driver's decisions, pure (data in, data out: no I/O, threads or
-    clocks); ``cel``: the CEL evaluator, pure; ``gpu``: the ``GpuLibrary``
-    protocol, NVML behind it (the only importer of pynvml), a fake of the same
-    shape, and discovery.
+    clocks), imports only api and model; ``cel``: the CEL evaluator, pure;
+    ``gpu``: the ``GpuLibrary`` protocol, NVML behind it (the only importer of
+    pynvml), and discovery; ``cel`` and ``gpu`` import only model.
 ``adapters``
     The outside world other than GPUs: the Kubernetes API (the only importer of
     the kubernetes client and of an HTTP client), files written atomically, the checkpoint
     file, the CDI directory, the host's GPU assignment record.
+``fakegpus``
+    ``--fake-gpus``: the ``GpuLibrary`` over a profile, and the device nodes, sysfs and
+    MPS control real containers see of it; fenced: only the branches that handle the
+    flag import it.
 ``daemon``
     What every long-running program shares: one bootstrap (flags and DRA_GPU_*
     variables, logging, metrics and probes, signals, start-up errors), health

@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING
 import grpc.aio
 import pytest
 from hypothesis import HealthCheck, settings
-from localcluster.cluster import ClusterInfo, LocalCluster, parse_gates
+from localcluster.cluster import LocalCluster
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.kube import Kube, wait_for
+from localcluster.kubereleases import parse_gates
 
 from dra.kubeletplugin import mpsprivsep
 from tests import skips

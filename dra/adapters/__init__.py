@@ -9,8 +9,8 @@ rename); ``filelock`` holds flocks; ``cdistore`` owns the CDI directory,
 ``assignmentrecord`` the host's record of which path owns which GPU; ``faults``
 marks the crash points the tests stop at.
 
-Rule: thin I/O around pure decisions; may import ``dra.model``, ``dra.api``, ``dra.documents``
-and ``dra.core`` (to render or validate what it stores), never a daemon. Inside (a layer
+Rule: thin I/O around pure decisions; imports only ``dra.core`` (to render or validate what it
+stores), ``dra.documents``, ``dra.api`` and ``dra.model``: never the GPUs, CEL or a daemon. Inside (a layer
 contract): the stores and the API client over ``kubeconfig`` and ``filelock`` over the
 primitives (``kubeget``, ``tlsfiles``, ``atomicfile``) over ``faults``; only ``kube`` imports
 ``kubeget``.

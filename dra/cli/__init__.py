@@ -5,8 +5,9 @@ program's ``command`` module runs its subcommands. A command's program is import
 when it runs, so that a daemon loads only its own code (docs/architecture.md has the
 figures).
 
-Rule: the top layer; the only place that may import every program. ``parser`` over
-``options`` (a layer contract); the fakes only for --mig-mode's default with --fake-gpus.
+Rule: the top layer; it imports every layer below, the only place that may import every
+program. ``parser`` over ``options`` (a layer contract); ``dra.fakegpus`` only for
+--mig-mode's default with --fake-gpus.
 """
 
 from __future__ import annotations

@@ -157,27 +157,13 @@ def device_entry(
     each consuming part of its capacity as `share_mode` divides it (allowMultipleAllocations,
     DRAConsumableCapacity). `lists`: the server keeps list-typed attributes (DRAListTypeAttributes).
     """
-    if not _DNS_LABEL.match(device.name):
-        raise SliceError(f"device name {device.name!r} is not a DNS label")
     if isinstance(device, MigDevice):
-        attributes: dict[str, Obj] = {
-            "type": _string("mig"),
-            "uuid": _string(device.uuid),
-            "parentUUID": _string(device.parent.uuid),
-            "parentIndex": {"int": device.parent.index},
-            "profile": _string(device.profile),
-            **_shared_attributes(device.parent, inventory, lists),
-        }
-        capacity = {
-            "memory": binary_quantity(device.memory_bytes),
-            **_engine_capacity(device.engines),
-            # The memory slices it occupies, as NVIDIA's driver publishes a MIG device's.
-            **{
-                f"memorySlice{index}": "1"
-                for index in range(device.placement_start, device.placement_start + device.placement_size)
-                if device.placement_start >= 0
-            },
-        }
+        attributes, capacity = _mig(device, device.parent, inventory, lists)
+        attributes["uuid"] = _string(device.uuid)
+        # The memory slices it occupies, as NVIDIA's driver publishes a MIG device's.
+        if device.placement_start >= 0:
+            end = device.placement_start + device.placement_size
+            capacity.update({f"memorySlice{index}": "1" for index in range(device.placement_start, end)})
     else:
         attributes = {
             "type": _string("gpu"),
@@ -187,16 +173,37 @@ def device_entry(
             **_shared_attributes(device, inventory, lists),
         }
         capacity = {"memory": binary_quantity(device.memory_bytes)}
-    if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
-        raise SliceError(f"device {device.name} has more than {MAX_ATTRIBUTES_AND_CAPACITIES} attributes")
-    entry: Obj = {
-        "name": device.name,
-        "attributes": dict(sorted(attributes.items())),
-        "capacity": {key: {"value": value} for key, value in sorted(capacity.items())},
-    }
+    entry = _entry(device.name, attributes, capacity)
     if shareable:
         _share(entry, device.memory_bytes, share_mode)
     return entry
+
+
+def _mig(
+    mig: MigDevice | MigPartition, gpu: Gpu, inventory: Inventory, lists: bool
+) -> tuple[dict[str, Obj], dict[str, str]]:
+    """What a made MIG device and a dynamic-MIG offer both publish: NVIDIA's MIG attributes and capacities."""
+    attributes: dict[str, Obj] = {
+        "type": _string("mig"),
+        "parentUUID": _string(gpu.uuid),
+        "parentIndex": {"int": gpu.index},
+        "profile": _string(mig.profile),
+        **_shared_attributes(gpu, inventory, lists),
+    }
+    return attributes, {"memory": binary_quantity(mig.memory_bytes), **_engine_capacity(mig.engines)}
+
+
+def _entry(name: str, attributes: dict[str, Obj], capacity: dict[str, str]) -> Obj:
+    """A device entry, refused as the API server would refuse it (its name, its count of attributes)."""
+    if not _DNS_LABEL.match(name):
+        raise SliceError(f"device name {name!r} is not a DNS label")
+    if len(attributes) + len(capacity) > MAX_ATTRIBUTES_AND_CAPACITIES:
+        raise SliceError(f"device {name} has more than {MAX_ATTRIBUTES_AND_CAPACITIES} attributes")
+    return {
+        "name": name,
+        "attributes": dict(sorted(attributes.items())),
+        "capacity": {key: {"value": value} for key, value in sorted(capacity.items())},
+    }
 
 
 def _share(entry: Obj, memory_bytes: int, share_mode: ShareMode) -> None:
@@ -279,27 +286,14 @@ def partition_entry(
     A shareable offer's MIG device is made once and shared by the claims given it, as `share_mode`
     divides it; it consumes its GPU's counters once, however many claims hold it.
     """
-    if not _DNS_LABEL.match(partition.name):
-        raise SliceError(f"device name {partition.name!r} is not a DNS label")
     gpu = partition.parent
-    attributes: dict[str, Obj] = {
-        "type": _string("mig"),
-        "parentUUID": _string(gpu.uuid),
-        "parentIndex": {"int": gpu.index},
-        "profile": _string(partition.profile),
-        "placementStart": {"int": partition.placement_start},
-        "placementSize": {"int": partition.placement_size},
-        **_shared_attributes(gpu, inventory, lists),
-    }
-    capacity = {"memory": binary_quantity(partition.memory_bytes), **_engine_capacity(partition.engines)}
-    entry: Obj = {
-        "name": partition.name,
-        "attributes": dict(sorted(attributes.items())),
-        "capacity": {key: {"value": value} for key, value in sorted(capacity.items())},
-        "consumesCounters": [
-            {"counterSet": counter_set_name(gpu), "counters": counter_values(partition_counters(partition))}
-        ],
-    }
+    attributes, capacity = _mig(partition, gpu, inventory, lists)
+    attributes["placementStart"] = {"int": partition.placement_start}
+    attributes["placementSize"] = {"int": partition.placement_size}
+    entry = _entry(partition.name, attributes, capacity)
+    entry["consumesCounters"] = [
+        {"counterSet": counter_set_name(gpu), "counters": counter_values(partition_counters(partition))}
+    ]
     if shareable:
         _share(entry, partition.memory_bytes, share_mode)
     return entry

@@ -445,22 +445,15 @@ def adopt(node: Node, facts: Facts) -> Program[Inventory]:
 
 
 def switch_for_claim(
-    node: Node,
-    allocation: ClaimAllocation,
-    claim: PreparedClaim,
-    creates: tuple[CreateMig, ...],
-    facts: Facts,
+    node: Node, allocation: ClaimAllocation, off: Iterable[Gpu], on: Iterable[Gpu], facts: Facts
 ) -> Program[Facts]:
-    """MIG mode off on the dynamic-MIG GPUs the claim gets whole (CUDA sees no GPU in MIG mode without
-    MIG devices), on where it gets MIG devices made. Leftover MIG instances go before MIG turns off.
+    """MIG mode off on the GPUs `off` (the plan's mig_off), on on the GPUs `on` (mig_on).
+
+    Leftover MIG instances go before MIG turns off.
     """
-    dynamic = set(facts.inventory.dynamic_gpus)
-    for entry in claim.devices:
-        # By UUID: a passthrough twin is its GPU under another name.
-        gpu = facts.inventory.by_uuid(entry.uuid) if entry.uuid else facts.inventory.get(entry.device)
-        if isinstance(gpu, Gpu) and gpu in dynamic and not entry.admin_access:
-            yield from destroy_unheld(node, facts, [gpu])
-            facts = yield from switch_mig_mode(node, allocation, gpu, 0, facts)
-    for parent in dict.fromkeys(c.partition.parent for c in creates):
-        facts = yield from switch_mig_mode(node, allocation, parent, 1, facts)
+    for gpu in off:
+        yield from destroy_unheld(node, facts, [gpu])
+        facts = yield from switch_mig_mode(node, allocation, gpu, 0, facts)
+    for gpu in on:
+        facts = yield from switch_mig_mode(node, allocation, gpu, 1, facts)
     return facts

@@ -10,7 +10,7 @@ the API server.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -18,9 +18,9 @@ from dra.core import cdi, devicemetadata, sharing, vfio
 from dra.core import config as deviceconfig
 from dra.core.allocation import AllocatedDevice, ClaimAllocation
 from dra.core.migdevices import CreateMig
-from dra.core.steps import ClaimSeen, Node
-from dra.model.devices import Device, Inventory, MigDevice, MigPartition
-from dra.model.prepared import Holders, PreparedClaim, PreparedDevice
+from dra.core.steps import ClaimRead, Node
+from dra.model.devices import Device, Gpu, Inventory, MigDevice, MigPartition
+from dra.model.prepared import VFIO_BIND, DeviceAction, Holders, PreparedClaim, PreparedDevice
 
 Obj = dict[str, Any]
 
@@ -53,8 +53,11 @@ class MissingDevice:
 class PreparePlan:
     """Prepare one claim: release `release`, record `claim` if `record`, write its spec if `write`, answer it.
 
-    With `create` (dynamic MIG), those MIG devices are made first (dra.core.migdevices) and `made`
-    gives the claim their UUIDs; with `vfio`, those GPUs are bound first. The spec is built from
+    Everything a prepare does is here: the holders it releases, the MIG mode it switches on
+    dynamic-MIG GPUs (`mig_off`, `mig_on`), the MIG devices it makes (`create`: dra.core.migdevices;
+    `made` gives the claim their UUIDs), the GPUs it binds to vfio-pci (`vfio`), and the sharing
+    settings its devices record (time slices, MPS: `mps`). A whole-GPU claim on a GPU outside
+    dynamic MIG has none of the MIG fields, and its prepare runs no MIG step. The spec is built from
     what the claim then has (`respec`), once.
     """
 
@@ -71,6 +74,26 @@ class PreparePlan:
     #: The GPUs passed through (VfioDeviceConfig), by name: whether each gets the IOMMU API device.
     #: They are bound to vfio-pci (dra.core.vfio) before the spec, which names their groups, is built.
     vfio: Mapping[str, bool] = field(default_factory=dict)
+    #: Dynamic-MIG GPUs the claim gets whole: MIG mode off (CUDA sees no GPU in MIG mode without MIG
+    #: devices), after the MIG instances no prepared claim holds are destroyed.
+    mig_off: tuple[Gpu, ...] = ()
+    #: Dynamic-MIG GPUs the MIG devices of `create` are made on: MIG mode on first.
+    mig_on: tuple[Gpu, ...] = ()
+
+    @property
+    def given_back(self) -> list[str]:
+        """Whose passed-through GPUs and MIG devices go first: the released holders, the replaced record."""
+        uids = [r.holder.uid for r in self.release]
+        return (
+            [*uids, self.replaces.uid]
+            if self.replaces is not None and self.replaces.uid not in uids
+            else uids
+        )
+
+    @property
+    def mps(self) -> bool:
+        """Whether the claim's devices use an MPS control daemon (dra.core.mpsdaemons starts or joins it)."""
+        return uses_mps(self.claim)
 
     def made(self, created: Mapping[str, MigDevice]) -> PreparePlan:
         """The plan once the MIG devices of `create` exist (by allocated device name), with their UUIDs."""
@@ -89,10 +112,27 @@ class Refusal:
 
 @dataclass(frozen=True)
 class UnpreparePlan:
-    """Remove the spec of `uid` (a stray one too), then drop `claim` from the checkpoint if prepared."""
+    """Remove the spec of `uid` (a stray one too), then drop `claim` from the checkpoint if prepared.
+
+    `passthrough` and `mig`: whether the claim has GPUs bound to vfio-pci to give back, or MIG
+    devices (or a MIG mode switch) recorded; `mps`, whether it leaves an MPS daemon. A whole-GPU
+    claim outside dynamic MIG and MPS has none, and its unprepare runs no such step.
+    """
 
     uid: str
     claim: PreparedClaim | None
+    passthrough: bool = False
+    mig: bool = False
+
+    @property
+    def mps(self) -> bool:
+        """Whether the claim used an MPS control daemon, which it leaves (the last one stops it)."""
+        return self.claim is not None and uses_mps(self.claim)
+
+
+def uses_mps(claim: PreparedClaim) -> bool:
+    """Whether a claim's devices are served by an MPS control daemon."""
+    return any(d.mps for d in claim.devices)
 
 
 def recorded(claim: PreparedClaim) -> set[tuple[str, str]]:
@@ -111,6 +151,42 @@ def _up_to_date(allocation: ClaimAllocation, prepared: Mapping[str, PreparedClai
     return None
 
 
+@dataclass(frozen=True)
+class _Found:
+    """One result of an allocation, looked up on the node: what it is, and who else holds it."""
+
+    result: AllocatedDevice
+    #: The device (for a dynamic-MIG offer, the MIG device made for another claim's share); None when
+    #: the node has none of that name, or the offer's MIG device is still to be made.
+    device: Device | None
+    #: The dynamic-MIG offer the result names, if it names one.
+    partition: MigPartition | None
+    #: Prepared claims holding the device exclusively of this result (none for admin access).
+    holders: tuple[PreparedClaim, ...]
+
+
+def _lookup(
+    allocation: ClaimAllocation, inventory: Inventory, pool: str, holders: Holders, stale: Mapping[str, str]
+) -> list[_Found]:
+    """Each result of the allocation looked up on the node, once: conflicts and decide_prepare read it."""
+    found = []
+    for result in allocation.devices:
+        if result.pool != pool:
+            found.append(_Found(result, None, None, ()))
+            continue
+        device = inventory.device_or_twin(result.device)
+        partition = inventory.partition(result.device) if device is None else None
+        if partition is not None:
+            device = _made_for_offer(partition, allocation.uid, holders, inventory, stale)
+        held = (
+            ()
+            if device is None or result.admin_access
+            else tuple(holders.of(device.name, device.uuid, allocation.uid, result.share_id))
+        )
+        found.append(_Found(result, device, partition, held))
+    return found
+
+
 def conflicts(
     allocation: ClaimAllocation,
     inventory: Inventory,
@@ -125,17 +201,8 @@ def conflicts(
     """
     if _up_to_date(allocation, prepared) is not None:
         return []
-    holders = holders or Holders(prepared)
-    found: dict[str, PreparedClaim] = {}
-    for result in allocation.devices:
-        device = inventory.device_or_twin(result.device) if result.pool == pool else None
-        partition = inventory.partition(result.device) if device is None and result.pool == pool else None
-        if partition is not None:
-            device = _made_for_offer(partition, allocation.uid, holders, inventory, {})
-        if device is not None and not result.admin_access:
-            held = holders.of(device.name, device.uuid, allocation.uid, result.share_id)
-            found.update((h.uid, h) for h in held)
-    return list(found.values())
+    found = _lookup(allocation, inventory, pool, holders or Holders(prepared), {})
+    return list({h.uid: h for f in found for h in f.holders}.values())
 
 
 def _devices_of(claim: PreparedClaim, inventory: Inventory) -> tuple[list[Device], list[MissingDevice]]:
@@ -162,6 +229,13 @@ class Respec:
     spec: Obj | None
     metadata: devicemetadata.ClaimMetadata | None
     missing: tuple[MissingDevice, ...]
+    #: Host directories the spec names that the prepare makes itself, so that they may be missing
+    #: before: its metadata files (written just before the spec), its MPS daemon's (started after).
+    made_here: tuple[str, ...] = ()
+
+    def missing_paths(self, absent: Sequence[str]) -> tuple[str, ...]:
+        """Of the spec's host paths not on the node (`absent`), those the prepare does not make."""
+        return tuple(path for path in absent if not path.startswith(self.made_here))
 
 
 def respec(claim: PreparedClaim, inventory: Inventory, node: Node) -> Respec:
@@ -182,6 +256,9 @@ def respec(claim: PreparedClaim, inventory: Inventory, node: Node) -> Respec:
         else None
     )
     passthrough = {d.device: d.vfio_group for d in claim.devices if d.vfio_group >= 0}
+    made_here = [f"{node.metadata_root.rstrip('/')}/{metadata.directory}/"] if metadata else []
+    if mps is not None:
+        made_here.append(sharing.mps_dirs(node.mps_root, sharing.claim_mps_key(claim)).root + "/")
     spec = cdi.build_spec(
         node.driver,
         claim.uid,
@@ -193,25 +270,47 @@ def respec(claim: PreparedClaim, inventory: Inventory, node: Node) -> Respec:
         vfio_api_device=any(d.vfio_api_device for d in claim.devices),
         extra_devices=metadata.cdi_devices if metadata else (),
     )
-    return Respec(spec, metadata, tuple(missing))
+    return Respec(spec, metadata, tuple(missing), tuple(made_here))
 
 
 #: Why a holder in each of these states no longer needs its devices (the kubelet lost track of it).
-_STALE: dict[ClaimSeen, str] = {
+_STALE = {
     "gone": "the claim no longer exists",
     "re-created": "the claim was re-created",
     "deallocated": "the claim is no longer allocated",
 }
 
+#: The HTTP status of a GET of an object that does not exist.
+_NOT_FOUND = 404
 
-def stale_reasons(seen: Mapping[str, ClaimSeen]) -> dict[str, str]:
+
+def _state_of(uid: str, read: ClaimRead) -> str:
+    """gone, re-created, deallocated, allocated, or unknown (the API server did not say)."""
+    if read.claim is None:
+        return "gone" if read.status == _NOT_FOUND else "unknown"
+    if (read.claim.get("metadata") or {}).get("uid") != uid:
+        return "re-created"
+    return "allocated" if (read.claim.get("status") or {}).get("allocation") else "deallocated"
+
+
+def stale_reasons(reads: Mapping[str, ClaimRead]) -> dict[str, str]:
     """The holders whose devices a prepare may take, by UID, with why (AskStale's answer, decided).
 
     A holder still allocated is a real conflict, whatever its pods do: the scheduler gives its
     devices to no other claim while it is. One the API server could not be asked about counts as
-    live: refusing now loses nothing, since the kubelet retries the prepare.
+    live (`unanswered` says why): refusing now loses nothing, since the kubelet retries the prepare.
     """
-    return {uid: _STALE[state] for uid, state in seen.items() if state in _STALE}
+    states = {uid: _state_of(uid, read) for uid, read in reads.items()}
+    return {uid: _STALE[state] for uid, state in states.items() if state in _STALE}
+
+
+def unanswered(reads: Mapping[str, ClaimRead]) -> dict[str, str]:
+    """The holders the API server said nothing of, by UID, with its error: they count as live."""
+    return {
+        uid: f"HTTP {read.status}: {read.error}" if read.status else read.error
+        for uid, read in reads.items()
+        if read.claim is None and read.status != _NOT_FOUND
+    }
 
 
 def decide_prepare(
@@ -223,11 +322,13 @@ def decide_prepare(
     stale: Mapping[str, str],
     has_spec: bool,
     holders: Holders | None = None,
+    unknown: Mapping[str, str] | None = None,
 ) -> PreparePlan | Refusal:
     """What preparing `allocation` takes on `node`, given the facts about its holders.
 
     `stale` maps the UID of a conflicting holder to why the API server says it is
-    gone (see `conflicts`); a holder not in it is live and refuses the claim.
+    gone (see `conflicts`); a holder not in it is live and refuses the claim, with the
+    API server's error where `unknown` has one for it (it could not say).
     `has_spec` says whether the claim's spec is on disk. A claim already prepared
     with the same devices gets its recorded answer, and its spec back if missing.
     The node says where MPS daemons live, whether GPUs may be passed through, how
@@ -244,36 +345,35 @@ def decide_prepare(
     releases: dict[str, Release] = {}
     devices: dict[str, Device] = {}
     creates: dict[str, CreateMig] = {}
-    for result in allocation.devices:
+    for found in _lookup(allocation, inventory, pool, holders, stale):
+        result, device = found.result, found.device
         if result.pool != pool:
             problems.append(
                 f"device {result.device} is in pool {result.pool!r}, not this node's pool {pool!r}"
             )
             continue
-        device = inventory.device_or_twin(result.device)
-        partition = inventory.partition(result.device) if device is None else None
-        if partition is not None:
+        if found.partition is not None:
             if result.admin_access:
                 problems.append(
                     f"device {result.device} is a dynamic MIG device, which admin access cannot use"
                 )
-            device = _made_for_offer(partition, allocation.uid, holders, inventory, stale)
             if device is None:
-                creates[partition.name] = CreateMig(partition)
+                creates[found.partition.name] = CreateMig(found.partition)
                 continue
         if device is None:
             problems.append(f"device {result.device} does not exist on node {pool}")
             continue
-        if not result.admin_access:
-            for holder in holders.of(device.name, device.uuid, allocation.uid, result.share_id):
-                reason = stale.get(holder.uid)
-                if reason is not None:
-                    releases[holder.uid] = Release(holder, reason)
-                else:
-                    problems.append(
-                        f"device {result.device} is already prepared for claim "
-                        f"{holder.namespace}/{holder.name} ({holder.uid})"
-                    )
+        for holder in found.holders:
+            reason = stale.get(holder.uid)
+            if reason is not None:
+                releases[holder.uid] = Release(holder, reason)
+            else:
+                why = (unknown or {}).get(holder.uid)
+                problems.append(
+                    f"device {result.device} is already prepared for claim "
+                    f"{holder.namespace}/{holder.name} ({holder.uid})"
+                    + (f", which the API server could not be asked about ({why})" if why else "")
+                )
         devices[device.name] = device
     # Configs apply to the MIG devices to be made as to those that exist.
     configured = {**devices, **{name: _to_be_made(c.partition) for name, c in creates.items()}}
@@ -307,6 +407,8 @@ def decide_prepare(
         for device in configured.values()
         for results in _by_share(allocation, device.name)
     ]
+    dynamic = {g.uuid: g for g in inventory.dynamic_gpus} if inventory.partitions and node.mig else {}
+    whole = (dynamic.get(e.uuid) for e in entries if not e.admin_access)
     claim = PreparedClaim(
         uid=allocation.uid,
         namespace=allocation.namespace,
@@ -325,6 +427,8 @@ def decide_prepare(
         replaces=prepared.get(allocation.uid),
         create=tuple(creates.values()),
         vfio=passthrough,
+        mig_off=tuple(dict.fromkeys(gpu for gpu in whole if gpu is not None)),
+        mig_on=tuple(dict.fromkeys(c.partition.parent for c in creates.values())) if node.mig else (),
     )
 
 
@@ -386,6 +490,11 @@ def _refusal(allocation: ClaimAllocation, problems: list[str]) -> Refusal:
     return Refusal(f"cannot prepare ResourceClaim {allocation.ref}: " + "; ".join(problems))
 
 
-def decide_unprepare(uid: str, prepared: Mapping[str, PreparedClaim]) -> UnpreparePlan:
+def decide_unprepare(
+    uid: str, prepared: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction] = ()
+) -> UnpreparePlan:
     """Unpreparing a claim: an unknown one only loses its stray spec, if any."""
-    return UnpreparePlan(uid=uid, claim=prepared.get(uid))
+    kinds = {a.kind for a in actions if a.claim_uid == uid}
+    return UnpreparePlan(
+        uid=uid, claim=prepared.get(uid), passthrough=VFIO_BIND in kinds, mig=bool(kinds - {VFIO_BIND})
+    )

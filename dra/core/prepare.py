@@ -1,11 +1,12 @@
 """Preparing and unpreparing a claim: the programs that carry out a plan, step by step.
 
-`prepare` reads as the example driver's prepare does: the state (ReadState, after asking about
-stale holders), the plan (dra.core.plan.decide_prepare), the devices the plan makes (MIG devices,
-GPUs bound to vfio-pci), the CDI spec built once from what the claim then has, written, and the
-checkpoint saved; `unprepare` undoes it. Each step is one of dra.core.steps, run by the executor
-(dra.kubeletplugin.state), in the order that a crash at any step leaves recoverable
-(docs/architecture.md, "Prepare, step by step"). Nothing here touches a file, a GPU or the API server.
+`prepare` reads as the example driver's prepare does: decide (the plan, dra.core.plan.decide_prepare,
+after asking about stale holders), make the devices the plan says (MIG mode and devices, GPUs bound
+to vfio-pci), build the CDI spec once from what the claim then has, write it, save the checkpoint,
+apply the sharing settings, and (without the lock) sync; `unprepare` undoes it. Each step is one
+of dra.core.steps, run by the executor (dra.kubeletplugin.state), in the order that a crash at any
+step leaves recoverable (docs/architecture.md, "Preparing a claim, step by step"). Nothing here
+touches a file, a GPU or the API server.
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ from dra.core.plan import (
     recorded,
     respec,
     stale_reasons,
+    unanswered,
+    uses_mps,
 )
 from dra.core.stepbase import Log, StepError, ask
 from dra.core.steps import (
     ApplyTimeSlices,
     AskStale,
+    ClaimRead,
     Facts,
     HasSpec,
     Mark,
@@ -55,11 +59,31 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
     Prepared claims holding a device the allocation needs are asked about first (AskStale): those the
     API server says are gone are released, the others refuse the claim.
     """
+    plan, facts = yield from _decide(node, allocation, facts)
+    plan, facts = yield from _make_devices(node, allocation, plan, facts)
+    # Build the spec, once, from what the claim now has: its MIG devices made, its GPUs' groups known.
+    outputs = respec(plan.claim, facts.inventory, node) if plan.write else Respec(None, None, ())
+    if outputs.spec is not None:
+        yield from _refuse_missing_paths(node, allocation, plan, outputs, facts)
+    # Write it, and save the record (not yet durable).
+    yield from _release_stale(allocation, plan)
+    yield from _write_files(allocation, plan, outputs, facts)
+    ticket, facts = (yield from _record(node, allocation, plan, facts)) if plan.record else (0, facts)
+    yield Mark(point="sharing-before-gpu-settings")
+    yield from _gpu_settings(node, allocation, plan, facts)
+    if ticket:
+        # Unlock, then sync: prepares of other claims go on, and concurrent ones share one fsync.
+        yield from _sync(node, allocation, plan, ticket)
+    return plan.claim
+
+
+def _decide(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[tuple[PreparePlan, Facts]]:
+    """The plan (ClaimError for a refusal), the holders asked about without the lock; and the state."""
     live = conflicts(allocation, facts.inventory, facts.prepared, pool=node.pool, holders=facts.holders)
-    stale: Mapping[str, str] = {}
+    reads: Mapping[str, ClaimRead] = {}
     if live:
-        stale = stale_reasons((yield from ask(AskStale(tuple(live)))))
-        # Decided again on the state as it is now: a holder that appeared meanwhile counts as live.
+        reads = yield from ask(AskStale(tuple(live)))
+        # Decided on the state as it is now: a holder that appeared meanwhile counts as live.
         facts = yield from ask(ReadState())
     # Only a recorded claim's answer depends on its spec being there; a new claim's is written anyway.
     has_spec = allocation.uid in facts.prepared and (yield from ask(HasSpec(allocation.uid)))
@@ -68,18 +92,28 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
         facts.inventory,
         facts.prepared,
         node,
-        stale=stale,
+        stale=stale_reasons(reads),
         has_spec=has_spec,
         holders=facts.holders,
+        unknown=unanswered(reads),
     )
     if isinstance(plan, Refusal):
         raise ClaimError(plan.message)
-    # A claim allocated anew, or a stale holder released, gives its MIG devices back first.
-    for uid in {r.holder.uid for r in plan.release} | ({plan.replaces.uid} if plan.replaces else set()):
+    return plan, facts
+
+
+def _make_devices(
+    node: Node, allocation: ClaimAllocation, plan: PreparePlan, facts: Facts
+) -> Program[tuple[PreparePlan, Facts]]:
+    """What the plan makes: the released holders' devices given back, MIG mode, MIG devices, vfio-pci.
+
+    The plan comes back with what its claim then has (its MIG devices' UUIDs, its GPUs' groups).
+    """
+    for uid in plan.given_back:
         facts = yield from _give_back_gpus(allocation, uid, facts)
         facts = yield from migdevices.destroy_claim_devices(node, uid, facts)
-    if plan.record and node.mig:
-        facts = yield from migdevices.switch_for_claim(node, allocation, plan.claim, plan.create, facts)
+    if plan.mig_off or plan.mig_on:
+        facts = yield from migdevices.switch_for_claim(node, allocation, plan.mig_off, plan.mig_on, facts)
     if plan.create:
         made, _ = yield from migdevices.make(node, allocation, plan.create, facts)
         plan = plan.made(made)
@@ -87,33 +121,7 @@ def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[Pr
     if plan.vfio:
         bound, facts = yield from vfio.bind(allocation, plan.claim, plan.vfio, facts)
         plan = replace(plan, claim=bound)
-    # Built once, from what the claim now has: its MIG devices made, its GPUs' IOMMU groups known.
-    outputs = respec(plan.claim, facts.inventory, node) if plan.write else Respec(None, None, ())
-    if outputs.spec is not None:
-        gone = yield from _missing_host_paths(node, plan.claim, outputs)
-        if gone:
-            # The runtime would fail every container of the claim on a path that is gone.
-            facts = yield from _give_back_gpus(allocation, allocation.uid, facts)
-            yield from migdevices.destroy_claim_devices(node, allocation.uid, facts)
-            raise ClaimError(
-                f"cannot prepare ResourceClaim {allocation.ref}: its CDI spec would name "
-                f"{', '.join(gone)}, not on this node (a GPU or the driver changed since discovery)"
-            )
-    ticket, facts = yield from _write_and_record(node, allocation, plan, outputs, facts)
-    yield Mark(point="sharing-before-gpu-settings")
-    yield from _gpu_settings(node, allocation, plan, facts)
-    if ticket:
-        # Without the lock: prepares of other claims go on, and concurrent ones share one fsync.
-        try:
-            yield Sync(ticket, point="prepare.checkpoint-saved")
-        except StepError as err:
-            now = yield from ask(ReadState())
-            if now.prepared.get(plan.claim.uid) is plan.claim:
-                yield from unprepare(node, plan.claim.uid, now)
-            raise ClaimError(
-                f"cannot record claim {allocation.ref} in the checkpoint {node.checkpoint}: {err}"
-            ) from None
-    return plan.claim
+    return plan, facts
 
 
 def _give_back_gpus(allocation: ClaimAllocation, uid: str, facts: Facts) -> Program[Facts]:
@@ -127,26 +135,28 @@ def _give_back_gpus(allocation: ClaimAllocation, uid: str, facts: Facts) -> Prog
         ) from None
 
 
-def _missing_host_paths(node: Node, claim: PreparedClaim, outputs: Respec) -> Program[tuple[str, ...]]:
-    """Host paths the claim's spec names that are not on this node, but for those the prepare makes.
+def _refuse_missing_paths(
+    node: Node, allocation: ClaimAllocation, plan: PreparePlan, outputs: Respec, facts: Facts
+) -> Program[None]:
+    """ClaimError, after undoing what the prepare made, when the spec names a host path not on the node.
 
-    The MPS directories of the claim's devices come with their daemon, which starts after the spec is
-    written; its metadata files are written just before the spec.
+    The runtime would fail every container of the claim on it. The paths the prepare makes itself
+    (its metadata files, its MPS daemon's directories) are not asked about.
     """
     assert outputs.spec is not None
-    gone = yield from ask(MissingHostPaths(outputs.spec))
-    own: list[str] = []
-    if node.mps:
-        own.append(sharing.mps_dirs(node.mps_root, sharing.claim_mps_key(claim)).root + "/")
-    if outputs.metadata is not None:
-        own.append(f"{node.metadata_root.rstrip('/')}/{outputs.metadata.directory}/")
-    return tuple(path for path in gone if not path.startswith(tuple(own)))
+    gone = outputs.missing_paths((yield from ask(MissingHostPaths(outputs.spec))))
+    if not gone:
+        return
+    facts = yield from _give_back_gpus(allocation, allocation.uid, facts)
+    yield from migdevices.destroy_claim_devices(node, allocation.uid, facts)
+    raise ClaimError(
+        f"cannot prepare ResourceClaim {allocation.ref}: its CDI spec would name "
+        f"{', '.join(gone)}, not on this node (a GPU or the driver changed since discovery)"
+    )
 
 
-def _write_and_record(
-    node: Node, allocation: ClaimAllocation, plan: PreparePlan, outputs: Respec, facts: Facts
-) -> Program[tuple[int, Facts]]:
-    """Release stale holders' specs, write the spec, record the claim; the ticket to sync (0: none)."""
+def _release_stale(allocation: ClaimAllocation, plan: PreparePlan) -> Program[None]:
+    """Say why the claim is prepared again or a holder released; each released holder's files go."""
     if plan.replaces is not None:
         # The kubelet unprepares before a claim is allocated anew; if it did not, the
         # claim's current allocation is the truth, not the record.
@@ -165,6 +175,12 @@ def _write_and_record(
         yield RemoveSpec(holder.uid, point="prepare.stale-spec-removed")
         if holder.metadata and (holder.namespace, holder.name) != (plan.claim.namespace, plan.claim.name):
             yield RemoveMetadata(devicemetadata.claim_dir(holder.namespace, holder.name))
+
+
+def _write_files(
+    allocation: ClaimAllocation, plan: PreparePlan, outputs: Respec, facts: Facts
+) -> Program[None]:
+    """Write the claim's metadata files, then its spec that mounts them; a failure removes both again."""
     for gone in outputs.missing:
         yield Log("warning", gone.message)
     if outputs.metadata is not None:
@@ -185,8 +201,12 @@ def _write_and_record(
             yield from _drop_unrecorded_spec(plan.claim.uid, facts)
             yield from _drop_unrecorded_metadata(plan.claim, facts)
             raise ClaimError(f"cannot write the CDI spec of claim {allocation.ref}: {err}") from None
-    if not plan.record:
-        return 0, facts
+
+
+def _record(
+    node: Node, allocation: ClaimAllocation, plan: PreparePlan, facts: Facts
+) -> Program[tuple[int, Facts]]:
+    """Save the claim in the checkpoint, its released holders dropped; the ticket to sync, and the facts."""
     released = {r.holder.uid for r in plan.release}
     # Copied whole and then trimmed: a C copy, not a Python pass over a thousand claims.
     updated = dict(facts.prepared)
@@ -215,6 +235,19 @@ def _write_and_record(
     return ticket, replace(facts, prepared=updated, actions=actions)
 
 
+def _sync(node: Node, allocation: ClaimAllocation, plan: PreparePlan, ticket: int) -> Program[None]:
+    """Make the save durable (without the lock); a failure unprepares the claim again."""
+    try:
+        yield Sync(ticket, point="prepare.checkpoint-saved")
+    except StepError as err:
+        now = yield from ask(ReadState())
+        if now.prepared.get(plan.claim.uid) is plan.claim:
+            yield from unprepare(node, plan.claim.uid, now)
+        raise ClaimError(
+            f"cannot record claim {allocation.ref} in the checkpoint {node.checkpoint}: {err}"
+        ) from None
+
+
 def _drop_unrecorded_spec(uid: str, facts: Facts) -> Program[None]:
     """After a failed write: remove the claim's spec unless the checkpoint records the claim."""
     if uid in facts.prepared:
@@ -238,14 +271,14 @@ def _drop_unrecorded_metadata(claim: PreparedClaim, facts: Facts) -> Program[Non
 
 def _gpu_settings(node: Node, allocation: ClaimAllocation, plan: PreparePlan, facts: Facts) -> Program[None]:
     """Set the claim's time slices, start its MPS daemon (again, on a retry); a failure undoes the prepare."""
-    wanted = sharing.wanted_time_slices({plan.claim.uid: plan.claim})
+    wanted = sharing.wanted_time_slices({plan.claim.uid: plan.claim}) if node.time_slicing else {}
     try:
-        if node.time_slicing and wanted:
+        if wanted:
             yield ApplyTimeSlices(wanted)
-        if node.mps:
-            if plan.replaces is not None:
-                # The daemon of the old allocation's devices, unless the new one or another claim uses it.
-                yield from mpsdaemons.release(plan.replaces, facts.prepared)
+        if node.mps and plan.replaces is not None and uses_mps(plan.replaces):
+            # The daemon of the old allocation's devices, unless the new one or another claim uses it.
+            yield from mpsdaemons.release(plan.replaces, facts.prepared)
+        if node.mps and plan.mps:
             yield from mpsdaemons.start(plan.claim)
     except StepError as err:
         yield from unprepare(node, plan.claim.uid, facts)
@@ -254,7 +287,7 @@ def _gpu_settings(node: Node, allocation: ClaimAllocation, plan: PreparePlan, fa
 
 def unprepare(node: Node, uid: str, facts: Facts) -> Program[PreparedClaim | None]:
     """Undo a prepare; an unknown claim is fine (its stray spec, if any, goes too)."""
-    plan = decide_unprepare(uid, facts.prepared)
+    plan = decide_unprepare(uid, facts.prepared, facts.actions)
     if plan.claim is None:
         yield RemoveSpec(uid)
         return None
@@ -271,25 +304,27 @@ def unprepare(node: Node, uid: str, facts: Facts) -> Program[PreparedClaim | Non
     if restore:
         # Most claims set no interval: their unprepare takes no step for it.
         yield RestoreTimeSlices(tuple(restore))
-    if node.mps:
+    if node.mps and plan.mps:
         yield from mpsdaemons.release(claim, others)
     yield Mark(point="sharing-before-unrecord")
-    parents = migdevices.claim_parents(uid, facts)
-    try:
-        facts = yield from vfio.release(uid, facts)
-    except StepError as err:
-        raise ClaimError(
-            f"cannot unprepare claim {claim.namespace}/{claim.name}: giving its GPU back to the nvidia "
-            f"driver failed ({err}); the kubelet retries"
-        ) from None
-    try:
-        facts = yield from migdevices.destroy_claim_devices(node, uid, facts)
-    except StepError as err:
-        raise ClaimError(
-            f"cannot unprepare claim {claim.namespace}/{claim.name}: destroying its MIG "
-            f"device failed (NVML error {err.code}: {err}); the kubelet retries"
-        ) from None
-    yield from migdevices.release_mig_mode(node, parents, facts)
+    if plan.passthrough:
+        try:
+            facts = yield from vfio.release(uid, facts)
+        except StepError as err:
+            raise ClaimError(
+                f"cannot unprepare claim {claim.namespace}/{claim.name}: giving its GPU back to the nvidia "
+                f"driver failed ({err}); the kubelet retries"
+            ) from None
+    if plan.mig:
+        parents = migdevices.claim_parents(uid, facts)
+        try:
+            facts = yield from migdevices.destroy_claim_devices(node, uid, facts)
+        except StepError as err:
+            raise ClaimError(
+                f"cannot unprepare claim {claim.namespace}/{claim.name}: destroying its MIG "
+                f"device failed (NVML error {err.code}: {err}); the kubelet retries"
+            ) from None
+        yield from migdevices.release_mig_mode(node, parents, facts)
     # Not fsynced: an entry back after a power loss is a stale holder, released when needed.
     yield Save(
         others, facts.actions, durable=False, changed=frozenset({uid}), point="unprepare.checkpoint-saved"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from dra.core.gpusteps import GpuRunner
 from dra.core.stepbase import Query, Step
@@ -22,9 +22,19 @@ from dra.model.prepared import DeviceAction, Holders, PreparedClaim
 
 T = TypeVar("T")
 Obj = dict[str, Any]
-#: What the API server says of a prepared claim's ResourceClaim: gone (404), re-created (another
-#: UID), deallocated, still allocated, or unreadable (any other error). dra.core.plan decides.
-ClaimSeen = Literal["gone", "re-created", "deallocated", "allocated", "unreadable"]
+
+
+@dataclass(frozen=True)
+class ClaimRead:
+    """What the API server answered to a GET of a prepared claim's ResourceClaim: AskStale's answer.
+
+    The object, or the error: its HTTP status (404: not found; 0: the server was not reached) and
+    message. What it means for the claim's devices is dra.core.plan's to decide (stale_reasons).
+    """
+
+    claim: Mapping[str, Any] | None = None
+    status: int = 0
+    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -84,13 +94,13 @@ class Facts:
 
 
 class Runner(GpuRunner, Protocol):
-    """What runs the steps (dra.kubeletplugin.state.DeviceState): one method per kind, each step's `run`."""
+    """What runs the steps (dra.kubeletplugin.state.CallSteps): one method per kind, each step's `run`."""
 
     def read_state(self, step: ReadState) -> Facts: ...
     def has_spec(self, step: HasSpec) -> bool: ...
     def spec_uids(self, step: SpecUids) -> frozenset[str]: ...
     def metadata_dirs(self, step: MetadataDirs) -> frozenset[str]: ...
-    def ask_stale(self, step: AskStale) -> Mapping[str, ClaimSeen]: ...
+    def ask_stale(self, step: AskStale) -> Mapping[str, ClaimRead]: ...
     def missing_host_paths(self, step: MissingHostPaths) -> tuple[str, ...]: ...
     def read_vfio_host(self, step: ReadVfioHost) -> VfioHost: ...
     def read_iommu_group(self, step: ReadIommuGroup) -> IommuGroup: ...
@@ -155,13 +165,13 @@ class MetadataDirs(Query[Runner, frozenset[str]]):
 
 
 @dataclass(frozen=True)
-class AskStale(Query[Runner, Mapping[str, ClaimSeen]]):
+class AskStale(Query[Runner, Mapping[str, ClaimRead]]):
     """What the API server says of each holder's ResourceClaim, by UID; asked without the lock."""
 
     locked: ClassVar[bool] = False
     holders: tuple[PreparedClaim, ...]
 
-    def run(self, runner: Runner) -> Mapping[str, ClaimSeen]:
+    def run(self, runner: Runner) -> Mapping[str, ClaimRead]:
         return runner.ask_stale(self)
 
 

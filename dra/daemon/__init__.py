@@ -8,7 +8,7 @@ probes/metrics endpoint), ``flags`` (every flag also a DRA_GPU_* variable),
 ``nodewatch`` (following the own Node). What serves one program only lives in
 that program.
 
-Rule: may import the layers below (model, core, gpu, adapters), and the fakes only in the
-bootstrap's --fake-gpus branch; never a program package. Inside (a layer contract):
+Rule: imports every layer below, and ``dra.fakegpus`` only in the bootstrap's --fake-gpus
+branch; never a program package. Inside (a layer contract):
 ``rediscovery`` over ``bootstrap`` over the services, none of which imports another.
 """

@@ -8,8 +8,8 @@ device-list strategy). Edges: `service` (the DevicePlugin gRPC service),
 the kubelet restarts), `daemon` (the `dra-gpu device-plugin` process), `setup`
 (the config file and flags, `--check-config`) and `command` (flags to daemon).
 
-Rule: a program package. It may import every layer below (model, core, gpu, adapters,
-daemon) and the generated gRPC code, never another program package. Inside (a layer contract):
+Rule: a program package. It imports every layer below and the generated gRPC code
+(``dra.pb``), never another program package or the fakes. Inside (a layer contract):
 ``command`` over ``daemon`` over ``setup`` and ``server`` over ``configwatch`` and ``service``
 over the pure parts (``named``, ``resources``, then ``config``, ``preferred``, then ``allocate``).
 """

@@ -5,6 +5,6 @@ evaluator ``dra.cel``, with ``devices`` (the slices' devices, held ones and
 shared counters) and ``shapes`` (the fields it reads, checked first);
 ``command`` gathers its inputs from files, the cluster or fake GPUs.
 
-Rule: a program package; may import the layers below, never another program. Inside (a
+Rule: a program package; imports every layer below, never another program. Inside (a
 layer contract): ``command`` over ``report`` over ``devices`` and ``shapes``.
 """

@@ -9,5 +9,6 @@ on it); ``node`` makes the device nodes and stand-in driver real containers see
 Rule: a user feature that never runs on a node with real GPUs. Only the daemons' bootstrap (when
 --fake-gpus is given), the kubelet plugin's VFIO and MPS set-up with fake GPUs and the command
 line's --mig-mode default may import it, each only on that path (a contract fences it); it imports
-the GPU library's protocol and tables, the file adapters and the model, never a program.
+every layer below (the GPU library's protocol and tables, the file adapters, the drivers' names
+of ``core.vfio``, the model), never a program.
 """

@@ -8,7 +8,7 @@ profiles and placements NVML reports; ``discovery`` maps a library's answers to 
 NVML step at a time; ``driverfiles`` finds the driver's files the CDI specs mount, ``numa`` a
 GPU's NUMA nodes.
 
-Rule: imports ``dra.model`` only; ``nvml`` is the only importer of pynvml; inside, discovery and
+Rule: imports only ``dra.model``; ``nvml`` is the only importer of pynvml; inside, discovery and
 the MIG steps over the protocol and its tables (a layer contract); device actions go through the
 protocol so that a fake stands in for every one.
 """

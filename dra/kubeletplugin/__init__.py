@@ -10,7 +10,7 @@ and start-up programs; ``miglayout`` (static MIG layouts, dra.core's program run
 and ``timeslice`` act on the GPUs over ``gpurunner`` (the GPU's steps, and the loop that
 runs a program), ``mpsprivsep`` (the MPS launcher), ``mpslaunch`` and ``registration``.
 
-Rule: a program package. It may import every layer below (model, core, gpu, adapters,
-daemon), the generated gRPC code, and the fakes only where --fake-gpus is handled;
+Rule: a program package. It imports every layer below, the generated gRPC code
+(``dra.pb``), and ``dra.fakegpus`` only where --fake-gpus is handled;
 never another program package. Inside, each layer imports only those below it.
 """

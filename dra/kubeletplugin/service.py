@@ -26,7 +26,7 @@ import grpc
 
 from dra.adapters.kube import KubeError, NotFoundError
 from dra.core.allocation import ClaimError, read_allocation
-from dra.core.steps import ClaimSeen
+from dra.core.steps import ClaimRead
 from dra.daemon import metrics
 from dra.daemon.health import HealthTracker
 from dra.kubeletplugin.claimstatus import ClaimStatusWriter
@@ -138,21 +138,16 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
                     "cannot record an event on ResourceClaim %s: %s", claim["metadata"].get("name"), err
                 )
 
-    def _seen(self, holder: PreparedClaim) -> ClaimSeen:
-        """What the API server says of a prepared claim's ResourceClaim: dra.core.plan decides."""
-        try:
-            claim = self._kube.read_resource_claim(holder.namespace, holder.name)
-        except NotFoundError:
-            return "gone"
-        except KubeError:
-            return "unreadable"
-        if (claim.get("metadata") or {}).get("uid") != holder.uid:
-            return "re-created"
-        return "allocated" if (claim.get("status") or {}).get("allocation") else "deallocated"
+    def _read_holders(self, holders: Sequence[PreparedClaim]) -> dict[str, ClaimRead]:
+        """The prepare's AskStale step: each holder's ResourceClaim as the API server answered (dra.core.plan
+        decides what that means for its devices)."""
+        return {holder.uid: self._read_holder(holder) for holder in holders}
 
-    def _holders_seen(self, holders: Sequence[PreparedClaim]) -> dict[str, ClaimSeen]:
-        """The prepare's AskStale step: each holder's claim as the API server has it."""
-        return {holder.uid: self._seen(holder) for holder in holders}
+    def _read_holder(self, holder: PreparedClaim) -> ClaimRead:
+        try:
+            return ClaimRead(self._kube.read_resource_claim(holder.namespace, holder.name))
+        except KubeError as err:
+            return ClaimRead(None, err.status, str(err))
 
     def _prepare(self, ref: dra_pb2.Claim) -> dra_pb2.NodePrepareResourceResponse:
         started = time.perf_counter()
@@ -163,7 +158,7 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         inflight.inc()
         try:
             read.append(self._kube.read_resource_claim(ref.namespace, ref.name))
-            prepared = self._state.prepare(read_allocation(read[0], ref.uid, self.driver), self._holders_seen)
+            prepared = self._state.prepare(read_allocation(read[0], ref.uid, self.driver), self._read_holders)
             result = "success"
             # As NVIDIA's driver counts them: only the requests that succeed.
             self._succeeded["prepare"].inc()

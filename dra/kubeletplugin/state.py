@@ -1,14 +1,21 @@
-"""The node's prepared claims, and the executor that runs the programs of dra.core.prepare and .recovery.
+"""The node's prepared claims and their durable record; each call runs a program of dra.core on them.
 
-The programs decide; `DeviceState` only holds the state (prepared claims,
-device actions, inventory) and runs each step they yield: one loop
-(dra.kubeletplugin.gpurunner.execute, which also runs static MIG layouts), one
-crash point per step (`faults.point`), no decisions. Steps run under a lock that is
-held across threads and processes (the checkpoint's flock: in a rolling update
-two instances share the checkpoint and the CDI directory); the two steps
-marked unlocked (asking the API server about holders, waiting for the fsync)
-run without it. Calls block on file I/O and run in worker threads.
-docs/architecture.md, "Prepare, step by step", has the order and why.
+The programs (dra.core.prepare, .recovery) decide; `DeviceState` holds what they decide on (the
+prepared claims, the device actions, the inventory) and runs each call's program, one step at a
+time, with a `CallSteps` of its own: the runner of that call's steps (one method per kind of step,
+over the CDI directory, the checkpoint, the metadata files, sysfs, the time slicer and the MPS
+daemons), with the call's stale check, and one crash point per step (`faults.point`). Three
+things around the steps each have one place here:
+
+- the lock (`DeviceState._held`): a thread lock and the checkpoint's flock, since in a rolling
+  update two instances share the checkpoint and the CDI directory; the two steps marked unlocked
+  (asking the API server about holders, waiting for the fsync) run without it (`_Hold`);
+- adoption (`DeviceState._adopt`): when the other instance saved, its record is read and the MIG
+  devices it made adopted, on taking the lock;
+- group commit (`GroupCommit`): a prepare's fsync waits, briefly, for the programs started beside it.
+
+Calls block on file I/O and run in worker threads. docs/architecture.md, "Preparing a claim, step
+by step", has the order and why.
 """
 
 from __future__ import annotations
@@ -39,8 +46,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: Answers AskStale: what the API server says of each of these prepared claims, by UID (absent: allocated).
-StaleCheck = Callable[[Sequence[PreparedClaim]], Mapping[str, s.ClaimSeen]]
+#: Answers AskStale: what the API server answered for each of these prepared claims, by UID (absent: live).
+StaleCheck = Callable[[Sequence[PreparedClaim]], Mapping[str, s.ClaimRead]]
 
 
 #: The most a save's fsync waits for the programs running beside it to reach their own, so that one
@@ -48,18 +55,12 @@ StaleCheck = Callable[[Sequence[PreparedClaim]], Mapping[str, s.ClaimSeen]]
 GROUP_WAIT = 0.005
 
 
-def _every_holder_live(holders: Sequence[PreparedClaim]) -> Mapping[str, s.ClaimSeen]:
+def _every_holder_live(holders: Sequence[PreparedClaim]) -> Mapping[str, s.ClaimRead]:
     return {}
 
 
-class DeviceState(GpuSteps):
-    """The node's prepared claims; runs prepares, unprepares and the start-up repair.
-
-    The GPU's steps are GpuSteps' (dynamic MIG through `lib`), the others its own methods below.
-    """
-
-    #: Files, NVML, nvidia-smi and the MPS daemons: what its steps fail with, into the program as StepError.
-    step_errors = (OSError, GpuLibraryError, TimeSliceError, MpsError)
+class DeviceState:
+    """The node's prepared claims and their record; runs prepares, unprepares and the start-up repair."""
 
     def __init__(
         self,
@@ -81,7 +82,6 @@ class DeviceState(GpuSteps):
 
         `metadata` keeps claims' metadata files (KEP-5304); with `device_metadata` new claims get them.
         """
-        super().__init__(lib, log)
         self.driver = driver
         self.pool = node_name
         self.inventory = inventory
@@ -97,6 +97,7 @@ class DeviceState(GpuSteps):
             metadata_root=str(metadata.root) if metadata is not None else "",
             device_metadata=device_metadata and metadata is not None,
         )
+        self._lib = lib
         self._cdi = cdi_store
         self._metadata = metadata
         self._checkpoint = checkpoint
@@ -105,13 +106,7 @@ class DeviceState(GpuSteps):
         # Also without `vfio`: start-up gives back GPUs a run with passthrough on left bound.
         self._pci = pci or PciSysfs()
         self._lock = threading.Lock()
-        #: Per thread, the stale check of the call whose program the thread runs (AskStale's answer),
-        #: and whether that program still counts among those deciding.
-        self._calls = threading.local()
-        #: Programs started and not yet at their save's fsync or their end; its condition wakes the
-        #: fsync that waits for them.
-        self._deciding = 0
-        self._decided = threading.Condition()
+        self._group = GroupCommit(checkpoint)
         prepared, actions = checkpoint.load_state()
         # Replaced by each save, never changed in place: a program's Facts can hold them without a copy.
         self._prepared: Mapping[str, PreparedClaim] = prepared
@@ -137,6 +132,12 @@ class DeviceState(GpuSteps):
         if self._holders.prepared is not self._prepared:
             self._holders = Holders(self._prepared)
         return s.Facts.indexed(self._prepared, self._actions, self.inventory, self._holders)
+
+    def _saved(self, step: s.Save) -> None:
+        """The record is what was saved (its holders carried over when the save says what changed)."""
+        if step.changed is not None and self._holders.prepared is self._prepared:
+            self._holders = self._holders.updated(step.prepared, step.changed)
+        self._prepared, self._actions = step.prepared, step.actions
 
     # -- the calls -------------------------------------------------------------------------------
 
@@ -176,65 +177,97 @@ class DeviceState(GpuSteps):
                 self.inventory = inventory
             return result, inventory
 
-    # -- the executor ----------------------------------------------------------------------------
+    def _run(self, start: Callable[[s.Facts], s.Program[T]], stale: StaleCheck = _every_holder_live) -> T:
+        """Run a call's program on the state as it is under the lock, let go for the unlocked steps."""
+        call = CallSteps(self, stale, self._group.join())
+        try:
+            with _Hold(self._held) as hold:
+                return execute(call, start(self._facts()), hold.set)
+        finally:
+            self._group.leave(call.member)
+
+    # -- the lock, and adoption ------------------------------------------------------------------
 
     @contextlib.contextmanager
     def _held(self) -> Iterator[None]:
         """Hold the state against threads and other processes, with what another instance saved."""
         with self._lock, self._checkpoint.exclusive() as saved_elsewhere:
             if saved_elsewhere is not None:
-                self._prepared, self._actions = saved_elsewhere[0], tuple(saved_elsewhere[1])
-                self._execute(migdevices.adopt(self._node, self._facts()), _every_holder_live)
+                self._adopt(saved_elsewhere[0], saved_elsewhere[1])
             yield
 
-    def _run(self, start: Callable[[s.Facts], s.Program[T]], stale: StaleCheck = _every_holder_live) -> T:
-        """Run a program from the state as it is under the lock; the lock is let go for unlocked steps."""
-        with self._counted(), _Hold(self._held) as hold:
-            return self._execute(start(self._facts()), stale, hold)
+    def _adopt(self, prepared: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction]) -> None:
+        """Take the record another instance saved, and adopt the MIG devices it made (the lock is held)."""
+        self._prepared, self._actions = prepared, tuple(actions)
+        execute(CallSteps(self, _every_holder_live, None), migdevices.adopt(self._node, self._facts()))
 
-    @contextlib.contextmanager
-    def _counted(self) -> Iterator[None]:
-        """Count the thread's program among those deciding, until its fsync (sync) or its end."""
-        if getattr(self._calls, "deciding", False):
-            # Counted once per thread: a second count here would never be taken back.
-            yield
-            return
+
+class GroupCommit:
+    """The programs deciding now, and the fsync that waits for them: one fsync for a burst of prepares.
+
+    The claims of a burst arrive together, each on its own thread: the first at its fsync waits (at
+    most GROUP_WAIT) for the others to decide and save, so that one fsync makes them all durable.
+    With the GIL the others' decisions would otherwise fall between fsyncs, one each.
+    """
+
+    def __init__(self, checkpoint: CheckpointStore) -> None:
+        self._checkpoint = checkpoint
+        self._deciding = 0
+        self._decided = threading.Condition()
+
+    def join(self) -> _Member:
+        """Count a call's program among those deciding, until it syncs or ends."""
         with self._decided:
             self._deciding += 1
-        self._calls.deciding = True
-        try:
-            yield
-        finally:
-            self._done_deciding()
+        return _Member()
 
-    def _done_deciding(self) -> None:
-        if getattr(self._calls, "deciding", False):
-            self._calls.deciding = False
-            with self._decided:
-                self._deciding -= 1
-                if not self._deciding:
-                    self._decided.notify_all()
+    def leave(self, member: _Member | None) -> None:
+        """The program is done deciding (at its fsync, or its end); once only."""
+        if member is None or member.left:
+            return
+        member.left = True
+        with self._decided:
+            self._deciding -= 1
+            if not self._deciding:
+                self._decided.notify_all()
 
-    def _execute(self, program: s.Program[T], stale: StaleCheck, hold: _Hold | None = None) -> T:
-        """Run the program with `stale` answering its AskStale steps; its answer."""
-        # Saved and put back: re-taking the lock can run another program (adopt) on this thread.
-        before = getattr(self._calls, "stale", _every_holder_live)
-        self._calls.stale = stale
-        try:
-            return execute(self, program, hold.set if hold is not None else None)
-        finally:
-            self._calls.stale = before
+    def sync(self, member: _Member | None, ticket: int) -> None:
+        """Wait, briefly, for the programs deciding beside this one, then for the fsync of `ticket`."""
+        self.leave(member)
+        with self._decided:
+            self._decided.wait_for(lambda: not self._deciding, GROUP_WAIT)
+        self._checkpoint.sync(ticket)
 
-    # -- the steps, one method each (dra.core.steps.Runner; the GPU's and Log are GpuSteps') -----
 
-    def ask_stale(self, step: s.AskStale) -> Mapping[str, s.ClaimSeen]:
-        """The stale check of the call running this program (DeviceState.prepare's `stale`)."""
-        stale: StaleCheck = getattr(self._calls, "stale", _every_holder_live)
-        return stale(step.holders)
+class _Member:
+    """One call's place among the programs deciding."""
+
+    def __init__(self) -> None:
+        self.left = False
+
+
+class CallSteps(GpuSteps):
+    """Runs one call's steps on the state: one method per kind (dra.core.steps.Runner; the GPU's and Log
+    are GpuSteps'), with the call's stale check and its place in the group commit."""
+
+    #: Files, NVML, nvidia-smi and the MPS daemons: what its steps fail with, into the program as StepError.
+    step_errors = (OSError, GpuLibraryError, TimeSliceError, MpsError)
+
+    def __init__(self, state: DeviceState, stale: StaleCheck, member: _Member | None) -> None:
+        super().__init__(state._lib, log)
+        self._state = state
+        self._stale = stale
+        self.member = member
+        self._cdi, self._checkpoint, self._metadata = state._cdi, state._checkpoint, state._metadata
+        self._pci, self._time_slicer, self._mps = state._pci, state._time_slicer, state._mps
+
+    def ask_stale(self, step: s.AskStale) -> Mapping[str, s.ClaimRead]:
+        """The call's stale check (DeviceState.prepare's `stale`)."""
+        return self._stale(step.holders)
 
     def read_state(self, step: s.ReadState) -> s.Facts:
         """The state as it is now."""
-        return self._facts()
+        return self._state._facts()
 
     def has_spec(self, step: s.HasSpec) -> bool:
         """Whether the claim's spec is on disk."""
@@ -256,24 +289,14 @@ class DeviceState(GpuSteps):
         """Record the claims and actions; the state is what was saved (its holders carried over)."""
         # The very mapping saved last: no claim changed (a save replaces the mapping, never edits it),
         # so the checkpoint compares none of them (a MIG prepare's action saves, 1,000 claims held).
-        changed = frozenset() if step.prepared is self._prepared else step.changed
+        changed = frozenset() if step.prepared is self._state._prepared else step.changed
         ticket = self._checkpoint.save(step.prepared, step.actions, step.durable, changed)
-        if step.changed is not None and self._holders.prepared is self._prepared:
-            self._holders = self._holders.updated(step.prepared, step.changed)
-        self._prepared, self._actions = step.prepared, step.actions
+        self._state._saved(step)
         return ticket
 
     def sync(self, step: s.Sync) -> None:
-        """Wait for the save's fsync (one for every save before it).
-
-        The claims of a burst arrive together, each on its own thread: the first at its fsync waits
-        (at most GROUP_WAIT) for the others to decide and save, so that one fsync makes them all
-        durable. With the GIL the others' decisions would otherwise fall between fsyncs, one each.
-        """
-        self._done_deciding()
-        with self._decided:
-            self._decided.wait_for(lambda: not self._deciding, GROUP_WAIT)
-        self._checkpoint.sync(step.ticket)
+        """Wait for the save's fsync (one for every save before it), the group commit's way."""
+        self._state._group.sync(self.member, step.ticket)
 
     def mark(self, step: s.Mark) -> None:
         """Nothing: the step is its crash point."""
@@ -303,7 +326,7 @@ class DeviceState(GpuSteps):
 
     def use_inventory(self, step: s.SetInventory) -> None:
         """Prepares from now on see this inventory (MIG devices made or destroyed; the lock is held)."""
-        self.inventory = step.inventory
+        self._state.inventory = step.inventory
 
     def apply_time_slices(self, step: s.ApplyTimeSlices) -> None:
         """Set the time-slice intervals."""

@@ -5,6 +5,6 @@ neither): it advertises no device and takes no share of the GPUs, but labels
 the node after all of them (dra.core.labels computes the labels). ``command``
 starts ``daemon``; the device plugin's config it labels after comes in from dra.cli.
 
-Rule: a program package: imports the layers below, never another program; ``command`` over
+Rule: a program package: imports every layer below, never another program; ``command`` over
 ``daemon`` (a layer contract).
 """

@@ -3,6 +3,6 @@
 Rule: frozen dataclasses and their small derived properties only, plus the value
 types they are made of (``quantity``: Kubernetes resource quantities, exact, which
 the CEL evaluator and the configuration API share). Nothing here
-does I/O or imports another part of dra, so every layer may use it. Inside (a layer
+does I/O, and it imports nothing of dra, so every layer may use it. Inside (a layer
 contract): ``migmode`` over ``migoffer`` over the rest, none of which imports another.
 """

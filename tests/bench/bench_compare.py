@@ -69,16 +69,13 @@ import grpc
 import yaml
 from fakenvml.library import nvml_header
 from fakenvml.node import FakeNode
-from localcluster.binaries import (
-    NVIDIA,
-    BuildError,
-    ensure_go_dra_driver,
-    ensure_grpc_floor,
-    kubernetes_version,
-)
-from localcluster.cluster import ClusterInfo, api_burst, running_cluster
+from localcluster.binaries import NVIDIA, ensure_go_dra_driver, ensure_grpc_floor, kubernetes_version
+from localcluster.cluster import running_cluster
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DriverProcess
+from localcluster.gomodule import BuildError
 from localcluster.kube import Kube, WaitTimeoutError, wait_for
+from localcluster.kubereleases import api_burst
 from localcluster.nvidiadriver import DRIVER as NVIDIA_DRIVER
 from localcluster.nvidiadriver import NvidiaDriverProcess
 

@@ -59,11 +59,14 @@ from pathlib import Path
 import yaml
 from fakenvml.node import FakeNode
 from kubernetes.watch.watch import iter_resp_lines
-from localcluster.binaries import BuildError, ensure_go_dra_driver
-from localcluster.cluster import ClusterInfo, api_burst, api_limit_flags, kubelet_api_limit, running_cluster
+from localcluster.binaries import ensure_go_dra_driver
+from localcluster.cluster import running_cluster
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.devicepluginprocess import DevicePluginProcess
 from localcluster.driverprocess import DriverProcess
+from localcluster.gomodule import BuildError
 from localcluster.kube import Kube, Obj, wait_for
+from localcluster.kubereleases import api_burst, api_limit_flags, kubelet_api_limit
 from localcluster.nvidiadriver import NvidiaDriverProcess
 from localcluster.workloads import (
     DRIVER,

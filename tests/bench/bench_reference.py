@@ -30,7 +30,8 @@ from typing import TypeVar
 
 import grpc
 from localcluster.binaries import ensure_go_dra_driver, kubernetes_version
-from localcluster.cluster import ClusterInfo, running_cluster
+from localcluster.cluster import running_cluster
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.kube import Kube, wait_for
 
 from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc

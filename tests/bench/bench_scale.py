@@ -36,7 +36,8 @@ from pathlib import Path
 
 import grpc
 import yaml
-from localcluster.cluster import ClusterInfo, running_cluster
+from localcluster.cluster import running_cluster
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, Obj
 

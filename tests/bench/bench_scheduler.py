@@ -47,9 +47,10 @@ from pathlib import Path
 from typing import Any
 
 from fakenvml.node import FakeNode
-from localcluster.binaries import BuildError
-from localcluster.cluster import LocalCluster, api_limit_flags, running_cluster
+from localcluster.cluster import LocalCluster, running_cluster
+from localcluster.gomodule import BuildError
 from localcluster.kube import Kube, WaitTimeoutError, wait_for
+from localcluster.kubereleases import api_limit_flags
 from localcluster.nvidiadriver import NvidiaDriverProcess
 from localcluster.workloads import published_slices
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from localcluster.cluster import ClusterInfo, LocalCluster
+from localcluster.cluster import LocalCluster
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.cudaimages import PROBE, cuda_image
 from localcluster.devicepluginprocess import DevicePluginProcess
 from localcluster.driverprocess import DriverProcess

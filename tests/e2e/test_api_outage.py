@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 import grpc
 import pytest
 import yaml
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, Obj, wait_for
 

@@ -44,7 +44,8 @@ import pytest
 from kubernetes.dynamic.exceptions import DynamicApiError
 from localcluster import chart, containerd, release, releases
 from localcluster.binaries import ensure_binary
-from localcluster.cluster import ClusterInfo, LocalCluster
+from localcluster.cluster import LocalCluster
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.demo import EXAMPLES
 from localcluster.driverimage import PYTHON_MINOR, DriverImage, driver_image
 from localcluster.kube import Kube, Obj, load_manifests, wait_for

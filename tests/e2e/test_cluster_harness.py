@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 from kubernetes.dynamic.exceptions import UnprocessibleEntityError
-from localcluster.cluster import ClusterInfo, LocalCluster
+from localcluster.cluster import LocalCluster
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.kube import Kube, Obj, wait_for
 
 from tests import stubplugin

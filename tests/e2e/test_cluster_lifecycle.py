@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from localcluster.binaries import KUBERNETES, ensure_cluster_binaries, kubernetes_version
-from localcluster.cluster import default_feature_gates
+from localcluster.kubereleases import default_feature_gates
 
 pytestmark = pytest.mark.cluster
 

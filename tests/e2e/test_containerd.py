@@ -24,7 +24,8 @@ from typing import Any, NamedTuple
 
 import anyio
 import pytest
-from localcluster.cluster import ClusterInfo, LocalCluster
+from localcluster.cluster import LocalCluster
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.containerd import LEAKY_HANDLER
 from localcluster.devicepluginprocess import DevicePluginProcess
 from localcluster.driverprocess import DriverProcess

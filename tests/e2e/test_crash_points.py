@@ -25,7 +25,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, Obj
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from localcluster import grafana
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, Obj
 from localcluster.workloads import DRIVER, claim_template, claims_pod, ensure_device_classes, gpu_pod

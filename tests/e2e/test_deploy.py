@@ -36,7 +36,7 @@ import yaml
 from kubernetes.dynamic.exceptions import DynamicApiError
 from localcluster import chart, promoperator
 from localcluster.binaries import ensure_binary
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, Obj, load_manifests, wait_for
 

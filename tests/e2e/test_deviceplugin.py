@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localcluster.cluster import ClusterInfo, LocalCluster
+from localcluster.cluster import LocalCluster
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.devicepluginprocess import DevicePluginProcess
 from localcluster.kube import Kube, wait_for
 from localcluster.workloads import container_record, delete_pods, gpu_limits_pod, node_resources

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.devicepluginprocess import DevicePluginProcess
 from localcluster.kube import Kube, wait_for
 from localcluster.workloads import delete_pods, gpu_limits_pod, node_resources

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from localcluster.cluster import ClusterInfo, LocalCluster
+from localcluster.cluster import LocalCluster
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.devicepluginprocess import DevicePluginProcess
 from localcluster.driverprocess import DriverProcess, free_port
 from localcluster.kube import Kube, wait_for

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.devicepluginprocess import DevicePluginProcess
 from localcluster.kube import Kube
 from localcluster.workloads import container_record, delete_pods, gpu_limits_pod

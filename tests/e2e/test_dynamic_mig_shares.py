@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from localcluster.binaries import kubernetes_version
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, Obj, wait_for
 from localcluster.workloads import (

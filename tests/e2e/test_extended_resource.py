@@ -20,7 +20,8 @@ from collections.abc import Iterator
 
 import pytest
 from localcluster import chart
-from localcluster.cluster import ClusterInfo, LocalCluster
+from localcluster.cluster import LocalCluster
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, Obj, wait_for
 from localcluster.workloads import (

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 from fakenvml.node import FakeNode
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, wait_for
 from localcluster.workloads import (

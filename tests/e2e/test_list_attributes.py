@@ -16,9 +16,11 @@ from collections.abc import Iterator
 import pytest
 import yaml
 from localcluster.binaries import kubernetes_version
-from localcluster.cluster import ClusterInfo, LocalCluster, default_feature_gates, release
+from localcluster.cluster import LocalCluster
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, wait_for
+from localcluster.kubereleases import default_feature_gates, release
 from localcluster.workloads import DRIVER, allocated_devices, ensure_device_classes, gpu_pod, pod_claim
 
 from tests.skips import Lack, reason

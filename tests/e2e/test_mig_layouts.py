@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, wait_for
 from localcluster.workloads import (

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.devicepluginprocess import DevicePluginProcess
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, wait_for

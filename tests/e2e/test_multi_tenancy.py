@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes.dynamic.exceptions import ForbiddenError, UnprocessibleEntityError
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, Obj, load_manifests, wait_for
 from localcluster.workloads import (

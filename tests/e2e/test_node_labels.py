@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from kubernetes.dynamic.exceptions import DynamicApiError
 from localcluster import chart
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.kube import Kube, Obj, wait_for
 from localcluster.labellerprocess import LabellerProcess
 

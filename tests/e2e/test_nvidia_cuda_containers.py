@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 from fakenvml.node import FakeNode
-from localcluster.cluster import ClusterInfo, LocalCluster
+from localcluster.cluster import LocalCluster
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.cudaimages import cuda_image
 from localcluster.driverprocess import DaemonProcess
 from localcluster.kube import Kube, wait_for

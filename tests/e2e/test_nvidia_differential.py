@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from fakenvml.node import FakeNode
 from localcluster.binaries import NVIDIA_PLUGIN
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DaemonProcess, DriverProcess
 from localcluster.kube import Kube, Obj, WaitTimeoutError, load_manifests, wait_for
 from localcluster.nvidiadriver import NAMESPACE as NVIDIA_NAMESPACE

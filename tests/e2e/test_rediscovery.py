@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, Obj, wait_for
 from localcluster.workloads import (

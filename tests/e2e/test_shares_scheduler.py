@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from localcluster.binaries import kubernetes_version
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, WaitTimeoutError
 from localcluster.workloads import (

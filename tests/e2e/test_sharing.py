@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from localcluster.binaries import kubernetes_version
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, Obj, wait_for
 from localcluster.workloads import (

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, Obj
 from localcluster.workloads import (

@@ -18,7 +18,7 @@ import anyio
 import grpc
 import pytest
 import yaml
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import free_port
 from localcluster.kube import Kube, Obj
 

@@ -14,7 +14,7 @@ import anyio.abc
 import anyio.to_thread
 import pytest
 import yaml
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import free_port
 from localcluster.kube import Kube, Obj
 

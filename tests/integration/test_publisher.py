@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Callable
 
 import anyio
 import pytest
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.kube import Kube, Obj
 
 from dra.adapters.kube import KubeClient

@@ -14,13 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from localcluster.binaries import (
-    BuildError,
-    GoModule,
-    go_dra_driver_module,
-    kubernetes_module,
-    supported_kubernetes_versions,
-)
+from localcluster.binaries import go_dra_driver_module, kubernetes_module, supported_kubernetes_versions
+from localcluster.gomodule import BuildError, GoModule
 
 from tests.bench.bench_compare import (
     NVIDIA_GATES,

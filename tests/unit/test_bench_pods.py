@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from localcluster.cluster import api_limit_flags, kubelet_api_limit
+from localcluster.kubereleases import api_limit_flags, kubelet_api_limit
 
 from tests.bench.bench_pods import (
     DEVICE_PLUGIN,

@@ -114,3 +114,77 @@ def test_a_node_with_real_gpus_never_loads_the_fakes() -> None:
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+#: Modules a contract fences (protected): a package may import them only if it is an allowed importer.
+def _fenced() -> dict[str, list[str]]:
+    return {
+        module.removeprefix("dra."): contract["allowed_importers"]
+        for contract in _contracts()
+        if contract["type"] == "protected"
+        for module in contract["protected_modules"]
+        if module.startswith("dra.")
+    }
+
+
+def _permitted(package: str) -> tuple[set[str], set[str]]:
+    """What the contracts let dra.<package> import of dra: (every layer below it, what it may import)."""
+    (top,) = (c for c in _contracts() if c["type"] == "layers" and c["containers"] == ["dra"])
+    layers = _layers(top)
+    (mine,) = (n for n, layer in enumerate(layers) if package in layer)
+    below = {name for layer in layers[mine + 1 :] for name in layer}
+    fenced = _fenced()
+    permitted = {
+        name
+        for name in below
+        if name not in fenced or any(a.split(".")[:2] == ["dra", package] for a in fenced[name])
+    }
+    for contract in _contracts():
+        if contract["type"] == "forbidden" and f"dra.{package}" in contract["source_modules"]:
+            permitted -= {m.removeprefix("dra.") for m in contract["forbidden_modules"]}
+    return {name for name in below if name not in fenced}, permitted
+
+
+@pytest.mark.parametrize("package", _packages())
+def test_every_package_docstring_names_what_the_contracts_let_it_import(package: str) -> None:
+    # A rule says "imports every layer below" (naming the fenced modules it may import too) or
+    # "imports only" and names each: ``dra.api``. Either way the names are the contracts' own.
+    rule = (importlib.import_module(f"dra.{package}").__doc__ or "").partition("Rule:")[2]
+    rule = " ".join(rule.split()).lower()
+    named = set(re.findall(r"``dra\.(\w+)``", rule))
+    unfenced, permitted = _permitted(package)
+    if "imports every layer below" in rule:
+        assert unfenced <= permitted, f"dra/{package}: a contract forbids part of a layer below"
+        assert named == permitted - unfenced, (
+            f"dra/{package}'s rule should name the fenced: {permitted - unfenced}"
+        )
+    elif permitted:
+        assert "imports only" in rule, (
+            f"dra/{package}'s rule says neither 'imports every layer below' nor 'imports only'"
+        )
+        assert named == permitted, f"dra/{package}'s rule should name exactly {sorted(permitted)}"
+    else:
+        assert "imports nothing of dra" in rule, f"dra/{package}'s rule should say it imports nothing of dra"
+
+
+def test_the_package_docstring_names_every_layer_bottom_up() -> None:
+    (top,) = (c for c in _contracts() if c["type"] == "layers" and c["containers"] == ["dra"])
+    headings = re.findall(r"^``(\w+)``", importlib.import_module("dra").__doc__ or "", re.MULTILINE)
+    expected = [name for layer in reversed(_layers(top)) for name in layer if name != "pb"]
+    assert headings == [name for name in expected if name in headings]
+    assert set(expected) <= set(re.findall(r"``(\w+)``", importlib.import_module("dra").__doc__ or ""))
+
+
+def test_every_module_of_the_package_and_of_the_local_tooling_stays_under_500_lines() -> None:
+    # One concern a module (docs/architecture.md); the generated gRPC code aside.
+    modules = [
+        path
+        for tree in (ROOT / "dra", ROOT / "deploy" / "local")
+        for path in tree.rglob("*.py")
+        if "pb" not in path.relative_to(ROOT).parts[:2]
+    ]
+    assert len(modules) > 100
+    long = {
+        str(path.relative_to(ROOT)): n for path in modules if (n := len(path.read_text().splitlines())) > 500
+    }
+    assert long == {}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from localcluster import cpython
-from localcluster.binaries import BuildError
+from localcluster.gomodule import BuildError
 
 
 def test_a_version_without_a_pinned_source_is_refused(

@@ -16,28 +16,20 @@ import time
 from pathlib import Path
 
 import pytest
-from localcluster import binaries
+from localcluster import binaries, gomodule
 from localcluster.binaries import (
     KUBERNETES,
     VERSIONS_DIR,
-    BuildError,
-    GoModule,
     default_kubernetes_version,
     kubernetes_module,
     kubernetes_version,
     supported_kubernetes_versions,
 )
-from localcluster.cluster import (
-    RELEASES,
-    ClusterError,
-    ClusterInfo,
-    LocalCluster,
-    Stopped,
-    parse_gates,
-    release,
-    stop_on_signals,
-    stop_run_dir,
-)
+from localcluster.cluster import LocalCluster
+from localcluster.clusterinfo import ClusterError, ClusterInfo
+from localcluster.gomodule import BuildError, GoModule
+from localcluster.kubereleases import RELEASES, parse_gates, release
+from localcluster.processes import Stopped, stop_on_signals, stop_run_dir
 from localcluster.workloads import committed_device_classes, device_classes
 
 #: Gates that are GA in a release: setting them warns, and setting a locked one to false fails.
@@ -173,7 +165,7 @@ def test_a_stop_signal_raises_stopped_and_a_second_cannot_cut_the_clean_up_short
 def test_a_signal_ignored_at_start_stays_ignored() -> None:
     script = (
         "import os, signal, time\n"
-        "from localcluster.cluster import stop_on_signals\n"
+        "from localcluster.processes import stop_on_signals\n"
         "with stop_on_signals():\n"
         "    os.kill(os.getpid(), signal.SIGHUP)\n"
         "    time.sleep(0.2)\n"
@@ -253,7 +245,7 @@ def fake_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("GO_CALLS", str(calls))
     monkeypatch.setenv("DRA_GPU_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("KUBERNETES_VERSION", raising=False)
-    monkeypatch.setattr(binaries, "PROGRESS_EVERY", 0.2)
+    monkeypatch.setattr(gomodule, "PROGRESS_EVERY", 0.2)
     return calls
 
 

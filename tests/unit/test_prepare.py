@@ -21,9 +21,10 @@ from dra.core.plan import (
     decide_unprepare,
     respec,
     stale_reasons,
+    unanswered,
 )
 from dra.core.recovery import RecoverPlan, decide_recover
-from dra.core.steps import ClaimSeen, Node
+from dra.core.steps import ClaimRead, Node
 from dra.model.devices import Inventory
 from dra.model.prepared import Holders, PreparedClaim, PreparedDevice
 from tests.unit.helpers import DRIVER, NODE, inventory
@@ -429,16 +430,42 @@ def test_an_index_carried_over_saves_answers_as_one_built_afresh() -> None:
 
 
 def test_a_holder_is_stale_when_its_claim_is_gone_re_created_or_deallocated_and_live_otherwise() -> None:
-    seen: dict[str, ClaimSeen] = {
-        "a": "gone",
-        "b": "re-created",
-        "c": "deallocated",
-        "d": "allocated",
+    allocated: dict[str, object] = {"status": {"allocation": {"devices": {"results": []}}}}
+    reads = {
+        "a": ClaimRead(None, 404, "not found"),
+        "b": ClaimRead({"metadata": {"uid": "another"}, **allocated}),
+        "c": ClaimRead({"metadata": {"uid": "c"}, "status": {}}),
+        "d": ClaimRead({"metadata": {"uid": "d"}, **allocated}),
         # The API server could not be asked: refusing now loses nothing, the kubelet retries.
-        "e": "unreadable",
+        "e": ClaimRead(None, 403, "forbidden"),
+        "f": ClaimRead(None, 503, "the server is shutting down"),
+        "g": ClaimRead(None, 0, "connection refused"),
     }
-    assert stale_reasons(seen) == {
+    assert stale_reasons(reads) == {
         "a": "the claim no longer exists",
         "b": "the claim was re-created",
         "c": "the claim is no longer allocated",
     }
+    # Each error the API server gave, for the refusal's message: not one "unreadable" for all.
+    assert unanswered(reads) == {
+        "e": "HTTP 403: forbidden",
+        "f": "HTTP 503: the server is shutting down",
+        "g": "connection refused",
+    }
+
+
+def test_a_holder_the_api_server_could_not_be_asked_about_refuses_the_claim_with_its_error() -> None:
+    held = _by_uid(_prepared(UID_A, "gpu-0"))
+    plan = decide_prepare(
+        _allocation(UID_B, "gpu-0"),
+        INVENTORY,
+        held,
+        ON,
+        stale={},
+        has_spec=False,
+        unknown={UID_A: "HTTP 403: x"},
+    )
+    assert _refusal(plan).endswith(
+        f"device gpu-0 is already prepared for claim team-a/claim-a ({UID_A}), which the API server could "
+        "not be asked about (HTTP 403: x)"
+    )

@@ -18,18 +18,19 @@ from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.metadatastore import MetadataStore
 from dra.adapters.pcisysfs import PciSysfs
-from dra.core import devicemetadata, gpusteps, steps
+from dra.core import devicemetadata, gpusteps, migdevices, mpsdaemons, steps, vfio
 from dra.core import prepare as programs
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
+from dra.core.plan import PreparePlan, decide_prepare
 from dra.core.stepbase import Step
-from dra.core.steps import ClaimSeen, Runner
+from dra.core.steps import ClaimRead, Runner
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.profiles import load_profile
 from dra.fakegpus.sysfs import FakeFunction, FakeSysfs
 from dra.gpu import dynamic
 from dra.gpu.discovery import discover
 from dra.gpu.library import GpuHandle, Placement
-from dra.kubeletplugin.state import DeviceState
+from dra.kubeletplugin.state import CallSteps, DeviceState
 from dra.model.devices import Inventory
 from dra.model.migmode import parse_mig_modes
 from dra.model.pci import IommuGroup, PciFunction, VfioHost
@@ -45,6 +46,8 @@ MIG = "gpu-0-mig-3g40gb-at4"
 #: GPU 0 makes MIG devices on demand; the others are given whole.
 MODES = "whole,0=dynamic"
 NODE_FACTS = steps.Node(DRIVER, NODE, mig=True, checkpoint="checkpoint.json")
+#: What the API server answers for a claim that was deleted.
+GONE = ClaimRead(None, 404, "not found")
 
 
 def _lib(root: Path) -> FakeGpuLibrary:
@@ -144,6 +147,47 @@ def test_a_new_claim_is_spec_then_record_then_settings_then_fsync(tmp_path: Path
     ]
 
 
+def test_a_whole_gpu_claim_runs_no_mig_or_mps_code_on_a_node_that_has_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The plan says what a prepare makes: a GPU outside dynamic MIG, shared by no MPS daemon, has
+    # nothing of either, and neither its prepare nor its unprepare enters their programs.
+    def entered(*args: object) -> None:
+        raise AssertionError("a whole-GPU claim entered MIG or MPS code")
+
+    for name in ("switch_for_claim", "make", "destroy_claim_devices", "claim_parents", "release_mig_mode"):
+        monkeypatch.setattr(migdevices, name, entered)
+    for name in ("start", "release"):
+        monkeypatch.setattr(mpsdaemons, name, entered)
+    monkeypatch.setattr(vfio, "release", entered)
+    node = replace(NODE_FACTS, mps_root="/run/mps")
+    facts = steps.Facts({}, (), _inventory(tmp_path))
+    plan = decide_prepare(_allocation(WHOLE), facts.inventory, {}, node, stale={}, has_spec=False)
+    assert isinstance(plan, PreparePlan)
+    assert (plan.mig_off, plan.mig_on, plan.create, plan.mps, plan.given_back) == ((), (), (), False, [])
+    assert "Sync@prepare.checkpoint-saved" in _trace(
+        programs.prepare(node, _allocation(WHOLE), facts), _answers(facts)
+    )
+    prepared = {UID: plan.claim}
+    assert _trace(programs.unprepare(node, UID, replace(facts, prepared=prepared)), _answers(facts)) == [
+        "RemoveSpec@unprepare.spec-removed",
+        "Mark@sharing-before-unrecord",
+        "Save@unprepare.checkpoint-saved",
+        "Log",
+    ]
+
+
+def test_the_whole_of_a_dynamic_mig_gpu_has_its_mig_mode_turned_off_by_the_plan(tmp_path: Path) -> None:
+    inventory = _inventory(tmp_path)
+    plan = decide_prepare(_allocation(DYNAMIC_WHOLE), inventory, {}, NODE_FACTS, stale={}, has_spec=False)
+    assert isinstance(plan, PreparePlan)
+    assert [g.name for g in plan.mig_off] == [DYNAMIC_WHOLE]
+    assert plan.mig_on == ()
+    mig = decide_prepare(_allocation(MIG), inventory, {}, NODE_FACTS, stale={}, has_spec=False)
+    assert isinstance(mig, PreparePlan)
+    assert ([g.name for g in mig.mig_on], mig.mig_off) == ([DYNAMIC_WHOLE], ())
+
+
 def test_device_metadata_files_are_written_before_the_spec_that_mounts_them(tmp_path: Path) -> None:
     facts = steps.Facts({}, (), _inventory(tmp_path))
     node = steps.Node(DRIVER, NODE, metadata_root="/plugin/dra-device-metadata", device_metadata=True)
@@ -168,7 +212,7 @@ def test_a_holder_is_asked_about_without_the_lock_and_released_before_the_spec(t
     prepared = _prepare_and_record(tmp_path, _allocation(WHOLE, OTHER))
     facts = steps.Facts({OTHER: prepared}, (), _inventory(tmp_path))
     program = programs.prepare(NODE_FACTS, _allocation(WHOLE), facts)
-    trace = _trace(program, _answers(facts, {steps.AskStale: {OTHER: "gone"}}))
+    trace = _trace(program, _answers(facts, {steps.AskStale: {OTHER: GONE}}))
     # A new claim's spec is written whether or not one is there: no HasSpec.
     assert trace[:3] == ["AskStale", "ReadState", "MissingHostPaths"]
     # The holder (prepared with device metadata) loses its files with its spec.
@@ -384,20 +428,20 @@ def _state(root: Path) -> DeviceState:
 def _killed_after(state: DeviceState, count: int, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Make the executor end after its `count`-th step; the steps it ran, by kind."""
     ran: list[str] = []
-    run = DeviceState._run_step
+    run = CallSteps._run_step
 
-    def once_more(self: DeviceState, step: Step[DeviceState]) -> object:
+    def once_more(self: CallSteps, step: Step[CallSteps]) -> object:
         if len(ran) == count:
             raise _Killed
         ran.append(type(step).__name__)
         return run(self, step)
 
-    monkeypatch.setattr(DeviceState, "_run_step", once_more)
+    monkeypatch.setattr(CallSteps, "_run_step", once_more)
     return ran
 
 
-def _gone(holders: Sequence[PreparedClaim]) -> Mapping[str, ClaimSeen]:
-    return {h.uid: "gone" for h in holders}
+def _gone(holders: Sequence[PreparedClaim]) -> Mapping[str, ClaimRead]:
+    return {h.uid: GONE for h in holders}
 
 
 def _instances(root: Path) -> list[tuple[int, str, int, int]]:
@@ -467,19 +511,20 @@ SCENARIOS: list[Scenario] = [
 ]
 
 
-def _step_count(root: Path, scenario: Scenario) -> int:
+def _step_count(root: Path, scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> int:
     _, before, call, _ = scenario
     state = _state(root)
     before(state)
     ran: list[str] = []
-    run = state._run_step
+    run = CallSteps._run_step
 
-    def counting(step: Step[DeviceState]) -> object:
+    def counting(self: CallSteps, step: Step[CallSteps]) -> object:
         ran.append(type(step).__name__)
-        return run(step)
+        return run(self, step)
 
-    state._run_step = counting  # type: ignore[method-assign]
-    call(state)
+    with monkeypatch.context() as patch:
+        patch.setattr(CallSteps, "_run_step", counting)
+        call(state)
     return len(ran)
 
 
@@ -488,7 +533,7 @@ def test_a_crash_after_any_step_is_repaired_and_the_retry_converges(
     tmp_path: Path, scenario: Scenario, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, before, call, device = scenario
-    total = _step_count(tmp_path / "count", scenario)
+    total = _step_count(tmp_path / "count", scenario, monkeypatch)
     assert total > 3
     _pci(tmp_path / "untouched")
     untouched = _drivers(tmp_path / "untouched")
@@ -545,7 +590,9 @@ def test_a_crash_inside_the_start_up_repair_is_repaired_by_the_next_start(
         dynamic.create_gpu_instance(_lib(root), 0, 19, Placement(0, 1))
 
     crashed_node(tmp_path / "count")
-    total = _step_count(tmp_path / "count", ("recover", lambda s: None, lambda s: s.recover(), ""))
+    total = _step_count(
+        tmp_path / "count", ("recover", lambda s: None, lambda s: s.recover(), ""), monkeypatch
+    )
     for count in range(total):
         root = tmp_path / str(count)
         crashed_node(root)

@@ -29,7 +29,7 @@ from dra.core import versions
 from dra.core.allocation import ClaimError
 from dra.core.assignment import GpuPath
 from dra.core.checkpointformat import CheckpointError
-from dra.core.steps import ClaimSeen
+from dra.core.steps import ClaimRead
 from dra.core.versions import ApiFeatures
 from dra.daemon.flags import UsageError, boolean
 from dra.daemon.health import HealthTracker
@@ -77,7 +77,7 @@ def test_neither_instance_loses_the_others_claims(paths: Paths) -> None:
     # The old instance sees the new one's claim as the holder of its device, and changes nothing.
     asked: list[str] = []
 
-    def live(holders: Sequence[PreparedClaim]) -> Mapping[str, ClaimSeen]:
+    def live(holders: Sequence[PreparedClaim]) -> Mapping[str, ClaimRead]:
         asked.extend(c.uid for c in holders)
         return {}
 

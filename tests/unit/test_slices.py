@@ -20,6 +20,7 @@ from dra.core.deviceentries import (
     SliceError,
     binary_quantity,
     device_entry,
+    partition_entry,
 )
 from dra.core.slices import MAX_DEVICES_PER_SLICE, build_slices, slice_name
 from dra.fakegpus.library import FakeGpuLibrary
@@ -27,6 +28,7 @@ from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
 from dra.gpu.library import ERROR_NOT_SUPPORTED, GpuHandle, GpuLibraryError
 from dra.model.devices import Gpu, Inventory, MigDevice
+from dra.model.migmode import parse_mig_modes
 from tests.unit.helpers import DRIVER, NODE, inventory, profile
 
 MIB = 1024**2
@@ -261,6 +263,20 @@ def test_the_attribute_limit_is_enforced(monkeypatch: pytest.MonkeyPatch) -> Non
         device_entry(inv.gpus[0], inv)
     monkeypatch.setattr(deviceentries, "MAX_ATTRIBUTES_AND_CAPACITIES", 16)
     device_entry(inv.gpus[0], inv)
+
+
+def test_the_attribute_limit_holds_for_a_mig_device_and_an_offer_alike(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made = inventory("h100x8-mig")
+    offers = discover(FakeGpuLibrary(load_profile("h100x8-dynamic-mig"), NODE), parse_mig_modes("dynamic"))
+    mig = next(d for d in made if isinstance(d, MigDevice))
+    offer = offers.partitions[0]
+    monkeypatch.setattr(deviceentries, "MAX_ATTRIBUTES_AND_CAPACITIES", 8)
+    with pytest.raises(SliceError, match=f"device {mig.name} has more than 8 attributes"):
+        device_entry(mig, made)
+    with pytest.raises(SliceError, match=f"device {offer.name} has more than 8 attributes"):
+        partition_entry(offer, offers)
 
 
 def test_a_device_name_that_is_not_a_dns_label_is_refused() -> None:

@@ -20,7 +20,7 @@ from dra.core import cdi
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.core.assignment import restrict
 from dra.core.checkpointformat import CheckpointError
-from dra.core.steps import ClaimSeen
+from dra.core.steps import ClaimRead
 from dra.kubeletplugin import state as state_module
 from dra.kubeletplugin.state import DeviceState
 from dra.model.devices import Inventory
@@ -30,6 +30,9 @@ from tests.unit.helpers import DRIVER, NODE, inventory
 UID_A = "aaaaaaaa-0000-4000-8000-00000000000a"
 UID_B = "bbbbbbbb-0000-4000-8000-00000000000b"
 UID_C = "cccccccc-0000-4000-8000-00000000000c"
+#: What the API server answers for a claim deleted, and for one deleted and made again (another UID).
+GONE = ClaimRead(None, 404, "not found")
+RE_CREATED = ClaimRead({"metadata": {"uid": "dddddddd-0000-4000-8000-00000000000d"}})
 OLD = 1_000_000_000
 
 
@@ -213,7 +216,7 @@ def test_repeated_prepare_recreates_a_missing_spec(paths: Paths) -> None:
 def _refused_asking(state: DeviceState, allocation: ClaimAllocation, asked: list[str]) -> str:
     """Refused, every holder live; the UIDs of the holders the prepare asked about go to `asked`."""
 
-    def live(holders: Sequence[PreparedClaim]) -> Mapping[str, ClaimSeen]:
+    def live(holders: Sequence[PreparedClaim]) -> Mapping[str, ClaimRead]:
         asked.extend(c.uid for c in holders)
         return {}
 
@@ -223,7 +226,7 @@ def _refused_asking(state: DeviceState, allocation: ClaimAllocation, asked: list
 
 
 def _refused(
-    state: DeviceState, allocation: ClaimAllocation, stale: Mapping[str, ClaimSeen] | None = None
+    state: DeviceState, allocation: ClaimAllocation, stale: Mapping[str, ClaimRead] | None = None
 ) -> str:
     with pytest.raises(ClaimError) as err:
         state.prepare(allocation, lambda holders: stale or {})
@@ -531,7 +534,7 @@ def test_a_stale_holder_is_released_with_one_checkpoint_save(paths: Paths) -> No
     state = DeviceState(DRIVER, NODE, inventory("h100x8"), specs, checkpoint)
     state.prepare(_allocation(UID_A, "gpu-0", "gpu-1"))
     state.prepare(_allocation(UID_C, "gpu-2"))
-    claim = state.prepare(_allocation(UID_B, "gpu-1"), lambda _: {UID_A: "gone"})
+    claim = state.prepare(_allocation(UID_B, "gpu-1"), lambda _: {UID_A: GONE})
     assert checkpoint.saves == 3
     assert paths.checkpointed() == {UID_C: state.prepared[UID_C], UID_B: claim}
     assert paths.specs() == sorted([paths.spec(UID_B).name, paths.spec(UID_C).name])
@@ -543,7 +546,7 @@ def test_a_holder_not_named_stale_is_kept_and_refuses_the_claim(paths: Paths) ->
     state = paths.state()
     state.prepare(_allocation(UID_A, "gpu-0"))
     state.prepare(_allocation(UID_C, "gpu-1"))
-    message = _refused(state, _allocation(UID_B, "gpu-0"), {UID_C: "gone"})
+    message = _refused(state, _allocation(UID_B, "gpu-0"), {UID_C: GONE})
     assert f"already prepared for claim team-a/claim-a ({UID_A})" in message
     assert sorted(paths.checkpointed()) == [UID_A, UID_C]
     assert paths.specs() == sorted([paths.spec(UID_A).name, paths.spec(UID_C).name])
@@ -561,7 +564,7 @@ def test_a_failed_save_while_releasing_a_stale_holder_is_repaired_by_the_restart
         FailingCheckpoint(paths.checkpoint),
     )
     with pytest.raises(ClaimError, match="no space"):
-        crashing.prepare(_allocation(UID_B, "gpu-0"), lambda _: {UID_A: "re-created"})
+        crashing.prepare(_allocation(UID_B, "gpu-0"), lambda _: {UID_A: RE_CREATED})
     # The holder's spec is gone and the new one withdrawn, but the checkpoint still names the holder.
     assert paths.specs() == []
     assert list(paths.checkpointed()) == [UID_A]
@@ -569,7 +572,7 @@ def test_a_failed_save_while_releasing_a_stale_holder_is_repaired_by_the_restart
     restarted.recover()
     assert paths.specs() == [paths.spec(UID_A).name]
     # The kubelet retries; the holder is found stale again and released.
-    restarted.prepare(_allocation(UID_B, "gpu-0"), lambda _: {UID_A: "re-created"})
+    restarted.prepare(_allocation(UID_B, "gpu-0"), lambda _: {UID_A: RE_CREATED})
     assert list(paths.checkpointed()) == [UID_B]
     assert paths.specs() == [paths.spec(UID_B).name]
 

@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from localcluster.binaries import BuildError, cache_root
+from localcluster.gomodule import BuildError, cache_root
 
 from fakenvml.library import ensure_library
 

@@ -20,7 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from localcluster.binaries import NVIDIA, BuildError, cache_root
+from localcluster.binaries import NVIDIA
+from localcluster.gomodule import BuildError, cache_root
 
 HERE = Path(__file__).resolve().parent
 LOADER = HERE / "loader.c"

@@ -26,7 +26,8 @@ the set waited on, a MIG mode change left pending until `reset_gpu` on GPUs
 named in `reset_required` (nvmlDeviceSetMigMode's activation status is then
 RESET_REQUIRED), GPUs fallen off the bus (`lost`), and compute-instance
 profile information. The GPU- and compute-instance functions are
-fakenvml.instances's. docs/testing.md says what the stand-in cannot
+fakenvml.instances's, the event functions fakenvml.events's, utilization,
+processes and GPM fakenvml.usage's. docs/testing.md says what the stand-in cannot
 vouch for without a GPU.
 
 dra.gpu.nvml is the only importer of pynvml; the stand-in does not import it.
@@ -37,7 +38,6 @@ from __future__ import annotations
 import ctypes
 import itertools
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Collection
 from typing import Any
@@ -45,44 +45,27 @@ from typing import Any
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.gpu.discovery import mig_handles
 from dra.gpu.library import (
-    ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_GPU_IS_LOST,
     ERROR_INVALID_ARGUMENT,
     ERROR_NOT_FOUND,
     ERROR_NOT_SUPPORTED,
-    ERROR_TIMEOUT,
     ERROR_UNKNOWN,
-    EVENT_XID_CRITICAL,
-    NO_INSTANCE,
-    GpmSample,
     GpuHandle,
     GpuLibraryError,
     MigHandle,
 )
 from fakenvml.abi import (
-    ERROR_INSUFFICIENT_SIZE,
     ERROR_RESET_REQUIRED,
     ERROR_UNINITIALIZED,
-    EVENT_SET,
-    GPM_METRIC_GRAPHICS_UTIL,
-    GPM_SAMPLE,
-    GPM_VERSION,
     GPU,
     MIG,
     SUCCESS,
     AddressingMode,
     DeviceAttributes,
-    EventData,
-    GpmMetricsGetHead,
-    GpmSupport,
     Memory,
     PciInfo,
-    ProcessInfo,
-    ProcessUtilizationSample,
-    Utilization,
     at,
     error_string,
-    gpm_metrics,
     ptr,
     set_string,
     set_uint,
@@ -90,7 +73,9 @@ from fakenvml.abi import (
     ull,
     versioned,
 )
+from fakenvml.events import EventCalls
 from fakenvml.instances import InstanceCalls
+from fakenvml.usage import UsageCalls
 
 
 class NvmlStandIn:
@@ -125,9 +110,10 @@ class NvmlStandIn:
         self._addresses = itertools.count(0x1000, 0x10)
         self._handles: dict[int, tuple[str, object, int]] = {}
         self._by_key: dict[tuple[str, object], int] = {}
-        self._event_sets: dict[int, set[int]] = {}
         self._lock = threading.Lock()
         self._instances = InstanceCalls(self)
+        self._events = EventCalls(self)
+        self._usage = UsageCalls(self)
         self._signatures = self._table()
 
     # -- the library as pynvml sees it --------------------------------------------------
@@ -169,7 +155,7 @@ class NvmlStandIn:
 
     def _table(self) -> dict[str, tuple[tuple[Any, ...], Callable[..., int | None]]]:
         p, u, i = ptr, uint, ctypes.c_int
-        mig = self._instances
+        mig, events, usage = self._instances, self._events, self._usage
         return {
             "nvmlErrorString": ((i,), error_string),
             "nvmlInitWithFlags": ((u,), self._init),
@@ -229,19 +215,19 @@ class NvmlStandIn:
             "nvmlGpuInstanceGetComputeInstances": ((p, u, p, p), mig.compute_instances),
             "nvmlComputeInstanceGetInfo_v2": ((p, p), mig.compute_instance_info),
             "nvmlComputeInstanceDestroy": ((p,), mig.destroy_compute_instance),
-            "nvmlEventSetCreate": ((p,), self._event_set_create),
-            "nvmlDeviceRegisterEvents": ((p, ull, p), self._register_events),
-            "nvmlEventSetWait_v2": ((p, p, u), self._event_set_wait),
-            "nvmlEventSetFree": ((p,), self._event_set_free),
-            "nvmlDeviceGetUtilizationRates": ((p, p), self._utilization),
-            "nvmlDeviceGetComputeRunningProcesses_v3": ((p, p, p), self._running_processes),
-            "nvmlDeviceGetProcessUtilization": ((p, p, p, ull), self._process_utilization),
-            "nvmlGpmQueryDeviceSupport": ((p, p), self._gpm_support),
-            "nvmlGpmSampleAlloc": ((p,), self._gpm_alloc),
-            "nvmlGpmSampleFree": ((p,), self._gpm_free),
-            "nvmlGpmSampleGet": ((p, p), self._gpm_sample),
-            "nvmlGpmMigSampleGet": ((p, u, p), self._gpm_mig_sample),
-            "nvmlGpmMetricsGet": ((p,), self._gpm_metrics),
+            "nvmlEventSetCreate": ((p,), events.event_set_create),
+            "nvmlDeviceRegisterEvents": ((p, ull, p), events.register_events),
+            "nvmlEventSetWait_v2": ((p, p, u), events.event_set_wait),
+            "nvmlEventSetFree": ((p,), events.event_set_free),
+            "nvmlDeviceGetUtilizationRates": ((p, p), usage.utilization),
+            "nvmlDeviceGetComputeRunningProcesses_v3": ((p, p, p), usage.running_processes),
+            "nvmlDeviceGetProcessUtilization": ((p, p, p, ull), usage.process_utilization),
+            "nvmlGpmQueryDeviceSupport": ((p, p), usage.gpm_support),
+            "nvmlGpmSampleAlloc": ((p,), usage.gpm_alloc),
+            "nvmlGpmSampleFree": ((p,), usage.gpm_free),
+            "nvmlGpmSampleGet": ((p, p), usage.gpm_sample),
+            "nvmlGpmMigSampleGet": ((p, u, p), usage.gpm_mig_sample),
+            "nvmlGpmMetricsGet": ((p,), usage.gpm_metrics),
         }
 
     # -- what only the stand-in knows --------------------------------------------------------
@@ -272,6 +258,12 @@ class NvmlStandIn:
             raise GpuLibraryError(ERROR_INVALID_ARGUMENT, f"not a handle of a {' or '.join(kinds)}")
         return entry[1], entry[2]
 
+    def forget(self, address: int) -> None:
+        """A handle freed (an event set, a GPM sample buffer): no longer valid."""
+        with self._lock:
+            kind, fake_handle, _ = self._handles.pop(address)
+            self._by_key.pop((kind, fake_handle), None)
+
     def gpu(self, address: int | None) -> GpuHandle:
         """The fake's GPU of a GPU handle; GPU_IS_LOST for a GPU fallen off the bus."""
         handle = self.lookup(address, GPU)[0]
@@ -279,7 +271,7 @@ class NvmlStandIn:
             raise GpuLibraryError(ERROR_GPU_IS_LOST, f"GPU {handle} has fallen off the bus")
         return GpuHandle(handle)
 
-    def _device(self, address: int | None) -> GpuHandle | MigHandle:
+    def device(self, address: int | None) -> GpuHandle | MigHandle:
         """A GPU or a MIG device that still exists (a destroyed one's handle is invalid)."""
         handle, parent = self.lookup(address, GPU, MIG)
         if not parent:
@@ -293,7 +285,7 @@ class NvmlStandIn:
 
     def _mig_uint(self, query: Callable[[MigHandle], int]) -> Callable[[int, int], None]:
         def answer(device: int, out: int) -> None:
-            handle = self._device(device)
+            handle = self.device(device)
             if not self._handles[device][2]:
                 raise GpuLibraryError(ERROR_INVALID_ARGUMENT, "not a MIG device handle")
             set_uint(out, query(MigHandle(handle)))
@@ -345,17 +337,17 @@ class NvmlStandIn:
     # -- devices ----------------------------------------------------------------------------
 
     def _name(self, device: int, out: int, length: int) -> None:
-        set_string(out, length, self.fake.name(self._device(device)))
+        set_string(out, length, self.fake.name(self.device(device)))
 
     def _uuid(self, device: int, out: int, length: int) -> None:
-        set_string(out, length, self.fake.uuid(self._device(device)))
+        set_string(out, length, self.fake.uuid(self.device(device)))
 
     def _compute_capability(self, device: int, major: int, minor: int) -> None:
         cc = self.fake.cuda_compute_capability(self.gpu(device))
         at(major, ctypes.c_int).value, at(minor, ctypes.c_int).value = cc
 
     def _memory(self, device: int, out: int) -> None:
-        handle = self._device(device)
+        handle = self.device(device)
         if isinstance(handle, int):
             total = self.fake.memory_total(GpuHandle(handle))
         else:
@@ -423,7 +415,7 @@ class NvmlStandIn:
 
     def _index(self, device: int, out: int) -> None:
         # nvml.h: a MIG device's index is the one nvmlDeviceGetMigDeviceHandleByIndex takes.
-        handle = self._device(device)
+        handle = self.device(device)
         parent = self._handles[device][2]
         if not parent:
             set_uint(out, int(str(handle)))
@@ -439,18 +431,18 @@ class NvmlStandIn:
         raise GpuLibraryError(ERROR_INVALID_ARGUMENT, "the MIG device of this handle is gone")
 
     def _is_mig(self, device: int, out: int) -> None:
-        self._device(device)
+        self.device(device)
         set_uint(out, int(bool(self._handles[device][2])))
 
     def _parent(self, device: int, out: int) -> None:
-        self._device(device)
+        self.device(device)
         parent = self._handles[device][2]
         if not parent:
             raise GpuLibraryError(ERROR_INVALID_ARGUMENT, "not a MIG device handle")
         at(out, ptr).value = parent
 
     def _attributes(self, device: int, out: int) -> None:
-        handle = self._device(device)
+        handle = self.device(device)
         if not self._handles[device][2]:
             # nvml.h: "NVML_ERROR_NOT_SUPPORTED if this query is not supported by the device" (a GPU).
             raise GpuLibraryError(ERROR_NOT_SUPPORTED, "attributes of a GPU, not of a MIG device")
@@ -464,150 +456,6 @@ class NvmlStandIn:
         attributes.computeInstanceSliceCount = a.compute_instance_slices
         attributes.memorySizeMB = a.memory_mib
 
-    # -- events -----------------------------------------------------------------------------
-
-    def _event_set_create(self, out: int) -> None:
-        address = self.handle(EVENT_SET, object())
-        self._event_sets[address] = set()
-        at(out, ptr).value = address
-
-    def _register_events(self, device: int, types: int, event_set: int) -> None:
-        gpu = self.gpu(device)
-        self.lookup(event_set, EVENT_SET)
-        if types & ~EVENT_XID_CRITICAL:
-            raise GpuLibraryError(ERROR_NOT_SUPPORTED, f"event types {types:#x}: only XID errors are kept")
-        self.fake.watch_xid_events(gpu)
-        self._event_sets[event_set].add(device)
-
-    def _event_set_wait(self, event_set: int, out: int, timeout_ms: int) -> None:
-        self.lookup(event_set, EVENT_SET)
-        for device in self._event_sets[event_set]:
-            self.gpu(device)
-        data = at(out, EventData)
-        deadline = time.monotonic() + timeout_ms / 1000
-        while True:
-            left = max(int((deadline - time.monotonic()) * 1000), 0)
-            event = self.fake.wait_xid_event(left)
-            if event is None:
-                raise GpuLibraryError(ERROR_TIMEOUT, "no event")
-            device, gpu_instance, compute_instance = self._event_source(event.uuid)
-            if device in self._event_sets[event_set]:
-                break
-        data.device, data.eventType, data.eventData = device, EVENT_XID_CRITICAL, event.xid
-        if gpu_instance is None:
-            gpu_instance, compute_instance = event.gpu_instance_id, event.compute_instance_id
-        data.gpuInstanceId = NO_INSTANCE if gpu_instance is None else gpu_instance
-        data.computeInstanceId = NO_INSTANCE if compute_instance is None else compute_instance
-
-    def _event_source(self, uuid: str) -> tuple[int, int | None, int | None]:
-        """The GPU handle of an event's device; a MIG device's event is its GPU's, with its instances."""
-        for index in range(self.fake.device_count()):
-            gpu = self.fake.device_by_index(index)
-            if self.fake.uuid(gpu) == uuid:
-                return self.handle(GPU, gpu), None, None
-            for mig in mig_handles(self.fake, gpu):
-                if self.fake.uuid(mig) == uuid:
-                    ids = self.fake.gpu_instance_id(mig), self.fake.compute_instance_id(mig)
-                    return self.handle(GPU, gpu), ids[0], ids[1]
-        return 0, None, None
-
-    def _event_set_free(self, event_set: int) -> None:
-        self.lookup(event_set, EVENT_SET)
-        del self._event_sets[event_set]
-        self._handles.pop(event_set)
-        if not self._event_sets:
-            self.fake.unwatch_xid_events()
-
-    # -- usage ------------------------------------------------------------------------------
-
-    def _utilization(self, device: int, out: int) -> None:
-        utilization = at(out, Utilization)
-        utilization.gpu = self.fake.utilization(self.gpu(device))
-        # The fake has no notion of memory bandwidth: its processes only keep the SMs busy.
-        utilization.memory = 0
-
-    def _running_processes(self, device: int, count: int, out: int) -> None:
-        processes = self.fake.running_processes(self._device(device))
-        room = at(count, uint)
-        wanted, room.value = room.value, len(processes)
-        if not processes:
-            return
-        if wanted < len(processes) or not out:
-            # nvml.h: INSUFFICIENT_SIZE with the count needed (a first call with 0 asks for it).
-            raise GpuLibraryError(ERROR_INSUFFICIENT_SIZE, f"{len(processes)} processes")
-        infos = (ProcessInfo * len(processes)).from_address(out)
-        for info, process in zip(infos, processes, strict=True):
-            info.pid = process.pid
-            info.usedGpuMemory = process.used_bytes or 0
-            info.gpuInstanceId = _or_none(process.gpu_instance_id)
-            info.computeInstanceId = _or_none(process.compute_instance_id)
-
-    def _process_utilization(self, device: int, out: int, count: int, since: int) -> None:
-        samples = self.fake.process_utilization(self.gpu(device), since)
-        room = at(count, uint)
-        wanted, room.value = room.value, len(samples)
-        if wanted < len(samples) or not out:
-            raise GpuLibraryError(ERROR_INSUFFICIENT_SIZE, f"{len(samples)} samples")
-        written = (ProcessUtilizationSample * len(samples)).from_address(out)
-        for entry, sample in zip(written, samples, strict=True):
-            entry.pid, entry.timeStamp, entry.smUtil = sample.pid, sample.timestamp_us, sample.sm_percent
-            entry.memUtil = entry.encUtil = entry.decUtil = 0
-
-    def _gpm_support(self, device: int, out: int) -> None:
-        support = at(out, GpmSupport)
-        if support.version != GPM_VERSION:
-            raise GpuLibraryError(
-                ERROR_ARGUMENT_VERSION_MISMATCH, f"nvmlGpmSupport_t version {support.version}"
-            )
-        support.isSupportedDevice = int(self.fake.gpm_supported(self.gpu(device)))
-
-    def _gpm_alloc(self, out: int) -> None:
-        at(out, ptr).value = self.handle(GPM_SAMPLE, _GpmBuffer())
-
-    def _gpm_buffer(self, address: int | None) -> _GpmBuffer:
-        buffer = self.lookup(address, GPM_SAMPLE)[0]
-        assert isinstance(buffer, _GpmBuffer)
-        return buffer
-
-    def _gpm_free(self, sample: int) -> None:
-        buffer = self._gpm_buffer(sample)
-        with self._lock:
-            self._handles.pop(sample)
-            self._by_key.pop((GPM_SAMPLE, buffer))
-
-    def _gpm_sample(self, device: int, sample: int) -> None:
-        self._gpm_buffer(sample).sample = self.fake.gpm_sample(self.gpu(device), None)
-
-    def _gpm_mig_sample(self, device: int, gpu_instance_id: int, sample: int) -> None:
-        self._gpm_buffer(sample).sample = self.fake.gpm_sample(self.gpu(device), gpu_instance_id)
-
-    def _gpm_metrics(self, out: int) -> None:
-        request = at(out, GpmMetricsGetHead)
-        if request.version != GPM_VERSION:
-            raise GpuLibraryError(
-                ERROR_ARGUMENT_VERSION_MISMATCH, f"nvmlGpmMetricsGet_t version {request.version}"
-            )
-        first, second = self._gpm_buffer(request.sample1).sample, self._gpm_buffer(request.sample2).sample
-        if first is None or second is None:
-            raise GpuLibraryError(ERROR_INVALID_ARGUMENT, "a GPM sample buffer was never read into")
-        for metric in gpm_metrics(out, request.numMetrics):
-            # The fake's processes only keep engines busy: graphics activity is all it can say.
-            if metric.metricId != GPM_METRIC_GRAPHICS_UTIL:
-                metric.nvmlReturn = ERROR_NOT_SUPPORTED
-                continue
-            try:
-                metric.value = self.fake.gpm_graphics_utilization(first, second)
-                metric.nvmlReturn = SUCCESS
-            except GpuLibraryError as err:
-                metric.nvmlReturn = err.code
-
-
-class _GpmBuffer:
-    """What an nvmlGpmSample_t points to: empty until a sample is read into it."""
-
-    def __init__(self) -> None:
-        self.sample: GpmSample | None = None
-
 
 def _same_bus(asked: str, bus_id: str) -> bool:
     """Whether two PCI bus IDs name one device: nvml.h takes a 4- or 8-digit domain, in either case."""
@@ -616,8 +464,3 @@ def _same_bus(asked: str, bus_id: str) -> bool:
         return int(domain, 16) == int(own_domain, 16) and rest.lower() == own_rest.lower()
     except ValueError:
         return False
-
-
-def _or_none(instance: int | None) -> int:
-    """A MIG instance ID as nvmlProcessInfo_t holds it: 0xFFFFFFFF off MIG mode."""
-    return NO_INSTANCE if instance is None else instance

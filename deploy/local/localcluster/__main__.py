@@ -19,26 +19,12 @@ import json
 import os
 import sys
 
-from localcluster.binaries import (
-    HELM,
-    BuildError,
-    bin_dir,
-    binary,
-    ensure_binaries,
-    ensure_binary,
-    kubernetes_version,
-)
-from localcluster.cluster import (
-    ClusterError,
-    ClusterInfo,
-    LocalCluster,
-    Stopped,
-    cluster_dir,
-    demo_dir,
-    parse_gates,
-    stop_on_signals,
-    stop_run_dir,
-)
+from localcluster.binaries import HELM, bin_dir, binary, ensure_binaries, ensure_binary, kubernetes_version
+from localcluster.cluster import LocalCluster
+from localcluster.clusterinfo import ClusterError, ClusterInfo, cluster_dir, demo_dir
+from localcluster.gomodule import BuildError
+from localcluster.kubereleases import parse_gates
+from localcluster.processes import Stopped, stop_on_signals, stop_run_dir
 
 
 def _gates_arg(text: str) -> dict[str, bool]:

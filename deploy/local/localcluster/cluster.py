@@ -10,27 +10,21 @@ paths never touch the host; its device-plugin directory (hard-coded to
 /var/lib/kubelet/device-plugins) is a bind of a directory of the run, so device
 plugins outside the namespace can reach kubelet.sock.
 
-Everything of one run lives in one directory, and cluster.json there names each
-process as soon as it starts, so stop_run_dir() (`make cluster-down`) can end a
-cluster whose owner died; stop() ends every process and removes that directory.
-stop_on_signals() turns SIGINT, SIGTERM and SIGHUP into an exception, so the
-`finally` of whoever started a cluster stops it: its processes run in process
-groups of their own and would not get a terminal's signals. restart_kubelet()
+Everything of one run lives in one directory, and cluster.json there
+(localcluster.clusterinfo) names each process as soon as it starts, so
+localcluster.processes.stop_run_dir() (`make cluster-down`) can end a cluster whose
+owner died; stop() ends every process and removes that directory. restart_kubelet()
 stops only the kubelet and starts it again as before (same flags, a fresh mount
 namespace set up the same way), as a node's kubelet restarts: device plugins
-must then register again.
-
-The Kubernetes release is KUBERNETES_VERSION's (binaries.kubernetes_version()),
-and RELEASES says what each minor needs turned on.
+must then register again. The Kubernetes release and what each minor needs turned
+on are localcluster.kubereleases'.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -39,96 +33,17 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
 from fakenvml.fakecuda import install_driver_libraries
 
-from dra.adapters.atomicfile import write_atomic
 from dra.fakegpus import node as fakegpus
-from localcluster import containerd, images, nodenet, pki
+from localcluster import containerd, images, nodeconfig, nodenet, pki
 from localcluster.binaries import ensure_cluster_binaries, ensure_containerd_binaries, kubernetes_version
-
-NODE_NAME = "gpu-node-1"
-
-
-@dataclass(frozen=True)
-class Release:
-    """What one Kubernetes minor needs turned on for the driver's features."""
-
-    #: Gates beyond the release's defaults; every component gets them (they share one registry).
-    feature_gates: Mapping[str, bool]
-    #: API versions beyond the default ones that those gates need served (--runtime-config).
-    runtime_config: tuple[str, ...]
-
-
-#: The driver's features: DRAPartitionableDevices, DRADeviceTaints, DRAConsumableCapacity,
-#: DRAExtendedResource, ResourceHealthStatus; each needs DynamicResourceAllocation, GA and on since 1.34.
-RELEASES: dict[str, Release] = {
-    # All five are alpha in 1.34, off by default.
-    "1.34": Release(
-        feature_gates={
-            "DRAPartitionableDevices": True,
-            "DRADeviceTaints": True,
-            "DRAExtendedResource": True,
-            "DRAConsumableCapacity": True,
-            "ResourceHealthStatus": True,
-        },
-        # DeviceTaintRule (DRADeviceTaints) is served only as v1alpha3, and the scheduler waits
-        # for it; v1beta1 and v1beta2 serve clients of the older resource APIs.
-        runtime_config=("resource.k8s.io/v1beta1", "resource.k8s.io/v1beta2", "resource.k8s.io/v1alpha3"),
-    ),
-    # All five are on by default in 1.37. The beta ones are set anyway, so that the harness
-    # says what it relies on; DRADeviceTaints is GA (setting it only warns) and
-    # DRAExtendedResource GA and locked (setting it false fails), so they are left alone.
-    "1.37": Release(
-        feature_gates={
-            "DRAPartitionableDevices": True,
-            "DRAConsumableCapacity": True,
-            "ResourceHealthStatus": True,
-        },
-        # DeviceTaintRule is in resource.k8s.io/v1 (DRADeviceTaintRules is GA): nothing to add.
-        runtime_config=(),
-    ),
-}
-
-
-def release(version: str) -> Release:
-    """The entry of RELEASES for a version such as v1.37.2."""
-    minor = ".".join(version.lstrip("v").split(".")[:2])
-    try:
-        return RELEASES[minor]
-    except KeyError:
-        raise ClusterError(
-            f"Kubernetes {version}: the harness knows the feature gates of {', '.join(RELEASES)} only "
-            "(add the minor to localcluster.cluster.RELEASES)"
-        ) from None
-
-
-def default_feature_gates(version: str | None = None) -> dict[str, bool]:
-    """The gates a cluster of this release (default: the chosen one) starts with."""
-    return dict(release(version or kubernetes_version()).feature_gates)
-
-
-_STOP_ORDER = (
-    "kubelet",
-    "kube-proxy",
-    "kube-scheduler",
-    "kube-controller-manager",
-    "kube-apiserver",
-    "etcd",
-    "fakeruntime",
-)
-
-
-#: kube-proxy's default health port, on the node's address (its namespace is the cluster's own).
-KUBE_PROXY_HEALTHZ_PORT = 10256
-
-
-class ClusterError(RuntimeError):
-    """The cluster did not come up; the message names the component and its log."""
-
+from localcluster.clusterinfo import NODE_NAME, ClusterError, ClusterInfo
+from localcluster.kubereleases import default_feature_gates, gates_flag, release, runtime_config_flag
+from localcluster.processes import file_identity, log_tail, stop_processes
 
 #: The container runtimes a cluster can run on; the first is the default.
 RUNTIMES = ("fake", "containerd")
@@ -147,78 +62,6 @@ def _free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-def _runtime_config_flag(versions: tuple[str, ...]) -> list[str]:
-    return [f"--runtime-config={','.join(f'{version}=true' for version in versions)}"] if versions else []
-
-
-def _gates_flag(gates: Mapping[str, bool]) -> str:
-    return ",".join(f"{name}={str(value).lower()}" for name, value in sorted(gates.items()))
-
-
-def parse_gates(text: str, version: str | None = None) -> dict[str, bool]:
-    """Parse "A=true,B=false" into a dict, starting from the harness defaults of the release."""
-    gates = default_feature_gates(version)
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, sep, value = item.partition("=")
-        if not sep or value.lower() not in ("true", "false"):
-            raise ValueError(f"feature gate {item!r}: expected Name=true or Name=false")
-        gates[name] = value.lower() == "true"
-    return gates
-
-
-@dataclass
-class ClusterInfo:
-    """What a user of the cluster needs: paths, the node name, process IDs."""
-
-    run_dir: str
-    kubeconfig: str
-    kubelet_root: str
-    device_plugin_dir: str
-    cdi_dir: str
-    runtime_records: str
-    node_name: str
-    api_server: str
-    feature_gates: dict[str, bool]
-    pids: dict[str, int] = field(default_factory=dict)
-    #: The Kubernetes release the cluster runs, e.g. v1.37.2.
-    kubernetes_version: str = ""
-    #: "fake" (records what it resolved in runtime_records) or "containerd" (real containers).
-    container_runtime: str = "fake"
-    #: On containerd: where the driver makes the fake GPUs' device nodes and driver (--fake-gpu-root).
-    fake_gpu_root: str = ""
-    #: On containerd: the image test pods run (a static busybox) and the sandbox image.
-    test_image: str = ""
-    pause_image: str = "registry.k8s.io/pause:3.10"
-    #: The node's InternalIP: its own network namespace's address on containerd (localcluster.nodenet).
-    node_ip: str = "127.0.0.1"
-    #: On containerd: the pods' addresses.
-    pod_subnet: str = ""
-
-    @property
-    def plugins_registry(self) -> str:
-        """Where DRA drivers place their registration socket."""
-        return os.path.join(self.kubelet_root, "plugins_registry")
-
-    @property
-    def plugins_dir(self) -> str:
-        """Where DRA drivers place their service socket (plugins/<driver>/dra.sock)."""
-        return os.path.join(self.kubelet_root, "plugins")
-
-    def log_path(self, component: str) -> str:
-        """The log file of one component."""
-        return os.path.join(self.run_dir, "logs", f"{component}.log")
-
-    def save(self) -> None:
-        """Write cluster.json into the run directory, for `down` and for tools."""
-        write_atomic(Path(self.run_dir) / "cluster.json", json.dumps(asdict(self), indent=2).encode())
-
-    @classmethod
-    def load(cls, run_dir: str | Path) -> ClusterInfo:
-        """Read the cluster.json a running cluster wrote."""
-        data = json.loads((Path(run_dir) / "cluster.json").read_text())
-        return cls(**data)
 
 
 class LocalCluster:
@@ -320,7 +163,10 @@ class LocalCluster:
         if self.net is not None:
             info.node_ip, info.pod_subnet = self.net.node_ip, self.net.pod_subnet
         try:
-            creds = self._write_pki_and_kubeconfigs(api)
+            control_plane, node = (
+                (self.net.host_ip, self.net.node_ip) if self.net else ("127.0.0.1", "127.0.0.1")
+            )
+            creds = pki.cluster_credentials(run, api, self.node_name, control_plane, node)
             runtime_sock = run / "runtime.sock"
             self._runtime_setup = []
             if sandbox is not None and test_image is not None and self.net is not None:
@@ -348,7 +194,7 @@ class LocalCluster:
             )
             self._spawn("kube-apiserver", self._apiserver_args(bins, ports, creds))
             self._wait_api(api, creds, deadline)
-            gates = _gates_flag(self.gates)
+            gates = gates_flag(self.gates)
             self._spawn(
                 "kube-controller-manager",
                 [
@@ -389,57 +235,6 @@ class LocalCluster:
             raise
         return info
 
-    def _write_pki_and_kubeconfigs(self, api: str) -> dict[str, str]:
-        run = self.run_dir
-        ca = pki.CertificateAuthority(run / "pki")
-        control_plane, node = (self.net.host_ip, self.net.node_ip) if self.net else ("127.0.0.1", "127.0.0.1")
-        serving = ca.issue(
-            "apiserver",
-            "kube-apiserver",
-            hosts=(
-                control_plane,
-                "127.0.0.1",
-                "localhost",
-                "10.0.0.1",
-                "kubernetes",
-                "kubernetes.default",
-                "kubernetes.default.svc",
-                "kubernetes.default.svc.cluster.local",
-            ),
-            server=True,
-        )
-        kubelet_serving = ca.issue("kubelet-serving", self.node_name, hosts=(node,), server=True)
-        apiserver_kubelet = ca.issue(
-            "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",)
-        )
-        sa_key, sa_pub = pki.service_account_key(run / "pki")
-        clients = {
-            "admin": ca.issue("admin", "kubernetes-admin", ("system:masters",)),
-            "controller-manager": ca.issue("controller-manager", "system:kube-controller-manager"),
-            "scheduler": ca.issue("scheduler", "system:kube-scheduler"),
-            "kubelet": ca.issue("kubelet", f"system:node:{self.node_name}", ("system:nodes",)),
-            # The user the default ClusterRoleBinding system:node-proxier binds.
-            "kube-proxy": ca.issue("kube-proxy", "system:kube-proxy"),
-        }
-        for name, pair in clients.items():
-            _write_kubeconfig(run / f"{name}.kubeconfig", api, ca.cert_path, pair)
-        ca_key = run / "pki" / "ca.key"
-        pki.write_private_key(ca.key, ca_key)
-        return {
-            "ca": str(ca.cert_path),
-            "ca_key": str(ca_key),
-            "serving_cert": str(serving.cert),
-            "serving_key": str(serving.key),
-            "kubelet_serving_cert": str(kubelet_serving.cert),
-            "kubelet_serving_key": str(kubelet_serving.key),
-            "apiserver_kubelet_cert": str(apiserver_kubelet.cert),
-            "apiserver_kubelet_key": str(apiserver_kubelet.key),
-            "sa_key": str(sa_key),
-            "sa_pub": str(sa_pub),
-            "admin_cert": str(clients["admin"].cert),
-            "admin_key": str(clients["admin"].key),
-        }
-
     def _apiserver_args(self, bins: Path, ports: dict[str, int], creds: dict[str, str]) -> list[str]:
         if self.net is not None:
             # Pods reach it through the kubernetes Service, whose endpoint is this address. The
@@ -473,8 +268,8 @@ class LocalCluster:
             "--enable-admission-plugins=NodeRestriction",
             "--allow-privileged=true",
             "--profiling=false",
-            *_runtime_config_flag(release(self.version).runtime_config),
-            f"--feature-gates={_gates_flag(self.gates)}",
+            *runtime_config_flag(release(self.version).runtime_config),
+            f"--feature-gates={gates_flag(self.gates)}",
             "--v=1",
         ]
 
@@ -485,43 +280,7 @@ class LocalCluster:
         assert self.info is not None
         node_ip = self.info.node_ip
         config = {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1",
-            "kind": "KubeletConfiguration",
-            "address": node_ip,
-            "port": ports["kubelet"],
-            "readOnlyPort": 0,
-            "healthzBindAddress": node_ip,
-            "healthzPort": ports["healthz"],
-            "tlsCertFile": creds["kubelet_serving_cert"],
-            "tlsPrivateKeyFile": creds["kubelet_serving_key"],
-            "authentication": {
-                "anonymous": {"enabled": False},
-                "webhook": {"enabled": False},
-                "x509": {"clientCAFile": creds["ca"]},
-            },
-            "authorization": {"mode": "AlwaysAllow"},
-            "containerRuntimeEndpoint": f"unix://{runtime_sock}",
-            "imageServiceEndpoint": f"unix://{runtime_sock}",
-            "featureGates": self.gates,
-            # This machine has cgroup v1 and no systemd: the kubelet must not manage cgroups.
-            "failCgroupV1": False,
-            "cgroupsPerQOS": False,
-            "cgroupDriver": "cgroupfs",
-            "enforceNodeAllocatable": [],
-            "failSwapOn": False,
-            "localStorageCapacityIsolation": False,
-            "volumePluginDir": str(run / "kubelet" / "volume-plugins"),
-            "resolvConf": "",
-            "clusterDNS": ["10.0.0.10"],
-            "clusterDomain": "cluster.local",
-            "serializeImagePulls": False,
-            "syncFrequency": "10s",
-            "fileCheckFrequency": "10s",
-            "nodeStatusUpdateFrequency": "2s",
-            "imageGCHighThresholdPercent": 100,
-            "imageGCLowThresholdPercent": 99,
-            "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
-            "shutdownGracePeriod": "0s",
+            **nodeconfig.kubelet_configuration(run, node_ip, ports, creds, runtime_sock, self.gates),
             **self.kubelet_config,
         }
         config_path = run / "kubelet-config.yaml"
@@ -568,19 +327,7 @@ class LocalCluster:
     def _start_kube_proxy(self, bins: Path, net: nodenet.NodeNetwork, deadline: float) -> None:
         """kube-proxy in nftables mode in the node's namespace; returns once it has synced its rules."""
         assert self.info is not None
-        config = {
-            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
-            "kind": "KubeProxyConfiguration",
-            "clientConnection": {"kubeconfig": str(self.run_dir / "kube-proxy.kubeconfig")},
-            "mode": "nftables",
-            "clusterCIDR": net.pod_subnet,
-            "hostnameOverride": self.node_name,
-            "healthzBindAddress": f"{net.node_ip}:{KUBE_PROXY_HEALTHZ_PORT}",
-            # Zero leaves the conntrack table's size and timeouts as they are: the machine's
-            # settings, which a node's namespace cannot (and must not) change.
-            "conntrack": {"maxPerCore": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
-            "featureGates": self.gates,
-        }
+        config = nodeconfig.kube_proxy_configuration(self.run_dir, net, self.node_name, self.gates)
         config_path = self.run_dir / "kube-proxy-config.yaml"
         config_path.write_text(yaml.safe_dump(config))
         try:
@@ -589,7 +336,7 @@ class LocalCluster:
             raise ClusterError(str(err)) from None
         command = [*net.enter(), str(bins / "kube-proxy"), f"--config={config_path}", "--v=1"]
         self._spawn("kube-proxy", command, env=env)
-        healthz = f"http://{net.node_ip}:{KUBE_PROXY_HEALTHZ_PORT}/healthz"
+        healthz = f"http://{net.node_ip}:{nodeconfig.KUBE_PROXY_HEALTHZ_PORT}/healthz"
         while True:
             self._check_alive()
             with (
@@ -622,7 +369,7 @@ class LocalCluster:
         assert self.info is not None, "start() the cluster first"
         deadline = time.monotonic() + timeout
         socket_path = Path(self.info.device_plugin_dir) / "kubelet.sock"
-        before = _file_identity(socket_path)
+        before = file_identity(socket_path)
         stop_processes({"kubelet": self._procs.pop("kubelet").pid})
         self._spawn("kubelet", self._kubelet_command, cwd=self.run_dir / "kubelet-work")
         pid = self._procs["kubelet"].pid
@@ -634,7 +381,7 @@ class LocalCluster:
                 urllib.request.urlopen(self._kubelet_healthz, timeout=2) as resp,
             ):
                 healthy = resp.status == 200
-            current = _file_identity(socket_path)
+            current = file_identity(socket_path)
             if healthy and current is not None and current != before:
                 break
             if time.monotonic() > deadline:
@@ -669,7 +416,7 @@ class LocalCluster:
         assert self.info is not None
         for name, proc in self._procs.items():
             if proc.poll() is not None:
-                tail = _tail(self.info.log_path(name))
+                tail = log_tail(self.info.log_path(name))
                 raise ClusterError(f"{name} exited with {proc.returncode}; last lines of its log:\n{tail}")
 
     def _wait_api(self, api: str, creds: dict[str, str], deadline: float) -> None:
@@ -730,170 +477,6 @@ class LocalCluster:
         containerd.stop_leftovers(self.run_dir)
         nodenet.destroy(self.run_dir)
         shutil.rmtree(self.run_dir, ignore_errors=True)
-
-
-def cluster_dir() -> Path:
-    """The directory of the cluster that `make cluster-up` starts (DRA_GPU_CLUSTER_DIR)."""
-    return Path(os.environ.get("DRA_GPU_CLUSTER_DIR", "/tmp/dra-gpu-cluster"))
-
-
-def demo_dir() -> Path:
-    """The directory of the cluster that `make demo` starts: beside cluster_dir(), so
-    `make cluster-down` finds it."""
-    return cluster_dir().with_name(cluster_dir().name + "-demo")
-
-
-def stop_run_dir(run_dir: Path) -> bool:
-    """Stop the processes cluster.json in run_dir names and remove run_dir; False if none ran there.
-
-    For a cluster whose owner is gone (`make cluster-up` returned, or a demo was killed):
-    a process is stopped only while its command line still names run_dir, so a stale
-    cluster.json never ends an unrelated process that reuses a PID.
-    """
-    try:
-        info = ClusterInfo.load(run_dir)
-    except (FileNotFoundError, json.JSONDecodeError):
-        shutil.rmtree(run_dir, ignore_errors=True)
-        return False
-    stop_processes({name: pid for name, pid in info.pids.items() if _runs_in(pid, run_dir)})
-    containerd.stop_leftovers(run_dir)
-    nodenet.destroy(run_dir)
-    shutil.rmtree(run_dir, ignore_errors=True)
-    return True
-
-
-def _runs_in(pid: int, run_dir: Path) -> bool:
-    try:
-        command_line = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return str(run_dir).encode() in command_line
-
-
-class Stopped(BaseException):
-    """A stop signal arrived. A BaseException, like KeyboardInterrupt: only `finally` sees it."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
-        self.signum = signum
-
-    @property
-    def exit_status(self) -> int:
-        """The shell's convention for death by this signal: 128 + its number."""
-        return 128 + self.signum
-
-
-#: The signals that end a foreground run: Ctrl-C, kill, a closed terminal.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-@contextlib.contextmanager
-def stop_on_signals() -> Iterator[None]:
-    """Raise Stopped in the main thread on SIGINT, SIGTERM or SIGHUP while the block runs.
-
-    A signal that was ignored when the process started stays ignored: nohup ignores SIGHUP
-    and a shell ignores SIGINT for background jobs on purpose. After the first signal the
-    others are ignored, so a second Ctrl-C cannot interrupt the clean-up it started.
-    """
-
-    def handler(signum: int, frame: object) -> None:
-        for sig in handled:
-            signal.signal(sig, signal.SIG_IGN)
-        raise Stopped(signum)
-
-    handled = [sig for sig in STOP_SIGNALS if signal.getsignal(sig) != signal.SIG_IGN]
-    previous = {sig: signal.signal(sig, handler) for sig in handled}
-    try:
-        yield
-    finally:
-        for sig, action in previous.items():
-            signal.signal(sig, action)
-
-
-def stop_processes(pids: Mapping[str, int], grace: float = 10.0) -> None:
-    """SIGTERM each component in dependency order, SIGKILL what outlives the grace period."""
-    for name in sorted(pids, key=lambda n: _STOP_ORDER.index(n) if n in _STOP_ORDER else -1):
-        pid = pids[name]
-        _signal(pid, signal.SIGTERM)
-        end = time.monotonic() + grace
-        while time.monotonic() < end and _alive(pid):
-            time.sleep(0.05)
-        _signal(pid, signal.SIGKILL)
-        _reap(pid)
-
-
-def _signal(pid: int, sig: int) -> None:
-    """Signal the process group a component leads, or the process alone if it leads none
-    (the demo's driver shares the demo's group)."""
-    try:
-        os.killpg(pid, sig)
-    except ProcessLookupError:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-
-
-def _alive(pid: int) -> bool:
-    _reap(pid)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
-
-
-def _file_identity(path: Path) -> tuple[int, int] | None:
-    """(inode, change time) of a file, or None: tells a re-created file from the old one."""
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return None
-    return (st.st_ino, st.st_ctime_ns)
-
-
-def _tail(path: str, lines: int = 30) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def _write_kubeconfig(path: Path, server: str, ca: Path, pair: pki.KeyPair) -> None:
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "local", "cluster": {"server": server, "certificate-authority": str(ca)}}],
-        "users": [
-            {"name": "user", "user": {"client-certificate": str(pair.cert), "client-key": str(pair.key)}}
-        ],
-        "contexts": [{"name": "local", "context": {"cluster": "local", "user": "user"}}],
-        "current-context": "local",
-    }
-    path.write_text(yaml.safe_dump(config))
-
-
-def api_burst(qps: int) -> int:
-    """The burst of a raised API rate limit of `qps` requests/s: twice that, for every component."""
-    return 2 * qps
-
-
-def api_limit_flags(qps: int) -> tuple[str, ...]:
-    """kube-controller-manager's or kube-scheduler's flags for an API rate limit of `qps` requests/s;
-    none for 0 (their defaults: 20 and 30, 50 and 100)."""
-    return (f"--kube-api-qps={qps}", f"--kube-api-burst={api_burst(qps)}") if qps > 0 else ()
-
-
-def kubelet_api_limit(qps: int) -> dict[str, int]:
-    """KubeletConfiguration fields for an API rate limit of `qps` requests/s; none for 0.
-
-    The kubelet's default is 50 with a burst of 100; its pods' status updates spend it.
-    """
-    return {"kubeAPIQPS": qps, "kubeAPIBurst": api_burst(qps)} if qps > 0 else {}
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from localcluster.binaries import BuildError, cache_root
+from localcluster.gomodule import BuildError, cache_root
 
 #: Upstream release -> (URL of Debian's copy of its source, its SHA-256 from trixie's Sources index).
 SOURCES: dict[str, tuple[str, str]] = {

@@ -29,7 +29,7 @@ from fakenvml.fakecuda import SOURCE as FAKE_CUDA_SOURCE
 from fakenvml.fakecuda import ensure_fake_cuda
 
 from localcluster import debs
-from localcluster.binaries import BuildError, cache_root
+from localcluster.gomodule import BuildError, cache_root
 from localcluster.images import REGISTRY, Image, tree_layer, write_oci_tarball
 
 PROBE_SOURCE = Path(__file__).resolve().parent / "cudaprobe.c"

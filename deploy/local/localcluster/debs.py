@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from localcluster.binaries import BuildError
+from localcluster.gomodule import BuildError
 
 
 def unpack(packages: Sequence[str], target: Path, what: str) -> list[str]:

@@ -19,7 +19,7 @@ is then read from the device nodes the runtime gave it. With DEMO_KEEP=1
 everything stays up until Ctrl-C (or SIGTERM, or SIGHUP: a closed terminal),
 for exploring with kubectl. Whatever ends it, it stops everything it started;
 if it is killed outright, `make cluster-down` does (the cluster lives in
-localcluster.cluster.demo_dir()).
+localcluster.clusterinfo.demo_dir()).
 """
 
 from __future__ import annotations
@@ -34,21 +34,16 @@ from pathlib import Path
 from fakenvml.node import FakeNode
 
 from localcluster import release
-from localcluster.binaries import BuildError, ensure_binary
+from localcluster.binaries import ensure_binary
 from localcluster.chart import HelmError
-from localcluster.cluster import (
-    ClusterError,
-    ClusterInfo,
-    LocalCluster,
-    Stopped,
-    demo_dir,
-    stop_on_signals,
-    stop_run_dir,
-)
+from localcluster.cluster import LocalCluster
+from localcluster.clusterinfo import ClusterError, ClusterInfo, demo_dir
 from localcluster.driverimage import driver_image
 from localcluster.driverprocess import DaemonProcess, DriverProcess
+from localcluster.gomodule import BuildError
 from localcluster.kube import Kube, Obj, WaitTimeoutError, load_manifests
 from localcluster.nvidiadriver import NvidiaDriverProcess, device_classes
+from localcluster.processes import Stopped, stop_on_signals, stop_run_dir
 from localcluster.workloads import (
     allocated_devices,
     committed_device_classes,

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DaemonProcess
 
 

@@ -34,7 +34,7 @@ from typing import TypeVar
 import yaml
 
 from localcluster import chart, driverimage, images, releases
-from localcluster.binaries import BuildError
+from localcluster.gomodule import BuildError
 from localcluster.kube import load_manifests
 
 ROOT = releases.ROOT

@@ -46,7 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localcluster import debs, releases
-from localcluster.binaries import BuildError, cache_root, ensure_nvidia_cdi_hook
+from localcluster.binaries import ensure_nvidia_cdi_hook
+from localcluster.gomodule import BuildError, cache_root
 from localcluster.images import REGISTRY, Image, tree_layer, write_oci_tarball
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -24,7 +24,7 @@ from dra.adapters.checkpoint import CheckpointStore
 from dra.fakegpus.node import FAKE_MIG_STATE
 from dra.kubeletplugin.server import sockets
 from localcluster.binaries import ensure_nvidia_cdi_hook
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 
 
 def free_port() -> int:

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from localcluster import debs
-from localcluster.binaries import KUBERNETES, BuildError, cache_root
+from localcluster.binaries import KUBERNETES
+from localcluster.gomodule import BuildError, cache_root
 
 REGISTRY = "dra-gpu.local"
 PAUSE_VERSION = "3.10"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DaemonProcess
 
 

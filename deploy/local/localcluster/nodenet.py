@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localcluster import debs
-from localcluster.binaries import BuildError, cache_root
+from localcluster.gomodule import BuildError, cache_root
 
 #: The node's nft (kube-proxy's nftables mode runs it) and the libraries it loads beyond libc,
 #: from Debian, unpacked into the cache.

@@ -30,10 +30,11 @@ import yaml
 from fakenvml.node import FakeNode
 
 from dra.core.checkpointformat import KIND as DRA_GPU_CHECKPOINT
-from localcluster.binaries import NVIDIA, NVIDIA_CDI_HOOK, NVIDIA_PLUGIN, BuildError, ensure_nvidia_plugin
+from localcluster.binaries import NVIDIA, NVIDIA_CDI_HOOK, NVIDIA_PLUGIN, ensure_nvidia_plugin
 from localcluster.chart import helm
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DaemonProcess, free_port
+from localcluster.gomodule import BuildError
 from localcluster.kube import Kube, Obj
 from localcluster.workloads import published_slices
 

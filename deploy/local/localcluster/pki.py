@@ -11,6 +11,7 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -137,3 +138,72 @@ def service_account_key(directory: Path) -> tuple[Path, Path]:
         )
     )
     return private, public
+
+
+def cluster_credentials(run: Path, api: str, node_name: str, control_plane: str, node: str) -> dict[str, str]:
+    """A fresh CA under run/pki, every component's certificate and kubeconfig; the paths, by use.
+
+    `control_plane` and `node` are the API server's and the kubelet's addresses.
+    """
+    ca = CertificateAuthority(run / "pki")
+    serving = ca.issue(
+        "apiserver",
+        "kube-apiserver",
+        hosts=(
+            control_plane,
+            "127.0.0.1",
+            "localhost",
+            "10.0.0.1",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ),
+        server=True,
+    )
+    kubelet_serving = ca.issue("kubelet-serving", node_name, hosts=(node,), server=True)
+    apiserver_kubelet = ca.issue(
+        "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",)
+    )
+    sa_key, sa_pub = service_account_key(run / "pki")
+    clients = {
+        "admin": ca.issue("admin", "kubernetes-admin", ("system:masters",)),
+        "controller-manager": ca.issue("controller-manager", "system:kube-controller-manager"),
+        "scheduler": ca.issue("scheduler", "system:kube-scheduler"),
+        "kubelet": ca.issue("kubelet", f"system:node:{node_name}", ("system:nodes",)),
+        # The user the default ClusterRoleBinding system:node-proxier binds.
+        "kube-proxy": ca.issue("kube-proxy", "system:kube-proxy"),
+    }
+    for name, pair in clients.items():
+        write_kubeconfig(run / f"{name}.kubeconfig", api, ca.cert_path, pair)
+    ca_key = run / "pki" / "ca.key"
+    write_private_key(ca.key, ca_key)
+    return {
+        "ca": str(ca.cert_path),
+        "ca_key": str(ca_key),
+        "serving_cert": str(serving.cert),
+        "serving_key": str(serving.key),
+        "kubelet_serving_cert": str(kubelet_serving.cert),
+        "kubelet_serving_key": str(kubelet_serving.key),
+        "apiserver_kubelet_cert": str(apiserver_kubelet.cert),
+        "apiserver_kubelet_key": str(apiserver_kubelet.key),
+        "sa_key": str(sa_key),
+        "sa_pub": str(sa_pub),
+        "admin_cert": str(clients["admin"].cert),
+        "admin_key": str(clients["admin"].key),
+    }
+
+
+def write_kubeconfig(path: Path, server: str, ca: Path, pair: KeyPair) -> None:
+    """A kubeconfig that reaches `server` as the certificate's user."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "users": [
+            {"name": "user", "user": {"client-certificate": str(pair.cert), "client-key": str(pair.key)}}
+        ],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": "user"}}],
+        "current-context": "local",
+    }
+    path.write_text(yaml.safe_dump(config))

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from localcluster.binaries import BuildError
+from localcluster.gomodule import BuildError
 
 MODULE = "github.com/prometheus-operator/prometheus-operator"
 VERSION = "v0.85.0"

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from localcluster import chart, releases
-from localcluster.binaries import BuildError
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverimage import DriverImage
+from localcluster.gomodule import BuildError
 
 RELEASE = "dra-gpu"
 NAMESPACE = "dra-gpu"

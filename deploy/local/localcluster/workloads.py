@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from localcluster import chart
-from localcluster.cluster import ClusterInfo
+from localcluster.clusterinfo import ClusterInfo
 from localcluster.kube import Kube, Obj, load_manifests, wait_for
 
 DRIVER = "gpu.nvidia.com"

@@ -305,7 +305,7 @@ def test_mig_devices_made_after_start_get_their_device_nodes(tmp_path: Path) -> 
             assert (root / node.lstrip("/")).exists(), node
     # The fake nvidia-smi -L lists them too.
     table = (root / "driver-root/usr/bin/nvidia-smi").read_text()
-    assert len(re.findall(r"^M 0 \d+ \d+ MIG-\S+ 1g.10gb$", table, re.MULTILINE)) == 7
+    assert len(re.findall(r"^M 0 \d+ \d+ MIG-\S+ \d+ 1g.10gb$", table, re.MULTILINE)) == 7
 
 
 def _discover(tmp_path: Path, *flags: str) -> int:

@@ -101,6 +101,8 @@ CONTEXT = (
     "deploy/local/nvidiabin/go.mod",
     "deploy/local/nvidiabin/go.sum",
 )
+#: The hook stage's part of the context (a commit from before it has none, and builds no hook).
+HOOK_CONTEXT = CONTEXT[-2:]
 #: Where the Dockerfile's hook stage puts NVIDIA's nvidia-cdi-hook (built here by localcluster.binaries
 #: from the same go.mod, statically linked as there).
 HOOK = "/usr/bin/nvidia-cdi-hook"
@@ -195,8 +197,20 @@ def staged_context(commit: str | None) -> Iterator[Path]:
         if commit is None:
             _copy_context(ROOT, context)
         else:
+            # An older commit's Dockerfile builds no hook: its context lacks the hook's go.mod.
+            present = [
+                name
+                for name in CONTEXT
+                if subprocess.run(
+                    ["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}:{name}"],
+                    capture_output=True,
+                    check=False,
+                ).returncode
+                == 0
+                or name not in HOOK_CONTEXT
+            ]
             archive = subprocess.run(
-                ["git", "-C", str(ROOT), "archive", "--format=tar", commit, "--", *CONTEXT],
+                ["git", "-C", str(ROOT), "archive", "--format=tar", commit, "--", *present],
                 capture_output=True,
                 check=False,
             )
@@ -279,10 +293,11 @@ def _build(context: Path, image: str, tarball: Path, log: bool) -> None:
         scratch.mkdir(mode=0o1777)
         scratch.chmod(0o1777)
         _add_user(rootfs)
-        hook = rootfs / HOOK.lstrip("/")
-        shutil.copy2(ensure_nvidia_cdi_hook(log), hook)
-        hook.chmod(0o755)
-        _run([chroot, str(rootfs), HOOK, "--version"], "nvidia-cdi-hook --version in the image", env={})
+        if (context / HOOK_CONTEXT[0]).is_file():
+            hook = rootfs / HOOK.lstrip("/")
+            shutil.copy2(ensure_nvidia_cdi_hook(log), hook)
+            hook.chmod(0o755)
+            _run([chroot, str(rootfs), HOOK, "--version"], "nvidia-cdi-hook --version in the image", env={})
         listed = _run(
             [chroot, str(rootfs), PYTHON, "-c", _LIST_DISTRIBUTIONS], "listing the image's packages", env={}
         )

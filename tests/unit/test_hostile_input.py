@@ -899,6 +899,11 @@ _DAMAGED: dict[str, tuple[str, Any, str]] = {
     ),
     "checkpoint-lock-fifo": ("checkpoint.lock", os.mkfifo, "lock {path} is a FIFO"),
     "record-lock-directory": ("gpu-assignment.lock", os.mkdir, "lock {path} is a directory"),
+    "publisher-lock-directory": (
+        "publisher.lock",
+        os.mkdir,
+        "cannot take the turn to publish: lock {path} is a directory",
+    ),
 }
 
 

@@ -17,6 +17,7 @@ from anyio.abc import TaskGroup
 from dra import __version__
 from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.filelock import open_lock
 from dra.adapters.kube import KubeClient, KubeError
 from dra.adapters.metadatastore import MetadataStore
 from dra.adapters.pcisysfs import PciSysfs
@@ -375,6 +376,12 @@ async def _serve(
         if settings.instance_id is not None:
             await check_kubelet(kube, settings.node_name)
         features = await detect_features(kube, info, settings.driver_name, settings.node_name)
+        turn = settings.state_directory / PUBLISHER_TURN
+        try:
+            # Tried here: the publisher takes it in a task, where a failure is no one-line exit.
+            open_lock(turn).close()
+        except OSError as err:
+            raise StartupError(f"cannot take the turn to publish: {err}") from None
         publisher = SlicePublisher(
             kube,
             settings.driver_name,
@@ -382,7 +389,7 @@ async def _serve(
             inventory,
             features,
             lambda: tracker.taints(settings.driver_name, settings.unhealthy_taint_effect),
-            settings.state_directory / PUBLISHER_TURN,
+            turn,
             shareable=settings.shareable_gpus,
             share_mode=settings.share_mode,
             vfio=settings.vfio,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import subprocess
@@ -29,6 +30,18 @@ NODE = "node-a"
 def profile(*gpus: Mapping[str, Any], **top: Any) -> Profile:
     """A validated profile from GPU entries written as in a profile file."""
     return parse_profile({"gpus": [dict(g) for g in gpus], **top}, "test-profile")
+
+
+def named(source: Profile, product_name: str) -> Profile:
+    """The profile's GPUs under another product name, as NVML may report one (up to 96 characters)
+    longer than a profile may give (64, what the attribute holds)."""
+    return dataclasses.replace(
+        source,
+        gpus=tuple(
+            dataclasses.replace(gpu, model=dataclasses.replace(gpu.model, product_name=product_name))
+            for gpu in source.gpus
+        ),
+    )
 
 
 def inventory(source: str | Profile = "h100x8", node: str = NODE) -> Inventory:

@@ -158,10 +158,10 @@ def test_an_empty_file_is_not_a_profile(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "detail"),
     [
-        ("gpus: [model: t4\n", "line 2, column 1: expected ',' or ']'"),
+        ("gpus: [model: t4\n", "line 2, column 1: did not find expected ',' or ']'"),
         (
             "gpus:\n  - model: t4\n\tcount: 2\n",
-            "line 3, column 1: found character '\\t' that cannot start any token",
+            "line 3, column 1: found a tab character that violates indentation",
         ),
     ],
 )

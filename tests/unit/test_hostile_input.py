@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -847,6 +848,11 @@ def _write(text: str) -> Any:
     return lambda path: path.write_text(text)
 
 
+def _sparse(path: Path, size: int) -> None:
+    path.write_bytes(b"")
+    os.truncate(path, size)
+
+
 def _link(target: str) -> Any:
     return lambda path: path.symlink_to(target)
 
@@ -870,9 +876,10 @@ _DAMAGED: dict[str, tuple[str, Any, str]] = {
     ),
     "checkpoint-fifo": ("checkpoint.json", os.mkfifo, "checkpoint: {path} is a FIFO, not a regular file"),
     "checkpoint-directory": ("checkpoint.json", os.mkdir, "checkpoint: {path} is a directory"),
+    # Sparse: 17 MiB in this process would be every later child's peak RSS too (fork copies it).
     "checkpoint-17-mib": (
         "checkpoint.json",
-        _write(" " * (17 * 2**20)),
+        lambda path: _sparse(path, 17 * 2**20),
         "checkpoint: {path} is larger than 16777216 bytes",
     ),
     "checkpoint-truncated": (
@@ -899,12 +906,19 @@ _DAMAGED: dict[str, tuple[str, Any, str]] = {
     ),
     "checkpoint-lock-fifo": ("checkpoint.lock", os.mkfifo, "lock {path} is a FIFO"),
     "record-lock-directory": ("gpu-assignment.lock", os.mkdir, "lock {path} is a directory"),
+    "publisher-lock-directory": (
+        "publisher.lock",
+        os.mkdir,
+        "cannot take the turn to publish: lock {path} is a directory",
+    ),
 }
 
 
 def _signature(path: Path) -> tuple[object, ...]:
     st = path.lstat()
-    data = path.read_bytes() if path.is_file() and not path.is_symlink() else b""
+    # The bytes of what is small; a large file's time, inode and size say whether it was written.
+    readable = path.is_file() and not path.is_symlink() and st.st_size <= 2**20
+    data = path.read_bytes() if readable else b""
     return (st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, data)
 
 
@@ -915,11 +929,16 @@ def _start(tmp_path: Path, state: Path) -> str:
     kubeconfig.write_text(KUBECONFIG)
     argv = ["kubelet-plugin", "--fake-gpus", "h100x8", "--node-name", "node-a", "--kubeconfig"]
     argv += [str(kubeconfig), "--state-dir", str(state), "--cdi-root", str(tmp_path / "cdi")]
-    argv += ["--kubelet-root", str(tmp_path / "kubelet"), "--http-address", ""]
+    # Short: the plugin's sockets go under the kubelet root, and a unix socket's path is 107 bytes at most.
+    kubelet = Path(tempfile.mkdtemp(prefix="kubelet-", dir="/tmp"))
+    argv += ["--kubelet-root", str(kubelet), "--http-address", ""]
     # The start before the files are read (fake GPUs, the assignment, sockets) takes a second of a busy
     # machine, and its threads reserve stacks of address space; the readers' own share is held to
     # the limits below.
-    code, output = bounded(f"sys.exit(cli.main({argv!r}))", COMMANDS, 4 * LIMIT_SECONDS, 2**30)
+    try:
+        code, output = bounded(f"sys.exit(cli.main({argv!r}))", COMMANDS, 4 * LIMIT_SECONDS, 2**30)
+    finally:
+        shutil.rmtree(kubelet)
     assert code != 0
     line = output.splitlines()[-1]
     assert line.startswith("dra-gpu"), output
@@ -1068,20 +1087,21 @@ def test_json_depth_is_told_from_the_text_as_a_walk_over_it_tells_it() -> None:
 
 
 @pytest.mark.parametrize(
-    "text",
+    ("unit", "times"),
     [
-        "[]" * 8_000_000,
-        "[[]]" * 4_000_000,
-        ("[" * 9 + "]" * 9) * 888_000,
-        ("[" * 100 + "]" * 100) * 80_000,
-        '\\"' * 5_000_000,
-        "[" * 16_000_000,
+        ("[]", 8_000_000),
+        ("[[]]", 4_000_000),
+        ("[" * 9 + "]" * 9, 888_000),
+        ("[" * 100 + "]" * 100, 80_000),
+        ('\\"', 5_000_000),
+        ("[", 16_000_000),
     ],
     ids=["pairs", "nested-pairs", "depth-9", "depth-100", "escapes", "brackets"],
 )
-def test_json_depth_of_16_mib_is_told_within_the_limits(text: str) -> None:
+def test_json_depth_of_16_mib_is_told_within_the_limits(unit: str, times: int) -> None:
+    # The text is made in the child: 16 MB here would be every later child's peak RSS too.
     code, output = bounded(
-        f"print(json_text_deeper_than({text[:20]!r} * {len(text) // 20}, 100))",
+        f"print(json_text_deeper_than({unit!r} * {times}, 100))",
         "from dra.api.fields import json_text_deeper_than",
     )
     assert code == 0, output

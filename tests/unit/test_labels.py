@@ -14,7 +14,7 @@ from dra.core.labels import (
     parse_template,
 )
 from dra.model.devices import Inventory
-from tests.unit.helpers import inventory, profile
+from tests.unit.helpers import inventory, named, profile
 
 EMPTY = Inventory(devices=(), driver_version="550.54.15", cuda_driver_version="12.4.0")
 
@@ -122,7 +122,8 @@ def test_mig_profile_with_a_plus_becomes_a_legal_key() -> None:
 
 
 def test_a_long_product_name_is_cut_to_a_legal_value() -> None:
-    inv = inventory(profile({"productName": "NVIDIA " + "Very Long Name " * 6, "memoryMiB": 1024}))
+    long_name = "NVIDIA " + "Very Long Name " * 6
+    inv = inventory(named(profile({"productName": "x", "memoryMiB": 1024}), long_name))
     value = gfd_labels(inv)["nvidia.com/gpu.product"]
     assert len(value) <= 63
     assert value[-1].isalnum()

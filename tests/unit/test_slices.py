@@ -29,7 +29,7 @@ from dra.gpu.discovery import discover
 from dra.gpu.library import ERROR_NOT_SUPPORTED, GpuHandle, GpuLibraryError
 from dra.model.devices import Gpu, Inventory, MigDevice
 from dra.model.migmode import parse_mig_modes
-from tests.unit.helpers import DRIVER, NODE, inventory, profile
+from tests.unit.helpers import DRIVER, NODE, inventory, named, profile
 
 MIB = 1024**2
 GIB = 1024**3
@@ -228,9 +228,9 @@ def test_a_long_product_name_is_truncated_not_rejected() -> None:
     long_name = ("NVIDIA Engineering Sample " * 4)[:80]
     assert len(long_name) == 80
     inv = inventory(
-        profile(
-            {"productName": long_name, "memoryMiB": 1024},
-            {"model": "a100-sxm4-40gb", "productName": long_name, "mig": ["7g.40gb"]},
+        named(
+            profile({"productName": "x", "memoryMiB": 1024}, {"model": "a100-sxm4-40gb", "mig": ["7g.40gb"]}),
+            long_name,
         )
     )
     for device in inv:

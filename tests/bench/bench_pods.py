@@ -13,7 +13,8 @@ fake runtime) serves three ways to give a pod one GPU, side by side and alternat
 - `go driver`: a pod with a ResourceClaimTemplate of Kubernetes' DRA test driver
   (k8s.io/kubernetes/test/e2e/dra/test-driver, built as bench_compare builds it);
 - `nvidia`: the same pod as dra-gpu's, served by NVIDIA's gpu-kubelet-plugin
-  (localcluster.nvidiadriver: its chart's settings, gates and API client limits) over a fake node of
+  (localcluster.nvidiadriver: its chart's settings and API client limits, and its chart's default
+  feature gates, none, since a whole GPU needs none) over a fake node of
   --gpus GPUs (fakenvml.node). It has dra-gpu's driver name, so it runs in dra-gpu's place: each
   round stops dra-gpu's kubelet plugin, times NVIDIA's singles and burst, and starts dra-gpu again,
   NVIDIA's block first in every other round. `--no-nvidia` leaves it out.
@@ -77,7 +78,7 @@ from localcluster.workloads import (
 )
 from urllib3.exceptions import ProtocolError
 
-from tests.bench.bench_compare import FAKE_MODEL, GO_DRIVER, _go, nvidia_limits
+from tests.bench.bench_compare import FAKE_MODEL, GO_DRIVER, NVIDIA_GATES, _go, nvidia_limits
 from tests.bench.bench_driver import _percentile
 
 DRA_GPU, DEVICE_PLUGIN, GO, NVIDIA = "dra-gpu", "device plugin", "go driver", "nvidia"
@@ -435,7 +436,10 @@ def _nvidia_driver(cluster: ClusterInfo, gpus: int, qps: int) -> NvidiaDriverPro
     profile.write_text(yaml.safe_dump({"gpus": [{"model": FAKE_MODEL, "count": gpus}]}))
     try:
         node = FakeNode(run / "bench-pods-fake-node", str(profile), cluster.node_name).build()
-        process = NvidiaDriverProcess(cluster, node, run / "logs" / "bench-pods-nvidia.log")
+        # Its chart's default gates, none: a pod of a whole GPU needs none.
+        process = NvidiaDriverProcess(
+            cluster, node, run / "logs" / "bench-pods-nvidia.log", gates=NVIDIA_GATES
+        )
     except (BuildError, OSError) as err:
         # Its fake node's device nodes need mknod, so root.
         print(f"NVIDIA's driver cannot run here, so its path is left out: {err}")
@@ -581,7 +585,8 @@ def main() -> None:
         f"{args.rounds} rounds alternating the paths; {args.rounds * args.singles} single pods and "
         f"{args.rounds} bursts of {args.burst} per path; controller manager's API limit "
         f"{_limit(qps, '20 requests/s, burst 30')}; the kubelet's {_limit(kubelet_qps, '50, burst 100')}; "
-        f"NVIDIA's plugin's {nvidia_limits(args.nvidia_qps)}; dra-gpu has no client-side limit"
+        f"NVIDIA's plugin's {nvidia_limits(args.nvidia_qps)}, no feature gate (its chart's default); "
+        "dra-gpu has no client-side limit"
     )
     for line in report(paths, args.burst):
         print(line)

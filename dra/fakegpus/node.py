@@ -5,8 +5,10 @@ With --fake-gpus and --fake-gpu-root=ROOT the daemon makes, before it discovers 
 shell-script nvidia-smi that answers ``-L`` as the real one does in a container, and the
 libraries), which the CDI specs mount like the real thing. A library is a copy of
 ``ROOT/libraries/<SONAME>`` where there is one (a fake a loader can load: the local cluster puts
-the ones it builds from deploy/local/fakenvml there), else a text stand-in. The node numbers
-and the nvidia-smi it imitates: docs/configuration.md ("Fake GPUs").
+the ones it builds from deploy/local/fakenvml there), else an ELF shared object with the
+library's SONAME and no symbols (``elfstub``): the loader cache, the SONAME link and a dlopen take
+it as they take the real one. The node numbers and the nvidia-smi it imitates:
+docs/configuration.md ("Fake GPUs").
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from dra.adapters.atomicfile import holds, write_atomic
 from dra.adapters.pcisysfs import PciSysfs
+from dra.fakegpus.elfstub import UnsupportedMachine, machine_number, shared_object
 from dra.fakegpus.library import FakeGpuLibrary, mig_cap_minor
 from dra.fakegpus.profiles import load_profile
 from dra.fakegpus.sysfs import FakeFunction, FakeSysfs
@@ -207,18 +210,32 @@ def stand_in_libraries(
     libs: Path, version: str, stems: tuple[str, ...] = STAND_IN_LIBRARIES, sources: Path | None = None
 ) -> None:
     """The driver's libraries of `version` in libs, each with its .so.1 link: copies of
-    `sources`/<stem>.so.1 where there is one, else text files named as them."""
+    `sources`/<stem>.so.1 where there is one, else ELF shared objects with that SONAME and no
+    symbols (text files saying why on a machine with no ELF machine number known here)."""
     for stem in stems:
         name = f"{stem}.so.{version}"
-        source = sources / f"{stem}.so.1" if sources is not None else None
+        soname = f"{stem}.so.1"
+        source = sources / soname if sources is not None else None
         if source is not None and source.is_file():
             write_if_changed(libs / name, source.read_bytes(), 0o755)
         else:
-            write_if_changed(libs / name, f"dra-gpu fake GPUs: stand-in for {name}\n".encode(), 0o644)
-        link = libs / f"{stem}.so.1"
+            write_if_changed(libs / name, *_stand_in(name, soname))
+        link = libs / soname
         if not link.is_symlink() or os.readlink(link) != name:
             link.unlink(missing_ok=True)
             link.symlink_to(name)
+
+
+def _stand_in(name: str, soname: str) -> tuple[bytes, int]:
+    """The stand-in for library `name` and its mode."""
+    what = f"dra-gpu fake GPUs: stand-in for {name}"
+    try:
+        machine = machine_number()
+    except UnsupportedMachine as err:
+        # The fake GPUs still work there; only a program loading the library would not.
+        return f"{what} (not an ELF object: {err})\n".encode(), 0o644
+    # Executable, as a copied library is.
+    return shared_object(soname, machine, f"{what}, no symbols"), 0o755
 
 
 def write_if_changed(path: Path, data: bytes, mode: int) -> None:

@@ -51,7 +51,7 @@ _LOAD_ALIGN = 0x10000
 _SECTION_NAMES = (".dynsym", ".hash", ".dynstr", ".dynamic", ".comment", ".shstrtab")
 
 
-class UnsupportedMachine(ValueError):
+class UnsupportedMachineError(ValueError):
     """No ELF machine number is known for this architecture (the message names it)."""
 
 
@@ -61,7 +61,7 @@ def machine_number(machine: str | None = None) -> int:
     try:
         return MACHINES[name.lower()]
     except KeyError:
-        raise UnsupportedMachine(
+        raise UnsupportedMachineError(
             f"no ELF machine number for {name!r}; known: {', '.join(sorted(MACHINES))}"
         ) from None
 
@@ -113,20 +113,19 @@ def shared_object(soname: str, machine: int, comment: str = "") -> bytes:
         _PHDR.pack(_PT_GNU_STACK, rw, 0, 0, 0, 0, 0, 16),
     )
     alloc = _SHF_ALLOC
-    shdrs = (
-        _SHDR.pack(0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-        # .dynsym: sh_link its strings (3), sh_info one past the last local symbol.
-        _SHDR.pack(name_of(".dynsym"), _SHT_DYNSYM, alloc, dynsym, dynsym, len(symbols), 3, 1, 8, _SYM.size),
-        _SHDR.pack(name_of(".hash"), _SHT_HASH, alloc, hash_at, hash_at, len(hash_table), 1, 0, 8, 4),
-        _SHDR.pack(name_of(".dynstr"), _SHT_STRTAB, alloc, dynstr, dynstr, len(strings), 0, 0, 1, 0),
-        _SHDR.pack(
-            name_of(".dynamic"), _SHT_DYNAMIC, alloc | _SHF_WRITE, dynamic, dynamic, len(dyn), 3, 0, 8, _DYN.size
-        ),
-        _SHDR.pack(
-            name_of(".comment"), _SHT_PROGBITS, _SHF_MERGE | _SHF_STRINGS, 0, loaded, len(note), 0, 0, 1, 1
-        ),
-        _SHDR.pack(name_of(".shstrtab"), _SHT_STRTAB, 0, 0, shstrtab, len(names), 0, 0, 1, 0),
+    # (name, type, flags, address, offset, size, link, info, alignment, entry size); sh_link of
+    # .dynsym, .dynamic: their strings (3); of .hash: its symbols (1); .dynsym's sh_info: one past
+    # the last local symbol.
+    sections = (
+        (".dynsym", _SHT_DYNSYM, alloc, dynsym, dynsym, len(symbols), 3, 1, 8, _SYM.size),
+        (".hash", _SHT_HASH, alloc, hash_at, hash_at, len(hash_table), 1, 0, 8, 4),
+        (".dynstr", _SHT_STRTAB, alloc, dynstr, dynstr, len(strings), 0, 0, 1, 0),
+        (".dynamic", _SHT_DYNAMIC, alloc | _SHF_WRITE, dynamic, dynamic, len(dyn), 3, 0, 8, _DYN.size),
+        (".comment", _SHT_PROGBITS, _SHF_MERGE | _SHF_STRINGS, 0, loaded, len(note), 0, 0, 1, 1),
+        (".shstrtab", _SHT_STRTAB, 0, 0, shstrtab, len(names), 0, 0, 1, 0),
     )
+    null = _SHDR.pack(0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    shdrs = (null, *(_SHDR.pack(name_of(name), *fields) for name, *fields in sections))
     # e_ident: magic, ELFCLASS64, ELFDATA2LSB, EV_CURRENT, ELFOSABI_NONE, ABI version 0, padding.
     ident = b"\x7fELF" + bytes((2, 1, _EV_CURRENT, 0, 0)) + bytes(7)
     header = _EHDR.pack(

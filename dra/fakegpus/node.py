@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dra.adapters.atomicfile import holds, write_atomic
 from dra.adapters.pcisysfs import PciSysfs
-from dra.fakegpus.elfstub import UnsupportedMachine, machine_number, shared_object
+from dra.fakegpus.elfstub import UnsupportedMachineError, machine_number, shared_object
 from dra.fakegpus.library import FakeGpuLibrary, mig_cap_minor
 from dra.fakegpus.profiles import load_profile
 from dra.fakegpus.sysfs import FakeFunction, FakeSysfs
@@ -231,7 +231,7 @@ def _stand_in(name: str, soname: str) -> tuple[bytes, int]:
     what = f"dra-gpu fake GPUs: stand-in for {name}"
     try:
         machine = machine_number()
-    except UnsupportedMachine as err:
+    except UnsupportedMachineError as err:
         # The fake GPUs still work there; only a program loading the library would not.
         return f"{what} (not an ELF object: {err})\n".encode(), 0o644
     # Executable, as a copied library is.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -11,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dra.fakegpus import elfstub
 from dra.fakegpus import node as fakegpus
-from dra.fakegpus.elfstub import UnsupportedMachine, machine_number, shared_object
+from dra.fakegpus.elfstub import UnsupportedMachineError, machine_number, shared_object
 
 VERSION = "580.95.05"
 #: ldconfig's name for each machine's 64-bit libraries in `ldconfig -p`.
@@ -25,6 +25,17 @@ def _tool(name: str) -> str:
     if found is None:
         pytest.skip(f"needs {name}")
     return found
+
+
+def _cached(libs: Path, cache: Path) -> list[str]:
+    """`ldconfig -p` after ldconfig ran over libs (and its trusted folders) into cache."""
+    ldconfig = _tool("ldconfig")
+    # As update-ldcache does in a container: the mounted folders, the cache rebuilt.
+    subprocess.run(
+        [ldconfig, "-C", str(cache), "-f", "/dev/null", str(libs)], check=True, capture_output=True
+    )
+    listed = subprocess.run([ldconfig, "-p", "-C", str(cache)], capture_output=True, text=True, check=True)
+    return listed.stdout.splitlines()
 
 
 def _stub(directory: Path, stem: str = "libcuda", machine: int | None = None) -> Path:
@@ -58,13 +69,7 @@ def test_ldconfig_makes_the_soname_link_and_lists_it_in_the_cache(tmp_path: Path
     libs.mkdir()
     for stem in fakegpus.STAND_IN_LIBRARIES:
         _stub(libs, stem)
-    cache = tmp_path / "ld.so.cache"
-    ldconfig = _tool("ldconfig")
-    # As update-ldcache does in a container: the mounted folders, the cache rebuilt.
-    subprocess.run([ldconfig, "-C", str(cache), "-f", "/dev/null", str(libs)], check=True, capture_output=True)
-    listed = subprocess.run(
-        [ldconfig, "-p", "-C", str(cache)], capture_output=True, text=True, check=True
-    ).stdout.splitlines()
+    listed = _cached(libs, tmp_path / "ld.so.cache")
     flags = CACHE_FLAGS[machine_number()]
     for stem in fakegpus.STAND_IN_LIBRARIES:
         assert os.readlink(libs / f"{stem}.so.1") == f"{stem}.so.{VERSION}"
@@ -76,11 +81,8 @@ def test_ldconfig_skips_a_text_stand_in(tmp_path: Path) -> None:
     libs = tmp_path / "lib"
     libs.mkdir()
     (libs / f"libcuda.so.{VERSION}").write_text(f"dra-gpu fake GPUs: stand-in for libcuda.so.{VERSION}\n")
-    cache = tmp_path / "ld.so.cache"
-    ldconfig = _tool("ldconfig")
-    subprocess.run([ldconfig, "-C", str(cache), "-f", "/dev/null", str(libs)], check=True, capture_output=True)
-    listed = subprocess.run([ldconfig, "-p", "-C", str(cache)], capture_output=True, text=True, check=True)
-    assert str(libs) not in listed.stdout
+    listed = _cached(libs, tmp_path / "ld.so.cache")
+    assert not [line for line in listed if str(libs) in line]
 
 
 def test_the_loader_maps_it_by_path_and_by_soname_and_it_has_no_symbols(tmp_path: Path) -> None:
@@ -107,13 +109,15 @@ def test_the_bytes_are_the_same_every_time() -> None:
     assert shared_object("libcuda.so.1", 62) != shared_object("libcuda.so.1", 183)
 
 
-@pytest.mark.parametrize(("machine", "number"), [("x86_64", 62), ("AMD64", 62), ("aarch64", 183), ("arm64", 183)])
+@pytest.mark.parametrize(
+    ("machine", "number"), [("x86_64", 62), ("AMD64", 62), ("aarch64", 183), ("arm64", 183)]
+)
 def test_machine_numbers(machine: str, number: int) -> None:
     assert machine_number(machine) == number
 
 
 def test_an_unknown_machine_is_named() -> None:
-    with pytest.raises(UnsupportedMachine) as err:
+    with pytest.raises(UnsupportedMachineError) as err:
         machine_number("ppc64le")
     assert str(err.value) == "no ELF machine number for 'ppc64le'; known: aarch64, amd64, arm64, x86_64"
 
@@ -152,7 +156,7 @@ def test_a_library_given_under_libraries_is_copied_instead(tmp_path: Path) -> No
 def test_a_machine_without_an_elf_number_gets_text_saying_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(elfstub.platform, "machine", lambda: "s390x")
+    monkeypatch.setattr(platform, "machine", lambda: "s390x")
     fakegpus.stand_in_libraries(tmp_path, VERSION, ("libcuda",))
     assert (tmp_path / f"libcuda.so.{VERSION}").read_text() == (
         f"dra-gpu fake GPUs: stand-in for libcuda.so.{VERSION} (not an ELF object: no ELF machine number "

@@ -8,12 +8,14 @@ that is not ELF; ``ldconfig -p`` (which Triton parses to find libcuda) lists the
 accept: one PT_LOAD segment mapping the file, a PT_DYNAMIC segment whose dynamic section names
 DT_SONAME, DT_HASH, DT_STRTAB, DT_SYMTAB, DT_STRSZ and DT_SYMENT, an empty symbol table (the
 null symbol alone) and a PT_GNU_STACK that asks for no executable stack (glibc 2.41's dlopen
-refuses an object that would need one). Section headers are there for readelf, nm and file.
+refuses an object that would need one). Section headers are there for the tools that read
+sections: readelf, nm, file, and the link editor (Triton links its launcher with ``-lcuda``).
 
-Faithful on those paths: the cache entry, the SONAME link and a dlopen by SONAME behave as with
-the real library. It exports nothing, so a program that looks a symbol up (``dlsym(h,
-"cuInit")``) gets "undefined symbol", the failure of a driver that lacks the call; the local
-cluster's C-built fakes (deploy/local/fakenvml) are what answer calls.
+Faithful on those paths: the cache entry, the SONAME link, a dlopen by SONAME and a link with
+``-lcuda`` behave as with the real library. It exports nothing, so binding a symbol of it
+(``dlsym(h, "cuInit")``, or loading a program that calls cuInit) fails with "undefined symbol",
+the failure of a driver that lacks the call; the local cluster's C-built fakes
+(deploy/local/fakenvml) are what answer calls.
 
 Sources: the System V ABI, generic part (gABI), chapters 4 "Object Files" (ELF header,
 e_ident, section header, symbol table, string table) and 5 "Program Loading and Dynamic

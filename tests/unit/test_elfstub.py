@@ -103,6 +103,31 @@ def test_the_loader_maps_it_by_path_and_by_soname_and_it_has_no_symbols(tmp_path
     assert (run.returncode, run.stdout, run.stderr) == (0, "loaded\n", "")
 
 
+def test_a_library_links_with_lcuda_and_binding_its_call_fails_as_an_undefined_symbol(tmp_path: Path) -> None:
+    # Triton's path: its launcher is linked with -lcuda (through libcuda.so), then loaded.
+    path = _stub(tmp_path)
+    (tmp_path / "libcuda.so").symlink_to(path.name)
+    (tmp_path / "libcuda.so.1").symlink_to(path.name)
+    source = tmp_path / "launcher.c"
+    source.write_text("int cuInit(unsigned int flags);\nint launch(void) { return cuInit(0); }\n")
+    launcher = tmp_path / "launcher.so"
+    subprocess.run(
+        [_tool("gcc"), "-shared", "-fPIC", "-o", str(launcher), str(source), f"-L{tmp_path}", "-lcuda"],
+        check=True,
+        capture_output=True,
+    )
+    # ctypes binds every symbol at load (RTLD_NOW): libcuda.so.1 is found and mapped, cuInit is not there.
+    run = subprocess.run(
+        [sys.executable, "-c", f"import ctypes; ctypes.CDLL({str(launcher)!r})"],
+        env={**os.environ, "LD_LIBRARY_PATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 1
+    assert run.stderr.splitlines()[-1] == f"OSError: {launcher}: undefined symbol: cuInit"
+
+
 def test_the_bytes_are_the_same_every_time() -> None:
     # The driver root is rewritten only when its files change: a fixed image keeps it untouched.
     assert shared_object("libcuda.so.1", 62) == shared_object("libcuda.so.1", 62)

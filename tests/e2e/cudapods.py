@@ -193,6 +193,17 @@ class CudaNode(NamedTuple):
     driver: DriverProcess
 
 
+def import_images(cluster: LocalCluster) -> dict[str, str]:
+    """Build (or reuse) the images of IMAGES and import them into the cluster's containerd; each
+    container's image name."""
+    images = {}
+    for container, (kind, compat) in IMAGES.items():
+        image = cuda_image(kind, compat)
+        cluster.import_image(image)
+        images[container] = image.name
+    return images
+
+
 @contextlib.contextmanager
 def cuda_node(
     workdir: Path, profile: str, driver_flags: tuple[str, ...], plugin_flags: tuple[str, ...] | None = None
@@ -202,11 +213,7 @@ def cuda_node(
     cluster = LocalCluster(runtime="containerd")
     try:
         info = cluster.start(timeout=180)
-        images = {}
-        for container, (kind, compat) in IMAGES.items():
-            image = cuda_image(kind, compat)
-            cluster.import_image(image)
-            images[container] = image.name
+        images = import_images(cluster)
         driver = DriverProcess(info, profile, workdir / "driver.log", extra_args=driver_flags).start()
         plugin = None
         if plugin_flags is not None:

@@ -15,19 +15,16 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from fakenvml.node import FakeNode
 from localcluster.cluster import LocalCluster
-from localcluster.clusterinfo import ClusterInfo
-from localcluster.cudaimages import cuda_image
 from localcluster.driverprocess import DaemonProcess
-from localcluster.kube import Kube, wait_for
+from localcluster.kube import Kube
 
-from tests.e2e.cudapods import IMAGES, CudaSeen, cuda_pod, cuda_seen
+from tests.e2e.cudapods import IMAGES, CudaSeen, cuda_pod, cuda_seen, import_images
 from tests.e2e.differential import OURS, THEIRS, Key
-from tests.e2e.test_nvidia_differential import MIGRATION, Turns
+from tests.e2e.test_nvidia_differential import MIGRATION, Turns, delete_namespace
 
 pytestmark = [pytest.mark.cluster, pytest.mark.containerd]
 
@@ -58,11 +55,7 @@ def turns(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Turns, dic
     cluster = LocalCluster(runtime="containerd")
     try:
         info = cluster.start(timeout=180)
-        images = {}
-        for container, (kind, compat) in IMAGES.items():
-            image = cuda_image(kind, compat)
-            cluster.import_image(image)
-            images[container] = image.name
+        images = import_images(cluster)
         kube = Kube(info.kubeconfig)
         try:
             yield Turns(info, kube, tmp_path_factory.mktemp("turns")), images
@@ -113,24 +106,8 @@ def _seen(turns: Turns, images: dict[str, str], driver: DaemonProcess, node: Fak
                 for name in names:
                     seen[f"{pod}/{name}"] = cuda_seen(kube, cluster, namespace, pod, name, IMAGES[name][0])
         finally:
-            _delete_namespace(kube, cluster, namespace)
+            delete_namespace(kube, namespace, cluster.cdi_dir)
     return seen
-
-
-def _delete_namespace(kube: Kube, cluster: ClusterInfo, namespace: str) -> None:
-    """Delete the namespace's pods and wait until the driver unprepared their claims (specs gone)."""
-    claims = [
-        c["metadata"]["uid"]
-        for c in kube.list_objects("resource.k8s.io/v1", "ResourceClaim", namespace=namespace)
-    ]
-    for pod in kube.list_objects("v1", "Pod", namespace=namespace):
-        kube.delete("v1", "Pod", pod["metadata"]["name"], namespace, grace_period=0)
-    kube.delete("v1", "Namespace", namespace)
-    wait_for(
-        f"the claims of namespace {namespace} to be unprepared",
-        lambda: not [p for p in Path(cluster.cdi_dir).iterdir() if any(uid in p.name for uid in claims)],
-        timeout=90,
-    )
 
 
 def _driver_lines(seen: CudaSeen) -> list[str]:

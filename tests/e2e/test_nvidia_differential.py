@@ -241,11 +241,11 @@ def _edits(turns: Turns, driver: DaemonProcess, node: FakeNode, namespace: str) 
                 kube.wait_pod_phase(name, namespace, timeout=60)
                 records[name] = container_record(turns.cluster, namespace, name)
         finally:
-            _delete_namespace(kube, namespace, turns.cluster.cdi_dir)
+            delete_namespace(kube, namespace, turns.cluster.cdi_dir)
     return records
 
 
-def _delete_namespace(kube: Kube, namespace: str, cdi_dir: str) -> None:
+def delete_namespace(kube: Kube, namespace: str, cdi_dir: str) -> None:
     """Delete the namespace's pods and the namespace; wait until the driver unprepared their claims.
 
     Unprepared means its CDI specs are gone (each driver names a claim's spec after the claim's UID):
@@ -393,7 +393,7 @@ def test_nvidias_quickstart_specs_fare_on_its_own_driver_as_documented(turns: Tu
             elif outcome is not None:
                 _each_pod_got(kube, namespace, expected, *outcome)
         finally:
-            _delete_namespace(kube, namespace, turns.cluster.cdi_dir)
+            delete_namespace(kube, namespace, turns.cluster.cdi_dir)
 
 
 #: Opaque configs each driver refuses at prepare (NVIDIA's GpuConfig, as its API types it), and what
@@ -473,7 +473,7 @@ def test_a_bad_opaque_config_is_refused_by_both_drivers(turns: Turns, case: str)
                 said[side] = _refusal(turns.kube, namespace)
                 assert pod_claim(turns.kube, namespace, "configured")["status"].get("allocation")
             finally:
-                _delete_namespace(turns.kube, namespace, turns.cluster.cdi_dir)
+                delete_namespace(turns.kube, namespace, turns.cluster.cdi_dir)
         assert phrase in said[side], said
 
 

@@ -115,17 +115,40 @@ def ensure_library(log: bool = True) -> Path:
     header = nvml_header()
     source = generated_source(function_names(header.read_text(errors="replace"))) + LOADER.read_text()
     key = hashlib.sha256(source.encode()).hexdigest()[:12]
-    library = cache_root() / "fakenvml" / key / SONAME
+    return compiled_library(
+        f"the fake NVML from {header}",
+        cache_root() / "fakenvml" / key,
+        SONAME,
+        source,
+        "fakenvml.c",
+        libs=("-ldl", "-lpthread"),
+        log=log,
+    )
+
+
+def compiled_library(
+    what: str,
+    directory: Path,
+    soname: str,
+    source: str,
+    filename: str,
+    flags: tuple[str, ...] = (),
+    libs: tuple[str, ...] = (),
+    log: bool = True,
+) -> Path:
+    """`directory`/`soname`, a shared object gcc builds from the C `source` (named `filename` in its
+    messages) on first use; `directory` is keyed by what it is built from, so a change builds anew."""
+    library = directory / soname
     if library.is_file():
         return library
     if shutil.which("gcc") is None:
-        raise BuildError("gcc is needed to build the fake NVML (libnvidia-ml.so.1)")
+        raise BuildError(f"gcc is needed to build {what} ({soname})")
     if log:
-        print(f"building the fake NVML from {header} into {library.parent}", file=sys.stderr, flush=True)
-    library.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
-        (Path(tmp) / "fakenvml.c").write_text(source)
-        built = Path(tmp) / SONAME
+        print(f"building {what} into {directory}", file=sys.stderr, flush=True)
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+        (Path(tmp) / filename).write_text(source)
+        built = Path(tmp) / soname
         compiled = subprocess.run(
             [
                 "gcc",
@@ -134,18 +157,18 @@ def ensure_library(log: bool = True) -> Path:
                 "-O2",
                 "-Wall",
                 "-fvisibility=hidden",
-                f"-Wl,-soname,{SONAME}",
+                *flags,
+                f"-Wl,-soname,{soname}",
                 "-o",
                 str(built),
-                str(Path(tmp) / "fakenvml.c"),
-                "-ldl",
-                "-lpthread",
+                str(Path(tmp) / filename),
+                *libs,
             ],
             capture_output=True,
             text=True,
             check=False,
         )
         if compiled.returncode != 0:
-            raise BuildError(f"gcc failed to build the fake NVML:\n{compiled.stderr}")
+            raise BuildError(f"gcc failed to build {what}:\n{compiled.stderr}")
         built.replace(library)
     return library

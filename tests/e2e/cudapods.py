@@ -246,26 +246,6 @@ def namespace(node: CudaNode) -> Iterator[str]:
     node.kube.delete("v1", "Namespace", name)
 
 
-def template(
-    kube: Kube, namespace: str, name: str, device_class: str, selector: str, memory: str = ""
-) -> None:
-    """A ResourceClaimTemplate of one request `gpu`, optionally asking a share of `memory`."""
-    exactly: dict[str, Any] = {
-        "deviceClassName": device_class,
-        "selectors": [{"cel": {"expression": selector}}],
-    }
-    if memory:
-        exactly["capacity"] = {"requests": {"memory": memory}}
-    kube.create(
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
-        }
-    )
-
-
 def run(
     node: CudaNode,
     namespace: str,

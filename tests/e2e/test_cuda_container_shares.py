@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 from localcluster.driverprocess import DriverProcess
-from localcluster.workloads import DRIVER
+from localcluster.workloads import DRIVER, claim_template
 
 from tests.e2e.cudapods import (
     LIB,
@@ -26,7 +26,6 @@ from tests.e2e.cudapods import (
     cuda_node,
     namespace,
     run,
-    template,
     triton_libcuda_dirs,
 )
 
@@ -44,9 +43,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CudaNode]:
 
 def test_shares_of_a_gpu(node: CudaNode) -> None:
     with namespace(node) as ns:
-        template(
-            node.kube, ns, "share", "gpu.nvidia.com", f'device.attributes["{DRIVER}"].index == 0', "10Gi"
-        )
+        claim_template(node.kube, ns, "share", [f'device.attributes["{DRIVER}"].index == 0'], memory="10Gi")
         for pod in ("first", "second"):
             seen = run(
                 node, ns, pod, ["debian", "distroless"], {"claims": [{"name": "gpu"}]}, {"gpu": "share"}
@@ -66,7 +63,7 @@ def test_without_the_hook_one_warning_and_the_loader_cache_lists_no_driver(
     bare = DriverProcess(node.cluster, node.profile, log, extra_args=flags).start()
     try:
         with namespace(node) as ns:
-            template(node.kube, ns, "whole", "gpu.nvidia.com", f'device.attributes["{DRIVER}"].index == 1')
+            claim_template(node.kube, ns, "whole", [f'device.attributes["{DRIVER}"].index == 1'])
             seen = run(
                 node, ns, "bare", ["debian", "distroless"], {"claims": [{"name": "gpu"}]}, {"gpu": "whole"}
             )

@@ -19,10 +19,10 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from localcluster.workloads import DRIVER
+from localcluster.workloads import DRIVER, claim_template
 
 from dra.model.devices import MigDevice
-from tests.e2e.cudapods import IMAGES, CudaNode, check, claim_devices, cuda_node, namespace, run, template
+from tests.e2e.cudapods import IMAGES, CudaNode, check, claim_devices, cuda_node, namespace, run
 
 pytestmark = [pytest.mark.cluster, pytest.mark.containerd]
 
@@ -47,7 +47,7 @@ def ns(node: CudaNode) -> Iterator[str]:
 
 
 def test_a_whole_gpu_claim_every_image(node: CudaNode, ns: str) -> None:
-    template(node.kube, ns, "whole", "gpu.nvidia.com", f'device.attributes["{DRIVER}"].index == 1')
+    claim_template(node.kube, ns, "whole", [f'device.attributes["{DRIVER}"].index == 1'])
     seen = run(node, ns, "whole", list(IMAGES), {"claims": [{"name": "gpu"}]}, {"gpu": "whole"})
     devices = claim_devices(node, ns, "whole")
     for name, saw in seen.items():
@@ -55,7 +55,13 @@ def test_a_whole_gpu_claim_every_image(node: CudaNode, ns: str) -> None:
 
 
 def test_a_mig_device_claim(node: CudaNode, ns: str) -> None:
-    template(node.kube, ns, "mig", "mig.nvidia.com", f'device.attributes["{DRIVER}"].profile == "1g.10gb"')
+    claim_template(
+        node.kube,
+        ns,
+        "mig",
+        [f'device.attributes["{DRIVER}"].profile == "1g.10gb"'],
+        device_class="mig.nvidia.com",
+    )
     seen = run(node, ns, "mig", ["debian", "distroless"], {"claims": [{"name": "gpu"}]}, {"gpu": "mig"})
     (device,) = claim_devices(node, ns, "mig")
     assert isinstance(device, MigDevice)

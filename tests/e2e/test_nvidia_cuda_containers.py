@@ -21,6 +21,7 @@ from fakenvml.node import FakeNode
 from localcluster.cluster import LocalCluster
 from localcluster.driverprocess import DaemonProcess
 from localcluster.kube import Kube
+from localcluster.workloads import claim_template
 
 from tests.e2e.cudapods import IMAGES, CudaSeen, cuda_pod, cuda_seen, import_images
 from tests.e2e.differential import OURS, THEIRS, Key
@@ -76,30 +77,7 @@ def _seen(turns: Turns, images: dict[str, str], driver: DaemonProcess, node: Fak
         kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
         try:
             for pod, (device_class, selector, names) in PODS.items():
-                kube.create(
-                    {
-                        "apiVersion": "resource.k8s.io/v1",
-                        "kind": "ResourceClaimTemplate",
-                        "metadata": {"name": pod, "namespace": namespace},
-                        "spec": {
-                            "spec": {
-                                "devices": {
-                                    "requests": [
-                                        {
-                                            "name": "gpu",
-                                            "exactly": {
-                                                "deviceClassName": device_class,
-                                                "selectors": [
-                                                    {"cel": {"expression": selector.format(**uuids)}}
-                                                ],
-                                            },
-                                        }
-                                    ]
-                                }
-                            }
-                        },
-                    }
-                )
+                claim_template(kube, namespace, pod, [selector.format(**uuids)], device_class=device_class)
                 containers = {n: (IMAGES[n][0], images[n], {"claims": [{"name": "gpu"}]}) for n in names}
                 cuda_pod(kube, cluster, namespace, pod, containers, {"gpu": pod})
             for pod, (_, _, names) in PODS.items():

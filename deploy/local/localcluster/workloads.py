@@ -75,11 +75,14 @@ def claim_template(
     selectors: Sequence[str] = (),
     count: int = 1,
     device_class: str = "gpu.nvidia.com",
+    memory: str = "",
 ) -> Obj:
-    """A ResourceClaimTemplate with one request `gpu` of `count` devices."""
+    """A ResourceClaimTemplate of one request `gpu`: `count` devices, a `memory` share each if given."""
     exactly: dict[str, Any] = {"deviceClassName": device_class, "count": count}
     if selectors:
         exactly["selectors"] = [{"cel": {"expression": s}} for s in selectors]
+    if memory:
+        exactly["capacity"] = {"requests": {"memory": memory}}
     return kube.create(
         {
             "apiVersion": "resource.k8s.io/v1",

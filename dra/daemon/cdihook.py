@@ -11,6 +11,7 @@ gets the driver's files mounted, no hooks, and one warning at start saying what 
 
 from __future__ import annotations
 
+import filecmp
 import functools
 import logging
 import os
@@ -58,10 +59,10 @@ def install(plugin_dir: Path, node_hook: Path | None = None, host_root: Path = P
         )
         return None
     target = plugin_dir / PROGRAM
-    content = Path(source).read_bytes()
     try:
-        if not (target.is_file() and target.read_bytes() == content):
-            write_atomic(target, content, mode=0o755)
+        # The program is megabytes: compared in chunks (sizes first), read whole only to be copied.
+        if not (target.is_file() and filecmp.cmp(source, target, shallow=False)):
+            write_atomic(target, Path(source).read_bytes(), mode=0o755)
     except OSError as err:
         log.warning("cannot copy %s to %s (%s): %s", source, target, err.strerror, WITHOUT_HOOK)
         return None

@@ -309,7 +309,7 @@ def unanswered(reads: Mapping[str, ClaimRead]) -> dict[str, str]:
     return {
         uid: f"HTTP {read.status}: {read.error}" if read.status else read.error
         for uid, read in reads.items()
-        if read.claim is None and read.status != _NOT_FOUND
+        if _state_of(uid, read) == "unknown"
     }
 
 

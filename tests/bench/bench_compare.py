@@ -56,7 +56,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -81,6 +80,7 @@ from localcluster.nvidiadriver import NvidiaDriverProcess
 
 from dra.adapters.atomicfile import is_tmpfs
 from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc
+from tests.bench import burstclient
 from tests.bench.bench_driver import _claims, _percentile, _rss_kib, cpu_seconds
 
 #: The Go driver's name (its default) and how it names its devices (its --num-devices of them).
@@ -450,7 +450,9 @@ def _ref(claim: dict[str, object]) -> dra_pb2.Claim:
 class _Kubelet:
     """The kubelet's side of the DRA socket: timed prepare and unprepare calls, one claim each."""
 
-    def __init__(self, stub: dra_pb2_grpc.DRAPluginStub, label: str) -> None:
+    def __init__(self, target: str, stub: dra_pb2_grpc.DRAPluginStub, label: str) -> None:
+        #: The driver's address, for the burst's own client (tests/bench/burstclient).
+        self.target = target
         self.stub = stub
         self.label = label
 
@@ -473,42 +475,6 @@ class _Kubelet:
         if error:
             raise RuntimeError(f"{self.label} failed to unprepare {ref.namespace}/{ref.name}: {error}")
         return elapsed
-
-    def burst(self, refs: Sequence[dra_pb2.Claim], callers: int) -> tuple[float, list[float]]:
-        """Milliseconds for all of `refs` prepared with `callers` calls in flight, and each call's.
-
-        The calls are the channel's own futures, not a thread per caller: eight Python threads
-        taking turns at the GIL added the client's own waits to every call (about a tenth of
-        the Go driver's burst), where the kubelet's goroutines add none.
-        """
-        slots = threading.Semaphore(callers)
-        all_done = threading.Event()
-        sent: list[float] = []
-        ended: dict[int, float] = {}
-        calls = []
-
-        def finished(index: int) -> Callable[[object], None]:
-            def record(_: object) -> None:
-                ended[index] = time.perf_counter()
-                slots.release()
-                if len(ended) == len(refs):
-                    all_done.set()
-
-            return record
-
-        for index, ref in enumerate(refs):
-            slots.acquire()
-            sent.append(time.perf_counter())
-            call = self.stub.NodePrepareResources.future(dra_pb2.NodePrepareResourcesRequest(claims=[ref]))
-            call.add_done_callback(finished(index))
-            calls.append(call)
-        all_done.wait()
-        for done, ref in zip(calls, refs, strict=True):
-            error = done.result().claims[ref.uid].error
-            if error:
-                raise RuntimeError(f"{self.label} failed to prepare {ref.namespace}/{ref.name}: {error}")
-        wall = (max(ended.values()) - sent[0]) * 1000
-        return wall, [(ended[i] - sent[i]) * 1000 for i in range(len(refs))]
 
     def empty(self) -> float:
         """Milliseconds of a NodePrepareResources with no claims: the gRPC round trip and no work."""
@@ -550,7 +516,7 @@ def _calls(
     """The rows every contender has: empty calls, `first` prepared, again, unprepared, then the bursts.
 
     `burst` holds BURSTS batches of BURST fresh claims, each prepared with CALLERS calls in flight
-    and then unprepared.
+    (tests/bench/burstclient: grpc.aio, the least a Python client adds) and then unprepared.
     """
     empty = [kubelet.empty() for _ in range(EMPTY_CALLS)]
     contender.record("empty NodePrepareResources p50", _percentile(empty, 50))
@@ -572,14 +538,11 @@ def _calls(
     unprepare = [kubelet.unprepare(ref) for ref in first]
     contender.record("unprepare p50", _percentile(unprepare, 50))
 
-    walls, timings = [], []
-    for start in range(0, len(burst), BURST):
-        batch = burst[start : start + BURST]
-        wall, each = kubelet.burst(batch, CALLERS)
-        walls.append(wall)
-        timings += each
-        for ref in batch:
-            kubelet.unprepare(ref)
+    batches = [burst[start : start + BURST] for start in range(0, len(burst), BURST)]
+    unprepare_all = lambda batch: [*map(kubelet.unprepare, batch)]  # noqa: E731
+    bursts = burstclient.bursts(kubelet.target, batches, CALLERS, unprepare_all)
+    walls = [one.wall for one in bursts]
+    timings = [ms for one in bursts for ms in one.each]
     contender.record(f"{BURST} fresh claims from {CALLERS} callers, wall", statistics.median(walls))
     contender.record(f"{BURST} fresh claims from {CALLERS} callers, p99", _percentile(timings, 99))
     # Before the pile-up, whose thousand prepares grow the Go test driver by its own bookkeeping:
@@ -611,8 +574,9 @@ def _run(contender: Contender, cluster: ClusterInfo, kube: Kube, args: argparse.
                 "pileup": max(levels, default=0),
             },
         )
-        with grpc.insecure_channel(f"unix://{contender.dra_socket}") as channel:
-            kubelet = _Kubelet(dra_pb2_grpc.DRAPluginStub(channel), contender.label)
+        target = f"unix://{contender.dra_socket}"
+        with grpc.insecure_channel(target) as channel:
+            kubelet = _Kubelet(target, dra_pb2_grpc.DRAPluginStub(channel), contender.label)
             _calls(kubelet, contender, pid, claims["first"], claims["burst"], later_work=True)
             piled = iter(claims["pileup"])
             fresh = iter(claims["sample"])
@@ -656,8 +620,9 @@ def _run_floor(floor: Contender, args: argparse.Namespace) -> None:
     try:
         if proc.stdout.readline().strip() != b"ready":
             raise RuntimeError(f"{floor.label} did not start: see {floor.log}")
-        with grpc.insecure_channel(f"unix://{floor.dra_socket}") as channel:
-            kubelet = _Kubelet(dra_pb2_grpc.DRAPluginStub(channel), floor.label)
+        target = f"unix://{floor.dra_socket}"
+        with grpc.insecure_channel(target) as channel:
+            kubelet = _Kubelet(target, dra_pb2_grpc.DRAPluginStub(channel), floor.label)
             _calls(kubelet, floor, proc.pid, fresh(args.claims), fresh(BURST * BURSTS), later_work=False)
     finally:
         # Its cue to stop.

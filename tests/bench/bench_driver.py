@@ -20,7 +20,6 @@ import re
 import statistics
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -29,6 +28,7 @@ from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube
 
 from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc
+from tests.bench import burstclient
 
 DRIVER = "gpu.nvidia.com"
 
@@ -126,16 +126,6 @@ def _unprepare(stub: dra_pb2_grpc.DRAPluginStub, ref: dra_pb2.Claim) -> float:
     return elapsed
 
 
-def _burst(
-    stub: dra_pb2_grpc.DRAPluginStub, refs: list[dra_pb2.Claim], callers: int
-) -> tuple[float, list[float]]:
-    """Prepare `refs` from `callers` concurrent callers, one claim per call: wall ms and each call's ms."""
-    started = time.perf_counter()
-    with ThreadPoolExecutor(callers) as pool:
-        each = list(pool.map(lambda ref: _prepare(stub, ref), refs))
-    return (time.perf_counter() - started) * 1000, each
-
-
 def main() -> None:
     """Run the benchmark and print the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -188,9 +178,9 @@ def main() -> None:
                 repeat.append(_prepare(stub, ref))
                 unprepare.append(_unprepare(stub, ref))
             burst_refs = [_ref(c) for c in burst]
-            wall, burst_each = _burst(stub, burst_refs, 8)
-            for ref in burst_refs:
-                _unprepare(stub, ref)
+            unprepare_all = lambda batch: [_unprepare(stub, ref) for ref in batch]  # noqa: E731
+            (timed,) = burstclient.bursts(f"unix://{driver.dra_socket}", [burst_refs], 8, unprepare_all)
+            wall, burst_each = timed.wall, timed.each
             prepared = 0
             cpu_before = cpu_seconds(driver.proc.pid)
             for level in levels:

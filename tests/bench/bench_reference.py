@@ -6,11 +6,11 @@ Issue 47: an independent harness once timed the Go reference a quarter faster th
 did on the same machine, which would make every ratio `make bench` prints flatter than it is. This
 is the minimal setup to hold `make bench` to: the local cluster with the Go test driver and nothing
 else (no dra-gpu, no floors, no pile-up claims), only the claims its rows need, and a client written
-apart from bench_compare's: one grpcio channel, plain blocking calls, each burst as a window of
-eight futures, each figure the median of its calls (of its bursts for the burst). Each run starts
-the driver afresh with bench_compare's command line and its CDI specs on tmpfs, where the driver is
-at its best (on this machine's ext4 its first prepare and burst took a tenth longer, measured side
-by side: docs/testing.md, issue 47).
+apart from bench_compare's: one grpcio channel, plain blocking calls, each figure the median of
+its calls (of its bursts for the burst; the bursts from tests/bench/burstclient, as bench_compare's).
+Each run starts the driver afresh with bench_compare's command line and its CDI specs on tmpfs,
+where the driver is at its best (on this machine's ext4 its first prepare and burst took a tenth
+longer, measured side by side: docs/testing.md, issue 47).
 
 `python -m tests.bench.bench_compare --reference-alone` times the driver this way in `make bench`'s
 own turns, so that both figures come from one invocation under one load. Prints figures; asserts
@@ -23,7 +23,6 @@ import argparse
 import statistics
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -35,6 +34,7 @@ from localcluster.clusterinfo import ClusterInfo
 from localcluster.kube import Kube, wait_for
 
 from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc
+from tests.bench import burstclient
 from tests.bench.bench_compare import (
     BURST,
     BURSTS,
@@ -68,7 +68,10 @@ def _ms(call: Callable[[Request], object], request: Request) -> float:
 
 
 def minimal_calls(
-    stub: dra_pb2_grpc.DRAPluginStub, first: Sequence[dra_pb2.Claim], burst: Sequence[dra_pb2.Claim]
+    target: str,
+    stub: dra_pb2_grpc.DRAPluginStub,
+    first: Sequence[dra_pb2.Claim],
+    burst: Sequence[dra_pb2.Claim],
 ) -> dict[str, float]:
     """The rows, under bench_compare's names: empty calls, `first` prepared, again, unprepared, the bursts.
 
@@ -79,24 +82,13 @@ def minimal_calls(
     firsts = [_ms(prepare, _prepare(ref)) for ref in first]
     repeats = [_ms(prepare, _prepare(ref)) for ref in first]
     unprepares = [_ms(unprepare, dra_pb2.NodeUnprepareResourcesRequest(claims=[ref])) for ref in first]
-    walls = []
-    for start in range(0, len(burst), BURST):
-        batch = burst[start : start + BURST]
-        started = time.perf_counter()
-        window: deque[grpc.Future[dra_pb2.NodePrepareResourcesResponse]] = deque()
-        answers = []
-        for ref in batch:
-            if len(window) == CALLERS:
-                answers.append(window.popleft().result())
-            window.append(prepare.future(_prepare(ref)))
-        answers += [call.result() for call in window]
-        walls.append((time.perf_counter() - started) * 1000)
-        # A refused claim answers at once: its figure would be no prepare's.
-        refused = [a.claims[r.uid].error for a, r in zip(answers, batch, strict=True)]
-        if any(refused):
-            raise RuntimeError(f"the burst's claims were refused: {next(e for e in refused if e)}")
+    batches = [burst[start : start + BURST] for start in range(0, len(burst), BURST)]
+
+    def unprepare_all(batch: Sequence[dra_pb2.Claim]) -> None:
         for ref in batch:
             unprepare(dra_pb2.NodeUnprepareResourcesRequest(claims=[ref]))
+
+    walls = [one.wall for one in burstclient.bursts(target, batches, CALLERS, unprepare_all)]
     return {
         "empty NodePrepareResources p50": statistics.median(empty),
         "first prepare p50": statistics.median(firsts),
@@ -116,8 +108,9 @@ def time_alone(contender: Contender, cluster: ClusterInfo, kube: Kube, claims: i
         driver = contender.driver
         first = [_ref(c) for c in _claims(kube, namespace, node, names, claims, driver, "first")]
         burst = [_ref(c) for c in _claims(kube, namespace, node, names, BURST * BURSTS, driver, "burst")]
-        with grpc.insecure_channel(f"unix://{contender.dra_socket}") as channel:
-            figures = minimal_calls(dra_pb2_grpc.DRAPluginStub(channel), first, burst)
+        target = f"unix://{contender.dra_socket}"
+        with grpc.insecure_channel(target) as channel:
+            figures = minimal_calls(target, dra_pb2_grpc.DRAPluginStub(channel), first, burst)
         figures[RSS_CALLS] = _rss_kib(pid)[0] / 1024
     for name, value in figures.items():
         contender.record(name, value)

@@ -17,6 +17,7 @@ FIGURES = {
     "unprepare p50",
     "CPU per prepare+unprepare",
     "burst wall",
+    "burst wall, grpcio futures client",
     "RSS",
 }
 

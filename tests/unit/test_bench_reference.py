@@ -31,9 +31,11 @@ def test_the_minimal_client_times_make_bench_s_rows_against_a_server(tmp_path: P
     assert server.stdout is not None
     try:
         assert server.stdout.readline().strip() == b"ready"
-        with grpc.insecure_channel(f"unix://{socket}") as channel:
+        target = f"unix://{socket}"
+        with grpc.insecure_channel(target) as channel:
             stub = dra_pb2_grpc.DRAPluginStub(channel)
-            figures = minimal_calls(stub, _fresh(3), _fresh(bench_compare.BURST * bench_compare.BURSTS))
+            burst = _fresh(bench_compare.BURST * bench_compare.BURSTS)
+            figures = minimal_calls(target, stub, _fresh(3), burst)
     finally:
         server.stdin.close()
         server.wait(10)

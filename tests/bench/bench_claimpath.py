@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
+import functools
 import json
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -30,6 +33,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,8 +71,43 @@ def _switches() -> int:
     return total
 
 
-def child(kubeconfig: str, namespace: str, node: str, uids: list[str]) -> dict[str, float]:
-    """One checkout's figures (run with the checkout as the working directory: its dra)."""
+class _Profiles:
+    """Per-thread cProfile on each thread's own CPU clock (time.thread_time), merged per phase.
+
+    A thread's waits (the API server's answer, the fsync, the GIL) cost it no CPU, so what the
+    profile shows is where the process's CPU went, by function. The profiler's own calls roughly
+    double the CPU; the figures of a profiled round are not the benchmark's.
+    """
+
+    def __init__(self, directory: str | None) -> None:
+        self._directory = Path(directory) if directory else None
+        self._by_thread: dict[int, cProfile.Profile] = {}
+
+    def run(self, call: Callable[[Any], None], arg: Any) -> None:
+        """`call(arg)` under the calling thread's profiler (a plain call without --profile)."""
+        if self._directory is None:
+            call(arg)
+            return
+        profile = self._by_thread.setdefault(threading.get_ident(), cProfile.Profile(time.thread_time))
+        profile.runcall(call, arg)
+
+    def dump(self, phase: str) -> None:
+        """Write the phase's profile (all threads') to DIR/<phase>.pstats, and start afresh."""
+        if self._directory is None or not self._by_thread:
+            return
+        profiles = list(self._by_thread.values())
+        stats = pstats.Stats(profiles[0])
+        for profile in profiles[1:]:
+            stats.add(profile)
+        stats.dump_stats(self._directory / f"{phase}.pstats")
+        self._by_thread.clear()
+
+
+def child(
+    kubeconfig: str, namespace: str, node: str, uids: list[str], profile_dir: str | None = None
+) -> dict[str, float]:
+    """One checkout's figures (run with the checkout as the working directory: its dra); with
+    `profile_dir`, each phase's profile there (prepare, unprepare, burst)."""
     sys.path.insert(0, os.getcwd())
     from dra.adapters.cdistore import CdiStore
     from dra.adapters.checkpoint import CheckpointStore
@@ -107,25 +146,29 @@ def child(kubeconfig: str, namespace: str, node: str, uids: list[str]) -> dict[s
     def unprepare(ref: Any) -> None:
         service.NodeUnprepareResources(dra_pb2.NodeUnprepareResourcesRequest(claims=[ref]), context)
 
+    profiles = _Profiles(profile_dir)
     warm, measured = refs[:WARM], refs[WARM:]
     for ref in warm:
         prepare(ref)
     time.sleep(LATER)
     started = time.process_time()
     for ref in measured:
-        prepare(ref)
+        profiles.run(prepare, ref)
     prepared = time.process_time()
+    profiles.dump("prepare")
     time.sleep(LATER)
     later = time.process_time()
     for ref in measured:
-        unprepare(ref)
+        profiles.run(unprepare, ref)
     unprepared = time.process_time()
+    profiles.dump("unprepare")
     time.sleep(LATER)
     with ThreadPoolExecutor(CALLERS) as pool:
         list(pool.map(lambda _: None, range(CALLERS)))  # the threads started before the clock
         switches, cpu, wall = _switches(), time.process_time(), time.perf_counter()
-        list(pool.map(prepare, measured[:BURST]))
+        list(pool.map(functools.partial(profiles.run, prepare), measured[:BURST]))
         wall, cpu, switches = time.perf_counter() - wall, time.process_time() - cpu, _switches() - switches
+    profiles.dump("burst")
     count = len(measured)
     return {
         "prepare": (prepared - started) * 1000 / count,
@@ -137,8 +180,11 @@ def child(kubeconfig: str, namespace: str, node: str, uids: list[str]) -> dict[s
     }
 
 
-def _round(kube: Kube, kubeconfig: str, node: str, tree: Path, claims: int) -> dict[str, float]:
-    """Fresh claims in a namespace of their own, and one checkout's process over them."""
+def _round(
+    kube: Kube, kubeconfig: str, node: str, tree: Path, claims: int, profile: Path | None = None
+) -> dict[str, float]:
+    """Fresh claims in a namespace of their own, and one checkout's process over them (profiled into
+    the directory `profile` when given)."""
     from tests.bench.bench_driver import _claims
 
     namespace = f"claimpath-{uuid.uuid4().hex[:6]}"
@@ -148,6 +194,9 @@ def _round(kube: Kube, kubeconfig: str, node: str, tree: Path, claims: int) -> d
     uids = [str(claim["metadata"]["uid"]) for claim in made]  # type: ignore[index]
     # The file run as a script: its directory, not this checkout, is first on the child's path.
     command = [sys.executable, str(Path(__file__).resolve()), "--child", kubeconfig, namespace, node]
+    if profile is not None:
+        profile.mkdir(parents=True, exist_ok=True)
+        command.append(str(profile.resolve()))
     done = subprocess.run(command, input=json.dumps(uids), capture_output=True, text=True, cwd=tree)
     if done.returncode:
         raise RuntimeError(f"{tree}: {done.stderr[-3000:]}")
@@ -162,11 +211,18 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, help="a checkout of dra-gpu with dra/pb (required)")
     parser.add_argument("--rounds", type=int, default=6, help="rounds, each checkout once per round")
     parser.add_argument("--claims", type=int, default=100, help="claims prepared one by one per round")
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="write each round's cProfile (per-thread CPU clock) of the prepares, unprepares and burst "
+        "under DIR/<checkout>-<round>/; the figures of profiled rounds carry the profiler's cost",
+    )
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        kubeconfig, namespace, node = args.child
-        print(json.dumps(child(kubeconfig, namespace, node, json.loads(sys.stdin.read()))))
+        kubeconfig, namespace, node, *profile_dir = args.child
+        uids = json.loads(sys.stdin.read())
+        print(json.dumps(child(kubeconfig, namespace, node, uids, *profile_dir)))
         return
     # Here, not at the top: a child imports the dra of its checkout, and nothing that imports this one's.
     from localcluster.cluster import running_cluster
@@ -189,8 +245,11 @@ def main() -> None:
         for turn in range(args.rounds):
             order = list(trees) if turn % 2 == 0 else list(trees)[::-1]
             for label in order:
+                where = None
+                if args.profile is not None:
+                    where = args.profile / f"{label.replace(' ', '-')}-{turn + 1}"
                 results[label].append(
-                    _round(kube, cluster.kubeconfig, cluster.node_name, trees[label], args.claims)
+                    _round(kube, cluster.kubeconfig, cluster.node_name, trees[label], args.claims, where)
                 )
             print(f"round {turn + 1}/{args.rounds}", flush=True)
         kube.close()

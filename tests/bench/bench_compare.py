@@ -665,6 +665,44 @@ def pair_report(left: Contender, right: Contender) -> list[str]:
     ]
 
 
+def above_floor(driver: Contender, floor: Contender, name: str) -> list[float]:
+    """A row's per-run values less its runtime's floor in the same run (the runs alternate)."""
+    return [value - under for value, under in zip(driver.figures[name], floor.figures[name], strict=False)]
+
+
+def floor_report(
+    ours: Contender,
+    theirs: Contender,
+    python_floor: Contender,
+    go_floor: Contender,
+    others: Sequence[Contender],
+) -> list[str]:
+    """What each driver adds above its runtime's floor, per millisecond row all four have: the medians
+    over the runs, their ratio (the goal of issue 57), and the per-run ratios' range (the noise).
+
+    `others` are further dra-gpu runs (the baseline) shown beside, against the same Go figure."""
+    lines = []
+    for name in ours.figures:
+        if UNITS.get(name, "ms") != "ms" or not all(
+            name in c.figures for c in (theirs, python_floor, go_floor)
+        ):
+            continue
+        go = above_floor(theirs, go_floor, name)
+        parts = []
+        for driver in (ours, *(o for o in others if name in o.figures)):
+            added = above_floor(driver, python_floor, name)
+            part = f"{driver.label} +{_amount(statistics.median(added), 'ms')}"
+            per_run = [a / g for a, g in zip(added, go, strict=False) if g > 0]
+            if statistics.median(go) > 0:
+                part += f" ({statistics.median(added) / statistics.median(go):.2f}x"
+                part += f", per run {min(per_run):.2f}-{max(per_run):.2f}x)" if per_run else ")"
+            parts.append(part)
+        lines.append(
+            f"{name}: " + ", ".join(parts) + f"; {theirs.label} +{_amount(statistics.median(go), 'ms')}"
+        )
+    return lines
+
+
 #: What the fakes cost NVIDIA's plugin here, measured apart in each of its runs.
 FAKE_NVML_START = "the fake NVML alone: NVIDIA's start-up NVML calls"
 FAKE_NVML_RSS = "the fake NVML alone: peak RSS"
@@ -984,6 +1022,13 @@ def main() -> None:
         )
         for line in pair_report(*floors):
             print(line)
+        if theirs is not None:
+            print(
+                "above the floor: each row less its runtime's floor in the same run, median over the runs; "
+                "ratio = dra-gpu's / the Go driver's (per run: the range of each run's ratio)"
+            )
+            for line in floor_report(ours, theirs, *floors, [baseline] if baseline is not None else []):
+                print(line)
     if ours_nvml is not None and nvidia is not None:
         print(
             f"NVIDIA's gpu-kubelet-plugin ({NVIDIA.version()}) beside dra-gpu, both over the fake NVML of "

@@ -19,6 +19,7 @@ from localcluster.gomodule import BuildError, GoModule
 
 from tests.bench.bench_compare import (
     NVIDIA_GATES,
+    RSS_CALLS,
     Contender,
     _arguments,
     _floors,
@@ -31,6 +32,7 @@ from tests.bench.bench_compare import (
     compile_tree,
     fakes_report,
     figure_line,
+    floor_report,
     nvidia_limits,
     nvidia_report,
     pair_report,
@@ -76,6 +78,26 @@ def test_the_floors_print_pythons_beside_gos_under_the_drivers_row_names() -> No
     assert pair_report(python, go) == [
         "unprepare p50: python floor 0.45 ms (0.40-0.50 ms), go floor 0.20 ms, ratio 2.25x",
         "RSS after the calls: python floor 39.4 MiB, go floor 15.8 MiB, ratio 2.49x",
+    ]
+
+
+def test_above_the_floor_each_run_is_less_its_runtimes_floor_and_the_ratio_is_of_the_medians() -> None:
+    def contender(label: str, burst: list[float], rss: float) -> Contender:
+        made = Contender(label, "", [], Path(f"{label}.sock"), Path(f"{label}.log"))
+        made.figures = {"burst": burst, RSS_CALLS: [rss] * len(burst)}
+        return made
+
+    ours = contender("dra-gpu", [60.0, 70.0, 80.0], 60)
+    base = contender("baseline", [70.0, 80.0, 90.0], 60)
+    go = contender("go reference", [30.0, 35.0, 40.0], 40)
+    python_floor, go_floor = (
+        contender("python floor", [10.0, 20.0, 20.0], 40),
+        contender("go floor", [5.0] * 3, 15),
+    )
+    # dra-gpu adds 50, 50, 60 (median 50); Go 25, 30, 35 (median 30): 1.67x, per run 2.00, 1.67, 1.71.
+    assert floor_report(ours, go, python_floor, go_floor, [base]) == [
+        "burst: dra-gpu +50.0 ms (1.67x, per run 1.67-2.00x), "
+        "baseline +60.0 ms (2.00x, per run 2.00-2.40x); go reference +30.0 ms"
     ]
 
 

@@ -13,12 +13,12 @@ unprepared one's entries go when the claim is deallocated.
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
@@ -109,14 +109,18 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         self._kube = kube
         self._status = status
         self._events_allowed = True
-        #: Prepare and unprepare requests being answered now, and their condition for wait_idle.
-        self._in_flight = 0
+        #: Claims being prepared and unprepared now (NVIDIA's in-flight gauge), and their condition for
+        #: wait_idle.
+        self._in_flight = {"prepare": 0, "unprepare": 0}
         self._idle = threading.Condition()
         self._claims = ThreadPoolExecutor(CLAIM_WORKERS, thread_name_prefix="dra-claim")
         metrics.start_request_series(driver)
         # Each call's series, looked up once (a labels() call takes a lock and builds a key).
         calls = ("prepare", "unprepare")
-        self._inflight = {c: metrics.NVIDIA_REQUESTS_INFLIGHT.labels(driver, c) for c in calls}
+        for call in calls:
+            # Read when scraped from the count wait_idle keeps anyway: no gauge lock taken twice a call.
+            gauge = metrics.NVIDIA_REQUESTS_INFLIGHT.labels(driver, call)
+            gauge.set_function(functools.partial(self._in_flight.__getitem__, call))
         self._succeeded = {c: metrics.NVIDIA_REQUESTS.labels(driver, c) for c in calls}
         self._request_seconds = {c: metrics.NVIDIA_REQUEST_SECONDS.labels(driver, c) for c in calls}
         histograms = {"prepare": metrics.PREPARE_SECONDS, "unprepare": metrics.UNPREPARE_SECONDS}
@@ -154,8 +158,6 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         name = f"{ref.namespace}/{ref.name}"
         read: list[dict[str, Any]] = []
         result = "error"
-        inflight = self._inflight["prepare"]
-        inflight.inc()
         try:
             read.append(self._kube.read_resource_claim(ref.namespace, ref.name))
             prepared = self._state.prepare(read_allocation(read[0], ref.uid, self.driver), self._read_holders)
@@ -184,7 +186,6 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
             log.exception("internal error preparing %s (%s)", name, ref.uid)
             return dra_pb2.NodePrepareResourceResponse(error=f"internal error preparing {name}: {err!r}")
         finally:
-            inflight.dec()
             if result != "success":
                 # NVIDIA's error_type: its prepare_devices covers all of prepare; reading the claim is
                 # our own step (NVIDIA's framework reads it before its driver's code runs).
@@ -196,8 +197,6 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
     def _unprepare(self, ref: dra_pb2.Claim) -> dra_pb2.NodeUnprepareResourceResponse:
         started = time.perf_counter()
         result = "error"
-        inflight = self._inflight["unprepare"]
-        inflight.inc()
         try:
             self._state.unprepare(ref.uid)
             result = "success"
@@ -212,7 +211,6 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
                 error=f"cannot unprepare {ref.namespace}/{ref.name}: {err!r}"
             )
         finally:
-            inflight.dec()
             if result != "success":
                 metrics.NVIDIA_UNPREPARE_ERRORS.labels(self.driver, "unprepare_devices").inc()
             self._seconds["unprepare"][result].observe(time.perf_counter() - started)
@@ -221,33 +219,40 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
         self, request: dra_pb2.NodePrepareResourcesRequest, context: Context
     ) -> dra_pb2.NodePrepareResourcesResponse:
         """Prepare every claim of the request, each on its own."""
-        with self._call():
+        claims = len(request.claims)
+        self._begin("prepare", claims)
+        try:
             return dra_pb2.NodePrepareResourcesResponse(claims=self._each(request.claims, self._prepare))
+        finally:
+            self._end("prepare", claims)
 
     def NodeUnprepareResources(  # noqa: N802
         self, request: dra_pb2.NodeUnprepareResourcesRequest, context: Context
     ) -> dra_pb2.NodeUnprepareResourcesResponse:
         """Unprepare every claim of the request; unknown claims succeed."""
-        with self._call():
-            return dra_pb2.NodeUnprepareResourcesResponse(claims=self._each(request.claims, self._unprepare))
-
-    @contextlib.contextmanager
-    def _call(self) -> Iterator[None]:
-        """Count a request as being answered while it is."""
-        with self._idle:
-            self._in_flight += 1
+        claims = len(request.claims)
+        self._begin("unprepare", claims)
         try:
-            yield
+            return dra_pb2.NodeUnprepareResourcesResponse(claims=self._each(request.claims, self._unprepare))
         finally:
-            with self._idle:
-                self._in_flight -= 1
-                if not self._in_flight:
-                    self._idle.notify_all()
+            self._end("unprepare", claims)
+
+    # A request's claims count as in flight from _begin to _end (a try/finally in each call: a
+    # generator context manager cost more than the count it keeps). A request of no claims does nothing.
+    def _begin(self, call: str, claims: int) -> None:
+        with self._idle:
+            self._in_flight[call] += claims
+
+    def _end(self, call: str, claims: int) -> None:
+        with self._idle:
+            self._in_flight[call] -= claims
+            if not any(self._in_flight.values()):
+                self._idle.notify_all()
 
     def wait_idle(self, timeout: float) -> bool:
         """Block until no prepare or unprepare is being answered, at most `timeout` seconds; whether so."""
         with self._idle:
-            return self._idle.wait_for(lambda: not self._in_flight, timeout)
+            return self._idle.wait_for(lambda: not any(self._in_flight.values()), timeout)
 
     def _each(
         self, claims: Iterable[dra_pb2.Claim], handle: Callable[[dra_pb2.Claim], _Answer]

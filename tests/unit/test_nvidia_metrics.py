@@ -104,6 +104,32 @@ def test_prepare_and_unprepare_count_as_nvidias_driver_counts_them(tmp_path: Pat
     assert _value("nvidia_dra_prepared_devices", **devices, device_type="gpu") == 0
 
 
+def test_the_in_flight_gauge_counts_the_claims_of_the_requests_being_answered(tmp_path: Path) -> None:
+    state = DeviceState(
+        DRIVER,
+        NODE,
+        inventory("h100x8"),
+        CdiStore(tmp_path / "cdi", DRIVER),
+        CheckpointStore(tmp_path / "checkpoint.json"),
+    )
+    state.recover()
+    ops = {"driver": DRIVER, "operation": "prepare"}
+    seen: list[float] = []
+    dra = DraService(
+        DRIVER, NODE, state, Claims(), on_prepared=lambda _: seen.append(_value(INFLIGHT, **ops))
+    )
+    ok = dra_pb2.Claim(namespace="team-a", name="claim-a", uid=UID)
+    gone = dra_pb2.Claim(namespace="team-a", name="claim-gone", uid=UID)
+    dra.NodePrepareResources(dra_pb2.NodePrepareResourcesRequest(claims=[ok, gone]), None)  # type: ignore[arg-type]
+    # Read while the request's two claims were being answered, and once it was.
+    assert seen == [2]
+    assert _value(INFLIGHT, **ops) == 0
+    assert dra.wait_idle(0)
+
+
+INFLIGHT = "nvidia_dra_requests_inflight"
+
+
 def test_prepare_and_unprepare_histograms_start_at_zero_for_each_result() -> None:
     # Born at zero, a first prepare (or failure) counts in rate(); born with it, it would not.
     metrics.start_request_series("example.com")

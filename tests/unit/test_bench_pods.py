@@ -11,14 +11,12 @@ from tests.bench.bench_pods import (
     DRA_GPU,
     GO,
     NVIDIA,
-    UNPREPARE,
     Route,
     _claim_pod,
     _limits_pod,
-    histograms,
-    kubelet_log_stages,
     report,
 )
+from tests.bench.podphases import UNPREPARE, histograms, kubelet_log_stages
 
 DRA = "dra_grpc_operations_duration_seconds"
 ALLOC = "kubelet_device_plugin_alloc_duration_seconds"
@@ -90,16 +88,18 @@ def test_the_report_gives_dra_gpus_ratio_to_each_path_and_the_stages() -> None:
     routes = [Route(DRA_GPU, _limits_pod), Route(DEVICE_PLUGIN, _limits_pod), Route(GO, _limits_pod)]
     for route, ms in zip(routes, (800.0, 400.0, 1000.0), strict=True):
         route.samples = {"1 pod": [ms], "2 pods": [ms, 2 * ms]}
-        route.stages["1 pod", "bound"].append(ms / 2)
-        route.stages["1 pod", "running"].append(ms)
-    routes[0].kubelet["1 pod", "dra NodePrepareResources gpu.nvidia.com"] = [0.03, 2.0]
+        route.pods["1 pod"]["p"] = {"bound": ms / 2, "running": ms}
+    routes[0].calls["1 pod"]["NodePrepareResources (its metric), gpu.nvidia.com"] = [15.0, 5.0]
     lines = report(routes, 2)
     assert lines[0] == (
         "1 pod p50: dra-gpu 800 ms, device plugin 400 ms, go driver 1000 ms, ratio dra/dp 2.00x, dra/go 0.80x"
     )
     assert lines[3].startswith("2 pods p99: dra-gpu 1600 ms, device plugin 800 ms, go driver 2000 ms,")
-    assert "  dra-gpu: bound 400, running 800" in lines
-    assert "    kubelet dra NodePrepareResources gpu.nvidia.com: mean 15.0 ms, 2 calls" in lines
+    table = lines[lines.index("where the time goes, 1 pod (the kubelet's metrics: the pod's own):") + 1 :]
+    assert table[0].endswith("p50 / p99) | dra-gpu | device plugin | go driver |")
+    assert "| pod bound (scheduler) | 400.0 / 400.0 | 200.0 / 200.0 | 500.0 / 500.0 |" in table
+    assert "| status written, seen Running | 400.0 / 400.0 | 200.0 / 200.0 | 500.0 / 500.0 |" in table
+    assert "| NodePrepareResources (its metric), gpu.nvidia.com | 5.0 / 15.0 | - | - |" in table
 
 
 def test_the_report_gives_dra_gpus_ratio_to_nvidias_driver_too() -> None:

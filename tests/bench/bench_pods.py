@@ -93,7 +93,6 @@ from tests.bench.podphases import (
 
 DRA_GPU, DEVICE_PLUGIN, GO, NVIDIA = "dra-gpu", "device plugin", "go driver", "nvidia"
 GPU = "nvidia.com/gpu"
-IMAGE = "registry.k8s.io/pause:3.10"
 #: The kubelet's PLEG relist period (its generic PLEG's, fixed at a second).
 PLEG_PERIOD = 1.0
 
@@ -118,7 +117,7 @@ class Route:
     )
 
 
-def _claim_pod(name: str, template: str) -> Obj:
+def _claim_pod(name: str, template: str, image: str) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -126,19 +125,19 @@ def _claim_pod(name: str, template: str) -> Obj:
         "spec": {
             "terminationGracePeriodSeconds": 0,
             "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-            "containers": [{"name": "main", "image": IMAGE, "resources": {"claims": [{"name": "gpu"}]}}],
+            "containers": [{"name": "main", "image": image, "resources": {"claims": [{"name": "gpu"}]}}],
         },
     }
 
 
-def _limits_pod(name: str) -> Obj:
+def _limits_pod(name: str, image: str) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name},
         "spec": {
             "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "main", "image": IMAGE, "resources": {"limits": {GPU: "1"}}}],
+            "containers": [{"name": "main", "image": image, "resources": {"limits": {GPU: "1"}}}],
         },
     }
 
@@ -487,16 +486,19 @@ def main() -> None:
                 lambda: node_resources(kube, cluster, "allocatable").get(GPU) == str(args.gpus),
                 timeout=60,
             )
+            # Kubernetes' pause image, as the runtime has it: the fake one takes any name, containerd
+            # the one the cluster imported.
+            image = cluster.pause_image
             with _go_driver(cluster, kube, args.gpus) as have_go:
                 paths = [
-                    Route(DRA_GPU, lambda n: _claim_pod(n, "dra-gpu"), DRIVER),
-                    Route(DEVICE_PLUGIN, _limits_pod),
+                    Route(DRA_GPU, lambda n: _claim_pod(n, "dra-gpu", image), DRIVER),
+                    Route(DEVICE_PLUGIN, lambda n: _limits_pod(n, image)),
                 ]
                 if have_go:
-                    paths.append(Route(GO, lambda n: _claim_pod(n, "go-driver"), GO_DRIVER))
+                    paths.append(Route(GO, lambda n: _claim_pod(n, "go-driver", image), GO_DRIVER))
                 nvidia = None if args.no_nvidia else _nvidia_driver(cluster, args.gpus, args.nvidia_qps)
                 # The same pod as dra-gpu's: the chart's class selects either driver's GPUs.
-                theirs = Route(NVIDIA, lambda n: _claim_pod(n, "dra-gpu"), DRIVER)
+                theirs = Route(NVIDIA, lambda n: _claim_pod(n, "dra-gpu", image), DRIVER)
                 # The watches' threads are daemons: their streams end with the API server.
                 bench = Bench(kube, cluster, namespace)
 

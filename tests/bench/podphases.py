@@ -66,7 +66,7 @@ PHASE_NAMES = {
     "claim allocated": "claim allocated (scheduler)",
     "bound": "pod bound (scheduler)",
     "kubelet sync": "kubelet sync loop has it",
-    "sandbox start": "pod worker to SyncPod's sandbox step",
+    "sandbox start": "pod worker: volumes mounted (polled every 300 ms)",
     "prepare called": "kubelet before its prepare call (claim GET)",
     "prepared": "NodePrepareResources (the driver, kubelet's clock)",
     "sandbox created": "checkpoint + RunPodSandbox (runtime)",

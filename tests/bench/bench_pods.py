@@ -83,8 +83,11 @@ from urllib3.exceptions import ProtocolError
 from tests.bench.bench_compare import FAKE_MODEL, GO_DRIVER, NVIDIA_GATES, _go, nvidia_limits
 from tests.bench.bench_driver import _percentile
 from tests.bench.podphases import (
+    DRA_GPU_PREPARE,
     KUBELET_LOGGING,
+    NVIDIA_PREPARE,
     UNPREPARE,
+    histograms,
     kubelet_histograms,
     kubelet_log_stages,
     metric_name,
@@ -106,6 +109,10 @@ class Route:
     #: The DRA driver that serves its pods ("" for the device plugin's): each sample waits for the
     #: kubelet's unprepare calls to it before the next.
     driver: str = ""
+    #: The driver's own /metrics page, read around each sample for the series of its own prepare time
+    #: (podphases.DRA_GPU_PREPARE, NVIDIA_PREPARE); None where there is none to read.
+    driver_metrics: Callable[[], str] | None = None
+    driver_series: tuple[tuple[str, str], ...] = ()
     #: "1 pod" / "32 pods" -> each pod's create -> Running, in milliseconds.
     samples: dict[str, list[float]] = field(default_factory=dict)
     #: figure -> pod -> its milestones (podphases.STAGES) in milliseconds from its create.
@@ -254,7 +261,7 @@ class Bench:
 
     def sample(self, path: Route, pods: int, figure: str) -> None:
         """Create `pods` pods of `path` at once and time each to Running; then delete them."""
-        before = kubelet_histograms(self.cluster)
+        before = self._histograms(path)
         names = [f"{path.label.replace(' ', '-')}-{self.counter + i}" for i in range(pods)]
         self.counter += pods
         created: dict[str, float] = {}
@@ -278,13 +285,20 @@ class Bench:
             seen = self.watches.at(name)
             path.samples.setdefault(figure, []).append((seen["running"] - created[name]) * 1000)
             path.pods[figure][name] = {stage: (at - created[name]) * 1000 for stage, at in seen.items()}
-        after = kubelet_histograms(self.cluster)
+        after = self._histograms(path)
         for key, (seconds, count) in after.items():
             old_seconds, old_count = before.get(key, (0.0, 0.0))
             if count > old_count:
                 per_call = (seconds - old_seconds) / (count - old_count) * 1000
                 path.calls[figure][metric_name(key)].append(per_call)
         self._delete_all(path, pods)
+
+    def _histograms(self, path: Route) -> dict[tuple[str, str, str], tuple[float, float]]:
+        """The kubelet's series, and the path's driver's own prepare time where it has a page."""
+        found = kubelet_histograms(self.cluster)
+        if path.driver_metrics is not None:
+            found |= histograms(path.driver_metrics(), path.driver_series)
+        return found
 
     def kubelet_stages(self) -> None:
         """Add the milestones the kubelet's log times (its wall clock, turned into perf_counter's)."""
@@ -491,14 +505,26 @@ def main() -> None:
             image = cluster.pause_image
             with _go_driver(cluster, kube, args.gpus) as have_go:
                 paths = [
-                    Route(DRA_GPU, lambda n: _claim_pod(n, "dra-gpu", image), DRIVER),
+                    Route(
+                        DRA_GPU,
+                        lambda n: _claim_pod(n, "dra-gpu", image),
+                        DRIVER,
+                        driver.metrics,
+                        DRA_GPU_PREPARE,
+                    ),
                     Route(DEVICE_PLUGIN, lambda n: _limits_pod(n, image)),
                 ]
                 if have_go:
                     paths.append(Route(GO, lambda n: _claim_pod(n, "go-driver", image), GO_DRIVER))
                 nvidia = None if args.no_nvidia else _nvidia_driver(cluster, args.gpus, args.nvidia_qps)
                 # The same pod as dra-gpu's: the chart's class selects either driver's GPUs.
-                theirs = Route(NVIDIA, lambda n: _claim_pod(n, "dra-gpu", image), DRIVER)
+                theirs = Route(
+                    NVIDIA,
+                    lambda n: _claim_pod(n, "dra-gpu", image),
+                    DRIVER,
+                    None if nvidia is None else nvidia.metrics,
+                    NVIDIA_PREPARE,
+                )
                 # The watches' threads are daemons: their streams end with the API server.
                 bench = Bench(kube, cluster, namespace)
 

@@ -100,6 +100,12 @@ KUBELET_METRICS = (
     ("kubelet_runtime_operations_duration_seconds", "create_container"),
     ("kubelet_runtime_operations_duration_seconds", "start_container"),
 )
+#: The drivers' own time per claim prepare, from their /metrics pages. dra-gpu's spans its whole
+#: handler (the claim GET, the prepare, the status hand-off); NVIDIA's its prepare after its framework
+#: has read the claim and it holds its node lock. The kubelet's gRPC time less this one is the
+#: call's transport, the server's hand-off to its handler, and (NVIDIA's) the claim GET.
+DRA_GPU_PREPARE = (("dra_gpu_node_prepare_seconds", "success"),)
+NVIDIA_PREPARE = (("nvidia_dra_request_duration_seconds", "prepare"),)
 #: The kubelet's unprepare calls, counted to know when a sample's claims are released.
 UNPREPARE = (("dra_grpc_operations_duration_seconds", "NodeUnprepareResources"),)
 #: How each series reads in the report.
@@ -108,6 +114,8 @@ METRIC_NAMES = {
     "dra_operations_duration_seconds": "kubelet's PrepareResources (its metric)",
     "kubelet_device_plugin_alloc_duration_seconds": "device plugin Allocate (its metric)",
     "kubelet_runtime_operations_duration_seconds": "runtime",
+    "dra_gpu_node_prepare_seconds": "dra-gpu's prepare handler (its metric)",
+    "nvidia_dra_request_duration_seconds": "NVIDIA's prepare after its claim GET (its metric)",
 }
 
 

@@ -16,7 +16,14 @@ from tests.bench.bench_pods import (
     _limits_pod,
     report,
 )
-from tests.bench.podphases import UNPREPARE, histograms, kubelet_log_stages, phases
+from tests.bench.podphases import (
+    DRA_GPU_PREPARE,
+    NVIDIA_PREPARE,
+    UNPREPARE,
+    histograms,
+    kubelet_log_stages,
+    phases,
+)
 
 DRA = "dra_grpc_operations_duration_seconds"
 ALLOC = "kubelet_device_plugin_alloc_duration_seconds"
@@ -194,3 +201,14 @@ def test_a_control_plane_components_api_limit_is_raised_only_when_asked() -> Non
 def test_the_kubelets_api_limit_is_raised_only_when_asked() -> None:
     assert kubelet_api_limit(0) == {}
     assert kubelet_api_limit(300) == {"kubeAPIQPS": 300, "kubeAPIBurst": 600}
+
+
+def test_each_drivers_own_prepare_time_is_read_from_its_page() -> None:
+    page = _series("dra_gpu_node_prepare_seconds", 'result="success"', 0.012, 3) + _series(
+        "dra_gpu_node_prepare_seconds", 'result="error"', 5, 1
+    )
+    theirs = "nvidia_dra_request_duration_seconds"
+    nvidia = _series(theirs, 'driver="gpu.nvidia.com",operation="prepare"', 0.3, 2)
+    ours = {("dra_gpu_node_prepare_seconds", "success", ""): (0.012, 3.0)}
+    assert histograms(page, DRA_GPU_PREPARE) == ours
+    assert histograms(page + nvidia, NVIDIA_PREPARE) == {(theirs, "prepare", ""): (0.3, 2.0)}

@@ -124,8 +124,9 @@ def kubelet_histograms(
 ) -> dict[tuple[str, str, str], tuple[float, float]]:
     """(metric, operation, driver or resource) -> (sum seconds, count) from the kubelet's /metrics.
 
-    Read from the kubelet's own port with the API server's client certificate: the node has only
-    a loopback address, which the API server's node proxy refuses to dial.
+    Read from the kubelet's own port with the API server's client certificate, at the node's
+    address: a loopback one on the fake runtime, which the API server's node proxy refuses to dial,
+    and the node's network namespace on containerd.
     """
     run = Path(cluster.run_dir)
     port = yaml.safe_load((run / "kubelet-config.yaml").read_text())["port"]
@@ -133,7 +134,8 @@ def kubelet_histograms(
     context.load_cert_chain(
         run / "pki" / "apiserver-kubelet-client.crt", run / "pki" / "apiserver-kubelet-client.key"
     )
-    with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=context, timeout=10) as resp:
+    url = f"https://{cluster.node_ip}:{port}/metrics"
+    with urllib.request.urlopen(url, context=context, timeout=10) as resp:
         return histograms(resp.read().decode(), metrics)
 
 

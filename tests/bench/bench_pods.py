@@ -18,7 +18,8 @@ give a pod one GPU, side by side and alternated:
   feature gates, none, since a whole GPU needs none) over a fake node of
   --gpus GPUs (fakenvml.node). It has dra-gpu's driver name, so it runs in dra-gpu's place: each
   round stops dra-gpu's kubelet plugin, times NVIDIA's singles and burst, and starts dra-gpu again,
-  NVIDIA's block first in every other round. `--no-nvidia` leaves it out.
+  NVIDIA's block first in every other round. `--no-nvidia` leaves it out, and so does a run
+  without root (its fake node's device nodes need mknod), saying so.
 
 The fake profile has 2 x --gpus GPUs, split as an admin splits a node (--dra-gpus and
 --device-plugin-gpus): the first half through DRA, the second through the device plugin,

@@ -13,7 +13,8 @@ them; `no hooks` is the floor (mounts and variables only). The edits are dra.cor
 (driver_hooks, the options), turned into an OCI config the way containerd's CDI injection does,
 over the busybox image's root; device nodes are left out (both specs have the same ones, and a
 fake node's need mknod). Per variant, in turns: `runc run` of `/bin/true` (create, the hooks,
-start, exit), and each hook's own time (a wrapper around the hook logs it). Needs root. Prints
+start, exit), its CPU (runc, the hooks and the container, user + system: steadier than the wall on
+a loaded machine), and each hook's own wall time (a wrapper around the hook logs it). Needs root. Prints
 p50 and the range; asserts nothing.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -138,6 +140,12 @@ def _rootfs(target: Path) -> None:
                 tar.extractall(target, filter="tar")
 
 
+def _children_cpu() -> float:
+    """CPU seconds of this process's waited-for descendants: runc, its hooks, the container."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _p50(samples: list[float]) -> str:
     return f"{statistics.median(samples):6.1f} ({min(samples):.1f} to {max(samples):.1f})"
 
@@ -161,6 +169,7 @@ def main() -> None:
         subprocess.run([str(runc), "spec", "--bundle", str(work)], check=True)
         base = json.loads((work / "config.json").read_text())
         runs: dict[str, list[float]] = defaultdict(list)
+        cpu: dict[str, list[float]] = defaultdict(list)
         for number in range(args.rounds):
             for variant in VARIANTS:
                 label = variant[0]
@@ -169,11 +178,12 @@ def main() -> None:
                 shutil.copytree(work / "rootfs", bundle / "rootfs", symlinks=True)
                 (bundle / "config.json").write_text(json.dumps(_config(base, work, variant)))
                 name = f"bench-cdihooks-{os.getpid()}-{VARIANTS.index(variant)}"
-                start = time.perf_counter()
+                start, used = time.perf_counter(), _children_cpu()
                 ran = subprocess.run(
                     [str(runc), "run", "--bundle", str(bundle), name], capture_output=True, text=True
                 )
                 runs[label].append((time.perf_counter() - start) * 1000)
+                cpu[label].append((_children_cpu() - used) * 1000)
                 subprocess.run([str(runc), "delete", "--force", name], capture_output=True, check=False)
                 if ran.returncode != 0:
                     raise SystemExit(f"bench_cdihooks: runc run of {label!r} failed: {ran.stderr.strip()}")
@@ -184,11 +194,11 @@ def main() -> None:
             hooks[(VARIANTS[int(index)][0], hook)].append(int(micros) / 1000)
     print(f"runc run of /bin/true with each variant's edits, {args.rounds} in turns; ms p50 (range)")
     hook_names = list(dict.fromkeys(hook for _, hook in hooks))
-    print(f"| variant | runc run | {' | '.join(hook_names)} |")
-    print("|---" * (2 + len(hook_names)) + "|")
+    print(f"| variant | runc run | its CPU | {' | '.join(hook_names)} |")
+    print("|---" * (3 + len(hook_names)) + "|")
     for label, *_ in VARIANTS:
         cells = [_p50(hooks[(label, hook)]) if hooks.get((label, hook)) else "-" for hook in hook_names]
-        print(f"| {label} | {_p50(runs[label])} | {' | '.join(cells)} |")
+        print(f"| {label} | {_p50(runs[label])} | {_p50(cpu[label])} | {' | '.join(cells)} |")
 
 
 if __name__ == "__main__":

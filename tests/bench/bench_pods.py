@@ -4,7 +4,8 @@
         [--controller-manager-qps N] [--kubelet-qps N] [--no-nvidia] [--nvidia-qps N]
 
 One local cluster (real kube-apiserver, scheduler, controller manager and kubelet on the
-fake runtime) serves three ways to give a pod one GPU, side by side and alternated:
+fake runtime, or containerd and runc with CONTAINER_RUNTIME=containerd) serves four ways to
+give a pod one GPU, side by side and alternated:
 
 - `dra-gpu`: a pod with a ResourceClaimTemplate of the chart's `gpu.nvidia.com` class,
   served by `dra-gpu kubelet-plugin`;
@@ -17,7 +18,8 @@ fake runtime) serves three ways to give a pod one GPU, side by side and alternat
   feature gates, none, since a whole GPU needs none) over a fake node of
   --gpus GPUs (fakenvml.node). It has dra-gpu's driver name, so it runs in dra-gpu's place: each
   round stops dra-gpu's kubelet plugin, times NVIDIA's singles and burst, and starts dra-gpu again,
-  NVIDIA's block first in every other round. `--no-nvidia` leaves it out.
+  NVIDIA's block first in every other round. `--no-nvidia` leaves it out, and so does a run
+  without root (its fake node's device nodes need mknod), saying so.
 
 The fake profile has 2 x --gpus GPUs, split as an admin splits a node (--dra-gpus and
 --device-plugin-gpus): the first half through DRA, the second through the device plugin,
@@ -29,32 +31,33 @@ created at once per path; every pod is deleted, and gone, and its claim unprepar
 A pod's time runs from just before its create request to the moment a watch on the API
 server reports it Running (client clock, milliseconds). The same watches time the stages
 before the kubelet: the pod's claim created by the controller manager and allocated by the
-scheduler (DRA), the pod bound to the node. The kubelet's log (--v=2) gives its sync loop's
-first sight of the pod and the pod's first lifecycle event; the kubelet's own metrics give
-what its calls to each driver cost it (dra_grpc_operations_duration_seconds per driver,
-kubelet_device_plugin_alloc_duration_seconds). --controller-manager-qps and --kubelet-qps raise
-those components' API rate limits (Kubernetes' defaults otherwise), to show the limits' share.
-Prints figures and ratios; asserts nothing about speed.
+scheduler (DRA), the pod bound to the node. The kubelet's log and metrics time its own steps
+(tests.bench.podphases): its sync loop's first sight of the pod, SyncPod's sandbox step, its
+NodePrepareResources call to the driver, the runtime's sandbox and container, the first
+lifecycle event; each is printed as a phase, p50 and p99 per path. A pod's first lifecycle
+event waits for the kubelet's PLEG, which relists the runtime once a second: a single pod is
+created at a random moment of that second (a uniform wait of 0 to 1 s before it), so the
+relist's phase falls alike on every path rather than on the benchmark's cadence.
+--controller-manager-qps and --kubelet-qps raise those components' API rate limits
+(Kubernetes' defaults otherwise), to show the limits' share. Prints figures and ratios;
+asserts nothing about speed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
-import ssl
-import statistics
+import os
+import random
 import subprocess
 import threading
 import time
-import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 import yaml
@@ -80,18 +83,22 @@ from urllib3.exceptions import ProtocolError
 
 from tests.bench.bench_compare import FAKE_MODEL, GO_DRIVER, NVIDIA_GATES, _go, nvidia_limits
 from tests.bench.bench_driver import _percentile
+from tests.bench.podphases import (
+    DRA_GPU_PREPARE,
+    KUBELET_LOGGING,
+    NVIDIA_PREPARE,
+    UNPREPARE,
+    histograms,
+    kubelet_histograms,
+    kubelet_log_stages,
+    metric_name,
+    phase_table,
+)
 
 DRA_GPU, DEVICE_PLUGIN, GO, NVIDIA = "dra-gpu", "device plugin", "go driver", "nvidia"
 GPU = "nvidia.com/gpu"
-IMAGE = "registry.k8s.io/pause:3.10"
-#: Stages of a pod's start, in order, as the watches see them (client clock).
-STAGES = ("claim created", "claim allocated", "bound", "kubelet sync", "started (PLEG)", "running")
-#: The kubelet's log (klog, --v=2): a pod reaching its sync loop, and its first lifecycle event
-#: (the sandbox started), which the kubelet's PLEG finds by relisting the runtime every second.
-KUBELET_LINE = re.compile(
-    r'^I(\d{4} \d\d:\d\d:\d\d\.\d{6}) .*?"(SyncLoop ADD|SyncLoop \(PLEG\): event for pod)"(.*)$'
-)
-POD_REF = re.compile(r'"[^"/]+/([^"]+)"')
+#: The kubelet's PLEG relist period (its generic PLEG's, fixed at a second).
+PLEG_PERIOD = 1.0
 
 
 @dataclass
@@ -103,17 +110,22 @@ class Route:
     #: The DRA driver that serves its pods ("" for the device plugin's): each sample waits for the
     #: kubelet's unprepare calls to it before the next.
     driver: str = ""
+    #: The driver's own /metrics page, read around each sample for the series of its own prepare time
+    #: (podphases.DRA_GPU_PREPARE, NVIDIA_PREPARE); None where there is none to read.
+    driver_metrics: Callable[[], str] | None = None
+    driver_series: tuple[tuple[str, str], ...] = ()
     #: "1 pod" / "32 pods" -> each pod's create -> Running, in milliseconds.
     samples: dict[str, list[float]] = field(default_factory=dict)
-    #: (figure, stage) -> milliseconds from create, one per pod.
-    stages: dict[tuple[str, str], list[float]] = field(default_factory=lambda: defaultdict(list))
-    #: (figure, kubelet metric) -> [seconds, calls] added while this path's pods started.
-    kubelet: dict[tuple[str, str], list[float]] = field(
-        default_factory=lambda: defaultdict(lambda: [0.0, 0.0])
+    #: figure -> pod -> its milestones (podphases.STAGES) in milliseconds from its create.
+    pods: dict[str, dict[str, dict[str, float]]] = field(default_factory=lambda: defaultdict(dict))
+    #: figure -> kubelet series -> milliseconds per call, one value a sample (one pod's own, or a
+    #: burst's mean), from the series' sum and count read around the sample.
+    calls: dict[str, dict[str, list[float]]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(list))
     )
 
 
-def _claim_pod(name: str, template: str) -> Obj:
+def _claim_pod(name: str, template: str, image: str) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -121,19 +133,19 @@ def _claim_pod(name: str, template: str) -> Obj:
         "spec": {
             "terminationGracePeriodSeconds": 0,
             "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-            "containers": [{"name": "main", "image": IMAGE, "resources": {"claims": [{"name": "gpu"}]}}],
+            "containers": [{"name": "main", "image": image, "resources": {"claims": [{"name": "gpu"}]}}],
         },
     }
 
 
-def _limits_pod(name: str) -> Obj:
+def _limits_pod(name: str, image: str) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name},
         "spec": {
             "terminationGracePeriodSeconds": 0,
-            "containers": [{"name": "main", "image": IMAGE, "resources": {"limits": {GPU: "1"}}}],
+            "containers": [{"name": "main", "image": image, "resources": {"limits": {GPU: "1"}}}],
         },
     }
 
@@ -144,6 +156,8 @@ class Watches:
     def __init__(self, kube: Kube, namespace: str) -> None:
         self.kube = kube
         self.seen: dict[str, dict[str, float]] = defaultdict(dict)
+        #: A claim's UID -> its pod, to read the kubelet's prepare calls, which name claims by UID.
+        self.claims: dict[str, str] = {}
         self.lock = threading.Lock()
         self.threads = [
             threading.Thread(target=self._run, args=(f"/api/v1/namespaces/{namespace}/pods", self._pod)),
@@ -192,6 +206,8 @@ class Watches:
         pod = next((o["name"] for o in owners if o.get("kind") == "Pod"), None)
         if pod is None:
             return
+        with self.lock:
+            self.claims[claim["metadata"]["uid"]] = pod
         self._mark(pod, "claim created")
         if claim.get("status", {}).get("allocation"):
             self._mark(pod, "claim allocated")
@@ -200,75 +216,6 @@ class Watches:
         """The stages this pod has reached so far."""
         with self.lock:
             return dict(self.seen.get(pod, {}))
-
-
-#: Kubelet histograms that time the kubelet's calls to the drivers while a pod starts, with the label
-#: that picks the call. Unprepare is left out: it runs after a sample's pods are gone.
-KUBELET_METRICS = (
-    ("dra_grpc_operations_duration_seconds", "NodePrepareResources"),
-    ("kubelet_device_plugin_alloc_duration_seconds", GPU),
-)
-#: The kubelet's unprepare calls, counted to know when a sample's claims are released.
-UNPREPARE = (("dra_grpc_operations_duration_seconds", "NodeUnprepareResources"),)
-
-
-def kubelet_histograms(
-    cluster: ClusterInfo, metrics: tuple[tuple[str, str], ...] = KUBELET_METRICS
-) -> dict[tuple[str, str, str], tuple[float, float]]:
-    """(metric, operation, driver or resource) -> (sum seconds, count) from the kubelet's /metrics.
-
-    Read from the kubelet's own port with the API server's client certificate: the node has only
-    a loopback address, which the API server's node proxy refuses to dial.
-    """
-    run = Path(cluster.run_dir)
-    port = yaml.safe_load((run / "kubelet-config.yaml").read_text())["port"]
-    context = ssl.create_default_context(cafile=str(run / "pki" / "ca.crt"))
-    context.load_cert_chain(
-        run / "pki" / "apiserver-kubelet-client.crt", run / "pki" / "apiserver-kubelet-client.key"
-    )
-    with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=context, timeout=10) as resp:
-        return histograms(resp.read().decode(), metrics)
-
-
-def histograms(
-    text: str, metrics: tuple[tuple[str, str], ...] = KUBELET_METRICS
-) -> dict[tuple[str, str, str], tuple[float, float]]:
-    """`metrics` of a Prometheus text page: (metric, operation, driver) -> (sum, count), no errors."""
-    totals: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
-    line_re = re.compile(r"^(\w+)_(sum|count)\{([^}]*)\} (\S+)$")
-    for line in text.splitlines():
-        match = line_re.match(line)
-        if match is None:
-            continue
-        name, part, labels, value = match.groups()
-        for metric, operation in metrics:
-            if name != metric or (f'"{operation}"' not in labels and f'/{operation}"' not in labels):
-                continue
-            if 'is_error="true"' in labels:
-                continue
-            who = re.search(r'driver_name="([^"]*)"', labels)
-            key = (metric, operation, who.group(1) if who else "")
-            totals[key][0 if part == "sum" else 1] += float(value)
-    return {k: (v[0], v[1]) for k, v in totals.items()}
-
-
-def kubelet_log_stages(text: str, year: int) -> dict[tuple[str, str], float]:
-    """(pod name, stage) -> the first time (epoch seconds) the kubelet's log shows the pod at that stage.
-
-    klog stamps carry no year: `year` gives it.
-    """
-    first: dict[tuple[str, str], float] = {}
-    for line in text.splitlines():
-        match = KUBELET_LINE.match(line)
-        if match is None:
-            continue
-        stamp, what, rest = match.groups()
-        wall = datetime.strptime(f"{year}{stamp}", "%Y%m%d %H:%M:%S.%f").timestamp()
-        stage = "kubelet sync" if what == "SyncLoop ADD" else "started (PLEG)"
-        # A PLEG line names one pod, then its event (whose fields are quoted too).
-        for pod in POD_REF.findall(rest.split(" event=")[0]):
-            first.setdefault((pod, stage), wall)
-    return first
 
 
 class Bench:
@@ -315,7 +262,7 @@ class Bench:
 
     def sample(self, path: Route, pods: int, figure: str) -> None:
         """Create `pods` pods of `path` at once and time each to Running; then delete them."""
-        before = kubelet_histograms(self.cluster)
+        before = self._histograms(path)
         names = [f"{path.label.replace(' ', '-')}-{self.counter + i}" for i in range(pods)]
         self.counter += pods
         created: dict[str, float] = {}
@@ -324,6 +271,8 @@ class Bench:
             created[name] = time.perf_counter()
             self.kube.create(path.pod(name), namespace=self.namespace)
 
+        if pods == 1:
+            time.sleep(random.uniform(0, PLEG_PERIOD))
         with ThreadPoolExecutor(min(pods, 8)) as pool:
             list(pool.map(create, names))
         deadline = time.monotonic() + 120
@@ -336,25 +285,32 @@ class Bench:
             self.created[name] = (path, figure, created[name])
             seen = self.watches.at(name)
             path.samples.setdefault(figure, []).append((seen["running"] - created[name]) * 1000)
-            for stage, at in seen.items():
-                path.stages[figure, stage].append((at - created[name]) * 1000)
-        after = kubelet_histograms(self.cluster)
+            path.pods[figure][name] = {stage: (at - created[name]) * 1000 for stage, at in seen.items()}
+        after = self._histograms(path)
         for key, (seconds, count) in after.items():
             old_seconds, old_count = before.get(key, (0.0, 0.0))
             if count > old_count:
-                totals = path.kubelet[figure, " ".join(k for k in key if k)]
-                totals[0] += seconds - old_seconds
-                totals[1] += count - old_count
+                per_call = (seconds - old_seconds) / (count - old_count) * 1000
+                path.calls[figure][metric_name(key)].append(per_call)
         self._delete_all(path, pods)
 
+    def _histograms(self, path: Route) -> dict[tuple[str, str, str], tuple[float, float]]:
+        """The kubelet's series, and the path's driver's own prepare time where it has a page."""
+        found = kubelet_histograms(self.cluster)
+        if path.driver_metrics is not None:
+            found |= histograms(path.driver_metrics(), path.driver_series)
+        return found
+
     def kubelet_stages(self) -> None:
-        """Add the stages the kubelet's log times (its wall clock, turned into perf_counter's)."""
+        """Add the milestones the kubelet's log times (its wall clock, turned into perf_counter's)."""
         offset = time.time() - time.perf_counter()
         text = Path(self.cluster.log_path("kubelet")).read_text(errors="replace")
-        for (pod, stage), wall in kubelet_log_stages(text, time.localtime().tm_year).items():
+        with self.watches.lock:
+            claims = dict(self.watches.claims)
+        for (pod, stage), wall in kubelet_log_stages(text, time.localtime().tm_year, claims).items():
             if pod in self.created:
                 path, figure, created = self.created[pod]
-                path.stages[figure, stage].append((wall - offset - created) * 1000)
+                path.pods[figure][pod][stage] = (wall - offset - created) * 1000
 
 
 def _ms(values: list[float], pct: float) -> str:
@@ -376,16 +332,13 @@ def report(paths: list[Route], burst: int) -> list[str]:
                     ratios.append(f"dra/{short} {_percentile(ours, pct) / _percentile(theirs, pct):.2f}x")
             lines.append(f"{figure} p{pct}: {', '.join(parts)}, ratio {', '.join(ratios)}")
     for figure in ("1 pod", f"{burst} pods"):
-        lines.append(f"where the time goes, {figure}: median ms from create (client clock), per stage")
-        for path in paths:
-            stages = [(stage, path.stages[figure, stage]) for stage in STAGES if path.stages[figure, stage]]
-            text = ", ".join(f"{stage} {statistics.median(at):.0f}" for stage, at in stages)
-            lines.append(f"  {path.label}: {text}")
-            for (where, name), (seconds, calls) in sorted(path.kubelet.items()):
-                if where == figure and calls:
-                    lines.append(
-                        f"    kubelet {name}: mean {seconds / calls * 1000:.1f} ms, {calls:.0f} calls"
-                    )
+        per_call = "the pod's own" if figure == "1 pod" else "each burst's mean per call"
+        lines.append(f"where the time goes, {figure} (the kubelet's metrics: {per_call}):")
+        lines += phase_table(
+            [p.label for p in paths],
+            {p.label: list(p.pods[figure].values()) for p in paths},
+            {p.label: p.calls[figure] for p in paths},
+        )
     return lines
 
 
@@ -430,20 +383,23 @@ def _go_driver(cluster: ClusterInfo, kube: Kube, gpus: int) -> Iterator[bool]:
 
 
 def _nvidia_driver(cluster: ClusterInfo, gpus: int, qps: int) -> NvidiaDriverProcess | None:
-    """NVIDIA's plugin over a fake node of `gpus` GPUs, not started; None (and why) if it cannot run here."""
+    """NVIDIA's plugin over a fake node of `gpus` GPUs, not started; None (and why) without root.
+
+    Its fake node's device nodes are made with mknod, which needs root: only that leaves it out. A
+    plugin that fails to build or start fails the run, as the other paths do.
+    """
+    if os.geteuid() != 0:
+        print(
+            "NVIDIA's driver is left out: its fake node's device nodes need root (mknod); "
+            "run `make bench-pods` as root to time it"
+        )
+        return None
     run = Path(cluster.run_dir)
     profile = run / "bench-pods-nvidia-profile.yaml"
     profile.write_text(yaml.safe_dump({"gpus": [{"model": FAKE_MODEL, "count": gpus}]}))
-    try:
-        node = FakeNode(run / "bench-pods-fake-node", str(profile), cluster.node_name).build()
-        # Its chart's default gates, none: a pod of a whole GPU needs none.
-        process = NvidiaDriverProcess(
-            cluster, node, run / "logs" / "bench-pods-nvidia.log", gates=NVIDIA_GATES
-        )
-    except (BuildError, OSError) as err:
-        # Its fake node's device nodes need mknod, so root.
-        print(f"NVIDIA's driver cannot run here, so its path is left out: {err}")
-        return None
+    node = FakeNode(run / "bench-pods-fake-node", str(profile), cluster.node_name).build()
+    # Its chart's default gates, none: a pod of a whole GPU needs none.
+    process = NvidiaDriverProcess(cluster, node, run / "logs" / "bench-pods-nvidia.log", gates=NVIDIA_GATES)
     if qps > 0:
         process.env |= {"KUBE_API_QPS": str(qps), "KUBE_API_BURST": str(api_burst(qps))}
     return process
@@ -517,7 +473,8 @@ def main() -> None:
 
     qps, kubelet_qps = args.controller_manager_qps, args.kubelet_qps
     with running_cluster(
-        controller_manager_args=api_limit_flags(qps), kubelet_config=kubelet_api_limit(kubelet_qps)
+        controller_manager_args=api_limit_flags(qps),
+        kubelet_config={**kubelet_api_limit(kubelet_qps), **KUBELET_LOGGING},
     ) as cluster:
         kube = Kube(cluster.kubeconfig)
         run = Path(cluster.run_dir)
@@ -544,16 +501,31 @@ def main() -> None:
                 lambda: node_resources(kube, cluster, "allocatable").get(GPU) == str(args.gpus),
                 timeout=60,
             )
+            # Kubernetes' pause image, as the runtime has it: the fake one takes any name, containerd
+            # the one the cluster imported.
+            image = cluster.pause_image
             with _go_driver(cluster, kube, args.gpus) as have_go:
                 paths = [
-                    Route(DRA_GPU, lambda n: _claim_pod(n, "dra-gpu"), DRIVER),
-                    Route(DEVICE_PLUGIN, _limits_pod),
+                    Route(
+                        DRA_GPU,
+                        lambda n: _claim_pod(n, "dra-gpu", image),
+                        DRIVER,
+                        driver.metrics,
+                        DRA_GPU_PREPARE,
+                    ),
+                    Route(DEVICE_PLUGIN, lambda n: _limits_pod(n, image)),
                 ]
                 if have_go:
-                    paths.append(Route(GO, lambda n: _claim_pod(n, "go-driver"), GO_DRIVER))
+                    paths.append(Route(GO, lambda n: _claim_pod(n, "go-driver", image), GO_DRIVER))
                 nvidia = None if args.no_nvidia else _nvidia_driver(cluster, args.gpus, args.nvidia_qps)
                 # The same pod as dra-gpu's: the chart's class selects either driver's GPUs.
-                theirs = Route(NVIDIA, lambda n: _claim_pod(n, "dra-gpu"), DRIVER)
+                theirs = Route(
+                    NVIDIA,
+                    lambda n: _claim_pod(n, "dra-gpu", image),
+                    DRIVER,
+                    None if nvidia is None else nvidia.metrics,
+                    NVIDIA_PREPARE,
+                )
                 # The watches' threads are daemons: their streams end with the API server.
                 bench = Bench(kube, cluster, namespace)
 
@@ -581,7 +553,8 @@ def main() -> None:
             driver.stop()
             kube.close()
     print(
-        f"pod create -> Running on the local cluster ({cluster.kubernetes_version}, fake runtime), "
+        f"pod create -> Running on the local cluster ({cluster.kubernetes_version}, "
+        f"{cluster.container_runtime} runtime), "
         f"{args.rounds} rounds alternating the paths; {args.rounds * args.singles} single pods and "
         f"{args.rounds} bursts of {args.burst} per path; controller manager's API limit "
         f"{_limit(qps, '20 requests/s, burst 30')}; the kubelet's {_limit(kubelet_qps, '50, burst 100')}; "

@@ -317,29 +317,23 @@ def destroy_unheld(node: Node, facts: Facts, gpus: Iterable[Gpu]) -> Program[int
 
 
 def recover(node: Node, facts: Facts) -> Program[Facts]:
-    """At start-up: adopt the MIG devices made for prepared claims, destroy the others on dynamic-MIG GPUs."""
-    kept = tuple(a for a in facts.actions if a.done and a.claim_uid in facts.prepared)
+    """At start-up: adopt the MIG devices made for prepared claims, destroy the others on dynamic-MIG GPUs,
+    put back the MIG modes of prepares that never completed (dra.core.recovery then drops their records).
+    """
+    kept = facts.finished()
     known = held(facts)
     yield from destroy_unheld(node, facts, facts.inventory.dynamic_gpus)
     # Latest first, so that a GPU switched twice ends as it was before the first.
     for action in reversed(facts.actions):
         if action not in kept and action.kind == MIG_MODE:
             yield from _undo_mig_mode(node, action, known)
-    for action in facts.actions:
-        if action not in kept:
-            yield Log(
-                "info",
-                f"undid {action.kind} of {action.device} for claim {action.claim_uid}, which never completed",
-            )
-    if kept != facts.actions:
-        yield Save(facts.prepared, kept)
     found = {m.uuid for m in facts.inventory.instances}
     inventory = replace(
         facts.inventory,
         instances=tuple(m for m in facts.inventory.instances if (m.parent.uuid, m.gpu_instance_id) in known),
     )
     yield SetInventory(inventory)
-    facts = Facts(facts.prepared, kept, inventory)
+    facts = replace(facts, inventory=inventory)
     for action in kept:
         if action.kind == MIG_CREATE and str(action.result.get("uuid", "")) not in found:
             facts = yield from _make_again(node, action, facts)

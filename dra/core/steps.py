@@ -79,6 +79,10 @@ class Facts:
         """The prepared claims by device, built once for these facts."""
         return Holders(self.prepared)
 
+    def finished(self) -> tuple[DeviceAction, ...]:
+        """The device actions done for prepared claims: those start-up keeps (the others it undoes)."""
+        return tuple(a for a in self.actions if a.done and a.claim_uid in self.prepared)
+
     @classmethod
     def indexed(
         cls,

@@ -199,7 +199,8 @@ class DeviceState:
     def _adopt(self, prepared: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction]) -> None:
         """Take the record another instance saved, and adopt the MIG devices it made (the lock is held)."""
         self._prepared, self._actions = prepared, tuple(actions)
-        execute(CallSteps(self, _every_holder_live, None), migdevices.adopt(self._node, self._facts()))
+        if self._node.mig:
+            execute(CallSteps(self, _every_holder_live, None), migdevices.adopt(self._node, self._facts()))
 
 
 class GroupCommit:

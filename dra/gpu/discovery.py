@@ -170,7 +170,7 @@ def _mig_mode(lib: GpuLibrary, handle: GpuHandle) -> tuple[int, int] | None:
 
 
 def supports_mig(lib: GpuLibrary) -> bool:
-    """Whether a GPU of the node can run in MIG mode: only then does the plugin make or destroy MIG devices."""
+    """Whether a GPU of the node can run in MIG mode: only then does the plugin make or destroy MIG ones."""
     return any(_mig_mode(lib, lib.device_by_index(i)) is not None for i in range(lib.device_count()))
 
 

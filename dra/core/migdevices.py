@@ -8,7 +8,7 @@ dynamic-MIG GPU is destroyed (docs/mig.md, "Crash safety").
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from dra.core.allocation import ClaimAllocation, ClaimError
@@ -25,7 +25,7 @@ from dra.core.gpusteps import (
 from dra.core.stepbase import Log, StepError, ask
 from dra.core.steps import Facts, Node, Program, Save, SetInventory
 from dra.model.devices import Gpu, Inventory, MigDevice, MigPartition
-from dra.model.prepared import MIG_CREATE, MIG_MODE, DeviceAction, PreparedClaim
+from dra.model.prepared import MIG_CREATE, MIG_MODE, DeviceAction, Holders, PreparedClaim
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,38 @@ def held(facts: Facts) -> set[tuple[str, int]]:
         for a in facts.actions
         if a.done and a.kind == MIG_CREATE and a.claim_uid in facts.prepared
     }
+
+
+def made_for_offer(
+    partition: MigPartition, uid: str, holders: Holders, inventory: Inventory, stale: Mapping[str, str]
+) -> MigDevice | None:
+    """The MIG device made for this offer for a live claim other than `uid`, known by the offer's name.
+
+    A share of a shared offer uses the device the first share made (the holder checks then say
+    whether the two may share it); a stale holder's device goes with its release, so a new one is made.
+    """
+    for claim, entry in holders.named(partition.name):
+        if claim.uid == uid or claim.uid in stale or not entry.uuid:
+            continue
+        made = inventory.by_uuid(entry.uuid)
+        if isinstance(made, MigDevice):
+            return replace(made, name=partition.name)
+    return None
+
+
+def to_be_made(partition: MigPartition) -> MigDevice:
+    """The MIG device a dynamic-MIG offer becomes, as far as it is known before it is made: no UUID yet."""
+    return MigDevice(
+        name=partition.name,
+        uuid="",
+        parent=partition.parent,
+        profile=partition.profile,
+        gpu_instance_id=0,
+        compute_instance_id=0,
+        memory_bytes=partition.memory_bytes,
+        engines=partition.engines,
+        device_nodes=(),
+    )
 
 
 def _mode_word(mode: int) -> str:

@@ -271,7 +271,8 @@ def _drop_unrecorded_metadata(claim: PreparedClaim, facts: Facts) -> Program[Non
 
 def _gpu_settings(node: Node, allocation: ClaimAllocation, plan: PreparePlan, facts: Facts) -> Program[None]:
     """Set the claim's time slices, start its MPS daemon (again, on a retry); a failure undoes the prepare."""
-    wanted = sharing.wanted_time_slices({plan.claim.uid: plan.claim}) if node.time_slicing else {}
+    timed = node.time_slicing and any(d.time_slice for d in plan.claim.devices)
+    wanted = sharing.wanted_time_slices({plan.claim.uid: plan.claim}) if timed else {}
     try:
         if wanted:
             yield ApplyTimeSlices(wanted)

@@ -22,8 +22,7 @@ from dra.core.gpusteps import (
     ReadMigMode,
     SetMigMode,
 )
-from dra.core.stepbase import Log, StepError, ask
-from dra.core.steps import Facts, Node, Program, Save, SetInventory
+from dra.core.steps import Facts, Log, Node, Program, Save, SetInventory, StepError, ask
 from dra.model.devices import Gpu, Inventory, MigDevice, MigPartition
 from dra.model.prepared import MIG_CREATE, MIG_MODE, DeviceAction, Holders, PreparedClaim
 

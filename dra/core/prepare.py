@@ -30,13 +30,13 @@ from dra.core.plan import (
     unanswered,
     uses_mps,
 )
-from dra.core.stepbase import Log, StepError, ask
 from dra.core.steps import (
     ApplyTimeSlices,
     AskStale,
     ClaimRead,
     Facts,
     HasSpec,
+    Log,
     Mark,
     MissingHostPaths,
     Node,
@@ -46,9 +46,11 @@ from dra.core.steps import (
     RemoveSpec,
     RestoreTimeSlices,
     Save,
+    StepError,
     Sync,
     WriteMetadata,
     WriteSpec,
+    ask,
 )
 from dra.model.prepared import PreparedClaim
 

@@ -14,10 +14,10 @@ from typing import Any
 
 from dra.core import devicemetadata, migdevices, mpsdaemons, sharing, vfio
 from dra.core.plan import MissingDevice, respec
-from dra.core.stepbase import Log, StepError, ask
 from dra.core.steps import (
     ApplyTimeSlices,
     Facts,
+    Log,
     MetadataDirs,
     Node,
     Program,
@@ -26,8 +26,10 @@ from dra.core.steps import (
     RemoveSpec,
     Save,
     SpecUids,
+    StepError,
     WriteMetadata,
     WriteSpec,
+    ask,
 )
 from dra.model.devices import Inventory
 from dra.model.prepared import PreparedClaim

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, TypeVar
 
 from dra.adapters import faults
 from dra.core import gpusteps as g
-from dra.core.stepbase import Log, Step, StepError
+from dra.core.steps import Log, Step, StepError
 from dra.gpu import dynamic
 from dra.gpu.discovery import profile_infos
 from dra.gpu.library import GpuLibrary, GpuLibraryError, Placement

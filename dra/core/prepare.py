@@ -303,7 +303,8 @@ def unprepare(node: Node, uid: str, facts: Facts) -> Program[PreparedClaim | Non
         )
     others = dict(facts.prepared)
     others.pop(uid, None)
-    restore = sharing.time_slices_to_restore(uid, facts.prepared) if node.time_slicing else []
+    timed = node.time_slicing and any(d.time_slice for d in claim.devices)
+    restore = sharing.time_slices_to_restore(uid, facts.prepared) if timed else []
     if restore:
         # Most claims set no interval: their unprepare takes no step for it.
         yield RestoreTimeSlices(tuple(restore))

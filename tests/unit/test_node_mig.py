@@ -1,4 +1,4 @@
-"""A whole-GPU claim's route (issue 53): no MIG code without a GPU that can do MIG, no sharing code without sharing.
+"""A whole-GPU claim's route (issue 53): no MIG code without a MIG-capable GPU, nor sharing code.
 
 The daemon gives the state its GPU library only where a GPU can do MIG (`mig_library`, Node.mig):
 elsewhere a prepare, an unprepare and the start-up repair never enter dra.core.migdevices. And

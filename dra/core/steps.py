@@ -137,7 +137,8 @@ class Node:
     pool: str
     #: Where claims' MPS daemons keep their directories ("": the node runs none).
     mps_root: str = ""
-    #: Whether MIG devices are made and destroyed here (a GPU library is at hand).
+    #: Whether MIG devices are made and destroyed here: a GPU of the node can do MIG (the state has the
+    #: GPU library only then, dra.kubeletplugin.daemon.mig_library); else no program enters MIG code.
     mig: bool = False
     #: Whether time-slice intervals are set here.
     time_slicing: bool = False

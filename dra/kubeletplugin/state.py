@@ -250,7 +250,7 @@ class GpuSteps:
     step_errors: ClassVar[tuple[type[Exception], ...]] = (GpuLibraryError,)
 
     def __init__(self, lib: GpuLibrary | None, logger: logging.Logger) -> None:
-        """`lib` is None where no GPU can do MIG (Node.mig): no program yields a GPU step. Logs go to `logger`."""
+        """`lib` is None where no GPU can do MIG (Node.mig): no program yields a GPU step. Logs: `logger`."""
         self._lib = lib
         self._logger = logger
 

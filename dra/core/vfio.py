@@ -231,7 +231,7 @@ def release(uid: str, facts: Facts) -> Program[Facts]:
 def recover(facts: Facts) -> Program[None]:
     """At start-up: bind again what prepared claims pass through, give back what a crash left half done.
 
-    The actions themselves are kept or dropped by dra.core.migdevices.recover, as the MIG ones.
+    The actions themselves are kept or dropped by dra.core.recovery, as the MIG ones.
     """
     for action in facts.actions:
         if action.kind != VFIO_BIND:

@@ -18,9 +18,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from dra.adapters import faults
-from dra.adapters.atomicfile import remove_leftovers, write_atomic
-from dra.adapters.filelock import LockTimeoutError, held, open_lock, unlinked
+from dra.adapters import nodefiles
+from dra.adapters.nodefiles import LockTimeoutError, held, open_lock, remove_leftovers, unlinked, write_atomic
 from dra.core.checkpointformat import (
     HINT,
     MAX_FILE_BYTES,
@@ -257,7 +256,7 @@ class CheckpointStore:
         try:
             while written < len(changes):
                 written += os.write(fd, changes[written:])
-            faults.point("checkpoint.appended")
+            nodefiles.point("checkpoint.appended")
         except OSError:
             try:
                 # The lock is held: the file ends with what this append wrote.

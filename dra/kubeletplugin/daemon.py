@@ -15,11 +15,10 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from dra import __version__
-from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
-from dra.adapters.filelock import open_lock
 from dra.adapters.kube import KubeClient, KubeError
 from dra.adapters.metadatastore import MetadataStore
+from dra.adapters.nodefiles import CdiStore, open_lock
 from dra.adapters.pcisysfs import PciSysfs
 from dra.core import devicemetadata, versions
 from dra.core.assignment import GpuPath, Selector, select

@@ -4,7 +4,7 @@ The programs (dra.core.prepare, .recovery) decide; `DeviceState` holds what they
 prepared claims, the device actions, the inventory) and runs each call's program with `execute`,
 one step at a time, on a `CallSteps` of its own: one method per kind of step, over the CDI
 directory, the checkpoint, the metadata files, sysfs, the time slicer and the MPS daemons, with the
-call's stale check, and a crash point after each step (`faults.point`). The GPU's steps are
+call's stale check, and a crash point after each step (`nodefiles.point`). The GPU's steps are
 `GpuSteps`' methods over the GPU library, which `CallSteps` extends and static MIG layouts run on
 alone (dra.kubeletplugin.miglayout). Around the steps, each in one place:
 
@@ -28,10 +28,10 @@ import threading
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
-from dra.adapters import faults
-from dra.adapters.cdistore import CdiStore
+from dra.adapters import nodefiles
 from dra.adapters.checkpoint import CheckpointStore, GroupCommit, Member
 from dra.adapters.metadatastore import MetadataStore
+from dra.adapters.nodefiles import CdiStore
 from dra.adapters.pcisysfs import PciSysfs
 from dra.core import gpusteps as g
 from dra.core import migdevices, recovery
@@ -240,7 +240,7 @@ def execute(
             failure.__cause__ = err
             continue
         if step.point:
-            faults.point(step.point)
+            nodefiles.point(step.point)
 
 
 class GpuSteps:

@@ -70,9 +70,9 @@ def _switches() -> int:
 def child(kubeconfig: str, namespace: str, node: str, uids: list[str]) -> dict[str, float]:
     """One checkout's figures (run with the checkout as the working directory: its dra)."""
     sys.path.insert(0, os.getcwd())
-    from dra.adapters.cdistore import CdiStore
     from dra.adapters.checkpoint import CheckpointStore
     from dra.adapters.kube import KubeClient
+    from dra.adapters.nodefiles import CdiStore
     from dra.daemon import logs
     from dra.fakegpus.library import FakeGpuLibrary
     from dra.fakegpus.profiles import parse_profile

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.metadatastore import MetadataStore
+from dra.adapters.nodefiles import CdiStore
 from dra.adapters.pcisysfs import PciSysfs
 from dra.core import devicemetadata, gpusteps, migdevices, mpsdaemons, steps, vfio
 from dra.core import prepare as programs

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from dra.adapters import checkpoint as checkpoint_module
-from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.nodefiles import CdiStore
 from dra.core import cdi
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.core.assignment import restrict

@@ -2,16 +2,15 @@
 
 ``kube`` is the only importer of the kubernetes client (its calls are coroutines, each
 request made on a worker thread by ``kubeget``, its HTTP/1.1 transport and the only
-importer of httptools), with ``kubeconfig`` reading the credentials it can; ``atomicfile``
-writes every file the runtime or a restarted driver reads (temp file, fsync,
-rename); ``filelock`` holds flocks; ``cdistore`` owns the CDI directory,
-``checkpoint`` the prepared-claim file (its format is dra.core.checkpointformat),
-``assignmentrecord`` the host's record of which path owns which GPU; ``faults``
-marks the crash points the tests stop at.
+importer of httptools), with ``kubeconfig`` reading the credentials it can; ``nodefiles``
+is the node's own files: the atomic writes of every file the runtime or a restarted driver
+reads (temp file, fsync, rename), the cross-process flocks, the named crash points the
+tests stop at, and the CDI directory;
+``checkpoint`` owns the prepared-claim file (its format is dra.core.checkpointformat),
+``assignmentrecord`` the host's record of which path owns which GPU.
 
 Rule: thin I/O around pure decisions; imports only ``dra.core`` (to render or validate what it
 stores), ``dra.documents``, ``dra.api`` and ``dra.model``: never the GPUs, CEL or a daemon. Inside (a layer
-contract): the stores and the API client over ``kubeconfig`` and ``filelock`` over the
-primitives (``kubeget``, ``tlsfiles``, ``atomicfile``) over ``faults``; only ``kube`` imports
-``kubeget``.
+contract): the stores and the API client over ``kubeconfig`` and ``nodefiles`` over
+``kubeget`` and ``tlsfiles``; only ``kube`` imports ``kubeget``.
 """

@@ -21,8 +21,14 @@ from pathlib import Path
 from typing import IO, Any
 
 from dra import documents
-from dra.adapters.atomicfile import write_atomic
-from dra.adapters.filelock import LockTimeoutError, exclusive, open_existing_lock, open_lock, try_lock
+from dra.adapters.nodefiles import (
+    LockTimeoutError,
+    exclusive,
+    open_existing_lock,
+    open_lock,
+    try_lock,
+    write_atomic,
+)
 from dra.core.assignment import GpuPath, conflict, parse_recorded, recorded
 from dra.model.devices import Gpu
 

@@ -12,7 +12,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from dra.adapters.atomicfile import ensure_dir, holds, remove_leftovers, write_atomic
+from dra.adapters.nodefiles import ensure_dir, holds, remove_leftovers, write_atomic
 from dra.core import devicemetadata
 
 #: The files' mode, and their directories': readable by every container user, as the Go helper makes them.

@@ -6,7 +6,7 @@ a ResourceClaim's allocation (``allocation``), the GPU split between DRA and the
 plugin (``assignment``), what a prepare or unprepare gives a claim (``plan``, the one
 place its CDI spec is built) and the programs of steps that carry it out (``prepare``,
 ``recovery`` for the start-up repair, ``migdevices``, ``vfio`` and ``mpsdaemons``, over
-the step vocabulary ``steps``, the GPU's ``gpusteps`` and what a step is, ``stepbase``), GPU sharing
+the GPU's steps ``gpusteps`` and the step vocabulary ``steps``: what a step is, and the rest), GPU sharing
 (``sharing``), what the API server accepts (``versions``), an unhealthy device's taint
 (``taints``), node labels (``labels``), static MIG layouts (``migconfig`` parses and
 places, ``miglayout`` applies them as a program of the GPU's steps), per-claim usage
@@ -15,6 +15,6 @@ places, ``miglayout`` applies them as a program of the GPU's steps), per-claim u
 Rule: no I/O of any kind (files, network, NVML, clocks, threads); API objects come
 in as dicts, answers go out as data. Imports only ``dra.api`` and ``dra.model``;
 inside (a layer contract), the programs over the plan over the steps' users over the
-single decisions over the API's vocabulary and the steps', the GPU's steps and what a
-step is below those. Tests feed literal objects.
+single decisions over the API's vocabulary and the GPU's steps, the step vocabulary below
+those. Tests feed literal objects.
 """

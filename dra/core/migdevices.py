@@ -8,7 +8,7 @@ dynamic-MIG GPU is destroyed (docs/mig.md, "Crash safety").
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from dra.core.allocation import ClaimAllocation, ClaimError
@@ -22,10 +22,9 @@ from dra.core.gpusteps import (
     ReadMigMode,
     SetMigMode,
 )
-from dra.core.stepbase import Log, StepError, ask
-from dra.core.steps import Facts, Node, Program, Save, SetInventory
+from dra.core.steps import Facts, Log, Node, Program, Save, SetInventory, StepError, ask
 from dra.model.devices import Gpu, Inventory, MigDevice, MigPartition
-from dra.model.prepared import MIG_CREATE, MIG_MODE, DeviceAction, PreparedClaim
+from dra.model.prepared import MIG_CREATE, MIG_MODE, DeviceAction, Holders, PreparedClaim
 
 
 @dataclass(frozen=True)
@@ -59,6 +58,38 @@ def held(facts: Facts) -> set[tuple[str, int]]:
         for a in facts.actions
         if a.done and a.kind == MIG_CREATE and a.claim_uid in facts.prepared
     }
+
+
+def made_for_offer(
+    partition: MigPartition, uid: str, holders: Holders, inventory: Inventory, stale: Mapping[str, str]
+) -> MigDevice | None:
+    """The MIG device made for this offer for a live claim other than `uid`, known by the offer's name.
+
+    A share of a shared offer uses the device the first share made (the holder checks then say
+    whether the two may share it); a stale holder's device goes with its release, so a new one is made.
+    """
+    for claim, entry in holders.named(partition.name):
+        if claim.uid == uid or claim.uid in stale or not entry.uuid:
+            continue
+        made = inventory.by_uuid(entry.uuid)
+        if isinstance(made, MigDevice):
+            return replace(made, name=partition.name)
+    return None
+
+
+def to_be_made(partition: MigPartition) -> MigDevice:
+    """The MIG device a dynamic-MIG offer becomes, as far as it is known before it is made: no UUID yet."""
+    return MigDevice(
+        name=partition.name,
+        uuid="",
+        parent=partition.parent,
+        profile=partition.profile,
+        gpu_instance_id=0,
+        compute_instance_id=0,
+        memory_bytes=partition.memory_bytes,
+        engines=partition.engines,
+        device_nodes=(),
+    )
 
 
 def _mode_word(mode: int) -> str:
@@ -317,29 +348,23 @@ def destroy_unheld(node: Node, facts: Facts, gpus: Iterable[Gpu]) -> Program[int
 
 
 def recover(node: Node, facts: Facts) -> Program[Facts]:
-    """At start-up: adopt the MIG devices made for prepared claims, destroy the others on dynamic-MIG GPUs."""
-    kept = tuple(a for a in facts.actions if a.done and a.claim_uid in facts.prepared)
+    """At start-up: adopt the MIG devices made for prepared claims, destroy the others on dynamic-MIG GPUs,
+    put back the MIG modes of prepares that never completed (dra.core.recovery then drops their records).
+    """
+    kept = facts.finished()
     known = held(facts)
     yield from destroy_unheld(node, facts, facts.inventory.dynamic_gpus)
     # Latest first, so that a GPU switched twice ends as it was before the first.
     for action in reversed(facts.actions):
         if action not in kept and action.kind == MIG_MODE:
             yield from _undo_mig_mode(node, action, known)
-    for action in facts.actions:
-        if action not in kept:
-            yield Log(
-                "info",
-                f"undid {action.kind} of {action.device} for claim {action.claim_uid}, which never completed",
-            )
-    if kept != facts.actions:
-        yield Save(facts.prepared, kept)
     found = {m.uuid for m in facts.inventory.instances}
     inventory = replace(
         facts.inventory,
         instances=tuple(m for m in facts.inventory.instances if (m.parent.uuid, m.gpu_instance_id) in known),
     )
     yield SetInventory(inventory)
-    facts = Facts(facts.prepared, kept, inventory)
+    facts = replace(facts, inventory=inventory)
     for action in kept:
         if action.kind == MIG_CREATE and str(action.result.get("uuid", "")) not in found:
             facts = yield from _make_again(node, action, facts)

@@ -14,8 +14,17 @@ import re
 from collections.abc import Mapping
 
 from dra.core import sharing
-from dra.core.stepbase import Log, StepError, ask
-from dra.core.steps import AskMps, LaunchMps, ListMpsDaemons, MpsDaemonPid, Program, StopMps
+from dra.core.steps import (
+    AskMps,
+    LaunchMps,
+    ListMpsDaemons,
+    Log,
+    MpsDaemonPid,
+    Program,
+    StepError,
+    StopMps,
+    ask,
+)
 from dra.model.prepared import PreparedClaim
 
 _SIZE = re.compile(r"^([0-9]+)([MG])$")

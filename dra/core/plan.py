@@ -14,12 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dra.core import cdi, devicemetadata, sharing, vfio
+from dra.core import cdi, devicemetadata, migdevices, sharing, vfio
 from dra.core import config as deviceconfig
 from dra.core.allocation import AllocatedDevice, ClaimAllocation
-from dra.core.migdevices import CreateMig
 from dra.core.steps import ClaimRead, Node
-from dra.model.devices import Device, Gpu, Inventory, MigDevice, MigPartition
+from dra.model.devices import Device, Gpu, Inventory, MigDevice, MigPartition, is_vfio_twin
 from dra.model.prepared import VFIO_BIND, DeviceAction, Holders, PreparedClaim, PreparedDevice
 
 Obj = dict[str, Any]
@@ -70,7 +69,7 @@ class PreparePlan:
     release: tuple[Release, ...] = ()
     #: The record this plan replaces: the claim was allocated anew without an unprepare.
     replaces: PreparedClaim | None = None
-    create: tuple[CreateMig, ...] = ()
+    create: tuple[migdevices.CreateMig, ...] = ()
     #: The GPUs passed through (VfioDeviceConfig), by name: whether each gets the IOMMU API device.
     #: They are bound to vfio-pci (dra.core.vfio) before the spec, which names their groups, is built.
     vfio: Mapping[str, bool] = field(default_factory=dict)
@@ -177,7 +176,7 @@ def _lookup(
         device = inventory.device_or_twin(result.device)
         partition = inventory.partition(result.device) if device is None else None
         if partition is not None:
-            device = _made_for_offer(partition, allocation.uid, holders, inventory, stale)
+            device = migdevices.made_for_offer(partition, allocation.uid, holders, inventory, stale)
         held = (
             ()
             if device is None or result.admin_access
@@ -247,9 +246,10 @@ def respec(claim: PreparedClaim, inventory: Inventory, node: Node) -> Respec:
     devices, missing = _devices_of(claim, inventory)
     if not devices:
         return Respec(None, None, tuple(missing))
-    share_env = {d.device: sharing.share_env(d) for d in claim.devices}
+    # A share's environment and the MPS daemon's edits only where the claim has them (dra.core.sharing).
+    share_env = {d.device: sharing.share_env(d) for d in claim.devices if d.share_id}
     unique = list({d.name: d for d in devices}.values())
-    mps = sharing.mps_edits(claim, node.mps_root)
+    mps = sharing.mps_edits(claim, node.mps_root) if uses_mps(claim) else None
     metadata = (
         devicemetadata.for_claim(node.driver, node.metadata_root, claim, unique, inventory)
         if claim.metadata
@@ -344,7 +344,7 @@ def decide_prepare(
     problems: list[str] = []
     releases: dict[str, Release] = {}
     devices: dict[str, Device] = {}
-    creates: dict[str, CreateMig] = {}
+    creates: dict[str, migdevices.CreateMig] = {}
     for found in _lookup(allocation, inventory, pool, holders, stale):
         result, device = found.result, found.device
         if result.pool != pool:
@@ -358,7 +358,7 @@ def decide_prepare(
                     f"device {result.device} is a dynamic MIG device, which admin access cannot use"
                 )
             if device is None:
-                creates[found.partition.name] = CreateMig(found.partition)
+                creates[found.partition.name] = migdevices.CreateMig(found.partition)
                 continue
         if device is None:
             problems.append(f"device {result.device} does not exist on node {pool}")
@@ -376,19 +376,27 @@ def decide_prepare(
                 )
         devices[device.name] = device
     # Configs apply to the MIG devices to be made as to those that exist.
-    configured = {**devices, **{name: _to_be_made(c.partition) for name, c in creates.items()}}
-    problems.extend(deviceconfig.problems(allocation, configured))
+    configured = {**devices, **{name: migdevices.to_be_made(c.partition) for name, c in creates.items()}}
+    # Configuration, passthrough and sharing are decided where the claim asks for them (its opaque
+    # configs, a passthrough twin): a claim of whole GPUs without configs needs none of those modules.
+    if allocation.configs:
+        problems.extend(deviceconfig.problems(allocation, configured))
     if problems:
         return _refusal(allocation, problems)
-    passthrough = vfio.passthrough(allocation, configured)
-    problems = vfio.problems(allocation, configured, passthrough, inventory, enabled=node.vfio)
-    if problems:
-        return _refusal(allocation, problems)
-    intervals, mps_settings, problems = sharing.decide_sharing(
-        allocation, configured, prepared, node.mps_root, node.equal_shares
-    )
-    if problems:
-        return _refusal(allocation, problems)
+    passthrough: dict[str, bool] = {}
+    if allocation.configs or any(is_vfio_twin(d) for d in configured.values()):
+        passthrough = vfio.passthrough(allocation, configured)
+        problems = vfio.problems(allocation, configured, passthrough, inventory, enabled=node.vfio)
+        if problems:
+            return _refusal(allocation, problems)
+    intervals: Mapping[str, str] = {}
+    mps_settings: Mapping[str, sharing.MpsSetting] = {}
+    if allocation.configs:
+        intervals, mps_settings, problems = sharing.decide_sharing(
+            allocation, configured, prepared, node.mps_root, node.equal_shares
+        )
+        if problems:
+            return _refusal(allocation, problems)
 
     # A MIG device still to be made has no UUID yet: it is filled in once it exists (PreparePlan.made).
     entries = [
@@ -402,7 +410,7 @@ def decide_prepare(
             time_slice=intervals.get(device.name, ""),
             share_id=results[0].share_id,
             share_memory=results[0].consumed("memory") if results[0].share_id else "",
-            **sharing.mps_fields(mps_settings.get(device.name)),
+            **(sharing.mps_fields(mps_settings[device.name]) if device.name in mps_settings else {}),
         )
         for device in configured.values()
         for results in _by_share(allocation, device.name)
@@ -447,43 +455,11 @@ def _with_metadata_ids(entries: list[PreparedDevice], driver: str, uid: str) -> 
     return result
 
 
-def _made_for_offer(
-    partition: MigPartition, uid: str, holders: Holders, inventory: Inventory, stale: Mapping[str, str]
-) -> MigDevice | None:
-    """The MIG device made for this offer for a live claim other than `uid`, known by the offer's name.
-
-    A share of a shared offer uses the device the first share made (the holder checks then say
-    whether the two may share it); a stale holder's device goes with its release, so a new one is made.
-    """
-    for claim, entry in holders.named(partition.name):
-        if claim.uid == uid or claim.uid in stale or not entry.uuid:
-            continue
-        made = inventory.by_uuid(entry.uuid)
-        if isinstance(made, MigDevice):
-            return replace(made, name=partition.name)
-    return None
-
-
 def _by_share(allocation: ClaimAllocation, device: str) -> list[list[AllocatedDevice]]:
     """The allocation's results for a device, one list per share (in practice a claim holds one at most)."""
     results = [r for r in allocation.devices if r.device == device]
     shares = dict.fromkeys(r.share_id for r in results)
     return [[r for r in results if r.share_id == share] for share in shares]
-
-
-def _to_be_made(partition: MigPartition) -> MigDevice:
-    """The MIG device a dynamic-MIG offer becomes, as far as it is known before it is made: no UUID yet."""
-    return MigDevice(
-        name=partition.name,
-        uuid="",
-        parent=partition.parent,
-        profile=partition.profile,
-        gpu_instance_id=0,
-        compute_instance_id=0,
-        memory_bytes=partition.memory_bytes,
-        engines=partition.engines,
-        device_nodes=(),
-    )
 
 
 def _refusal(allocation: ClaimAllocation, problems: list[str]) -> Refusal:

@@ -30,13 +30,13 @@ from dra.core.plan import (
     unanswered,
     uses_mps,
 )
-from dra.core.stepbase import Log, StepError, ask
 from dra.core.steps import (
     ApplyTimeSlices,
     AskStale,
     ClaimRead,
     Facts,
     HasSpec,
+    Log,
     Mark,
     MissingHostPaths,
     Node,
@@ -46,9 +46,11 @@ from dra.core.steps import (
     RemoveSpec,
     RestoreTimeSlices,
     Save,
+    StepError,
     Sync,
     WriteMetadata,
     WriteSpec,
+    ask,
 )
 from dra.model.prepared import PreparedClaim
 
@@ -271,7 +273,8 @@ def _drop_unrecorded_metadata(claim: PreparedClaim, facts: Facts) -> Program[Non
 
 def _gpu_settings(node: Node, allocation: ClaimAllocation, plan: PreparePlan, facts: Facts) -> Program[None]:
     """Set the claim's time slices, start its MPS daemon (again, on a retry); a failure undoes the prepare."""
-    wanted = sharing.wanted_time_slices({plan.claim.uid: plan.claim}) if node.time_slicing else {}
+    timed = node.time_slicing and any(d.time_slice for d in plan.claim.devices)
+    wanted = sharing.wanted_time_slices({plan.claim.uid: plan.claim}) if timed else {}
     try:
         if wanted:
             yield ApplyTimeSlices(wanted)
@@ -300,7 +303,8 @@ def unprepare(node: Node, uid: str, facts: Facts) -> Program[PreparedClaim | Non
         )
     others = dict(facts.prepared)
     others.pop(uid, None)
-    restore = sharing.time_slices_to_restore(uid, facts.prepared) if node.time_slicing else []
+    timed = node.time_slicing and any(d.time_slice for d in claim.devices)
+    restore = sharing.time_slices_to_restore(uid, facts.prepared) if timed else []
     if restore:
         # Most claims set no interval: their unprepare takes no step for it.
         yield RestoreTimeSlices(tuple(restore))

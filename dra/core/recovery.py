@@ -9,24 +9,27 @@ are applied again (docs/architecture.md, "Crash safety").
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dra.core import devicemetadata, migdevices, mpsdaemons, sharing, vfio
 from dra.core.plan import MissingDevice, respec
-from dra.core.stepbase import Log, StepError, ask
 from dra.core.steps import (
     ApplyTimeSlices,
     Facts,
+    Log,
     MetadataDirs,
     Node,
     Program,
     RemoveLeftovers,
     RemoveMetadata,
     RemoveSpec,
+    Save,
     SpecUids,
+    StepError,
     WriteMetadata,
     WriteSpec,
+    ask,
 )
 from dra.model.devices import Inventory
 from dra.model.prepared import PreparedClaim
@@ -90,7 +93,9 @@ def recover(node: Node, facts: Facts) -> Program[None]:
     """Drop specs of claims not prepared, (re)write prepared ones', settle MIG devices, apply GPU settings."""
     yield RemoveLeftovers(point="recover.leftovers-removed")
     yield from vfio.recover(facts)
-    facts = yield from migdevices.recover(node, facts)
+    if node.mig:
+        facts = yield from migdevices.recover(node, facts)
+    facts = yield from _drop_unfinished(facts)
     plan = decide_recover(
         facts.prepared,
         facts.inventory,
@@ -123,3 +128,18 @@ def recover(node: Node, facts: Facts) -> Program[None]:
                 yield from mpsdaemons.start(claim)
             except StepError as err:
                 yield Log("error", f"claim {claim.namespace}/{claim.name}: {err}")
+
+
+def _drop_unfinished(facts: Facts) -> Program[Facts]:
+    """Drop the records of device actions never done or of claims not prepared, once undone above."""
+    kept = facts.finished()
+    if kept == facts.actions:
+        return facts
+    for action in facts.actions:
+        if action not in kept:
+            yield Log(
+                "info",
+                f"undid {action.kind} of {action.device} for claim {action.claim_uid}, which never completed",
+            )
+    yield Save(facts.prepared, kept)
+    return replace(facts, actions=kept)

@@ -300,10 +300,8 @@ def decide_mps(requests: Sequence[MpsRequest]) -> tuple[dict[str, MpsSetting], l
     return settings, problems
 
 
-def mps_fields(setting: MpsSetting | None) -> dict[str, Any]:
-    """The PreparedDevice fields of a device's MPS setting (none without one)."""
-    if setting is None:
-        return {}
+def mps_fields(setting: MpsSetting) -> dict[str, Any]:
+    """The PreparedDevice fields of a device's MPS setting."""
     return {
         "mps": True,
         "mps_thread_percentage": setting.thread_percentage,

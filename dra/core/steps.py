@@ -1,27 +1,119 @@
-"""The steps of prepare, unprepare and the start-up repair, as plain data, and their Runner.
+"""The step vocabulary: what a step is, the steps of prepare, unprepare and the start-up repair, their Runner.
 
-A program (dra.core.prepare, dra.core.recovery, dra.core.migdevices, dra.core.mpsdaemons) is a
-generator of steps (dra.core.stepbase): these, the GPU's (dra.core.gpusteps) and log lines. It
-decides everything; the executor (dra.kubeletplugin.state) only runs each step and sends back what
-it returned, or throws `StepError` into the program when the step failed.
+A program (dra.core.prepare, .recovery, .migdevices, .vfio, .mpsdaemons) is a generator: it yields
+one step at a time and is resumed with the step's result, the way a sans-I/O protocol asks for
+more input. It decides everything; the executor (dra.kubeletplugin.state) only runs each step and
+sends back what it returned, or throws `StepError` into the program when the step failed. A
+step's `run` calls the one method of its runner that runs its kind (`WriteSpec.run` calls
+`runner.write_spec`): the runner's type is the step's type parameter. The GPU's steps
+(dra.core.gpusteps, run by a GpuRunner) are what static MIG layouts are made of alone; `Runner`
+extends GpuRunner, so a step that needs less of its runner is a step of every program.
 docs/architecture.md has the table of steps in the order a prepare takes them.
 """
 
 from __future__ import annotations
 
+import abc
 import functools
 from collections.abc import Generator, Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, TypeVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
-from dra.core.gpusteps import GpuRunner
-from dra.core.stepbase import Query, Step
 from dra.model.devices import Inventory
 from dra.model.pci import IommuGroup, VfioHost
 from dra.model.prepared import DeviceAction, Holders, PreparedClaim
 
+if TYPE_CHECKING:
+    # GpuRunner's method signatures only: the GPU's steps are built on this module.
+    from dra.core.gpusteps import (
+        CreateComputeInstance,
+        CreateGpuInstance,
+        DestroyGpuInstance,
+        FindMigDevice,
+        GpuIdentity,
+        GpuInstanceAt,
+        HasComputeInstance,
+        InstanceProfile,
+        ListGpuInstances,
+        ListInstanceProfiles,
+        ReadGpus,
+        ReadMigMode,
+        SetMigMode,
+    )
+    from dra.model.devices import MigDevice
+
 T = TypeVar("T")
 Obj = dict[str, Any]
+
+#: The runner a step needs: a step for a smaller runner is a step for every larger one.
+R = TypeVar("R", contravariant=True)
+
+
+@dataclass(frozen=True)
+class Step(abc.ABC, Generic[R]):
+    """One effect or question; `point` names the crash point the executor passes right after it."""
+
+    #: Whether the executor runs it holding the state's lock (threads and other instances).
+    locked: ClassVar[bool] = True
+    point: str = field(default="", kw_only=True)
+
+    @abc.abstractmethod
+    def run(self, runner: R) -> object:
+        """Have the runner's method for this kind of step run it; its result."""
+
+
+@dataclass(frozen=True)
+class Query(Step[R], Generic[R, T]):
+    """A step whose result the program needs: `yield from ask(step)` returns it (its `run` returns a T)."""
+
+
+def ask(step: Query[R, T]) -> Generator[Step[R], Any, T]:
+    """Yield a query and return its result: what `step.run` returned, of the query's type."""
+    result: T = yield step
+    return result
+
+
+class StepError(Exception):
+    """A step failed (a file, NVML, nvidia-smi, an MPS daemon); thrown into the program at its yield.
+
+    `code`: NVML's return code (nvml.h's nvmlReturn_t) where the step was an NVML call, else 0.
+    """
+
+    def __init__(self, message: str, code: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Logger(Protocol):
+    """What runs Log steps; every runner does."""
+
+    def log(self, step: Log) -> None: ...
+
+
+@dataclass(frozen=True)
+class Log(Step[Logger]):
+    """Tell the admin, in the plugin's log."""
+
+    level: Literal["debug", "info", "warning", "error"]
+    message: str
+
+    def run(self, runner: Logger) -> None:
+        return runner.log(self)
+
+
+class GpuRunner(Logger, Protocol):
+    """What runs the GPU's steps over a GPU library: one method per kind, each step's `run`."""
+
+    def read_gpus(self, step: ReadGpus) -> tuple[GpuIdentity, ...]: ...
+    def list_instance_profiles(self, step: ListInstanceProfiles) -> tuple[InstanceProfile, ...]: ...
+    def list_gpu_instances(self, step: ListGpuInstances) -> tuple[GpuInstanceAt, ...]: ...
+    def has_compute_instance(self, step: HasComputeInstance) -> bool: ...
+    def create_gpu_instance(self, step: CreateGpuInstance) -> int: ...
+    def create_compute_instance(self, step: CreateComputeInstance) -> int: ...
+    def read_mig_mode(self, step: ReadMigMode) -> tuple[int, int]: ...
+    def set_mig_mode(self, step: SetMigMode) -> bool: ...
+    def find_mig_device(self, step: FindMigDevice) -> MigDevice: ...
+    def destroy_gpu_instance(self, step: DestroyGpuInstance) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -45,7 +137,8 @@ class Node:
     pool: str
     #: Where claims' MPS daemons keep their directories ("": the node runs none).
     mps_root: str = ""
-    #: Whether MIG devices are made and destroyed here (a GPU library is at hand).
+    #: Whether MIG devices are made and destroyed here: a GPU of the node can do MIG (the state has the
+    #: GPU library only then, dra.kubeletplugin.daemon.mig_library); else no program enters MIG code.
     mig: bool = False
     #: Whether time-slice intervals are set here.
     time_slicing: bool = False
@@ -78,6 +171,10 @@ class Facts:
     def holders(self) -> Holders:
         """The prepared claims by device, built once for these facts."""
         return Holders(self.prepared)
+
+    def finished(self) -> tuple[DeviceAction, ...]:
+        """The device actions done for prepared claims: those start-up keeps (the others it undoes)."""
+        return tuple(a for a in self.actions if a.done and a.claim_uid in self.prepared)
 
     @classmethod
     def indexed(

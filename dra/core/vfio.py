@@ -25,8 +25,18 @@ from typing import NoReturn
 from dra.api.v1beta1 import GpuConfig, VfioDeviceConfig
 from dra.core import config as deviceconfig
 from dra.core.allocation import ClaimAllocation, ClaimError
-from dra.core.stepbase import Log, StepError, ask
-from dra.core.steps import BindVfio, Facts, Program, ReadIommuGroup, ReadVfioHost, RestorePci, Save
+from dra.core.steps import (
+    BindVfio,
+    Facts,
+    Log,
+    Program,
+    ReadIommuGroup,
+    ReadVfioHost,
+    RestorePci,
+    Save,
+    StepError,
+    ask,
+)
 from dra.model.devices import Device, Gpu, Inventory, is_vfio_twin
 from dra.model.pci import IommuGroup, PciFunction
 from dra.model.prepared import VFIO_BIND, DeviceAction, PreparedClaim
@@ -221,7 +231,7 @@ def release(uid: str, facts: Facts) -> Program[Facts]:
 def recover(facts: Facts) -> Program[None]:
     """At start-up: bind again what prepared claims pass through, give back what a crash left half done.
 
-    The actions themselves are kept or dropped by dra.core.migdevices.recover, as the MIG ones.
+    The actions themselves are kept or dropped by dra.core.recovery, as the MIG ones.
     """
     for action in facts.actions:
         if action.kind != VFIO_BIND:

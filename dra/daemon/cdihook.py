@@ -18,7 +18,7 @@ import os
 import shutil
 from pathlib import Path
 
-from dra.adapters.atomicfile import write_atomic
+from dra.adapters.nodefiles import write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -297,7 +297,7 @@ class FakeGpuLibrary(FakeMigPartitions):
         state.setdefault(self.uuid(gpu), {})["timeSlice"] = level
         self._state = state
         if self._state_file is not None:
-            # dra.gpu sits below dra.adapters (atomicfile); a rename is atomic enough for a fake.
+            # dra.gpu sits below dra.adapters (nodefiles); a rename is atomic enough for a fake.
             self._state_file.parent.mkdir(parents=True, exist_ok=True)
             tmp = self._state_file.with_name(f".{self._state_file.name}.tmp")
             tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")

@@ -17,7 +17,7 @@ import os
 import stat
 from pathlib import Path
 
-from dra.adapters.atomicfile import holds, write_atomic
+from dra.adapters.nodefiles import holds, write_atomic
 from dra.adapters.pcisysfs import PciSysfs
 from dra.fakegpus.elfstub import UnsupportedMachineError, machine_number, shared_object
 from dra.fakegpus.library import FakeGpuLibrary, mig_cap_minor

@@ -169,6 +169,11 @@ def _mig_mode(lib: GpuLibrary, handle: GpuHandle) -> tuple[int, int] | None:
         raise
 
 
+def supports_mig(lib: GpuLibrary) -> bool:
+    """Whether a GPU of the node can run in MIG mode: only then does the plugin make or destroy MIG ones."""
+    return any(_mig_mode(lib, lib.device_by_index(i)) is not None for i in range(lib.device_count()))
+
+
 def mig_enabled(lib: GpuLibrary, handle: GpuHandle) -> bool:
     """Whether the GPU's current MIG mode is on (a GPU without MIG support: no)."""
     mode = _mig_mode(lib, handle)

@@ -1,7 +1,7 @@
 """MIG through a GpuLibrary: make, find and destroy MIG instances, one NVML step each.
 
 Dynamic MIG makes the MIG devices of claims with them, static layouts their instances. The steps
-are separate so that the programs that yield them (run by dra.kubeletplugin.gpurunner) can record
+are separate so that the programs that yield them (run by dra.kubeletplugin.state) can record
 their progress, and pass a crash point, between them. Destroying tolerates what is already gone,
 so that undoing a half-done step and retrying an unprepare both converge.
 """

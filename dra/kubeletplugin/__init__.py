@@ -5,10 +5,11 @@ wires the plugin; ``server`` owns its sockets; ``claimmetrics`` samples the clai
 metric; ``service`` (DRA and health gRPC), ``publisher`` (ResourceSlices, with
 ``features``: what the server keeps), ``podresources``, ``healthctl``, ``miglabel``,
 ``top`` and ``usage`` are what it serves, follows and reports; ``claimstatus`` writes
-the prepared claims' status; ``state`` runs the steps of dra.core's prepare, unprepare
-and start-up programs; ``miglayout`` (static MIG layouts, dra.core's program run), ``mps``
-and ``timeslice`` act on the GPUs over ``gpurunner`` (the GPU's steps, and the loop that
-runs a program), ``mpsprivsep`` (the MPS launcher), ``mpslaunch`` and ``registration``.
+the prepared claims' status; ``miglayout`` runs static MIG layouts (dra.core's program)
+on ``state``'s GPU runner; ``state`` runs the steps of dra.core's prepare, unprepare and
+start-up programs (and the GPU's steps, with the loop both run a program with); ``mps`` and
+``timeslice`` act on the GPUs; ``mpsprivsep`` (the MPS launcher), ``mpslaunch`` and
+``registration``.
 
 Rule: a program package. It imports every layer below, the generated gRPC code
 (``dra.pb``), and ``dra.fakegpus`` only where --fake-gpus is handled;

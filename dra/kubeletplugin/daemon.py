@@ -15,11 +15,10 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from dra import __version__
-from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
-from dra.adapters.filelock import open_lock
 from dra.adapters.kube import KubeClient, KubeError
 from dra.adapters.metadatastore import MetadataStore
+from dra.adapters.nodefiles import CdiStore, open_lock
 from dra.adapters.pcisysfs import PciSysfs
 from dra.core import devicemetadata, versions
 from dra.core.assignment import GpuPath, Selector, select
@@ -40,6 +39,8 @@ from dra.daemon.bootstrap import (
 )
 from dra.daemon.rediscovery import Rediscovery
 from dra.daemon.sockets import SocketPathError
+from dra.gpu.discovery import supports_mig
+from dra.gpu.library import GpuLibrary
 from dra.kubeletplugin import miglabel, miglayout
 from dra.kubeletplugin.claimmetrics import ClaimDeviceInfo
 from dra.kubeletplugin.claimstatus import ClaimStatusWriter
@@ -177,6 +178,12 @@ class _Layout:
     applied: str | None
 
 
+def mig_library(lib: GpuLibrary) -> GpuLibrary | None:
+    """The library the state makes and destroys MIG devices with (Node.mig): none where no GPU can do
+    MIG, so that no prepare, unprepare or start-up repair on such a node enters MIG code."""
+    return lib if supports_mig(lib) else None
+
+
 def _pci_sysfs(settings: PluginSettings, inventory: Inventory) -> PciSysfs:
     """The sysfs GPUs are passed through by: the host's, or with fake GPUs a fake tree under their root."""
     if not settings.fake_gpus:
@@ -217,7 +224,7 @@ async def _serve(
             inventory,
             CdiStore(settings.cdi_root, settings.driver_name, settings.host_root),
             CheckpointStore(settings.checkpoint_path),
-            node.lib,
+            mig_library(node.lib),
             time_slicer=TimeSlicer(node.lib),
             mps=MpsDaemons(
                 settings.state_directory / "mps", settings.mps_command, launcher.start if launcher else None

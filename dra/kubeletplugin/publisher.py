@@ -20,8 +20,8 @@ from pathlib import Path
 
 import anyio
 
-from dra.adapters.filelock import open_lock, try_lock
 from dra.adapters.kube import ConflictError, KubeClient, KubeError, NotFoundError
+from dra.adapters.nodefiles import open_lock, try_lock
 from dra.core import sliceplan, slices
 from dra.core.assignment import Selector, select
 from dra.core.deviceentries import ShareMode, SliceError

@@ -21,7 +21,7 @@ import anyio
 import anyio.to_thread
 import grpc
 
-from dra.adapters.atomicfile import ensure_dir
+from dra.adapters.nodefiles import ensure_dir
 from dra.daemon.sockets import check_socket_path, instance_tag, is_abandoned, owner_only
 from dra.kubeletplugin.registration import RegistrationService
 from dra.kubeletplugin.service import DraService, HealthService

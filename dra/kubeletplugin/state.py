@@ -1,18 +1,20 @@
-"""The node's prepared claims and their durable record; each call runs a program of dra.core on them.
+"""The node's prepared claims and their durable record, and the runner of the programs of dra.core on them.
 
 The programs (dra.core.prepare, .recovery) decide; `DeviceState` holds what they decide on (the
-prepared claims, the device actions, the inventory) and runs each call's program, one step at a
-time, with a `CallSteps` of its own: the runner of that call's steps (one method per kind of step,
-over the CDI directory, the checkpoint, the metadata files, sysfs, the time slicer and the MPS
-daemons), with the call's stale check, and one crash point per step (`faults.point`). Three
-things around the steps each have one place here:
+prepared claims, the device actions, the inventory) and runs each call's program with `execute`,
+one step at a time, on a `CallSteps` of its own: one method per kind of step, over the CDI
+directory, the checkpoint, the metadata files, sysfs, the time slicer and the MPS daemons, with the
+call's stale check, and a crash point after each step (`nodefiles.point`). The GPU's steps are
+`GpuSteps`' methods over the GPU library, which `CallSteps` extends and static MIG layouts run on
+alone (dra.kubeletplugin.miglayout). Around the steps, each in one place:
 
 - the lock (`DeviceState._held`): a thread lock and the checkpoint's flock, since in a rolling
   update two instances share the checkpoint and the CDI directory; the two steps marked unlocked
   (asking the API server about holders, waiting for the fsync) run without it (`_Hold`);
 - adoption (`DeviceState._adopt`): when the other instance saved, its record is read and the MIG
   devices it made adopted, on taking the lock;
-- group commit (`GroupCommit`): a prepare's fsync waits, briefly, for the programs started beside it.
+- group commit (dra.adapters.checkpoint.GroupCommit): a prepare's fsync waits, briefly, for the
+  programs started beside it.
 
 Calls block on file I/O and run in worker threads. docs/architecture.md, "Preparing a claim, step
 by step", has the order and why.
@@ -23,22 +25,25 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, TypeVar
 
-from dra.adapters.cdistore import CdiStore
-from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters import nodefiles
+from dra.adapters.checkpoint import CheckpointStore, GroupCommit, Member
 from dra.adapters.metadatastore import MetadataStore
+from dra.adapters.nodefiles import CdiStore
 from dra.adapters.pcisysfs import PciSysfs
+from dra.core import gpusteps as g
 from dra.core import migdevices, recovery
 from dra.core import prepare as programs
 from dra.core import steps as s
 from dra.core.allocation import ClaimAllocation
-from dra.gpu.library import GpuLibrary, GpuLibraryError
-from dra.kubeletplugin.gpurunner import GpuSteps, execute
+from dra.gpu import dynamic
+from dra.gpu.discovery import profile_infos
+from dra.gpu.library import GpuLibrary, GpuLibraryError, Placement
 from dra.kubeletplugin.mps import MpsDaemons, MpsError
 from dra.kubeletplugin.timeslice import TimeSliceError, TimeSlicer
-from dra.model.devices import Inventory
+from dra.model.devices import Inventory, MigDevice
 from dra.model.pci import IommuGroup, VfioHost
 from dra.model.prepared import VFIO_BIND, DeviceAction, Holders, PreparedClaim
 
@@ -48,11 +53,15 @@ T = TypeVar("T")
 
 #: Answers AskStale: what the API server answered for each of these prepared claims, by UID (absent: live).
 StaleCheck = Callable[[Sequence[PreparedClaim]], Mapping[str, s.ClaimRead]]
+#: A runner: what a program's steps are run on, itself or a runner of more kinds of step.
+S = TypeVar("S", bound="GpuSteps")
 
-
-#: The most a save's fsync waits for the programs running beside it to reach their own, so that one
-#: fsync covers the burst (docs/testing.md, issue 44): a few programs' decisions, well under a disk's fsync.
-GROUP_WAIT = 0.005
+_LOG_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
 def _every_holder_live(holders: Sequence[PreparedClaim]) -> Mapping[str, s.ClaimRead]:
@@ -199,51 +208,131 @@ class DeviceState:
     def _adopt(self, prepared: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction]) -> None:
         """Take the record another instance saved, and adopt the MIG devices it made (the lock is held)."""
         self._prepared, self._actions = prepared, tuple(actions)
-        execute(CallSteps(self, _every_holder_live, None), migdevices.adopt(self._node, self._facts()))
+        if self._node.mig:
+            execute(CallSteps(self, _every_holder_live, None), migdevices.adopt(self._node, self._facts()))
 
 
-class GroupCommit:
-    """The programs deciding now, and the fsync that waits for them: one fsync for a burst of prepares.
-
-    The claims of a burst arrive together, each on its own thread: the first at its fsync waits (at
-    most GROUP_WAIT) for the others to decide and save, so that one fsync makes them all durable.
-    With the GIL the others' decisions would otherwise fall between fsyncs, one each.
+def execute(
+    runner: S, program: Generator[s.Step[S], Any, T], hold: Callable[[bool], None] | None = None
+) -> T:
+    """Run the program on the runner; its answer. Each step's result is sent back, a failure of the
+    runner's step_errors thrown in as StepError (the program decides what follows), and the step's
+    crash point passed. `hold`, where given, is told before each step whether the step runs locked.
     """
-
-    def __init__(self, checkpoint: CheckpointStore) -> None:
-        self._checkpoint = checkpoint
-        self._deciding = 0
-        self._decided = threading.Condition()
-
-    def join(self) -> _Member:
-        """Count a call's program among those deciding, until it syncs or ends."""
-        with self._decided:
-            self._deciding += 1
-        return _Member()
-
-    def leave(self, member: _Member | None) -> None:
-        """The program is done deciding (at its fsync, or its end); once only."""
-        if member is None or member.left:
-            return
-        member.left = True
-        with self._decided:
-            self._deciding -= 1
-            if not self._deciding:
-                self._decided.notify_all()
-
-    def sync(self, member: _Member | None, ticket: int) -> None:
-        """Wait, briefly, for the programs deciding beside this one, then for the fsync of `ticket`."""
-        self.leave(member)
-        with self._decided:
-            self._decided.wait_for(lambda: not self._deciding, GROUP_WAIT)
-        self._checkpoint.sync(ticket)
+    run, errors = runner._run_step, runner.step_errors
+    result: object = None
+    failure: s.StepError | None = None
+    while True:
+        try:
+            step = program.send(result) if failure is None else program.throw(failure)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        except s.StepError as failed:
+            # The program did not handle it: the step's own error, as before there were steps.
+            raise failed.__cause__ or failed from None
+        if hold is not None:
+            hold(step.locked)
+        result, failure = None, None
+        try:
+            result = run(step)
+        except errors as err:
+            failure = s.StepError(str(err), getattr(err, "code", 0))
+            failure.__cause__ = err
+            continue
+        if step.point:
+            nodefiles.point(step.point)
 
 
-class _Member:
-    """One call's place among the programs deciding."""
+class GpuSteps:
+    """Runs the GPU's steps over a GPU library (dra.core.gpusteps.GpuRunner), one method per kind, and Log."""
 
-    def __init__(self) -> None:
-        self.left = False
+    #: What a step may fail with; it is thrown into the program as StepError, which decides what follows.
+    step_errors: ClassVar[tuple[type[Exception], ...]] = (GpuLibraryError,)
+
+    def __init__(self, lib: GpuLibrary | None, logger: logging.Logger) -> None:
+        """`lib` is None where no GPU can do MIG (Node.mig): no program yields a GPU step. Logs: `logger`."""
+        self._lib = lib
+        self._logger = logger
+
+    def _run_step(self: S, step: s.Step[S]) -> object:
+        """Run one step: its kind's method (step.run names it)."""
+        return step.run(self)
+
+    def log(self, step: s.Log) -> None:
+        """Write the line to the plugin's log."""
+        self._logger.log(_LOG_LEVELS[step.level], "%s", step.message)
+
+    def read_gpus(self, step: g.ReadGpus) -> tuple[g.GpuIdentity, ...]:
+        """Every GPU's index, PCI device ID, UUID and name."""
+        lib = self._gpus()
+        handles = [(i, lib.device_by_index(i)) for i in range(lib.device_count())]
+        return tuple(g.GpuIdentity(i, lib.pci_device_id(h), lib.uuid(h), lib.name(h)) for i, h in handles)
+
+    def list_instance_profiles(self, step: g.ListInstanceProfiles) -> tuple[g.InstanceProfile, ...]:
+        """The GPU's GPU-instance profiles and their placements."""
+        lib = self._gpus()
+        handle = lib.device_by_index(step.gpu_index)
+        found = []
+        for info in profile_infos(lib, handle):
+            placements = lib.gpu_instance_possible_placements(handle, info.id)
+            found.append(
+                g.InstanceProfile(
+                    info.name.removeprefix("MIG ").strip(),
+                    info.id,
+                    info.slice_count,
+                    placements[0].size if placements else 0,
+                    tuple(p.start for p in placements),
+                    info.instance_count,
+                )
+            )
+        return tuple(found)
+
+    def list_gpu_instances(self, step: g.ListGpuInstances) -> tuple[g.GpuInstanceAt, ...]:
+        """The GPU's instances, their profiles and where they sit."""
+        return tuple(
+            g.GpuInstanceAt(i.gpu_instance_id, i.profile_id, i.placement.start, i.placement.size)
+            for i in dynamic.instances(self._gpus(), step.gpu_index)
+        )
+
+    def has_compute_instance(self, step: g.HasComputeInstance) -> bool:
+        """Whether the GPU instance has a compute instance."""
+        lib = self._gpus()
+        return bool(
+            lib.compute_instances(
+                lib.gpu_instance_by_id(lib.device_by_index(step.gpu_index), step.gpu_instance_id)
+            )
+        )
+
+    def create_gpu_instance(self, step: g.CreateGpuInstance) -> int:
+        """Make the GPU instance at the placement."""
+        placement = Placement(step.start, step.size)
+        return dynamic.create_gpu_instance(self._gpus(), step.gpu_index, step.profile_id, placement)
+
+    def create_compute_instance(self, step: g.CreateComputeInstance) -> int:
+        """Make the compute instance spanning the GPU instance."""
+        return dynamic.create_compute_instance(
+            self._gpus(), step.gpu_index, step.gpu_instance_id, step.slices
+        )
+
+    def find_mig_device(self, step: g.FindMigDevice) -> MigDevice:
+        """The MIG device the instances make."""
+        return dynamic.find_mig_device(self._gpus(), step.gpu, step.gpu_instance_id, step.compute_instance_id)
+
+    def read_mig_mode(self, step: g.ReadMigMode) -> tuple[int, int]:
+        """The GPU's current and pending MIG mode."""
+        return dynamic.mig_mode(self._gpus(), step.gpu_index)
+
+    def set_mig_mode(self, step: g.SetMigMode) -> bool:
+        """Ask for the MIG mode; whether it is current."""
+        return dynamic.set_mig_mode(self._gpus(), step.gpu_index, step.mode)
+
+    def destroy_gpu_instance(self, step: g.DestroyGpuInstance) -> None:
+        """Destroy the GPU instance and its compute instances."""
+        dynamic.destroy(self._gpus(), step.gpu_index, step.gpu_instance_id)
+
+    def _gpus(self) -> GpuLibrary:
+        assert self._lib is not None
+        return self._lib
 
 
 class CallSteps(GpuSteps):
@@ -253,7 +342,7 @@ class CallSteps(GpuSteps):
     #: Files, NVML, nvidia-smi and the MPS daemons: what its steps fail with, into the program as StepError.
     step_errors = (OSError, GpuLibraryError, TimeSliceError, MpsError)
 
-    def __init__(self, state: DeviceState, stale: StaleCheck, member: _Member | None) -> None:
+    def __init__(self, state: DeviceState, stale: StaleCheck, member: Member | None) -> None:
         super().__init__(state._lib, log)
         self._state = state
         self._stale = stale

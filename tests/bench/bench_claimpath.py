@@ -109,9 +109,9 @@ def child(
     """One checkout's figures (run with the checkout as the working directory: its dra); with
     `profile_dir`, each phase's profile there (prepare, unprepare, burst)."""
     sys.path.insert(0, os.getcwd())
-    from dra.adapters.cdistore import CdiStore
     from dra.adapters.checkpoint import CheckpointStore
     from dra.adapters.kube import KubeClient
+    from dra.adapters.nodefiles import CdiStore
     from dra.daemon import logs
     from dra.fakegpus.library import FakeGpuLibrary
     from dra.fakegpus.profiles import parse_profile

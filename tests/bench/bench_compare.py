@@ -78,7 +78,7 @@ from localcluster.kubereleases import api_burst
 from localcluster.nvidiadriver import DRIVER as NVIDIA_DRIVER
 from localcluster.nvidiadriver import NvidiaDriverProcess
 
-from dra.adapters.atomicfile import is_tmpfs
+from dra.adapters.nodefiles import is_tmpfs
 from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc
 from tests.bench import burstclient
 from tests.bench.bench_driver import _claims, _percentile, _rss_kib, cpu_seconds

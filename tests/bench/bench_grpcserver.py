@@ -41,8 +41,8 @@ from typing import Any
 import anyio
 import grpc
 
-from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.nodefiles import CdiStore
 from dra.core.allocation import read_allocation
 from dra.daemon.health import HealthTracker
 from dra.fakegpus.library import FakeGpuLibrary

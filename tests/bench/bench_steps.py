@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.nodefiles import CdiStore
 from dra.core import steps
 from dra.core.migconfig import MigConfigs, parse_mig_configs
 from dra.fakegpus.library import FakeGpuLibrary

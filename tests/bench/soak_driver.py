@@ -28,7 +28,7 @@ from localcluster.cluster import running_cluster
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube
 
-from dra.adapters.cdistore import CdiStore
+from dra.adapters.nodefiles import CdiStore
 from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc
 from tests.bench.bench_driver import DRIVER, _claims, _rss_kib
 

@@ -1,6 +1,6 @@
 """Crash-point matrix: the driver dies at every durable step, restarts, and the kubelet's retry converges.
 
-Each case arms one point of dra.adapters.faults (DRA_GPU_FAULT_POINT) in the
+Each case arms one crash point of dra.adapters.nodefiles (DRA_GPU_FAULT_POINT) in the
 real kubelet-plugin process, drives a NodePrepareResources or
 NodeUnprepareResources call over its socket into that point (the process ends
 with os._exit(137), as kill -9 would), restarts it (optionally into a second
@@ -12,7 +12,7 @@ first holds it, and an unprepare leaves nothing behind.
 
 The cases come from a table; a test compares the table (and the points that
 another e2e test crashes at, COVERED_ELSEWHERE) with every
-``faults.point("...")`` in dra/, so a new point without a case fails.
+``nodefiles.point("...")`` in dra/, so a new point without a case fails.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DriverProcess
 from localcluster.kube import Kube, Obj
 
-from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.nodefiles import CdiStore
 from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc
 
 DRIVER = "crash.dra-gpu.test"
@@ -115,9 +115,9 @@ COVERED_ELSEWHERE = {
 
 
 def _points_in_source() -> set[str]:
-    """Every name passed to faults.point in the package, and every step's `point=` (dra.core.steps).
+    """Every name passed to nodefiles.point in the package, and every step's `point=` (dra.core.steps).
 
-    The executor passes each step's point (`faults.point(step.point)`); a program names it where it
+    The executor passes each step's point (`nodefiles.point(step.point)`); a program names it where it
     yields the step.
     """
     names: set[str] = set()
@@ -126,14 +126,15 @@ def _points_in_source() -> set[str]:
             if not isinstance(node, ast.Call):
                 continue
             names.update(n for k in node.keywords if k.arg == "point" and (n := _literal(k.value)))
+            # nodefiles.point(...) in the other modules, point(...) inside nodefiles itself.
             if (
                 isinstance(node.func, ast.Attribute)
                 and node.func.attr == "point"
                 and isinstance(node.func.value, ast.Name)
-                and node.func.value.id == "faults"
-            ):
+                and node.func.value.id == "nodefiles"
+            ) or (isinstance(node.func, ast.Name) and node.func.id == "point"):
                 name = node.args[0] if len(node.args) == 1 else None
-                if ast.unparse(node) == "faults.point(step.point)":
+                if ast.unparse(node) == "nodefiles.point(step.point)":
                     continue
                 assert isinstance(name, ast.Constant), (
                     f"{path}:{node.lineno}: a fault point needs a literal name, for this matrix to find it"
@@ -151,7 +152,7 @@ def test_every_fault_point_has_a_case() -> None:
         {c.point for c in CASES} | {c.restart_arm for c in CASES if c.restart_arm} | set(COVERED_ELSEWHERE)
     )
     found = _points_in_source()
-    assert found, "no faults.point calls found in dra/"
+    assert found, "no nodefiles.point calls found in dra/"
     assert found - covered == set(), "fault points without a crash case in CASES"
     assert covered - found == set(), "crash cases for points that no longer exist"
 

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.nodefiles import CdiStore
 from dra.core.allocation import AllocatedDevice, ClaimAllocation
 from dra.gpu.discovery import discover
 from dra.gpu.driverfiles import find_driver_files

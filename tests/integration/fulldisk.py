@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.nodefiles import CdiStore
 from dra.core.allocation import ClaimError, read_allocation
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.profiles import load_profile

@@ -29,9 +29,9 @@ from typing import Any
 import anyio.from_thread
 import grpc
 
-from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.kube import NotFoundError, UnreachableError
+from dra.adapters.nodefiles import CdiStore
 from dra.daemon.health import HealthTracker
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.profiles import load_profile

@@ -22,9 +22,9 @@ from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import free_port
 from localcluster.kube import Kube, Obj
 
-from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.kube import KubeClient
+from dra.adapters.nodefiles import CdiStore
 from dra.daemon.health import HealthTracker
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.profiles import load_profile

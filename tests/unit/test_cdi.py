@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from dra.adapters import atomicfile, faults
-from dra.adapters.cdistore import CdiStore
+from dra.adapters import nodefiles
+from dra.adapters.nodefiles import CdiStore
 from dra.core import cdi
 from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
@@ -378,8 +378,8 @@ def test_remove_leftovers_takes_this_drivers_half_written_specs_only(tmp_path: P
 
 def test_write_atomic_replaces_content_with_the_mode_asked(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "file.json"
-    atomicfile.write_atomic(path, b"one")
-    atomicfile.write_atomic(path, b"two", mode=0o600)
+    nodefiles.write_atomic(path, b"one")
+    nodefiles.write_atomic(path, b"two", mode=0o600)
     assert path.read_bytes() == b"two"
     assert path.stat().st_mode & 0o777 == 0o600
     assert os.listdir(path.parent) == ["file.json"]
@@ -389,14 +389,14 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "file.json"
-    atomicfile.write_atomic(path, b"old")
+    nodefiles.write_atomic(path, b"old")
 
     def fail(src: str, dst: str) -> None:
         raise OSError("disk on fire")
 
     monkeypatch.setattr(os, "replace", fail)
     with pytest.raises(OSError, match="disk on fire"):
-        atomicfile.write_atomic(path, b"new")
+        nodefiles.write_atomic(path, b"new")
     assert path.read_bytes() == b"old"
     assert os.listdir(tmp_path) == ["file.json"]
 
@@ -409,7 +409,7 @@ def test_a_temporary_name_taken_already_is_drawn_again(
     monkeypatch.setattr(os, "urandom", lambda size: next(draws))
     taken = tmp_path / ".file.json.000000000000.tmp"
     taken.write_bytes(b"another writer's")
-    atomicfile.write_atomic(path, b"mine")
+    nodefiles.write_atomic(path, b"mine")
     assert path.read_bytes() == b"mine"
     # The other writer's file is neither overwritten nor removed.
     assert taken.read_bytes() == b"another writer's"
@@ -426,7 +426,7 @@ def test_a_write_cut_before_its_rename_leaves_a_temporary_that_leftovers_remove(
             raise SystemExit(137)
 
     # A kill -9 between write and rename runs no clean-up: the failure path's unlink is taken away.
-    monkeypatch.setattr(faults, "point", killed)
+    monkeypatch.setattr(nodefiles, "point", killed)
     monkeypatch.setattr(os, "unlink", lambda path: None)
     with pytest.raises(SystemExit):
         store.write(UID, _spec(UID))
@@ -440,15 +440,15 @@ def test_a_write_cut_before_its_rename_leaves_a_temporary_that_leftovers_remove(
 
 def test_a_large_write_is_whole(tmp_path: Path) -> None:
     data = os.urandom(3 * 1024 * 1024)
-    atomicfile.write_atomic(tmp_path / "big", data, durable=False)
+    nodefiles.write_atomic(tmp_path / "big", data, durable=False)
     assert (tmp_path / "big").read_bytes() == data
 
 
 def test_remove_durably_says_whether_there_was_a_file(tmp_path: Path) -> None:
     path = tmp_path / "file"
     path.write_text("x")
-    assert atomicfile.remove_durably(path) is True
-    assert atomicfile.remove_durably(path) is False
+    assert nodefiles.remove_durably(path) is True
+    assert nodefiles.remove_durably(path) is False
 
 
 def _tmpfs_mounts() -> set[str]:
@@ -460,8 +460,8 @@ def _tmpfs_mounts() -> set[str]:
 def test_specs_on_tmpfs_are_written_without_fsync_and_elsewhere_with_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert atomicfile.is_tmpfs(Path("/dev/shm"))
-    assert atomicfile.is_tmpfs(tmp_path) == (str(tmp_path) in _tmpfs_mounts())
+    assert nodefiles.is_tmpfs(Path("/dev/shm"))
+    assert nodefiles.is_tmpfs(tmp_path) == (str(tmp_path) in _tmpfs_mounts())
     synced: list[str] = []
     real = os.fsync
 
@@ -478,6 +478,6 @@ def test_specs_on_tmpfs_are_written_without_fsync_and_elsewhere_with_it(
         assert [p.name for p in (volatile / "cdi").iterdir()] == ["k8s.gpu.nvidia.com-claim_uid-1.json"]
     finally:
         shutil.rmtree(volatile)
-    if not atomicfile.is_tmpfs(tmp_path):
+    if not nodefiles.is_tmpfs(tmp_path):
         CdiStore(tmp_path / "cdi", "gpu.nvidia.com").write("uid-1", spec)
         assert len(synced) == 2  # the file, then its directory

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from dra.adapters import checkpoint as checkpoint_module
-from dra.adapters import faults, filelock
+from dra.adapters import nodefiles
 from dra.adapters.checkpoint import COMPACT_SLACK, CheckpointStore
 from dra.core.checkpointformat import CheckpointError, decode, encode
 from dra.model.prepared import MIG_CREATE, DeviceAction, PreparedClaim, PreparedDevice
@@ -457,7 +457,7 @@ def test_a_snapshot_cut_short_leaves_the_previous_file(path: Path, monkeypatch: 
         if name == "atomicfile.temp-written":
             raise SystemExit(137)
 
-    monkeypatch.setattr(faults, "point", crash)
+    monkeypatch.setattr(nodefiles, "point", crash)
     with pytest.raises(SystemExit):
         CheckpointStore(path).save({})
     assert CheckpointStore(path).load() == CLAIMS
@@ -478,7 +478,7 @@ def test_a_save_by_another_process_is_seen_under_the_lock(path: Path) -> None:
 def test_the_lock_file_is_opened_once_and_excludes_another_store(path: Path) -> None:
     mine, theirs = CheckpointStore(path), CheckpointStore(path)
     opened = []
-    real_open = filelock.open_lock
+    real_open = nodefiles.open_lock
 
     def counting(lock: Path) -> Any:
         opened.append(lock)

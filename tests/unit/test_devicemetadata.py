@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.metadatastore import MetadataStore
+from dra.adapters.nodefiles import CdiStore
 from dra.core import allocation as claims
 from dra.core import deviceentries, devicemetadata
 from dra.core.allocation import AllocatedDevice, ClaimAllocation

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dra.adapters.cdistore import CdiStore
+from dra.adapters.nodefiles import CdiStore
 from dra.core import cdi
 from dra.core.assignment import restrict
 from dra.deviceplugin.allocate import Strategy, allocation_id, container_response, parse_strategies, uses_cdi

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.nodefiles import CdiStore
 from dra.core.allocation import AllocatedDevice, ClaimAllocation
 from dra.core.migdevices import RESETLESS_MIG_SWITCH
 from dra.fakegpus.profiles import MODELS

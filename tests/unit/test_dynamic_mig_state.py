@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.nodefiles import CdiStore
 from dra.core import sharing
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.fakegpus.library import FakeGpuLibrary

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.nodefiles import CdiStore
 from dra.core import cdi
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError
 from dra.daemon.bootstrap import DaemonSettings, gpu_library, node_inventory

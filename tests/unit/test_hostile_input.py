@@ -21,8 +21,7 @@ import pytest
 
 from dra import documents
 from dra.adapters import kube
-from dra.adapters.atomicfile import ensure_dir
-from dra.adapters.filelock import open_lock
+from dra.adapters.nodefiles import ensure_dir, open_lock
 from dra.core import config as coreconfig
 from dra.daemon.sockets import owner_only
 from dra.model.quoting import quote
@@ -1036,7 +1035,7 @@ def test_the_fake_gpus_state_files_are_refused_by_the_library_naming_them(
 
 
 def test_a_fifo_in_the_cdi_folder_is_replaced_not_read(tmp_path: Path) -> None:
-    from dra.adapters.atomicfile import holds
+    from dra.adapters.nodefiles import holds
 
     fifo = tmp_path / "spec.json"
     os.mkfifo(fifo)

@@ -13,8 +13,8 @@ from fakenvml.adapter import over
 from fakenvml.host import host_tree
 from fakenvml.standin import NvmlStandIn
 
-from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.nodefiles import CdiStore
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError
 from dra.core.slices import build_slices
 from dra.core.versions import ApiFeatures

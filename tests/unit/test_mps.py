@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.nodefiles import CdiStore
 from dra.api.v1beta1 import MpsConfig
 from dra.core import cdi, mpsdaemons, sharing
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from dra.core import mpsdaemons, sharing, steps
-from dra.core.stepbase import Log, Step, StepError
+from dra.core.steps import Log, Step, StepError
 from dra.model.prepared import PreparedClaim, PreparedDevice
 
 GPU_0, GPU_1 = "GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111-1111-111111111111"

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.kube import NotFoundError
+from dra.adapters.nodefiles import CdiStore
 from dra.daemon import metrics
 from dra.kubeletplugin.service import DraService, prepared_counts
 from dra.kubeletplugin.state import DeviceState

@@ -14,16 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.metadatastore import MetadataStore
+from dra.adapters.nodefiles import CdiStore
 from dra.adapters.pcisysfs import PciSysfs
 from dra.core import devicemetadata, gpusteps, migdevices, mpsdaemons, steps, vfio
 from dra.core import prepare as programs
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.core.plan import PreparePlan, decide_prepare
-from dra.core.stepbase import Step
-from dra.core.steps import ClaimRead, Runner
+from dra.core.steps import ClaimRead, Runner, Step
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.profiles import load_profile
 from dra.fakegpus.sysfs import FakeFunction, FakeSysfs

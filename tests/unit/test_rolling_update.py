@@ -23,7 +23,7 @@ import pytest
 
 from dra.adapters.assignmentrecord import AssignmentConflictError, AssignmentRecord
 from dra.adapters.checkpoint import CheckpointStore
-from dra.adapters.filelock import LockTimeoutError, exclusive
+from dra.adapters.nodefiles import LockTimeoutError, exclusive
 from dra.cli.parser import parse_args
 from dra.core import versions
 from dra.core.allocation import ClaimError

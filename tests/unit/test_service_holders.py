@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.kube import KubeError, NotFoundError, UnreachableError
+from dra.adapters.nodefiles import CdiStore
 from dra.kubeletplugin.service import DraService
 from dra.kubeletplugin.state import DeviceState
 from dra.pb.dra.v1 import dra_pb2

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from dra.adapters.cdistore import CdiStore
 from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.nodefiles import CdiStore
 from dra.cli.parser import parse_args
 from dra.core import cdi
 from dra.core.allocation import ClaimError, read_allocation

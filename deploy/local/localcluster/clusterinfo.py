@@ -10,7 +10,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from dra.adapters.atomicfile import write_atomic
+from dra.adapters.nodefiles import write_atomic
 
 NODE_NAME = "gpu-node-1"
 

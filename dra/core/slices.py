@@ -51,9 +51,9 @@ MAX_DEVICE_COUNTERS_PER_SLICE_V134 = 1024
 #: How the devices of a pool are ordered in its slices. The scheduler gives each request the first
 #: device in slice order that satisfies it (docs/mig.md, "Publishing order"), so this order is its
 #: choice among fitting devices. `packing` (the default, chosen by tests/bench/bench_packing.py): the
-#: smallest device first, a dynamic-MIG GPU's offers before the GPU whole; `discovery`: as discovery
-#: lists them (the GPU whole, then the largest profile first), the order of earlier releases, kept
-#: so that the benchmark measures it beside the default.
+#: smallest device first, a dynamic-MIG GPU whole and then its offers smallest first; `discovery`: as
+#: discovery lists them (the GPU whole, then the largest profile first), the order of earlier
+#: releases, kept so that the benchmark measures it beside the default.
 DeviceOrder = Literal["packing", "discovery"]
 DEVICE_ORDERS: tuple[DeviceOrder, ...] = ("packing", "discovery")
 
@@ -115,7 +115,8 @@ def _gpu_groups(
     """A counter set per GPU whose devices exclude each other: dynamic-MIG GPUs, and with `vfio` every twin's.
 
     The whole GPU and its twin consume all of it, so the scheduler gives a GPU to one of them at a time.
-    In `packing` order the GPU's offers come first, smallest first (`_offer_first`), then the GPU whole.
+    The GPU whole (and its twin) first, then its offers: in `packing` order smallest first
+    (`_offer_first`), in `discovery` order largest first.
     """
     twins = {g.name for g in inventory.vfio_twins} if vfio else set()
     groups = []
@@ -141,22 +142,19 @@ def _gpu_groups(
         groups.append(
             _Group(
                 {"name": counter_set_name(gpu), "counters": counter_values(counters)},
-                _ordered(
-                    [_consumes(w, gpu, counters) for w in wholes],
-                    [
+                # The GPU whole first: only a whole-GPU request matches it (each class selects one
+                # type), and it then finds the GPU without a selector evaluated on each of its offers,
+                # which costs the scheduler more than anything else it does per pod (docs/mig.md).
+                [
+                    *(_consumes(w, gpu, counters) for w in wholes),
+                    *(
                         partition_entry(p, inventory, p.name in shared, share_mode, lists=lists)
                         for p in offers
-                    ],
-                    order,
-                ),
+                    ),
+                ],
             )
         )
     return groups
-
-
-def _ordered(wholes: list[Obj], offers: list[Obj], order: DeviceOrder) -> list[Obj]:
-    # A request that both would satisfy gets a partition, not the GPU it is cut from.
-    return [*offers, *wholes] if order == "packing" else [*wholes, *offers]
 
 
 def _shared_counters(counter_sets: Iterable[Obj]) -> int:

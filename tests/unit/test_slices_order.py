@@ -33,9 +33,12 @@ def _names(
     return [d["name"] for s in slices for d in s["spec"].get("devices") or []]
 
 
-def test_a_dynamic_gpu_offers_its_smallest_profiles_first_and_itself_last() -> None:
+def test_a_dynamic_gpu_offers_itself_first_then_its_smallest_profiles_first() -> None:
     names = _names("h100x8-dynamic-mig", mode="dynamic")
     assert names[:14] == [
+        # Whole first: no MIG request matches it, and a whole-GPU request then finds it without a
+        # selector evaluated on each offer (what the scheduler spends most on per pod).
+        "gpu-0",
         *(f"gpu-0-mig-1g10gb-at{start}" for start in range(7)),
         "gpu-0-mig-2g20gb-at0",
         "gpu-0-mig-2g20gb-at2",
@@ -44,7 +47,6 @@ def test_a_dynamic_gpu_offers_its_smallest_profiles_first_and_itself_last() -> N
         "gpu-0-mig-3g40gb-at4",
         "gpu-0-mig-3g40gb-at0",
         "gpu-0-mig-7g80gb-at0",
-        "gpu-0",
     ]
     # GPU by GPU, in index order, so that the first GPU with room is filled first.
     gpus = [n.split("-mig-")[0] for n in names]
@@ -64,7 +66,7 @@ def test_every_profile_a_dynamic_gpu_offers_goes_by_compute_memory_then_engines(
     ]
     profiles = list(dict.fromkeys(n.split("-at")[0] for n in names))
     # A 1g.10gb+me takes the GPU's one OFA and JPEG units: after the plain 1g.10gb, which does not.
-    assert profiles == ["1g10gb", "1g10gbme", "1g20gb", "2g20gb", "3g40gb", "4g40gb", "7g80gb", "gpu-0"]
+    assert profiles == ["gpu-0", "1g10gb", "1g10gbme", "1g20gb", "2g20gb", "3g40gb", "4g40gb", "7g80gb"]
 
 
 def test_an_a100_takes_its_half_gpu_profile_from_the_top_too() -> None:

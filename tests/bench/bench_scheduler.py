@@ -429,10 +429,7 @@ def main() -> None:
     # dynamic-two's whole GPUs are in MIG mode in the fake profile, and discovery warns about each of
     # them on every node; an admin would turn MIG off there, which publishes the same single device.
     logging.getLogger("dra.gpu.discovery").setLevel(logging.ERROR)
-    layouts = list(args.layouts)
-    if "dynamic-mig" in layouts and "nvidia-dynamic-mig" not in layouts:
-        # Our dynamic MIG is always measured beside NVIDIA's, on the same offers.
-        layouts.insert(layouts.index("dynamic-mig") + 1, "nvidia-dynamic-mig")
+    layouts = with_nvidia(args.layouts)
     captured: dict[str, list[Obj]] = {}
     for profile in {ALL_LAYOUTS[n].profile for n in layouts if ALL_LAYOUTS[n].publisher == "nvidia"}:
         try:
@@ -474,6 +471,15 @@ def main() -> None:
                 results
             ):
                 print(beside_nvidia(results["dynamic-mig"], results["nvidia-dynamic-mig"]), flush=True)
+
+
+def with_nvidia(layouts: list[str]) -> list[str]:
+    """The layouts to run: with NVIDIA's right after our dynamic MIG where it was not asked for, so that
+    ours is always measured beside NVIDIA's on the same offers."""
+    layouts = list(layouts)
+    if "dynamic-mig" in layouts and "nvidia-dynamic-mig" not in layouts:
+        layouts.insert(layouts.index("dynamic-mig") + 1, "nvidia-dynamic-mig")
+    return layouts
 
 
 def captured_slices(profile: str, cache: Path | None) -> list[Obj]:

@@ -3,9 +3,9 @@
 `device_entry` (a GPU or MIG device), `partition_entry` (a dynamic-MIG offer) and `vfio_twin_entry`
 (a GPU's passthrough twin) decide the attribute names and types selectors rely on (types are part
 of the contract: docs/attributes.md), NVIDIA's own driver's plus DEPRECATED_ATTRIBUTES for one more
-release on GPUs and made MIG devices (not on dynamic-MIG offers, which carry no more than NVIDIA's
-and the NUMA node); the counters say what a dynamic-MIG offer consumes of its GPU, the share policies how a
-shareable device is divided. How entries are ordered and cut into slices is dra.core.slices'.
+release on GPUs and made MIG devices (not on dynamic-MIG offers, which carry NVIDIA's, the NUMA
+node and their placement); the counters say what a dynamic-MIG offer consumes of its GPU, the share
+policies how a shareable device is divided. How entries are ordered and cut into slices is dra.core.slices'.
 
 Rule: one entry at a time, from the model; nothing here knows of slices or of the API server.
 """
@@ -283,17 +283,17 @@ def partition_entry(
     *,
     lists: bool = False,
 ) -> Obj:
-    """One dynamic-MIG offer as a device: NVIDIA's MIG attributes without a uuid, and the NUMA node.
+    """One dynamic-MIG offer as a device: NVIDIA's MIG attributes without a uuid, plus its placement.
 
-    Nothing more: the scheduler converts every attribute of an offer each time it evaluates a
-    selector on it, for every pod and node (docs/mig.md, "What dynamic MIG costs the scheduler"), so
-    the placement is in the name (`gpu-0-mig-3g40gb-at4`) and the counters, not in attributes, and
-    the deprecated names are left out. A shareable offer's MIG device is made once and shared by
-    the claims given it, as `share_mode` divides it; it consumes its GPU's counters once, however
-    many claims hold it.
+    `placementStart` is the one way a claim can ask for a placement, so it stays (with its size);
+    the deprecated `parentIndex` and `pcieBusID` are left out of offers (docs/migration.md). A
+    shareable offer's MIG device is made once and shared by the claims given it, as `share_mode`
+    divides it; it consumes its GPU's counters once, however many claims hold it.
     """
     gpu = partition.parent
     attributes, capacity = _mig(partition, gpu, inventory, lists)
+    attributes["placementStart"] = {"int": partition.placement_start}
+    attributes["placementSize"] = {"int": partition.placement_size}
     entry = _entry(partition.name, attributes, capacity)
     entry["consumesCounters"] = [
         {"counterSet": counter_set_name(gpu), "counters": counter_values(partition_counters(partition))}

@@ -82,7 +82,7 @@ async def test_from_1_37_a_shareable_dynamic_mig_gpu_offers_shared_partitions(
     devices = await _shared_offers(37, caplog)
     assert not any("dynamic MIG mode" in r.message for r in caplog.records)
     shared = [d for d in devices if d.get("allowMultipleAllocations")]
-    offers = [d for d in devices if d["attributes"]["type"] == {"string": "mig"}]
+    offers = [d for d in devices if "placementStart" in d["attributes"]]
     assert shared == offers
     offer = offers[0]
     # The counters are consumed as before: once, however many claims hold the offer (1.37's allocator).

@@ -54,8 +54,8 @@ def test_a_mig_offer_has_nvidias_attributes_and_no_uuid() -> None:
         if d["name"] == "gpu-1-mig-3g40gb-at4"
     )
     attributes = device["attributes"]
-    # NVIDIA's names for an offer (its v0.4.1, tests/e2e/test_nvidia_differential.py) and the NUMA node:
-    # no more, since the scheduler converts each attribute of an offer at every selector it evaluates.
+    # NVIDIA's names for an offer (its v0.4.1, tests/e2e/test_nvidia_differential.py), the NUMA node and
+    # the placement; not the deprecated parentIndex and pcieBusID.
     assert set(attributes) == {
         "type",
         "profile",
@@ -70,8 +70,11 @@ def test_a_mig_offer_has_nvidias_attributes_and_no_uuid() -> None:
         "resource.kubernetes.io/pciBusID",
         "resource.kubernetes.io/pcieRoot",
         "resource.kubernetes.io/numaNode",
+        "placementStart",
+        "placementSize",
     }
     assert attributes["profile"] == {"string": "3g.40gb"}
+    assert (attributes["placementStart"], attributes["placementSize"]) == ({"int": 4}, {"int": 4})
     assert attributes["parentUUID"]["string"].startswith("GPU-")
     assert device["capacity"]["memory"] == {"value": "40192Mi"}
     assert device["capacity"]["multiprocessors"] == {"value": "60"}

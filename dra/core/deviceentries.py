@@ -3,8 +3,9 @@
 `device_entry` (a GPU or MIG device), `partition_entry` (a dynamic-MIG offer) and `vfio_twin_entry`
 (a GPU's passthrough twin) decide the attribute names and types selectors rely on (types are part
 of the contract: docs/attributes.md), NVIDIA's own driver's plus DEPRECATED_ATTRIBUTES for one more
-release; the counters say what a dynamic-MIG offer consumes of its GPU, the share policies how a
-shareable device is divided. How entries are ordered and cut into slices is dra.core.slices'.
+release on GPUs and made MIG devices (not on dynamic-MIG offers, which carry NVIDIA's, the NUMA
+node and their placement); the counters say what a dynamic-MIG offer consumes of its GPU, the share
+policies how a shareable device is divided. How entries are ordered and cut into slices is dra.core.slices'.
 
 Rule: one entry at a time, from the model; nothing here knows of slices or of the API server.
 """
@@ -91,7 +92,6 @@ def _shared_attributes(gpu: Gpu, inventory: Inventory, lists: bool) -> dict[str,
         "cudaComputeCapability": {"version": gpu.cuda_compute_capability},
         "cudaDriverVersion": {"version": inventory.cuda_driver_version},
         PCI_BUS_ID_ATTRIBUTE: _string(gpu.pci_bus_id),
-        "pcieBusID": _string(gpu.nvml_bus_id),
     }
     if inventory.driver_version is not None:
         attributes["driverVersion"] = {"version": inventory.driver_version}
@@ -160,6 +160,8 @@ def device_entry(
     if isinstance(device, MigDevice):
         attributes, capacity = _mig(device, device.parent, inventory, lists)
         attributes["uuid"] = _string(device.uuid)
+        attributes["parentIndex"] = {"int": device.parent.index}
+        attributes["pcieBusID"] = _string(device.parent.nvml_bus_id)
         # The memory slices it occupies, as NVIDIA's driver publishes a MIG device's.
         if device.placement_start >= 0:
             end = device.placement_start + device.placement_size
@@ -170,6 +172,7 @@ def device_entry(
             "uuid": _string(device.uuid),
             "index": {"int": device.index},
             "minor": {"int": device.minor},
+            "pcieBusID": _string(device.nvml_bus_id),
             **_shared_attributes(device, inventory, lists),
         }
         capacity = {"memory": binary_quantity(device.memory_bytes)}
@@ -186,7 +189,6 @@ def _mig(
     attributes: dict[str, Obj] = {
         "type": _string("mig"),
         "parentUUID": _string(gpu.uuid),
-        "parentIndex": {"int": gpu.index},
         "profile": _string(mig.profile),
         **_shared_attributes(gpu, inventory, lists),
     }
@@ -283,7 +285,9 @@ def partition_entry(
 ) -> Obj:
     """One dynamic-MIG offer as a device: NVIDIA's MIG attributes without a uuid, plus its placement.
 
-    A shareable offer's MIG device is made once and shared by the claims given it, as `share_mode`
+    `placementStart` is the one way a claim can ask for a placement, so it stays (with its size);
+    the deprecated `parentIndex` and `pcieBusID` are left out of offers (docs/migration.md). A
+    shareable offer's MIG device is made once and shared by the claims given it, as `share_mode`
     divides it; it consumes its GPU's counters once, however many claims hold it.
     """
     gpu = partition.parent

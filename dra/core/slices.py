@@ -51,9 +51,9 @@ MAX_DEVICE_COUNTERS_PER_SLICE_V134 = 1024
 #: How the devices of a pool are ordered in its slices. The scheduler gives each request the first
 #: device in slice order that satisfies it (docs/mig.md, "Publishing order"), so this order is its
 #: choice among fitting devices. `packing` (the default, chosen by tests/bench/bench_packing.py): the
-#: smallest device first, a dynamic-MIG GPU's offers before the GPU whole; `discovery`: as discovery
-#: lists them (the GPU whole, then the largest profile first), the order of earlier releases, kept
-#: so that the benchmark measures it beside the default.
+#: smallest device first, a dynamic-MIG GPU whole and then its offers smallest first; `discovery`: as
+#: discovery lists them (the GPU whole, then the largest profile first), the order of earlier
+#: releases, kept so that the benchmark measures it beside the default.
 DeviceOrder = Literal["packing", "discovery"]
 DEVICE_ORDERS: tuple[DeviceOrder, ...] = ("packing", "discovery")
 
@@ -96,7 +96,13 @@ class _Group:
     """One GPU with a counter set (dynamic MIG, passthrough twin): the set and the devices that consume it."""
 
     counter_set: Obj
-    devices: list[Obj]
+    #: The GPU whole and its passthrough twin, where offered.
+    wholes: list[Obj]
+    offers: list[Obj]
+
+    @property
+    def devices(self) -> list[Obj]:
+        return [*self.wholes, *self.offers]
 
 
 def _consumes(entry: Obj, gpu: Gpu, counters: Mapping[str, int]) -> Obj:
@@ -115,7 +121,7 @@ def _gpu_groups(
     """A counter set per GPU whose devices exclude each other: dynamic-MIG GPUs, and with `vfio` every twin's.
 
     The whole GPU and its twin consume all of it, so the scheduler gives a GPU to one of them at a time.
-    In `packing` order the GPU's offers come first, smallest first (`_offer_first`), then the GPU whole.
+    The offers in `packing` order smallest first (`_offer_first`), in `discovery` order largest first.
     """
     twins = {g.name for g in inventory.vfio_twins} if vfio else set()
     groups = []
@@ -141,22 +147,11 @@ def _gpu_groups(
         groups.append(
             _Group(
                 {"name": counter_set_name(gpu), "counters": counter_values(counters)},
-                _ordered(
-                    [_consumes(w, gpu, counters) for w in wholes],
-                    [
-                        partition_entry(p, inventory, p.name in shared, share_mode, lists=lists)
-                        for p in offers
-                    ],
-                    order,
-                ),
+                [_consumes(w, gpu, counters) for w in wholes],
+                [partition_entry(p, inventory, p.name in shared, share_mode, lists=lists) for p in offers],
             )
         )
     return groups
-
-
-def _ordered(wholes: list[Obj], offers: list[Obj], order: DeviceOrder) -> list[Obj]:
-    # A request that both would satisfy gets a partition, not the GPU it is cut from.
-    return [*offers, *wholes] if order == "packing" else [*wholes, *offers]
 
 
 def _shared_counters(counter_sets: Iterable[Obj]) -> int:
@@ -167,25 +162,47 @@ def _device_counters(devices: Iterable[Obj]) -> int:
     return sum(len(c["counters"]) for d in devices for c in d["consumesCounters"])
 
 
-def _pack(groups: list[_Group]) -> list[tuple[list[Obj], list[Obj]]]:
-    """1.34: each GPU's counter set in the slice of the devices consuming it, within the slice limits."""
-    packed: list[tuple[list[Obj], list[Obj]]] = []
+def _fits(groups: list[_Group], counters_beside: bool) -> bool:
+    """Whether these GPUs' devices fit one slice (and, on 1.34, their counter sets beside them)."""
+    devices = [d for g in groups for d in g.devices]
+    if len(devices) > MAX_DEVICES_WITH_COUNTERS:
+        return False
+    sets = [g.counter_set for g in groups]
+    return not counters_beside or (
+        len(sets) <= MAX_COUNTER_SETS_PER_SLICE
+        and _shared_counters(sets) <= MAX_SHARED_COUNTERS_PER_SLICE_V134
+        and _device_counters(devices) <= MAX_DEVICE_COUNTERS_PER_SLICE_V134
+    )
+
+
+def _pack(groups: list[_Group], counters_beside: bool) -> list[list[_Group]]:
+    """GPUs with counter sets, as many to a slice as fit, a GPU's devices never split over two slices.
+
+    `counters_beside` (1.34): each GPU's counter set goes in the slice of the devices consuming it,
+    within that release's limits on a slice's counters.
+    """
+    packed: list[list[_Group]] = []
     for group in groups:
         if len(group.devices) > MAX_DEVICES_WITH_COUNTERS:
             raise SliceError(
                 f"a GPU offers {len(group.devices)} devices, more than {MAX_DEVICES_WITH_COUNTERS}"
             )
-        if (
-            not packed
-            or len(packed[-1][0]) >= MAX_COUNTER_SETS_PER_SLICE
-            or len(packed[-1][1]) + len(group.devices) > MAX_DEVICES_WITH_COUNTERS
-            or _shared_counters([*packed[-1][0], group.counter_set]) > MAX_SHARED_COUNTERS_PER_SLICE_V134
-            or _device_counters([*packed[-1][1], *group.devices]) > MAX_DEVICE_COUNTERS_PER_SLICE_V134
-        ):
-            packed.append(([], []))
-        packed[-1][0].append(group.counter_set)
-        packed[-1][1].extend(group.devices)
+        if not packed or not _fits([*packed[-1], group], counters_beside):
+            packed.append([])
+        packed[-1].append(group)
     return packed
+
+
+def _slice_devices(groups: list[_Group]) -> list[Obj]:
+    """The devices of one slice: every GPU whole first, then each GPU's offers, GPU by GPU.
+
+    The scheduler walks a node's slices in no set order and each slice's devices in order,
+    evaluating the request's selectors on each until one fits (docs/mig.md, "What dynamic MIG costs
+    the scheduler"). No MIG request can have a GPU whole, nor a whole-GPU request an offer (each class
+    selects one type), so this is the order of each kind as before, and a whole-GPU request finds
+    a free GPU of the slice without a selector evaluated on the offers of its busy neighbours.
+    """
+    return [*(w for g in groups for w in g.wholes), *(o for g in groups for o in g.offers)]
 
 
 def _chunks(items: list[Obj], size: int) -> list[list[Obj]]:
@@ -268,9 +285,11 @@ def build_slices(
     if features.counters_in_own_slice:
         sets = [g.counter_set for g in groups]
         contents += [(c, []) for c in _chunks(sets, MAX_COUNTER_SETS_PER_SLICE)]
-        contents += [([], c) for c in _chunks(consuming, MAX_DEVICES_WITH_COUNTERS)]
+        contents += [([], _slice_devices(p)) for p in _pack(groups, counters_beside=False)]
     else:
-        contents += _pack(groups)
+        contents += [
+            ([g.counter_set for g in p], _slice_devices(p)) for p in _pack(groups, counters_beside=True)
+        ]
     # An empty pool is still published, so consumers see that the node has no devices.
     contents = contents or [([], [])]
     slices = []

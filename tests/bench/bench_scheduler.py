@@ -36,6 +36,7 @@ beside NVIDIA's; asserts nothing about speed.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -48,6 +49,7 @@ from typing import Any
 
 from fakenvml.node import FakeNode
 from localcluster.cluster import LocalCluster, running_cluster
+from localcluster.driverprocess import free_port
 from localcluster.gomodule import BuildError
 from localcluster.kube import Kube, WaitTimeoutError, wait_for
 from localcluster.kubereleases import api_limit_flags
@@ -61,6 +63,7 @@ from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
 from dra.model.migmode import DYNAMIC, STATIC, WHOLE, MigModes
 from dra.model.migoffer import ALL, COMMON, MigOffer
+from tests.bench import scheduler_profile
 from tests.bench.bench_driver import cpu_seconds
 
 DRIVER = "gpu.nvidia.com"
@@ -86,6 +89,8 @@ class Layout:
     publisher: str = "dra-gpu"
     #: Every device shared by several claims (--consumable-shares), divided this way; None: exclusive.
     shares: deviceentries.ShareMode | None = None
+    #: An experiment's change to each node's slices (scheduler_profile.VARIANTS); "": as published.
+    variant: str = ""
 
 
 WHOLE_ONLY = (("gpu", 1.0),)
@@ -111,6 +116,23 @@ LAYOUTS = {
     # NVIDIA's plugin with DynamicMIG: what it publishes for the profile, captured from a run of it.
     "nvidia-dynamic-mig": Layout("nvidia-dynamic-mig", "h100x8-dynamic-mig", MIXED, publisher="nvidia"),
 }
+
+
+#: Experiments (`--layouts`, not run by default): `dynamic-mig`, or NVIDIA's, with one thing changed in
+#: its slices (scheduler_profile.VARIANTS), to attribute the scheduler's CPU per pod to what slices carry.
+EXPERIMENTS = {
+    f"{base}~{variant}": Layout(
+        f"{base}~{variant}",
+        LAYOUTS[base].profile,
+        MIXED,
+        LAYOUTS[base].mig_mode,
+        publisher=LAYOUTS[base].publisher,
+        variant=variant,
+    )
+    for base in ("dynamic-mig", "nvidia-dynamic-mig")
+    for variant in scheduler_profile.VARIANTS
+}
+ALL_LAYOUTS = {**LAYOUTS, **EXPERIMENTS}
 
 
 def device_classes() -> list[Obj]:
@@ -316,14 +338,18 @@ def run(
     timeout: float,
     scheduler_qps: int = 0,
     captured: list[Obj] | None = None,
+    pprof: Path | None = None,
 ) -> Result:
     """One cluster, one layout: publish, create the workload, time the scheduler.
 
     `scheduler_qps`: the scheduler's API rate limit (burst twice it); 0 keeps its default, 50 with
     a burst of 100, which caps a layout that costs it little CPU (each pod: a claim and a binding).
     `captured`: NVIDIA's slices for one node (nvidia_slices), for a layout it publishes.
+    `pprof`: a folder for the scheduler's CPU profiles while it binds the pods (scheduler_profile).
     """
-    cluster = LocalCluster(kubelet=False, scheduler_args=api_limit_flags(scheduler_qps))
+    port = free_port() if pprof else 0
+    profiling = scheduler_profile.pprof_flags(port) if pprof else ()
+    cluster = LocalCluster(kubelet=False, scheduler_args=(*api_limit_flags(scheduler_qps), *profiling))
     info = cluster.start()
     kube = Kube(info.kubeconfig)
     try:
@@ -336,8 +362,10 @@ def run(
             def published(name: str, uid: str) -> list[Obj]:
                 if layout.publisher == "nvidia":
                     assert captured is not None, "NVIDIA's layout needs its captured slices"
-                    return replicated(captured, name, uid)
-                return node_slices(layout, name, uid, features)
+                    objs = replicated(captured, name, uid)
+                else:
+                    objs = node_slices(layout, name, uid, features)
+                return scheduler_profile.apply(layout.variant, objs) if layout.variant else objs
 
             objs = [s for n in created for s in published(n["metadata"]["name"], n["metadata"]["uid"])]
             _parallel(pool, kube.create, objs)
@@ -352,6 +380,11 @@ def run(
             finally:
                 cpu = cpu_seconds(scheduler)
                 os.kill(scheduler, signal.SIGCONT)
+        profiler = (
+            scheduler_profile.SchedulerProfiler(port, pprof, f"{layout.name}-{nodes}") if pprof else None
+        )
+        if profiler:
+            profiler.start()
         started = time.monotonic()
         pending = len(kinds)
         while pending and time.monotonic() - started < timeout:
@@ -359,6 +392,10 @@ def run(
             pending = len(kube.list_objects("v1", "Pod", NAMESPACE, field_selector="spec.nodeName="))
         seconds = time.monotonic() - started
         cpu = cpu_seconds(scheduler) - cpu
+        if profiler:
+            files = profiler.stop()
+            print(f"  {layout.name}: {len(files)} CPU profiles in {pprof}", *profiler.errors[:1])
+            print(scheduler_profile.top(files))
         if pending:
             stuck = kube.list_objects("v1", "Pod", NAMESPACE, field_selector="spec.nodeName=")[0]
             reasons = [c.get("message") for c in stuck["status"].get("conditions") or []]
@@ -374,30 +411,51 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[100, 500])
     parser.add_argument("--pods-per-node", type=float, default=4.0)
-    parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
+    parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(ALL_LAYOUTS))
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument(
         "--scheduler-qps", type=int, default=0, help="the scheduler's API rate limit (0: its default, 50)"
+    )
+    parser.add_argument(
+        "--pprof", type=Path, metavar="DIR", help="save the scheduler's CPU profiles of each run here"
+    )
+    parser.add_argument(
+        "--nvidia-slices",
+        type=Path,
+        metavar="FILE",
+        help="NVIDIA's captured slices: read from FILE where it exists, else captured and written there",
     )
     args = parser.parse_args()
     # dynamic-two's whole GPUs are in MIG mode in the fake profile, and discovery warns about each of
     # them on every node; an admin would turn MIG off there, which publishes the same single device.
     logging.getLogger("dra.gpu.discovery").setLevel(logging.ERROR)
-    layouts = list(args.layouts)
+    layouts = with_nvidia(args.layouts)
     captured: dict[str, list[Obj]] = {}
-    for name in [n for n in layouts if LAYOUTS[n].publisher == "nvidia"]:
+    for profile in {ALL_LAYOUTS[n].profile for n in layouts if ALL_LAYOUTS[n].publisher == "nvidia"}:
         try:
-            captured[name] = nvidia_slices(LAYOUTS[name].profile)
+            captured[profile] = captured_slices(profile, args.nvidia_slices)
         except (BuildError, OSError, RuntimeError, WaitTimeoutError) as err:
-            print(f"{name} is left out: NVIDIA's plugin could not publish its slices here: {err}")
-            layouts.remove(name)
+            left_out = [
+                n
+                for n in layouts
+                if ALL_LAYOUTS[n].publisher == "nvidia" and ALL_LAYOUTS[n].profile == profile
+            ]
+            print(f"{', '.join(left_out)} left out: NVIDIA's plugin could not publish its slices here: {err}")
+            layouts = [n for n in layouts if n not in left_out]
     for nodes in args.nodes:
         reference: Result | None = None
         results: dict[str, Result] = {}
         for name in layouts:
+            layout = ALL_LAYOUTS[name]
             # Printed as each layout ends: a 500-node run is long, and an interrupted one keeps its figures.
             r = run(
-                LAYOUTS[name], nodes, args.pods_per_node, args.timeout, args.scheduler_qps, captured.get(name)
+                layout,
+                nodes,
+                args.pods_per_node,
+                args.timeout,
+                args.scheduler_qps,
+                captured.get(layout.profile) if layout.publisher == "nvidia" else None,
+                args.pprof,
             )
             results[name] = r
             reference = reference or r
@@ -408,8 +466,31 @@ def main() -> None:
                 f"({ratio:.2f}x of {reference.layout}); scheduler CPU {r.cpu_ms_per_pod:.1f} ms per pod",
                 flush=True,
             )
-        if "dynamic-mig" in results and "nvidia-dynamic-mig" in results:
-            print(beside_nvidia(results["dynamic-mig"], results["nvidia-dynamic-mig"]))
+            # Ours beside NVIDIA's latest run, NVIDIA's beside our latest: alternated runs pair up.
+            if name in ("dynamic-mig", "nvidia-dynamic-mig") and {"dynamic-mig", "nvidia-dynamic-mig"} <= set(
+                results
+            ):
+                print(beside_nvidia(results["dynamic-mig"], results["nvidia-dynamic-mig"]), flush=True)
+
+
+def with_nvidia(layouts: list[str]) -> list[str]:
+    """The layouts to run: with NVIDIA's right after our dynamic MIG where it was not asked for, so that
+    ours is always measured beside NVIDIA's on the same offers."""
+    layouts = list(layouts)
+    if "dynamic-mig" in layouts and "nvidia-dynamic-mig" not in layouts:
+        layouts.insert(layouts.index("dynamic-mig") + 1, "nvidia-dynamic-mig")
+    return layouts
+
+
+def captured_slices(profile: str, cache: Path | None) -> list[Obj]:
+    """NVIDIA's slice specs for a node of `profile`: read from `cache` if it exists, else captured into it."""
+    if cache is not None and cache.exists():
+        specs: list[Obj] = json.loads(cache.read_text())
+        return specs
+    specs = nvidia_slices(profile)
+    if cache is not None:
+        cache.write_text(json.dumps(specs))
+    return specs
 
 
 def beside_nvidia(ours: Result, nvidia: Result) -> str:

@@ -29,6 +29,8 @@ from localcluster.workloads import (
     pod_claim,
 )
 
+from dra.fakegpus.library import FakeGpuLibrary
+from dra.fakegpus.profiles import parse_profile
 from tests.skips import Lack, reason
 
 pytestmark = [
@@ -45,9 +47,16 @@ pytestmark = [
 
 TWO_H100 = {"gpus": [{"model": "h100-sxm5-80gb", "count": 2, "mig": []}]}
 ATTRIBUTES = f'device.attributes["{DRIVER}"]'
-OFFER = (
-    f'{ATTRIBUTES}.parentIndex == 0 && {ATTRIBUTES}.profile == "3g.40gb" && {ATTRIBUTES}.placementStart == 4'
-)
+
+
+def _offer(cluster: ClusterInfo) -> str:
+    """GPU 0's 3g.40gb offer at memory slice 4: its parent by UUID (offers carry no parentIndex)."""
+    fake = FakeGpuLibrary(parse_profile(TWO_H100, "two-h100"), cluster.node_name)
+    gpu0 = fake.uuid(fake.device_by_index(0))
+    return (
+        f'{ATTRIBUTES}.parentUUID == "{gpu0}" && {ATTRIBUTES}.profile == "3g.40gb" '
+        f"&& {ATTRIBUTES}.placementStart == 4"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +98,7 @@ def _made(driver: DriverProcess, claim: Obj) -> str:
 def test_two_shares_of_an_offer_use_one_mig_device_that_outlives_the_first(
     driver: DriverProcess, kube: Kube, cluster: ClusterInfo, namespace: str
 ) -> None:
-    exactly = {"deviceClassName": "mig.nvidia.com", "selectors": [{"cel": {"expression": OFFER}}]}
+    exactly = {"deviceClassName": "mig.nvidia.com", "selectors": [{"cel": {"expression": _offer(cluster)}}]}
     kube.create(
         {
             "apiVersion": "resource.k8s.io/v1",

@@ -62,7 +62,9 @@ STATIC_MIG: set[Key] = {
 #: Dynamic MIG: offers, and their GPU's counters. Its memory is counted in both drivers' sets, as the
 #: GPU's here and as the full MIG profile's there (its capacity below).
 DYNAMIC_MIG: set[Key] = {
-    *_ours("mig offer", "parentIndex", "pcieBusID", "resource.kubernetes.io/numaNode"),
+    # Offers carry NVIDIA's attributes, the NUMA node and their placement (a claim can select one);
+    # not the deprecated parentIndex and pcieBusID.
+    *_ours("mig offer", "resource.kubernetes.io/numaNode"),
     *_ours("mig offer", "placementStart", "placementSize"),
     ("name", "mig offer"),
     ("counter value", "set totals", "memory"),

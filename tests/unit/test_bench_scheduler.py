@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
-from tests.bench.bench_scheduler import LAYOUTS, Result, beside_nvidia, pool_complete, replicated
+from typing import Any
+
+import pytest
+
+from dra.core.versions import ApiFeatures
+from tests.bench import scheduler_profile
+from tests.bench.bench_scheduler import (
+    EXPERIMENTS,
+    LAYOUTS,
+    Result,
+    beside_nvidia,
+    node_slices,
+    pool_complete,
+    replicated,
+    with_nvidia,
+)
 
 
 def _spec(index: int, of: int, generation: int = 3) -> dict[str, object]:
@@ -48,3 +63,40 @@ def test_our_dynamic_mig_is_reported_beside_nvidias() -> None:
         "100 nodes, dynamic MIG: dra-gpu 11200 devices in 400 slices, 10.0 pods/s; NVIDIA 5600 devices in "
         "100 slices, 20.0 pods/s; ratio dra-gpu / NVIDIA 0.50x, scheduler CPU per pod 1.33x"
     )
+
+
+def test_our_dynamic_mig_always_runs_beside_nvidias() -> None:
+    assert with_nvidia(["whole", "dynamic-mig"]) == ["whole", "dynamic-mig", "nvidia-dynamic-mig"]
+    assert with_nvidia(["nvidia-dynamic-mig", "dynamic-mig"]) == ["nvidia-dynamic-mig", "dynamic-mig"]
+    assert with_nvidia(["whole"]) == ["whole"]
+
+
+def _entries(slices: list[dict[str, Any]], field: str) -> int:
+    return sum(len(d.get(field) or []) for s in slices for d in s["spec"].get("devices") or [])
+
+
+@pytest.mark.parametrize("minor", [34, 37])
+@pytest.mark.parametrize("variant", list(scheduler_profile.VARIANTS))
+def test_each_experiment_changes_one_thing_and_keeps_the_pool_whole(variant: str, minor: int) -> None:
+    features = ApiFeatures(minor=minor, partitionable_devices=True)
+    published = node_slices(LAYOUTS["dynamic-mig"], "gpu-node-0", "uid", features)
+    changed = scheduler_profile.apply(variant, published)
+    assert pool_complete([s["spec"] for s in changed])
+    assert len({s["metadata"]["name"] for s in changed}) == len(changed)
+    names = sorted(d["name"] for s in changed for d in s["spec"].get("devices") or [])
+    assert names == sorted(d["name"] for s in published for d in s["spec"].get("devices") or [])
+    same = {
+        field: _entries(changed, field) == _entries(published, field)
+        for field in ("attributes", "capacity", "consumesCounters")
+    }
+    assert same["capacity"] == (variant != "no-offer-capacity")
+    assert same["consumesCounters"] == (variant != "no-counters")
+    assert f"dynamic-mig~{variant}" in EXPERIMENTS
+    assert f"nvidia-dynamic-mig~{variant}" in EXPERIMENTS
+
+
+def test_the_scheduler_serves_its_profile_to_anonymous_requests_on_loopback_only() -> None:
+    flags = scheduler_profile.pprof_flags(10259)
+    assert "--secure-port=10259" in flags
+    assert "--bind-address=127.0.0.1" in flags
+    assert "--authorization-always-allow-paths=/healthz,/readyz,/livez,/debug/pprof/*" in flags

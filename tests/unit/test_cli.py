@@ -410,7 +410,7 @@ def test_discover_prints_dynamic_mig_counter_sets_and_every_placement(
         "--node-name",
         "node-a",
     ]
-    for minor, layout in ((34, [(2, 52)] * 4), (37, [(8, 0), (0, 64), (0, 64), (0, 64), (0, 16)])):
+    for minor, layout in ((34, [(2, 52)] * 4), (37, [(8, 0), *[(0, 52)] * 4])):
         code, out, _ = _run(capsys, *argv, "--output", "json", "--kubernetes-minor", str(minor))
         assert code == 0
         items = _slices(json.loads(out))

@@ -54,7 +54,25 @@ def test_a_mig_offer_has_nvidias_attributes_and_no_uuid() -> None:
         if d["name"] == "gpu-1-mig-3g40gb-at4"
     )
     attributes = device["attributes"]
-    assert "uuid" not in attributes
+    # NVIDIA's names for an offer (its v0.4.1, tests/e2e/test_nvidia_differential.py), the NUMA node and
+    # the placement; not the deprecated parentIndex and pcieBusID.
+    assert set(attributes) == {
+        "type",
+        "profile",
+        "parentUUID",
+        "productName",
+        "brand",
+        "architecture",
+        "addressingMode",
+        "cudaComputeCapability",
+        "cudaDriverVersion",
+        "driverVersion",
+        "resource.kubernetes.io/pciBusID",
+        "resource.kubernetes.io/pcieRoot",
+        "resource.kubernetes.io/numaNode",
+        "placementStart",
+        "placementSize",
+    }
     assert attributes["profile"] == {"string": "3g.40gb"}
     assert (attributes["placementStart"], attributes["placementSize"]) == ({"int": 4}, {"int": 4})
     assert attributes["parentUUID"]["string"].startswith("GPU-")

@@ -52,10 +52,7 @@ def test_a_node_without_mig_gpus_never_enters_mig_code(
         mig_library(lib),
     )
     state.recover()
-    gpu = state.inventory.gpus[0].name
-    allocation = ClaimAllocation(UID, "team-a", "claim", (AllocatedDevice("gpu", NODE, gpu),))
-    assert [d.device for d in state.prepare(allocation).devices] == [gpu]
-    assert state.unprepare(UID) is not None
+    _prepare_and_unprepare_a_whole_gpu(state)
     assert state.prepared == {}
 
 
@@ -83,6 +80,10 @@ def test_a_whole_gpu_claim_without_configs_enters_no_configuration_passthrough_o
     ):
         for name in names:
             monkeypatch.setattr(module, name, _entered(name))
+    _prepare_and_unprepare_a_whole_gpu(state)
+
+
+def _prepare_and_unprepare_a_whole_gpu(state: DeviceState) -> None:
     gpu = state.inventory.gpus[0].name
     allocation = ClaimAllocation(UID, "team-a", "claim", (AllocatedDevice("gpu", NODE, gpu),))
     assert [d.device for d in state.prepare(allocation).devices] == [gpu]

@@ -66,11 +66,7 @@ class Claims:
         """No events are asked for here."""
 
 
-def _value(name: str, **labels: str) -> float:
-    return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
-
-
-def test_prepare_and_unprepare_count_as_nvidias_driver_counts_them(tmp_path: Path) -> None:
+def _recovered_state(tmp_path: Path) -> DeviceState:
     state = DeviceState(
         DRIVER,
         NODE,
@@ -79,6 +75,15 @@ def test_prepare_and_unprepare_count_as_nvidias_driver_counts_them(tmp_path: Pat
         CheckpointStore(tmp_path / "checkpoint.json"),
     )
     state.recover()
+    return state
+
+
+def _value(name: str, **labels: str) -> float:
+    return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_prepare_and_unprepare_count_as_nvidias_driver_counts_them(tmp_path: Path) -> None:
+    state = _recovered_state(tmp_path)
     told: list[str] = []
     dra = DraService(DRIVER, NODE, state, Claims(), on_prepared=lambda claim: told.append(claim.name))
     ops = {"driver": DRIVER, "operation": "prepare"}
@@ -105,14 +110,7 @@ def test_prepare_and_unprepare_count_as_nvidias_driver_counts_them(tmp_path: Pat
 
 
 def test_the_in_flight_gauge_counts_the_claims_of_the_requests_being_answered(tmp_path: Path) -> None:
-    state = DeviceState(
-        DRIVER,
-        NODE,
-        inventory("h100x8"),
-        CdiStore(tmp_path / "cdi", DRIVER),
-        CheckpointStore(tmp_path / "checkpoint.json"),
-    )
-    state.recover()
+    state = _recovered_state(tmp_path)
     ops = {"driver": DRIVER, "operation": "prepare"}
     seen: list[float] = []
     dra = DraService(

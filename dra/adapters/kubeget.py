@@ -295,6 +295,10 @@ class BlockingPool:
 
     def _connect(self, deadline: float) -> socket.socket:
         """A new connection, counted busy until `_done`."""
+        # A closed client opens nothing: a connection (and its TLS handshake) that would be dropped
+        # at once costs the API server, and reaches a server that may be shutting down.
+        if self._closed:
+            raise HttpError("the client is closed")
         address = self._proxy.address if self._proxy is not None else self._address
         try:
             conn = socket.create_connection(address, timeout=_left(deadline, self._timeout))

@@ -295,9 +295,12 @@ async def test_closing_the_client_cuts_a_cancelled_request_instead_of_waiting_ou
 ) -> None:
     # At shutdown a cancelled call's request still runs on its thread; aclose() ends it there.
     cut = anyio.Event()
+    connections = 0
 
     async def never_answer(stream: anyio.abc.SocketStream) -> None:
         # The client may cut the connection before the request's end has been read, under load.
+        nonlocal connections
+        connections += 1
         async with stream:
             with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
                 while b"\r\n\r\n" not in await stream.receive():
@@ -313,3 +316,5 @@ async def test_closing_the_client_cuts_a_cancelled_request_instead_of_waiting_ou
             await cut.wait()
         with pytest.raises(UnreachableError, match="the client is closed"):
             await client.get_node("n")
+        await anyio.sleep(0.05)
+        assert connections == 1, "a closed client opened a connection"

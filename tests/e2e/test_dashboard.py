@@ -22,7 +22,7 @@ import pytest
 from localcluster import grafana
 from localcluster.clusterinfo import ClusterInfo
 from localcluster.driverprocess import DriverProcess
-from localcluster.kube import Kube, Obj
+from localcluster.kube import Kube, Obj, wait_for
 from localcluster.workloads import DRIVER, claim_template, claims_pod, ensure_device_classes, gpu_pod
 
 from dra.fakegpus.library import FakeGpuLibrary
@@ -49,6 +49,10 @@ def driver(
         extra_args=("--claim-metrics-interval=1",),
     ).start()
     yield process
+    # The test's namespace is deleted without waiting: its pods' claims are unprepared by this
+    # driver before it stops, or they stay in the node's checkpoint and a later test's device
+    # plugin on the node refuses to start over GPUs still prepared for DRA.
+    wait_for("the kubelet to unprepare the module's claims", lambda: not process.checkpointed(), timeout=60)
     assert process.stop() == 0, process.log_path.read_text()
 
 

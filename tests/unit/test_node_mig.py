@@ -9,6 +9,7 @@ a claim of a whole GPU without configs enters neither dra.core.config, .vfio nor
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,14 +44,7 @@ def test_a_node_without_mig_gpus_never_enters_mig_code(
     for name in ("adopt", "destroy_claim_devices", "switch_for_claim", "make", "release_mig_mode", "recover"):
         if hasattr(migdevices, name):
             monkeypatch.setattr(migdevices, name, _entered(name))
-    state = DeviceState(
-        DRIVER,
-        NODE,
-        discover(lib),
-        CdiStore(tmp_path / "cdi", DRIVER),
-        CheckpointStore(tmp_path / "checkpoint.json"),
-        mig_library(lib),
-    )
+    state = _state(tmp_path, lib)
     state.recover()
     _prepare_and_unprepare_a_whole_gpu(state)
     assert state.prepared == {}
@@ -60,16 +54,7 @@ def test_a_whole_gpu_claim_without_configs_enters_no_configuration_passthrough_o
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lib = FakeGpuLibrary(load_profile("h100x8"), NODE)
-    state = DeviceState(
-        DRIVER,
-        NODE,
-        discover(lib),
-        CdiStore(tmp_path / "cdi", DRIVER),
-        CheckpointStore(tmp_path / "checkpoint.json"),
-        mig_library(lib),
-        time_slicer=TimeSlicer(lib),
-        vfio=True,
-    )
+    state = _state(tmp_path, lib, time_slicer=TimeSlicer(lib), vfio=True)
     for module, names in (
         (config, ("problems",)),
         (vfio, ("passthrough", "problems", "bind", "release")),
@@ -81,6 +66,19 @@ def test_a_whole_gpu_claim_without_configs_enters_no_configuration_passthrough_o
         for name in names:
             monkeypatch.setattr(module, name, _entered(name))
     _prepare_and_unprepare_a_whole_gpu(state)
+
+
+def _state(tmp_path: Path, lib: FakeGpuLibrary, **options: Any) -> DeviceState:
+    """The state as the daemon builds it over `lib` (its GPU library only where a GPU can do MIG)."""
+    return DeviceState(
+        DRIVER,
+        NODE,
+        discover(lib),
+        CdiStore(tmp_path / "cdi", DRIVER),
+        CheckpointStore(tmp_path / "checkpoint.json"),
+        mig_library(lib),
+        **options,
+    )
 
 
 def _prepare_and_unprepare_a_whole_gpu(state: DeviceState) -> None:

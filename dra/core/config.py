@@ -25,7 +25,7 @@ from dra.api.v1beta1 import (
     check_kind,
     validate,
 )
-from dra.core.allocation import ClaimAllocation, OpaqueConfig
+from dra.model.allocation import ClaimAllocation, OpaqueConfig
 from dra.model.devices import Device, MigDevice
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from dra.core.allocation import ClaimAllocation, ClaimError
 from dra.core.gpusteps import (
     NVML_INSUFFICIENT_RESOURCES,
     CreateComputeInstance,
@@ -23,6 +22,7 @@ from dra.core.gpusteps import (
     SetMigMode,
 )
 from dra.core.steps import Facts, Log, Node, Program, Save, SetInventory, StepError, ask
+from dra.model.allocation import ClaimAllocation, ClaimError
 from dra.model.devices import Gpu, Inventory, MigDevice, MigPartition
 from dra.model.prepared import MIG_CREATE, MIG_MODE, DeviceAction, Holders, PreparedClaim
 

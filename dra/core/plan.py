@@ -16,8 +16,8 @@ from typing import Any
 
 from dra.core import cdi, devicemetadata, migdevices, sharing, vfio
 from dra.core import config as deviceconfig
-from dra.core.allocation import AllocatedDevice, ClaimAllocation
 from dra.core.steps import ClaimRead, Node
+from dra.model.allocation import AllocatedDevice, ClaimAllocation
 from dra.model.devices import Device, Gpu, Inventory, MigDevice, MigPartition, is_vfio_twin
 from dra.model.prepared import VFIO_BIND, DeviceAction, Holders, PreparedClaim, PreparedDevice
 

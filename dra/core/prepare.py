@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from dra.core import devicemetadata, migdevices, mpsdaemons, sharing, vfio
-from dra.core.allocation import ClaimAllocation, ClaimError
 from dra.core.plan import (
     PreparePlan,
     Refusal,
@@ -52,6 +51,7 @@ from dra.core.steps import (
     WriteSpec,
     ask,
 )
+from dra.model.allocation import ClaimAllocation, ClaimError
 from dra.model.prepared import PreparedClaim
 
 

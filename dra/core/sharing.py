@@ -15,7 +15,7 @@ from typing import Any
 
 from dra.api.v1beta1 import DeviceConfig, GpuConfig, MpsConfig, VfioDeviceConfig, device_for_key
 from dra.core import config as deviceconfig
-from dra.core.allocation import ClaimAllocation
+from dra.model.allocation import ClaimAllocation
 from dra.model.devices import Device
 from dra.model.prepared import PreparedClaim, PreparedDevice
 from dra.model.quantity import Quantity

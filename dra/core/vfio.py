@@ -24,7 +24,6 @@ from typing import NoReturn
 
 from dra.api.v1beta1 import GpuConfig, VfioDeviceConfig
 from dra.core import config as deviceconfig
-from dra.core.allocation import ClaimAllocation, ClaimError
 from dra.core.steps import (
     BindVfio,
     Facts,
@@ -37,6 +36,7 @@ from dra.core.steps import (
     StepError,
     ask,
 )
+from dra.model.allocation import ClaimAllocation, ClaimError
 from dra.model.devices import Device, Gpu, Inventory, is_vfio_twin
 from dra.model.pci import IommuGroup, PciFunction
 from dra.model.prepared import VFIO_BIND, DeviceAction, PreparedClaim

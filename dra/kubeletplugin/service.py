@@ -25,12 +25,13 @@ from typing import Any, Protocol, TypeVar
 import grpc
 
 from dra.adapters.kube import KubeError, NotFoundError
-from dra.core.allocation import ClaimError, read_allocation
+from dra.core.allocation import read_allocation
 from dra.core.steps import ClaimRead
 from dra.daemon import metrics
 from dra.daemon.health import HealthTracker
 from dra.kubeletplugin.claimstatus import ClaimStatusWriter
 from dra.kubeletplugin.state import DeviceState
+from dra.model.allocation import ClaimError
 from dra.model.prepared import PreparedClaim, PreparedDevice
 from dra.pb.dra.v1 import dra_pb2
 from dra.pb.dra.v1 import dra_pb2_grpc as v1_grpc

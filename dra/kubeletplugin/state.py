@@ -37,12 +37,12 @@ from dra.core import gpusteps as g
 from dra.core import migdevices, recovery
 from dra.core import prepare as programs
 from dra.core import steps as s
-from dra.core.allocation import ClaimAllocation
 from dra.gpu import dynamic
 from dra.gpu.discovery import profile_infos
 from dra.gpu.library import GpuLibrary, GpuLibraryError, Placement
 from dra.kubeletplugin.mps import MpsDaemons, MpsError
 from dra.kubeletplugin.timeslice import TimeSliceError, TimeSlicer
+from dra.model.allocation import ClaimAllocation
 from dra.model.devices import Inventory, MigDevice
 from dra.model.pci import IommuGroup, VfioHost
 from dra.model.prepared import VFIO_BIND, DeviceAction, Holders, PreparedClaim

@@ -1,4 +1,5 @@
-"""Plain data the rest of the driver passes around: devices, the node's inventory, prepared claims.
+"""Plain data the rest of the driver passes around: devices, the node's inventory, prepared claims,
+what a claim's allocation gives this driver (``allocation``, with ClaimError, a prepare's refusal).
 
 Rule: frozen dataclasses and their small derived properties only, plus the value
 types they are made of (``quantity``: Kubernetes resource quantities, exact, which

@@ -22,11 +22,11 @@ from pathlib import Path
 
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.nodefiles import CdiStore
-from dra.core.allocation import AllocatedDevice, ClaimAllocation
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
 from dra.kubeletplugin.state import DeviceState
+from dra.model.allocation import AllocatedDevice, ClaimAllocation
 from dra.model.migmode import parse_mig_modes
 from tests.bench.bench_compare import cdi_dirs, parse_levels
 from tests.bench.bench_scale import MIG_MODE, SHARED_GPUS, _mig_results, _profile, print_levels

@@ -24,13 +24,13 @@ from typing import Any
 
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.nodefiles import CdiStore
-from dra.core.allocation import AllocatedDevice, ClaimAllocation, OpaqueConfig
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
 from dra.kubeletplugin.mps import MpsDaemons
 from dra.kubeletplugin.state import DeviceState
 from dra.kubeletplugin.timeslice import TimeSlicer
+from dra.model.allocation import AllocatedDevice, ClaimAllocation, OpaqueConfig
 
 DRIVER = "gpu.nvidia.com"
 NODE = "bench-node"

@@ -24,12 +24,12 @@ from typing import Any
 
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.nodefiles import CdiStore
-from dra.core.allocation import AllocatedDevice, ClaimAllocation
 from dra.gpu.discovery import discover
 from dra.gpu.driverfiles import find_driver_files
 from dra.gpu.library import GpuHandle, GpuLibrary, GpuLibraryError
 from dra.gpu.nvml import NvmlLibrary
 from dra.kubeletplugin.state import DeviceState
+from dra.model.allocation import AllocatedDevice, ClaimAllocation
 from dra.model.migmode import parse_mig_modes
 
 #: GPU-instance profile enumerators asked about: past the end of every nvml.h so far (0x12 in the 580

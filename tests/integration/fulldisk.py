@@ -21,11 +21,12 @@ from typing import Any
 
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.nodefiles import CdiStore
-from dra.core.allocation import ClaimError, read_allocation
+from dra.core.allocation import read_allocation
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
 from dra.kubeletplugin.state import DeviceState
+from dra.model.allocation import ClaimError
 from tests.integration.inprocess import StubKube
 
 DRIVER = "fulldisk.dra-gpu.test"

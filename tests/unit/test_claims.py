@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from dra.core.allocation import AllocatedDevice, ClaimError, OpaqueConfig, read_allocation
+from dra.core.allocation import read_allocation
+from dra.model.allocation import AllocatedDevice, ClaimError, OpaqueConfig
 from tests.unit.helpers import DRIVER, NODE
 
 UID = "5d0c8a6e-claim-uid"

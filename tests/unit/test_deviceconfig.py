@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from dra.api.v1beta1 import GpuConfig, GpuSharing, Interval, MigDeviceConfig, TimeSlicingConfig
-from dra.core.allocation import AllocatedDevice, ClaimAllocation, OpaqueConfig
 from dra.core.config import ConfigError, effective, parse, problems
+from dra.model.allocation import AllocatedDevice, ClaimAllocation, OpaqueConfig
 from dra.model.devices import Device
 from tests.unit.helpers import inventory
 

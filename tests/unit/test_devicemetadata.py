@@ -17,10 +17,10 @@ import pytest
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.metadatastore import MetadataStore
 from dra.adapters.nodefiles import CdiStore
-from dra.core import allocation as claims
 from dra.core import deviceentries, devicemetadata
-from dra.core.allocation import AllocatedDevice, ClaimAllocation
+from dra.core.allocation import read_allocation
 from dra.kubeletplugin.state import DeviceState
+from dra.model.allocation import POD_CLAIM_NAME_ANNOTATION, AllocatedDevice, ClaimAllocation
 from dra.model.prepared import PreparedClaim, PreparedDevice
 from tests.unit.helpers import DRIVER, NODE, inventory
 
@@ -144,11 +144,11 @@ def test_the_pod_claim_name_is_read_from_the_claims_annotation() -> None:
             "namespace": "team-a",
             "name": "pod-gpus-x7k2q",
             "uid": UID,
-            "annotations": {claims.POD_CLAIM_NAME_ANNOTATION: "gpus"},
+            "annotations": {POD_CLAIM_NAME_ANNOTATION: "gpus"},
         },
         "status": {"allocation": {"devices": {"results": [_result("gpu-0")]}}},
     }
-    assert claims.read_allocation(claim, UID, DRIVER).pod_claim_name == "gpus"
+    assert read_allocation(claim, UID, DRIVER).pod_claim_name == "gpus"
 
 
 def _result(device: str) -> dict[str, str]:

@@ -19,7 +19,6 @@ import pytest
 
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.nodefiles import CdiStore
-from dra.core.allocation import AllocatedDevice, ClaimAllocation
 from dra.core.migdevices import RESETLESS_MIG_SWITCH
 from dra.fakegpus.profiles import MODELS
 from dra.gpu import dynamic, migtables
@@ -27,6 +26,7 @@ from dra.gpu.discovery import discover
 from dra.gpu.library import ERROR_INSUFFICIENT_RESOURCES, GpuLibraryError, Placement
 from dra.gpu.nvml import NvmlLibrary
 from dra.kubeletplugin.state import DeviceState
+from dra.model.allocation import AllocatedDevice, ClaimAllocation
 from dra.model.devices import Gpu, Inventory, MigPartition
 from dra.model.migmode import parse_mig_modes
 from tests.skips import Lack, reason

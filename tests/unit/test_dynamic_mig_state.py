@@ -15,7 +15,6 @@ import pytest
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.nodefiles import CdiStore
 from dra.core import sharing
-from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.profiles import load_profile
 from dra.gpu import dynamic
@@ -30,6 +29,7 @@ from dra.gpu.library import (
 )
 from dra.kubeletplugin.mps import MpsDaemons
 from dra.kubeletplugin.state import DeviceState
+from dra.model.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.model.migmode import parse_mig_modes
 from tests.skips import Lack, reason
 from tests.unit.helpers import DRIVER, MPS_CONTROL, NODE, daemon_devices, mps_ask, mps_root, stop_mps_daemons

@@ -14,11 +14,11 @@ import pytest
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.nodefiles import CdiStore
 from dra.core import cdi
-from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError
 from dra.daemon.bootstrap import DaemonSettings, gpu_library, node_inventory
 from dra.fakegpus import node as fakegpus
 from dra.fakegpus.profiles import load_profile
 from dra.kubeletplugin.state import DeviceState
+from dra.model.allocation import AllocatedDevice, ClaimAllocation, ClaimError
 from dra.model.devices import Inventory, MigDevice
 from dra.model.migmode import parse_mig_modes
 from tests.skips import Lack, reason

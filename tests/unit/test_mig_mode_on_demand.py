@@ -15,7 +15,6 @@ from fakenvml.standin import NvmlStandIn
 
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.nodefiles import CdiStore
-from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError
 from dra.core.slices import build_slices
 from dra.core.versions import ApiFeatures
 from dra.fakegpus.library import FakeGpuLibrary
@@ -32,6 +31,7 @@ from dra.gpu.library import (
 )
 from dra.gpu.nvml import NvmlLibrary
 from dra.kubeletplugin.state import DeviceState
+from dra.model.allocation import AllocatedDevice, ClaimAllocation, ClaimError
 from dra.model.devices import Inventory, MigPartition
 from dra.model.migmode import parse_mig_modes
 from tests.unit.helpers import DRIVER, NODE

@@ -22,10 +22,10 @@ from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.nodefiles import CdiStore
 from dra.api.v1beta1 import MpsConfig
 from dra.core import cdi, mpsdaemons, sharing
-from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.fakegpus import mpscontrol as fakemps
 from dra.kubeletplugin.mps import MpsDaemons
 from dra.kubeletplugin.state import DeviceState
+from dra.model.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.model.quantity import Quantity
 from tests.skips import Lack, reason
 from tests.unit.helpers import (
@@ -425,7 +425,7 @@ def test_a_driver_killed_once_the_daemon_started_adopts_it_and_the_claim_converg
 _PREPARE_REFUSED = """
 import sys
 from pathlib import Path
-from dra.core.allocation import ClaimError
+from dra.model.allocation import ClaimError
 from tests.unit.test_mps import Node, _claim, _mps, UID_A
 state = Node(Path(sys.argv[1])).state()
 try:

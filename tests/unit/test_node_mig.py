@@ -16,13 +16,13 @@ import pytest
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.nodefiles import CdiStore
 from dra.core import config, migdevices, sharing, vfio
-from dra.core.allocation import AllocatedDevice, ClaimAllocation
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover, supports_mig
 from dra.kubeletplugin.daemon import mig_library
 from dra.kubeletplugin.state import DeviceState
 from dra.kubeletplugin.timeslice import TimeSlicer
+from dra.model.allocation import AllocatedDevice, ClaimAllocation
 from tests.unit.helpers import DRIVER, NODE
 
 UID = "aaaaaaaa-0000-4000-8000-00000000000a"

@@ -9,7 +9,6 @@ from dataclasses import replace
 import pytest
 
 from dra.core import cdi
-from dra.core.allocation import AllocatedDevice, ClaimAllocation, OpaqueConfig
 from dra.core.plan import (
     MissingDevice,
     PreparePlan,
@@ -25,6 +24,7 @@ from dra.core.plan import (
 )
 from dra.core.recovery import RecoverPlan, decide_recover
 from dra.core.steps import ClaimRead, Node
+from dra.model.allocation import AllocatedDevice, ClaimAllocation, OpaqueConfig
 from dra.model.devices import Inventory
 from dra.model.prepared import Holders, PreparedClaim, PreparedDevice
 from tests.unit.helpers import DRIVER, NODE, inventory

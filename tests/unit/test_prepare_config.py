@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from dra.core.allocation import AllocatedDevice, ClaimAllocation, OpaqueConfig
 from dra.core.plan import PreparePlan, Refusal, decide_prepare
 from dra.core.steps import Node
+from dra.model.allocation import AllocatedDevice, ClaimAllocation, OpaqueConfig
 from dra.model.devices import Gpu, Inventory
 from tests.unit.helpers import DRIVER, NODE, inventory
 

@@ -20,7 +20,6 @@ from dra.adapters.nodefiles import CdiStore
 from dra.adapters.pcisysfs import PciSysfs
 from dra.core import devicemetadata, gpusteps, migdevices, mpsdaemons, steps, vfio
 from dra.core import prepare as programs
-from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.core.plan import PreparePlan, decide_prepare
 from dra.core.steps import ClaimRead, Runner, Step
 from dra.fakegpus.library import FakeGpuLibrary
@@ -30,6 +29,7 @@ from dra.gpu import dynamic
 from dra.gpu.discovery import discover
 from dra.gpu.library import GpuHandle, Placement
 from dra.kubeletplugin.state import CallSteps, DeviceState
+from dra.model.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.model.devices import Inventory
 from dra.model.migmode import parse_mig_modes
 from dra.model.pci import IommuGroup, PciFunction, VfioHost

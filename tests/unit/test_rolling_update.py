@@ -26,7 +26,6 @@ from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.nodefiles import LockTimeoutError, exclusive
 from dra.cli.parser import parse_args
 from dra.core import versions
-from dra.core.allocation import ClaimError
 from dra.core.assignment import GpuPath
 from dra.core.checkpointformat import CheckpointError
 from dra.core.steps import ClaimRead
@@ -37,6 +36,7 @@ from dra.daemon.sockets import MAX_GRPC_SOCKET_PATH, check_socket_path, is_aband
 from dra.kubeletplugin.publisher import SlicePublisher
 from dra.kubeletplugin.server import PluginServer, sockets
 from dra.kubeletplugin.service import DraService, HealthService
+from dra.model.allocation import ClaimError
 from dra.model.prepared import PreparedClaim
 from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc
 from tests.unit.helpers import DRIVER, NODE, inventory

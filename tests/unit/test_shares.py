@@ -13,7 +13,7 @@ from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.nodefiles import CdiStore
 from dra.cli.parser import parse_args
 from dra.core import cdi
-from dra.core.allocation import ClaimError, read_allocation
+from dra.core.allocation import read_allocation
 from dra.core.assignment import parse_selector
 from dra.core.deviceentries import ShareMode
 from dra.core.plan import PreparePlan, decide_prepare
@@ -23,6 +23,7 @@ from dra.core.steps import Node
 from dra.core.versions import ApiFeatures
 from dra.kubeletplugin.publisher import SlicePublisher, shareable_devices
 from dra.kubeletplugin.state import DeviceState
+from dra.model.allocation import ClaimError
 from tests.unit.helpers import DRIVER, NODE, inventory
 from tests.unit.test_publisher import FakeKube
 

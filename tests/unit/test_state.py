@@ -18,11 +18,11 @@ from dra.adapters import checkpoint as checkpoint_module
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.nodefiles import CdiStore
 from dra.core import cdi
-from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.core.assignment import restrict
 from dra.core.checkpointformat import CheckpointError
 from dra.core.steps import ClaimRead
 from dra.kubeletplugin.state import DeviceState
+from dra.model.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.model.devices import Inventory
 from dra.model.prepared import DeviceAction, PreparedClaim, PreparedDevice
 from tests.unit.helpers import DRIVER, NODE, inventory

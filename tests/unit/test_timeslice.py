@@ -11,13 +11,13 @@ import pytest
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.nodefiles import CdiStore
 from dra.cli import main
-from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.profiles import load_profile
 from dra.gpu.library import GpuHandle, GpuLibraryError
 from dra.gpu.nvml import NvmlLibrary
 from dra.kubeletplugin.state import DeviceState
 from dra.kubeletplugin.timeslice import TimeSlicer
+from dra.model.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from tests.unit.helpers import DRIVER, NODE, inventory
 
 UID_A = "aaaaaaaa-0000-4000-8000-00000000000a"

@@ -17,13 +17,13 @@ import pytest
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.nodefiles import CdiStore
 from dra.adapters.pcisysfs import PciSysfs
-from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.profiles import load_profile
 from dra.fakegpus.sysfs import FakeFunction, FakeSysfs
 from dra.gpu.discovery import discover
 from dra.gpu.library import GpuHandle
 from dra.kubeletplugin.state import DeviceState
+from dra.model.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.model.devices import Inventory
 from dra.model.migmode import parse_mig_modes
 from tests.unit.helpers import DRIVER, NODE, inventory

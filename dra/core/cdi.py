@@ -5,6 +5,10 @@ for the device plugin (kind `k8s.<driver>/device`, devices named by UUID), laid 
 what identifies a device is in its own edits, what belongs to a claim under a per-claim name,
 and the spec-wide edits are the same in every spec. Why, and NVIDIA_VISIBLE_DEVICES:
 docs/architecture.md ("CDI specs compose") and docs/configuration.md.
+
+`respec` builds a prepared claim's spec (with its device metadata files) from its devices present
+on the node, and is the one place a claim's spec is built: a prepare's, one whose spec went
+missing, the start-up repair's.
 """
 
 from __future__ import annotations
@@ -12,9 +16,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
+from dra.core import devicemetadata, sharing
+from dra.core.steps import Node
 from dra.model.devices import ContainerHook, Device, DriverFile, Inventory
+from dra.model.prepared import PreparedClaim
 
 #: The CDI specification version the specs declare (supported by containerd >= 1.7 and CRI-O).
 CDI_VERSION = "0.5.0"
@@ -72,6 +80,11 @@ def device_name(claim_uid: str, device: str) -> str:
 def qualified_name(driver: str, claim_uid: str, device: str) -> str:
     """The fully qualified CDI device ID the kubelet passes to the runtime."""
     return f"{kind(driver)}={device_name(claim_uid, device)}"
+
+
+def metadata_device_id(driver: str, claim_uid: str, request: str) -> str:
+    """The fully qualified CDI device ID the kubelet is told for one request's device metadata file."""
+    return f"{kind(driver)}={devicemetadata.cdi_device_name(claim_uid, request)}"
 
 
 def spec_file_name(driver: str, claim_uid: str) -> str:
@@ -268,6 +281,91 @@ def _with_claim_edits(common: Obj, claim: Obj) -> Obj:
     for key, values in claim.items():
         merged[key] = [*merged.get(key, []), *values]
     return merged
+
+
+@dataclass(frozen=True)
+class MissingDevice:
+    """A device a prepared claim records that the inventory no longer has (left out of its spec)."""
+
+    claim: PreparedClaim
+    device: str
+
+    @property
+    def message(self) -> str:
+        """The warning for the log."""
+        return (
+            f"prepared claim {self.claim.namespace}/{self.claim.name} uses {self.device}, "
+            "which this node no longer has"
+        )
+
+
+def _devices_of(claim: PreparedClaim, inventory: Inventory) -> tuple[list[Device], list[MissingDevice]]:
+    found: list[Device] = []
+    missing: list[MissingDevice] = []
+    for entry in claim.devices:
+        device = inventory.by_uuid(entry.uuid) if entry.uuid else inventory.get(entry.device)
+        if device is None:
+            missing.append(MissingDevice(claim, entry.device))
+        elif device.name != entry.device:
+            # A dynamic MIG device, or a GPU through its passthrough twin: the kubelet knows it by the
+            # offer's or twin's name, which its CDI ID carries.
+            found.append(replace(device, name=entry.device))
+        else:
+            found.append(device)
+    return found, missing
+
+
+@dataclass(frozen=True)
+class Respec:
+    """What a prepared claim's devices still present on the node give: its spec and metadata files."""
+
+    #: None when no device of the claim is left.
+    spec: Obj | None
+    metadata: devicemetadata.ClaimMetadata | None
+    missing: tuple[MissingDevice, ...]
+    #: Host directories the spec names that the prepare makes itself, so that they may be missing
+    #: before: its metadata files (written just before the spec), its MPS daemon's (started after).
+    made_here: tuple[str, ...] = ()
+
+    def missing_paths(self, absent: Sequence[str]) -> tuple[str, ...]:
+        """Of the spec's host paths not on the node (`absent`), those the prepare does not make."""
+        return tuple(path for path in absent if not path.startswith(self.made_here))
+
+
+def respec(claim: PreparedClaim, inventory: Inventory, node: Node) -> Respec:
+    """The CDI spec (and device metadata files) of a claim, from its devices present on the node.
+
+    The one place a claim's spec is built: for a new claim once its MIG devices are made and its GPUs
+    bound, for one prepared before whose spec is gone, and at start-up (dra.core.recovery).
+    """
+    devices, missing = _devices_of(claim, inventory)
+    if not devices:
+        return Respec(None, None, tuple(missing))
+    # A share's environment and the MPS daemon's edits only where the claim has them (dra.core.sharing).
+    share_env = {d.device: sharing.share_env(d) for d in claim.devices if d.share_id}
+    unique = list({d.name: d for d in devices}.values())
+    mps = sharing.mps_edits(claim, node.mps_root) if claim.uses_mps else None
+    metadata = (
+        devicemetadata.for_claim(node.driver, node.metadata_root, claim, unique, inventory)
+        if claim.metadata
+        else None
+    )
+    passthrough = {d.device: d.vfio_group for d in claim.devices if d.vfio_group >= 0}
+    made_here = [f"{node.metadata_root.rstrip('/')}/{metadata.directory}/"] if metadata else []
+    if mps is not None:
+        made_here.append(sharing.mps_dirs(node.mps_root, sharing.claim_mps_key(claim)).root + "/")
+    spec = build_spec(
+        node.driver,
+        claim.uid,
+        unique,
+        inventory,
+        device_env=share_env,
+        claim_edits=mps,
+        passthrough=passthrough,
+        vfio_api_device=any(d.vfio_api_device for d in claim.devices),
+        extra_devices=metadata.cdi_devices if metadata else (),
+    )
+    return Respec(spec, metadata, tuple(missing), tuple(made_here))
 
 
 def device_kind(driver: str) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dra.core import cdi, deviceentries
+from dra.core import deviceentries
 from dra.model.devices import Device, Inventory
 from dra.model.prepared import PreparedClaim
 
@@ -59,11 +59,6 @@ def container_file(driver: str, claim: PreparedClaim, request: str) -> str:
 def cdi_device_name(claim_uid: str, request: str) -> str:
     """The CDI device in the claim's spec that mounts one request's file (`_` keeps it apart from devices)."""
     return f"{claim_uid}_{request}"
-
-
-def cdi_device_id(driver: str, claim_uid: str, request: str) -> str:
-    """The fully qualified CDI device ID the kubelet is told for one request's file."""
-    return f"{cdi.kind(driver)}={cdi_device_name(claim_uid, request)}"
 
 
 def requests(claim: PreparedClaim) -> list[str]:

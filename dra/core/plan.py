@@ -2,10 +2,10 @@
 
 `decide_prepare` says what a claim gets (its record, the holders it releases, the MIG devices to
 make, the GPUs to pass through) or refuses it with every problem at once, from the allocation, the
-node's inventory and prepared claims, and the node's settings (dra.core.steps.Node); `respec` says
-what a prepared claim's CDI spec and device metadata files are, and is the one place they are built.
-The programs that carry a plan out are dra.core.prepare's. Nothing here touches a file, a GPU or
-the API server.
+node's inventory and prepared claims, and the node's settings (dra.core.steps.Node). The claim's
+CDI spec and device metadata files are built from what it then has by dra.core.cdi.respec, and the
+programs that carry a plan out are dra.core.prepare's. Nothing here touches a file, a GPU or the
+API server.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dra.core import cdi, devicemetadata, migdevices, sharing, vfio
+from dra.core import cdi, migdevices, sharing, vfio
 from dra.core import config as deviceconfig
 from dra.core.steps import ClaimRead, Node
 from dra.model.allocation import AllocatedDevice, ClaimAllocation
@@ -33,22 +33,6 @@ class Release:
 
 
 @dataclass(frozen=True)
-class MissingDevice:
-    """A device a prepared claim records that the inventory no longer has (left out of its spec)."""
-
-    claim: PreparedClaim
-    device: str
-
-    @property
-    def message(self) -> str:
-        """The warning for the log."""
-        return (
-            f"prepared claim {self.claim.namespace}/{self.claim.name} uses {self.device}, "
-            "which this node no longer has"
-        )
-
-
-@dataclass(frozen=True)
 class PreparePlan:
     """Prepare one claim: release `release`, record `claim` if `record`, write its spec if `write`, answer it.
 
@@ -57,7 +41,7 @@ class PreparePlan:
     `made` gives the claim their UUIDs), the GPUs it binds to vfio-pci (`vfio`), and the sharing
     settings its devices record (time slices, MPS: `mps`). A whole-GPU claim on a GPU outside
     dynamic MIG has none of the MIG fields, and its prepare runs no MIG step. The spec is built from
-    what the claim then has (`respec`), once.
+    what the claim then has (dra.core.cdi.respec), once.
     """
 
     claim: PreparedClaim
@@ -92,7 +76,7 @@ class PreparePlan:
     @property
     def mps(self) -> bool:
         """Whether the claim's devices use an MPS control daemon (dra.core.mpsdaemons starts or joins it)."""
-        return uses_mps(self.claim)
+        return self.claim.uses_mps
 
     def made(self, created: Mapping[str, MigDevice]) -> PreparePlan:
         """The plan once the MIG devices of `create` exist (by allocated device name), with their UUIDs."""
@@ -126,12 +110,7 @@ class UnpreparePlan:
     @property
     def mps(self) -> bool:
         """Whether the claim used an MPS control daemon, which it leaves (the last one stops it)."""
-        return self.claim is not None and uses_mps(self.claim)
-
-
-def uses_mps(claim: PreparedClaim) -> bool:
-    """Whether a claim's devices are served by an MPS control daemon."""
-    return any(d.mps for d in claim.devices)
+        return self.claim is not None and self.claim.uses_mps
 
 
 def recorded(claim: PreparedClaim) -> set[tuple[str, str]]:
@@ -202,75 +181,6 @@ def conflicts(
         return []
     found = _lookup(allocation, inventory, pool, holders or Holders(prepared), {})
     return list({h.uid: h for f in found for h in f.holders}.values())
-
-
-def _devices_of(claim: PreparedClaim, inventory: Inventory) -> tuple[list[Device], list[MissingDevice]]:
-    found: list[Device] = []
-    missing: list[MissingDevice] = []
-    for entry in claim.devices:
-        device = inventory.by_uuid(entry.uuid) if entry.uuid else inventory.get(entry.device)
-        if device is None:
-            missing.append(MissingDevice(claim, entry.device))
-        elif device.name != entry.device:
-            # A dynamic MIG device, or a GPU through its passthrough twin: the kubelet knows it by the
-            # offer's or twin's name, which its CDI ID carries.
-            found.append(replace(device, name=entry.device))
-        else:
-            found.append(device)
-    return found, missing
-
-
-@dataclass(frozen=True)
-class Respec:
-    """What a prepared claim's devices still present on the node give: its spec and metadata files."""
-
-    #: None when no device of the claim is left.
-    spec: Obj | None
-    metadata: devicemetadata.ClaimMetadata | None
-    missing: tuple[MissingDevice, ...]
-    #: Host directories the spec names that the prepare makes itself, so that they may be missing
-    #: before: its metadata files (written just before the spec), its MPS daemon's (started after).
-    made_here: tuple[str, ...] = ()
-
-    def missing_paths(self, absent: Sequence[str]) -> tuple[str, ...]:
-        """Of the spec's host paths not on the node (`absent`), those the prepare does not make."""
-        return tuple(path for path in absent if not path.startswith(self.made_here))
-
-
-def respec(claim: PreparedClaim, inventory: Inventory, node: Node) -> Respec:
-    """The CDI spec (and device metadata files) of a claim, from its devices present on the node.
-
-    The one place a claim's spec is built: for a new claim once its MIG devices are made and its GPUs
-    bound, for one prepared before whose spec is gone, and at start-up (dra.core.recovery).
-    """
-    devices, missing = _devices_of(claim, inventory)
-    if not devices:
-        return Respec(None, None, tuple(missing))
-    # A share's environment and the MPS daemon's edits only where the claim has them (dra.core.sharing).
-    share_env = {d.device: sharing.share_env(d) for d in claim.devices if d.share_id}
-    unique = list({d.name: d for d in devices}.values())
-    mps = sharing.mps_edits(claim, node.mps_root) if uses_mps(claim) else None
-    metadata = (
-        devicemetadata.for_claim(node.driver, node.metadata_root, claim, unique, inventory)
-        if claim.metadata
-        else None
-    )
-    passthrough = {d.device: d.vfio_group for d in claim.devices if d.vfio_group >= 0}
-    made_here = [f"{node.metadata_root.rstrip('/')}/{metadata.directory}/"] if metadata else []
-    if mps is not None:
-        made_here.append(sharing.mps_dirs(node.mps_root, sharing.claim_mps_key(claim)).root + "/")
-    spec = cdi.build_spec(
-        node.driver,
-        claim.uid,
-        unique,
-        inventory,
-        device_env=share_env,
-        claim_edits=mps,
-        passthrough=passthrough,
-        vfio_api_device=any(d.vfio_api_device for d in claim.devices),
-        extra_devices=metadata.cdi_devices if metadata else (),
-    )
-    return Respec(spec, metadata, tuple(missing), tuple(made_here))
 
 
 #: Why a holder in each of these states no longer needs its devices (the kubelet lost track of it).
@@ -450,7 +360,7 @@ def _with_metadata_ids(entries: list[PreparedDevice], driver: str, uid: str) -> 
     for entry in entries:
         new = [r for r in entry.request_names if r not in seen]
         seen.update(new)
-        ids = tuple(devicemetadata.cdi_device_id(driver, uid, r) for r in new)
+        ids = tuple(cdi.metadata_device_id(driver, uid, r) for r in new)
         result.append(replace(entry, cdi_device_ids=entry.cdi_device_ids + ids))
     return result
 

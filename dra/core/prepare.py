@@ -16,18 +16,16 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from dra.core import devicemetadata, migdevices, mpsdaemons, sharing, vfio
+from dra.core.cdi import Respec, respec
 from dra.core.plan import (
     PreparePlan,
     Refusal,
-    Respec,
     conflicts,
     decide_prepare,
     decide_unprepare,
     recorded,
-    respec,
     stale_reasons,
     unanswered,
-    uses_mps,
 )
 from dra.core.steps import (
     ApplyTimeSlices,
@@ -278,7 +276,7 @@ def _gpu_settings(node: Node, allocation: ClaimAllocation, plan: PreparePlan, fa
     try:
         if wanted:
             yield ApplyTimeSlices(wanted)
-        if node.mps and plan.replaces is not None and uses_mps(plan.replaces):
+        if node.mps and plan.replaces is not None and plan.replaces.uses_mps:
             # The daemon of the old allocation's devices, unless the new one or another claim uses it.
             yield from mpsdaemons.release(plan.replaces, facts.prepared)
         if node.mps and plan.mps:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from dra.core import devicemetadata, migdevices, mpsdaemons, sharing, vfio
-from dra.core.plan import MissingDevice, respec
+from dra.core.cdi import MissingDevice, respec
 from dra.core.steps import (
     ApplyTimeSlices,
     Facts,

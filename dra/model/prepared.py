@@ -58,6 +58,11 @@ class PreparedClaim:
     #: Whether the claim's requests have device metadata files (KEP-5304), mounted through its CDI spec.
     metadata: bool = False
 
+    @property
+    def uses_mps(self) -> bool:
+        """Whether the claim's devices are served by an MPS control daemon."""
+        return any(d.mps for d in self.devices)
+
     def holds(self, name: str, uuid: str, share_id: str = "") -> bool:
         """Whether this claim holds that device (or that share of it) so that another cannot have it.
 

@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 
 from dra.core import cdi
+from dra.core.cdi import MissingDevice, respec
 from dra.core.plan import (
-    MissingDevice,
     PreparePlan,
     Refusal,
     Release,
@@ -18,7 +18,6 @@ from dra.core.plan import (
     conflicts,
     decide_prepare,
     decide_unprepare,
-    respec,
     stale_reasons,
     unanswered,
 )

@@ -2,9 +2,9 @@
 
 Slices built (``slices``, each device's entry by ``deviceentries``) and converged on
 (``sliceplan``), opaque configuration (``config``), CDI spec rendering (``cdi``, the one
-place a claim's CDI spec is built), reading a ResourceClaim's allocation (``allocation``),
-the GPU split between DRA and the device plugin (``assignment``), what a prepare or
-unprepare gives a claim (``plan``) and the programs of steps that carry it out (``prepare``,
+place a claim's CDI spec is built), the GPU split between DRA and the device plugin
+(``assignment``), what a prepare or unprepare gives a claim (``plan``, from the
+ResourceClaim's allocation it reads) and the programs of steps that carry it out (``prepare``,
 ``recovery`` for the start-up repair, ``migdevices``, ``vfio`` and ``mpsdaemons``, over
 the GPU's steps ``gpusteps`` and the step vocabulary ``steps``: what a step is, and the rest), GPU sharing
 (``sharing``), what the API server accepts (``versions``), an unhealthy device's taint

@@ -1,11 +1,12 @@
 """What a prepare or unprepare gives a claim, decided over plain data: the plan, or why the claim is refused.
 
-`decide_prepare` says what a claim gets (its record, the holders it releases, the MIG devices to
-make, the GPUs to pass through) or refuses it with every problem at once, from the allocation, the
-node's inventory and prepared claims, and the node's settings (dra.core.steps.Node). The claim's
-CDI spec and device metadata files are built from what it then has by dra.core.cdi.respec, and the
-programs that carry a plan out are dra.core.prepare's. Nothing here touches a file, a GPU or the
-API server.
+`read_allocation` takes this driver's share of the ResourceClaim the API server returned, or says
+why there is none (re-created, not allocated, no device of this driver). `decide_prepare` says
+what a claim gets (its record, the holders it releases, the MIG devices to make, the GPUs to pass
+through) or refuses it with every problem at once, from the allocation, the node's inventory and
+prepared claims, and the node's settings (dra.core.steps.Node). The claim's CDI spec and device
+metadata files are built from what it then has by dra.core.cdi.respec, and the programs that
+carry a plan out are dra.core.prepare's. Nothing here touches a file, a GPU or the API server.
 """
 
 from __future__ import annotations
@@ -17,11 +18,72 @@ from typing import Any
 from dra.core import cdi, migdevices, sharing, vfio
 from dra.core import config as deviceconfig
 from dra.core.steps import ClaimRead, Node
-from dra.model.allocation import AllocatedDevice, ClaimAllocation
+from dra.model.allocation import (
+    POD_CLAIM_NAME_ANNOTATION,
+    AllocatedDevice,
+    ClaimAllocation,
+    ClaimError,
+    OpaqueConfig,
+)
 from dra.model.devices import Device, Gpu, Inventory, MigDevice, MigPartition, is_vfio_twin
 from dra.model.prepared import VFIO_BIND, DeviceAction, Holders, PreparedClaim, PreparedDevice
 
-Obj = dict[str, Any]
+
+def read_allocation(claim: Mapping[str, Any], expected_uid: str, driver: str) -> ClaimAllocation:
+    """This driver's allocation in `claim`, the ResourceClaim the kubelet named; ClaimError when none.
+
+    The claim must be the one the kubelet meant (its UID), be allocated and have results of this
+    driver; the message says which it is not. The configs kept are the opaque ones for this driver.
+    """
+    meta = claim.get("metadata") or {}
+    ref = f"{meta.get('namespace')}/{meta.get('name')}"
+    if meta.get("uid") != expected_uid:
+        raise ClaimError(
+            f"ResourceClaim {ref} has UID {meta.get('uid')}, but the kubelet asked for UID {expected_uid}: "
+            "the claim was deleted and re-created; delete the pod so that it gets the new claim"
+        )
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        raise ClaimError(f"ResourceClaim {ref} is not allocated yet")
+    devices_status = allocation.get("devices") or {}
+    results = devices_status.get("results") or []
+    mine = [
+        AllocatedDevice(
+            request=str(r["request"]),
+            pool=str(r["pool"]),
+            device=str(r["device"]),
+            admin_access=bool(r.get("adminAccess")),
+            share_id=str(r.get("shareID") or ""),
+            consumed_capacity=tuple(
+                sorted((str(k), str(v)) for k, v in (r.get("consumedCapacity") or {}).items())
+            ),
+        )
+        for r in results
+        if r.get("driver") == driver
+    ]
+    if not mine:
+        drivers = sorted({str(r.get("driver")) for r in results}) or ["none"]
+        raise ClaimError(
+            f"ResourceClaim {ref} has no device allocated by driver {driver} "
+            f"(allocated by: {', '.join(drivers)})"
+        )
+    configs = tuple(
+        OpaqueConfig(
+            source=str(entry.get("source", "FromClaim")),
+            requests=tuple(entry.get("requests") or ()),
+            parameters=entry["opaque"].get("parameters") or {},
+        )
+        for entry in devices_status.get("config") or []
+        if (entry.get("opaque") or {}).get("driver") == driver
+    )
+    return ClaimAllocation(
+        uid=expected_uid,
+        namespace=str(meta.get("namespace")),
+        name=str(meta.get("name")),
+        devices=tuple(mine),
+        configs=configs,
+        pod_claim_name=str((meta.get("annotations") or {}).get(POD_CLAIM_NAME_ANNOTATION) or ""),
+    )
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 import grpc
 
 from dra.adapters.kube import KubeError, NotFoundError
-from dra.core.allocation import read_allocation
+from dra.core.plan import read_allocation
 from dra.core.steps import ClaimRead
 from dra.daemon import metrics
 from dra.daemon.health import HealthTracker

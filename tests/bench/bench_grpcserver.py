@@ -43,7 +43,7 @@ import grpc
 
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.nodefiles import CdiStore
-from dra.core.allocation import read_allocation
+from dra.core.plan import read_allocation
 from dra.daemon.health import HealthTracker
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.profiles import parse_profile

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dra.core.allocation import read_allocation
+from dra.core.plan import read_allocation
 from dra.model.allocation import AllocatedDevice, ClaimError, OpaqueConfig
 from tests.unit.helpers import DRIVER, NODE
 

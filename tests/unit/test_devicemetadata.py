@@ -18,7 +18,7 @@ from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.metadatastore import MetadataStore
 from dra.adapters.nodefiles import CdiStore
 from dra.core import deviceentries, devicemetadata
-from dra.core.allocation import read_allocation
+from dra.core.plan import read_allocation
 from dra.kubeletplugin.state import DeviceState
 from dra.model.allocation import POD_CLAIM_NAME_ANNOTATION, AllocatedDevice, ClaimAllocation
 from dra.model.prepared import PreparedClaim, PreparedDevice

@@ -13,10 +13,9 @@ from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.nodefiles import CdiStore
 from dra.cli.parser import parse_args
 from dra.core import cdi
-from dra.core.allocation import read_allocation
 from dra.core.assignment import parse_selector
 from dra.core.deviceentries import ShareMode
-from dra.core.plan import PreparePlan, decide_prepare
+from dra.core.plan import PreparePlan, decide_prepare, read_allocation
 from dra.core.sharing import decide_sharing
 from dra.core.slices import build_slices
 from dra.core.steps import Node

@@ -13,21 +13,19 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from dra.core import devicemetadata, migdevices, mpsdaemons, sharing, vfio
+from dra.core.devicemetadata import MetadataDirs, RemoveMetadata, WriteMetadata
 from dra.core.plan import MissingDevice, respec
+from dra.core.prepare import Program
+from dra.core.sharing import ApplyTimeSlices
 from dra.core.steps import (
-    ApplyTimeSlices,
     Facts,
     Log,
-    MetadataDirs,
     Node,
-    Program,
     RemoveLeftovers,
-    RemoveMetadata,
     RemoveSpec,
     Save,
     SpecUids,
     StepError,
-    WriteMetadata,
     WriteSpec,
     ask,
 )

@@ -1,13 +1,14 @@
 """Each feature's steps run on the node: one runner class per feature, one method per kind of step.
 
-The steps are dra.core.steps' (the GPU's, dra.core.gpusteps'); the executor and the runner of a
-claim's own steps (its spec, its record, the state) are dra.kubeletplugin.state's, whose
-`CallSteps` combines these. `GpuSteps` runs the GPU's steps over the GPU library (NVML's MIG
-calls) and Log, and is what static MIG layouts run on alone (dra.kubeletplugin.miglayout);
-`MpsSteps` runs the MPS daemons' over dra.kubeletplugin.mps, `PassthroughSteps` passthrough's over
-sysfs, `TimeSliceSteps` the time slices' over dra.kubeletplugin.timeslice, and `MetadataSteps` the
-device metadata files' over their store. A program yields a feature's steps only where the node
-has the feature (dra.core.steps.Node), so each runner asserts its part is there.
+Each feature's steps, and the runner protocol they name, are that feature's module's in dra.core
+(the GPU's: dra.core.gpusteps); the executor and the runner of a claim's own steps (its spec, its
+record, the state) are dra.kubeletplugin.state's, whose `CallSteps` combines these. `GpuSteps`
+runs the GPU's steps over the GPU library (NVML's MIG calls) and Log, and is what static MIG
+layouts run on alone (dra.kubeletplugin.miglayout); `MpsSteps` runs the MPS daemons' over
+dra.kubeletplugin.mps, `PassthroughSteps` passthrough's over sysfs, `TimeSliceSteps` the time
+slices' over dra.kubeletplugin.timeslice, and `MetadataSteps` the device metadata files' over
+their store. A program yields a feature's steps only where the node has the feature
+(dra.core.steps.Node), so each runner asserts its part is there.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import ClassVar, TypeVar
 
 from dra.adapters.metadatastore import MetadataStore
 from dra.adapters.pcisysfs import PciSysfs
+from dra.core import devicemetadata as m
 from dra.core import gpusteps as g
+from dra.core import mpsdaemons, sharing, vfio
 from dra.core import steps as s
 from dra.gpu import dynamic
 from dra.gpu.discovery import profile_infos
@@ -134,27 +137,27 @@ class GpuSteps:
 
 
 class MpsSteps:
-    """Runs the MPS daemons' steps on the node's daemons."""
+    """Runs the MPS daemons' steps (dra.core.mpsdaemons.MpsRunner) on the node's daemons."""
 
     _mps: MpsDaemons | None
 
-    def mps_daemon_pid(self, step: s.MpsDaemonPid) -> int | None:
+    def mps_daemon_pid(self, step: mpsdaemons.MpsDaemonPid) -> int | None:
         """The pid of the MPS daemon, if it runs."""
         return self._daemons().pid(step.key)
 
-    def list_mps_daemons(self, step: s.ListMpsDaemons) -> tuple[str, ...]:
+    def list_mps_daemons(self, step: mpsdaemons.ListMpsDaemons) -> tuple[str, ...]:
         """The MPS daemons with directories."""
         return tuple(self._daemons().daemons())
 
-    def launch_mps(self, step: s.LaunchMps) -> int:
+    def launch_mps(self, step: mpsdaemons.LaunchMps) -> int:
         """Start an MPS daemon; its pid."""
         return self._daemons().launch(step.uuids, step.multi_user)
 
-    def ask_mps(self, step: s.AskMps) -> str:
+    def ask_mps(self, step: mpsdaemons.AskMps) -> str:
         """One command to an MPS daemon; its answer."""
         return self._daemons().ask(step.key, step.command)
 
-    def stop_mps(self, step: s.StopMps) -> None:
+    def stop_mps(self, step: mpsdaemons.StopMps) -> None:
         """Stop an MPS daemon and remove its directories."""
         self._daemons().stop(step.key)
 
@@ -164,37 +167,37 @@ class MpsSteps:
 
 
 class PassthroughSteps:
-    """Runs passthrough's steps on the PCI functions in sysfs."""
+    """Runs passthrough's steps (dra.core.vfio.VfioRunner's own) on the PCI functions in sysfs."""
 
     _pci: PciSysfs
 
-    def read_vfio_host(self, step: s.ReadVfioHost) -> VfioHost:
+    def read_vfio_host(self, step: vfio.ReadVfioHost) -> VfioHost:
         """Whether the kernel has an IOMMU and vfio-pci."""
         return self._pci.host()
 
-    def read_iommu_group(self, step: s.ReadIommuGroup) -> IommuGroup:
+    def read_iommu_group(self, step: vfio.ReadIommuGroup) -> IommuGroup:
         """The function's IOMMU group."""
         return self._pci.iommu_group(step.address)
 
-    def bind_vfio(self, step: s.BindVfio) -> None:
+    def bind_vfio(self, step: vfio.BindVfio) -> None:
         """Bind the function to vfio-pci."""
         self._pci.bind_vfio(step.address)
 
-    def restore_pci(self, step: s.RestorePci) -> None:
+    def restore_pci(self, step: vfio.RestorePci) -> None:
         """Give the function back to its driver."""
         self._pci.restore(step.address, step.driver)
 
 
 class TimeSliceSteps:
-    """Runs the time-slice steps on the node's time slicer."""
+    """Runs the time-slice steps (dra.core.sharing.TimeSliceRunner) on the node's time slicer."""
 
     _time_slicer: TimeSlicer | None
 
-    def apply_time_slices(self, step: s.ApplyTimeSlices) -> None:
+    def apply_time_slices(self, step: sharing.ApplyTimeSlices) -> None:
         """Set the time-slice intervals."""
         self._slicer().apply(step.wanted)
 
-    def restore_time_slices(self, step: s.RestoreTimeSlices) -> None:
+    def restore_time_slices(self, step: sharing.RestoreTimeSlices) -> None:
         """Give the GPUs their default interval back."""
         self._slicer().restore(step.uuids)
 
@@ -204,19 +207,19 @@ class TimeSliceSteps:
 
 
 class MetadataSteps:
-    """Runs the device metadata files' steps on their store."""
+    """Runs the device metadata files' steps (dra.core.devicemetadata.MetadataRunner) on their store."""
 
     _metadata: MetadataStore | None
 
-    def metadata_dirs(self, step: s.MetadataDirs) -> frozenset[str]:
+    def metadata_dirs(self, step: m.MetadataDirs) -> frozenset[str]:
         """The claim directories of the metadata root."""
         return self._metadata.directories() if self._metadata else frozenset()
 
-    def write_metadata(self, step: s.WriteMetadata) -> None:
+    def write_metadata(self, step: m.WriteMetadata) -> None:
         """Write a claim's metadata files."""
         self._metadata_store().write(step.directory, step.files)
 
-    def remove_metadata(self, step: s.RemoveMetadata) -> None:
+    def remove_metadata(self, step: m.RemoveMetadata) -> None:
         """Remove a claim's metadata directory."""
         self._metadata_store().remove(step.directory)
 

@@ -183,7 +183,9 @@ class DeviceState:
                 self.inventory = inventory
             return result, inventory
 
-    def _run(self, start: Callable[[s.Facts], s.Program[T]], stale: StaleCheck = _every_holder_live) -> T:
+    def _run(
+        self, start: Callable[[s.Facts], programs.Program[T]], stale: StaleCheck = _every_holder_live
+    ) -> T:
         """Run a call's program on the state as it is under the lock, let go for the unlocked steps."""
         call = CallSteps(self, stale, self._group.join())
         try:

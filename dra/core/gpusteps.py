@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from dra.core.steps import GpuRunner, Query, Step
+from dra.core.steps import Logger, Query, Step
 from dra.model.devices import Gpu, MigDevice
 
 T = TypeVar("T")
@@ -21,6 +21,21 @@ NVML_NOT_SUPPORTED = 3
 #: NVML_ERROR_INSUFFICIENT_RESOURCES (nvml.h): NVML refused a GPU instance for lack of room, so the
 #: placement is taken on the GPU, whatever the checkpoint says.
 NVML_INSUFFICIENT_RESOURCES = 23
+
+
+class GpuRunner(Logger, Protocol):
+    """What runs the GPU's steps over a GPU library: one method per kind, each step's `run`."""
+
+    def read_gpus(self, step: ReadGpus) -> tuple[GpuIdentity, ...]: ...
+    def list_instance_profiles(self, step: ListInstanceProfiles) -> tuple[InstanceProfile, ...]: ...
+    def list_gpu_instances(self, step: ListGpuInstances) -> tuple[GpuInstanceAt, ...]: ...
+    def has_compute_instance(self, step: HasComputeInstance) -> bool: ...
+    def create_gpu_instance(self, step: CreateGpuInstance) -> int: ...
+    def create_compute_instance(self, step: CreateComputeInstance) -> int: ...
+    def read_mig_mode(self, step: ReadMigMode) -> tuple[int, int]: ...
+    def set_mig_mode(self, step: SetMigMode) -> bool: ...
+    def find_mig_device(self, step: FindMigDevice) -> MigDevice: ...
+    def destroy_gpu_instance(self, step: DestroyGpuInstance) -> None: ...
 
 
 #: A program of GPU steps (and log lines): runs on a GpuRunner, and within every larger program.

@@ -8,8 +8,9 @@ dynamic-MIG GPU is destroyed (docs/mig.md, "Crash safety").
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Generator, Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any, Protocol, TypeVar
 
 from dra.core.gpusteps import (
     NVML_INSUFFICIENT_RESOURCES,
@@ -17,14 +18,25 @@ from dra.core.gpusteps import (
     CreateGpuInstance,
     DestroyGpuInstance,
     FindMigDevice,
+    GpuRunner,
     ListGpuInstances,
     ReadMigMode,
     SetMigMode,
 )
-from dra.core.steps import Facts, Log, Node, Program, Save, SetInventory, StepError, ask
+from dra.core.steps import Facts, Log, Node, Runner, Save, SetInventory, Step, StepError, ask
 from dra.model.allocation import ClaimAllocation, ClaimError
 from dra.model.devices import Gpu, Inventory, MigDevice, MigPartition
 from dra.model.prepared import MIG_CREATE, MIG_MODE, DeviceAction, Holders, PreparedClaim
+
+T = TypeVar("T")
+
+
+class MigRunner(Runner, GpuRunner, Protocol):
+    """What runs dynamic MIG's programs: the GPU's steps, and a claim's own (Save, SetInventory)."""
+
+
+#: A program of the GPU's steps and a claim's own: runs on a MigRunner, and within every larger program.
+Program = Generator[Step[MigRunner], Any, T]
 
 
 @dataclass(frozen=True)

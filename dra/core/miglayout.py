@@ -19,6 +19,7 @@ from dra.core.gpusteps import (
     DestroyGpuInstance,
     GpuIdentity,
     GpuProgram,
+    GpuRunner,
     HasComputeInstance,
     InstanceProfile,
     ListGpuInstances,
@@ -28,7 +29,7 @@ from dra.core.gpusteps import (
     SetMigMode,
 )
 from dra.core.migconfig import LayoutEntry, MigConfigError, MigConfigs, Slot, place, select_gpus
-from dra.core.steps import GpuRunner, Log, Step, StepError, ask
+from dra.core.steps import Log, Step, StepError, ask
 from dra.model.migmode import DYNAMIC, MigModes
 
 

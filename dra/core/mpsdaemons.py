@@ -11,23 +11,81 @@ life cycle: docs/sharing.md ("MPS").
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 from dra.core import sharing
-from dra.core.steps import (
-    AskMps,
-    LaunchMps,
-    ListMpsDaemons,
-    Log,
-    MpsDaemonPid,
-    Program,
-    StepError,
-    StopMps,
-    ask,
-)
+from dra.core.steps import Log, Logger, Query, Step, StepError, ask
 from dra.model.prepared import PreparedClaim
 
+T = TypeVar("T")
+
 _SIZE = re.compile(r"^([0-9]+)([MG])$")
+
+
+class MpsRunner(Logger, Protocol):
+    """What runs the MPS daemons' steps (dra.kubeletplugin.devicesteps): one method per kind."""
+
+    def mps_daemon_pid(self, step: MpsDaemonPid) -> int | None: ...
+    def list_mps_daemons(self, step: ListMpsDaemons) -> tuple[str, ...]: ...
+    def launch_mps(self, step: LaunchMps) -> int: ...
+    def ask_mps(self, step: AskMps) -> str: ...
+    def stop_mps(self, step: StopMps) -> None: ...
+
+
+#: A program of the MPS daemons' steps and log lines: runs on an MpsRunner, and within every larger program.
+Program = Generator[Step[MpsRunner], Any, T]
+
+
+@dataclass(frozen=True)
+class MpsDaemonPid(Query[MpsRunner, int | None]):
+    """The pid of MPS control daemon `key` (dra.core.sharing.mps_key) when it runs, else None."""
+
+    key: str
+
+    def run(self, runner: MpsRunner) -> int | None:
+        return runner.mps_daemon_pid(self)
+
+
+@dataclass(frozen=True)
+class ListMpsDaemons(Query[MpsRunner, tuple[str, ...]]):
+    """The keys of the MPS control daemons with directories (running, or left behind), sorted."""
+
+    def run(self, runner: MpsRunner) -> tuple[str, ...]:
+        return runner.list_mps_daemons(self)
+
+
+@dataclass(frozen=True)
+class LaunchMps(Query[MpsRunner, int]):
+    """Start the MPS control daemon of these device UUIDs, multi-user (-M) or not; its pid."""
+
+    uuids: tuple[str, ...]
+    multi_user: bool
+
+    def run(self, runner: MpsRunner) -> int:
+        return runner.launch_mps(self)
+
+
+@dataclass(frozen=True)
+class AskMps(Query[MpsRunner, str]):
+    """One command to MPS control daemon `key`, in a call of its own; its answer, stripped."""
+
+    key: str
+    command: str
+
+    def run(self, runner: MpsRunner) -> str:
+        return runner.ask_mps(self)
+
+
+@dataclass(frozen=True)
+class StopMps(Step[MpsRunner]):
+    """Stop MPS control daemon `key` (quit, else kill) and remove its directories; none is fine."""
+
+    key: str
+
+    def run(self, runner: MpsRunner) -> None:
+        return runner.stop_mps(self)
 
 
 def start(claim: PreparedClaim) -> Program[None]:

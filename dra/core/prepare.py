@@ -12,11 +12,15 @@ touches a file, a GPU or the API server.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import replace
+from typing import Any, Protocol, TypeVar
 
 from dra.core import devicemetadata, migdevices, mpsdaemons, sharing, vfio
 from dra.core.cdi import Respec, respec
+from dra.core.devicemetadata import MetadataRunner, RemoveMetadata, WriteMetadata
+from dra.core.migdevices import MigRunner
+from dra.core.mpsdaemons import MpsRunner
 from dra.core.plan import (
     PreparePlan,
     Refusal,
@@ -27,8 +31,8 @@ from dra.core.plan import (
     stale_reasons,
     unanswered,
 )
+from dra.core.sharing import ApplyTimeSlices, RestoreTimeSlices, TimeSliceRunner
 from dra.core.steps import (
-    ApplyTimeSlices,
     AskStale,
     ClaimRead,
     Facts,
@@ -37,20 +41,29 @@ from dra.core.steps import (
     Mark,
     MissingHostPaths,
     Node,
-    Program,
     ReadState,
-    RemoveMetadata,
     RemoveSpec,
-    RestoreTimeSlices,
     Save,
+    Step,
     StepError,
     Sync,
-    WriteMetadata,
     WriteSpec,
     ask,
 )
+from dra.core.vfio import VfioRunner
 from dra.model.allocation import ClaimAllocation, ClaimError
 from dra.model.prepared import PreparedClaim
+
+T = TypeVar("T")
+
+
+class NodeRunner(MigRunner, VfioRunner, MpsRunner, TimeSliceRunner, MetadataRunner, Protocol):
+    """What runs every step of prepare, unprepare and start-up: a claim's own, and each feature's."""
+
+
+#: A program of every kind of step: yields steps, is sent their results (what each step's `run`
+#: returned), returns its answer. The programs of each feature, of fewer kinds, run within it.
+Program = Generator[Step[NodeRunner], Any, T]
 
 
 def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[PreparedClaim]:

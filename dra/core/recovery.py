@@ -14,20 +14,18 @@ from typing import Any
 
 from dra.core import devicemetadata, migdevices, mpsdaemons, sharing, vfio
 from dra.core.cdi import MissingDevice, respec
+from dra.core.devicemetadata import MetadataDirs, RemoveMetadata, WriteMetadata
+from dra.core.prepare import Program
+from dra.core.sharing import ApplyTimeSlices
 from dra.core.steps import (
-    ApplyTimeSlices,
     Facts,
     Log,
-    MetadataDirs,
     Node,
-    Program,
     RemoveLeftovers,
-    RemoveMetadata,
     RemoveSpec,
     Save,
     SpecUids,
     StepError,
-    WriteMetadata,
     WriteSpec,
     ask,
 )

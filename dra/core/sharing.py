@@ -4,6 +4,8 @@ A time-slice interval is a setting of the whole GPU, so the claims on one GPU mu
 (Default is no preference); a shareable GPU's claims each carry a share ID and the capacity they
 consume; the MPS devices of claims on the same set of devices share one control daemon, and a
 set that overlaps another daemon's without being it is refused. The rules: docs/sharing.md.
+The time-slice steps (intervals set and given back) are here too; the MPS daemons' are
+dra.core.mpsdaemons'.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from dra.api.v1beta1 import DeviceConfig, GpuConfig, MpsConfig, VfioDeviceConfig, device_for_key
 from dra.core import config as deviceconfig
+from dra.core.steps import Step
 from dra.model.allocation import ClaimAllocation
 from dra.model.devices import Device
 from dra.model.prepared import PreparedClaim, PreparedDevice
@@ -64,6 +67,33 @@ def time_slices_to_restore(uid: str, prepared: Mapping[str, PreparedClaim]) -> l
         return []
     others = wanted_time_slices({k: v for k, v in prepared.items() if k != uid})
     return sorted(timed - others.keys())
+
+
+class TimeSliceRunner(Protocol):
+    """What runs the time-slice steps (dra.kubeletplugin.devicesteps): one method per kind."""
+
+    def apply_time_slices(self, step: ApplyTimeSlices) -> None: ...
+    def restore_time_slices(self, step: RestoreTimeSlices) -> None: ...
+
+
+@dataclass(frozen=True)
+class ApplyTimeSlices(Step[TimeSliceRunner]):
+    """Set these time-slice intervals, by GPU UUID."""
+
+    wanted: Mapping[str, str]
+
+    def run(self, runner: TimeSliceRunner) -> None:
+        return runner.apply_time_slices(self)
+
+
+@dataclass(frozen=True)
+class RestoreTimeSlices(Step[TimeSliceRunner]):
+    """Give these GPUs (by UUID) back their default interval."""
+
+    uuids: tuple[str, ...]
+
+    def run(self, runner: TimeSliceRunner) -> None:
+        return runner.restore_time_slices(self)
 
 
 def share_env(device: PreparedDevice) -> list[str]:

@@ -1,13 +1,15 @@
-"""The step vocabulary: what a step is, the steps of prepare, unprepare and the start-up repair, their Runner.
+"""The step vocabulary: what a step is; a claim's own steps (its spec, record and state) and their Runner.
 
 A program (dra.core.prepare, .recovery, .migdevices, .vfio, .mpsdaemons) is a generator: it yields
 one step at a time and is resumed with the step's result, the way a sans-I/O protocol asks for
 more input. It decides everything; the executor (dra.kubeletplugin.state) only runs each step and
 sends back what it returned, or throws `StepError` into the program when the step failed. A
 step's `run` calls the one method of its runner that runs its kind (`WriteSpec.run` calls
-`runner.write_spec`): the runner's type is the step's type parameter. The GPU's steps
-(dra.core.gpusteps, run by a GpuRunner) are what static MIG layouts are made of alone; `Runner`
-extends GpuRunner, so a step that needs less of its runner is a step of every program.
+`runner.write_spec`): the runner's type is the step's type parameter. Each feature's steps and the
+runner of those are its own module's: the GPU's (dra.core.gpusteps, which static MIG layouts are
+made of alone), MPS daemons' (.mpsdaemons), passthrough's (.vfio), time slices' (.sharing) and
+device metadata files' (.devicemetadata); dra.core.prepare's `NodeRunner` runs them all. A step that
+needs less of its runner is a step of every program whose runner has more.
 docs/architecture.md has the table of steps in the order a prepare takes them.
 """
 
@@ -17,30 +19,10 @@ import abc
 import functools
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 from dra.model.devices import Inventory
-from dra.model.pci import IommuGroup, VfioHost
 from dra.model.prepared import DeviceAction, Holders, PreparedClaim
-
-if TYPE_CHECKING:
-    # GpuRunner's method signatures only: the GPU's steps are built on this module.
-    from dra.core.gpusteps import (
-        CreateComputeInstance,
-        CreateGpuInstance,
-        DestroyGpuInstance,
-        FindMigDevice,
-        GpuIdentity,
-        GpuInstanceAt,
-        HasComputeInstance,
-        InstanceProfile,
-        ListGpuInstances,
-        ListInstanceProfiles,
-        ReadGpus,
-        ReadMigMode,
-        SetMigMode,
-    )
-    from dra.model.devices import MigDevice
 
 T = TypeVar("T")
 Obj = dict[str, Any]
@@ -99,21 +81,6 @@ class Log(Step[Logger]):
 
     def run(self, runner: Logger) -> None:
         return runner.log(self)
-
-
-class GpuRunner(Logger, Protocol):
-    """What runs the GPU's steps over a GPU library: one method per kind, each step's `run`."""
-
-    def read_gpus(self, step: ReadGpus) -> tuple[GpuIdentity, ...]: ...
-    def list_instance_profiles(self, step: ListInstanceProfiles) -> tuple[InstanceProfile, ...]: ...
-    def list_gpu_instances(self, step: ListGpuInstances) -> tuple[GpuInstanceAt, ...]: ...
-    def has_compute_instance(self, step: HasComputeInstance) -> bool: ...
-    def create_gpu_instance(self, step: CreateGpuInstance) -> int: ...
-    def create_compute_instance(self, step: CreateComputeInstance) -> int: ...
-    def read_mig_mode(self, step: ReadMigMode) -> tuple[int, int]: ...
-    def set_mig_mode(self, step: SetMigMode) -> bool: ...
-    def find_mig_device(self, step: FindMigDevice) -> MigDevice: ...
-    def destroy_gpu_instance(self, step: DestroyGpuInstance) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -190,39 +157,25 @@ class Facts:
         return facts
 
 
-class Runner(GpuRunner, Protocol):
-    """What runs the steps (dra.kubeletplugin.state.CallSteps): one method per kind, each step's `run`."""
+class Runner(Logger, Protocol):
+    """What runs a claim's own steps (dra.kubeletplugin.state.CallSteps): one method per kind, and Log."""
 
     def read_state(self, step: ReadState) -> Facts: ...
     def has_spec(self, step: HasSpec) -> bool: ...
     def spec_uids(self, step: SpecUids) -> frozenset[str]: ...
-    def metadata_dirs(self, step: MetadataDirs) -> frozenset[str]: ...
     def ask_stale(self, step: AskStale) -> Mapping[str, ClaimRead]: ...
     def missing_host_paths(self, step: MissingHostPaths) -> tuple[str, ...]: ...
-    def read_vfio_host(self, step: ReadVfioHost) -> VfioHost: ...
-    def read_iommu_group(self, step: ReadIommuGroup) -> IommuGroup: ...
     def save(self, step: Save) -> int: ...
     def mark(self, step: Mark) -> None: ...
     def remove_leftovers(self, step: RemoveLeftovers) -> None: ...
     def write_spec(self, step: WriteSpec) -> None: ...
     def remove_spec(self, step: RemoveSpec) -> None: ...
-    def write_metadata(self, step: WriteMetadata) -> None: ...
-    def remove_metadata(self, step: RemoveMetadata) -> None: ...
     def use_inventory(self, step: SetInventory) -> None: ...
-    def bind_vfio(self, step: BindVfio) -> None: ...
-    def restore_pci(self, step: RestorePci) -> None: ...
     def sync(self, step: Sync) -> None: ...
-    def apply_time_slices(self, step: ApplyTimeSlices) -> None: ...
-    def restore_time_slices(self, step: RestoreTimeSlices) -> None: ...
-    def mps_daemon_pid(self, step: MpsDaemonPid) -> int | None: ...
-    def list_mps_daemons(self, step: ListMpsDaemons) -> tuple[str, ...]: ...
-    def launch_mps(self, step: LaunchMps) -> int: ...
-    def ask_mps(self, step: AskMps) -> str: ...
-    def stop_mps(self, step: StopMps) -> None: ...
 
 
-#: A program of these steps, the GPU's and log lines: yields steps, is sent their results (what each
-#: step's `run` returned), returns its answer.
+#: A program of these steps and log lines: yields steps, is sent their results (what each step's
+#: `run` returned), returns its answer.
 Program = Generator[Step[Runner], Any, T]
 
 
@@ -254,14 +207,6 @@ class SpecUids(Query[Runner, frozenset[str]]):
 
 
 @dataclass(frozen=True)
-class MetadataDirs(Query[Runner, frozenset[str]]):
-    """The claim directories (dra.core.devicemetadata.claim_dir) under the metadata root."""
-
-    def run(self, runner: Runner) -> frozenset[str]:
-        return runner.metadata_dirs(self)
-
-
-@dataclass(frozen=True)
 class AskStale(Query[Runner, Mapping[str, ClaimRead]]):
     """What the API server says of each holder's ResourceClaim, by UID; asked without the lock."""
 
@@ -280,24 +225,6 @@ class MissingHostPaths(Query[Runner, tuple[str, ...]]):
 
     def run(self, runner: Runner) -> tuple[str, ...]:
         return runner.missing_host_paths(self)
-
-
-@dataclass(frozen=True)
-class ReadVfioHost(Query[Runner, VfioHost]):
-    """Whether the kernel runs with an IOMMU and has vfio-pci loaded."""
-
-    def run(self, runner: Runner) -> VfioHost:
-        return runner.read_vfio_host(self)
-
-
-@dataclass(frozen=True)
-class ReadIommuGroup(Query[Runner, IommuGroup]):
-    """The IOMMU group of the PCI function at `address`, each member with its driver."""
-
-    address: str
-
-    def run(self, runner: Runner) -> IommuGroup:
-        return runner.read_iommu_group(self)
 
 
 @dataclass(frozen=True)
@@ -358,27 +285,6 @@ class RemoveSpec(Step[Runner]):
 
 
 @dataclass(frozen=True)
-class WriteMetadata(Step[Runner]):
-    """Write a claim's device metadata files, one per request, atomically; other requests' files go."""
-
-    directory: str
-    files: Mapping[str, bytes]
-
-    def run(self, runner: Runner) -> None:
-        return runner.write_metadata(self)
-
-
-@dataclass(frozen=True)
-class RemoveMetadata(Step[Runner]):
-    """Remove a claim's device metadata directory; none is fine."""
-
-    directory: str
-
-    def run(self, runner: Runner) -> None:
-        return runner.remove_metadata(self)
-
-
-@dataclass(frozen=True)
 class SetInventory(Step[Runner]):
     """Prepares from now on see this inventory (MIG devices made or destroyed)."""
 
@@ -386,27 +292,6 @@ class SetInventory(Step[Runner]):
 
     def run(self, runner: Runner) -> None:
         return runner.use_inventory(self)
-
-
-@dataclass(frozen=True)
-class BindVfio(Step[Runner]):
-    """Bind the PCI function at `address` to vfio-pci (override, unbind, bind); bound already is fine."""
-
-    address: str
-
-    def run(self, runner: Runner) -> None:
-        return runner.bind_vfio(self)
-
-
-@dataclass(frozen=True)
-class RestorePci(Step[Runner]):
-    """Clear its driver_override, bind the function to `driver` ("": none); bound there already is fine."""
-
-    address: str
-    driver: str
-
-    def run(self, runner: Runner) -> None:
-        return runner.restore_pci(self)
 
 
 @dataclass(frozen=True)
@@ -418,73 +303,3 @@ class Sync(Step[Runner]):
 
     def run(self, runner: Runner) -> None:
         return runner.sync(self)
-
-
-@dataclass(frozen=True)
-class ApplyTimeSlices(Step[Runner]):
-    """Set these time-slice intervals, by GPU UUID."""
-
-    wanted: Mapping[str, str]
-
-    def run(self, runner: Runner) -> None:
-        return runner.apply_time_slices(self)
-
-
-@dataclass(frozen=True)
-class RestoreTimeSlices(Step[Runner]):
-    """Give these GPUs (by UUID) back their default interval."""
-
-    uuids: tuple[str, ...]
-
-    def run(self, runner: Runner) -> None:
-        return runner.restore_time_slices(self)
-
-
-@dataclass(frozen=True)
-class MpsDaemonPid(Query[Runner, int | None]):
-    """The pid of MPS control daemon `key` (dra.core.sharing.mps_key) when it runs, else None."""
-
-    key: str
-
-    def run(self, runner: Runner) -> int | None:
-        return runner.mps_daemon_pid(self)
-
-
-@dataclass(frozen=True)
-class ListMpsDaemons(Query[Runner, tuple[str, ...]]):
-    """The keys of the MPS control daemons with directories (running, or left behind), sorted."""
-
-    def run(self, runner: Runner) -> tuple[str, ...]:
-        return runner.list_mps_daemons(self)
-
-
-@dataclass(frozen=True)
-class LaunchMps(Query[Runner, int]):
-    """Start the MPS control daemon of these device UUIDs, multi-user (-M) or not; its pid."""
-
-    uuids: tuple[str, ...]
-    multi_user: bool
-
-    def run(self, runner: Runner) -> int:
-        return runner.launch_mps(self)
-
-
-@dataclass(frozen=True)
-class AskMps(Query[Runner, str]):
-    """One command to MPS control daemon `key`, in a call of its own; its answer, stripped."""
-
-    key: str
-    command: str
-
-    def run(self, runner: Runner) -> str:
-        return runner.ask_mps(self)
-
-
-@dataclass(frozen=True)
-class StopMps(Step[Runner]):
-    """Stop MPS control daemon `key` (quit, else kill) and remove its directories; none is fine."""
-
-    key: str
-
-    def run(self, runner: Runner) -> None:
-        return runner.stop_mps(self)

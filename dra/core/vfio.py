@@ -18,27 +18,16 @@ NVIDIA's driver does, and a group that holds another card's bound function refus
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
-from dataclasses import replace
-from typing import NoReturn
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from dra.api.v1beta1 import GpuConfig, VfioDeviceConfig
 from dra.core import config as deviceconfig
-from dra.core.steps import (
-    BindVfio,
-    Facts,
-    Log,
-    Program,
-    ReadIommuGroup,
-    ReadVfioHost,
-    RestorePci,
-    Save,
-    StepError,
-    ask,
-)
+from dra.core.steps import Facts, Log, Query, Runner, Save, Step, StepError, ask
 from dra.model.allocation import ClaimAllocation, ClaimError
 from dra.model.devices import Device, Gpu, Inventory, is_vfio_twin
-from dra.model.pci import IommuGroup, PciFunction
+from dra.model.pci import IommuGroup, PciFunction, VfioHost
 from dra.model.prepared import VFIO_BIND, DeviceAction, PreparedClaim
 
 #: The driver passthrough binds GPUs to, and the one they come from, as /sys/bus/pci/drivers names them.
@@ -49,6 +38,60 @@ NVIDIA = "nvidia"
 GROUP_SAFE_DRIVERS = frozenset({VFIO_PCI, "pci-stub", "pcieport"})
 #: How a prepare that binds is turned on, for the refusal when it is off.
 HOW_TO_ENABLE = "start the kubelet plugin with --vfio=true (chart value kubeletPlugin.vfio.enabled=true)"
+
+T = TypeVar("T")
+
+
+class VfioRunner(Runner, Protocol):
+    """What runs passthrough's steps over sysfs (dra.kubeletplugin.devicesteps), and a claim's own (Save)."""
+
+    def read_vfio_host(self, step: ReadVfioHost) -> VfioHost: ...
+    def read_iommu_group(self, step: ReadIommuGroup) -> IommuGroup: ...
+    def bind_vfio(self, step: BindVfio) -> None: ...
+    def restore_pci(self, step: RestorePci) -> None: ...
+
+
+#: A program of passthrough's steps and a claim's own: runs on a VfioRunner, and within every larger program.
+Program = Generator[Step[VfioRunner], Any, T]
+
+
+@dataclass(frozen=True)
+class ReadVfioHost(Query[VfioRunner, VfioHost]):
+    """Whether the kernel runs with an IOMMU and has vfio-pci loaded."""
+
+    def run(self, runner: VfioRunner) -> VfioHost:
+        return runner.read_vfio_host(self)
+
+
+@dataclass(frozen=True)
+class ReadIommuGroup(Query[VfioRunner, IommuGroup]):
+    """The IOMMU group of the PCI function at `address`, each member with its driver."""
+
+    address: str
+
+    def run(self, runner: VfioRunner) -> IommuGroup:
+        return runner.read_iommu_group(self)
+
+
+@dataclass(frozen=True)
+class BindVfio(Step[VfioRunner]):
+    """Bind the PCI function at `address` to vfio-pci (override, unbind, bind); bound already is fine."""
+
+    address: str
+
+    def run(self, runner: VfioRunner) -> None:
+        return runner.bind_vfio(self)
+
+
+@dataclass(frozen=True)
+class RestorePci(Step[VfioRunner]):
+    """Clear its driver_override, bind the function to `driver` ("": none); bound there already is fine."""
+
+    address: str
+    driver: str
+
+    def run(self, runner: VfioRunner) -> None:
+        return runner.restore_pci(self)
 
 
 def passthrough(allocation: ClaimAllocation, devices: Mapping[str, Device]) -> dict[str, bool]:

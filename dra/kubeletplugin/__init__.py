@@ -6,8 +6,9 @@ metric; ``service`` (DRA and health gRPC), ``publisher`` (ResourceSlices, with
 ``features``: what the server keeps), ``podresources``, ``healthctl``, ``miglabel``,
 ``top`` and ``usage`` are what it serves, follows and reports; ``claimstatus`` writes
 the prepared claims' status; ``miglayout`` runs static MIG layouts (dra.core's program)
-on ``state``'s GPU runner; ``state`` runs the steps of dra.core's prepare, unprepare and
-start-up programs (and the GPU's steps, with the loop both run a program with); ``mps`` and
+on ``devicesteps``' GPU runner; ``state`` runs the steps of dra.core's prepare, unprepare and
+start-up programs (a claim's own, with the loop both run a program with) over ``devicesteps``,
+each feature's steps (the GPU's, MPS daemons', passthrough's, time slices', metadata files'); ``mps`` and
 ``timeslice`` act on the GPUs; ``mpsprivsep`` (the MPS launcher), ``mpslaunch`` and
 ``registration``.
 

@@ -21,7 +21,8 @@ from dra.core.miglayout import Applied
 from dra.daemon.bootstrap import DaemonSettings, StartupError
 from dra.gpu.discovery import discover
 from dra.gpu.library import GpuLibrary, GpuLibraryError
-from dra.kubeletplugin.state import GpuSteps, execute
+from dra.kubeletplugin.devicesteps import GpuSteps
+from dra.kubeletplugin.state import execute
 from dra.model.devices import MigDevice
 from dra.model.migmode import STATIC, MigModes
 from dra.model.prepared import MIG_CREATE, DeviceAction, PreparedClaim

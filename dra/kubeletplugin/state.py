@@ -2,11 +2,11 @@
 
 The programs (dra.core.prepare, .recovery) decide; `DeviceState` holds what they decide on (the
 prepared claims, the device actions, the inventory) and runs each call's program with `execute`,
-one step at a time, on a `CallSteps` of its own: one method per kind of step, over the CDI
-directory, the checkpoint, the metadata files, sysfs, the time slicer and the MPS daemons, with the
-call's stale check, and a crash point after each step (`nodefiles.point`). The GPU's steps are
-`GpuSteps`' methods over the GPU library, which `CallSteps` extends and static MIG layouts run on
-alone (dra.kubeletplugin.miglayout). Around the steps, each in one place:
+one step at a time, on a `CallSteps` of its own: one method per kind of a claim's own step, over
+the CDI directory, the checkpoint and the state, with the call's stale check, and a crash point after
+each step (`nodefiles.point`). Each feature's steps (the GPU's MIG calls, MPS daemons, passthrough,
+time slices, metadata files) are run by that feature's runner, which `CallSteps` extends
+(dra.kubeletplugin.devicesteps). Around the steps, each in one place:
 
 - the lock (`DeviceState._held`): a thread lock and the checkpoint's flock, since in a rolling
   update two instances share the checkpoint and the CDI directory; the two steps marked unlocked
@@ -26,25 +26,29 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 from dra.adapters import nodefiles
 from dra.adapters.checkpoint import CheckpointStore, GroupCommit, Member
 from dra.adapters.metadatastore import MetadataStore
 from dra.adapters.nodefiles import CdiStore
 from dra.adapters.pcisysfs import PciSysfs
-from dra.core import gpusteps as g
 from dra.core import migdevices, recovery
 from dra.core import prepare as programs
 from dra.core import steps as s
-from dra.gpu import dynamic
-from dra.gpu.discovery import profile_infos
-from dra.gpu.library import GpuLibrary, GpuLibraryError, Placement
-from dra.kubeletplugin.mps import MpsDaemons, MpsError
-from dra.kubeletplugin.timeslice import TimeSliceError, TimeSlicer
+from dra.gpu.library import GpuLibrary
+from dra.kubeletplugin.devicesteps import (
+    FEATURE_ERRORS,
+    GpuSteps,
+    MetadataSteps,
+    MpsSteps,
+    PassthroughSteps,
+    TimeSliceSteps,
+)
+from dra.kubeletplugin.mps import MpsDaemons
+from dra.kubeletplugin.timeslice import TimeSlicer
 from dra.model.allocation import ClaimAllocation
-from dra.model.devices import Inventory, MigDevice
-from dra.model.pci import IommuGroup, VfioHost
+from dra.model.devices import Inventory
 from dra.model.prepared import VFIO_BIND, DeviceAction, Holders, PreparedClaim
 
 log = logging.getLogger(__name__)
@@ -55,13 +59,6 @@ T = TypeVar("T")
 StaleCheck = Callable[[Sequence[PreparedClaim]], Mapping[str, s.ClaimRead]]
 #: A runner: what a program's steps are run on, itself or a runner of more kinds of step.
 S = TypeVar("S", bound="GpuSteps")
-
-_LOG_LEVELS = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-}
 
 
 def _every_holder_live(holders: Sequence[PreparedClaim]) -> Mapping[str, s.ClaimRead]:
@@ -186,7 +183,9 @@ class DeviceState:
                 self.inventory = inventory
             return result, inventory
 
-    def _run(self, start: Callable[[s.Facts], s.Program[T]], stale: StaleCheck = _every_holder_live) -> T:
+    def _run(
+        self, start: Callable[[s.Facts], programs.Program[T]], stale: StaleCheck = _every_holder_live
+    ) -> T:
         """Run a call's program on the state as it is under the lock, let go for the unlocked steps."""
         call = CallSteps(self, stale, self._group.join())
         try:
@@ -243,104 +242,13 @@ def execute(
             nodefiles.point(step.point)
 
 
-class GpuSteps:
-    """Runs the GPU's steps over a GPU library (dra.core.gpusteps.GpuRunner), one method per kind, and Log."""
+class CallSteps(GpuSteps, MpsSteps, PassthroughSteps, TimeSliceSteps, MetadataSteps):
+    """Runs one call's steps on the state: one method per kind (dra.core.steps.Runner) of a claim's own,
+    with the call's stale check and its place in the group commit; each feature's steps and Log are
+    run by the runner of that feature it extends (dra.kubeletplugin.devicesteps)."""
 
-    #: What a step may fail with; it is thrown into the program as StepError, which decides what follows.
-    step_errors: ClassVar[tuple[type[Exception], ...]] = (GpuLibraryError,)
-
-    def __init__(self, lib: GpuLibrary | None, logger: logging.Logger) -> None:
-        """`lib` is None where no GPU can do MIG (Node.mig): no program yields a GPU step. Logs: `logger`."""
-        self._lib = lib
-        self._logger = logger
-
-    def _run_step(self: S, step: s.Step[S]) -> object:
-        """Run one step: its kind's method (step.run names it)."""
-        return step.run(self)
-
-    def log(self, step: s.Log) -> None:
-        """Write the line to the plugin's log."""
-        self._logger.log(_LOG_LEVELS[step.level], "%s", step.message)
-
-    def read_gpus(self, step: g.ReadGpus) -> tuple[g.GpuIdentity, ...]:
-        """Every GPU's index, PCI device ID, UUID and name."""
-        lib = self._gpus()
-        handles = [(i, lib.device_by_index(i)) for i in range(lib.device_count())]
-        return tuple(g.GpuIdentity(i, lib.pci_device_id(h), lib.uuid(h), lib.name(h)) for i, h in handles)
-
-    def list_instance_profiles(self, step: g.ListInstanceProfiles) -> tuple[g.InstanceProfile, ...]:
-        """The GPU's GPU-instance profiles and their placements."""
-        lib = self._gpus()
-        handle = lib.device_by_index(step.gpu_index)
-        found = []
-        for info in profile_infos(lib, handle):
-            placements = lib.gpu_instance_possible_placements(handle, info.id)
-            found.append(
-                g.InstanceProfile(
-                    info.name.removeprefix("MIG ").strip(),
-                    info.id,
-                    info.slice_count,
-                    placements[0].size if placements else 0,
-                    tuple(p.start for p in placements),
-                    info.instance_count,
-                )
-            )
-        return tuple(found)
-
-    def list_gpu_instances(self, step: g.ListGpuInstances) -> tuple[g.GpuInstanceAt, ...]:
-        """The GPU's instances, their profiles and where they sit."""
-        return tuple(
-            g.GpuInstanceAt(i.gpu_instance_id, i.profile_id, i.placement.start, i.placement.size)
-            for i in dynamic.instances(self._gpus(), step.gpu_index)
-        )
-
-    def has_compute_instance(self, step: g.HasComputeInstance) -> bool:
-        """Whether the GPU instance has a compute instance."""
-        lib = self._gpus()
-        return bool(
-            lib.compute_instances(
-                lib.gpu_instance_by_id(lib.device_by_index(step.gpu_index), step.gpu_instance_id)
-            )
-        )
-
-    def create_gpu_instance(self, step: g.CreateGpuInstance) -> int:
-        """Make the GPU instance at the placement."""
-        placement = Placement(step.start, step.size)
-        return dynamic.create_gpu_instance(self._gpus(), step.gpu_index, step.profile_id, placement)
-
-    def create_compute_instance(self, step: g.CreateComputeInstance) -> int:
-        """Make the compute instance spanning the GPU instance."""
-        return dynamic.create_compute_instance(
-            self._gpus(), step.gpu_index, step.gpu_instance_id, step.slices
-        )
-
-    def find_mig_device(self, step: g.FindMigDevice) -> MigDevice:
-        """The MIG device the instances make."""
-        return dynamic.find_mig_device(self._gpus(), step.gpu, step.gpu_instance_id, step.compute_instance_id)
-
-    def read_mig_mode(self, step: g.ReadMigMode) -> tuple[int, int]:
-        """The GPU's current and pending MIG mode."""
-        return dynamic.mig_mode(self._gpus(), step.gpu_index)
-
-    def set_mig_mode(self, step: g.SetMigMode) -> bool:
-        """Ask for the MIG mode; whether it is current."""
-        return dynamic.set_mig_mode(self._gpus(), step.gpu_index, step.mode)
-
-    def destroy_gpu_instance(self, step: g.DestroyGpuInstance) -> None:
-        """Destroy the GPU instance and its compute instances."""
-        dynamic.destroy(self._gpus(), step.gpu_index, step.gpu_instance_id)
-
-    def _gpus(self) -> GpuLibrary:
-        assert self._lib is not None
-        return self._lib
-
-
-class CallSteps(GpuSteps):
-    """Runs one call's steps on the state: one method per kind (dra.core.steps.Runner; the GPU's and Log
-    are GpuSteps'), with the call's stale check and its place in the group commit."""
-
-    #: Files, NVML, nvidia-smi and the MPS daemons: what its steps fail with, into the program as StepError.
-    step_errors = (OSError, GpuLibraryError, TimeSliceError, MpsError)
+    #: Files, and what the features' steps fail with: into the program as StepError.
+    step_errors = (OSError, *FEATURE_ERRORS)
 
     def __init__(self, state: DeviceState, stale: StaleCheck, member: Member | None) -> None:
         super().__init__(state._lib, log)
@@ -365,10 +273,6 @@ class CallSteps(GpuSteps):
     def spec_uids(self, step: s.SpecUids) -> frozenset[str]:
         """The claims whose specs are on disk."""
         return frozenset(self._cdi.claim_uids())
-
-    def metadata_dirs(self, step: s.MetadataDirs) -> frozenset[str]:
-        """The claim directories of the metadata root."""
-        return self._metadata.directories() if self._metadata else frozenset()
 
     def missing_host_paths(self, step: s.MissingHostPaths) -> tuple[str, ...]:
         """The spec's host paths that are not on this node."""
@@ -405,74 +309,9 @@ class CallSteps(GpuSteps):
         """Remove the claim's spec."""
         self._cdi.remove(step.uid)
 
-    def write_metadata(self, step: s.WriteMetadata) -> None:
-        """Write a claim's metadata files."""
-        self._metadata_store().write(step.directory, step.files)
-
-    def remove_metadata(self, step: s.RemoveMetadata) -> None:
-        """Remove a claim's metadata directory."""
-        self._metadata_store().remove(step.directory)
-
     def use_inventory(self, step: s.SetInventory) -> None:
         """Prepares from now on see this inventory (MIG devices made or destroyed; the lock is held)."""
         self._state.inventory = step.inventory
-
-    def apply_time_slices(self, step: s.ApplyTimeSlices) -> None:
-        """Set the time-slice intervals."""
-        self._slicer().apply(step.wanted)
-
-    def restore_time_slices(self, step: s.RestoreTimeSlices) -> None:
-        """Give the GPUs their default interval back."""
-        self._slicer().restore(step.uuids)
-
-    def mps_daemon_pid(self, step: s.MpsDaemonPid) -> int | None:
-        """The pid of the MPS daemon, if it runs."""
-        return self._daemons().pid(step.key)
-
-    def list_mps_daemons(self, step: s.ListMpsDaemons) -> tuple[str, ...]:
-        """The MPS daemons with directories."""
-        return tuple(self._daemons().daemons())
-
-    def launch_mps(self, step: s.LaunchMps) -> int:
-        """Start an MPS daemon; its pid."""
-        return self._daemons().launch(step.uuids, step.multi_user)
-
-    def ask_mps(self, step: s.AskMps) -> str:
-        """One command to an MPS daemon; its answer."""
-        return self._daemons().ask(step.key, step.command)
-
-    def stop_mps(self, step: s.StopMps) -> None:
-        """Stop an MPS daemon and remove its directories."""
-        self._daemons().stop(step.key)
-
-    def read_vfio_host(self, step: s.ReadVfioHost) -> VfioHost:
-        """Whether the kernel has an IOMMU and vfio-pci."""
-        return self._pci.host()
-
-    def read_iommu_group(self, step: s.ReadIommuGroup) -> IommuGroup:
-        """The function's IOMMU group."""
-        return self._pci.iommu_group(step.address)
-
-    def bind_vfio(self, step: s.BindVfio) -> None:
-        """Bind the function to vfio-pci."""
-        self._pci.bind_vfio(step.address)
-
-    def restore_pci(self, step: s.RestorePci) -> None:
-        """Give the function back to its driver."""
-        self._pci.restore(step.address, step.driver)
-
-    # The programs yield these steps only where the node has the part (dra.core.steps.Node).
-    def _slicer(self) -> TimeSlicer:
-        assert self._time_slicer is not None
-        return self._time_slicer
-
-    def _metadata_store(self) -> MetadataStore:
-        assert self._metadata is not None
-        return self._metadata
-
-    def _daemons(self) -> MpsDaemons:
-        assert self._mps is not None
-        return self._mps
 
 
 class _Hold:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from dra.core import mpsdaemons, sharing, steps
+from dra.core import mpsdaemons, sharing
 from dra.core.steps import Log, Step, StepError
 from dra.model.prepared import PreparedClaim, PreparedDevice
 
@@ -36,7 +36,9 @@ def _claim(uid: str, *uuids: str, share: str = "", percentage: int = 0, limit: s
     return PreparedClaim(uid, "team-a", f"claim-{uid}", devices)
 
 
-def _run(program: steps.Program[None], answer: Callable[[Step[steps.Runner]], object]) -> list[str]:
+def _run(
+    program: mpsdaemons.Program[None], answer: Callable[[Step[mpsdaemons.MpsRunner]], object]
+) -> list[str]:
     """Each step the program yields, as text, answered by `answer`; a StepError it raises ends the list."""
     seen: list[str] = []
     result: object = None
@@ -50,25 +52,27 @@ def _run(program: steps.Program[None], answer: Callable[[Step[steps.Runner]], ob
         match step:
             case Log():
                 seen.append(f"Log {step.message}")
-            case steps.AskMps():
+            case mpsdaemons.AskMps():
                 seen.append(f"AskMps {step.command}")
-            case steps.LaunchMps():
+            case mpsdaemons.LaunchMps():
                 seen.append(f"LaunchMps@{step.point} multi-user={step.multi_user}")
             case _:
                 seen.append(type(step).__name__)
         result = answer(step)
 
 
-def _daemon(pid: int | None, answers: dict[str, str] | None = None) -> Callable[[Step[steps.Runner]], object]:
+def _daemon(
+    pid: int | None, answers: dict[str, str] | None = None
+) -> Callable[[Step[mpsdaemons.MpsRunner]], object]:
     """A node whose daemon runs as `pid` (None: none runs; a launch starts 42) and answers thus."""
 
-    def answer(step: Step[steps.Runner]) -> object:
+    def answer(step: Step[mpsdaemons.MpsRunner]) -> object:
         match step:
-            case steps.MpsDaemonPid():
+            case mpsdaemons.MpsDaemonPid():
                 return pid
-            case steps.LaunchMps():
+            case mpsdaemons.LaunchMps():
                 return 42
-            case steps.AskMps():
+            case mpsdaemons.AskMps():
                 return (answers or {}).get(step.command, "")
         return None
 
@@ -132,8 +136,8 @@ def test_the_last_claim_of_a_daemon_stops_it_and_start_up_stops_those_no_claim_u
     assert _run(mpsdaemons.release(PreparedClaim("c", "team-a", "c", ()), {}), _daemon(7)) == []
     left = sharing.mps_key([GPU_1])
 
-    def listed(step: Step[steps.Runner]) -> object:
-        return (KEY, left) if isinstance(step, steps.ListMpsDaemons) else None
+    def listed(step: Step[mpsdaemons.MpsRunner]) -> object:
+        return (KEY, left) if isinstance(step, mpsdaemons.ListMpsDaemons) else None
 
     assert _run(mpsdaemons.stop_others({"a": mine}), listed) == [
         "ListMpsDaemons",

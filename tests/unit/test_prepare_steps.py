@@ -21,7 +21,8 @@ from dra.adapters.pcisysfs import PciSysfs
 from dra.core import devicemetadata, gpusteps, migdevices, mpsdaemons, steps, vfio
 from dra.core import prepare as programs
 from dra.core.plan import PreparePlan, decide_prepare
-from dra.core.steps import ClaimRead, Runner, Step
+from dra.core.prepare import NodeRunner
+from dra.core.steps import ClaimRead, Step
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.profiles import load_profile
 from dra.fakegpus.sysfs import FakeFunction, FakeSysfs
@@ -99,10 +100,10 @@ def _drivers(root: Path) -> dict[str, tuple[str, str]]:
 
 
 def _steps(
-    program: steps.Program[object], answers: Mapping[type[Step[Runner]], object]
-) -> list[Step[Runner]]:
+    program: programs.Program[object], answers: Mapping[type[Step[NodeRunner]], object]
+) -> list[Step[NodeRunner]]:
     """Run a program against fixed answers; the steps it yielded."""
-    seen: list[Step[Runner]] = []
+    seen: list[Step[NodeRunner]] = []
     result: object = None
     while True:
         try:
@@ -113,7 +114,7 @@ def _steps(
         result = answers.get(type(step))
 
 
-def _trace(program: steps.Program[object], answers: Mapping[type[Step[Runner]], object]) -> list[str]:
+def _trace(program: programs.Program[object], answers: Mapping[type[Step[NodeRunner]], object]) -> list[str]:
     """Run a program against fixed answers; each step as "Kind" or "Kind@point"."""
     return [
         type(step).__name__ + (f"@{step.point}" if step.point else "") for step in _steps(program, answers)
@@ -121,9 +122,9 @@ def _trace(program: steps.Program[object], answers: Mapping[type[Step[Runner]], 
 
 
 def _answers(
-    facts: steps.Facts, more: Mapping[type[Step[Runner]], object] | None = None
-) -> dict[type[Step[Runner]], object]:
-    fixed: dict[type[Step[Runner]], object] = {
+    facts: steps.Facts, more: Mapping[type[Step[NodeRunner]], object] | None = None
+) -> dict[type[Step[NodeRunner]], object]:
+    fixed: dict[type[Step[NodeRunner]], object] = {
         steps.ReadState: facts,
         steps.HasSpec: False,
         steps.MissingHostPaths: (),
@@ -252,7 +253,7 @@ def test_a_mig_device_is_recorded_as_intent_made_in_two_steps_then_recorded_done
     ]
 
 
-def _mig_mode_off(tmp_path: Path) -> tuple[steps.Facts, dict[type[Step[Runner]], object]]:
+def _mig_mode_off(tmp_path: Path) -> tuple[steps.Facts, dict[type[Step[NodeRunner]], object]]:
     """A MIG claim's prepare on a dynamic-MIG GPU with MIG off: the facts and the answers it gets."""
     facts = steps.Facts({}, (), _inventory(tmp_path))
     scratch = _state(tmp_path / "scratch")
@@ -352,8 +353,8 @@ def test_a_gpu_passed_through_is_recorded_as_intent_bound_then_recorded_done_bef
             # MIG mode is off already: the whole of the dynamic-MIG GPU needs no switch.
             gpusteps.ListGpuInstances: (),
             gpusteps.ReadMigMode: (0, 0),
-            steps.ReadVfioHost: VfioHost(iommu=True, vfio_pci=True),
-            steps.ReadIommuGroup: group,
+            vfio.ReadVfioHost: VfioHost(iommu=True, vfio_pci=True),
+            vfio.ReadIommuGroup: group,
         },
     )
     node = replace(NODE_FACTS, vfio=True)

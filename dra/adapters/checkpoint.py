@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from dra.adapters import nodefiles
-from dra.adapters.nodefiles import LockTimeoutError, held, open_lock, remove_leftovers, unlinked, write_atomic
+from dra.adapters.nodefiles import KeptLock, LockTimeoutError, remove_leftovers, write_atomic
 from dra.core.checkpointformat import (
     HINT,
     MAX_FILE_BYTES,
@@ -58,9 +58,9 @@ class CheckpointStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.lock_path = path.with_suffix(".lock")
-        #: The lock file, opened at the first hold and kept: an open, fchmod and close per prepare and
-        #: unprepare cost 16 of the 17 µs a hold took (docs/testing.md, issue 44).
-        self._lock_file: IO[bytes] | None = None
+        #: Kept open between holds: an open, fchmod and close per prepare and unprepare cost 16 of the
+        #: 17 µs a hold took (docs/testing.md, issue 44).
+        self._lock = KeptLock(self.lock_path)
         self._seen: _Signature | None = None
         #: The file as last read or written; a save appends what differs from it.
         self._journal: Journal | None = None
@@ -142,29 +142,18 @@ class CheckpointStore:
         when another process holds the lock for longer than `timeout`.
         """
         try:
-            with self._held(timeout):
+            self._lock.open()
+        except OSError as err:
+            # Named here: the caller's message would be about what it was doing (the CDI specs).
+            raise CheckpointError(f"cannot lock checkpoint {self.path}: {err}") from None
+        try:
+            with self._lock.held(timeout):
                 yield self.load_state() if self._signature() != self._seen else None
         except LockTimeoutError as err:
             raise CheckpointError(
                 f"cannot lock checkpoint {self.path}: {err}; another dra-gpu kubelet-plugin on this node "
                 "is stuck in a prepare or unprepare"
             ) from None
-
-    @contextlib.contextmanager
-    def _held(self, timeout: float) -> Iterator[None]:
-        """The flock on the kept lock file, opened again when its name was removed (its directory cleaned
-        by hand): a lock on a file without a name excludes no one who opens the path."""
-        if self._lock_file is not None and unlinked(self._lock_file):
-            self._lock_file.close()
-            self._lock_file = None
-        if self._lock_file is None:
-            try:
-                self._lock_file = open_lock(self.lock_path)
-            except OSError as err:
-                # Named here: the caller's message would be about what it was doing (the CDI specs).
-                raise CheckpointError(f"cannot lock checkpoint {self.path}: {err}") from None
-        with held(self._lock_file, self.lock_path, timeout):
-            yield
 
     def remove_leftovers(self) -> None:
         """Delete temporary checkpoint files a crash left behind."""

@@ -279,9 +279,29 @@ def held(f: IO[bytes], path: Path, timeout: float) -> Iterator[None]:
         fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-def unlinked(f: IO[bytes]) -> bool:
-    """Whether the open lock file's name was removed: a lock on it excludes no one who opens the path."""
-    return os.fstat(f.fileno()).st_nlink == 0
+class KeptLock:
+    """A lock file opened at the first hold and kept open for the next, opened again when its name was
+    removed (its directory cleaned by hand): a lock on a file without a name excludes no one who opens
+    the path."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: IO[bytes] | None = None
+
+    def open(self) -> None:
+        """Have the lock file open; OSError (LockFileError as open_lock) when it cannot be."""
+        if self._file is not None and os.fstat(self._file.fileno()).st_nlink == 0:
+            self._file.close()
+            self._file = None
+        if self._file is None:
+            self._file = open_lock(self.path)
+
+    @contextlib.contextmanager
+    def held(self, timeout: float) -> Iterator[None]:
+        """Hold the lock on the file `open` opened; LockTimeoutError after `timeout` seconds."""
+        assert self._file is not None, "open() first"
+        with held(self._file, self.path, timeout):
+            yield
 
 
 # The CDI store.

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from dra.adapters import checkpoint as checkpoint_module
 from dra.adapters import nodefiles
 from dra.adapters.checkpoint import COMPACT_SLACK, CheckpointStore
 from dra.core.checkpointformat import CheckpointError, decode, encode
@@ -485,7 +484,7 @@ def test_the_lock_file_is_opened_once_and_excludes_another_store(path: Path) -> 
         return real_open(lock)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(checkpoint_module, "open_lock", counting)
+        patch.setattr(nodefiles, "open_lock", counting)
         for _ in range(3):
             # Another open of the file (another instance) waits while this one holds it.
             with (

@@ -2,8 +2,8 @@
 
 The bytes are dra.core.checkpointformat's; here is the file: a save appends what changed (one
 write and one fsync) or writes a fresh snapshot atomically, ``sync`` makes appended changes
-durable with one fsync for all waiting callers (group commit: `GroupCommit` has a prepare's fsync
-first wait, briefly, for the programs deciding beside it), and an flock on
+durable with one fsync for all waiting callers (group commit: dra.kubeletplugin.groupcommit has
+a prepare's fsync first wait, briefly, for the programs deciding beside it), and an flock on
 ``checkpoint.lock`` with a re-read when another instance saved lets two instances share it
 during a rolling update. The story, and what is fsynced when: docs/architecture.md.
 """
@@ -43,10 +43,6 @@ NVIDIA_ASIDE = ".nvidia-dra-driver"
 LOCK_TIMEOUT = 30.0
 #: Appended lines allowed beyond twice the prepared claims before a save compacts the file.
 COMPACT_SLACK = 64
-
-#: The most a save's fsync waits for the programs running beside it to reach their own, so that one
-#: fsync covers the burst (docs/testing.md, issue 44): a few programs' decisions, well under a disk's fsync.
-GROUP_WAIT = 0.005
 
 #: What tells one version of the file from the next: each save renames a new inode into place.
 _Signature = tuple[int, int, int]
@@ -257,48 +253,3 @@ class CheckpointStore:
             raise
         st = os.fstat(fd)
         self._seen = (st.st_ino, st.st_mtime_ns, st.st_size)
-
-
-class GroupCommit:
-    """The programs deciding now, and the fsync that waits for them: one fsync for a burst of prepares.
-
-    The claims of a burst arrive together, each on its own thread: the first at its fsync waits (at
-    most GROUP_WAIT) for the others to decide and save, so that one fsync makes them all durable.
-    With the GIL the others' decisions would otherwise fall between fsyncs, one each.
-    """
-
-    def __init__(self, checkpoint: CheckpointStore) -> None:
-        """Group the fsyncs of this checkpoint."""
-        self._checkpoint = checkpoint
-        self._deciding = 0
-        self._decided = threading.Condition()
-
-    def join(self) -> Member:
-        """Count a call's program among those deciding, until it syncs or ends."""
-        with self._decided:
-            self._deciding += 1
-        return Member()
-
-    def leave(self, member: Member | None) -> None:
-        """The program is done deciding (at its fsync, or its end); once only."""
-        if member is None or member.left:
-            return
-        member.left = True
-        with self._decided:
-            self._deciding -= 1
-            if not self._deciding:
-                self._decided.notify_all()
-
-    def sync(self, member: Member | None, ticket: int) -> None:
-        """Wait, briefly, for the programs deciding beside this one, then for the fsync of `ticket`."""
-        self.leave(member)
-        with self._decided:
-            self._decided.wait_for(lambda: not self._deciding, GROUP_WAIT)
-        self._checkpoint.sync(ticket)
-
-
-class Member:
-    """One call's place among the programs deciding."""
-
-    def __init__(self) -> None:
-        self.left = False

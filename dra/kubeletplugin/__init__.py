@@ -7,8 +7,9 @@ metric; ``service`` (DRA and health gRPC), ``publisher`` (ResourceSlices, with
 ``top`` and ``usage`` are what it serves, follows and reports; ``claimstatus`` writes
 the prepared claims' status; ``miglayout`` runs static MIG layouts (dra.core's program)
 on ``state``'s GPU runner; ``state`` runs the steps of dra.core's prepare, unprepare and
-start-up programs (and the GPU's steps, with the loop both run a program with); ``mps`` and
-``timeslice`` act on the GPUs; ``mpsprivsep`` (the MPS launcher), ``mpslaunch`` and
+start-up programs (and the GPU's steps, with the loop both run a program with);
+``groupcommit`` has a prepare's fsync wait, briefly, for the calls deciding beside it; ``mps``
+and ``timeslice`` act on the GPUs; ``mpsprivsep`` (the MPS launcher), ``mpslaunch`` and
 ``registration``.
 
 Rule: a program package. It imports every layer below, the generated gRPC code

@@ -13,7 +13,7 @@ alone (dra.kubeletplugin.miglayout). Around the steps, each in one place:
   (asking the API server about holders, waiting for the fsync) run without it (`_Hold`);
 - adoption (`DeviceState._adopt`): when the other instance saved, its record is read and the MIG
   devices it made adopted, on taking the lock;
-- group commit (dra.adapters.checkpoint.GroupCommit): a prepare's fsync waits, briefly, for the
+- group commit (dra.kubeletplugin.groupcommit): a prepare's fsync waits, briefly, for the
   programs started beside it.
 
 Calls block on file I/O and run in worker threads. docs/architecture.md, "Preparing a claim, step
@@ -29,7 +29,7 @@ from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from dra.adapters import nodefiles
-from dra.adapters.checkpoint import CheckpointStore, GroupCommit, Member
+from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.metadatastore import MetadataStore
 from dra.adapters.nodefiles import CdiStore
 from dra.adapters.pcisysfs import PciSysfs
@@ -41,6 +41,7 @@ from dra.core.allocation import ClaimAllocation
 from dra.gpu import dynamic
 from dra.gpu.discovery import profile_infos
 from dra.gpu.library import GpuLibrary, GpuLibraryError, Placement
+from dra.kubeletplugin.groupcommit import GroupCommit, Member
 from dra.kubeletplugin.mps import MpsDaemons, MpsError
 from dra.kubeletplugin.timeslice import TimeSliceError, TimeSlicer
 from dra.model.devices import Inventory, MigDevice

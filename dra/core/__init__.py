@@ -9,8 +9,8 @@ place its CDI spec is built) and the programs of steps that carry it out (``prep
 the GPU's steps ``gpusteps`` and the step vocabulary ``steps``: what a step is, and the rest), GPU sharing
 (``sharing``), what the API server accepts (``versions``), an unhealthy device's taint
 (``taints``), node labels (``labels``), static MIG layouts (``migconfig`` parses and
-places, ``miglayout`` applies them as a program of the GPU's steps), per-claim usage
-(``usage``) and the checkpoint's format (``checkpointformat``).
+places, ``miglayout`` applies them as a program of the GPU's steps) and per-claim usage
+(``usage``).
 
 Rule: no I/O of any kind (files, network, NVML, clocks, threads); API objects come
 in as dicts, answers go out as data. Imports only ``dra.api`` and ``dra.model``;

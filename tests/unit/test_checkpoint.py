@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from dra.adapters import nodefiles
-from dra.adapters.checkpoint import COMPACT_SLACK, CheckpointStore
-from dra.core.checkpointformat import CheckpointError, decode, encode
+from dra.adapters.checkpoint import COMPACT_SLACK, CheckpointError, CheckpointStore, decode_journal, encode
 from dra.model.prepared import MIG_CREATE, DeviceAction, PreparedClaim, PreparedDevice
 
 CLAIMS = {
@@ -217,7 +216,7 @@ def test_entries_written_before_admin_access_existed_still_load(path: Path) -> N
             for device in claim["devices"]:
                 device.pop("admin_access")
 
-    loaded = decode(_edit(drop_admin_access, fix_checksum=True), path)
+    loaded = decode_journal(_edit(drop_admin_access, fix_checksum=True), path).claims
     assert loaded["uid-a"] == CLAIMS["uid-a"]
     assert loaded["uid-b"].devices[0].admin_access is False
 

@@ -14,12 +14,11 @@ from typing import Any
 
 import pytest
 
-from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.checkpoint import CheckpointError, CheckpointStore
 from dra.adapters.nodefiles import CdiStore
 from dra.core import cdi
 from dra.core.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.core.assignment import restrict
-from dra.core.checkpointformat import CheckpointError
 from dra.core.steps import ClaimRead
 from dra.kubeletplugin import groupcommit
 from dra.kubeletplugin.state import DeviceState

@@ -551,3 +551,13 @@ def test_nvidia_s_checkpoint_with_prepared_claims_is_refused_naming_them(path: P
     )
     assert "run NVIDIA's driver again until the pods of those claims are gone" in str(err.value)
     assert json.loads(path.read_text()) == NVIDIA_PREPARED  # left as it was
+
+
+def test_nvidia_s_empty_checkpoint_that_cannot_be_moved_aside_is_refused(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(NVIDIA_EMPTY))
+    # Where it would be kept, a directory with something in it: the rename fails (as root too).
+    (path.with_name("checkpoint.json.nvidia-dra-driver") / "kept").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match=f"cannot move NVIDIA's DRA driver checkpoint {path} aside: "):
+        CheckpointStore(path).load()
+    assert json.loads(path.read_text()) == NVIDIA_EMPTY

@@ -141,18 +141,19 @@ class CheckpointStore:
         when another process holds the lock for longer than `timeout`.
         """
         try:
-            self._lock.open()
-        except OSError as err:
-            # Named here: the caller's message would be about what it was doing (the CDI specs).
-            raise CheckpointError(f"cannot lock checkpoint {self.path}: {err}") from None
-        try:
-            with self._lock.held(timeout):
-                yield self.load_state() if self._signature() != self._seen else None
+            self._lock.take(timeout)
         except LockTimeoutError as err:
             raise CheckpointError(
                 f"cannot lock checkpoint {self.path}: {err}; another dra-gpu kubelet-plugin on this node "
                 "is stuck in a prepare or unprepare"
             ) from None
+        except OSError as err:
+            # Named here: the caller's message would be about what it was doing (the CDI specs).
+            raise CheckpointError(f"cannot lock checkpoint {self.path}: {err}") from None
+        try:
+            yield self.load_state() if self._signature() != self._seen else None
+        finally:
+            self._lock.let_go()
 
     def remove_leftovers(self) -> None:
         """Delete temporary checkpoint files a crash left behind."""

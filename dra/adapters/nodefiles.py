@@ -268,15 +268,26 @@ def exclusive(path: Path, timeout: float) -> Iterator[None]:
 def held(f: IO[bytes], path: Path, timeout: float) -> Iterator[None]:
     """Hold an exclusive lock on `f`, the lock file at `path` kept open by its caller; LockTimeoutError
     after `timeout` seconds."""
+    take(f, path, timeout)
+    try:
+        yield
+    finally:
+        let_go(f)
+
+
+def take(f: IO[bytes], path: Path, timeout: float) -> None:
+    """Take an exclusive lock on `f` as `held` does, until `let_go`: a caller that holds and lets go
+    on every call does without a context manager's generator (docs/testing.md, issue 57)."""
     deadline = time.monotonic() + timeout
     while not try_lock(f):
         if time.monotonic() > deadline:
             raise LockTimeoutError(path, timeout)
         time.sleep(POLL)
-    try:
-        yield
-    finally:
-        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def let_go(f: IO[bytes]) -> None:
+    """Let go of the lock `take` took."""
+    fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 class KeptLock:
@@ -288,20 +299,20 @@ class KeptLock:
         self.path = path
         self._file: IO[bytes] | None = None
 
-    def open(self) -> None:
-        """Have the lock file open; OSError (LockFileError as open_lock) when it cannot be."""
+    def take(self, timeout: float) -> None:
+        """Take the lock until `let_go`, the file opened first where it is not (LockFileError or another
+        OSError when it cannot be); LockTimeoutError after `timeout` seconds."""
         if self._file is not None and os.fstat(self._file.fileno()).st_nlink == 0:
             self._file.close()
             self._file = None
         if self._file is None:
             self._file = open_lock(self.path)
+        take(self._file, self.path, timeout)
 
-    @contextlib.contextmanager
-    def held(self, timeout: float) -> Iterator[None]:
-        """Hold the lock on the file `open` opened; LockTimeoutError after `timeout` seconds."""
-        assert self._file is not None, "open() first"
-        with held(self._file, self.path, timeout):
-            yield
+    def let_go(self) -> None:
+        """Let go of the lock `take` took."""
+        if self._file is not None:
+            let_go(self._file)
 
 
 # The CDI store.

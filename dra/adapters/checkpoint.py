@@ -18,14 +18,13 @@ import hashlib
 import itertools
 import json
 import os
-import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from dra.adapters import nodefiles
-from dra.adapters.nodefiles import KeptLock, LockTimeoutError, remove_leftovers, write_atomic
+from dra.adapters.nodefiles import AppendFile, KeptLock, LockTimeoutError, remove_leftovers, write_atomic
 from dra.adapters.nvidiacheckpoint import NvidiaCheckpointError, keep_aside, nvidia_claims
 from dra.api.fields import json_text_deeper_than
 from dra.documents import DocumentError, MissingFileError, read_file
@@ -86,17 +85,8 @@ class CheckpointStore:
         self._seen: _Signature | None = None
         #: The file as last read or written; a save appends what differs from it.
         self._journal: Journal | None = None
-        #: Saves numbered in order (tickets), and the last made durable.
-        self._appended = self._synced = 0
-        #: Guards the fsync and the kept file below: no fsync runs on a descriptor being replaced.
-        self._sync_lock = threading.Lock()
-        #: The file appended to and fsynced, kept open while it is the checkpoint (its inode is
-        #: the signature's): an open and a close per append and per fsync were four of a prepare's 19
-        #: system calls, each a switch of threads where others wait for the GIL (docs/testing.md).
-        self._file: IO[bytes] | None = None
-        self._file_inode = 0
-        #: The last ticket a failed fsync covered, and its error.
-        self._failed: tuple[int, OSError] = (0, OSError())
+        #: The changes appended, kept open while it is the checkpoint's inode, each save a ticket.
+        self._appends = AppendFile(path)
 
     def _signature(self) -> _Signature | None:
         try:
@@ -177,21 +167,25 @@ class CheckpointStore:
         `changed`: the UIDs whose claims differ from those last saved or read (None: compare all).
         """
         journal = self._journal
-        if journal is None or journal.torn or journal.lines > 2 * len(claims) + COMPACT_SLACK:
+        # Torn (a crash, or a failed append not cut back): the file may end with part of a line.
+        if (
+            journal is None
+            or journal.torn
+            or self._appends.torn
+            or journal.lines > 2 * len(claims) + COMPACT_SLACK
+        ):
             write_atomic(self.path, encode(claims, actions), mode=0o600)
             self._journal = Journal(dict(claims), list(actions))
             self._seen = self._signature()
-            self._appended += 1
-            self._synced = self._appended
-            return self._appended
+            return self._appends.replaced()
         changes, texts = encode_changes(journal, claims, actions, changed)
         if not changes:
             return 0
-        self._append(changes)
+        ticket, st = self._appends.append(changes, self._seen[0] if self._seen is not None else None)
+        nodefiles.point("checkpoint.appended")
+        self._seen = (st.st_ino, st.st_mtime_ns, st.st_size)
         journal.claims, journal.actions, journal.action_texts = dict(claims), list(actions), texts
         journal.lines += changes.count(b"\n")
-        self._appended += 1
-        ticket = self._appended
         if durable:
             self.sync(ticket)
         return ticket
@@ -202,61 +196,7 @@ class CheckpointStore:
         Concurrent callers wait on one another's fsync instead of each doing
         their own (group commit). OSError when the fsync fails, for every change it covered.
         """
-        with self._sync_lock:
-            if ticket <= self._synced:
-                return
-            if ticket <= self._failed[0]:
-                raise self._failed[1]
-            upto = self._appended
-            kept = self._file
-            fd = kept.fileno() if kept is not None else os.open(self.path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            except OSError as err:
-                # A failed fsync reports once: the changes it covered are failed for every waiter.
-                self._failed = (upto, err)
-                raise
-            finally:
-                if kept is None:
-                    os.close(fd)
-            self._synced = upto
-
-    def _appending(self) -> int:
-        """The descriptor to append to: the kept file while the checkpoint is still its inode."""
-        kept = self._file
-        if kept is not None and self._seen is not None and self._file_inode == self._seen[0]:
-            return kept.fileno()
-        # Not created here: the checkpoint's first version is a snapshot (write_atomic). Unbuffered,
-        # so that writes go straight to the descriptor; a file object, so that a store dropped
-        # without a word (tests make thousands) closes it.
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-        opened = open(fd, "ab", buffering=0)  # noqa: SIM115 (kept open for the saves that follow)
-        self._file_inode = os.fstat(opened.fileno()).st_ino
-        with self._sync_lock:
-            self._file = opened
-        if kept is not None:
-            kept.close()
-        return opened.fileno()
-
-    def _append(self, changes: bytes) -> None:
-        """Append lines to the file; on failure the file is cut back to before."""
-        fd = self._appending()
-        written = 0
-        try:
-            while written < len(changes):
-                written += os.write(fd, changes[written:])
-            nodefiles.point("checkpoint.appended")
-        except OSError:
-            try:
-                # The lock is held: the file ends with what this append wrote.
-                os.ftruncate(fd, os.fstat(fd).st_size - written)
-            except OSError:
-                # The next save writes a fresh snapshot over whatever part of the lines is there.
-                assert self._journal is not None
-                self._journal.torn = True
-            raise
-        st = os.fstat(fd)
-        self._seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+        self._appends.sync(ticket)
 
 
 # The bytes: claims and device actions to bytes and back, checked, with no file in sight.

@@ -1,4 +1,4 @@
-"""The node's own files: atomic writes, the cross-process lock, the named crash points, the CDI specs.
+"""The node's own files: durable writes and appends, the cross-process lock, the crash points, the CDI specs.
 
 One module for the files this driver writes on the node, in four parts:
 
@@ -13,7 +13,9 @@ One module for the files this driver writes on the node, in four parts:
   fsynced so the rename itself survives a crash. On tmpfs (/var/run/cdi on
   most nodes) nothing survives a reboot and nothing reaches a disk, so there
   the fsyncs are left out (`durable=False`): the rename alone keeps readers
-  from a half-written file.
+  from a half-written file. A file appended to in place (the checkpoint's
+  changes) is kept open, each append written whole or cut back, and made
+  durable by tickets: one fsync for every append before a ticket.
 * Locks: flock(2) on files in a host directory, how processes that share the
   directory take turns. Two processes in different containers (or two pods of
   one DaemonSet during a rolling update) see the same inodes, so their flocks
@@ -34,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -187,6 +190,97 @@ def remove_leftovers(directory: Path, name_prefix: str) -> list[Path]:
     return leftovers
 
 
+class AppendFile:
+    """A file appended to in place and made durable by tickets (group commit): one fsync covers every
+    append before a ticket, and callers that arrive meanwhile wait on it instead of doing their own.
+
+    The file is created elsewhere, by a durable write (`write_atomic`, then `replaced`), and kept
+    open while it is the file at its path: an open and a close per append and per fsync were four
+    of a prepare's 19 system calls, each a switch of threads where others wait for the GIL
+    (docs/testing.md). Appends come one at a time (the caller's lock); fsyncs from any thread.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        #: Appends numbered in order (tickets), and the last made durable.
+        self._appended = self._synced = 0
+        #: Guards the fsync and the kept file below: no fsync runs on a descriptor being replaced.
+        self._sync_lock = threading.Lock()
+        self._file: IO[bytes] | None = None
+        self._file_inode = 0
+        #: The last ticket a failed fsync covered, and its error.
+        self._failed: tuple[int, OSError] = (0, OSError())
+        #: An append failed and could not be cut back: the file may end with part of it.
+        self.torn = False
+
+    def replaced(self) -> int:
+        """The file at the path was replaced by a durable write: its ticket, durable already."""
+        self._appended += 1
+        self._synced = self._appended
+        self.torn = False
+        return self._appended
+
+    def append(self, data: bytes, inode: int | None) -> tuple[int, os.stat_result]:
+        """Append `data` to the file whose inode the caller last saw at the path: the ticket to `sync`
+        and the file's status after. OSError when a write fails, the file cut back to before (else
+        `torn`)."""
+        fd = self._appending(inode)
+        written = 0
+        try:
+            while written < len(data):
+                written += os.write(fd, data[written:])
+        except OSError:
+            try:
+                # Appends come one at a time: the file ends with what this one wrote.
+                os.ftruncate(fd, os.fstat(fd).st_size - written)
+            except OSError:
+                self.torn = True
+            raise
+        self._appended += 1
+        return self._appended, os.fstat(fd)
+
+    def _appending(self, inode: int | None) -> int:
+        """The descriptor to append to: the kept file while the file at the path is still its inode."""
+        kept = self._file
+        if kept is not None and inode is not None and self._file_inode == inode:
+            return kept.fileno()
+        # Not created here. Unbuffered, so that writes go straight to the descriptor; a file object,
+        # so that an AppendFile dropped without a word (tests make thousands) closes it.
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        opened = open(fd, "ab", buffering=0)  # noqa: SIM115 (kept open for the appends that follow)
+        self._file_inode = os.fstat(opened.fileno()).st_ino
+        with self._sync_lock:
+            self._file = opened
+        if kept is not None:
+            kept.close()
+        return opened.fileno()
+
+    def sync(self, ticket: int) -> None:
+        """Make the append numbered `ticket` durable, with every one before it: one fsync for all.
+
+        Concurrent callers wait on one another's fsync instead of each doing their own. OSError
+        when the fsync fails, for every append it covered.
+        """
+        with self._sync_lock:
+            if ticket <= self._synced:
+                return
+            if ticket <= self._failed[0]:
+                raise self._failed[1]
+            upto = self._appended
+            kept = self._file
+            fd = kept.fileno() if kept is not None else os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            except OSError as err:
+                # A failed fsync reports once: the appends it covered are failed for every waiter.
+                self._failed = (upto, err)
+                raise
+            finally:
+                if kept is None:
+                    os.close(fd)
+            self._synced = upto
+
+
 # Locks.
 
 #: Seconds between tries while someone else holds a lock.
@@ -268,20 +362,51 @@ def exclusive(path: Path, timeout: float) -> Iterator[None]:
 def held(f: IO[bytes], path: Path, timeout: float) -> Iterator[None]:
     """Hold an exclusive lock on `f`, the lock file at `path` kept open by its caller; LockTimeoutError
     after `timeout` seconds."""
+    take(f, path, timeout)
+    try:
+        yield
+    finally:
+        let_go(f)
+
+
+def take(f: IO[bytes], path: Path, timeout: float) -> None:
+    """Take an exclusive lock on `f` as `held` does, until `let_go`: a caller that holds and lets go
+    on every call does without a context manager's generator (docs/testing.md, issue 57)."""
     deadline = time.monotonic() + timeout
     while not try_lock(f):
         if time.monotonic() > deadline:
             raise LockTimeoutError(path, timeout)
         time.sleep(POLL)
-    try:
-        yield
-    finally:
-        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-def unlinked(f: IO[bytes]) -> bool:
-    """Whether the open lock file's name was removed: a lock on it excludes no one who opens the path."""
-    return os.fstat(f.fileno()).st_nlink == 0
+def let_go(f: IO[bytes]) -> None:
+    """Let go of the lock `take` took."""
+    fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+class KeptLock:
+    """A lock file opened at the first hold and kept open for the next, opened again when its name was
+    removed (its directory cleaned by hand): a lock on a file without a name excludes no one who opens
+    the path."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: IO[bytes] | None = None
+
+    def take(self, timeout: float) -> None:
+        """Take the lock until `let_go`, the file opened first where it is not (LockFileError or another
+        OSError when it cannot be); LockTimeoutError after `timeout` seconds."""
+        if self._file is not None and os.fstat(self._file.fileno()).st_nlink == 0:
+            self._file.close()
+            self._file = None
+        if self._file is None:
+            self._file = open_lock(self.path)
+        take(self._file, self.path, timeout)
+
+    def let_go(self) -> None:
+        """Let go of the lock `take` took."""
+        if self._file is not None:
+            let_go(self._file)
 
 
 # The CDI store.

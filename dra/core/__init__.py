@@ -10,8 +10,8 @@ whose runner runs every step, under ``recovery`` for the start-up repair; ``migd
 ``gpusteps`` and the step vocabulary ``steps``: what a step is, a claim's own), GPU sharing
 (``sharing``), what the API server accepts (``versions``), an unhealthy device's taint
 (``taints``), node labels (``labels``), static MIG layouts (``migconfig`` parses and
-places, ``miglayout`` applies them as a program of the GPU's steps), per-claim usage
-(``usage``) and the checkpoint's format (``checkpointformat``).
+places, ``miglayout`` applies them as a program of the GPU's steps) and per-claim usage
+(``usage``).
 
 Rule: no I/O of any kind (files, network, NVML, clocks, threads); API objects come
 in as dicts, answers go out as data. Imports only ``dra.api`` and ``dra.model``;

@@ -16,12 +16,11 @@ import anyio
 from anyio.abc import TaskGroup
 
 from dra import __version__
-from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.checkpoint import CheckpointError, CheckpointStore
 from dra.adapters.kube import KubeClient, KubeError
 from dra.adapters.nodefiles import CdiStore
 from dra.core import cdi
 from dra.core.assignment import GpuPath, describe, held_gpus, held_refusal
-from dra.core.checkpointformat import CheckpointError
 from dra.daemon import metrics
 from dra.daemon.bootstrap import (
     DaemonSettings,

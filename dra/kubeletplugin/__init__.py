@@ -8,7 +8,8 @@ metric; ``service`` (DRA and health gRPC), ``publisher`` (ResourceSlices, with
 the prepared claims' status; ``miglayout`` runs static MIG layouts (dra.core's program)
 on ``devicesteps``' GPU runner; ``state`` runs the steps of dra.core's prepare, unprepare and
 start-up programs (a claim's own, with the loop both run a program with) over ``devicesteps``,
-each feature's steps (the GPU's, MPS daemons', passthrough's, time slices', metadata files'); ``mps`` and
+each feature's steps (the GPU's, MPS daemons', passthrough's, time slices', metadata files');
+``groupcommit`` has a prepare's fsync wait, briefly, for the calls deciding beside it; ``mps`` and
 ``timeslice`` act on the GPUs; ``mpsprivsep`` (the MPS launcher), ``mpslaunch`` and
 ``registration``.
 

@@ -15,14 +15,13 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from dra import __version__
-from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.checkpoint import CheckpointError, CheckpointStore
 from dra.adapters.kube import KubeClient, KubeError
 from dra.adapters.metadatastore import MetadataStore
 from dra.adapters.nodefiles import CdiStore, open_lock
 from dra.adapters.pcisysfs import PciSysfs
 from dra.core import devicemetadata, versions
 from dra.core.assignment import GpuPath, Selector, select
-from dra.core.checkpointformat import CheckpointError
 from dra.core.deviceentries import ShareMode
 from dra.core.migconfig import MigConfigs
 from dra.core.miglayout import Applied

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import anyio.to_thread
 
-from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.checkpoint import CheckpointError, CheckpointStore
 from dra.adapters.kube import KubeClient, KubeError, Obj
-from dra.core.checkpointformat import CheckpointError
 from dra.core.migconfig import (
     LAYOUT_LABEL,
     STATE_FAILED,

@@ -13,7 +13,7 @@ time slices, metadata files) are run by that feature's runner, which `CallSteps`
   (asking the API server about holders, waiting for the fsync) run without it (`_Hold`);
 - adoption (`DeviceState._adopt`): when the other instance saved, its record is read and the MIG
   devices it made adopted, on taking the lock;
-- group commit (dra.adapters.checkpoint.GroupCommit): a prepare's fsync waits, briefly, for the
+- group commit (dra.kubeletplugin.groupcommit): a prepare's fsync waits, briefly, for the
   programs started beside it.
 
 Calls block on file I/O and run in worker threads. docs/architecture.md, "Preparing a claim, step
@@ -29,7 +29,7 @@ from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from dra.adapters import nodefiles
-from dra.adapters.checkpoint import CheckpointStore, GroupCommit, Member
+from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.metadatastore import MetadataStore
 from dra.adapters.nodefiles import CdiStore
 from dra.adapters.pcisysfs import PciSysfs
@@ -45,6 +45,7 @@ from dra.kubeletplugin.devicesteps import (
     PassthroughSteps,
     TimeSliceSteps,
 )
+from dra.kubeletplugin.groupcommit import GroupCommit, Member
 from dra.kubeletplugin.mps import MpsDaemons
 from dra.kubeletplugin.timeslice import TimeSlicer
 from dra.model.allocation import ClaimAllocation

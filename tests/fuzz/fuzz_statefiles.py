@@ -14,8 +14,7 @@ import tempfile
 from pathlib import Path
 
 from dra.adapters.assignmentrecord import AssignmentRecord
-from dra.adapters.checkpoint import CheckpointStore
-from dra.core.checkpointformat import CheckpointError
+from dra.adapters.checkpoint import CheckpointError, CheckpointStore
 from dra.fakegpus import node
 from dra.gpu.library import GpuLibraryError
 

@@ -13,10 +13,8 @@ from typing import Any
 
 import pytest
 
-from dra.adapters import checkpoint as checkpoint_module
 from dra.adapters import nodefiles
-from dra.adapters.checkpoint import COMPACT_SLACK, CheckpointStore
-from dra.core.checkpointformat import CheckpointError, decode, encode
+from dra.adapters.checkpoint import COMPACT_SLACK, CheckpointError, CheckpointStore, decode_journal, encode
 from dra.model.prepared import MIG_CREATE, DeviceAction, PreparedClaim, PreparedDevice
 
 CLAIMS = {
@@ -218,7 +216,7 @@ def test_entries_written_before_admin_access_existed_still_load(path: Path) -> N
             for device in claim["devices"]:
                 device.pop("admin_access")
 
-    loaded = decode(_edit(drop_admin_access, fix_checksum=True), path)
+    loaded = decode_journal(_edit(drop_admin_access, fix_checksum=True), path).claims
     assert loaded["uid-a"] == CLAIMS["uid-a"]
     assert loaded["uid-b"].devices[0].admin_access is False
 
@@ -485,7 +483,7 @@ def test_the_lock_file_is_opened_once_and_excludes_another_store(path: Path) -> 
         return real_open(lock)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(checkpoint_module, "open_lock", counting)
+        patch.setattr(nodefiles, "open_lock", counting)
         for _ in range(3):
             # Another open of the file (another instance) waits while this one holds it.
             with (
@@ -553,3 +551,13 @@ def test_nvidia_s_checkpoint_with_prepared_claims_is_refused_naming_them(path: P
     )
     assert "run NVIDIA's driver again until the pods of those claims are gone" in str(err.value)
     assert json.loads(path.read_text()) == NVIDIA_PREPARED  # left as it was
+
+
+def test_nvidia_s_empty_checkpoint_that_cannot_be_moved_aside_is_refused(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(NVIDIA_EMPTY))
+    # Where it would be kept, a directory with something in it: the rename fails (as root too).
+    (path.with_name("checkpoint.json.nvidia-dra-driver") / "kept").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match=f"cannot move NVIDIA's DRA driver checkpoint {path} aside: "):
+        CheckpointStore(path).load()
+    assert json.loads(path.read_text()) == NVIDIA_EMPTY

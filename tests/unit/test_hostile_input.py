@@ -959,8 +959,7 @@ def test_a_damaged_state_file_is_one_line_naming_it_and_is_left_as_it_was(tmp_pa
     if name == "checkpoint.json":
         read = refusal(
             f"CheckpointStore(Path({str(path)!r})).load_state()",
-            "from pathlib import Path\nfrom dra.adapters.checkpoint import CheckpointStore\n"
-            "from dra.core.checkpointformat import CheckpointError",
+            "from pathlib import Path\nfrom dra.adapters.checkpoint import CheckpointError, CheckpointStore",
             "CheckpointError",
         )
         assert complaint.format(path=path) in read

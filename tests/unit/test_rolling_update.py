@@ -22,12 +22,11 @@ import grpc
 import pytest
 
 from dra.adapters.assignmentrecord import AssignmentConflictError, AssignmentRecord
-from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.checkpoint import CheckpointError, CheckpointStore
 from dra.adapters.nodefiles import LockTimeoutError, exclusive
 from dra.cli.parser import parse_args
 from dra.core import versions
 from dra.core.assignment import GpuPath
-from dra.core.checkpointformat import CheckpointError
 from dra.core.steps import ClaimRead
 from dra.core.versions import ApiFeatures
 from dra.daemon.flags import UsageError, boolean

@@ -14,13 +14,12 @@ from typing import Any
 
 import pytest
 
-from dra.adapters import checkpoint as checkpoint_module
-from dra.adapters.checkpoint import CheckpointStore
+from dra.adapters.checkpoint import CheckpointError, CheckpointStore
 from dra.adapters.nodefiles import CdiStore
 from dra.core import cdi
 from dra.core.assignment import restrict
-from dra.core.checkpointformat import CheckpointError
 from dra.core.steps import ClaimRead
+from dra.kubeletplugin import groupcommit
 from dra.kubeletplugin.state import DeviceState
 from dra.model.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.model.devices import Inventory
@@ -590,7 +589,7 @@ def test_claims_prepared_together_share_one_fsync(paths: Paths, monkeypatch: pyt
 
     monkeypatch.setattr(os, "fsync", counted)
     # Generous, so that a slow machine still groups them; a burst waits for its own decisions only.
-    monkeypatch.setattr(checkpoint_module, "GROUP_WAIT", 5.0)
+    monkeypatch.setattr(groupcommit, "GROUP_WAIT", 5.0)
     allocations = [_allocation(str(uuid.uuid4()), f"gpu-{n}") for n in range(1, 8)]
     start = threading.Barrier(len(allocations))
 
@@ -615,7 +614,7 @@ def test_a_claim_prepared_alone_does_not_wait_for_a_group(
     state = paths.state()
     state.prepare(_allocation(UID_A, "gpu-0"))
     # Were it to wait for a group, this would take the whole minute.
-    monkeypatch.setattr(checkpoint_module, "GROUP_WAIT", 60.0)
+    monkeypatch.setattr(groupcommit, "GROUP_WAIT", 60.0)
     done = threading.Thread(target=state.prepare, args=(_allocation(UID_B, "gpu-1"),))
     done.start()
     done.join(30)

@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 from fakenvml.node import FakeNode
 
-from dra.core.checkpointformat import KIND as DRA_GPU_CHECKPOINT
+from dra.adapters.checkpoint import KIND as DRA_GPU_CHECKPOINT
 from localcluster.binaries import NVIDIA, NVIDIA_CDI_HOOK, NVIDIA_PLUGIN, ensure_nvidia_plugin
 from localcluster.chart import helm
 from localcluster.clusterinfo import ClusterInfo

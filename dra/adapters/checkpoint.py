@@ -7,7 +7,7 @@ in a rolling update. The bytes, pure functions below the store: a snapshot (a JS
 1 without device actions, 2 with them, under a SHA-256 checksum), then one line per change since
 (format 3), each under its own checksum. Whatever fails a check is a CheckpointError, never a
 silent reset. NVIDIA's DRA driver's checkpoint at the same path: dra.adapters.nvidiacheckpoint; the
-wait that groups fsyncs: dra.kubeletplugin.groupcommit. Why so, and what is fsynced when:
+wait that groups fsyncs: dra.kubeletplugin.state's GroupCommit. Why so, and what is fsynced when:
 docs/architecture.md, "Checkpoint format".
 """
 

@@ -1,10 +1,11 @@
 """Each feature's steps run on the node: one runner class per feature, one method per kind of step.
 
 Each feature's steps, and the runner protocol they name, are that feature's module's in dra.core
-(the GPU's: dra.core.gpusteps); the executor and the runner of a claim's own steps (its spec, its
-record, the state) are dra.kubeletplugin.state's, whose `CallSteps` combines these. `GpuSteps`
-runs the GPU's steps over the GPU library (NVML's MIG calls) and Log, and is what static MIG
-layouts run on alone (dra.kubeletplugin.miglayout); `MpsSteps` runs the MPS daemons' over
+(the GPU's: dra.core.gpusteps); the executor, the root of every runner (a step run by its kind's
+method, and Log) and the runner of a claim's own steps (its spec, its record, the state) are
+dra.kubeletplugin.state's, whose `CallSteps` combines these. `GpuSteps` runs the GPU's steps over
+the GPU library (NVML's MIG calls), and is what static MIG layouts run on with the root alone
+(dra.kubeletplugin.miglayout); `MpsSteps` runs the MPS daemons' over
 dra.kubeletplugin.mps, `PassthroughSteps` passthrough's over sysfs, `TimeSliceSteps` the time
 slices' over dra.kubeletplugin.timeslice, and `MetadataSteps` the device metadata files' over
 their store. A program yields a feature's steps only where the node has the feature
@@ -13,15 +14,11 @@ their store. A program yields a feature's steps only where the node has the feat
 
 from __future__ import annotations
 
-import logging
-from typing import ClassVar, TypeVar
-
 from dra.adapters.metadatastore import MetadataStore
 from dra.adapters.pcisysfs import PciSysfs
 from dra.core import devicemetadata as m
 from dra.core import gpusteps as g
 from dra.core import mpsdaemons, sharing, vfio
-from dra.core import steps as s
 from dra.gpu import dynamic
 from dra.gpu.discovery import profile_infos
 from dra.gpu.library import GpuLibrary, GpuLibraryError, Placement
@@ -30,38 +27,15 @@ from dra.kubeletplugin.timeslice import TimeSliceError, TimeSlicer
 from dra.model.devices import MigDevice
 from dra.model.pci import IommuGroup, VfioHost
 
-#: A runner: what a program's steps are run on, itself or a runner of more kinds of step.
-S = TypeVar("S", bound="GpuSteps")
-
 #: What the features' steps fail with but files (OSError): thrown into the program as StepError.
 FEATURE_ERRORS: tuple[type[Exception], ...] = (GpuLibraryError, TimeSliceError, MpsError)
 
-_LOG_LEVELS = {
-    "debug": logging.DEBUG,
-    "info": logging.INFO,
-    "warning": logging.WARNING,
-    "error": logging.ERROR,
-}
-
 
 class GpuSteps:
-    """Runs the GPU's steps over a GPU library (dra.core.gpusteps.GpuRunner), one method per kind, and Log."""
+    """Runs the GPU's steps (dra.core.gpusteps.GpuRunner) over the GPU library: NVML's MIG calls."""
 
-    #: What a step may fail with; it is thrown into the program as StepError, which decides what follows.
-    step_errors: ClassVar[tuple[type[Exception], ...]] = (GpuLibraryError,)
-
-    def __init__(self, lib: GpuLibrary | None, logger: logging.Logger) -> None:
-        """`lib` is None where no GPU can do MIG (Node.mig): no program yields a GPU step. Logs: `logger`."""
-        self._lib = lib
-        self._logger = logger
-
-    def _run_step(self: S, step: s.Step[S]) -> object:
-        """Run one step: its kind's method (step.run names it)."""
-        return step.run(self)
-
-    def log(self, step: s.Log) -> None:
-        """Write the line to the plugin's log."""
-        self._logger.log(_LOG_LEVELS[step.level], "%s", step.message)
+    #: None where no GPU can do MIG (Node.mig): no program yields a GPU step.
+    _lib: GpuLibrary | None
 
     def read_gpus(self, step: g.ReadGpus) -> tuple[g.GpuIdentity, ...]:
         """Every GPU's index, PCI device ID, UUID and name."""

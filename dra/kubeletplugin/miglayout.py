@@ -22,7 +22,7 @@ from dra.daemon.bootstrap import DaemonSettings, StartupError
 from dra.gpu.discovery import discover
 from dra.gpu.library import GpuLibrary, GpuLibraryError
 from dra.kubeletplugin.devicesteps import GpuSteps
-from dra.kubeletplugin.state import execute
+from dra.kubeletplugin.state import Steps, execute
 from dra.model.devices import MigDevice
 from dra.model.migmode import STATIC, MigModes
 from dra.model.prepared import MIG_CREATE, DeviceAction, PreparedClaim
@@ -34,6 +34,16 @@ class MigLayoutError(StartupError):
     """The layout cannot be applied; nothing of this attempt is left. The driver exits with status 2."""
 
     exit_code = 2
+
+
+class _LayoutSteps(Steps, GpuSteps):
+    """What a static layout's program of the GPU's steps runs on: NVML's MIG calls, and Log."""
+
+    step_errors = (GpuLibraryError,)
+
+    def __init__(self, lib: GpuLibrary) -> None:
+        super().__init__(log)
+        self._lib = lib
 
 
 def load_configs(path: Path) -> MigConfigs:
@@ -83,7 +93,7 @@ def apply_layout(
     the plan is what would be done (a GPU whose MIG mode is off is planned only once it is on).
     """
     try:
-        return execute(GpuSteps(lib, log), core_layout.apply_layout(configs, name, held, modes, dry_run))
+        return execute(_LayoutSteps(lib), core_layout.apply_layout(configs, name, held, modes, dry_run))
     except MigConfigError as err:
         raise MigLayoutError(str(err)) from None
 

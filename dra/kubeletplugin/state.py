@@ -6,15 +6,16 @@ one step at a time, on a `CallSteps` of its own: one method per kind of a claim'
 the CDI directory, the checkpoint and the state, with the call's stale check, and a crash point after
 each step (`nodefiles.point`). Each feature's steps (the GPU's MIG calls, MPS daemons, passthrough,
 time slices, metadata files) are run by that feature's runner, which `CallSteps` extends
-(dra.kubeletplugin.devicesteps). Around the steps, each in one place:
+(dra.kubeletplugin.devicesteps) over `Steps`, the root every runner has: a step run by its kind's
+method, and Log. Around the steps, each in one place:
 
 - the lock (`DeviceState._held`): a thread lock and the checkpoint's flock, since in a rolling
   update two instances share the checkpoint and the CDI directory; the two steps marked unlocked
   (asking the API server about holders, waiting for the fsync) run without it (`_Hold`);
 - adoption (`DeviceState._adopt`): when the other instance saved, its record is read and the MIG
   devices it made adopted, on taking the lock;
-- group commit (dra.kubeletplugin.groupcommit): a prepare's fsync waits, briefly, for the
-  programs started beside it.
+- group commit (`GroupCommit`): a prepare's fsync waits, briefly, for the programs started
+  beside it.
 
 Calls block on file I/O and run in worker threads. docs/architecture.md, "Preparing a claim, step
 by step", has the order and why.
@@ -26,7 +27,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from dra.adapters import nodefiles
 from dra.adapters.checkpoint import CheckpointStore
@@ -45,7 +46,6 @@ from dra.kubeletplugin.devicesteps import (
     PassthroughSteps,
     TimeSliceSteps,
 )
-from dra.kubeletplugin.groupcommit import GroupCommit, Member
 from dra.kubeletplugin.mps import MpsDaemons
 from dra.kubeletplugin.timeslice import TimeSlicer
 from dra.model.allocation import ClaimAllocation
@@ -56,10 +56,21 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+#: The most a save's fsync waits for the programs running beside it to reach their own, so that one
+#: fsync covers the burst (docs/testing.md, issue 44): a few programs' decisions, well under a disk's fsync.
+GROUP_WAIT = 0.005
+
+_LOG_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
+
 #: Answers AskStale: what the API server answered for each of these prepared claims, by UID (absent: live).
 StaleCheck = Callable[[Sequence[PreparedClaim]], Mapping[str, s.ClaimRead]]
 #: A runner: what a program's steps are run on, itself or a runner of more kinds of step.
-S = TypeVar("S", bound="GpuSteps")
+S = TypeVar("S", bound="Steps")
 
 
 def _every_holder_live(holders: Sequence[PreparedClaim]) -> Mapping[str, s.ClaimRead]:
@@ -243,16 +254,35 @@ def execute(
             nodefiles.point(step.point)
 
 
-class CallSteps(GpuSteps, MpsSteps, PassthroughSteps, TimeSliceSteps, MetadataSteps):
+class Steps:
+    """The root of every runner: one step run by its kind's method (`step.run` names it), and Log."""
+
+    #: What a step may fail with; it is thrown into the program as StepError, which decides what follows.
+    step_errors: ClassVar[tuple[type[Exception], ...]] = ()
+
+    def __init__(self, logger: logging.Logger) -> None:
+        """Log lines go to `logger`."""
+        self._logger = logger
+
+    def _run_step(self: S, step: s.Step[S]) -> object:
+        return step.run(self)
+
+    def log(self, step: s.Log) -> None:
+        """Write the line to the plugin's log."""
+        self._logger.log(_LOG_LEVELS[step.level], "%s", step.message)
+
+
+class CallSteps(Steps, GpuSteps, MpsSteps, PassthroughSteps, TimeSliceSteps, MetadataSteps):
     """Runs one call's steps on the state: one method per kind (dra.core.steps.Runner) of a claim's own,
-    with the call's stale check and its place in the group commit; each feature's steps and Log are
-    run by the runner of that feature it extends (dra.kubeletplugin.devicesteps)."""
+    with the call's stale check and its place in the group commit; each feature's steps are run by
+    the runner of that feature it extends (dra.kubeletplugin.devicesteps)."""
 
     #: Files, and what the features' steps fail with: into the program as StepError.
     step_errors = (OSError, *FEATURE_ERRORS)
 
     def __init__(self, state: DeviceState, stale: StaleCheck, member: Member | None) -> None:
-        super().__init__(state._lib, log)
+        super().__init__(log)
+        self._lib = state._lib
         self._state = state
         self._stale = stale
         self.member = member
@@ -337,3 +367,48 @@ class _Hold:
 
     def __exit__(self, *exc: object) -> None:
         self.set(False)
+
+
+class GroupCommit:
+    """The programs deciding now, and the fsync that waits for them: one fsync for a burst of prepares.
+
+    The claims of a burst arrive together, each on its own thread: the first at its fsync waits (at
+    most GROUP_WAIT) for the others to decide and save, so that one fsync makes them all durable.
+    With the GIL the others' decisions would otherwise fall between fsyncs, one each.
+    """
+
+    def __init__(self, checkpoint: CheckpointStore) -> None:
+        """Group the fsyncs of this checkpoint."""
+        self._checkpoint = checkpoint
+        self._deciding = 0
+        self._decided = threading.Condition()
+
+    def join(self) -> Member:
+        """Count a call's program among those deciding, until it syncs or ends."""
+        with self._decided:
+            self._deciding += 1
+        return Member()
+
+    def leave(self, member: Member | None) -> None:
+        """The program is done deciding (at its fsync, or its end); once only."""
+        if member is None or member.left:
+            return
+        member.left = True
+        with self._decided:
+            self._deciding -= 1
+            if not self._deciding:
+                self._decided.notify_all()
+
+    def sync(self, member: Member | None, ticket: int) -> None:
+        """Wait, briefly, for the programs deciding beside this one, then for the fsync of `ticket`."""
+        self.leave(member)
+        with self._decided:
+            self._decided.wait_for(lambda: not self._deciding, GROUP_WAIT)
+        self._checkpoint.sync(ticket)
+
+
+class Member:
+    """One call's place among the programs deciding."""
+
+    def __init__(self) -> None:
+        self.left = False

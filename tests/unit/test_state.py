@@ -19,7 +19,7 @@ from dra.adapters.nodefiles import CdiStore
 from dra.core import cdi
 from dra.core.assignment import restrict
 from dra.core.steps import ClaimRead
-from dra.kubeletplugin import groupcommit
+from dra.kubeletplugin import state as state_module
 from dra.kubeletplugin.state import DeviceState
 from dra.model.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.model.devices import Inventory
@@ -589,7 +589,7 @@ def test_claims_prepared_together_share_one_fsync(paths: Paths, monkeypatch: pyt
 
     monkeypatch.setattr(os, "fsync", counted)
     # Generous, so that a slow machine still groups them; a burst waits for its own decisions only.
-    monkeypatch.setattr(groupcommit, "GROUP_WAIT", 5.0)
+    monkeypatch.setattr(state_module, "GROUP_WAIT", 5.0)
     allocations = [_allocation(str(uuid.uuid4()), f"gpu-{n}") for n in range(1, 8)]
     start = threading.Barrier(len(allocations))
 
@@ -614,7 +614,7 @@ def test_a_claim_prepared_alone_does_not_wait_for_a_group(
     state = paths.state()
     state.prepare(_allocation(UID_A, "gpu-0"))
     # Were it to wait for a group, this would take the whole minute.
-    monkeypatch.setattr(groupcommit, "GROUP_WAIT", 60.0)
+    monkeypatch.setattr(state_module, "GROUP_WAIT", 60.0)
     done = threading.Thread(target=state.prepare, args=(_allocation(UID_B, "gpu-1"),))
     done.start()
     done.join(30)

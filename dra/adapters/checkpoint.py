@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import IO
 
 from dra.adapters import nodefiles
-from dra.adapters.nodefiles import LockTimeoutError, held, open_lock, remove_leftovers, unlinked, write_atomic
+from dra.adapters.nodefiles import (
+    LockTimeoutError,
+    let_go,
+    open_lock,
+    remove_leftovers,
+    take,
+    unlinked,
+    write_atomic,
+)
 from dra.core.checkpointformat import (
     HINT,
     MAX_FILE_BYTES,
@@ -141,19 +149,19 @@ class CheckpointStore:
         None means the file is as this store last read or wrote it. CheckpointError
         when another process holds the lock for longer than `timeout`.
         """
+        saved_elsewhere = self.lock(timeout)
         try:
-            with self._held(timeout):
-                yield self.load_state() if self._signature() != self._seen else None
-        except LockTimeoutError as err:
-            raise CheckpointError(
-                f"cannot lock checkpoint {self.path}: {err}; another dra-gpu kubelet-plugin on this node "
-                "is stuck in a prepare or unprepare"
-            ) from None
+            yield saved_elsewhere
+        finally:
+            self.unlock()
 
-    @contextlib.contextmanager
-    def _held(self, timeout: float) -> Iterator[None]:
-        """The flock on the kept lock file, opened again when its name was removed (its directory cleaned
-        by hand): a lock on a file without a name excludes no one who opens the path."""
+    def lock(
+        self, timeout: float = LOCK_TIMEOUT
+    ) -> tuple[dict[str, PreparedClaim], list[DeviceAction]] | None:
+        """`exclusive` without the context manager: the lock is held until `unlock`. The state takes
+        it on every call, where the generators of nested context managers cost half a hold."""
+        # The flock on the kept lock file, opened again when its name was removed (its directory
+        # cleaned by hand): a lock on a file without a name excludes no one who opens the path.
         if self._lock_file is not None and unlinked(self._lock_file):
             self._lock_file.close()
             self._lock_file = None
@@ -163,8 +171,24 @@ class CheckpointStore:
             except OSError as err:
                 # Named here: the caller's message would be about what it was doing (the CDI specs).
                 raise CheckpointError(f"cannot lock checkpoint {self.path}: {err}") from None
-        with held(self._lock_file, self.lock_path, timeout):
-            yield
+        try:
+            take(self._lock_file, self.lock_path, timeout)
+        except LockTimeoutError as err:
+            raise CheckpointError(
+                f"cannot lock checkpoint {self.path}: {err}; another dra-gpu kubelet-plugin on this node "
+                "is stuck in a prepare or unprepare"
+            ) from None
+        try:
+            return self.load_state() if self._signature() != self._seen else None
+        except BaseException:
+            self.unlock()
+            raise
+
+    def unlock(self) -> None:
+        """Let go of the lock `lock` took; nothing when it took none (flock's unlock of a file this
+        process does not hold changes nothing, and the caller's thread lock keeps its threads out)."""
+        if self._lock_file is not None:
+            let_go(self._lock_file)
 
     def remove_leftovers(self) -> None:
         """Delete temporary checkpoint files a crash left behind."""

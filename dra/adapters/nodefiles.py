@@ -268,15 +268,26 @@ def exclusive(path: Path, timeout: float) -> Iterator[None]:
 def held(f: IO[bytes], path: Path, timeout: float) -> Iterator[None]:
     """Hold an exclusive lock on `f`, the lock file at `path` kept open by its caller; LockTimeoutError
     after `timeout` seconds."""
+    take(f, path, timeout)
+    try:
+        yield
+    finally:
+        let_go(f)
+
+
+def take(f: IO[bytes], path: Path, timeout: float) -> None:
+    """Take an exclusive lock on `f` as `held` does, until `let_go`: a caller that holds and lets go
+    on every call does without a context manager's generator (docs/testing.md, issue 57)."""
     deadline = time.monotonic() + timeout
     while not try_lock(f):
         if time.monotonic() > deadline:
             raise LockTimeoutError(path, timeout)
         time.sleep(POLL)
-    try:
-        yield
-    finally:
-        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def let_go(f: IO[bytes]) -> None:
+    """Let go of the lock `take` took."""
+    fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def unlinked(f: IO[bytes]) -> bool:

@@ -207,8 +207,7 @@ class KubeClient:
         self._pool.close()
 
     async def open_connections(self) -> int:
-        """Open the connections the client keeps idle (8), before concurrent calls need them: how many it
-        opened. Best effort: UnreachableError when the server cannot be reached."""
+        """Open the 8 idle connections kept before concurrent calls need them; how many (UnreachableError)."""
         try:
             return await anyio.to_thread.run_sync(self._pool.open_idle, abandon_on_cancel=True)
         except OSError as err:

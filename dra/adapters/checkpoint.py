@@ -130,6 +130,17 @@ class CheckpointStore:
         None means the file is as this store last read or wrote it. CheckpointError
         when another process holds the lock for longer than `timeout`.
         """
+        saved_elsewhere = self.lock(timeout)
+        try:
+            yield saved_elsewhere
+        finally:
+            self.unlock()
+
+    def lock(
+        self, timeout: float = LOCK_TIMEOUT
+    ) -> tuple[dict[str, PreparedClaim], list[DeviceAction]] | None:
+        """`exclusive` without the context manager: the lock is held until `unlock`. The state takes
+        it on every call, where the generators of nested context managers cost half a hold."""
         try:
             self._lock.take(timeout)
         except LockTimeoutError as err:
@@ -141,9 +152,15 @@ class CheckpointStore:
             # Named here: the caller's message would be about what it was doing (the CDI specs).
             raise CheckpointError(f"cannot lock checkpoint {self.path}: {err}") from None
         try:
-            yield self.load_state() if self._signature() != self._seen else None
-        finally:
-            self._lock.let_go()
+            return self.load_state() if self._signature() != self._seen else None
+        except BaseException:
+            self.unlock()
+            raise
+
+    def unlock(self) -> None:
+        """Let go of the lock `lock` took; nothing when it took none (flock's unlock of a file this
+        process does not hold changes nothing, and the caller's thread lock keeps its threads out)."""
+        self._lock.let_go()
 
     def remove_leftovers(self) -> None:
         """Delete temporary checkpoint files a crash left behind."""

@@ -206,6 +206,13 @@ class KubeClient:
         """Release connections."""
         self._pool.close()
 
+    async def open_connections(self) -> int:
+        """Open the 8 idle connections kept before concurrent calls need them; how many (UnreachableError)."""
+        try:
+            return await anyio.to_thread.run_sync(self._pool.open_idle, abandon_on_cancel=True)
+        except OSError as err:
+            raise self._unreachable("opening connections", err) from None
+
     def _unreachable(self, what: str, err: BaseException) -> UnreachableError:
         return UnreachableError(f"API server {self.host} unreachable ({what}): {_describe(err)}")
 

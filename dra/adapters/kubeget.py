@@ -244,6 +244,24 @@ class BlockingPool:
             raise
         return Stream(exchange, self._done)
 
+    def open_idle(self) -> int:
+        """Open connections until MAX_IDLE are idle; how many it opened (HttpError: the first failure).
+
+        Concurrent requests each need a connection: a burst of prepares after start-up would
+        otherwise open them, a TLS handshake each on both sides, inside the burst. The API server
+        closes one idle for 90 s; a request meets it closed and opens another, as for any kept one.
+        """
+        with self._lock:
+            missing = MAX_IDLE - len(self._idle)
+        opened = []
+        try:
+            for _ in range(missing):
+                opened.append(self._connect(time.monotonic() + self._timeout))
+        finally:
+            for conn in opened:
+                self._done(conn, keep=True)
+        return len(opened)
+
     def close(self) -> None:
         """Close the idle connections and cut those carrying a request (its caller gets an HttpError).
 

@@ -424,6 +424,7 @@ class CdiStore:
         #: Where this process sees the host's / (the paths in specs are the host's).
         self.host_root = host_root
         self._prefix = f"{cdi.vendor(driver)}-{cdi.CDI_CLASS}_"
+        self._root = str(root)
         #: Whether writes are fsynced: known at the first write, when the directory exists.
         self._durable: bool | None = None
 
@@ -467,12 +468,17 @@ class CdiStore:
 
     def remove(self, claim_uid: str) -> None:
         """Delete a claim's spec; absent is fine, and so is a UID that no file could be named after."""
-        path = self.path(claim_uid)
-        if "/" in claim_uid or "\0" in claim_uid or len(path.name.encode()) > _NAME_MAX:
+        name = cdi.spec_file_name(self.driver, claim_uid)
+        if "/" in claim_uid or "\0" in claim_uid or len(name.encode()) > _NAME_MAX:
             # Specs are written only for UIDs the API server issued; the kubelet may still ask to
             # unprepare anything, and a UID with a slash, a NUL or too many bytes has no spec here.
             return
-        remove_durably(path, durable=False)
+        # By its name as a string: a Path's parsing and unlink cost as much again as the system call.
+        try:
+            os.unlink(f"{self._root}/{name}")
+        except FileNotFoundError:
+            return
+        point("atomicfile.removed")
 
     def claim_uids(self) -> list[str]:
         """UIDs of every claim spec of this driver in the directory."""

@@ -358,6 +358,13 @@ async def _serve(
             len(inventory),
             time.monotonic() - node.started,
         )
+        # Now, not at the first calls: a burst of prepares right after start-up (a node that joins with
+        # pods waiting for it) opened one connection per concurrent claim GET, a TLS handshake each, a
+        # fifth of the first burst's CPU (docs/testing.md, issue 57). Nothing more is sent at idle.
+        try:
+            log.debug("opened %d connections to the API server", await kube.open_connections())
+        except KubeError as err:
+            log.debug("cannot open connections to the API server ahead of the calls: %s", err)
 
     def tasks(group: TaskGroup) -> None:
         group.start_soon(publisher.run)

@@ -9,9 +9,9 @@ time slices, metadata files) are run by that feature's runner, which `CallSteps`
 (dra.kubeletplugin.devicesteps) over `Steps`, the root every runner has: a step run by its kind's
 method, and Log. Around the steps, each in one place:
 
-- the lock (`DeviceState._held`): a thread lock and the checkpoint's flock, since in a rolling
-  update two instances share the checkpoint and the CDI directory; the two steps marked unlocked
-  (asking the API server about holders, waiting for the fsync) run without it (`_Hold`);
+- the lock (`_Hold`): a thread lock and the checkpoint's flock, since in a rolling update two
+  instances share the checkpoint and the CDI directory; the two steps marked unlocked (asking the
+  API server about holders, waiting for the fsync) run without it;
 - adoption (`DeviceState._adopt`): when the other instance saved, its record is read and the MIG
   devices it made adopted, on taking the lock;
 - group commit (`GroupCommit`): a prepare's fsync waits, briefly, for the programs started
@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from dra.adapters import nodefiles
@@ -189,7 +189,7 @@ class DeviceState:
         device actions (what it must keep) and returns its result and the new inventory (None: as it
         is); so does this.
         """
-        with self._held():
+        with _Hold(self):
             result, inventory = change(dict(self._prepared), list(self._actions))
             if inventory is not None:
                 self.inventory = inventory
@@ -201,20 +201,12 @@ class DeviceState:
         """Run a call's program on the state as it is under the lock, let go for the unlocked steps."""
         call = CallSteps(self, stale, self._group.join())
         try:
-            with _Hold(self._held) as hold:
+            with _Hold(self) as hold:
                 return execute(call, start(self._facts()), hold.set)
         finally:
             self._group.leave(call.member)
 
     # -- the lock, and adoption ------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _held(self) -> Iterator[None]:
-        """Hold the state against threads and other processes, with what another instance saved."""
-        with self._lock, self._checkpoint.exclusive() as saved_elsewhere:
-            if saved_elsewhere is not None:
-                self._adopt(saved_elsewhere[0], saved_elsewhere[1])
-            yield
 
     def _adopt(self, prepared: Mapping[str, PreparedClaim], actions: Sequence[DeviceAction]) -> None:
         """Take the record another instance saved, and adopt the MIG devices it made (the lock is held)."""
@@ -345,25 +337,32 @@ class CallSteps(Steps, GpuSteps, MpsSteps, PassthroughSteps, TimeSliceSteps, Met
         self._state.inventory = step.inventory
 
 
-class _Hold:
-    """The state's lock, taken and let go as the steps of one program need it."""
+class _Hold(contextlib.AbstractContextManager["_Hold"]):
+    """The state's lock, held once made, then let go and taken as a program's steps need it, with what
+    another instance saved: plain calls, where the five context managers it was cost more than its flock."""
 
-    def __init__(self, take: Callable[[], contextlib.AbstractContextManager[None]]) -> None:
-        self._take = take
-        self._stack: contextlib.ExitStack | None = None
+    def __init__(self, state: DeviceState) -> None:
+        self._state = state
+        self._held = False
+        self.set(True)
 
     def set(self, locked: bool) -> None:
-        """Hold the lock, or let it go."""
-        if locked and self._stack is None:
-            self._stack = contextlib.ExitStack()
-            self._stack.enter_context(self._take())
-        elif not locked and self._stack is not None:
-            self._stack.close()
-            self._stack = None
-
-    def __enter__(self) -> _Hold:
-        self.set(True)
-        return self
+        """Hold the lock, or let it go (also when adopting what another instance saved fails)."""
+        state = self._state
+        if locked and not self._held:
+            state._lock.acquire()
+            self._held = True
+            try:
+                saved_elsewhere = state._checkpoint.lock()
+                if saved_elsewhere is not None:
+                    state._adopt(saved_elsewhere[0], saved_elsewhere[1])
+            except BaseException:
+                self.set(False)
+                raise
+        elif not locked and self._held:
+            self._held = False
+            state._checkpoint.unlock()
+            state._lock.release()
 
     def __exit__(self, *exc: object) -> None:
         self.set(False)

@@ -496,6 +496,19 @@ def test_the_lock_file_is_opened_once_and_excludes_another_store(path: Path) -> 
     assert opened == [mine.lock_path, theirs.lock_path]
 
 
+def test_a_lock_whose_reread_fails_is_let_go(path: Path) -> None:
+    mine, theirs = CheckpointStore(path), CheckpointStore(path)
+    mine.save(CLAIMS)
+    # Another instance's save that cannot be trusted: the hold fails, and the flock goes with it.
+    path.write_text("not a checkpoint\n")
+    with pytest.raises(CheckpointError):
+        mine.lock()
+    theirs.save(CLAIMS)
+    with theirs.exclusive(0.05):
+        pass
+    mine.unlock()  # nothing to let go of: harmless, as the state's clean-up after a failed hold
+
+
 def test_a_lock_file_removed_while_kept_is_opened_again(path: Path) -> None:
     mine, theirs = CheckpointStore(path), CheckpointStore(path)
     with mine.exclusive():

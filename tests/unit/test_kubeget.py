@@ -318,3 +318,39 @@ async def test_closing_the_client_cuts_a_cancelled_request_instead_of_waiting_ou
             await client.get_node("n")
         await anyio.sleep(0.05)
         assert connections == 1, "a closed client opened a connection"
+
+
+async def test_the_idle_connections_are_opened_ahead_and_carry_concurrent_reads(tmp_path: Path) -> None:
+    # What the plugin does once ready: a burst of claim GETs then finds a connection each, open.
+    connections: list[anyio.abc.SocketStream] = []
+
+    async def keep_alive(stream: anyio.abc.SocketStream) -> None:
+        connections.append(stream)
+        async with stream:
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                while True:
+                    head = b""
+                    while b"\r\n\r\n" not in head:
+                        head += await stream.receive()
+                    await anyio.sleep(0.02)  # the reads overlap
+                    await stream.send(_response(200, CLAIM))
+
+    async with _serving(tmp_path, keep_alive, server="http://127.0.0.1:{port}") as client:
+        assert await client.open_connections() == kubeget.MAX_IDLE
+        await anyio.sleep(0.05)
+        assert len(connections) == kubeget.MAX_IDLE
+        assert await client.open_connections() == 0
+        async with anyio.create_task_group() as group:
+            for _ in range(kubeget.MAX_IDLE):
+                group.start_soon(_read, client)
+        assert len(connections) == kubeget.MAX_IDLE
+
+
+async def test_connections_that_cannot_be_opened_ahead_are_an_unreachable_error(tmp_path: Path) -> None:
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    await listener.aclose()
+    client = KubeClient(_kubeconfig(tmp_path, {"server": f"http://127.0.0.1:{port}"}))
+    with pytest.raises(UnreachableError, match="opening connections"):
+        await client.open_connections()
+    await client.aclose()

@@ -407,7 +407,10 @@ def _running(
             if served is None and _socket_served(registry, contender.driver, spawned):
                 served = time.monotonic() - started
             registered = registered or kubelet_log.connected()
-            published = published or len(_devices(kube, contender.driver, cluster.node_name)) >= devices
+            # Counted once the kubelet has it: until then the wipe the kubelet scheduled 30 s after
+            # the last instance of the same driver name went away (docs/operations.md) may still
+            # delete what this one published, which it then publishes again (its watch).
+            published = registered and len(_devices(kube, contender.driver, cluster.node_name)) >= devices
             if not (registered and published):
                 time.sleep(POLL)
         if served is not None:

@@ -108,6 +108,23 @@ def child(
 ) -> dict[str, float]:
     """One checkout's figures (run with the checkout as the working directory: its dra); with
     `profile_dir`, each phase's profile there (prepare, unprepare, burst)."""
+    # The state's directory and the CDI directory (tmpfs, as on a node) go with the round.
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-claimpath-") as root,
+        tempfile.TemporaryDirectory(prefix="bench-claimpath-", dir="/dev/shm") as cdi,
+    ):
+        return _measured(kubeconfig, namespace, node, uids, profile_dir, Path(root), Path(cdi))
+
+
+def _measured(
+    kubeconfig: str,
+    namespace: str,
+    node: str,
+    uids: list[str],
+    profile_dir: str | None,
+    root: Path,
+    cdi: Path,
+) -> dict[str, float]:
     sys.path.insert(0, os.getcwd())
     from dra.adapters.checkpoint import CheckpointStore
     from dra.adapters.kube import KubeClient
@@ -123,8 +140,6 @@ def child(
 
     # As the plugin logs, to stderr (a pipe to the parent): a prepare's line is part of its cost.
     logs.setup("info", "text")
-    root = Path(tempfile.mkdtemp(prefix="bench-claimpath-"))
-    cdi = Path(tempfile.mkdtemp(prefix="bench-claimpath-", dir="/dev/shm"))
     profile = parse_profile({"gpus": [{"model": "h100-sxm5-80gb", "count": DEVICES}]}, "bench")
     inventory = discover(FakeGpuLibrary(profile, node))
     state = DeviceState(

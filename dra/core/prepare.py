@@ -284,7 +284,7 @@ def _drop_unrecorded_metadata(claim: PreparedClaim, facts: Facts) -> Program[Non
 
 def _gpu_settings(node: Node, allocation: ClaimAllocation, plan: PreparePlan, facts: Facts) -> Program[None]:
     """Set the claim's time slices, start its MPS daemon (again, on a retry); a failure undoes the prepare."""
-    timed = node.time_slicing and any(d.time_slice for d in plan.claim.devices)
+    timed = node.time_slicing and plan.claim.uses_time_slices
     wanted = sharing.wanted_time_slices({plan.claim.uid: plan.claim}) if timed else {}
     try:
         if wanted:
@@ -314,8 +314,11 @@ def unprepare(node: Node, uid: str, facts: Facts) -> Program[PreparedClaim | Non
         )
     others = dict(facts.prepared)
     others.pop(uid, None)
-    timed = node.time_slicing and any(d.time_slice for d in claim.devices)
-    restore = sharing.time_slices_to_restore(uid, facts.prepared) if timed else []
+    restore = (
+        sharing.time_slices_to_restore(uid, facts.prepared)
+        if node.time_slicing and claim.uses_time_slices
+        else []
+    )
     if restore:
         # Most claims set no interval: their unprepare takes no step for it.
         yield RestoreTimeSlices(tuple(restore))

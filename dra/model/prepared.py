@@ -63,6 +63,11 @@ class PreparedClaim:
         """Whether the claim's devices are served by an MPS control daemon."""
         return any(d.mps for d in self.devices)
 
+    @property
+    def uses_time_slices(self) -> bool:
+        """Whether a device of the claim sets its GPU's time-slice interval."""
+        return any(d.time_slice for d in self.devices)
+
     def holds(self, name: str, uuid: str, share_id: str = "") -> bool:
         """Whether this claim holds that device (or that share of it) so that another cannot have it.
 

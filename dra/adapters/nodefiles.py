@@ -354,24 +354,18 @@ def try_lock(f: IO[bytes], shared: bool = False) -> bool:
 @contextlib.contextmanager
 def exclusive(path: Path, timeout: float) -> Iterator[None]:
     """Hold an exclusive lock on `path` (created if missing); LockTimeoutError after `timeout` seconds."""
-    with open_lock(path) as f, held(f, path, timeout):
-        yield
-
-
-@contextlib.contextmanager
-def held(f: IO[bytes], path: Path, timeout: float) -> Iterator[None]:
-    """Hold an exclusive lock on `f`, the lock file at `path` kept open by its caller; LockTimeoutError
-    after `timeout` seconds."""
-    take(f, path, timeout)
-    try:
-        yield
-    finally:
-        let_go(f)
+    with open_lock(path) as f:
+        take(f, path, timeout)
+        try:
+            yield
+        finally:
+            let_go(f)
 
 
 def take(f: IO[bytes], path: Path, timeout: float) -> None:
-    """Take an exclusive lock on `f` as `held` does, until `let_go`: a caller that holds and lets go
-    on every call does without a context manager's generator (docs/testing.md, issue 57)."""
+    """Take an exclusive lock on the open lock file `f` (at `path`), until `let_go`; LockTimeoutError
+    after `timeout` seconds. Plain calls: a caller that holds and lets go on every call does without
+    a context manager's generator (docs/testing.md, issue 57)."""
     deadline = time.monotonic() + timeout
     while not try_lock(f):
         if time.monotonic() > deadline:

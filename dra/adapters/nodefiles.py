@@ -2,10 +2,9 @@
 
 One module for the files this driver writes on the node, in four parts:
 
-* Crash points (test only): with DRA_GPU_FAULT_POINT=NAME the process ends
-  with status 137 the first time it reaches ``point(NAME)``, as kill -9 would
-  there; NAME:N ends it at the N-th time. The crash-point matrix
-  (tests/e2e/test_crash_points.py) drives every point and checks that the
+* Crash points (test only): with DRA_GPU_FAULT_POINT=NAME the process ends with status 137 the
+  first time it reaches ``point(NAME)``, as kill -9 would there; NAME:N at the N-th time. The
+  crash-point matrix (tests/e2e/test_crash_points.py) drives every point and checks that the
   restarted driver converges. Unset, a point is one string comparison.
 * Durable writes: what the container runtime or a restarted driver reads is
   never half written. A write goes to a temporary file in the same directory,
@@ -21,14 +20,14 @@ One module for the files this driver writes on the node, in four parts:
   one DaemonSet during a rolling update) see the same inodes, so their flocks
   exclude each other. A lock goes with the process that held it, whatever way
   it ends, so a killed process never leaves a lock behind.
-* The CDI store: this driver's CDI spec files in the CDI directory
-  (/var/run/cdi by default). Claim specs (DRA) are named after their claim;
-  the device plugin's spec has one fixed name. Claim specs are replaced
-  atomically but need not be durable: start-up rewrites the spec of every
-  claim the checkpoint records and removes every other one. On tmpfs (statfs)
-  they are written without fsync, as nothing there reaches a disk; elsewhere
-  the write is fsynced, and a claim's spec is removed without a directory
-  fsync either way (a spec back after a power loss goes at start-up).
+* The CDI store: this driver's CDI spec files in the CDI directory (/var/run/cdi by default),
+  a claim's named after it, the device plugin's with one fixed name. Claim specs are replaced
+  atomically but need not be durable: start-up rewrites the spec of every claim the checkpoint
+  records and removes every other one. On tmpfs (statfs) they are written without fsync;
+  elsewhere the write is fsynced, and a removal never fsyncs the directory.
+
+A program's step on the node runs inside a `Step`, which gives the program a file's failure as
+StepError and passes the step's crash point.
 """
 
 from __future__ import annotations
@@ -44,6 +43,7 @@ from typing import IO, Any
 
 from dra.core import cdi
 from dra.documents import DocumentError, not_regular, read_file
+from dra.model.node import StepError
 
 # Crash points.
 
@@ -61,6 +61,26 @@ def point(name: str) -> None:
         # Straight to fd 2: no logging handler, buffer or atexit hook runs, as with SIGKILL.
         os.write(2, f"fault point {name}: exiting with 137\n".encode())
         os._exit(137)
+
+
+class Step:
+    """Around a program's step on the node: a file error reaches the program as StepError, and the
+    step's crash point (if any) comes right after it."""
+
+    __slots__ = ("_point",)
+
+    def __init__(self, point: str = "") -> None:
+        self._point = point
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: object) -> None:
+        if err is None:
+            if self._point:
+                point(self._point)
+        elif isinstance(err, OSError):
+            raise StepError(str(err)) from err
 
 
 # Durable writes.
@@ -110,11 +130,8 @@ def ensure_dir(path: Path, mode: int = 0o755) -> None:
 
 
 def holds(path: Path, data: bytes) -> bool:
-    """Whether `path` is a regular file of exactly `data`, read no further than its length.
-
-    Before a write that would change nothing: what is no such file (a FIFO or a link to
-    /dev/zero left in its place, a larger file) is no match, and the write replaces it.
-    """
+    """Whether `path` is a regular file of exactly `data`, read no further than its length; a FIFO or
+    a link to /dev/zero left in its place, or a larger file, is no match and the write replaces it."""
     try:
         return read_file(path, "", len(data)) == data
     except DocumentError:
@@ -123,9 +140,7 @@ def holds(path: Path, data: bytes) -> bool:
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
     """Replace `path` with `data` in one step; readers see the old or the new file, never a mix.
-
-    Durable: the new file and its name are on disk when it returns.
-    """
+    Durable: the new file and its name are on disk when it returns."""
     try:
         fd, tmp = _temporary(path)
     except FileNotFoundError:
@@ -154,11 +169,9 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644, durable: bool = Tru
 
 
 def _temporary(path: Path) -> tuple[int, str]:
-    """A new file beside `path`, opened for writing: its descriptor and name.
-
-    A dot prefix and .tmp suffix keep half-written files out of CDI's *.json/*.yaml scan. The
-    random part comes from os.urandom, as in tempfile.mkstemp, whose name generator costs
-    a third of a CDI spec write on tmpfs (docs/architecture.md).
+    """A new file beside `path`, opened for writing: its descriptor and name. A dot prefix and .tmp
+    suffix keep it out of CDI's *.json/*.yaml scan; the random part is os.urandom's, as in
+    tempfile.mkstemp, whose name generator costs a third of a spec write on tmpfs (architecture.md).
     """
     while True:
         tmp = f"{path.parent}/.{path.name}.{os.urandom(6).hex()}.tmp"
@@ -256,11 +269,8 @@ class AppendFile:
         return opened.fileno()
 
     def sync(self, ticket: int) -> None:
-        """Make the append numbered `ticket` durable, with every one before it: one fsync for all.
-
-        Concurrent callers wait on one another's fsync instead of each doing their own. OSError
-        when the fsync fails, for every append it covered.
-        """
+        """Make the append numbered `ticket` durable, with every one before it: one fsync for all
+        (concurrent callers wait on one another's); OSError when it fails, for every append it covered."""
         with self._sync_lock:
             if ticket <= self._synced:
                 return
@@ -304,11 +314,9 @@ _FLAGS = os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 
 
 def open_lock(path: Path) -> IO[bytes]:
-    """The lock file at `path`, created (with its directory) readable and writable by its owner only.
-
-    Explicit modes: created through open(), the file would take whatever the umask leaves.
-    LockFileError when the path holds what is no regular file, left as it is.
-    """
+    """The lock file at `path`, created (with its directory) readable and writable by its owner only
+    (explicit modes: through open() it would take the umask's); LockFileError when the path holds
+    what is no regular file, left as it is."""
     ensure_dir(path.parent)
     _check(path)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _FLAGS, 0o600)

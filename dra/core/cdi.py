@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from dra.core import devicemetadata, sharing
-from dra.core.steps import Node
 from dra.model.devices import ContainerHook, Device, DriverFile, Inventory
+from dra.model.node import Node
 from dra.model.prepared import PreparedClaim
 
 #: The CDI specification version the specs declare (supported by containerd >= 1.7 and CRI-O).

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dra.core import deviceentries
-from dra.core.steps import Query, Step
 from dra.model.devices import Device, Inventory
 from dra.model.prepared import PreparedClaim
 
@@ -43,38 +42,14 @@ MOUNT_OPTIONS = ("ro", "bind")
 class MetadataRunner(Protocol):
     """What runs the metadata files' steps (dra.kubeletplugin.devicesteps): one method per kind."""
 
-    def metadata_dirs(self, step: MetadataDirs) -> frozenset[str]: ...
-    def write_metadata(self, step: WriteMetadata) -> None: ...
-    def remove_metadata(self, step: RemoveMetadata) -> None: ...
+    def metadata_dirs(self) -> frozenset[str]:
+        """The claim directories (dra.core.devicemetadata.claim_dir) under the metadata root."""
 
+    def write_metadata(self, directory: str, files: Mapping[str, bytes], *, point: str = "") -> None:
+        """Write a claim's device metadata files, one per request, atomically; other requests' files go."""
 
-@dataclass(frozen=True)
-class MetadataDirs(Query[MetadataRunner, frozenset[str]]):
-    """The claim directories (dra.core.devicemetadata.claim_dir) under the metadata root."""
-
-    def run(self, runner: MetadataRunner) -> frozenset[str]:
-        return runner.metadata_dirs(self)
-
-
-@dataclass(frozen=True)
-class WriteMetadata(Step[MetadataRunner]):
-    """Write a claim's device metadata files, one per request, atomically; other requests' files go."""
-
-    directory: str
-    files: Mapping[str, bytes]
-
-    def run(self, runner: MetadataRunner) -> None:
-        return runner.write_metadata(self)
-
-
-@dataclass(frozen=True)
-class RemoveMetadata(Step[MetadataRunner]):
-    """Remove a claim's device metadata directory; none is fine."""
-
-    directory: str
-
-    def run(self, runner: MetadataRunner) -> None:
-        return runner.remove_metadata(self)
+    def remove_metadata(self, directory: str, *, point: str = "") -> None:
+        """Remove a claim's device metadata directory; none is fine."""
 
 
 def claim_dir(namespace: str, name: str) -> str:

@@ -8,35 +8,34 @@ dynamic-MIG GPU is destroyed (docs/mig.md, "Crash safety").
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, TypeVar
+from typing import Protocol
 
-from dra.core.gpusteps import (
-    NVML_INSUFFICIENT_RESOURCES,
-    CreateComputeInstance,
-    CreateGpuInstance,
-    DestroyGpuInstance,
-    FindMigDevice,
-    GpuRunner,
-    ListGpuInstances,
-    ReadMigMode,
-    SetMigMode,
-)
-from dra.core.steps import Facts, Log, Node, Runner, Save, SetInventory, Step, StepError, ask
+from dra.core.gpusteps import NVML_INSUFFICIENT_RESOURCES, GpuRunner
 from dra.model.allocation import ClaimAllocation, ClaimError
 from dra.model.devices import Gpu, Inventory, MigDevice, MigPartition
+from dra.model.node import Facts, Node, StepError
 from dra.model.prepared import MIG_CREATE, MIG_MODE, DeviceAction, Holders, PreparedClaim
 
-T = TypeVar("T")
 
+class MigRunner(GpuRunner, Protocol):
+    """What runs dynamic MIG's programs: the GPU's steps, and a claim's own (save, set_inventory);
+    every larger program's runner is one."""
 
-class MigRunner(Runner, GpuRunner, Protocol):
-    """What runs dynamic MIG's programs: the GPU's steps, and a claim's own (Save, SetInventory)."""
+    def save(
+        self,
+        prepared: Mapping[str, PreparedClaim],
+        actions: tuple[DeviceAction, ...],
+        *,
+        durable: bool = True,
+        changed: frozenset[str] | None = None,
+        point: str = "",
+    ) -> int:
+        """Record these claims and actions in the checkpoint; the ticket `sync` makes durable (0: already)."""
 
-
-#: A program of the GPU's steps and a claim's own: runs on a MigRunner, and within every larger program.
-Program = Generator[Step[MigRunner], Any, T]
+    def set_inventory(self, inventory: Inventory) -> None:
+        """Prepares from now on see this inventory (MIG devices made or destroyed)."""
 
 
 @dataclass(frozen=True)
@@ -109,8 +108,8 @@ def _mode_word(mode: int) -> str:
 
 
 def switch_mig_mode(
-    node: Node, allocation: ClaimAllocation, gpu: Gpu, mode: int, facts: Facts
-) -> Program[Facts]:
+    steps: MigRunner, node: Node, allocation: ClaimAllocation, gpu: Gpu, mode: int, facts: Facts
+) -> Facts:
     """Put a dynamic-MIG GPU in MIG mode `mode` for a claim: recorded as intent, switched, recorded as done.
 
     ClaimError where NVML leaves the change pending until a GPU reset: it stays pending (a reset
@@ -118,7 +117,7 @@ def switch_mig_mode(
     """
     if not node.mig:
         raise ClaimError(f"cannot prepare ResourceClaim {allocation.ref}: this node does not manage MIG")
-    current, pending = yield from ask(ReadMigMode(gpu.index))
+    current, pending = steps.read_mig_mode(gpu.index)
     if current == mode:
         return facts
     waits = (
@@ -131,26 +130,26 @@ def switch_mig_mode(
         raise ClaimError(waits)
     params: dict[str, str | int] = {"gpu": gpu.uuid, "index": gpu.index, "mode": mode, "was": current}
     intent = DeviceAction(allocation.uid, gpu.name, MIG_MODE, params)
-    yield Save(facts.prepared, (*facts.actions, intent), point="mig-mode-intent-recorded")
+    steps.save(facts.prepared, (*facts.actions, intent), point="mig-mode-intent-recorded")
     try:
-        now = yield from ask(SetMigMode(gpu.index, mode, point="mig-mode-set"))
+        now = steps.set_mig_mode(gpu.index, mode, point="mig-mode-set")
     except StepError as err:
-        yield Save(facts.prepared, facts.actions)
+        steps.save(facts.prepared, facts.actions)
         raise ClaimError(
             f"cannot prepare ResourceClaim {allocation.ref}: cannot turn MIG mode {_mode_word(mode)} on "
             f"GPU {gpu.index} ({gpu.uuid}): NVML error {err.code}: {err}"
         ) from None
     if not now:
-        yield Save(facts.prepared, facts.actions)
+        steps.save(facts.prepared, facts.actions)
         raise ClaimError(waits)
     actions = (*facts.actions, replace(intent, done=True))
-    yield Save(facts.prepared, actions, point="mig-mode-recorded")
+    steps.save(facts.prepared, actions, point="mig-mode-recorded")
     return replace(facts, actions=actions)
 
 
 def make(
-    node: Node, allocation: ClaimAllocation, creates: tuple[CreateMig, ...], facts: Facts
-) -> Program[tuple[dict[str, MigDevice], Inventory]]:
+    steps: MigRunner, node: Node, allocation: ClaimAllocation, creates: tuple[CreateMig, ...], facts: Facts
+) -> tuple[dict[str, MigDevice], Inventory]:
     """Make these MIG devices, each recorded as intent, then done; them (by device name) and the inventory.
 
     ClaimError when one cannot be made; then none of the claim's is left.
@@ -176,22 +175,22 @@ def make(
     # Not fsynced, nor is the done record below: GPU and compute instances do not outlive what loses
     # the page cache (a reboot, a driver reload), and the claim's own save, fsynced before the
     # kubelet is answered, makes both durable with it. MIG mode, which persists, is fsynced.
-    yield Save(facts.prepared, actions, durable=False, point="mig-intent-recorded")
+    steps.save(facts.prepared, actions, durable=False, point="mig-intent-recorded")
     inventory = facts.inventory
     made: dict[str, MigDevice] = {}
     for create, intent in zip(creates, intents, strict=True):
         try:
-            device = yield from _make_one(create)
+            device = _make_one(steps, create)
         except StepError as err:
             left = replace(facts, actions=actions, inventory=inventory)
-            left = yield from destroy_claim_devices(node, allocation.uid, left)
-            raise ClaimError((yield from _creation_failed(node, left, allocation, create, err))) from None
+            left = destroy_claim_devices(steps, node, allocation.uid, left)
+            raise ClaimError(_creation_failed(steps, node, left, allocation, create, err)) from None
         made[create.device] = device
         done = replace(intent, done=True, result=_made_result(device))
         actions = tuple(done if a.key == intent.key else a for a in actions)
-        yield Save(facts.prepared, actions, durable=False, point="mig-recorded")
+        steps.save(facts.prepared, actions, durable=False, point="mig-recorded")
         inventory = replace(inventory, instances=(*inventory.instances, device))
-        yield SetInventory(inventory)
+        steps.set_inventory(inventory)
     return made, inventory
 
 
@@ -204,31 +203,23 @@ def _made_result(device: MigDevice) -> dict[str, str | int]:
     }
 
 
-def _make_one(create: CreateMig) -> Program[MigDevice]:
+def _make_one(steps: MigRunner, create: CreateMig) -> MigDevice:
     """GPU instance, then compute instance; the GPU instance goes again if the compute instance fails."""
     p = create.partition
-    gi = yield from ask(
-        CreateGpuInstance(
-            p.parent.index,
-            p.profile_id,
-            p.placement_start,
-            p.placement_size,
-            point="mig-gpu-instance-created",
-        )
+    gi = steps.create_gpu_instance(
+        p.parent.index, p.profile_id, p.placement_start, p.placement_size, point="mig-gpu-instance-created"
     )
     try:
-        ci = yield from ask(
-            CreateComputeInstance(p.parent.index, gi, p.slices, point="mig-compute-instance-created")
-        )
-        return (yield from ask(FindMigDevice(p.parent, gi, ci)))
+        ci = steps.create_compute_instance(p.parent.index, gi, p.slices, point="mig-compute-instance-created")
+        return steps.find_mig_device(p.parent, gi, ci)
     except StepError:
-        yield DestroyGpuInstance(p.parent.index, gi)
+        steps.destroy_gpu_instance(p.parent.index, gi)
         raise
 
 
 def _creation_failed(
-    node: Node, facts: Facts, allocation: ClaimAllocation, create: CreateMig, err: StepError
-) -> Program[str]:
+    steps: MigRunner, node: Node, facts: Facts, allocation: ClaimAllocation, create: CreateMig, err: StepError
+) -> str:
     """The per-claim error; a taken placement first reconciles the GPU with the checkpoint."""
     message = (
         f"cannot prepare ResourceClaim {allocation.ref}: cannot make MIG device {create.device}, "
@@ -237,9 +228,9 @@ def _creation_failed(
     if err.code != NVML_INSUFFICIENT_RESOURCES:
         return message
     try:
-        reaped = yield from destroy_unheld(node, facts, [create.partition.parent])
+        reaped = destroy_unheld(steps, node, facts, [create.partition.parent])
     except StepError as failed:
-        yield Log(
+        steps.log(
             "warning",
             f"cannot reconcile the MIG instances of GPU {create.partition.parent.index}: {failed}",
         )
@@ -260,7 +251,7 @@ def _heir(action: DeviceAction, uid: str, facts: Facts) -> str:
     return next((c.uid for c in facts.holders.with_uuid(made) if c.uid != uid), "")
 
 
-def destroy_claim_devices(node: Node, uid: str, facts: Facts) -> Program[Facts]:
+def destroy_claim_devices(steps: MigRunner, node: Node, uid: str, facts: Facts) -> Facts:
     """Destroy the MIG devices made for a claim and drop its actions (the claim's record stays).
 
     A MIG device that another claim holds a share of is handed to that claim instead (its action
@@ -278,21 +269,21 @@ def destroy_claim_devices(node: Node, uid: str, facts: Facts) -> Program[Facts]:
         if not node.mig or gpu is None:
             continue
         if action.done:
-            yield DestroyGpuInstance(gpu.index, int(action.result["gpuInstance"]), point="mig-destroyed")
+            steps.destroy_gpu_instance(gpu.index, int(action.result["gpuInstance"]), point="mig-destroyed")
             continue
         # Never recorded as done: whatever sits at its placement was made for it.
-        for instance in (yield from ask(ListGpuInstances(gpu.index))):
+        for instance in steps.list_gpu_instances(gpu.index):
             if (instance.start, instance.size) == (int(action.params["start"]), int(action.params["size"])):
-                yield DestroyGpuInstance(gpu.index, instance.gpu_instance_id)
+                steps.destroy_gpu_instance(gpu.index, instance.gpu_instance_id)
     gone = {str(a.result["uuid"]) for a, heir in pairs if "uuid" in a.result and not heir}
     inventory = replace(
         facts.inventory, instances=tuple(m for m in facts.inventory.instances if m.uuid not in gone)
     )
-    yield SetInventory(inventory)
+    steps.set_inventory(inventory)
     handed = tuple(replace(a, claim_uid=heir) for a, heir in pairs if heir)
     actions = tuple(a for a in facts.actions if a not in mine) + handed
     # Not fsynced, as the records of making them (make): after a reboot the instances are gone either way.
-    yield Save(facts.prepared, actions, durable=False)
+    steps.save(facts.prepared, actions, durable=False)
     return replace(facts, actions=actions, inventory=inventory)
 
 
@@ -308,7 +299,7 @@ def claim_parents(uid: str, facts: Facts) -> list[Gpu]:
     return list(dict.fromkeys(g for g in gpus if g is not None))
 
 
-def release_mig_mode(node: Node, gpus: Iterable[Gpu], facts: Facts) -> Program[None]:
+def release_mig_mode(steps: MigRunner, node: Node, gpus: Iterable[Gpu], facts: Facts) -> None:
     """MIG mode off on these dynamic-MIG GPUs where no MIG device is left, as NVIDIA's driver turns
     it off when it destroys a GPU's last MIG device (maybeDisableMigMode).
 
@@ -324,66 +315,66 @@ def release_mig_mode(node: Node, gpus: Iterable[Gpu], facts: Facts) -> Program[N
         if gpu not in dynamic or gpu.uuid in kept or gpu.architecture not in RESETLESS_MIG_SWITCH:
             continue
         try:
-            current, pending = yield from ask(ReadMigMode(gpu.index))
-            if (current, pending) != (1, 1) or (yield from ask(ListGpuInstances(gpu.index))):
+            current, pending = steps.read_mig_mode(gpu.index)
+            if (current, pending) != (1, 1) or steps.list_gpu_instances(gpu.index):
                 continue
-            if (yield from ask(SetMigMode(gpu.index, 0))):
-                yield Log("info", f"GPU {gpu.index} ({gpu.uuid}): its last MIG device is gone, MIG mode off")
+            if steps.set_mig_mode(gpu.index, 0):
+                steps.log("info", f"GPU {gpu.index} ({gpu.uuid}): its last MIG device is gone, MIG mode off")
             else:
-                yield Log("warning", f"GPU {gpu.index} ({gpu.uuid}): MIG mode off waits for a GPU reset")
+                steps.log("warning", f"GPU {gpu.index} ({gpu.uuid}): MIG mode off waits for a GPU reset")
         except StepError as err:
-            yield Log(
+            steps.log(
                 "warning",
                 f"GPU {gpu.index} ({gpu.uuid}): MIG mode stays on ({err}); "
                 "the next whole-GPU claim turns it off",
             )
 
 
-def destroy_unheld(node: Node, facts: Facts, gpus: Iterable[Gpu]) -> Program[int]:
+def destroy_unheld(steps: MigRunner, node: Node, facts: Facts, gpus: Iterable[Gpu]) -> int:
     """Destroy the MIG instances on these GPUs that no prepared claim holds; how many there were."""
     if not node.mig:
         return 0
     kept, destroyed = held(facts), 0
     for gpu in gpus:
-        for instance in (yield from ask(ListGpuInstances(gpu.index))):
+        for instance in steps.list_gpu_instances(gpu.index):
             if (gpu.uuid, instance.gpu_instance_id) in kept:
                 continue
-            yield Log(
+            steps.log(
                 "warning",
                 f"destroying MIG instance {instance.gpu_instance_id} (memory slices {instance.start}-"
                 f"{instance.start + instance.size - 1}) on GPU {gpu.index}: no prepared claim holds it "
                 "(left by a crash, or made by hand on a GPU in dynamic MIG mode)",
             )
-            yield DestroyGpuInstance(gpu.index, instance.gpu_instance_id)
+            steps.destroy_gpu_instance(gpu.index, instance.gpu_instance_id)
             destroyed += 1
     return destroyed
 
 
-def recover(node: Node, facts: Facts) -> Program[Facts]:
+def recover(steps: MigRunner, node: Node, facts: Facts) -> Facts:
     """At start-up: adopt the MIG devices made for prepared claims, destroy the others on dynamic-MIG GPUs,
     put back the MIG modes of prepares that never completed (dra.core.recovery then drops their records).
     """
     kept = facts.finished()
     known = held(facts)
-    yield from destroy_unheld(node, facts, facts.inventory.dynamic_gpus)
+    destroy_unheld(steps, node, facts, facts.inventory.dynamic_gpus)
     # Latest first, so that a GPU switched twice ends as it was before the first.
     for action in reversed(facts.actions):
         if action not in kept and action.kind == MIG_MODE:
-            yield from _undo_mig_mode(node, action, known)
+            _undo_mig_mode(steps, node, action, known)
     found = {m.uuid for m in facts.inventory.instances}
     inventory = replace(
         facts.inventory,
         instances=tuple(m for m in facts.inventory.instances if (m.parent.uuid, m.gpu_instance_id) in known),
     )
-    yield SetInventory(inventory)
+    steps.set_inventory(inventory)
     facts = replace(facts, inventory=inventory)
     for action in kept:
         if action.kind == MIG_CREATE and str(action.result.get("uuid", "")) not in found:
-            facts = yield from _make_again(node, action, facts)
+            facts = _make_again(steps, node, action, facts)
     return facts
 
 
-def _make_again(node: Node, action: DeviceAction, facts: Facts) -> Program[Facts]:
+def _make_again(steps: MigRunner, node: Node, action: DeviceAction, facts: Facts) -> Facts:
     """A MIG device a prepared claim holds that discovery did not find under its UUID.
 
     After a reboot or a driver reload every instance is gone (and the kubelet prepares the claim
@@ -398,40 +389,40 @@ def _make_again(node: Node, action: DeviceAction, facts: Facts) -> Program[Facts
         return facts
     create = CreateMig(partition)
     try:
-        device = yield from _still_there(partition, action)
+        device = _still_there(steps, partition, action)
         if device is None:
-            device = yield from _make_one(create)
+            device = _make_one(steps, create)
     except StepError as err:
-        yield Log("warning", f"cannot make MIG device {create.device} ({create.placement}) again: {err}")
+        steps.log("warning", f"cannot make MIG device {create.device} ({create.placement}) again: {err}")
         return facts
     again = replace(action, result=_made_result(device))
     actions = tuple(again if a is action else a for a in facts.actions)
     prepared = {uid: _with_uuid(claim, old, device.uuid) for uid, claim in facts.prepared.items()}
-    yield Save(prepared, actions, point="mig-made-again")
+    steps.save(prepared, actions, point="mig-made-again")
     inventory = replace(facts.inventory, instances=(*facts.inventory.instances, device))
-    yield SetInventory(inventory)
-    yield Log("info", f"MIG device {create.device} ({create.placement}) is now {device.uuid}: {old} was gone")
+    steps.set_inventory(inventory)
+    steps.log("info", f"MIG device {create.device} ({create.placement}) is now {device.uuid}: {old} was gone")
     return Facts(prepared, actions, inventory)
 
 
-def _still_there(partition: MigPartition, action: DeviceAction) -> Program[MigDevice | None]:
+def _still_there(steps: MigRunner, partition: MigPartition, action: DeviceAction) -> MigDevice | None:
     """The recorded instance at the placement, with its compute instance; None once the placement is free.
 
     A GPU instance there without a usable compute instance (a kill during an earlier attempt to
     make it again) is destroyed, so that it can be made.
     """
     gpu, found = partition.parent, None
-    for instance in (yield from ask(ListGpuInstances(gpu.index))):
+    for instance in steps.list_gpu_instances(gpu.index):
         if (instance.start, instance.size) != (partition.placement_start, partition.placement_size):
             continue
         if instance.gpu_instance_id == int(action.result["gpuInstance"]):
             ci = int(action.result["computeInstance"])
             try:
-                found = yield from ask(FindMigDevice(gpu, instance.gpu_instance_id, ci))
+                found = steps.find_mig_device(gpu, instance.gpu_instance_id, ci)
                 continue
             except StepError:
                 pass  # no usable compute instance: destroyed below
-        yield DestroyGpuInstance(gpu.index, instance.gpu_instance_id)
+        steps.destroy_gpu_instance(gpu.index, instance.gpu_instance_id)
     return found
 
 
@@ -442,20 +433,20 @@ def _with_uuid(claim: PreparedClaim, old: str, new: str) -> PreparedClaim:
     return replace(claim, devices=tuple(replace(d, uuid=new) if d.uuid == old else d for d in claim.devices))
 
 
-def _undo_mig_mode(node: Node, action: DeviceAction, held: set[tuple[str, int]]) -> Program[None]:
+def _undo_mig_mode(steps: MigRunner, node: Node, action: DeviceAction, held: set[tuple[str, int]]) -> None:
     """Put back the MIG mode an unfinished prepare switched, unless MIG devices of claims need it on."""
     index, was, gpu = int(action.params["index"]), int(action.params["was"]), str(action.params["gpu"])
     if not node.mig or (was == 0 and any(uuid == gpu for uuid, _ in held)):
         return
     try:
-        current, _pending = yield from ask(ReadMigMode(index))
+        current, _pending = steps.read_mig_mode(index)
         if current != was:
-            yield SetMigMode(index, was, point="mig-mode-undone")
+            steps.set_mig_mode(index, was, point="mig-mode-undone")
     except StepError as err:
-        yield Log("warning", f"cannot put MIG mode {_mode_word(was)} back on GPU {index} ({gpu}): {err}")
+        steps.log("warning", f"cannot put MIG mode {_mode_word(was)} back on GPU {index} ({gpu}): {err}")
 
 
-def adopt(node: Node, facts: Facts) -> Program[Inventory]:
+def adopt(steps: MigRunner, node: Node, facts: Facts) -> Inventory:
     """The inventory with the MIG devices another instance made for its claims, without those it destroyed."""
     made = {str(a.result["uuid"]): a for a in facts.actions if a.done and a.kind == MIG_CREATE}
     known = [m for m in facts.inventory.instances if m.uuid in made]
@@ -466,31 +457,32 @@ def adopt(node: Node, facts: Facts) -> Program[Inventory]:
             continue
         try:
             known.append(
-                (
-                    yield from ask(
-                        FindMigDevice(
-                            gpu, int(action.result["gpuInstance"]), int(action.result["computeInstance"])
-                        )
-                    )
+                steps.find_mig_device(
+                    gpu, int(action.result["gpuInstance"]), int(action.result["computeInstance"])
                 )
             )
         except StepError as err:
-            yield Log("warning", f"claim {action.claim_uid}: cannot find MIG device {uuid}: {err}")
+            steps.log("warning", f"claim {action.claim_uid}: cannot find MIG device {uuid}: {err}")
     inventory = replace(facts.inventory, instances=tuple(known))
-    yield SetInventory(inventory)
+    steps.set_inventory(inventory)
     return inventory
 
 
 def switch_for_claim(
-    node: Node, allocation: ClaimAllocation, off: Iterable[Gpu], on: Iterable[Gpu], facts: Facts
-) -> Program[Facts]:
+    steps: MigRunner,
+    node: Node,
+    allocation: ClaimAllocation,
+    off: Iterable[Gpu],
+    on: Iterable[Gpu],
+    facts: Facts,
+) -> Facts:
     """MIG mode off on the GPUs `off` (the plan's mig_off), on on the GPUs `on` (mig_on).
 
     Leftover MIG instances go before MIG turns off.
     """
     for gpu in off:
-        yield from destroy_unheld(node, facts, [gpu])
-        facts = yield from switch_mig_mode(node, allocation, gpu, 0, facts)
+        destroy_unheld(steps, node, facts, [gpu])
+        facts = switch_mig_mode(steps, node, allocation, gpu, 0, facts)
     for gpu in on:
-        facts = yield from switch_mig_mode(node, allocation, gpu, 1, facts)
+        facts = switch_mig_mode(steps, node, allocation, gpu, 1, facts)
     return facts

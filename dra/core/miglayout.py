@@ -9,28 +9,14 @@ after a kill at any step converges. The phases and the states: docs/mig.md.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
+from functools import partial
 
-from dra.core.gpusteps import (
-    NVML_NOT_SUPPORTED,
-    CreateComputeInstance,
-    CreateGpuInstance,
-    DestroyGpuInstance,
-    GpuIdentity,
-    GpuProgram,
-    GpuRunner,
-    HasComputeInstance,
-    InstanceProfile,
-    ListGpuInstances,
-    ListInstanceProfiles,
-    ReadGpus,
-    ReadMigMode,
-    SetMigMode,
-)
+from dra.core.gpusteps import NVML_NOT_SUPPORTED, GpuIdentity, GpuRunner, InstanceProfile
 from dra.core.migconfig import LayoutEntry, MigConfigError, MigConfigs, Slot, place, select_gpus
-from dra.core.steps import Log, Step, StepError, ask
 from dra.model.migmode import DYNAMIC, MigModes
+from dra.model.node import StepError
 
 
 @dataclass(frozen=True)
@@ -98,8 +84,13 @@ class _Undo:
 
 
 def apply_layout(
-    configs: MigConfigs, name: str, held: Set[tuple[int, int]], modes: MigModes, dry_run: bool = False
-) -> GpuProgram[Applied]:
+    steps: GpuRunner,
+    configs: MigConfigs,
+    name: str,
+    held: Set[tuple[int, int]],
+    modes: MigModes,
+    dry_run: bool = False,
+) -> Applied:
     """Make the GPUs match the layout; MigConfigError (nothing of this attempt left) when it cannot.
 
     `held`: (GPU index, GPU instance ID) of the MIG devices prepared claims use, never destroyed.
@@ -108,7 +99,7 @@ def apply_layout(
     """
     entries = configs.layout(name)
     try:
-        gpus = {g.index: g for g in (yield from ask(ReadGpus()))}
+        gpus = {g.index: g for g in steps.read_gpus()}
     except StepError as err:
         raise MigConfigError(f"MIG layout {name!r}: cannot read the GPUs: {err}") from None
     chosen = select_gpus(entries, [(g.index, g.pci_device_id) for g in gpus.values()])
@@ -122,16 +113,16 @@ def apply_layout(
     applied = Applied(name)
     undo = _Undo()
     try:
-        ready = yield from _turn_mig_on(chosen, gpus, undo, applied, dry_run)
+        ready = _turn_mig_on(steps, chosen, gpus, undo, applied, dry_run)
         for index, entry in sorted(chosen.items()):
-            applied.plans.append((yield from _plan(gpus[index], entry, held, index in ready)))
+            applied.plans.append(_plan(steps, gpus[index], entry, held, index in ready))
         for plan in applied.plans:
             applied.warnings.extend(_held_warning(plan))
         if not dry_run:
             for plan in applied.plans:
-                yield from _execute(plan, undo, applied)
+                _execute(steps, plan, undo, applied)
     except (MigConfigError, StepError) as err:
-        whole = yield from _undo(undo)
+        whole = _undo(steps, undo)
         undone = "nothing of it was applied" if whole else "undoing it failed in part (see the log)"
         raise MigConfigError(f"cannot apply MIG layout {name!r}: {err}; {undone}") from None
     return applied
@@ -142,17 +133,18 @@ def _label(gpu: GpuIdentity) -> str:
 
 
 def _turn_mig_on(
+    steps: GpuRunner,
     chosen: Mapping[int, LayoutEntry],
     gpus: Mapping[int, GpuIdentity],
     undo: _Undo,
     applied: Applied,
     dry_run: bool,
-) -> GpuProgram[set[int]]:
+) -> set[int]:
     """Phase 1; the GPUs whose MIG mode is now as their entry wants it on."""
     ready: set[int] = set()
     for index, entry in sorted(chosen.items()):
         try:
-            current, _ = yield from ask(ReadMigMode(index))
+            current, _ = steps.read_mig_mode(index)
         except StepError as err:
             if err.code != NVML_NOT_SUPPORTED:
                 raise
@@ -164,7 +156,7 @@ def _turn_mig_on(
             continue
         if dry_run:
             continue
-        now = yield from ask(SetMigMode(index, 1, point="miglayout.mode-set"))
+        now = steps.set_mig_mode(index, 1, point="miglayout.mode-set")
         undo.modes.append((index, current))
         if now:
             ready.add(index)
@@ -182,31 +174,31 @@ def _pending(label: str, index: int, mode: int) -> str:
     )
 
 
-def _existing(index: int, table: Mapping[int, InstanceProfile]) -> GpuProgram[list[Existing]]:
+def _existing(steps: GpuRunner, index: int, table: Mapping[int, InstanceProfile]) -> list[Existing]:
     found = []
-    for instance in (yield from ask(ListGpuInstances(index))):
-        complete = yield from ask(HasComputeInstance(index, instance.gpu_instance_id))
+    for instance in steps.list_gpu_instances(index):
+        complete = steps.has_compute_instance(index, instance.gpu_instance_id)
         found.append(Existing(instance.gpu_instance_id, table[instance.profile_id], instance.start, complete))
     return found
 
 
 def _plan(
-    gpu: GpuIdentity, entry: LayoutEntry, held: Set[tuple[int, int]], ready: bool
-) -> GpuProgram[GpuPlan]:
+    steps: GpuRunner, gpu: GpuIdentity, entry: LayoutEntry, held: Set[tuple[int, int]], ready: bool
+) -> GpuPlan:
     """Phase 2 for one GPU: nothing is changed."""
     index, uuid, label = gpu.index, gpu.uuid, _label(gpu)
     if entry.mig_enabled and not ready:
         return GpuPlan(index, uuid, label, entry, skipped="MIG mode is off; the layout turns it on first")
     try:
-        current, _ = yield from ask(ReadMigMode(index))
+        current, _ = steps.read_mig_mode(index)
     except StepError as err:
         if err.code != NVML_NOT_SUPPORTED:
             raise
         return GpuPlan(index, uuid, label, entry)
     if current != 1:
         return GpuPlan(index, uuid, label, entry)
-    table = {p.id: p for p in (yield from ask(ListInstanceProfiles(index)))}
-    existing = yield from _existing(index, table)
+    table = {p.id: p for p in steps.list_instance_profiles(index)}
+    existing = _existing(steps, index, table)
     is_held = [e for e in existing if (index, e.gpu_instance_id) in held]
     if not entry.mig_enabled:
         gone = tuple(e for e in existing if e not in is_held)
@@ -288,63 +280,61 @@ def _held_warning(plan: GpuPlan) -> list[str]:
     ]
 
 
-def _execute(plan: GpuPlan, undo: _Undo, applied: Applied) -> GpuProgram[None]:
+def _execute(steps: GpuRunner, plan: GpuPlan, undo: _Undo, applied: Applied) -> None:
     """Phase 3 for one GPU."""
     for e in plan.destroy:
-        yield DestroyGpuInstance(plan.index, e.gpu_instance_id, point="miglayout.destroyed")
+        steps.destroy_gpu_instance(plan.index, e.gpu_instance_id, point="miglayout.destroyed")
         if e.complete:
             undo.destroyed.append((plan.index, e))
     for profile, start in plan.create:
-        gi = yield from ask(
-            CreateGpuInstance(
-                plan.index, profile.id, start, profile.memory_slices, point="miglayout.gpu-instance-created"
-            )
+        gi = steps.create_gpu_instance(
+            plan.index, profile.id, start, profile.memory_slices, point="miglayout.gpu-instance-created"
         )
         undo.created.append((plan.index, gi))
-        yield CreateComputeInstance(
+        steps.create_compute_instance(
             plan.index, gi, profile.slices, point="miglayout.compute-instance-created"
         )
     if plan.mode_after is not None and not plan.held:
-        current, _ = yield from ask(ReadMigMode(plan.index))
+        current, _ = steps.read_mig_mode(plan.index)
         if current != plan.mode_after:
-            now = yield from ask(SetMigMode(plan.index, plan.mode_after, point="miglayout.mode-set"))
+            now = steps.set_mig_mode(plan.index, plan.mode_after, point="miglayout.mode-set")
             undo.modes.append((plan.index, current))
             if not now:
                 applied.warnings.append(_pending(plan.label, plan.index, plan.mode_after))
 
 
-def _undo(undo: _Undo) -> GpuProgram[bool]:
+def _undo(steps: GpuRunner, undo: _Undo) -> bool:
     """Best effort: each step that fails is logged, and the rest still run; whether all went back."""
     whole = True
     for index, gi in reversed(undo.created):
-        whole &= yield from _attempt(
-            f"destroy GPU instance {gi} made on GPU {index}", _one(DestroyGpuInstance(index, gi))
+        whole &= _attempt(
+            steps,
+            f"destroy GPU instance {gi} made on GPU {index}",
+            partial(steps.destroy_gpu_instance, index, gi),
         )
     for index, e in reversed(undo.destroyed):
-        whole &= yield from _attempt(
-            f"make {e.profile.name} at {e.start} on GPU {index} again", _remake(index, e)
+        whole &= _attempt(
+            steps,
+            f"make {e.profile.name} at {e.start} on GPU {index} again",
+            partial(_remake, steps, index, e),
         )
     for index, mode in reversed(undo.modes):
-        whole &= yield from _attempt(
-            f"set MIG mode {mode} on GPU {index} again", _one(SetMigMode(index, mode))
+        whole &= _attempt(
+            steps, f"set MIG mode {mode} on GPU {index} again", partial(steps.set_mig_mode, index, mode)
         )
     return whole
 
 
-def _attempt(what: str, steps: GpuProgram[None]) -> GpuProgram[bool]:
+def _attempt(steps: GpuRunner, what: str, undo_steps: Callable[[], object]) -> bool:
     """Whether the steps ran; a failure is logged and the undo goes on."""
     try:
-        yield from steps
+        undo_steps()
     except StepError as err:
-        yield Log("error", f"undoing the MIG layout: cannot {what}: {err}")
+        steps.log("error", f"undoing the MIG layout: cannot {what}: {err}")
         return False
     return True
 
 
-def _one(step: Step[GpuRunner]) -> GpuProgram[None]:
-    yield step
-
-
-def _remake(index: int, e: Existing) -> GpuProgram[None]:
-    gi = yield from ask(CreateGpuInstance(index, e.profile.id, e.start, e.profile.memory_slices))
-    yield CreateComputeInstance(index, gi, e.profile.slices)
+def _remake(steps: GpuRunner, index: int, e: Existing) -> None:
+    gi = steps.create_gpu_instance(index, e.profile.id, e.start, e.profile.memory_slices)
+    steps.create_compute_instance(index, gi, e.profile.slices)

@@ -11,104 +11,60 @@ life cycle: docs/sharing.md ("MPS").
 from __future__ import annotations
 
 import re
-from collections.abc import Generator, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from collections.abc import Mapping
+from typing import Protocol
 
 from dra.core import sharing
-from dra.core.steps import Log, Logger, Query, Step, StepError, ask
+from dra.model.node import Level, StepError
 from dra.model.prepared import PreparedClaim
-
-T = TypeVar("T")
 
 _SIZE = re.compile(r"^([0-9]+)([MG])$")
 
 
-class MpsRunner(Logger, Protocol):
-    """What runs the MPS daemons' steps (dra.kubeletplugin.devicesteps): one method per kind."""
+class MpsRunner(Protocol):
+    """What runs the MPS daemons' steps (dra.kubeletplugin.devicesteps): one method per kind.
 
-    def mps_daemon_pid(self, step: MpsDaemonPid) -> int | None: ...
-    def list_mps_daemons(self, step: ListMpsDaemons) -> tuple[str, ...]: ...
-    def launch_mps(self, step: LaunchMps) -> int: ...
-    def ask_mps(self, step: AskMps) -> str: ...
-    def stop_mps(self, step: StopMps) -> None: ...
+    A step is a call of its kind's method, which raises StepError when it fails.
+    """
 
+    def log(self, level: Level, message: str) -> None: ...
 
-#: A program of the MPS daemons' steps and log lines: runs on an MpsRunner, and within every larger program.
-Program = Generator[Step[MpsRunner], Any, T]
+    def mps_daemon_pid(self, key: str) -> int | None:
+        """The pid of MPS control daemon `key` (dra.core.sharing.mps_key) when it runs, else None."""
 
+    def list_mps_daemons(self) -> tuple[str, ...]:
+        """The keys of the MPS control daemons with directories (running, or left behind), sorted."""
 
-@dataclass(frozen=True)
-class MpsDaemonPid(Query[MpsRunner, int | None]):
-    """The pid of MPS control daemon `key` (dra.core.sharing.mps_key) when it runs, else None."""
+    def launch_mps(self, uuids: tuple[str, ...], multi_user: bool, *, point: str = "") -> int:
+        """Start the MPS control daemon of these device UUIDs, multi-user (-M) or not; its pid."""
 
-    key: str
+    def ask_mps(self, key: str, command: str) -> str:
+        """One command to MPS control daemon `key`, in a call of its own; its answer, stripped."""
 
-    def run(self, runner: MpsRunner) -> int | None:
-        return runner.mps_daemon_pid(self)
-
-
-@dataclass(frozen=True)
-class ListMpsDaemons(Query[MpsRunner, tuple[str, ...]]):
-    """The keys of the MPS control daemons with directories (running, or left behind), sorted."""
-
-    def run(self, runner: MpsRunner) -> tuple[str, ...]:
-        return runner.list_mps_daemons(self)
+    def stop_mps(self, key: str) -> None:
+        """Stop MPS control daemon `key` (quit, else kill) and remove its directories; none is fine."""
 
 
-@dataclass(frozen=True)
-class LaunchMps(Query[MpsRunner, int]):
-    """Start the MPS control daemon of these device UUIDs, multi-user (-M) or not; its pid."""
-
-    uuids: tuple[str, ...]
-    multi_user: bool
-
-    def run(self, runner: MpsRunner) -> int:
-        return runner.launch_mps(self)
-
-
-@dataclass(frozen=True)
-class AskMps(Query[MpsRunner, str]):
-    """One command to MPS control daemon `key`, in a call of its own; its answer, stripped."""
-
-    key: str
-    command: str
-
-    def run(self, runner: MpsRunner) -> str:
-        return runner.ask_mps(self)
-
-
-@dataclass(frozen=True)
-class StopMps(Step[MpsRunner]):
-    """Stop MPS control daemon `key` (quit, else kill) and remove its directories; none is fine."""
-
-    key: str
-
-    def run(self, runner: MpsRunner) -> None:
-        return runner.stop_mps(self)
-
-
-def start(claim: PreparedClaim) -> Program[None]:
+def start(steps: MpsRunner, claim: PreparedClaim) -> None:
     """Start the daemon of the claim's devices, or join (or adopt) the running one; StepError if not."""
     key = sharing.claim_mps_key(claim)
     if not key:
         return
-    pid = yield from ask(MpsDaemonPid(key))
+    pid = steps.mps_daemon_pid(key)
     if pid is None:
         devices = sharing.mps_devices(claim)
         # multiUser: clients running as other users than the daemon's may connect (-M).
-        launch = LaunchMps(
+        pid = steps.launch_mps(
             tuple(d.uuid for d in devices), devices[0].mps_multi_user, point="mps-daemon-started"
         )
-        pid = yield from ask(launch)
-        yield Log("info", f"started MPS control daemon {pid} ({key}) for claim {claim.uid}")
+        steps.log("info", f"started MPS control daemon {pid} ({key}) for claim {claim.uid}")
     else:
-        yield Log("info", f"claim {claim.uid} uses MPS control daemon {pid} ({key})")
+        steps.log("info", f"claim {claim.uid} uses MPS control daemon {pid} ({key})")
     # Setting a limit again is harmless, and a crash may have come before the first time.
-    yield from _configure(key, claim)
+    _configure(steps, key, claim)
 
 
-def _configure(key: str, claim: PreparedClaim) -> Program[None]:
+def _configure(steps: MpsRunner, key: str, claim: PreparedClaim) -> None:
     """Make the claim's limits the daemon's defaults; only for a daemon that serves it alone.
 
     The real daemon refuses nothing out loud (tests/data/real/h200-580/mps-control.txt): a
@@ -122,13 +78,13 @@ def _configure(key: str, claim: PreparedClaim) -> Program[None]:
     percentage = devices[0].mps_thread_percentage
     if percentage:
         command = f"set_default_active_thread_percentage {percentage}"
-        answer = yield from ask(AskMps(key, command))
+        answer = steps.ask_mps(key, command)
         _expect(key, command, answer, _percentage(answer) == float(percentage))
     for index, device in enumerate(devices):
         if device.mps_pinned_limit:
             command = f"set_default_device_pinned_mem_limit {index} {device.mps_pinned_limit}"
-            yield AskMps(key, command)
-            held = yield from ask(AskMps(key, f"get_default_device_pinned_mem_limit {index}"))
+            steps.ask_mps(key, command)
+            held = steps.ask_mps(key, f"get_default_device_pinned_mem_limit {index}")
             _expect(key, command, held, _holds(device.mps_pinned_limit, held))
 
 
@@ -170,22 +126,22 @@ def _holds(limit: str, answer: str) -> bool:
     return size // unit * unit == held
 
 
-def release(claim: PreparedClaim, others: Mapping[str, PreparedClaim]) -> Program[None]:
+def release(steps: MpsRunner, claim: PreparedClaim, others: Mapping[str, PreparedClaim]) -> None:
     """Stop the claim's daemon unless a claim of `others` (those staying prepared) still uses it."""
     key = sharing.claim_mps_key(claim)
     if not key:
         return
     users = [c.uid for c in sharing.mps_users(key, others)]
     if users:
-        yield Log("info", f"MPS control daemon {key} stays for claims {', '.join(users)}")
+        steps.log("info", f"MPS control daemon {key} stays for claims {', '.join(users)}")
         return
-    yield StopMps(key)
+    steps.stop_mps(key)
 
 
-def stop_others(prepared: Mapping[str, PreparedClaim]) -> Program[None]:
+def stop_others(steps: MpsRunner, prepared: Mapping[str, PreparedClaim]) -> None:
     """Stop the daemons no claim of `prepared` (the checkpoint's) uses: none outlives its claims."""
     keep = {sharing.claim_mps_key(c) for c in prepared.values()}
-    for key in (yield from ask(ListMpsDaemons())):
+    for key in steps.list_mps_daemons():
         if key not in keep:
-            yield Log("info", f"stopping MPS control daemon {key}, which no prepared claim uses")
-            yield StopMps(key)
+            steps.log("info", f"stopping MPS control daemon {key}, which no prepared claim uses")
+            steps.stop_mps(key)

@@ -4,7 +4,7 @@
 why there is none (re-created, not allocated, no device of this driver). `decide_prepare` says
 what a claim gets (its record, the holders it releases, the MIG devices to make, the GPUs to pass
 through) or refuses it with every problem at once, from the allocation, the node's inventory and
-prepared claims, and the node's settings (dra.core.steps.Node). The claim's CDI spec and device
+prepared claims, and the node's settings (dra.model.node.Node). The claim's CDI spec and device
 metadata files are built from what it then has by dra.core.cdi.respec, and the programs that
 carry a plan out are dra.core.prepare's. Nothing here touches a file, a GPU or the API server.
 """
@@ -17,7 +17,6 @@ from typing import Any
 
 from dra.core import cdi, migdevices, sharing, vfio
 from dra.core import config as deviceconfig
-from dra.core.steps import ClaimRead, Node
 from dra.model.allocation import (
     POD_CLAIM_NAME_ANNOTATION,
     AllocatedDevice,
@@ -26,6 +25,7 @@ from dra.model.allocation import (
     OpaqueConfig,
 )
 from dra.model.devices import Device, Gpu, Inventory, MigDevice, MigPartition, is_vfio_twin
+from dra.model.node import ClaimRead, Node
 from dra.model.prepared import VFIO_BIND, DeviceAction, Holders, PreparedClaim, PreparedDevice
 
 
@@ -266,7 +266,7 @@ def _state_of(uid: str, read: ClaimRead) -> str:
 
 
 def stale_reasons(reads: Mapping[str, ClaimRead]) -> dict[str, str]:
-    """The holders whose devices a prepare may take, by UID, with why (AskStale's answer, decided).
+    """The holders whose devices a prepare may take, by UID, with why (ask_stale's answer, decided).
 
     A holder still allocated is a real conflict, whatever its pods do: the scheduler gives its
     devices to no other claim while it is. One the API server could not be asked about counts as

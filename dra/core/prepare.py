@@ -3,22 +3,22 @@
 `prepare` reads as the example driver's prepare does: decide (the plan, dra.core.plan.decide_prepare,
 after asking about stale holders), make the devices the plan says (MIG mode and devices, GPUs bound
 to vfio-pci), build the CDI spec once from what the claim then has, write it, save the checkpoint,
-apply the sharing settings, and (without the lock) sync; `unprepare` undoes it. Each step is one
-of dra.core.steps, run by the executor (dra.kubeletplugin.state), in the order that a crash at any
-step leaves recoverable (docs/architecture.md, "Preparing a claim, step by step"). Nothing here
-touches a file, a GPU or the API server.
+apply the sharing settings, and (without the lock) sync; `unprepare` undoes it. Each step is a
+call of its runner's method (`NodeRunner`, whose one implementation is dra.kubeletplugin.state's),
+in the order that a crash at any step leaves recoverable (docs/architecture.md, "Preparing a claim,
+step by step"). Nothing here touches a file, a GPU or the API server but through the runner.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Generator, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from dra.core import devicemetadata, migdevices, mpsdaemons, sharing, vfio
 from dra.core.cdi import Respec, respec
-from dra.core.devicemetadata import MetadataRunner, RemoveMetadata, WriteMetadata
+from dra.core.devicemetadata import MetadataRunner
 from dra.core.migdevices import MigRunner
 from dra.core.mpsdaemons import MpsRunner
 from dra.core.plan import (
@@ -31,75 +31,81 @@ from dra.core.plan import (
     stale_reasons,
     unanswered,
 )
-from dra.core.sharing import ApplyTimeSlices, RestoreTimeSlices, TimeSliceRunner
-from dra.core.steps import (
-    AskStale,
-    ClaimRead,
-    Facts,
-    HasSpec,
-    Log,
-    Mark,
-    MissingHostPaths,
-    Node,
-    ReadState,
-    RemoveSpec,
-    Save,
-    Step,
-    StepError,
-    Sync,
-    WriteSpec,
-    ask,
-)
+from dra.core.sharing import TimeSliceRunner
 from dra.core.vfio import VfioRunner
 from dra.model.allocation import ClaimAllocation, ClaimError
-from dra.model.prepared import PreparedClaim
+from dra.model.devices import Inventory
+from dra.model.node import ClaimRead, Facts, Level, Node, StepError
+from dra.model.prepared import DeviceAction, PreparedClaim
 
-T = TypeVar("T")
+Obj = dict[str, Any]
 
 
 class NodeRunner(MigRunner, VfioRunner, MpsRunner, TimeSliceRunner, MetadataRunner, Protocol):
-    """What runs every step of prepare, unprepare and start-up: a claim's own, and each feature's."""
+    """What runs every step of prepare, unprepare and start-up: a claim's own (here), and each feature's.
+
+    Each method is one step; one that fails raises StepError, and the program decides what follows.
+    `point` names the crash point the runner passes right after the step. All but `ask_stale` and
+    `sync` run holding the state's lock (dra.kubeletplugin.state: threads and another instance).
+    """
+
+    def log(self, level: Level, message: str) -> None: ...
+    def read_state(self) -> Facts: ...
+    def has_spec(self, uid: str) -> bool: ...
+    def ask_stale(self, holders: tuple[PreparedClaim, ...]) -> Mapping[str, ClaimRead]: ...
+    def missing_host_paths(self, spec: Obj) -> tuple[str, ...]: ...
+    def save(
+        self,
+        prepared: Mapping[str, PreparedClaim],
+        actions: tuple[DeviceAction, ...],
+        *,
+        durable: bool = True,
+        changed: frozenset[str] | None = None,
+        point: str = "",
+    ) -> int: ...
+    def mark(self, point: str) -> None: ...
+    def write_spec(self, uid: str, spec: Obj, *, compare: bool = True, point: str = "") -> None: ...
+    def remove_spec(self, uid: str, *, point: str = "") -> None: ...
+    def set_inventory(self, inventory: Inventory) -> None: ...
+    def sync(self, ticket: int, *, point: str = "") -> None: ...
 
 
-#: A program of every kind of step: yields steps, is sent their results (what each step's `run`
-#: returned), returns its answer. The programs of each feature, of fewer kinds, run within it.
-Program = Generator[Step[NodeRunner], Any, T]
-
-
-def prepare(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[PreparedClaim]:
+def prepare(steps: NodeRunner, node: Node, allocation: ClaimAllocation, facts: Facts) -> PreparedClaim:
     """Prepare a claim, or give its recorded answer; ClaimError when it cannot be, and then nothing changes.
 
-    Prepared claims holding a device the allocation needs are asked about first (AskStale): those the
+    Prepared claims holding a device the allocation needs are asked about first (ask_stale): those the
     API server says are gone are released, the others refuse the claim.
     """
-    plan, facts = yield from _decide(node, allocation, facts)
-    plan, facts = yield from _make_devices(node, allocation, plan, facts)
+    plan, facts = _decide(steps, node, allocation, facts)
+    plan, facts = _make_devices(steps, node, allocation, plan, facts)
     # Build the spec, once, from what the claim now has: its MIG devices made, its GPUs' groups known.
     outputs = respec(plan.claim, facts.inventory, node) if plan.write else Respec(None, None, ())
     if outputs.spec is not None:
-        yield from _refuse_missing_paths(node, allocation, plan, outputs, facts)
+        _refuse_missing_paths(steps, node, allocation, plan, outputs, facts)
     # Write it, and save the record (not yet durable).
-    yield from _release_stale(allocation, plan)
-    yield from _write_files(allocation, plan, outputs, facts)
-    ticket, facts = (yield from _record(node, allocation, plan, facts)) if plan.record else (0, facts)
-    yield Mark(point="sharing-before-gpu-settings")
-    yield from _gpu_settings(node, allocation, plan, facts)
+    _release_stale(steps, allocation, plan)
+    _write_files(steps, allocation, plan, outputs, facts)
+    ticket, facts = _record(steps, node, allocation, plan, facts) if plan.record else (0, facts)
+    steps.mark("sharing-before-gpu-settings")
+    _gpu_settings(steps, node, allocation, plan, facts)
     if ticket:
         # Unlock, then sync: prepares of other claims go on, and concurrent ones share one fsync.
-        yield from _sync(node, allocation, plan, ticket)
+        _sync(steps, node, allocation, plan, ticket)
     return plan.claim
 
 
-def _decide(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[tuple[PreparePlan, Facts]]:
+def _decide(
+    steps: NodeRunner, node: Node, allocation: ClaimAllocation, facts: Facts
+) -> tuple[PreparePlan, Facts]:
     """The plan (ClaimError for a refusal), the holders asked about without the lock; and the state."""
     live = conflicts(allocation, facts.inventory, facts.prepared, pool=node.pool, holders=facts.holders)
     reads: Mapping[str, ClaimRead] = {}
     if live:
-        reads = yield from ask(AskStale(tuple(live)))
+        reads = steps.ask_stale(tuple(live))
         # Decided on the state as it is now: a holder that appeared meanwhile counts as live.
-        facts = yield from ask(ReadState())
+        facts = steps.read_state()
     # Only a recorded claim's answer depends on its spec being there; a new claim's is written anyway.
-    has_spec = allocation.uid in facts.prepared and (yield from ask(HasSpec(allocation.uid)))
+    has_spec = allocation.uid in facts.prepared and steps.has_spec(allocation.uid)
     plan = decide_prepare(
         allocation,
         facts.inventory,
@@ -116,31 +122,31 @@ def _decide(node: Node, allocation: ClaimAllocation, facts: Facts) -> Program[tu
 
 
 def _make_devices(
-    node: Node, allocation: ClaimAllocation, plan: PreparePlan, facts: Facts
-) -> Program[tuple[PreparePlan, Facts]]:
+    steps: NodeRunner, node: Node, allocation: ClaimAllocation, plan: PreparePlan, facts: Facts
+) -> tuple[PreparePlan, Facts]:
     """What the plan makes: the released holders' devices given back, MIG mode, MIG devices, vfio-pci.
 
     The plan comes back with what its claim then has (its MIG devices' UUIDs, its GPUs' groups).
     """
     for uid in plan.given_back:
-        facts = yield from _give_back_gpus(allocation, uid, facts)
-        facts = yield from migdevices.destroy_claim_devices(node, uid, facts)
+        facts = _give_back_gpus(steps, allocation, uid, facts)
+        facts = migdevices.destroy_claim_devices(steps, node, uid, facts)
     if plan.mig_off or plan.mig_on:
-        facts = yield from migdevices.switch_for_claim(node, allocation, plan.mig_off, plan.mig_on, facts)
+        facts = migdevices.switch_for_claim(steps, node, allocation, plan.mig_off, plan.mig_on, facts)
     if plan.create:
-        made, _ = yield from migdevices.make(node, allocation, plan.create, facts)
+        made, _ = migdevices.make(steps, node, allocation, plan.create, facts)
         plan = plan.made(made)
-        facts = yield from ask(ReadState())
+        facts = steps.read_state()
     if plan.vfio:
-        bound, facts = yield from vfio.bind(allocation, plan.claim, plan.vfio, facts)
+        bound, facts = vfio.bind(steps, allocation, plan.claim, plan.vfio, facts)
         plan = replace(plan, claim=bound)
     return plan, facts
 
 
-def _give_back_gpus(allocation: ClaimAllocation, uid: str, facts: Facts) -> Program[Facts]:
+def _give_back_gpus(steps: NodeRunner, allocation: ClaimAllocation, uid: str, facts: Facts) -> Facts:
     """The GPUs claim `uid` passed through, back to nvidia before another claim or a failure moves on."""
     try:
-        return (yield from vfio.release(uid, facts))
+        return vfio.release(steps, uid, facts)
     except StepError as err:
         raise ClaimError(
             f"cannot prepare ResourceClaim {allocation.ref}: cannot give the GPUs of claim {uid} back to "
@@ -149,76 +155,81 @@ def _give_back_gpus(allocation: ClaimAllocation, uid: str, facts: Facts) -> Prog
 
 
 def _refuse_missing_paths(
-    node: Node, allocation: ClaimAllocation, plan: PreparePlan, outputs: Respec, facts: Facts
-) -> Program[None]:
+    steps: NodeRunner,
+    node: Node,
+    allocation: ClaimAllocation,
+    plan: PreparePlan,
+    outputs: Respec,
+    facts: Facts,
+) -> None:
     """ClaimError, after undoing what the prepare made, when the spec names a host path not on the node.
 
     The runtime would fail every container of the claim on it. The paths the prepare makes itself
     (its metadata files, its MPS daemon's directories) are not asked about.
     """
     assert outputs.spec is not None
-    gone = outputs.missing_paths((yield from ask(MissingHostPaths(outputs.spec))))
+    gone = outputs.missing_paths(steps.missing_host_paths(outputs.spec))
     if not gone:
         return
-    facts = yield from _give_back_gpus(allocation, allocation.uid, facts)
-    yield from migdevices.destroy_claim_devices(node, allocation.uid, facts)
+    facts = _give_back_gpus(steps, allocation, allocation.uid, facts)
+    migdevices.destroy_claim_devices(steps, node, allocation.uid, facts)
     raise ClaimError(
         f"cannot prepare ResourceClaim {allocation.ref}: its CDI spec would name "
         f"{', '.join(gone)}, not on this node (a GPU or the driver changed since discovery)"
     )
 
 
-def _release_stale(allocation: ClaimAllocation, plan: PreparePlan) -> Program[None]:
+def _release_stale(steps: NodeRunner, allocation: ClaimAllocation, plan: PreparePlan) -> None:
     """Say why the claim is prepared again or a holder released; each released holder's files go."""
     if plan.replaces is not None:
         # The kubelet unprepares before a claim is allocated anew; if it did not, the
         # claim's current allocation is the truth, not the record.
-        yield Log(
+        steps.log(
             "warning",
             f"claim {allocation.ref} ({allocation.uid}) is prepared with {sorted(recorded(plan.replaces))} "
             f"but now allocated {sorted(recorded(plan.claim))}: preparing it again",
         )
     for release in plan.release:
         holder = release.holder
-        yield Log(
+        steps.log(
             "warning",
             f"releasing {holder.namespace}/{holder.name} ({holder.uid}), prepared but stale: "
             + release.reason,
         )
-        yield RemoveSpec(holder.uid, point="prepare.stale-spec-removed")
+        steps.remove_spec(holder.uid, point="prepare.stale-spec-removed")
         if holder.metadata and (holder.namespace, holder.name) != (plan.claim.namespace, plan.claim.name):
-            yield RemoveMetadata(devicemetadata.claim_dir(holder.namespace, holder.name))
+            steps.remove_metadata(devicemetadata.claim_dir(holder.namespace, holder.name))
 
 
 def _write_files(
-    allocation: ClaimAllocation, plan: PreparePlan, outputs: Respec, facts: Facts
-) -> Program[None]:
+    steps: NodeRunner, allocation: ClaimAllocation, plan: PreparePlan, outputs: Respec, facts: Facts
+) -> None:
     """Write the claim's metadata files, then its spec that mounts them; a failure removes both again."""
     for gone in outputs.missing:
-        yield Log("warning", gone.message)
+        steps.log("warning", gone.message)
     if outputs.metadata is not None:
         try:
-            yield WriteMetadata(
+            steps.write_metadata(
                 outputs.metadata.directory, outputs.metadata.files, point="prepare.metadata-written"
             )
         except StepError as err:
-            yield from _drop_unrecorded_metadata(plan.claim, facts)
+            _drop_unrecorded_metadata(steps, plan.claim, facts)
             raise ClaimError(
                 f"cannot write the device metadata files of claim {allocation.ref}: {err}"
             ) from None
     if outputs.spec is not None:
-        yield Mark(point="prepare.before-cdi-write")
+        steps.mark("prepare.before-cdi-write")
         try:
-            yield WriteSpec(plan.claim.uid, outputs.spec, compare=False, point="prepare.cdi-written")
+            steps.write_spec(plan.claim.uid, outputs.spec, compare=False, point="prepare.cdi-written")
         except StepError as err:
-            yield from _drop_unrecorded_spec(plan.claim.uid, facts)
-            yield from _drop_unrecorded_metadata(plan.claim, facts)
+            _drop_unrecorded_spec(steps, plan.claim.uid, facts)
+            _drop_unrecorded_metadata(steps, plan.claim, facts)
             raise ClaimError(f"cannot write the CDI spec of claim {allocation.ref}: {err}") from None
 
 
 def _record(
-    node: Node, allocation: ClaimAllocation, plan: PreparePlan, facts: Facts
-) -> Program[tuple[int, Facts]]:
+    steps: NodeRunner, node: Node, allocation: ClaimAllocation, plan: PreparePlan, facts: Facts
+) -> tuple[int, Facts]:
     """Save the claim in the checkpoint, its released holders dropped; the ticket to sync, and the facts."""
     released = {r.holder.uid for r in plan.release}
     # Copied whole and then trimmed: a C copy, not a Python pass over a thousand claims.
@@ -228,19 +239,17 @@ def _record(
     updated[plan.claim.uid] = plan.claim
     actions = tuple(a for a in facts.actions if a.claim_uid not in released)
     try:
-        ticket = yield from ask(
-            Save(updated, actions, durable=False, changed=frozenset({*released, plan.claim.uid}))
-        )
+        ticket = steps.save(updated, actions, durable=False, changed=frozenset({*released, plan.claim.uid}))
     except StepError as err:
         # A failed directory fsync comes after the rename: put back the record the kubelet is told of.
         with contextlib.suppress(StepError):
-            yield Save(facts.prepared, facts.actions)
-        yield from _drop_unrecorded_spec(plan.claim.uid, facts)
-        yield from _drop_unrecorded_metadata(plan.claim, facts)
+            steps.save(facts.prepared, facts.actions)
+        _drop_unrecorded_spec(steps, plan.claim.uid, facts)
+        _drop_unrecorded_metadata(steps, plan.claim, facts)
         raise ClaimError(
             f"cannot record claim {allocation.ref} in the checkpoint {node.checkpoint}: {err}"
         ) from None
-    yield Log(
+    steps.log(
         "info",
         f"prepared claim {allocation.ref} ({plan.claim.uid}): "
         + ", ".join(d.device for d in plan.claim.devices),
@@ -248,68 +257,70 @@ def _record(
     return ticket, replace(facts, prepared=updated, actions=actions)
 
 
-def _sync(node: Node, allocation: ClaimAllocation, plan: PreparePlan, ticket: int) -> Program[None]:
+def _sync(steps: NodeRunner, node: Node, allocation: ClaimAllocation, plan: PreparePlan, ticket: int) -> None:
     """Make the save durable (without the lock); a failure unprepares the claim again."""
     try:
-        yield Sync(ticket, point="prepare.checkpoint-saved")
+        steps.sync(ticket, point="prepare.checkpoint-saved")
     except StepError as err:
-        now = yield from ask(ReadState())
+        now = steps.read_state()
         if now.prepared.get(plan.claim.uid) is plan.claim:
-            yield from unprepare(node, plan.claim.uid, now)
+            unprepare(steps, node, plan.claim.uid, now)
         raise ClaimError(
             f"cannot record claim {allocation.ref} in the checkpoint {node.checkpoint}: {err}"
         ) from None
 
 
-def _drop_unrecorded_spec(uid: str, facts: Facts) -> Program[None]:
+def _drop_unrecorded_spec(steps: NodeRunner, uid: str, facts: Facts) -> None:
     """After a failed write: remove the claim's spec unless the checkpoint records the claim."""
     if uid in facts.prepared:
         return
     # Best effort on a failing disk: a spec that stays is removed, a GPU given back, at the next start-up.
     with contextlib.suppress(StepError):
-        yield RemoveSpec(uid)
+        steps.remove_spec(uid)
     with contextlib.suppress(StepError):
-        yield from vfio.release(uid, facts)
+        vfio.release(steps, uid, facts)
 
 
-def _drop_unrecorded_metadata(claim: PreparedClaim, facts: Facts) -> Program[None]:
+def _drop_unrecorded_metadata(steps: NodeRunner, claim: PreparedClaim, facts: Facts) -> None:
     """After a failed write: remove the claim's metadata files unless the checkpoint records them."""
     recorded_claim = facts.prepared.get(claim.uid)
     if not claim.metadata or (recorded_claim is not None and recorded_claim.metadata):
         return
     # Best effort, as for the spec: start-up removes what stays.
     with contextlib.suppress(StepError):
-        yield RemoveMetadata(devicemetadata.claim_dir(claim.namespace, claim.name))
+        steps.remove_metadata(devicemetadata.claim_dir(claim.namespace, claim.name))
 
 
-def _gpu_settings(node: Node, allocation: ClaimAllocation, plan: PreparePlan, facts: Facts) -> Program[None]:
+def _gpu_settings(
+    steps: NodeRunner, node: Node, allocation: ClaimAllocation, plan: PreparePlan, facts: Facts
+) -> None:
     """Set the claim's time slices, start its MPS daemon (again, on a retry); a failure undoes the prepare."""
     timed = node.time_slicing and plan.claim.uses_time_slices
     wanted = sharing.wanted_time_slices({plan.claim.uid: plan.claim}) if timed else {}
     try:
         if wanted:
-            yield ApplyTimeSlices(wanted)
+            steps.apply_time_slices(wanted)
         if node.mps and plan.replaces is not None and plan.replaces.uses_mps:
             # The daemon of the old allocation's devices, unless the new one or another claim uses it.
-            yield from mpsdaemons.release(plan.replaces, facts.prepared)
+            mpsdaemons.release(steps, plan.replaces, facts.prepared)
         if node.mps and plan.mps:
-            yield from mpsdaemons.start(plan.claim)
+            mpsdaemons.start(steps, plan.claim)
     except StepError as err:
-        yield from unprepare(node, plan.claim.uid, facts)
+        unprepare(steps, node, plan.claim.uid, facts)
         raise ClaimError(f"cannot prepare ResourceClaim {allocation.ref}: {err}") from None
 
 
-def unprepare(node: Node, uid: str, facts: Facts) -> Program[PreparedClaim | None]:
+def unprepare(steps: NodeRunner, node: Node, uid: str, facts: Facts) -> PreparedClaim | None:
     """Undo a prepare; an unknown claim is fine (its stray spec, if any, goes too)."""
     plan = decide_unprepare(uid, facts.prepared, facts.actions)
     if plan.claim is None:
-        yield RemoveSpec(uid)
+        steps.remove_spec(uid)
         return None
     claim = plan.claim
-    yield RemoveSpec(uid, point="unprepare.spec-removed")
+    steps.remove_spec(uid, point="unprepare.spec-removed")
     if claim.metadata:
         # After the spec: no container can start with a mount of a file that is gone.
-        yield RemoveMetadata(
+        steps.remove_metadata(
             devicemetadata.claim_dir(claim.namespace, claim.name), point="unprepare.metadata-removed"
         )
     others = dict(facts.prepared)
@@ -321,13 +332,13 @@ def unprepare(node: Node, uid: str, facts: Facts) -> Program[PreparedClaim | Non
     )
     if restore:
         # Most claims set no interval: their unprepare takes no step for it.
-        yield RestoreTimeSlices(tuple(restore))
+        steps.restore_time_slices(tuple(restore))
     if node.mps and plan.mps:
-        yield from mpsdaemons.release(claim, others)
-    yield Mark(point="sharing-before-unrecord")
+        mpsdaemons.release(steps, claim, others)
+    steps.mark("sharing-before-unrecord")
     if plan.passthrough:
         try:
-            facts = yield from vfio.release(uid, facts)
+            facts = vfio.release(steps, uid, facts)
         except StepError as err:
             raise ClaimError(
                 f"cannot unprepare claim {claim.namespace}/{claim.name}: giving its GPU back to the nvidia "
@@ -336,18 +347,18 @@ def unprepare(node: Node, uid: str, facts: Facts) -> Program[PreparedClaim | Non
     if plan.mig:
         parents = migdevices.claim_parents(uid, facts)
         try:
-            facts = yield from migdevices.destroy_claim_devices(node, uid, facts)
+            facts = migdevices.destroy_claim_devices(steps, node, uid, facts)
         except StepError as err:
             raise ClaimError(
                 f"cannot unprepare claim {claim.namespace}/{claim.name}: destroying its MIG "
                 f"device failed (NVML error {err.code}: {err}); the kubelet retries"
             ) from None
-        yield from migdevices.release_mig_mode(node, parents, facts)
+        migdevices.release_mig_mode(steps, node, parents, facts)
     # Not fsynced: an entry back after a power loss is a stale holder, released when needed.
-    yield Save(
+    steps.save(
         others, facts.actions, durable=False, changed=frozenset({uid}), point="unprepare.checkpoint-saved"
     )
     # At debug, as NVIDIA's driver logs an unprepare (its V(6), below its chart's verbosity): the
     # line was a fifth of an unprepare's CPU in the plugin (issue 44). A prepare's stays at info.
-    yield Log("debug", f"unprepared claim {claim.namespace}/{claim.name} ({uid})")
+    steps.log("debug", f"unprepared claim {claim.namespace}/{claim.name} ({uid})")
     return claim

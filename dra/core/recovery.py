@@ -10,29 +10,23 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from dra.core import devicemetadata, migdevices, mpsdaemons, sharing, vfio
 from dra.core.cdi import MissingDevice, respec
-from dra.core.devicemetadata import MetadataDirs, RemoveMetadata, WriteMetadata
-from dra.core.prepare import Program
-from dra.core.sharing import ApplyTimeSlices
-from dra.core.steps import (
-    Facts,
-    Log,
-    Node,
-    RemoveLeftovers,
-    RemoveSpec,
-    Save,
-    SpecUids,
-    StepError,
-    WriteSpec,
-    ask,
-)
+from dra.core.prepare import NodeRunner
 from dra.model.devices import Inventory
+from dra.model.node import Facts, Node, StepError
 from dra.model.prepared import PreparedClaim
 
 Obj = dict[str, Any]
+
+
+class RecoveryRunner(NodeRunner, Protocol):
+    """What runs the start-up repair: every step of a prepare, and the two only start-up takes."""
+
+    def remove_leftovers(self, *, point: str = "") -> None: ...
+    def spec_uids(self) -> frozenset[str]: ...
 
 
 @dataclass(frozen=True)
@@ -87,57 +81,57 @@ def decide_recover(
     )
 
 
-def recover(node: Node, facts: Facts) -> Program[None]:
+def recover(steps: RecoveryRunner, node: Node, facts: Facts) -> None:
     """Drop specs of claims not prepared, (re)write prepared ones', settle MIG devices, apply GPU settings."""
-    yield RemoveLeftovers(point="recover.leftovers-removed")
-    yield from vfio.recover(facts)
+    steps.remove_leftovers(point="recover.leftovers-removed")
+    vfio.recover(steps, facts)
     if node.mig:
-        facts = yield from migdevices.recover(node, facts)
-    facts = yield from _drop_unfinished(facts)
+        facts = migdevices.recover(steps, node, facts)
+    facts = _drop_unfinished(steps, facts)
     plan = decide_recover(
         facts.prepared,
         facts.inventory,
-        (yield from ask(SpecUids())),
+        steps.spec_uids(),
         node,
-        metadata_dirs=(yield from ask(MetadataDirs())),
+        metadata_dirs=steps.metadata_dirs(),
     )
     for uid in plan.remove:
-        yield Log("info", f"removing CDI spec of claim {uid}, which is not prepared")
-        yield RemoveSpec(uid, point="recover.spec-removed")
+        steps.log("info", f"removing CDI spec of claim {uid}, which is not prepared")
+        steps.remove_spec(uid, point="recover.spec-removed")
     for directory in plan.remove_metadata:
-        yield Log("info", f"removing device metadata {directory} of a claim that is not prepared")
-        yield RemoveMetadata(directory, point="recover.metadata-removed")
+        steps.log("info", f"removing device metadata {directory} of a claim that is not prepared")
+        steps.remove_metadata(directory, point="recover.metadata-removed")
     for gone in plan.missing:
-        yield Log("warning", gone.message)
+        steps.log("warning", gone.message)
     for files in plan.write_metadata:
         # Before the spec that mounts them, as in a prepare.
-        yield WriteMetadata(files.directory, files.files, point="recover.metadata-written")
+        steps.write_metadata(files.directory, files.files, point="recover.metadata-written")
     for uid, spec in plan.write:
-        yield WriteSpec(uid, spec, point="recover.spec-written")
+        steps.write_spec(uid, spec, point="recover.spec-written")
     if node.time_slicing:
         try:
-            yield ApplyTimeSlices(sharing.wanted_time_slices(facts.prepared))
+            steps.apply_time_slices(sharing.wanted_time_slices(facts.prepared))
         except StepError as err:
-            yield Log("error", str(err))
+            steps.log("error", str(err))
     if node.mps:
-        yield from mpsdaemons.stop_others(facts.prepared)
+        mpsdaemons.stop_others(steps, facts.prepared)
         for claim in facts.prepared.values():
             try:
-                yield from mpsdaemons.start(claim)
+                mpsdaemons.start(steps, claim)
             except StepError as err:
-                yield Log("error", f"claim {claim.namespace}/{claim.name}: {err}")
+                steps.log("error", f"claim {claim.namespace}/{claim.name}: {err}")
 
 
-def _drop_unfinished(facts: Facts) -> Program[Facts]:
+def _drop_unfinished(steps: RecoveryRunner, facts: Facts) -> Facts:
     """Drop the records of device actions never done or of claims not prepared, once undone above."""
     kept = facts.finished()
     if kept == facts.actions:
         return facts
     for action in facts.actions:
         if action not in kept:
-            yield Log(
+            steps.log(
                 "info",
                 f"undid {action.kind} of {action.device} for claim {action.claim_uid}, which never completed",
             )
-    yield Save(facts.prepared, kept)
+    steps.save(facts.prepared, kept)
     return replace(facts, actions=kept)

@@ -4,7 +4,7 @@ A time-slice interval is a setting of the whole GPU, so the claims on one GPU mu
 (Default is no preference); a shareable GPU's claims each carry a share ID and the capacity they
 consume; the MPS devices of claims on the same set of devices share one control daemon, and a
 set that overlaps another daemon's without being it is refused. The rules: docs/sharing.md.
-The time-slice steps (intervals set and given back) are here too; the MPS daemons' are
+The time-slice steps' runner (intervals set and given back) is here too; the MPS daemons' is
 dra.core.mpsdaemons'.
 """
 
@@ -17,7 +17,6 @@ from typing import Any, Protocol
 
 from dra.api.v1beta1 import DeviceConfig, GpuConfig, MpsConfig, VfioDeviceConfig, device_for_key
 from dra.core import config as deviceconfig
-from dra.core.steps import Step
 from dra.model.allocation import ClaimAllocation
 from dra.model.devices import Device
 from dra.model.prepared import PreparedClaim, PreparedDevice
@@ -72,28 +71,11 @@ def time_slices_to_restore(uid: str, prepared: Mapping[str, PreparedClaim]) -> l
 class TimeSliceRunner(Protocol):
     """What runs the time-slice steps (dra.kubeletplugin.devicesteps): one method per kind."""
 
-    def apply_time_slices(self, step: ApplyTimeSlices) -> None: ...
-    def restore_time_slices(self, step: RestoreTimeSlices) -> None: ...
+    def apply_time_slices(self, wanted: Mapping[str, str]) -> None:
+        """Set these time-slice intervals, by GPU UUID."""
 
-
-@dataclass(frozen=True)
-class ApplyTimeSlices(Step[TimeSliceRunner]):
-    """Set these time-slice intervals, by GPU UUID."""
-
-    wanted: Mapping[str, str]
-
-    def run(self, runner: TimeSliceRunner) -> None:
-        return runner.apply_time_slices(self)
-
-
-@dataclass(frozen=True)
-class RestoreTimeSlices(Step[TimeSliceRunner]):
-    """Give these GPUs (by UUID) back their default interval."""
-
-    uuids: tuple[str, ...]
-
-    def run(self, runner: TimeSliceRunner) -> None:
-        return runner.restore_time_slices(self)
+    def restore_time_slices(self, uuids: tuple[str, ...]) -> None:
+        """Give these GPUs (by UUID) back their default interval."""
 
 
 def share_env(device: PreparedDevice) -> list[str]:

@@ -18,15 +18,15 @@ NVIDIA's driver does, and a group that holds another card's bound function refus
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Generator, Mapping
-from dataclasses import dataclass, replace
-from typing import Any, NoReturn, Protocol, TypeVar
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import NoReturn, Protocol
 
 from dra.api.v1beta1 import GpuConfig, VfioDeviceConfig
 from dra.core import config as deviceconfig
-from dra.core.steps import Facts, Log, Query, Runner, Save, Step, StepError, ask
 from dra.model.allocation import ClaimAllocation, ClaimError
 from dra.model.devices import Device, Gpu, Inventory, is_vfio_twin
+from dra.model.node import Facts, Level, StepError
 from dra.model.pci import IommuGroup, PciFunction, VfioHost
 from dra.model.prepared import VFIO_BIND, DeviceAction, PreparedClaim
 
@@ -39,59 +39,35 @@ GROUP_SAFE_DRIVERS = frozenset({VFIO_PCI, "pci-stub", "pcieport"})
 #: How a prepare that binds is turned on, for the refusal when it is off.
 HOW_TO_ENABLE = "start the kubelet plugin with --vfio=true (chart value kubeletPlugin.vfio.enabled=true)"
 
-T = TypeVar("T")
 
+class VfioRunner(Protocol):
+    """What runs passthrough's steps over sysfs (dra.kubeletplugin.devicesteps), and a claim's own (save).
 
-class VfioRunner(Runner, Protocol):
-    """What runs passthrough's steps over sysfs (dra.kubeletplugin.devicesteps), and a claim's own (Save)."""
+    Each step is a call of one method; a step that fails raises StepError.
+    """
 
-    def read_vfio_host(self, step: ReadVfioHost) -> VfioHost: ...
-    def read_iommu_group(self, step: ReadIommuGroup) -> IommuGroup: ...
-    def bind_vfio(self, step: BindVfio) -> None: ...
-    def restore_pci(self, step: RestorePci) -> None: ...
+    def log(self, level: Level, message: str) -> None: ...
+    def save(
+        self,
+        prepared: Mapping[str, PreparedClaim],
+        actions: tuple[DeviceAction, ...],
+        *,
+        durable: bool = True,
+        changed: frozenset[str] | None = None,
+        point: str = "",
+    ) -> int: ...
 
+    def read_vfio_host(self) -> VfioHost:
+        """Whether the kernel runs with an IOMMU and has vfio-pci loaded."""
 
-#: A program of passthrough's steps and a claim's own: runs on a VfioRunner, and within every larger program.
-Program = Generator[Step[VfioRunner], Any, T]
+    def read_iommu_group(self, address: str) -> IommuGroup:
+        """The IOMMU group of the PCI function at `address`, each member with its driver."""
 
+    def bind_vfio(self, address: str, *, point: str = "") -> None:
+        """Bind the PCI function at `address` to vfio-pci (override, unbind, bind); bound already is fine."""
 
-@dataclass(frozen=True)
-class ReadVfioHost(Query[VfioRunner, VfioHost]):
-    """Whether the kernel runs with an IOMMU and has vfio-pci loaded."""
-
-    def run(self, runner: VfioRunner) -> VfioHost:
-        return runner.read_vfio_host(self)
-
-
-@dataclass(frozen=True)
-class ReadIommuGroup(Query[VfioRunner, IommuGroup]):
-    """The IOMMU group of the PCI function at `address`, each member with its driver."""
-
-    address: str
-
-    def run(self, runner: VfioRunner) -> IommuGroup:
-        return runner.read_iommu_group(self)
-
-
-@dataclass(frozen=True)
-class BindVfio(Step[VfioRunner]):
-    """Bind the PCI function at `address` to vfio-pci (override, unbind, bind); bound already is fine."""
-
-    address: str
-
-    def run(self, runner: VfioRunner) -> None:
-        return runner.bind_vfio(self)
-
-
-@dataclass(frozen=True)
-class RestorePci(Step[VfioRunner]):
-    """Clear its driver_override, bind the function to `driver` ("": none); bound there already is fine."""
-
-    address: str
-    driver: str
-
-    def run(self, runner: VfioRunner) -> None:
-        return runner.restore_pci(self)
+    def restore_pci(self, address: str, driver: str, *, point: str = "") -> None:
+        """Clear its driver_override, bind the function to `driver` ("": none); bound there is fine."""
 
 
 def passthrough(allocation: ClaimAllocation, devices: Mapping[str, Device]) -> dict[str, bool]:
@@ -173,13 +149,17 @@ def _claimed_functions(gpu: Gpu, group: IommuGroup) -> tuple[list[PciFunction], 
 
 
 def bind(
-    allocation: ClaimAllocation, claim: PreparedClaim, wanted: Mapping[str, bool], facts: Facts
-) -> Program[tuple[PreparedClaim, Facts]]:
+    steps: VfioRunner,
+    allocation: ClaimAllocation,
+    claim: PreparedClaim,
+    wanted: Mapping[str, bool],
+    facts: Facts,
+) -> tuple[PreparedClaim, Facts]:
     """Bind the claim's passed-through GPUs to vfio-pci; the claim with their IOMMU groups recorded.
 
     ClaimError, with every GPU of the claim given back, when the node or a group cannot serve it.
     """
-    host = yield from ask(ReadVfioHost())
+    host = steps.read_vfio_host()
     refuse = f"cannot prepare ResourceClaim {allocation.ref}: "
     if not host.iommu:
         raise ClaimError(
@@ -194,10 +174,10 @@ def bind(
         if entry.device not in wanted or not isinstance(gpu, Gpu):
             continue
         try:
-            group = yield from ask(ReadIommuGroup(gpu.pci_bus_id))
+            group = steps.read_iommu_group(gpu.pci_bus_id)
         except StepError as err:
-            yield from _refuse(
-                allocation.uid, facts, refuse + f"cannot read the IOMMU group of GPU {gpu.name}: {err}"
+            _refuse(
+                steps, allocation.uid, facts, refuse + f"cannot read the IOMMU group of GPU {gpu.name}: {err}"
             )
         own = group.function(gpu.pci_bus_id)
         siblings, blockers = _claimed_functions(gpu, group)
@@ -212,7 +192,7 @@ def bind(
                 + "; the kernel passes a group through whole, so those must be unbound or bound to vfio-pci"
             )
         if problem:
-            yield from _refuse(allocation.uid, facts, refuse + problem)
+            _refuse(steps, allocation.uid, facts, refuse + problem)
         params: dict[str, str | int] = {
             "gpu": gpu.uuid,
             "address": gpu.pci_bus_id,
@@ -221,13 +201,14 @@ def bind(
         }
         intent = DeviceAction(allocation.uid, gpu.name, VFIO_BIND, params)
         facts = replace(facts, actions=(*facts.actions, intent))
-        yield Save(facts.prepared, facts.actions, point="vfio-intent-recorded")
+        steps.save(facts.prepared, facts.actions, point="vfio-intent-recorded")
         try:
             for sibling in siblings:
-                yield RestorePci(sibling.address, "", point="vfio-sibling-unbound")
-            yield BindVfio(gpu.pci_bus_id, point="vfio-bound")
+                steps.restore_pci(sibling.address, "", point="vfio-sibling-unbound")
+            steps.bind_vfio(gpu.pci_bus_id, point="vfio-bound")
         except StepError as err:
-            yield from _refuse(
+            _refuse(
+                steps,
                 allocation.uid,
                 facts,
                 refuse + f"cannot bind GPU {gpu.name} ({gpu.pci_bus_id}) to vfio-pci: {err}",
@@ -235,15 +216,15 @@ def bind(
         facts = replace(
             facts, actions=tuple(replace(a, done=True) if a is intent else a for a in facts.actions)
         )
-        yield Save(facts.prepared, facts.actions, point="vfio-recorded")
+        steps.save(facts.prepared, facts.actions, point="vfio-recorded")
         entries[i] = replace(entry, vfio_group=group.number, vfio_api_device=wanted[entry.device])
     return replace(claim, devices=tuple(entries)), facts
 
 
-def _refuse(uid: str, facts: Facts, message: str) -> Program[NoReturn]:
+def _refuse(steps: VfioRunner, uid: str, facts: Facts, message: str) -> NoReturn:
     """Give back what the claim bound so far (a failure is left to start-up), then refuse it."""
     with contextlib.suppress(StepError):
-        yield from release(uid, facts)
+        release(steps, uid, facts)
     raise ClaimError(message)
 
 
@@ -252,26 +233,26 @@ def _siblings(action: DeviceAction) -> list[tuple[str, str]]:
     return [tuple(s.split("=", 1)) for s in text.split(",")] if text else []  # type: ignore[misc]
 
 
-def _give_back(action: DeviceAction) -> Program[None]:
+def _give_back(steps: VfioRunner, action: DeviceAction) -> None:
     """The GPU back to nvidia, then its card's other functions to their drivers."""
-    yield RestorePci(str(action.params["address"]), NVIDIA, point="vfio-released")
+    steps.restore_pci(str(action.params["address"]), NVIDIA, point="vfio-released")
     for address, driver in _siblings(action):
-        yield RestorePci(address, driver, point="vfio-sibling-restored")
+        steps.restore_pci(address, driver, point="vfio-sibling-restored")
 
 
-def release(uid: str, facts: Facts) -> Program[Facts]:
+def release(steps: VfioRunner, uid: str, facts: Facts) -> Facts:
     """Give the claim's passed-through GPUs back to nvidia, dropping their actions; StepError if one fails."""
     mine = [a for a in facts.actions if a.claim_uid == uid and a.kind == VFIO_BIND]
     if not mine:
         return facts
     for action in reversed(mine):
-        yield from _give_back(action)
+        _give_back(steps, action)
     facts = replace(facts, actions=tuple(a for a in facts.actions if a not in mine))
-    yield Save(facts.prepared, facts.actions)
+    steps.save(facts.prepared, facts.actions)
     return facts
 
 
-def recover(facts: Facts) -> Program[None]:
+def recover(steps: VfioRunner, facts: Facts) -> None:
     """At start-up: bind again what prepared claims pass through, give back what a crash left half done.
 
     The actions themselves are kept or dropped by dra.core.recovery, as the MIG ones.
@@ -282,9 +263,9 @@ def recover(facts: Facts) -> Program[None]:
         try:
             if action.done and action.claim_uid in facts.prepared:
                 for address, _driver in _siblings(action):
-                    yield RestorePci(address, "")
-                yield BindVfio(str(action.params["address"]))
+                    steps.restore_pci(address, "")
+                steps.bind_vfio(str(action.params["address"]))
             else:
-                yield from _give_back(action)
+                _give_back(steps, action)
         except StepError as err:
-            yield Log("error", f"claim {action.claim_uid}: GPU {action.params['address']}: {err}")
+            steps.log("error", f"claim {action.claim_uid}: GPU {action.params['address']}: {err}")

@@ -7,7 +7,7 @@ metric; ``service`` (DRA and health gRPC), ``publisher`` (ResourceSlices, with
 ``top`` and ``usage`` are what it serves, follows and reports; ``claimstatus`` writes
 the prepared claims' status; ``miglayout`` runs static MIG layouts (dra.core's program)
 on ``devicesteps``' GPU runner; ``state`` runs the steps of dra.core's prepare, unprepare and
-start-up programs (a claim's own, with the loop both run a program with, and the group commit
+start-up programs (a claim's own, the lock the program calls them under, and the group commit
 that has a prepare's fsync wait, briefly, for the calls deciding beside it) over ``devicesteps``,
 each feature's steps (the GPU's, MPS daemons', passthrough's, time slices', metadata files'); ``mps`` and
 ``timeslice`` act on the GPUs; ``mpsprivsep`` (the MPS launcher), ``mpslaunch`` and

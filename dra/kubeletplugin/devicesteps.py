@@ -1,109 +1,133 @@
-"""Each feature's steps run on the node: one runner class per feature, one method per kind of step.
+"""Each feature's steps run on the node: one runner class per feature, one method per step.
 
-Each feature's steps, and the runner protocol they name, are that feature's module's in dra.core
-(the GPU's: dra.core.gpusteps); the executor, the root of every runner (a step run by its kind's
-method, and Log) and the runner of a claim's own steps (its spec, its record, the state) are
-dra.kubeletplugin.state's, whose `CallSteps` combines these. `GpuSteps` runs the GPU's steps over
+The protocol of each feature's steps is that feature's module's in dra.core (the GPU's:
+dra.core.gpusteps); the root of every runner (the log) and the runner of a claim's own steps
+(its spec, its record, the state) are dra.kubeletplugin.state's, whose `CallSteps` combines
+these. Each method runs its step inside a `FeatureStep`, which gives the program the feature's
+failure as StepError and passes the step's crash point. `GpuSteps` runs the GPU's steps over
 the GPU library (NVML's MIG calls), and is what static MIG layouts run on with the root alone
 (dra.kubeletplugin.miglayout); `MpsSteps` runs the MPS daemons' over
 dra.kubeletplugin.mps, `PassthroughSteps` passthrough's over sysfs, `TimeSliceSteps` the time
 slices' over dra.kubeletplugin.timeslice, and `MetadataSteps` the device metadata files' over
-their store. A program yields a feature's steps only where the node has the feature
-(dra.core.steps.Node), so each runner asserts its part is there.
+their store. A program calls a feature's steps only where the node has the feature
+(dra.model.node.Node), so each runner asserts its part is there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from dra.adapters import nodefiles
 from dra.adapters.metadatastore import MetadataStore
 from dra.adapters.pcisysfs import PciSysfs
-from dra.core import devicemetadata as m
 from dra.core import gpusteps as g
-from dra.core import mpsdaemons, sharing, vfio
 from dra.gpu import dynamic
 from dra.gpu.discovery import profile_infos
 from dra.gpu.library import GpuLibrary, GpuLibraryError, Placement
 from dra.kubeletplugin.mps import MpsDaemons, MpsError
 from dra.kubeletplugin.timeslice import TimeSliceError, TimeSlicer
-from dra.model.devices import MigDevice
+from dra.model.devices import Gpu, MigDevice
+from dra.model.node import StepError
 from dra.model.pci import IommuGroup, VfioHost
 
-#: What the features' steps fail with but files (OSError): thrown into the program as StepError.
+#: What the features' steps fail with but files (OSError): raised to the program as StepError.
 FEATURE_ERRORS: tuple[type[Exception], ...] = (GpuLibraryError, TimeSliceError, MpsError)
+
+
+class FeatureStep(nodefiles.Step):
+    """Around a feature's step: its library's, time slicer's or MPS daemon's error reaches the program as
+    StepError (with NVML's return code where it has one), as a file's does."""
+
+    __slots__ = ()
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: object) -> None:
+        if isinstance(err, FEATURE_ERRORS):
+            raise StepError(str(err), getattr(err, "code", 0)) from err
+        super().__exit__(kind, err, tb)
 
 
 class GpuSteps:
     """Runs the GPU's steps (dra.core.gpusteps.GpuRunner) over the GPU library: NVML's MIG calls."""
 
-    #: None where no GPU can do MIG (Node.mig): no program yields a GPU step.
+    #: None where no GPU can do MIG (Node.mig): no program calls a GPU step.
     _lib: GpuLibrary | None
 
-    def read_gpus(self, step: g.ReadGpus) -> tuple[g.GpuIdentity, ...]:
+    def read_gpus(self) -> tuple[g.GpuIdentity, ...]:
         """Every GPU's index, PCI device ID, UUID and name."""
-        lib = self._gpus()
-        handles = [(i, lib.device_by_index(i)) for i in range(lib.device_count())]
-        return tuple(g.GpuIdentity(i, lib.pci_device_id(h), lib.uuid(h), lib.name(h)) for i, h in handles)
+        with FeatureStep():
+            lib = self._gpus()
+            handles = [(i, lib.device_by_index(i)) for i in range(lib.device_count())]
+            return tuple(g.GpuIdentity(i, lib.pci_device_id(h), lib.uuid(h), lib.name(h)) for i, h in handles)
 
-    def list_instance_profiles(self, step: g.ListInstanceProfiles) -> tuple[g.InstanceProfile, ...]:
+    def list_instance_profiles(self, gpu_index: int) -> tuple[g.InstanceProfile, ...]:
         """The GPU's GPU-instance profiles and their placements."""
-        lib = self._gpus()
-        handle = lib.device_by_index(step.gpu_index)
-        found = []
-        for info in profile_infos(lib, handle):
-            placements = lib.gpu_instance_possible_placements(handle, info.id)
-            found.append(
-                g.InstanceProfile(
-                    info.name.removeprefix("MIG ").strip(),
-                    info.id,
-                    info.slice_count,
-                    placements[0].size if placements else 0,
-                    tuple(p.start for p in placements),
-                    info.instance_count,
+        with FeatureStep():
+            lib = self._gpus()
+            handle = lib.device_by_index(gpu_index)
+            found = []
+            for info in profile_infos(lib, handle):
+                placements = lib.gpu_instance_possible_placements(handle, info.id)
+                found.append(
+                    g.InstanceProfile(
+                        info.name.removeprefix("MIG ").strip(),
+                        info.id,
+                        info.slice_count,
+                        placements[0].size if placements else 0,
+                        tuple(p.start for p in placements),
+                        info.instance_count,
+                    )
                 )
-            )
-        return tuple(found)
+            return tuple(found)
 
-    def list_gpu_instances(self, step: g.ListGpuInstances) -> tuple[g.GpuInstanceAt, ...]:
+    def list_gpu_instances(self, gpu_index: int) -> tuple[g.GpuInstanceAt, ...]:
         """The GPU's instances, their profiles and where they sit."""
-        return tuple(
-            g.GpuInstanceAt(i.gpu_instance_id, i.profile_id, i.placement.start, i.placement.size)
-            for i in dynamic.instances(self._gpus(), step.gpu_index)
-        )
-
-    def has_compute_instance(self, step: g.HasComputeInstance) -> bool:
-        """Whether the GPU instance has a compute instance."""
-        lib = self._gpus()
-        return bool(
-            lib.compute_instances(
-                lib.gpu_instance_by_id(lib.device_by_index(step.gpu_index), step.gpu_instance_id)
+        with FeatureStep():
+            return tuple(
+                g.GpuInstanceAt(i.gpu_instance_id, i.profile_id, i.placement.start, i.placement.size)
+                for i in dynamic.instances(self._gpus(), gpu_index)
             )
-        )
 
-    def create_gpu_instance(self, step: g.CreateGpuInstance) -> int:
+    def has_compute_instance(self, gpu_index: int, gpu_instance_id: int) -> bool:
+        """Whether the GPU instance has a compute instance."""
+        with FeatureStep():
+            lib = self._gpus()
+            return bool(
+                lib.compute_instances(lib.gpu_instance_by_id(lib.device_by_index(gpu_index), gpu_instance_id))
+            )
+
+    def create_gpu_instance(
+        self, gpu_index: int, profile_id: int, start: int, size: int, *, point: str = ""
+    ) -> int:
         """Make the GPU instance at the placement."""
-        placement = Placement(step.start, step.size)
-        return dynamic.create_gpu_instance(self._gpus(), step.gpu_index, step.profile_id, placement)
+        with FeatureStep(point):
+            return dynamic.create_gpu_instance(self._gpus(), gpu_index, profile_id, Placement(start, size))
 
-    def create_compute_instance(self, step: g.CreateComputeInstance) -> int:
+    def create_compute_instance(
+        self, gpu_index: int, gpu_instance_id: int, slices: int, *, point: str = ""
+    ) -> int:
         """Make the compute instance spanning the GPU instance."""
-        return dynamic.create_compute_instance(
-            self._gpus(), step.gpu_index, step.gpu_instance_id, step.slices
-        )
+        with FeatureStep(point):
+            return dynamic.create_compute_instance(self._gpus(), gpu_index, gpu_instance_id, slices)
 
-    def find_mig_device(self, step: g.FindMigDevice) -> MigDevice:
+    def find_mig_device(self, gpu: Gpu, gpu_instance_id: int, compute_instance_id: int) -> MigDevice:
         """The MIG device the instances make."""
-        return dynamic.find_mig_device(self._gpus(), step.gpu, step.gpu_instance_id, step.compute_instance_id)
+        with FeatureStep():
+            return dynamic.find_mig_device(self._gpus(), gpu, gpu_instance_id, compute_instance_id)
 
-    def read_mig_mode(self, step: g.ReadMigMode) -> tuple[int, int]:
+    def read_mig_mode(self, gpu_index: int) -> tuple[int, int]:
         """The GPU's current and pending MIG mode."""
-        return dynamic.mig_mode(self._gpus(), step.gpu_index)
+        with FeatureStep():
+            return dynamic.mig_mode(self._gpus(), gpu_index)
 
-    def set_mig_mode(self, step: g.SetMigMode) -> bool:
+    def set_mig_mode(self, gpu_index: int, mode: int, *, point: str = "") -> bool:
         """Ask for the MIG mode; whether it is current."""
-        return dynamic.set_mig_mode(self._gpus(), step.gpu_index, step.mode)
+        with FeatureStep(point):
+            return dynamic.set_mig_mode(self._gpus(), gpu_index, mode)
 
-    def destroy_gpu_instance(self, step: g.DestroyGpuInstance) -> None:
+    def destroy_gpu_instance(self, gpu_index: int, gpu_instance_id: int, *, point: str = "") -> None:
         """Destroy the GPU instance and its compute instances."""
-        dynamic.destroy(self._gpus(), step.gpu_index, step.gpu_instance_id)
+        with FeatureStep(point):
+            dynamic.destroy(self._gpus(), gpu_index, gpu_instance_id)
 
     def _gpus(self) -> GpuLibrary:
         assert self._lib is not None
@@ -115,25 +139,30 @@ class MpsSteps:
 
     _mps: MpsDaemons | None
 
-    def mps_daemon_pid(self, step: mpsdaemons.MpsDaemonPid) -> int | None:
+    def mps_daemon_pid(self, key: str) -> int | None:
         """The pid of the MPS daemon, if it runs."""
-        return self._daemons().pid(step.key)
+        with FeatureStep():
+            return self._daemons().pid(key)
 
-    def list_mps_daemons(self, step: mpsdaemons.ListMpsDaemons) -> tuple[str, ...]:
+    def list_mps_daemons(self) -> tuple[str, ...]:
         """The MPS daemons with directories."""
-        return tuple(self._daemons().daemons())
+        with FeatureStep():
+            return tuple(self._daemons().daemons())
 
-    def launch_mps(self, step: mpsdaemons.LaunchMps) -> int:
+    def launch_mps(self, uuids: tuple[str, ...], multi_user: bool, *, point: str = "") -> int:
         """Start an MPS daemon; its pid."""
-        return self._daemons().launch(step.uuids, step.multi_user)
+        with FeatureStep(point):
+            return self._daemons().launch(uuids, multi_user)
 
-    def ask_mps(self, step: mpsdaemons.AskMps) -> str:
+    def ask_mps(self, key: str, command: str) -> str:
         """One command to an MPS daemon; its answer."""
-        return self._daemons().ask(step.key, step.command)
+        with FeatureStep():
+            return self._daemons().ask(key, command)
 
-    def stop_mps(self, step: mpsdaemons.StopMps) -> None:
+    def stop_mps(self, key: str) -> None:
         """Stop an MPS daemon and remove its directories."""
-        self._daemons().stop(step.key)
+        with FeatureStep():
+            self._daemons().stop(key)
 
     def _daemons(self) -> MpsDaemons:
         assert self._mps is not None
@@ -145,21 +174,25 @@ class PassthroughSteps:
 
     _pci: PciSysfs
 
-    def read_vfio_host(self, step: vfio.ReadVfioHost) -> VfioHost:
+    def read_vfio_host(self) -> VfioHost:
         """Whether the kernel has an IOMMU and vfio-pci."""
-        return self._pci.host()
+        with FeatureStep():
+            return self._pci.host()
 
-    def read_iommu_group(self, step: vfio.ReadIommuGroup) -> IommuGroup:
+    def read_iommu_group(self, address: str) -> IommuGroup:
         """The function's IOMMU group."""
-        return self._pci.iommu_group(step.address)
+        with FeatureStep():
+            return self._pci.iommu_group(address)
 
-    def bind_vfio(self, step: vfio.BindVfio) -> None:
+    def bind_vfio(self, address: str, *, point: str = "") -> None:
         """Bind the function to vfio-pci."""
-        self._pci.bind_vfio(step.address)
+        with FeatureStep(point):
+            self._pci.bind_vfio(address)
 
-    def restore_pci(self, step: vfio.RestorePci) -> None:
+    def restore_pci(self, address: str, driver: str, *, point: str = "") -> None:
         """Give the function back to its driver."""
-        self._pci.restore(step.address, step.driver)
+        with FeatureStep(point):
+            self._pci.restore(address, driver)
 
 
 class TimeSliceSteps:
@@ -167,13 +200,15 @@ class TimeSliceSteps:
 
     _time_slicer: TimeSlicer | None
 
-    def apply_time_slices(self, step: sharing.ApplyTimeSlices) -> None:
+    def apply_time_slices(self, wanted: Mapping[str, str]) -> None:
         """Set the time-slice intervals."""
-        self._slicer().apply(step.wanted)
+        with FeatureStep():
+            self._slicer().apply(wanted)
 
-    def restore_time_slices(self, step: sharing.RestoreTimeSlices) -> None:
+    def restore_time_slices(self, uuids: tuple[str, ...]) -> None:
         """Give the GPUs their default interval back."""
-        self._slicer().restore(step.uuids)
+        with FeatureStep():
+            self._slicer().restore(uuids)
 
     def _slicer(self) -> TimeSlicer:
         assert self._time_slicer is not None
@@ -185,17 +220,20 @@ class MetadataSteps:
 
     _metadata: MetadataStore | None
 
-    def metadata_dirs(self, step: m.MetadataDirs) -> frozenset[str]:
+    def metadata_dirs(self) -> frozenset[str]:
         """The claim directories of the metadata root."""
-        return self._metadata.directories() if self._metadata else frozenset()
+        with FeatureStep():
+            return self._metadata.directories() if self._metadata else frozenset()
 
-    def write_metadata(self, step: m.WriteMetadata) -> None:
+    def write_metadata(self, directory: str, files: Mapping[str, bytes], *, point: str = "") -> None:
         """Write a claim's metadata files."""
-        self._metadata_store().write(step.directory, step.files)
+        with FeatureStep(point):
+            self._metadata_store().write(directory, files)
 
-    def remove_metadata(self, step: m.RemoveMetadata) -> None:
+    def remove_metadata(self, directory: str, *, point: str = "") -> None:
         """Remove a claim's metadata directory."""
-        self._metadata_store().remove(step.directory)
+        with FeatureStep(point):
+            self._metadata_store().remove(directory)
 
     def _metadata_store(self) -> MetadataStore:
         assert self._metadata is not None

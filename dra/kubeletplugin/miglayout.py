@@ -3,7 +3,7 @@
 What a layout does to the GPUs (MIG mode, the plan of kept, held, destroyed and new instances,
 destroy and create, the undo) is dra.core.miglayout's program; which layout, and when, is
 dra.kubeletplugin.miglabel's. Here: the layout file read, the instances prepared claims use
-found, and the program's steps run over a GPU library, a crash point after each. The phases and
+found, and the program run on a GPU library, a crash point after each of its steps. The phases and
 the states: docs/mig.md.
 """
 
@@ -22,7 +22,7 @@ from dra.daemon.bootstrap import DaemonSettings, StartupError
 from dra.gpu.discovery import discover
 from dra.gpu.library import GpuLibrary, GpuLibraryError
 from dra.kubeletplugin.devicesteps import GpuSteps
-from dra.kubeletplugin.state import Steps, execute
+from dra.kubeletplugin.state import Steps
 from dra.model.devices import MigDevice
 from dra.model.migmode import STATIC, MigModes
 from dra.model.prepared import MIG_CREATE, DeviceAction, PreparedClaim
@@ -37,9 +37,7 @@ class MigLayoutError(StartupError):
 
 
 class _LayoutSteps(Steps, GpuSteps):
-    """What a static layout's program of the GPU's steps runs on: NVML's MIG calls, and Log."""
-
-    step_errors = (GpuLibraryError,)
+    """What a static layout's program of the GPU's steps runs on: NVML's MIG calls, and log."""
 
     def __init__(self, lib: GpuLibrary) -> None:
         super().__init__(log)
@@ -93,7 +91,7 @@ def apply_layout(
     the plan is what would be done (a GPU whose MIG mode is off is planned only once it is on).
     """
     try:
-        return execute(_LayoutSteps(lib), core_layout.apply_layout(configs, name, held, modes, dry_run))
+        return core_layout.apply_layout(_LayoutSteps(lib), configs, name, held, modes, dry_run)
     except MigConfigError as err:
         raise MigLayoutError(str(err)) from None
 

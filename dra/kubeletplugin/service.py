@@ -26,12 +26,12 @@ import grpc
 
 from dra.adapters.kube import KubeError, NotFoundError
 from dra.core.plan import read_allocation
-from dra.core.steps import ClaimRead
 from dra.daemon import metrics
 from dra.daemon.health import HealthTracker
 from dra.kubeletplugin.claimstatus import ClaimStatusWriter
 from dra.kubeletplugin.state import DeviceState
 from dra.model.allocation import ClaimError
+from dra.model.node import ClaimRead
 from dra.model.prepared import PreparedClaim, PreparedDevice
 from dra.pb.dra.v1 import dra_pb2
 from dra.pb.dra.v1 import dra_pb2_grpc as v1_grpc
@@ -144,7 +144,7 @@ class DraService(v1_grpc.DRAPluginServicer, v1beta1_grpc.DRAPluginServicer):
                 )
 
     def _read_holders(self, holders: Sequence[PreparedClaim]) -> dict[str, ClaimRead]:
-        """The prepare's AskStale step: each holder's ResourceClaim as the API server answered (dra.core.plan
+        """The prepare's ask_stale step: each holder's ResourceClaim as the API server answered (dra.core.plan
         decides what that means for its devices)."""
         return {holder.uid: self._read_holder(holder) for holder in holders}
 

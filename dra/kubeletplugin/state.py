@@ -1,17 +1,17 @@
 """The node's prepared claims and their durable record, and the runner of the programs of dra.core on them.
 
 The programs (dra.core.prepare, .recovery) decide; `DeviceState` holds what they decide on (the
-prepared claims, the device actions, the inventory) and runs each call's program with `execute`,
-one step at a time, on a `CallSteps` of its own: one method per kind of a claim's own step, over
-the CDI directory, the checkpoint and the state, with the call's stale check, and a crash point after
-each step (`nodefiles.point`). Each feature's steps (the GPU's MIG calls, MPS daemons, passthrough,
-time slices, metadata files) are run by that feature's runner, which `CallSteps` extends
-(dra.kubeletplugin.devicesteps) over `Steps`, the root every runner has: a step run by its kind's
-method, and Log. Around the steps, each in one place:
+prepared claims, the device actions, the inventory) and calls each call's program with a
+`CallSteps` of its own: one method per step of a claim's own, over the CDI directory, the
+checkpoint and the state, with the call's stale check; each runs inside a `nodefiles.Step`, which
+gives the program a failure as StepError and passes the step's crash point. Each feature's steps
+(the GPU's MIG calls, MPS daemons, passthrough, time slices, metadata files) are run by that
+feature's runner, which `CallSteps` extends (dra.kubeletplugin.devicesteps) over `Steps`, the root
+every runner has (the log). Around the steps, each in one place:
 
 - the lock (`_Hold`): a thread lock and the checkpoint's flock, since in a rolling update two
-  instances share the checkpoint and the CDI directory; the two steps marked unlocked (asking the
-  API server about holders, waiting for the fsync) run without it;
+  instances share the checkpoint and the CDI directory; the two steps that wait on others (asking
+  the API server about holders, waiting for the fsync) let it go and take it again;
 - adoption (`DeviceState._adopt`): when the other instance saved, its record is read and the MIG
   devices it made adopted, on taking the lock;
 - group commit (`GroupCommit`): a prepare's fsync waits, briefly, for the programs started
@@ -26,8 +26,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Generator, Mapping, Sequence
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from dra.adapters import nodefiles
 from dra.adapters.checkpoint import CheckpointStore
@@ -36,10 +36,8 @@ from dra.adapters.nodefiles import CdiStore
 from dra.adapters.pcisysfs import PciSysfs
 from dra.core import migdevices, recovery
 from dra.core import prepare as programs
-from dra.core import steps as s
 from dra.gpu.library import GpuLibrary
 from dra.kubeletplugin.devicesteps import (
-    FEATURE_ERRORS,
     GpuSteps,
     MetadataSteps,
     MpsSteps,
@@ -50,6 +48,7 @@ from dra.kubeletplugin.mps import MpsDaemons
 from dra.kubeletplugin.timeslice import TimeSlicer
 from dra.model.allocation import ClaimAllocation
 from dra.model.devices import Inventory
+from dra.model.node import ClaimRead, Facts, Level, Node, StepError
 from dra.model.prepared import VFIO_BIND, DeviceAction, Holders, PreparedClaim
 
 log = logging.getLogger(__name__)
@@ -67,14 +66,17 @@ _LOG_LEVELS = {
     "error": logging.ERROR,
 }
 
-#: Answers AskStale: what the API server answered for each of these prepared claims, by UID (absent: live).
-StaleCheck = Callable[[Sequence[PreparedClaim]], Mapping[str, s.ClaimRead]]
-#: A runner: what a program's steps are run on, itself or a runner of more kinds of step.
-S = TypeVar("S", bound="Steps")
+#: Answers ask_stale: what the API server answered for each of these prepared claims, by UID (absent: live).
+StaleCheck = Callable[[Sequence[PreparedClaim]], Mapping[str, ClaimRead]]
+Obj = dict[str, Any]
 
 
-def _every_holder_live(holders: Sequence[PreparedClaim]) -> Mapping[str, s.ClaimRead]:
+def _every_holder_live(holders: Sequence[PreparedClaim]) -> Mapping[str, ClaimRead]:
     return {}
+
+
+def _held_by_caller(locked: bool) -> None:
+    """The lock of a runner whose caller holds the state's lock throughout (adoption)."""
 
 
 class DeviceState:
@@ -103,7 +105,7 @@ class DeviceState:
         self.driver = driver
         self.pool = node_name
         self.inventory = inventory
-        self._node = s.Node(
+        self._node = Node(
             driver,
             node_name,
             mps_root=str(mps.root) if mps is not None else "",
@@ -146,16 +148,21 @@ class DeviceState:
         """The UUIDs of the GPUs claims pass through (bound to vfio-pci, or being bound or given back)."""
         return frozenset(str(a.params["gpu"]) for a in self._actions if a.kind == VFIO_BIND)
 
-    def _facts(self) -> s.Facts:
+    def _facts(self) -> Facts:
         if self._holders.prepared is not self._prepared:
             self._holders = Holders(self._prepared)
-        return s.Facts.indexed(self._prepared, self._actions, self.inventory, self._holders)
+        return Facts.indexed(self._prepared, self._actions, self.inventory, self._holders)
 
-    def _saved(self, step: s.Save) -> None:
+    def _saved(
+        self,
+        prepared: Mapping[str, PreparedClaim],
+        actions: tuple[DeviceAction, ...],
+        changed: frozenset[str] | None,
+    ) -> None:
         """The record is what was saved (its holders carried over when the save says what changed)."""
-        if step.changed is not None and self._holders.prepared is self._prepared:
-            self._holders = self._holders.updated(step.prepared, step.changed)
-        self._prepared, self._actions = step.prepared, step.actions
+        if changed is not None and self._holders.prepared is self._prepared:
+            self._holders = self._holders.updated(prepared, changed)
+        self._prepared, self._actions = prepared, actions
 
     # -- the calls -------------------------------------------------------------------------------
 
@@ -165,15 +172,15 @@ class DeviceState:
         `stale` is asked, without the lock, about prepared claims that hold a device the allocation
         needs; by default every holder is live and refuses the claim.
         """
-        return self._run(lambda facts: programs.prepare(self._node, allocation, facts), stale)
+        return self._run(lambda steps, facts: programs.prepare(steps, self._node, allocation, facts), stale)
 
     def unprepare(self, uid: str) -> PreparedClaim | None:
         """Undo a prepare; an unknown claim is fine (its stray spec, if any, goes too)."""
-        return self._run(lambda facts: programs.unprepare(self._node, uid, facts))
+        return self._run(lambda steps, facts: programs.unprepare(steps, self._node, uid, facts))
 
     def recover(self) -> None:
         """After a restart: drop specs of claims not prepared, (re)write the specs of prepared ones."""
-        self._run(lambda facts: recovery.recover(self._node, facts))
+        self._run(lambda steps, facts: recovery.recover(steps, self._node, facts))
 
     def set_inventory(self, inventory: Inventory) -> None:
         """Devices changed: new prepares see the new inventory; prepared claims stay as they are."""
@@ -195,14 +202,16 @@ class DeviceState:
                 self.inventory = inventory
             return result, inventory
 
-    def _run(
-        self, start: Callable[[s.Facts], programs.Program[T]], stale: StaleCheck = _every_holder_live
-    ) -> T:
-        """Run a call's program on the state as it is under the lock, let go for the unlocked steps."""
+    def _run(self, program: Callable[[CallSteps, Facts], T], stale: StaleCheck = _every_holder_live) -> T:
+        """Call a program on the state as it is under the lock (its two waiting steps let the lock go)."""
         call = CallSteps(self, stale, self._group.join())
         try:
             with _Hold(self) as hold:
-                return execute(call, start(self._facts()), hold.set)
+                call.hold = hold.set
+                return program(call, self._facts())
+        except StepError as failed:
+            # The program did not handle it: the step's own error, as before there were steps.
+            raise failed.__cause__ or failed from None
         finally:
             self._group.leave(call.member)
 
@@ -212,65 +221,25 @@ class DeviceState:
         """Take the record another instance saved, and adopt the MIG devices it made (the lock is held)."""
         self._prepared, self._actions = prepared, tuple(actions)
         if self._node.mig:
-            execute(CallSteps(self, _every_holder_live, None), migdevices.adopt(self._node, self._facts()))
-
-
-def execute(
-    runner: S, program: Generator[s.Step[S], Any, T], hold: Callable[[bool], None] | None = None
-) -> T:
-    """Run the program on the runner; its answer. Each step's result is sent back, a failure of the
-    runner's step_errors thrown in as StepError (the program decides what follows), and the step's
-    crash point passed. `hold`, where given, is told before each step whether the step runs locked.
-    """
-    run, errors = runner._run_step, runner.step_errors
-    result: object = None
-    failure: s.StepError | None = None
-    while True:
-        try:
-            step = program.send(result) if failure is None else program.throw(failure)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        except s.StepError as failed:
-            # The program did not handle it: the step's own error, as before there were steps.
-            raise failed.__cause__ or failed from None
-        if hold is not None:
-            hold(step.locked)
-        result, failure = None, None
-        try:
-            result = run(step)
-        except errors as err:
-            failure = s.StepError(str(err), getattr(err, "code", 0))
-            failure.__cause__ = err
-            continue
-        if step.point:
-            nodefiles.point(step.point)
+            migdevices.adopt(CallSteps(self, _every_holder_live, None), self._node, self._facts())
 
 
 class Steps:
-    """The root of every runner: one step run by its kind's method (`step.run` names it), and Log."""
-
-    #: What a step may fail with; it is thrown into the program as StepError, which decides what follows.
-    step_errors: ClassVar[tuple[type[Exception], ...]] = ()
+    """The root of every runner: the log a program writes to."""
 
     def __init__(self, logger: logging.Logger) -> None:
         """Log lines go to `logger`."""
         self._logger = logger
 
-    def _run_step(self: S, step: s.Step[S]) -> object:
-        return step.run(self)
-
-    def log(self, step: s.Log) -> None:
+    def log(self, level: Level, message: str) -> None:
         """Write the line to the plugin's log."""
-        self._logger.log(_LOG_LEVELS[step.level], "%s", step.message)
+        self._logger.log(_LOG_LEVELS[level], "%s", message)
 
 
 class CallSteps(Steps, GpuSteps, MpsSteps, PassthroughSteps, TimeSliceSteps, MetadataSteps):
-    """Runs one call's steps on the state: one method per kind (dra.core.steps.Runner) of a claim's own,
-    with the call's stale check and its place in the group commit; each feature's steps are run by
-    the runner of that feature it extends (dra.kubeletplugin.devicesteps)."""
-
-    #: Files, and what the features' steps fail with: into the program as StepError.
-    step_errors = (OSError, *FEATURE_ERRORS)
+    """Runs one call's steps on the state: one method per step of a claim's own (dra.core.prepare's
+    NodeRunner), with the call's stale check and its place in the group commit; each feature's steps
+    are run by the runner of that feature it extends (dra.kubeletplugin.devicesteps)."""
 
     def __init__(self, state: DeviceState, stale: StaleCheck, member: Member | None) -> None:
         super().__init__(log)
@@ -278,63 +247,100 @@ class CallSteps(Steps, GpuSteps, MpsSteps, PassthroughSteps, TimeSliceSteps, Met
         self._state = state
         self._stale = stale
         self.member = member
+        #: Lets the state's lock go (False) or takes it again (True): the call's hold (DeviceState._run).
+        self.hold: Callable[[bool], None] = _held_by_caller
         self._cdi, self._checkpoint, self._metadata = state._cdi, state._checkpoint, state._metadata
         self._pci, self._time_slicer, self._mps = state._pci, state._time_slicer, state._mps
 
-    def ask_stale(self, step: s.AskStale) -> Mapping[str, s.ClaimRead]:
-        """The call's stale check (DeviceState.prepare's `stale`)."""
-        return self._stale(step.holders)
+    def ask_stale(self, holders: tuple[PreparedClaim, ...]) -> Mapping[str, ClaimRead]:
+        """The call's stale check (DeviceState.prepare's `stale`), without the lock: the API server
+        may take its time, and prepares of other claims go on meanwhile."""
+        self.hold(False)
+        try:
+            with nodefiles.Step():
+                return self._stale(holders)
+        finally:
+            self.hold(True)
 
-    def read_state(self, step: s.ReadState) -> s.Facts:
-        """The state as it is now."""
-        return self._state._facts()
+    def read_state(self) -> Facts:
+        """The state as it is now (since the lock was let go, another thread or instance may have saved)."""
+        with nodefiles.Step():
+            return self._state._facts()
 
-    def has_spec(self, step: s.HasSpec) -> bool:
+    def has_spec(self, uid: str) -> bool:
         """Whether the claim's spec is on disk."""
-        return self._cdi.exists(step.uid)
+        with nodefiles.Step():
+            return self._cdi.exists(uid)
 
-    def spec_uids(self, step: s.SpecUids) -> frozenset[str]:
+    def spec_uids(self) -> frozenset[str]:
         """The claims whose specs are on disk."""
-        return frozenset(self._cdi.claim_uids())
+        with nodefiles.Step():
+            return frozenset(self._cdi.claim_uids())
 
-    def missing_host_paths(self, step: s.MissingHostPaths) -> tuple[str, ...]:
+    def missing_host_paths(self, spec: Obj) -> tuple[str, ...]:
         """The spec's host paths that are not on this node."""
-        return tuple(self._cdi.missing_host_paths(step.spec))
+        with nodefiles.Step():
+            return tuple(self._cdi.missing_host_paths(spec))
 
-    def save(self, step: s.Save) -> int:
-        """Record the claims and actions; the state is what was saved (its holders carried over)."""
-        # The very mapping saved last: no claim changed (a save replaces the mapping, never edits it),
-        # so the checkpoint compares none of them (a MIG prepare's action saves, 1,000 claims held).
-        changed = frozenset() if step.prepared is self._state._prepared else step.changed
-        ticket = self._checkpoint.save(step.prepared, step.actions, step.durable, changed)
-        self._state._saved(step)
-        return ticket
+    def save(
+        self,
+        prepared: Mapping[str, PreparedClaim],
+        actions: tuple[DeviceAction, ...],
+        *,
+        durable: bool = True,
+        changed: frozenset[str] | None = None,
+        point: str = "",
+    ) -> int:
+        """Record the claims and actions; the ticket `sync` makes durable (0: durable already). The state
+        is what was saved; `changed` (the UIDs the save adds, replaces or drops, None when not said)
+        carries its holders index over."""
+        with nodefiles.Step(point):
+            # The very mapping saved last: no claim changed (a save replaces the mapping, never edits it),
+            # so the checkpoint compares none of them (a MIG prepare's action saves, 1,000 claims held).
+            compared = frozenset() if prepared is self._state._prepared else changed
+            ticket = self._checkpoint.save(prepared, actions, durable, compared)
+            self._state._saved(prepared, actions, changed)
+            return ticket
 
-    def sync(self, step: s.Sync) -> None:
-        """Wait for the save's fsync (one for every save before it), the group commit's way."""
-        self._state._group.sync(self.member, step.ticket)
+    def sync(self, ticket: int, *, point: str = "") -> None:
+        """Wait, without the lock, for the fsync of the save numbered `ticket` (one for every save before
+        it), the group commit's way; on a failure the lock is taken again for what the program undoes."""
+        self.hold(False)
+        try:
+            with nodefiles.Step(point):
+                self._state._group.sync(self.member, ticket)
+        except StepError:
+            self.hold(True)
+            raise
 
-    def mark(self, step: s.Mark) -> None:
-        """Nothing: the step is its crash point."""
+    def mark(self, point: str) -> None:
+        """Nothing but the crash point: a place between two steps that tests kill the process at."""
+        with nodefiles.Step(point):
+            pass
 
-    def remove_leftovers(self, step: s.RemoveLeftovers) -> None:
+    def remove_leftovers(self, *, point: str = "") -> None:
         """Remove what a crash left beside the checkpoint, the specs and the metadata files."""
-        self._checkpoint.remove_leftovers()
-        self._cdi.remove_leftovers()
-        if self._metadata is not None:
-            self._metadata.remove_leftovers()
+        with nodefiles.Step(point):
+            self._checkpoint.remove_leftovers()
+            self._cdi.remove_leftovers()
+            if self._metadata is not None:
+                self._metadata.remove_leftovers()
 
-    def write_spec(self, step: s.WriteSpec) -> None:
-        """Write the claim's spec atomically."""
-        self._cdi.write(step.uid, step.spec, compare=step.compare)
+    def write_spec(self, uid: str, spec: Obj, *, compare: bool = True, point: str = "") -> None:
+        """Write the claim's spec atomically. `compare`: leave a spec with the same bytes as it is
+        (start-up rewrites every spec); a prepare's is one it has just decided, written without the read."""
+        with nodefiles.Step(point):
+            self._cdi.write(uid, spec, compare=compare)
 
-    def remove_spec(self, step: s.RemoveSpec) -> None:
-        """Remove the claim's spec."""
-        self._cdi.remove(step.uid)
+    def remove_spec(self, uid: str, *, point: str = "") -> None:
+        """Remove the claim's spec; none is fine."""
+        with nodefiles.Step(point):
+            self._cdi.remove(uid)
 
-    def use_inventory(self, step: s.SetInventory) -> None:
+    def set_inventory(self, inventory: Inventory) -> None:
         """Prepares from now on see this inventory (MIG devices made or destroyed; the lock is held)."""
-        self._state.inventory = step.inventory
+        with nodefiles.Step():
+            self._state.inventory = inventory
 
 
 class _Hold(contextlib.AbstractContextManager["_Hold"]):

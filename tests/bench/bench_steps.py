@@ -1,10 +1,11 @@
-"""Benchmark: what running a program of steps costs, per step, and a static MIG layout applied.
+"""Benchmark: what a program's step costs, and a static MIG layout applied.
 
     python -m tests.bench.bench_steps [--runs 7] [--steps 40000]
 
 Per step: DeviceState (CDI specs and checkpoint in a temporary directory, the fake h100x8 GPUs)
-runs one program of `--steps` steps, HasSpec and Mark in turn, under its lock: the executor's
-loop, a step's dispatch to its method and the crash-point check, with HasSpec's stat of the spec.
+runs one program of `--steps` steps, has_spec and mark in turn, under its lock: the call of the
+runner's method, its step context (a failure's conversion, the crash-point check), with has_spec's
+stat of the spec.
 The MIG layout: apply_layout on a fresh fake h100x8 (eight GPUs, MIG off) for "sevens" (MIG on and
 seven 1g.10gb on each GPU), the same again (nothing to change), then "mixed" (each GPU's instances
 destroyed and four others made). Prints the fastest of --runs runs of each; asserts nothing.
@@ -19,13 +20,12 @@ from pathlib import Path
 
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.nodefiles import CdiStore
-from dra.core import steps
 from dra.core.migconfig import MigConfigs, parse_mig_configs
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.profiles import load_profile
 from dra.gpu.discovery import discover
 from dra.kubeletplugin.miglayout import apply_layout
-from dra.kubeletplugin.state import DeviceState
+from dra.kubeletplugin.state import CallSteps, DeviceState
 from dra.model.migmode import MigModes
 
 DRIVER, NODE = "gpu.nvidia.com", "bench-node"
@@ -45,10 +45,10 @@ def _lib(root: Path) -> FakeGpuLibrary:
     return FakeGpuLibrary(load_profile("h100x8"), NODE, mig_state=root / "fake-gpu-mig.json")
 
 
-def _program(count: int) -> steps.Program[None]:
+def _program(steps: CallSteps, count: int) -> None:
     for _ in range(count // 2):
-        yield steps.HasSpec(UID)
-        yield steps.Mark()
+        steps.has_spec(UID)
+        steps.mark("")
 
 
 def per_step(count: int) -> float:
@@ -63,7 +63,7 @@ def per_step(count: int) -> float:
             CheckpointStore(root / "checkpoint.json"),
         )
         started = time.perf_counter()
-        state._run(lambda facts: _program(count))
+        state._run(lambda steps, facts: _program(steps, count))
         return (time.perf_counter() - started) / count * 1e6
 
 
@@ -86,7 +86,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40000)
     args = parser.parse_args()
     step = min(per_step(args.steps) for _ in range(args.runs))
-    print(f"executor: {step:.2f} us per step (fastest of {args.runs} runs of {args.steps} steps)")
+    print(f"a step: {step:.2f} us (fastest of {args.runs} runs of {args.steps} steps)")
     configs = parse_mig_configs(LAYOUTS, "bench")
     runs = [layouts(configs) for _ in range(args.runs)]
     first, again, other = (min(r[i] for r in runs) for i in range(3))

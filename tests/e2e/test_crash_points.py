@@ -104,7 +104,7 @@ COVERED_ELSEWHERE = {
     "miglayout.destroyed": "tests/unit/test_miglayout.py",
     "miglayout.gpu-instance-created": "tests/unit/test_miglayout.py",
     "miglayout.compute-instance-created": "tests/unit/test_miglayout.py",
-    # Passthrough needs a fake sysfs with an IOMMU; the executor is ended after each of its steps there.
+    # Passthrough needs a fake sysfs with an IOMMU; the programs are ended before each of their steps there.
     "vfio-intent-recorded": "tests/unit/test_prepare_steps.py",
     "vfio-sibling-unbound": "tests/unit/test_prepare_steps.py",
     "vfio-bound": "tests/unit/test_prepare_steps.py",
@@ -115,10 +115,10 @@ COVERED_ELSEWHERE = {
 
 
 def _points_in_source() -> set[str]:
-    """Every name passed to nodefiles.point in the package, and every step's `point=` (dra.core.steps).
+    """Every name passed to nodefiles.point in the package, every step's `point=` and every `mark(...)`.
 
-    The executor passes each step's point (`nodefiles.point(step.point)`); a program names it where it
-    yields the step.
+    A step's runner passes its point (`nodefiles.Step`, whose exit calls `point(self._point)`); a
+    program names it where it calls the step, or marks a place between two steps.
     """
     names: set[str] = set()
     for path in (REPO / "dra").rglob("*.py"):
@@ -126,6 +126,8 @@ def _points_in_source() -> set[str]:
             if not isinstance(node, ast.Call):
                 continue
             names.update(n for k in node.keywords if k.arg == "point" and (n := _literal(k.value)))
+            if isinstance(node.func, ast.Attribute) and node.func.attr == "mark" and node.args:
+                names.update(n for n in [_literal(node.args[0])] if n)
             # nodefiles.point(...) in the other modules, point(...) inside nodefiles itself.
             if (
                 isinstance(node.func, ast.Attribute)
@@ -134,7 +136,7 @@ def _points_in_source() -> set[str]:
                 and node.func.value.id == "nodefiles"
             ) or (isinstance(node.func, ast.Name) and node.func.id == "point"):
                 name = node.args[0] if len(node.args) == 1 else None
-                if ast.unparse(node) == "nodefiles.point(step.point)":
+                if ast.unparse(node) == "point(self._point)":
                     continue
                 assert isinstance(name, ast.Constant), (
                     f"{path}:{node.lineno}: a fault point needs a literal name, for this matrix to find it"

@@ -1,17 +1,18 @@
 """The MPS daemons' programs read as data: start or join, the limits each read back and judged, release, stop.
 
 The daemons themselves (processes, pid files, the control pipe) are tests/unit/test_mps.py's, which
-needs root; these run the programs of dra.core.mpsdaemons against answers given by hand.
+needs root; these call the programs of dra.core.mpsdaemons on a recording runner with answers given by hand.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from dra.core import mpsdaemons, sharing
-from dra.core.steps import Log, Step, StepError
+from dra.model.node import StepError
 from dra.model.prepared import PreparedClaim, PreparedDevice
 
 GPU_0, GPU_1 = "GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111-1111-111111111111"
@@ -36,44 +37,58 @@ def _claim(uid: str, *uuids: str, share: str = "", percentage: int = 0, limit: s
     return PreparedClaim(uid, "team-a", f"claim-{uid}", devices)
 
 
+class _Recorder:
+    """A recording fake MpsRunner: each call (a step) as text in `seen`, answered by `answer(name, args)`
+    (an exception is raised)."""
+
+    def __init__(self, answer: Callable[[str, tuple[Any, ...]], object]) -> None:
+        self.seen: list[str] = []
+        self._answer = answer
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        def call(*args: Any, point: str = "") -> object:
+            match name:
+                case "log":
+                    self.seen.append(f"log {args[1]}")
+                case "ask_mps":
+                    self.seen.append(f"ask_mps {args[1]}")
+                case "launch_mps":
+                    self.seen.append(f"launch_mps@{point} multi-user={args[1]}")
+                case _:
+                    self.seen.append(f"{name}@{point}" if point else name)
+            result = self._answer(name, args)
+            if isinstance(result, Exception):
+                raise result
+            return result
+
+        return call
+
+
 def _run(
-    program: mpsdaemons.Program[None], answer: Callable[[Step[mpsdaemons.MpsRunner]], object]
+    program: Callable[[mpsdaemons.MpsRunner], None], answer: Callable[[str, tuple[Any, ...]], object]
 ) -> list[str]:
-    """Each step the program yields, as text, answered by `answer`; a StepError it raises ends the list."""
-    seen: list[str] = []
-    result: object = None
-    while True:
-        try:
-            step = program.send(result)
-        except StopIteration:
-            return seen
-        except StepError as err:
-            return [*seen, f"StepError: {err}"]
-        match step:
-            case Log():
-                seen.append(f"Log {step.message}")
-            case mpsdaemons.AskMps():
-                seen.append(f"AskMps {step.command}")
-            case mpsdaemons.LaunchMps():
-                seen.append(f"LaunchMps@{step.point} multi-user={step.multi_user}")
-            case _:
-                seen.append(type(step).__name__)
-        result = answer(step)
+    """Each step the program calls, as text, answered by `answer`; a StepError it raises ends the list."""
+    steps = _Recorder(answer)
+    try:
+        program(steps)
+    except StepError as err:
+        return [*steps.seen, f"StepError: {err}"]
+    return steps.seen
 
 
 def _daemon(
     pid: int | None, answers: dict[str, str] | None = None
-) -> Callable[[Step[mpsdaemons.MpsRunner]], object]:
+) -> Callable[[str, tuple[Any, ...]], object]:
     """A node whose daemon runs as `pid` (None: none runs; a launch starts 42) and answers thus."""
 
-    def answer(step: Step[mpsdaemons.MpsRunner]) -> object:
-        match step:
-            case mpsdaemons.MpsDaemonPid():
+    def answer(name: str, args: tuple[Any, ...]) -> object:
+        match name:
+            case "mps_daemon_pid":
                 return pid
-            case mpsdaemons.LaunchMps():
+            case "launch_mps":
                 return 42
-            case mpsdaemons.AskMps():
-                return (answers or {}).get(step.command, "")
+            case "ask_mps":
+                return (answers or {}).get(args[1], "")
         return None
 
     return answer
@@ -86,23 +101,23 @@ def test_a_claim_starts_its_daemon_and_sets_its_limits_each_read_back() -> None:
         "get_default_device_pinned_mem_limit 0": "8G",
         "get_default_device_pinned_mem_limit 1": "8G",
     }
-    assert _run(mpsdaemons.start(claim), _daemon(None, answers)) == [
-        "MpsDaemonPid",
-        "LaunchMps@mps-daemon-started multi-user=False",
-        f"Log started MPS control daemon 42 ({KEY}) for claim a",
-        "AskMps set_default_active_thread_percentage 50",
-        "AskMps set_default_device_pinned_mem_limit 0 8192M",
-        "AskMps get_default_device_pinned_mem_limit 0",
-        "AskMps set_default_device_pinned_mem_limit 1 8192M",
-        "AskMps get_default_device_pinned_mem_limit 1",
+    assert _run(lambda steps: mpsdaemons.start(steps, claim), _daemon(None, answers)) == [
+        "mps_daemon_pid",
+        "launch_mps@mps-daemon-started multi-user=False",
+        f"log started MPS control daemon 42 ({KEY}) for claim a",
+        "ask_mps set_default_active_thread_percentage 50",
+        "ask_mps set_default_device_pinned_mem_limit 0 8192M",
+        "ask_mps get_default_device_pinned_mem_limit 0",
+        "ask_mps set_default_device_pinned_mem_limit 1 8192M",
+        "ask_mps get_default_device_pinned_mem_limit 1",
     ]
 
 
 def test_a_claim_joins_a_running_daemon_and_a_shared_one_gets_no_defaults() -> None:
     claim = _claim("b", GPU_0, GPU_1, share="s-1", percentage=50, limit="8192M")
-    assert _run(mpsdaemons.start(claim), _daemon(7)) == [
-        "MpsDaemonPid",
-        f"Log claim b uses MPS control daemon 7 ({KEY})",
+    assert _run(lambda steps: mpsdaemons.start(steps, claim), _daemon(7)) == [
+        "mps_daemon_pid",
+        f"log claim b uses MPS control daemon 7 ({KEY})",
     ]
 
 
@@ -121,26 +136,30 @@ def test_a_claim_joins_a_running_daemon_and_a_shared_one_gets_no_defaults() -> N
 )
 def test_a_value_the_daemon_does_not_hold_fails_the_start(answers: dict[str, str], refusal: str) -> None:
     seen = _run(
-        mpsdaemons.start(_claim("a", GPU_0, GPU_1, percentage=50, limit="8192M")), _daemon(7, answers)
+        lambda steps: mpsdaemons.start(steps, _claim("a", GPU_0, GPU_1, percentage=50, limit="8192M")),
+        _daemon(7, answers),
     )
     assert seen[-1] == f"StepError: MPS control daemon {KEY} {refusal}"
 
 
 def test_the_last_claim_of_a_daemon_stops_it_and_start_up_stops_those_no_claim_uses() -> None:
     mine, theirs = _claim("a", GPU_0, GPU_1), _claim("b", GPU_0, GPU_1, share="s-1")
-    assert _run(mpsdaemons.release(mine, {"b": theirs}), _daemon(7)) == [
-        f"Log MPS control daemon {KEY} stays for claims b"
+    assert _run(lambda steps: mpsdaemons.release(steps, mine, {"b": theirs}), _daemon(7)) == [
+        f"log MPS control daemon {KEY} stays for claims b"
     ]
-    assert _run(mpsdaemons.release(mine, {}), _daemon(7)) == ["StopMps"]
+    assert _run(lambda steps: mpsdaemons.release(steps, mine, {}), _daemon(7)) == ["stop_mps"]
     # A claim without MPS has no daemon to release.
-    assert _run(mpsdaemons.release(PreparedClaim("c", "team-a", "c", ()), {}), _daemon(7)) == []
+    assert (
+        _run(lambda steps: mpsdaemons.release(steps, PreparedClaim("c", "team-a", "c", ()), {}), _daemon(7))
+        == []
+    )
     left = sharing.mps_key([GPU_1])
 
-    def listed(step: Step[mpsdaemons.MpsRunner]) -> object:
-        return (KEY, left) if isinstance(step, mpsdaemons.ListMpsDaemons) else None
+    def listed(name: str, args: tuple[Any, ...]) -> object:
+        return (KEY, left) if name == "list_mps_daemons" else None
 
-    assert _run(mpsdaemons.stop_others({"a": mine}), listed) == [
-        "ListMpsDaemons",
-        f"Log stopping MPS control daemon {left}, which no prepared claim uses",
-        "StopMps",
+    assert _run(lambda steps: mpsdaemons.stop_others(steps, {"a": mine}), listed) == [
+        "list_mps_daemons",
+        f"log stopping MPS control daemon {left}, which no prepared claim uses",
+        "stop_mps",
     ]

@@ -22,9 +22,9 @@ from dra.core.plan import (
     unanswered,
 )
 from dra.core.recovery import RecoverPlan, decide_recover
-from dra.core.steps import ClaimRead, Node
 from dra.model.allocation import AllocatedDevice, ClaimAllocation, OpaqueConfig
 from dra.model.devices import Inventory
+from dra.model.node import ClaimRead, Node
 from dra.model.prepared import Holders, PreparedClaim, PreparedDevice
 from tests.unit.helpers import DRIVER, NODE, inventory
 

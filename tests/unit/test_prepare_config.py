@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from dra.core.plan import PreparePlan, Refusal, decide_prepare
-from dra.core.steps import Node
 from dra.model.allocation import AllocatedDevice, ClaimAllocation, OpaqueConfig
 from dra.model.devices import Gpu, Inventory
+from dra.model.node import Node
 from tests.unit.helpers import DRIVER, NODE, inventory
 
 INVENTORY = inventory("h100x8")

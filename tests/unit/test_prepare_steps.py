@@ -1,38 +1,41 @@
-"""Prepare, unprepare and start-up repair as steps: the order a program yields them, and a crash after each.
+"""Prepare, unprepare and start-up repair as steps: the order a program calls them in, and a crash after each.
 
-The first half reads the programs of dra.core.prepare as data: which steps, in which order, with which
-crash points. The second half runs them through the real executor (DeviceState) on fake GPUs and ends
-it after every step in turn, as kill -9 would between two steps (the in-memory state is thrown away,
-what is on disk stays); a new instance's start-up repair and the kubelet's retry must then converge.
+The first half runs the programs of dra.core.prepare on a runner that only records: which steps, in
+which order, with which crash points. The second half runs them on the real state (DeviceState) on
+fake GPUs and ends the process before every step in turn, as kill -9 would between two steps (the
+in-memory state is thrown away, what is on disk stays); a new instance's start-up repair and the
+kubelet's retry must then converge.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from dra.adapters import nodefiles
 from dra.adapters.checkpoint import CheckpointStore
 from dra.adapters.metadatastore import MetadataStore
 from dra.adapters.nodefiles import CdiStore
 from dra.adapters.pcisysfs import PciSysfs
-from dra.core import devicemetadata, gpusteps, migdevices, mpsdaemons, steps, vfio
+from dra.core import devicemetadata, migdevices, mpsdaemons, vfio
 from dra.core import prepare as programs
 from dra.core.plan import PreparePlan, decide_prepare
-from dra.core.prepare import NodeRunner
-from dra.core.steps import ClaimRead, Step
 from dra.fakegpus.library import FakeGpuLibrary
 from dra.fakegpus.profiles import load_profile
 from dra.fakegpus.sysfs import FakeFunction, FakeSysfs
 from dra.gpu import dynamic
 from dra.gpu.discovery import discover
 from dra.gpu.library import GpuHandle, Placement
-from dra.kubeletplugin.state import CallSteps, DeviceState
+from dra.kubeletplugin.state import DeviceState
 from dra.model.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.model.devices import Inventory
 from dra.model.migmode import parse_mig_modes
+from dra.model.node import ClaimRead, Facts, Node
 from dra.model.pci import IommuGroup, PciFunction, VfioHost
 from dra.model.prepared import PreparedClaim
 from tests.unit.helpers import DRIVER, NODE
@@ -45,7 +48,7 @@ DYNAMIC_WHOLE = "gpu-0"
 MIG = "gpu-0-mig-3g40gb-at4"
 #: GPU 0 makes MIG devices on demand; the others are given whole.
 MODES = "whole,0=dynamic"
-NODE_FACTS = steps.Node(DRIVER, NODE, mig=True, checkpoint="checkpoint.json")
+NODE_FACTS = Node(DRIVER, NODE, mig=True, checkpoint="checkpoint.json")
 #: What the API server answers for a claim that was deleted.
 GONE = ClaimRead(None, 404, "not found")
 
@@ -99,51 +102,74 @@ def _drivers(root: Path) -> dict[str, tuple[str, str]]:
 # -- the programs, read as data -----------------------------------------------------------------
 
 
-def _steps(
-    program: programs.Program[object], answers: Mapping[type[Step[NodeRunner]], object]
-) -> list[Step[NodeRunner]]:
-    """Run a program against fixed answers; the steps it yielded."""
-    seen: list[Step[NodeRunner]] = []
-    result: object = None
-    while True:
-        try:
-            step = program.send(result)
-        except StopIteration:
-            return seen
-        seen.append(step)
-        result = answers.get(type(step))
+class _Recorder:
+    """A runner that runs nothing: it records each step called, with its arguments, and answers it from
+    `answers` by the step's method name (None when not there; an exception there is raised)."""
+
+    def __init__(self, answers: Mapping[str, object]) -> None:
+        self.answers = answers
+        self.calls: list[tuple[str, tuple[object, ...], dict[str, object]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        # Any: the recorder stands in for every runner protocol.
+        def step(*args: object, **kwargs: object) -> object:
+            self.calls.append((name, args, kwargs))
+            answer = self.answers.get(name)
+            if isinstance(answer, BaseException):
+                raise answer
+            return answer
+
+        return step
+
+    def trace(self) -> list[str]:
+        """Each step as "name" or "name@point"."""
+        return [
+            name + (f"@{point}" if (point := args[0] if name == "mark" else kwargs.get("point")) else "")
+            for name, args, kwargs in self.calls
+        ]
+
+    def called(self, name: str) -> list[tuple[tuple[object, ...], dict[str, object]]]:
+        """The arguments of each call of the step `name`."""
+        return [(args, kwargs) for called, args, kwargs in self.calls if called == name]
 
 
-def _trace(program: programs.Program[object], answers: Mapping[type[Step[NodeRunner]], object]) -> list[str]:
-    """Run a program against fixed answers; each step as "Kind" or "Kind@point"."""
-    return [
-        type(step).__name__ + (f"@{step.point}" if step.point else "") for step in _steps(program, answers)
-    ]
+Program = Callable[[Any], object]
 
 
-def _answers(
-    facts: steps.Facts, more: Mapping[type[Step[NodeRunner]], object] | None = None
-) -> dict[type[Step[NodeRunner]], object]:
-    fixed: dict[type[Step[NodeRunner]], object] = {
-        steps.ReadState: facts,
-        steps.HasSpec: False,
-        steps.MissingHostPaths: (),
-        steps.Save: 1,
+def _recorded(program: Program, answers: Mapping[str, object]) -> _Recorder:
+    """Run a program (called with its runner) on a recorder answering from `answers`; the recorder."""
+    recorder = _Recorder(answers)
+    program(recorder)
+    return recorder
+
+
+def _trace(program: Program, answers: Mapping[str, object]) -> list[str]:
+    """Run a program against fixed answers; each step as "name" or "name@point"."""
+    return _recorded(program, answers).trace()
+
+
+def _answers(facts: Facts, more: Mapping[str, object] | None = None) -> dict[str, object]:
+    fixed: dict[str, object] = {
+        "read_state": facts,
+        "has_spec": False,
+        "missing_host_paths": (),
+        "save": 1,
     }
     return {**fixed, **(more or {})}
 
 
 def test_a_new_claim_is_spec_then_record_then_settings_then_fsync(tmp_path: Path) -> None:
-    facts = steps.Facts({}, (), _inventory(tmp_path))
-    program = programs.prepare(NODE_FACTS, _allocation(WHOLE), facts)
-    assert _trace(program, _answers(facts)) == [
-        "MissingHostPaths",
-        "Mark@prepare.before-cdi-write",
-        "WriteSpec@prepare.cdi-written",
-        "Save",
-        "Log",
-        "Mark@sharing-before-gpu-settings",
-        "Sync@prepare.checkpoint-saved",
+    facts = Facts({}, (), _inventory(tmp_path))
+    assert _trace(
+        lambda steps: programs.prepare(steps, NODE_FACTS, _allocation(WHOLE), facts), _answers(facts)
+    ) == [
+        "missing_host_paths",
+        "mark@prepare.before-cdi-write",
+        "write_spec@prepare.cdi-written",
+        "save",
+        "log",
+        "mark@sharing-before-gpu-settings",
+        "sync@prepare.checkpoint-saved",
     ]
 
 
@@ -161,19 +187,21 @@ def test_a_whole_gpu_claim_runs_no_mig_or_mps_code_on_a_node_that_has_both(
         monkeypatch.setattr(mpsdaemons, name, entered)
     monkeypatch.setattr(vfio, "release", entered)
     node = replace(NODE_FACTS, mps_root="/run/mps")
-    facts = steps.Facts({}, (), _inventory(tmp_path))
+    facts = Facts({}, (), _inventory(tmp_path))
     plan = decide_prepare(_allocation(WHOLE), facts.inventory, {}, node, stale={}, has_spec=False)
     assert isinstance(plan, PreparePlan)
     assert (plan.mig_off, plan.mig_on, plan.create, plan.mps, plan.given_back) == ((), (), (), False, [])
-    assert "Sync@prepare.checkpoint-saved" in _trace(
-        programs.prepare(node, _allocation(WHOLE), facts), _answers(facts)
+    assert "sync@prepare.checkpoint-saved" in _trace(
+        lambda steps: programs.prepare(steps, node, _allocation(WHOLE), facts), _answers(facts)
     )
     prepared = {UID: plan.claim}
-    assert _trace(programs.unprepare(node, UID, replace(facts, prepared=prepared)), _answers(facts)) == [
-        "RemoveSpec@unprepare.spec-removed",
-        "Mark@sharing-before-unrecord",
-        "Save@unprepare.checkpoint-saved",
-        "Log",
+    assert _trace(
+        lambda steps: programs.unprepare(steps, node, UID, replace(facts, prepared=prepared)), _answers(facts)
+    ) == [
+        "remove_spec@unprepare.spec-removed",
+        "mark@sharing-before-unrecord",
+        "save@unprepare.checkpoint-saved",
+        "log",
     ]
 
 
@@ -189,13 +217,13 @@ def test_the_whole_of_a_dynamic_mig_gpu_has_its_mig_mode_turned_off_by_the_plan(
 
 
 def test_device_metadata_files_are_written_before_the_spec_that_mounts_them(tmp_path: Path) -> None:
-    facts = steps.Facts({}, (), _inventory(tmp_path))
-    node = steps.Node(DRIVER, NODE, metadata_root="/plugin/dra-device-metadata", device_metadata=True)
-    trace = _trace(programs.prepare(node, _allocation(WHOLE), facts), _answers(facts))
+    facts = Facts({}, (), _inventory(tmp_path))
+    node = Node(DRIVER, NODE, metadata_root="/plugin/dra-device-metadata", device_metadata=True)
+    trace = _trace(lambda steps: programs.prepare(steps, node, _allocation(WHOLE), facts), _answers(facts))
     assert trace[1:4] == [
-        "WriteMetadata@prepare.metadata-written",
-        "Mark@prepare.before-cdi-write",
-        "WriteSpec@prepare.cdi-written",
+        "write_metadata@prepare.metadata-written",
+        "mark@prepare.before-cdi-write",
+        "write_spec@prepare.cdi-written",
     ]
 
 
@@ -210,60 +238,78 @@ def test_a_failed_metadata_write_refuses_the_claim_and_leaves_nothing(tmp_path: 
 
 def test_a_holder_is_asked_about_without_the_lock_and_released_before_the_spec(tmp_path: Path) -> None:
     prepared = _prepare_and_record(tmp_path, _allocation(WHOLE, OTHER))
-    facts = steps.Facts({OTHER: prepared}, (), _inventory(tmp_path))
-    program = programs.prepare(NODE_FACTS, _allocation(WHOLE), facts)
-    trace = _trace(program, _answers(facts, {steps.AskStale: {OTHER: GONE}}))
-    # A new claim's spec is written whether or not one is there: no HasSpec.
-    assert trace[:3] == ["AskStale", "ReadState", "MissingHostPaths"]
+    facts = Facts({OTHER: prepared}, (), _inventory(tmp_path))
+    trace = _trace(
+        lambda steps: programs.prepare(steps, NODE_FACTS, _allocation(WHOLE), facts),
+        _answers(facts, {"ask_stale": {OTHER: GONE}}),
+    )
+    # A new claim's spec is written whether or not one is there: no has_spec.
+    assert trace[:3] == ["ask_stale", "read_state", "missing_host_paths"]
     # The holder (prepared with device metadata) loses its files with its spec.
     assert trace[3:7] == [
-        "Log",
-        "RemoveSpec@prepare.stale-spec-removed",
-        "RemoveMetadata",
-        "Mark@prepare.before-cdi-write",
+        "log",
+        "remove_spec@prepare.stale-spec-removed",
+        "remove_metadata",
+        "mark@prepare.before-cdi-write",
     ]
-    assert not steps.AskStale.locked
-    assert steps.ReadState.locked
+
+
+def test_the_api_server_is_asked_about_holders_without_the_lock(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    state.prepare(_allocation(WHOLE, OTHER))
+    free: list[bool] = []
+
+    def stale(holders: Sequence[PreparedClaim]) -> Mapping[str, ClaimRead]:
+        # Another thread's prepare could take the lock now.
+        free.append(state._lock.acquire(blocking=False))
+        state._lock.release()
+        return _gone(holders)
+
+    state.prepare(_allocation(WHOLE), stale)
+    assert free == [True]
+    assert set(state.prepared) == {UID}
 
 
 def test_a_mig_device_is_recorded_as_intent_made_in_two_steps_then_recorded_done(tmp_path: Path) -> None:
     inventory = _inventory(tmp_path)
-    facts = steps.Facts({}, (), inventory)
+    facts = Facts({}, (), inventory)
     scratch = _state(tmp_path / "scratch")
     scratch.prepare(_allocation(MIG))
     made = scratch.inventory.instances[0]
     answers = _answers(
         facts,
         {
-            gpusteps.ReadMigMode: (1, 1),
-            gpusteps.CreateGpuInstance: 2,
-            gpusteps.CreateComputeInstance: 0,
-            gpusteps.FindMigDevice: made,
+            "read_mig_mode": (1, 1),
+            "create_gpu_instance": 2,
+            "create_compute_instance": 0,
+            "find_mig_device": made,
         },
     )
-    assert _trace(programs.prepare(NODE_FACTS, _allocation(MIG), facts), answers)[:8] == [
-        "ReadMigMode",
-        "Save@mig-intent-recorded",
-        "CreateGpuInstance@mig-gpu-instance-created",
-        "CreateComputeInstance@mig-compute-instance-created",
-        "FindMigDevice",
-        "Save@mig-recorded",
-        "SetInventory",
-        "ReadState",
+    assert _trace(lambda steps: programs.prepare(steps, NODE_FACTS, _allocation(MIG), facts), answers)[
+        :8
+    ] == [
+        "read_mig_mode",
+        "save@mig-intent-recorded",
+        "create_gpu_instance@mig-gpu-instance-created",
+        "create_compute_instance@mig-compute-instance-created",
+        "find_mig_device",
+        "save@mig-recorded",
+        "set_inventory",
+        "read_state",
     ]
 
 
-def _mig_mode_off(tmp_path: Path) -> tuple[steps.Facts, dict[type[Step[NodeRunner]], object]]:
+def _mig_mode_off(tmp_path: Path) -> tuple[Facts, dict[str, object]]:
     """A MIG claim's prepare on a dynamic-MIG GPU with MIG off: the facts and the answers it gets."""
-    facts = steps.Facts({}, (), _inventory(tmp_path))
+    facts = Facts({}, (), _inventory(tmp_path))
     scratch = _state(tmp_path / "scratch")
     scratch.prepare(_allocation(MIG))
     answers = _answers(
         facts,
         {
-            gpusteps.ReadMigMode: (0, 0),
-            gpusteps.SetMigMode: True,
-            gpusteps.FindMigDevice: scratch.inventory.instances[0],
+            "read_mig_mode": (0, 0),
+            "set_mig_mode": True,
+            "find_mig_device": scratch.inventory.instances[0],
         },
     )
     return facts, answers
@@ -272,9 +318,9 @@ def _mig_mode_off(tmp_path: Path) -> tuple[steps.Facts, dict[type[Step[NodeRunne
 def test_mig_device_records_ride_on_the_claims_fsync_and_mig_mode_records_are_fsynced(tmp_path: Path) -> None:
     # Instances do not outlive a reboot or a driver reload; MIG mode does (docs/architecture.md).
     facts, answers = _mig_mode_off(tmp_path)
-    done = _steps(programs.prepare(NODE_FACTS, _allocation(MIG), facts), answers)
-    saves = [(step.point, step.durable) for step in done if isinstance(step, steps.Save)]
-    synced = [step.ticket for step in done if isinstance(step, steps.Sync)]
+    done = _recorded(lambda steps: programs.prepare(steps, NODE_FACTS, _allocation(MIG), facts), answers)
+    saves = [(kwargs.get("point", ""), kwargs.get("durable", True)) for _, kwargs in done.called("save")]
+    synced = [args[0] for args, _ in done.called("sync")]
     assert saves == [
         ("mig-mode-intent-recorded", True),
         ("mig-mode-recorded", True),
@@ -290,29 +336,31 @@ def test_mig_mode_is_recorded_as_intent_switched_then_recorded_done_before_any_m
     tmp_path: Path,
 ) -> None:
     facts, answers = _mig_mode_off(tmp_path)
-    assert _trace(programs.prepare(NODE_FACTS, _allocation(MIG), facts), answers)[:5] == [
-        "ReadMigMode",
-        "Save@mig-mode-intent-recorded",
-        "SetMigMode@mig-mode-set",
-        "Save@mig-mode-recorded",
-        "Save@mig-intent-recorded",
+    assert _trace(lambda steps: programs.prepare(steps, NODE_FACTS, _allocation(MIG), facts), answers)[
+        :5
+    ] == [
+        "read_mig_mode",
+        "save@mig-mode-intent-recorded",
+        "set_mig_mode@mig-mode-set",
+        "save@mig-mode-recorded",
+        "save@mig-intent-recorded",
     ]
 
 
 def test_the_whole_of_a_dynamic_mig_gpu_gets_leftovers_destroyed_then_mig_mode_off_before_its_spec(
     tmp_path: Path,
 ) -> None:
-    facts = steps.Facts({}, (), _inventory(tmp_path))
-    answers = _answers(
-        facts, {gpusteps.ReadMigMode: (1, 1), gpusteps.SetMigMode: True, gpusteps.ListGpuInstances: ()}
-    )
-    assert _trace(programs.prepare(NODE_FACTS, _allocation(DYNAMIC_WHOLE), facts), answers)[:6] == [
-        "ListGpuInstances",
-        "ReadMigMode",
-        "Save@mig-mode-intent-recorded",
-        "SetMigMode@mig-mode-set",
-        "Save@mig-mode-recorded",
-        "MissingHostPaths",
+    facts = Facts({}, (), _inventory(tmp_path))
+    answers = _answers(facts, {"read_mig_mode": (1, 1), "set_mig_mode": True, "list_gpu_instances": ()})
+    assert _trace(
+        lambda steps: programs.prepare(steps, NODE_FACTS, _allocation(DYNAMIC_WHOLE), facts), answers
+    )[:6] == [
+        "list_gpu_instances",
+        "read_mig_mode",
+        "save@mig-mode-intent-recorded",
+        "set_mig_mode@mig-mode-set",
+        "save@mig-mode-recorded",
+        "missing_host_paths",
     ]
 
 
@@ -320,22 +368,12 @@ def test_the_whole_of_a_dynamic_mig_gpu_gets_leftovers_destroyed_then_mig_mode_o
 def test_a_mig_mode_change_left_pending_is_a_claim_error_and_leaves_no_record(
     tmp_path: Path, modes: tuple[int, int], switched: bool
 ) -> None:
-    facts = steps.Facts({}, (), _inventory(tmp_path))
-    program = programs.prepare(NODE_FACTS, _allocation(MIG), facts)
-    answers = _answers(facts, {gpusteps.ReadMigMode: modes, gpusteps.SetMigMode: False})
-    saved: list[tuple[str, ...]] = []
-
-    def run() -> None:
-        result: object = None
-        while True:
-            step = program.send(result)
-            assert not isinstance(step, gpusteps.CreateGpuInstance)
-            if isinstance(step, steps.Save):
-                saved.append(tuple(f"{a.kind}={a.params['mode']}" for a in step.actions))
-            result = answers.get(type(step))
-
+    facts = Facts({}, (), _inventory(tmp_path))
+    recorder = _Recorder(_answers(facts, {"read_mig_mode": modes, "set_mig_mode": False}))
     with pytest.raises(ClaimError, match=r"pending until the GPU is reset .* offered as it is, MIG off"):
-        run()
+        programs.prepare(recorder, NODE_FACTS, _allocation(MIG), facts)
+    assert not recorder.called("create_gpu_instance")
+    saved = [tuple(f"{a.kind}={a.params['mode']}" for a in args[1]) for args, _ in recorder.called("save")]  # type: ignore[attr-defined]
     # Asked only when no change waits already; its intent goes again.
     assert saved == ([("mig-mode=1",), ()] if switched else [])
 
@@ -344,55 +382,58 @@ def test_a_gpu_passed_through_is_recorded_as_intent_bound_then_recorded_done_bef
     tmp_path: Path,
 ) -> None:
     inventory = _inventory(tmp_path)
-    facts = steps.Facts({}, (), inventory)
+    facts = Facts({}, (), inventory)
     gpu = inventory.gpus[0]
     group = IommuGroup(0, (PciFunction(gpu.pci_bus_id, "nvidia"), PciFunction(AUDIO, "snd_hda_intel")))
     answers = _answers(
         facts,
         {
             # MIG mode is off already: the whole of the dynamic-MIG GPU needs no switch.
-            gpusteps.ListGpuInstances: (),
-            gpusteps.ReadMigMode: (0, 0),
-            vfio.ReadVfioHost: VfioHost(iommu=True, vfio_pci=True),
-            vfio.ReadIommuGroup: group,
+            "list_gpu_instances": (),
+            "read_mig_mode": (0, 0),
+            "read_vfio_host": VfioHost(iommu=True, vfio_pci=True),
+            "read_iommu_group": group,
         },
     )
     node = replace(NODE_FACTS, vfio=True)
-    assert _trace(programs.prepare(node, _vfio_allocation(DYNAMIC_WHOLE), facts), answers)[:9] == [
-        "ListGpuInstances",
-        "ReadMigMode",
-        "ReadVfioHost",
-        "ReadIommuGroup",
-        "Save@vfio-intent-recorded",
-        "RestorePci@vfio-sibling-unbound",
-        "BindVfio@vfio-bound",
-        "Save@vfio-recorded",
-        "MissingHostPaths",
+    assert _trace(
+        lambda steps: programs.prepare(steps, node, _vfio_allocation(DYNAMIC_WHOLE), facts), answers
+    )[:9] == [
+        "list_gpu_instances",
+        "read_mig_mode",
+        "read_vfio_host",
+        "read_iommu_group",
+        "save@vfio-intent-recorded",
+        "restore_pci@vfio-sibling-unbound",
+        "bind_vfio@vfio-bound",
+        "save@vfio-recorded",
+        "missing_host_paths",
     ]
 
 
 def test_a_refused_claim_changes_nothing(tmp_path: Path) -> None:
-    facts = steps.Facts({}, (), _inventory(tmp_path))
-    program = programs.prepare(NODE_FACTS, _allocation("gpu-99"), facts)
+    facts = Facts({}, (), _inventory(tmp_path))
+    recorder = _Recorder({})
     with pytest.raises(ClaimError, match="device gpu-99 does not exist"):
-        next(program)
+        programs.prepare(recorder, NODE_FACTS, _allocation("gpu-99"), facts)
+    assert recorder.calls == []
 
 
 def test_unprepare_removes_the_spec_undoes_settings_then_drops_the_record(tmp_path: Path) -> None:
     prepared = _prepare_and_record(tmp_path, _allocation(WHOLE))
-    facts = steps.Facts({UID: prepared}, (), _inventory(tmp_path))
-    node = steps.Node(DRIVER, NODE, mps_root="/run/mps", time_slicing=True)
-    assert _trace(programs.unprepare(node, UID, facts), {}) == [
-        "RemoveSpec@unprepare.spec-removed",
+    facts = Facts({UID: prepared}, (), _inventory(tmp_path))
+    node = Node(DRIVER, NODE, mps_root="/run/mps", time_slicing=True)
+    assert _trace(lambda steps: programs.unprepare(steps, node, UID, facts), {}) == [
+        "remove_spec@unprepare.spec-removed",
         # The claim was prepared with device metadata files: they go once no container can mount them.
-        "RemoveMetadata@unprepare.metadata-removed",
+        "remove_metadata@unprepare.metadata-removed",
         # No RestoreTimeSlices: the claim sets no time-slice interval (dra.core.sharing decides).
         # No MPS step: the claim uses no MPS daemon (dra.core.mpsdaemons.release decides).
-        "Mark@sharing-before-unrecord",
-        "Save@unprepare.checkpoint-saved",
-        "Log",
+        "mark@sharing-before-unrecord",
+        "save@unprepare.checkpoint-saved",
+        "log",
     ]
-    assert _trace(programs.unprepare(node, OTHER, facts), {}) == ["RemoveSpec"]
+    assert _trace(lambda steps: programs.unprepare(steps, node, OTHER, facts), {}) == ["remove_spec"]
 
 
 def _prepare_and_record(root: Path, allocation: ClaimAllocation) -> PreparedClaim:
@@ -425,18 +466,17 @@ def _state(root: Path) -> DeviceState:
     )
 
 
-def _killed_after(state: DeviceState, count: int, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Make the executor end after its `count`-th step; the steps it ran, by kind."""
+def _killed_after(count: int, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """End the process (as far as the state knows) before the step after its `count`-th; the steps
+    that ran, by their runner's method. Every step runs inside a nodefiles.Step, entered first."""
     ran: list[str] = []
-    run = CallSteps._run_step
 
-    def once_more(self: CallSteps, step: Step[CallSteps]) -> object:
+    def once_more(self: nodefiles.Step) -> None:
         if len(ran) == count:
             raise _Killed
-        ran.append(type(step).__name__)
-        return run(self, step)
+        ran.append(sys._getframe(1).f_code.co_name)
 
-    monkeypatch.setattr(CallSteps, "_run_step", once_more)
+    monkeypatch.setattr(nodefiles.Step, "__enter__", once_more)
     return ran
 
 
@@ -515,15 +555,8 @@ def _step_count(root: Path, scenario: Scenario, monkeypatch: pytest.MonkeyPatch)
     _, before, call, _ = scenario
     state = _state(root)
     before(state)
-    ran: list[str] = []
-    run = CallSteps._run_step
-
-    def counting(self: CallSteps, step: Step[CallSteps]) -> object:
-        ran.append(type(step).__name__)
-        return run(self, step)
-
     with monkeypatch.context() as patch:
-        patch.setattr(CallSteps, "_run_step", counting)
+        ran = _killed_after(10**6, patch)
         call(state)
     return len(ran)
 
@@ -541,8 +574,8 @@ def test_a_crash_after_any_step_is_repaired_and_the_retry_converges(
         root = tmp_path / str(count)
         before(_state(root))
         with monkeypatch.context() as patch:
-            ran = _killed_after(_state(root), count, patch)
             crashing = _state(root)
+            ran = _killed_after(count, patch)
             with pytest.raises(_Killed):
                 call(crashing)
         assert len(ran) == count
@@ -597,7 +630,7 @@ def test_a_crash_inside_the_start_up_repair_is_repaired_by_the_next_start(
         root = tmp_path / str(count)
         crashed_node(root)
         with monkeypatch.context() as patch:
-            _killed_after(_state(root), count, patch)
+            _killed_after(count, patch)
             with pytest.raises(_Killed):
                 _state(root).recover()
         restarted = _state(root)

@@ -27,7 +27,6 @@ from dra.adapters.nodefiles import LockTimeoutError, exclusive
 from dra.cli.parser import parse_args
 from dra.core import versions
 from dra.core.assignment import GpuPath
-from dra.core.steps import ClaimRead
 from dra.core.versions import ApiFeatures
 from dra.daemon.flags import UsageError, boolean
 from dra.daemon.health import HealthTracker
@@ -36,6 +35,7 @@ from dra.kubeletplugin.publisher import SlicePublisher
 from dra.kubeletplugin.server import PluginServer, sockets
 from dra.kubeletplugin.service import DraService, HealthService
 from dra.model.allocation import ClaimError
+from dra.model.node import ClaimRead
 from dra.model.prepared import PreparedClaim
 from dra.pb.dra.v1 import dra_pb2, dra_pb2_grpc
 from tests.unit.helpers import DRIVER, NODE, inventory

@@ -18,11 +18,11 @@ from dra.core.deviceentries import ShareMode
 from dra.core.plan import PreparePlan, decide_prepare, read_allocation
 from dra.core.sharing import decide_sharing
 from dra.core.slices import build_slices
-from dra.core.steps import Node
 from dra.core.versions import ApiFeatures
 from dra.kubeletplugin.publisher import SlicePublisher, shareable_devices
 from dra.kubeletplugin.state import DeviceState
 from dra.model.allocation import ClaimError
+from dra.model.node import Node
 from tests.unit.helpers import DRIVER, NODE, inventory
 from tests.unit.test_publisher import FakeKube
 

@@ -18,11 +18,11 @@ from dra.adapters.checkpoint import CheckpointError, CheckpointStore
 from dra.adapters.nodefiles import CdiStore
 from dra.core import cdi
 from dra.core.assignment import restrict
-from dra.core.steps import ClaimRead
 from dra.kubeletplugin import state as state_module
 from dra.kubeletplugin.state import DeviceState
 from dra.model.allocation import AllocatedDevice, ClaimAllocation, ClaimError, OpaqueConfig
 from dra.model.devices import Inventory
+from dra.model.node import ClaimRead
 from dra.model.prepared import DeviceAction, PreparedClaim, PreparedDevice
 from tests.unit.helpers import DRIVER, NODE, inventory
 

@@ -34,39 +34,29 @@ from dra.core.plan import (
 from dra.core.sharing import TimeSliceRunner
 from dra.core.vfio import VfioRunner
 from dra.model.allocation import ClaimAllocation, ClaimError
-from dra.model.devices import Inventory
-from dra.model.node import ClaimRead, Facts, Level, Node, StepError
-from dra.model.prepared import DeviceAction, PreparedClaim
+from dra.model.node import ClaimRead, Facts, Node, StepError
+from dra.model.prepared import PreparedClaim
 
 Obj = dict[str, Any]
 
 
 class NodeRunner(MigRunner, VfioRunner, MpsRunner, TimeSliceRunner, MetadataRunner, Protocol):
-    """What runs every step of prepare, unprepare and start-up: a claim's own (here), and each feature's.
+    """What runs every step of prepare, unprepare and start-up: each feature's, and a claim's own that
+    no feature calls (here; `log`, `save` and `set_inventory` come with the features' protocols).
 
     Each method is one step; one that fails raises StepError, and the program decides what follows.
     `point` names the crash point the runner passes right after the step. All but `ask_stale` and
-    `sync` run holding the state's lock (dra.kubeletplugin.state: threads and another instance).
+    `sync` run holding the state's lock. The one implementation, whose methods say what each step
+    does, is dra.kubeletplugin.state's CallSteps.
     """
 
-    def log(self, level: Level, message: str) -> None: ...
     def read_state(self) -> Facts: ...
     def has_spec(self, uid: str) -> bool: ...
     def ask_stale(self, holders: tuple[PreparedClaim, ...]) -> Mapping[str, ClaimRead]: ...
     def missing_host_paths(self, spec: Obj) -> tuple[str, ...]: ...
-    def save(
-        self,
-        prepared: Mapping[str, PreparedClaim],
-        actions: tuple[DeviceAction, ...],
-        *,
-        durable: bool = True,
-        changed: frozenset[str] | None = None,
-        point: str = "",
-    ) -> int: ...
     def mark(self, point: str) -> None: ...
     def write_spec(self, uid: str, spec: Obj, *, compare: bool = True, point: str = "") -> None: ...
     def remove_spec(self, uid: str, *, point: str = "") -> None: ...
-    def set_inventory(self, inventory: Inventory) -> None: ...
     def sync(self, ticket: int, *, point: str = "") -> None: ...
 
 

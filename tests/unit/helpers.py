@@ -7,7 +7,7 @@ import hashlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -188,3 +188,34 @@ def stop_mps_daemons(daemons: MpsDaemons) -> None:
     """Stop every MPS control daemon under the root of `daemons`, as a start-up without claims does."""
     for key in daemons.daemons():
         daemons.stop(key)
+
+
+class RecordingRunner:
+    """A runner of dra.core's programs that runs nothing: each step called is recorded in `calls` with
+    its arguments, and answered by `answer(name, args)` (an exception it returns is raised)."""
+
+    def __init__(self, answer: Callable[[str, tuple[Any, ...]], object]) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self._answer = answer
+
+    def __getattr__(self, name: str) -> Any:
+        # Any: the recorder stands in for every runner protocol.
+        def step(*args: Any, **kwargs: Any) -> object:
+            self.calls.append((name, args, kwargs))
+            answer = self._answer(name, args)
+            if isinstance(answer, BaseException):
+                raise answer
+            return answer
+
+        return step
+
+    def trace(self) -> list[str]:
+        """Each step as "name" or "name@point" (a mark's point is its argument)."""
+        return [
+            name + (f"@{point}" if (point := args[0] if name == "mark" else kwargs.get("point")) else "")
+            for name, args, kwargs in self.calls
+        ]
+
+    def called(self, name: str) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+        """The arguments of each call of the step `name`."""
+        return [(args, kwargs) for called, args, kwargs in self.calls if called == name]

@@ -14,6 +14,7 @@ import pytest
 from dra.core import mpsdaemons, sharing
 from dra.model.node import StepError
 from dra.model.prepared import PreparedClaim, PreparedDevice
+from tests.unit.helpers import RecordingRunner
 
 GPU_0, GPU_1 = "GPU-00000000-0000-0000-0000-000000000000", "GPU-11111111-1111-1111-1111-111111111111"
 KEY = sharing.mps_key([GPU_0, GPU_1])
@@ -37,43 +38,30 @@ def _claim(uid: str, *uuids: str, share: str = "", percentage: int = 0, limit: s
     return PreparedClaim(uid, "team-a", f"claim-{uid}", devices)
 
 
-class _Recorder:
-    """A recording fake MpsRunner: each call (a step) as text in `seen`, answered by `answer(name, args)`
-    (an exception is raised)."""
-
-    def __init__(self, answer: Callable[[str, tuple[Any, ...]], object]) -> None:
-        self.seen: list[str] = []
-        self._answer = answer
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        def call(*args: Any, point: str = "") -> object:
-            match name:
-                case "log":
-                    self.seen.append(f"log {args[1]}")
-                case "ask_mps":
-                    self.seen.append(f"ask_mps {args[1]}")
-                case "launch_mps":
-                    self.seen.append(f"launch_mps@{point} multi-user={args[1]}")
-                case _:
-                    self.seen.append(f"{name}@{point}" if point else name)
-            result = self._answer(name, args)
-            if isinstance(result, Exception):
-                raise result
-            return result
-
-        return call
+def _seen(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """A step as text: a log line's and an MPS command's text, a launch's point and multi-user flag."""
+    point = kwargs.get("point", "")
+    match name:
+        case "log":
+            return f"log {args[1]}"
+        case "ask_mps":
+            return f"ask_mps {args[1]}"
+        case "launch_mps":
+            return f"launch_mps@{point} multi-user={args[1]}"
+        case _:
+            return f"{name}@{point}" if point else name
 
 
 def _run(
     program: Callable[[mpsdaemons.MpsRunner], None], answer: Callable[[str, tuple[Any, ...]], object]
 ) -> list[str]:
     """Each step the program calls, as text, answered by `answer`; a StepError it raises ends the list."""
-    steps = _Recorder(answer)
+    steps = RecordingRunner(answer)
     try:
         program(steps)
     except StepError as err:
-        return [*steps.seen, f"StepError: {err}"]
-    return steps.seen
+        return [*(_seen(*call) for call in steps.calls), f"StepError: {err}"]
+    return [_seen(*call) for call in steps.calls]
 
 
 def _daemon(

@@ -38,7 +38,7 @@ from dra.model.migmode import parse_mig_modes
 from dra.model.node import ClaimRead, Facts, Node
 from dra.model.pci import IommuGroup, PciFunction, VfioHost
 from dra.model.prepared import PreparedClaim
-from tests.unit.helpers import DRIVER, NODE
+from tests.unit.helpers import DRIVER, NODE, RecordingRunner
 
 UID = "6b1f7e7c-0d3e-4d4b-9a0e-2f1c3b4a5d6e"
 OTHER = "0c2d9e8f-1a2b-4c3d-8e4f-5a6b7c8d9e0f"
@@ -102,43 +102,17 @@ def _drivers(root: Path) -> dict[str, tuple[str, str]]:
 # -- the programs, read as data -----------------------------------------------------------------
 
 
-class _Recorder:
-    """A runner that runs nothing: it records each step called, with its arguments, and answers it from
-    `answers` by the step's method name (None when not there; an exception there is raised)."""
-
-    def __init__(self, answers: Mapping[str, object]) -> None:
-        self.answers = answers
-        self.calls: list[tuple[str, tuple[object, ...], dict[str, object]]] = []
-
-    def __getattr__(self, name: str) -> Any:
-        # Any: the recorder stands in for every runner protocol.
-        def step(*args: object, **kwargs: object) -> object:
-            self.calls.append((name, args, kwargs))
-            answer = self.answers.get(name)
-            if isinstance(answer, BaseException):
-                raise answer
-            return answer
-
-        return step
-
-    def trace(self) -> list[str]:
-        """Each step as "name" or "name@point"."""
-        return [
-            name + (f"@{point}" if (point := args[0] if name == "mark" else kwargs.get("point")) else "")
-            for name, args, kwargs in self.calls
-        ]
-
-    def called(self, name: str) -> list[tuple[tuple[object, ...], dict[str, object]]]:
-        """The arguments of each call of the step `name`."""
-        return [(args, kwargs) for called, args, kwargs in self.calls if called == name]
+def _recorder(answers: Mapping[str, object]) -> RecordingRunner:
+    """A recording runner answering each step from `answers` by its method name (None when not there)."""
+    return RecordingRunner(lambda name, args: answers.get(name))
 
 
 Program = Callable[[Any], object]
 
 
-def _recorded(program: Program, answers: Mapping[str, object]) -> _Recorder:
+def _recorded(program: Program, answers: Mapping[str, object]) -> RecordingRunner:
     """Run a program (called with its runner) on a recorder answering from `answers`; the recorder."""
-    recorder = _Recorder(answers)
+    recorder = _recorder(answers)
     program(recorder)
     return recorder
 
@@ -369,11 +343,11 @@ def test_a_mig_mode_change_left_pending_is_a_claim_error_and_leaves_no_record(
     tmp_path: Path, modes: tuple[int, int], switched: bool
 ) -> None:
     facts = Facts({}, (), _inventory(tmp_path))
-    recorder = _Recorder(_answers(facts, {"read_mig_mode": modes, "set_mig_mode": False}))
+    recorder = _recorder(_answers(facts, {"read_mig_mode": modes, "set_mig_mode": False}))
     with pytest.raises(ClaimError, match=r"pending until the GPU is reset .* offered as it is, MIG off"):
         programs.prepare(recorder, NODE_FACTS, _allocation(MIG), facts)
     assert not recorder.called("create_gpu_instance")
-    saved = [tuple(f"{a.kind}={a.params['mode']}" for a in args[1]) for args, _ in recorder.called("save")]  # type: ignore[attr-defined]
+    saved = [tuple(f"{a.kind}={a.params['mode']}" for a in args[1]) for args, _ in recorder.called("save")]
     # Asked only when no change waits already; its intent goes again.
     assert saved == ([("mig-mode=1",), ()] if switched else [])
 
@@ -413,7 +387,7 @@ def test_a_gpu_passed_through_is_recorded_as_intent_bound_then_recorded_done_bef
 
 def test_a_refused_claim_changes_nothing(tmp_path: Path) -> None:
     facts = Facts({}, (), _inventory(tmp_path))
-    recorder = _Recorder({})
+    recorder = _recorder({})
     with pytest.raises(ClaimError, match="device gpu-99 does not exist"):
         programs.prepare(recorder, NODE_FACTS, _allocation("gpu-99"), facts)
     assert recorder.calls == []

@@ -17,6 +17,7 @@ Rule: no I/O of any kind (files, network, NVML, clocks, threads): a program's ev
 call of the runner it is given, whose protocol the program's module declares; API objects come
 in as dicts, answers go out as data. Imports only ``dra.api`` and ``dra.model``;
 inside (a layer contract), the start-up repair over prepare over the plan over the CDI specs
-over the steps' users over the single decisions over the API's vocabulary and the GPU's steps.
+over the steps' users over the single decisions over the API's vocabulary and the GPU's steps,
+over the steps several runners share (``runner``).
 Tests feed literal objects, and a recording runner.
 """

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from dra.core.runner import Logs
 from dra.model.devices import Gpu, MigDevice
-from dra.model.node import Level
 
 #: NVML_ERROR_NOT_SUPPORTED (nvml.h): the GPU has no MIG.
 NVML_NOT_SUPPORTED = 3
@@ -59,12 +59,9 @@ class GpuInstanceAt:
     size: int
 
 
-class GpuRunner(Protocol):
+class GpuRunner(Logs, Protocol):
     """What runs the GPU's steps over a GPU library: NVML's MIG calls, one method per kind of step,
     each raising StepError when it fails; `point` names the crash point passed right after the step."""
-
-    def log(self, level: Level, message: str) -> None:
-        """Tell the admin, in the plugin's log."""
 
     def read_gpus(self) -> tuple[GpuIdentity, ...]:
         """Every GPU of the node, by index."""

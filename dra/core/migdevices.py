@@ -13,26 +13,16 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from dra.core.gpusteps import NVML_INSUFFICIENT_RESOURCES, GpuRunner
+from dra.core.runner import Records
 from dra.model.allocation import ClaimAllocation, ClaimError
 from dra.model.devices import Gpu, Inventory, MigDevice, MigPartition
 from dra.model.node import Facts, Node, StepError
 from dra.model.prepared import MIG_CREATE, MIG_MODE, DeviceAction, Holders, PreparedClaim
 
 
-class MigRunner(GpuRunner, Protocol):
+class MigRunner(GpuRunner, Records, Protocol):
     """What runs dynamic MIG's programs: the GPU's steps, and a claim's own (save, set_inventory);
     every larger program's runner is one."""
-
-    def save(
-        self,
-        prepared: Mapping[str, PreparedClaim],
-        actions: tuple[DeviceAction, ...],
-        *,
-        durable: bool = True,
-        changed: frozenset[str] | None = None,
-        point: str = "",
-    ) -> int:
-        """Record these claims and actions in the checkpoint; the ticket `sync` makes durable (0: already)."""
 
     def set_inventory(self, inventory: Inventory) -> None:
         """Prepares from now on see this inventory (MIG devices made or destroyed)."""

@@ -15,19 +15,18 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from dra.core import sharing
-from dra.model.node import Level, StepError
+from dra.core.runner import Logs
+from dra.model.node import StepError
 from dra.model.prepared import PreparedClaim
 
 _SIZE = re.compile(r"^([0-9]+)([MG])$")
 
 
-class MpsRunner(Protocol):
+class MpsRunner(Logs, Protocol):
     """What runs the MPS daemons' steps (dra.kubeletplugin.devicesteps): one method per kind.
 
     A step is a call of its kind's method, which raises StepError when it fails.
     """
-
-    def log(self, level: Level, message: str) -> None: ...
 
     def mps_daemon_pid(self, key: str) -> int | None:
         """The pid of MPS control daemon `key` (dra.core.sharing.mps_key) when it runs, else None."""

@@ -24,9 +24,10 @@ from typing import NoReturn, Protocol
 
 from dra.api.v1beta1 import GpuConfig, VfioDeviceConfig
 from dra.core import config as deviceconfig
+from dra.core.runner import Records
 from dra.model.allocation import ClaimAllocation, ClaimError
 from dra.model.devices import Device, Gpu, Inventory, is_vfio_twin
-from dra.model.node import Facts, Level, StepError
+from dra.model.node import Facts, StepError
 from dra.model.pci import IommuGroup, PciFunction, VfioHost
 from dra.model.prepared import VFIO_BIND, DeviceAction, PreparedClaim
 
@@ -40,22 +41,11 @@ GROUP_SAFE_DRIVERS = frozenset({VFIO_PCI, "pci-stub", "pcieport"})
 HOW_TO_ENABLE = "start the kubelet plugin with --vfio=true (chart value kubeletPlugin.vfio.enabled=true)"
 
 
-class VfioRunner(Protocol):
+class VfioRunner(Records, Protocol):
     """What runs passthrough's steps over sysfs (dra.kubeletplugin.devicesteps), and a claim's own (save).
 
     Each step is a call of one method; a step that fails raises StepError.
     """
-
-    def log(self, level: Level, message: str) -> None: ...
-    def save(
-        self,
-        prepared: Mapping[str, PreparedClaim],
-        actions: tuple[DeviceAction, ...],
-        *,
-        durable: bool = True,
-        changed: frozenset[str] | None = None,
-        point: str = "",
-    ) -> int: ...
 
     def read_vfio_host(self) -> VfioHost:
         """Whether the kernel runs with an IOMMU and has vfio-pci loaded."""
